@@ -27,28 +27,42 @@ class InvalidArgumentError(ServerError):
     reason = "REJECTED"
 
 
-class ModelNotFoundError(ServerError):
-    """The model (or version) is unknown or not ready."""
+class UnknownModelError(InvalidArgumentError):
+    """The model name is in no repository (Triton: INVALID_ARG, "Request for unknown model")."""
 
-    http_status = 400
+
+class ModelNotFoundError(ServerError):
+    """The model is known but not loaded, or the version is absent (Triton: NOT_FOUND / 404)."""
+
+    http_status = 404
     grpc_code = "NOT_FOUND"
     reason = "REJECTED"
 
 
 class ModelNotReadyError(ServerError):
-    """The model exists in the repository but is not loaded (Triton answers 400/UNAVAILABLE)."""
+    """The version exists but is loading or unloading (Triton: UNAVAILABLE / 503)."""
 
-    http_status = 400
+    http_status = 503
     grpc_code = "UNAVAILABLE"
     reason = "REJECTED"
 
 
-class ModelLoadError(ServerError):
-    """Loading a model failed; the message names the model and why."""
+class UnsupportedError(ServerError):
+    """The request asks for a feature the server does not have (Triton: UNSUPPORTED)."""
 
-    http_status = 400
-    grpc_code = "INTERNAL"
+    http_status = 501
+    grpc_code = "UNIMPLEMENTED"
+    reason = "REJECTED"
+
+
+class ModelLoadError(InvalidArgumentError):
+    """Loading a model failed; the message names the model and why (Triton answers 400 / INVALID_ARGUMENT)."""
+
     reason = "OTHER"
+
+
+class ModelControlError(InvalidArgumentError):
+    """Repository load/unload requested while model control mode is not explicit."""
 
 
 class UnavailableError(ServerError):
@@ -66,12 +80,8 @@ class QueueFullError(UnavailableError):
         super().__init__(message)
 
 
-class RequestTimeoutError(ServerError):
-    """A request waited in the queue past its timeout."""
-
-    http_status = 504
-    grpc_code = "DEADLINE_EXCEEDED"
-    reason = "BACKEND"
+class RequestTimeoutError(UnavailableError):
+    """A request waited in the queue past its timeout (Triton: UNAVAILABLE, counted as REJECTED)."""
 
     def __init__(self, message: str = "Request timeout expired"):
         super().__init__(message)
