@@ -1,0 +1,225 @@
+"""config.pbtxt: parse (protobuf text format into proto/model_config.proto), auto-complete from the model file,
+validate against the model (errors name the field), and derive what the repository needs (max shapes, counts).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format, text_format
+
+from server.errors import ModelLoadError
+from server.protocol.datatypes import config_type_to_wire, wire_to_config_type
+from server.protocol.grpc import model_config_pb2 as mc
+
+CONFIG_FILE = "config.pbtxt"
+MAX_SHAPE_PARAM = "max_shape:"  # parameters { key: "max_shape:<input>" value { string_value: "3,640,640" } }
+
+# Which files make a model version, per backend.
+MODEL_FILES = {
+    "tnn": ("model.tnnproto", "model.tnnmodel"),
+    "pnnx": ("model.pnnx.param", "model.pnnx.bin"),
+}
+
+
+def parse_config_text(text: str, path: Path | str = CONFIG_FILE) -> mc.ModelConfig:
+    """Protobuf text format -> ModelConfig; a syntax error names the file and line."""
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise ModelLoadError(f"{path}:{exc.GetLine()}:{exc.GetColumn()}: {exc}") from exc
+    return config
+
+
+def parse_config_json(text: str, source: str = "config parameter") -> mc.ModelConfig:
+    """The JSON form the repository load API accepts (and /config returns)."""
+    config = mc.ModelConfig()
+    try:
+        json_format.Parse(text, config, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError) as exc:
+        raise ModelLoadError(f"{source}: invalid model config JSON: {exc}") from exc
+    return config
+
+
+def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
+    """(config, has_max_batch_size): a missing file gives an empty config to auto-complete."""
+    path = model_dir / CONFIG_FILE
+    if not path.exists():
+        return mc.ModelConfig(), False
+    text = path.read_text()
+    # proto3 cannot tell "max_batch_size: 0" from absent; auto-complete must only fill the absent case.
+    return parse_config_text(text, path), re.search(r"^\s*max_batch_size\s*:", text, re.M) is not None
+
+
+def detect_backend(version_dir: Path) -> str | None:
+    for backend, files in MODEL_FILES.items():
+        if all((version_dir / f).exists() for f in files):
+            return backend
+    return None
+
+
+def model_path(version_dir: Path, backend: str) -> Path:
+    """The file handed to engine.load (the graph file; the weights sit next to it)."""
+    return version_dir / MODEL_FILES[backend][0]
+
+
+def config_to_dict(config: mc.ModelConfig) -> dict[str, Any]:
+    """ModelConfig as Triton prints it: proto field names, int64 as JSON numbers (protobuf would quote them)."""
+    return _unquote_ints(json_format.MessageToDict(config, preserving_proto_field_name=True))
+
+
+def config_to_json(config: mc.ModelConfig) -> str:
+    return json.dumps(config_to_dict(config))
+
+
+def _unquote_ints(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _unquote_ints(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_unquote_ints(v) for v in obj]
+    if isinstance(obj, str) and re.fullmatch(r"-?\d+", obj):
+        return int(obj)
+    return obj
+
+
+@dataclass
+class TensorConfig:
+    """One input or output as the server sees it: wire datatype and the shape a request must have."""
+
+    name: str
+    datatype: str  # KServe wire name, "FP32"
+    dims: list[int]  # without the batch dim when max_batch_size > 0
+
+    def wire_shape(self, batching: bool) -> list[int]:
+        return ([-1] if batching else []) + list(self.dims)
+
+
+def tensor_configs(config: mc.ModelConfig) -> tuple[list[TensorConfig], list[TensorConfig]]:
+    ins = [TensorConfig(t.name, config_type_to_wire(t.data_type), list(t.dims)) for t in config.input]
+    outs = [TensorConfig(t.name, config_type_to_wire(t.data_type), list(t.dims)) for t in config.output]
+    return ins, outs
+
+
+def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Any, *, has_max_batch: bool,
+                  default_max_batch_size: int) -> mc.ModelConfig:
+    """Fill what the config leaves out from the model: name, backend, max_batch_size, inputs, outputs."""
+    config.name = config.name or name
+    config.backend = config.backend or backend
+    config.platform = config.platform or backend
+    specs = list(model.inputs) + list(model.outputs)
+    batchable = all(len(s.shape) > 0 and s.shape[0] in (-1, 1) for s in specs)
+    if not has_max_batch and not config.input:
+        config.max_batch_size = default_max_batch_size if batchable else 0
+    skip = 1 if config.max_batch_size > 0 else 0
+    if not config.input:
+        for s in model.inputs:
+            config.input.add(name=s.name, data_type=wire_to_config_type(s.datatype), dims=list(s.shape)[skip:])
+    if not config.output:
+        for s in model.outputs:
+            config.output.add(name=s.name, data_type=wire_to_config_type(s.datatype), dims=list(s.shape)[skip:])
+    if not config.instance_group:
+        config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    for group in config.instance_group:
+        group.count = group.count or 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_CPU
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    return config
+
+
+def validate(config: mc.ModelConfig, name: str, model: Any) -> None:
+    """Reject a config that contradicts the model; every message names the config field."""
+    if config.name != name:
+        raise ModelLoadError(f"model '{name}': config.name '{config.name}' must match the directory name")
+    if config.max_batch_size < 0:
+        raise ModelLoadError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
+    _check_tensors(config, name, "input", config.input, {s.name: s for s in model.inputs})
+    _check_tensors(config, name, "output", config.output, {s.name: s for s in model.outputs})
+    for i, group in enumerate(config.instance_group):
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            raise ModelLoadError(f"model '{name}': instance_group[{i}].kind KIND_GPU is not supported: "
+                                 "this server has no GPU device support; use KIND_CPU")
+        if group.kind == mc.ModelInstanceGroup.KIND_MODEL:
+            raise ModelLoadError(f"model '{name}': instance_group[{i}].kind KIND_MODEL is not supported")
+    if config.HasField("dynamic_batching") and config.max_batch_size == 0:
+        raise ModelLoadError(f"model '{name}': dynamic_batching needs max_batch_size > 0")
+    for size in config.dynamic_batching.preferred_batch_size:
+        if not 0 < size <= config.max_batch_size:
+            raise ModelLoadError(f"model '{name}': dynamic_batching.preferred_batch_size {size} is outside "
+                                 f"1..max_batch_size ({config.max_batch_size})")
+    max_shapes(config, name)  # raises on a missing or malformed max_shape parameter
+
+
+def _check_tensors(config: mc.ModelConfig, name: str, kind: str, tensors: Any, specs: dict[str, Any]) -> None:
+    batching = config.max_batch_size > 0
+    for i, t in enumerate(tensors):
+        field = f"{kind}[{i}]"
+        spec = specs.get(t.name)
+        if spec is None:
+            raise ModelLoadError(f"model '{name}': {field}.name '{t.name}' is not a model {kind}; the model has "
+                                 f"{sorted(specs)}")
+        if config_type_to_wire(t.data_type) != spec.datatype:
+            raise ModelLoadError(f"model '{name}': {field}.data_type {mc.DataType.Name(t.data_type)} does not match "
+                                 f"the model's {spec.datatype} for '{t.name}'")
+        model_shape = list(spec.shape)
+        if batching:
+            if not model_shape or model_shape[0] not in (-1, 1):
+                raise ModelLoadError(f"model '{name}': max_batch_size {config.max_batch_size} needs a leading batch "
+                                     f"dim on '{t.name}', but the model's shape is {model_shape}")
+            model_shape = model_shape[1:]
+        _check_dims(name, f"{field}.dims", t.name, list(t.dims), model_shape)
+
+
+def _check_dims(name: str, field: str, tensor: str, dims: list[int], model_shape: list[int]) -> None:
+    ok = len(dims) == len(model_shape) and all(m in (-1, d) or d == -1 for d, m in zip(dims, model_shape, strict=True))
+    if not ok:
+        raise ModelLoadError(f"model '{name}': {field} {dims} for '{tensor}' contradicts the model's shape "
+                             f"{model_shape}")
+
+
+def max_shapes(config: mc.ModelConfig, name: str) -> dict[str, list[int]]:
+    """Per input, the largest shape a request may have (batch = max_batch_size): this sizes the arena."""
+    out = {}
+    for t in config.input:
+        dims = list(t.dims)
+        key = MAX_SHAPE_PARAM + t.name
+        if key in config.parameters:
+            dims = _parse_max_shape(name, key, config.parameters[key].string_value, dims)
+        elif -1 in dims:
+            raise ModelLoadError(f"model '{name}': input '{t.name}' has dynamic dims {dims}; add "
+                                 f'parameters {{ key: "{key}" value: {{ string_value: "..." }} }} with the max of each '
+                                 "dim so the arena can be sized")
+        out[t.name] = ([config.max_batch_size] if config.max_batch_size > 0 else []) + dims
+    return out
+
+
+def _parse_max_shape(name: str, key: str, text: str, dims: list[int]) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace("x", ",").split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if len(values) != len(dims) or any(v <= 0 or (d != -1 and v != d) for v, d in zip(values, dims, strict=False)):
+        raise ModelLoadError(f"model '{name}': parameters['{key}'] = '{text}' must give one positive value per dim "
+                             f"of {dims} (equal to the fixed ones)")
+    return values
+
+
+def within_max(shape: list[int], limit: list[int]) -> bool:
+    return len(shape) == len(limit) and all(s <= m for s, m in zip(shape, limit, strict=True))
+
+
+def instance_count(config: mc.ModelConfig) -> int:
+    return sum(max(g.count, 1) for g in config.instance_group) or 1
+
+
+def numpy_dtype(config_type: int) -> np.dtype:
+    from server.protocol.datatypes import wire_to_numpy
+
+    return wire_to_numpy(config_type_to_wire(config_type))

@@ -1,0 +1,88 @@
+"""gRPC codec: ModelInferRequest/ModelInferResponse <-> InferRequest/InferResponse.
+
+Inputs come as typed `contents` or as `raw_input_contents` (one bytes entry per input, in order); outputs always
+go back in `raw_output_contents`, as Triton does and tritonclient expects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from server.errors import InvalidArgumentError
+from server.protocol.datatypes import tensor_from_raw, tensor_to_raw, wire_to_numpy
+from server.protocol.grpc import pb2
+from server.protocol.types import InferInput, InferRequest, InferResponse, RequestedOutput
+
+# Which typed InferTensorContents field carries each datatype (FP16/BF16 have none: raw only).
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def params_from_grpc(params: Any) -> dict[str, Any]:
+    out = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        out[key] = getattr(p, which) if which else None
+    return out
+
+
+def params_to_grpc(values: dict[str, Any], target: Any) -> None:
+    for key, v in values.items():
+        if isinstance(v, bool):
+            target[key].bool_param = v
+        elif isinstance(v, int):
+            target[key].int64_param = v
+        elif isinstance(v, float):
+            target[key].double_param = v
+        else:
+            target[key].string_param = str(v)
+
+
+def decode_request(msg: Any) -> InferRequest:
+    req = InferRequest(model_name=msg.model_name, model_version=msg.model_version, id=msg.id,
+                       parameters=params_from_grpc(msg.parameters))
+    raw = list(msg.raw_input_contents)
+    if raw and len(raw) != len(msg.inputs):
+        raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs")
+    for i, t in enumerate(msg.inputs):
+        shape = [int(d) for d in t.shape]
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"input '{t.name}': shape {shape} has a negative dim")
+        if raw:
+            if t.HasField("contents"):
+                raise InvalidArgumentError(f"input '{t.name}': contents and raw_input_contents are exclusive")
+            data = tensor_from_raw(raw[i], t.datatype, shape, t.name)
+        else:
+            data = _typed_contents(t, shape)
+        req.inputs.append(InferInput(t.name, t.datatype, shape, data))
+    for o in msg.outputs:
+        req.outputs.append(RequestedOutput(o.name, params_from_grpc(o.parameters)))
+    return req
+
+
+def _typed_contents(t: Any, shape: list[int]) -> np.ndarray:
+    field = _CONTENTS_FIELD.get(t.datatype)
+    if field is None:
+        raise InvalidArgumentError(f"input '{t.name}': datatype {t.datatype} must be sent in raw_input_contents")
+    values = getattr(t.contents, field)
+    count = int(np.prod(shape)) if shape else 1
+    if len(values) != count:
+        raise InvalidArgumentError(f"input '{t.name}': {len(values)} values in contents.{field}, but shape "
+                                   f"{shape} needs {count}")
+    if t.datatype == "BYTES":
+        return np.array(list(values), dtype=object).reshape(shape)
+    return np.asarray(values, dtype=wire_to_numpy(t.datatype)).reshape(shape)
+
+
+def encode_response(resp: InferResponse) -> Any:
+    msg = pb2.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
+    params_to_grpc(resp.parameters, msg.parameters)
+    for out in resp.outputs:
+        msg.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.shape))
+        msg.raw_output_contents.append(tensor_to_raw(out.data))
+    return msg

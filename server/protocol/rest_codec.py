@@ -1,0 +1,128 @@
+"""REST JSON and binary-tensor-extension codec for InferRequest/InferResponse.
+
+Binary extension: the body is a JSON header of `Inference-Header-Content-Length` bytes followed by each binary
+tensor's bytes, in the order the tensors appear in the JSON (inputs carry parameters.binary_data_size).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from server.errors import InvalidArgumentError, UnsupportedError
+from server.protocol.datatypes import numpy_to_wire, tensor_from_raw, tensor_to_raw, wire_to_numpy
+from server.protocol.types import InferInput, InferRequest, InferResponse, RequestedOutput
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def decode_request(model_name: str, version: str, body: bytes, header_length: int | None) -> InferRequest:
+    """Body (+ optional JSON header length) -> InferRequest."""
+    if header_length == 0:
+        raise UnsupportedError("raw binary requests (Inference-Header-Content-Length: 0) are not supported; "
+                               "send a JSON header describing the input")
+    if header_length is not None and not 0 < header_length <= len(body):
+        raise InvalidArgumentError(f"{HEADER_LENGTH} {header_length} is outside the body of {len(body)} bytes")
+    head = body[:header_length] if header_length is not None else body
+    doc = _parse_json(head)
+    binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
+    req = InferRequest(model_name=model_name, model_version=version, id=str(doc.get("id", "")),
+                       parameters=dict(doc.get("parameters") or {}))
+    pos = 0
+    for item in _list(doc, "inputs"):
+        tensor, pos = _decode_input(item, binary, pos)
+        req.inputs.append(tensor)
+    if pos != len(binary):
+        raise InvalidArgumentError(f"{len(binary) - pos} bytes of binary data are not claimed by any input")
+    for item in doc.get("outputs") or []:
+        if not isinstance(item, dict) or "name" not in item:
+            raise InvalidArgumentError("each entry of 'outputs' needs a 'name'")
+        req.outputs.append(RequestedOutput(item["name"], dict(item.get("parameters") or {})))
+    return req
+
+
+def _parse_json(head: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgumentError("the request JSON must be an object")
+    return doc
+
+
+def _list(doc: dict[str, Any], key: str) -> list[Any]:
+    value = doc.get(key)
+    if not isinstance(value, list):
+        raise InvalidArgumentError(f"the request JSON needs a list '{key}'")
+    return value
+
+
+def _decode_input(item: Any, binary: memoryview, pos: int) -> tuple[InferInput, int]:
+    if not isinstance(item, dict) or not {"name", "shape", "datatype"} <= item.keys():
+        raise InvalidArgumentError("each input needs 'name', 'shape' and 'datatype'")
+    name, datatype = str(item["name"]), str(item["datatype"])
+    shape = _shape(item["shape"], name)
+    size = (item.get("parameters") or {}).get("binary_data_size")
+    if size is not None:
+        if pos + int(size) > len(binary):
+            raise InvalidArgumentError(f"input '{name}': binary_data_size {size} runs past the end of the body")
+        data = tensor_from_raw(binary[pos : pos + int(size)], datatype, shape, name)
+        return InferInput(name, datatype, shape, data), pos + int(size)
+    if "data" not in item:
+        raise InvalidArgumentError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+    return InferInput(name, datatype, shape, _json_tensor(item["data"], datatype, shape, name)), pos
+
+
+def _shape(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and d >= 0 for d in value):
+        raise InvalidArgumentError(f"input '{name}': shape must be a list of non-negative integers, got {value!r}")
+    return value
+
+
+def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
+    flat = np.asarray(data, dtype=object).reshape(-1) if datatype == "BYTES" else None
+    try:
+        if flat is not None:
+            arr = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in flat], dtype=object)
+        else:
+            arr = np.asarray(data, dtype=wire_to_numpy(datatype)).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"input '{name}': data is not valid {datatype}: {exc}") from None
+    count = int(np.prod(shape)) if shape else 1
+    if arr.size != count:
+        raise InvalidArgumentError(f"input '{name}': {arr.size} values in 'data', but shape {shape} needs {count}")
+    return arr.reshape(shape)
+
+
+def encode_response(resp: InferResponse, req: InferRequest) -> tuple[bytes, int | None]:
+    """InferResponse -> (body, json_header_length or None when every output is JSON)."""
+    default_binary = bool(req.parameters.get("binary_data_output", False))
+    wanted = {o.name: o.parameters for o in req.outputs}
+    outputs, chunks = [], []
+    for out in resp.outputs:
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
+        if wanted.get(out.name, {}).get("binary_data", default_binary):
+            raw = tensor_to_raw(out.data)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _json_data(out.data)
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version, "outputs": outputs}
+    if resp.id:
+        doc["id"] = resp.id
+    if resp.parameters:
+        doc["parameters"] = resp.parameters
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not chunks:
+        return head, None
+    return head + b"".join(chunks), len(head)
+
+
+def _json_data(arr: np.ndarray) -> list[Any]:
+    if numpy_to_wire(arr.dtype) == "BYTES":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1)]
+    return arr.reshape(-1).tolist()

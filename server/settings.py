@@ -1,0 +1,60 @@
+"""Server defaults, in one place: ports, addresses, health paths, timeouts. Deploy files read these from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVER_NAME = "nnserve"
+SERVER_VERSION = "0.1.0"
+
+HTTP_PORT = 8000
+GRPC_PORT = 8001
+METRICS_PORT = 8002
+
+LIVE_PATH = "/v2/health/live"
+READY_PATH = "/v2/health/ready"
+METRICS_PATH = "/metrics"
+
+# Triton's defaults for the same knobs.
+EXIT_TIMEOUT_SECS = 30
+REPOSITORY_POLL_SECS = 15
+DEFAULT_MAX_BATCH_SIZE = 4
+GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton lifts gRPC's 4 MiB default to INT32_MAX
+HTTP_MAX_INPUT_BYTES = 64 * 2**20
+
+# What /v2 and ServerMetadata advertise: only extensions we actually implement.
+EXTENSIONS = (
+    "model_repository",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "schedule_policy",
+)
+
+CONTROL_MODES = ("none", "poll", "explicit")
+
+
+@dataclass
+class ServerSettings:
+    """Everything `nnserve serve` can be told; the CLI fills it, the app reads it."""
+
+    model_repository: Path
+    http_address: str = "0.0.0.0"
+    http_port: int = HTTP_PORT
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = GRPC_PORT
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = METRICS_PORT
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: str = "none"
+    load_models: list[str] = field(default_factory=list)
+    repository_poll_secs: float = REPOSITORY_POLL_SECS
+    exit_timeout_secs: float = EXIT_TIMEOUT_SECS
+    strict_readiness: bool = True
+    exit_on_error: bool = True
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    log_verbose: int = 0
