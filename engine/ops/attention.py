@@ -1,0 +1,103 @@
+"""Scaled dot-product attention: softmax(q·kᵀ·scale + mask)·v over (…, L, E) tensors, torch semantics.
+
+A bool mask means "may attend"; a float mask is added to the scores; is_causal keeps the lower triangle
+(top-left aligned, as torch). Rows with nothing to attend to give zeros (torch's math path returns NaN there in
+old versions; zeros are what a serving system wants). The kernel keeps the (…, L, S) scores in the workspace."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ops._common import broadcast, float_of
+from engine.ops._norm_kernels import softmax_loop
+from engine.ops.registry import OpDef, TensorInfo, register
+
+
+def _shapes(node: Node, ins: list[TensorInfo]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(scores shape, output shape); ShapeError when q, k, v and mask do not fit."""
+    if len(ins) not in (3, 4):
+        raise ShapeError(f"{node.where()}: Attention takes q, k, v, [mask], got {len(ins)} inputs")
+    q, k, v = (i.shape for i in ins[:3])
+    if min(len(q), len(k), len(v)) < 2 or q[-1] != k[-1] or k[-2] != v[-2]:
+        raise ShapeError(f"{node.where()}: Attention shapes q {q}, k {k}, v {v} do not fit (…, L, E)/(…, S, E)")
+    batch = broadcast(node, [q[:-2], k[:-2], v[:-2]])
+    scores = batch + (q[-2], k[-2])
+    if len(ins) == 4:
+        full = broadcast(node, [scores, ins[3].shape])
+        if full != scores:
+            raise ShapeError(f"{node.where()}: Attention mask {ins[3].shape} does not broadcast to scores {scores}")
+    return scores, batch + (q[-2], v[-1])
+
+
+def _scale(node: Node, e: int) -> float:
+    s = node.params.get("scale")
+    return 1.0 / math.sqrt(e) if s is None else float(s)
+
+
+def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    _, out = _shapes(node, ins)
+    return [TensorInfo(out, float_of(ins[0].dtype))]
+
+
+def _masked_fill(scores: np.ndarray, mask: np.ndarray | None, causal: bool) -> None:
+    """Adds a float mask / blocks positions a bool mask or causality forbids, in place (-inf)."""
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            np.copyto(scores, -np.inf, where=np.logical_not(mask))
+        else:
+            scores += mask
+    if causal:
+        L, S = scores.shape[-2:]
+        np.copyto(scores, -np.inf, where=~np.tri(L, S, dtype=bool))
+
+
+def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    q, k, v = (np.asarray(a) for a in arrays[:3])
+    ot = float_of(q.dtype)
+    mask = np.asarray(arrays[3]) if len(arrays) > 3 else None
+    scores = np.matmul(q.astype(np.float64), np.swapaxes(k.astype(np.float64), -1, -2)) * _scale(node, q.shape[-1])
+    _masked_fill(scores, None if mask is None else mask if mask.dtype == np.bool_ else mask.astype(np.float64),
+                 bool(node.params.get("is_causal", False)))
+    m = np.max(scores, axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(m), m, 0))
+    total = np.sum(e, axis=-1, keepdims=True)
+    p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return [np.matmul(p, v.astype(np.float64)).astype(ot)]
+
+
+def _workspace(node: Node, ins: list[TensorInfo]) -> int:
+    scores, _ = _shapes(node, ins)
+    return int(np.prod(scores, dtype=np.int64)) * float_of(ins[0].dtype).itemsize
+
+
+def _kernel(node: Node, ins: list[TensorInfo]):
+    dt = float_of(ins[0].dtype)
+    causal = bool(node.params.get("is_causal", False))
+
+    def run(inputs, outputs, workspace):
+        q, k, v = inputs[:3]
+        mask = inputs[3] if len(inputs) > 3 else None
+        shape, _ = _shapes(node, [TensorInfo(a.shape, a.dtype) for a in inputs])
+        scores = _scratch(workspace, shape, dt)
+        np.matmul(q, np.swapaxes(k, -1, -2), out=scores, casting="unsafe")
+        scores *= dt.type(_scale(node, q.shape[-1]))
+        _masked_fill(scores, mask, causal)
+        view = (-1, shape[-1], 1)
+        softmax_loop(scores.reshape(view), scores.reshape(view), False)
+        np.nan_to_num(scores, copy=False, nan=0.0)  # rows with nothing to attend to
+        np.matmul(scores, v, out=outputs[0], casting="unsafe")
+    return run
+
+
+def _scratch(workspace: np.ndarray | None, shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    n = int(np.prod(shape, dtype=np.int64))
+    if workspace is not None and workspace.nbytes >= n * dt.itemsize:
+        return workspace.reshape(-1).view(np.uint8)[:n * dt.itemsize].view(dt).reshape(shape)
+    return np.empty(shape, dt)  # called without the planned workspace (direct use outside the runtime)
+
+
+register(OpDef("Attention", _infer, _reference, _kernel, workspace=_workspace))

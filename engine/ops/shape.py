@@ -1,0 +1,203 @@
+"""Layout-only ops. Reshape/Flatten/Squeeze/Unsqueeze are aliases (the runtime makes the view, no kernel);
+Transpose/Expand/Tile/Cast/Identity copy into the output. Every op here propagates known values, so shape
+arithmetic (Shape -> Gather -> Concat -> Reshape) is done at infer time and never scheduled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ir.dtypes import to_dtype
+from engine.ops._common import INT64, ints, norm_axes, norm_axis, with_value
+from engine.ops.registry import OpDef, TensorInfo, register
+
+
+def _target(node: Node, ins: list[TensorInfo], arrays: list[np.ndarray] | None = None) -> list[int]:
+    """The target shape of Reshape/Expand: input 1's value when present, else the `shape` param."""
+    if arrays is not None and len(arrays) > 1:
+        return ints(node, "shape", arrays[1])
+    if len(ins) > 1:
+        if ins[1].value is None:
+            raise ShapeError(f"{node.where()}: {node.op_type} target shape input is not known before running")
+        return ints(node, "shape", ins[1].value)
+    if node.params.get("shape") is None:
+        raise ShapeError(f"{node.where()}: {node.op_type} has neither a shape input nor a shape param")
+    return ints(node, "shape", node.params["shape"])
+
+
+def _n(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def reshape_shape(node: Node, shape: tuple[int, ...], target: list[int]) -> tuple[int, ...]:
+    """ONNX/TNN reshape: 0 copies the input dim at that index, one -1 takes what is left."""
+    out = [shape[i] if d == 0 and i < len(shape) else d for i, d in enumerate(target)]
+    if out.count(-1) > 1 or any(d < -1 for d in out):
+        raise ShapeError(f"{node.where()}: Reshape target {target} is invalid")
+    if -1 in out:
+        known = _n([d for d in out if d != -1])
+        if known == 0 or _n(shape) % known:
+            raise ShapeError(f"{node.where()}: cannot reshape {shape} to {target}")
+        out[out.index(-1)] = _n(shape) // known
+    if _n(out) != _n(shape):
+        raise ShapeError(f"{node.where()}: cannot reshape {shape} ({_n(shape)} elements) to {target}")
+    return tuple(out)
+
+
+def _flatten_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
+    if not shape:
+        return (1,)
+    s = norm_axis(node, int(node.params.get("start_dim", 1)), len(shape))
+    e = norm_axis(node, int(node.params.get("end_dim", -1)), len(shape))
+    if e < s:
+        raise ShapeError(f"{node.where()}: Flatten start_dim {s} is after end_dim {e}")
+    return shape[:s] + (_n(shape[s:e + 1]),) + shape[e + 1:]
+
+
+def _squeeze_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
+    axes = node.params.get("axes")
+    drop = {i for i, d in enumerate(shape) if d == 1} if axes is None else set(norm_axes(node, axes, len(shape)))
+    return tuple(d for i, d in enumerate(shape) if not (i in drop and d == 1))  # torch keeps non-1 dims
+
+
+def _unsqueeze_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
+    axes = node.params.get("axes")
+    axes = [axes] if isinstance(axes, int) else list(axes or [])
+    rank = len(shape) + len(axes)
+    pos = {norm_axis(node, int(a), rank) for a in axes}
+    if len(pos) != len(axes):
+        raise ShapeError(f"{node.where()}: Unsqueeze axes {axes} repeat a position")
+    dims = iter(shape)
+    return tuple(1 if i in pos else next(dims) for i in range(rank))
+
+
+def _perm(node: Node, rank: int) -> list[int]:
+    perm = node.params.get("perm")
+    if perm is None:
+        return list(range(rank))[::-1]
+    p = [norm_axis(node, int(a), rank) for a in perm]
+    if sorted(p) != list(range(rank)):
+        raise ShapeError(f"{node.where()}: Transpose perm {list(perm)} is not a permutation of rank {rank}")
+    return p
+
+
+def expand_shape(node: Node, shape: tuple[int, ...], target: list[int]) -> tuple[int, ...]:
+    """torch `expand` (-1 keeps a dim) combined with ONNX Expand's two-way broadcasting."""
+    rank = max(len(shape), len(target))
+    xs = (1,) * (rank - len(shape)) + tuple(shape)
+    ts = [1] * (rank - len(target)) + list(target)
+    out = []
+    for i, (x, t) in enumerate(zip(xs, ts, strict=True)):
+        if t == -1 and i >= rank - len(shape):
+            out.append(x)
+        elif x == t or x == 1 and t >= 0:
+            out.append(t)
+        elif t == 1:
+            out.append(x)
+        else:
+            raise ShapeError(f"{node.where()}: cannot expand {shape} to {target}")
+    return tuple(out)
+
+
+def _tile_reps(node: Node, rank: int) -> list[int]:
+    reps = ints(node, "repeats", node.params.get("repeats"))
+    if any(r < 0 for r in reps):
+        raise ShapeError(f"{node.where()}: Tile repeats {reps} must be >= 0")
+    return [1] * (rank - len(reps)) + reps
+
+
+def _tile_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
+    reps = _tile_reps(node, len(shape))
+    xs = (1,) * (len(reps) - len(shape)) + tuple(shape)
+    return tuple(r * d for r, d in zip(reps, xs, strict=True))
+
+
+def _shape_slice(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
+    start, end = node.params.get("start", 0), node.params.get("end")
+    return tuple(shape[start:end])
+
+
+# op -> (output shape from (node, input infos), output dtype from input dtype)
+_SHAPES: dict[str, Callable[[Node, list[TensorInfo]], tuple[int, ...]]] = {
+    "Reshape": lambda n, ins: reshape_shape(n, ins[0].shape, _target(n, ins)),
+    "Flatten": lambda n, ins: _flatten_shape(n, ins[0].shape),
+    "Squeeze": lambda n, ins: _squeeze_shape(n, ins[0].shape),
+    "Unsqueeze": lambda n, ins: _unsqueeze_shape(n, ins[0].shape),
+    "Transpose": lambda n, ins: tuple(ins[0].shape[p] for p in _perm(n, len(ins[0].shape))),
+    "Expand": lambda n, ins: expand_shape(n, ins[0].shape, _target(n, ins)),
+    "Tile": lambda n, ins: _tile_shape(n, ins[0].shape),
+    "Cast": lambda n, ins: ins[0].shape,
+    "Identity": lambda n, ins: ins[0].shape,
+}
+
+
+def _dtype(node: Node, dt: np.dtype) -> np.dtype:
+    return to_dtype(node.params["to"]) if node.op_type == "Cast" else np.dtype(dt)
+
+
+def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if not ins or len(ins) > (2 if node.op_type in ("Reshape", "Expand") else 1):
+        raise ShapeError(f"{node.where()}: {node.op_type} got {len(ins)} inputs")
+    out = TensorInfo(_SHAPES[node.op_type](node, ins), _dtype(node, ins[0].dtype))
+    return with_value(node, ins, [out], _reference)
+
+
+def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x, op = np.asarray(arrays[0]), node.op_type
+    infos = [TensorInfo(tuple(a.shape), a.dtype, np.asarray(a)) for a in arrays]
+    if op == "Transpose":
+        y = np.transpose(x, _perm(node, x.ndim))
+    elif op == "Expand":
+        y = np.broadcast_to(x, expand_shape(node, x.shape, _target(node, infos, arrays)))
+    elif op == "Tile":
+        y = np.tile(x, _tile_reps(node, x.ndim))
+    elif op == "Cast":
+        y = x.astype(_dtype(node, x.dtype))
+    else:
+        y = x.reshape(_SHAPES[op](node, infos))
+    return [np.array(y, copy=True)]
+
+
+# -- kernels ----------------------------------------------------------------------------------------------
+def _copy_kernel(node: Node, ins: list[TensorInfo]):
+    op = node.op_type
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if op == "Transpose":
+            np.copyto(out, x.transpose(_perm(node, x.ndim)))
+        elif op == "Tile":
+            reps = _tile_reps(node, x.ndim)
+            xs = (1,) * (len(reps) - x.ndim) + x.shape
+            # out viewed as (r0, d0, r1, d1, ...) receives x broadcast over the repeat axes: no temporary
+            np.copyto(out.reshape([v for r, d in zip(reps, xs, strict=True) for v in (r, d)]),
+                      x.reshape([v for d in xs for v in (1, d)]))
+        else:  # Expand broadcasts x into out; Cast and Identity convert or copy
+            np.copyto(out, x, casting="unsafe")
+    return run
+
+
+# -- Shape ----------------------------------------------------------------------------------------------------
+def _shape_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 1:
+        raise ShapeError(f"{node.where()}: Shape takes 1 input, got {len(ins)}")
+    dims = np.array(_shape_slice(node, ins[0].shape), dtype=INT64)
+    return [TensorInfo((len(dims),), INT64, dims)]
+
+
+def _shape_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.array(_shape_slice(node, np.shape(arrays[0])), dtype=np.int64)]
+
+
+def _shape_kernel(node: Node, ins: list[TensorInfo]):
+    def run(inputs, outputs, workspace):
+        outputs[0][...] = _shape_slice(node, inputs[0].shape)
+    return run
+
+
+register(*[OpDef(op, _infer, _reference, alias=True) for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")])
+register(*[OpDef(op, _infer, _reference, _copy_kernel) for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")])
+register(OpDef("Shape", _shape_infer, _shape_reference, _shape_kernel))

@@ -1,0 +1,54 @@
+"""Softmax and LogSoftmax over one axis: a stable numpy reference and a numba kernel over an (outer, n, inner) view."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ops._common import float_of, norm_axis
+from engine.ops._norm_kernels import softmax_loop
+from engine.ops.registry import OpDef, TensorInfo, register
+
+
+def _axis(node: Node, rank: int) -> int:
+    return norm_axis(node, int(node.params.get("axis", -1)), rank)
+
+
+def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 1:
+        raise ShapeError(f"{node.where()}: {node.op_type} takes 1 input, got {len(ins)}")
+    _axis(node, len(ins[0].shape))
+    return [TensorInfo(ins[0].shape, float_of(ins[0].dtype))]
+
+
+def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x = np.asarray(arrays[0])
+    axis = _axis(node, x.ndim)
+    xf = x.astype(np.float64)
+    shifted = xf - np.max(xf, axis=axis, keepdims=True)
+    lse = np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    y = shifted - lse if node.op_type == "LogSoftmax" else np.exp(shifted - lse)
+    return [y.astype(float_of(x.dtype))]
+
+
+def _view3(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    return outer, (shape[axis] if shape else 1), inner
+
+
+def _kernel(node: Node, ins: list[TensorInfo]):
+    log = node.op_type == "LogSoftmax"
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if x.ndim == 0:
+            out[...] = 0.0 if log else 1.0
+            return
+        view = _view3(x.shape, _axis(node, x.ndim))
+        softmax_loop(np.ascontiguousarray(x).reshape(view), out.reshape(view), log)
+    return run
+
+
+register(OpDef("Softmax", _infer, _reference, _kernel), OpDef("LogSoftmax", _infer, _reference, _kernel))
