@@ -1,0 +1,145 @@
+"""Wiring: repository + data plane + REST (uvicorn) + gRPC (grpc.aio) + metrics endpoint in one event loop,
+and the SIGTERM sequence (readiness fails at once, in-flight requests drain, then exit 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from server import settings as defaults
+from server.dataplane import DataPlane
+from server.metrics import ServerMetrics
+from server.protocol.grpc import pb2_grpc
+from server.protocol.grpc.servicer import InferenceServicer
+from server.protocol.rest import create_app
+from server.repository import ModelRepository
+from server.settings import ServerSettings
+
+log = logging.getLogger("nnserve")
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handlers: the app owns SIGTERM/SIGINT and decides when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(address: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((address, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def metrics_app(metrics: ServerMetrics) -> FastAPI:
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get(defaults.METRICS_PATH)
+    async def scrape() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+class NNServer:
+    def __init__(self, s: ServerSettings):
+        self.settings = s
+        self.metrics = ServerMetrics()
+        self.repository = ModelRepository(s.model_repository, control_mode=s.model_control_mode,
+                                          default_max_batch_size=s.default_max_batch_size, metrics=self.metrics)
+        self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness)
+        self.ports: dict[str, int] = {}
+        self._http: list[tuple[_Uvicorn, asyncio.Task]] = []
+        self._grpc: grpc.aio.Server | None = None
+        self._stop = asyncio.Event()
+
+    async def start_endpoints(self) -> None:
+        s = self.settings
+        if s.allow_http:
+            self.ports["http"] = self._start_http(create_app(self.dp), s.http_address, s.http_port)
+        if s.allow_grpc:
+            self.ports["grpc"] = await self._start_grpc(s.grpc_address, s.grpc_port)
+        if s.allow_metrics:
+            self.ports["metrics"] = self._start_http(metrics_app(self.metrics), s.metrics_address, s.metrics_port)
+        log.info("nnserve listening: %s", " ".join(f"{k}={v}" for k, v in self.ports.items()))
+
+    def _start_http(self, app: FastAPI, address: str, port: int) -> int:
+        sock = bind(address, port)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=65, timeout_graceful_shutdown=self.settings.exit_timeout_secs)
+        server = _Uvicorn(config)
+        self._http.append((server, asyncio.create_task(server.serve(sockets=[sock]))))
+        return sock.getsockname()[1]
+
+    async def _start_grpc(self, address: str, port: int) -> int:
+        opts = [("grpc.max_receive_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES)]
+        self._grpc = grpc.aio.server(options=opts)
+        pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dp), self._grpc)
+        bound = self._grpc.add_insecure_port(f"{address}:{port}")
+        await self._grpc.start()
+        return bound
+
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; returns the process exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        await self.start_endpoints()
+        t0 = time.perf_counter()
+        failed = await self.repository.startup(self.settings.load_models)
+        log.info("model repository %s: %d model(s) ready, %d failed, in %.2f s", self.settings.model_repository,
+                 len(self.repository.loaded()), len(failed), time.perf_counter() - t0)
+        if failed and self.settings.exit_on_error:
+            log.error("exiting: failed to load %s (--exit-on-error=true)", ", ".join(failed))
+            await self.shutdown()
+            return 1
+        poller = None
+        if self.settings.model_control_mode == "poll":
+            poller = asyncio.create_task(self.repository.poll_forever(self.settings.repository_poll_secs))
+        await self._stop.wait()
+        if poller:
+            poller.cancel()
+        await self.shutdown()
+        return 0
+
+    async def shutdown(self) -> None:
+        """Readiness fails at once; in-flight requests get up to --exit-timeout-secs; then everything stops."""
+        self.dp.draining = True
+        log.info("shutting down: readiness now fails, draining %d in-flight request(s)", self.dp.inflight)
+        deadline = time.monotonic() + self.settings.exit_timeout_secs
+        while self.dp.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.dp.exiting = True
+        remaining = max(deadline - time.monotonic(), 0.0)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=remaining)
+        for server, _ in self._http:
+            server.should_exit = True
+        await asyncio.gather(*(task for _, task in self._http), return_exceptions=True)
+        await self.repository.shutdown()
+        log.info("nnserve stopped")
+
+
+async def serve(s: ServerSettings) -> int:
+    return await NNServer(s).run()
+
+
+def run(s: ServerSettings) -> Any:
+    return asyncio.run(serve(s))

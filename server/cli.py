@@ -1,0 +1,103 @@
+"""`nnserve`: the console script. `nnserve serve` takes Triton's flag names; the engine adds run/inspect/convert."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from server import settings as defaults
+from server.settings import ServerSettings
+
+
+def str2bool(value: str) -> bool:
+    """Triton spells booleans --flag=true/false."""
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+
+
+def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="serve a model repository over KServe v2 REST and gRPC")
+    p.add_argument("--model-repository", "--model-store", required=True, type=Path, help="the model repository")
+    p.add_argument("--http-port", type=int, default=defaults.HTTP_PORT, help="0 = any free port")
+    p.add_argument("--grpc-port", type=int, default=defaults.GRPC_PORT, help="0 = any free port")
+    p.add_argument("--metrics-port", type=int, default=defaults.METRICS_PORT, help="0 = any free port")
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--metrics-address", default=None, help="default: the HTTP address")
+    p.add_argument("--allow-http", type=str2bool, default=True)
+    p.add_argument("--allow-grpc", type=str2bool, default=True)
+    p.add_argument("--allow-metrics", type=str2bool, default=True)
+    p.add_argument("--model-control-mode", choices=defaults.CONTROL_MODES, default="none")
+    p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load ('*' = all)")
+    p.add_argument("--repository-poll-secs", type=float, default=defaults.REPOSITORY_POLL_SECS)
+    p.add_argument("--exit-timeout-secs", type=float, default=defaults.EXIT_TIMEOUT_SECS)
+    p.add_argument("--exit-on-error", type=str2bool, default=True, help="exit if a model fails to load")
+    p.add_argument("--strict-readiness", type=str2bool, default=True)
+    p.add_argument("--backend-config", action="append", default=[],
+                   help="<backend>,default-max-batch-size=<n> (the max_batch_size auto-complete gives)")
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.set_defaults(func=run_serve)
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    if "*" in args.load_model and len(args.load_model) > 1:
+        raise SystemExit("--load-model=* must be the only --load-model")
+    max_batch = defaults.DEFAULT_MAX_BATCH_SIZE
+    for item in args.backend_config:
+        _, _, kv = item.rpartition(",")
+        key, _, value = kv.partition("=")
+        if key == "default-max-batch-size":
+            max_batch = int(value)
+    return ServerSettings(
+        model_repository=args.model_repository, http_address=args.http_address, http_port=args.http_port,
+        grpc_address=args.grpc_address, grpc_port=args.grpc_port,
+        metrics_address=args.metrics_address or args.http_address, metrics_port=args.metrics_port,
+        allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
+        model_control_mode=args.model_control_mode, load_models=list(args.load_model),
+        repository_poll_secs=args.repository_poll_secs, exit_timeout_secs=args.exit_timeout_secs,
+        exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness,
+        default_max_batch_size=max_batch, log_verbose=args.log_verbose)
+
+
+def setup_logging(verbose: int) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose > 0 else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    s = settings_from_args(args)
+    setup_logging(s.log_verbose)
+    if not s.model_repository.is_dir():
+        logging.getLogger("nnserve").error("--model-repository %s is not a directory", s.model_repository)
+        return 1
+    from server.app import run
+
+    return run(s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nnserve", description="Inference server for TNN and PNNX models")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_serve_command(subparsers)
+    try:
+        from engine.cli import add_engine_commands  # run / inspect / convert, owned by the engine
+    except ImportError:
+        pass
+    else:
+        add_engine_commands(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

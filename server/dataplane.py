@@ -1,0 +1,200 @@
+"""The transport-agnostic data plane: health, metadata, config, statistics, repository control and inference.
+
+REST and gRPC handlers only convert wire formats and call these methods; every error is a ServerError.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from server import settings as defaults
+from server.config import config_to_dict
+from server.errors import InferenceError, InvalidArgumentError, ServerError, UnavailableError
+from server.model_version import ModelVersion
+from server.protocol.datatypes import numpy_to_wire
+from server.protocol.grpc import model_config_pb2 as mc
+from server.protocol.types import InferRequest, InferResponse, OutputTensor
+from server.repository import ModelRepository
+
+log = logging.getLogger("nnserve.dataplane")
+
+
+class DataPlane:
+    def __init__(self, repository: ModelRepository, metrics: Any = None, *, strict_readiness: bool = True):
+        self.repository = repository
+        self.metrics = metrics
+        self.strict_readiness = strict_readiness
+        self.draining = False  # SIGTERM: readiness fails at once, requests still in flight finish
+        self.exiting = False  # drain window over: new requests are refused
+        self.inflight = 0  # requests between arrival and answer, what a graceful shutdown waits for
+
+    # ---- health & metadata -----------------------------------------------------------------------------------
+    def live(self) -> bool:
+        return not self.exiting
+
+    def ready(self) -> bool:
+        if self.draining or self.exiting:
+            return False
+        return self.repository.all_ready() if self.strict_readiness else True
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.repository.get(name, version)
+        except ServerError:
+            return False
+        return not self.exiting
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": defaults.SERVER_NAME, "version": defaults.SERVER_VERSION,
+                "extensions": list(defaults.EXTENSIONS)}
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        mv = self.repository.get(name, version)
+        entry = self.repository.entry(name)
+        versions = sorted(entry.versions, key=int) if entry else [mv.version]
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": mv.config.platform or mv.config.backend,
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": t.wire_shape(mv.batching)}
+                       for t in mv.inputs],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": t.wire_shape(mv.batching)}
+                        for t in mv.outputs],
+        }
+
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.repository.get(name, version).config
+
+    def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
+        return config_to_dict(self.model_config(name, version))
+
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        if name:
+            if version:
+                return [self.repository.get(name, version).stats.as_dict()]
+            self.repository.get(name)  # raises for unknown / unloaded models
+            entry = self.repository.entry(name)
+            return [mv.stats.as_dict() for _, mv in sorted(entry.versions.items(), key=lambda kv: int(kv[0]))]
+        return [mv.stats.as_dict() for mv in self.repository.loaded()]
+
+    # ---- repository ------------------------------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return self.repository.index(ready_only)
+
+    async def load_model(self, name: str, config_json: str | None = None) -> None:
+        self.repository.check_api_allowed("load")
+        await self.repository.load(name, config_json)
+
+    async def unload_model(self, name: str) -> None:
+        self.repository.check_api_allowed("unload")
+        await self.repository.unload(name)
+
+    # ---- inference -------------------------------------------------------------------------------------------
+    async def infer(self, req: InferRequest) -> InferResponse:
+        if self.exiting:
+            raise UnavailableError("Server exiting")
+        self.inflight += 1
+        try:
+            return await self._infer(req)
+        finally:
+            self.inflight -= 1
+
+    async def _infer(self, req: InferRequest) -> InferResponse:
+        t0 = time.perf_counter_ns()
+        mv = self.repository.get(req.model_name, req.model_version)
+        labels = (mv.name, mv.version)
+        try:
+            feed, batch = validate_inputs(mv, req)
+            wanted = requested_outputs(mv, req)
+            if self.metrics:
+                self.metrics.pending.labels(*labels).inc()
+            try:
+                result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us)
+            finally:
+                if self.metrics:
+                    self.metrics.pending.labels(*labels).dec()
+        except Exception as exc:
+            err = as_server_error(exc, mv)
+            total = time.perf_counter_ns() - t0
+            mv.stats.record_failure(total)
+            if self.metrics:
+                self.metrics.request_failed(*labels, err.reason, total)
+            raise err from exc
+        outputs = [OutputTensor(n, numpy_to_wire(a.dtype), list(a.shape), a) for n, a in result.outputs.items()
+                   if n in wanted]
+        total = time.perf_counter_ns() - t0
+        phases = dict(total_ns=total, queue_ns=result.queue_ns, input_ns=result.compute_input_ns,
+                      infer_ns=result.compute_infer_ns, output_ns=result.compute_output_ns, batch=batch)
+        mv.stats.record_success(**phases)
+        if self.metrics:
+            self.metrics.request_ok(*labels, **phases)
+        return InferResponse(mv.name, mv.version, req.id, outputs)
+
+
+def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:
+    """The one place engine and unexpected errors become ServerErrors (transports then map those once)."""
+    if isinstance(exc, ServerError):
+        return exc
+    from engine.errors import EngineError, ShapeError
+
+    if isinstance(exc, ShapeError):
+        return InvalidArgumentError(f"model '{mv.name}': {exc}")
+    if isinstance(exc, EngineError):
+        return InferenceError(f"model '{mv.name}' failed: {exc}")
+    log.exception("unexpected error in model '%s'", mv.name)
+    return InferenceError(f"model '{mv.name}' failed: {type(exc).__name__}: {exc}")
+
+
+def validate_inputs(mv: ModelVersion, req: InferRequest) -> tuple[dict[str, np.ndarray], int]:
+    """Check names, datatypes and shapes against the config (Triton's messages); returns (feed, batch size)."""
+    expected = {t.name: t for t in mv.inputs}
+    given = {t.name: t for t in req.inputs}
+    for name in given:
+        if name not in expected:
+            raise InvalidArgumentError(f"unexpected inference input '{name}' for model '{mv.name}'")
+    missing = [n for n in expected if n not in given]
+    if missing:
+        raise InvalidArgumentError(f"expected {len(expected)} inputs but got {len(given)} inputs for model "
+                                   f"'{mv.name}'. Got input(s) {sorted(given)}, but missing required input(s) "
+                                   f"{missing}. Please provide all required input(s).")
+    feed, batch = {}, 1
+    for name, t in expected.items():
+        inp = given[name]
+        if inp.datatype != t.datatype:
+            raise InvalidArgumentError(f"inference input '{name}' data-type is '{inp.datatype}', but model "
+                                       f"'{mv.name}' expects '{t.datatype}'")
+        batch = _check_shape(mv, name, inp.shape, t.dims)
+        feed[name] = inp.data
+    return feed, batch
+
+
+def _check_shape(mv: ModelVersion, name: str, shape: list[int], dims: list[int]) -> int:
+    full = ([-1] if mv.batching else []) + list(dims)
+    ok = len(shape) == len(full) and all(e == -1 or e == s for s, e in zip(shape, full, strict=False))
+    if not ok:
+        raise InvalidArgumentError(f"unexpected shape for input '{name}' for model '{mv.name}'. Expected {full}, "
+                                   f"got {shape}")
+    batch = shape[0] if mv.batching else 1
+    if mv.batching and not 1 <= batch <= mv.config.max_batch_size:
+        raise InvalidArgumentError(f"inference request batch-size must be <= {mv.config.max_batch_size} for "
+                                   f"'{mv.name}', got {batch}")
+    limit = mv.max_shapes.get(name)
+    if limit and any(s > m for s, m in zip(shape[1:] if mv.batching else shape, limit[1:] if mv.batching else limit,
+                                          strict=False)):
+        raise InvalidArgumentError(f"input '{name}' shape {shape} exceeds the max shape {limit} model '{mv.name}' "
+                                   "was loaded for")
+    return batch
+
+
+def requested_outputs(mv: ModelVersion, req: InferRequest) -> set[str]:
+    names = {t.name for t in mv.outputs}
+    if not req.outputs:
+        return names
+    for out in req.outputs:
+        if out.name not in names:
+            raise InvalidArgumentError(f"unexpected inference output '{out.name}' for model '{mv.name}'")
+    return {o.name for o in req.outputs}

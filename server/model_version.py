@@ -1,0 +1,117 @@
+"""One loaded model version: engine model, config, instances with preallocated arenas, scheduler, statistics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from server import config as cfg
+from server.errors import ModelLoadError
+from server.protocol.grpc import model_config_pb2 as mc
+from server.runner import DirectRunner, execute
+from server.stats import ModelStats
+
+log = logging.getLogger("nnserve.repository")
+
+READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+
+
+@dataclass
+class ModelVersion:
+    name: str
+    version: str
+    config: mc.ModelConfig
+    instances: list[Any]
+    scheduler: Any
+    stats: ModelStats
+    arena_bytes: list[int]
+    load_seconds: float
+    state: str = READY
+    inputs: list[cfg.TensorConfig] = field(default_factory=list)
+    outputs: list[cfg.TensorConfig] = field(default_factory=list)
+    max_shapes: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def batching(self) -> bool:
+        return self.config.max_batch_size > 0
+
+
+def build_instances(model: Any, config: mc.ModelConfig, name: str) -> tuple[list[Any], dict[str, list[int]]]:
+    """Instance per instance_group count, each planning its arena for max_batch_size x max dims up front."""
+    shapes = cfg.max_shapes(config, name)
+    engine_shapes = {k: tuple(v) for k, v in shapes.items()}
+    instances = []
+    for _ in range(cfg.instance_count(config)):
+        try:
+            instances.append(model.instance("cpu", max_shapes=engine_shapes))
+        except Exception as exc:
+            raise ModelLoadError(f"model '{name}': creating an instance for max shapes {shapes} failed: {exc}") from exc
+    return instances, shapes
+
+
+def arena_bytes_of(instance: Any) -> int:
+    plan = getattr(instance, "memory_plan", None)
+    return int(getattr(plan, "arena_bytes", 0) or 0)
+
+
+def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
+    """Run every model_warmup sample on every instance; the model is not READY until this succeeds."""
+    rng = np.random.default_rng(0)
+    for warmup in config.model_warmup:
+        batch = max(int(warmup.batch_size), 1)
+        feed = {}
+        for input_name, spec in warmup.inputs.items():
+            shape = ([batch] if config.max_batch_size > 0 else []) + list(spec.dims)
+            dtype = cfg.numpy_dtype(spec.data_type)
+            kind = spec.WhichOneof("input_data_type")
+            if kind == "input_data_file":
+                raw = (version_dir.parent / "warmup" / spec.input_data_file).read_bytes()
+                feed[input_name] = np.frombuffer(raw, dtype=dtype).reshape(shape)
+            elif kind == "random_data":
+                feed[input_name] = rng.random(shape).astype(dtype)
+            else:
+                feed[input_name] = np.zeros(shape, dtype=dtype)
+        for instance in instances:
+            for _ in range(max(int(warmup.count), 1)):
+                try:
+                    execute(instance, feed)
+                except Exception as exc:
+                    raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' failed: {exc}") from exc
+
+
+def make_scheduler(config: mc.ModelConfig, instances: list[Any], stats: ModelStats, metrics: Any,
+                   version: str) -> Any:
+    """The batching Scheduler when the config has dynamic_batching, else one request per execution."""
+    def on_execution(batch: int, in_ns: int, infer_ns: int, out_ns: int) -> None:
+        stats.record_execution(batch, in_ns, infer_ns, out_ns)
+        if metrics is not None:
+            metrics.execution(config.name, version, batch)
+
+    if config.HasField("dynamic_batching"):
+        from server.batching_adapter import make_batching_scheduler
+
+        sched = make_batching_scheduler(config, instances, on_execution, metrics, version)
+        if sched is not None:
+            return sched
+        log.warning("model '%s': dynamic batching is not available; running one request per execution", config.name)
+    return DirectRunner(instances, batching=config.max_batch_size > 0, on_execution=on_execution)
+
+
+def load_version(model: Any, config: mc.ModelConfig, name: str, version: str, version_dir: Path,
+                 metrics: Any) -> ModelVersion:
+    """Blocking: instances + warmup. The scheduler is created here and started by the repository."""
+    t0 = time.perf_counter()
+    instances, shapes = build_instances(model, config, name)
+    warm_up(instances, config, name, version_dir)
+    stats = ModelStats(name, version)
+    arenas = [arena_bytes_of(i) for i in instances]
+    stats.memory_bytes = sum(arenas)
+    scheduler = make_scheduler(config, instances, stats, metrics, version)
+    ins, outs = cfg.tensor_configs(config)
+    return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
+                        inputs=ins, outputs=outs, max_shapes=shapes)

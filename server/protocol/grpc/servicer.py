@@ -1,0 +1,120 @@
+"""GRPCInferenceService over the data plane. ServerErrors map to gRPC status codes in one place (`_guard`)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from server.dataplane import DataPlane
+from server.errors import InvalidArgumentError, ServerError
+from server.protocol import grpc_codec
+from server.protocol.grpc import pb2, pb2_grpc
+
+log = logging.getLogger("nnserve.grpc")
+
+
+def status_of(err: ServerError) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, err.grpc_code, grpc.StatusCode.INTERNAL)
+
+
+def _guard(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """The single ServerError -> gRPC status mapping for every unary rpc."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except ServerError as err:
+            await context.abort(status_of(err), err.message)
+
+    return wrapper
+
+
+class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dp: DataPlane):
+        self.dp = dp
+
+    @_guard
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - rpc names are the protocol's
+        return pb2.ServerLiveResponse(live=self.dp.live())
+
+    @_guard
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb2.ServerReadyResponse(ready=self.dp.ready())
+
+    @_guard
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb2.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+
+    @_guard
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb2.ServerMetadataResponse(**self.dp.server_metadata())
+
+    @_guard
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        meta = self.dp.model_metadata(request.name, request.version)
+        return json_format.ParseDict(meta, pb2.ModelMetadataResponse())
+
+    @_guard
+    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb2.ModelConfigResponse(config=self.dp.model_config(request.name, request.version))
+
+    @_guard
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+        stats = self.dp.statistics(request.name, request.version)
+        return json_format.ParseDict({"model_stats": stats}, pb2.ModelStatisticsResponse())
+
+    @_guard
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        resp = await self.dp.infer(grpc_codec.decode_request(request))
+        return grpc_codec.encode_response(resp)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        """Requests on one stream run concurrently (so they can batch); responses go back as they finish.
+        Errors go into error_message and the stream stays open, as Triton does."""
+        done: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def read_all() -> None:
+            tasks = [asyncio.create_task(self._stream_one(r, done)) async for r in request_iterator]
+            await asyncio.gather(*tasks)
+            await done.put(None)
+
+        reader = asyncio.create_task(read_all())
+        try:
+            while (item := await done.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+
+    async def _stream_one(self, request: Any, done: asyncio.Queue[Any]) -> None:
+        try:
+            resp = await self.dp.infer(grpc_codec.decode_request(request))
+            await done.put(pb2.ModelStreamInferResponse(infer_response=grpc_codec.encode_response(resp)))
+        except ServerError as err:
+            await done.put(pb2.ModelStreamInferResponse(error_message=err.message,
+                                                        infer_response=pb2.ModelInferResponse(id=request.id)))
+
+    @_guard
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
+        rows = self.dp.repository_index(request.ready)
+        return json_format.ParseDict({"models": rows}, pb2.RepositoryIndexResponse())
+
+    @_guard
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
+        params = request.parameters
+        if any(k.startswith("file:") for k in params):
+            raise InvalidArgumentError("loading model files through the API ('file:' parameters) is not supported")
+        config = params["config"].string_param if "config" in params else None
+        await self.dp.load_model(request.model_name, config)
+        return pb2.RepositoryModelLoadResponse()
+
+    @_guard
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
+        await self.dp.unload_model(request.model_name)
+        return pb2.RepositoryModelUnloadResponse()

@@ -1,0 +1,126 @@
+"""KServe v2 REST routes. Each handler converts the wire format and calls the data plane; ServerErrors become
+`{"error": ...}` with Triton's status code in one exception handler.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from server import settings
+from server.dataplane import DataPlane
+from server.errors import InvalidArgumentError, ServerError, UnavailableError
+from server.protocol import rest_codec
+
+JSON_TYPE = "application/json"
+
+
+def create_app(dp: DataPlane) -> FastAPI:
+    app = FastAPI(title="nnserve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ServerError)
+    async def _server_error(_: Request, exc: ServerError) -> JSONResponse:
+        return JSONResponse({"error": exc.message}, status_code=exc.http_status)
+
+    _health_routes(app, dp)
+    _model_routes(app, dp)
+    _repository_routes(app, dp)
+    return app
+
+
+def _health_routes(app: FastAPI, dp: DataPlane) -> None:
+    @app.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return dp.server_metadata()
+
+    @app.get(settings.LIVE_PATH)
+    async def live() -> Response:
+        if not dp.live():
+            raise UnavailableError("Server exiting")
+        return Response(status_code=200)
+
+    @app.get(settings.READY_PATH)
+    async def ready() -> Response:
+        if dp.draining or dp.exiting:
+            raise UnavailableError("Server exiting")
+        return Response(status_code=200 if dp.ready() else 400)
+
+
+def _model_routes(app: FastAPI, dp: DataPlane) -> None:
+    def both(path: str) -> list[str]:
+        return [f"/v2/models/{{model}}{path}", f"/v2/models/{{model}}/versions/{{version}}{path}"]
+
+    for path in both(""):
+        app.add_api_route(path, lambda model, version="": dp.model_metadata(model, version), methods=["GET"])
+    for path in both("/ready"):
+        app.add_api_route(path, lambda model, version="": Response(status_code=200 if dp.model_ready(model, version)
+                                                                    else 400), methods=["GET"])
+    for path in both("/config"):
+        app.add_api_route(path, lambda model, version="": dp.model_config_dict(model, version), methods=["GET"])
+    for path in both("/stats"):
+        app.add_api_route(path, lambda model, version="": {"model_stats": dp.statistics(model, version)},
+                          methods=["GET"])
+
+    @app.get("/v2/models/stats")
+    async def all_stats() -> dict[str, Any]:
+        return {"model_stats": dp.statistics()}
+
+    async def infer(request: Request, model: str, version: str = "") -> Response:
+        body = await request.body()
+        header = request.headers.get(rest_codec.HEADER_LENGTH)
+        req = rest_codec.decode_request(model, version, body, _int_header(header))
+        resp = await dp.infer(req)
+        payload, json_len = rest_codec.encode_response(resp, req)
+        if json_len is None:
+            return Response(payload, media_type=JSON_TYPE)
+        return Response(payload, media_type="application/octet-stream",
+                        headers={rest_codec.HEADER_LENGTH: str(json_len)})
+
+    for path in both("/infer"):
+        app.add_api_route(path, infer, methods=["POST"])
+
+
+def _int_header(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{rest_codec.HEADER_LENGTH} must be an integer, got '{value}'") from None
+
+
+def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
+    @app.post("/v2/repository/index")
+    async def index(request: Request) -> list[dict[str, str]]:
+        body = await _json_body(request)
+        return dp.repository_index(bool(body.get("ready", False)))
+
+    @app.post("/v2/repository/models/{model}/load")
+    async def load(model: str, request: Request) -> Response:
+        params = (await _json_body(request)).get("parameters") or {}
+        if any(k.startswith("file:") for k in params):
+            raise InvalidArgumentError("loading model files through the API ('file:' parameters) is not supported")
+        config = params.get("config")
+        await dp.load_model(model, config if isinstance(config, str) or config is None else json.dumps(config))
+        return Response(status_code=200)
+
+    @app.post("/v2/repository/models/{model}/unload")
+    async def unload(model: str) -> Response:
+        await dp.unload_model(model)
+        return Response(status_code=200)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgumentError("the request JSON must be an object")
+    return doc

@@ -1,0 +1,103 @@
+"""Runs requests on a pool of engine instances one request per execution: the scheduler for models without a
+dynamic_batching block (Triton's default scheduler). Same submit/start/stop interface as the batching Scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from server.errors import UnavailableError
+
+ExecutionHook = Callable[[int, int, int, int], None]  # (batch_size, input_ns, infer_ns, output_ns)
+
+
+@dataclass
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    queue_ns: int
+    compute_input_ns: int
+    compute_infer_ns: int
+    compute_output_ns: int
+    batch_size: int
+
+
+def execute(instance: Any, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int, int, int]:
+    """One engine execution with Triton's phase split: (outputs, input_ns, infer_ns, output_ns).
+
+    Outputs are copied because the engine may return views into the instance's arena, which the next execution
+    overwrites.
+    """
+    t0 = time.perf_counter_ns()
+    feed = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
+    t1 = time.perf_counter_ns()
+    raw = instance.run(feed)
+    t2 = time.perf_counter_ns()
+    outputs = {k: np.array(v, copy=True) for k, v in raw.items()}
+    t3 = time.perf_counter_ns()
+    return outputs, t1 - t0, t2 - t1, t3 - t2
+
+
+def batch_of(inputs: dict[str, np.ndarray]) -> int:
+    first = next(iter(inputs.values()), None)
+    return int(first.shape[0]) if first is not None and first.ndim > 0 else 1
+
+
+class DirectRunner:
+    """A free-instance queue in front of a thread pool (kernels release the GIL, so instances run in parallel)."""
+
+    def __init__(self, instances: list[Any], *, batching: bool, on_execution: ExecutionHook | None = None):
+        self._instances = instances
+        self._batching = batching
+        self._on_execution = on_execution
+        self._free: asyncio.Queue[Any] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(instances)), thread_name_prefix="infer")
+        self._inflight = 0
+        self._stopping = False
+        self._idle = asyncio.Event()
+
+    async def start(self) -> None:
+        self._free = asyncio.Queue()
+        for inst in self._instances:
+            self._free.put_nowait(inst)
+        self._idle.set()
+
+    async def stop(self, drain: bool = True) -> None:
+        self._stopping = True
+        if drain:
+            await self._idle.wait()
+        self._pool.shutdown(wait=drain)
+
+    async def submit(self, inputs: dict[str, np.ndarray], *, priority: int = 0,
+                     timeout_us: int | None = None) -> RunResult:
+        if self._stopping or self._free is None:
+            raise UnavailableError("model is being unloaded")
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            return await self._run(inputs)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    async def _run(self, inputs: dict[str, np.ndarray]) -> RunResult:
+        assert self._free is not None
+        t_queue = time.perf_counter_ns()
+        instance = await self._free.get()
+        queue_ns = time.perf_counter_ns() - t_queue
+        try:
+            loop = asyncio.get_running_loop()
+            outputs, in_ns, infer_ns, out_ns = await loop.run_in_executor(self._pool, execute, instance, inputs)
+        finally:
+            self._free.put_nowait(instance)
+        batch = batch_of(inputs) if self._batching else 1
+        if self._on_execution:
+            self._on_execution(batch, in_ns, infer_ns, out_ns)
+        return RunResult(outputs, queue_ns, in_ns, infer_ns, out_ns, batch)
