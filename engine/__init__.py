@@ -1,0 +1,30 @@
+"""nnserve engine: load TNN and PNNX models and run them on the CPU from one preallocated arena.
+
+    model = engine.load("resnet18.pnnx.param")
+    inst = model.instance(max_shapes={"in0": (1, 3, 224, 224)})
+    outputs = inst.run({"in0": x})
+"""
+
+from engine.errors import (
+    ArenaOverflowError,
+    EngineError,
+    KernelError,
+    ModelFormatError,
+    ShapeError,
+    UnsupportedOpError,
+)
+from engine.runtime.instance import Instance
+from engine.runtime.model import Model, TensorSpec, load
+
+__all__ = [
+    "ArenaOverflowError",
+    "EngineError",
+    "Instance",
+    "KernelError",
+    "Model",
+    "ModelFormatError",
+    "ShapeError",
+    "TensorSpec",
+    "UnsupportedOpError",
+    "load",
+]

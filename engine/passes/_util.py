@@ -1,0 +1,39 @@
+"""Small helpers shared by the rewrite passes."""
+
+from __future__ import annotations
+
+from engine.ir import Graph, Node, Value
+from engine.ops.registry import OpDef, all_ops
+
+
+def op_of(node: Node) -> OpDef | None:
+    """The node's OpDef, or None for an op the registry does not know (passes leave those alone)."""
+    return all_ops().get(node.op_type)
+
+
+def single_consumer(graph: Graph, v: Value) -> Node | None:
+    """The only node reading `v` once, when `v` is not a graph output; else None."""
+    if v in graph.outputs or len(v.consumers) != 1:
+        return None
+    return v.consumers[0]
+
+
+def is_static(shape) -> bool:
+    return shape is not None and all(d is not None and d >= 0 for d in shape)
+
+
+def absorb_output(graph: Graph, anchor: Node, follower: Node) -> None:
+    """`anchor` takes over `follower`'s output value (name kept) and `follower` leaves the graph.
+
+    `anchor` moves to `follower`'s position so inputs `follower` read from later nodes are ready.
+    """
+    old = anchor.outputs[0]
+    new = follower.outputs[0]
+    for v in follower.inputs:
+        while follower in v.consumers:
+            v.consumers.remove(follower)
+    graph.nodes.remove(anchor)
+    graph.nodes[graph.nodes.index(follower)] = anchor
+    anchor.outputs[0] = new
+    new.producer = anchor
+    old.producer = None

@@ -1,0 +1,92 @@
+"""Compile a graph for one instance at its max shapes: which nodes run, the memory plan, the kernels.
+
+Host values (constants, shape arithmetic) are never scheduled and never in the arena. Every other node is a
+step; alias ops (reshape family) are steps for the planner but run no code, since their output view already
+sits on their input's bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from engine.devices.base import Device
+from engine.ir import Graph, Node, Value
+from engine.memory.planner import MemoryPlan, Step, plan
+from engine.ops.registry import Kernel, OpDef, TensorInfo, get_op
+from engine.passes.infer_shapes import const_info
+
+
+@dataclass
+class CompiledNode:
+    node: Node
+    op: OpDef
+    alias: bool  # output 0 is a view of input 0: nothing to run
+    kernel: Kernel | None
+
+
+@dataclass
+class Compiled:
+    nodes: list[CompiledNode]  # scheduled nodes, in execution order
+    arena_values: list[Value]  # graph inputs first, then scheduled outputs
+    plan: MemoryPlan
+    infos: dict[Value, TensorInfo]  # at the max shapes
+
+
+def is_host(node: Node, infos: dict[Value, TensorInfo]) -> bool:
+    return all(infos[v].value is not None for v in node.outputs)
+
+
+def compile_graph(graph: Graph, infos: dict[Value, TensorInfo], device: Device) -> Compiled:
+    scheduled = [n for n in graph.nodes if not is_host(n, infos)]
+    arena_values = list(dict.fromkeys([*graph.inputs, *(v for n in scheduled for v in n.outputs)]))
+    in_arena = set(arena_values)
+    steps, inplace, aliases, compiled = [], {}, {}, []
+    for node in scheduled:
+        op = get_op(node.op_type, node.name, node.where())
+        reads = tuple(v for v in node.inputs if v in in_arena)
+        steps.append(Step(reads, tuple(node.outputs)))
+        alias = _can_alias(node, op, infos, in_arena)
+        if alias:
+            aliases[node.outputs[0]] = node.inputs[0]
+        elif op.inplace and _same_layout(node, infos, in_arena):
+            inplace[node.outputs[0]] = node.inputs[0]
+        compiled.append(CompiledNode(node, op, alias, None))
+    sizes = {v: infos[v].nbytes for v in arena_values}
+    outputs = [v for v in graph.outputs if v in in_arena]
+    memory = plan(steps, sizes, inputs=graph.inputs, outputs=outputs, inplace=inplace, aliases=aliases)
+    for c in compiled:
+        if not c.alias:
+            c.kernel = device.build_kernel(c.node, c.op, input_infos(c.node, infos))
+    workspace = max([_workspace(c, infos) for c in compiled], default=0)
+    memory = replace(memory, workspace_bytes=workspace, weights_bytes=weights_bytes(graph))
+    return Compiled(compiled, arena_values, memory, infos)
+
+
+def input_infos(node: Node, infos: dict[Value, TensorInfo]) -> list[TensorInfo]:
+    return [const_info(v) if v.is_const else infos[v] for v in node.inputs]
+
+
+def weights_bytes(graph: Graph) -> int:
+    """Bytes of op attrs and const values (each array counted once)."""
+    arrays = {id(a): a for n in graph.nodes for a in n.attrs.values() if hasattr(a, "nbytes")}
+    arrays.update({id(v.const): v.const for v in graph.values() if v.is_const})
+    return sum(int(a.nbytes) for a in arrays.values())
+
+
+def _can_alias(node: Node, op: OpDef, infos, in_arena) -> bool:
+    if not op.alias or not node.inputs or len(node.outputs) != 1 or node.inputs[0] not in in_arena:
+        return False
+    return infos[node.inputs[0]].nbytes == infos[node.outputs[0]].nbytes
+
+
+def _same_layout(node: Node, infos, in_arena) -> bool:
+    if not node.inputs or node.inputs[0] not in in_arena:
+        return False
+    a, b = infos[node.inputs[0]], infos[node.outputs[0]]
+    return a.shape == b.shape and a.dtype == b.dtype
+
+
+def _workspace(c: CompiledNode, infos) -> int:
+    if c.alias or c.op.workspace is None:
+        return 0
+    return int(c.op.workspace(c.node, input_infos(c.node, infos)))

@@ -1,0 +1,200 @@
+"""Instance: a model compiled for one device at max input shapes, with its one arena and workspace.
+
+An instance is used by one thread at a time (concurrent `run` calls raise EngineError); create one instance
+per worker thread. Kernels release the GIL where they can, so instances on several threads do run in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import numpy as np
+
+from engine.devices import get_device
+from engine.errors import ArenaOverflowError, EngineError, KernelError, ShapeError
+from engine.ir import Graph, Value
+from engine.memory.planner import MemoryPlan
+from engine.ops.registry import TensorInfo
+from engine.passes.infer_shapes import infer_infos
+from engine.runtime.bind import Bound, bind
+from engine.runtime.compile import compile_graph
+
+log = logging.getLogger("engine.runtime")
+
+BOUND_CACHE_SIZE = 16
+
+
+class Instance:
+    def __init__(self, graph: Graph, device: str = "cpu", max_shapes: Mapping[str, tuple[int, ...]] | None = None):
+        self.graph = graph
+        self.device = get_device(device)
+        self.max_shapes = resolve_max_shapes(graph, max_shapes)
+        infos = infer_infos(graph, self._input_infos(self.max_shapes))
+        self._compiled = compile_graph(graph, infos, self.device)
+        self.memory_plan: MemoryPlan = self._compiled.plan
+        self._arena = self.device.allocate(self.memory_plan.arena_bytes)
+        self.arena: np.ndarray = self._arena.buffer  # the one activation buffer; never replaced
+        self.workspace = self.device.allocate(self.memory_plan.workspace_bytes).buffer
+        self._bound: OrderedDict[tuple, Bound] = OrderedDict()
+        self._lock = threading.Lock()
+        self.last_timings: dict[str, object] = {}
+
+    # -- public ---------------------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, np.ndarray], timings: bool = False) -> dict[str, np.ndarray]:
+        """Runs the model; the returned arrays are copies owned by the caller.
+
+        `last_timings` afterwards holds copy_in_s / compute_s / copy_out_s / total_s, plus per-node
+        (name, op, seconds) under "nodes" when `timings` is true.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise EngineError("this instance is already running on another thread; use one instance per thread")
+        try:
+            return self._run(inputs, timings)
+        finally:
+            self._lock.release()
+
+    @property
+    def fallback_nodes(self) -> list[str]:
+        """Nodes that run the numpy reference (allocating) because their op has no kernel."""
+        return [c.node.name for c in self._compiled.nodes
+                if c.kernel is not None and getattr(c.kernel, "is_fallback", False)]
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _run(self, inputs, timings: bool) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        arrays = check_inputs(self.graph, self.max_shapes, inputs)
+        bound = self._bind(tuple(a.shape for a in arrays))
+        for view, a in zip(bound.input_views, arrays, strict=True):
+            np.copyto(view, a)
+        t1 = time.perf_counter()
+        node_times = execute(bound, self.workspace, timings, _debug_enabled())
+        t2 = time.perf_counter()
+        out = {name: np.array(a, copy=True) for name, a in bound.outputs}
+        t3 = time.perf_counter()
+        self.last_timings = {"copy_in_s": t1 - t0, "compute_s": t2 - t1, "copy_out_s": t3 - t2, "total_s": t3 - t0}
+        if timings:
+            self.last_timings["nodes"] = node_times
+        return out
+
+    def _bind(self, signature: tuple) -> Bound:
+        bound = self._bound.get(signature)
+        if bound is not None:
+            self._bound.move_to_end(signature)
+            return bound
+        shapes = dict(zip(self.graph.inputs, signature, strict=True))
+        infos = infer_infos(self.graph, {v: TensorInfo(s, v.dtype) for v, s in shapes.items()})
+        bound = bind(self.graph, self._compiled, self._arena, infos)
+        self._bound[signature] = bound
+        if len(self._bound) > BOUND_CACHE_SIZE:
+            self._bound.popitem(last=False)
+        return bound
+
+    def _input_infos(self, shapes: dict[str, tuple[int, ...]]) -> dict[Value, TensorInfo]:
+        return {v: TensorInfo(shapes[v.name], v.dtype) for v in self.graph.inputs}
+
+
+def execute(bound: Bound, workspace: np.ndarray, timings: bool = False, debug: bool = False) -> list:
+    """The hot loop: prebuilt (fn, inputs, outputs) calls, nothing else unless tracing or timing."""
+    if timings or debug:
+        return _execute_traced(bound, workspace, timings, debug)
+    i = 0
+    try:
+        for fn, ins, outs in bound.calls:
+            fn(ins, outs, workspace)
+            i += 1
+    except Exception as e:
+        raise _kernel_error(bound, i, e) from e
+    return []
+
+
+def _execute_traced(bound: Bound, workspace, timings: bool, debug: bool) -> list:
+    node_times = []
+    for i, (fn, ins, outs) in enumerate(bound.calls):
+        node = bound.call_nodes[i]
+        if debug:
+            log.debug("#%d %s %s in=%s out=%s offset=%s", i, node.op_type, node.name,
+                      [np.shape(a) for a in ins], [o.shape for o in outs], bound.offsets[i])
+        t = time.perf_counter()
+        try:
+            fn(ins, outs, workspace)
+        except Exception as e:
+            raise _kernel_error(bound, i, e) from e
+        if timings:
+            node_times.append((node.name, node.op_type, time.perf_counter() - t))
+    return node_times
+
+
+def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
+    if isinstance(e, EngineError):
+        return e
+    node = bound.call_nodes[i]
+    return KernelError(f"{node.where()}: kernel of {node.op_type} node {node.name!r} failed: "
+                       f"{type(e).__name__}: {e}")
+
+
+def _debug_enabled() -> bool:
+    return os.environ.get("ENGINE_DEBUG", "") not in ("", "0")
+
+
+def resolve_max_shapes(graph: Graph, max_shapes) -> dict[str, tuple[int, ...]]:
+    """Each input's max shape: the given one, else the file's; a dynamic dim without a max is an error."""
+    given = dict(max_shapes or {})
+    names = {v.name for v in graph.inputs}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise EngineError(f"max_shapes names unknown inputs {unknown}; the model's inputs are {sorted(names)}")
+    return {v.name: _max_shape(v, given.get(v.name)) for v in graph.inputs}
+
+
+def _max_shape(v: Value, given) -> tuple[int, ...]:
+    file_shape = v.shape
+    if given is None:
+        if file_shape is None or any(d is None or d < 0 for d in file_shape):
+            raise EngineError(f"input {v.name!r} has dynamic shape {file_shape}; pass max_shapes="
+                              f"{{{v.name!r}: (...)}} to Model.instance (or --max-shape on the command line)")
+        return tuple(int(d) for d in file_shape)
+    shape = tuple(int(d) for d in given)
+    if file_shape is not None:
+        if len(shape) != len(file_shape):
+            raise ShapeError(f"max shape {shape} of input {v.name!r} has rank {len(shape)}, the model's "
+                             f"{file_shape} has rank {len(file_shape)}")
+        for i, (g, f) in enumerate(zip(shape, file_shape, strict=True)):
+            if f is not None and f >= 0 and g != f:
+                raise ShapeError(f"max shape of input {v.name!r}: dim {i} is fixed to {f} in the model, got {g}")
+    if any(d <= 0 for d in shape):
+        raise ShapeError(f"max shape {shape} of input {v.name!r} must be positive")
+    return shape
+
+
+def check_inputs(graph: Graph, max_shapes: dict[str, tuple[int, ...]], inputs) -> list[np.ndarray]:
+    """The request's arrays in graph-input order, after checking names, dtypes and shapes."""
+    names = [v.name for v in graph.inputs]
+    extra = sorted(set(inputs) - set(names))
+    missing = [n for n in names if n not in inputs]
+    if extra or missing:
+        raise EngineError(f"inputs do not match the model: unknown {extra}, missing {missing}; expected {names}")
+    return [_check_input(v, max_shapes[v.name], inputs[v.name]) for v in graph.inputs]
+
+
+def _check_input(v: Value, max_shape: tuple[int, ...], a) -> np.ndarray:
+    a = np.asarray(a)
+    if v.dtype is not None and a.dtype != v.dtype:
+        raise EngineError(f"input {v.name!r}: expected dtype {np.dtype(v.dtype).name}, got {a.dtype.name}")
+    if a.ndim != len(max_shape):
+        raise ShapeError(f"input {v.name!r}: expected rank {len(max_shape)} (max shape {max_shape}), "
+                         f"got shape {a.shape}")
+    for i, (d, m) in enumerate(zip(a.shape, max_shape, strict=True)):
+        fixed = v.shape is not None and v.shape[i] is not None and v.shape[i] >= 0
+        if fixed and d != m:
+            raise ShapeError(f"input {v.name!r}: dim {i} is fixed to {m}, got {d} (shape {a.shape})")
+        if d > m:
+            raise ArenaOverflowError(f"input {v.name!r}: dim {i} is {d}, larger than the instance's max {m} "
+                                     f"(max shape {max_shape}); create an instance with larger max_shapes")
+        if d == 0:
+            raise ShapeError(f"input {v.name!r}: dim {i} is empty (shape {a.shape})")
+    return a

@@ -1,0 +1,60 @@
+"""Model: a loaded, optimized graph with its input/output specs; `instance()` compiles it for a device."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.ir import Graph, Value
+from engine.ir.dtypes import kserve_name
+from engine.runtime.instance import Instance
+from engine.runtime.loading import check_supported, prepare, read_graph
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]  # -1 marks a dynamic dimension
+
+    @property
+    def datatype(self) -> str:
+        """The KServe v2 datatype name ("FP32", ...)."""
+        return kserve_name(self.dtype)
+
+
+class Model:
+    def __init__(self, graph: Graph, path: str | Path | None = None):
+        self.graph = graph
+        self.path = str(path or graph.path)
+        self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs]
+        self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
+
+    @property
+    def format(self) -> str:
+        return str(self.graph.meta.get("format", ""))
+
+    def op_counts(self) -> dict[str, int]:
+        return self.graph.op_counts()
+
+    def instance(self, device: str = "cpu", max_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Instance:
+        """Compiles for `device` at `max_shapes` (None: the shapes in the file) and allocates the arena once."""
+        return Instance(self.graph, device=device, max_shapes=max_shapes)
+
+    def __repr__(self) -> str:
+        return f"Model({self.path!r}, inputs={self.inputs}, outputs={self.outputs})"
+
+
+def spec_of(v: Value) -> TensorSpec:
+    shape = tuple(-1 if d is None or d < 0 else int(d) for d in (v.shape or ()))
+    return TensorSpec(v.name, np.dtype(v.dtype if v.dtype is not None else np.float32), shape)
+
+
+def load(path: str | Path) -> Model:
+    """Reads a .pnnx.param or .tnnproto model (weights beside it), lowers and optimizes it."""
+    graph = prepare(read_graph(path))
+    check_supported(graph)
+    return Model(graph, path)

@@ -1,0 +1,155 @@
+"""Instance on hand-built graphs: outputs against plain numpy, shapes below the max, arena reuse."""
+
+from __future__ import annotations
+
+import logging
+import tracemalloc
+
+import numpy as np
+import pytest
+from graphs import fallback_graph, tile_sum_expected, tile_sum_graph
+
+from engine.errors import ArenaOverflowError, EngineError, KernelError, ShapeError
+from engine.ir import Graph
+from engine.runtime.model import Model
+
+pytestmark = pytest.mark.usefixtures("toys")
+
+
+def make(graph: Graph, max_shapes=None):
+    return Model(graph, "toy").instance(max_shapes=max_shapes)
+
+
+def test_runs_at_max_and_smaller_shapes_in_one_arena():
+    inst = make(tile_sum_graph(), {"x": (8, 256)})
+    arena, address = inst.arena, inst.arena.ctypes.data
+    rng = np.random.default_rng(0)
+    for n in (8, 1, 3, 8, 5):
+        x = rng.standard_normal((n, 256), dtype=np.float32)
+        out = inst.run({"x": x})
+        for name, want in tile_sum_expected(x).items():
+            np.testing.assert_allclose(out[name], want, rtol=1e-5, atol=1e-5)
+    assert inst.arena is arena and inst.arena.ctypes.data == address
+
+
+def test_outputs_are_owned_by_the_caller():
+    inst = make(tile_sum_graph(), {"x": (2, 256)})
+    x = np.ones((2, 256), np.float32)
+    first = inst.run({"x": x})["z"]
+    inst.run({"x": 3 * x})
+    np.testing.assert_array_equal(first, 2 * x)
+    assert not np.shares_memory(first, inst.arena)
+
+
+def test_memory_plan_uses_inplace_and_alias():
+    inst = make(tile_sum_graph(), {"x": (8, 256)})
+    p = inst.memory_plan
+    big = 8 * 1024 * 4
+    # x, z, tile/double/split share one slot, y: naive counts tile and double apart, not the alias
+    assert p.naive_bytes == 8 * 256 * 4 * 2 + 2 * big + 8 * 16 * 4
+    assert p.peak_live_bytes <= p.arena_bytes <= 1.05 * p.peak_live_bytes
+    assert p.arena_bytes < p.naive_bytes
+    assert p.workspace_bytes == 0 and p.weights_bytes == 0
+    assert inst.arena.nbytes == p.arena_bytes and inst.arena.ctypes.data % 64 == 0
+
+
+def test_run_allocates_no_activation_memory():
+    inst = make(tile_sum_graph(k=4096), {"x": (8, 4096)})
+    assert inst.fallback_nodes == []
+    x = np.ones((8, 4096), np.float32)
+    inst.run({"x": x})  # binds the call list for this shape
+    activation = 8 * 4 * 4096 * 4  # the tiled tensor: 512 KiB
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    before = tracemalloc.get_traced_memory()[0]
+    out = inst.run({"x": x})
+    peak = tracemalloc.get_traced_memory()[1] - before
+    tracemalloc.stop()
+    outputs = sum(a.nbytes for a in out.values())
+    assert peak < outputs + activation // 4, f"run allocated {peak} bytes"
+
+
+def test_reference_fallback_and_host_values():
+    inst = make(fallback_graph())
+    assert inst.fallback_nodes == ["neg"]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = inst.run({"x": x})
+    np.testing.assert_array_equal(out["y"], -2 * x)
+    np.testing.assert_array_equal(out["s"], [2, 3])
+    # The shape is computed at infer time: never scheduled, never in the arena.
+    assert [c.node.name for c in inst._compiled.nodes] == ["neg", "double"]
+
+
+def test_input_validation_messages():
+    inst = make(tile_sum_graph(), {"x": (4, 256)})
+    x = np.zeros((2, 256), np.float32)
+    with pytest.raises(EngineError, match=r"unknown \['w'\].*missing \['x'\]"):
+        inst.run({"w": x})
+    with pytest.raises(EngineError, match="expected dtype float32, got float64"):
+        inst.run({"x": x.astype(np.float64)})
+    with pytest.raises(ShapeError, match="expected rank 2"):
+        inst.run({"x": x[0]})
+    with pytest.raises(ShapeError, match="dim 1 is fixed to 256"):
+        inst.run({"x": np.zeros((2, 128), np.float32)})
+    with pytest.raises(ArenaOverflowError, match="dim 0 is 5, larger than the instance's max 4"):
+        inst.run({"x": np.zeros((5, 256), np.float32)})
+
+
+def test_dynamic_dim_needs_max_shapes():
+    with pytest.raises(EngineError, match="pass max_shapes"):
+        make(tile_sum_graph())
+    with pytest.raises(EngineError, match="unknown inputs"):
+        make(tile_sum_graph(), {"nope": (1, 256)})
+    with pytest.raises(ShapeError, match="fixed to 256"):
+        make(tile_sum_graph(), {"x": (1, 255)})
+
+
+def test_kernel_error_names_node_and_op():
+    g = Graph()
+    x = g.value("x", (2,), np.float32)
+    g.inputs = [x]
+    y = g.add_node("T_Boom", [x], name="boom", source="toy.param:7").outputs[0]
+    g.outputs = [y]
+    inst = make(g)
+    with pytest.raises(KernelError, match=r"toy.param:7: kernel of T_Boom node 'boom' failed: ValueError"):
+        inst.run({"x": np.zeros(2, np.float32)})
+
+
+def test_workspace_is_preallocated_once():
+    g = Graph()
+    x = g.value("x", (3,), np.float32)
+    g.inputs = [x]
+    g.outputs = [g.add_node("T_Scratch", [x]).outputs[0]]
+    inst = make(g)
+    ws = inst.workspace
+    assert inst.memory_plan.workspace_bytes == 1000 and ws.nbytes == 1000
+    np.testing.assert_array_equal(inst.run({"x": np.ones(3, np.float32)})[g.outputs[0].name], 1)
+    assert inst.workspace is ws
+
+
+def test_timings_and_debug_trace(caplog, monkeypatch):
+    inst = make(tile_sum_graph(), {"x": (2, 256)})
+    x = np.ones((2, 256), np.float32)
+    inst.run({"x": x})
+    assert inst.last_timings["compute_s"] >= 0 and "nodes" not in inst.last_timings
+    inst.run({"x": x}, timings=True)
+    assert [n for n, _, _ in inst.last_timings["nodes"]] == ["tile", "double", "sum", "add"]
+    monkeypatch.setenv("ENGINE_DEBUG", "1")
+    with caplog.at_level(logging.DEBUG, logger="engine.runtime"):
+        inst.run({"x": x})
+    assert "#0 T_Tile4 tile in=[(2, 256)] out=[(2, 1024)] offset=" in caplog.text
+
+
+def test_cuda_device_is_a_clean_error():
+    with pytest.raises(EngineError, match="CUDA device support is not installed/available"):
+        Model(tile_sum_graph(), "toy").instance(device="cuda", max_shapes={"x": (1, 256)})
+
+
+def test_one_thread_at_a_time():
+    inst = make(tile_sum_graph(), {"x": (1, 256)})
+    inst._lock.acquire()
+    try:
+        with pytest.raises(EngineError, match="one instance per thread"):
+            inst.run({"x": np.ones((1, 256), np.float32)})
+    finally:
+        inst._lock.release()

@@ -1,0 +1,104 @@
+"""Test-only ops with hand-written kernels, registered for a test and removed after it.
+
+They let runtime tests exercise kernels, in-place reuse, aliases, fallbacks and host values without
+depending on the real op families.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from engine.ops.registry import OPS, OpDef, TensorInfo
+
+
+def _same(node, ins):
+    return [TensorInfo(ins[0].shape, ins[0].dtype)]
+
+
+def _double_kernel(node, ins):
+    def run(inputs, outputs, ws):
+        np.multiply(inputs[0], 2, out=outputs[0])
+    return run
+
+
+def _tile4_infer(node, ins):
+    *lead, k = ins[0].shape
+    return [TensorInfo((*lead, 4 * k), ins[0].dtype)]
+
+
+def _tile4_kernel(node, ins):
+    def run(inputs, outputs, ws):
+        k = inputs[0].shape[-1]
+        for i in range(4):
+            outputs[0][..., i * k:(i + 1) * k] = inputs[0]
+    return run
+
+
+def _split_last_infer(node, ins):
+    *lead, k = ins[0].shape
+    parts = node.params["parts"]
+    return [TensorInfo((*lead, parts, k // parts), ins[0].dtype)]
+
+
+def _sum_last_infer(node, ins):
+    return [TensorInfo(ins[0].shape[:-1], ins[0].dtype)]
+
+
+def _sum_last_kernel(node, ins):
+    def run(inputs, outputs, ws):
+        np.sum(inputs[0], axis=-1, out=outputs[0])
+    return run
+
+
+def _add_infer(node, ins):
+    return [TensorInfo(np.broadcast_shapes(ins[0].shape, ins[1].shape), ins[0].dtype)]
+
+
+def _add_kernel(node, ins):
+    def run(inputs, outputs, ws):
+        np.add(inputs[0], inputs[1], out=outputs[0])
+    return run
+
+
+def _shape_infer(node, ins):
+    return [TensorInfo((len(ins[0].shape),), np.dtype(np.int64), np.array(ins[0].shape, dtype=np.int64))]
+
+
+def _boom_kernel(node, ins):
+    def run(inputs, outputs, ws):
+        raise ValueError("operands could not be broadcast together")
+    return run
+
+
+def _scratch_kernel(node, ins):
+    def run(inputs, outputs, ws):
+        assert ws.nbytes >= 1000
+        np.copyto(outputs[0], inputs[0])
+    return run
+
+
+TOY_OPS = [
+    OpDef("T_Double", _same, lambda n, a: [a[0] * 2], kernel=_double_kernel, inplace=True),
+    OpDef("T_Neg", _same, lambda n, a: [-a[0]], inplace=True),  # no kernel: reference fallback
+    OpDef("T_Tile4", _tile4_infer, lambda n, a: [np.concatenate([a[0]] * 4, axis=-1)], kernel=_tile4_kernel),
+    OpDef("T_SplitLast", _split_last_infer,
+          lambda n, a: [a[0].reshape(*a[0].shape[:-1], n.params["parts"], -1)], alias=True),
+    OpDef("T_SumLast", _sum_last_infer, lambda n, a: [a[0].sum(-1)], kernel=_sum_last_kernel),
+    OpDef("T_Add", _add_infer, lambda n, a: [a[0] + a[1]], kernel=_add_kernel),
+    OpDef("T_Shape", _shape_infer, lambda n, a: [np.array(a[0].shape, dtype=np.int64)]),
+    OpDef("T_Boom", _same, lambda n, a: [a[0]], kernel=_boom_kernel),
+    OpDef("T_Scratch", _same, lambda n, a: [a[0].copy()], kernel=_scratch_kernel, workspace=lambda n, i: 1000),
+]
+
+
+@contextlib.contextmanager
+def toy_ops():
+    for d in TOY_OPS:
+        OPS[d.op_type] = d
+    try:
+        yield
+    finally:
+        for d in TOY_OPS:
+            OPS.pop(d.op_type, None)
