@@ -55,13 +55,14 @@ class Scheduler:
             raise ValueError("Scheduler needs at least one instance")
         self.config = config
         self._free = list(instances)
+        self._num_instances = len(instances)
         self._metrics = metrics
         self._clock = clock or time.monotonic_ns
         self._executor = executor
         self._owns_executor = executor is None
         self._queue = RequestQueue(config.max_queue_size)
         self._order = ResponseOrder(config.preserve_ordering)
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: set[asyncio.Task[None]] = set()  # strong references: the loop only keeps weak ones
         self._ids = itertools.count()
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -147,7 +148,8 @@ class Scheduler:
                 continue
             if decision.expired:
                 self._report_depth()
-            if self._stopping and not self._queue and not self._running:
+            # Idle instances, not finished tasks: a task leaves `_running` only after its done-callbacks ran.
+            if self._stopping and not self._queue and len(self._free) == self._num_instances:
                 return
             timeout = None if decision.wait_until_ns is None else max(0, decision.wait_until_ns - now) / 1e9
             try:
