@@ -1,0 +1,206 @@
+"""Fast CPU kernels for Conv and ConvTranspose: 1x1 as plain GEMM, depthwise as a direct numba loop,
+everything else as tiled im2col + BLAS GEMM; bias, residual and activation fused into one epilogue pass.
+
+A kernel is built once at the instance's max input shape (weights are packed then) and reads the actual
+shapes from the arrays on every call, so any smaller input runs in the same output view and workspace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from engine.errors import KernelError
+from engine.ir import Node
+from engine.ops import _conv_kernels as K
+from engine.ops._conv_geom import ConvGeom, conv_geom, tconv_geom, weight_of
+from engine.ops._epilogue import apply_activation
+from engine.ops.registry import Kernel, TensorInfo
+
+# im2col scratch per conv before it tiles over output rows; the perf work may tune it.
+WORKSPACE_BUDGET = 2 << 20
+_F32 = np.dtype(np.float32)
+_DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
+_DUMMY2 = np.zeros((1, 1), np.float32)
+
+
+def _kind(geo: ConvGeom) -> str:
+    if geo.kh == geo.kw == 1 and geo.stride == (1, 1) and not any(geo.pads):
+        return "gemm"
+    if geo.groups == geo.c == geo.o and geo.pad_mode == "zeros":
+        return "depthwise"
+    return "im2col"
+
+
+def _tile_rows(k_rows: int, width: int, height: int, cap_elems: int) -> int:
+    return max(1, min(height, cap_elems // max(1, k_rows * width)))
+
+
+def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
+    geo = conv_geom(node, ins[0].shape)
+    if _kind(geo) != "im2col":
+        return 0
+    k_rows = geo.c // geo.groups * geo.kh * geo.kw
+    rows = _tile_rows(k_rows, geo.ow, geo.oh, WORKSPACE_BUDGET // _F32.itemsize)
+    return k_rows * rows * geo.ow * _F32.itemsize
+
+
+def tconv_workspace(node: Node, ins: list[TensorInfo]) -> int:
+    geo = tconv_geom(node, ins[0].shape)
+    m_rows = geo.o // geo.groups * geo.kh * geo.kw
+    rows = _tile_rows(m_rows, geo.w, geo.h, WORKSPACE_BUDGET // _F32.itemsize)
+    return m_rows * rows * geo.w * _F32.itemsize
+
+
+def _scratch(workspace: np.ndarray | None, node: Node) -> np.ndarray:
+    """The shared workspace as a flat float32 array."""
+    if workspace is None:
+        raise KernelError(f"{node.where()}: {node.op_type} kernel needs a workspace and got none")
+    buf = workspace.reshape(-1)
+    if buf.dtype != _F32:
+        buf = buf.view(np.uint8)
+        buf = buf[: buf.size // 4 * 4].view(np.float32)
+    return buf
+
+
+def _cols(buf: np.ndarray, node: Node, k_rows: int, width: int, height: int) -> tuple[int, np.ndarray]:
+    """Rows per tile and the buffer to carve (k_rows, rows*width) tiles from."""
+    cap = min(buf.size, max(WORKSPACE_BUDGET // 4, k_rows * width))
+    rows = _tile_rows(k_rows, width, height, cap)
+    if k_rows * rows * width > buf.size:
+        raise KernelError(f"{node.where()}: {node.op_type} needs {k_rows * width * 4} bytes of workspace, "
+                          f"the instance has {buf.size * 4} (input larger than the instance's max shape?)")
+    return rows, buf
+
+
+class _Epilogue:
+    """bias + residual + activation for one image's (O, L) output, fused in numba where the activation allows."""
+
+    def __init__(self, node: Node, o: int):
+        bias = node.attrs.get("bias")
+        self.bias = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).ravel()
+        self.name, self.params = node.params.get("activation"), node.params.get("activation_params")
+        code = K.act_code(self.name, self.params)
+        self.late = code is None  # run through apply_activation after the fused pass
+        c, lo, hi, alpha = code or (K.ACT_NONE, 0.0, 0.0, 0.0)
+        self.code, self.lo, self.hi, self.alpha = c, np.float32(lo), np.float32(hi), np.float32(alpha)
+
+    def __call__(self, y2: np.ndarray, z2: np.ndarray | None) -> None:
+        has_z = z2 is not None
+        K.epilogue(y2, self.bias, z2 if has_z else _DUMMY2, has_z, self.code, self.lo, self.hi, self.alpha)
+        if self.late:
+            apply_activation(self.name, self.params, y2)
+
+
+def _geom_cache(fn: Callable[[Node, Sequence[int]], ConvGeom], node: Node) -> Callable[[tuple], ConvGeom]:
+    cache: dict[tuple, ConvGeom] = {}
+
+    def get(shape: tuple) -> ConvGeom:
+        geo = cache.get(shape)
+        if geo is None:
+            geo = cache[shape] = fn(node, shape)
+        return geo
+    return get
+
+
+def build_conv(node: Node, ins: list[TensorInfo]) -> Kernel:
+    geo_max = conv_geom(node, ins[0].shape)
+    kind = _kind(geo_max)
+    geom = _geom_cache(conv_geom, node)
+    epi = _Epilogue(node, geo_max.o)
+    w = np.asarray(weight_of(node), np.float32)
+    if kind == "depthwise":
+        wd = np.ascontiguousarray(w.reshape(geo_max.c, geo_max.kh, geo_max.kw))
+        return _depthwise_run(node, geom, wd, epi)
+    wg = np.ascontiguousarray(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
+    if kind == "gemm":
+        return _gemm_run(geom, wg, epi)
+    return _im2col_run(node, geom, wg, epi)
+
+
+def _finish_image(epi: _Epilogue, out: np.ndarray, z: np.ndarray | None, n: int, geo: ConvGeom) -> None:
+    hw = geo.oh * geo.ow
+    epi(out[n].reshape(geo.o, hw), None if z is None else z[n].reshape(geo.o, hw))
+
+
+def _gemm_run(geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
+        geo = geom(x.shape)
+        g, cg, og, hw = geo.groups, geo.c // geo.groups, geo.o // geo.groups, geo.h * geo.w
+        if g == 1:
+            np.matmul(wg[0], x.reshape(geo.n, geo.c, hw), out=out.reshape(geo.n, geo.o, hw))
+        for n in range(geo.n):
+            for gi in range(g if g > 1 else 0):
+                np.matmul(wg[gi], x[n, gi * cg:(gi + 1) * cg].reshape(cg, hw),
+                          out=out[n, gi * og:(gi + 1) * og].reshape(og, hw))
+            _finish_image(epi, out, z, n, geo)
+    return run
+
+
+def _im2col_run(node: Node, geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
+        geo = geom(x.shape)
+        g, cg, og = geo.groups, geo.c // geo.groups, geo.o // geo.groups
+        k_rows = cg * geo.kh * geo.kw
+        rows, buf = _cols(_scratch(workspace, node), node, k_rows, geo.ow, geo.oh)
+        (sh, sw), (dh, dw), (pt, pl) = geo.stride, geo.dilation, geo.pads[:2]
+        mode = K.PAD_MODES[geo.pad_mode]
+        for n in range(geo.n):
+            for gi in range(g):
+                xg, yg = x[n, gi * cg:(gi + 1) * cg], out[n, gi * og:(gi + 1) * og]
+                for oh0 in range(0, geo.oh, rows):
+                    r = min(rows, geo.oh - oh0)
+                    cols = buf[: k_rows * r * geo.ow].reshape(k_rows, r * geo.ow)
+                    K.im2col(xg, cols, oh0, r, geo.ow, geo.kh, geo.kw, sh, sw, dh, dw, pt, pl, mode)
+                    np.matmul(wg[gi], cols, out=yg[:, oh0:oh0 + r].reshape(og, r * geo.ow))
+            _finish_image(epi, out, z, n, geo)
+    return run
+
+
+def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
+    code = K.ACT_NONE if epi.late else epi.code
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
+        geo = geom(x.shape)
+        (sh, sw), (dh, dw), (pt, pl) = geo.stride, geo.dilation, geo.pads[:2]
+        K.depthwise(x, wd, epi.bias, _DUMMY4 if z is None else z, z is not None, out,
+                    sh, sw, dh, dw, pt, pl, code, epi.lo, epi.hi, epi.alpha)
+        if epi.late:
+            apply_activation(epi.name, epi.params, out)
+    return run
+
+
+def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
+    geo_max = tconv_geom(node, ins[0].shape)
+    geom = _geom_cache(tconv_geom, node)
+    epi = _Epilogue(node, geo_max.o)
+    g, ig = geo_max.groups, geo_max.c // geo_max.groups
+    w = np.asarray(weight_of(node), np.float32)
+    # Per group (Og*kh*kw, Ig): one GEMM turns an input tile into every output patch it scatters.
+    wt = np.stack([np.ascontiguousarray(w[gi * ig:(gi + 1) * ig].reshape(ig, -1).T) for gi in range(g)])
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        geo = geom(x.shape)
+        og = geo.o // g
+        m_rows = og * geo.kh * geo.kw
+        rows, buf = _cols(_scratch(workspace, node), node, m_rows, geo.w, geo.h)
+        (sh, sw), (dh, dw), (pt, pl) = geo.stride, geo.dilation, geo.pads[:2]
+        out.fill(0)
+        for n in range(geo.n):
+            for gi in range(g):
+                xg, yg = x[n, gi * ig:(gi + 1) * ig], out[n, gi * og:(gi + 1) * og]
+                for h0 in range(0, geo.h, rows):
+                    r = min(rows, geo.h - h0)
+                    cols = buf[: m_rows * r * geo.w].reshape(m_rows, r * geo.w)
+                    np.matmul(wt[gi], xg[:, h0:h0 + r].reshape(ig, r * geo.w), out=cols)
+                    K.col2im_add(cols, yg, h0, r, geo.w, geo.kh, geo.kw, sh, sw, dh, dw, pt, pl)
+            _finish_image(epi, out, None, n, geo)
+    return run

@@ -1,0 +1,108 @@
+"""Pad over any rank: pads in ONNX order [d0_begin, d1_begin, ..., d0_end, d1_end, ...], negative = crop.
+
+Modes: constant (with `value`), reflect (mirror without the edge, torch/ONNX `reflect`), edge (torch
+`replicate`), circular (wrap). As in torch, reflect pads must be smaller than the dimension and circular pads
+at most the dimension.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+
+_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "replicate": "edge", "circular": "circular",
+          "wrap": "circular"}
+_NP_MODE = {"constant": "constant", "reflect": "reflect", "edge": "edge", "circular": "wrap"}
+
+
+def _mode(node: Node) -> str:
+    mode = node.params.get("mode", "constant")
+    if mode not in _MODES:
+        raise ShapeError(f"{node.where()}: Pad mode={mode!r} is not one of {sorted(_MODES)}")
+    return _MODES[mode]
+
+
+def pad_plan(node: Node, shape) -> tuple[list[int], list[int]]:
+    """(begin, end) per dim, checked against `shape` and the mode's limits."""
+    pads = [int(p) for p in node.params.get("pads", ())]
+    rank = len(shape)
+    if len(pads) != 2 * rank:
+        raise ShapeError(f"{node.where()}: Pad has {len(pads)} pads for a rank-{rank} input {tuple(shape)} "
+                         f"(ONNX order needs {2 * rank})")
+    begin, end = pads[:rank], pads[rank:]
+    mode = _mode(node)
+    for d, (n, b, e) in enumerate(zip(shape, begin, end, strict=True)):
+        kept = n + min(b, 0) + min(e, 0)
+        if kept < 0 or n + b + e < 0:
+            raise ShapeError(f"{node.where()}: Pad crops dim {d} of size {n} by ({b}, {e}): nothing is left")
+        grow = max(b, e)
+        if mode != "constant" and grow > 0 and (kept == 0 or (mode == "reflect" and grow >= kept)
+                                                or (mode == "circular" and grow > kept)):
+            raise ShapeError(f"{node.where()}: Pad {mode} pads ({b}, {e}) on dim {d} of size {kept} are too large")
+    return begin, end
+
+
+def infer_pad(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    begin, end = pad_plan(node, ins[0].shape)
+    return [TensorInfo(tuple(n + b + e for n, b, e in zip(ins[0].shape, begin, end, strict=True)), ins[0].dtype)]
+
+
+def _crop(x: np.ndarray, begin: list[int], end: list[int]) -> np.ndarray:
+    return x[tuple(slice(-min(b, 0), n + min(e, 0)) for n, b, e in zip(x.shape, begin, end, strict=True))]
+
+
+def pad_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x = arrays[0]
+    begin, end = pad_plan(node, x.shape)
+    src = _crop(x, begin, end)
+    widths = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end, strict=True)]
+    mode = _mode(node)
+    if mode == "constant":
+        return [np.pad(src, widths, constant_values=np.asarray(node.params.get("value", 0)).astype(x.dtype))]
+    return [np.pad(src, widths, mode=_NP_MODE[mode])]
+
+
+def _border_sources(mode: str, p: int, e: int, n: int) -> tuple[slice, slice, slice, slice]:
+    """(begin slab, its source, end slab, its source) along one axis of the output; n = kept input length."""
+    if mode == "reflect":
+        stop = p + n - 2 - e
+        tail_src = slice(p + n - 2, stop if stop >= 0 else None, -1)
+        return slice(0, p), slice(2 * p, p, -1), slice(p + n, p + n + e), tail_src
+    if mode == "edge":
+        return slice(0, p), slice(p, p + 1), slice(p + n, p + n + e), slice(p + n - 1, p + n)
+    return slice(0, p), slice(n, n + p), slice(p + n, p + n + e), slice(p, p + e)
+
+
+def build_pad(node: Node, ins: list[TensorInfo]) -> Kernel:
+    mode = _mode(node)
+    value = node.params.get("value", 0)
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        begin, end = pad_plan(node, x.shape)
+        src = _crop(x, begin, end)
+        lo = [max(b, 0) for b in begin]
+        hi = [max(e, 0) for e in end]
+        center = tuple(slice(p, p + n) for p, n in zip(lo, src.shape, strict=True))
+        if mode == "constant" and (any(lo) or any(hi)):
+            out.fill(value)
+        np.copyto(out[center], src)
+        if mode == "constant":
+            return
+        # Fill one axis at a time: slabs span the whole output on axes already done, the center on the rest.
+        for d, (p, e, n) in enumerate(zip(lo, hi, src.shape, strict=True)):
+            if not p and not e:
+                continue
+            head, tail = (slice(None),) * d, center[d + 1:]
+            b_dst, b_src, e_dst, e_src = _border_sources(mode, p, e, n)
+            if p:
+                np.copyto(out[head + (b_dst,) + tail], out[head + (b_src,) + tail])
+            if e:
+                np.copyto(out[head + (e_dst,) + tail], out[head + (e_src,) + tail])
+    return run
+
+
+register(OpDef("Pad", infer_pad, pad_reference, kernel=build_pad))

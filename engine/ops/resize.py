@@ -1,0 +1,218 @@
+"""Resize (nearest / bilinear / bicubic, NCHW), PixelShuffle and ChannelShuffle.
+
+Resize follows torch's CPU `F.interpolate` to the bit where it can: source coordinates are computed in float32
+as torch does, nearest is floor(dst * scale) (with torch's same-size and 2x shortcuts), bilinear clamps a
+negative half-pixel source to 0, bicubic uses A = -0.75 with clamped taps. The scale is in/out, or
+1/scale_factor when only a scale is given. `coordinate="tnn"` reproduces TNN's CPU Upsample: the scale is
+always in/out, and a non-align-corners output of size 1 uses scale 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ops import _resize_kernels as RK
+from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+
+_MODES = {"nearest": "nearest", "bilinear": "bilinear", "linear": "bilinear", "bicubic": "bicubic",
+          "cubic": "bicubic"}
+
+
+def _mode(node: Node) -> str:
+    mode = node.params.get("mode", "nearest")
+    if mode not in _MODES:
+        raise ShapeError(f"{node.where()}: Resize mode={mode!r} is not one of {sorted(_MODES)}")
+    return _MODES[mode]
+
+
+def _pair_or_none(node: Node, key: str):
+    v = node.params.get(key)
+    if v is None or isinstance(v, int | float):
+        return v if v is None else (v, v)
+    v = list(v)
+    return tuple(v[-2:]) if len(v) >= 2 else (v[0], v[0])
+
+
+def resize_size(node: Node, shape, size_value=None) -> tuple[int, int]:
+    """(oh, ow): the size input, else the size param, else floor(in * scale)."""
+    if len(shape) != 4:
+        raise ShapeError(f"{node.where()}: Resize expects an NCHW input, got shape {tuple(shape)}")
+    if size_value is not None:
+        size = tuple(int(s) for s in np.asarray(size_value).ravel()[-2:])
+    elif _pair_or_none(node, "size") is not None:
+        size = tuple(int(s) for s in _pair_or_none(node, "size"))
+    elif _pair_or_none(node, "scale") is not None:
+        size = tuple(math.floor(n * float(s)) for n, s in zip(shape[2:], _pair_or_none(node, "scale"), strict=True))
+    else:
+        raise ShapeError(f"{node.where()}: Resize has neither a size nor a scale")
+    if len(size) != 2 or min(size) <= 0:
+        raise ShapeError(f"{node.where()}: Resize output size {size} must be two positive ints")
+    return size
+
+
+def _axis_scale(node: Node, axis: int, n_in: int, n_out: int, has_size: bool) -> float:
+    align = bool(node.params.get("align_corners", False)) and _mode(node) != "nearest"
+    tnn = node.params.get("coordinate", "torch") == "tnn"
+    if align:
+        return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    if tnn:
+        return n_in / n_out if (n_out > 1 or _mode(node) == "nearest") else 0.0
+    scale = _pair_or_none(node, "scale")
+    if scale is not None and not has_size and float(scale[axis]) > 0:
+        return 1.0 / float(scale[axis])
+    return n_in / n_out
+
+
+def _cubic(t: np.ndarray) -> np.ndarray:
+    a = np.float32(-0.75)
+
+    def near(x):
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=1)
+
+
+def taps(node: Node, axis: int, n_in: int, n_out: int, has_size: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Source indices (n_out, T) int64 and weights (n_out, T) float32 along one axis."""
+    mode = _mode(node)
+    scale = np.float32(_axis_scale(node, axis, n_in, n_out, has_size))
+    dst = np.arange(n_out, dtype=np.float32)
+    if mode == "nearest":
+        tnn = node.params.get("coordinate", "torch") == "tnn"
+        if not tnn and n_out == n_in:
+            idx = np.arange(n_out)
+        elif not tnn and n_out == 2 * n_in:
+            idx = np.arange(n_out) // 2
+        else:
+            idx = np.minimum(np.floor(dst * scale).astype(np.int64), n_in - 1)
+        return idx[:, None], np.ones((n_out, 1), np.float32)
+    align = bool(node.params.get("align_corners", False))
+    if align:
+        real = scale * dst
+    elif node.params.get("coordinate", "torch") == "tnn":
+        real = (np.float64(scale) * (dst.astype(np.float64) + 0.5) - 0.5).astype(np.float32)
+    else:
+        real = scale * (dst + np.float32(0.5)) - np.float32(0.5)
+    if mode == "bilinear":
+        real = np.maximum(real, np.float32(0))
+    # torch's guard_index_and_lambda: clamp the index, then the fraction to [0, 1].
+    i0 = np.minimum(np.floor(real).astype(np.int64), n_in - 1)
+    lam = np.clip(real - i0.astype(np.float32), 0, 1).astype(np.float32)
+    if mode == "bilinear":
+        i1 = i0 + (i0 < n_in - 1)
+        return np.stack([i0, i1], axis=1), np.stack([1 - lam, lam], axis=1)
+    idx = np.clip(i0[:, None] + np.arange(-1, 3)[None, :], 0, n_in - 1)
+    return idx, _cubic(lam).astype(np.float32)
+
+
+def _size_input(node: Node, arrays: list) -> np.ndarray | None:
+    return None if len(arrays) < 2 else arrays[1]
+
+
+def infer_resize(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    size_value = None
+    if len(ins) > 1:
+        if ins[1].value is None:
+            raise ShapeError(f"{node.where()}: Resize size input is not known before running")
+        size_value = ins[1].value
+    _mode(node)
+    oh, ow = resize_size(node, ins[0].shape, size_value)
+    return [TensorInfo(tuple(ins[0].shape[:2]) + (oh, ow), ins[0].dtype)]
+
+
+def _has_size(node: Node, size_value) -> bool:
+    return size_value is not None or node.params.get("size") is not None
+
+
+def resize_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x, size_value = arrays[0], _size_input(node, arrays)
+    oh, ow = resize_size(node, x.shape, size_value)
+    has = _has_size(node, size_value)
+    iy, wy = taps(node, 0, x.shape[2], oh, has)
+    ix, wx = taps(node, 1, x.shape[3], ow, has)
+    g = x.astype(np.float64)[:, :, iy][:, :, :, :, ix]  # (N, C, oh, Ty, ow, Tx)
+    out = np.einsum("ncyaxb,ya,xb->ncyx", g, wy.astype(np.float64), wx.astype(np.float64))
+    return [out.astype(x.dtype)]
+
+
+def build_resize(node: Node, ins: list[TensorInfo]) -> Kernel:
+    cache: dict[tuple, tuple] = {}
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        key = (x.shape, out.shape)
+        t = cache.get(key)
+        if t is None:
+            has = _has_size(node, _size_input(node, inputs))
+            t = cache[key] = (*taps(node, 0, x.shape[2], out.shape[2], has),
+                              *taps(node, 1, x.shape[3], out.shape[3], has))
+        if x.dtype == np.float32:
+            RK.separable(x, out, *t)
+        else:
+            np.copyto(out, resize_reference(node, list(inputs))[0])
+    return run
+
+
+# -- PixelShuffle / ChannelShuffle ------------------------------------------------------------------
+def _factor(node: Node, key: str, shape, divisor_of_c) -> int:
+    if len(shape) != 4:
+        raise ShapeError(f"{node.where()}: {node.op_type} expects an NCHW input, got shape {tuple(shape)}")
+    f = int(node.params.get(key, 0) or 0)
+    if f <= 0 or shape[1] % divisor_of_c(f):
+        raise ShapeError(f"{node.where()}: {node.op_type} {key}={f} does not divide {shape[1]} channels")
+    return f
+
+
+def _pixel_view(node: Node, x: np.ndarray) -> np.ndarray:
+    r = _factor(node, "upscale", x.shape, lambda f: f * f)
+    n, c, h, w = x.shape
+    return x.reshape(n, c // (r * r), r, r, h, w).transpose(0, 1, 4, 2, 5, 3)
+
+
+def infer_pixel(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    n, c, h, w = ins[0].shape
+    r = _factor(node, "upscale", ins[0].shape, lambda f: f * f)
+    return [TensorInfo((n, c // (r * r), h * r, w * r), ins[0].dtype)]
+
+
+def pixel_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    n, c, h, w = arrays[0].shape
+    r = _factor(node, "upscale", arrays[0].shape, lambda f: f * f)
+    return [_pixel_view(node, arrays[0]).reshape(n, c // (r * r), h * r, w * r).copy()]
+
+
+def _channel_view(node: Node, x: np.ndarray) -> np.ndarray:
+    g = _factor(node, "groups", x.shape, lambda f: f)
+    n, c, h, w = x.shape
+    return x.reshape(n, g, c // g, h, w).transpose(0, 2, 1, 3, 4)
+
+
+def infer_channel(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    _factor(node, "groups", ins[0].shape, lambda f: f)
+    return [TensorInfo(tuple(ins[0].shape), ins[0].dtype)]
+
+
+def channel_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [_channel_view(node, arrays[0]).reshape(arrays[0].shape).copy()]
+
+
+def _copy_kernel(view):
+    def build(node: Node, ins: list[TensorInfo]) -> Kernel:
+        def run(inputs, outputs, workspace):
+            src = view(node, inputs[0])
+            np.copyto(outputs[0].reshape(src.shape), src)
+        return run
+    return build
+
+
+register(
+    OpDef("Resize", infer_resize, resize_reference, kernel=build_resize),
+    OpDef("PixelShuffle", infer_pixel, pixel_reference, kernel=_copy_kernel(_pixel_view)),
+    OpDef("ChannelShuffle", infer_channel, channel_reference, kernel=_copy_kernel(_channel_view)),
+)
