@@ -1,14 +1,33 @@
-"""Maps a model's dynamic_batching config onto the batching engineer's Scheduler (server/batching/)."""
+"""Glue to the batching Scheduler (server/batching/): config mapping and the metrics hooks it reports to."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from server.protocol.grpc import model_config_pb2 as mc
+from server.stats import ModelStats
 
 log = logging.getLogger("nnserve.repository")
+
+
+class VersionMetrics:
+    """SchedulerMetrics for one model version: executions feed /stats batch_stats and the Prometheus metrics."""
+
+    def __init__(self, stats: ModelStats, metrics: Any, name: str, version: str):
+        self.stats, self.metrics, self.name, self.version = stats, metrics, name, version
+
+    def on_queue_depth(self, depth: int) -> None:
+        if self.metrics is not None:
+            self.metrics.pending.labels(self.name, self.version).set(depth)
+
+    def on_batch(self, batch_size: int, num_requests: int, run: Any) -> None:
+        self.stats.record_execution(batch_size, run.compute_input_ns, run.compute_infer_ns, run.compute_output_ns)
+        if self.metrics is not None:
+            self.metrics.execution(self.name, self.version, batch_size)
+
+    def on_request_done(self, outcome: str, queue_ns: int) -> None:
+        """Per-request success/failure is recorded by the data plane, which also sees validation failures."""
 
 
 def batching_config(config: mc.ModelConfig) -> Any:
@@ -30,18 +49,11 @@ def batching_config(config: mc.ModelConfig) -> Any:
     )
 
 
-def make_batching_scheduler(config: mc.ModelConfig, instances: list[Any],
-                            on_execution: Callable[[int, int, int, int], None], metrics: Any, version: str) -> Any:
-    """A started-later Scheduler, or None when the batching package is not importable."""
+def make_batching_scheduler(config: mc.ModelConfig, instances: list[Any], hooks: VersionMetrics) -> Any:
+    """The dynamic batcher, or None when the batching package is not importable."""
     try:
         from server.batching.scheduler import Scheduler
     except ImportError as exc:
         log.warning("server.batching.scheduler unavailable: %s", exc)
         return None
-    return Scheduler(batching_config(config), instances, metrics=_scheduler_metrics(config, on_execution, metrics,
-                                                                                     version))
-
-
-def _scheduler_metrics(config: mc.ModelConfig, on_execution: Callable[[int, int, int, int], None], metrics: Any,
-                       version: str) -> Any:
-    return None
+    return Scheduler(batching_config(config), instances, metrics=hooks)

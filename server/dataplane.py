@@ -110,13 +110,7 @@ class DataPlane:
         try:
             feed, batch = validate_inputs(mv, req)
             wanted = requested_outputs(mv, req)
-            if self.metrics:
-                self.metrics.pending.labels(*labels).inc()
-            try:
-                result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us)
-            finally:
-                if self.metrics:
-                    self.metrics.pending.labels(*labels).dec()
+            result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us)
         except Exception as exc:
             err = as_server_error(exc, mv)
             total = time.perf_counter_ns() - t0

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from server import config as cfg
+from server.batching_adapter import VersionMetrics
 from server.errors import ModelLoadError
 from server.protocol.grpc import model_config_pb2 as mc
 from server.runner import DirectRunner, execute
@@ -84,22 +85,16 @@ def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir
                     raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' failed: {exc}") from exc
 
 
-def make_scheduler(config: mc.ModelConfig, instances: list[Any], stats: ModelStats, metrics: Any,
-                   version: str) -> Any:
+def make_scheduler(config: mc.ModelConfig, instances: list[Any], hooks: Any) -> Any:
     """The batching Scheduler when the config has dynamic_batching, else one request per execution."""
-    def on_execution(batch: int, in_ns: int, infer_ns: int, out_ns: int) -> None:
-        stats.record_execution(batch, in_ns, infer_ns, out_ns)
-        if metrics is not None:
-            metrics.execution(config.name, version, batch)
-
     if config.HasField("dynamic_batching"):
         from server.batching_adapter import make_batching_scheduler
 
-        sched = make_batching_scheduler(config, instances, on_execution, metrics, version)
+        sched = make_batching_scheduler(config, instances, hooks)
         if sched is not None:
             return sched
         log.warning("model '%s': dynamic batching is not available; running one request per execution", config.name)
-    return DirectRunner(instances, batching=config.max_batch_size > 0, on_execution=on_execution)
+    return DirectRunner(instances, batching=config.max_batch_size > 0, hooks=hooks)
 
 
 def load_version(model: Any, config: mc.ModelConfig, name: str, version: str, version_dir: Path,
@@ -111,7 +106,7 @@ def load_version(model: Any, config: mc.ModelConfig, name: str, version: str, ve
     stats = ModelStats(name, version)
     arenas = [arena_bytes_of(i) for i in instances]
     stats.memory_bytes = sum(arenas)
-    scheduler = make_scheduler(config, instances, stats, metrics, version)
+    scheduler = make_scheduler(config, instances, VersionMetrics(stats, metrics, name, version))
     ins, outs = cfg.tensor_configs(config)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
                         inputs=ins, outputs=outs, max_shapes=shapes)

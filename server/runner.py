@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -14,8 +13,6 @@ from typing import Any
 import numpy as np
 
 from server.errors import UnavailableError
-
-ExecutionHook = Callable[[int, int, int, int], None]  # (batch_size, input_ns, infer_ns, output_ns)
 
 
 @dataclass
@@ -52,10 +49,11 @@ def batch_of(inputs: dict[str, np.ndarray]) -> int:
 class DirectRunner:
     """A free-instance queue in front of a thread pool (kernels release the GIL, so instances run in parallel)."""
 
-    def __init__(self, instances: list[Any], *, batching: bool, on_execution: ExecutionHook | None = None):
+    def __init__(self, instances: list[Any], *, batching: bool, hooks: Any = None):
         self._instances = instances
         self._batching = batching
-        self._on_execution = on_execution
+        self._hooks = hooks  # a SchedulerMetrics (server/batching_adapter.VersionMetrics)
+        self._waiting = 0
         self._free: asyncio.Queue[Any] | None = None
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(instances)), thread_name_prefix="infer")
         self._inflight = 0
@@ -90,14 +88,23 @@ class DirectRunner:
     async def _run(self, inputs: dict[str, np.ndarray]) -> RunResult:
         assert self._free is not None
         t_queue = time.perf_counter_ns()
-        instance = await self._free.get()
+        self._report_waiting(+1)
+        try:
+            instance = await self._free.get()
+        finally:
+            self._report_waiting(-1)
         queue_ns = time.perf_counter_ns() - t_queue
         try:
             loop = asyncio.get_running_loop()
             outputs, in_ns, infer_ns, out_ns = await loop.run_in_executor(self._pool, execute, instance, inputs)
         finally:
             self._free.put_nowait(instance)
-        batch = batch_of(inputs) if self._batching else 1
-        if self._on_execution:
-            self._on_execution(batch, in_ns, infer_ns, out_ns)
-        return RunResult(outputs, queue_ns, in_ns, infer_ns, out_ns, batch)
+        result = RunResult(outputs, queue_ns, in_ns, infer_ns, out_ns, batch_of(inputs) if self._batching else 1)
+        if self._hooks:
+            self._hooks.on_batch(result.batch_size, 1, result)
+        return result
+
+    def _report_waiting(self, delta: int) -> None:
+        self._waiting += delta
+        if self._hooks:
+            self._hooks.on_queue_depth(self._waiting)
