@@ -29,6 +29,8 @@ def _fusable(node: Node, bn: Node) -> bool:
         return False
     if "scale" not in bn.attrs or "bias" not in bn.attrs or bn.inputs[0] is not node.outputs[0]:
         return False
+    if int(bn.params.get("axis", 1)) != 1:
+        return False
     if node.op_type == "Gemm":  # BatchNorm's channel axis 1 is Gemm's feature axis only for 2-D outputs
         shape = node.outputs[0].shape
         return shape is not None and len(shape) == 2
