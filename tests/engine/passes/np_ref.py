@@ -34,7 +34,9 @@ def conv_transpose2d(x, w, b=None, stride=1, groups=1):
         for i in range(kh):
             for j in range(kw):
                 contrib = np.einsum("nchw,co->nohw", x[:, g * cg:(g + 1) * cg], w[g * cg:(g + 1) * cg, :, i, j])
-                y[:, g * og:(g + 1) * og, i:i + (h - 1) * stride + 1:stride, j:j + (wd - 1) * stride + 1:stride] += contrib
+                rows = slice(i, i + (h - 1) * stride + 1, stride)
+                cols = slice(j, j + (wd - 1) * stride + 1, stride)
+                y[:, g * og:(g + 1) * og, rows, cols] += contrib
     if b is not None:
         y += b.reshape(1, -1, 1, 1)
     return y
