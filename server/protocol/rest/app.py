@@ -50,6 +50,11 @@ def _health_routes(app: FastAPI, dp: DataPlane) -> None:
 
 
 def _model_routes(app: FastAPI, dp: DataPlane) -> None:
+    # before /v2/models/{model}, which would otherwise take "stats" for a model name
+    @app.get("/v2/models/stats")
+    async def all_stats() -> dict[str, Any]:
+        return {"model_stats": dp.statistics()}
+
     def both(path: str) -> list[str]:
         return [f"/v2/models/{{model}}{path}", f"/v2/models/{{model}}/versions/{{version}}{path}"]
 
@@ -63,10 +68,6 @@ def _model_routes(app: FastAPI, dp: DataPlane) -> None:
     for path in both("/stats"):
         app.add_api_route(path, lambda model, version="": {"model_stats": dp.statistics(model, version)},
                           methods=["GET"])
-
-    @app.get("/v2/models/stats")
-    async def all_stats() -> dict[str, Any]:
-        return {"model_stats": dp.statistics()}
 
     async def infer(request: Request, model: str, version: str = "") -> Response:
         body = await request.body()

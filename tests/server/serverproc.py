@@ -1,0 +1,114 @@
+"""Starts `nnserve serve` as a subprocess on 127.0.0.1 with ephemeral ports and finds the ports in its log."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PORTS_RE = re.compile(r"nnserve listening: (.*)")
+
+AFFINE_CONFIG = """
+name: "affine"
+backend: "pnnx"
+max_batch_size: 8
+input [ { name: "in0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "out0" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "out1" data_type: TYPE_FP32 dims: [ 3 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+
+def affine_reference(x: np.ndarray) -> dict[str, np.ndarray]:
+    """numpy reference of the fixture model, from the weights stored in its .pnnx.bin."""
+    with zipfile.ZipFile(FIXTURES / "affine" / "1" / "model.pnnx.bin") as z:
+        w = np.frombuffer(z.read("fc.weight"), "<f4").reshape(3, 4)
+        b = np.frombuffer(z.read("fc.bias"), "<f4")
+    h = x.astype(np.float64) @ w.T + b
+    return {"out0": np.maximum(h, 0), "out1": 1 / (1 + np.exp(-h))}
+
+
+def make_repository(root: Path, models: dict[str, str | None]) -> Path:
+    """models: name -> config.pbtxt text (None = no config, auto-complete)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, config in models.items():
+        shutil.copytree(FIXTURES / "affine", root / name)
+        if config is not None:
+            (root / name / "config.pbtxt").write_text(config.replace('"affine"', f'"{name}"'))
+    return root
+
+
+class ServerProcess:
+    def __init__(self, repository: Path, *extra: str, expect_ready: bool = True):
+        cmd = [sys.executable, "-m", "server.cli", "serve", "--model-repository", str(repository),
+               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
+               "--grpc-address", "127.0.0.1", *extra]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.log: list[str] = []
+        self.ports: dict[str, int] = {}
+        self._found = threading.Event()
+        threading.Thread(target=self._read_log, daemon=True).start()
+        if not self._found.wait(60):
+            self.stop()
+            raise RuntimeError("server did not report its ports:\n" + self.log_text)
+        if expect_ready:
+            self.wait_ready()
+
+    def _read_log(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+            m = PORTS_RE.search(line)
+            if m:
+                self.ports = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+                self._found.set()
+        self._found.set()
+
+    @property
+    def log_text(self) -> str:
+        return "".join(self.log)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports['grpc']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_text}")
+            try:
+                if httpx.get(f"http://{self.http_url}/v2/health/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server not ready in time:\n" + self.log_text)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
