@@ -100,7 +100,9 @@ def _where_kernel(node: Node, ins: list[TensorInfo]):
 
 # -- unaries ------------------------------------------------------------------------------------------------
 def _rsqrt(x, out=None):
-    out = np.sqrt(x, out=out)
+    if out is None:
+        return 1 / np.sqrt(x)
+    np.sqrt(x, out=out)
     return np.reciprocal(out, out=out)
 
 

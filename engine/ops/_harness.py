@@ -1,0 +1,131 @@
+"""Running one op outside a graph: build a node, infer, run the reference or the kernel as the runtime would.
+
+Used by the op tests and handy when debugging a single node. Kernels get outputs that are C-contiguous views at
+the front of buffers sized for the kernel's max shapes (like arena views), pre-filled with garbage so an element
+the kernel forgets to write shows up.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.ir import Node, Value
+from engine.ops.registry import TensorInfo, get_op
+
+
+def make_node(op: str, n_in: int, n_out: int = 1, params: dict | None = None, attrs: dict | None = None) -> Node:
+    return Node(op, f"{op.lower()}_0", [Value(f"in{i}") for i in range(n_in)],
+                [Value(f"out{i}") for i in range(n_out)], dict(params or {}), dict(attrs or {}), source="test:1")
+
+
+def infos_of(arrays: list[np.ndarray], values: bool = False) -> list[TensorInfo]:
+    return [TensorInfo(tuple(np.shape(a)), np.asarray(a).dtype, np.asarray(a) if values else None) for a in arrays]
+
+
+def infer(node: Node, arrays: list[np.ndarray], values: bool = False) -> list[TensorInfo]:
+    return get_op(node.op_type).infer(node, infos_of(arrays, values))
+
+
+def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return get_op(node.op_type).reference(node, [np.asarray(a) for a in arrays])
+
+
+def _garbage_view(shape: tuple[int, ...], dtype: np.dtype, capacity: int) -> np.ndarray:
+    n = int(np.prod(shape, dtype=np.int64))
+    buf = np.empty(max(capacity, n), dtype)
+    buf[...] = 77 if dtype.kind in "iub" else np.nan
+    return buf[:n].reshape(shape)
+
+
+def run_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarray] | None = None,
+               inplace: bool = False) -> list[np.ndarray]:
+    """Builds the kernel at `max_arrays`' shapes (default: `arrays`), runs it on `arrays`, returns the outputs.
+
+    With `inplace`, output 0 is input 0's buffer when their shapes and dtypes match (as the runtime does)."""
+    op = get_op(node.op_type)
+    assert op.kernel is not None, f"{node.op_type} has no kernel"
+    kins = infos_of(max_arrays if max_arrays is not None else arrays)
+    fn = op.kernel(node, kins)
+    max_outs = op.infer(node, kins)
+    outs_info = op.infer(node, infos_of(arrays))
+    ws = np.zeros(op.workspace(node, kins) if op.workspace else 0, np.uint8)
+    inputs = [np.array(a, copy=True, order="C") for a in arrays]
+    outs = [_garbage_view(o.shape, np.dtype(o.dtype), int(np.prod(m.shape, dtype=np.int64)))
+            for o, m in zip(outs_info, max_outs, strict=True)]
+    if inplace and (outs[0].shape, outs[0].dtype) == (inputs[0].shape, inputs[0].dtype):
+        outs[0] = inputs[0]
+    fn(inputs, outs, ws)
+    return outs
+
+
+@dataclass
+class Case:
+    name: str
+    op: str
+    params: dict
+    inputs: list[np.ndarray]
+    attrs: dict[str, np.ndarray]
+    outputs: list[np.ndarray]
+
+    def node(self) -> Node:
+        return make_node(self.op, len(self.inputs), len(self.outputs), self.params, self.attrs)
+
+
+def load_cases(path: Path, ops: set[str] | None = None) -> list[Case]:
+    """The golden cases in `path` (written by tools/make_op_goldens_*.py), optionally only for `ops`."""
+    with np.load(path, allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files}
+    cases = []
+    for key in sorted(k for k in data if k.endswith("/op")):
+        name = key[:-3]
+        op = str(data[key])
+        if ops is not None and op not in ops:
+            continue
+        attrs = {k[len(name) + 6:]: v for k, v in data.items() if k.startswith(f"{name}/attr_")}
+        cases.append(Case(name, op, json.loads(str(data[f"{name}/params"])), _seq(data, name, "in"), attrs,
+                          _seq(data, name, "out")))
+    return cases
+
+
+def _seq(data: dict[str, np.ndarray], name: str, prefix: str) -> list[np.ndarray]:
+    out: list[np.ndarray] = []
+    while f"{name}/{prefix}{len(out)}" in data:
+        out.append(data[f"{name}/{prefix}{len(out)}"])
+    return out
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, rtol: float = 1e-5, atol: float = 1e-5, what: str = "") -> None:
+    """Same shape and dtype, values within rtol plus atol scaled by the expected output's magnitude."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    if want.dtype.kind in "iub":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    finite = want[np.isfinite(want)]
+    scale = max(1.0, float(np.abs(finite).max())) if finite.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * scale, err_msg=what)
+
+
+def check_golden(case: Case, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    """The reference matches the saved PyTorch outputs and infer predicts their shapes and dtypes."""
+    node = case.node()
+    got = reference(node, case.inputs)
+    infos = infer(node, case.inputs)
+    assert len(got) == len(infos) == len(case.outputs), case.name
+    for i, (g, info, want) in enumerate(zip(got, infos, case.outputs, strict=True)):
+        assert_close(g, want, rtol, atol, f"{case.name} out{i}")
+        assert (tuple(info.shape), np.dtype(info.dtype)) == (want.shape, want.dtype), f"{case.name}: infer {info}"
+
+
+def check_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarray] | None = None,
+                 rtol: float = 1e-5, atol: float = 1e-6, inplace: bool = False) -> None:
+    """The kernel (built at `max_arrays`) matches the reference on `arrays`."""
+    want = reference(node, arrays)
+    got = run_kernel(node, arrays, max_arrays, inplace)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_close(g, w, rtol, atol, f"{node.op_type} out{i}")

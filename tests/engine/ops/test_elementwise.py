@@ -1,0 +1,138 @@
+"""Elementwise binaries, Where and unaries: goldens, kernels (broadcasting, mixed dtypes, in place), values, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ShapeError
+from engine.ops import elementwise
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
+
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+OPS = set(elementwise.BINARY) | set(elementwise.UNARY) | {"Where"}
+CASES = load_cases(GOLDENS, OPS)
+RNG = np.random.default_rng(2)
+# inputs in each unary's domain
+DOMAIN = {"Log": "pos", "Log10": "pos", "Log1p": "pos", "Sqrt": "pos", "Rsqrt": "pos", "Reciprocal": "pos",
+          "Asin": "unit", "Acos": "unit", "Atanh": "unit", "Tan": "unit", "Acosh": "above1", "Not": "bool"}
+
+
+def _unary_input(op: str, shape) -> np.ndarray:
+    x = (RNG.standard_normal(shape) * 2).astype(np.float32)
+    kind = DOMAIN.get(op)
+    if kind == "pos":
+        return np.abs(x) + 0.1
+    if kind == "unit":
+        return np.tanh(x) * 0.95
+    if kind == "above1":
+        return np.abs(x) + 1.1
+    return x > 0 if kind == "bool" else x
+
+
+def test_every_op_has_goldens():
+    assert {c.op for c in CASES} == OPS
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_reference_matches_torch(case):
+    check_golden(case, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", sorted(elementwise.BINARY))
+@pytest.mark.parametrize("shapes", [((2, 3, 5), (3, 1)), ((7,), ()), ((1, 4), (3, 1)), ((2, 3, 5), (2, 3, 5))])
+def test_binary_kernel_matches_reference(op, shapes):
+    a = (RNG.standard_normal(shapes[0]) * 3).astype(np.float32)
+    b = (RNG.standard_normal(shapes[1]) * 3 + 0.5).astype(np.float32)
+    if op == "Pow":
+        a = np.abs(a) + 0.1
+    if op in ("And", "Or", "Xor"):
+        a, b = a > 0, b > 0
+    node = make_node(op, 2)
+    check_kernel(node, [a, b])
+    if np.broadcast_shapes(a.shape, b.shape) == a.shape:
+        check_kernel(node, [a, b], inplace=True)
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul", "Div", "FloorDiv", "Mod", "Less", "Xor"])
+def test_binary_kernel_mixed_dtypes(op):
+    ints = RNG.integers(-9, 10, (4, 5)).astype(np.int32)
+    node = make_node(op, 2)
+    check_kernel(node, [ints, np.array(3, np.int64)])
+    if op != "Xor":
+        check_kernel(node, [RNG.standard_normal((4, 5)).astype(np.float32), np.array(2, np.int64)])
+        check_kernel(node, [ints, np.array(2.5, np.float32)])
+
+
+def test_binary_kernel_below_max_shape():
+    node = make_node("Add", 2)
+    big = [np.zeros((4, 8, 8), np.float32), np.zeros((8, 1), np.float32)]
+    small = [RNG.standard_normal((2, 3, 5)).astype(np.float32), RNG.standard_normal((3, 1)).astype(np.float32)]
+    check_kernel(node, small, big)
+
+
+def test_where_kernel_broadcasts():
+    node = make_node("Where", 3)
+    cond = RNG.random((3, 1)) > 0.5
+    check_kernel(node, [cond, RNG.standard_normal((2, 3, 4)).astype(np.float32), np.array(0.0, np.float32)])
+    check_kernel(node, [cond.astype(np.int64), np.arange(4, dtype=np.int64), np.array(-1, np.int64)])
+
+
+@pytest.mark.parametrize("op", sorted(elementwise.UNARY))
+@pytest.mark.parametrize("shape", [(3, 5, 7), (1,), ()])
+def test_unary_kernel_matches_reference(op, shape):
+    x = _unary_input(op, shape)
+    node = make_node(op, 1)
+    check_kernel(node, [x])
+    if x.dtype == np.float32:
+        check_kernel(node, [x], inplace=True)
+
+
+@pytest.mark.parametrize("op", ["Exp", "Sqrt", "Abs", "Round", "Floor", "Erf", "Neg"])
+def test_unary_kernel_on_integers(op):
+    x = np.arange(0, 9, dtype=np.int64).reshape(3, 3)
+    check_kernel(make_node(op, 1), [x])
+    check_kernel(make_node(op, 1), [x[:2]], [x])
+
+
+def test_round_is_half_to_even():
+    (y,) = reference(make_node("Round", 1), [np.array([0.5, 1.5, 2.5, -0.5, -1.5], np.float32)])
+    np.testing.assert_array_equal(y, np.array([0, 2, 2, -0, -2], np.float32))
+
+
+def test_dtypes_follow_torch_promotion():
+    f32, i64, i32 = np.zeros(3, np.float32), np.zeros(3, np.int64), np.zeros(3, np.int32)
+    assert infer(make_node("Add", 2), [f32, np.array(1, np.int64)])[0].dtype == np.float32
+    assert infer(make_node("Add", 2), [f32, i64])[0].dtype == np.float32
+    assert infer(make_node("Add", 2), [i32, i64])[0].dtype == np.int64
+    assert infer(make_node("Div", 2), [i32, i64])[0].dtype == np.float32
+    assert infer(make_node("Less", 2), [f32, f32])[0].dtype == np.bool_
+    assert infer(make_node("And", 2), [i32, i32])[0].dtype == np.int32
+    assert infer(make_node("Exp", 1), [i64])[0].dtype == np.float32
+    assert infer(make_node("Not", 1), [f32])[0].dtype == np.bool_
+
+
+def test_values_propagate_for_shape_arithmetic():
+    dims = np.array([2, 3, 8], np.int64)
+    (info,) = infer(make_node("Mul", 2), [dims, np.array(2, np.int64)], values=True)
+    np.testing.assert_array_equal(info.value, [4, 6, 16])
+    assert info.value.dtype == np.int64
+    (info,) = infer(make_node("FloorDiv", 2), [dims, np.array(2, np.int64)], values=True)
+    np.testing.assert_array_equal(info.value, [1, 1, 4])
+    (info,) = infer(make_node("Neg", 1), [dims], values=True)
+    np.testing.assert_array_equal(info.value, [-2, -3, -8])
+    (info,) = infer(make_node("Add", 2), [dims, np.zeros(3, np.float32)])
+    assert info.value is None
+
+
+def test_errors_name_the_node():
+    with pytest.raises(ShapeError, match=r"test:1: Add cannot broadcast shapes \(2, 3\), \(4,\)"):
+        infer(make_node("Add", 2), [np.zeros((2, 3)), np.zeros(4)])
+    with pytest.raises(ShapeError, match="test:1"):
+        infer(make_node("Where", 2), [np.zeros(2, bool), np.zeros(2)])
+    with pytest.raises(ShapeError, match="test:1"):
+        infer(make_node("Exp", 2), [np.zeros(2), np.zeros(2)])
+    with pytest.raises(ShapeError, match="negative powers"):
+        reference(make_node("Pow", 2), [np.arange(3), np.array(-1)])
