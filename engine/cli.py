@@ -1,0 +1,152 @@
+"""Engine commands for the command line: run, inspect and convert a model.
+
+`add_engine_commands(subparsers)` adds them to any argparse parser (the `nnserve` script uses it);
+`python -m engine.cli` runs them on their own. Each command returns an exit code; an EngineError becomes
+one `error: ...` line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import EngineError
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """"in0=1x3x224x224" -> ("in0", (1, 3, 224, 224))."""
+    name, sep, dims = text.partition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().replace(",", "x").split("x"))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape:
+        raise argparse.ArgumentTypeError(f"expected NAME=DxDx...D (e.g. in0=1x3x224x224), got {text!r}")
+    return name, shape
+
+
+def parse_input(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE.npy, got {text!r}")
+    return name, path
+
+
+def add_engine_commands(subparsers) -> None:
+    """Adds `run`, `inspect` and `convert` to an argparse subparsers object."""
+    p = subparsers.add_parser("run", help="run a model on .npy inputs and write .npy outputs")
+    p.add_argument("model", help="MODEL.pnnx.param or MODEL.tnnproto (weights beside it)")
+    p.add_argument("--input", "-i", type=parse_input, action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("--output-dir", "-o", default=".", metavar="DIR")
+    _add_max_shape(p)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_guarded(cmd_run))
+
+    p = subparsers.add_parser("inspect", help="show a model's inputs, outputs, ops and memory plan")
+    p.add_argument("model")
+    _add_max_shape(p)
+    p.set_defaults(func=_guarded(cmd_inspect))
+
+    p = subparsers.add_parser("convert", help="convert a model to another format")
+    p.add_argument("model")
+    p.add_argument("--to", choices=["tnn"], required=True)
+    p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.tnnproto and PREFIX.tnnmodel")
+    p.add_argument("--fp16", action="store_true", help="store weights as float16")
+    p.add_argument("--tnn-version", type=int, choices=[1, 2], default=1)
+    p.set_defaults(func=_guarded(cmd_convert))
+
+
+def _add_max_shape(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-shape", type=parse_shape, action="append", default=[], metavar="NAME=1x3x224x224",
+                   help="max shape of a (dynamic) input; repeat per input")
+
+
+def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except EngineError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except Exception as e:  # a bug, not a user error: still one line unless asked for the traceback
+            if os.environ.get("ENGINE_DEBUG", "") not in ("", "0"):
+                raise
+            print(f"error: internal error: {type(e).__name__}: {e} (ENGINE_DEBUG=1 shows the traceback)",
+                  file=sys.stderr)
+            return 1
+    run.__name__ = fn.__name__
+    return run
+
+
+# -- run --------------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    import engine
+
+    model = engine.load(args.model)
+    feeds = {name: _load_npy(path) for name, path in args.input}
+    max_shapes = dict(args.max_shape)
+    for spec in model.inputs:  # a dynamic input without --max-shape: plan for the given array
+        if spec.name not in max_shapes and -1 in spec.shape and spec.name in feeds:
+            max_shapes[spec.name] = feeds[spec.name].shape
+    inst = model.instance(device=args.device, max_shapes=max_shapes or None)
+    outputs = inst.run(feeds)
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, array in outputs.items():
+        path = out_dir / f"{_file_name(name)}.npy"
+        np.save(path, array)
+        print(f"{name}: {array.dtype} {list(array.shape)} -> {path}")
+    t = inst.last_timings
+    print(f"time: compute {t['compute_s'] * 1e3:.3f} ms, total {t['total_s'] * 1e3:.3f} ms")
+    return 0
+
+
+def _load_npy(path: str) -> np.ndarray:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise EngineError(f"{path}: cannot read input array: {e}") from None
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+# -- inspect ----------------------------------------------------------------------------------------
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from engine.runtime.inspect import describe
+
+    print(describe(args.model, dict(args.max_shape)))
+    return 0
+
+
+# -- convert ----------------------------------------------------------------------------------------
+def cmd_convert(args: argparse.Namespace) -> int:
+    import engine
+
+    model = engine.load(args.model)
+    try:
+        from engine.formats.tnn_writer import write_tnn
+    except ImportError as e:
+        raise EngineError(f"TNN writer is not available: {e}") from None
+    written = write_tnn(model.graph, args.output, version=args.tnn_version, fp16=args.fp16)
+    for path in written or []:
+        print(f"wrote {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.cli", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_engine_commands(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""A model's summary for `inspect`: format, inputs, outputs, op counts, memory plan, unsupported ops.
+
+Unlike `engine.load`, it does not stop at unsupported ops: it lists them instead of the memory plan.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.errors import EngineError
+from engine.runtime.loading import prepare, read_graph, unsupported_nodes
+from engine.runtime.model import Model
+
+
+def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = None) -> str:
+    graph = prepare(read_graph(path))
+    model = Model(graph, path)
+    lines = [f"model: {model.path}", f"format: {model.format}"]
+    for title, specs in (("inputs", model.inputs), ("outputs", model.outputs)):
+        lines.append(f"{title}:")
+        lines += [f"  {s.name}  {_dtype(s)}  {list(s.shape)}" for s in specs]
+    counts = model.op_counts()
+    lines.append(f"ops ({sum(counts.values())} nodes):")
+    lines += [f"  {op:<24} {n}" for op, n in counts.items()]
+    missing = unsupported_nodes(graph)
+    if missing:
+        lines.append(f"unsupported ops ({len(missing)} nodes):")
+        lines += [f"  {n.op_type}  node {n.name!r}  at {n.where()}" for n in missing]
+        lines.append("memory plan: not available until every op is supported")
+    else:
+        lines += _memory_lines(model, max_shapes or {})
+    return "\n".join(lines)
+
+
+def _dtype(spec) -> str:
+    try:
+        return spec.datatype
+    except KeyError:
+        return str(spec.dtype)
+
+
+def _memory_lines(model: Model, max_shapes: dict) -> list[str]:
+    try:
+        inst = model.instance(max_shapes=max_shapes or None)
+    except EngineError as e:
+        return [f"memory plan: not available ({e})"]
+    p = inst.memory_plan
+    shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in inst.max_shapes.items())
+    ratio = p.arena_bytes / p.naive_bytes if p.naive_bytes else 1.0
+    rows = [("naive", p.naive_bytes), ("peak live", p.peak_live_bytes), ("arena", p.arena_bytes),
+            ("workspace", p.workspace_bytes), ("weights", p.weights_bytes)]
+    lines = [f"memory plan (max shapes {shapes}; {p.strategy}; arena = {ratio:.1%} of naive):"]
+    lines += [f"  {label:<10} {n:>14,d} bytes  ({n / 2**20:.2f} MiB)" for label, n in rows]
+    if inst.fallback_nodes:
+        lines.append(f"reference fallback nodes: {len(inst.fallback_nodes)}")
+    return lines
