@@ -1,0 +1,199 @@
+"""Conv / ConvTranspose: references vs PyTorch goldens, every kernel path vs the reference, shapes, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import KernelError, ShapeError, UnsupportedOpError
+from engine.ops import _conv_fast
+from engine.ops._conv_geom import conv_geom
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
+from engine.ops.registry import TensorInfo, get_op
+
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
+CASES = load_cases(GOLDENS, {"Conv", "ConvTranspose"})
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def conv_node(c: int, o: int, k=(3, 3), bias: bool = True, residual: bool = False, **params):
+    g = params.get("groups", 1)
+    attrs = {"weight": rand(o, c // g, *k)}
+    if bias:
+        attrs["bias"] = rand(o)
+    return make_node("Conv", 2 if residual else 1, params=params, attrs=attrs)
+
+
+def workspace_of(node, x: np.ndarray) -> int:
+    return get_op(node.op_type).workspace(node, [TensorInfo(x.shape, x.dtype)])
+
+
+def test_goldens_cover_every_kernel_path():
+    kinds = {_conv_fast._kind(conv_geom(c.node(), c.inputs[0].shape)) for c in CASES if c.op == "Conv"}
+    assert kinds == {"gemm", "depthwise", "im2col"}
+    assert sum(c.op == "ConvTranspose" for c in CASES) >= 5
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_reference_matches_torch(case):
+    check_golden(case, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_kernel_matches_reference(case):
+    check_kernel(case.node(), case.inputs, rtol=1e-4, atol=1e-5)
+
+
+KERNEL_CONFIGS = {
+    "gemm": dict(c=6, o=5, k=(1, 1)),
+    "gemm_groups_relu": dict(c=6, o=4, k=(1, 1), groups=2, activation="relu"),
+    "im2col_s2_relu6": dict(c=5, o=7, stride=(2, 2), pads=(1, 1, 1, 1), activation="relu6"),
+    "im2col_groups_dil": dict(c=6, o=9, groups=3, dilation=(2, 1), pads=(2, 0, 1, 2)),
+    "im2col_reflect": dict(c=3, o=4, pads=(1, 1, 1, 1), pad_mode="reflect", activation="silu"),
+    "im2col_circular_s2": dict(c=3, o=4, stride=(2, 1), pads=(1, 2, 1, 2), pad_mode="circular"),
+    "im2col_replicate_same": dict(c=3, o=4, k=(4, 3), pad_mode="replicate", auto_pad="same_lower", stride=(2, 2)),
+    "depthwise_s2": dict(c=8, o=8, groups=8, stride=(2, 2), pads=(1, 1, 1, 1), activation="leaky_relu",
+                         activation_params={"alpha": 0.2}),
+    "depthwise_dil_hswish": dict(c=4, o=4, groups=4, k=(5, 5), dilation=(2, 2), pads=(4, 4, 4, 4),
+                                 activation="hardswish"),
+    "depthwise_clip": dict(c=3, o=3, groups=3, pads=(0, 1, 2, 1), activation="clip",
+                           activation_params={"min": -0.5, "max": 0.25}),
+}
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("name", sorted(KERNEL_CONFIGS))
+def test_kernel_built_at_max_runs_smaller(name, residual):
+    cfg = dict(KERNEL_CONFIGS[name])
+    c, o = cfg.pop("c"), cfg.pop("o")
+    node = conv_node(c, o, cfg.pop("k", (3, 3)), residual=residual, **cfg)
+    big, small = rand(2, c, 13, 12), rand(1, c, 7, 5)
+    maxes, ins = [big], [small]
+    if residual:
+        maxes.append(rand(*infer(node, [big])[0].shape))
+        ins.append(rand(*infer(node, [small])[0].shape))
+    check_kernel(node, ins, maxes, rtol=1e-4, atol=1e-5)
+    check_kernel(node, maxes, maxes, rtol=1e-4, atol=1e-5)
+
+
+def test_im2col_tiles_over_rows_with_a_small_budget(monkeypatch):
+    node = conv_node(3, 4, pads=(1, 1, 1, 1), stride=(1, 2))
+    x = rand(2, 3, 11, 9)
+    full = workspace_of(node, x)
+    monkeypatch.setattr(_conv_fast, "WORKSPACE_BUDGET", 256)
+    small = workspace_of(node, x)
+    assert small < full and small == 27 * 5 * 4  # one output row of 5 pixels, K = 3*3*3
+    check_kernel(node, [x], rtol=1e-4, atol=1e-5)
+    tnode = make_node("ConvTranspose", 1, params={"stride": [2, 2], "pads": [1, 1, 1, 1]},
+                      attrs={"weight": rand(3, 2, 3, 3), "bias": rand(2)})
+    check_kernel(tnode, [x], rtol=1e-4, atol=1e-5)
+
+
+def test_gemm_and_depthwise_need_no_workspace():
+    x = rand(1, 4, 6, 6)
+    for node in (conv_node(4, 6, (1, 1)), conv_node(4, 4, groups=4, pads=(1, 1, 1, 1))):
+        assert workspace_of(node, x) == 0
+
+
+@pytest.mark.parametrize("cfg", [dict(stride=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
+                                 dict(stride=[3, 2], dilation=[1, 2], groups=2, pads=[0, 1, 2, 0]),
+                                 dict(stride=[1, 1], activation="relu6")])
+def test_tconv_kernel_built_at_max_runs_smaller(cfg):
+    g = cfg.get("groups", 1)
+    node = make_node("ConvTranspose", 1, params=cfg, attrs={"weight": rand(4, 6 // g, 3, 3), "bias": rand(6)})
+    big, small = rand(2, 4, 9, 8), rand(1, 4, 4, 3)
+    check_kernel(node, [small], [big], rtol=1e-4, atol=1e-5)
+    check_kernel(node, [big], [big], rtol=1e-4, atol=1e-5)
+
+
+def test_float64_input_falls_back_to_reference():
+    node = conv_node(3, 5, pads=(1, 1, 1, 1), activation="relu")
+    x = RNG.standard_normal((1, 3, 5, 6))
+    got = run_kernel(node, [x])[0]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, reference(node, [x])[0], rtol=1e-12)
+
+
+def test_relu_conv_matches_a_plain_loop():
+    """An independent direct loop (no windows, no einsum) on one small case, asymmetric pads and stride."""
+    x, w, b = rand(1, 2, 5, 6), rand(3, 2, 3, 2), rand(3)
+    node = make_node("Conv", 1, params={"stride": [2, 1], "pads": [1, 0, 0, 1], "activation": "relu"},
+                     attrs={"weight": w, "bias": b})
+    xp = np.pad(x[0].astype(np.float64), ((0, 0), (1, 0), (0, 1)))
+    want = np.zeros((3, 2, 6))
+    for o in range(3):
+        for i in range(2):
+            for j in range(6):
+                want[o, i, j] = max(0.0, b[o] + (xp[:, 2 * i:2 * i + 3, j:j + 2] * w[o]).sum())
+    np.testing.assert_allclose(reference(node, [x])[0][0], want, rtol=1e-5, atol=1e-6)
+
+
+# -- shapes and errors -------------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg,shape", [
+    (dict(auto_pad="same_upper", stride=(2, 2)), (1, 3, 7, 8)),
+    (dict(auto_pad="valid", stride=(3, 2)), (1, 3, 10, 9)),
+    (dict(pads=(0, 2, 1, 0), dilation=(1, 3)), (2, 3, 6, 9)),
+])
+def test_infer_matches_reference(cfg, shape):
+    node = conv_node(3, 2, **cfg)
+    x = rand(*shape)
+    assert infer(node, [x])[0].shape == reference(node, [x])[0].shape
+
+
+def test_same_upper_keeps_ceil_of_size_over_stride():
+    node = conv_node(3, 2, auto_pad="same_upper", stride=(2, 3))
+    assert infer(node, [rand(1, 3, 7, 8)])[0].shape == (1, 2, 4, 3)
+
+
+@pytest.mark.parametrize("node_args,shape,match", [
+    (dict(c=4, o=2), (1, 3, 5, 5), "3 channels"),
+    (dict(c=6, o=5, groups=3), (1, 6, 5, 5), "does not divide"),
+    (dict(c=3, o=2, k=(5, 5)), (1, 3, 4, 4), "smaller than the kernel"),
+    (dict(c=3, o=2, pad_mode="mirror"), (1, 3, 5, 5), "pad_mode"),
+    (dict(c=3, o=2, pads=(3, 3, 3, 3), pad_mode="reflect"), (1, 3, 3, 3), "reflect"),
+    (dict(c=3, o=2), (3, 5, 5), "rank-4"),
+])
+def test_conv_shape_errors_name_the_node(node_args, shape, match):
+    args = dict(node_args)
+    node = conv_node(args.pop("c"), args.pop("o"), args.pop("k", (3, 3)), **args)
+    with pytest.raises(ShapeError, match=match) as err:
+        infer(node, [np.zeros(shape, np.float32)])
+    assert "test:1" in str(err.value)
+
+
+def test_conv_residual_shape_and_missing_weight_and_activation_errors():
+    node = conv_node(3, 2, residual=True)
+    with pytest.raises(ShapeError, match="residual"):
+        infer(node, [rand(1, 3, 5, 5), rand(1, 2, 5, 5)])
+    with pytest.raises(ShapeError, match="weight"):
+        infer(make_node("Conv", 1), [rand(1, 3, 5, 5)])
+    with pytest.raises(UnsupportedOpError, match="swish7"):
+        infer(conv_node(3, 2, activation="swish7"), [rand(1, 3, 5, 5)])
+
+
+def test_tconv_errors():
+    node = make_node("ConvTranspose", 1, params={"stride": [2, 2], "output_padding": [2, 0]},
+                     attrs={"weight": rand(4, 3, 3, 3)})
+    with pytest.raises(ShapeError, match="output_padding"):
+        infer(node, [rand(1, 4, 5, 5)])
+    with pytest.raises(ShapeError, match="expects 4"):
+        infer(node, [rand(1, 5, 5, 5)])
+    crop = make_node("ConvTranspose", 1, params={"pads": [3, 3, 3, 3]}, attrs={"weight": rand(2, 1, 3, 3)})
+    with pytest.raises(ShapeError, match="not positive"):
+        infer(crop, [rand(1, 2, 2, 2)])
+
+
+def test_kernel_refuses_an_input_beyond_its_workspace():
+    node = conv_node(3, 4, pads=(1, 1, 1, 1))
+    small = TensorInfo((1, 3, 4, 4), np.dtype(np.float32))
+    fn = get_op("Conv").kernel(node, [small])
+    ws = np.zeros(get_op("Conv").workspace(node, [small]), np.uint8)
+    x = rand(1, 3, 30, 30)
+    with pytest.raises(KernelError, match="workspace"):
+        fn([x], [np.empty((1, 4, 30, 30), np.float32)], ws)
