@@ -190,10 +190,10 @@ def _promote(a: Any, b: Any) -> tuple[Any, Any]:
 
 
 def _truediv(a: Any, b: Any) -> Any:
-    if _is_int_array(a) and (_is_int_array(b) or isinstance(b, int)):
-        a = a.astype(np.float32)  # torch: int / int is a float32 tensor
-    elif _is_int_array(b) and isinstance(a, int):
-        b = b.astype(np.float32)
+    # torch: int tensor / int is a float32 tensor (numpy would say float64)
+    if _is_int_array(a) or _is_int_array(b):
+        a = a.astype(np.float32) if _is_int_array(a) else a
+        b = b.astype(np.float32) if _is_int_array(b) else b
     return a / b
 
 
@@ -314,7 +314,7 @@ def _apply_abstract(name: str, args: list[Any]) -> _Abstract:
     if all(isinstance(a, _Abstract) and a.shape == () for a in args if isinstance(a, (_Abstract, np.ndarray))):
         proxies = [p.item() if isinstance(p, np.ndarray) else p for p in proxies]  # unknown python scalars
     out = _apply(name, proxies)
-    dtype = np.asarray(out).dtype if not isinstance(out, float) else np.dtype(np.float32)
+    dtype = np.dtype(np.float32) if type(out) is float else np.asarray(out).dtype
     return _Abstract(_broadcast(shapes), dtype)
 
 
