@@ -151,11 +151,18 @@ class Scheduler:
             # Idle instances, not finished tasks: a task leaves `_running` only after its done-callbacks ran.
             if self._stopping and not self._queue and len(self._free) == self._num_instances:
                 return
-            timeout = None if decision.wait_until_ns is None else max(0, decision.wait_until_ns - now) / 1e9
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
+            await self._sleep(None if decision.wait_until_ns is None else decision.wait_until_ns - now)
+
+    async def _sleep(self, timeout_ns: int | None) -> None:
+        """Wait for the next event, or at most `timeout_ns` (a batch delay ending, a deadline passing)."""
+        assert self._wake is not None
+        if timeout_ns is None:
+            await self._wake.wait()
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), max(0, timeout_ns) / 1e9)
+        except TimeoutError:
+            pass
 
     def _dispatch(self, entries: list[Entry]) -> None:
         instance = self._free.pop()

@@ -159,12 +159,12 @@ def test_preserve_ordering_answers_in_arrival_order():
 
 def test_max_queue_delay_waits_for_a_fuller_batch():
     inst = FakeInstance()
-    sched = Scheduler(BatchingConfig(max_batch_size=4, max_queue_delay_us=200_000), [inst])
+    sched = Scheduler(BatchingConfig(max_batch_size=4, max_queue_delay_us=5_000_000), [inst])
 
     async def main():
         await sched.start()
         tasks = []
-        for i in range(4):  # arrive one by one, well inside the 200 ms delay
+        for i in range(4):  # arrive one by one, well inside the 5 s delay; the 4th fills the batch
             tasks.append(asyncio.create_task(sched.submit(rows(float(i)))))
             await asyncio.sleep(0.005)
         return await asyncio.gather(*tasks)

@@ -40,7 +40,7 @@ def test_full_queue_rejects_at_once_and_the_rest_still_runs():
 
 def test_request_waiting_past_its_timeout_expires():
     inst, metrics = FakeInstance(gated=True), RecordingMetrics()
-    sched = Scheduler(BatchingConfig(max_batch_size=4, default_timeout_us=30_000), [inst], metrics=metrics)
+    sched = Scheduler(BatchingConfig(max_batch_size=4, default_timeout_us=100_000), [inst], metrics=metrics)
 
     async def main():
         await sched.start()
@@ -65,7 +65,7 @@ def test_timeout_override_only_shortens_the_default():
     async def main():
         await sched.start()
         first = await busy(sched, inst)
-        short = asyncio.create_task(sched.submit(rows(1.0), timeout_us=20_000))
+        short = asyncio.create_task(sched.submit(rows(1.0), timeout_us=50_000))
         longer = asyncio.create_task(sched.submit(rows(2.0), timeout_us=60_000_000))  # capped at the 5 s default
         with pytest.raises(RequestTimeoutError):
             await asyncio.wait_for(short, 2)
@@ -79,16 +79,16 @@ def test_timeout_override_only_shortens_the_default():
 
 def test_delay_action_runs_expired_requests_after_the_others():
     inst = FakeInstance(gated=True)
-    cfg = BatchingConfig(max_batch_size=1, default_timeout_us=20_000, allow_timeout_override=True,
-                         timeout_action="DELAY")
+    cfg = BatchingConfig(max_batch_size=1, allow_timeout_override=True, timeout_action="DELAY")
     sched = Scheduler(cfg, [inst])
 
     async def main():
         await sched.start()
         first = await busy(sched, inst)
-        stale = asyncio.create_task(sched.submit(rows(1.0)))
+        # No default timeout: an override of any length shortens "forever".
+        stale = asyncio.create_task(sched.submit(rows(1.0), timeout_us=20_000))
         await asyncio.sleep(0.04)  # its 20 ms timeout passes while the instance is busy
-        fresh = asyncio.create_task(sched.submit(rows(2.0), timeout_us=10_000_000))
+        fresh = asyncio.create_task(sched.submit(rows(2.0)))
         await until(lambda: sched.queue_depth == 2)
         inst.gate.set()
         await asyncio.gather(first, stale, fresh)
