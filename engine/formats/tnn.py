@@ -1,10 +1,10 @@
 """TNN models (`x.tnnproto` + `x.tnnmodel`) into the IR, layer types kept verbatim (`tnn:Convolution`).
 
 Each node keeps the layer's positional parameter tokens in `params["args"]` and its resource buffers in
-`attrs` (ints of the resource, such as `has_bias`, go to `params["resource"]`; stored TNN data type codes
-to `params["resource_types"]`). Constant-map entries become const values. Blob scales of quantized models
-are kept in `graph.meta["tnn_blob_scales"]` for `engine.passes.lower_tnn`, which turns all of this into
-canonical ops.
+`attrs`. Ints of the resource (such as `has_bias`) go to `params["resource"]`, the stored TNN data type codes
+and dims (None for v1 buffers) to `params["resource_types"]` and `params["resource_dims"]`. Constant-map
+entries become const values. Blob scales of quantized models are kept in `graph.meta["tnn_blob_scales"]`
+for `engine.passes.lower_tnn`, which turns all of this into canonical ops.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def _add_layer(g: Graph, proto: TnnProto, layer: TnnLayer, blobs: dict[str, Valu
     if res is not None:
         params["resource"], attrs = _fields(res)
         params["resource_types"] = {k: f.code for k, f in res.fields.items() if isinstance(f, RawBuffer)}
+        params["resource_dims"] = {k: f.dims for k, f in res.fields.items() if isinstance(f, RawBuffer)}
         params["resource_type"] = res.type
     g.add_node(f"tnn:{layer.type}", ins, outs, name=layer.name, params=params, attrs=attrs,
                source=f"{Path(proto.path).name}:{layer.line}")
