@@ -22,12 +22,19 @@ def make_node(op: str, n_in: int, n_out: int = 1, params: dict | None = None, at
                 [Value(f"out{i}") for i in range(n_out)], dict(params or {}), dict(attrs or {}), source="test:1")
 
 
-def infos_of(arrays: list[np.ndarray], values: bool = False) -> list[TensorInfo]:
-    return [TensorInfo(tuple(np.shape(a)), np.asarray(a).dtype, np.asarray(a) if values else None) for a in arrays]
+# Inputs that are host int lists (a target shape or size): the runtime always knows their values.
+HOST_INPUTS = {"Reshape": 1, "Expand": 1, "Resize": 1}
+
+
+def infos_of(arrays: list[np.ndarray], values: bool = False, node: Node | None = None) -> list[TensorInfo]:
+    """TensorInfos of `arrays`; with `values`, every value is known, else only host inputs' values."""
+    host = HOST_INPUTS.get(node.op_type, len(arrays)) if node is not None else len(arrays)
+    return [TensorInfo(tuple(np.shape(a)), np.asarray(a).dtype, np.asarray(a) if values or i >= host else None)
+            for i, a in enumerate(arrays)]
 
 
 def infer(node: Node, arrays: list[np.ndarray], values: bool = False) -> list[TensorInfo]:
-    return get_op(node.op_type).infer(node, infos_of(arrays, values))
+    return get_op(node.op_type).infer(node, infos_of(arrays, values, node))
 
 
 def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -48,10 +55,10 @@ def run_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarray
     With `inplace`, output 0 is input 0's buffer when their shapes and dtypes match (as the runtime does)."""
     op = get_op(node.op_type)
     assert op.kernel is not None, f"{node.op_type} has no kernel"
-    kins = infos_of(max_arrays if max_arrays is not None else arrays)
+    kins = infos_of(max_arrays if max_arrays is not None else arrays, node=node)
     fn = op.kernel(node, kins)
     max_outs = op.infer(node, kins)
-    outs_info = op.infer(node, infos_of(arrays))
+    outs_info = op.infer(node, infos_of(arrays, node=node))
     ws = np.zeros(op.workspace(node, kins) if op.workspace else 0, np.uint8)
     inputs = [np.array(a, copy=True, order="C") for a in arrays]
     outs = [_garbage_view(o.shape, np.dtype(o.dtype), int(np.prod(m.shape, dtype=np.int64)))

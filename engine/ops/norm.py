@@ -47,6 +47,8 @@ def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
         _layernorm_rows(node, shape)
     else:
         norm_axis(node, int(node.params.get("axis", 1)), len(shape))
+        if int(node.params.get("p", 2)) not in (1, 2):
+            raise ShapeError(f"{node.where()}: LpNormalize p must be 1 or 2, got {node.params['p']}")
     return [TensorInfo(shape, float_of(ins[0].dtype))]
 
 

@@ -1,0 +1,73 @@
+"""Reductions and ArgMax/ArgMin: goldens (axes lists, negative axes, keepdims, all), kernels, values, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ShapeError
+from engine.ops import reduce
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node
+
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+OPS = set(reduce.REDUCERS) | {"ArgMax", "ArgMin"}
+CASES = load_cases(GOLDENS, OPS)
+RNG = np.random.default_rng(4)
+
+
+def test_every_op_has_goldens():
+    assert {c.op for c in CASES} == OPS
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_reference_matches_torch(case):
+    check_golden(case, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", sorted(reduce.REDUCERS))
+@pytest.mark.parametrize("axes,keepdims", [([1, -1], True), ([0], False), (None, True), ([], False), (-2, True)])
+def test_kernel_matches_reference(op, axes, keepdims):
+    x = (np.abs(RNG.standard_normal((3, 4, 5))) + 0.5).astype(np.float32)
+    node = make_node(op, 1, params={"axes": axes, "keepdims": keepdims})
+    check_kernel(node, [x])
+    check_kernel(node, [x[:2, :3, :1].copy()], [x])
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims", [(1, True), (-1, False), (None, False), (None, True)])
+def test_arg_kernel_matches_reference(op, axis, keepdims):
+    x = RNG.integers(0, 3, (3, 4, 5)).astype(np.float32)  # ties
+    node = make_node(op, 1, params={"axis": axis, "keepdims": keepdims})
+    check_kernel(node, [x])
+    check_kernel(node, [x[:1, :2].copy()], [x])
+
+
+def test_integer_and_bool_sums():
+    ints = RNG.integers(-5, 5, (4, 6)).astype(np.int32)
+    node = make_node("ReduceSum", 1, params={"axes": [1]})
+    assert infer(node, [ints])[0].dtype == np.int32
+    check_kernel(node, [ints])
+    assert infer(node, [ints > 0])[0].dtype == np.int64
+    check_kernel(node, [ints > 0])
+    check_kernel(make_node("ReduceMax", 1, params={"axes": [0]}), [ints])
+    assert infer(make_node("ReduceMean", 1, params={"axes": [0]}), [ints])[0].dtype == np.float32
+
+
+def test_values_propagate():
+    shape = np.array([2, 3, 4], np.int64)
+    (info,) = infer(make_node("ReduceProd", 1, params={"axes": None, "keepdims": False}), [shape], values=True)
+    assert info.shape == () and int(info.value) == 24
+    (info,) = infer(make_node("ArgMax", 1, params={"axis": 0}), [shape], values=True)
+    assert int(info.value) == 2
+
+
+def test_errors_name_the_node():
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(ShapeError, match="test:1: ReduceSum axis 2 out of range"):
+        infer(make_node("ReduceSum", 1, params={"axes": [2]}), [x])
+    with pytest.raises(ShapeError, match="test:1: ArgMax axis -3"):
+        infer(make_node("ArgMax", 1, params={"axis": -3}), [x])
+    with pytest.raises(ShapeError, match="empty axis"):
+        infer(make_node("ReduceMax", 1, params={"axes": [0]}), [np.zeros((0, 3), np.float32)])

@@ -1,0 +1,112 @@
+"""Layout ops: goldens, alias flags, kernels, value propagation for shape arithmetic, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ShapeError
+from engine.ops import get_op
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
+from engine.ops.registry import TensorInfo
+
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Cast", "Shape"}
+CASES = load_cases(GOLDENS, OPS)
+RNG = np.random.default_rng(6)
+
+
+def test_every_op_has_goldens():
+    assert {c.op for c in CASES} == OPS
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_reference_matches_torch(case):
+    check_golden(case, rtol=0, atol=0)
+
+
+def test_reshape_family_are_aliases_without_kernels():
+    for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+        assert get_op(op).alias and get_op(op).kernel is None
+    for op in ("Transpose", "Expand", "Tile", "Cast", "Identity"):
+        assert not get_op(op).alias and get_op(op).kernel is not None
+
+
+@pytest.mark.parametrize("op,params,max_shape,shape", [
+    ("Transpose", {"perm": [2, 0, 1]}, (4, 5, 6), (3, 2, 5)),
+    ("Transpose", {"perm": None}, (4, 5, 6), (4, 5, 6)),
+    ("Expand", {"shape": [2, -1, 3, 4]}, (5, 1, 4), (3, 1, 4)),
+    ("Tile", {"repeats": [2, 1, 3]}, (4, 5), (2, 3)),
+    ("Tile", {"repeats": [3]}, (4, 5), (1, 5)),
+    ("Cast", {"to": "int64"}, (3, 4), (2, 4)),
+    ("Cast", {"to": "FP16"}, (3, 4), (3, 4)),
+    ("Identity", {}, (7,), (3,)),
+])
+def test_kernel_matches_reference(op, params, max_shape, shape):
+    node = make_node(op, 1, params=params)
+    big = (RNG.standard_normal(max_shape) * 3).astype(np.float32)
+    small = (RNG.standard_normal(shape) * 3).astype(np.float32)
+    check_kernel(node, [big])
+    check_kernel(node, [small], [big])
+
+
+def test_expand_and_reshape_take_target_from_input_value():
+    x = np.zeros((3, 1), np.float32)
+    target = np.array([2, 3, 5], np.int64)
+    ins = [TensorInfo(x.shape, x.dtype), TensorInfo((3,), np.dtype(np.int64), target)]
+    assert get_op("Expand").infer(make_node("Expand", 2), ins)[0].shape == (2, 3, 5)
+    ins = [TensorInfo((2, 3, 5), x.dtype), TensorInfo((2,), np.dtype(np.int64), np.array([0, -1]))]
+    assert get_op("Reshape").infer(make_node("Reshape", 2), ins)[0].shape == (2, 15)
+    check_kernel(make_node("Expand", 2), [x, target])
+
+
+def test_shape_is_always_a_host_value():
+    (info,) = infer(make_node("Shape", 1, params={"start": -2}), [np.zeros((2, 3, 4), np.float32)])
+    assert info.shape == (2,) and info.dtype == np.int64
+    np.testing.assert_array_equal(info.value, [3, 4])
+
+
+def test_shape_arithmetic_propagates_values():
+    x = np.zeros((2, 3, 4, 5), np.float32)
+    (shape,) = infer(make_node("Shape", 1), [x])
+    (flat,) = get_op("Reshape").infer(make_node("Reshape", 1, params={"shape": [-1]}), [shape])
+    np.testing.assert_array_equal(flat.value, [2, 3, 4, 5])
+    (unsq,) = get_op("Unsqueeze").infer(make_node("Unsqueeze", 1, params={"axes": [0]}), [shape])
+    assert unsq.value.shape == (1, 4)
+    (sq,) = get_op("Squeeze").infer(make_node("Squeeze", 1, params={"axes": [0]}), [unsq])
+    np.testing.assert_array_equal(sq.value, [2, 3, 4, 5])
+    (cast,) = get_op("Cast").infer(make_node("Cast", 1, params={"to": "int32"}), [shape])
+    assert cast.value.dtype == np.int32
+    (tr,) = get_op("Transpose").infer(make_node("Transpose", 1), [unsq])
+    assert tr.value.shape == (4, 1)
+    (noval,) = infer(make_node("Reshape", 1, params={"shape": [-1]}), [x])
+    assert noval.value is None
+
+
+def test_squeeze_keeps_non_unit_dims_like_torch():
+    (y,) = reference(make_node("Squeeze", 1, params={"axes": [0, 1]}), [np.zeros((1, 3, 1))])
+    assert y.shape == (3, 1)
+
+
+@pytest.mark.parametrize("op,params,shape,match", [
+    ("Reshape", {"shape": [4, -1]}, (2, 3), "cannot reshape"),
+    ("Reshape", {"shape": [-1, -1]}, (2, 3), "invalid"),
+    ("Reshape", {}, (2, 3), "neither a shape input nor a shape param"),
+    ("Flatten", {"start_dim": 2, "end_dim": 1}, (2, 3, 4), "after end_dim"),
+    ("Unsqueeze", {"axes": [0, 0]}, (2,), "repeat"),
+    ("Transpose", {"perm": [0, 0]}, (2, 3), "not a permutation"),
+    ("Expand", {"shape": [4, 3]}, (2, 3), "cannot expand"),
+    ("Tile", {"repeats": [-1]}, (2,), "repeats"),
+    ("Squeeze", {"axes": [5]}, (2, 3), "axis 5 out of range"),
+])
+def test_errors_name_the_node(op, params, shape, match):
+    with pytest.raises(ShapeError, match=f"test:1.*{match}"):
+        infer(make_node(op, 1, params=params), [np.zeros(shape, np.float32)])
+
+
+def test_unknown_shape_input_is_an_error():
+    ins = [TensorInfo((2, 3), np.dtype(np.float32)), TensorInfo((2,), np.dtype(np.int64))]
+    with pytest.raises(ShapeError, match="not known before running"):
+        get_op("Reshape").infer(make_node("Reshape", 2), ins)

@@ -1,0 +1,109 @@
+"""Concat, Stack, Split, Slice, Gather: goldens, kernels at and below max shape, value propagation, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ShapeError
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
+
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+OPS = {"Concat", "Stack", "Split", "Slice", "Gather"}
+CASES = load_cases(GOLDENS, OPS)
+RNG = np.random.default_rng(7)
+
+
+def _x(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_every_op_has_goldens():
+    assert {c.op for c in CASES} == OPS
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_reference_matches_torch(case):
+    check_golden(case, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op,axis", [("Concat", 1), ("Concat", -1), ("Concat", 0), ("Stack", 0), ("Stack", -1)])
+def test_join_kernels(op, axis):
+    a, b = _x(2, 3, 4), _x(2, 3, 4)
+    if op == "Concat":  # a different size along the joined axis
+        b = np.take(b, [0], axis=axis)
+    node = make_node(op, 3, params={"axis": axis})
+    check_kernel(node, [a, b, a])
+    check_kernel(node, [a[:1].copy(), b[:1].copy(), a[:1].copy()], [a, b, a])
+
+
+def test_concat_promotes_dtypes_like_torch():
+    node = make_node("Concat", 2, params={"axis": 0})
+    ins = [np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int64)]
+    assert infer(node, ins)[0].dtype == np.int64
+    check_kernel(node, ins)
+
+
+@pytest.mark.parametrize("sizes,n_out", [([1, 5, 0, 2], 4), (None, 3), (None, 4), ([8], 1)])
+def test_split_kernel(sizes, n_out):
+    x = _x(3, 8, 2)
+    node = make_node("Split", 1, n_out, params={"axis": 1, "sizes": sizes})
+    check_kernel(node, [x])
+    if sizes is None:  # equal chunks follow the actual size
+        check_kernel(node, [x[:, :6].copy()], [x])
+
+
+@pytest.mark.parametrize("params", [
+    {"starts": [1], "ends": [2**31 - 1], "axes": [-1], "steps": [2]},
+    {"starts": [-1, 0], "ends": [-2**31, 3], "axes": [2, 0], "steps": [-1, 1]},
+    {"starts": [5], "ends": [1], "axes": [1], "steps": [-2]},
+    {"starts": [10], "ends": [20], "axes": [1], "steps": [1]},
+])
+def test_slice_kernel(params):
+    x = _x(4, 6, 7)
+    node = make_node("Slice", 1, params=params)
+    check_kernel(node, [x])
+    check_kernel(node, [x[:3, :5, :4].copy()], [x])
+
+
+@pytest.mark.parametrize("axis,idx", [(0, [[3, -1], [0, 2]]), (-1, [-5, 4, 0]), (1, 2), (1, [])])
+def test_gather_kernel(axis, idx):
+    x = _x(4, 3, 5)
+    node = make_node("Gather", 2, params={"axis": axis})
+    indices = np.array(idx, np.int64)
+    check_kernel(node, [x, indices])
+    check_kernel(node, [x[:, :, :4].copy(), indices.astype(np.int32) % 3], [x, indices])
+
+
+def test_values_propagate_through_shape_arithmetic():
+    dims = np.array([2, 3, 224, 224], np.int64)
+    (g,) = infer(make_node("Gather", 2, params={"axis": 0}), [dims, np.array(0, np.int64)], values=True)
+    assert g.shape == () and int(g.value) == 2
+    (s,) = infer(make_node("Slice", 1, params={"starts": [2], "ends": [4]}), [dims], values=True)
+    np.testing.assert_array_equal(s.value, [224, 224])
+    (c,) = infer(make_node("Concat", 2, params={"axis": 0}), [np.array([-1], np.int64), s.value], values=True)
+    np.testing.assert_array_equal(c.value, [-1, 224, 224])
+    (st,) = infer(make_node("Stack", 2, params={"axis": 0}), [np.array(1, np.int64), np.array(5, np.int64)],
+                  values=True)
+    np.testing.assert_array_equal(st.value, [1, 5])
+    outs = infer(make_node("Split", 1, 2, params={"axis": 0, "sizes": [1, 3]}), [dims], values=True)
+    np.testing.assert_array_equal(outs[1].value, [3, 224, 224])
+    (partial,) = infer(make_node("Concat", 2, params={"axis": 0}), [dims, dims])
+    assert partial.value is None
+
+
+def test_errors_name_the_node():
+    with pytest.raises(ShapeError, match="test:1: Concat on axis 1 of mismatched shapes"):
+        infer(make_node("Concat", 2, params={"axis": 1}), [np.zeros((2, 3)), np.zeros((3, 3))])
+    with pytest.raises(ShapeError, match="test:1: Split sizes"):
+        infer(make_node("Split", 1, 2, params={"axis": 0, "sizes": [1, 1]}), [np.zeros(3)])
+    with pytest.raises(ShapeError, match="test:1: Slice step 0"):
+        infer(make_node("Slice", 1, params={"starts": [0], "ends": [1], "steps": [0]}), [np.zeros(3)])
+    with pytest.raises(ShapeError, match=r"test:1: Gather index out of range \[-3, 3\)"):
+        reference(make_node("Gather", 2), [np.zeros(3), np.array([3])])
+    with pytest.raises(ShapeError, match="out of range"):
+        infer(make_node("Gather", 2), [np.zeros(3), np.array([-4])], values=True)
+    with pytest.raises(ShapeError, match="indices must be integers"):
+        infer(make_node("Gather", 2), [np.zeros(3), np.zeros(2, np.float32)])
