@@ -69,5 +69,5 @@ def split_outputs(outputs: dict[str, Any], sizes: Sequence[int]) -> list[dict[st
 
 def _detached(arr: Any) -> np.ndarray:
     # The engine may hand out views of its arena, which the instance's next run overwrites.
-    arr = np.asarray(arr)
-    return arr if arr.flags.owndata else arr.copy()
+    out: np.ndarray = np.asarray(arr)
+    return out if out.flags.owndata else out.copy()

@@ -73,10 +73,11 @@ def batch_size_of(inputs: dict[str, np.ndarray], batched: bool) -> int:
         raise InvalidArgumentError("request has no inputs")
     if not batched:
         return 1
-    dims = {name: (arr.shape[0] if arr.ndim else None) for name, arr in inputs.items()}
-    if None in dims.values() or len(set(dims.values())) != 1:
+    dims = {name: (int(arr.shape[0]) if arr.ndim else None) for name, arr in inputs.items()}
+    first = next(iter(dims.values()))
+    if first is None or any(d != first for d in dims.values()):
         raise InvalidArgumentError(f"inputs must share the batch dimension (dim 0), got {dims}")
-    return int(next(iter(dims.values())))
+    return first
 
 
 def shape_key(inputs: dict[str, np.ndarray], batched: bool) -> Hashable:

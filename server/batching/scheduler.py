@@ -106,7 +106,8 @@ class Scheduler:
         self._report_depth()
         self._wake.set()
         try:
-            return await entry.future
+            result: InferResult = await entry.future
+            return result
         except asyncio.CancelledError:
             if self._queue.remove(entry.req_id) is not None:
                 self._forget_cancelled(entry)
