@@ -114,3 +114,28 @@ def test_greedy_beats_sweep_on_a_fragmenting_pattern():
 def test_empty_plan():
     p = plan([], {})
     assert p.arena_bytes == 0 and p.naive_bytes == 0 and p.peak_live_bytes == 0
+
+
+# (size, first step, last step) of the buffers of a real shape-op-heavy graph (chunk, split, stack, unbind,
+# reductions) on which both plain strategies leave gaps above the live peak.
+SHAPES_NET = [(2304, 0, 0), (2304, 0, 25), (2304, 1, 2), (1152, 2, 4), (1152, 2, 5), (1152, 3, 12), (576, 3, 19),
+              (576, 3, 19), (1152, 4, 5), (2304, 5, 6), (1152, 6, 16), (1152, 6, 16), (288, 7, 24), (360, 8, 10),
+              (24, 9, 14), (72, 10, 11), (24, 11, 14), (288, 12, 13), (8, 13, 14), (24, 14, 15), (24, 15, 28),
+              (1152, 16, 17), (1152, 17, 18), (1152, 18, 28), (576, 19, 20), (576, 20, 21), (576, 21, 22),
+              (288, 22, 23), (240, 23, 28), (8, 24, 26), (8, 25, 26), (8, 26, 28), (1152, 27, 28), (288, 28, 28)]
+
+
+def test_perturbed_greedy_closes_the_gap_to_the_live_peak():
+    n_steps = 29
+    writes = [[] for _ in range(n_steps)]
+    reads = [[] for _ in range(n_steps)]
+    sizes = {}
+    for i, (size, first, last) in enumerate(SHAPES_NET):
+        sizes[i] = size
+        writes[first].append(i)
+        reads[last].append(i)
+    steps = [Step(tuple(r), tuple(w)) for r, w in zip(reads, writes, strict=True)]
+    p = plan(steps, sizes)
+    assert_plan_valid(steps, sizes, p)
+    assert p.strategy == "greedy_perturbed"
+    assert p.arena_bytes == p.peak_live_bytes == 9216

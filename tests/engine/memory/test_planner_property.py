@@ -36,7 +36,7 @@ def random_dags(draw):
     return steps, sizes, values[:n_inputs], outputs, inplace, aliases
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(random_dags())
 def test_random_dags_give_valid_plans(case):
     steps, sizes, inputs, outputs, inplace, aliases = case
@@ -44,7 +44,7 @@ def test_random_dags_give_valid_plans(case):
     assert_plan_valid(steps, sizes, p, inputs=inputs, outputs=outputs, aliases=aliases, inplace=inplace)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(random_dags())
 def test_plan_is_deterministic(case):
     steps, sizes, inputs, outputs, inplace, aliases = case
