@@ -86,3 +86,12 @@ def test_dynamic_cases_on_one_instance(name: str, load_fixture) -> None:
             assert not np.shares_memory(out, arena)
         shapes_seen.add(tuple(tuple(a.shape) for a in case_in.values()))
     assert len(shapes_seen) >= 3, "the dynamic fixture should exercise several input shapes"
+
+
+@pytest.mark.shared
+def test_bundled_ultraface_pnnx_matches_onnx_runtime(repo_root: Path, shared_dir: Path) -> None:
+    """model_repository/ultraface_pnnx (rebuilt by tools/make_ultraface_pnnx.py) against ONNX Runtime's outputs."""
+    ref = np.load(shared_dir / "models" / "tnn" / "ultraface_slim320" / "reference.npz")
+    model = engine.load(repo_root / "model_repository" / "ultraface_pnnx" / "1" / "model.pnnx.param")
+    got = model.instance(device="cpu").run({"in0": ref["input"]})
+    assert_outputs_match(got, {"out0": ref["scores"], "out1": ref["boxes"]}, "ultraface_pnnx")
