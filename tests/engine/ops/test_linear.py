@@ -1,0 +1,97 @@
+"""Gemm and MatMul: references vs PyTorch goldens, kernels vs references (also below max shape), errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ShapeError, UnsupportedOpError
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
+
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
+CASES = load_cases(GOLDENS, {"Gemm", "MatMul"})
+RNG = np.random.default_rng(3)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def gemm_node(k: int, n: int, bias: bool = True, **params):
+    attrs = {"weight": rand(n, k)}
+    if bias:
+        attrs["bias"] = rand(n)
+    return make_node("Gemm", 1, params=params, attrs=attrs)
+
+
+def test_goldens_cover_both_ops():
+    assert {c.op for c in CASES} == {"Gemm", "MatMul"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_reference_matches_torch(case):
+    check_golden(case, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_kernel_matches_reference(case):
+    check_kernel(case.node(), case.inputs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act,params", [(None, None), ("relu", None), ("leaky_relu", {"alpha": 0.3}),
+                                        ("hardswish", None), ("clip", {"min": -0.2, "max": 0.4})])
+def test_gemm_kernel_built_at_max_runs_smaller(act, params):
+    node = gemm_node(7, 5, activation=act, activation_params=params)
+    check_kernel(node, [rand(2, 3, 7)], [rand(4, 6, 7)], rtol=1e-5, atol=1e-5)
+    check_kernel(node, [rand(1, 7)], [rand(8, 7)], rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_reference_is_x_times_weight_transposed_plus_bias():
+    node = gemm_node(3, 2)
+    x = rand(4, 3)
+    w, b = node.attrs["weight"], node.attrs["bias"]
+    want = np.array([[sum(float(x[i, k]) * float(w[j, k]) for k in range(3)) + float(b[j]) for j in range(2)]
+                     for i in range(4)])
+    np.testing.assert_allclose(reference(node, [x])[0], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("a,b", [((5, 3), (3, 4)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (2, 4, 3)), ((2, 3), (3,)),
+                                 ((6,), (6,))])
+def test_matmul_kernel_and_shapes(a, b):
+    node = make_node("MatMul", 2)
+    arrays = [rand(*a), rand(*b)]
+    assert infer(node, arrays)[0].shape == np.matmul(*arrays).shape
+    check_kernel(node, arrays, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_small_batch_below_max():
+    node = make_node("MatMul", 2)
+    check_kernel(node, [rand(2, 3, 4), rand(4, 5)], [rand(8, 3, 4), rand(4, 5)], rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_keeps_integers_exact():
+    a, b = np.arange(6, dtype=np.int64).reshape(2, 3), np.arange(6, dtype=np.int64).reshape(3, 2)
+    got = reference(make_node("MatMul", 2), [a, b])[0]
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, a @ b)
+
+
+def test_errors():
+    with pytest.raises(ShapeError, match="K=4") as err:
+        infer(gemm_node(4, 2), [rand(3, 5)])
+    assert "test:1" in str(err.value)
+    with pytest.raises(ShapeError, match="weight"):
+        infer(make_node("Gemm", 1), [rand(3, 5)])
+    with pytest.raises(UnsupportedOpError, match="mystery"):
+        infer(gemm_node(4, 2, activation="mystery"), [rand(3, 4)])
+    bad_bias = make_node("Gemm", 1, attrs={"weight": rand(2, 4), "bias": rand(3)})
+    with pytest.raises(ShapeError, match="bias"):
+        infer(bad_bias, [rand(3, 4)])
+    with pytest.raises(ShapeError, match="inner dims"):
+        infer(make_node("MatMul", 2), [rand(3, 4), rand(5, 2)])
+    with pytest.raises(ShapeError, match="broadcast"):
+        infer(make_node("MatMul", 2), [rand(2, 3, 4), rand(3, 4, 2)])
+    with pytest.raises(ShapeError, match="1-D"):
+        infer(make_node("MatMul", 2), [np.float32(1.0), rand(3)])

@@ -1,0 +1,101 @@
+"""Pooling: references vs PyTorch goldens, kernels vs references (also below max shape), shapes, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ShapeError
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
+
+OPS = {"MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool", "AdaptiveAvgPool", "AdaptiveMaxPool"}
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
+CASES = load_cases(GOLDENS, OPS)
+RNG = np.random.default_rng(5)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_goldens_cover_every_pool():
+    assert {c.op for c in CASES} == OPS
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_reference_matches_torch(case):
+    check_golden(case, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_kernel_matches_reference(case):
+    check_kernel(case.node(), case.inputs, rtol=1e-5, atol=1e-6)
+
+
+CONFIGS = [
+    ("MaxPool", {"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": True}),
+    ("MaxPool", {"kernel": [2, 3], "stride": [1, 2], "pads": [0, 1, 1, 0], "dilation": [2, 1]}),
+    ("MaxPool", {"kernel": [3, 3], "stride": [2, 2], "auto_pad": "same_lower"}),
+    ("AvgPool", {"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": True}),
+    ("AvgPool", {"kernel": [3, 2], "stride": [2, 1], "pads": [1, 0, 1, 1], "count_include_pad": False}),
+    ("AvgPool", {"kernel": [2, 2], "divisor_override": 3}),
+    ("GlobalAvgPool", {}),
+    ("GlobalMaxPool", {}),
+    ("AdaptiveAvgPool", {"output_size": [3, 2]}),
+    ("AdaptiveMaxPool", {"output_size": [4, None]}),
+]
+
+
+@pytest.mark.parametrize("op,params", CONFIGS, ids=lambda v: v if isinstance(v, str) else "")
+def test_kernel_built_at_max_runs_smaller(op, params):
+    node = make_node(op, 1, params=params)
+    check_kernel(node, [rand(1, 3, 7, 6)], [rand(2, 3, 12, 11)])
+    check_kernel(node, [rand(2, 3, 12, 11)])
+
+
+def test_stride_defaults_to_kernel():
+    node = make_node("MaxPool", 1, params={"kernel": [2, 2]})
+    assert infer(node, [rand(1, 1, 6, 7)])[0].shape == (1, 1, 3, 3)
+
+
+def test_avgpool_divisor_at_edges_matches_a_plain_loop():
+    """count_include_pad + ceil_mode: the edge window counts pads but not the ceil overhang (torch rule)."""
+    x = rand(1, 1, 5, 5)
+    node = make_node("AvgPool", 1, params={"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1],
+                                           "ceil_mode": True})
+    got = reference(node, [x])[0][0, 0]
+    want = np.zeros((3, 3))
+    for i in range(3):
+        for j in range(3):
+            h0, w0 = 2 * i - 1, 2 * j - 1
+            h1, w1 = min(h0 + 3, 6), min(w0 + 3, 6)
+            area = (h1 - h0) * (w1 - w0)
+            want[i, j] = x[0, 0, max(h0, 0):min(h1, 5), max(w0, 0):min(w1, 5)].sum() / area
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_maxpool_propagates_nan_and_handles_float64():
+    x = rand(1, 2, 4, 4)
+    x[0, 1, 1, 2] = np.nan
+    node = make_node("MaxPool", 1, params={"kernel": [2, 2]})
+    check_kernel(node, [x])
+    assert np.isnan(reference(node, [x])[0][0, 1, 0, 1])
+    check_kernel(node, [x.astype(np.float64)])
+    check_kernel(make_node("AdaptiveAvgPool", 1, params={"output_size": [3, 3]}), [x.astype(np.float64)])
+
+
+@pytest.mark.parametrize("op,params,shape,match", [
+    ("MaxPool", {}, (1, 3, 5, 5), "positive kernel"),
+    ("MaxPool", {"kernel": [3, 3]}, (1, 3, 2, 5), "smaller than the kernel"),
+    ("AvgPool", {"kernel": [2, 2]}, (3, 5, 5), "rank-4"),
+    ("AvgPool", {"kernel": [2, 2], "auto_pad": "full"}, (1, 3, 5, 5), "auto_pad"),
+    ("GlobalAvgPool", {}, (3, 5), "spatial"),
+    ("AdaptiveAvgPool", {"output_size": [0, 2]}, (1, 3, 5, 5), "positive"),
+    ("AdaptiveMaxPool", {"output_size": [1, 2, 3]}, (1, 3, 5, 5), "pair"),
+])
+def test_errors_name_the_node(op, params, shape, match):
+    with pytest.raises(ShapeError, match=match) as err:
+        infer(make_node(op, 1, params=params), [np.zeros(shape, np.float32)])
+    assert "test:1" in str(err.value)
