@@ -233,7 +233,7 @@ def print_table(dirs: list[Path]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("names", nargs="*", help="only these fixtures (default: all)")
+    parser.add_argument("names", nargs="*", help="only these fixtures / bench models (default: all)")
     parser.add_argument("--bench", action="store_true", help="write full-size models to bench/models/ instead")
     parser.add_argument("--keep-work", action="store_true", help="keep .fixture-work/ (pnnx logs, .pt, _pnnx.py)")
     args = parser.parse_args(argv)
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench:
         from _fixture_bench import make_bench_models
 
-        make_bench_models(REPO / "bench" / "models", WORK_DIR / "bench", randomize_norms)
+        make_bench_models(REPO / "bench" / "models", WORK_DIR / "bench", randomize_norms, args.names or None)
         return 0
     unknown = set(args.names) - {s.name for s in SPECS} - {"ultraface"}
     if unknown:
