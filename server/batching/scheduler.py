@@ -128,6 +128,7 @@ class Scheduler:
         try:
             await self._serve()
         except Exception as exc:  # a bug here must not leave callers waiting forever
+            self._stopping = True
             for entry in self._queue.take_all():
                 self._fail(entry, ServerError(f"batch scheduler failed: {exc!r}"))
             raise
