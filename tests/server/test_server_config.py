@@ -1,0 +1,101 @@
+"""config.pbtxt parsing, auto-complete and validation, against model specs written out by hand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from server import config as cfg
+from server.errors import ModelLoadError
+
+
+@dataclass
+class Spec:
+    name: str
+    shape: tuple[int, ...]
+    datatype: str = "FP32"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+
+@dataclass
+class FakeModel:
+    """Just the two attributes config code reads from an engine Model."""
+
+    inputs: list[Spec]
+    outputs: list[Spec]
+
+
+DETECTOR = FakeModel([Spec("input", (1, 3, 240, 320))], [Spec("scores", (1, 4420, 2)), Spec("boxes", (1, 4420, 4))])
+DYNAMIC = FakeModel([Spec("in0", (-1, 3, -1, -1))], [Spec("out0", (-1, 10))])
+
+
+def complete(text: str, model: FakeModel, name: str = "m"):
+    config = cfg.parse_config_text(text)
+    has_mbs = "max_batch_size" in text
+    cfg.auto_complete(config, name, "tnn", model, has_max_batch=has_mbs, default_max_batch_size=4)
+    cfg.validate(config, name, model)
+    return config
+
+
+def test_empty_config_is_completed_from_the_model():
+    config = complete("", DETECTOR)
+    assert config.name == "m" and config.backend == "tnn" and config.max_batch_size == 4
+    assert [(t.name, list(t.dims)) for t in config.input] == [("input", [3, 240, 320])]
+    assert [t.name for t in config.output] == ["scores", "boxes"]
+    assert config.version_policy.latest.num_versions == 1 and config.instance_group[0].count == 1
+    assert cfg.max_shapes(config, "m") == {"input": [4, 3, 240, 320]}
+
+
+def test_explicit_zero_batch_keeps_full_shapes():
+    config = complete("max_batch_size: 0", DETECTOR)
+    assert config.max_batch_size == 0 and list(config.input[0].dims) == [1, 3, 240, 320]
+
+
+def test_dynamic_dims_need_a_max_shape_parameter():
+    with pytest.raises(ModelLoadError, match='max_shape:in0'):
+        complete("max_batch_size: 2", DYNAMIC)
+    config = complete('max_batch_size: 2 parameters { key: "max_shape:in0" value { string_value: "3,64,48" } }',
+                      DYNAMIC)
+    assert cfg.max_shapes(config, "m") == {"in0": [2, 3, 64, 48]}
+    with pytest.raises(ModelLoadError, match="one positive value per dim"):
+        complete('max_batch_size: 2 parameters { key: "max_shape:in0" value { string_value: "4,64,48" } }', DYNAMIC)
+
+
+@pytest.mark.parametrize("text, words", [
+    ('name: "other"', "must match the directory name"),
+    ('max_batch_size: 1 input [ { name: "input" data_type: TYPE_FP16 dims: [3, 240, 320] } ]',
+     "input[0].data_type TYPE_FP16"),
+    ('max_batch_size: 1 input [ { name: "input" data_type: TYPE_FP32 dims: [3, 240, 321] } ]', "input[0].dims"),
+    ('max_batch_size: 1 input [ { name: "image" data_type: TYPE_FP32 dims: [3, 240, 320] } ]',
+     "input[0].name 'image'"),
+    ('max_batch_size: 1 output [ { name: "boxes" data_type: TYPE_FP32 dims: [4420, 5] } ]', "output[0].dims"),
+    ("instance_group [ { kind: KIND_GPU count: 1 } ]", "KIND_GPU is not supported"),
+    ("max_batch_size: 0 dynamic_batching { }", "dynamic_batching needs max_batch_size"),
+    ("max_batch_size: 4 dynamic_batching { preferred_batch_size: [ 8 ] }", "preferred_batch_size 8"),
+])
+def test_contradictions_name_the_field(text, words):
+    with pytest.raises(ModelLoadError, match=words.replace("[", r"\[").replace("(", r"\(")):
+        complete(text, DETECTOR)
+
+
+def test_syntax_error_names_file_and_line():
+    with pytest.raises(ModelLoadError, match=r"models/m/config.pbtxt:2:"):
+        cfg.parse_config_text('name: "m"\nmax_batch_size: "x"\n', "models/m/config.pbtxt")
+
+
+def test_json_round_trip_prints_int64_as_numbers():
+    config = complete("max_batch_size: 2 dynamic_batching { max_queue_delay_microseconds: 100 }", DETECTOR)
+    doc = cfg.config_to_dict(config)
+    assert doc["input"][0]["dims"] == [3, 240, 320]
+    assert doc["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    assert cfg.parse_config_json(cfg.config_to_json(config)) == config
+
+
+def test_instance_count_sums_groups():
+    config = complete("instance_group [ { count: 2 }, { count: 3 kind: KIND_CPU } ]", DETECTOR)
+    assert cfg.instance_count(config) == 5
