@@ -72,7 +72,7 @@ class Instance:
         for view, a in zip(bound.input_views, arrays, strict=True):
             np.copyto(view, a)
         t1 = time.perf_counter()
-        node_times = execute(bound, self.workspace, timings, _debug_enabled())
+        node_times = execute(bound, self.workspace, timings, _debug_level())
         t2 = time.perf_counter()
         out = {name: np.array(a, copy=True) for name, a in bound.outputs}
         t3 = time.perf_counter()
@@ -98,8 +98,11 @@ class Instance:
         return {v: TensorInfo(shapes[v.name], v.dtype) for v in self.graph.inputs}
 
 
-def execute(bound: Bound, workspace: np.ndarray, timings: bool = False, debug: bool = False) -> list:
-    """The hot loop: prebuilt (fn, inputs, outputs) calls, nothing else unless tracing or timing."""
+def execute(bound: Bound, workspace: np.ndarray, timings: bool = False, debug: int = 0) -> list:
+    """The hot loop: prebuilt (fn, inputs, outputs) calls, nothing else unless tracing or timing.
+
+    debug 1 logs node#, op, shapes and output offsets before each call; 2 adds output stats after it.
+    """
     if timings or debug:
         return _execute_traced(bound, workspace, timings, debug)
     i = 0
@@ -112,7 +115,7 @@ def execute(bound: Bound, workspace: np.ndarray, timings: bool = False, debug: b
     return []
 
 
-def _execute_traced(bound: Bound, workspace, timings: bool, debug: bool) -> list:
+def _execute_traced(bound: Bound, workspace, timings: bool, debug: int) -> list:
     node_times = []
     for i, (fn, ins, outs) in enumerate(bound.calls):
         node = bound.call_nodes[i]
@@ -126,7 +129,15 @@ def _execute_traced(bound: Bound, workspace, timings: bool, debug: bool) -> list
             raise _kernel_error(bound, i, e) from e
         if timings:
             node_times.append((node.name, node.op_type, time.perf_counter() - t))
+        if debug >= 2:
+            log.debug("#%d %s", i, "; ".join(_stats(o) for o in outs))
     return node_times
+
+
+def _stats(a: np.ndarray) -> str:
+    if a.size == 0 or a.dtype.kind not in "fiub":
+        return f"{a.dtype}{list(a.shape)}"
+    return f"min={a.min():.4g} max={a.max():.4g} mean={a.mean(dtype=np.float64):.4g}"
 
 
 def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
@@ -137,8 +148,10 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
                        f"{type(e).__name__}: {e}")
 
 
-def _debug_enabled() -> bool:
-    return os.environ.get("ENGINE_DEBUG", "") not in ("", "0")
+def _debug_level() -> int:
+    """ENGINE_DEBUG=1 traces every node, 2 also logs output stats (read per run, so it can be toggled live)."""
+    value = os.environ.get("ENGINE_DEBUG", "")
+    return int(value) if value.isdigit() else (1 if value else 0)
 
 
 def resolve_max_shapes(graph: Graph, max_shapes) -> dict[str, tuple[int, ...]]:

@@ -138,6 +138,11 @@ def test_timings_and_debug_trace(caplog, monkeypatch):
     with caplog.at_level(logging.DEBUG, logger="engine.runtime"):
         inst.run({"x": x})
     assert "#0 T_Tile4 tile in=[(2, 256)] out=[(2, 1024)] offset=" in caplog.text
+    monkeypatch.setenv("ENGINE_DEBUG", "2")
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="engine.runtime"):
+        inst.run({"x": x})
+    assert "#3 min=2 max=2 mean=2" in caplog.text  # z = x + x
 
 
 def test_cuda_device_is_a_clean_error():
