@@ -1,0 +1,176 @@
+"""Lowers pnnx operators (`pnnx:nn.Conv2d`, `pnnx:torch.cat`, ...) to the canonical ops of engine/ops/SPEC.md.
+
+Each handler gets a `Ctx` for one node and either turns the node into a canonical op in place (`become`), or
+emits several canonical nodes whose last ones take over the node's output values (`emit` + `done`), so the
+consumers stay linked. Handlers live in lower_pnnx_nn.py (modules and F.* layers), lower_pnnx_tensor.py
+(shape, cut/join, reductions, attention) and lower_pnnx_expr.py (pnnx.Expression). Dispatch is on the pnnx
+type only, never on operator names (pnnx keeps `Tensor.select_21` as the name of a `torch.unbind`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from engine.errors import ModelFormatError, UnsupportedOpError
+from engine.ir import Graph, Node, Value
+
+PREFIX = "pnnx:"
+Handler = Callable[["Ctx"], None]
+
+
+class Ctx:
+    """One pnnx node being lowered: parameter access, input lookup by `$` name, node emission, errors."""
+
+    def __init__(self, graph: Graph, node: Node):
+        self.graph, self.node = graph, node
+        self.type = node.op_type[len(PREFIX) :]
+        self.arg_names: list[str | None] = list(node.params.get("$inputs") or [None] * len(node.inputs))
+        self._emitted = 0
+
+    # -- reading ----------------------------------------------------------------------------------------
+    def p(self, name: str, default: Any = None) -> Any:
+        v = self.node.params.get(name, default)
+        return default if v is None else v
+
+    def has(self, name: str) -> bool:
+        return self.node.params.get(name) is not None
+
+    def arg(self, name: str, position: int | None = None) -> Value | None:
+        """The input tagged `$name`, else the one at `position` (untagged module inputs), else None."""
+        for v, n in zip(self.node.inputs, self.arg_names, strict=False):
+            if n == name:
+                return v
+        if position is not None and position < len(self.node.inputs) and self.arg_names[position] is None:
+            return self.node.inputs[position]
+        return None
+
+    def x(self) -> Value:
+        if not self.node.inputs:
+            raise self.fail("has no input")
+        return self.node.inputs[0]
+
+    def rank(self, v: Value) -> int:
+        if v.shape is None:
+            raise self.unsupported(f"input {v.name!r} of unknown rank")
+        return len(v.shape)
+
+    def weight(self, name: str, required: bool = True) -> np.ndarray | None:
+        """Attribute `name` as float32 (no copy when it already is)."""
+        w = self.node.attrs.get(name)
+        if w is None or w.size == 0:
+            if required:
+                raise self.fail(f"missing weight @{name}")
+            return None
+        return np.asarray(w, np.float32)
+
+    # -- errors -----------------------------------------------------------------------------------------
+    def line(self) -> int | None:
+        m = re.search(r":(\d+)$", self.node.source)
+        return int(m.group(1)) if m else None
+
+    def fail(self, msg: str) -> ModelFormatError:
+        return ModelFormatError(self.graph.path or self.node.source, f"{self.type} {self.node.name!r}: {msg}",
+                                line=self.line())
+
+    def unsupported(self, detail: str) -> UnsupportedOpError:
+        return UnsupportedOpError(f"{self.type} with {detail}", self.node.name, self.node.where())
+
+    # -- rewriting --------------------------------------------------------------------------------------
+    def become(self, op_type: str, params: dict | None = None, attrs: dict | None = None,
+               inputs: list[Value] | None = None) -> None:
+        """Turns the node itself into a canonical op (outputs and position unchanged)."""
+        node = self.node
+        if inputs is not None:
+            for v in node.inputs:
+                v.consumers.remove(node)
+            node.inputs = list(inputs)
+            for v in node.inputs:
+                v.consumers.append(node)
+        node.op_type, node.params, node.attrs = op_type, dict(params or {}), dict(attrs or {})
+
+    def emit(self, op_type: str, inputs: list[Value], params: dict | None = None, attrs: dict | None = None,
+             outputs: list[Value] | int = 1) -> list[Value]:
+        """Inserts a canonical node before the pnnx node; `outputs` may be the pnnx node's own values."""
+        self._emitted += 1
+        tag = f"{self.node.name}/{op_type}{self._emitted}"
+        if isinstance(outputs, int):
+            outputs = [self.graph.value(f"{tag}:{i}" if outputs > 1 else tag) for i in range(outputs)]
+        index = self.graph.nodes.index(self.node)
+        self.graph.add_node(op_type, inputs, outputs, name=tag, params=params, attrs=attrs,
+                            source=self.node.source, index=index)
+        return list(outputs)
+
+    def const(self, data: Any, dtype: Any = None, name: str | None = None) -> Value:
+        arr = np.asarray(data, dtype=dtype)
+        self._emitted += 1
+        return self.graph.const(arr, name or f"{self.node.name}/const{self._emitted}")
+
+    def done(self) -> None:
+        """Removes the pnnx node after its outputs were taken over by emitted nodes (or are unused)."""
+        node = self.node
+        for v in node.outputs:
+            if v.producer is node:
+                if v.consumers or v in self.graph.outputs:
+                    raise self.unsupported(f"output {v.name!r} that the lowering does not produce")
+                v.producer = None
+        for v in node.inputs:
+            while node in v.consumers:
+                v.consumers.remove(node)
+        self.graph.nodes.remove(node)
+
+    def bypass(self) -> None:
+        """Removes an identity-like node (Dropout, Identity, contiguous), keeping graph output names."""
+        node, out, src = self.node, self.node.outputs[0], self.node.inputs[0]
+        if out in self.graph.outputs and (src in self.graph.inputs or src in self.graph.outputs or src.is_const):
+            self.become("Identity", {})
+            return
+        if out in self.graph.outputs:
+            src.name = out.name
+        self.graph.replace_uses(out, src)
+        out.producer = None
+        for v in node.inputs:
+            while node in v.consumers:
+                v.consumers.remove(node)
+        self.graph.nodes.remove(node)
+
+
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(*types: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        for t in types:
+            HANDLERS[t] = fn
+        return fn
+    return deco
+
+
+def lower_pnnx(graph: Graph) -> Graph:
+    """Replaces every `pnnx:*` node by canonical ops; unknown types raise UnsupportedOpError with file:line."""
+    _load_handlers()
+    for node in list(graph.nodes):
+        if not node.op_type.startswith(PREFIX):
+            continue
+        ctx = Ctx(graph, node)
+        handler = HANDLERS.get(ctx.type)
+        if handler is None:
+            raise UnsupportedOpError(ctx.type, node.name, node.where(), sorted(HANDLERS))
+        handler(ctx)
+    graph.validate()
+    return graph
+
+
+def _load_handlers() -> None:
+    # The handler modules register themselves with @handles; they import this module, not the reverse.
+    from engine.passes import lower_pnnx_expr, lower_pnnx_nn, lower_pnnx_tensor  # noqa: F401
+
+
+@handles("nn.Dropout", "nn.Dropout1d", "nn.Dropout2d", "nn.Dropout3d", "nn.AlphaDropout", "F.dropout",
+         "F.dropout1d", "F.dropout2d", "F.dropout3d", "F.alpha_dropout", "nn.Identity", "Tensor.contiguous",
+         "Tensor.clone", "torch.clone", "Tensor.detach", "torch.detach")
+def _identity(ctx: Ctx) -> None:
+    ctx.bypass()

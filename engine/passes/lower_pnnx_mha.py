@@ -1,0 +1,123 @@
+"""nn.MultiheadAttention -> Gemm (projections) / Reshape / Transpose / Attention / Flatten / Gemm (output).
+
+pnnx gives it 1 input when query, key and value are one tensor, else 2 (key = value) or 3, plus an optional
+`$attn_mask`. torch's MHA mask is additive when float and means "masked out" when bool, the opposite of the
+canonical Attention's bool mask ("may attend"), so a bool mask goes through Not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from engine.ir import Value
+    from engine.passes.lower_pnnx import Ctx
+
+GEMM = {"activation": None, "activation_params": {}}
+
+
+def _head_shape(batch: int, length: int, heads: int, dim: int) -> list[int]:
+    """Reshape target (N, L, H, D) with at most one -1; 0 ("copy the input dim") only when N and L are both
+    dynamic, the one case a single -1 cannot express."""
+    if batch >= 0:
+        return [batch, -1, heads, dim]
+    if length >= 0:
+        return [-1, length, heads, dim]
+    return [0, -1, heads, dim]
+
+
+def _inputs(ctx: Ctx) -> tuple[Value, Value, Value, Value | None]:
+    if "key_padding_mask" in ctx.arg_names:
+        raise ctx.unsupported("a key_padding_mask input")
+    mask = ctx.arg("attn_mask")
+    tensors = [v for v, n in zip(ctx.node.inputs, ctx.arg_names, strict=True) if n != "attn_mask"]
+    named = [ctx.arg(n) for n in ("query", "key", "value")]
+    if all(v is not None for v in named):
+        q, k, v = named
+    elif len(tensors) == 1:
+        q = k = v = tensors[0]
+    elif len(tensors) == 2:
+        q, (k, v) = tensors[0], (tensors[1], tensors[1])
+    elif len(tensors) == 3:
+        q, k, v = tensors
+    else:
+        raise ctx.fail(f"expects 1 to 3 tensor inputs, has {len(tensors)}")
+    return q, k, v, mask
+
+
+def _projections(ctx: Ctx, embed: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(weight, bias) for q, k and v."""
+    packed = ctx.weight("in_proj_weight", required=False)
+    if packed is not None:
+        ws = [packed[i * embed : (i + 1) * embed] for i in range(3)]
+    else:
+        ws = [ctx.weight(f"{n}_proj_weight") for n in "qkv"]
+    bias = ctx.weight("in_proj_bias", required=False)
+    bs = [None] * 3 if bias is None else [bias[i * embed : (i + 1) * embed] for i in range(3)]
+    return list(zip(ws, bs, strict=True))
+
+
+def _gemm(ctx: Ctx, x: Value, w: np.ndarray, b: np.ndarray | None) -> Value:
+    attrs = {"weight": np.ascontiguousarray(w)} | ({} if b is None else {"bias": np.ascontiguousarray(b)})
+    return ctx.emit("Gemm", [x], dict(GEMM), attrs)[0]
+
+
+def _mask(ctx: Ctx, mask: Value, heads: int) -> Value:
+    if mask.dtype == np.bool_:
+        mask = ctx.emit("Not", [mask])[0]
+    shape = mask.shape
+    if shape is not None and len(shape) == 3:  # (N*H, L, S) -> (N, H, L, S)
+        if shape[1] < 0 or shape[2] < 0:
+            raise ctx.unsupported("a 3-D attn_mask with dynamic L or S")
+        mask = ctx.emit("Reshape", [mask], {"shape": [-1, heads, shape[1], shape[2]]})[0]
+    return mask
+
+
+def lower_mha(ctx: Ctx) -> None:
+    if ctx.p("add_bias_kv", False) or ctx.p("add_zero_attn", False):
+        raise ctx.unsupported("add_bias_kv or add_zero_attn")
+    embed, heads = int(ctx.p("embed_dim")), int(ctx.p("num_heads"))
+    if heads <= 0 or embed % heads:
+        raise ctx.fail(f"embed_dim={embed} is not a multiple of num_heads={heads}")
+    batch_first = bool(ctx.p("batch_first", False))
+    q, k, v, mask = _inputs(ctx)
+
+    def batch_major(x: Value) -> Value:  # (L, N, E) -> (N, L, E)
+        return x if batch_first else ctx.emit("Transpose", [x], {"perm": [1, 0, 2]})[0]
+
+    def dims(x: Value) -> tuple[int, int]:  # (N, L) of a batch-major view of x
+        s = x.shape if x.shape is not None and len(x.shape) == 3 else (-1, -1, -1)
+        return (s[0], s[1]) if batch_first else (s[1], s[0])
+
+    proj = _projections(ctx, embed)
+    qb = batch_major(q)
+    if q is k is v and "in_proj_weight" in ctx.node.attrs:
+        packed = _gemm(ctx, qb, ctx.weight("in_proj_weight"), ctx.weight("in_proj_bias", required=False))
+        qp, kp, vp = ctx.emit("Split", [packed], {"axis": -1, "sizes": [embed] * 3}, outputs=3)
+    else:
+        kb = qb if k is q else batch_major(k)
+        vb = kb if v is k else (qb if v is q else batch_major(v))
+        qp, kp, vp = (_gemm(ctx, x, w, b) for x, (w, b) in zip((qb, kb, vb), proj, strict=True))
+
+    def split_heads(x: Value, like: Value) -> Value:
+        shape = _head_shape(*dims(like), heads, embed // heads)
+        y = ctx.emit("Reshape", [x], {"shape": shape})[0]
+        return ctx.emit("Transpose", [y], {"perm": [0, 2, 1, 3]})[0]
+
+    ins = [split_heads(qp, q), split_heads(kp, k), split_heads(vp, v)]
+    if mask is not None:
+        ins.append(_mask(ctx, mask, heads))
+    att = ctx.emit("Attention", ins, {"scale": None, "is_causal": False})[0]
+    merged = ctx.emit("Transpose", [att], {"perm": [0, 2, 1, 3]})[0]
+    flat = ctx.emit("Flatten", [merged], {"start_dim": 2, "end_dim": -1})[0]
+    out = ctx.node.outputs[0]
+    w_out, b_out = ctx.weight("out_proj.weight"), ctx.weight("out_proj.bias", required=False)
+    attrs = {"weight": w_out} | ({} if b_out is None else {"bias": b_out})
+    if batch_first:
+        ctx.emit("Gemm", [flat], dict(GEMM), attrs, outputs=[out])
+    else:
+        y = ctx.emit("Gemm", [flat], dict(GEMM), attrs)[0]
+        ctx.emit("Transpose", [y], {"perm": [1, 0, 2]}, outputs=[out])
+    ctx.done()
