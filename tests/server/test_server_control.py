@@ -15,6 +15,8 @@ import tritonclient.http as httpclient
 from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repository
 from tritonclient.utils import InferenceServerException
 
+pytestmark = pytest.mark.slow  # each test starts its own server (several seconds each)
+
 X = np.ones((2, 4), np.float32)
 
 
@@ -113,7 +115,11 @@ def test_sigterm_fails_readiness_then_drains(tmp_path):
     results: list[int] = []
     t = threading.Thread(target=lambda: results.append(infer_http(srv).status_code))
     t.start()
-    time.sleep(0.3)  # the request now waits in the batcher's queue (1.5 s delay)
+    deadline = time.monotonic() + 20
+    while "nv_inference_pending_request_count{model=\"affine\",version=\"1\"} 1.0" not in httpx.get(
+            srv.metrics_url).text:  # wait until the request sits in the batcher's queue (1.5 s delay)
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     srv.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     assert httpx.get(f"http://{srv.http_url}/v2/health/ready").status_code == 503
