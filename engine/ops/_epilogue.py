@@ -1,10 +1,28 @@
-"""In-place activation epilogues shared by fused ops (Conv, ConvTranspose, Gemm) and the activation family."""
+"""In-place activation epilogues shared by fused ops (Conv, ConvTranspose, Gemm) and the activation family.
+
+On C-contiguous float32/float64 outputs the transcendental ones run the activation family's numba loops (one
+pass, no temporaries); anything else takes the numpy path below.
+"""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from engine.ops import _math_kernels as mk
+
+
+def _get(p: dict, name: str, default: float) -> float:
+    v = p.get(name)
+    return default if v is None else float(v)
+
+
+def _flat(out: np.ndarray) -> np.ndarray | None:
+    """A 1-d view of `out` when a numba loop can run on it in place, else None."""
+    if out.dtype in (np.float32, np.float64) and out.flags.c_contiguous:
+        return out.reshape(-1)
+    return None
 
 
 def _clip(out, p):
@@ -13,11 +31,17 @@ def _clip(out, p):
 
 
 def _leaky(out, p):
-    alpha = p.get("alpha", 0.01)
+    alpha = _get(p, "alpha", 0.01)
+    if (f := _flat(out)) is not None:
+        mk.leaky_relu_loop(f, f, alpha)
+        return
     np.multiply(out, np.where(out < 0, out.dtype.type(alpha), out.dtype.type(1)), out=out)
 
 
 def _sigmoid(out, p):
+    if (f := _flat(out)) is not None:
+        mk.sigmoid_loop(f, f)
+        return
     np.negative(out, out=out)
     np.exp(out, out=out)
     out += 1
@@ -25,36 +49,49 @@ def _sigmoid(out, p):
 
 
 def _silu(out, p):
+    if (f := _flat(out)) is not None:
+        mk.silu_loop(f, f)
+        return
     s = out.copy()
     _sigmoid(s, p)
     out *= s
 
 
 def _hardsigmoid(out, p):
-    out *= p.get("alpha", 1 / 6)
-    out += p.get("beta", 0.5)
+    alpha, beta = _get(p, "alpha", 1 / 6), _get(p, "beta", 0.5)
+    out *= alpha
+    out += beta
     np.clip(out, 0, 1, out=out)
 
 
 def _hardswish(out, p):
+    alpha, beta = _get(p, "alpha", 1 / 6), _get(p, "beta", 0.5)
+    if (f := _flat(out)) is not None:
+        mk.hardswish_loop(f, f, alpha, beta)
+        return
     s = out.copy()
     _hardsigmoid(s, p)
     out *= s
 
 
 def _gelu(out, p):
+    tanh = p.get("approximate", "none") == "tanh"
+    if (f := _flat(out)) is not None:
+        (mk.gelu_tanh_loop if tanh else mk.gelu_loop)(f, f)
+        return
     x = out.astype(np.float64)
-    if p.get("approximate", "none") == "tanh":
+    if tanh:
         y = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     else:
-        from math import erf
-
-        y = 0.5 * x * (1 + np.vectorize(erf, otypes=[np.float64])(x / math.sqrt(2)))
+        y = 0.5 * x * (1 + np.vectorize(math.erf, otypes=[np.float64])(x / math.sqrt(2)))
     out[...] = y
 
 
 def _elu(out, p):
-    alpha = p.get("alpha", 1.0)
+    alpha = _get(p, "alpha", 1.0)
+    if (f := _flat(out)) is not None:
+        mk.elu_loop(f, f, alpha)
+        return
     neg = out < 0
     out[neg] = alpha * np.expm1(out[neg])
 

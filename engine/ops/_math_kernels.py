@@ -82,10 +82,15 @@ def softplus_loop(x, out, beta, threshold):
 
 @njit(**_JIT)
 def mish_loop(x, out):
+    # tanh(log1p(e^v)) = n / (n + 2) with n = e^v (e^v + 2): one exp instead of exp, log1p and tanh
     for i in range(x.size):
         v = float(x[i])
-        sp = v if v > 20.0 else math.log1p(math.exp(-abs(v))) + max(v, 0.0)
-        out[i] = v * math.tanh(sp)
+        if v > 20.0:
+            out[i] = v
+        else:
+            e = math.exp(v)
+            n = e * (e + 2.0)
+            out[i] = v * n / (n + 2.0)
 
 
 @njit(**_JIT)

@@ -13,14 +13,19 @@ _JIT = {"nogil": True, "cache": True}
 
 
 @njit(**_JIT)
-def softmax_loop(x, out, log):
-    # x, out: (outer, n, inner); softmax over the middle axis.
+def softmax_loop(x, out, log, empty_is_zero):
+    # x, out: (outer, n, inner); softmax over the middle axis. A row that is all -inf gives NaN as torch's
+    # softmax does, or zeros with `empty_is_zero` (attention rows with nothing to attend to).
     n = x.shape[1]
     for o in range(x.shape[0]):
         for i in range(x.shape[2]):
             m = -math.inf
             for j in range(n):
                 m = max(m, float(x[o, j, i]))
+            if empty_is_zero and m == -math.inf:
+                for j in range(n):
+                    out[o, j, i] = 0.0
+                continue
             s = 0.0
             for j in range(n):
                 s += math.exp(float(x[o, j, i]) - m)
@@ -82,3 +87,19 @@ def groupnorm_loop(x, out, groups, weight, bias, eps, affine_w, affine_b):
                 sh = bias[c] if affine_b else 0.0
                 for k in range(size):
                     out[b, c, k] = (x[b, c, k] - mean) * w + sh
+
+
+@njit(**_JIT)
+def argbest_loop(x, out, largest):
+    # x: (outer, n, inner), out: (outer, inner) int64. First index of the max (min); NaN counts as the max
+    # (and the min), as torch. Walks j outermost so the inner axis is read contiguously; `out` holds the best.
+    for o in range(x.shape[0]):
+        for i in range(x.shape[2]):
+            out[o, i] = 0
+        for j in range(1, x.shape[1]):
+            for i in range(x.shape[2]):
+                v, best = x[o, j, i], x[o, out[o, i], i]
+                if best != best:
+                    continue
+                if v != v or (v > best if largest else v < best):
+                    out[o, i] = j

@@ -1,8 +1,8 @@
 """Scaled dot-product attention: softmax(q·kᵀ·scale + mask)·v over (…, L, E) tensors, torch semantics.
 
 A bool mask means "may attend"; a float mask is added to the scores; is_causal keeps the lower triangle
-(top-left aligned, as torch). Rows with nothing to attend to give zeros (torch's math path returns NaN there in
-old versions; zeros are what a serving system wants). The kernel keeps the (…, L, S) scores in the workspace."""
+(top-left aligned, as torch). Rows with nothing to attend to give zeros, as torch's scaled_dot_product_attention
+does. The kernel keeps the (…, L, S) scores in the workspace."""
 
 from __future__ import annotations
 
@@ -43,16 +43,22 @@ def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return [TensorInfo(out, float_of(ins[0].dtype))]
 
 
-def _masked_fill(scores: np.ndarray, mask: np.ndarray | None, causal: bool) -> None:
-    """Adds a float mask / blocks positions a bool mask or causality forbids, in place (-inf)."""
+def _masked_fill(scores: np.ndarray, mask: np.ndarray | None, blocked: np.ndarray | None) -> None:
+    """Adds a float mask, then sets what a bool mask or causality (`blocked`, True above the diagonal) forbids
+    to -inf, in place."""
     if mask is not None:
         if mask.dtype == np.bool_:
             np.copyto(scores, -np.inf, where=np.logical_not(mask))
         else:
             scores += mask
-    if causal:
+    if blocked is not None:
         L, S = scores.shape[-2:]
-        np.copyto(scores, -np.inf, where=~np.tri(L, S, dtype=bool))
+        np.copyto(scores, -np.inf, where=blocked[:L, :S])
+
+
+def _causal_block(L: int, S: int) -> np.ndarray:
+    """True where torch's is_causal forbids attending (j > i); a max-size block serves every smaller (L, S)."""
+    return ~np.tri(L, S, dtype=bool)
 
 
 def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -60,8 +66,9 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     ot = float_of(q.dtype)
     mask = np.asarray(arrays[3]) if len(arrays) > 3 else None
     scores = np.matmul(q.astype(np.float64), np.swapaxes(k.astype(np.float64), -1, -2)) * _scale(node, q.shape[-1])
+    causal = bool(node.params.get("is_causal", False))
     _masked_fill(scores, None if mask is None else mask if mask.dtype == np.bool_ else mask.astype(np.float64),
-                 bool(node.params.get("is_causal", False)))
+                 _causal_block(*scores.shape[-2:]) if causal else None)
     m = np.max(scores, axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(m), m, 0))
     total = np.sum(e, axis=-1, keepdims=True)
@@ -76,7 +83,8 @@ def _workspace(node: Node, ins: list[TensorInfo]) -> int:
 
 def _kernel(node: Node, ins: list[TensorInfo]):
     dt = float_of(ins[0].dtype)
-    causal = bool(node.params.get("is_causal", False))
+    scores_max, _ = _shapes(node, ins)
+    blocked = _causal_block(*scores_max[-2:]) if node.params.get("is_causal") else None
 
     def run(inputs, outputs, workspace):
         q, k, v = inputs[:3]
@@ -85,10 +93,9 @@ def _kernel(node: Node, ins: list[TensorInfo]):
         scores = _scratch(workspace, shape, dt)
         np.matmul(q, np.swapaxes(k, -1, -2), out=scores, casting="unsafe")
         scores *= dt.type(_scale(node, q.shape[-1]))
-        _masked_fill(scores, mask, causal)
+        _masked_fill(scores, mask, blocked)
         view = (-1, shape[-1], 1)
-        softmax_loop(scores.reshape(view), scores.reshape(view), False)
-        np.nan_to_num(scores, copy=False, nan=0.0)  # rows with nothing to attend to
+        softmax_loop(scores.reshape(view), scores.reshape(view), False, True)
         np.matmul(scores, v, out=outputs[0], casting="unsafe")
     return run
 

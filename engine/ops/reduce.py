@@ -9,6 +9,7 @@ import numpy as np
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops._common import INT64, float_of, norm_axes, norm_axis, reference_kernel, with_value
+from engine.ops._norm_kernels import argbest_loop
 from engine.ops.registry import OpDef, TensorInfo, register
 
 
@@ -104,6 +105,9 @@ def _arg_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
 def _arg_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if len(ins) != 1:
         raise ShapeError(f"{node.where()}: {node.op_type} takes 1 input, got {len(ins)}")
+    shape, axis = ins[0].shape, _arg_axis(node, len(ins[0].shape))
+    if (shape[axis] if axis is not None and shape else int(np.prod(shape, dtype=np.int64))) == 0:
+        raise ShapeError(f"{node.where()}: {node.op_type} over an empty axis of {shape}")
     return with_value(node, ins, [TensorInfo(_arg_shape(node, ins[0].shape), INT64)], _arg_reference)
 
 
@@ -116,15 +120,17 @@ def _arg_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _arg_kernel(node: Node, ins: list[TensorInfo]):
-    fn = np.argmax if node.op_type == "ArgMax" else np.argmin
+    # numba walk over an (outer, n, inner) view: numpy's argmax over a middle axis copies the whole input
+    largest = node.op_type == "ArgMax"
 
     def run(inputs, outputs, workspace):
-        x, out = inputs[0], outputs[0]
+        x = np.ascontiguousarray(inputs[0])
         axis = _arg_axis(node, x.ndim)
-        if axis is None:
-            out[...] = fn(x.reshape(-1))
+        if axis is None or x.ndim == 0:
+            view = (1, x.size, 1)
         else:
-            fn(x, axis=axis, out=out.reshape(_out_shape(x.shape, (axis,), False)))
+            view = (int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis], -1)
+        argbest_loop(x.reshape(view), outputs[0].reshape(view[0], -1), largest)
     return run
 
 

@@ -47,7 +47,7 @@ def _kernel(node: Node, ins: list[TensorInfo]):
             out[...] = 0.0 if log else 1.0
             return
         view = _view3(x.shape, _axis(node, x.ndim))
-        softmax_loop(np.ascontiguousarray(x).reshape(view), out.reshape(view), log)
+        softmax_loop(np.ascontiguousarray(x).reshape(view), out.reshape(view), log, False)
     return run
 
 

@@ -85,15 +85,24 @@ def test_errors_name_the_node():
         infer(make_node("Relu", 2), [np.zeros(3), np.zeros(3)])
 
 
+EPILOGUE_OPS = {"relu": "Relu", "relu6": "Clip", "clip": "Clip", "leaky_relu": "LeakyRelu", "sigmoid": "Sigmoid",
+                "silu": "Silu", "hardswish": "HardSwish", "hardsigmoid": "HardSigmoid", "gelu": "Gelu",
+                "tanh": "Tanh", "elu": "Elu"}
+EPILOGUE_PARAMS = {"relu6": {"min": 0.0, "max": 6.0}, "clip": {"min": -1.0, "max": 2.0}, "leaky_relu": {"alpha": 0.1},
+                   "hardswish": {"alpha": 0.2, "beta": 0.4}, "hardsigmoid": {"alpha": 0.2, "beta": 0.5},
+                   "elu": {"alpha": 0.5}, "gelu": {"approximate": "none"}}
+
+
+@pytest.mark.parametrize("contiguous", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("name", sorted(EPILOGUES))
-def test_epilogue_matches_activation_reference(name):
-    # the fused epilogue (Conv/Gemm) and the standalone op must agree
-    op = {"relu": "Relu", "relu6": "Clip", "clip": "Clip", "leaky_relu": "LeakyRelu", "sigmoid": "Sigmoid",
-          "silu": "Silu", "hardswish": "HardSwish", "hardsigmoid": "HardSigmoid", "gelu": "Gelu", "tanh": "Tanh",
-          "elu": "Elu"}[name]
-    params = {"min": 0.0, "max": 6.0} if name == "relu6" else {"min": -1.0, "max": 2.0} if name == "clip" else {}
-    x = (RNG.standard_normal((3, 17)) * 4).astype(np.float32)
-    out = x.copy()
+def test_epilogue_matches_activation_reference(name, contiguous):
+    # the fused epilogue (Conv/Gemm) and the standalone op must agree, on both of its code paths
+    params = EPILOGUE_PARAMS.get(name, {})
+    x = (RNG.standard_normal((6, 17)) * 4).astype(np.float32)
+    buf = x.copy()
+    out = buf if contiguous else buf[:, ::2]
     activation.apply_activation(name, params, out)
-    (want,) = reference(make_node(op, 1, params=params), [x])
+    (want,) = reference(make_node(EPILOGUE_OPS[name], 1, params=params), [x if contiguous else x[:, ::2]])
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    if not contiguous:
+        np.testing.assert_array_equal(buf[:, 1::2], x[:, 1::2])  # the untouched half stays

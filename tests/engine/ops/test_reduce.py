@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import ShapeError
 from engine.ops import reduce
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, run_kernel
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = set(reduce.REDUCERS) | {"ArgMax", "ArgMin"}
@@ -44,6 +44,15 @@ def test_arg_kernel_matches_reference(op, axis, keepdims):
     check_kernel(node, [x[:1, :2].copy()], [x])
 
 
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_arg_nan_wins_like_torch(op):
+    x = np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 0.5, 7.0, 1.0]], np.float32)
+    node = make_node(op, 1, params={"axis": 1})
+    check_kernel(node, [x])
+    np.testing.assert_array_equal(run_kernel(node, [x])[0], [1, 2 if op == "ArgMax" else 1])
+    check_kernel(make_node(op, 1, params={"axis": 0}), [x])
+
+
 def test_integer_and_bool_sums():
     ints = RNG.integers(-5, 5, (4, 6)).astype(np.int32)
     node = make_node("ReduceSum", 1, params={"axes": [1]})
@@ -71,3 +80,5 @@ def test_errors_name_the_node():
         infer(make_node("ArgMax", 1, params={"axis": -3}), [x])
     with pytest.raises(ShapeError, match="empty axis"):
         infer(make_node("ReduceMax", 1, params={"axes": [0]}), [np.zeros((0, 3), np.float32)])
+    with pytest.raises(ShapeError, match="ArgMin over an empty axis"):
+        infer(make_node("ArgMin", 1, params={"axis": 1}), [np.zeros((2, 0), np.float32)])
