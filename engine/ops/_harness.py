@@ -136,3 +136,23 @@ def check_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarr
     got = run_kernel(node, arrays, max_arrays, inplace)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_close(g, w, rtol, atol, f"{node.op_type} out{i}")
+
+
+def kernel_peak_bytes(node: Node, arrays: list[np.ndarray]) -> int:
+    """Peak bytes the kernel allocates during one call (numpy reports its buffers to tracemalloc).
+
+    The kernel is built and warmed up first, so one-off costs (numba compilation) are not counted."""
+    import tracemalloc
+
+    op = get_op(node.op_type)
+    ins = infos_of(arrays, node=node)
+    fn = op.kernel(node, ins)
+    outs = [np.empty(o.shape, o.dtype) for o in op.infer(node, ins)]
+    ws = np.zeros(op.workspace(node, ins) if op.workspace else 0, np.uint8)
+    fn(arrays, outs, ws)
+    tracemalloc.start()
+    try:
+        fn(arrays, outs, ws)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -10,7 +10,16 @@ import pytest
 from engine.errors import ShapeError
 from engine.ops import activation
 from engine.ops._epilogue import EPILOGUES
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
+from engine.ops._harness import (
+    check_golden,
+    check_kernel,
+    infer,
+    kernel_peak_bytes,
+    load_cases,
+    make_node,
+    reference,
+    run_kernel,
+)
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 CASES = load_cases(GOLDENS, set(activation.REFERENCES))
@@ -106,3 +115,10 @@ def test_epilogue_matches_activation_reference(name, contiguous):
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     if not contiguous:
         np.testing.assert_array_equal(buf[:, 1::2], x[:, 1::2])  # the untouched half stays
+
+
+@pytest.mark.parametrize("op", sorted(PARAMS) + ["PRelu"])
+def test_kernel_allocates_no_temporaries(op):
+    x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)  # 256 KiB
+    attrs = {"slope": np.full(16, 0.1, np.float32)} if op == "PRelu" else None
+    assert kernel_peak_bytes(make_node(op, 1, params=PARAMS.get(op, {}), attrs=attrs), [x]) < 16 * 1024

@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import ShapeError
 from engine.ops import get_op
-from engine.ops._harness import check_golden, check_kernel, infer, infos_of, load_cases, make_node
+from engine.ops._harness import check_golden, check_kernel, infer, infos_of, kernel_peak_bytes, load_cases, make_node
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 CASES = load_cases(GOLDENS, {"Attention"})
@@ -71,3 +71,9 @@ def test_errors_name_the_node():
         infer(make_node("Attention", 4), [q, q, q, np.zeros((3, 5, 5), np.float32)])
     with pytest.raises(ShapeError, match="q, k, v, \\[mask\\]"):
         infer(make_node("Attention", 2), [q, q])
+
+
+def test_kernel_keeps_scores_in_the_workspace():
+    q = _x(2, 4, 64, 32)
+    node = make_node("Attention", 3, params={"is_causal": True})
+    assert kernel_peak_bytes(node, [q, q, q]) < 16 * 1024  # the scores alone would be 128 KiB

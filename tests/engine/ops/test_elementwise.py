@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import ShapeError
 from engine.ops import elementwise
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
+from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, reference
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = set(elementwise.BINARY) | set(elementwise.UNARY) | {"Where"}
@@ -136,3 +136,18 @@ def test_errors_name_the_node():
         infer(make_node("Exp", 2), [np.zeros(2), np.zeros(2)])
     with pytest.raises(ShapeError, match="negative powers"):
         reference(make_node("Pow", 2), [np.arange(3), np.array(-1)])
+
+
+@pytest.mark.parametrize("op,other", [("Add", (16, 1, 1)), ("Mul", ()), ("Sub", (4, 16, 32, 32)), ("Div", (32,)),
+                                      ("Less", (1,)), ("Maximum", ())])
+def test_binary_kernel_allocates_no_temporaries(op, other):
+    x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)  # 256 KiB
+    y = RNG.standard_normal(other).astype(np.float32)
+    assert kernel_peak_bytes(make_node(op, 2), [x, y]) < 64 * 1024
+    assert kernel_peak_bytes(make_node(op, 2), [x, np.array(2, np.int64)]) < 64 * 1024
+
+
+@pytest.mark.parametrize("op", ["Exp", "Sqrt", "Erf", "Rsqrt", "Abs"])
+def test_unary_kernel_allocates_no_temporaries(op):
+    x = np.abs(RNG.standard_normal((4, 16, 32, 32))).astype(np.float32)
+    assert kernel_peak_bytes(make_node(op, 1), [x]) < 16 * 1024

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ShapeError
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node
+from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = {"BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "LpNormalize"}
@@ -93,3 +93,14 @@ def test_errors_name_the_node():
         infer(make_node("LayerNorm", 1, params={"normalized_ndim": 4}), [x])
     with pytest.raises(ShapeError, match="p must be 1 or 2"):
         infer(make_node("LpNormalize", 1, params={"p": 3}), [x])
+
+
+@pytest.mark.parametrize("op,params,attrs", [
+    ("BatchNorm", {}, {"scale": np.ones(16, np.float32), "bias": np.ones(16, np.float32)}),
+    ("LayerNorm", {"normalized_ndim": 1}, {"weight": np.ones(32, np.float32), "bias": np.ones(32, np.float32)}),
+    ("GroupNorm", {"num_groups": 4}, {"weight": np.ones(16, np.float32), "bias": np.ones(16, np.float32)}),
+    ("InstanceNorm", {}, {}),
+])
+def test_kernel_allocates_no_temporaries(op, params, attrs):
+    x = _x(4, 16, 32, 32)
+    assert kernel_peak_bytes(make_node(op, 1, params=params, attrs=attrs), [x]) < 64 * 1024

@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import ShapeError
 from engine.ops import reduce
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, run_kernel
+from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, run_kernel
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = set(reduce.REDUCERS) | {"ArgMax", "ArgMin"}
@@ -82,3 +82,10 @@ def test_errors_name_the_node():
         infer(make_node("ReduceMax", 1, params={"axes": [0]}), [np.zeros((0, 3), np.float32)])
     with pytest.raises(ShapeError, match="ArgMin over an empty axis"):
         infer(make_node("ArgMin", 1, params={"axis": 1}), [np.zeros((2, 0), np.float32)])
+
+
+@pytest.mark.parametrize("op,params", [("ReduceMean", {"axes": [2, 3], "keepdims": True}),
+                                       ("ReduceMax", {"axes": [1]}), ("ArgMax", {"axis": 1})])
+def test_kernel_allocates_no_temporaries(op, params):
+    x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)
+    assert kernel_peak_bytes(make_node(op, 1, params=params), [x]) < 64 * 1024

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ShapeError
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node
+from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 CASES = load_cases(GOLDENS, {"Softmax", "LogSoftmax"})
@@ -52,3 +52,9 @@ def test_integer_input_gives_float32():
 def test_bad_axis_names_the_node():
     with pytest.raises(ShapeError, match="test:1: Softmax axis 3 out of range for rank 3"):
         infer(make_node("Softmax", 1, params={"axis": 3}), [np.zeros((2, 3, 4), np.float32)])
+
+
+@pytest.mark.parametrize("axis", [1, -1])
+def test_kernel_allocates_no_temporaries(axis):
+    x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)
+    assert kernel_peak_bytes(make_node("Softmax", 1, params={"axis": axis}), [x]) < 16 * 1024

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ShapeError
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
+from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, reference
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = {"Concat", "Stack", "Split", "Slice", "Gather"}
@@ -107,3 +107,12 @@ def test_errors_name_the_node():
         infer(make_node("Gather", 2), [np.zeros(3), np.array([-4])], values=True)
     with pytest.raises(ShapeError, match="indices must be integers"):
         infer(make_node("Gather", 2), [np.zeros(3), np.zeros(2, np.float32)])
+
+
+@pytest.mark.parametrize("op,n_in,n_out,params", [
+    ("Concat", 2, 1, {"axis": 1}), ("Stack", 2, 1, {"axis": 0}), ("Split", 1, 2, {"axis": 1, "sizes": [8, 8]}),
+    ("Slice", 1, 1, {"starts": [1], "ends": [-1], "axes": [3], "steps": [1]}),
+])
+def test_kernel_allocates_no_temporaries(op, n_in, n_out, params):
+    x = _x(4, 16, 32, 32)
+    assert kernel_peak_bytes(make_node(op, n_in, n_out, params=params), [x] * n_in) < 16 * 1024
