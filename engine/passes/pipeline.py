@@ -23,6 +23,11 @@ LOWERINGS: dict[str, tuple[str, str]] = {
     "pnnx": ("engine.passes.lower_pnnx", "lower_pnnx"),
     "tnn": ("engine.passes.lower_tnn", "lower_tnn"),
 }
+# Where each lowering keeps its handler tables (format op type without prefix -> handler).
+_HANDLER_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "pnnx": (("engine.passes.lower_pnnx", "HANDLERS"),),
+    "tnn": (("engine.passes.lower_tnn_layers", "HANDLERS"), ("engine.passes.lower_tnn_layers", "QUANTIZED")),
+}
 
 PIPELINE: list[Pass] = [
     infer_shapes,
@@ -42,7 +47,32 @@ def lower_graph(graph: Graph) -> Graph:
     if fmt not in LOWERINGS:
         raise EngineError(f"{graph.path}: no lowering for format {fmt!r}; known: {', '.join(LOWERINGS)}")
     module, name = LOWERINGS[fmt]
-    return getattr(importlib.import_module(module), name)(graph)
+    try:
+        lower = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise EngineError(f"{graph.path}: the {fmt} lowering is not available: {e}") from None
+    return lower(graph)
+
+
+def lowering_coverage(fmt: str | None) -> set[str] | None:
+    """The format op types (without prefix) the format's lowering handles; None when that is unknown.
+
+    Lowerings stop at the first op they cannot handle; this lets the loader name every such op at once.
+    """
+    tables = _HANDLER_TABLES.get(fmt or "")
+    if not tables:
+        return None
+    known: set[str] = set()
+    try:
+        lowering = importlib.import_module(LOWERINGS[fmt][0])
+        load_handlers = getattr(lowering, "_load_handlers", None)
+        if load_handlers is not None:
+            load_handlers()
+        for module, name in tables:
+            known |= set(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError):
+        return None
+    return known
 
 
 def run_pipeline(graph: Graph, passes: list[Pass] | None = None) -> Graph:

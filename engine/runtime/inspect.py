@@ -7,13 +7,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.errors import EngineError
+from engine.errors import EngineError, UnsupportedOpError
 from engine.runtime.loading import prepare, read_graph, unsupported_nodes
 from engine.runtime.model import Model
 
 
 def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = None) -> str:
-    graph = prepare(read_graph(path))
+    graph = read_graph(path)
+    missing = unsupported_nodes(graph)
+    rejected = ""
+    if not missing:
+        try:
+            graph = prepare(graph)
+        except UnsupportedOpError as e:  # a known op type with parameters the lowering does not support
+            rejected = str(e)
+            graph = read_graph(path)
+        missing = unsupported_nodes(graph)
     model = Model(graph, path)
     lines = [f"model: {model.path}", f"format: {model.format}"]
     for title, specs in (("inputs", model.inputs), ("outputs", model.outputs)):
@@ -22,10 +31,10 @@ def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = N
     counts = model.op_counts()
     lines.append(f"ops ({sum(counts.values())} nodes):")
     lines += [f"  {op:<24} {n}" for op, n in counts.items()]
-    missing = unsupported_nodes(graph)
-    if missing:
-        lines.append(f"unsupported ops ({len(missing)} nodes):")
+    if missing or rejected:
+        lines.append(f"unsupported ops ({len(missing) or 1} nodes):")
         lines += [f"  {n.op_type}  node {n.name!r}  at {n.where()}" for n in missing]
+        lines += [f"  {rejected}"] if rejected else []
         lines.append("memory plan: not available until every op is supported")
     else:
         lines += _memory_lines(model, max_shapes or {})

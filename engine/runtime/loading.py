@@ -11,7 +11,7 @@ import numpy as np
 from engine.errors import EngineError, UnsupportedOpError
 from engine.ir import Graph, Node
 from engine.ops.registry import all_ops
-from engine.passes.pipeline import run_pipeline
+from engine.passes.pipeline import lowering_coverage, run_pipeline
 
 # file suffix -> (format, reader module); readers expose load_graph(path) -> Graph
 READERS: dict[str, tuple[str, str]] = {
@@ -50,8 +50,19 @@ def prepare(graph: Graph) -> Graph:
 
 
 def unsupported_nodes(graph: Graph) -> list[Node]:
+    """Format ops no lowering handles (before lowering) and ops no kernel implements (after)."""
     ops = all_ops()
-    return [n for n in graph.nodes if n.op_type not in ops]
+    fmt = graph.meta.get("format")
+    prefix = f"{fmt}:"
+    known = lowering_coverage(fmt)
+    missing = []
+    for n in graph.nodes:
+        if n.op_type.startswith(prefix):
+            if known is not None and n.op_type[len(prefix):] not in known:
+                missing.append(n)
+        elif n.op_type not in ops:
+            missing.append(n)
+    return missing
 
 
 def check_supported(graph: Graph) -> None:

@@ -55,6 +55,8 @@ def spec_of(v: Value) -> TensorSpec:
 
 def load(path: str | Path) -> Model:
     """Reads a .pnnx.param or .tnnproto model (weights beside it), lowers and optimizes it."""
-    graph = prepare(read_graph(path))
+    graph = read_graph(path)
+    check_supported(graph)  # every unknown format op at once, before lowering stops at the first
+    graph = prepare(graph)
     check_supported(graph)
     return Model(graph, path)
