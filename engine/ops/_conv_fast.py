@@ -16,6 +16,7 @@ from engine.ir import Node
 from engine.ops import _conv_kernels as K
 from engine.ops._conv_geom import ConvGeom, conv_geom, tconv_geom, weight_of
 from engine.ops._epilogue import apply_activation
+from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, TensorInfo
 
 # im2col scratch per conv before it tiles over output rows; the perf work may tune it.
@@ -88,7 +89,8 @@ class _Epilogue:
 
     def __call__(self, y2: np.ndarray, z2: np.ndarray | None) -> None:
         has_z = z2 is not None
-        K.epilogue(y2, self.bias, z2 if has_z else _DUMMY2, has_z, self.code, self.lo, self.hi, self.alpha)
+        parallel_for(K.epilogue, y2.shape[0], y2.size, y2, self.bias, z2 if has_z else _DUMMY2, has_z, self.code,
+                     self.lo, self.hi, self.alpha)
         if self.late:
             apply_activation(self.name, self.params, y2)
 
@@ -156,7 +158,8 @@ def _im2col_run(node: Node, geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
                 for oh0 in range(0, geo.oh, rows):
                     r = min(rows, geo.oh - oh0)
                     cols = buf[: k_rows * r * geo.ow].reshape(k_rows, r * geo.ow)
-                    K.im2col(xg, cols, oh0, r, geo.ow, geo.kh, geo.kw, sh, sw, dh, dw, pt, pl, mode)
+                    parallel_for(K.im2col, cg, cols.size, xg, cols, oh0, r, geo.ow, geo.kh, geo.kw, sh, sw, dh, dw,
+                                 pt, pl, mode)
                     np.matmul(wg[gi], cols, out=yg[:, oh0:oh0 + r].reshape(og, r * geo.ow))
             _finish_image(epi, out, z, n, geo)
     return run
@@ -170,8 +173,9 @@ def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
         z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
         geo = geom(x.shape)
         (sh, sw), (dh, dw), (pt, pl) = geo.stride, geo.dilation, geo.pads[:2]
-        K.depthwise(x, wd, epi.bias, _DUMMY4 if z is None else z, z is not None, out,
-                    sh, sw, dh, dw, pt, pl, code, epi.lo, epi.hi, epi.alpha)
+        parallel_for(K.depthwise, geo.n * geo.c, out.size * geo.kh * geo.kw, x, wd, epi.bias,
+                     _DUMMY4 if z is None else z, z is not None, out, sh, sw, dh, dw, pt, pl, code, epi.lo, epi.hi,
+                     epi.alpha)
         if epi.late:
             apply_activation(epi.name, epi.params, out)
     return run
@@ -201,6 +205,7 @@ def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
                     r = min(rows, geo.h - h0)
                     cols = buf[: m_rows * r * geo.w].reshape(m_rows, r * geo.w)
                     np.matmul(wt[gi], xg[:, h0:h0 + r].reshape(ig, r * geo.w), out=cols)
-                    K.col2im_add(cols, yg, h0, r, geo.w, geo.kh, geo.kw, sh, sw, dh, dw, pt, pl)
+                    parallel_for(K.col2im_add, og, cols.size, cols, yg, h0, r, geo.w, geo.kh, geo.kw, sh, sw, dh, dw,
+                                 pt, pl)
             _finish_image(epi, out, None, n, geo)
     return run

@@ -1,16 +1,19 @@
-"""numba pooling kernels (NCHW, one prange over N*C). Window rules mirror torch's CPU kernels exactly."""
+"""numba pooling kernels (NCHW) over items [lo, hi) of N*C, split by _threads.parallel_for.
+
+Window rules mirror torch's CPU kernels exactly.
+"""
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 
-@njit(nogil=True, cache=True, parallel=True)
-def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl):
-    n_n, c_n, h_n, w_n = x.shape
+@njit(nogil=True, cache=True)
+def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     oh_n, ow_n = out.shape[2], out.shape[3]
-    for nc in prange(n_n * c_n):
+    for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
         for oh in range(oh_n):
             for ow in range(ow_n):
@@ -28,15 +31,15 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl):
                 out[n, c, oh, ow] = m
 
 
-@njit(nogil=True, cache=True, parallel=True)
-def avg_pool(x, out, kh, kw, sh, sw, pt, pl, pb, pr, count_include_pad, divisor):
+@njit(nogil=True, cache=True)
+def avg_pool(x, out, kh, kw, sh, sw, pt, pl, pb, pr, count_include_pad, divisor, lo, hi):
     """torch avg_pool2d: the padded window is clipped to the pads, then to the input for the sum.
 
     divisor > 0 overrides; otherwise the window size within the pads (count_include_pad) or within the input.
     """
-    n_n, c_n, h_n, w_n = x.shape
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     oh_n, ow_n = out.shape[2], out.shape[3]
-    for nc in prange(n_n * c_n):
+    for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
         for oh in range(oh_n):
             h0 = oh * sh - pt
@@ -61,12 +64,12 @@ def avg_pool(x, out, kh, kw, sh, sw, pt, pl, pb, pr, count_include_pad, divisor)
                 out[n, c, oh, ow] = s / d
 
 
-@njit(nogil=True, cache=True, parallel=True)
-def adaptive_pool(x, out, is_max):
+@njit(nogil=True, cache=True)
+def adaptive_pool(x, out, is_max, lo, hi):
     """Bins [floor(i*in/out), ceil((i+1)*in/out)) per axis, averaged or maxed."""
-    n_n, c_n, h_n, w_n = x.shape
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     oh_n, ow_n = out.shape[2], out.shape[3]
-    for nc in prange(n_n * c_n):
+    for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
         for oh in range(oh_n):
             h0 = (oh * h_n) // oh_n

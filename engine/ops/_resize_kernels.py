@@ -6,15 +6,15 @@ Nearest uses one tap of weight 1, bilinear two, bicubic four; the taps come from
 
 from __future__ import annotations
 
-from numba import njit, prange
+from numba import njit
 
 
-@njit(nogil=True, cache=True, parallel=True)
-def separable(x, out, iy, wy, ix, wx):
-    n_n, c_n = x.shape[0], x.shape[1]
+@njit(nogil=True, cache=True)
+def separable(x, out, iy, wy, ix, wx, lo, hi):
+    c_n = x.shape[1]
     oh_n, ow_n = out.shape[2], out.shape[3]
     ty, tx = iy.shape[1], ix.shape[1]
-    for nc in prange(n_n * c_n):
+    for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
         for oh in range(oh_n):
             for ow in range(ow_n):

@@ -16,6 +16,7 @@ from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops import _pool_kernels as PK
 from engine.ops._spatial import auto_pads, check_rank, out_size, pair
+from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
 
 
@@ -167,7 +168,9 @@ def build_maxpool(node: Node, ins: list[TensorInfo]) -> Kernel:
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
         g = pool_geom(node, x.shape)
-        PK.max_pool(x, outputs[0], *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1])
+        out = outputs[0]
+        parallel_for(PK.max_pool, g.n * g.c, out.size * g.kernel[0] * g.kernel[1], x, out, *g.kernel, *g.stride,
+                     *g.dilation, g.pads[0], g.pads[1])
     return run
 
 
@@ -180,7 +183,9 @@ def build_avgpool(node: Node, ins: list[TensorInfo]) -> Kernel:
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
         g = pool_geom(node, x.shape)
-        PK.avg_pool(x, outputs[0], *g.kernel, *g.stride, *g.pads, include, divisor)
+        out = outputs[0]
+        parallel_for(PK.avg_pool, g.n * g.c, out.size * g.kernel[0] * g.kernel[1], x, out, *g.kernel, *g.stride,
+                     *g.pads, include, divisor)
     return run
 
 
@@ -204,7 +209,8 @@ def build_adaptive(node: Node, ins: list[TensorInfo]) -> Kernel:
     is_max = node.op_type == "AdaptiveMaxPool"
 
     def run(inputs, outputs, workspace):
-        PK.adaptive_pool(np.ascontiguousarray(inputs[0]), outputs[0], is_max)
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        parallel_for(PK.adaptive_pool, x.shape[0] * x.shape[1], x.size, x, out, is_max)
     return run
 
 

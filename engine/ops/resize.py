@@ -16,6 +16,7 @@ import numpy as np
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops import _resize_kernels as RK
+from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
 
 _MODES = {"nearest": "nearest", "bilinear": "bilinear", "linear": "bilinear", "bicubic": "bicubic",
@@ -153,7 +154,8 @@ def build_resize(node: Node, ins: list[TensorInfo]) -> Kernel:
             t = cache[key] = (*taps(node, 0, x.shape[2], out.shape[2], has),
                               *taps(node, 1, x.shape[3], out.shape[3], has))
         if x.dtype == np.float32:
-            RK.separable(x, out, *t)
+            work = out.size * t[0].shape[1] * t[2].shape[1]
+            parallel_for(RK.separable, x.shape[0] * x.shape[1], work, x, out, *t)
         else:
             np.copyto(out, resize_reference(node, list(inputs))[0])
     return run

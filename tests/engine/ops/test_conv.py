@@ -197,3 +197,25 @@ def test_kernel_refuses_an_input_beyond_its_workspace():
     x = rand(1, 3, 30, 30)
     with pytest.raises(KernelError, match="workspace"):
         fn([x], [np.empty((1, 4, 30, 30), np.float32)], ws)
+
+
+@pytest.fixture
+def split_everything(monkeypatch):
+    """Every kernel call is split over 3 threads, whatever its size."""
+    from engine.ops import _threads
+    before = _threads.get_threads()
+    monkeypatch.setattr(_threads, "MIN_WORK", 0)
+    _threads.set_threads(3)
+    yield
+    _threads.set_threads(before)
+
+
+@pytest.mark.parametrize("name", ["gemm_groups_relu", "im2col_groups_dil", "depthwise_s2", "im2col_reflect"])
+def test_kernels_split_over_threads(split_everything, name):
+    cfg = dict(KERNEL_CONFIGS[name])
+    c, o = cfg.pop("c"), cfg.pop("o")
+    node = conv_node(c, o, cfg.pop("k", (3, 3)), **cfg)
+    check_kernel(node, [rand(2, c, 9, 8)], rtol=1e-4, atol=1e-5)
+    tnode = make_node("ConvTranspose", 1, params={"stride": [2, 2], "groups": 2},
+                      attrs={"weight": rand(4, 3, 3, 3), "bias": rand(6)})
+    check_kernel(tnode, [rand(2, 4, 5, 4)], rtol=1e-4, atol=1e-5)

@@ -99,3 +99,15 @@ def test_errors_name_the_node(op, params, shape, match):
     with pytest.raises(ShapeError, match=match) as err:
         infer(make_node(op, 1, params=params), [np.zeros(shape, np.float32)])
     assert "test:1" in str(err.value)
+
+
+@pytest.mark.parametrize("op,params", CONFIGS, ids=lambda v: v if isinstance(v, str) else "")
+def test_kernels_split_over_threads(monkeypatch, op, params):
+    from engine.ops import _threads
+    before = _threads.get_threads()
+    monkeypatch.setattr(_threads, "MIN_WORK", 0)
+    _threads.set_threads(3)
+    try:
+        check_kernel(make_node(op, 1, params=params), [rand(2, 5, 9, 8)])
+    finally:
+        _threads.set_threads(before)
