@@ -57,7 +57,8 @@ def add_engine_commands(subparsers) -> None:
     p.add_argument("--to", choices=["tnn"], required=True)
     p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.tnnproto and PREFIX.tnnmodel")
     p.add_argument("--fp16", action="store_true", help="store weights as float16")
-    p.add_argument("--tnn-version", type=int, choices=[1, 2], default=1)
+    p.add_argument("--tnn-version", type=int, choices=[1, 2], default=None,
+                   help="TNN proto version to write (default: the writer's)")
     p.set_defaults(func=_guarded(cmd_convert))
 
 
@@ -134,7 +135,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         from engine.formats.tnn_writer import write_tnn
     except ImportError as e:
         raise EngineError(f"TNN writer is not available: {e}") from None
-    written = write_tnn(model.graph, args.output, version=args.tnn_version, fp16=args.fp16)
+    options = {"fp16": args.fp16} if args.tnn_version is None else {"fp16": args.fp16, "version": args.tnn_version}
+    written = write_tnn(model.graph, args.output, **options)
     for path in written or []:
         print(f"wrote {path}")
     return 0
