@@ -96,7 +96,8 @@ class Ctx:
         return None if info is None else info.value
 
     def const(self, data, suffix: str = "const") -> Value:
-        return self.graph.const(np.ascontiguousarray(data), name=f"{self.node.name}/{suffix}")
+        data = np.asarray(data)  # (np.ascontiguousarray would turn a 0-d index into a 1-d one)
+        return self.graph.const(data if data.flags.c_contiguous else data.copy(), name=f"{self.node.name}/{suffix}")
 
     def emit(self, op: str, inputs: list[Value], params: dict | None = None, attrs: dict | None = None,
              outputs: list[Value] | int = 1) -> list[Value]:

@@ -12,6 +12,22 @@ INT_MAX = 2**31 - 1
 
 
 # -- element-wise with a stored constant ------------------------------------------------------------------------
+def place_element(n: int, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Where a v1 constant of n elements (no dims stored) goes against an input of `shape`, as TNN reads it."""
+    rank = len(shape)
+    if n == 1:
+        return ()
+    if rank >= 2 and n == shape[1]:  # TNN's per-channel constant
+        return (1, n) + (1,) * (rank - 2)
+    if n == int(np.prod(shape)):
+        return tuple(shape)
+    if rank >= 3 and n == int(np.prod(shape[2:])):
+        return (1, 1) + tuple(shape[2:])
+    if rank and n == shape[-1]:
+        return (n,)
+    return None
+
+
 def _element_const(c: Ctx, element: np.ndarray, x) -> np.ndarray:
     """The stored constant operand, shaped to broadcast the way TNN does."""
     dims = c.node.params.get("resource_dims", {}).get("element")
@@ -20,19 +36,12 @@ def _element_const(c: Ctx, element: np.ndarray, x) -> np.ndarray:
     if dims:  # v2 stores the ONNX dims: numpy broadcasting applies as is
         return element.reshape(dims)
     shape = c.shape(x)
-    n = element.size
     if shape is None:
-        c.fail(f"cannot place a {n}-element constant without knowing the input shape")
-    rank = len(shape)
-    if rank >= 2 and n == shape[1]:  # TNN's per-channel constant
-        return element.reshape((1, n) + (1,) * (rank - 2))
-    if n == int(np.prod(shape)):
-        return element.reshape(shape)
-    if rank >= 3 and n == int(np.prod(shape[2:])):
-        return element.reshape((1, 1) + tuple(shape[2:]))
-    if n == shape[-1]:
-        return element.reshape(-1)
-    c.fail(f"a {n}-element constant does not broadcast against input shape {shape}")
+        c.fail(f"cannot place a {element.size}-element constant without knowing the input shape")
+    placed = place_element(element.size, shape)
+    if placed is None:
+        c.fail(f"a {element.size}-element constant does not broadcast against input shape {shape}")
+    return element.reshape(placed)
 
 
 def _operands(c: Ctx) -> list:
@@ -90,9 +99,14 @@ def lower_inner_product(c: Ctx) -> None:
 def lower_matmul(c: Ctx) -> None:
     ins = list(c.inputs)
     if len(ins) == 1:
-        w = c.attr("weight")
+        w, pos = c.attr("weight"), c.i(0, 1)
+        if not c.node.params.get("resource_dims", {}).get("weight"):  # v1: only the count is stored
+            shape = c.shape(ins[0])
+            if shape is None or len(shape) < 2:
+                c.fail("cannot shape a v1 MatMul weight without the input shape")
+            w = w.reshape(shape[-1], -1) if pos == 1 else w.reshape(-1, shape[-2])
         const = c.const(np.ascontiguousarray(w, dtype=F32), "weight")
-        ins = [const, ins[0]] if c.i(0, 1) == 0 else [ins[0], const]
+        ins = [const, ins[0]] if pos == 0 else [ins[0], const]
     c.out("MatMul", ins[:2])
 
 
