@@ -104,6 +104,17 @@ def test_dynamic_dim_needs_max_shapes():
         make(tile_sum_graph(), {"x": (1, 255)})
 
 
+def test_value_growing_below_the_max_shape_is_an_arena_overflow():
+    g = Graph()
+    x = g.value("x", (-1,), np.float32)
+    g.inputs = [x]
+    g.outputs = [g.add_node("T_Shrinking", [x], name="odd", source="toy.param:3").outputs[0]]
+    inst = make(g, {"x": (8,)})
+    assert inst.run({"x": np.ones(8, np.float32)})[g.outputs[0].name].shape == (8,)
+    with pytest.raises(ArenaOverflowError, match=r"toy.param:3: value .* of shape \(16,\) needs 64 bytes"):
+        inst.run({"x": np.ones(4, np.float32)})
+
+
 def test_kernel_error_names_node_and_op():
     g = Graph()
     x = g.value("x", (2,), np.float32)

@@ -79,7 +79,13 @@ def _scratch_kernel(node, ins):
     return run
 
 
+def _shrinking_infer(node, ins):
+    """Not monotone: the output grows as the input shrinks (what the bind-time check must catch)."""
+    return [TensorInfo((64 // ins[0].shape[0],), ins[0].dtype)]
+
+
 TOY_OPS = [
+    OpDef("T_Shrinking", _shrinking_infer, lambda n, a: [np.zeros(64 // a[0].shape[0], a[0].dtype)]),
     OpDef("T_Double", _same, lambda n, a: [a[0] * 2], kernel=_double_kernel, inplace=True),
     OpDef("T_Neg", _same, lambda n, a: [-a[0]], inplace=True),  # no kernel: reference fallback
     OpDef("T_Tile4", _tile4_infer, lambda n, a: [np.concatenate([a[0]] * 4, axis=-1)], kernel=_tile4_kernel),
