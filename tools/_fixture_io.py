@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ def export_pnnx(
     work.mkdir(parents=True, exist_ok=True)
     for old in work.glob(f"{stem}*"):
         old.unlink()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.trace's deprecation notice, once per model
         traced = torch.jit.trace(model, tuple(inputs))
     traced.save(str(work / f"{stem}.pt"))
     args = [pnnx_executable(), f"{stem}.pt", "inputshape=" + shape_arg(inputs)]
@@ -87,7 +89,8 @@ def run_pnnx_python(py_path: Path, inputs: list[torch.Tensor]) -> list[torch.Ten
         net = module.Model().float().eval()
     finally:
         os.chdir(cwd)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the generated code calls the deprecated F.upsample
         return flatten_outputs(net(*inputs))
 
 
