@@ -90,3 +90,18 @@ def test_user_errors_are_one_line_and_exit_2(model, tmp_path):
         assert r.stderr.startswith("error: ") and message in r.stderr and "Traceback" not in r.stderr
     r = cli("run", model, "--max-shape", "in0=axb")
     assert r.returncode == 2 and "NAME=DxDx...D" in r.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--fp16", "--tnn-version", "1"]], ids=["v2_fp32", "v1_fp16"])
+def test_convert_to_tnn_then_run_the_converted_model(model, tmp_path, extra):
+    r = cli("convert", model, "--to", "tnn", "--output", tmp_path / "conv", *extra)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "conv.tnnproto").exists() and (tmp_path / "conv.tnnmodel").exists()
+    import engine
+
+    converted = engine.load(tmp_path / "conv.tnnproto")
+    (spec,) = converted.inputs
+    x = rng.standard_normal(spec.shape).astype(np.float32)  # TNN protos hold fixed shapes
+    (y,) = converted.instance().run({spec.name: x}).values()
+    tol = 2e-3 if extra else 1e-5  # fp16 weights
+    np.testing.assert_allclose(y.reshape(x.shape[0], 3), np.maximum(x @ W.T + B, 0), rtol=tol, atol=tol)
