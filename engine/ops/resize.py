@@ -3,8 +3,8 @@
 Resize follows torch's CPU `F.interpolate` to the bit where it can: source coordinates are computed in float32
 as torch does, nearest is floor(dst * scale) (with torch's same-size and 2x shortcuts), bilinear clamps a
 negative half-pixel source to 0, bicubic uses A = -0.75 with clamped taps. The scale is in/out, or
-1/scale_factor when only a scale is given. `coordinate="tnn"` reproduces TNN's CPU Upsample: the scale is
-always in/out, and a non-align-corners output of size 1 uses scale 0.
+1/scale_factor when only a scale is given. `coordinate="tnn"` reproduces TNN's CPU Upsample: the output size is
+round(in * scale), the coordinate scale is always in/out, and a non-align-corners output of size 1 uses scale 0.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _pair_or_none(node: Node, key: str):
 
 
 def resize_size(node: Node, shape, size_value=None) -> tuple[int, int]:
-    """(oh, ow): the size input, else the size param, else floor(in * scale)."""
+    """(oh, ow): the size input, else the size param, else in * scale (floored; rounded for TNN)."""
     if len(shape) != 4:
         raise ShapeError(f"{node.where()}: Resize expects an NCHW input, got shape {tuple(shape)}")
     if size_value is not None:
@@ -47,7 +47,10 @@ def resize_size(node: Node, shape, size_value=None) -> tuple[int, int]:
     elif _pair_or_none(node, "size") is not None:
         size = tuple(int(s) for s in _pair_or_none(node, "size"))
     elif _pair_or_none(node, "scale") is not None:
-        size = tuple(math.floor(n * float(s)) for n, s in zip(shape[2:], _pair_or_none(node, "scale"), strict=True))
+        # torch floors in * scale; TNN's Upsample rounds it (half away from zero).
+        bias = 0.5 if node.params.get("coordinate", "torch") == "tnn" else 0.0
+        scales = _pair_or_none(node, "scale")
+        size = tuple(math.floor(n * float(s) + bias) for n, s in zip(shape[2:], scales, strict=True))
     else:
         raise ShapeError(f"{node.where()}: Resize has neither a size nor a scale")
     if len(size) != 2 or min(size) <= 0:

@@ -106,11 +106,12 @@ def test_tnn_coordinate_matches_tnn_loops(mode, align, size):
     check_kernel(node, [x])
 
 
-def test_tnn_coordinate_ignores_the_scale_param():
+def test_tnn_coordinate_rounds_the_size_and_ignores_the_scale_for_coordinates():
     x = rand(1, 1, 3, 5)
-    node = make_node("Resize", 1, params={"mode": "nearest", "scale": [1.3, 1.7], "coordinate": "tnn"})
+    node = make_node("Resize", 1, params={"mode": "nearest", "scale": [1.5, 1.7], "coordinate": "tnn"})
     y = reference(node, [x])[0]
-    np.testing.assert_array_equal(y, tnn_upsample(x, 3, 8, "nearest", False).astype(np.float32))
+    assert y.shape == (1, 1, 5, 9)  # round(4.5) = 5, round(8.5) = 9; torch would floor to (4, 8)
+    np.testing.assert_array_equal(y, tnn_upsample(x, 5, 9, "nearest", False).astype(np.float32))
 
 
 @pytest.mark.parametrize("op,params,shape", [("PixelShuffle", {"upscale": 2}, (2, 8, 3, 5)),
