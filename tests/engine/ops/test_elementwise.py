@@ -66,11 +66,21 @@ def test_binary_kernel_mixed_dtypes(op):
         check_kernel(node, [ints, np.array(2.5, np.float32)])
 
 
-def test_binary_kernel_below_max_shape():
-    node = make_node("Add", 2)
-    big = [np.zeros((4, 8, 8), np.float32), np.zeros((8, 1), np.float32)]
-    small = [RNG.standard_normal((2, 3, 5)).astype(np.float32), RNG.standard_normal((3, 1)).astype(np.float32)]
+@pytest.mark.parametrize("op", sorted(elementwise.BINARY))
+def test_binary_kernel_below_max_shape(op):
+    node = make_node(op, 2)
+    big = [np.ones((4, 8, 8), np.float32), np.ones((8, 1), np.float32)]
+    small = [np.abs(RNG.standard_normal((2, 3, 5))).astype(np.float32) + 0.1,
+             RNG.standard_normal((3, 1)).astype(np.float32) + 2]
+    if op in ("And", "Or", "Xor"):
+        big, small = [b > 0 for b in big], [s > 1 for s in small]
     check_kernel(node, small, big)
+    check_kernel(node, small, big, inplace=True)
+
+
+@pytest.mark.parametrize("op", sorted(elementwise.UNARY))
+def test_unary_kernel_below_max_shape(op):
+    check_kernel(make_node(op, 1), [_unary_input(op, (2, 3))], [_unary_input(op, (5, 4))])
 
 
 def test_where_kernel_broadcasts():
@@ -78,6 +88,8 @@ def test_where_kernel_broadcasts():
     cond = RNG.random((3, 1)) > 0.5
     check_kernel(node, [cond, RNG.standard_normal((2, 3, 4)).astype(np.float32), np.array(0.0, np.float32)])
     check_kernel(node, [cond.astype(np.int64), np.arange(4, dtype=np.int64), np.array(-1, np.int64)])
+    big = [np.ones((4, 1), bool), np.ones((3, 4, 6), np.float32), np.ones((), np.float32)]
+    check_kernel(node, [cond, RNG.standard_normal((2, 3, 4)).astype(np.float32), np.array(0.0, np.float32)], big)
 
 
 @pytest.mark.parametrize("op", sorted(elementwise.UNARY))

@@ -74,6 +74,7 @@ def test_lpnormalize_kernel(p, axis):
     x[0, :, 0] = 0.0
     node = make_node("LpNormalize", 1, params={"axis": axis, "p": p, "eps": 1e-12})
     check_kernel(node, [x])
+    check_kernel(node, [x[:2, 1:, :3].copy()], [x])
 
 
 def test_infer_keeps_shape_and_float_dtype():

@@ -68,6 +68,11 @@ def test_shape_is_always_a_host_value():
     np.testing.assert_array_equal(info.value, [3, 4])
 
 
+def test_shape_kernel_reports_the_actual_shape():
+    node = make_node("Shape", 1, params={"start": 1, "end": None})
+    check_kernel(node, [np.zeros((2, 3, 4), np.float32)], [np.zeros((2, 5, 6), np.float32)])
+
+
 def test_shape_arithmetic_propagates_values():
     x = np.zeros((2, 3, 4, 5), np.float32)
     (shape,) = infer(make_node("Shape", 1), [x])
