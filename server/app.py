@@ -39,8 +39,12 @@ class _Uvicorn(uvicorn.Server):
 
 
 def bind(address: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    # proto must say TCP: asyncio only sets TCP_NODELAY on accepted sockets whose proto is IPPROTO_TCP, and
+    # without it every response (headers, then body) waits ~40 ms for the client's delayed ACK.
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((address, port))
     sock.listen(2048)
     sock.setblocking(False)
