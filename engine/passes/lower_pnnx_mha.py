@@ -31,8 +31,13 @@ def _head_shape(batch: int, length: int, heads: int, dim: int) -> list[int]:
 def _inputs(ctx: Ctx) -> tuple[Value, Value, Value, Value | None]:
     if "key_padding_mask" in ctx.arg_names:
         raise ctx.unsupported("a key_padding_mask input")
-    mask = ctx.arg("attn_mask")
-    tensors = [v for v, n in zip(ctx.node.inputs, ctx.arg_names, strict=True) if n != "attn_mask"]
+    # pnnx sometimes lists the mask first and tags the wrong operand `$attn_mask` (seen with key = value and
+    # with masks built inside the model), so a lone bool or 2-D input is taken as the mask whatever the tag says;
+    # query, key and value are 3-D.
+    looks_like_mask = [v for v in ctx.node.inputs
+                       if v.dtype == np.bool_ or (v.shape is not None and len(v.shape) == 2)]
+    mask = looks_like_mask[0] if len(looks_like_mask) == 1 else ctx.arg("attn_mask")
+    tensors = [v for v in ctx.node.inputs if v is not mask]
     named = [ctx.arg(n) for n in ("query", "key", "value")]
     if all(v is not None for v in named):
         q, k, v = named

@@ -1,0 +1,136 @@
+"""Writes tests/fixtures/pnnx_lower/<case>/: tiny real pnnx exports of the constructs lower_pnnx has to map
+(MultiheadAttention variants, conv padding forms, slices/selects, splits, resize modes, reductions, ...), each
+with its inputs and PyTorch outputs.
+
+Run with the dev environment (torch + pnnx): `.venv-dev/bin/python tools/make_lower_pnnx_fixtures.py`.
+Each case folder holds model.pnnx.param, model.pnnx.bin and io.npz (in0.., out0..).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "pnnx_lower"
+PNNX = Path(sys.executable).parent / "pnnx"
+
+
+class MhaSelf(nn.Module):  # sequence-first, q = k = v: one input, packed in_proj
+    def __init__(self):
+        super().__init__()
+        self.m = nn.MultiheadAttention(16, 4)
+
+    def forward(self, x):
+        return self.m(x, x, x, need_weights=False)[0]
+
+
+class MhaCross(nn.Module):  # batch-first, kdim/vdim: separate projection weights, float mask input
+    def __init__(self):
+        super().__init__()
+        self.m = nn.MultiheadAttention(16, 4, kdim=8, vdim=12, batch_first=True)
+
+    def forward(self, q, k, v, mask):
+        return self.m(q, k, v, attn_mask=mask, need_weights=False)[0]
+
+
+class MhaKV(nn.Module):  # sequence-first, key = value, bool mask input
+    def __init__(self):
+        super().__init__()
+        self.m = nn.MultiheadAttention(8, 2)
+
+    def forward(self, q, kv, mask):
+        return self.m(q, kv, kv, attn_mask=mask, need_weights=False)[0]
+
+
+class Convs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.same = nn.Conv2d(3, 4, (4, 3), padding="same", dilation=(2, 1))
+        self.refl = nn.Conv2d(4, 4, 3, padding=2, padding_mode="replicate", groups=2, bias=False)
+        self.c1 = nn.Conv1d(4, 6, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x):
+        y = self.refl(F.hardtanh(self.same(x), -0.5, 0.5))
+        z = self.c1(y.flatten(2))
+        return self.up(F.mish(y)), F.softplus(z, beta=2.0)
+
+
+class Cuts(nn.Module):
+    def forward(self, x):
+        a = x[:, 1, 2:5]  # slice with a select
+        b = x[..., ::2].select(2, -1)
+        c0, c1, c2 = torch.split(x, 3, dim=1)
+        d = torch.chunk(x, 3, dim=3)
+        m, i = torch.max(x, dim=1, keepdim=True)
+        e = torch.cat([c0 * 2, c2], 1).repeat(1, 1, 2, 1)
+        return a, b, c1 + d[2].sum(), m * i.float(), e, torch.argmax(x, dim=-1)
+
+
+class Resizes(nn.Module):
+    def forward(self, x):
+        a = F.interpolate(x, scale_factor=2, mode="nearest")
+        b = F.interpolate(x, size=(5, 7), mode="bicubic", align_corners=False)
+        c = F.interpolate(x, scale_factor=(1.5, 2.0), mode="bilinear", align_corners=False)
+        d = F.pixel_shuffle(torch.cat([x, x], 1), 2)
+        return a, b, c, F.pad(d, (1, 0, 2, 1), mode="replicate")
+
+
+CASES = {
+    "mha_self": (MhaSelf(), [(5, 2, 16)]),
+    "mha_cross": (MhaCross(), [(2, 5, 16), (2, 7, 8), (2, 7, 12), (5, 7)]),
+    "mha_kv_boolmask": (MhaKV(), [(4, 3, 8), (6, 3, 8), "bool(4,6)"]),
+    "convs": (Convs(), [(1, 3, 9, 10)]),
+    "cuts": (Cuts(), [(2, 9, 6, 8)]),
+    "resizes": (Resizes(), [(1, 2, 4, 6)]),
+}
+
+
+def make_input(spec, rng) -> np.ndarray:
+    if isinstance(spec, str):  # a bool mask that never masks a whole row
+        shape = tuple(int(s) for s in spec[5:-1].split(","))
+        m = rng.random(shape) > 0.6
+        m[..., 0] = False
+        return m
+    return rng.standard_normal(spec).astype(np.float32)
+
+
+def export(name: str, model: nn.Module, specs: list, rng) -> None:
+    model.eval()
+    xs = [make_input(s, rng) for s in specs]
+    ts = tuple(torch.from_numpy(x) for x in xs)
+    with torch.no_grad():
+        outs = model(*ts)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    with tempfile.TemporaryDirectory() as tmp:
+        pt = Path(tmp) / "model.pt"
+        torch.jit.trace(model, ts).save(str(pt))
+        shapes = ",".join("[" + ",".join(map(str, x.shape)) + "]" + ("bool" if x.dtype == bool else "f32")
+                          for x in xs)
+        subprocess.run([str(PNNX), str(pt), f"inputshape={shapes}"], cwd=tmp, check=True, capture_output=True)
+        dst = OUT / name
+        dst.mkdir(parents=True, exist_ok=True)
+        for suffix in (".pnnx.param", ".pnnx.bin"):
+            shutil.copy(Path(tmp) / f"model{suffix}", dst / f"model{suffix}")
+    io = {f"in{i}": x for i, x in enumerate(xs)} | {f"out{i}": o.numpy() for i, o in enumerate(outs)}
+    np.savez_compressed(OUT / name / "io.npz", **io)
+    print(name, [o.shape for o in outs])
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    rng = np.random.default_rng(20261122)
+    for name, (model, specs) in CASES.items():
+        export(name, model, specs, rng)
+
+
+if __name__ == "__main__":
+    main()
