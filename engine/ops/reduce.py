@@ -78,14 +78,29 @@ def _reduce_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _reduce_kernel(node: Node, ins: list[TensorInfo]):
-    fast = _FAST.get(node.op_type)
-    if fast is None or np.dtype(ins[0].dtype) != _out_dtype(node, ins[0].dtype):
-        return reference_kernel(node, _reduce_reference)  # rare reductions: a reduced-size result, then a copy
+    op = node.op_type
+    if np.dtype(ins[0].dtype) != _out_dtype(node, ins[0].dtype) or op in ("ReduceL1", "ReduceLogSumExp"):
+        return reference_kernel(node, _reduce_reference)  # rare: a reduced-size result, then a copy
     keepdims = bool(node.params.get("keepdims", False))
+    fast = _FAST.get(op)
 
     def run(inputs, outputs, workspace):
-        x = inputs[0]
-        fast(x, axis=_axes(node, x.ndim), out=outputs[0], keepdims=keepdims)
+        x, out = inputs[0], outputs[0]
+        axes = _axes(node, x.ndim)
+        if fast is not None:
+            fast(x, axis=axes, out=out, keepdims=keepdims)
+            return
+        if op == "ReduceLogSum":
+            np.sum(x, axis=axes, out=out, keepdims=keepdims)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                np.log(out, out=out)
+            return
+        # sum of squares as an einsum of x with itself: no squared copy of x
+        letters = "abcdefghijklmnopqrstuvwxyz"[:x.ndim]
+        kept = "".join(c for i, c in enumerate(letters) if i not in axes)
+        np.einsum(f"{letters},{letters}->{kept}", x, x, out=out.reshape(_out_shape(x.shape, axes, False)))
+        if op == "ReduceL2":
+            np.sqrt(out, out=out)
     return run
 
 

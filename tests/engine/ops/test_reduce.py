@@ -85,7 +85,9 @@ def test_errors_name_the_node():
 
 
 @pytest.mark.parametrize("op,params", [("ReduceMean", {"axes": [2, 3], "keepdims": True}),
-                                       ("ReduceMax", {"axes": [1]}), ("ArgMax", {"axis": 1})])
+                                       ("ReduceMax", {"axes": [1]}), ("ArgMax", {"axis": 1}),
+                                       ("ReduceL2", {"axes": [1, 3], "keepdims": True}),
+                                       ("ReduceSumSquare", {"axes": None}), ("ReduceLogSum", {"axes": [-1]})])
 def test_kernel_allocates_no_temporaries(op, params):
     x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)
     assert kernel_peak_bytes(make_node(op, 1, params=params), [x]) < 64 * 1024
