@@ -84,13 +84,13 @@ class _Epilogue:
         self.name, self.params = node.params.get("activation"), node.params.get("activation_params")
         code = K.act_code(self.name, self.params)
         self.late = code is None  # run through apply_activation after the fused pass
-        c, lo, hi, alpha = code or (K.ACT_NONE, 0.0, 0.0, 0.0)
-        self.code, self.lo, self.hi, self.alpha = c, np.float32(lo), np.float32(hi), np.float32(alpha)
+        c, p0, p1, p2 = code or (K.ACT_NONE, 0.0, 0.0, 0.0)
+        self.code, self.p = c, (np.float32(p0), np.float32(p1), np.float32(p2))
 
     def __call__(self, y2: np.ndarray, z2: np.ndarray | None) -> None:
         has_z = z2 is not None
         parallel_for(K.epilogue, y2.shape[0], y2.size, y2, self.bias, z2 if has_z else _DUMMY2, has_z, self.code,
-                     self.lo, self.hi, self.alpha)
+                     *self.p)
         if self.late:
             apply_activation(self.name, self.params, y2)
 
@@ -174,8 +174,7 @@ def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
         geo = geom(x.shape)
         (sh, sw), (dh, dw), (pt, pl) = geo.stride, geo.dilation, geo.pads[:2]
         parallel_for(K.depthwise, geo.n * geo.c, out.size * geo.kh * geo.kw, x, wd, epi.bias,
-                     _DUMMY4 if z is None else z, z is not None, out, sh, sw, dh, dw, pt, pl, code, epi.lo, epi.hi,
-                     epi.alpha)
+                     _DUMMY4 if z is None else z, z is not None, out, sh, sw, dh, dw, pt, pl, code, *epi.p)
         if epi.late:
             apply_activation(epi.name, epi.params, out)
     return run

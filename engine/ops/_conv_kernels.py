@@ -6,17 +6,19 @@ split them over threads. They take one image (no batch axis) unless said otherwi
 and loop without slicing copies.
 
 Pad modes are small ints: 0 zeros, 1 reflect, 2 replicate, 3 circular (the Conv `pad_mode` param).
-Activation codes for the epilogue: 0 none, 1 relu, 2 clip(lo, hi) (relu6 = clip(0, 6)), 3 leaky_relu(alpha);
-anything else runs after the kernel through engine.ops._epilogue.apply_activation.
+Every activation of SPEC.md's fused epilogue has a code (ACT_CODES) and up to three params p0..p2 (act_code),
+so bias, residual and activation take one pass over the output with no temporaries.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
 
 PAD_MODES = {"zeros": 0, "constant": 0, "reflect": 1, "replicate": 2, "edge": 2, "circular": 3}
-ACT_NONE, ACT_RELU, ACT_CLIP, ACT_LEAKY = 0, 1, 2, 3
+ACT_NONE = 0
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -104,7 +106,7 @@ def col2im_add(cols, out, h0, rows, w_n, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi)
 
 
 @njit(nogil=True, cache=True)
-def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, a_lo, a_hi, alpha, lo, hi):
+def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
     """Direct depthwise conv (groups == C == O) with bias, optional residual z and a simple activation fused.
 
     x (N, C, H, W), w (C, kh, kw), bias (C,), z like out or a dummy, out (N, C, OH, OW); zero padding.
@@ -138,46 +140,79 @@ def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, a_lo, a_hi
                 v = row[ow]
                 if has_z:
                     v += z[n, c, oh, ow]
-                row[ow] = _act(v, act, a_lo, a_hi, alpha)
+                row[ow] = _act(v, act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _act(v, act, lo, hi, alpha):
+def _act(v, act, p0, p1, p2):
+    """The fused activation `act` (see ACT_CODES) of one value; transcendental ones in float64."""
+    if act == 0:
+        return v
     if act == 1:
         return v if v > 0 else v * 0
     if act == 2:
-        return min(max(v, lo), hi)
+        return min(max(v, p0), p1)
     if act == 3:
-        return v if v >= 0 else v * alpha
-    return v
+        return v if v >= 0 else v * p2
+    x = np.float64(v)
+    if act == 4:
+        return 1.0 / (1.0 + math.exp(-x))
+    if act == 5:
+        return x / (1.0 + math.exp(-x))
+    if act == 6:
+        return min(max(x * p0 + p1, 0.0), 1.0)
+    if act == 7:
+        return x * min(max(x * p0 + p1, 0.0), 1.0)
+    if act == 8:
+        return math.tanh(x)
+    if act == 9:
+        return x if x > 0 else p2 * math.expm1(x)
+    if act == 10:
+        return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+    return 0.5 * x * (1.0 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
 
 
 @njit(nogil=True, cache=True)
-def epilogue(y, bias, z, has_z, act, a_lo, a_hi, alpha, lo, hi):
+def epilogue(y, bias, z, has_z, act, p0, p1, p2, lo, hi):
     """y[o, l] = act(y[o, l] + bias[o] (+ z[o, l])) in place for o in [lo, hi); y and z are (O, L) views."""
     l_n = y.shape[1]
     for o in range(lo, hi):
         b = bias[o]
         if has_z:
             for k in range(l_n):
-                y[o, k] = _act(y[o, k] + b + z[o, k], act, a_lo, a_hi, alpha)
+                y[o, k] = _act(y[o, k] + b + z[o, k], act, p0, p1, p2)
         else:
             for k in range(l_n):
-                y[o, k] = _act(y[o, k] + b, act, a_lo, a_hi, alpha)
+                y[o, k] = _act(y[o, k] + b, act, p0, p1, p2)
+
+
+@njit(nogil=True, cache=True)
+def epilogue_cols(y, bias, has_bias, act, p0, p1, p2, lo, hi):
+    """Gemm's epilogue: y[r, k] = act(y[r, k] + bias[k]) in place for rows r in [lo, hi)."""
+    n = y.shape[1]
+    for r in range(lo, hi):
+        for k in range(n):
+            v = y[r, k] + bias[k] if has_bias else y[r, k]
+            y[r, k] = _act(v, act, p0, p1, p2)
+
+
+ACT_CODES = {None: 0, "relu": 1, "relu6": 2, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "silu": 5, "hardsigmoid": 6,
+             "hardswish": 7, "tanh": 8, "elu": 9, "gelu": 10}
 
 
 def act_code(name: str | None, params: dict | None) -> tuple[int, float, float, float] | None:
-    """(code, lo, hi, alpha) for activations the numba kernels fuse, None for the others."""
+    """(code, p0, p1, p2) for the numba epilogues, None for an activation they do not know."""
     p = params or {}
-    if name is None:
-        return ACT_NONE, 0.0, 0.0, 0.0
-    if name == "relu":
-        return ACT_RELU, 0.0, 0.0, 0.0
+    if name not in ACT_CODES:
+        return None
+    code = ACT_CODES[name]
     if name == "relu6":
-        return ACT_CLIP, 0.0, 6.0, 0.0
+        return code, 0.0, 6.0, 0.0
     if name == "clip":
         lo, hi = p.get("min"), p.get("max")
-        return ACT_CLIP, -np.inf if lo is None else float(lo), np.inf if hi is None else float(hi), 0.0
-    if name == "leaky_relu":
-        return ACT_LEAKY, 0.0, 0.0, float(p.get("alpha", 0.01))
-    return None
+        return code, -np.inf if lo is None else float(lo), np.inf if hi is None else float(hi), 0.0
+    if name in ("hardsigmoid", "hardswish"):
+        return code, float(p.get("alpha", 1 / 6)), float(p.get("beta", 0.5)), 0.0
+    if name == "gelu" and p.get("approximate", "none") == "tanh":
+        return 11, 0.0, 0.0, 0.0
+    return code, 0.0, 0.0, float(p.get("alpha", 1.0 if name == "elu" else 0.01))

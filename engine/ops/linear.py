@@ -6,7 +6,9 @@ import numpy as np
 
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
+from engine.ops import _conv_kernels as K
 from engine.ops._epilogue import EPILOGUES, apply_activation
+from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
 
 
@@ -47,17 +49,22 @@ def build_gemm(node: Node, ins: list[TensorInfo]) -> Kernel:
     dtype = np.dtype(ins[0].dtype)
     wt = np.ascontiguousarray(w.T, dtype)  # (K, N): x @ wt reads both operands row-major
     bias = node.attrs.get("bias")
-    bias = None if bias is None else np.ascontiguousarray(bias, dtype).ravel()
+    has_bias = bias is not None
+    bias = np.ascontiguousarray(bias, dtype).ravel() if has_bias else np.zeros(1, dtype)
     act, params = node.params.get("activation"), node.params.get("activation_params")
+    code = K.act_code(act, params)
+    c, *p = code or (K.ACT_NONE, 0.0, 0.0, 0.0)
+    p = [dtype.type(v) for v in p]
     k, n = wt.shape
 
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
         out = outputs[0].reshape(-1, n)
         np.matmul(x.reshape(-1, k), wt, out=out)
-        if bias is not None:
-            np.add(out, bias, out=out)
-        apply_activation(act, params, out)
+        if has_bias or c:
+            parallel_for(K.epilogue_cols, out.shape[0], out.size, out, bias, has_bias, c, *p)
+        if code is None:
+            apply_activation(act, params, out)
     return run
 
 

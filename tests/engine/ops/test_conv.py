@@ -10,6 +10,7 @@ import pytest
 from engine.errors import KernelError, ShapeError, UnsupportedOpError
 from engine.ops import _conv_fast
 from engine.ops._conv_geom import conv_geom
+from engine.ops._epilogue import EPILOGUES
 from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
 from engine.ops.registry import TensorInfo, get_op
 
@@ -219,3 +220,18 @@ def test_kernels_split_over_threads(split_everything, name):
     tnode = make_node("ConvTranspose", 1, params={"stride": [2, 2], "groups": 2},
                       attrs={"weight": rand(4, 3, 3, 3), "bias": rand(6)})
     check_kernel(tnode, [rand(2, 4, 5, 4)], rtol=1e-4, atol=1e-5)
+
+
+ACT_PARAMS = {"leaky_relu": {"alpha": 0.2}, "clip": {"min": -0.5, "max": 1.5}, "elu": {"alpha": 0.7},
+              "hardsigmoid": {"alpha": 0.2, "beta": 0.4}, "gelu": {"approximate": "tanh"}}
+
+
+@pytest.mark.parametrize("act", sorted(EPILOGUES) + ["gelu_none"])
+@pytest.mark.parametrize("path", ["gemm", "depthwise", "im2col"])
+def test_every_fused_activation_in_every_path(act, path):
+    name, params = ("gelu", {"approximate": "none"}) if act == "gelu_none" else (act, ACT_PARAMS.get(act))
+    cfg = {"gemm": dict(k=(1, 1)), "depthwise": dict(groups=4, pads=(1, 1, 1, 1)), "im2col": dict(stride=(2, 1))}
+    node = conv_node(4, 4, residual=True, activation=name, activation_params=params, **cfg[path])
+    x = rand(1, 4, 6, 5) * 3
+    z = rand(*infer(node, [x])[0].shape)
+    check_kernel(node, [x, z], rtol=1e-4, atol=1e-5)

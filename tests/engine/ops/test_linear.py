@@ -95,3 +95,12 @@ def test_errors():
         infer(make_node("MatMul", 2), [rand(2, 3, 4), rand(3, 4, 2)])
     with pytest.raises(ShapeError, match="1-D"):
         infer(make_node("MatMul", 2), [np.float32(1.0), rand(3)])
+
+
+@pytest.mark.parametrize("act,params", [("sigmoid", None), ("silu", None), ("tanh", None), ("elu", {"alpha": 0.5}),
+                                        ("gelu", {"approximate": "none"}), ("gelu", {"approximate": "tanh"}),
+                                        ("hardsigmoid", None), ("relu6", None)])
+def test_gemm_every_fused_activation(act, params):
+    for bias in (True, False):
+        node = gemm_node(6, 5, bias=bias, activation=act, activation_params=params)
+        check_kernel(node, [rand(3, 6) * 3], rtol=1e-5, atol=1e-5)
