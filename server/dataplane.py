@@ -5,6 +5,7 @@ REST and gRPC handlers only convert wire formats and call these methods; every e
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -111,12 +112,12 @@ class DataPlane:
             feed, batch = validate_inputs(mv, req)
             wanted = requested_outputs(mv, req)
             result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us)
+        except asyncio.CancelledError:  # the client went away (gRPC deadline, HTTP disconnect): dropped
+            self._record_failure(mv, "CANCELED", time.perf_counter_ns() - t0)
+            raise
         except Exception as exc:
             err = as_server_error(exc, mv)
-            total = time.perf_counter_ns() - t0
-            mv.stats.record_failure(total)
-            if self.metrics:
-                self.metrics.request_failed(*labels, err.reason, total)
+            self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
             raise err from exc
         outputs = [OutputTensor(n, numpy_to_wire(a.dtype), list(a.shape), a) for n, a in result.outputs.items()
                    if n in wanted]
@@ -127,6 +128,11 @@ class DataPlane:
         if self.metrics:
             self.metrics.request_ok(*labels, **phases)
         return InferResponse(mv.name, mv.version, req.id, outputs)
+
+    def _record_failure(self, mv: ModelVersion, reason: str, total_ns: int) -> None:
+        mv.stats.record_failure(total_ns)
+        if self.metrics:
+            self.metrics.request_failed(mv.name, mv.version, reason, total_ns)
 
 
 def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:

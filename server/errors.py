@@ -87,6 +87,14 @@ class RequestTimeoutError(UnavailableError):
         super().__init__(message)
 
 
+class ClientDisconnectedError(ServerError):
+    """The client hung up before the answer; nobody reads this (Triton: CANCELLED)."""
+
+    http_status = 499
+    grpc_code = "CANCELLED"
+    reason = "CANCELED"
+
+
 class InferenceError(ServerError):
     """The engine failed while running a request that passed validation."""
 

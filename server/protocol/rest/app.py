@@ -4,18 +4,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server import settings
 from server.dataplane import DataPlane
-from server.errors import InvalidArgumentError, ServerError, UnavailableError
+from server.errors import ClientDisconnectedError, InvalidArgumentError, ServerError, UnavailableError
 from server.protocol import rest_codec
 
 JSON_TYPE = "application/json"
+DISCONNECT_POLL_SECS = 0.05
+T = TypeVar("T")
 
 
 def create_app(dp: DataPlane) -> FastAPI:
@@ -73,7 +78,7 @@ def _model_routes(app: FastAPI, dp: DataPlane) -> None:
         body = await request.body()
         header = request.headers.get(rest_codec.HEADER_LENGTH)
         req = rest_codec.decode_request(model, version, body, _int_header(header))
-        resp = await dp.infer(req)
+        resp = await _unless_disconnected(request, dp.infer(req))
         payload, json_len = rest_codec.encode_response(resp, req)
         if json_len is None:
             return Response(payload, media_type=JSON_TYPE)
@@ -82,6 +87,20 @@ def _model_routes(app: FastAPI, dp: DataPlane) -> None:
 
     for path in both("/infer"):
         app.add_api_route(path, infer, methods=["POST"])
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client hangs up meanwhile (so a queued request is dropped)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECS)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientDisconnectedError("client disconnected")
 
 
 def _int_header(value: str | None) -> int | None:
