@@ -102,6 +102,8 @@ def test_dynamic_dim_needs_max_shapes():
         make(tile_sum_graph(), {"nope": (1, 256)})
     with pytest.raises(ShapeError, match="fixed to 256"):
         make(tile_sum_graph(), {"x": (1, 255)})
+    with pytest.raises(ShapeError, match="has rank 3"):
+        make(tile_sum_graph(), {"x": (1, 1, 256)})
 
 
 def test_value_growing_below_the_max_shape_is_an_arena_overflow():
@@ -159,6 +161,8 @@ def test_timings_and_debug_trace(caplog, monkeypatch):
 def test_cuda_device_is_a_clean_error():
     with pytest.raises(EngineError, match="CUDA device support is not installed/available"):
         Model(tile_sum_graph(), "toy").instance(device="cuda", max_shapes={"x": (1, 256)})
+    with pytest.raises(EngineError, match="unknown device 'tpu'; supported devices: cpu, cuda"):
+        Model(tile_sum_graph(), "toy").instance(device="tpu", max_shapes={"x": (1, 256)})
 
 
 def test_one_thread_at_a_time():
