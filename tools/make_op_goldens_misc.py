@@ -1,7 +1,8 @@
 """Writes tests/fixtures/ops/misc.npz: PyTorch outputs for the activation, elementwise, softmax, reduce, norm,
-shape, tensor and attention ops on small awkward shapes (broadcasting, negative axes, keepdim, odd sizes).
+shape, tensor and attention ops on small awkward shapes (broadcasting, negative axes, keepdim, odd sizes), plus
+ONNX Runtime outputs where the semantics are ONNX's rather than torch's (Slice clamping, Reshape 0, Expand).
 
-Run with the dev environment (torch): `.venv-dev/bin/python tools/make_op_goldens_misc.py`.
+Run with the dev environment (torch, onnx, onnxruntime): `.venv-dev/bin/python tools/make_op_goldens_misc.py`.
 Each case `c` is stored as `c/op`, `c/params` (JSON), `c/in<i>`, `c/attr_<name>`, `c/out<i>`.
 """
 
@@ -260,9 +261,50 @@ def attention() -> None:
          {"scale": s8, "is_causal": True})
 
 
+def run_onnx(op_type: str, x: np.ndarray, consts: dict[str, np.ndarray], **attrs) -> np.ndarray:
+    """One ONNX node on `x` with `consts` as initializer inputs, run by ONNX Runtime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    elem = onnx.helper.np_dtype_to_tensor_dtype(x.dtype)
+    node = helper.make_node(op_type, ["x", *consts], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, list(x.shape))],
+                              [helper.make_tensor_value_info("y", elem, None)],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+def onnx_semantics() -> None:
+    w = randn(3, 6, 7)
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    slices = {
+        "ort_slice_neg_start_neg_step": ([-100], [0], [1], [-1]),
+        "ort_slice_big_start_neg_step": ([100], [-100], [2], [-2]),
+        "ort_slice_end_min_int": ([5, 2], [-2**63, 2**63 - 1], [1, -1], [-1, 3]),
+        "ort_slice_empty": ([4], [2], [1], [1]),
+        "ort_slice_two_axes": ([-2, 1], [2**31 - 1, -1], [0, 2], [1, 2]),
+    }
+    for name, (starts, ends, axes, steps) in slices.items():
+        y = run_onnx("Slice", w, {"starts": i64(*starts), "ends": i64(*ends), "axes": i64(*axes),
+                                  "steps": i64(*steps)})
+        case(name, "Slice", [w], [y], {"starts": starts, "ends": ends, "axes": axes, "steps": steps})
+    for target in ([0, -1], [3, 0, 7], [0, 0, -1, 1]):
+        y = run_onnx("Reshape", w, {"shape": i64(*target)})
+        case(f"ort_reshape_{'_'.join(map(str, target))}", "Reshape", [w], [y], {"shape": target})
+    e = randn(3, 1, 5)
+    for target in ([2, 1, 4, 1], [1, 7, 1], [5]):
+        y = run_onnx("Expand", e, {"shape": i64(*target)})
+        case(f"ort_expand_{'_'.join(map(str, target))}", "Expand", [e], [y], {"shape": target})
+    y = run_onnx("Gather", w, {"indices": i64(-1, 0, -7, 3)}, axis=2)
+    case("ort_gather_neg", "Gather", [w, i64(-1, 0, -7, 3)], [y], {"axis": 2})
+
+
 def main() -> None:
     torch.manual_seed(0)
-    for build in (activations, binaries, unaries, softmax_reduce, norms, shapes, tensors, attention):
+    for build in (activations, binaries, unaries, softmax_reduce, norms, shapes, tensors, attention, onnx_semantics):
         build()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT, **CASES)
