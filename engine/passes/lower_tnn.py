@@ -135,6 +135,7 @@ class _Lowering:
         self.int8: set[Value] = set()
         self._deq: dict[Value, Value] = {}
         self._q: dict[Value, Value] = {}
+        self._blob: dict[Value, str] = {}  # inserted int8 values -> the TNN blob whose scale they use
         for v in graph.inputs:
             if v.shape is not None and v.dtype is not None and all(d >= 0 for d in v.shape):
                 self.infos[v] = TensorInfo(tuple(v.shape), np.dtype(v.dtype))
@@ -163,7 +164,7 @@ class _Lowering:
 
     # -- int8 plumbing -------------------------------------------------------------------------------------------
     def blob_scale(self, v: Value, where: Node) -> np.ndarray:
-        name = v.name.removesuffix("__int8")
+        name = self._blob.get(v, v.name.removesuffix("__int8"))
         entry = self.scales.get(name)
         if entry is None or "scale" not in entry:
             raise ModelFormatError(self.graph.path, f"quantized layer {where.name!r} needs a blob scale for "
@@ -181,6 +182,7 @@ class _Lowering:
                                     attrs={"scale": self.blob_scale(v, node)})
             self.track(q)
             self._q[v] = q.outputs[0]
+            self._blob[q.outputs[0]] = self._blob.get(v, v.name)
             self.int8.add(q.outputs[0])
         return self._q[v]
 
@@ -192,6 +194,7 @@ class _Lowering:
                                     attrs={"scale": self.blob_scale(v, node)})
             self.track(d)
             self._deq[v] = d.outputs[0]
+            self._blob[d.outputs[0]] = self._blob.get(v, v.name)
         return self._deq[v]
 
     # -- driver ----------------------------------------------------------------------------------------------
