@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.errors import ShapeError
 from engine.ops import elementwise
@@ -163,3 +166,15 @@ def test_binary_kernel_allocates_no_temporaries(op, other):
 def test_unary_kernel_allocates_no_temporaries(op):
     x = np.abs(RNG.standard_normal((4, 16, 32, 32))).astype(np.float32)
     assert kernel_peak_bytes(make_node(op, 1), [x]) < 16 * 1024
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4, max_side=4),
+       op=st.sampled_from(["Add", "Sub", "Mul", "Div", "Maximum", "Mod", "GreaterEqual"]))
+def test_binary_broadcasting_property(shapes, op):
+    a = RNG.standard_normal(shapes.input_shapes[0]).astype(np.float32)
+    b = (RNG.standard_normal(shapes.input_shapes[1]) + 3).astype(np.float32)
+    node = make_node(op, 2)
+    (info,) = infer(node, [a, b])
+    assert info.shape == shapes.result_shape
+    check_kernel(node, [a, b])

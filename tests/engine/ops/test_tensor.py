@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.errors import ShapeError
 from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, reference
@@ -116,3 +119,27 @@ def test_errors_name_the_node():
 def test_kernel_allocates_no_temporaries(op, n_in, n_out, params):
     x = _x(4, 16, 32, 32)
     assert kernel_peak_bytes(make_node(op, n_in, n_out, params=params), [x] * n_in) < 16 * 1024
+
+
+_BOUND = st.one_of(st.integers(-9, 9), st.sampled_from([2**31 - 1, -2**31, 2**63 - 1, -2**63]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=6), data=st.data())
+def test_slice_property(shape, data):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    start, end = data.draw(_BOUND), data.draw(_BOUND)
+    step = data.draw(st.sampled_from([-3, -2, -1, 1, 2, 3]))
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    node = make_node("Slice", 1, params={"starts": [start], "ends": [end], "axes": [axis], "steps": [step]})
+    (info,) = infer(node, [x])
+    (y,) = reference(node, [x])
+    assert info.shape == y.shape
+    # every kept index lies inside the axis, in step order
+    dim = shape[axis]
+    idx = np.moveaxis(y, axis, 0).reshape(y.shape[axis], -1)[:, 0] if y.size else np.array([])
+    if y.size:
+        stride = int(np.prod(shape[axis % len(shape) + 1:]))
+        pos = (idx // stride) % dim
+        assert np.all((pos >= 0) & (pos < dim)) and np.all(np.diff(pos) == step)
+    check_kernel(node, [x])
