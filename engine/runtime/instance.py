@@ -16,13 +16,14 @@ from collections.abc import Mapping
 import numpy as np
 
 from engine.devices import get_device
-from engine.errors import ArenaOverflowError, EngineError, KernelError, ShapeError
+from engine.errors import EngineError, KernelError
 from engine.ir import Graph, Value
 from engine.memory.planner import MemoryPlan
 from engine.ops.registry import TensorInfo
 from engine.passes.infer_shapes import infer_infos
 from engine.runtime.bind import Bound, bind
 from engine.runtime.compile import compile_graph
+from engine.runtime.inputs import check_inputs, resolve_max_shapes
 
 log = logging.getLogger("engine.runtime")
 
@@ -152,62 +153,3 @@ def _debug_level() -> int:
     """ENGINE_DEBUG=1 traces every node, 2 also logs output stats (read per run, so it can be toggled live)."""
     value = os.environ.get("ENGINE_DEBUG", "")
     return int(value) if value.isdigit() else (1 if value else 0)
-
-
-def resolve_max_shapes(graph: Graph, max_shapes) -> dict[str, tuple[int, ...]]:
-    """Each input's max shape: the given one, else the file's; a dynamic dim without a max is an error."""
-    given = dict(max_shapes or {})
-    names = {v.name for v in graph.inputs}
-    unknown = sorted(set(given) - names)
-    if unknown:
-        raise EngineError(f"max_shapes names unknown inputs {unknown}; the model's inputs are {sorted(names)}")
-    return {v.name: _max_shape(v, given.get(v.name)) for v in graph.inputs}
-
-
-def _max_shape(v: Value, given) -> tuple[int, ...]:
-    file_shape = v.shape
-    if given is None:
-        if file_shape is None or any(d is None or d < 0 for d in file_shape):
-            raise EngineError(f"input {v.name!r} has dynamic shape {file_shape}; pass max_shapes="
-                              f"{{{v.name!r}: (...)}} to Model.instance (or --max-shape on the command line)")
-        return tuple(int(d) for d in file_shape)
-    shape = tuple(int(d) for d in given)
-    if file_shape is not None:
-        if len(shape) != len(file_shape):
-            raise ShapeError(f"max shape {shape} of input {v.name!r} has rank {len(shape)}, the model's "
-                             f"{file_shape} has rank {len(file_shape)}")
-        for i, (g, f) in enumerate(zip(shape, file_shape, strict=True)):
-            if f is not None and f >= 0 and g != f:
-                raise ShapeError(f"max shape of input {v.name!r}: dim {i} is fixed to {f} in the model, got {g}")
-    if any(d <= 0 for d in shape):
-        raise ShapeError(f"max shape {shape} of input {v.name!r} must be positive")
-    return shape
-
-
-def check_inputs(graph: Graph, max_shapes: dict[str, tuple[int, ...]], inputs) -> list[np.ndarray]:
-    """The request's arrays in graph-input order, after checking names, dtypes and shapes."""
-    names = [v.name for v in graph.inputs]
-    extra = sorted(set(inputs) - set(names))
-    missing = [n for n in names if n not in inputs]
-    if extra or missing:
-        raise EngineError(f"inputs do not match the model: unknown {extra}, missing {missing}; expected {names}")
-    return [_check_input(v, max_shapes[v.name], inputs[v.name]) for v in graph.inputs]
-
-
-def _check_input(v: Value, max_shape: tuple[int, ...], a) -> np.ndarray:
-    a = np.asarray(a)
-    if v.dtype is not None and a.dtype != v.dtype:
-        raise EngineError(f"input {v.name!r}: expected dtype {np.dtype(v.dtype).name}, got {a.dtype.name}")
-    if a.ndim != len(max_shape):
-        raise ShapeError(f"input {v.name!r}: expected rank {len(max_shape)} (max shape {max_shape}), "
-                         f"got shape {a.shape}")
-    for i, (d, m) in enumerate(zip(a.shape, max_shape, strict=True)):
-        fixed = v.shape is not None and v.shape[i] is not None and v.shape[i] >= 0
-        if fixed and d != m:
-            raise ShapeError(f"input {v.name!r}: dim {i} is fixed to {m}, got {d} (shape {a.shape})")
-        if d > m:
-            raise ArenaOverflowError(f"input {v.name!r}: dim {i} is {d}, larger than the instance's max {m} "
-                                     f"(max shape {max_shape}); create an instance with larger max_shapes")
-        if d == 0:
-            raise ShapeError(f"input {v.name!r}: dim {i} is empty (shape {a.shape})")
-    return a
