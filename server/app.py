@@ -108,6 +108,7 @@ class NNServer:
         await self.start_endpoints()
         t0 = time.perf_counter()
         failed = await self.repository.startup(self.settings.load_models)
+        self.dp.started = True
         log.info("model repository %s: %d model(s) ready, %d failed, in %.2f s", self.settings.model_repository,
                  len(self.repository.loaded()), len(failed), time.perf_counter() - t0)
         if failed and self.settings.exit_on_error:

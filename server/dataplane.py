@@ -32,13 +32,14 @@ class DataPlane:
         self.draining = False  # SIGTERM: readiness fails at once, requests still in flight finish
         self.exiting = False  # drain window over: new requests are refused
         self.inflight = 0  # requests between arrival and answer, what a graceful shutdown waits for
+        self.started = False  # the initial model loads are done: until then the server is live but not ready
 
     # ---- health & metadata -----------------------------------------------------------------------------------
     def live(self) -> bool:
         return not self.exiting
 
     def ready(self) -> bool:
-        if self.draining or self.exiting:
+        if self.draining or self.exiting or not self.started:
             return False
         return self.repository.all_ready() if self.strict_readiness else True
 
