@@ -17,6 +17,7 @@ from server.model_version import READY, UNAVAILABLE, ModelVersion, load_version
 from server.protocol.grpc import model_config_pb2 as mc
 
 log = logging.getLogger("nnserve.repository")
+UNLOADED_REASON = "unloaded"
 
 
 @dataclass
@@ -103,7 +104,8 @@ class ModelRepository:
         return [mv for e in self._models.values() for mv in e.versions.values()]
 
     def all_ready(self) -> bool:
-        return all(e.state == READY for e in self._models.values())
+        """Strict readiness: every model we were asked to serve is READY (an explicit unload does not count)."""
+        return all(e.state == READY for e in self._models.values() if e.reason != UNLOADED_REASON)
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = []
@@ -196,7 +198,7 @@ class ModelRepository:
                     raise UnknownModelError(f"failed to unload '{name}': Request for unknown model: '{name}' "
                                             "is not found")
                 return
-            self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason="unloaded")
+            self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=UNLOADED_REASON)
             await self._retire(entry, keep=set())
             log.info("unloaded model '%s'", name)
 
