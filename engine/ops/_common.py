@@ -75,6 +75,12 @@ def float_of(dt: np.dtype) -> np.dtype:
     return dt if np.issubdtype(dt, np.floating) else F32
 
 
+def numba_ok(dt: np.dtype) -> bool:
+    """Whether the numba loops take this dtype (numba has no float16 arithmetic on the CPU)."""
+    dt = np.dtype(dt)
+    return dt.kind in "iub" or dt in (np.float32, np.float64)
+
+
 def all_values(ins: Sequence[TensorInfo]) -> bool:
     return bool(ins) and all(i.value is not None for i in ins)
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import broadcast, float_of
+from engine.ops._common import broadcast, float_of, numba_ok, reference_kernel
 from engine.ops._norm_kernels import softmax_loop
 from engine.ops.registry import OpDef, TensorInfo, register
 
@@ -83,6 +83,8 @@ def _workspace(node: Node, ins: list[TensorInfo]) -> int:
 
 def _kernel(node: Node, ins: list[TensorInfo]):
     dt = float_of(ins[0].dtype)
+    if not numba_ok(dt):
+        return reference_kernel(node, _reference)
     scores_max, _ = _shapes(node, ins)
     blocked = _causal_block(*scores_max[-2:]) if node.params.get("is_causal") else None
 

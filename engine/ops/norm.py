@@ -8,7 +8,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import float_of, norm_axis
+from engine.ops._common import float_of, norm_axis, numba_ok, reference_kernel
 from engine.ops._norm_kernels import groupnorm_loop, layernorm_loop
 from engine.ops.registry import OpDef, TensorInfo, register
 
@@ -137,6 +137,8 @@ def _batchnorm_kernel(node: Node, ins: list[TensorInfo]):
 
 
 def _layernorm_kernel(node: Node, ins: list[TensorInfo]):
+    if not numba_ok(ins[0].dtype):
+        return reference_kernel(node, _reference)
     w, has_w = _vec(node, "weight", np.float64)
     b, has_b = _vec(node, "bias", np.float64)
     eps = _eps(node)
@@ -149,6 +151,8 @@ def _layernorm_kernel(node: Node, ins: list[TensorInfo]):
 
 
 def _groupnorm_kernel(node: Node, ins: list[TensorInfo]):
+    if not numba_ok(ins[0].dtype):
+        return reference_kernel(node, _reference)
     w, has_w = _vec(node, "weight", np.float64)
     b, has_b = _vec(node, "bias", np.float64)
     eps = _eps(node)

@@ -8,7 +8,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import INT64, float_of, norm_axes, norm_axis, reference_kernel, with_value
+from engine.ops._common import INT64, float_of, norm_axes, norm_axis, numba_ok, reference_kernel, with_value
 from engine.ops._norm_kernels import argbest_loop
 from engine.ops.registry import OpDef, TensorInfo, register
 
@@ -137,6 +137,8 @@ def _arg_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 def _arg_kernel(node: Node, ins: list[TensorInfo]):
     # numba walk over an (outer, n, inner) view: numpy's argmax over a middle axis copies the whole input
     largest = node.op_type == "ArgMax"
+    if not numba_ok(ins[0].dtype):
+        return reference_kernel(node, _arg_reference)
 
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])

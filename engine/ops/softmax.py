@@ -6,7 +6,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import float_of, norm_axis
+from engine.ops._common import float_of, norm_axis, numba_ok, reference_kernel
 from engine.ops._norm_kernels import softmax_loop
 from engine.ops.registry import OpDef, TensorInfo, register
 
@@ -39,6 +39,8 @@ def _view3(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
 
 
 def _kernel(node: Node, ins: list[TensorInfo]):
+    if not numba_ok(ins[0].dtype):
+        return reference_kernel(node, _reference)
     log = node.op_type == "LogSoftmax"
 
     def run(inputs, outputs, workspace):

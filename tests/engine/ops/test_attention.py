@@ -77,3 +77,8 @@ def test_kernel_keeps_scores_in_the_workspace():
     q = _x(2, 4, 64, 32)
     node = make_node("Attention", 3, params={"is_causal": True})
     assert kernel_peak_bytes(node, [q, q, q]) < 16 * 1024  # the scores alone would be 128 KiB
+
+
+def test_float16_runs_through_the_reference_path():
+    q = _x(2, 5, 4).astype(np.float16)
+    check_kernel(make_node("Attention", 3), [q, q, q], rtol=1e-2, atol=1e-2)

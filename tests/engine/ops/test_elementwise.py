@@ -178,3 +178,7 @@ def test_binary_broadcasting_property(shapes, op):
     (info,) = infer(node, [a, b])
     assert info.shape == shapes.result_shape
     check_kernel(node, [a, b])
+
+
+def test_erf_float16_runs_through_the_reference_path():
+    check_kernel(make_node("Erf", 1), [np.linspace(-3, 3, 13).astype(np.float16)], rtol=1e-3, atol=1e-3)

@@ -105,3 +105,9 @@ def test_errors_name_the_node():
 def test_kernel_allocates_no_temporaries(op, params, attrs):
     x = _x(4, 16, 32, 32)
     assert kernel_peak_bytes(make_node(op, 1, params=params, attrs=attrs), [x]) < 64 * 1024
+
+
+def test_float16_runs_through_the_reference_path():
+    x = _x(2, 4, 5).astype(np.float16)
+    check_kernel(make_node("LayerNorm", 1, params={"normalized_ndim": 1}), [x], rtol=1e-2, atol=1e-2)
+    check_kernel(make_node("GroupNorm", 1, params={"num_groups": 2}), [x], rtol=1e-2, atol=1e-2)

@@ -53,6 +53,11 @@ def test_arg_nan_wins_like_torch(op):
     check_kernel(make_node(op, 1, params={"axis": 0}), [x])
 
 
+def test_arg_float16_runs_through_the_reference_path():
+    x = RNG.standard_normal((3, 5)).astype(np.float16)
+    check_kernel(make_node("ArgMax", 1, params={"axis": 1}), [x])
+
+
 def test_integer_and_bool_sums():
     ints = RNG.integers(-5, 5, (4, 6)).astype(np.int32)
     node = make_node("ReduceSum", 1, params={"axes": [1]})

@@ -58,3 +58,8 @@ def test_bad_axis_names_the_node():
 def test_kernel_allocates_no_temporaries(axis):
     x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)
     assert kernel_peak_bytes(make_node("Softmax", 1, params={"axis": axis}), [x]) < 16 * 1024
+
+
+def test_float16_runs_through_the_reference_path():
+    x = RNG.standard_normal((3, 8)).astype(np.float16)
+    check_kernel(make_node("Softmax", 1, params={"axis": -1}), [x], rtol=1e-3, atol=1e-3)
