@@ -84,7 +84,19 @@ def _shrinking_infer(node, ins):
     return [TensorInfo((64 // ins[0].shape[0],), ins[0].dtype)]
 
 
+def _add_inplace_kernel(node, ins):
+    def run(inputs, outputs, ws):
+        np.add(inputs[0], inputs[1], out=outputs[0])
+    return run
+
+
+def _view_kernel(node, ins):
+    raise AssertionError("alias ops must never be run")
+
+
 TOY_OPS = [
+    OpDef("T_AddInplace", _add_infer, lambda n, a: [a[0] + a[1]], kernel=_add_inplace_kernel, inplace=True),
+    OpDef("T_View", _same, lambda n, a: [a[0].copy()], kernel=_view_kernel, alias=True),
     OpDef("T_Shrinking", _shrinking_infer, lambda n, a: [np.zeros(64 // a[0].shape[0], a[0].dtype)]),
     OpDef("T_Double", _same, lambda n, a: [a[0] * 2], kernel=_double_kernel, inplace=True),
     OpDef("T_Neg", _same, lambda n, a: [-a[0]], inplace=True),  # no kernel: reference fallback
