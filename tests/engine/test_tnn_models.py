@@ -96,3 +96,17 @@ def test_quantized_model_runs_int8_ops():
     counts = model.op_counts()
     assert counts.get("TnnQConv", 0) >= 40 and "Conv" not in counts
     assert model.inputs[0].dtype == np.float32 and model.outputs[0].dtype == np.float32
+
+
+@pytest.mark.parametrize("folder, version", [("ultraface_slim320", 2), ("retinaface_mobile", 1),
+                                             ("converted/misc_conv_fp16", 1), ("converted/misc_transformer", 2),
+                                             pytest.param("nanodet_m_sim_opt", 2, marks=pytest.mark.slow)])
+def test_rewritten_by_our_writer_still_matches_tnn(tmp_path, folder, version):
+    from engine.formats.tnn_writer import write_tnn
+
+    model, _ = _run(folder)
+    proto, _ = write_tnn(model.graph, tmp_path / "again", version=version)
+    again = engine.load(proto)
+    outputs = again.instance().run({model.inputs[0].name: np.load(TNN_MODELS / folder / "input.npy")})
+    for name, ref in _references(folder, model).items():
+        _assert_close(outputs[name], ref, f"{folder} rewritten as v{version}:{name}")
