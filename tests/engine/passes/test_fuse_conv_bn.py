@@ -84,3 +84,22 @@ def test_not_fused_when_conv_output_has_another_use_or_is_an_output():
     g2.add_node("Relu", [g2.nodes[0].outputs[0]])
     fuse_conv_bn(g2)
     assert [n.op_type for n in g2.nodes] == ["Conv", "BatchNorm", "Relu"]
+
+
+def test_pipeline_turns_conv_bn_relu_dropout_into_one_conv():
+    from engine.passes.pipeline import run_pipeline
+
+    w, b, scale, shift = rand(4, 3, 3, 3), rand(4), rand(4), rand(4)
+    params = {"stride": (1, 1), "pads": (1, 1, 1, 1), "dilation": (1, 1), "groups": 1}
+    g = conv_bn_graph("Conv", w, b, scale, shift, params, (1, 3, 6, 6))
+    bn_out = g.outputs[0]
+    r = g.add_node("Relu", [bn_out]).outputs[0]
+    y = g.add_node("Identity", [r]).outputs[0]
+    bn_out.name, y.name = "bn_out", "y"
+    g.outputs = [y]
+    run_pipeline(g)
+    assert [(n.op_type, n.params.get("activation")) for n in g.nodes] == [("Conv", "relu")]
+    assert g.outputs[0].name == "y" and g.outputs[0].shape == (1, 4, 6, 6)
+    x = rand(1, 3, 6, 6)
+    bn = conv2d(x, w, b, pad=1) * scale.reshape(1, -1, 1, 1) + shift.reshape(1, -1, 1, 1)
+    np.testing.assert_allclose(run(g, x), np.maximum(bn, 0), rtol=1e-4, atol=1e-4)
