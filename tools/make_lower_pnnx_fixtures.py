@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "pnnx_lower"
 PNNX = Path(sys.executable).parent / "pnnx"
+torch.manual_seed(0)  # before the modules below are built: their weights are part of the fixtures
 
 
 class MhaSelf(nn.Module):  # sequence-first, q = k = v: one input, packed in_proj
@@ -92,6 +93,11 @@ CASES = {
     "cuts": (Cuts(), [(2, 9, 6, 8)]),
     "resizes": (Resizes(), [(1, 2, 4, 6)]),
 }
+# Exported with a second input shape too (dims that differ become dynamic); io2.npz holds a run at that shape.
+DYNAMIC = {
+    "mha_self_dynamic": (MhaSelf(), [(5, 2, 16)], [(7, 3, 16)]),
+    "cuts_dynamic": (Cuts(), [(2, 9, 6, 8)], [(3, 9, 5, 8)]),
+}
 
 
 def make_input(spec, rng) -> np.ndarray:
@@ -103,33 +109,44 @@ def make_input(spec, rng) -> np.ndarray:
     return rng.standard_normal(spec).astype(np.float32)
 
 
-def export(name: str, model: nn.Module, specs: list, rng) -> None:
+def shape_arg(xs: list[np.ndarray]) -> str:
+    return ",".join("[" + ",".join(map(str, x.shape)) + "]" + ("bool" if x.dtype == bool else "f32") for x in xs)
+
+
+def run_torch(model: nn.Module, xs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    with torch.no_grad():
+        outs = model(*(torch.from_numpy(x) for x in xs))
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return {f"in{i}": x for i, x in enumerate(xs)} | {f"out{i}": o.numpy() for i, o in enumerate(outs)}
+
+
+def export(name: str, model: nn.Module, specs: list, rng, specs2: list | None = None) -> None:
     model.eval()
     xs = [make_input(s, rng) for s in specs]
-    ts = tuple(torch.from_numpy(x) for x in xs)
-    with torch.no_grad():
-        outs = model(*ts)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    xs2 = None if specs2 is None else [make_input(s, rng) for s in specs2]
     with tempfile.TemporaryDirectory() as tmp:
         pt = Path(tmp) / "model.pt"
-        torch.jit.trace(model, ts).save(str(pt))
-        shapes = ",".join("[" + ",".join(map(str, x.shape)) + "]" + ("bool" if x.dtype == bool else "f32")
-                          for x in xs)
-        subprocess.run([str(PNNX), str(pt), f"inputshape={shapes}"], cwd=tmp, check=True, capture_output=True)
+        torch.jit.trace(model, tuple(torch.from_numpy(x) for x in xs)).save(str(pt))
+        cmd = [str(PNNX), str(pt), f"inputshape={shape_arg(xs)}"]
+        if xs2 is not None:
+            cmd.append(f"inputshape2={shape_arg(xs2)}")
+        subprocess.run(cmd, cwd=tmp, check=True, capture_output=True)
         dst = OUT / name
         dst.mkdir(parents=True, exist_ok=True)
         for suffix in (".pnnx.param", ".pnnx.bin"):
             shutil.copy(Path(tmp) / f"model{suffix}", dst / f"model{suffix}")
-    io = {f"in{i}": x for i, x in enumerate(xs)} | {f"out{i}": o.numpy() for i, o in enumerate(outs)}
-    np.savez_compressed(OUT / name / "io.npz", **io)
-    print(name, [o.shape for o in outs])
+    np.savez_compressed(OUT / name / "io.npz", **run_torch(model, xs))
+    if xs2 is not None:
+        np.savez_compressed(OUT / name / "io2.npz", **run_torch(model, xs2))
+    print(name, "exported")
 
 
 def main() -> None:
-    torch.manual_seed(0)
     rng = np.random.default_rng(20261122)
     for name, (model, specs) in CASES.items():
         export(name, model, specs, rng)
+    for name, (model, specs, specs2) in DYNAMIC.items():
+        export(name, model, specs, rng, specs2)
 
 
 if __name__ == "__main__":
