@@ -78,7 +78,7 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 def _workspace(node: Node, ins: list[TensorInfo]) -> int:
     scores, _ = _shapes(node, ins)
-    return int(np.prod(scores, dtype=np.int64)) * float_of(ins[0].dtype).itemsize
+    return math.prod(scores) * float_of(ins[0].dtype).itemsize
 
 
 def _kernel(node: Node, ins: list[TensorInfo]):
@@ -91,7 +91,8 @@ def _kernel(node: Node, ins: list[TensorInfo]):
     def run(inputs, outputs, workspace):
         q, k, v = inputs[:3]
         mask = inputs[3] if len(inputs) > 3 else None
-        shape, _ = _shapes(node, [TensorInfo(a.shape, a.dtype) for a in inputs])
+        batch = q.shape[:-2] if q.shape[:-2] == k.shape[:-2] else np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        shape = (*batch, q.shape[-2], k.shape[-2])
         scores = _scratch(workspace, shape, dt)
         np.matmul(q, np.swapaxes(k, -1, -2), out=scores, casting="unsafe")
         scores *= dt.type(_scale(node, q.shape[-1]))
@@ -103,7 +104,7 @@ def _kernel(node: Node, ins: list[TensorInfo]):
 
 
 def _scratch(workspace: np.ndarray | None, shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)
     if workspace is not None and workspace.nbytes >= n * dt.itemsize:
         return workspace.reshape(-1).view(np.uint8)[:n * dt.itemsize].view(dt).reshape(shape)
     return np.empty(shape, dt)  # called without the planned workspace (direct use outside the runtime)

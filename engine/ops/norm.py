@@ -4,6 +4,8 @@ References use biased variance in float64; kernels are numba loops (stats in flo
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from engine.errors import ShapeError
@@ -60,12 +62,12 @@ def _layernorm_rows(node: Node, shape: tuple[int, ...]) -> tuple[int, int]:
     k = int(node.params.get("normalized_ndim", 1))
     if not 1 <= k <= len(shape):
         raise ShapeError(f"{node.where()}: LayerNorm normalized_ndim {k} for input of rank {len(shape)}")
-    n = int(np.prod(shape[len(shape) - k:], dtype=np.int64))
+    n = math.prod(shape[len(shape) - k:])
     for name in ("weight", "bias"):
         a = _attr(node, name)
         if a is not None and a.size != n:
             raise ShapeError(f"{node.where()}: LayerNorm {name} has {a.size} values, normalized dims {shape[-k:]}")
-    return int(np.prod(shape[:len(shape) - k], dtype=np.int64)), n
+    return math.prod(shape[:len(shape) - k]), n
 
 
 def _eps(node: Node) -> float:
@@ -142,10 +144,12 @@ def _layernorm_kernel(node: Node, ins: list[TensorInfo]):
     w, has_w = _vec(node, "weight", np.float64)
     b, has_b = _vec(node, "bias", np.float64)
     eps = _eps(node)
+    k = int(node.params.get("normalized_ndim", 1))
 
     def run(inputs, outputs, workspace):
         x = inputs[0]
-        rows, n = _layernorm_rows(node, x.shape)
+        n = math.prod(x.shape[x.ndim - k:])
+        rows = x.size // n if n else 0
         layernorm_loop(np.ascontiguousarray(x).reshape(rows, n), outputs[0].reshape(rows, n), w, b, eps, has_w, has_b)
     return run
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -33,7 +34,9 @@ REDUCERS: dict[str, tuple[Callable[[np.ndarray, tuple[int, ...]], np.ndarray], b
     "ReduceLogSumExp": (_logsumexp, True),
 }
 # Ops with a direct numpy reduction that can write into `out` (no input-sized temporary).
-_FAST = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceProd": np.prod}
+# (ufunc.reduce is called directly: np.mean/np.sum add tens of microseconds of python per call on small tensors)
+_FAST = {"ReduceMean": np.add, "ReduceSum": np.add, "ReduceMax": np.maximum, "ReduceMin": np.minimum,
+         "ReduceProd": np.multiply}
 
 
 def _out_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
@@ -88,7 +91,9 @@ def _reduce_kernel(node: Node, ins: list[TensorInfo]):
         x, out = inputs[0], outputs[0]
         axes = _axes(node, x.ndim)
         if fast is not None:
-            fast(x, axis=axes, out=out, keepdims=keepdims)
+            fast.reduce(x, axis=axes, out=out, keepdims=keepdims)
+            if op == "ReduceMean":
+                out *= out.dtype.type(out.size / max(x.size, 1))
             return
         if op == "ReduceLogSum":
             np.sum(x, axis=axes, out=out, keepdims=keepdims)
@@ -121,7 +126,7 @@ def _arg_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if len(ins) != 1:
         raise ShapeError(f"{node.where()}: {node.op_type} takes 1 input, got {len(ins)}")
     shape, axis = ins[0].shape, _arg_axis(node, len(ins[0].shape))
-    if (shape[axis] if axis is not None and shape else int(np.prod(shape, dtype=np.int64))) == 0:
+    if (shape[axis] if axis is not None and shape else math.prod(shape)) == 0:
         raise ShapeError(f"{node.where()}: {node.op_type} over an empty axis of {shape}")
     return with_value(node, ins, [TensorInfo(_arg_shape(node, ins[0].shape), INT64)], _arg_reference)
 
@@ -146,7 +151,7 @@ def _arg_kernel(node: Node, ins: list[TensorInfo]):
         if axis is None or x.ndim == 0:
             view = (1, x.size, 1)
         else:
-            view = (int(np.prod(x.shape[:axis], dtype=np.int64)), x.shape[axis], -1)
+            view = (math.prod(x.shape[:axis]), x.shape[axis], -1)
         argbest_loop(x.reshape(view), outputs[0].reshape(view[0], -1), largest)
     return run
 

@@ -4,6 +4,7 @@ arithmetic (Shape -> Gather -> Concat -> Reshape) is done at infer time and neve
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -29,7 +30,7 @@ def _target(node: Node, ins: list[TensorInfo], arrays: list[np.ndarray] | None =
 
 
 def _n(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    return math.prod(int(d) for d in shape)
 
 
 def reshape_shape(node: Node, shape: tuple[int, ...], target: list[int]) -> tuple[int, ...]:
@@ -164,11 +165,12 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 # -- kernels ----------------------------------------------------------------------------------------------
 def _copy_kernel(node: Node, ins: list[TensorInfo]):
     op = node.op_type
+    perm = _perm(node, len(ins[0].shape)) if op == "Transpose" else None  # the rank is fixed for an instance
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
         if op == "Transpose":
-            np.copyto(out, x.transpose(_perm(node, x.ndim)))
+            np.copyto(out, x.transpose(perm))
         elif op == "Tile":
             reps = _tile_reps(node, x.ndim)
             xs = (1,) * (len(reps) - x.ndim) + x.shape

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from engine.errors import ShapeError
@@ -33,22 +35,21 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _view3(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
-    return outer, (shape[axis] if shape else 1), inner
+    return math.prod(shape[:axis]), (shape[axis] if shape else 1), math.prod(shape[axis + 1:])
 
 
 def _kernel(node: Node, ins: list[TensorInfo]):
     if not numba_ok(ins[0].dtype):
         return reference_kernel(node, _reference)
     log = node.op_type == "LogSoftmax"
+    axis = _axis(node, len(ins[0].shape))  # the rank is fixed for an instance; only the sizes vary
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
         if x.ndim == 0:
             out[...] = 0.0 if log else 1.0
             return
-        view = _view3(x.shape, _axis(node, x.ndim))
+        view = _view3(x.shape, axis)
         softmax_loop(np.ascontiguousarray(x).reshape(view), out.reshape(view), log, False)
     return run
 
