@@ -44,6 +44,48 @@ def _valid_range(off, step, n, count):
     return min(lo, count), max(min(hi, count), min(lo, count))
 
 
+# Inner loops index slices with range() counters only: numba cannot prove `k + off` >= 0 and adds a
+# negative-index wraparound check that stops vectorisation (measured 27x slower on a row axpy). Unit-stride
+# and strided slices get separate variables: unifying them types both as layout 'A', which is 5x slower again.
+@njit(nogil=True, cache=True, inline="always")
+def _axpy(dst, src_row, lo, hi, step, off, wv):
+    """dst[k] += wv * src_row[(lo + k)*step + off] for k < hi - lo."""
+    if step == 1:
+        s1 = src_row[lo + off:hi + off]
+        for k in range(hi - lo):
+            dst[k] += wv * s1[k]
+    else:
+        s2 = src_row[lo * step + off:(hi - 1) * step + off + 1:step]
+        for k in range(hi - lo):
+            dst[k] += wv * s2[k]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _gather(dst, src_row, lo, hi, step, off):
+    """dst[k] = src_row[(lo + k)*step + off] for k < hi - lo."""
+    if step == 1:
+        s1 = src_row[lo + off:hi + off]
+        for k in range(hi - lo):
+            dst[k] = s1[k]
+    else:
+        s2 = src_row[lo * step + off:(hi - 1) * step + off + 1:step]
+        for k in range(hi - lo):
+            dst[k] = s2[k]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _scatter_add(dst_row, src, lo, hi, step, off):
+    """dst_row[(lo + k)*step + off] += src[k] for k < hi - lo."""
+    if step == 1:
+        d1 = dst_row[lo + off:hi + off]
+        for k in range(hi - lo):
+            d1[k] += src[k]
+    else:
+        d2 = dst_row[lo * step + off:(hi - 1) * step + off + 1:step]
+        for k in range(hi - lo):
+            d2[k] += src[k]
+
+
 @njit(nogil=True, cache=True)
 def im2col(x, cols, oh0, rows, ow_n, kh, kw, sh, sw, dh, dw, pt, pl, mode, lo, hi):
     """cols[(c, i, j), t*ow_n + ow] = padded x[c, (oh0+t)*sh - pt + i*dh, ow*sw - pl + j*dw] for t < rows.
@@ -55,31 +97,21 @@ def im2col(x, cols, oh0, rows, ow_n, kh, kw, sh, sw, dh, dw, pt, pl, mode, lo, h
     for c in range(lo, hi):
         for i in range(kh):
             for j in range(kw):
-                r = (c * kh + i) * kw + j
+                crow = cols[(c * kh + i) * kw + j]
                 woff = j * dw - pl
                 w_lo, w_hi = _valid_range(woff, sw, w_n, ow_n)
                 for t in range(rows):
-                    base = t * ow_n
+                    dst = crow[t * ow_n:(t + 1) * ow_n]
                     ih = _src((oh0 + t) * sh - pt + i * dh, h_n, mode)
                     if ih < 0:
-                        for ow in range(ow_n):
-                            cols[r, base + ow] = 0
-                        continue
-                    if mode == 0:
-                        for ow in range(w_lo):
-                            cols[r, base + ow] = 0
-                        if sw == 1:  # unit stride: a contiguous copy the compiler vectorises
-                            dst, src = cols[r, base + w_lo:base + w_hi], x[c, ih, w_lo + woff:w_hi + woff]
-                            for k in range(w_hi - w_lo):
-                                dst[k] = src[k]
-                        else:
-                            for ow in range(w_lo, w_hi):
-                                cols[r, base + ow] = x[c, ih, ow * sw + woff]
-                        for ow in range(w_hi, ow_n):
-                            cols[r, base + ow] = 0
+                        dst[:] = 0
+                    elif mode == 0:
+                        dst[:w_lo] = 0
+                        _gather(dst[w_lo:w_hi], x[c, ih], w_lo, w_hi, sw, woff)
+                        dst[w_hi:] = 0
                     else:
                         for ow in range(ow_n):
-                            cols[r, base + ow] = x[c, ih, _src(ow * sw + woff, w_n, mode)]
+                            dst[ow] = x[c, ih, _src(ow * sw + woff, w_n, mode)]
 
 
 @njit(nogil=True, cache=True)
@@ -93,68 +125,84 @@ def col2im_add(cols, out, h0, rows, w_n, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi)
     for o in range(lo, hi):
         for i in range(kh):
             for j in range(kw):
-                r = (o * kh + i) * kw + j
+                crow = cols[(o * kh + i) * kw + j]
                 woff = j * dw - pl
                 w_lo, w_hi = _valid_range(woff, sw, ow_n, w_n)
+                if w_hi <= w_lo:
+                    continue
                 for t in range(rows):
                     oh = (h0 + t) * sh - pt + i * dh
                     if oh < 0 or oh >= oh_n:
                         continue
-                    base = t * w_n
-                    for w in range(w_lo, w_hi):
-                        out[o, oh, w * sw + woff] += cols[r, base + w]
+                    _scatter_add(out[o, oh], crow[t * w_n + w_lo:t * w_n + w_hi], w_lo, w_hi, sw, woff)
 
 
 @njit(nogil=True, cache=True)
 def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
-    """Direct depthwise conv (groups == C == O) with bias, optional residual z and a simple activation fused.
+    """Direct depthwise conv (groups == C == O) with bias, optional residual z and the activation fused.
 
     x (N, C, H, W), w (C, kh, kw), bias (C,), z like out or a dummy, out (N, C, OH, OW); zero padding.
+    Accumulates whole output rows (one vectorised axpy per tap) so each row stays in L1.
     """
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     oh_n, ow_n = out.shape[2], out.shape[3]
     kh, kw = w.shape[1], w.shape[2]
     for nc in range(lo, hi):
-        n = nc // c_n
-        c = nc % c_n
+        n, c = nc // c_n, nc % c_n
+        b = bias[c]
         for oh in range(oh_n):
             row = out[n, c, oh]
-            for ow in range(ow_n):
-                row[ow] = bias[c]
+            row[:] = b
             for i in range(kh):
                 ih = oh * sh - pt + i * dh
                 if ih < 0 or ih >= h_n:
                     continue
-                src = x[n, c, ih]
+                xrow = x[n, c, ih]
                 for j in range(kw):
                     wv = w[c, i, j]
                     woff = j * dw - pl
-                    lo_j, hi_j = _valid_range(woff, sw, w_n, ow_n)
-                    if sw == 1:
-                        for ow in range(lo_j, hi_j):
-                            row[ow] += wv * src[ow + woff]
-                    else:
-                        for ow in range(lo_j, hi_j):
-                            row[ow] += wv * src[ow * sw + woff]
-            for ow in range(ow_n):
-                v = row[ow]
-                if has_z:
-                    v += z[n, c, oh, ow]
-                row[ow] = _act(v, act, p0, p1, p2)
+                    w_lo, w_hi = _valid_range(woff, sw, w_n, ow_n)
+                    if w_hi <= w_lo:
+                        continue
+                    _axpy(row[w_lo:w_hi], xrow, w_lo, w_hi, sw, woff, wv)
+            if has_z:
+                zrow = z[n, c, oh]
+                for ow in range(ow_n):
+                    row[ow] += zrow[ow]
+            _act_row(row, act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _act(v, act, p0, p1, p2):
-    """The fused activation `act` (see ACT_CODES) of one value; transcendental ones in float64."""
+def _act_row(row, act, p0, p1, p2):
+    """The activation over a 1-D row in place; the cheap ones in a loop of their own so it vectorises."""
     if act == 0:
-        return v
+        return
+    if act <= 3:
+        for k in range(row.shape[0]):
+            row[k] = _act_cheap(row[k], act, p0, p1, p2)
+    else:
+        for k in range(row.shape[0]):
+            row[k] = _act(row[k], act, p0, p1, p2)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _act_cheap(v, act, p0, p1, p2):
+    """Activations 0-3 (none, relu, clip, leaky_relu) in v's own type, so float32 loops stay float32."""
     if act == 1:
         return v if v > 0 else v * 0
     if act == 2:
         return min(max(v, p0), p1)
     if act == 3:
         return v if v >= 0 else v * p2
+    return v
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _act(v, act, p0, p1, p2):
+    """The fused activation `act` (see ACT_CODES) of one value, computed in float64."""
     x = np.float64(v)
+    if act <= 3:
+        return _act_cheap(x, act, p0, p1, p2)
     if act == 4:
         return 1.0 / (1.0 + math.exp(-x))
     if act == 5:
@@ -175,25 +223,27 @@ def _act(v, act, p0, p1, p2):
 @njit(nogil=True, cache=True)
 def epilogue(y, bias, z, has_z, act, p0, p1, p2, lo, hi):
     """y[o, l] = act(y[o, l] + bias[o] (+ z[o, l])) in place for o in [lo, hi); y and z are (O, L) views."""
-    l_n = y.shape[1]
     for o in range(lo, hi):
-        b = bias[o]
+        row, b = y[o], bias[o]
         if has_z:
-            for k in range(l_n):
-                y[o, k] = _act(y[o, k] + b + z[o, k], act, p0, p1, p2)
+            zrow = z[o]
+            for k in range(row.shape[0]):
+                row[k] += b + zrow[k]
         else:
-            for k in range(l_n):
-                y[o, k] = _act(y[o, k] + b, act, p0, p1, p2)
+            for k in range(row.shape[0]):
+                row[k] += b
+        _act_row(row, act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True)
 def epilogue_cols(y, bias, has_bias, act, p0, p1, p2, lo, hi):
     """Gemm's epilogue: y[r, k] = act(y[r, k] + bias[k]) in place for rows r in [lo, hi)."""
-    n = y.shape[1]
     for r in range(lo, hi):
-        for k in range(n):
-            v = y[r, k] + bias[k] if has_bias else y[r, k]
-            y[r, k] = _act(v, act, p0, p1, p2)
+        row = y[r]
+        if has_bias:
+            for k in range(row.shape[0]):
+                row[k] += bias[k]
+        _act_row(row, act, p0, p1, p2)
 
 
 ACT_CODES = {None: 0, "relu": 1, "relu6": 2, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "silu": 5, "hardsigmoid": 6,

@@ -11,18 +11,25 @@ from numba import njit
 
 @njit(nogil=True, cache=True)
 def separable(x, out, iy, wy, ix, wx, lo, hi):
+    """Items [lo, hi) of N*C. Index arrays are unsigned so numba adds no negative-index checks."""
     c_n = x.shape[1]
     oh_n, ow_n = out.shape[2], out.shape[3]
     ty, tx = iy.shape[1], ix.shape[1]
     for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
         for oh in range(oh_n):
-            for ow in range(ow_n):
-                s = 0.0
-                for a in range(ty):
-                    row = x[n, c, iy[oh, a]]
-                    t = 0.0
-                    for b in range(tx):
-                        t += wx[ow, b] * row[ix[ow, b]]
-                    s += wy[oh, a] * t
-                out[n, c, oh, ow] = s
+            row = out[n, c, oh]
+            if ty == 1 and tx == 1:  # nearest: a pure gather
+                xrow = x[n, c, iy[oh, 0]]
+                for ow in range(ow_n):
+                    row[ow] = xrow[ix[ow, 0]]
+                continue
+            row[:] = 0
+            for a in range(ty):
+                xrow = x[n, c, iy[oh, a]]
+                wa = wy[oh, a]
+                for ow in range(ow_n):
+                    t = wx[ow, 0] * xrow[ix[ow, 0]]
+                    for b in range(1, tx):
+                        t += wx[ow, b] * xrow[ix[ow, b]]
+                    row[ow] += wa * t

@@ -154,8 +154,9 @@ def build_resize(node: Node, ins: list[TensorInfo]) -> Kernel:
         t = cache.get(key)
         if t is None:
             has = _has_size(node, _size_input(node, inputs))
-            t = cache[key] = (*taps(node, 0, x.shape[2], out.shape[2], has),
-                              *taps(node, 1, x.shape[3], out.shape[3], has))
+            iy, wy = taps(node, 0, x.shape[2], out.shape[2], has)
+            ix, wx = taps(node, 1, x.shape[3], out.shape[3], has)
+            t = cache[key] = (iy.astype(np.uintp), wy, ix.astype(np.uintp), wx)
         if x.dtype == np.float32:
             work = out.size * t[0].shape[1] * t[2].shape[1]
             parallel_for(RK.separable, x.shape[0] * x.shape[1], work, x, out, *t)
