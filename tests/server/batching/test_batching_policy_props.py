@@ -56,7 +56,7 @@ def served_order(queue, now, cfg):
     return sorted(live, key=lambda p: (p.priority, cfg.timeout_action == "DELAY" and expired(p), p.enqueue_ns))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_decision_invariants(scenario):
     cfg, queue, now, free = scenario
@@ -92,7 +92,7 @@ def test_decision_invariants(scenario):
         assert total == cfg.max_batch_size or (rest and total + rest[0].batch_size > cfg.max_batch_size)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_waiting_respects_the_delay(scenario):
     cfg, queue, now, free = scenario
@@ -114,7 +114,7 @@ class FakeClock:
         self.now = t
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_simulation_serves_everyone_within_the_delay(data):
     """Instant instances, no deadlines: every request is dispatched, each batch within max_batch_size, and no
