@@ -114,8 +114,6 @@ def lower_matmul(c: Ctx) -> None:
 def lower_reshape(c: Ctx) -> None:
     axis, num_axes = c.i(0, 0), c.i(1, -1)
     shape, after = c.counted(2)
-    if c.i(after, 0) != 0:
-        c.unsupported("with reshape_type 1 (TensorFlow order)")
     if len(c.inputs) > 1:
         known = c.value_of(c.inputs[1])
         if known is None:
@@ -123,7 +121,24 @@ def lower_reshape(c: Ctx) -> None:
         shape = [int(s) for s in np.asarray(known).reshape(-1)]
     elif axis != 0 or num_axes not in (-1, len(shape)):
         c.unsupported(f"of axes {axis}..{axis + num_axes}")
+    if c.i(after, 0) == 1:
+        return _reshape_nhwc(c, shape)
     c.out("Reshape", [c.inputs[0]], {"shape": shape})
+
+
+def _reshape_nhwc(c: Ctx, shape: list[int]) -> None:
+    """reshape_type 1: TNN reshapes in NHWC order, i.e. between an NCHW->NHWC and an NHWC->NCHW permute."""
+    src = c.shape(c.inputs[0])
+    if src is None or len(src) != 4:
+        c.unsupported("with reshape_type 1 on a non 4-D input")
+    dims = [src[k] if d == 0 else d for k, d in enumerate(shape)]
+    if -1 in dims:
+        dims[dims.index(-1)] = int(np.prod(src)) // max(-int(np.prod(dims)), 1)
+    nhwc = c.tmp("Transpose", [c.inputs[0]], {"perm": [0, 2, 3, 1]})
+    if len(dims) != 4:
+        return c.out("Reshape", [nhwc], {"shape": dims})
+    y = c.tmp("Reshape", [nhwc], {"shape": [dims[0], dims[2], dims[3], dims[1]]})
+    c.out("Transpose", [y], {"perm": [0, 3, 1, 2]})
 
 
 def lower_flatten(c: Ctx) -> None:
@@ -234,6 +249,11 @@ def lower_const(c: Ctx) -> None:
     c.alias(c.const(data, "value"))
 
 
+def lower_constant_of_shape(c: Ctx) -> None:
+    value = c.attr("value").reshape(-1)[:1].reshape(())
+    c.out("Expand", [c.const(value, "value"), c.inputs[0]])
+
+
 def lower_cast(c: Ctx) -> None:
     code = c.i(0)
     if code not in INPUT_DTYPES:
@@ -283,7 +303,8 @@ SHAPE_HANDLERS: dict[str, Handler] = {
     "SplitV": lower_splitv, "Split": lower_split,
     "StridedSlice": lower_strided_slice, "StridedSliceV2": lower_strided_slice_v2,
     "Pad": lower_pad, "PadV2": lower_padv2, "Upsample": lower_upsample,
-    "Gather": lower_gather, "Const": lower_const, "Cast": lower_cast, "Expand": lower_expand,
+    "Gather": lower_gather, "Const": lower_const, "ConstantOfShape": lower_constant_of_shape,
+    "Cast": lower_cast, "Expand": lower_expand,
     "Squeeze": _axes_op("Squeeze"), "Unsqueeze": _axes_op("Unsqueeze"),
     "Shape": lambda c: c.out("Shape", [c.inputs[0]], {"start": 0, "end": None}),
     "Tile": lambda c: c.out("Tile", [c.inputs[0]], {"repeats": [c.i(k) for k in range(len(c.args))]}),

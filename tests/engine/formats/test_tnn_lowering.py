@@ -130,3 +130,16 @@ def test_missing_resource_is_a_format_error_with_line(tmp_path):
     with pytest.raises(ModelFormatError, match="filter") as e:
         tnn_model(tmp_path, IN4, ["Convolution c 1 1 x y 1 4 4 3 3 1 1 1 1 0 -1 1 1"], "y")
     assert e.value.line == 6
+
+
+def test_reshape_in_tensorflow_order(tmp_path):
+    # reshape_type 1: the target (1, 2, 12, 8) is taken in NHWC order between NCHW<->NHWC permutes
+    model = tnn_model(tmp_path, IN4, ["Reshape r 1 1 x y 0 4 4 0 2 12 -1 1"], "y")
+    ref = X4.transpose(0, 2, 3, 1).reshape(1, 12, 8, 2).transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(run1(model, X4), ref)
+
+
+def test_constant_of_shape(tmp_path):
+    layers = ["Shape s 1 1 x shp", "ConstantOfShape c 1 1 shp y"]
+    model = tnn_model(tmp_path, IN4, layers, "y", [("ConstantOfShape", "c", [np.float32([2.5])])])
+    np.testing.assert_array_equal(run1(model, X4), np.full(X4.shape, 2.5, np.float32))
