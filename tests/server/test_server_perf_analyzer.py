@@ -22,8 +22,11 @@ def run_perf(args: list[str]) -> str:
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_reports_throughput_and_server_breakdown(server, protocol):
     url = server.http_url if protocol == "http" else server.grpc_url
+    # Count windows and a loose stability bound: the point is that it runs and reports, not a stable number on a
+    # shared 2-core machine.
     out = run_perf(["-m", "affine", "-i", protocol, "-u", url, "-b", "1", "--concurrency-range", "4",
-                    "-p", "1000", "--max-trials", "4", "-s", "50"])
+                    "--measurement-mode", "count_windows", "--measurement-request-count", "100",
+                    "--max-trials", "6", "-s", "100"])
     throughput = float(re.search(r"Throughput: ([\d.]+) infer/sec", out).group(1))
     assert throughput > 10, out
     server_part = out.split("Server:", 1)[1]
