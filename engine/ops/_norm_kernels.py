@@ -27,16 +27,21 @@ def softmax_loop(x, out, log, empty_is_zero):
                     out[o, j, i] = 0.0
                 continue
             s = 0.0
-            for j in range(n):
-                s += math.exp(float(x[o, j, i]) - m)
             if log:
+                for j in range(n):
+                    s += math.exp(float(x[o, j, i]) - m)
                 shift = m + math.log(s)
                 for j in range(n):
                     out[o, j, i] = float(x[o, j, i]) - shift
             else:
+                # out[j] is written only after x[j] was read, so x may be out (in place)
+                for j in range(n):
+                    e = math.exp(float(x[o, j, i]) - m)
+                    out[o, j, i] = e
+                    s += e
                 inv = 1.0 / s
                 for j in range(n):
-                    out[o, j, i] = math.exp(float(x[o, j, i]) - m) * inv
+                    out[o, j, i] *= inv
 
 
 @njit(**_JIT)
