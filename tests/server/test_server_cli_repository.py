@@ -1,0 +1,74 @@
+"""CLI flag parsing and the repository's pure helpers (version directories and version policy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from server import settings
+from server.cli import build_parser, settings_from_args
+from server.config import parse_config_text
+from server.errors import ModelLoadError
+from server.metrics import ServerMetrics
+from server.repository import select_versions, version_dirs
+
+
+def parse(*argv: str):
+    return settings_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_triton_flag_names_and_defaults(tmp_path):
+    s = parse("--model-repository", str(tmp_path))
+    assert (s.http_port, s.grpc_port, s.metrics_port) == (settings.HTTP_PORT, settings.GRPC_PORT,
+                                                          settings.METRICS_PORT) == (8000, 8001, 8002)
+    assert s.model_control_mode == "none" and s.exit_timeout_secs == 30 and s.default_max_batch_size == 4
+    s = parse("--model-repository", str(tmp_path), "--http-port", "0", "--model-control-mode", "explicit",
+              "--load-model", "a", "--load-model", "b", "--exit-on-error=false", "--strict-readiness", "0",
+              "--backend-config", "tnn,default-max-batch-size=16", "--log-verbose", "1")
+    assert s.http_port == 0 and s.load_models == ["a", "b"] and not s.exit_on_error and not s.strict_readiness
+    assert s.default_max_batch_size == 16 and s.log_verbose == 1
+
+
+def test_bad_flags_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        parse("--model-repository", str(tmp_path), "--model-control-mode", "sometimes")
+    with pytest.raises(SystemExit):
+        parse("--model-repository", str(tmp_path), "--exit-on-error", "maybe")
+    with pytest.raises(SystemExit, match="must be the only"):
+        parse("--model-repository", str(tmp_path), "--load-model", "*", "--load-model", "a")
+
+
+def test_version_dirs_follow_triton_rules(tmp_path):
+    for name in ("1", "3", "10", "007", "latest", "0"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "2").write_text("a file, not a version")
+    assert version_dirs(tmp_path) == [1, 3, 10]
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ("", [10]),
+    ("version_policy { latest { num_versions: 2 } }", [3, 10]),
+    ("version_policy { all { } }", [1, 3, 10]),
+    ("version_policy { specific { versions: [1, 10] } }", [1, 10]),
+])
+def test_version_policy(policy, expected):
+    config = parse_config_text(f'name: "m" {policy}')
+    assert select_versions(config, [1, 3, 10]) == expected
+
+
+def test_specific_version_without_directory_is_a_load_error():
+    config = parse_config_text('name: "m" version_policy { specific { versions: [4] } }')
+    with pytest.raises(ModelLoadError, match=r"versions \[4\]"):
+        select_versions(config, [1, 3])
+
+
+def test_metrics_render_triton_counters_without_total_suffix():
+    m = ServerMetrics()
+    m.model_loaded("m", "1", 0.5, [1024])
+    m.request_ok("m", "1", total_ns=3000, queue_ns=1000, input_ns=100, infer_ns=1500, output_ns=200, batch=2)
+    m.execution("m", "1", 2)
+    text = m.render().decode()
+    assert "# TYPE nv_inference_count counter" in text and "nv_inference_count_total" not in text
+    assert 'nv_inference_count{model="m",version="1"} 2.0' in text
+    assert 'nv_inference_queue_duration_us{model="m",version="1"} 1.0' in text
+    assert 'nnserve_arena_bytes{instance="0",model="m",version="1"} 1024.0' in text
+    assert 'nnserve_batch_size_bucket{le="2.0",model="m",version="1"} 1.0' in text
