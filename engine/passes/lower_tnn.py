@@ -216,8 +216,17 @@ class _Lowering:
                 v.consumers.remove(node)
         for v in node.outputs:
             v.producer = None
-        ltype = node.op_type[len(PREFIX):]
         ctx = Ctx(self, node)
+        try:
+            self._dispatch(ctx, node)
+        except EngineError:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as e:
+            # parameters that parse but make no sense (a weight of the wrong size, an axis out of range)
+            ctx.fail(f"inconsistent parameters or weights: {type(e).__name__}: {e}")
+
+    def _dispatch(self, ctx: Ctx, node: Node) -> None:
+        ltype = ctx.type
         if ltype in self.quantized:
             node.inputs = [self.as_int8(v, node) for v in node.inputs]
             self.quantized[ltype](ctx)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -117,3 +118,31 @@ def test_mutated_real_model(edit_list, cut):
     data = (TNN_MODELS / "ultraface_slim320" / "version-slim-320_simplified.tnnmodel").read_bytes()
     # Edits land in the first 64 KiB, where the headers and lengths are.
     _read_bounded(_mutate(data, [(p % 65536, b) for p, b in edit_list], cut))
+
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "tnn" / "misc_conv_resize_v1"
+
+
+@pytest.mark.slow
+@settings(max_examples=int(os.environ.get("TNN_FUZZ_EXAMPLES", "20")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(-3, 40)), min_size=1, max_size=3))
+def test_mutated_layer_parameters_fail_as_engine_errors(tmp_path_factory, edits):
+    import engine
+
+    lines = (FIXTURE / "model.tnnproto").read_text().splitlines()
+    header, layers = lines[:5], lines[5:]
+    tokens = [(i, j) for i, line in enumerate(layers) for j, tok in enumerate(line.split()) if j >= 4]
+    for pos, value in edits:  # small values keep every shape (and so every allocation) small
+        i, j = tokens[pos % len(tokens)]
+        parts = layers[i].split()
+        parts[j] = str(value)
+        layers[i] = " ".join(parts)
+    work = tmp_path_factory.mktemp("mut")
+    (work / "model.tnnproto").write_text("\n".join(header + layers) + "\n")
+    (work / "model.tnnmodel").write_bytes((FIXTURE / "model.tnnmodel").read_bytes())
+    x = dict(np.load(FIXTURE / "inputs.npz"))
+    try:
+        engine.load(work / "model.tnnproto").instance().run(x)
+    except EngineError:
+        pass
