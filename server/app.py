@@ -21,8 +21,8 @@ from fastapi.responses import Response
 from server import settings as defaults
 from server.dataplane import DataPlane
 from server.metrics import ServerMetrics
-from server.protocol.grpc import pb2_grpc
-from server.protocol.grpc.servicer import InferenceServicer
+from server.protocol.grpc import health_pb2_grpc, pb2_grpc
+from server.protocol.grpc.servicer import HealthServicer, InferenceServicer
 from server.protocol.rest import create_app
 from server.repository import ModelRepository
 from server.settings import ServerSettings
@@ -96,6 +96,7 @@ class NNServer:
                 ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES)]
         self._grpc = grpc.aio.server(options=opts)
         pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dp), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.dp), self._grpc)
         bound = self._grpc.add_insecure_port(f"{address}:{port}")
         await self._grpc.start()
         return bound

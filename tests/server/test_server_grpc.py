@@ -13,7 +13,7 @@ import tritonclient.grpc.aio as aioclient
 from serverproc import affine_reference
 from tritonclient.utils import InferenceServerException
 
-from server.protocol.grpc import pb2, pb2_grpc
+from server.protocol.grpc import health_pb2, health_pb2_grpc, pb2, pb2_grpc
 
 X = np.linspace(-2, 2, 20, dtype=np.float32).reshape(5, 4)
 
@@ -131,3 +131,15 @@ def test_statistics_and_index(server):
     assert {m.name for m in index.models} == {"affine", "affine_auto"}
     with pytest.raises(InferenceServerException, match="model control"):
         client.load_model("affine")
+
+
+def test_grpc_health_service(server):
+    """The standard grpc.health.v1 protocol, for Kubernetes gRPC probes."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        assert stub.Check(health_pb2.HealthCheckRequest()).status == serving
+        assert stub.Check(health_pb2.HealthCheckRequest(service="affine")).status == serving
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Check(health_pb2.HealthCheckRequest(service="nope"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND

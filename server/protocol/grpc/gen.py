@@ -16,7 +16,7 @@ from types import ModuleType
 
 PROTO_DIR = Path(__file__).resolve().parents[3] / "proto"
 GEN_DIR = Path(__file__).resolve().parent / "_gen"
-PROTOS = ("model_config.proto", "grpc_service.proto")
+PROTOS = ("model_config.proto", "grpc_service.proto", "health.proto")
 _STAMP = GEN_DIR / "PROTO_SHA256"
 # Bumped whenever generate() post-processes differently, so old stubs count as stale.
 GEN_VERSION = "2"
@@ -87,10 +87,12 @@ def _post_process(text: str) -> str:
     return text
 
 
-def load() -> tuple[ModuleType, ModuleType, ModuleType]:
-    """(model_config_pb2, grpc_service_pb2, grpc_service_pb2_grpc), generating them first if needed."""
+STUBS = ("model_config_pb2", "grpc_service_pb2", "grpc_service_pb2_grpc", "health_pb2", "health_pb2_grpc")
+
+
+def load() -> tuple[ModuleType, ...]:
+    """The generated modules named in STUBS, in that order, generating them first if needed."""
     if is_stale():
         generate()
     pkg = __name__.rsplit(".", 1)[0] + "._gen"
-    return tuple(importlib.import_module(f"{pkg}.{m}") for m in ("model_config_pb2", "grpc_service_pb2",
-                                                                   "grpc_service_pb2_grpc"))
+    return tuple(importlib.import_module(f"{pkg}.{m}") for m in STUBS)

@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from server.dataplane import DataPlane
 from server.errors import InvalidArgumentError, ServerError
 from server.protocol import grpc_codec
-from server.protocol.grpc import pb2, pb2_grpc
+from server.protocol.grpc import health_pb2, health_pb2_grpc, pb2, pb2_grpc
 
 log = logging.getLogger("nnserve.grpc")
 
@@ -118,3 +118,20 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
         await self.dp.unload_model(request.model_name)
         return pb2.RepositoryModelUnloadResponse()
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1.Health: "" answers for the server's readiness, a model name for that model's."""
+
+    def __init__(self, dp: DataPlane):
+        self.dp = dp
+
+    async def Check(self, request: Any, context: Any) -> Any:  # noqa: N802
+        status = health_pb2.HealthCheckResponse
+        if not request.service:
+            ready = self.dp.ready()
+        elif request.service in self.dp.repository.names_on_disk():
+            ready = self.dp.model_ready(request.service)
+        else:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
+        return status(status=status.SERVING if ready else status.NOT_SERVING)
