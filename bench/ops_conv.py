@@ -1,6 +1,9 @@
 """Micro-benchmark: Conv kernel vs numpy reference on two typical layers (not a test).
 
-    .venv/bin/python bench/ops_conv.py [--repeat 20] [--batch 1]
+    .venv/bin/python bench/ops_conv.py [--repeat 20] [--batch 1] [--threads N]
+
+(BLAS threads follow OPENBLAS_NUM_THREADS; --threads sets the numba kernels' pool, engine.ops._threads.)
+Times are wall-clock medians: on a shared machine, run it when nothing else is busy.
 
 Prints median milliseconds per call and GFLOP/s for a ResNet-18-like 3x3 conv (64->64 at 56x56) and a
 MobileNet-like depthwise 3x3 (32 channels at 112x112), each with bias + ReLU fused, plus a 1x1 conv.
@@ -14,6 +17,7 @@ import time
 
 import numpy as np
 
+from engine.ops import _threads
 from engine.ops._harness import make_node
 from engine.ops.registry import TensorInfo, get_op
 
@@ -57,7 +61,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=_threads.get_threads())
     args = ap.parse_args()
+    _threads.set_threads(args.threads)
     for name, cfg in LAYERS.items():
         bench_layer(name, batch=args.batch, repeat=args.repeat, **cfg)
 

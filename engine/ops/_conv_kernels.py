@@ -229,10 +229,13 @@ def epilogue(y, bias, z, has_z, act, p0, p1, p2, lo, hi):
             zrow = z[o]
             for k in range(row.shape[0]):
                 row[k] += b + zrow[k]
+            _act_row(row, act, p0, p1, p2)
+        elif act <= 3:  # one pass for the cheap activations
+            for k in range(row.shape[0]):
+                row[k] = _act_cheap(row[k] + b, act, p0, p1, p2)
         else:
             for k in range(row.shape[0]):
-                row[k] += b
-        _act_row(row, act, p0, p1, p2)
+                row[k] = _act(row[k] + b, act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True)
