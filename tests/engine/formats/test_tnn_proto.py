@@ -167,3 +167,16 @@ def test_real_proto_details(name, inputs, outputs, first_types):
     assert p.outputs == outputs
     if first_types:
         assert [layer.type for layer in p.layers[:3]] == first_types
+
+
+# Layer types of the weightless graphs that we parse but cannot run (no canonical counterpart yet).
+PARSE_ONLY = {"PriorBox", "DetectionOutput", "LSTMONNX"}
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(not TNN_MODELS.is_dir(), reason="../shared/models/tnn is not available")
+def test_every_layer_type_of_the_real_graphs_has_a_lowering():
+    from engine.passes.lower_tnn_layers import HANDLERS, QUANTIZED
+
+    types = {layer.type for path in _real_protos() for layer in parse_proto(path).layers}
+    assert types - set(HANDLERS) - set(QUANTIZED) == PARSE_ONLY
