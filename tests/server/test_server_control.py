@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import threading
@@ -48,6 +49,12 @@ def test_explicit_mode_load_unload(tmp_path):
                                    affine_reference(X)["out0"], rtol=1e-5, atol=1e-6)
         with pytest.raises(InferenceServerException, match="unknown model"):
             http.unload_model("missing")
+        # a load with a config override (the JSON form of config.pbtxt) replaces the served config atomically
+        override = json.dumps({"name": "other", "max_batch_size": 2, "dynamic_batching": {}})
+        grpc_client.load_model("other", config=override)
+        assert http.get_model_config("other")["max_batch_size"] == 2
+        r = infer_http(srv, "other")
+        assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [2, 3]
     finally:
         assert srv.stop() == 0, srv.log_text
 
