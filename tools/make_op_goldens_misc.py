@@ -38,7 +38,7 @@ def randn(*shape, scale=1.0) -> np.ndarray:
 
 
 def t(a) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a))
+    return torch.from_numpy(np.array(a, order="C"))  # a copy that keeps 0-d arrays 0-d
 
 
 def activations() -> None:
@@ -302,9 +302,24 @@ def onnx_semantics() -> None:
     case("ort_gather_neg", "Gather", [w, i64(-1, 0, -7, 3)], [y], {"axis": 2})
 
 
+def promotion_table() -> None:
+    """torch.result_type for every pair of dtypes, tensor or 0-d: the binary ops' output dtypes."""
+    import itertools
+
+    names = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
+    rows = []
+    for a, b in itertools.product(names, names):
+        for da, db in ((1, 1), (1, 0), (0, 1), (0, 0)):
+            x, y = np.zeros((2,) * da, a), np.zeros((2,) * db, b)
+            r = torch.empty(0, dtype=torch.result_type(t(x), t(y))).numpy().dtype
+            rows.append(f"{a}|{da}|{b}|{db}|{r.name}")
+    CASES["promotion/table"] = np.array(rows)
+
+
 def main() -> None:
     torch.manual_seed(0)
-    for build in (activations, binaries, unaries, softmax_reduce, norms, shapes, tensors, attention, onnx_semantics):
+    for build in (activations, binaries, unaries, softmax_reduce, norms, shapes, tensors, attention, onnx_semantics,
+                  promotion_table):
         build()
     OUT.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT, **CASES)

@@ -182,3 +182,12 @@ def test_binary_broadcasting_property(shapes, op):
 
 def test_erf_float16_runs_through_the_reference_path():
     check_kernel(make_node("Erf", 1), [np.linspace(-3, 3, 13).astype(np.float16)], rtol=1e-3, atol=1e-3)
+
+
+def test_promotion_matches_torch_result_type():
+    with np.load(GOLDENS) as z:
+        rows = [str(r).split("|") for r in z["promotion/table"]]
+    assert len(rows) > 300
+    for a, da, b, db, want in rows:
+        ins = [np.zeros((2,) * int(da), a), np.zeros((2,) * int(db), b)]
+        assert infer(make_node("Add", 2), ins)[0].dtype == np.dtype(want), (a, da, b, db)
