@@ -101,17 +101,14 @@ def _ufunc(fn):
 
 
 def _prelu_kernel(node: Node, ins: list[TensorInfo]):
-    shape = ins[0].shape
-    slope_all = _prelu_slope(node, np.empty(shape, np.uint8)).astype(ins[0].dtype)
+    slope = np.ascontiguousarray(_prelu_slope(node, np.empty(ins[0].shape, np.uint8)), dtype=ins[0].dtype)
+    if slope.size == 1:  # one shared slope is a leaky relu
+        return _flat_loop(mk.leaky_relu_loop, float(slope[0]))
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
-        if x.ndim >= 2:
-            view = (x.shape[0], x.shape[1], -1)
-        else:
-            view = (1, x.size, 1) if slope_all.size > 1 else (1, 1, -1)
-        slope = np.broadcast_to(slope_all, (view[1],)) if slope_all.size == 1 else slope_all
-        mk.prelu_loop(x.reshape(view), out.reshape(view), np.ascontiguousarray(slope))
+        view = (x.shape[0], x.shape[1], -1) if x.ndim >= 2 else (1, x.size, 1)
+        mk.prelu_loop(x.reshape(view), out.reshape(view), slope)
     return run
 
 
