@@ -179,6 +179,13 @@ def lower_power(c: Ctx) -> None:
     c.out("Pow", [x, c.const(F32(exponent), "exponent")])
 
 
+def lower_lstm(c: Ctx) -> None:
+    clip, hidden, direction = c.f(0, 0.0), c.i(1), c.i(2, 0)
+    if clip or direction not in (0, 1, 2) or not 4 <= len(c.inputs) <= 6:
+        c.unsupported("with a clip threshold, an unknown direction or missing weights")
+    c.emit("TnnLSTM", list(c.inputs), {"hidden_size": hidden, "direction": direction}, outputs=list(c.outputs))
+
+
 HANDLERS: dict[str, Handler] = {
     "Convolution": lower_conv, "Deconvolution": lower_deconv, "Pooling": lower_pooling,
     "BatchNormCxx": lower_batchnorm, "BatchNormalization": lower_batchnorm, "Scale": lower_scale,
@@ -194,7 +201,7 @@ HANDLERS: dict[str, Handler] = {
     "Ceil": _unary("Ceil"), "Sign": _unary("Sign"), "Reciprocal": _unary("Reciprocal"), "Erf": _unary("Erf"),
     "Sin": _unary("Sin"), "Cos": _unary("Cos"), "Tan": _unary("Tan"), "Asin": _unary("Asin"),
     "Acos": _unary("Acos"), "Atan": _unary("Atan"), "Not": _unary("Not"),
-    "Dropout": _unary("Identity"), "Identity": _unary("Identity"),
+    "Dropout": _unary("Identity"), "Identity": _unary("Identity"), "LSTMONNX": lower_lstm,
 }
 
 

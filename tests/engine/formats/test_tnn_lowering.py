@@ -143,3 +143,14 @@ def test_constant_of_shape(tmp_path):
     layers = ["Shape s 1 1 x shp", "ConstantOfShape c 1 1 shp y"]
     model = tnn_model(tmp_path, IN4, layers, "y", [("ConstantOfShape", "c", [np.float32([2.5])])])
     np.testing.assert_array_equal(run1(model, X4), np.full(X4.shape, 2.5, np.float32))
+
+
+@pytest.mark.parametrize("case, direction", [("fwd", 0), ("bi", 2)])
+def test_lstm_matches_torch(tmp_path, case, direction):
+    g = np.load(Path(__file__).resolve().parents[2] / "fixtures" / "tnn" / "lstm_golden.npz")
+    consts = [(k, g[f"{case}/{k}"]) for k in ("w", "r", "b", "h0", "c0")]
+    layer = f"LSTMONNX l 6 3 x w r b h0 c0 y yh yc 0 5 {direction}"
+    model = tnn_model(tmp_path, "x 3 7 2 6 0", [layer], "y yh yc", consts=consts)
+    out = model.instance().run({"x": g[f"{case}/x"]})
+    for mine, torch_name in (("y", "y"), ("yh", "hn"), ("yc", "cn")):
+        np.testing.assert_allclose(out[mine], g[f"{case}/{torch_name}"], rtol=1e-5, atol=1e-6)
