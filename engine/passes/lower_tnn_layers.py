@@ -6,9 +6,9 @@ import numpy as np
 
 from engine.passes.lower_tnn import Ctx, Handler
 from engine.passes.lower_tnn_quant import QUANTIZED
+from engine.passes.lower_tnn_shape import SHAPE_HANDLERS
 
 F32 = np.float32
-INT_MAX = 2**31 - 1
 ACTIVATIONS = {0: None, 1: "relu", 2: "relu6", 256: "silu"}
 
 
@@ -94,13 +94,7 @@ def _per_channel(c: Ctx, a: np.ndarray | None, fill: float) -> np.ndarray:
 
 
 def lower_batchnorm(c: Ctx) -> None:
-    key = "scale"
-    scale = _per_channel(c, c.attr(key), 1.0)
-    bias = _per_channel(c, c.attr("bias", required=False), 0.0)
-    c.out("BatchNorm", [c.inputs[0]], {}, {"scale": scale, "bias": _f32(np.broadcast_to(bias, scale.shape))})
-
-
-def lower_scale(c: Ctx) -> None:
+    """BatchNormCxx and Scale: y = scale * x + bias per channel (BN arrives folded)."""
     scale = _per_channel(c, c.attr("scale"), 1.0)
     bias = _per_channel(c, c.attr("bias", required=False), 0.0)
     c.out("BatchNorm", [c.inputs[0]], {}, {"scale": scale, "bias": _f32(np.broadcast_to(bias, scale.shape))})
@@ -188,7 +182,7 @@ def lower_lstm(c: Ctx) -> None:
 
 HANDLERS: dict[str, Handler] = {
     "Convolution": lower_conv, "Deconvolution": lower_deconv, "Pooling": lower_pooling,
-    "BatchNormCxx": lower_batchnorm, "BatchNormalization": lower_batchnorm, "Scale": lower_scale,
+    "BatchNormCxx": lower_batchnorm, "BatchNormalization": lower_batchnorm, "Scale": lower_batchnorm,
     "InstBatchNormCxx": lower_instnorm, "LayerNorm": lower_layernorm, "GroupNorm": lower_groupnorm,
     "Normalize": lower_normalize, "PReLU": lower_prelu, "Clip": lower_clip, "HardSwish": lower_hardswish,
     "ReLU": _unary("Relu"), "Relu": _unary("Relu"), "ReLU6": _unary("Clip", min=0.0, max=6.0),
@@ -202,14 +196,6 @@ HANDLERS: dict[str, Handler] = {
     "Sin": _unary("Sin"), "Cos": _unary("Cos"), "Tan": _unary("Tan"), "Asin": _unary("Asin"),
     "Acos": _unary("Acos"), "Atan": _unary("Atan"), "Not": _unary("Not"),
     "Dropout": _unary("Identity"), "Identity": _unary("Identity"), "LSTMONNX": lower_lstm,
+    **SHAPE_HANDLERS,
 }
-
-
-def _register_rest() -> None:
-    from engine.passes.lower_tnn_shape import SHAPE_HANDLERS
-
-    HANDLERS.update(SHAPE_HANDLERS)
-
-
-_register_rest()
-__all__ = ["HANDLERS", "QUANTIZED", "Ctx"]
+__all__ = ["HANDLERS", "QUANTIZED"]
