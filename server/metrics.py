@@ -125,9 +125,12 @@ class ServerMetrics:
                 self.counters.add(name, {"model": model, "version": version}, 0)
         self.pending.labels(model, version).set(0)
 
-    def model_unloaded(self, model: str, version: str) -> None:
-        for gauge in (self.load_duration, self.pending):
+    def model_unloaded(self, model: str, version: str, instances: int = 0) -> None:
+        """Gauges describe what is loaded now, so an unloaded version's series go away (counters stay)."""
+        series = [(self.load_duration, (model, version)), (self.pending, (model, version))]
+        series += [(self.arena_bytes, (model, version, str(i))) for i in range(instances)]
+        for gauge, labels in series:
             try:
-                gauge.remove(model, version)
+                gauge.remove(*labels)
             except KeyError:
                 pass

@@ -210,7 +210,7 @@ class ModelRepository:
             mv.state = "UNLOADING"
             await mv.scheduler.stop(drain=True)
             if self.metrics is not None:
-                self.metrics.model_unloaded(entry.name, v)
+                self.metrics.model_unloaded(entry.name, v, len(mv.instances))
 
     def _log_loaded(self, mv: ModelVersion) -> None:
         arena = sum(mv.arena_bytes)
