@@ -85,6 +85,21 @@ class Resizes(nn.Module):
         return a, b, c, F.pad(d, (1, 0, 2, 1), mode="replicate")
 
 
+class Misc(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mp, self.ap, self.aap = nn.MaxPool1d(3, 2, 1), nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(4)
+        self.unshuffle, self.ct = nn.PixelUnshuffle(2), nn.ConvTranspose1d(4, 2, 3, stride=2, padding=1)
+
+    def forward(self, x, y):
+        a = F.normalize(x, dim=1) + torch.where(x > 0.1, x, y) + x.masked_fill(y < 0, 2.0)
+        b = self.mp(x) + self.aap(self.ap(x)).sum(-1, keepdim=True)
+        c = torch.logical_not(x > y).float() + torch.norm(x, dim=-1, keepdim=True)
+        d = self.unshuffle(x.reshape(1, 1, 4, 6))
+        e = torch.flip(x, [1]) + torch.roll(x, (1, -2), (2, 1))
+        return a, b, c, d, e, self.ct(x), x.expand(2, 4, 6) + torch.tile(y, (1, 2, 1))[:, :4]
+
+
 CASES = {
     "mha_self": (MhaSelf(), [(5, 2, 16)]),
     "mha_cross": (MhaCross(), [(2, 5, 16), (2, 7, 8), (2, 7, 12), (5, 7)]),
@@ -92,6 +107,7 @@ CASES = {
     "convs": (Convs(), [(1, 3, 9, 10)]),
     "cuts": (Cuts(), [(2, 9, 6, 8)]),
     "resizes": (Resizes(), [(1, 2, 4, 6)]),
+    "misc": (Misc(), [(1, 4, 6), (1, 4, 6)]),
 }
 # Exported with a second input shape too (dims that differ become dynamic); io2.npz holds a run at that shape.
 DYNAMIC = {

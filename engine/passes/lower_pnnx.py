@@ -166,7 +166,7 @@ def lower_pnnx(graph: Graph) -> Graph:
 
 def _load_handlers() -> None:
     # The handler modules register themselves with @handles; they import this module, not the reverse.
-    from engine.passes import lower_pnnx_expr, lower_pnnx_nn, lower_pnnx_tensor  # noqa: F401
+    from engine.passes import lower_pnnx_expr, lower_pnnx_misc, lower_pnnx_nn, lower_pnnx_tensor  # noqa: F401
 
 
 @handles("nn.Dropout", "nn.Dropout1d", "nn.Dropout2d", "nn.Dropout3d", "nn.AlphaDropout", "F.dropout",

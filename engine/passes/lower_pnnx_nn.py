@@ -308,8 +308,8 @@ def resize(ctx: Ctx) -> None:
 @handles("F.pad", "nn.ZeroPad2d", "nn.ConstantPad2d", "nn.ReflectionPad2d", "nn.ReplicationPad2d")
 def pad(ctx: Ctx) -> None:
     modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "circular"}
-    mode = {"nn.ReflectionPad2d": "reflect", "nn.ReplicationPad2d": "replicate"}.get(ctx.type) or ctx.p("mode",
-                                                                                                        "constant")
+    module_modes = {"nn.ReflectionPad2d": "reflect", "nn.ReplicationPad2d": "replicate"}
+    mode = module_modes.get(ctx.type) or ctx.p("mode", "constant")
     if mode not in modes:
         raise ctx.unsupported(f"mode={mode}")
     torch_pad = ctx.p("pad", ctx.p("padding"))

@@ -1,0 +1,181 @@
+"""Less common pnnx ops: comparisons, where / masked_fill, logical ops, normalize / norm, 1-D pooling and
+transposed conv (as their 2-D forms on an (N, C, 1, L) view), PixelUnshuffle, flip and roll."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.passes.lower_pnnx import HANDLERS, PREFIX, Ctx, handles
+
+if TYPE_CHECKING:
+    from engine.ir import Value
+
+INT_MIN = -2147483648
+
+
+def _operand(ctx: Ctx, name: str, position: int, like: Value) -> Value:
+    """A tensor input `$name`, or the scalar param `name` as a 0-d constant of `like`'s dtype."""
+    v = ctx.arg(name, position)
+    if v is not None:
+        return v
+    if not ctx.has(name):
+        raise ctx.fail(f"has neither an input nor a param {name!r}")
+    dtype = like.dtype if like.dtype is not None else np.float32
+    return ctx.const(np.array(ctx.p(name), dtype))
+
+
+_COMPARE = {"torch.eq": "Equal", "torch.ne": "NotEqual", "torch.lt": "Less", "torch.le": "LessEqual",
+            "torch.gt": "Greater", "torch.ge": "GreaterEqual"}
+
+
+@handles(*_COMPARE)
+def compare(ctx: Ctx) -> None:
+    x = ctx.arg("input", 0) or ctx.x()
+    ctx.become(_COMPARE[ctx.type], {}, inputs=[x, _operand(ctx, "other", 1, x)])
+
+
+_LOGICAL = {"torch.logical_and": "And", "torch.logical_or": "Or", "torch.logical_xor": "Xor"}
+
+
+@handles(*_LOGICAL)
+def logical(ctx: Ctx) -> None:
+    ctx.become(_LOGICAL[ctx.type], {}, inputs=list(ctx.node.inputs[:2]))
+
+
+@handles("torch.logical_not")
+def logical_not(ctx: Ctx) -> None:
+    ctx.become("Not", {}, inputs=[ctx.x()])
+
+
+@handles("torch.where")
+def where(ctx: Ctx) -> None:
+    cond = ctx.arg("condition", 0) or ctx.x()
+    tensors = [v for v in ctx.node.inputs if v is not cond]
+    like = tensors[0] if tensors else cond
+    a, b = _operand(ctx, "input", 1, like), _operand(ctx, "other", 2, like)
+    ctx.become("Where", {}, inputs=[cond, a, b])
+
+
+@handles("Tensor.masked_fill")
+def masked_fill(ctx: Ctx) -> None:
+    x, mask = ctx.arg("input", 0) or ctx.x(), ctx.arg("mask", 1)
+    if mask is None:
+        raise ctx.fail("has no mask input")
+    fill = ctx.arg("value") or _operand(ctx, "value", 2, x)
+    ctx.become("Where", {}, inputs=[mask, fill, x])
+
+
+@handles("F.normalize")
+def normalize(ctx: Ctx) -> None:
+    p = float(ctx.p("p", 2.0))
+    if p not in (1.0, 2.0):
+        raise ctx.unsupported(f"p={p}")
+    ctx.become("LpNormalize", {"axis": int(ctx.p("dim", 1)), "p": int(p), "eps": float(ctx.p("eps", 1e-12))},
+               inputs=[ctx.x()])
+
+
+@handles("torch.norm", "torch.linalg.vector_norm")
+def norm(ctx: Ctx) -> None:
+    p = ctx.p("p", ctx.p("ord", 2))
+    op = {1: "ReduceL1", 2: "ReduceL2", "fro": "ReduceL2"}.get(int(p) if isinstance(p, float) and p in (1, 2) else p)
+    if op is None:
+        raise ctx.unsupported(f"p={p}")
+    dims = ctx.p("dim")
+    axes = None if dims is None else ([int(dims)] if isinstance(dims, int) else [int(d) for d in dims])
+    ctx.become(op, {"axes": axes, "keepdims": bool(ctx.p("keepdim", False))}, inputs=[ctx.x()])
+
+
+# -- 1-D forms through their 2-D ops -------------------------------------------------------------------------
+def _params_2d(params: dict) -> dict:
+    """1-D window params as 2-D ones over a height of 1: kernel (1, k), stride (1, s), padding (0, p), ..."""
+    out = {k: v for k, v in params.items() if k != "$inputs"}
+    for key, first in (("kernel_size", 1), ("stride", 1), ("dilation", 1), ("padding", 0), ("output_size", 1)):
+        v = out.get(key)
+        if v is not None:
+            out[key] = [first, int(v if isinstance(v, int) else v[-1])]
+    return out
+
+
+def _as_2d(ctx: Ctx) -> None:
+    """(N, C, L) -> Unsqueeze -> the 2-D pnnx op, lowered by its own handler -> Squeeze."""
+    type_2d = ctx.type.replace("1d", "2d")
+    (x4,) = ctx.emit("Unsqueeze", [ctx.x()], {"axes": [2]})
+    (y4,) = ctx.emit(f"{PREFIX}{type_2d}", [x4], _params_2d(ctx.node.params))
+    ctx.emit("Squeeze", [y4], {"axes": [2]}, outputs=[ctx.node.outputs[0]])
+    HANDLERS[type_2d](Ctx(ctx.graph, y4.producer))
+    ctx.done()
+
+
+@handles("nn.MaxPool1d", "F.max_pool1d", "nn.AvgPool1d", "F.avg_pool1d")
+def pool1d(ctx: Ctx) -> None:
+    _as_2d(ctx)
+
+
+@handles("nn.AdaptiveAvgPool1d", "F.adaptive_avg_pool1d", "nn.AdaptiveMaxPool1d", "F.adaptive_max_pool1d")
+def adaptive_pool1d(ctx: Ctx) -> None:
+    _as_2d(ctx)
+
+
+@handles("nn.ConvTranspose1d")
+def conv_transpose1d(ctx: Ctx) -> None:
+    w, b = ctx.weight("weight"), ctx.weight("bias", required=False)
+
+    def one(key: str, default: int) -> list[int]:
+        v = ctx.p(key, [default])
+        return [int(v if isinstance(v, int) else v[-1])]
+
+    pad = one("padding", 0)[0]
+    params = {"stride": [1] + one("stride", 1), "pads": [0, pad, 0, pad], "output_padding": [0] +
+              one("output_padding", 0), "dilation": [1] + one("dilation", 1), "groups": int(ctx.p("groups", 1)),
+              "activation": None, "activation_params": {}}
+    attrs = {"weight": w.reshape(w.shape[0], w.shape[1], 1, w.shape[2])} | ({} if b is None else {"bias": b})
+    (x4,) = ctx.emit("Unsqueeze", [ctx.x()], {"axes": [2]})
+    (y4,) = ctx.emit("ConvTranspose", [x4], params, attrs)
+    ctx.emit("Squeeze", [y4], {"axes": [2]}, outputs=[ctx.node.outputs[0]])
+    ctx.done()
+
+
+# -- layout --------------------------------------------------------------------------------------------------
+@handles("nn.PixelUnshuffle", "F.pixel_unshuffle")
+def pixel_unshuffle(ctx: Ctx) -> None:
+    r = int(ctx.p("downscale_factor"))
+    shape = ctx.x().shape
+    if shape is None or len(shape) != 4 or min(shape[1:]) < 0:
+        raise ctx.unsupported("an input whose C, H and W are not static")
+    _, c, h, w = shape
+    (a,) = ctx.emit("Reshape", [ctx.x()], {"shape": [-1, c, h // r, r, w // r, r]})
+    (t,) = ctx.emit("Transpose", [a], {"perm": [0, 1, 3, 5, 2, 4]})
+    ctx.emit("Reshape", [t], {"shape": [-1, c * r * r, h // r, w // r]}, outputs=[ctx.node.outputs[0]])
+    ctx.done()
+
+
+@handles("torch.flip", "Tensor.flip")
+def flip(ctx: Ctx) -> None:
+    dims = ctx.p("dims")
+    axes = [int(dims)] if isinstance(dims, int) else [int(d) for d in dims]
+    ctx.become("Slice", {"starts": [-1] * len(axes), "ends": [INT_MIN] * len(axes), "axes": axes,
+                         "steps": [-1] * len(axes)}, inputs=[ctx.x()])
+
+
+@handles("torch.roll", "Tensor.roll")
+def roll(ctx: Ctx) -> None:
+    shifts, dims = ctx.p("shifts"), ctx.p("dims")
+    shifts = [int(shifts)] if isinstance(shifts, int) else [int(s) for s in shifts]
+    dims = [int(dims)] if isinstance(dims, int) else [int(d) for d in (dims or [])]
+    shape = ctx.x().shape
+    if len(dims) != len(shifts) or shape is None or any(shape[d] < 0 for d in dims):
+        raise ctx.unsupported("a roll without dims or over a dynamic dim")
+    x = ctx.x()
+    for i, (s, d) in enumerate(zip(shifts, dims, strict=True)):
+        s %= shape[d]
+        last = i == len(dims) - 1
+        outputs = [ctx.node.outputs[0]] if last else 1
+        if s == 0:
+            x = ctx.emit("Identity", [x], outputs=outputs)[0]
+            continue
+        (tail,) = ctx.emit("Slice", [x], {"starts": [-s], "ends": [2147483647], "axes": [d], "steps": [1]})
+        (head,) = ctx.emit("Slice", [x], {"starts": [0], "ends": [-s], "axes": [d], "steps": [1]})
+        x = ctx.emit("Concat", [tail, head], {"axis": d}, outputs=outputs)[0]
+    ctx.done()
