@@ -10,7 +10,8 @@ everywhere is TNN's `float2int8`: add +-0.5 in float32, clamp to [-128, 127], tr
   that consumes it, rounding once instead of twice).
 - `TnnQAdd`: scale_a * a + scale_b * b in float32, divided by the output scale, float2int8.
 - `TnnQPool`: int8 max or average pooling with an int32 sum and truncating division, as TNN's naive pooling.
-- `TnnQConcat` / `TnnQRelu`: byte-wise, scales untouched.
+- `TnnQConcat`: byte-wise when any scale is per channel; with per-tensor scales each input is requantized
+  to the output scale first, as TNN does. `TnnQRelu`: max(q, 0).
 """
 
 from __future__ import annotations
@@ -175,6 +176,10 @@ def qconcat_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
 
 
 def qconcat_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    if "scales" in node.attrs:  # all scales per tensor: TNN requantizes every input to the output scale
+        s_out = F32.type(node.attrs["scale_out"].reshape(-1)[0])
+        arrays = [float2int8(a.astype(F32) * F32.type(s) / s_out) for a, s in zip(arrays, node.attrs["scales"],
+                                                                                strict=True)]
     return [np.concatenate(arrays, axis=int(node.params.get("axis", 1)))]
 
 

@@ -96,10 +96,18 @@ def lower_qpool(c: Ctx) -> None:
     c.out("TnnQPool", [c.inputs[0]], params)
 
 
+def lower_qconcat(c: Ctx) -> None:
+    scales = [c.low.blob_scale(v, c.node) for v in [*c.inputs, c.outputs[0]]]
+    attrs = {}
+    if all(s.size == 1 for s in scales):
+        attrs = {"scales": np.concatenate(scales[:-1]).astype(F32), "scale_out": scales[-1]}
+    c.out("TnnQConcat", list(c.inputs), {"axis": c.i(0, 1)}, attrs)
+
+
 QUANTIZED: dict[str, Handler] = {
     "QuantizedConvolution": lower_qconv,
     "QuantizedAdd": lower_qadd,
     "QuantizedPooling": lower_qpool,
-    "QuantizedConcat": lambda c: c.out("TnnQConcat", list(c.inputs), {"axis": c.i(0, 1)}),
+    "QuantizedConcat": lower_qconcat,
     "QuantizedReLU": lambda c: c.out("TnnQRelu", [c.inputs[0]]),
 }

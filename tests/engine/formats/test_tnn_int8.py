@@ -126,3 +126,14 @@ def test_int8_pooling_truncates_averages_and_floors_max_at_minus_127(tmp_path):
 def test_missing_blob_scale_is_a_format_error(tmp_path):
     with pytest.raises(ModelFormatError, match="y_scale_data_"):
         quantized_model(tmp_path, ["QuantizedReLU r 1 1 x y"], [], {"x": F32([0.1])})
+
+
+def test_concat_requantizes_per_tensor_inputs(tmp_path):
+    layers = ["QuantizedReLU r 1 1 x a", "QuantizedConcat c 2 1 x a y 1"]
+    s_x, s_a, s_y = F32([0.05]), F32([0.05]), F32([0.07])
+    model = quantized_model(tmp_path, layers, [], {"x": s_x, "a": s_a, "y": s_y})
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32)
+    q = round_away(x / s_x)
+    parts = [round_away(q.astype(F32) * s_x / s_y), round_away(np.maximum(q, 0).astype(F32) * s_a / s_y)]
+    expected = np.concatenate(parts, axis=1).astype(F32) * s_y
+    np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
