@@ -81,6 +81,12 @@ def numba_ok(dt: np.dtype) -> bool:
     return dt.kind in "iub" or dt in (np.float32, np.float64)
 
 
+def empty(ndim: int, dtype) -> np.ndarray:
+    """A zero-size C-contiguous array: calling a numba loop on these at kernel build compiles it then, so the
+    first request does not pay for the JIT."""
+    return np.zeros((0,) * ndim, dtype)
+
+
 def all_values(ins: Sequence[TensorInfo]) -> bool:
     return bool(ins) and all(i.value is not None for i in ins)
 

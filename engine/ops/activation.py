@@ -11,7 +11,7 @@ import numpy as np
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops import _math_kernels as mk
-from engine.ops._common import reference_kernel
+from engine.ops._common import empty, reference_kernel
 from engine.ops._epilogue import apply_activation
 from engine.ops.registry import OpDef, TensorInfo, register
 
@@ -87,8 +87,10 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(y).astype(x.dtype)]
 
 
-def _flat_loop(loop, *args):
-    """Kernel from a numba loop over flat views (x may be the output buffer)."""
+def _flat_loop(loop, dtype, *args):
+    """Kernel from a numba loop over flat views (x may be the output buffer), compiled now for `dtype`."""
+    loop(empty(1, dtype), empty(1, dtype), *args)
+
     def run(inputs, outputs, workspace):
         loop(np.ascontiguousarray(inputs[0]).reshape(-1), outputs[0].reshape(-1), *args)
     return run
@@ -103,7 +105,8 @@ def _ufunc(fn):
 def _prelu_kernel(node: Node, ins: list[TensorInfo]):
     slope = np.ascontiguousarray(_prelu_slope(node, np.empty(ins[0].shape, np.uint8)), dtype=ins[0].dtype)
     if slope.size == 1:  # one shared slope is a leaky relu
-        return _flat_loop(mk.leaky_relu_loop, float(slope[0]))
+        return _flat_loop(mk.leaky_relu_loop, slope.dtype, float(slope[0]))
+    mk.prelu_loop(empty(3, slope.dtype), empty(3, slope.dtype), slope)
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
@@ -113,8 +116,8 @@ def _prelu_kernel(node: Node, ins: list[TensorInfo]):
 
 
 def _kernel(node: Node, ins: list[TensorInfo]):
-    op = node.op_type
-    if np.dtype(ins[0].dtype) not in (np.float32, np.float64):
+    op, dt = node.op_type, np.dtype(ins[0].dtype)
+    if dt not in (np.float32, np.float64):
         return reference_kernel(node, _reference)  # integer activations are rare
     if op == "Relu":
         return _ufunc(lambda x, out: np.maximum(x, 0, out=out))
@@ -126,7 +129,7 @@ def _kernel(node: Node, ins: list[TensorInfo]):
     if op == "PRelu":
         return _prelu_kernel(node, ins)
     if op == "Gelu":
-        return _flat_loop(mk.gelu_tanh_loop if _p(node, "approximate", "none") == "tanh" else mk.gelu_loop)
+        return _flat_loop(mk.gelu_tanh_loop if _p(node, "approximate", "none") == "tanh" else mk.gelu_loop, dt)
     loops = {
         "LeakyRelu": (mk.leaky_relu_loop, float(_p(node, "alpha", 0.01))),
         "Sigmoid": (mk.sigmoid_loop,), "Silu": (mk.silu_loop,), "Mish": (mk.mish_loop,),
@@ -135,7 +138,8 @@ def _kernel(node: Node, ins: list[TensorInfo]):
         "Elu": (mk.elu_loop, float(_p(node, "alpha", 1.0))),
         "Softplus": (mk.softplus_loop, float(_p(node, "beta", 1.0)), float(_p(node, "threshold", 20.0))),
     }
-    return _flat_loop(*loops[op])
+    loop, *args = loops[op]
+    return _flat_loop(loop, dt, *args)
 
 
 register(*[OpDef(name, _infer, _reference, _kernel, inplace=True) for name in REFERENCES])

@@ -13,7 +13,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import BOOL, broadcast, float_of, numba_ok, promote, reference_kernel, with_value
+from engine.ops._common import BOOL, broadcast, empty, float_of, numba_ok, promote, reference_kernel, with_value
 from engine.ops._math_kernels import erf_loop
 from engine.ops.registry import OpDef, TensorInfo, register
 
@@ -161,8 +161,10 @@ def _unary_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 def _unary_kernel(node: Node, ins: list[TensorInfo]):
     fn, kind = UNARY[node.op_type]
     dt = np.dtype(ins[0].dtype)
-    if node.op_type == "Erf" and not numba_ok(dt):
-        return reference_kernel(node, _unary_reference)
+    if node.op_type == "Erf":
+        if not numba_ok(dt):
+            return reference_kernel(node, _unary_reference)
+        erf_loop(empty(1, dt), empty(1, float_of(dt)))
     if kind == "round" and dt.kind in "iub":
         return lambda inputs, outputs, ws: np.copyto(outputs[0], inputs[0])
     if kind == "float" and dt != _unary_dtype(node, dt):

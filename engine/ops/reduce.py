@@ -9,7 +9,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import INT64, float_of, norm_axes, norm_axis, numba_ok, reference_kernel, with_value
+from engine.ops._common import INT64, empty, float_of, norm_axes, norm_axis, numba_ok, reference_kernel, with_value
 from engine.ops._norm_kernels import argbest_loop
 from engine.ops.registry import OpDef, TensorInfo, register
 
@@ -144,6 +144,7 @@ def _arg_kernel(node: Node, ins: list[TensorInfo]):
     largest = node.op_type == "ArgMax"
     if not numba_ok(ins[0].dtype):
         return reference_kernel(node, _arg_reference)
+    argbest_loop(empty(3, ins[0].dtype), empty(2, np.int64), largest)
 
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
