@@ -87,10 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(subparsers)
     try:
         from engine.cli import add_engine_commands  # run / inspect / convert, owned by the engine
-    except ImportError:
-        pass
-    else:
+
         add_engine_commands(subparsers)
+    except Exception as exc:  # a broken engine CLI must not take `nnserve serve` down with it
+        print(f"nnserve: engine commands unavailable: {exc}", file=sys.stderr)
     return parser
 
 
