@@ -48,9 +48,15 @@ def make_repository(root: Path, models: dict[str, str | None]) -> Path:
     return root
 
 
+def nnserve_command() -> list[str]:
+    """The installed `nnserve` console script next to this interpreter (as users run it), else the module."""
+    script = Path(sys.executable).parent / "nnserve"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "server.cli"]
+
+
 class ServerProcess:
     def __init__(self, repository: Path, *extra: str, expect_ready: bool = True):
-        cmd = [sys.executable, "-m", "server.cli", "serve", "--model-repository", str(repository),
+        cmd = [*nnserve_command(), "serve", "--model-repository", str(repository),
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
                "--grpc-address", "127.0.0.1", *extra]
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
