@@ -32,6 +32,11 @@ def _guard(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any
             return await method(self, request, context)
         except ServerError as err:
             await context.abort(status_of(err), err.message)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # a bug: answer INTERNAL with the message, log the traceback
+            log.exception("%s failed", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
     return wrapper
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -17,6 +18,8 @@ from server import settings
 from server.dataplane import DataPlane
 from server.errors import ClientDisconnectedError, InvalidArgumentError, ServerError, UnavailableError
 from server.protocol import rest_codec
+
+log = logging.getLogger("nnserve.http")
 
 JSON_TYPE = "application/json"
 DISCONNECT_POLL_SECS = 0.05
@@ -29,6 +32,11 @@ def create_app(dp: DataPlane) -> FastAPI:
     @app.exception_handler(ServerError)
     async def _server_error(_: Request, exc: ServerError) -> JSONResponse:
         return JSONResponse({"error": exc.message}, status_code=exc.http_status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: no traceback to the client
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
     _health_routes(app, dp)
     _model_routes(app, dp)

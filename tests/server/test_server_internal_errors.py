@@ -1,0 +1,43 @@
+"""An unexpected exception (a bug) still answers in the protocol's error shape, never with a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from fastapi.testclient import TestClient
+
+from server.protocol.grpc import pb2
+from server.protocol.grpc.servicer import InferenceServicer
+from server.protocol.rest import create_app
+
+
+class BrokenDataPlane:
+    draining = exiting = False
+
+    def server_metadata(self):
+        raise RuntimeError("boom")
+
+
+def test_rest_unexpected_error_is_json_500():
+    client = TestClient(create_app(BrokenDataPlane()), raise_server_exceptions=False)
+    r = client.get("/v2")
+    assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError: boom"}
+
+
+class Aborted(Exception):
+    pass
+
+
+class FakeContext:
+    async def abort(self, code, details):
+        self.code, self.details = code, details
+        raise Aborted
+
+
+def test_grpc_unexpected_error_is_internal():
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        asyncio.run(InferenceServicer(BrokenDataPlane()).ServerMetadata(pb2.ServerMetadataRequest(), context))
+    assert context.code == grpc.StatusCode.INTERNAL and "RuntimeError: boom" in context.details
