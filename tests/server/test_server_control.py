@@ -112,8 +112,16 @@ def test_poll_mode_reloads_new_version_without_failing_requests(tmp_path):
         stop.set()
         for t in threads:
             t.join()
-        srv.stop()
     assert failures == []
+    try:  # removing the model directory unloads the model
+        shutil.rmtree(repo / "affine")
+        deadline = time.monotonic() + 30
+        while httpx.get(f"http://{srv.http_url}/v2/models/affine/ready").status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert httpx.post(f"http://{srv.http_url}/v2/repository/index", json={}).json() == []
+    finally:
+        srv.stop()
 
 
 def test_sigterm_fails_readiness_then_drains(tmp_path):
