@@ -13,7 +13,7 @@ from typing import Any
 
 from server import config as cfg
 from server.errors import ModelControlError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnknownModelError
-from server.model_version import READY, UNAVAILABLE, ModelVersion, load_version
+from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
 from server.protocol.grpc import model_config_pb2 as mc
 
 log = logging.getLogger("nnserve.repository")
@@ -130,6 +130,8 @@ class ModelRepository:
         async with self._lock(name):
             old = self._models.get(name)
             model_dir = self.root / name
+            if old is None or not old.versions:  # visible as LOADING in the index; a reload keeps serving the old
+                self._models[name] = ModelEntry(name, state=LOADING)
             try:
                 entry = await asyncio.to_thread(self._build, name, model_dir, config_json)
             except ModelLoadError as exc:
