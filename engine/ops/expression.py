@@ -345,8 +345,8 @@ def _operand(x: np.ndarray) -> Any:
 
 def _to_array(result: Any, float_dtype: np.dtype) -> np.ndarray:
     if isinstance(result, list):
-        if any(isinstance(r, (list, np.ndarray)) for r in result):
-            raise ExpressionError("a list result must hold scalars")
+        if not all(isinstance(r, (bool, int, float, np.integer, np.floating, np.bool_)) for r in result):
+            raise ExpressionError(f"a list result must hold numbers, got {result!r}")
         if all(isinstance(r, (bool, int, np.integer)) for r in result):
             return np.array(result, np.int64)
         return np.array(result, float_dtype)

@@ -110,3 +110,43 @@ def test_expression_op_is_registered():
     bad = Node("Expression", "e", params={"expr": "add(@0,@1)"}, source="m.pnnx.param:9")
     with pytest.raises(ShapeError, match="m.pnnx.param:9"):
         op.reference(bad, [np.zeros((2, 3), F32), np.zeros(4, F32)])
+
+
+# -- fuzzing -------------------------------------------------------------------------------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_ATOMS = st.sampled_from(["@0", "@1", "@7", "2", "-3", "0.5", "1.000000e-6", "True", "None", "torch.float", "x"])
+_NAMES = st.sampled_from(["add", "sub", "div", "floor_divide", "remainder", "pow", "sqrt", "neg", "size", "int",
+                          "max", "and", "lshift", "erf", "torch.float", "atan2", "round"])
+
+
+@st.composite
+def _trees(draw, depth=0):
+    kind = draw(st.integers(0, 2 if depth < 4 else 0))
+    if kind == 0:
+        return draw(_ATOMS)
+    if kind == 1:
+        return "[" + ",".join(draw(st.lists(_trees(depth + 1), max_size=3))) + "]"
+    return draw(_NAMES) + "(" + ",".join(draw(st.lists(_trees(depth + 1), min_size=1, max_size=3))) + ")"
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="@0123456789(),[].-eaddmulsizeTrueNone", max_size=40))
+def test_random_text_only_raises_expression_errors(text):
+    try:
+        parse(text)
+    except ExpressionError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(expr=_trees())
+def test_random_expressions_evaluate_or_raise_expression_errors(expr):
+    ins = [np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3), np.arange(3, dtype=np.int64)]
+    try:
+        out = run(expr, ins)
+    except ExpressionError:
+        return
+    info = infer_info(expr, [TensorInfo(a.shape, a.dtype) for a in ins])
+    assert info.shape == out.shape and info.dtype == out.dtype
