@@ -173,11 +173,6 @@ def make_fixture(spec: Spec) -> Path:
     if spec.inputs2 is not None:
         inputs2 = make_inputs(spec.inputs2, [i.shape for i in spec.inputs2], gen)
     paths = export_pnnx(model, inputs, WORK_DIR / spec.name, spec.name, inputs2)
-    try:
-        pnnx_diff: float | str = max_abs_diff(run_pnnx_python(paths["py"], inputs), outputs)
-    except SyntaxError as exc:  # pnnx sometimes writes module names that are not Python identifiers
-        pnnx_diff = f"generated _pnnx.py does not compile: {exc.msg} ({exc.text.strip() if exc.text else ''})"
-
     out = OUT_DIR / spec.name
     if out.exists():
         shutil.rmtree(out)
@@ -196,22 +191,33 @@ def make_fixture(spec: Spec) -> Path:
         "seed": seed_for(spec.name),
         "inputs": io_entries("in", inputs),
         "outputs": io_entries("out", outputs),
-        "pnnx_python_max_abs_diff": pnnx_diff,
+        "pnnx_python_max_abs_diff": pnnx_self_check(paths["py"], inputs, outputs),
         "pnnx_ops": op_counts(paths["param"]),
         "notes": NOTES.get(spec.name, []),
     }
     if inputs2 is not None:
         meta["inputshape2"] = [list(t.shape) for t in inputs2]
         meta["max_shapes"] = {f"in{i}": list(t.shape) for i, t in enumerate(inputs)}
-        meta["cases"] = []
-        for k, shapes in enumerate(spec.cases):
-            case_in = make_inputs(spec.inputs, shapes, gen)
-            case_out = run(model, case_in)
-            save_npz(out / f"inputs_{k}.npz", named("in", case_in))
-            save_npz(out / f"expected_{k}.npz", named("out", case_out))
-            meta["cases"].append([list(s) for s in shapes])
+        meta["cases"] = write_cases(out, spec, model, gen)
     save_json(out / "meta.json", meta)
     return out
+
+
+def pnnx_self_check(py_path: Path, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> float | str:
+    """How far pnnx's own Python rendering of the converted graph is from torch (0 when pnnx is faithful)."""
+    try:
+        return max_abs_diff(run_pnnx_python(py_path, inputs), outputs)
+    except SyntaxError as exc:  # pnnx sometimes writes module names that are not Python identifiers
+        return f"generated _pnnx.py does not compile: {exc.msg} ({exc.text.strip() if exc.text else ''})"
+
+
+def write_cases(out: Path, spec: Spec, model: nn.Module, gen: torch.Generator) -> list[list[list[int]]]:
+    """Extra shapes of a dynamic model: inputs_<k>.npz / expected_<k>.npz, in spec.cases order."""
+    for k, shapes in enumerate(spec.cases):
+        case_in = make_inputs(spec.inputs, shapes, gen)
+        save_npz(out / f"inputs_{k}.npz", named("in", case_in))
+        save_npz(out / f"expected_{k}.npz", named("out", run(model, case_in)))
+    return [[list(s) for s in shapes] for shapes in spec.cases]
 
 
 def _pnnx_version() -> str:
@@ -242,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         from _fixture_bench import make_bench_models
 
         make_bench_models(REPO / "bench" / "models", WORK_DIR / "bench", randomize_norms, args.names or None)
+        if not args.keep_work:
+            shutil.rmtree(WORK_DIR, ignore_errors=True)
         return 0
     unknown = set(args.names) - {s.name for s in SPECS} - {"ultraface"}
     if unknown:
