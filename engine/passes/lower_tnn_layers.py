@@ -126,8 +126,9 @@ def lower_groupnorm(c: Ctx) -> None:
 
 
 def lower_normalize(c: Ctx) -> None:
-    if c.i(0, 0) or c.i(2, 0):
-        c.unsupported("across spatial dims or with a shared channel")
+    # TNN's CPU kernel: x / max(||x||_2, eps) or x / ||x||_1 over channels (axis 1) only
+    if c.i(0, 0) or c.i(2, 0) or c.i(3, 1) != 1 or c.i(4, 2) not in (1, 2):
+        c.unsupported("across spatial dims, with a shared channel, another axis or a p other than 1 or 2")
     c.out("LpNormalize", [c.inputs[0]], {"eps": c.f(1, 1e-12), "axis": c.i(3, 1), "p": c.i(4, 2)})
 
 

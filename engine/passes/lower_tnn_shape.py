@@ -144,9 +144,11 @@ def _reshape_nhwc(c: Ctx, shape: list[int]) -> None:
 def lower_flatten(c: Ctx) -> None:
     axis = c.i(0, 1)
     x = c.inputs[0]
-    if axis > 1:  # TNN flattens to 2-D: prod(dims[:axis]) x prod(dims[axis:])
+    if axis <= 0:  # TNN flattens to 2-D: prod(dims[:axis]) x prod(dims[axis:])
+        return c.out("Reshape", [x], {"shape": [1, -1]})
+    if axis > 1:
         x = c.tmp("Flatten", [x], {"start_dim": 0, "end_dim": axis - 1})
-    c.out("Flatten", [x], {"start_dim": 1 if axis >= 1 else 0, "end_dim": -1})
+    c.out("Flatten", [x], {"start_dim": 1, "end_dim": -1})
 
 
 def lower_permute(c: Ctx) -> None:

@@ -55,6 +55,8 @@ IN4 = "x 4 1 4 6 8 0"
     ("Clip c 1 1 x y -1.79769e+308 0.25", lambda x: np.minimum(x, 0.25)),
     ("Reshape r 1 1 x y 0 3 3 0 -1 4 0", lambda x: x.reshape(1, 48, 4)),
     ("Flatten f 1 1 x y 1", lambda x: x.reshape(1, -1)),
+    ("Flatten f 1 1 x y 2", lambda x: x.reshape(4, -1)),
+    ("Normalize n 1 1 x y 0 1e-12 0 1 2", lambda x: x / np.sqrt((x * x).sum(1, keepdims=True))),
     ("ShuffleChannel s 1 1 x y 2", lambda x: x.reshape(1, 2, 2, 6, 8).transpose(0, 2, 1, 3, 4).reshape(x.shape)),
     ("SoftmaxCaffe s 1 1 x y 1", lambda x: np.exp(x) / np.exp(x).sum(1, keepdims=True)),
     ("ReduceMean r 1 1 x y 0 2 3", lambda x: x.mean((2, 3))),
