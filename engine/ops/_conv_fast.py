@@ -1,5 +1,6 @@
 """Fast CPU kernels for Conv and ConvTranspose: 1x1 as plain GEMM, depthwise as a direct numba loop,
-everything else as tiled im2col + BLAS GEMM; bias, residual and activation fused into one epilogue pass.
+3x3 stride-1 as Winograd F(2x2, 3x3), everything else as tiled im2col + BLAS GEMM; bias, residual and
+activation fused into one epilogue pass.
 
 A kernel is built once at the instance's max input shape (weights are packed then) and reads the actual
 shapes from the arrays on every call, so any smaller input runs in the same output view and workspace.
@@ -14,6 +15,7 @@ import numpy as np
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops import _conv_kernels as K
+from engine.ops import _winograd as W
 from engine.ops._conv_geom import ConvGeom, conv_geom, tconv_geom, weight_of
 from engine.ops._epilogue import apply_activation
 from engine.ops._threads import parallel_for
@@ -21,6 +23,10 @@ from engine.ops.registry import Kernel, TensorInfo
 
 # im2col scratch per conv before it tiles over output rows; the perf work may tune it.
 WORKSPACE_BUDGET = 2 << 20
+# Winograd pays off once the GEMMs are big enough to dominate its transforms.
+WINOGRAD = True
+WINOGRAD_MIN_CHANNELS = 16
+WINOGRAD_MIN_TILES = 32  # below this many 2x2 tiles (e.g. 7x7 maps) im2col is as fast; also the least per block
 _F32 = np.dtype(np.float32)
 _DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
 _DUMMY2 = np.zeros((1, 1), np.float32)
@@ -31,7 +37,25 @@ def _kind(geo: ConvGeom) -> str:
         return "gemm"
     if geo.groups == geo.c == geo.o and geo.pad_mode == "zeros":
         return "depthwise"
+    if (WINOGRAD and geo.kh == geo.kw == 3 and geo.stride == geo.dilation == (1, 1) and geo.groups == 1
+            and geo.pad_mode == "zeros" and min(geo.c, geo.o) >= WINOGRAD_MIN_CHANNELS
+            and _tiles(geo)[1] >= WINOGRAD_MIN_TILES):
+        return "winograd"
     return "im2col"
+
+
+def _tiles(geo: ConvGeom) -> tuple[int, int]:
+    """(tiles across, tile count) of the 2x2 Winograd output tiles."""
+    tw = (geo.ow + 1) // 2
+    return tw, ((geo.oh + 1) // 2) * tw
+
+
+def _tile_block(geo: ConvGeom, cap_elems: int) -> int:
+    """Tiles per transform block: whole rows of tiles, at least WINOGRAD_MIN_TILES (or one row)."""
+    tw, n_tiles = _tiles(geo)
+    per_row = 16 * (geo.c + geo.o) * tw
+    rows = max(-(-WINOGRAD_MIN_TILES // tw), cap_elems // per_row, 1)
+    return min(n_tiles, rows * tw)
 
 
 def _tile_rows(k_rows: int, width: int, height: int, cap_elems: int) -> int:
@@ -40,7 +64,10 @@ def _tile_rows(k_rows: int, width: int, height: int, cap_elems: int) -> int:
 
 def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
     geo = conv_geom(node, ins[0].shape)
-    if _kind(geo) != "im2col":
+    kind = _kind(geo)
+    if kind == "winograd":
+        return 16 * (geo.c + geo.o) * _tile_block(geo, WORKSPACE_BUDGET // _F32.itemsize) * _F32.itemsize
+    if kind != "im2col":
         return 0
     k_rows = geo.c // geo.groups * geo.kh * geo.kw
     rows = _tile_rows(k_rows, geo.ow, geo.oh, WORKSPACE_BUDGET // _F32.itemsize)
@@ -118,6 +145,8 @@ def build_conv(node: Node, ins: list[TensorInfo]) -> Kernel:
     wg = np.ascontiguousarray(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
     if kind == "gemm":
         return _gemm_run(geom, wg, epi)
+    if kind == "winograd":
+        return _winograd_run(node, geom, W.transform_weights(w), epi)
     return _im2col_run(node, geom, wg, epi)
 
 
@@ -161,6 +190,33 @@ def _im2col_run(node: Node, geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
                     parallel_for(K.im2col, cg, cols.size, xg, cols, oh0, r, geo.ow, geo.kh, geo.kw, sh, sw, dh, dw,
                                  pt, pl, mode)
                     np.matmul(wg[gi], cols, out=yg[:, oh0:oh0 + r].reshape(og, r * geo.ow))
+            _finish_image(epi, out, z, n, geo)
+    return run
+
+
+def _winograd_run(node: Node, geom, u: np.ndarray, epi: _Epilogue) -> Kernel:
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
+        geo = geom(x.shape)  # any size works: only the kernel shape, stride and groups chose Winograd
+        buf = _scratch(workspace, node)
+        tw, n_tiles = _tiles(geo)
+        block = _tile_block(geo, min(buf.size, max(WORKSPACE_BUDGET // 4, 16 * (geo.c + geo.o))))
+        c, o = geo.c, geo.o
+        if 16 * (c + o) * block > buf.size:
+            raise KernelError(f"{node.where()}: Conv needs {16 * (c + o) * block * 4} bytes of workspace, the "
+                              f"instance has {buf.size * 4} (input larger than the instance's max shape?)")
+        pt, pl = geo.pads[0], geo.pads[1]
+        rows, th = block // tw, n_tiles // tw
+        for n in range(geo.n):
+            for ty0 in range(0, th, rows):
+                ty1 = min(th, ty0 + rows)
+                b = (ty1 - ty0) * tw
+                v = buf[:16 * c * b].reshape(16, c, b)
+                m = buf[16 * c * b:16 * (c + o) * b].reshape(16, o, b)
+                parallel_for(W.input_transform, c, v.size, x[n], v, ty0, ty1, tw, pt, pl)
+                np.matmul(u, v, out=m)
+                parallel_for(W.output_transform, o, m.size, m, out[n], ty0, ty1, tw)
             _finish_image(epi, out, z, n, geo)
     return run
 

@@ -235,3 +235,39 @@ def test_every_fused_activation_in_every_path(act, path):
     x = rand(1, 4, 6, 5) * 3
     z = rand(*infer(node, [x])[0].shape)
     check_kernel(node, [x, z], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg,shape", [
+    (dict(pads=(1, 1, 1, 1), activation="relu"), (2, 16, 9, 7)),  # odd sizes: cropped last tiles
+    (dict(pads=(0, 2, 1, 0)), (1, 16, 8, 10)),  # asymmetric pads
+    (dict(auto_pad="same_lower", activation="silu"), (1, 16, 6, 5)),
+])
+def test_winograd_matches_reference(cfg, shape):
+    node = conv_node(shape[1], 20, residual=True, **cfg)
+    big = rand(*shape[:2], shape[2] + 7, shape[3] + 6)
+    assert _conv_fast._kind(conv_geom(node, big.shape)) == "winograd"  # built there, run below the tile threshold
+    x = rand(*shape)
+    zs = [rand(*infer(node, [a])[0].shape) for a in (x, big)]
+    check_kernel(node, [x, zs[0]], [big, zs[1]], rtol=1e-4, atol=1e-5)
+    check_kernel(node, [big, zs[1]], rtol=1e-4, atol=1e-5)
+
+
+def test_winograd_blocks_of_tiles(monkeypatch):
+    monkeypatch.setattr(_conv_fast, "WORKSPACE_BUDGET", 4096)
+    monkeypatch.setattr(_conv_fast, "WINOGRAD_MIN_TILES", 3)
+    node = conv_node(16, 16, pads=(1, 1, 1, 1))
+    x = rand(1, 16, 9, 11)
+    assert workspace_of(node, x) == 16 * 32 * 6 * 4  # one row of 6 tiles per block
+    check_kernel(node, [x], rtol=1e-4, atol=1e-5)
+
+
+def test_winograd_weight_transform_against_direct_products():
+    from engine.ops._winograd import transform_weights
+    w = rand(2, 3, 3, 3)
+    g = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    u = transform_weights(w).reshape(4, 4, 2, 3)
+    np.testing.assert_allclose(u[:, :, 1, 2], g @ w[1, 2] @ g.T, rtol=1e-6)
+
+
+def test_small_channel_3x3_stays_on_im2col():
+    assert _conv_fast._kind(conv_geom(conv_node(3, 8, pads=(1, 1, 1, 1)), (1, 3, 8, 8))) == "im2col"
