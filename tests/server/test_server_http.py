@@ -153,3 +153,18 @@ def test_bytes_wire_format_is_rejected_cleanly_in_binary(server):
     r = httpx.post(url(server, "/v2/models/affine/infer"), content=header + raw,
                    headers={"Inference-Header-Content-Length": str(len(header))})
     assert r.status_code == 400 and "expects 'FP32'" in r.json()["error"]
+
+
+@pytest.mark.parametrize("request_enc, response_enc", [("gzip", "deflate"), ("deflate", "gzip")])
+def test_compressed_bodies_with_tritonclient(server, request_enc, response_enc):
+    client = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("in0", list(X.shape), "FP32")
+    inp.set_data_from_numpy(X, binary_data=True)
+    result = client.infer("affine", [inp], request_compression_algorithm=request_enc,
+                          response_compression_algorithm=response_enc)
+    np.testing.assert_allclose(result.as_numpy("out0"), affine_reference(X)["out0"], rtol=1e-5, atol=1e-6)
+    r = httpx.post(url(server, "/v2/models/affine/infer"), content=b"not gzip",
+                   headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 400 and "not valid gzip" in r.json()["error"]
+    r = httpx.post(url(server, "/v2/models/affine/infer"), content=b"{}", headers={"Content-Encoding": "br"})
+    assert r.status_code == 501

@@ -18,6 +18,7 @@ from server import settings
 from server.dataplane import DataPlane
 from server.errors import ClientDisconnectedError, InvalidArgumentError, ServerError, UnavailableError
 from server.protocol import rest_codec
+from server.protocol.rest import compression
 
 log = logging.getLogger("nnserve.http")
 
@@ -83,15 +84,17 @@ def _model_routes(app: FastAPI, dp: DataPlane) -> None:
                           methods=["GET"])
 
     async def infer(request: Request, model: str, version: str = "") -> Response:
-        body = await request.body()
+        body = compression.decompress(await request.body(), request.headers.get("content-encoding"))
         header = request.headers.get(rest_codec.HEADER_LENGTH)
         req = rest_codec.decode_request(model, version, body, _int_header(header))
         resp = await _unless_disconnected(request, dp.infer(req))
         payload, json_len = rest_codec.encode_response(resp, req)
+        payload, encoding = compression.compress(payload, request.headers.get("accept-encoding"))
+        headers = {"Content-Encoding": encoding} if encoding else {}
         if json_len is None:
-            return Response(payload, media_type=JSON_TYPE)
-        return Response(payload, media_type="application/octet-stream",
-                        headers={rest_codec.HEADER_LENGTH: str(json_len)})
+            return Response(payload, media_type=JSON_TYPE, headers=headers)
+        headers[rest_codec.HEADER_LENGTH] = str(json_len)
+        return Response(payload, media_type="application/octet-stream", headers=headers)
 
     for path in both("/infer"):
         app.add_api_route(path, infer, methods=["POST"])
