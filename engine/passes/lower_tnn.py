@@ -29,6 +29,7 @@ class Ctx:
         self.low, self.node, self.graph = low, node, low.graph
         self.args: list[str] = list(node.params.get("args", []))
         self.type = node.op_type[len(PREFIX):]
+        self._emitted = 0
 
     # -- arguments ------------------------------------------------------------------------------------------
     def fail(self, message: str):
@@ -118,8 +119,9 @@ class Ctx:
         self.out("Identity", [v])
 
     def _name(self) -> str:
-        self.low.count += 1
-        return self.node.name if self.low.count_for(self.node) == 1 else f"{self.node.name}/{self.low.count}"
+        """The layer's name for its first node, `name/2`, `name/3`, ... for the ones it also needs."""
+        self._emitted += 1
+        return self.node.name if self._emitted == 1 else f"{self.node.name}/{self._emitted}"
 
 
 Handler = Callable[[Ctx], None]
@@ -129,8 +131,6 @@ class _Lowering:
     def __init__(self, graph: Graph, handlers: dict[str, Handler], quantized: dict[str, Handler]):
         self.graph, self.handlers, self.quantized = graph, handlers, quantized
         self.infos: dict[Value, TensorInfo] = {}
-        self.count = 0
-        self._per_node: dict[int, int] = {}
         self.scales: dict[str, dict] = graph.meta.pop("tnn_blob_scales", {}) or {}
         self.int8: set[Value] = set()
         self._deq: dict[Value, Value] = {}
@@ -139,10 +139,6 @@ class _Lowering:
         for v in graph.inputs:
             if v.shape is not None and v.dtype is not None and all(d >= 0 for d in v.shape):
                 self.infos[v] = TensorInfo(tuple(v.shape), np.dtype(v.dtype))
-
-    def count_for(self, node: Node) -> int:
-        self._per_node[id(node)] = self._per_node.get(id(node), 0) + 1
-        return self._per_node[id(node)]
 
     def info(self, v: Value) -> TensorInfo | None:
         if v.is_const:
