@@ -50,6 +50,13 @@ def test_auto_completed_config(server):
     assert config["backend"] == "pnnx"
     assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [("in0", "TYPE_FP32", [4])]
     assert [t["name"] for t in config["output"]] == ["out0", "out1"]
+    assert "dynamic_batching" not in config  # so it runs one request per execution
+    body = {"inputs": [{"name": "in0", "shape": [4, 4], "datatype": "FP32", "data": X[:1].repeat(4, 0).tolist()}]}
+    r = httpx.post(url(server, "/v2/models/affine_auto/infer"), json=body)
+    out = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in r.json()["outputs"]}
+    np.testing.assert_allclose(out["out1"], affine_reference(X[:1].repeat(4, 0))["out1"], rtol=1e-5, atol=1e-6)
+    stats = httpx.get(url(server, "/v2/models/affine_auto/versions/1/stats")).json()["model_stats"][0]
+    assert stats["batch_stats"][0]["batch_size"] == 4 and stats["inference_count"] == stats["execution_count"] * 4
 
 
 def test_json_infer_matches_numpy(server):
