@@ -96,3 +96,9 @@ def load() -> tuple[ModuleType, ...]:
         generate()
     pkg = __name__.rsplit(".", 1)[0] + "._gen"
     return tuple(importlib.import_module(f"{pkg}.{m}") for m in STUBS)
+
+
+if __name__ == "__main__":
+    # `python -m server.protocol.grpc.gen` before building a wheel puts the stubs into it (proto/ is not packaged).
+    generate()
+    print(f"generated {', '.join(STUBS)} in {GEN_DIR}")
