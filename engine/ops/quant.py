@@ -88,17 +88,28 @@ def qconv_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
 
 
 def qconv_accumulate(node: Node, x: np.ndarray) -> np.ndarray:
-    """Exact int32 sums of int8 products (+ bias), computed in float64 where every sum is exact."""
+    """Exact int32 sums of int8 products plus the bias: int32 shifts for depthwise, float64 GEMM otherwise
+    (every partial sum is an integer far below 2**53, so the GEMM is exact)."""
     (n, o, oh, ow), (kh, kw), (sh, sw), (dh, dw), (t, l), g = conv_geometry(node, x.shape)
+    c = x.shape[1]
+    w = node.attrs["weight"]
+    bias = node.attrs["bias"].astype(np.int64).reshape(1, o, 1, 1)
+    if g == c == o:  # depthwise: one multiply-add per kernel tap
+        xp = np.pad(x.astype(np.int32), ((0, 0), (0, 0), (t, t), (l, l)))
+        acc = np.zeros((n, o, oh, ow), np.int32)
+        for i in range(kh):
+            for j in range(kw):
+                tap = xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                acc += tap * w[:, 0, i, j].astype(np.int32).reshape(1, o, 1, 1)
+        return acc + bias
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (t, t), (l, l)))
     span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
     win = sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :oh, :ow]
-    c = x.shape[1]
-    win = win.reshape(n, g, c // g, oh, ow, kh, kw)
-    wg = node.attrs["weight"].astype(np.float64).reshape(g, o // g, c // g, kh, kw)
-    acc = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(n, o, oh, ow)
-    acc += node.attrs["bias"].astype(np.float64).reshape(1, o, 1, 1)
-    return acc
+    win = win.reshape(n, g, c // g, oh, ow, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6).reshape(n, g, oh * ow, -1)
+    wg = w.astype(np.float64).reshape(g, o // g, -1)
+    acc = np.matmul(win, wg.transpose(0, 2, 1))  # (n, g, oh*ow, o/g)
+    acc = acc.transpose(0, 1, 3, 2).reshape(n, o, oh, ow)
+    return acc.astype(np.int64) + bias
 
 
 def qconv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -51,8 +51,12 @@ def test_float2int8_rounds_half_away_and_saturates():
     np.testing.assert_array_equal(float2int8(vals), round_away(vals))
 
 
-def _conv_reference(q: np.ndarray, w: np.ndarray, bias: np.ndarray, pad: int) -> np.ndarray:
+def _conv_reference(q: np.ndarray, w: np.ndarray, bias: np.ndarray, pad: int, groups: int = 1) -> np.ndarray:
     """int32 accumulation by explicit loops (independent of the engine's im2col)."""
+    if groups > 1:
+        cg, og = q.shape[1] // groups, w.shape[0] // groups
+        return np.concatenate([_conv_reference(q[:, k * cg:(k + 1) * cg], w[k * og:(k + 1) * og],
+                                               bias[k * og:(k + 1) * og], pad) for k in range(groups)], axis=1)
     n, c, h, wd = q.shape
     o, _, kh, kw = w.shape
     qp = np.pad(q.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
@@ -65,19 +69,22 @@ def _conv_reference(q: np.ndarray, w: np.ndarray, bias: np.ndarray, pad: int) ->
     return acc + bias.reshape(1, -1, 1, 1)
 
 
-def test_quantized_conv_with_relu(tmp_path):
-    w = RNG.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8)
-    bias = RNG.integers(-500, 500, 4).astype(np.int32)
-    w_scale, s_in, s_out = F32([0.011, 0.02, 0.005, 0.03]), F32([0.05, 0.04, 0.03]), F32([0.2, 0.3, 0.25, 0.1])
-    layer = "QuantizedConvolution c 1 1 x y 1 3 4 3 3 1 1 1 1 1 -1 1 1 1"
+@pytest.mark.parametrize("groups", [1, 3])
+def test_quantized_conv_with_relu(tmp_path, groups):
+    oc, icg = (4, 3) if groups == 1 else (3, 1)  # dense, then depthwise
+    w = RNG.integers(-127, 128, (oc, icg, 3, 3), dtype=np.int8)
+    bias = RNG.integers(-500, 500, oc).astype(np.int32)
+    w_scale, s_out = F32([0.011, 0.02, 0.005, 0.03][:oc]), F32([0.2, 0.3, 0.25, 0.1][:oc])
+    s_in = F32([0.05, 0.04, 0.03])
+    layer = f"QuantizedConvolution c 1 1 x y {groups} {icg} {oc} 3 3 1 1 1 1 1 -1 1 1 1"
     model = quantized_model(tmp_path, [layer], [("Convolution", "c", ["c", 1, w, bias, w_scale])],
                             {"x": s_in, "y": s_out})
     x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
     got = model.instance().run({"x": x})["y"]
     q = round_away(x / s_in.reshape(1, 3, 1, 1))
-    acc = _conv_reference(q, w, bias, 1)
-    val = np.maximum(acc.astype(F32) * (w_scale / s_out).reshape(1, 4, 1, 1), 0)
-    expected = round_away(val).astype(F32) * s_out.reshape(1, 4, 1, 1)  # dequantized at the graph output
+    acc = _conv_reference(q, w, bias, 1, groups)
+    val = np.maximum(acc.astype(F32) * (w_scale / s_out).reshape(1, oc, 1, 1), 0)
+    expected = round_away(val).astype(F32) * s_out.reshape(1, oc, 1, 1)  # dequantized at the graph output
     np.testing.assert_array_equal(got, expected)
 
 
