@@ -102,10 +102,13 @@ def qconv_accumulate(node: Node, x: np.ndarray) -> np.ndarray:
                 tap = xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
                 acc += tap * w[:, 0, i, j].astype(np.int32).reshape(1, o, 1, 1)
         return acc + bias
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (t, t), (l, l)))
-    span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
-    win = sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :oh, :ow]
-    win = win.reshape(n, g, c // g, oh, ow, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6).reshape(n, g, oh * ow, -1)
+    if (kh, kw, sh, sw, t, l) == (1, 1, 1, 1, 0, 0):  # pointwise: the input already is the column matrix
+        win = x.astype(np.float64).reshape(n, g, c // g, oh * ow).transpose(0, 1, 3, 2)
+    else:
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (t, t), (l, l)))
+        span = ((kh - 1) * dh + 1, (kw - 1) * dw + 1)
+        win = sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw][:, :, :oh, :ow]
+        win = win.reshape(n, g, c // g, oh, ow, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6).reshape(n, g, oh * ow, -1)
     wg = w.astype(np.float64).reshape(g, o // g, -1)
     acc = np.matmul(win, wg.transpose(0, 2, 1))  # (n, g, oh*ow, o/g)
     acc = acc.transpose(0, 1, 3, 2).reshape(n, o, oh, ow)
