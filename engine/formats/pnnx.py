@@ -60,6 +60,8 @@ class _Reader:
             except ValueError as e:  # grammar helpers report with ValueError; add file and line
                 raise self.fail(str(e)) from None
         self.line = 0
+        if not self.graph.outputs:
+            raise self.fail("the graph has no outputs (no pnnx.Output operator)")
         self._name_outputs()
         self.graph.meta = {"format": "pnnx", "operators": n_ops, "operands": n_operands,
                            "weights": bin_path_for(self.path).name if self.zip else None}

@@ -66,6 +66,13 @@ def test_param_errors_name_file_and_line(tmp_path, text, line, words):
     assert words in str(e.value)
 
 
+def test_graph_without_outputs(tmp_path):
+    p = tmp_path / "m.pnnx.param"
+    p.write_text("7767517\n1 1\npnnx.Input in 0 1 0 #0=(1)f32\n")
+    with pytest.raises(ModelFormatError, match="no outputs"):
+        load_graph(p)
+
+
 def test_binary_garbage_reports_an_offset(tmp_path):
     p = tmp_path / "m.pnnx.param"
     p.write_bytes(b"7767517\n1 1\n\xff\xfe")
