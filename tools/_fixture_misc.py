@@ -120,3 +120,50 @@ class MiscShapes(nn.Module):
         sum_all = torch.sum(sel, dim=(1, 2)) + torch.mean(x, dim=(1, 2, 3))
         mm = torch.bmm(t[:, :6, :], t[:, :6, :].transpose(1, 2))
         return (t, un2), (lin, sum_all), mm
+
+
+class MiscModuleForms(nn.Module):
+    """The other spelling of each op: nn.* modules where the fixtures above use F.*, and F.* where they use nn.*.
+
+    pnnx keeps the spelling (nn.Tanh vs F.tanh, nn.MaxPool2d vs F.max_pool2d, ...), so both must lower.
+    """
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(c, c, 3, 3) * 0.2)
+        self.b = nn.Parameter(torch.randn(c) * 0.1)
+        self.lin_w = nn.Parameter(torch.randn(6, c) * 0.3)
+        self.gamma, self.beta = nn.Parameter(torch.rand(c) + 0.5), nn.Parameter(torch.randn(c) * 0.1)
+        self.register_buffer("mean", torch.randn(c) * 0.1)
+        self.register_buffer("var", torch.rand(c) + 0.5)
+        self.mods = nn.ModuleDict(
+            {
+                "tanh": nn.Tanh(),
+                "sigmoid": nn.Sigmoid(),
+                "silu": nn.SiLU(),
+                "softmax": nn.Softmax(dim=1),
+                "log_softmax": nn.LogSoftmax(dim=-1),
+                "flatten": nn.Flatten(1),
+                "zero_pad": nn.ZeroPad2d((1, 0, 2, 1)),
+                "reflect_pad": nn.ReflectionPad2d(1),
+                "replicate_pad": nn.ReplicationPad2d((0, 2, 1, 0)),
+                "dropout": nn.Dropout(0.3),
+                "identity": nn.Identity(),
+                "up_bilinear": nn.UpsamplingBilinear2d(scale_factor=2),
+                "up_nearest": nn.UpsamplingNearest2d(size=(18, 21)),
+            }
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        m = self.mods
+        y = F.conv2d(x, self.w, self.b, stride=1, padding=1)
+        y = F.batch_norm(y, self.mean, self.var, self.gamma, self.beta, training=False, eps=1e-3)
+        y = m["identity"](m["dropout"](m["silu"](y)))
+        a = m["tanh"](F.max_pool2d(m["zero_pad"](y), 2, stride=2))
+        b = m["sigmoid"](F.avg_pool2d(m["reflect_pad"](y), 3, stride=2, padding=1, count_include_pad=False))
+        c = F.adaptive_max_pool2d(m["replicate_pad"](y), (3, 4)) + F.adaptive_avg_pool2d(y, 1)
+        n = F.layer_norm(F.group_norm(y, 2), (y.shape[-1],)) + F.instance_norm(y)
+        feats = m["flatten"](F.adaptive_avg_pool2d(n, 1))
+        logits = F.linear(feats, self.lin_w)
+        up = m["up_bilinear"](a) + F.leaky_relu(m["up_nearest"](b)[:, :, :, :20], 0.1) * F.elu(a.mean())
+        return m["softmax"](up), m["log_softmax"](logits), c, F.hardtanh(n, -0.5, 0.5)

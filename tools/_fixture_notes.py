@@ -90,4 +90,15 @@ NOTES: dict[str, list[str]] = {
         "the view/transpose/view channel shuffle is fused into nn.ChannelShuffle",
         "nested tuple outputs give three prim::TupleConstruct nodes; outputs are flattened depth-first",
     ],
+    "misc_forms": [
+        "F.conv2d with nn.Parameter weights followed by F.batch_norm becomes ONE nn.Conv2d (BN folded); "
+        "F.linear with a Parameter becomes nn.Linear bias=False",
+        "F.adaptive_max_pool2d is written with return_indices=True and TWO outputs; the indices output is unused",
+        "functional norms keep F.group_norm / F.layer_norm / F.instance_norm with weight=None bias=None "
+        "(and running_mean=None running_var=None)",
+        "pnnx keeps the spelling: nn.Tanh/nn.Sigmoid/nn.Softmax/nn.LogSoftmax vs F.*, F.max_pool2d/F.avg_pool2d vs "
+        "nn.*; nn.ZeroPad2d/ReflectionPad2d/ReplicationPad2d and nn.UpsamplingBilinear2d/Nearest2d stay modules",
+        "nn.Flatten becomes torch.flatten; nn.Dropout and nn.Identity vanish",
+        "x.mean() with no dim is torch.mean without a dim param (0-d result) feeding F.elu and a broadcast",
+    ],
 }

@@ -104,6 +104,7 @@ SPECS = [
     ),
     Spec("misc_conv_resize", misc.MiscConvResize, "conv padding modes, F.pad, deconv, resize", [In((1, 8, 16, 12))]),
     Spec("misc_shapes", misc.MiscShapes, "shape ops, reductions, channel shuffle, nested tuples", [In((2, 8, 6, 6))]),
+    Spec("misc_forms", misc.MiscModuleForms, "module vs functional spellings of the same ops", [In((1, 8, 16, 20))]),
 ]
 
 
