@@ -1,11 +1,15 @@
-"""Fixtures of the deploy tests: kubectl and every rendered kustomization, rendered once per session."""
+"""Deploy-test fixtures: every kustomization rendered once, and nnserve installed from the wheel the image builds."""
 
 from __future__ import annotations
 
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kube import KUBE_DIR, OVERLAYS, find_kubectl, kustomize
+from dockerfile import Dockerfile
+from imagebuild import build_wheel, copy_context, install_wheel, run_stub_step
+from kube import KUBE_DIR, OVERLAYS, REPO_ROOT, find_kubectl, kustomize
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +37,25 @@ def _pvc_variant(tmp: Path) -> Path:
     (tmp / "kustomization.yaml").write_text(
         f"namespace: nnserve\nresources: [{overlay.as_posix()}]\ncomponents: [{component.as_posix()}]\n")
     return tmp
+
+
+@dataclass
+class ImageInstall:
+    wheel: Path
+    site: Path
+
+
+@pytest.fixture(scope="session")
+def image_install(tmp_path_factory: pytest.TempPathFactory) -> ImageInstall:
+    """nnserve built as the image's builder stage builds it and installed from the wheel alone."""
+    df = Dockerfile.parse(REPO_ROOT / "Dockerfile")
+    context = tmp_path_factory.mktemp("context")
+    copy_context(df, context)
+    try:
+        run_stub_step(df, context)
+        wheel = build_wheel(context)
+        site = tmp_path_factory.mktemp("site")
+        install_wheel(wheel, site)
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"{exc.cmd} failed:\n{exc.stdout}\n{exc.stderr}")
+    return ImageInstall(wheel, site)
