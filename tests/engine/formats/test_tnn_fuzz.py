@@ -16,6 +16,7 @@ from engine.formats.tnn import build_graph
 from engine.formats.tnn_model import read_model_bytes
 from engine.formats.tnn_proto import parse_proto_text
 from engine.formats.tnn_serialize import Serializer
+from engine.passes.lower_tnn import lower_tnn
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared"
 TNN_MODELS = SHARED / "models" / "tnn"
@@ -144,5 +145,22 @@ def test_mutated_layer_parameters_fail_as_engine_errors(tmp_path_factory, edits)
     x = dict(np.load(FIXTURE / "inputs.npz"))
     try:
         engine.load(work / "model.tnnproto").instance().run(x)
+    except EngineError:
+        pass
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(not TNN_MODELS.is_dir(), reason="../shared/models/tnn is not available")
+@settings(max_examples=60, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 1 << 16), st.sampled_from(list(' ,":\n0123456789-xQ'))), max_size=6),
+       st.one_of(st.none(), st.integers(0, 1 << 14)))
+def test_mutated_real_proto(edit_list, cut):
+    proto = TNN_MODELS / "ultraface_slim320" / "version-slim-320_simplified.tnnproto"
+    chars = list(proto.read_text())
+    for pos, ch in edit_list:
+        chars[pos % len(chars)] = ch
+    model = read_model_bytes((TNN_MODELS / "ultraface_slim320" / "version-slim-320_simplified.tnnmodel").read_bytes())
+    try:  # reading and lowering (which checks every layer's parameters against its weights)
+        lower_tnn(build_graph(parse_proto_text("".join(chars)[:cut], "fuzz.tnnproto"), model))
     except EngineError:
         pass
