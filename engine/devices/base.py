@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+
+import numpy as np
 
 from engine.ir import Node
 from engine.memory.arena import Arena
@@ -19,3 +22,20 @@ class Device(ABC):
     @abstractmethod
     def build_kernel(self, node: Node, op: OpDef, ins: list[TensorInfo]) -> Kernel:
         """A callable fn(inputs, outputs, workspace) for `node`, built once at the instance's max shapes."""
+
+    # Hooks with host-memory defaults; a device whose arena is not host memory (CUDA) overrides them.
+    def workspace_bytes(self, node: Node, op: OpDef, ins: list[TensorInfo]) -> int:
+        """Scratch bytes this device's kernel for `node` needs at the max shapes."""
+        return int(op.workspace(node, ins)) if op.workspace is not None else 0
+
+    def activate(self) -> contextlib.AbstractContextManager:
+        """Entered around every run (CUDA: makes the instance's device current on the calling thread)."""
+        return contextlib.nullcontext()
+
+    def copy_in(self, view, array: np.ndarray) -> None:
+        """Copies a request's input into its arena view."""
+        np.copyto(view, array)
+
+    def copy_out(self, view) -> np.ndarray:
+        """A caller-owned host copy of an output (an arena view or a host value); waits for the device."""
+        return np.array(view, copy=True)

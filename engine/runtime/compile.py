@@ -57,7 +57,7 @@ def compile_graph(graph: Graph, infos: dict[Value, TensorInfo], device: Device) 
     for c in compiled:
         if not c.alias:
             c.kernel = device.build_kernel(c.node, c.op, input_infos(c.node, infos))
-    workspace = max([_workspace(c, infos) for c in compiled], default=0)
+    workspace = max([_workspace(c, infos, device) for c in compiled], default=0)
     memory = replace(memory, workspace_bytes=workspace, weights_bytes=weights_bytes(graph))
     return Compiled(compiled, arena_values, memory, infos)
 
@@ -86,7 +86,7 @@ def _same_layout(node: Node, infos, in_arena) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype
 
 
-def _workspace(c: CompiledNode, infos) -> int:
-    if c.alias or c.op.workspace is None:
+def _workspace(c: CompiledNode, infos, device: Device) -> int:
+    if c.alias:
         return 0
-    return int(c.op.workspace(c.node, input_infos(c.node, infos)))
+    return device.workspace_bytes(c.node, c.op, input_infos(c.node, infos))

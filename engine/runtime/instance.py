@@ -55,7 +55,8 @@ class Instance:
         if not self._lock.acquire(blocking=False):
             raise EngineError("this instance is already running on another thread; use one instance per thread")
         try:
-            return self._run(inputs, timings)
+            with self.device.activate():
+                return self._run(inputs, timings)
         finally:
             self._lock.release()
 
@@ -71,11 +72,11 @@ class Instance:
         arrays = check_inputs(self.graph, self.max_shapes, inputs)
         bound = self._bind(tuple(a.shape for a in arrays))
         for view, a in zip(bound.input_views, arrays, strict=True):
-            np.copyto(view, a)
+            self.device.copy_in(view, a)
         t1 = time.perf_counter()
         node_times = execute(bound, self.workspace, timings, _debug_level())
         t2 = time.perf_counter()
-        out = {name: np.array(a, copy=True) for name, a in bound.outputs}
+        out = {name: self.device.copy_out(a) for name, a in bound.outputs}
         t3 = time.perf_counter()
         self.last_timings = {"copy_in_s": t1 - t0, "compute_s": t2 - t1, "copy_out_s": t3 - t2, "total_s": t3 - t0}
         if timings:

@@ -1,0 +1,135 @@
+"""Convolutions on CUDA. Conv: im2col of one sample into the instance workspace (all groups at once), then the
+tiled matmul batched over groups with bias, residual and activation fused; 1x1 stride-1 unpadded convs skip
+im2col. ConvTranspose: a direct gather kernel (one thread per output pixel, no workspace).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from engine.devices.cuda._launch import by_shapes, flat, grid
+from engine.devices.cuda.linalg import activate, activation_args, launch_matmul
+from engine.ir import Node
+from engine.ops._conv_geom import conv_geom, tconv_geom
+from engine.ops.registry import TensorInfo
+
+PAD_MODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
+
+
+@cuda.jit(device=True)
+def _wrap(i, n, mode):
+    """Source index for a padded position (-1: a zero pad)."""
+    if 0 <= i < n:
+        return i
+    if mode == 0:
+        return -1
+    if mode == 1:
+        return -i if i < 0 else 2 * (n - 1) - i
+    if mode == 2:
+        return 0 if i < 0 else n - 1
+    return i % n
+
+
+@cuda.jit
+def _im2col(x, x_base, cols, C, H, W, cpg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, mode, n):
+    start, step = cuda.grid(1), cuda.gridsize(1)
+    P, K = oh * ow, cpg * kh * kw
+    for i in range(start, n, step):
+        p = i % P
+        kidx = (i // P) % K
+        c = (i // (K * P)) * cpg + kidx // (kh * kw)
+        iy = _wrap((p // ow) * sh - pt + ((kidx // kw) % kh) * dh, H, mode)
+        ix = _wrap((p % ow) * sw - pl + (kidx % kw) * dw, W, mode)
+        cols[i] = x[x_base + (c * H + iy) * W + ix] if iy >= 0 and ix >= 0 else 0.0
+
+
+def _direct(geo) -> bool:
+    return (geo.kh, geo.kw, geo.stride, geo.pads) == (1, 1, (1, 1), (0, 0, 0, 0))
+
+
+def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
+    geo = conv_geom(node, ins[0].shape)
+    return 0 if _direct(geo) else geo.c * geo.kh * geo.kw * geo.oh * geo.ow * 4
+
+
+def build_conv(dev, node: Node, ins: list[TensorInfo]):
+    from engine.devices.cuda.linalg import _check_f32
+
+    _check_f32(dev, node, ins[:1])
+    w = np.ascontiguousarray(node.attrs["weight"], np.float32)
+    bias = node.attrs.get("bias")
+    d_w = dev.upload(w.reshape(-1))
+    d_b = dev.upload(np.ascontiguousarray(bias, np.float32).reshape(-1)) if bias is not None else None
+    act, stream, mode = activation_args(node), dev.stream, PAD_MODES[node.params.get("pad_mode") or "zeros"]
+    plan = by_shapes(lambda i, o: (conv_geom(node, np.shape(i[0])),))
+
+    def run(inputs, outputs, workspace):
+        (geo,) = plan(inputs, outputs)
+        x, y = flat(inputs[0]), flat(outputs[0])
+        z = flat(inputs[1]) if len(inputs) > 1 else None
+        g, cpg, og, P = geo.groups, geo.c // geo.groups, geo.o // geo.groups, geo.oh * geo.ow
+        K, HW = cpg * geo.kh * geo.kw, geo.h * geo.w
+        cols = workspace.view(np.float32) if not _direct(geo) else None
+        for n in range(geo.n):
+            x_base = n * geo.c * HW
+            if cols is None:
+                src, b_base, b_bs = x, x_base, cpg * HW
+            else:
+                total = g * K * P
+                _im2col[grid(total) + (stream,)](x, x_base, cols, geo.c, geo.h, geo.w, cpg, geo.kh, geo.kw,
+                                                 *geo.stride, *geo.dilation, geo.pads[0], geo.pads[1],
+                                                 geo.oh, geo.ow, mode, total)
+                src, b_base, b_bs = cols, 0, K * P
+            launch_matmul(stream, d_w, src, y, og, P, K, batch=((g,), (og * K,), (b_bs,), (og * P,)),
+                          a_rs=K, a_cs=1, b_rs=P, b_cs=1, b_base=b_base, c_base=n * geo.o * P,
+                          bias=d_b, bias_mode=1 if d_b is not None else 0, z=z, act=act)
+
+    return run
+
+
+@cuda.jit
+def _tconv(x, w, bias, has_bias, y, C, H, W, O, opg, cpg, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, act, p0, p1):
+    start, step = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, y.size, step):
+        ox = i % ow
+        oy = (i // ow) % oh
+        o = (i // (ow * oh)) % O
+        n = i // (ow * oh * O)
+        g, oo = o // opg, o % opg
+        acc = bias[o] * 1.0 if has_bias else 0.0
+        for ki in range(kh):
+            ty = oy + pt - ki * dh
+            if ty < 0 or ty % sh != 0 or ty // sh >= H:
+                continue
+            for kj in range(kw):
+                tx = ox + pl - kj * dw
+                if tx < 0 or tx % sw != 0 or tx // sw >= W:
+                    continue
+                for cc in range(cpg):
+                    c = g * cpg + cc
+                    acc += x[((n * C + c) * H + ty // sh) * W + tx // sw] * w[((c * opg + oo) * kh + ki) * kw + kj]
+        y[i] = activate(acc, act, p0, p1)
+
+
+def build_tconv(dev, node: Node, ins: list[TensorInfo]):
+    w = np.ascontiguousarray(node.attrs["weight"], np.float32)
+    bias = node.attrs.get("bias")
+    d_w = dev.upload(w.reshape(-1))
+    d_b = dev.upload(np.ascontiguousarray(bias, np.float32).reshape(-1)) if bias is not None else dev.dummy
+    act, stream = activation_args(node), dev.stream
+    plan = by_shapes(lambda i, o: (tconv_geom(node, np.shape(i[0])),))
+
+    def run(inputs, outputs, workspace):
+        (geo,) = plan(inputs, outputs)
+        y = flat(outputs[0])
+        _tconv[grid(y.size) + (stream,)](flat(inputs[0]), d_w, d_b, bias is not None, y, geo.c, geo.h, geo.w,
+                                         geo.o, geo.o // geo.groups, geo.c // geo.groups, geo.kh, geo.kw,
+                                         *geo.stride, *geo.dilation, geo.pads[0], geo.pads[1], geo.oh, geo.ow,
+                                         *act)
+
+    return run
+
+
+KERNELS = {"Conv": build_conv, "ConvTranspose": build_tconv}
+WORKSPACE = {"Conv": conv_workspace}

@@ -1,0 +1,43 @@
+"""The CUDA kernel table: op type -> builder(device, node, input infos at max shapes) -> fn(ins, outs, ws).
+
+`wrap` puts every node's constant operands on the device once, at build time; values the runtime computes on
+the host (rare: shape arithmetic that feeds data) are uploaded per call. Ops that read a host operand as
+parameters (Reshape/Expand shapes, Resize sizes) keep it on the host.
+
+Not here, so a model using them is refused on CUDA with UnsupportedOpError naming the node: `Expression` (only
+reaches the runtime when lowering could not turn it into elementwise ops) and the TNN int8 ops (`TnnQuantize`,
+`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`). `Shape` is always a host value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from engine.devices.cuda import attention, conv, elementwise, linalg, movement, reduce, spatial
+from engine.ir import Node
+
+KERNELS = {
+    **elementwise.KERNELS, **movement.KERNELS, **reduce.KERNELS, **conv.KERNELS, **spatial.KERNELS,
+    **attention.KERNELS, "Gemm": linalg.build_gemm, "MatMul": linalg.build_matmul,
+}
+WORKSPACE = dict(conv.WORKSPACE)
+HOST_OPERANDS = {"Reshape": {1}, "Expand": {1}, "Resize": {1}}
+
+
+def wrap(dev, node: Node, run):
+    keep = HOST_OPERANDS.get(node.op_type, set())
+    consts = {i: dev.upload(v.const) for i, v in enumerate(node.inputs) if v.is_const and i not in keep}
+    stream = dev.stream
+
+    def call(inputs, outputs, workspace):
+        ins = list(inputs)
+        for i, a in enumerate(ins):
+            if i in consts:
+                ins[i] = consts[i]
+            elif isinstance(a, np.ndarray) and i not in keep:
+                ins[i] = cuda.to_device(np.ascontiguousarray(a), stream=stream)
+        run(ins, outputs, workspace)
+
+    call.cuda_kernel = run  # type: ignore[attr-defined]
+    return call
