@@ -76,7 +76,8 @@ class NNServer:
     async def start_endpoints(self) -> None:
         s = self.settings
         if s.allow_http:
-            self.ports["http"] = self._start_http(create_app(self.dp), s.http_address, s.http_port)
+            self.ports["http"] = self._start_http(create_app(self.dp, s.http_max_input_bytes), s.http_address,
+                                                 s.http_port)
         if s.allow_grpc:
             self.ports["grpc"] = await self._start_grpc(s.grpc_address, s.grpc_port)
         if s.allow_metrics:

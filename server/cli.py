@@ -41,6 +41,8 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strict-readiness", type=str2bool, default=True)
     p.add_argument("--backend-config", action="append", default=[],
                    help="<backend>,default-max-batch-size=<n> (the max_batch_size auto-complete gives)")
+    p.add_argument("--http-max-input-size", type=int, default=defaults.HTTP_MAX_INPUT_BYTES,
+                   help="largest HTTP request body in bytes (also after decompression)")
     p.add_argument("--log-verbose", type=int, default=0)
     p.set_defaults(func=run_serve)
 
@@ -62,7 +64,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model_control_mode=args.model_control_mode, load_models=list(args.load_model),
         repository_poll_secs=args.repository_poll_secs, exit_timeout_secs=args.exit_timeout_secs,
         exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness,
-        default_max_batch_size=max_batch, log_verbose=args.log_verbose)
+        default_max_batch_size=max_batch, http_max_input_bytes=args.http_max_input_size,
+        log_verbose=args.log_verbose)
 
 
 def setup_logging(verbose: int) -> None:

@@ -87,6 +87,14 @@ class RequestTimeoutError(UnavailableError):
         super().__init__(message)
 
 
+class PayloadTooLargeError(ServerError):
+    """The request body is over --http-max-input-size (before or after decompression)."""
+
+    http_status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
+    reason = "REJECTED"
+
+
 class ClientDisconnectedError(ServerError):
     """The client hung up before the answer; nobody reads this (Triton: CANCELLED)."""
 

@@ -57,4 +57,5 @@ class ServerSettings:
     strict_readiness: bool = True
     exit_on_error: bool = True
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES
     log_verbose: int = 0

@@ -1,4 +1,5 @@
-"""An unexpected exception (a bug) still answers in the protocol's error shape, never with a traceback."""
+"""In-process REST/gRPC adapter checks: unexpected exceptions keep the error shape (never a traceback), and
+the HTTP body limit holds before and after decompression."""
 
 from __future__ import annotations
 
@@ -41,3 +42,15 @@ def test_grpc_unexpected_error_is_internal():
     with pytest.raises(Aborted):
         asyncio.run(InferenceServicer(BrokenDataPlane()).ServerMetadata(pb2.ServerMetadataRequest(), context))
     assert context.code == grpc.StatusCode.INTERNAL and "RuntimeError: boom" in context.details
+
+
+def test_rest_body_limit_applies_before_and_after_decompression():
+    import gzip
+
+    client = TestClient(create_app(BrokenDataPlane(), max_input_bytes=100), raise_server_exceptions=False)
+    r = client.post("/v2/models/m/infer", content=b"x" * 200)
+    assert r.status_code == 413 and "--http-max-input-size" in r.json()["error"]
+    bomb = gzip.compress(b"0" * 10_000)
+    assert len(bomb) < 100
+    r = client.post("/v2/models/m/infer", content=bomb, headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 413 and "decompressed" in r.json()["error"]

@@ -16,7 +16,13 @@ from fastapi.responses import JSONResponse, Response
 
 from server import settings
 from server.dataplane import DataPlane
-from server.errors import ClientDisconnectedError, InvalidArgumentError, ServerError, UnavailableError
+from server.errors import (
+    ClientDisconnectedError,
+    InvalidArgumentError,
+    PayloadTooLargeError,
+    ServerError,
+    UnavailableError,
+)
 from server.protocol import rest_codec
 from server.protocol.rest import compression
 
@@ -27,7 +33,7 @@ DISCONNECT_POLL_SECS = 0.05
 T = TypeVar("T")
 
 
-def create_app(dp: DataPlane) -> FastAPI:
+def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYTES) -> FastAPI:
     app = FastAPI(title="nnserve", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ServerError)
@@ -40,7 +46,7 @@ def create_app(dp: DataPlane) -> FastAPI:
         return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
     _health_routes(app, dp)
-    _model_routes(app, dp)
+    _model_routes(app, dp, max_input_bytes)
     _repository_routes(app, dp)
     return app
 
@@ -63,7 +69,7 @@ def _health_routes(app: FastAPI, dp: DataPlane) -> None:
         return Response(status_code=200 if dp.ready() else 400)
 
 
-def _model_routes(app: FastAPI, dp: DataPlane) -> None:
+def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
     # before /v2/models/{model}, which would otherwise take "stats" for a model name
     @app.get("/v2/models/stats")
     async def all_stats() -> dict[str, Any]:
@@ -84,7 +90,8 @@ def _model_routes(app: FastAPI, dp: DataPlane) -> None:
                           methods=["GET"])
 
     async def infer(request: Request, model: str, version: str = "") -> Response:
-        body = compression.decompress(await request.body(), request.headers.get("content-encoding"))
+        body = compression.decompress(await _read_body(request, max_input_bytes),
+                                      request.headers.get("content-encoding"), max_input_bytes)
         header = request.headers.get(rest_codec.HEADER_LENGTH)
         req = rest_codec.decode_request(model, version, body, _int_header(header))
         resp = await _unless_disconnected(request, dp.infer(req))
@@ -114,13 +121,28 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             raise ClientDisconnectedError("client disconnected")
 
 
-def _int_header(value: str | None) -> int | None:
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to be over the limit (before buffering all of it)."""
+    declared = _int_header(request.headers.get("content-length"), "Content-Length")
+    if declared is not None and declared > limit:
+        raise PayloadTooLargeError(f"request of {declared} bytes exceeds the {limit}-byte limit "
+                                   "(--http-max-input-size)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"request exceeds the {limit}-byte limit (--http-max-input-size)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _int_header(value: str | None, name: str = rest_codec.HEADER_LENGTH) -> int | None:
     if value is None:
         return None
     try:
         return int(value)
     except ValueError:
-        raise InvalidArgumentError(f"{rest_codec.HEADER_LENGTH} must be an integer, got '{value}'") from None
+        raise InvalidArgumentError(f"{name} must be an integer, got '{value}'") from None
 
 
 def _repository_routes(app: FastAPI, dp: DataPlane) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
-from server.errors import InvalidArgumentError, UnsupportedError
+from server.errors import InvalidArgumentError, PayloadTooLargeError, UnsupportedError
 from server.settings import HTTP_MAX_INPUT_BYTES
 
 ENCODINGS = ("gzip", "deflate")
@@ -26,7 +26,7 @@ def decompress(body: bytes, encoding: str | None, limit: int = HTTP_MAX_INPUT_BY
     except zlib.error as exc:
         raise InvalidArgumentError(f"request body is not valid {encoding} data: {exc}") from None
     if len(out) > limit:  # checked on the inflated size so a small bomb cannot exhaust memory
-        raise InvalidArgumentError(f"decompressed request exceeds the {limit}-byte limit")
+        raise PayloadTooLargeError(f"decompressed request exceeds the {limit}-byte limit (--http-max-input-size)")
     return out
 
 
