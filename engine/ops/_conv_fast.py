@@ -229,8 +229,14 @@ def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
         z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
         geo = geom(x.shape)
         (sh, sw), (dh, dw), (pt, pl) = geo.stride, geo.dilation, geo.pads[:2]
-        parallel_for(K.depthwise, geo.n * geo.c, out.size * geo.kh * geo.kw, x, wd, epi.bias,
-                     _DUMMY4 if z is None else z, z is not None, out, sh, sw, dh, dw, pt, pl, code, *epi.p)
+        zz, work = _DUMMY4 if z is None else z, out.size * geo.kh * geo.kw
+        if (sh, sw) in ((1, 1), (2, 2)) and (geo.ow <= 64 or sh == 2):
+            fn = K.depthwise_s1 if sh == 1 else K.depthwise_s2
+            parallel_for(fn, geo.n * geo.c, work, x, wd, epi.bias, zz, z is not None, out, dh, dw, pt, pl, code,
+                         *epi.p)
+        else:  # row at a time: best for wide stride-1 maps, the general case otherwise
+            parallel_for(K.depthwise, geo.n * geo.c, work, x, wd, epi.bias, zz, z is not None, out,
+                         sh, sw, dh, dw, pt, pl, code, *epi.p)
         if epi.late:
             apply_activation(epi.name, epi.params, out)
     return run

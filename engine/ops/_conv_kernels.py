@@ -172,6 +172,87 @@ def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2
             _act_row(row, act, p0, p1, p2)
 
 
+@njit(nogil=True, cache=True)
+def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
+    """Stride-1 depthwise conv over a flattened zero-padded plane: per channel, one axpy per tap over the
+    whole plane (row width Wp, the Wp - OW extra columns per row are computed and dropped), so small maps
+    (7x7, 14x14) do not pay a per-row, per-tap overhead. Same arguments as `depthwise`.
+    """
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[2], out.shape[3]
+    kh, kw = w.shape[1], w.shape[2]
+    hp, wp = oh_n + (kh - 1) * dh, ow_n + (kw - 1) * dw
+    span = oh_n * wp
+    plane = np.empty(hp * wp + (kw - 1) * dw, x.dtype)  # the tail keeps the last taps' reads in bounds
+    acc = np.empty(span, x.dtype)
+    r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)  # padded rows [r_lo, r_hi) come from x
+    c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        plane[:] = 0
+        if c_hi > c_lo:
+            for r in range(r_lo, r_hi):
+                plane[r * wp + c_lo:r * wp + c_hi] = x[n, c, r - pt, c_lo - pl:c_hi - pl]
+        acc[:] = bias[c]
+        for i in range(kh):
+            for j in range(kw):
+                wv = w[c, i, j]
+                src = plane[i * dh * wp + j * dw:i * dh * wp + j * dw + span]
+                for k in range(span):
+                    acc[k] += wv * src[k]
+        for oh in range(oh_n):
+            row, arow = out[n, c, oh], acc[oh * wp:oh * wp + ow_n]
+            if has_z:
+                zrow = z[n, c, oh]
+                for ow in range(ow_n):
+                    row[ow] = arow[ow] + zrow[ow]
+            else:
+                row[:] = arow
+            _act_row(row, act, p0, p1, p2)
+
+
+@njit(nogil=True, cache=True)
+def depthwise_s2(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
+    """Stride-2 depthwise conv: each zero-padded plane is split into even and odd columns first, so every
+    tap reads a contiguous run (a strided read does not vectorise). Same arguments as `depthwise_s1`.
+    """
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[2], out.shape[3]
+    kh, kw = w.shape[1], w.shape[2]
+    hp, wp = (oh_n - 1) * 2 + (kh - 1) * dh + 1, (ow_n - 1) * 2 + (kw - 1) * dw + 1
+    planes = np.empty((2, hp, (wp + 1) // 2), x.dtype)  # planes[q, r, k] = padded[r, 2k + q]
+    r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)
+    c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        planes[:] = 0
+        for q in range(2):
+            k_lo, k_hi = (c_lo - q + 1) // 2, (c_hi - q + 1) // 2
+            if k_hi <= k_lo:
+                continue
+            s0 = 2 * k_lo + q - pl
+            for r in range(r_lo, r_hi):
+                dst, src = planes[q, r, k_lo:k_hi], x[n, c, r - pt, s0:s0 + 2 * (k_hi - k_lo) - 1:2]
+                for k in range(k_hi - k_lo):
+                    dst[k] = src[k]
+        b = bias[c]
+        for oh in range(oh_n):
+            row = out[n, c, oh]
+            row[:] = b
+            for i in range(kh):
+                r = 2 * oh + i * dh
+                for j in range(kw):
+                    wv, off = w[c, i, j], j * dw
+                    src = planes[off % 2, r, off // 2:off // 2 + ow_n]
+                    for k in range(ow_n):
+                        row[k] += wv * src[k]
+            if has_z:
+                zrow = z[n, c, oh]
+                for ow in range(ow_n):
+                    row[ow] += zrow[ow]
+            _act_row(row, act, p0, p1, p2)
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _act_row(row, act, p0, p1, p2):
     """The activation over a 1-D row in place; the cheap ones in a loop of their own so it vectorises."""

@@ -271,3 +271,21 @@ def test_winograd_weight_transform_against_direct_products():
 
 def test_small_channel_3x3_stays_on_im2col():
     assert _conv_fast._kind(conv_geom(conv_node(3, 8, pads=(1, 1, 1, 1)), (1, 3, 8, 8))) == "im2col"
+
+
+@pytest.mark.parametrize("cfg,shape", [
+    (dict(stride=(1, 2), pads=(1, 0, 2, 1)), (1, 3, 7, 9)),  # mixed stride: the row-at-a-time kernel
+    (dict(pads=(1, 1, 1, 1), activation="relu6"), (1, 2, 3, 70)),  # wide stride-1 rows: row-at-a-time too
+    (dict(stride=(2, 2), dilation=(2, 1), pads=(0, 1, 2, 2)), (2, 3, 11, 10)),  # stride 2: even/odd planes
+    (dict(stride=(2, 2), pads=(1, 1, 1, 1)), (1, 3, 4, 4)),
+    (dict(stride=(3, 3), k=(5, 5), pads=(2, 2, 2, 2)), (1, 3, 11, 13)),
+    (dict(dilation=(3, 2), pads=(3, 0, 3, 4)), (1, 3, 8, 9)),  # stride 1: the flat-plane kernel
+])
+def test_depthwise_variants(cfg, shape):
+    args = dict(cfg)
+    c = shape[1]
+    node = conv_node(c, c, args.pop("k", (3, 3)), groups=c, **args)
+    assert _conv_fast._kind(conv_geom(node, shape)) == "depthwise"
+    check_kernel(node, [rand(*shape)], rtol=1e-4, atol=1e-5)
+    bigger = (shape[0] + 1, c, shape[2] + 3, shape[3] + 2)
+    check_kernel(node, [rand(*shape)], [rand(*bigger)], rtol=1e-4, atol=1e-5)
