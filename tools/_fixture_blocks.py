@@ -159,3 +159,84 @@ class TwoInputs(nn.Module):
         f = self.conv(image) + t.view(t.size(0), -1, 1, 1) * 2.0
         pooled = torch.flatten(f, 2).mean(dim=2)
         return self.out(torch.relu(pooled))
+
+
+class TinyViT(nn.Module):
+    """ViT: conv patch embedding, class token expanded over the batch and concatenated, position embedding,
+    torch's own nn.TransformerEncoderLayer (norm_first, GELU), class-token readout."""
+
+    def __init__(self, patch: int = 8, dim: int = 32, depth: int = 2, heads: int = 4, classes: int = 10) -> None:
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.2)
+        self.pos_embed = nn.Parameter(torch.randn(1, 1 + (32 // patch) ** 2, dim) * 0.1)
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, dim * 2, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.patch_embed(x).flatten(2).transpose(1, 2)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        h = self.encoder(torch.cat([cls, tokens], dim=1) + self.pos_embed)
+        return self.head(self.norm(h)[:, 0])
+
+
+def _conv_bn_silu(cin: int, cout: int, k: int = 1, s: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, k, s, k // 2, bias=False), nn.BatchNorm2d(cout), nn.SiLU())
+
+
+class _C3(nn.Module):
+    """YOLOv5 CSP block: two 1x1 branches, residual bottlenecks on one, concat, 1x1 fuse."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        mid = cout // 2
+        self.cv1, self.cv2 = _conv_bn_silu(cin, mid), _conv_bn_silu(cin, mid)
+        self.m = nn.Sequential(_conv_bn_silu(mid, mid), _conv_bn_silu(mid, mid, 3))
+        self.cv3 = _conv_bn_silu(2 * mid, cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.cv1(x)
+        return self.cv3(torch.cat([a + self.m(a), self.cv2(x)], dim=1))
+
+
+class TinyYolo(nn.Module):
+    """YOLOv5-style detector: Focus space-to-depth slicing, C3 blocks, SPPF (chained 5x5 max pools), a
+    nearest-upsample FPN and a decoding head (view/permute, sigmoid, grid and anchor arithmetic)."""
+
+    def __init__(self, classes: int = 3, anchors: int = 2) -> None:
+        super().__init__()
+        self.na, self.no = anchors, classes + 5
+        self.focus = _conv_bn_silu(12, 16, 3)
+        self.down1, self.c3_1 = _conv_bn_silu(16, 32, 3, 2), _C3(32, 32)
+        self.down2, self.c3_2 = _conv_bn_silu(32, 64, 3, 2), _C3(64, 64)
+        self.sppf_in, self.sppf_out = _conv_bn_silu(64, 32), _conv_bn_silu(128, 64)
+        self.pool = nn.MaxPool2d(5, 1, 2)
+        self.lateral, self.c3_up = _conv_bn_silu(64, 32), _C3(64, 32)
+        self.heads = nn.ModuleList([nn.Conv2d(32, anchors * self.no, 1), nn.Conv2d(64, anchors * self.no, 1)])
+        self.register_buffer("anchor_wh", torch.tensor([[[10.0, 13.0]], [[16.0, 30.0]]]).view(1, 2, 1, 1, 2))
+
+    def _decode(self, i: int, x: torch.Tensor, stride: float) -> torch.Tensor:
+        b, _, h, w = x.shape
+        p = self.heads[i](x).view(b, self.na, self.no, h, w).permute(0, 1, 3, 4, 2).contiguous().sigmoid()
+        ys = torch.arange(h, dtype=torch.float32).view(1, 1, h, 1, 1).expand(1, 1, h, w, 1)
+        xs = torch.arange(w, dtype=torch.float32).view(1, 1, 1, w, 1).expand(1, 1, h, w, 1)
+        xy = (p[..., 0:2] * 2.0 - 0.5 + torch.cat([xs, ys], dim=-1)) * stride
+        wh = (p[..., 2:4] * 2.0) ** 2 * self.anchor_wh * (stride / 8.0)
+        return torch.cat([xy, wh, p[..., 4:]], dim=-1).view(b, -1, self.no)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]], dim=1)
+        p3 = self.c3_1(self.down1(self.focus(x)))
+        p4 = self.c3_2(self.down2(p3))
+        s = self.sppf_in(p4)
+        s1 = self.pool(s)
+        s2 = self.pool(s1)
+        p4 = self.sppf_out(torch.cat([s, s1, s2, self.pool(s2)], dim=1))
+        up = F.interpolate(self.lateral(p4), scale_factor=2.0, mode="nearest")
+        p3 = self.c3_up(torch.cat([up, p3], dim=1))
+        dets = torch.cat([self._decode(0, p3, 8.0), self._decode(1, p4, 16.0)], dim=1)
+        return dets, p4

@@ -90,6 +90,20 @@ NOTES: dict[str, list[str]] = {
         "the view/transpose/view channel shuffle is fused into nn.ChannelShuffle",
         "nested tuple outputs give three prim::TupleConstruct nodes; outputs are flattened depth-first",
     ],
+    "vit": [
+        "with torch's MHA fast path on (the eval default) nn.TransformerEncoderLayer traces to "
+        "aten::_transformer_encoder_layer_fwd, which pnnx leaves unconverted (and its _pnnx.py does not compile); "
+        "the generator traces this model with the fast path off, giving nn.MultiheadAttention + LayerNorm + Linear",
+        "cls_token.expand(batch, -1, -1) is constant-folded at the static batch into a pnnx.Attribute (2,1,32)",
+        "x[:, 0] readout is Tensor.select; the encoder's GELU is F.gelu",
+    ],
+    "yolo": [
+        _BN_FOLD,
+        "the Focus slices x[..., ::2, ::2] are 4-D Tensor.slice with dims=(2,3) steps=(2,2)",
+        "p[..., 0:2], p[..., 2:4], p[..., 4:] become ONE 3-output torch.tensor_split dim=4 indices=(2,4)",
+        "the arange/expand/cat grid is constant-folded into a pnnx.Attribute; anchors (a buffer) too",
+        "decode arithmetic is fused: mul(add(sub(mul(@0,2.0),0.5),@1),8.0) and mul(pow(mul(@0,2.0),2),@1)",
+    ],
     "misc_forms": [
         "F.conv2d with nn.Parameter weights followed by F.batch_norm becomes ONE nn.Conv2d (BN folded); "
         "F.linear with a Parameter becomes nn.Linear bias=False",

@@ -60,6 +60,9 @@ class Spec:
     inputs: list[In]
     inputs2: list[In] | None = None  # pnnx inputshape2: dims that differ become dynamic
     cases: list[list[tuple[int, ...]]] = field(default_factory=list)
+    # torch's eval fast path traces nn.TransformerEncoderLayer to one aten::_transformer_encoder_layer_fwd
+    # call that pnnx leaves unconverted; tracing without it gives pnnx the ordinary ops.
+    mha_fastpath: bool = True
 
 
 IMG64 = [In((1, 3, 64, 64))]
@@ -75,6 +78,14 @@ SPECS = [
     Spec("regnet", nets.regnet_y, "torchvision RegNet (Y-style, SE 0.25) depth 5 w0 16 group width 8", IMG64),
     Spec("convnext", nets.convnext_tiny, "torchvision ConvNeXt CNBlockConfig 16/32/64 x 1/1/2", IMG64),
     Spec("unet", blocks.UNet, "3-level UNet: ConvTranspose2d, Upsample/interpolate, cat skips", [In((1, 3, 32, 48))]),
+    Spec(
+        "vit",
+        blocks.TinyViT,
+        "ViT: patch conv, class token expand+cat, nn.TransformerEncoder",
+        [In((2, 3, 32, 32))],
+        mha_fastpath=False,
+    ),
+    Spec("yolo", blocks.TinyYolo, "YOLOv5-style: Focus slices, C3, SPPF, FPN, decode head", [In((1, 3, 64, 64))]),
     Spec("transformer", blocks.TransformerEncoder, "encoder: MHA, manual attention, SDPA blocks", [In((1, 12, 16))]),
     Spec(
         "dynamic",
@@ -173,7 +184,12 @@ def make_fixture(spec: Spec) -> Path:
     inputs2 = None
     if spec.inputs2 is not None:
         inputs2 = make_inputs(spec.inputs2, [i.shape for i in spec.inputs2], gen)
-    paths = export_pnnx(model, inputs, WORK_DIR / spec.name, spec.name, inputs2)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(spec.mha_fastpath)
+    try:
+        paths = export_pnnx(model, inputs, WORK_DIR / spec.name, spec.name, inputs2)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
     out = OUT_DIR / spec.name
     if out.exists():
         shutil.rmtree(out)
