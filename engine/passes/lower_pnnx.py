@@ -122,6 +122,15 @@ class Ctx:
                 v.consumers.remove(node)
         self.graph.nodes.remove(node)
 
+    def drop_outputs(self, keep: int, what: str) -> None:
+        """Detaches outputs past the first `keep` (e.g. pooling indices); they must be unused."""
+        extra = self.node.outputs[keep:]
+        if any(v.consumers or v in self.graph.outputs for v in extra):
+            raise self.unsupported(what)
+        for v in extra:
+            v.producer = None
+        self.node.outputs = self.node.outputs[:keep]
+
     def bypass(self) -> None:
         """Removes an identity-like node (Dropout, Identity, contiguous), keeping graph output names."""
         node, out, src = self.node, self.node.outputs[0], self.node.inputs[0]

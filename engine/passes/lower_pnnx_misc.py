@@ -15,15 +15,20 @@ if TYPE_CHECKING:
 INT_MIN = -2147483648
 
 
-def _operand(ctx: Ctx, name: str, position: int, like: Value) -> Value:
-    """A tensor input `$name`, or the scalar param `name` as a 0-d constant of `like`'s dtype."""
+def _operand(ctx: Ctx, name: str, position: int, like: Value | None) -> Value:
+    """A tensor input `$name`, or the scalar param `name` as a 0-d constant of `like`'s dtype (of the
+    scalar's own kind, float32 / int64 / bool, when there is no tensor to follow)."""
     v = ctx.arg(name, position)
     if v is not None:
         return v
     if not ctx.has(name):
         raise ctx.fail(f"has neither an input nor a param {name!r}")
-    dtype = like.dtype if like.dtype is not None else np.float32
-    return ctx.const(np.array(ctx.p(name), dtype))
+    value = ctx.p(name)
+    if like is not None and like.dtype is not None:
+        dtype = like.dtype
+    else:
+        dtype = np.bool_ if isinstance(value, bool) else np.int64 if isinstance(value, int) else np.float32
+    return ctx.const(np.array(value, dtype))
 
 
 _COMPARE = {"torch.eq": "Equal", "torch.ne": "NotEqual", "torch.lt": "Less", "torch.le": "LessEqual",
@@ -53,7 +58,7 @@ def logical_not(ctx: Ctx) -> None:
 def where(ctx: Ctx) -> None:
     cond = ctx.arg("condition", 0) or ctx.x()
     tensors = [v for v in ctx.node.inputs if v is not cond]
-    like = tensors[0] if tensors else cond
+    like = tensors[0] if tensors else None
     a, b = _operand(ctx, "input", 1, like), _operand(ctx, "other", 2, like)
     ctx.become("Where", {}, inputs=[cond, a, b])
 

@@ -51,7 +51,7 @@ def _conv_params(ctx: Ctx, kernel: list[int]) -> dict:
             "activation": None, "activation_params": {}}
 
 
-def _const_input(ctx: Ctx, name: str, position: int):
+def _const_input(ctx: Ctx, name: str, position: int | None):
     """A weight passed as an input (F.conv2d, F.linear, ...): only constant ones can be lowered."""
     v = ctx.arg(name, position)
     if v is None:
@@ -139,15 +139,19 @@ def batch_norm(ctx: Ctx) -> None:
 
 
 def _affine(ctx: Ctx) -> dict:
+    """weight / bias as attrs: module attributes, or constant inputs of the functional form (F.layer_norm)."""
     attrs = {}
     for name in ("weight", "bias"):
-        w = ctx.weight(name, required=False)
+        if ctx.type.startswith("F."):
+            w = _const_input(ctx, name, None)  # only a `$weight` / `$bias` input; `weight=None` is a param
+        else:
+            w = ctx.weight(name, required=False)
         if w is not None:
             attrs[name] = w
     return attrs
 
 
-@handles("nn.LayerNorm")
+@handles("nn.LayerNorm", "F.layer_norm")
 def layer_norm(ctx: Ctx) -> None:
     shape = ctx.p("normalized_shape", [])
     ndim = 1 if isinstance(shape, int) else len(shape)
@@ -155,15 +159,17 @@ def layer_norm(ctx: Ctx) -> None:
                inputs=[ctx.x()])
 
 
-@handles("nn.GroupNorm")
+@handles("nn.GroupNorm", "F.group_norm")
 def group_norm(ctx: Ctx) -> None:
     ctx.become("GroupNorm", {"num_groups": int(ctx.p("num_groups")), "eps": float(ctx.p("eps", 1e-5))},
                _affine(ctx), inputs=[ctx.x()])
 
 
-@handles("nn.InstanceNorm1d", "nn.InstanceNorm2d", "nn.InstanceNorm3d")
+@handles("nn.InstanceNorm1d", "nn.InstanceNorm2d", "nn.InstanceNorm3d", "F.instance_norm")
 def instance_norm(ctx: Ctx) -> None:
     eps = float(ctx.p("eps", 1e-5))
+    if ctx.arg("running_mean") is not None and not ctx.p("use_input_stats", True):
+        raise ctx.unsupported("running statistics")
     if ctx.p("track_running_stats", False) and "running_mean" in ctx.node.attrs:
         # eval mode with running statistics: a per-channel affine map, like BatchNorm
         mean, var = ctx.weight("running_mean"), ctx.weight("running_var")
@@ -246,8 +252,7 @@ def softmax(ctx: Ctx) -> None:
 # -- pooling -----------------------------------------------------------------------------------------------
 @handles("nn.MaxPool2d", "F.max_pool2d", "nn.AvgPool2d", "F.avg_pool2d")
 def pool2d(ctx: Ctx) -> None:
-    if ctx.p("return_indices", False):
-        raise ctx.unsupported("return_indices=True")
+    ctx.drop_outputs(1, "the pooling indices output")  # written return_indices=True even when unused
     kernel = _pair(ctx.p("kernel_size"))
     stride = ctx.p("stride")
     params = {"kernel": kernel, "stride": kernel if stride in (None, []) else _pair(stride, 1),
@@ -263,8 +268,7 @@ def pool2d(ctx: Ctx) -> None:
 
 @handles("nn.AdaptiveAvgPool2d", "F.adaptive_avg_pool2d", "nn.AdaptiveMaxPool2d", "F.adaptive_max_pool2d")
 def adaptive_pool2d(ctx: Ctx) -> None:
-    if ctx.p("return_indices", False):
-        raise ctx.unsupported("return_indices=True")
+    ctx.drop_outputs(1, "the pooling indices output")
     size = ctx.node.params.get("output_size")
     size = [size, size] if isinstance(size, int) or size is None else list(size)
     kind = "Max" if "max" in ctx.type.lower() else "Avg"

@@ -396,13 +396,16 @@ pnnx.Output out 1 0 1
     assert e.value.line == 4 and e.value.path.endswith("m.pnnx.param")
 
 
-def test_unsupported_variant_is_named(tmp_path):
-    with pytest.raises(UnsupportedOpError, match="return_indices"):
-        lower(tmp_path, """
+def test_pooling_indices_are_dropped_when_unused_and_unsupported_when_used(tmp_path):
+    text = """
 pnnx.Input in 0 1 0 #0=(1,1,4,4)f32
-nn.MaxPool2d mp 1 1 0 1 ceil_mode=False dilation=(1,1) kernel_size=(2,2) padding=(0,0) return_indices=True stride=(2,2)
-pnnx.Output out 1 0 1
-""")  # noqa: E501
+nn.MaxPool2d mp 1 2 0 1 2 ceil_mode=False dilation=(1,1) kernel_size=(2,2) padding=(0,0) return_indices=True stride=(2,2)
+pnnx.Output out {} 0 {}
+"""  # noqa: E501
+    g = lower(tmp_path, text.format(1, "1"))
+    assert ops(g) == ["MaxPool"] and len(g.nodes[0].outputs) == 1
+    with pytest.raises(UnsupportedOpError, match="indices"):
+        lower(tmp_path, text.format(2, "1 2"))
 
 
 # -- real exports ---------------------------------------------------------------------------------------------------
