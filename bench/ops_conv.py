@@ -5,8 +5,9 @@
 (BLAS threads follow OPENBLAS_NUM_THREADS; --threads sets the numba kernels' pool, engine.ops._threads.)
 Times are wall-clock medians: on a shared machine, run it when nothing else is busy.
 
-Prints median milliseconds per call and GFLOP/s for a ResNet-18-like 3x3 conv (64->64 at 56x56) and a
-MobileNet-like depthwise 3x3 (32 channels at 112x112), each with bias + ReLU fused, plus a 1x1 conv.
+Prints the kernel path taken (engine.ops._conv_fast), median milliseconds per call and GFLOP/s for a
+ResNet-18-like 3x3 conv (64->64 at 56x56, Winograd), the same conv forced onto im2col + GEMM, a
+MobileNet-like depthwise 3x3 (32 channels at 112x112), each with bias + ReLU fused, and a 1x1 conv.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 
 import numpy as np
 
-from engine.ops import _threads
+from engine.ops import _conv_fast, _threads
+from engine.ops._conv_geom import conv_geom
 from engine.ops._harness import make_node
 from engine.ops.registry import TensorInfo, get_op
 
@@ -53,8 +55,19 @@ def bench_layer(name: str, c: int, o: int, k: int, hw: int, groups: int, batch: 
     t_kernel = _time(lambda: kernel([x], [out], ws), repeat)
     t_ref = _time(lambda: op.reference(node, [x]), max(1, repeat // 5))
     flops = 2 * out.size * (c // groups) * k * k
-    print(f"{name:28s} batch {batch}: kernel {t_kernel * 1e3:8.2f} ms ({flops / t_kernel / 1e9:6.1f} GFLOP/s)  "
-          f"reference {t_ref * 1e3:8.2f} ms  speed-up {t_ref / t_kernel:6.1f}x  workspace {ws.nbytes / 1024:.0f} KiB")
+    path = _conv_fast._kind(conv_geom(node, x.shape))
+    print(f"{name:28s} [{path:9s}] batch {batch}: kernel {t_kernel * 1e3:8.2f} ms "
+          f"({flops / t_kernel / 1e9:6.1f} GFLOP/s)  reference {t_ref * 1e3:8.2f} ms  "
+          f"speed-up {t_ref / t_kernel:6.1f}x  workspace {ws.nbytes / 1024:.0f} KiB")
+
+
+def bench_im2col(batch: int, repeat: int) -> None:
+    """The ResNet layer again with Winograd switched off: the im2col + GEMM baseline."""
+    _conv_fast.WINOGRAD = False
+    try:
+        bench_layer("resnet18 3x3 (no Winograd)", batch=batch, repeat=repeat, **LAYERS["resnet18 3x3 64->64 @56"])
+    finally:
+        _conv_fast.WINOGRAD = True
 
 
 def main() -> None:
@@ -66,6 +79,7 @@ def main() -> None:
     _threads.set_threads(args.threads)
     for name, cfg in LAYERS.items():
         bench_layer(name, batch=args.batch, repeat=args.repeat, **cfg)
+    bench_im2col(args.batch, args.repeat)
 
 
 if __name__ == "__main__":
