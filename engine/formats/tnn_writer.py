@@ -36,8 +36,10 @@ class Writer:
         self.lines: list[str] = []
         self.resources: list[tuple[str, str, list[Item]]] = []
         self.consts: dict[str, np.ndarray] = {}
+        self.blob_scales: dict[str, np.ndarray] = {}  # int8 blobs: their `<blob>_scale_data_` resources
         self._names: dict[int, str] = {}
         self._used: set[str] = set()
+        self._layer_names: set[str] = set()
         self._blobs: list[str] = []
         self.node: Node | None = None
         self.infos = _infer(graph)
@@ -46,12 +48,14 @@ class Writer:
                 self.name(v)
 
     # -- names and shapes ---------------------------------------------------------------------------------------
-    def _unique(self, base: str) -> str:
+    def _unique(self, base: str, used: set[str] | None = None) -> str:
+        """A name with TNN's forbidden characters replaced, unique among blob (or layer) names."""
+        used = self._used if used is None else used
         name = _BAD.sub("_", base) or "blob"
         candidate, k = name, 1
-        while candidate in self._used:
+        while candidate in used:
             candidate, k = f"{name}_{k}", k + 1
-        self._used.add(candidate)
+        used.add(candidate)
         return candidate
 
     def name(self, v: Value) -> str:
@@ -104,7 +108,7 @@ class Writer:
     # -- emitting ------------------------------------------------------------------------------------------------
     def layer(self, ltype: str, inputs: list[str], outputs: list[str], params: list[Any] = (),
               resource: list[Item] | None = None, name: str | None = None) -> str:
-        lname = self._unique(name or (self.node.name if self.node else ltype))
+        lname = self._unique(name or (self.node.name if self.node else ltype), self._layer_names)
         tokens = [ltype, lname, str(len(inputs)), str(len(outputs)), *inputs, *outputs, *(_fmt(p) for p in params)]
         self.lines.append(" ".join(tokens))
         if resource is not None:
@@ -192,9 +196,11 @@ def _infer(graph: Graph) -> dict[Value, TensorInfo]:
 
 def write_tnn(graph: Graph, prefix: str | Path, version: int = 2, fp16: bool = False) -> tuple[Path, Path]:
     """Writes `<prefix>.tnnproto` and `<prefix>.tnnmodel`; returns both paths."""
+    from engine.formats.tnn_writer_int8 import link_int8_names
     from engine.formats.tnn_writer_ops import RULES
 
     w = Writer(graph, version, fp16)
+    link_int8_names(w)
     for node in graph.nodes:
         w.node = node
         rule = RULES.get(node.op_type)
@@ -202,6 +208,9 @@ def write_tnn(graph: Graph, prefix: str | Path, version: int = 2, fp16: bool = F
             w.unsupported()
         rule(w, node)
     w.node = None
+    for blob, scale in w.blob_scales.items():
+        w.resources.append(("BlobScale", f"{blob}_scale_data_",
+                            [w.raw(scale, False), w.raw(np.zeros(scale.size, np.int32), False)]))
     for v in graph.outputs:
         if v.is_const or v in graph.inputs:
             raise UnsupportedOpError("graph output that is an input or a constant in a TNN file", v.name)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.formats.tnn_writer import Writer
+from engine.formats.tnn_writer_int8 import INT8_RULES
 from engine.formats.tnn_writer_more import MORE_RULES
 from engine.ir import Node
 from engine.ops._spatial import pads4, pair
@@ -240,4 +241,5 @@ RULES: dict[str, Rule] = {
     **{op: binary(t) for op, t in (("Add", "Add"), ("Sub", "Sub"), ("Mul", "Mul"), ("Div", "Div"),
                                    ("Maximum", "Maximum"), ("Minimum", "Minimum"))},
     **MORE_RULES,
+    **INT8_RULES,
 }

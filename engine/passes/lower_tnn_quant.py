@@ -32,8 +32,10 @@ def lower_qconv(c: Ctx) -> None:
     bias = np.zeros(oc, np.int32) if bias is None or bias.size == 0 else bias.reshape(oc).astype(np.int32)
     w_scale = np.broadcast_to(np.asarray(c.attr("scale"), F32).reshape(-1), (oc,))
     scale, relu6_max = _requant(w_scale, _out_scale(c, oc))
+    # weight_scale and out_scale are kept so that the writer can store the layer again
     attrs = {"weight": np.ascontiguousarray(w.reshape(oc, ic, kh, kw)), "bias": bias, "scale": scale,
-             "relu6_max": relu6_max, "weight_scale": np.ascontiguousarray(w_scale)}
+             "relu6_max": relu6_max, "weight_scale": np.ascontiguousarray(w_scale),
+             "out_scale": c.low.blob_scale(c.outputs[0], c.node)}
     params = {"stride": (c.i(5), c.i(6)), "pads": (ph, pw, ph, pw), "dilation": (c.i(12, 1), c.i(12, 1)),
               "groups": g, "activation": {0: None, 1: "relu", 2: "relu6"}[act]}
     c.out("TnnQConv", [c.inputs[0]], params, attrs)
@@ -61,7 +63,8 @@ def _fusable_conv(c: Ctx, v):
 
 def _fuse_conv_add(c: Ctx, conv, other) -> None:
     out = c.outputs[0]
-    o_scale = np.broadcast_to(c.low.blob_scale(out, c.node), (conv.attrs["weight"].shape[0],))
+    conv.attrs["unfused_out_scale"], conv.attrs["out_scale"] = conv.attrs["out_scale"], c.low.blob_scale(out, c.node)
+    o_scale = np.broadcast_to(conv.attrs["out_scale"], (conv.attrs["weight"].shape[0],))
     conv.attrs["scale"], conv.attrs["relu6_max"] = _requant(conv.attrs["weight_scale"], o_scale)
     i_scale = np.broadcast_to(c.low.blob_scale(other, c.node), o_scale.shape)
     conv.attrs["add_scale"] = _requant(i_scale, o_scale)[0]
@@ -82,8 +85,9 @@ def lower_qadd(c: Ctx) -> None:
         conv = _fusable_conv(c, mine)
         if conv is not None:
             return _fuse_conv_add(c, conv, other)
+    out_scale = c.low.blob_scale(c.outputs[0], c.node)
     attrs = {"scale_a": c.low.blob_scale(a, c.node), "scale_b": c.low.blob_scale(b, c.node),
-             "scale_out": c.low.blob_scale(c.outputs[0], c.node)}
+             "scale_out": out_scale, "out_scale": out_scale}
     c.out("TnnQAdd", [a, b], {}, attrs)
 
 
@@ -93,14 +97,14 @@ def lower_qpool(c: Ctx) -> None:
         c.unsupported("int8 with pad_type, adaptive size or pool type other than explicit max/avg")
     params = {"mode": "max" if ptype == 0 else "avg", "kernel": (kh, kw), "stride": (sh, sw), "pads": (ph, pw),
               "ceil_mode": bool(c.i(10, 0))}
-    c.out("TnnQPool", [c.inputs[0]], params)
+    c.out("TnnQPool", [c.inputs[0]], params, {"out_scale": c.low.blob_scale(c.outputs[0], c.node)})
 
 
 def lower_qconcat(c: Ctx) -> None:
     scales = [c.low.blob_scale(v, c.node) for v in [*c.inputs, c.outputs[0]]]
-    attrs = {}
+    attrs = {"out_scale": scales[-1]}
     if all(s.size == 1 for s in scales):
-        attrs = {"scales": np.concatenate(scales[:-1]).astype(F32), "scale_out": scales[-1]}
+        attrs.update({"scales": np.concatenate(scales[:-1]).astype(F32), "scale_out": scales[-1]})
     c.out("TnnQConcat", list(c.inputs), {"axis": c.i(0, 1)}, attrs)
 
 
@@ -109,5 +113,6 @@ QUANTIZED: dict[str, Handler] = {
     "QuantizedAdd": lower_qadd,
     "QuantizedPooling": lower_qpool,
     "QuantizedConcat": lower_qconcat,
-    "QuantizedReLU": lambda c: c.out("TnnQRelu", [c.inputs[0]]),
+    "QuantizedReLU": lambda c: c.out("TnnQRelu", [c.inputs[0]], {},
+                                     {"out_scale": c.low.blob_scale(c.outputs[0], c.node)}),
 }

@@ -100,7 +100,8 @@ def test_quantized_model_runs_int8_ops():
 
 @pytest.mark.parametrize("folder, version", [("ultraface_slim320", 2), ("retinaface_mobile", 1),
                                              ("converted/misc_conv_fp16", 1), ("converted/misc_transformer", 2),
-                                             pytest.param("nanodet_m_sim_opt", 2, marks=pytest.mark.slow)])
+                                             pytest.param("nanodet_m_sim_opt", 2, marks=pytest.mark.slow),
+                                             pytest.param("mobilenetv2_quantized", 1, marks=pytest.mark.slow)])
 def test_rewritten_by_our_writer_still_matches_tnn(tmp_path, folder, version):
     from engine.formats.tnn_writer import write_tnn
 

@@ -104,6 +104,23 @@ def test_one_by_one_conv_fused_into_the_add_rounds_once(tmp_path):
     np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
 
 
+def test_int8_model_written_back_computes_the_same(tmp_path):
+    from engine.formats.tnn_writer import write_tnn
+
+    w = RNG.integers(-127, 128, (3, 3, 1, 1), dtype=np.int8)
+    layers = ["QuantizedConvolution c 1 1 x t 1 3 3 1 1 1 1 0 0 1 -1 1 1 1", "QuantizedAdd a 2 1 x t s 1",
+              "QuantizedPooling p 1 1 s y 0 2 2 2 2 0 0 -1 -1 -1 1"]
+    scales = {"x": F32([0.05]), "t": F32([0.07, 0.06, 0.05]), "s": F32([0.09]), "y": F32([0.09])}
+    model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, np.arange(3, dtype=np.int32),
+                                                                    F32([0.02, 0.03, 0.01])])], scales)
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32)
+    for version in (1, 2):
+        proto, _ = write_tnn(model.graph, tmp_path / f"again{version}", version=version)
+        again = engine.load(proto)
+        assert again.op_counts() == model.op_counts()
+        np.testing.assert_array_equal(again.instance().run({"x": x})["y"], model.instance().run({"x": x})["y"])
+
+
 def test_unfused_add_rescales_both_inputs(tmp_path):
     layers = ["QuantizedReLU r 1 1 x t", "QuantizedAdd a 2 1 x t y 1"]
     s_x, s_t, s_y = F32([0.05, 0.04, 0.03]), F32([0.05, 0.04, 0.03]), F32([0.06, 0.05, 0.02])
