@@ -35,7 +35,7 @@ def grid(n: int) -> tuple[int, int]:
 
 def flat(a):
     """A 1-d view of a contiguous device array (0-d arrays become 1 long)."""
-    return a.reshape(max(1, int(np.prod(a.shape, dtype=np.int64))))
+    return a.reshape(int(np.prod(a.shape, dtype=np.int64)))
 
 
 def strides_of(shape: Sequence[int]) -> tuple[int, ...]:

@@ -71,7 +71,8 @@ class CudaDevice(Device):
         self.index = parse_index(name)
         count = device_count()
         if self.index >= count:
-            found = "no CUDA device found" if count == 0 else f"only {count} CUDA device(s) (cuda:0..{count - 1})"
+            found = ("CUDA device support is not installed/available here (numba.cuda found no device)"
+                     if count == 0 else f"this machine has only {count} CUDA device(s), cuda:0..cuda:{count - 1}")
             raise EngineError(f"no CUDA device {self.index} for {name!r}: {found}; use device='cpu' "
                               "or an instance_group of KIND_CPU")
         self.name = f"cuda:{self.index}"

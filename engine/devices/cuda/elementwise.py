@@ -70,7 +70,8 @@ UNARY = {
     "Rsqrt": (lambda x, a, b: 1.0 / math.sqrt(x), None), "Reciprocal": (lambda x, a, b: 1.0 / x, None),
     "Square": (lambda x, a, b: x * x, None), "Floor": (lambda x, a, b: math.floor(x), None),
     "Ceil": (lambda x, a, b: math.ceil(x), None), "Round": (lambda x, a, b: _round_even(x), None),
-    "Trunc": (lambda x, a, b: math.trunc(x), None), "Sign": (lambda x, a, b: (x > 0) - (x < 0), None),
+    "Trunc": (lambda x, a, b: math.floor(x) if x >= 0 else math.ceil(x), None),
+    "Sign": (lambda x, a, b: 1 if x > 0 else (-1 if x < 0 else x * 0), None),
     "Sin": (lambda x, a, b: math.sin(x), None), "Cos": (lambda x, a, b: math.cos(x), None),
     "Tan": (lambda x, a, b: math.tan(x), None), "Asin": (lambda x, a, b: math.asin(x), None),
     "Acos": (lambda x, a, b: math.acos(x), None), "Atan": (lambda x, a, b: math.atan(x), None),
@@ -106,7 +107,7 @@ BINARY = {
     "Div": lambda a, b: a / b, "Pow": lambda a, b: a ** b, "Maximum": lambda a, b: max(a, b),
     "Minimum": lambda a, b: min(a, b), "FloorDiv": lambda a, b: a // b, "Mod": lambda a, b: _py_mod(a, b),
     "Fmod": lambda a, b: math.fmod(a, b), "Atan2": lambda a, b: math.atan2(a, b),
-    "And": lambda a, b: a and b, "Or": lambda a, b: a or b, "Xor": lambda a, b: a != b,
+    "And": lambda a, b: a & b, "Or": lambda a, b: a | b, "Xor": lambda a, b: a ^ b,
     "Equal": lambda a, b: a == b, "NotEqual": lambda a, b: a != b, "Less": lambda a, b: a < b,
     "Greater": lambda a, b: a > b, "LessEqual": lambda a, b: a <= b, "GreaterEqual": lambda a, b: a >= b,
 }

@@ -50,14 +50,16 @@ def _gather(data, idx, out, inner, dim, nidx):
 
 
 @cuda.jit
-def _pad(x, y, in_shape, out_shape, begin, mode, value):
-    """mode 0 constant, 1 reflect, 2 edge, 3 circular."""
+def _pad(x, y, in_shape, out_shape, begin, end, mode, value):
+    """mode 0 constant, 1 reflect, 2 edge, 3 circular. Negative pads crop first; the modes then see the
+    cropped extent, as the reference does."""
     start, step = cuda.grid(1), cuda.gridsize(1)
     for i in range(start, y.size, step):
         rem, src, stride, inside = i, 0, 1, True
         for k in range(len(out_shape) - 1, -1, -1):
-            n = in_shape[k]
-            s = rem % out_shape[k] - begin[k]
+            lo = -min(begin[k], 0)
+            n = in_shape[k] - lo + min(end[k], 0)
+            s = rem % out_shape[k] - max(begin[k], 0)
             rem //= out_shape[k]
             if s < 0 or s >= n:
                 if mode == 0:
@@ -68,8 +70,8 @@ def _pad(x, y, in_shape, out_shape, begin, mode, value):
                     s = 0 if s < 0 else n - 1
                 else:
                     s = s % n
-            src += s * stride
-            stride *= n
+            src += (s + lo) * stride
+            stride *= in_shape[k]
         y[i] = x[src] if inside else value
 
 
@@ -222,10 +224,10 @@ def build_pad(dev, node: Node, ins: list[TensorInfo]):
 
     def run(inputs, outputs, workspace):
         shape = tuple(np.shape(inputs[0]))
-        begin, _ = pad_plan(node, shape)
-        in_shape, out_shape, begin = at_least_1d(shape, tuple(outputs[0].shape), tuple(begin))
+        begin, end = pad_plan(node, shape)
+        in_shape, out_shape, begin, end = at_least_1d(shape, tuple(outputs[0].shape), tuple(begin), tuple(end))
         y = flat(outputs[0])
-        _pad[grid(y.size) + (stream,)](flat(inputs[0]), y, in_shape, out_shape, begin, mode, value)
+        _pad[grid(y.size) + (stream,)](flat(inputs[0]), y, in_shape, out_shape, begin, end, mode, value)
 
     return run
 

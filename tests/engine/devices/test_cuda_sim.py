@@ -1,0 +1,26 @@
+"""Runs the simulated-CUDA test modules (every kernel vs the numpy reference, the device, whole models) in a
+child pytest with NUMBA_ENABLE_CUDASIM=1 (see conftest.py for why a child process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["test_cuda_kernels.py", "test_cuda_device.py", "test_cuda_models.py"])
+def test_simulated_cuda(module):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", str(HERE / module), "-q", "-p", "no:cacheprovider", "-x",
+           "--timeout=600"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    print(done.stdout[-4000:])
+    tail = f"{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+    assert done.returncode == 0, f"simulated CUDA tests in {module} failed:\n{tail}"
