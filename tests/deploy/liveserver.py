@@ -1,0 +1,78 @@
+"""Runs the image's entrypoint (from the Dockerfile) as a local process and probes it the way the kubelet does."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from server import settings
+
+PORTS_RE = re.compile(r"nnserve listening: (.*)")
+PROBE_TIMEOUT = 5.0  # the Deployment's livenessProbe timeoutSeconds
+
+
+class LiveServer:
+    """`argv` runs with `env`; ports are ephemeral and read from the server's log line."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path):
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+        self.log: list[str] = []
+        self.ports: dict[str, int] = {}
+        self._found = threading.Event()
+        threading.Thread(target=self._read_log, daemon=True).start()
+        self.client = httpx.Client(timeout=PROBE_TIMEOUT)
+
+    def _read_log(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+            m = PORTS_RE.search(line)
+            if m:
+                self.ports = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+                self._found.set()
+
+    def wait_listening(self, timeout: float = 120) -> None:
+        if not self._found.wait(timeout):
+            raise AssertionError("the server never reported its ports:\n" + self.log_text)
+
+    @property
+    def log_text(self) -> str:
+        return "".join(self.log[-60:])
+
+    def url(self, path: str, port: str = "http") -> str:
+        return f"http://127.0.0.1:{self.ports[port]}{path}"
+
+    def status(self, path: str) -> int | None:
+        """The HTTP status a kubelet httpGet probe would see; None when nothing answers."""
+        try:
+            return self.client.get(self.url(path)).status_code
+        except httpx.TransportError:
+            return None
+
+    def probes(self) -> tuple[int | None, int | None]:
+        return self.status(settings.LIVE_PATH), self.status(settings.READY_PATH)
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def sample_until(server: LiveServer, done, timeout: float, interval: float = 0.02) -> list[tuple]:  # noqa: ANN001
+    """(live, ready) pairs until done(pair) or the process exits; fails after `timeout` seconds."""
+    samples = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pair = server.probes()
+        samples.append(pair)
+        if done(pair) or server.proc.poll() is not None:
+            return samples
+        time.sleep(interval)
+    raise AssertionError(f"no end after {timeout} s; last probes {samples[-5:]}\n{server.log_text}")
