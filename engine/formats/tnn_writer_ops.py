@@ -18,11 +18,6 @@ FUSED_ACT = {None: 0, "relu": 1, "relu6": 2, "silu": 256}
 PAD_CODES = {"constant": 0, "zeros": 0, "reflect": 1, "edge": 2, "replicate": 2}
 
 
-def _axis(w: Writer, node: Node, axis: int, k: int = 0) -> int:
-    rank = len(w.shape(node.inputs[k]))
-    return axis % rank if rank else 0
-
-
 def activation(w: Writer, act: str | None, p: dict | None, src: str, dst: str) -> None:
     """One TNN activation layer computing `act` from blob src into blob dst."""
     p = p or {}
@@ -47,7 +42,7 @@ def activation(w: Writer, act: str | None, p: dict | None, src: str, dst: str) -
         w.unsupported(f"with activation {act!r}")
 
 
-def _spatial_pads(w: Writer, node: Node, x: str, fill: float = 0.0) -> tuple[str, int, int, int]:
+def _spatial_pads(w: Writer, node: Node, x: str) -> tuple[str, int, int, int]:
     """(input blob, ph, pw, pad_type): asymmetric or non-zero padding becomes a PadV2 layer first."""
     auto = node.params.get("auto_pad")
     if auto in ("same_upper", "valid"):
@@ -56,12 +51,12 @@ def _spatial_pads(w: Writer, node: Node, x: str, fill: float = 0.0) -> tuple[str
         w.unsupported(f"with auto_pad {auto!r}")
     t, l, b, r = pads4(node)
     mode = node.params.get("pad_mode", "zeros")
-    if (t, l) == (b, r) and mode == "zeros" and fill == 0.0:
+    if (t, l) == (b, r) and mode == "zeros":
         return x, t, l, -1
     if mode not in PAD_CODES:
         w.unsupported(f"with pad_mode {mode!r}")
     padded = w.tmp("pad")
-    w.layer("PadV2", [x], [padded], [4, 0, 0, t, l, 0, 0, b, r, PAD_CODES[mode], fill], name=f"{node.name}/pad")
+    w.layer("PadV2", [x], [padded], [4, 0, 0, t, l, 0, 0, b, r, PAD_CODES[mode], 0.0], name=f"{node.name}/pad")
     return padded, 0, 0, -1
 
 
