@@ -18,6 +18,7 @@ from engine.ops import _conv_kernels as K
 from engine.ops import _winograd as W
 from engine.ops._conv_geom import ConvGeom, conv_geom, tconv_geom, weight_of
 from engine.ops._epilogue import apply_activation
+from engine.ops._spatial import packed
 from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, TensorInfo
 
@@ -107,7 +108,7 @@ class _Epilogue:
 
     def __init__(self, node: Node, o: int):
         bias = node.attrs.get("bias")
-        self.bias = np.zeros(o, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).ravel()
+        self.bias = np.zeros(o, np.float32) if bias is None else packed(np.ravel(bias))
         self.name, self.params = node.params.get("activation"), node.params.get("activation_params")
         code = K.act_code(self.name, self.params)
         self.late = code is None  # run through apply_activation after the fused pass
@@ -140,9 +141,9 @@ def build_conv(node: Node, ins: list[TensorInfo]) -> Kernel:
     epi = _Epilogue(node, geo_max.o)
     w = np.asarray(weight_of(node), np.float32)
     if kind == "depthwise":
-        wd = np.ascontiguousarray(w.reshape(geo_max.c, geo_max.kh, geo_max.kw))
+        wd = packed(w.reshape(geo_max.c, geo_max.kh, geo_max.kw))
         return _depthwise_run(node, geom, wd, epi)
-    wg = np.ascontiguousarray(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
+    wg = packed(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
     if kind == "gemm":
         return _gemm_run(geom, wg, epi)
     if kind == "winograd":
@@ -249,7 +250,7 @@ def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
     g, ig = geo_max.groups, geo_max.c // geo_max.groups
     w = np.asarray(weight_of(node), np.float32)
     # Per group (Og*kh*kw, Ig): one GEMM turns an input tile into every output patch it scatters.
-    wt = np.stack([np.ascontiguousarray(w[gi * ig:(gi + 1) * ig].reshape(ig, -1).T) for gi in range(g)])
+    wt = packed(np.stack([w[gi * ig:(gi + 1) * ig].reshape(ig, -1).T for gi in range(g)]))
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]

@@ -8,6 +8,7 @@ from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 from engine.ops import _conv_kernels as K
 from engine.ops._epilogue import EPILOGUES, apply_activation
+from engine.ops._spatial import packed
 from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
 
@@ -47,10 +48,10 @@ def gemm_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 def build_gemm(node: Node, ins: list[TensorInfo]) -> Kernel:
     w = _weight(node)
     dtype = np.dtype(ins[0].dtype)
-    wt = np.ascontiguousarray(w.T, dtype)  # (K, N): x @ wt reads both operands row-major
+    wt = packed(w.T, dtype)  # (K, N): x @ wt reads both operands row-major
     bias = node.attrs.get("bias")
     has_bias = bias is not None
-    bias = np.ascontiguousarray(bias, dtype).ravel() if has_bias else np.zeros(1, dtype)
+    bias = packed(np.ravel(bias), dtype) if has_bias else np.zeros(1, dtype)
     act, params = node.params.get("activation"), node.params.get("activation_params")
     code = K.act_code(act, params)
     c, *p = code or (K.ACT_NONE, 0.0, 0.0, 0.0)
@@ -103,8 +104,12 @@ def matmul_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def build_matmul(node: Node, ins: list[TensorInfo]) -> Kernel:
+    # A constant operand (a weight) is packed once: file-backed data may be unaligned, which costs a copy per call.
+    consts = [None if i.value is None or i.dtype.kind != "f" else packed(i.value, i.dtype) for i in ins[:2]]
+
     def run(inputs, outputs, workspace):
-        np.matmul(inputs[0], inputs[1], out=outputs[0])
+        a, b = (c if c is not None else x for c, x in zip(consts, inputs, strict=False))
+        np.matmul(a, b, out=outputs[0])
     return run
 
 

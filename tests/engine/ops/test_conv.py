@@ -289,3 +289,32 @@ def test_depthwise_variants(cfg, shape):
     check_kernel(node, [rand(*shape)], rtol=1e-4, atol=1e-5)
     bigger = (shape[0] + 1, c, shape[2] + 3, shape[3] + 2)
     check_kernel(node, [rand(*shape)], [rand(*bigger)], rtol=1e-4, atol=1e-5)
+
+
+def unaligned(a: np.ndarray) -> np.ndarray:
+    """A read-only copy of `a` at an odd byte offset, as weights read straight from a model file can be."""
+    raw = np.zeros(a.nbytes + 3, np.uint8)
+    view = raw[3:].view(a.dtype).reshape(a.shape)
+    view[...] = a
+    view.flags.writeable = False
+    return view
+
+
+@pytest.mark.parametrize("k,groups", [((3, 3), 1), ((1, 1), 1), ((3, 3), 4), ((3, 3), 32)])
+def test_unaligned_file_weights_are_packed_once(k, groups):
+    import tracemalloc
+    w, b = unaligned(rand(32, 32 // groups, *k)), unaligned(rand(32))
+    assert not w.flags.aligned
+    node = make_node("Conv", 1, params={"pads": [1, 1, 1, 1] if k == (3, 3) else [0] * 4, "groups": groups},
+                     attrs={"weight": w, "bias": b})
+    x = rand(1, 32, 6, 6)
+    check_kernel(node, [x], rtol=1e-4, atol=1e-5)
+    info = [TensorInfo(x.shape, x.dtype)]
+    fn, ws = get_op("Conv").kernel(node, info), np.zeros(workspace_of(node, x), np.uint8)
+    out = np.empty(infer(node, [x])[0].shape, np.float32)
+    fn([x], [out], ws)
+    tracemalloc.start()
+    fn([x], [out], ws)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < max(w.nbytes // 2, 2048), f"a kernel call allocated {peak} bytes"

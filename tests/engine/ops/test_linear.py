@@ -104,3 +104,21 @@ def test_gemm_every_fused_activation(act, params):
     for bias in (True, False):
         node = gemm_node(6, 5, bias=bias, activation=act, activation_params=params)
         check_kernel(node, [rand(3, 6) * 3], rtol=1e-5, atol=1e-5)
+
+
+def test_unaligned_weights_and_const_operands_work():
+    raw = np.zeros(6 * 5 * 4 + 1, np.uint8)
+    w = raw[1:].view(np.float32).reshape(5, 6)
+    w[...] = rand(5, 6)
+    assert not w.flags.aligned
+    check_kernel(make_node("Gemm", 1, attrs={"weight": w}), [rand(3, 6)], rtol=1e-5, atol=1e-5)
+    node = make_node("MatMul", 2)
+    b = w.T  # a const operand: its value is known when the kernel is built
+    from engine.ops._harness import run_kernel
+    from engine.ops.registry import TensorInfo, get_op
+    a = rand(2, 3, 6)
+    fn = get_op("MatMul").kernel(node, [TensorInfo(a.shape, a.dtype), TensorInfo(b.shape, b.dtype, b)])
+    out = np.empty((2, 3, 5), np.float32)
+    fn([a, b], [out], None)
+    np.testing.assert_allclose(out, reference(node, [a, b])[0], rtol=1e-5, atol=1e-6)
+    assert run_kernel(node, [a, np.ascontiguousarray(b)])[0].shape == (2, 3, 5)
