@@ -29,7 +29,7 @@ Item = tuple
 
 
 class Writer:
-    def __init__(self, graph: Graph, version: int, fp16: bool):
+    def __init__(self, graph: Graph, version: int, fp16: bool, input_shapes: dict | None = None):
         if version not in (1, 2):
             raise EngineError(f"TNN format version must be 1 or 2, got {version}")
         self.graph, self.version, self.fp16 = graph, version, fp16
@@ -42,7 +42,7 @@ class Writer:
         self._layer_names: set[str] = set()
         self._blobs: list[str] = []
         self.node: Node | None = None
-        self.infos = _infer(graph)
+        self.infos = _infer(graph, input_shapes or {})
         for v in [*graph.inputs, *graph.outputs]:  # the model's own names win any clash
             if not v.is_const:
                 self.name(v)
@@ -136,7 +136,7 @@ class Writer:
         return "".join(f'"{r} ,"\n' for r in records)
 
     def _input_spec(self, v: Value) -> str:
-        dims = [d if d >= 0 else 1 for d in self.shape(v)]
+        dims = list(self.shape(v))
         if self.version == 1:
             return " ".join([self.name(v), *map(str, dims)])
         code = DTYPE_CODES.get(np.dtype(v.dtype), 0)
@@ -183,23 +183,29 @@ def _fmt(p: Any) -> str:
     return str(p)
 
 
-def _infer(graph: Graph) -> dict[Value, TensorInfo]:
+def _infer(graph: Graph, input_shapes: dict) -> dict[Value, TensorInfo]:
+    """Shapes at the input shapes the file will record (TNN files fix every input dim)."""
     from engine.passes.infer_shapes import infer_infos
 
     inputs = {}
     for v in graph.inputs:
-        if v.shape is None or v.dtype is None:
-            raise EngineError(f"{graph.path}: input {v.name!r} has no shape; TNN files need one")
-        inputs[v] = TensorInfo(tuple(d if d >= 0 else 1 for d in v.shape), np.dtype(v.dtype))
+        shape = input_shapes.get(v.name, v.shape)
+        if shape is None or v.dtype is None or any(d is None or d < 0 for d in shape):
+            raise EngineError(f"{graph.path}: input {v.name!r} has shape {v.shape}; a TNN file records fixed "
+                              f"dims, pass input_shapes={{{v.name!r}: (...)}}")
+        inputs[v] = TensorInfo(tuple(int(d) for d in shape), np.dtype(v.dtype))
     return infer_infos(graph, inputs)
 
 
-def write_tnn(graph: Graph, prefix: str | Path, version: int = 2, fp16: bool = False) -> tuple[Path, Path]:
-    """Writes `<prefix>.tnnproto` and `<prefix>.tnnmodel`; returns both paths."""
+def write_tnn(graph: Graph, prefix: str | Path, version: int = 2, fp16: bool = False,
+              input_shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[Path, Path]:
+    """Writes `<prefix>.tnnproto` and `<prefix>.tnnmodel`; returns both paths.
+
+    `input_shapes` fixes inputs with dynamic dims (TNN records one shape per input)."""
     from engine.formats.tnn_writer_int8 import link_int8_names
     from engine.formats.tnn_writer_ops import RULES
 
-    w = Writer(graph, version, fp16)
+    w = Writer(graph, version, fp16, input_shapes)
     link_int8_names(w)
     for node in graph.nodes:
         w.node = node

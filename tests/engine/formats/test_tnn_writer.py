@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine.errors import UnsupportedOpError
+from engine.errors import EngineError, UnsupportedOpError
 from engine.formats.tnn_model import read_model
 from engine.formats.tnn_proto import parse_proto
 from engine.formats.tnn_writer import write_tnn
@@ -82,8 +82,11 @@ def test_fp16_weights_are_rounded_halves(tmp_path):
 
 def test_unsupported_ops_and_v1_limits_name_the_node(tmp_path):
     dynamic = engine.load(FIXTURES / "pnnx" / "dynamic" / "model.pnnx.param").graph
-    with pytest.raises(UnsupportedOpError, match="Expression"):
+    with pytest.raises(EngineError, match="input_shapes"):  # TNN files record fixed input dims
         write_tnn(dynamic, tmp_path / "d")
+    shape = np.load(FIXTURES / "pnnx" / "dynamic" / "inputs.npz")["in0"].shape
+    with pytest.raises(UnsupportedOpError, match="Expression"):
+        write_tnn(dynamic, tmp_path / "d", input_shapes={"in0": shape})
     transformer = engine.load(FIXTURES / "pnnx" / "transformer" / "model.pnnx.param").graph
     with pytest.raises(UnsupportedOpError, match="constant map") as e:
         write_tnn(transformer, tmp_path / "t", version=1)
