@@ -1,5 +1,6 @@
 """Wiring: repository + data plane + REST (uvicorn) + gRPC (grpc.aio) + metrics endpoint in one event loop,
-and the SIGTERM sequence (readiness fails at once, in-flight requests drain, then exit 0).
+and the SIGTERM sequence: readiness fails at once, requests are still served for --drain-delay-secs, then the
+listeners close and in-flight requests get --exit-timeout-secs to finish, then exit 0.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from fastapi.responses import Response
 from server import settings as defaults
 from server.dataplane import DataPlane
 from server.metrics import ServerMetrics
+from server.plugins import load_plugins
 from server.protocol.grpc import health_pb2_grpc, pb2_grpc
+from server.protocol.grpc.interceptors import RestrictedProtocolInterceptor
 from server.protocol.grpc.servicer import HealthServicer, InferenceServicer
 from server.protocol.rest import create_app
 from server.repository import ModelRepository
+from server.security import parse_restrictions
 from server.settings import ServerSettings
 
 log = logging.getLogger("nnserve")
@@ -64,38 +68,43 @@ def metrics_app(metrics: ServerMetrics) -> FastAPI:
 class NNServer:
     def __init__(self, s: ServerSettings):
         self.settings = s
+        self.http_restrictions = parse_restrictions(s.http_restricted_api, "--http-restricted-api")
+        self.grpc_restrictions = parse_restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         self.metrics = ServerMetrics()
         self.repository = ModelRepository(s.model_repository, control_mode=s.model_control_mode,
                                           default_max_batch_size=s.default_max_batch_size, metrics=self.metrics)
         self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness)
         self.ports: dict[str, int] = {}
-        self._http: list[tuple[_Uvicorn, asyncio.Task]] = []
+        self._http: list[tuple[_Uvicorn, asyncio.Task]] = []  # the API servers
+        self._metrics_http: list[tuple[_Uvicorn, asyncio.Task]] = []  # scraped until the very end
         self._grpc: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
 
     async def start_endpoints(self) -> None:
         s = self.settings
         if s.allow_http:
-            self.ports["http"] = self._start_http(create_app(self.dp, s.http_max_input_bytes), s.http_address,
-                                                 s.http_port)
+            app = create_app(self.dp, s.http_max_input_bytes, self.http_restrictions)
+            self.ports["http"] = self._start_http(app, s.http_address, s.http_port, self._http)
         if s.allow_grpc:
             self.ports["grpc"] = await self._start_grpc(s.grpc_address, s.grpc_port)
         if s.allow_metrics:
-            self.ports["metrics"] = self._start_http(metrics_app(self.metrics), s.metrics_address, s.metrics_port)
+            self.ports["metrics"] = self._start_http(metrics_app(self.metrics), s.metrics_address, s.metrics_port,
+                                                    self._metrics_http)
         log.info("nnserve listening: %s", " ".join(f"{k}={v}" for k, v in self.ports.items()))
 
-    def _start_http(self, app: FastAPI, address: str, port: int) -> int:
+    def _start_http(self, app: FastAPI, address: str, port: int, into: list[tuple[_Uvicorn, asyncio.Task]]) -> int:
         sock = bind(address, port)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=65, timeout_graceful_shutdown=self.settings.exit_timeout_secs)
         server = _Uvicorn(config)
-        self._http.append((server, asyncio.create_task(server.serve(sockets=[sock]))))
+        into.append((server, asyncio.create_task(server.serve(sockets=[sock]))))
         return sock.getsockname()[1]
 
     async def _start_grpc(self, address: str, port: int) -> int:
-        opts = [("grpc.max_receive_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES)]
-        self._grpc = grpc.aio.server(options=opts)
+        size = self.settings.grpc_max_message_bytes
+        opts = [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+        interceptors = [RestrictedProtocolInterceptor(self.grpc_restrictions)] if self.grpc_restrictions else []
+        self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
         pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dp), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.dp), self._grpc)
         bound = self._grpc.add_insecure_port(f"{address}:{port}")
@@ -107,6 +116,7 @@ class NNServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        load_plugins()
         await self.start_endpoints()
         t0 = time.perf_counter()
         failed = await self.repository.startup(self.settings.load_models)
@@ -127,21 +137,33 @@ class NNServer:
         return 0
 
     async def shutdown(self) -> None:
-        """Readiness fails at once; in-flight requests get up to --exit-timeout-secs; then everything stops."""
+        """SIGTERM: not ready at once; serve on for the drain delay; close the listeners; in-flight requests get
+        --exit-timeout-secs; then models are unloaded."""
+        s = self.settings
         self.dp.draining = True
-        log.info("shutting down: readiness now fails, draining %d in-flight request(s)", self.dp.inflight)
-        deadline = time.monotonic() + self.settings.exit_timeout_secs
+        log.info("shutting down: readiness now fails; serving %.1f s more before closing the listeners",
+                 s.drain_delay_secs)
+        await asyncio.sleep(max(s.drain_delay_secs, 0.0))
+        log.info("closing the listeners, draining %d in-flight request(s) (up to %.0f s)", self.dp.inflight,
+                 s.exit_timeout_secs)
+        deadline = time.monotonic() + s.exit_timeout_secs
+        # Both protocols stop accepting at once; each lets its in-flight calls finish within the timeout.
+        stopping = [self._stop_http(self._http)]
+        if self._grpc is not None:
+            stopping.append(self._grpc.stop(grace=s.exit_timeout_secs))
+        await asyncio.gather(*stopping, return_exceptions=True)
         while self.dp.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.dp.exiting = True
-        remaining = max(deadline - time.monotonic(), 0.0)
-        if self._grpc is not None:
-            await self._grpc.stop(grace=remaining)
-        for server, _ in self._http:
-            server.should_exit = True
-        await asyncio.gather(*(task for _, task in self._http), return_exceptions=True)
+        await self._stop_http(self._metrics_http)
         await self.repository.shutdown()
         log.info("nnserve stopped")
+
+    @staticmethod
+    async def _stop_http(servers: list[tuple[_Uvicorn, asyncio.Task]]) -> None:
+        for server, _ in servers:
+            server.should_exit = True
+        await asyncio.gather(*(task for _, task in servers), return_exceptions=True)
 
 
 async def serve(s: ServerSettings) -> int:

@@ -37,13 +37,21 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load ('*' = all)")
     p.add_argument("--repository-poll-secs", type=float, default=defaults.REPOSITORY_POLL_SECS)
     p.add_argument("--exit-timeout-secs", type=float, default=defaults.EXIT_TIMEOUT_SECS)
+    p.add_argument("--drain-delay-secs", type=float, default=defaults.DRAIN_DELAY_SECS,
+                   help="after SIGTERM, keep serving (not ready) this long before closing the listeners")
     p.add_argument("--exit-on-error", type=str2bool, default=True, help="exit if a model fails to load")
     p.add_argument("--strict-readiness", type=str2bool, default=True)
     p.add_argument("--backend-config", action="append", default=[],
                    help="<backend>,default-max-batch-size=<n> (the max_batch_size auto-complete gives)")
     p.add_argument("--http-max-input-size", type=int, default=defaults.HTTP_MAX_INPUT_BYTES,
                    help="largest HTTP request body in bytes (also after decompression)")
-    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--grpc-max-message-size", type=int, default=defaults.GRPC_MAX_MESSAGE_BYTES,
+                   help="largest gRPC message in bytes, both directions (RESOURCE_EXHAUSTED above it)")
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
+                   help="e.g. model-repository,statistics:admin-key=secret: those APIs need header KEY: VALUE")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOLS:KEY=VALUE",
+                   help="as --http-restricted-api; the gRPC header is triton-grpc-protocol-KEY")
+    p.add_argument("--log-verbose", type=int, default=0, help=">= 2 also logs tensor contents of requests")
     p.set_defaults(func=run_serve)
 
 
@@ -65,7 +73,19 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         repository_poll_secs=args.repository_poll_secs, exit_timeout_secs=args.exit_timeout_secs,
         exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness,
         default_max_batch_size=max_batch, http_max_input_bytes=args.http_max_input_size,
-        log_verbose=args.log_verbose)
+        grpc_max_message_bytes=args.grpc_max_message_size, drain_delay_secs=args.drain_delay_secs,
+        http_restricted_api=list(args.http_restricted_api),
+        grpc_restricted_protocol=list(args.grpc_restricted_protocol), log_verbose=args.log_verbose)
+
+
+def check_restrictions(s: ServerSettings) -> None:
+    from server.security import RestrictionSpecError, parse_restrictions
+
+    try:
+        parse_restrictions(s.http_restricted_api, "--http-restricted-api")
+        parse_restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
+    except RestrictionSpecError as exc:
+        raise SystemExit(f"nnserve serve: {exc}") from None
 
 
 def setup_logging(verbose: int) -> None:
@@ -75,6 +95,7 @@ def setup_logging(verbose: int) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
+    check_restrictions(s)
     setup_logging(s.log_verbose)
     if not s.model_repository.is_dir():
         logging.getLogger("nnserve").error("--model-repository %s is not a directory", s.model_repository)

@@ -15,6 +15,7 @@ from server.batching_adapter import VersionMetrics
 from server.errors import ModelLoadError
 from server.protocol.grpc import model_config_pb2 as mc
 from server.runner import DirectRunner, execute
+from server.security import inside
 from server.stats import ModelStats
 
 log = logging.getLogger("nnserve.repository")
@@ -71,7 +72,7 @@ def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir
             dtype = cfg.numpy_dtype(spec.data_type)
             kind = spec.WhichOneof("input_data_type")
             if kind == "input_data_file":
-                raw = (version_dir.parent / "warmup" / spec.input_data_file).read_bytes()
+                raw = _warmup_file(version_dir.parent / "warmup", spec.input_data_file, name).read_bytes()
                 feed[input_name] = np.frombuffer(raw, dtype=dtype).reshape(shape)
             elif kind == "random_data":
                 feed[input_name] = rng.random(shape).astype(dtype)
@@ -83,6 +84,16 @@ def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir
                     execute(instance, feed)
                 except Exception as exc:
                     raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' failed: {exc}") from exc
+
+
+def _warmup_file(warmup_dir: Path, file_name: str, name: str) -> Path:
+    """model_warmup input files live in <model>/warmup/; a config (maybe sent through the load API) must not point
+    anywhere else."""
+    path = warmup_dir / file_name
+    if not inside(warmup_dir, path):
+        raise ModelLoadError(f"model '{name}': model_warmup input_data_file '{file_name}' is outside "
+                             f"{warmup_dir.name}/")
+    return path
 
 
 def make_scheduler(config: mc.ModelConfig, instances: list[Any], hooks: Any) -> Any:

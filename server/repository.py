@@ -15,6 +15,7 @@ from server import config as cfg
 from server.errors import ModelControlError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnknownModelError
 from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
 from server.protocol.grpc import model_config_pb2 as mc
+from server.security import check_model_name, escaping_paths
 
 log = logging.getLogger("nnserve.repository")
 UNLOADED_REASON = "unloaded"
@@ -127,6 +128,9 @@ class ModelRepository:
 
     async def load(self, name: str, config_json: str | None = None) -> None:
         """Load or reload `name`. The old versions keep serving until the new ones are READY, then swap."""
+        problem = check_model_name(name)
+        if problem:
+            raise ModelLoadError(f"failed to load: {problem}")
         async with self._lock(name):
             old = self._models.get(name)
             model_dir = self.root / name
@@ -150,6 +154,10 @@ class ModelRepository:
     def _build(self, name: str, model_dir: Path, config_json: str | None) -> ModelEntry:
         if not model_dir.is_dir():
             raise ModelLoadError(f"failed to load '{name}': no model directory '{name}' in the repository")
+        outside = escaping_paths(self.root, model_dir)
+        if outside:  # a symlink out of the repository: the load API must not read arbitrary files
+            raise ModelLoadError(f"failed to load '{name}': {', '.join(sorted(outside)[:5])} resolves outside the "
+                                 "model repository")
         if config_json is not None:
             config, has_mbs = cfg.parse_config_json(config_json), '"max_batch_size"' in config_json
         else:

@@ -18,6 +18,9 @@ METRICS_PATH = "/metrics"
 
 # Triton's defaults for the same knobs.
 EXIT_TIMEOUT_SECS = 30
+# After SIGTERM readiness fails at once but requests are still served this long, so load balancers that have not
+# yet seen the readiness change do not send requests into a closed port (Kubernetes' preStop sleep adds more).
+DRAIN_DELAY_SECS = 0.5
 REPOSITORY_POLL_SECS = 15
 DEFAULT_MAX_BATCH_SIZE = 4
 GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton lifts gRPC's 4 MiB default to INT32_MAX
@@ -58,4 +61,8 @@ class ServerSettings:
     exit_on_error: bool = True
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES
+    grpc_max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES
+    drain_delay_secs: float = DRAIN_DELAY_SECS
+    http_restricted_api: list[str] = field(default_factory=list)  # Triton's "<apis>:<key>=<value>" specs
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
     log_verbose: int = 0

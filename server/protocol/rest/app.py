@@ -25,6 +25,9 @@ from server.errors import (
 )
 from server.protocol import rest_codec
 from server.protocol.rest import compression
+from server.protocol.rest.openapi import INDEX_EXTRA, INFER_EXTRA, INFER_RESPONSES, LOAD_EXTRA, errors
+from server.protocol.rest.restrict import RestrictedApiMiddleware
+from server.security import Restriction
 
 log = logging.getLogger("nnserve.http")
 
@@ -33,8 +36,13 @@ DISCONNECT_POLL_SECS = 0.05
 T = TypeVar("T")
 
 
-def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYTES) -> FastAPI:
-    app = FastAPI(title="nnserve", docs_url=None, redoc_url=None, openapi_url=None)
+def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYTES,
+               restrictions: dict[str, Restriction] | None = None) -> FastAPI:
+    # The schema is served (at /openapi.json) so clients and fuzzers can check the routes against it.
+    app = FastAPI(title="nnserve", version=settings.SERVER_VERSION, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
+    if restrictions:
+        app.add_middleware(RestrictedApiMiddleware, restrictions=restrictions)
 
     @app.exception_handler(ServerError)
     async def _server_error(_: Request, exc: ServerError) -> JSONResponse:
@@ -52,17 +60,17 @@ def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYT
 
 
 def _health_routes(app: FastAPI, dp: DataPlane) -> None:
-    @app.get("/v2")
+    @app.get("/v2", responses=errors(403))
     async def server_metadata() -> dict[str, Any]:
         return dp.server_metadata()
 
-    @app.get(settings.LIVE_PATH)
+    @app.get(settings.LIVE_PATH, responses=errors(403, 503))
     async def live() -> Response:
         if not dp.live():
             raise UnavailableError("Server exiting")
         return Response(status_code=200)
 
-    @app.get(settings.READY_PATH)
+    @app.get(settings.READY_PATH, responses={**errors(403, 503), 400: {"description": "Not ready"}})
     async def ready() -> Response:
         if dp.draining or dp.exiting:
             raise UnavailableError("Server exiting")
@@ -71,23 +79,27 @@ def _health_routes(app: FastAPI, dp: DataPlane) -> None:
 
 def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
     # before /v2/models/{model}, which would otherwise take "stats" for a model name
-    @app.get("/v2/models/stats")
+    @app.get("/v2/models/stats", responses=errors(403))
     async def all_stats() -> dict[str, Any]:
         return {"model_stats": dp.statistics()}
 
     def both(path: str) -> list[str]:
         return [f"/v2/models/{{model}}{path}", f"/v2/models/{{model}}/versions/{{version}}{path}"]
 
+    lookup = errors(400, 403, 404, 503)  # unknown model, restricted, no such version, not ready
     for path in both(""):
-        app.add_api_route(path, lambda model, version="": dp.model_metadata(model, version), methods=["GET"])
+        app.add_api_route(path, lambda model, version="": dp.model_metadata(model, version), methods=["GET"],
+                          responses=lookup)
     for path in both("/ready"):
         app.add_api_route(path, lambda model, version="": Response(status_code=200 if dp.model_ready(model, version)
-                                                                    else 400), methods=["GET"])
+                                                                    else 400), methods=["GET"],
+                          responses={**errors(403), 400: {"description": "Not ready"}})
     for path in both("/config"):
-        app.add_api_route(path, lambda model, version="": dp.model_config_dict(model, version), methods=["GET"])
+        app.add_api_route(path, lambda model, version="": dp.model_config_dict(model, version), methods=["GET"],
+                          responses=lookup)
     for path in both("/stats"):
         app.add_api_route(path, lambda model, version="": {"model_stats": dp.statistics(model, version)},
-                          methods=["GET"])
+                          methods=["GET"], responses=lookup)
 
     async def infer(request: Request, model: str, version: str = "") -> Response:
         body = compression.decompress(await _read_body(request, max_input_bytes),
@@ -104,7 +116,7 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
         return Response(payload, media_type="application/octet-stream", headers=headers)
 
     for path in both("/infer"):
-        app.add_api_route(path, infer, methods=["POST"])
+        app.add_api_route(path, infer, methods=["POST"], openapi_extra=INFER_EXTRA, responses=INFER_RESPONSES)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -146,12 +158,12 @@ def _int_header(value: str | None, name: str = rest_codec.HEADER_LENGTH) -> int 
 
 
 def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
-    @app.post("/v2/repository/index")
+    @app.post("/v2/repository/index", openapi_extra=INDEX_EXTRA, responses=errors(400, 403))
     async def index(request: Request) -> list[dict[str, str]]:
         body = await _json_body(request)
         return dp.repository_index(bool(body.get("ready", False)))
 
-    @app.post("/v2/repository/models/{model}/load")
+    @app.post("/v2/repository/models/{model}/load", openapi_extra=LOAD_EXTRA, responses=errors(400, 403, 503))
     async def load(model: str, request: Request) -> Response:
         params = (await _json_body(request)).get("parameters") or {}
         if any(k.startswith("file:") for k in params):
@@ -160,7 +172,7 @@ def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
         await dp.load_model(model, config if isinstance(config, str) or config is None else json.dumps(config))
         return Response(status_code=200)
 
-    @app.post("/v2/repository/models/{model}/unload")
+    @app.post("/v2/repository/models/{model}/unload", responses=errors(400, 403, 503))
     async def unload(model: str) -> Response:
         await dp.unload_model(model)
         return Response(status_code=200)

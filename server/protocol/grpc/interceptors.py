@@ -1,0 +1,45 @@
+"""gRPC server interceptor for --grpc-restricted-protocol: Triton answers UNAVAILABLE with
+"This protocol is restricted, expecting header 'triton-grpc-protocol-<key>'" when the metadata is missing or wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from server.security import GRPC_HEADER_PREFIX, GRPC_METHOD_GROUPS, Restriction, grpc_restricted_message
+
+
+def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    async def deny(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+    return grpc.unary_unary_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
+
+
+class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, restrictions: dict[str, Restriction]):
+        self.restrictions = restrictions
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[grpc.RpcMethodHandler]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        group = GRPC_METHOD_GROUPS.get(details.method.rsplit("/", 1)[-1])
+        rule = self.restrictions.get(group) if group else None
+        if rule is None or handler is None:
+            return handler
+        header = GRPC_HEADER_PREFIX + rule.key
+        presented = next((v for k, v in details.invocation_metadata or () if k == header), None)
+        if isinstance(presented, bytes):
+            presented = presented.decode("latin-1")
+        if rule.allows(presented):
+            return handler
+        return _deny_handler(handler, grpc_restricted_message(rule.key))
