@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.errors import ShapeError
+from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 from engine.ops._spatial import auto_pads, check_rank, out_size, pads4, pair
 
@@ -71,7 +71,7 @@ def conv_geom(node: Node, x_shape) -> ConvGeom:
     _check_bias(node, o)
     mode = node.params.get("pad_mode", "zeros") or "zeros"
     if mode not in NP_PAD:
-        raise ShapeError(f"{node.where()}: Conv pad_mode={mode!r} is not one of {sorted(NP_PAD)}")
+        raise UnsupportedOpError(f"Conv pad_mode={mode!r} (supported: {sorted(NP_PAD)})", node.name, node.where())
     pads = auto_pads(node, (h, w), (kh, kw), stride, dil)
     oh = out_size(node, h, kh, stride[0], dil[0], pads[0], pads[2])
     ow = out_size(node, w, kw, stride[1], dil[1], pads[1], pads[3])

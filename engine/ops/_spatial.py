@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.errors import ShapeError
+from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 
 AUTO_PADS = (None, "same_upper", "same_lower", "valid")
@@ -60,7 +60,7 @@ def auto_pads(node: Node, size: Sequence[int], kernel: Sequence[int], stride: Se
     if mode in (None, "notset", "NOTSET"):
         return pads4(node)
     if mode not in AUTO_PADS:
-        raise ShapeError(f"{node.where()}: {node.op_type} auto_pad={mode!r} is not one of {AUTO_PADS}")
+        raise UnsupportedOpError(f"{node.op_type} auto_pad={mode!r} (supported: {AUTO_PADS})", node.name, node.where())
     if mode == "valid":
         return 0, 0, 0, 0
     begin, end = [], []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.errors import ShapeError
+from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
 
@@ -21,7 +21,7 @@ _NP_MODE = {"constant": "constant", "reflect": "reflect", "edge": "edge", "circu
 def _mode(node: Node) -> str:
     mode = node.params.get("mode", "constant")
     if mode not in _MODES:
-        raise ShapeError(f"{node.where()}: Pad mode={mode!r} is not one of {sorted(_MODES)}")
+        raise UnsupportedOpError(f"Pad mode={mode!r} (supported: {sorted(_MODES)})", node.name, node.where())
     return _MODES[mode]
 
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from engine.errors import ShapeError
+from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 from engine.ops import _resize_kernels as RK
 from engine.ops._threads import parallel_for
@@ -26,7 +26,7 @@ _MODES = {"nearest": "nearest", "bilinear": "bilinear", "linear": "bilinear", "b
 def _mode(node: Node) -> str:
     mode = node.params.get("mode", "nearest")
     if mode not in _MODES:
-        raise ShapeError(f"{node.where()}: Resize mode={mode!r} is not one of {sorted(_MODES)}")
+        raise UnsupportedOpError(f"Resize mode={mode!r} (supported: {sorted(_MODES)})", node.name, node.where())
     return _MODES[mode]
 
 

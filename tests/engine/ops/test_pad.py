@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import ShapeError
+from engine.errors import ShapeError, UnsupportedOpError
 from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
@@ -61,9 +61,14 @@ def test_reflect_is_mirror_without_edge():
     ((0, 3, 0, 0), "reflect", (2, 3), "too large"),
     ((0, 4, 0, 0), "circular", (2, 3), "too large"),
     ((0, -2, 0, -2), "constant", (2, 3), "nothing is left"),
-    ((0, 1, 0, 0), "symmetric", (2, 3), "mode"),
 ])
 def test_errors_name_the_node(pads, mode, shape, match):
     with pytest.raises(ShapeError, match=match) as err:
         infer(pad_node(pads, mode), [np.zeros(shape, np.float32)])
     assert "test:1" in str(err.value)
+
+
+def test_unknown_mode_is_unsupported():
+    with pytest.raises(UnsupportedOpError, match="symmetric") as err:
+        infer(pad_node((0, 1, 0, 0), "symmetric"), [np.zeros((2, 3), np.float32)])
+    assert "pad_0" in str(err.value)
