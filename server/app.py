@@ -24,7 +24,7 @@ from server.dataplane import DataPlane
 from server.metrics import ServerMetrics
 from server.plugins import load_plugins
 from server.protocol.grpc import health_pb2_grpc, pb2_grpc
-from server.protocol.grpc.interceptors import RestrictedProtocolInterceptor
+from server.protocol.grpc.interceptors import DecodeGuardInterceptor, RestrictedProtocolInterceptor
 from server.protocol.grpc.servicer import HealthServicer, InferenceServicer
 from server.protocol.rest import create_app
 from server.repository import ModelRepository
@@ -74,6 +74,7 @@ class NNServer:
         self.repository = ModelRepository(s.model_repository, control_mode=s.model_control_mode,
                                           default_max_batch_size=s.default_max_batch_size, metrics=self.metrics)
         self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness)
+        self.dp.log_tensors = s.log_verbose >= 2
         self.ports: dict[str, int] = {}
         self._http: list[tuple[_Uvicorn, asyncio.Task]] = []  # the API servers
         self._metrics_http: list[tuple[_Uvicorn, asyncio.Task]] = []  # scraped until the very end
@@ -103,7 +104,9 @@ class NNServer:
     async def _start_grpc(self, address: str, port: int) -> int:
         size = self.settings.grpc_max_message_bytes
         opts = [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+        # restriction first: a refused caller's message is not even parsed
         interceptors = [RestrictedProtocolInterceptor(self.grpc_restrictions)] if self.grpc_restrictions else []
+        interceptors.append(DecodeGuardInterceptor())
         self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
         pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dp), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.dp), self._grpc)

@@ -33,6 +33,8 @@ class DataPlane:
         self.exiting = False  # drain window over: new requests are refused
         self.inflight = 0  # requests between arrival and answer, what a graceful shutdown waits for
         self.started = False  # the initial model loads are done: until then the server is live but not ready
+        # Tensor contents reach the log only when asked for (--log-verbose >= 2): they may be private data.
+        self.log_tensors = False
 
     # ---- health & metadata -----------------------------------------------------------------------------------
     def live(self) -> bool:
@@ -100,6 +102,9 @@ class DataPlane:
         if self.exiting:
             raise UnavailableError("Server exiting")
         self.inflight += 1
+        if self.log_tensors:
+            log.debug("infer %s/%s id=%r inputs: %s", req.model_name, req.model_version or "-", req.id,
+                      {t.name: t.data.tolist() for t in req.inputs})
         try:
             return await self._infer(req)
         finally:

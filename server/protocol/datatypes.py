@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -89,7 +90,7 @@ def encode_bytes_tensor(arr: np.ndarray) -> bytes:
 
 def tensor_from_raw(raw: bytes | memoryview, datatype: str, shape: list[int], name: str) -> np.ndarray:
     """Raw little-endian row-major bytes -> array; the size must match shape x element size exactly."""
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # exact: np.prod would wrap around on huge dims
     if datatype == "BYTES":
         return decode_bytes_tensor(raw, count, name).reshape(shape)
     dtype = wire_to_numpy(datatype)

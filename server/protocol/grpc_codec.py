@@ -6,6 +6,7 @@ go back in `raw_output_contents`, as Triton does and tritonclient expects.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def _typed_contents(t: Any, shape: list[int]) -> np.ndarray:
     if field is None:
         raise InvalidArgumentError(f"input '{t.name}': datatype {t.datatype} must be sent in raw_input_contents")
     values = getattr(t.contents, field)
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)
     if len(values) != count:
         raise InvalidArgumentError(f"input '{t.name}': {len(values)} values in contents.{field}, but shape "
                                    f"{shape} needs {count}")

@@ -7,6 +7,7 @@ tensor's bytes, in the order the tensors appear in the JSON (inputs carry parame
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -29,28 +30,46 @@ def decode_request(model_name: str, version: str, body: bytes, header_length: in
     doc = _parse_json(head)
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
     req = InferRequest(model_name=model_name, model_version=version, id=str(doc.get("id", "")),
-                       parameters=dict(doc.get("parameters") or {}))
+                       parameters=_params(doc.get("parameters"), "request"))
     pos = 0
     for item in _list(doc, "inputs"):
         tensor, pos = _decode_input(item, binary, pos)
         req.inputs.append(tensor)
     if pos != len(binary):
         raise InvalidArgumentError(f"{len(binary) - pos} bytes of binary data are not claimed by any input")
-    for item in doc.get("outputs") or []:
-        if not isinstance(item, dict) or "name" not in item:
+    outputs = doc.get("outputs") or []
+    if not isinstance(outputs, list):
+        raise InvalidArgumentError("'outputs' must be a list")
+    for item in outputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgumentError("each entry of 'outputs' needs a 'name'")
-        req.outputs.append(RequestedOutput(item["name"], dict(item.get("parameters") or {})))
+        req.outputs.append(RequestedOutput(item["name"], _params(item.get("parameters"), f"output '{item['name']}'")))
     return req
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN / Infinity are not JSON (Triton's parser refuses them too); send such values in binary
+    raise ValueError(f"'{name}' is not valid JSON")
 
 
 def _parse_json(head: bytes) -> dict[str, Any]:
     try:
-        doc = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = json.loads(head, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise InvalidArgumentError(f"failed to parse the request JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgumentError("failed to parse the request JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidArgumentError("the request JSON must be an object")
     return doc
+
+
+def _params(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"{where} 'parameters' must be an object")
+    return dict(value)
 
 
 def _list(doc: dict[str, Any], key: str) -> list[Any]:
@@ -65,8 +84,10 @@ def _decode_input(item: Any, binary: memoryview, pos: int) -> tuple[InferInput, 
         raise InvalidArgumentError("each input needs 'name', 'shape' and 'datatype'")
     name, datatype = str(item["name"]), str(item["datatype"])
     shape = _shape(item["shape"], name)
-    size = (item.get("parameters") or {}).get("binary_data_size")
+    size = _params(item.get("parameters"), f"input '{name}'").get("binary_data_size")
     if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
         if pos + int(size) > len(binary):
             raise InvalidArgumentError(f"input '{name}': binary_data_size {size} runs past the end of the body")
         data = tensor_from_raw(binary[pos : pos + int(size)], datatype, shape, name)
@@ -77,7 +98,8 @@ def _decode_input(item: Any, binary: memoryview, pos: int) -> tuple[InferInput, 
 
 
 def _shape(value: Any, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(d, int) and d >= 0 for d in value):
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in value):
         raise InvalidArgumentError(f"input '{name}': shape must be a list of non-negative integers, got {value!r}")
     return value
 
@@ -91,7 +113,7 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.nd
             arr = np.asarray(data, dtype=wire_to_numpy(datatype)).reshape(-1)
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"input '{name}': data is not valid {datatype}: {exc}") from None
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)
     if arr.size != count:
         raise InvalidArgumentError(f"input '{name}': {arr.size} values in 'data', but shape {shape} needs {count}")
     return arr.reshape(shape)

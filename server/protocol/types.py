@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from server.errors import InvalidArgumentError
+
 
 @dataclass
 class InferInput:
@@ -33,12 +35,26 @@ class InferRequest:
 
     @property
     def priority(self) -> int:
-        return int(self.parameters.get("priority", 0) or 0)
+        return _int_param(self.parameters, "priority") or 0
 
     @property
     def timeout_us(self) -> int | None:
-        value = self.parameters.get("timeout")
-        return int(value) if value else None
+        return _int_param(self.parameters, "timeout") or None
+
+
+def _int_param(params: dict[str, Any], key: str) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidArgumentError(f"parameter '{key}' must be an integer, got {type(value).__name__}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"parameter '{key}' must be an integer") from None
+    if number < 0:
+        raise InvalidArgumentError(f"parameter '{key}' must not be negative")
+    return number
 
 
 @dataclass

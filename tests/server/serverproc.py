@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -55,11 +56,12 @@ def nnserve_command() -> list[str]:
 
 
 class ServerProcess:
-    def __init__(self, repository: Path, *extra: str, expect_ready: bool = True):
+    def __init__(self, repository: Path, *extra: str, expect_ready: bool = True, env: dict[str, str] | None = None):
         cmd = [*nnserve_command(), "serve", "--model-repository", str(repository),
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
                "--grpc-address", "127.0.0.1", *extra]
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, **env} if env else None)
         self.log: list[str] = []
         self.ports: dict[str, int] = {}
         self._found = threading.Event()

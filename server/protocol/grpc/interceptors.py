@@ -1,5 +1,9 @@
-"""gRPC server interceptor for --grpc-restricted-protocol: Triton answers UNAVAILABLE with
-"This protocol is restricted, expecting header 'triton-grpc-protocol-<key>'" when the metadata is missing or wrong.
+"""gRPC server interceptors.
+
+- DecodeGuardInterceptor: a message that is not a valid protobuf (truncated, invalid UTF-8 in a string field)
+  answers INVALID_ARGUMENT instead of grpc's UNKNOWN plus a traceback in the log.
+- RestrictedProtocolInterceptor (--grpc-restricted-protocol): Triton answers UNAVAILABLE with
+  "This protocol is restricted, expecting header 'triton-grpc-protocol-<key>'" when the metadata is missing or wrong.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from server.security import GRPC_HEADER_PREFIX, GRPC_METHOD_GROUPS, Restriction, grpc_restricted_message
 
@@ -43,3 +48,45 @@ class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):
         if rule.allows(presented):
             return handler
         return _deny_handler(handler, grpc_restricted_message(rule.key))
+
+
+def _decode_or_abort(deserialize: Callable[[bytes], Any]) -> Callable[[bytes, Any], Awaitable[Any]]:
+    async def decode(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return deserialize(raw)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
+
+    return decode
+
+
+def _guard_decoding(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    deserialize = handler.request_deserializer
+    if deserialize is None or handler.response_streaming != handler.request_streaming:
+        return handler  # the service has no unary-stream / stream-unary methods
+    decode = _decode_or_abort(deserialize)
+    if not handler.request_streaming:
+        inner = handler.unary_unary
+
+        async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            return await inner(await decode(raw, context), context)
+
+        return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
+    inner_stream = handler.stream_stream
+
+    async def stream(raw_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def decoded() -> Any:
+            async for raw in raw_iterator:
+                yield await decode(raw, context)
+
+        async for item in inner_stream(decoded(), context):
+            yield item
+
+    return grpc.stream_stream_rpc_method_handler(stream, None, handler.response_serializer)
+
+
+class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[grpc.RpcMethodHandler]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        return handler if handler is None else _guard_decoding(handler)
