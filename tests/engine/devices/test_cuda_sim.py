@@ -10,17 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.engine.devices.conftest import SIM_MODULES
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["test_cuda_kernels.py", "test_cuda_device.py", "test_cuda_models.py"])
-def test_simulated_cuda(module):
+def test_simulated_cuda():
+    """One child for all modules: numba's import dominates a child's start-up."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "pytest", str(HERE / module), "-q", "-p", "no:cacheprovider", "-x",
-           "--timeout=600"]
+    cmd = [sys.executable, "-m", "pytest", *(str(HERE / m) for m in SIM_MODULES), "-q", "-p", "no:cacheprovider",
+           "--timeout=600", "-rfE"]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     print(done.stdout[-4000:])
     tail = f"{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
-    assert done.returncode == 0, f"simulated CUDA tests in {module} failed:\n{tail}"
+    assert done.returncode == 0, f"simulated CUDA tests failed:\n{tail}"
