@@ -172,6 +172,13 @@ def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2
             _act_row(row, act, p0, p1, p2)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _axpy3(acc, s0, s1, s2, w0, w1, w2):
+    """acc += w0*s0 + w1*s1 + w2*s2 over acc's length (three taps in one pass)."""
+    for k in range(acc.shape[0]):
+        acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
+
+
 @njit(nogil=True, cache=True)
 def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
     """Stride-1 depthwise conv over a flattened zero-padded plane: per channel, one axpy per tap over the
@@ -195,11 +202,17 @@ def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo,
                 plane[r * wp + c_lo:r * wp + c_hi] = x[n, c, r - pt, c_lo - pl:c_hi - pl]
         acc[:] = bias[c]
         for i in range(kh):
-            for j in range(kw):
-                wv = w[c, i, j]
-                src = plane[i * dh * wp + j * dw:i * dh * wp + j * dw + span]
-                for k in range(span):
-                    acc[k] += wv * src[k]
+            j = 0
+            while j < kw:  # up to three taps per pass: a third of the traffic on acc
+                o0 = i * dh * wp + j * dw
+                if j + 3 <= kw:
+                    _axpy3(acc, plane[o0:o0 + span], plane[o0 + dw:o0 + dw + span],
+                           plane[o0 + 2 * dw:o0 + 2 * dw + span], w[c, i, j], w[c, i, j + 1], w[c, i, j + 2])
+                    j += 3
+                else:
+                    zero = w[c, i, j] * 0  # in the weights' dtype: an int 0 would turn the loop into float64
+                    _axpy3(acc, plane[o0:o0 + span], plane[o0:o0 + span], plane[o0:o0 + span], w[c, i, j], zero, zero)
+                    j += 1
         for oh in range(oh_n):
             row, arow = out[n, c, oh], acc[oh * wp:oh * wp + ow_n]
             if has_z:
@@ -241,11 +254,16 @@ def depthwise_s2(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo,
             row[:] = b
             for i in range(kh):
                 r = 2 * oh + i * dh
-                for j in range(kw):
-                    wv, off = w[c, i, j], j * dw
-                    src = planes[off % 2, r, off // 2:off // 2 + ow_n]
-                    for k in range(ow_n):
-                        row[k] += wv * src[k]
+                j = 0
+                while j < kw:
+                    t = min(3, kw - j)  # taps in this pass; missing ones get weight 0 (in the weights' dtype)
+                    o0, o1, o2 = j * dw, (j + min(1, t - 1)) * dw, (j + t - 1) * dw
+                    zero = w[c, i, j] * 0
+                    w1 = w[c, i, j + 1] if t > 1 else zero
+                    w2 = w[c, i, j + 2] if t > 2 else zero
+                    _axpy3(row, planes[o0 % 2, r, o0 // 2:o0 // 2 + ow_n], planes[o1 % 2, r, o1 // 2:o1 // 2 + ow_n],
+                           planes[o2 % 2, r, o2 // 2:o2 // 2 + ow_n], w[c, i, j], w1, w2)
+                    j += t
             if has_z:
                 zrow = z[n, c, oh]
                 for ow in range(ow_n):

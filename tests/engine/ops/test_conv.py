@@ -280,6 +280,9 @@ def test_small_channel_3x3_stays_on_im2col():
     (dict(pads=(1, 1, 1, 1), activation="relu6"), (1, 2, 3, 70)),  # wide stride-1 rows: row-at-a-time too
     (dict(stride=(2, 2), dilation=(2, 1), pads=(0, 1, 2, 2)), (2, 3, 11, 10)),  # stride 2: even/odd planes
     (dict(stride=(2, 2), pads=(1, 1, 1, 1)), (1, 3, 4, 4)),
+    (dict(stride=(2, 2), k=(5, 5), pads=(2, 2, 2, 2)), (1, 3, 11, 12)),  # taps in passes of 3 + 2
+    (dict(stride=(2, 2), k=(2, 4), pads=(0, 1, 1, 2)), (1, 3, 8, 9)),
+    (dict(k=(1, 5), pads=(0, 2, 0, 2)), (1, 3, 6, 7)),  # stride 1, passes of 3 + 1 + 1
     (dict(stride=(3, 3), k=(5, 5), pads=(2, 2, 2, 2)), (1, 3, 11, 13)),
     (dict(dilation=(3, 2), pads=(3, 0, 3, 4)), (1, 3, 8, 9)),  # stride 1: the flat-plane kernel
 ])
