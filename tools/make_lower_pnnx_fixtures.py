@@ -33,6 +33,15 @@ class MhaSelf(nn.Module):  # sequence-first, q = k = v: one input, packed in_pro
         return self.m(x, x, x, need_weights=False)[0]
 
 
+class MhaSelfBatchFirst(nn.Module):  # batch-first self-attention: torch's fused MHA fast path when traced
+    def __init__(self):
+        super().__init__()
+        self.m = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.m(x, x, x, need_weights=False)[0]
+
+
 class MhaCross(nn.Module):  # batch-first, kdim/vdim: separate projection weights, float mask input
     def __init__(self):
         super().__init__()
@@ -100,6 +109,17 @@ class Misc(nn.Module):
         return a, b, c, d, e, self.ct(x), x.expand(2, 4, 6) + torch.tile(y, (1, 2, 1))[:, :4]
 
 
+class Encoder(nn.Module):  # eval-mode fast path: traced as aten::_transformer_encoder_layer_fwd
+    def __init__(self, norm_first: bool, activation: str):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation=activation, batch_first=True,
+                                           norm_first=norm_first)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, x):
+        return self.enc(x)
+
+
 CASES = {
     "mha_self": (MhaSelf(), [(5, 2, 16)]),
     "mha_cross": (MhaCross(), [(2, 5, 16), (2, 7, 8), (2, 7, 12), (5, 7)]),
@@ -108,6 +128,9 @@ CASES = {
     "cuts": (Cuts(), [(2, 9, 6, 8)]),
     "resizes": (Resizes(), [(1, 2, 4, 6)]),
     "misc": (Misc(), [(1, 4, 6), (1, 4, 6)]),
+    "encoder_post_norm": (Encoder(False, "gelu"), [(2, 5, 16)]),
+    "encoder_pre_norm": (Encoder(True, "relu"), [(2, 5, 16)]),
+    "mha_self_batch_first": (MhaSelfBatchFirst(), [(2, 5, 16)]),
 }
 # Exported with a second input shape too (dims that differ become dynamic); io2.npz holds a run at that shape.
 DYNAMIC = {
@@ -142,7 +165,9 @@ def export(name: str, model: nn.Module, specs: list, rng, specs2: list | None = 
     xs2 = None if specs2 is None else [make_input(s, rng) for s in specs2]
     with tempfile.TemporaryDirectory() as tmp:
         pt = Path(tmp) / "model.pt"
-        torch.jit.trace(model, tuple(torch.from_numpy(x) for x in xs)).save(str(pt))
+        # under no_grad, as inference code runs, eval-mode transformer layers take torch's fused fast paths
+        with torch.no_grad():
+            torch.jit.trace(model, tuple(torch.from_numpy(x) for x in xs), check_trace=False).save(str(pt))
         cmd = [str(PNNX), str(pt), f"inputshape={shape_arg(xs)}"]
         if xs2 is not None:
             cmd.append(f"inputshape2={shape_arg(xs2)}")

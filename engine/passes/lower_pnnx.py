@@ -169,13 +169,28 @@ def lower_pnnx(graph: Graph) -> Graph:
         if handler is None:
             raise UnsupportedOpError(ctx.type, node.name, node.where(), sorted(HANDLERS))
         handler(ctx)
+    _drop_unused_scalars(graph)
     graph.validate()
     return graph
 
 
+def _drop_unused_scalars(graph: Graph) -> None:
+    # Input-less expressions (`expr=32`, `expr=None`) feed scalar arguments that lowering folded into params;
+    # `None` has no tensor value, so leaving them for shape inference would fail.
+    for node in [n for n in graph.nodes if n.op_type == "Expression" and not n.inputs]:
+        if not any(v.consumers or v in graph.outputs for v in node.outputs):
+            graph.remove_node(node)
+
+
 def _load_handlers() -> None:
     # The handler modules register themselves with @handles; they import this module, not the reverse.
-    from engine.passes import lower_pnnx_expr, lower_pnnx_misc, lower_pnnx_nn, lower_pnnx_tensor  # noqa: F401
+    from engine.passes import (  # noqa: F401
+        lower_pnnx_encoder,
+        lower_pnnx_expr,
+        lower_pnnx_misc,
+        lower_pnnx_nn,
+        lower_pnnx_tensor,
+    )
 
 
 @handles("nn.Dropout", "nn.Dropout1d", "nn.Dropout2d", "nn.Dropout3d", "nn.AlphaDropout", "F.dropout",

@@ -80,6 +80,32 @@ def _mask(ctx: Ctx, mask: Value, heads: int) -> Value:
     return mask
 
 
+def split_heads(ctx: Ctx, x: Value, dims: tuple[int, int], heads: int, embed: int) -> Value:
+    """(N, L, E) -> (N, H, L, D); `dims` = the (N, L) known from annotations (-1 when dynamic)."""
+    y = ctx.emit("Reshape", [x], {"shape": _head_shape(*dims, heads, embed // heads)})[0]
+    return ctx.emit("Transpose", [y], {"perm": [0, 2, 1, 3]})[0]
+
+
+def attend_and_project(ctx: Ctx, heads_qkv: list[Value], w_out: np.ndarray, b_out: np.ndarray | None,
+                       out: Value | None = None) -> Value:
+    """Attention over (N, H, L, D) heads (+ mask), heads merged back to (N, L, E), then the output Gemm."""
+    att = ctx.emit("Attention", heads_qkv, {"scale": None, "is_causal": False})[0]
+    merged = ctx.emit("Transpose", [att], {"perm": [0, 2, 1, 3]})[0]
+    flat = ctx.emit("Flatten", [merged], {"start_dim": 2, "end_dim": -1})[0]
+    attrs = {"weight": w_out} | ({} if b_out is None else {"bias": b_out})
+    return ctx.emit("Gemm", [flat], dict(GEMM), attrs, outputs=[out] if out is not None else 1)[0]
+
+
+def self_attention(ctx: Ctx, x: Value, dims: tuple[int, int], heads: int, w_in: np.ndarray,
+                   b_in: np.ndarray | None, w_out: np.ndarray, b_out: np.ndarray | None,
+                   out: Value | None = None) -> Value:
+    """Batch-major self-attention with a packed (3E, E) input projection: one Gemm, then Split."""
+    embed = w_in.shape[0] // 3
+    packed = _gemm(ctx, x, w_in, b_in)
+    qkv = ctx.emit("Split", [packed], {"axis": -1, "sizes": [embed] * 3}, outputs=3)
+    return attend_and_project(ctx, [split_heads(ctx, t, dims, heads, embed) for t in qkv], w_out, b_out, out)
+
+
 def lower_mha(ctx: Ctx) -> None:
     if ctx.p("add_bias_kv", False) or ctx.p("add_zero_attn", False):
         raise ctx.unsupported("add_bias_kv or add_zero_attn")
@@ -96,33 +122,21 @@ def lower_mha(ctx: Ctx) -> None:
         s = x.shape if x.shape is not None and len(x.shape) == 3 else (-1, -1, -1)
         return (s[0], s[1]) if batch_first else (s[1], s[0])
 
-    proj = _projections(ctx, embed)
+    w_out, b_out = ctx.weight("out_proj.weight"), ctx.weight("out_proj.bias", required=False)
+    out = ctx.node.outputs[0] if batch_first else None
     qb = batch_major(q)
-    if q is k is v and "in_proj_weight" in ctx.node.attrs:
-        packed = _gemm(ctx, qb, ctx.weight("in_proj_weight"), ctx.weight("in_proj_bias", required=False))
-        qp, kp, vp = ctx.emit("Split", [packed], {"axis": -1, "sizes": [embed] * 3}, outputs=3)
+    if q is k is v and mask is None and "in_proj_weight" in ctx.node.attrs:
+        w_in, b_in = ctx.weight("in_proj_weight"), ctx.weight("in_proj_bias", required=False)
+        y = self_attention(ctx, qb, dims(q), heads, w_in, b_in, w_out, b_out, out)
     else:
         kb = qb if k is q else batch_major(k)
         vb = kb if v is k else (qb if v is q else batch_major(v))
+        proj = _projections(ctx, embed)
         qp, kp, vp = (_gemm(ctx, x, w, b) for x, (w, b) in zip((qb, kb, vb), proj, strict=True))
-
-    def split_heads(x: Value, like: Value) -> Value:
-        shape = _head_shape(*dims(like), heads, embed // heads)
-        y = ctx.emit("Reshape", [x], {"shape": shape})[0]
-        return ctx.emit("Transpose", [y], {"perm": [0, 2, 1, 3]})[0]
-
-    ins = [split_heads(qp, q), split_heads(kp, k), split_heads(vp, v)]
-    if mask is not None:
-        ins.append(_mask(ctx, mask, heads))
-    att = ctx.emit("Attention", ins, {"scale": None, "is_causal": False})[0]
-    merged = ctx.emit("Transpose", [att], {"perm": [0, 2, 1, 3]})[0]
-    flat = ctx.emit("Flatten", [merged], {"start_dim": 2, "end_dim": -1})[0]
-    out = ctx.node.outputs[0]
-    w_out, b_out = ctx.weight("out_proj.weight"), ctx.weight("out_proj.bias", required=False)
-    attrs = {"weight": w_out} | ({} if b_out is None else {"bias": b_out})
-    if batch_first:
-        ctx.emit("Gemm", [flat], dict(GEMM), attrs, outputs=[out])
-    else:
-        y = ctx.emit("Gemm", [flat], dict(GEMM), attrs)[0]
-        ctx.emit("Transpose", [y], {"perm": [1, 0, 2]}, outputs=[out])
+        ins = [split_heads(ctx, t, dims(like), heads, embed) for t, like in ((qp, q), (kp, k), (vp, v))]
+        if mask is not None:
+            ins.append(_mask(ctx, mask, heads))
+        y = attend_and_project(ctx, ins, w_out, b_out, out)
+    if not batch_first:
+        ctx.emit("Transpose", [y], {"perm": [1, 0, 2]}, outputs=[ctx.node.outputs[0]])
     ctx.done()
