@@ -47,8 +47,10 @@ ENV NNSERVE_EXTRAS=server
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-${CUDA_UBUNTU} AS runtime-cuda
 ENV NNSERVE_EXTRAS=server,cuda NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# Ubuntu 24.04 images ship a user `ubuntu` with UID/GID 1000, which the shared runtime stage gives to nnserve.
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* \
+    && (userdel --remove ubuntu 2>/dev/null || true)
 
 FROM runtime-${VARIANT} AS runtime
 # NUMBA_CACHE_DIR: compiled kernels go to a writable directory (an emptyDir under readOnlyRootFilesystem).
