@@ -55,6 +55,8 @@ def infer_body() -> dict:
             "outputs": [{"name": "scores"}]}
 
 
+# A cold pod compiles every numba kernel before it is ready: ~15 s on two idle cores, minutes on a busy machine.
+@pytest.mark.timeout(900)
 def test_probes_through_startup_steady_state_and_sigterm(image_install, tmp_path: Path) -> None:
     df = Dockerfile.parse(REPO_ROOT / "Dockerfile")
     argv, _ = image_command(df, image_install.site)
