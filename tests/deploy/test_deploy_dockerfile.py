@@ -87,6 +87,17 @@ def test_install_command_is_the_documented_one(dockerfile: Dockerfile) -> None:
     assert {"server", "cuda"} <= set(extras)
 
 
+def test_ci_installs_what_the_image_installs() -> None:
+    """`make test` (CI) installs the project editable with the `test` extra, which pulls in the image's extra."""
+    (install,) = [shlex.split(ln.split("pip", 1)[1]) for ln in (REPO_ROOT / "Makefile").read_text().splitlines()
+                  if "pip install" in ln and "-e" in ln and ".venv-dev" not in ln]
+    assert install[0] == "install" and ".[test]" in install
+    (_, install_cmd) = documented_install_commands()
+    image_extra = re.fullmatch(r"nnserve\[(\w+)\]", install_cmd[-1]).group(1)
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert f"nnserve[{image_extra}]" in extras["test"]
+
+
 def test_runs_as_a_non_root_user(dockerfile: Dockerfile) -> None:
     users = final_stage(dockerfile).all("USER")
     assert users, "the final stage sets no USER"
