@@ -109,6 +109,13 @@ class Misc(nn.Module):
         return a, b, c, d, e, self.ct(x), x.expand(2, 4, 6) + torch.tile(y, (1, 2, 1))[:, :4]
 
 
+class Einsums(nn.Module):
+    def forward(self, q, k):
+        s = torch.einsum("bhid,bhjd->bhij", q, k)
+        o = torch.einsum("bhij,bhjd->bhid", s.softmax(-1), k)
+        return o, torch.einsum("bhid->bhdi", q), torch.einsum("bhij,bhjd->bdhi", s, k)
+
+
 class Encoder(nn.Module):  # eval-mode fast path: traced as aten::_transformer_encoder_layer_fwd
     def __init__(self, norm_first: bool, activation: str):
         super().__init__()
@@ -131,6 +138,7 @@ CASES = {
     "encoder_post_norm": (Encoder(False, "gelu"), [(2, 5, 16)]),
     "encoder_pre_norm": (Encoder(True, "relu"), [(2, 5, 16)]),
     "mha_self_batch_first": (MhaSelfBatchFirst(), [(2, 5, 16)]),
+    "einsums": (Einsums(), [(1, 2, 5, 4), (1, 2, 5, 4)]),
 }
 # Exported with a second input shape too (dims that differ become dynamic); io2.npz holds a run at that shape.
 DYNAMIC = {

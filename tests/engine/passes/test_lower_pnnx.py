@@ -441,3 +441,14 @@ def test_model_fixtures_match_torch_node_by_node(case):
         want = exp[v.name]
         scale = max(1.0, float(np.abs(want).max()))
         np.testing.assert_allclose(a, want, rtol=0, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("equation", ["bi,bi->b", "bij,bjk->bik,", "...ij,...jk->...ik", "bhid,bjd->bhij"])
+def test_einsum_outside_one_matmul_is_named_unsupported(tmp_path, equation):
+    with pytest.raises(UnsupportedOpError, match="equation"):
+        lower(tmp_path, f"""
+pnnx.Input in 0 1 0 #0=(2,3,4)f32
+pnnx.Input in1 0 1 1 #1=(2,3,4)f32
+torch.einsum e 2 1 0 1 2 equation={equation}
+pnnx.Output out 1 0 2
+""")
