@@ -30,7 +30,7 @@ DTYPE_CODES: dict[str, np.dtype | None] = {
 }
 ELEM_SIZES = {"c32": 4, "bf16": 2, "null": 0}
 
-_NUMBER_START = re.compile(r"^-?[0-9.]")
+_NUMBER_START = re.compile(r"^-?[0-9]")  # pnnx: a digit, or "-" then a digit
 _ANNOTATION = re.compile(r"^\((.*)\)([a-z0-9]+)$")
 _FLOAT_WORDS = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 
@@ -47,7 +47,7 @@ def parse_scalar(text: str) -> Any:
         return False
     if text in _FLOAT_WORDS:
         return _FLOAT_WORDS[text]
-    if not _NUMBER_START.match(text) or text in ("-", "."):
+    if not _NUMBER_START.match(text):
         return text
     # "1.000000e+00+2.000000e+00j": complex values are written with %e parts and a trailing j.
     if text.endswith("j"):
