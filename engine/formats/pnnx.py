@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import ModelFormatError, UnsupportedOpError
+from engine.errors import ModelFormatError
 from engine.formats.pnnx_params import annotation_dtype, parse_annotation, parse_param
 from engine.formats.pnnx_zip import StoredZip, write_stored_zip
 from engine.ir import Graph, Value
@@ -173,7 +173,7 @@ class _Reader:
     def _node(self, op_type, name, in_names, inputs, outputs, params, attrs, args) -> None:
         where = f"{self.path.name}:{self.line}"
         if any(isinstance(v, list) for v in inputs):
-            raise UnsupportedOpError(f"{op_type} taking a tuple", name, where)
+            raise self.fail(f"{name}: a prim::TupleConstruct result can only feed pnnx.Output")
         # Each `$arg=operand` tags the first untagged input reading that operand (one may feed an op twice).
         tagged: list[str | None] = [None] * len(in_names)
         for arg, operand in args:

@@ -7,7 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from engine.errors import ModelFormatError, UnsupportedOpError
+from engine.errors import ModelFormatError
 from engine.formats.pnnx import load_graph, write_pnnx
 
 GOOD = """7767517
@@ -131,10 +131,10 @@ def test_truncated_bin_reports_offset(tmp_path):
     assert e.value.offset is not None
 
 
-def test_tuple_into_an_ordinary_op_is_unsupported(tmp_path):
+def test_tuple_into_an_ordinary_op_is_a_format_error(tmp_path):
     text = ("7767517\n4 3\npnnx.Input in 0 1 0\nprim::TupleConstruct t 1 1 0 1\nF.relu r 1 1 1 2\n"
             "pnnx.Output out 1 0 2\n")
     p = tmp_path / "m.pnnx.param"
     p.write_text(text)
-    with pytest.raises(UnsupportedOpError, match="m.pnnx.param:5"):
+    with pytest.raises(ModelFormatError, match="m.pnnx.param:5"):
         load_graph(p)
