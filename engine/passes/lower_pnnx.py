@@ -2,9 +2,11 @@
 
 Each handler gets a `Ctx` for one node and either turns the node into a canonical op in place (`become`), or
 emits several canonical nodes whose last ones take over the node's output values (`emit` + `done`), so the
-consumers stay linked. Handlers live in lower_pnnx_nn.py (modules and F.* layers), lower_pnnx_tensor.py
-(shape, cut/join, reductions, attention) and lower_pnnx_expr.py (pnnx.Expression). Dispatch is on the pnnx
-type only, never on operator names (pnnx keeps `Tensor.select_21` as the name of a `torch.unbind`).
+consumers stay linked. Handlers register with @handles and live in lower_pnnx_nn.py (modules and F.* layers),
+lower_pnnx_tensor.py (shape, cut/join, reductions, SDPA), lower_pnnx_mha.py (nn.MultiheadAttention),
+lower_pnnx_encoder.py (the traced TransformerEncoderLayer fast path), lower_pnnx_misc.py (comparisons, 1-D
+forms, einsum, ...) and lower_pnnx_expr.py (pnnx.Expression). Dispatch is on the pnnx type only, never on
+operator names (pnnx keeps `Tensor.select_21` as the name of a `torch.unbind`).
 """
 
 from __future__ import annotations
