@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 SIM_MODULES = ["test_cuda_kernels.py", "test_cuda_device.py", "test_cuda_models.py"]
 
@@ -18,3 +20,28 @@ if SIMULATED:
     sys.setswitchinterval(0.0005)
 else:
     collect_ignore = list(SIM_MODULES)
+
+
+def _root_helpers():
+    """tests/conftest.py as a module, for its read_fixture (loaded by path: a plain `import tests.conftest`
+    depends on how pytest was started)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "conftest.py"
+    spec = importlib.util.spec_from_file_location("_nnserve_root_conftest", path)
+    if spec.name not in sys.modules:  # dataclasses look their module up in sys.modules
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+@pytest.fixture(scope="session")
+def read_fixture():
+    """tests/conftest.py's read_fixture(name, kind="pnnx") -> ModelFixture."""
+    return _root_helpers().read_fixture
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir():
+    return _root_helpers().FIXTURES_DIR

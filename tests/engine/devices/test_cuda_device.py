@@ -12,7 +12,6 @@ import engine
 from engine.devices import get_device
 from engine.devices.cuda import CudaDevice, device_count
 from engine.errors import EngineError
-from tests.conftest import read_fixture
 
 
 def test_simulator_reports_one_device():
@@ -24,7 +23,7 @@ def test_device_names(name):
     assert get_device(name).name == "cuda:0"
 
 
-def test_missing_device_is_a_clear_load_error():
+def test_missing_device_is_a_clear_load_error(read_fixture):
     with pytest.raises(EngineError, match=r"no CUDA device 3 for 'cuda:3'.*only 1 CUDA device"):
         CudaDevice("cuda:3")
     with pytest.raises(EngineError, match="bad CUDA device name"):
@@ -35,7 +34,7 @@ def test_missing_device_is_a_clear_load_error():
 
 
 @pytest.fixture(scope="module")
-def instance():
+def instance(read_fixture):
     fx = read_fixture("misc_norm_pool")
     return engine.load(fx.param).instance("cuda:0"), fx
 

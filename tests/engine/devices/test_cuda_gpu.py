@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import engine
-from tests.conftest import read_fixture
 
 
 def _gpu_or_skip() -> None:
@@ -21,7 +20,7 @@ def _gpu_or_skip() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["misc_conv_resize", "transformer", "resnet"])
-def test_model_on_gpu_matches_pytorch(name):
+def test_model_on_gpu_matches_pytorch(name, read_fixture):
     _gpu_or_skip()
     fx = read_fixture(name)
     inst = engine.load(fx.param).instance("cuda:0", max_shapes=fx.max_shapes)
@@ -33,7 +32,7 @@ def test_model_on_gpu_matches_pytorch(name):
 
 
 @pytest.mark.gpu
-def test_every_gpu_gets_its_own_instance():
+def test_every_gpu_gets_its_own_instance(read_fixture):
     _gpu_or_skip()
     from numba import cuda
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import engine
-from tests.conftest import FIXTURES_DIR, read_fixture
 
 # small enough for the simulator (each simulated CUDA thread is a Python thread)
 PNNX_MODELS = ["two_inputs", "misc_norm_pool", "misc_shapes", "misc_activations"]
@@ -23,7 +22,7 @@ def _compare(out: dict[str, np.ndarray], expected: dict[str, np.ndarray], what: 
 
 
 @pytest.mark.parametrize("name", PNNX_MODELS)
-def test_pnnx_model_on_cuda_matches_pytorch(name):
+def test_pnnx_model_on_cuda_matches_pytorch(name, read_fixture):
     fx = read_fixture(name)
     inst = engine.load(fx.param).instance("cuda", max_shapes=fx.max_shapes)
     assert inst.device.name == "cuda:0" and not isinstance(inst.arena, np.ndarray)
@@ -31,8 +30,8 @@ def test_pnnx_model_on_cuda_matches_pytorch(name):
     _compare(inst.run(fx.inputs), fx.expected, f"{name} (second run, same arena)")
 
 
-def test_tnn_model_on_cuda_matches_pytorch():
-    folder = FIXTURES_DIR / "tnn" / "misc_shapes_v2"
+def test_tnn_model_on_cuda_matches_pytorch(fixtures_dir):
+    folder = fixtures_dir / "tnn" / "misc_shapes_v2"
     with np.load(folder / "inputs.npz") as i, np.load(folder / "expected.npz") as e:
         inputs, expected = dict(i), dict(e)
     inst = engine.load(folder / "model.tnnproto").instance("cuda")
@@ -42,7 +41,7 @@ def test_tnn_model_on_cuda_matches_pytorch():
 
 
 @pytest.mark.slow
-def test_dynamic_model_below_max_shape_on_cuda():
+def test_dynamic_model_below_max_shape_on_cuda(read_fixture):
     """The arena is planned at the max shape; a smaller request reuses its offsets on the device too."""
     fx = read_fixture("dynamic")
     inst = engine.load(fx.param).instance("cuda", max_shapes=fx.max_shapes)
