@@ -69,6 +69,21 @@ class Ctx:
             return None
         return np.asarray(w, np.float32)
 
+    def literal(self, v: Value, what: str = "") -> Any:
+        """The python value of a scalar argument: a constant, or an input-less expression such as `expr=32`."""
+        if v.is_const:
+            return v.const.item() if v.const.size == 1 else v.const.tolist()
+        node = v.producer
+        if node is not None and not node.inputs and node.op_type in ("Expression", "pnnx:pnnx.Expression"):
+            from engine.ops.expression import ExpressionError, Lit, evaluate, parse
+
+            try:
+                tree = parse(node.params["expr"])
+                return tree.value if isinstance(tree, Lit) else evaluate(tree, [])
+            except ExpressionError as e:
+                raise self.fail(f"argument {v.name!r}: {e}") from None
+        raise self.unsupported(f"a run-time {what or 'value'} (operand {v.name!r})")
+
     # -- errors -----------------------------------------------------------------------------------------
     def line(self) -> int | None:
         m = re.search(r":(\d+)$", self.node.source)

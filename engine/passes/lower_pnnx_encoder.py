@@ -12,31 +12,16 @@ LayerNorm / self-attention (Gemm, Split, Reshape, Transpose, Attention, Flatten,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.ops.expression import ExpressionError, Lit, evaluate, parse
 from engine.passes.lower_pnnx import handles
 from engine.passes.lower_pnnx_mha import GEMM, self_attention
 
 if TYPE_CHECKING:
     from engine.ir import Value
     from engine.passes.lower_pnnx import Ctx
-
-
-def literal(ctx: Ctx, v: Value) -> Any:
-    """The python value of a scalar argument: a constant, or an input-less expression such as `expr=32`."""
-    if v.is_const:
-        return v.const.item() if v.const.size == 1 else v.const
-    node = v.producer
-    if node is not None and not node.inputs and node.op_type in ("Expression", "pnnx:pnnx.Expression"):
-        try:
-            tree = parse(node.params["expr"])
-            return tree.value if isinstance(tree, Lit) else evaluate(tree, [])
-        except ExpressionError as e:
-            raise ctx.fail(f"argument {v.name!r}: {e}") from None
-    raise ctx.unsupported(f"a run-time value for argument {v.name!r}")
 
 
 def _const(ctx: Ctx, v: Value) -> np.ndarray:
@@ -50,12 +35,12 @@ def encoder_layer(ctx: Ctx) -> None:
     ins = ctx.node.inputs
     if len(ins) < 18:
         raise ctx.fail(f"expects at least 18 inputs, has {len(ins)}")
-    if len(ins) > 18 and literal(ctx, ins[18]) is not None:
+    if len(ins) > 18 and ctx.literal(ins[18]) is not None:
         raise ctx.unsupported("a mask")
     src = ins[0]
-    embed, heads = int(literal(ctx, ins[1])), int(literal(ctx, ins[2]))
+    embed, heads = int(ctx.literal(ins[1])), int(ctx.literal(ins[2]))
     w_qkv, b_qkv, w_proj, b_proj = (_const(ctx, v) for v in ins[3:7])
-    use_gelu, norm_first, eps = bool(literal(ctx, ins[7])), bool(literal(ctx, ins[8])), float(literal(ctx, ins[9]))
+    use_gelu, norm_first, eps = bool(ctx.literal(ins[7])), bool(ctx.literal(ins[8])), float(ctx.literal(ins[9]))
     n1w, n1b, n2w, n2b, f1w, f1b, f2w, f2b = (_const(ctx, v) for v in ins[10:18])
     if w_qkv.shape != (3 * embed, embed) or heads <= 0 or embed % heads:
         raise ctx.fail(f"qkv weight {w_qkv.shape} does not fit embed_dim={embed}, num_heads={heads}")

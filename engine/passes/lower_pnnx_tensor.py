@@ -165,9 +165,12 @@ def select(ctx: Ctx) -> None:
 
 @handles("Tensor.slice")
 def tensor_slice(ctx: Ctx) -> None:
+    # Index arguments given as inputs must be known now (constants, input-less expressions): the canonical
+    # Slice takes static indices only.
     for name in ("start", "end", "step", "select", "starts", "ends", "steps", "selects"):
-        if ctx.arg(name) is not None:
-            raise ctx.unsupported(f"a run-time {name}")
+        v = ctx.arg(name)
+        if v is not None:
+            ctx.node.params[name] = ctx.literal(v, name)
     if ctx.has("dims"):
         axes, starts, ends = _axes(ctx.p("dims")), _axes(ctx.p("starts")), _axes(ctx.p("ends"))
         steps = _axes(ctx.p("steps")) or [1] * len(axes)

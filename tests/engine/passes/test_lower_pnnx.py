@@ -452,3 +452,17 @@ pnnx.Input in1 0 1 1 #1=(2,3,4)f32
 torch.einsum e 2 1 0 1 2 equation={equation}
 pnnx.Output out 1 0 2
 """)
+
+
+def test_slice_index_inputs_must_be_known_at_load_time(tmp_path):
+    body = """
+pnnx.Input in 0 1 0 #0=(2,?)f32
+pnnx.Expression e 1 1 0 1 expr={}
+Tensor.slice s 2 1 0 1 2 dim=1 start=0 step=1 $input=0 $end=1
+pnnx.Output out 1 0 2
+"""
+    with pytest.raises(UnsupportedOpError, match="run-time end"):
+        lower(tmp_path, body.format("floor_divide(size(@0,1),2)"))
+    # an input-less expression is a constant: folded into the Slice
+    g = lower(tmp_path, body.replace("1 1 0 1 expr", "0 1 1 expr").format("3"))
+    assert ops(g) == ["Slice"] and g.nodes[0].params["ends"] == [3]
