@@ -13,17 +13,17 @@ from typing import Any
 import numpy as np
 
 from server.errors import InvalidArgumentError, UnsupportedError
-from server.protocol.datatypes import numpy_to_wire, tensor_from_raw, tensor_to_raw, wire_to_numpy
+from server.protocol.datatypes import element_size, numpy_to_wire, tensor_from_raw, tensor_to_raw, wire_to_numpy
 from server.protocol.types import InferInput, InferRequest, InferResponse, RequestedOutput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 def decode_request(model_name: str, version: str, body: bytes, header_length: int | None) -> InferRequest:
-    """Body (+ optional JSON header length) -> InferRequest."""
+    """Body (+ optional JSON header length) -> InferRequest. A raw binary body (header length 0) goes through
+    raw_binary_request, which needs the model's input."""
     if header_length == 0:
-        raise UnsupportedError("raw binary requests (Inference-Header-Content-Length: 0) are not supported; "
-                               "send a JSON header describing the input")
+        raise UnsupportedError("raw binary request without the model's input description")
     if header_length is not None and not 0 < header_length <= len(body):
         raise InvalidArgumentError(f"{HEADER_LENGTH} {header_length} is outside the body of {len(body)} bytes")
     head = body[:header_length] if header_length is not None else body
@@ -50,6 +50,28 @@ def decode_request(model_name: str, version: str, body: bytes, header_length: in
 def _reject_constant(name: str) -> Any:
     # NaN / Infinity are not JSON (Triton's parser refuses them too); send such values in binary
     raise ValueError(f"'{name}' is not valid JSON")
+
+
+def raw_binary_request(model_name: str, version: str, body: bytes, name: str, datatype: str,
+                       shape: list[int]) -> InferRequest:
+    """Triton's raw binary request (Inference-Header-Content-Length: 0): the body is the only input's bytes, batch 1
+    (`shape` is the wire shape, -1 for variable dims: at most one besides the batch dim); every output is binary."""
+    if datatype == "BYTES":
+        dims = [1] * len(shape)
+    else:
+        dims = [1 if i == 0 and d == -1 else d for i, d in enumerate(shape)]
+        if dims.count(-1) > 1:
+            raise InvalidArgumentError(f"raw binary request: input '{name}' has more than one variable dim {shape}; "
+                                       "send a JSON header with the shape")
+        if -1 in dims:
+            fixed = math.prod(d for d in dims if d != -1) * element_size(datatype)
+            if fixed == 0 or len(body) % fixed:
+                raise InvalidArgumentError(f"raw binary request: {len(body)} bytes are not a whole number of "
+                                           f"'{name}' rows of shape {shape}")
+            dims[dims.index(-1)] = len(body) // fixed
+    data = tensor_from_raw(body, datatype, dims, name)
+    return InferRequest(model_name=model_name, model_version=version, parameters={"binary_data_output": True},
+                        inputs=[InferInput(name, datatype, dims, data)])
 
 
 def _parse_json(head: bytes) -> dict[str, Any]:

@@ -112,3 +112,22 @@ def test_server_still_correct_after_the_battery(server: ServerProcess) -> None:
         np.testing.assert_allclose(outs[name], expected, rtol=1e-5, atol=1e-6)
     assert server.proc.poll() is None
     assert "Traceback" not in server.log_text, server.log_text
+
+
+def test_raw_binary_request(server: ServerProcess) -> None:
+    """Inference-Header-Content-Length: 0: the body is the only input (batch 1); every output comes back binary."""
+    x = np.array([[0.25, 1.5, -2.0, 3.0]], np.float32)
+    r = httpx.post(f"http://{server.http_url}/v2/models/affine/infer", content=x.tobytes(),
+                   headers={"Inference-Header-Content-Length": "0"}, timeout=30)
+    assert r.status_code == 200, r.text
+    head_len = int(r.headers["Inference-Header-Content-Length"])
+    head, pos = json.loads(r.content[:head_len]), head_len
+    ref = affine_reference(x)
+    for out in head["outputs"]:
+        size = out["parameters"]["binary_data_size"]
+        got = np.frombuffer(r.content[pos:pos + size], np.float32).reshape(out["shape"])
+        np.testing.assert_allclose(got, ref[out["name"]], rtol=1e-5, atol=1e-6)
+        pos += size
+    r = httpx.post(f"http://{server.http_url}/v2/models/affine/infer", content=x.tobytes()[:15],
+                   headers={"Inference-Header-Content-Length": "0"}, timeout=30)
+    assert r.status_code == 400 and "got 15 bytes" in r.json()["error"], r.text

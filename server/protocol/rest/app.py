@@ -25,8 +25,17 @@ from server.errors import (
 )
 from server.protocol import rest_codec
 from server.protocol.rest import compression
-from server.protocol.rest.openapi import INDEX_EXTRA, INFER_EXTRA, INFER_RESPONSES, LOAD_EXTRA, errors
+from server.protocol.rest.openapi import (
+    EMPTY_OK,
+    INDEX_EXTRA,
+    INFER_EXTRA,
+    INFER_RESPONSES,
+    LOAD_EXTRA,
+    NOT_READY,
+    errors,
+)
 from server.protocol.rest.restrict import RestrictedApiMiddleware
+from server.protocol.types import InferRequest
 from server.security import Restriction
 
 log = logging.getLogger("nnserve.http")
@@ -64,13 +73,14 @@ def _health_routes(app: FastAPI, dp: DataPlane) -> None:
     async def server_metadata() -> dict[str, Any]:
         return dp.server_metadata()
 
-    @app.get(settings.LIVE_PATH, responses=errors(403, 503))
+    @app.get(settings.LIVE_PATH, response_class=Response, responses={**errors(403, 503), 200: EMPTY_OK})
     async def live() -> Response:
         if not dp.live():
             raise UnavailableError("Server exiting")
         return Response(status_code=200)
 
-    @app.get(settings.READY_PATH, responses={**errors(403, 503), 400: {"description": "Not ready"}})
+    @app.get(settings.READY_PATH, response_class=Response, responses={**errors(403, 503), 200: EMPTY_OK,
+                                                                      400: NOT_READY})
     async def ready() -> Response:
         if dp.draining or dp.exiting:
             raise UnavailableError("Server exiting")
@@ -93,7 +103,7 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
     for path in both("/ready"):
         app.add_api_route(path, lambda model, version="": Response(status_code=200 if dp.model_ready(model, version)
                                                                     else 400), methods=["GET"],
-                          responses={**errors(403), 400: {"description": "Not ready"}})
+                          response_class=Response, responses={**errors(403), 200: EMPTY_OK, 400: NOT_READY})
     for path in both("/config"):
         app.add_api_route(path, lambda model, version="": dp.model_config_dict(model, version), methods=["GET"],
                           responses=lookup)
@@ -104,8 +114,11 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
     async def infer(request: Request, model: str, version: str = "") -> Response:
         body = compression.decompress(await _read_body(request, max_input_bytes),
                                       request.headers.get("content-encoding"), max_input_bytes)
-        header = request.headers.get(rest_codec.HEADER_LENGTH)
-        req = rest_codec.decode_request(model, version, body, _int_header(header))
+        header = _int_header(request.headers.get(rest_codec.HEADER_LENGTH))
+        if header == 0:
+            req = _raw_binary(dp, model, version, body)
+        else:
+            req = rest_codec.decode_request(model, version, body, header)
         resp = await _unless_disconnected(request, dp.infer(req))
         payload, json_len = rest_codec.encode_response(resp, req)
         payload, encoding = compression.compress(payload, request.headers.get("accept-encoding"))
@@ -117,6 +130,15 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
 
     for path in both("/infer"):
         app.add_api_route(path, infer, methods=["POST"], openapi_extra=INFER_EXTRA, responses=INFER_RESPONSES)
+
+
+def _raw_binary(dp: DataPlane, model: str, version: str, body: bytes) -> InferRequest:
+    meta = dp.model_metadata(model, version)
+    if len(meta["inputs"]) != 1:
+        raise InvalidArgumentError(f"raw binary request (Inference-Header-Content-Length: 0) needs a model with one "
+                                   f"input; '{model}' has {len(meta['inputs'])}")
+    spec = meta["inputs"][0]
+    return rest_codec.raw_binary_request(model, version, body, spec["name"], spec["datatype"], spec["shape"])
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -19,6 +19,10 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"description": text[c], "content": {"application/json": {"schema": ERROR_SCHEMA}}} for c in codes}
 
 
+# health answers carry no body: the status code is the answer
+EMPTY_OK: dict[str, Any] = {"description": "Yes (empty body)"}
+NOT_READY: dict[str, Any] = {"description": "Not ready (empty body)"}
+
 _PARAMETERS = {"type": "object", "additionalProperties": {"anyOf": [
     {"type": "string"}, {"type": "number"}, {"type": "integer"}, {"type": "boolean"}]}}
 

@@ -1,0 +1,52 @@
+"""Fuzz the REST API against its own OpenAPI schema (served by the server at /openapi.json) with schemathesis:
+generated requests never get a 5xx other than a documented 503, every status code and content type is one the
+schema declares for that route. Bounded examples per route keep it well under a minute."""
+
+from __future__ import annotations
+
+import httpx
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import content_type_conformance, status_code_conformance
+from serverproc import ServerProcess
+
+
+@schemathesis.check
+def no_server_error_but_503(ctx, response, case) -> None:  # noqa: ANN001 - schemathesis' check signature
+    """5xx means a bug, except 503 (queue full, timeout, exiting), which the schema documents."""
+    if response.status_code >= 500 and response.status_code != 503:
+        raise AssertionError(f"{case.method} {case.formatted_path} answered {response.status_code}: "
+                             f"{response.text[:300]}")
+
+
+CHECKS = [no_server_error_but_503, status_code_conformance, content_type_conformance]
+
+
+def test_api_conforms_to_its_schema(server: ServerProcess) -> None:
+    """Every operation in the schema, 25 generated cases each (schemathesis' strategies, driven by hypothesis)."""
+    schema = schemathesis.openapi.from_url(f"http://{server.http_url}/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) > 15
+    calls = []
+    for op in operations:
+        @given(op.as_strategy())
+        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def run(case) -> None:  # noqa: ANN001
+            response = case.call(timeout=30)
+            calls.append(response.status_code)
+            case.validate_response(response, checks=CHECKS)
+
+        run()
+    assert len(calls) >= len(operations)  # something was sent for every route
+    assert server.proc.poll() is None
+
+
+def test_schema_lists_every_route(server: ServerProcess) -> None:
+    paths = httpx.get(f"http://{server.http_url}/openapi.json", timeout=10).json()["paths"]
+    for path in ("/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{model}/infer",
+                 "/v2/models/{model}/versions/{version}/infer", "/v2/repository/index",
+                 "/v2/repository/models/{model}/load", "/v2/models/stats"):
+        assert path in paths, sorted(paths)
+    infer = paths["/v2/models/{model}/infer"]["post"]
+    assert "application/json" in infer["requestBody"]["content"]
+    assert {"400", "404", "413", "503"} <= set(infer["responses"])
