@@ -127,3 +127,16 @@ def test_server_still_correct_after_the_battery(server: ServerProcess, stub) -> 
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6)
     assert server.proc.poll() is None
     assert "Traceback" not in server.log_text, server.log_text
+
+
+def test_stream_with_a_malformed_message_ends_with_invalid_argument(server: ServerProcess) -> None:
+    good = request().SerializeToString()
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        answers = []
+        with pytest.raises(grpc.RpcError) as info:
+            for answer in call(iter([good, b"\xff" * 32, good]), timeout=30):
+                answers.append(answer)
+    assert info.value.code() == INVALID, info.value
+    assert "malformed request message" in info.value.details()
+    assert server.proc.poll() is None

@@ -104,6 +104,10 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
         except ServerError as err:
             await done.put(pb2.ModelStreamInferResponse(error_message=err.message,
                                                         infer_response=pb2.ModelInferResponse(id=request.id)))
+        except Exception as exc:  # a bug: the stream still answers this request and stays open for the others
+            log.exception("ModelStreamInfer request failed")
+            await done.put(pb2.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}",
+                                                        infer_response=pb2.ModelInferResponse(id=request.id)))
 
     @_guard
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
