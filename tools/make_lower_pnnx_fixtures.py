@@ -94,6 +94,12 @@ class Resizes(nn.Module):
         return a, b, c, F.pad(d, (1, 0, 2, 1), mode="replicate")
 
 
+class ResizesRecompute(nn.Module):  # written as F.interpolate with recompute_scale_factor=True
+    def forward(self, x):
+        return (F.interpolate(x, scale_factor=1.5, mode="bilinear", recompute_scale_factor=True),
+                F.interpolate(x, scale_factor=(1.7, 0.6), mode="nearest", recompute_scale_factor=True))
+
+
 class Misc(nn.Module):
     def __init__(self):
         super().__init__()
@@ -139,11 +145,13 @@ CASES = {
     "encoder_pre_norm": (Encoder(True, "relu"), [(2, 5, 16)]),
     "mha_self_batch_first": (MhaSelfBatchFirst(), [(2, 5, 16)]),
     "einsums": (Einsums(), [(1, 2, 5, 4), (1, 2, 5, 4)]),
+    "resizes_recompute": (ResizesRecompute(), [(1, 2, 5, 7)]),
 }
 # Exported with a second input shape too (dims that differ become dynamic); io2.npz holds a run at that shape.
 DYNAMIC = {
     "mha_self_dynamic": (MhaSelf(), [(5, 2, 16)], [(7, 3, 16)]),
     "cuts_dynamic": (Cuts(), [(2, 9, 6, 8)], [(3, 9, 5, 8)]),
+    "resizes_recompute_dynamic": (ResizesRecompute(), [(1, 2, 5, 7)], [(1, 2, 9, 6)]),
 }
 
 

@@ -306,6 +306,12 @@ def resize(ctx: Ctx) -> None:
         params["size"] = None
     elif params["size"] is None and params["scale"] is None:
         raise ctx.fail("has neither size nor scale_factor")
+    elif params["scale"] is not None and ctx.p("recompute_scale_factor", False):
+        # torch: out = floor(in * scale), then sample as if that size had been asked for
+        sh, sw = params["scale"]
+        expr = f"[int(floor(mul(size(@0,2),{sh!r}))),int(floor(mul(size(@0,3),{sw!r})))]"
+        inputs += ctx.emit("Expression", [inputs[0]], {"expr": expr})
+        params["scale"] = None
     ctx.become("Resize", params, inputs=inputs)
 
 
