@@ -57,6 +57,8 @@ def add_engine_commands(subparsers) -> None:
     p.add_argument("--to", choices=["tnn"], required=True)
     p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.tnnproto and PREFIX.tnnmodel")
     p.add_argument("--fp16", action="store_true", help="store weights as float16")
+    p.add_argument("--input-shape", type=parse_shape, action="append", default=[], metavar="NAME=1x3x224x224",
+                   help="the fixed shape TNN records for a dynamic input; repeat per input")
     p.add_argument("--tnn-version", type=int, choices=[1, 2], default=None,
                    help="TNN proto version to write (default: the writer's)")
     p.set_defaults(func=_guarded(cmd_convert))
@@ -136,7 +138,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise EngineError(f"TNN writer is not available: {e}") from None
     options = {"fp16": args.fp16} if args.tnn_version is None else {"fp16": args.fp16, "version": args.tnn_version}
-    written = write_tnn(model.graph, args.output, **options)
+    # A TNN proto records one fixed shape per input: dynamic dims need --input-shape.
+    shapes = dict(args.input_shape)
+    missing = [s.name for s in model.inputs if -1 in s.shape and s.name not in shapes]
+    if missing:
+        raise EngineError(f"input(s) {', '.join(missing)} have dynamic dims; a TNN file records fixed shapes: "
+                          f"pass --input-shape NAME=1x3x224x224 for each")
+    written = write_tnn(model.graph, args.output, input_shapes=shapes or None, **options)
     for path in written or []:
         print(f"wrote {path}")
     return 0

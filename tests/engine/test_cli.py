@@ -95,6 +95,8 @@ def test_user_errors_are_one_line_and_exit_2(model, tmp_path):
 @pytest.mark.parametrize("extra", [[], ["--fp16", "--tnn-version", "1"]], ids=["v2_fp32", "v1_fp16"])
 def test_convert_to_tnn_then_run_the_converted_model(model, tmp_path, extra):
     r = cli("convert", model, "--to", "tnn", "--output", tmp_path / "conv", *extra)
+    assert r.returncode == 2 and "--input-shape" in r.stderr  # the test model's batch dim is dynamic
+    r = cli("convert", model, "--to", "tnn", "--output", tmp_path / "conv", "--input-shape", "in0=2x4", *extra)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "conv.tnnproto").exists() and (tmp_path / "conv.tnnmodel").exists()
     import engine

@@ -19,8 +19,6 @@ def test_arena_within_5_percent_of_live_peak(name):
     assert inst.arena.nbytes == p.arena_bytes
 
 
-@pytest.mark.xfail(strict=False, reason="Conv CPU kernels (engine/ops/_conv_fast.py) still allocate temporaries "
-                   "larger than an activation in np.matmul; remove this mark once they work in the workspace only")
 def test_resnet_run_allocates_no_activation_memory():
     inst = engine.load(model_path("resnet")).instance(max_shapes=max_shapes("resnet"))
     assert inst.fallback_nodes == [], "every resnet op should have a CPU kernel"
