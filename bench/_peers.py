@@ -85,6 +85,9 @@ class OrtRunner:
         opts.intra_op_num_threads = CORES
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Interleaved with other engines in one process: idle ORT workers must not spin on the cores the
+        # next engine runs on (OMP_WAIT_POLICY=PASSIVE does the same for the OpenMP pools, see engine.py).
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
         self.input = self.session.get_inputs()[0].name
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -21,6 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+# Engines share the process and take turns: thread pools that busy-wait after a call (OpenMP in PyTorch,
+# OpenBLAS, numba) would steal the cores from whichever engine runs next. Set before any of them loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # This file is bench/engine.py: the repository root must come before bench/ or `import engine` finds itself.
 _BENCH, _ROOT = str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])

@@ -1,0 +1,176 @@
+"""Serving bench: nnserve vs the KServe Python model server, driven by perf_analyzer over HTTP and gRPC.
+
+    .venv/bin/python bench/serve.py --kserve-python /tmp/kserve-venv/bin/python
+
+KServe goes in a venv of its own (`python -m venv /tmp/kserve-venv && /tmp/kserve-venv/bin/pip install kserve
+onnxruntime onnx`); bench/_kserve_server.py wraps ONNX Runtime in a `kserve.Model`. ResNet-18 is the bench
+model re-exported with a dynamic batch (bench/models/resnet18/dyn, from bench/_peers.py). Both servers get the
+same models: (a) an identity-like model, one ReLU over [1, 16] (pure serving overhead) and (b) ResNet-18,
+which nnserve serves with dynamic batching (max_batch_size 8, one instance) and KServe one request at a time.
+Checks the targets of issue 5 and appends the figures to bench/RESULTS.md ("Serving").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+# This directory holds bench/engine.py: the repository root must come first or `import engine` finds it.
+_BENCH, _ROOT = str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])
+sys.path[:] = [_ROOT, _BENCH] + [p for p in sys.path if p not in (_BENCH, _ROOT, "")]
+
+import _serving as sv  # noqa: E402
+from _results import append_run, markdown_table  # noqa: E402
+
+import engine  # noqa: E402
+
+CONCURRENCY = [1, 4, 8, 16]
+PROTOCOLS = ["http", "grpc"]
+RESNET_INPUT = Path(_ROOT) / "bench" / "models" / "resnet18" / "input.npy"
+IDENTITY_ONNX_SCRIPT = """
+import sys, onnx
+from onnx import TensorProto, helper
+g = helper.make_graph([helper.make_node("Relu", ["in0"], ["out0"])], "identity",
+                      [helper.make_tensor_value_info("in0", TensorProto.FLOAT, [1, 16])],
+                      [helper.make_tensor_value_info("out0", TensorProto.FLOAT, [1, 16])])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 8
+onnx.save(m, sys.argv[1])
+"""
+
+
+def engine_reference(iters: int = 10) -> dict:
+    """In-process ResNet-18: median latency at batch 1 and throughput at batch 8 (one instance each)."""
+    model = engine.load(sv.RESNET_DYN / "model.pnnx.param")
+    x1 = np.load(RESNET_INPUT).astype(np.float32)
+    out = {}
+    for batch in (1, 8):
+        inst = model.instance(max_shapes={"in0": (batch, 3, 224, 224)})
+        x = np.ascontiguousarray(np.repeat(x1, batch, axis=0))
+        inst.run({"in0": x})
+        times = []
+        for _ in range(iters):
+            t = time.perf_counter()
+            inst.run({"in0": x})
+            times.append(time.perf_counter() - t)
+        out[batch] = statistics.median(times)
+    return {"latency_b1_us": out[1] * 1e6, "throughput_b8": 8 / out[8]}
+
+
+def sweep(label: str, http: str, grpc: str, tmp: Path, windows: dict[str, int]) -> dict:
+    inputs = {"identity": "zero", "resnet18": str(sv.perf_input_file(np.load(RESNET_INPUT), tmp / "rn.json"))}
+    results = {}
+    for model in ("identity", "resnet18"):
+        sv.perf(model, "http", http, 1, 1000, inputs[model])  # warm-up, not recorded
+        for protocol in PROTOCOLS:
+            for c in CONCURRENCY:
+                r = sv.perf(model, protocol, http if protocol == "http" else grpc, c, windows[model], inputs[model])
+                results[(model, protocol, c)] = r
+                print(f"{label:<8} {model:<9} {protocol:<5} c={c:<3} "
+                      + (f"{r.throughput:8.1f} infer/s  p50 {r.p50_us / 1e3:7.2f} ms  p99 {r.p99_us / 1e3:7.2f} ms"
+                         if not r.error else f"FAILED: {r.error}"), flush=True)
+    return results
+
+
+def run_nnserve(tmp: Path, windows: dict[str, int]) -> dict:
+    repo = tmp / "nnserve_repo"
+    sv.write_identity(repo)
+    sv.write_resnet(repo, "resnet18", batching=True)
+    proc, http, grpc = sv.start_nnserve(repo)
+    try:
+        return sweep("nnserve", http, grpc, tmp, windows)
+    finally:
+        proc.stop()
+
+
+def run_kserve(tmp: Path, python: str, windows: dict[str, int]) -> dict:
+    import subprocess
+
+    identity = tmp / "identity.onnx"
+    subprocess.run([python, "-c", IDENTITY_ONNX_SCRIPT, str(identity)], check=True)
+    proc, http, grpc = sv.start_kserve(python, [f"identity={identity}:1,16",
+                                                f"resnet18={sv.RESNET_DYN / 'model.onnx'}:1,3,224,224"])
+    try:
+        return sweep("kserve", http, grpc, tmp, windows)
+    finally:
+        proc.stop()
+
+
+def ratio(a: sv.PerfResult, b: sv.PerfResult) -> float:
+    return a.throughput / b.throughput if a.throughput and b.throughput else float("nan")
+
+
+def targets(ours: dict, theirs: dict, ref: dict, rtt_us: float) -> list[str]:
+    lines = []
+    for protocol in PROTOCOLS:
+        rs = [ratio(ours[("identity", protocol, c)], theirs[("identity", protocol, c)]) for c in CONCURRENCY]
+        ok = all(r >= 2.0 for r in rs)
+        lines.append(f"identity {protocol}: nnserve/KServe throughput {', '.join(f'{r:.2f}x' for r in rs)} at c="
+                     f"{CONCURRENCY} (target >= 2x at every c): {'MET' if ok else 'NOT MET'}")
+        r8 = ratio(ours[("resnet18", protocol, 8)], theirs[("resnet18", protocol, 8)])
+        lines.append(f"resnet18 {protocol} c=8: nnserve/KServe {r8:.2f}x (target >= 1.5x): "
+                     f"{'MET' if r8 >= 1.5 else 'NOT MET'}")
+        t16 = ours[("resnet18", protocol, 16)].throughput
+        frac = t16 / ref["throughput_b8"]
+        lines.append(f"resnet18 {protocol} c=16 with dynamic batching: {t16:.1f} infer/s = {frac:.2f}x the in-process "
+                     f"engine at batch 8 ({ref['throughput_b8']:.1f}/s) (target >= 0.8x): "
+                     f"{'MET' if frac >= 0.8 else 'NOT MET'}")
+        p99 = ours[("resnet18", protocol, 1)].p99_us
+        bound = ref["latency_b1_us"] + rtt_us + 1000
+        lines.append(f"resnet18 {protocol} c=1 p99 {p99 / 1e3:.2f} ms vs engine {ref['latency_b1_us'] / 1e3:.2f} ms + "
+                     f"RTT {rtt_us:.0f} us + 1 ms = {bound / 1e3:.2f} ms: {'MET' if 0 < p99 <= bound else 'NOT MET'}")
+    return lines
+
+
+def report(ours: dict, theirs: dict, ref: dict, rtt_us: float, windows: dict[str, int]) -> str:
+    header = ["model", "protocol", "c", "nnserve infer/s", "KServe infer/s", "ratio", "nnserve p50/p99 ms",
+              "KServe p50/p99 ms"]
+    rows = []
+    for key, a in ours.items():
+        b = theirs[key]
+        rows.append([key[0], key[1], str(key[2]), a.cell(), b.cell(), f"{ratio(a, b):.2f}",
+                     f"{a.p50_us / 1e3:.2f} / {a.p99_us / 1e3:.2f}", f"{b.p50_us / 1e3:.2f} / {b.p99_us / 1e3:.2f}"])
+    return "\n\n".join([
+        "perf_analyzer (tools/perf_analyzer.sh), sync requests of batch 1, windows of "
+        f"{windows['identity']} ms (identity) / {windows['resnet18']} ms (ResNet-18), the last of 3 windows "
+        "(stability not enforced: the machine is shared). ResNet-18 input: the bench's real input.npy. "
+        "nnserve: identity 2 instances; ResNet-18 1 instance, max_batch_size 8, dynamic batching (2 ms max "
+        "delay). KServe 0.21 (one worker), ONNX Runtime CPU with intra-op threads = cores, access logging and "
+        "latency logging off, plus only the model-config route and rpc perf_analyzer asks for.",
+        markdown_table(header, rows),
+        f"In-process engine, ResNet-18: batch 1 median {ref['latency_b1_us'] / 1e3:.2f} ms; batch 8 "
+        f"{ref['throughput_b8']:.1f} infer/s. Loopback TCP round trip: {rtt_us:.0f} us.",
+        "Targets:\n\n" + "\n".join(f"- {t}" for t in targets(ours, theirs, ref, rtt_us))])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kserve-python", default="/tmp/kserve-venv/bin/python",
+                    help="python of a venv with kserve, onnxruntime and onnx")
+    ap.add_argument("--identity-window-ms", type=int, default=2000)
+    ap.add_argument("--resnet-window-ms", type=int, default=5000)
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args(argv)
+    windows = {"identity": args.identity_window_ms, "resnet18": args.resnet_window_ms}
+    ref = engine_reference()
+    rtt = sv.loopback_rtt_us()
+    print(f"engine ResNet-18: b1 {ref['latency_b1_us'] / 1e3:.2f} ms, b8 {ref['throughput_b8']:.1f} infer/s; "
+          f"loopback RTT {rtt:.0f} us", flush=True)
+    with tempfile.TemporaryDirectory(prefix="nnserve-bench-serve-") as d:
+        ours = run_nnserve(Path(d), windows)
+        theirs = run_kserve(Path(d), args.kserve_python, windows)
+    for line in targets(ours, theirs, ref, rtt):
+        print(line)
+    if not args.no_record:
+        append_run("Serving", report(ours, theirs, ref, rtt, windows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
