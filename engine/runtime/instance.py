@@ -137,6 +137,8 @@ def _execute_traced(bound: Bound, workspace, timings: bool, debug: int) -> list:
 
 
 def _stats(a: np.ndarray) -> str:
+    if not isinstance(a, np.ndarray) and hasattr(a, "copy_to_host"):  # a CUDA device array
+        a = a.copy_to_host()
     if a.size == 0 or a.dtype.kind not in "fiub":
         return f"{a.dtype}{list(a.shape)}"
     return f"min={a.min():.4g} max={a.max():.4g} mean={a.mean(dtype=np.float64):.4g}"

@@ -87,3 +87,15 @@ def test_wrong_input_shape_is_an_engine_error(instance):
     name = next(iter(fx.inputs))
     with pytest.raises(EngineError):
         inst.run({name: np.zeros((1, 8, 99, 99), np.float32)})
+
+
+def test_engine_debug_traces_device_values(instance, monkeypatch, caplog):
+    inst, fx = instance
+    monkeypatch.setenv("ENGINE_DEBUG", "2")
+    with caplog.at_level("DEBUG", logger="engine.runtime"):
+        inst.run(fx.inputs)
+    messages = [r.getMessage() for r in caplog.records]
+    nodes = [m for m in messages if " in=" in m]
+    stats = [m for m in messages if "mean=" in m]
+    assert len(stats) == len(nodes) > 0  # one stats line (read back from the device) per executed node
+    assert all("nan" not in s for s in stats)
