@@ -1,27 +1,74 @@
-"""Splits a nogil numba kernel over ranges of an item axis (channels, N*C) on a small shared thread pool.
+"""The engine's thread count: one knob for BLAS and for the nogil numba kernels split over a small pool.
 
 Why not numba's parallel=True: its OpenMP workers spin between calls and fight OpenBLAS's own threads for the
 cores (on a busy 2-core machine a tiny parallel epilogue took 20 ms instead of 0.05 ms), and every prange
 kernel costs seconds to compile. Plain nogil kernels on Python threads compile fast, run serially when the
 work is small, and the thread count is one knob (`set_threads`) for the performance work.
+
+The default count is the CPUs the process may really use: NNSERVE_NUM_THREADS when set, else the affinity
+mask capped by the cgroup CPU quota (a container limited to 2 CPUs on a 64-core node must not start 64 BLAS
+threads). BLAS is set to the same count through threadpoolctl, so BLAS and the pool never oversubscribe.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 # Below this much work (elements x taps) a kernel runs on the calling thread: a pool hop costs ~20-50 us.
 MIN_WORK = 1 << 18
-_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+ENV = "NNSERVE_NUM_THREADS"
+
+
+def cgroup_cpus(path: Path = CGROUP_CPU_MAX) -> int | None:
+    """CPUs allowed by a cgroup v2 quota ("quota period", "max period" = unlimited), None when unlimited."""
+    try:
+        quota, period = path.read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        return None
+
+
+def default_threads() -> int:
+    value = os.environ.get(ENV, "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_cpus()
+    return max(1, min(cpus, quota) if quota else cpus)
+
+
+_threads = default_threads()
+_blas_threads: int | None = None
 _pool: ThreadPoolExecutor | None = None
 
 
+def set_blas_threads(n: int) -> bool:
+    """Sets the BLAS libraries' thread count (threadpoolctl); False when threadpoolctl is missing."""
+    global _blas_threads
+    if _blas_threads == n:
+        return True
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return False
+    threadpool_limits(limits=n, user_api="blas")  # applies now and stays (the object only restores on exit)
+    _blas_threads = n
+    return True
+
+
 def set_threads(n: int) -> None:
-    """How many threads (the caller included) a large kernel is split over."""
+    """How many threads (the caller included) a large kernel is split over; BLAS gets the same count."""
     global _threads, _pool
-    _threads = max(1, int(n))
+    n = max(1, int(n))
+    set_blas_threads(n)
+    if n == _threads:
+        return
+    _threads = n
     if _pool is not None:
         _pool.shutdown(wait=False)
         _pool = None
@@ -29,6 +76,11 @@ def set_threads(n: int) -> None:
 
 def get_threads() -> int:
     return _threads
+
+
+def ensure_blas() -> None:
+    """Applies the current count to BLAS once (called when an instance is built)."""
+    set_blas_threads(_threads)
 
 
 def _get_pool() -> ThreadPoolExecutor:

@@ -19,6 +19,7 @@ from engine.devices import get_device
 from engine.errors import EngineError, KernelError
 from engine.ir import Graph, Value
 from engine.memory.planner import MemoryPlan
+from engine.ops import _threads
 from engine.ops.registry import TensorInfo
 from engine.passes.infer_shapes import infer_infos
 from engine.runtime.bind import Bound, bind
@@ -31,8 +32,12 @@ BOUND_CACHE_SIZE = 16
 
 
 class Instance:
-    def __init__(self, graph: Graph, device: str = "cpu", max_shapes: Mapping[str, tuple[int, ...]] | None = None):
+    def __init__(self, graph: Graph, device: str = "cpu", max_shapes: Mapping[str, tuple[int, ...]] | None = None,
+                 threads: int | None = None):
         self.graph = graph
+        # Kernel/BLAS threads are process-wide: an instance with its own count applies it before each run.
+        self.threads = None if threads is None else max(1, int(threads))
+        _apply_threads(self.threads)
         self.device = get_device(device)
         self.max_shapes = resolve_max_shapes(graph, max_shapes)
         infos = infer_infos(graph, self._input_infos(self.max_shapes))
@@ -55,6 +60,8 @@ class Instance:
         if not self._lock.acquire(blocking=False):
             raise EngineError("this instance is already running on another thread; use one instance per thread")
         try:
+            if self.threads is not None and _threads.get_threads() != self.threads:
+                _threads.set_threads(self.threads)
             with self.device.activate():
                 return self._run(inputs, timings)
         finally:
@@ -150,6 +157,14 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
     node = bound.call_nodes[i]
     return KernelError(f"{node.where()}: kernel of {node.op_type} node {node.name!r} failed: "
                        f"{type(e).__name__}: {e}")
+
+
+def _apply_threads(threads: int | None) -> None:
+    """threads= wins; otherwise the default (NNSERVE_NUM_THREADS or the CPUs the cgroup allows) reaches BLAS."""
+    if threads is not None:
+        _threads.set_threads(threads)
+    else:
+        _threads.ensure_blas()
 
 
 def _debug_level() -> int:

@@ -40,9 +40,14 @@ class Model:
     def op_counts(self) -> dict[str, int]:
         return self.graph.op_counts()
 
-    def instance(self, device: str = "cpu", max_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Instance:
-        """Compiles for `device` at `max_shapes` (None: the shapes in the file) and allocates the arena once."""
-        return Instance(self.graph, device=device, max_shapes=max_shapes)
+    def instance(self, device: str = "cpu", max_shapes: Mapping[str, tuple[int, ...]] | None = None,
+                 threads: int | None = None) -> Instance:
+        """Compiles for `device` at `max_shapes` (None: the shapes in the file) and allocates the arena once.
+
+        `threads` sets the CPU kernel and BLAS thread count while this instance runs (default: the
+        NNSERVE_NUM_THREADS setting, else the CPUs the process's affinity and cgroup quota allow).
+        """
+        return Instance(self.graph, device=device, max_shapes=max_shapes, threads=threads)
 
     def __repr__(self) -> str:
         return f"Model({self.path!r}, inputs={self.inputs}, outputs={self.outputs})"
