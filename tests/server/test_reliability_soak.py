@@ -5,6 +5,7 @@ The full run and its figures: bench/RESULTS.md."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 
 
 def load_soak():  # noqa: ANN201 - the bench script as a module
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    spec = importlib.util.spec_from_file_location("nnserve_bench_soak", SOAK)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
     return module
 
