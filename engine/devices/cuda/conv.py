@@ -1,6 +1,7 @@
 """Convolutions on CUDA. Conv: im2col of one sample into the instance workspace (all groups at once), then the
 tiled matmul batched over groups with bias, residual and activation fused; 1x1 stride-1 unpadded convs skip
-im2col. ConvTranspose: a direct gather kernel (one thread per output pixel, no workspace).
+im2col. Depthwise convs (one input channel per group) would leave a matmul tile almost empty, so they run a
+direct kernel instead, as does ConvTranspose (one thread per output pixel, no workspace).
 """
 
 from __future__ import annotations
@@ -44,13 +45,41 @@ def _im2col(x, x_base, cols, C, H, W, cpg, kh, kw, sh, sw, dh, dw, pt, pl, oh, o
         cols[i] = x[x_base + (c * H + iy) * W + ix] if iy >= 0 and ix >= 0 else 0.0
 
 
+@cuda.jit
+def _depthwise(x, w, bias, has_bias, z, has_z, y, C, H, W, O, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, mode,
+               act, p0, p1):
+    start, step = cuda.grid(1), cuda.gridsize(1)
+    mult = O // C
+    for i in range(start, y.size, step):
+        ox = i % ow
+        oy = (i // ow) % oh
+        o = (i // (ow * oh)) % O
+        plane = (i // (ow * oh * O)) * C + o // mult
+        acc = bias[o] * 1.0 if has_bias else 0.0
+        for ki in range(kh):
+            iy = _wrap(oy * sh - pt + ki * dh, H, mode)
+            if iy < 0:
+                continue
+            for kj in range(kw):
+                ix = _wrap(ox * sw - pl + kj * dw, W, mode)
+                if ix >= 0:
+                    acc += x[(plane * H + iy) * W + ix] * w[(o * kh + ki) * kw + kj]
+        if has_z:
+            acc += z[i]
+        y[i] = activate(acc, act, p0, p1)
+
+
+def _is_depthwise(node: Node) -> bool:
+    return int(node.params.get("groups", 1) or 1) > 1 and node.attrs["weight"].shape[1] == 1
+
+
 def _direct(geo) -> bool:
     return (geo.kh, geo.kw, geo.stride, geo.pads) == (1, 1, (1, 1), (0, 0, 0, 0))
 
 
 def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
     geo = conv_geom(node, ins[0].shape)
-    return 0 if _direct(geo) else geo.c * geo.kh * geo.kw * geo.oh * geo.ow * 4
+    return 0 if _direct(geo) or _is_depthwise(node) else geo.c * geo.kh * geo.kw * geo.oh * geo.ow * 4
 
 
 def build_conv(dev, node: Node, ins: list[TensorInfo]):
@@ -63,6 +92,8 @@ def build_conv(dev, node: Node, ins: list[TensorInfo]):
     d_b = dev.upload(np.ascontiguousarray(bias, np.float32).reshape(-1)) if bias is not None else None
     act, stream, mode = activation_args(node), dev.stream, PAD_MODES[node.params.get("pad_mode") or "zeros"]
     plan = by_shapes(lambda i, o: (conv_geom(node, np.shape(i[0])),))
+    if _is_depthwise(node):
+        return _build_depthwise(dev, node, d_w, d_b, act, mode, plan)
 
     def run(inputs, outputs, workspace):
         (geo,) = plan(inputs, outputs)
@@ -84,6 +115,21 @@ def build_conv(dev, node: Node, ins: list[TensorInfo]):
             launch_matmul(stream, d_w, src, y, og, P, K, batch=((g,), (og * K,), (b_bs,), (og * P,)),
                           a_rs=K, a_cs=1, b_rs=P, b_cs=1, b_base=b_base, c_base=n * geo.o * P,
                           bias=d_b, bias_mode=1 if d_b is not None else 0, z=z, act=act)
+
+    return run
+
+
+def _build_depthwise(dev, node: Node, d_w, d_b, act, mode, plan):
+    stream, has_bias = dev.stream, d_b is not None
+    d_b = d_b if has_bias else dev.dummy
+
+    def run(inputs, outputs, workspace):
+        (g,) = plan(inputs, outputs)
+        y = flat(outputs[0])
+        z = flat(inputs[1]) if len(inputs) > 1 else y
+        _depthwise[grid(y.size) + (stream,)](flat(inputs[0]), d_w, d_b, has_bias, z, len(inputs) > 1, y, g.c, g.h,
+                                             g.w, g.o, g.kh, g.kw, *g.stride, *g.dilation, g.pads[0], g.pads[1],
+                                             g.oh, g.ow, mode, *act)
 
     return run
 
