@@ -60,6 +60,11 @@ def test_every_registered_op_has_a_cuda_kernel_or_is_listed():
     assert not missing, f"ops with neither a CUDA kernel nor a documented refusal: {sorted(missing)}"
 
 
+def test_every_cuda_kernel_is_exercised_by_a_golden_case():
+    untested = set(KERNELS) - {c.op for c in CASES} - {"Identity"}  # Identity: test_strided_copy_ops_...
+    assert not untested, f"CUDA kernels without a golden case: {sorted(untested)}"
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.op not in NOT_ON_CUDA], ids=lambda c: c.name)
 def test_golden_case_matches_reference(case):
     check(case.node(), case.inputs)
