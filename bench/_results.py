@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,19 @@ def machine() -> str:
             f"numpy BLAS: {blas_description()}")
 
 
+def source_tree() -> str:
+    """The commit measured, and whether engine/ or server/ had uncommitted changes (the checkout is shared)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine", "server"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}" + (f" plus uncommitted changes to {len(dirty.splitlines())} file(s) in engine/ or server/"
+                        if dirty else "")
+
+
 def command_line() -> str:
     """The exact command, with the interpreter and script relative to the repository."""
     exe = Path(sys.executable)
@@ -64,7 +78,9 @@ def command_line() -> str:
 def append_run(section: str, body: str) -> None:
     """Appends one run (dated, with machine and command) at the end of `## section`, creating it if missing."""
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    run = (f"### Run {stamp}\n\nMachine: {machine()}\n\nCommand: `{command_line()}`\n\n{body.rstrip()}\n")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    run = (f"### Run {stamp}\n\nMachine: {machine()}; load average at the end {load} (the machine is shared)\n\n"
+           f"Source: {source_tree()}\n\nCommand: `{command_line()}`\n\n{body.rstrip()}\n")
     text = RESULTS.read_text() if RESULTS.exists() else HEADER
     heading = re.compile(rf"^## {re.escape(section)}\s*$", re.M)
     match = heading.search(text)

@@ -69,7 +69,7 @@ def verdicts(results: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--window-ms", type=int, default=6000)
+    ap.add_argument("--window-ms", type=int, default=10000)
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
     results = measure(args.concurrency, args.window_ms)

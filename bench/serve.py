@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kserve-python", default="/tmp/kserve-venv/bin/python",
                     help="python of a venv with kserve, onnxruntime and onnx")
     ap.add_argument("--identity-window-ms", type=int, default=2000)
-    ap.add_argument("--resnet-window-ms", type=int, default=5000)
+    ap.add_argument("--resnet-window-ms", type=int, default=10000)
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
     windows = {"identity": args.identity_window_ms, "resnet18": args.resnet_window_ms}
