@@ -27,31 +27,40 @@ def transform_weights(w: np.ndarray) -> np.ndarray:
 def input_transform(x, v, ty0, ty1, tiles_w, pt, pl, lo, hi):
     """v[4a + b, c, (ty - ty0)*tiles_w + tx] = (B^T d B)[a, b], d the 4x4 patch of tile (ty, tx) of x[c].
 
-    One tile row at a time: four zero-padded input rows, their horizontal transforms for every tile of
-    the row, then the vertical combine written as contiguous rows of v.
+    Each zero-padded input row is split into even and odd columns (so the horizontal transform reads unit
+    strides and vectorizes) and transformed once into a ring of four rows: consecutive tile rows overlap by
+    two input rows, which the ring shares. After every second row the vertical combine writes one tile row
+    of v as contiguous runs.
     """
     h_n, w_n = x.shape[1], x.shape[2]
     tw = tiles_w
-    width = 2 * tw + 2
-    rows = np.zeros((4, width), np.float32)
-    hv = np.empty((4, 4, tw), np.float32)
-    x_lo, x_hi = max(pl, 0), min(width, w_n + pl)  # padded columns [x_lo, x_hi) come from x
+    ev = np.empty(tw + 1, np.float32)
+    od = np.empty(tw + 1, np.float32)
+    hv = np.empty((4, 4, tw), np.float32)  # hv[padded row % 4, j, tx]
     for c in range(lo, hi):
         xc = x[c]
-        for ty in range(ty0, ty1):
-            for i in range(4):
-                r, yy = rows[i], 2 * ty - pt + i
-                r[:] = 0
-                if 0 <= yy < h_n and x_hi > x_lo:
-                    r[x_lo:x_hi] = xc[yy, x_lo - pl:x_hi - pl]
-                h = hv[i]
-                h0, h1, h2, h3 = h[0], h[1], h[2], h[3]
-                for tx in range(tw):
-                    a0, a1, a2, a3 = r[2 * tx], r[2 * tx + 1], r[2 * tx + 2], r[2 * tx + 3]
-                    h0[tx], h1[tx], h2[tx], h3[tx] = a0 - a2, a1 + a2, a2 - a1, a1 - a3
+        for pr in range(2 * ty0, 2 * ty1 + 2):  # padded rows of the block's tile rows
+            yy = pr - pt
+            inside = 0 <= yy < h_n
+            for k in range(tw + 1):
+                c0 = 2 * k - pl
+                ev[k] = xc[yy, c0] if inside and 0 <= c0 < w_n else 0.0
+                od[k] = xc[yy, c0 + 1] if inside and 0 <= c0 + 1 < w_n else 0.0
+            h = hv[pr % 4]
+            h0, h1, h2, h3 = h[0], h[1], h[2], h[3]
+            for tx in range(tw):
+                e0, e1, o0, o1 = ev[tx], ev[tx + 1], od[tx], od[tx + 1]
+                h0[tx] = e0 - e1
+                h1[tx] = o0 + e1
+                h2[tx] = e1 - o0
+                h3[tx] = o0 - o1
+            if pr < 2 * ty0 + 3 or (pr - 2 * ty0) % 2 == 0:
+                continue
+            ty = (pr - 3) // 2  # rows pr-3 .. pr complete tile row ty
             base = (ty - ty0) * tw
+            r0, r1, r2, r3 = hv[(pr - 3) % 4], hv[(pr - 2) % 4], hv[(pr - 1) % 4], hv[pr % 4]
             for j in range(4):
-                d0, d1, d2, d3 = hv[0, j], hv[1, j], hv[2, j], hv[3, j]
+                d0, d1, d2, d3 = r0[j], r1[j], r2[j], r3[j]
                 v0, v1 = v[j, c, base:base + tw], v[4 + j, c, base:base + tw]
                 v2, v3 = v[8 + j, c, base:base + tw], v[12 + j, c, base:base + tw]
                 for tx in range(tw):
