@@ -5,6 +5,7 @@ schema declares for that route. Bounded examples per route keep it well under a 
 from __future__ import annotations
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import content_type_conformance, status_code_conformance
@@ -22,6 +23,7 @@ def no_server_error_but_503(ctx, response, case) -> None:  # noqa: ANN001 - sche
 CHECKS = [no_server_error_but_503, status_code_conformance, content_type_conformance]
 
 
+@pytest.mark.slow
 def test_api_conforms_to_its_schema(server: ServerProcess) -> None:
     """Every operation in the schema, 25 generated cases each (schemathesis' strategies, driven by hypothesis)."""
     schema = schemathesis.openapi.from_url(f"http://{server.http_url}/openapi.json")
