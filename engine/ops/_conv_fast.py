@@ -16,6 +16,7 @@ from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops import _conv_kernels as K
 from engine.ops import _winograd as W
+from engine.ops._blas import matmul
 from engine.ops._conv_geom import ConvGeom, conv_geom, tconv_geom, weight_of
 from engine.ops._epilogue import apply_activation
 from engine.ops._spatial import packed
@@ -163,10 +164,10 @@ def _gemm_run(geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
         geo = geom(x.shape)
         g, cg, og, hw = geo.groups, geo.c // geo.groups, geo.o // geo.groups, geo.h * geo.w
         if g == 1:
-            np.matmul(wg[0], x.reshape(geo.n, geo.c, hw), out=out.reshape(geo.n, geo.o, hw))
+            matmul(wg[0], x.reshape(geo.n, geo.c, hw), out=out.reshape(geo.n, geo.o, hw))
         for n in range(geo.n):
             for gi in range(g if g > 1 else 0):
-                np.matmul(wg[gi], x[n, gi * cg:(gi + 1) * cg].reshape(cg, hw),
+                matmul(wg[gi], x[n, gi * cg:(gi + 1) * cg].reshape(cg, hw),
                           out=out[n, gi * og:(gi + 1) * og].reshape(og, hw))
             _finish_image(epi, out, z, n, geo)
     return run
@@ -190,7 +191,7 @@ def _im2col_run(node: Node, geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
                     cols = buf[: k_rows * r * geo.ow].reshape(k_rows, r * geo.ow)
                     parallel_for(K.im2col, cg, cols.size, xg, cols, oh0, r, geo.ow, geo.kh, geo.kw, sh, sw, dh, dw,
                                  pt, pl, mode)
-                    np.matmul(wg[gi], cols, out=yg[:, oh0:oh0 + r].reshape(og, r * geo.ow))
+                    matmul(wg[gi], cols, out=yg[:, oh0:oh0 + r].reshape(og, r * geo.ow))
             _finish_image(epi, out, z, n, geo)
     return run
 
@@ -216,7 +217,7 @@ def _winograd_run(node: Node, geom, u: np.ndarray, epi: _Epilogue) -> Kernel:
                 v = buf[:16 * c * b].reshape(16, c, b)
                 m = buf[16 * c * b:16 * (c + o) * b].reshape(16, o, b)
                 parallel_for(W.input_transform, c, v.size, x[n], v, ty0, ty1, tw, pt, pl)
-                np.matmul(u, v, out=m)
+                matmul(u, v, out=m)
                 parallel_for(W.output_transform, o, m.size, m, out[n], ty0, ty1, tw)
             _finish_image(epi, out, z, n, geo)
     return run
@@ -266,7 +267,7 @@ def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
                 for h0 in range(0, geo.h, rows):
                     r = min(rows, geo.h - h0)
                     cols = buf[: m_rows * r * geo.w].reshape(m_rows, r * geo.w)
-                    np.matmul(wt[gi], xg[:, h0:h0 + r].reshape(ig, r * geo.w), out=cols)
+                    matmul(wt[gi], xg[:, h0:h0 + r].reshape(ig, r * geo.w), out=cols)
                     parallel_for(K.col2im_add, og, cols.size, cols, yg, h0, r, geo.w, geo.kh, geo.kw, sh, sw, dh, dw,
                                  pt, pl)
             _finish_image(epi, out, None, n, geo)

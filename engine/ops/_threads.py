@@ -7,7 +7,8 @@ work is small, and the thread count is one knob (`set_threads`) for the performa
 
 The default count is the CPUs the process may really use: NNSERVE_NUM_THREADS when set, else the affinity
 mask capped by the cgroup CPU quota (a container limited to 2 CPUs on a 64-core node must not start 64 BLAS
-threads). BLAS is set to the same count through threadpoolctl, so BLAS and the pool never oversubscribe.
+threads). BLAS libraries get one thread (threadpoolctl): _blas splits large GEMMs over this pool instead, so
+the engine never runs more threads than the count and no library thread busy-waits beside the pool.
 """
 
 from __future__ import annotations
@@ -62,10 +63,10 @@ def set_blas_threads(n: int) -> bool:
 
 
 def set_threads(n: int) -> None:
-    """How many threads (the caller included) a large kernel is split over; BLAS gets the same count."""
+    """How many threads (the caller included) a large kernel or GEMM is split over."""
     global _threads, _pool
     n = max(1, int(n))
-    set_blas_threads(n)
+    set_blas_threads(1)
     if n == _threads:
         return
     _threads = n
@@ -79,8 +80,8 @@ def get_threads() -> int:
 
 
 def ensure_blas() -> None:
-    """Applies the current count to BLAS once (called when an instance is built)."""
-    set_blas_threads(_threads)
+    """Limits BLAS to one thread once (called when an instance is built); the pool does the splitting."""
+    set_blas_threads(1)
 
 
 def _get_pool() -> ThreadPoolExecutor:

@@ -7,6 +7,7 @@ import numpy as np
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 from engine.ops import _conv_kernels as K
+from engine.ops._blas import matmul
 from engine.ops._epilogue import EPILOGUES, apply_activation
 from engine.ops._spatial import packed
 from engine.ops._threads import parallel_for
@@ -61,7 +62,7 @@ def build_gemm(node: Node, ins: list[TensorInfo]) -> Kernel:
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
         out = outputs[0].reshape(-1, n)
-        np.matmul(x.reshape(-1, k), wt, out=out)
+        matmul(x.reshape(-1, k), wt, out)
         if has_bias or c:
             parallel_for(K.epilogue_cols, out.shape[0], out.size, out, bias, has_bias, c, *p)
         if code is None:
@@ -109,7 +110,7 @@ def build_matmul(node: Node, ins: list[TensorInfo]) -> Kernel:
 
     def run(inputs, outputs, workspace):
         a, b = (c if c is not None else x for c, x in zip(consts, inputs, strict=False))
-        np.matmul(a, b, out=outputs[0])
+        matmul(a, b, outputs[0])
     return run
 
 
