@@ -45,19 +45,35 @@ class NnserveRunner:
     def __init__(self, param: Path, batch: int, size: int):
         model = engine.load(param)
         self.input, self.output = model.inputs[0].name, model.outputs[0].name
+        self.nodes = {n.name: n for n in model.graph.nodes}
         self.instance = model.instance(max_shapes={self.input: (batch, 3, size, size)})
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.instance.run({self.input: x})[self.output]
 
-    def op_breakdown(self, x: np.ndarray, runs: int = 3) -> dict[str, float]:
-        """Seconds per op type, mean over `runs` timed runs."""
+    def op_breakdown(self, x: np.ndarray, runs: int = 3) -> tuple[dict[str, float], dict[str, float]]:
+        """Seconds per op type and per convolution class, mean over `runs` timed runs."""
         per_op: dict[str, float] = defaultdict(float)
+        per_conv: dict[str, float] = defaultdict(float)
         for _ in range(runs):
             self.instance.run({self.input: x}, timings=True)
-            for _, op, seconds in self.instance.last_timings["nodes"]:
+            for name, op, seconds in self.instance.last_timings["nodes"]:
                 per_op[op] += seconds / runs
-        return dict(per_op)
+                if op == "Conv" and name in self.nodes:
+                    per_conv[conv_class(self.nodes[name])] += seconds / runs
+        return dict(per_op), dict(per_conv)
+
+
+def conv_class(node) -> str:
+    """"3x3 s1", "1x1 s1", "3x3 s2 dw" ...: the shape classes the conv kernels pick their paths by."""
+    w = node.attrs.get("weight")
+    if w is None and len(node.inputs) > 1 and node.inputs[1].const is not None:
+        w = node.inputs[1].const
+    kh, kw = (w.shape[2], w.shape[3]) if w is not None and w.ndim == 4 else ("?", "?")
+    stride = node.params.get("stride", (1, 1))
+    groups = int(node.params.get("groups", 1))
+    kind = " dw" if w is not None and groups > 1 and groups == w.shape[0] else (f" g{groups}" if groups > 1 else "")
+    return f"{kh}x{kw} s{stride[0] if isinstance(stride, (tuple, list)) else stride}{kind}"
 
 
 def make_runners(name: str, batch: int) -> dict[str, Runner]:
@@ -114,10 +130,11 @@ def run(names: list[str], batches: list[int], iters: dict[int, int], warmup: int
                 if p in med:
                     ratios[(batch, p)].append(med["nnserve"] / med[p])
             rows.append(row)
-            per_op = runners["nnserve"].op_breakdown(x)
-            breakdowns.append((name, batch, per_op))
+            per_op, per_conv = runners["nnserve"].op_breakdown(x)
+            breakdowns.append((name, batch, per_op, per_conv))
             print_row(row)
             print(f"    nnserve per op: {breakdown_text(per_op)}", flush=True)
+            print(f"    nnserve Conv by class: {breakdown_text(per_conv)}", flush=True)
     return {"rows": rows, "ratios": ratios, "breakdowns": breakdowns}
 
 
@@ -164,8 +181,10 @@ def report(res: dict, batches: list[int], iters: dict[int, int]) -> str:
              f"(interleaved, threads = {CORES} for every engine). Ratio = nnserve / peer (< 1 means nnserve "
              "is faster).", markdown_table(header, rows), "Targets:\n\n" + "\n".join(f"- {t}" for t in
                                                                                      targets(res, batches)),
-             "nnserve time per op type (top 8, mean of 3 timed runs):\n\n" + "\n".join(
-                 f"- {n} b{b}: {breakdown_text(p)}" for n, b, p in res["breakdowns"])]
+             "nnserve time per op type, and of Conv per kernel-size/stride/depthwise class (top 8, mean of 3 "
+             "timed runs after the timed loop):\n\n" + "\n".join(
+                 f"- {n} b{b}: {breakdown_text(p)}\n  - Conv: {breakdown_text(c)}"
+                 for n, b, p, c in res["breakdowns"])]
     return "\n\n".join(parts)
 
 
