@@ -28,7 +28,8 @@ WORKSPACE_BUDGET = 2 << 20
 # Winograd pays off once the GEMMs are big enough to dominate its transforms.
 WINOGRAD = True
 WINOGRAD_MIN_CHANNELS = 16
-WINOGRAD_MIN_TILES = 32  # below this many 2x2 tiles (e.g. 7x7 maps) im2col is as fast; also the least per block
+WINOGRAD_MIN_TILES = 32  # below this many 2x2 tiles (7x7 maps at batch 1) im2col is as fast; the least per block
+WINOGRAD_BLOCK_TILES = 256  # tiles per block to aim for: GEMMs large enough, scratch still in L2/L3
 _F32 = np.dtype(np.float32)
 _DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
 _DUMMY2 = np.zeros((1, 1), np.float32)
@@ -41,7 +42,7 @@ def _kind(geo: ConvGeom) -> str:
         return "depthwise"
     if (WINOGRAD and geo.kh == geo.kw == 3 and geo.stride == geo.dilation == (1, 1) and geo.groups == 1
             and geo.pad_mode == "zeros" and min(geo.c, geo.o) >= WINOGRAD_MIN_CHANNELS
-            and _tiles(geo)[1] >= WINOGRAD_MIN_TILES):
+            and geo.n * _tiles(geo)[1] >= WINOGRAD_MIN_TILES):  # a batch's tiles share each block
         return "winograd"
     return "im2col"
 
@@ -53,11 +54,19 @@ def _tiles(geo: ConvGeom) -> tuple[int, int]:
 
 
 def _tile_block(geo: ConvGeom, cap_elems: int) -> int:
-    """Tiles per transform block: whole rows of tiles, at least WINOGRAD_MIN_TILES (or one row)."""
+    """Tiles per transform block: whole rows of tiles (of one or more images), about WINOGRAD_BLOCK_TILES as
+    the budget allows, at least WINOGRAD_MIN_TILES (or one row)."""
     tw, n_tiles = _tiles(geo)
     per_row = 16 * (geo.c + geo.o) * tw
-    rows = max(-(-WINOGRAD_MIN_TILES // tw), cap_elems // per_row, 1)
-    return min(n_tiles, rows * tw)
+    fit = min(cap_elems // per_row, -(-WINOGRAD_BLOCK_TILES // tw))
+    rows = max(-(-WINOGRAD_MIN_TILES // tw), fit, 1)
+    return min(geo.n * n_tiles, rows * tw)
+
+
+def _winograd_budget() -> int:
+    """Winograd's block scratch in float32 elements: larger than im2col's so 512-channel layers still get
+    128-tile GEMMs (the 16 GEMMs of a 32-tile block ran at ~30 GFLOP/s, 128 tiles at ~65)."""
+    return 4 * WORKSPACE_BUDGET // _F32.itemsize
 
 
 def _tile_rows(k_rows: int, width: int, height: int, cap_elems: int) -> int:
@@ -68,7 +77,7 @@ def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
     geo = conv_geom(node, ins[0].shape)
     kind = _kind(geo)
     if kind == "winograd":
-        return 16 * (geo.c + geo.o) * _tile_block(geo, WORKSPACE_BUDGET // _F32.itemsize) * _F32.itemsize
+        return 16 * (geo.c + geo.o) * _tile_block(geo, _winograd_budget()) * _F32.itemsize
     if kind != "im2col":
         return 0
     k_rows = geo.c // geo.groups * geo.kh * geo.kw
@@ -202,25 +211,39 @@ def _winograd_run(node: Node, geom, u: np.ndarray, epi: _Epilogue) -> Kernel:
         z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
         geo = geom(x.shape)  # any size works: only the kernel shape, stride and groups chose Winograd
         buf = _scratch(workspace, node)
-        tw, n_tiles = _tiles(geo)
-        block = _tile_block(geo, min(buf.size, max(WORKSPACE_BUDGET // 4, 16 * (geo.c + geo.o))))
         c, o = geo.c, geo.o
+        tw, n_tiles = _tiles(geo)
+        block = _tile_block(geo, min(buf.size, max(_winograd_budget(), 16 * (c + o) * tw)))
         if 16 * (c + o) * block > buf.size:
             raise KernelError(f"{node.where()}: Conv needs {16 * (c + o) * block * 4} bytes of workspace, the "
                               f"instance has {buf.size * 4} (input larger than the instance's max shape?)")
-        pt, pl = geo.pads[0], geo.pads[1]
-        rows, th = block // tw, n_tiles // tw
-        for n in range(geo.n):
-            for ty0 in range(0, th, rows):
-                ty1 = min(th, ty0 + rows)
-                b = (ty1 - ty0) * tw
-                v = buf[:16 * c * b].reshape(16, c, b)
-                m = buf[16 * c * b:16 * (c + o) * b].reshape(16, o, b)
-                parallel_for(W.input_transform, c, v.size, x[n], v, ty0, ty1, tw, pt, pl)
-                matmul(u, v, out=m)
-                parallel_for(W.output_transform, o, m.size, m, out[n], ty0, ty1, tw)
-            _finish_image(epi, out, z, n, geo)
+        th, rows = n_tiles // tw, block // tw
+        done = 0  # images whose every tile row is through the output transform
+        for g0 in range(0, geo.n * th, rows):  # global tile rows: image n holds [n*th, (n+1)*th)
+            g1 = min(geo.n * th, g0 + rows)
+            b = (g1 - g0) * tw
+            v = buf[:16 * c * b].reshape(16, c, b)
+            m = buf[16 * c * b:16 * (c + o) * b].reshape(16, o, b)
+            segments = _segments(g0, g1, th, tw)
+            for n, ty0, ty1, col0 in segments:
+                parallel_for(W.input_transform, c, 16 * c * (ty1 - ty0) * tw, x[n], v, ty0, ty1, tw,
+                             geo.pads[0], geo.pads[1], col0)
+            matmul(u, v, m)
+            for n, ty0, ty1, col0 in segments:
+                parallel_for(W.output_transform, o, 16 * o * (ty1 - ty0) * tw, m, out[n], ty0, ty1, tw, col0)
+            while done < geo.n and (done + 1) * th <= g1:
+                _finish_image(epi, out, z, done, geo)
+                done += 1
     return run
+
+
+def _segments(g0: int, g1: int, th: int, tw: int) -> list[tuple[int, int, int, int]]:
+    """(image, first tile row, end tile row, first column in the block) for global tile rows [g0, g1)."""
+    segs = []
+    for n in range(g0 // th, (g1 - 1) // th + 1):
+        ty0, ty1 = max(g0 - n * th, 0), min(g1 - n * th, th)
+        segs.append((n, ty0, ty1, (n * th + ty0 - g0) * tw))
+    return segs
 
 
 def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:

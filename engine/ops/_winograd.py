@@ -6,7 +6,8 @@ With d a 4x4 input patch and g a 3x3 filter, one 2x2 output tile is  A^T [(G g G
     G   = [[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]]
     A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]
 Tiles are numbered t = ty * tiles_w + tx over the output; a block of tile rows [ty0, ty1) is transformed at
-a time so the scratch stays small. The kernels work on channel ranges [lo, hi) for _threads.parallel_for.
+a time so the scratch stays small, its columns starting at col0 (a block may hold tile rows of several images,
+so small maps at batch 8 still make large GEMMs). The kernels work on channel ranges [lo, hi) for _threads.parallel_for.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ def transform_weights(w: np.ndarray) -> np.ndarray:
 
 
 @njit(nogil=True, cache=True)
-def input_transform(x, v, ty0, ty1, tiles_w, pt, pl, lo, hi):
-    """v[4a + b, c, (ty - ty0)*tiles_w + tx] = (B^T d B)[a, b], d the 4x4 patch of tile (ty, tx) of x[c].
+def input_transform(x, v, ty0, ty1, tiles_w, pt, pl, col0, lo, hi):
+    """v[4a + b, c, col0 + (ty - ty0)*tiles_w + tx] = (B^T d B)[a, b], d the 4x4 patch of tile (ty, tx) of x[c].
 
     Each zero-padded input row is split into even and odd columns (so the horizontal transform reads unit
     strides and vectorizes) and transformed once into a ring of four rows: consecutive tile rows overlap by
@@ -57,7 +58,7 @@ def input_transform(x, v, ty0, ty1, tiles_w, pt, pl, lo, hi):
             if pr < 2 * ty0 + 3 or (pr - 2 * ty0) % 2 == 0:
                 continue
             ty = (pr - 3) // 2  # rows pr-3 .. pr complete tile row ty
-            base = (ty - ty0) * tw
+            base = col0 + (ty - ty0) * tw
             r0, r1, r2, r3 = hv[(pr - 3) % 4], hv[(pr - 2) % 4], hv[(pr - 1) % 4], hv[pr % 4]
             for j in range(4):
                 d0, d1, d2, d3 = r0[j], r1[j], r2[j], r3[j]
@@ -71,8 +72,9 @@ def input_transform(x, v, ty0, ty1, tiles_w, pt, pl, lo, hi):
 
 
 @njit(nogil=True, cache=True)
-def output_transform(m, out, ty0, ty1, tiles_w, lo, hi):
-    """out[o, 2ty + a, 2tx + b] = (A^T M A)[a, b] for the tile rows [ty0, ty1), cropped to out."""
+def output_transform(m, out, ty0, ty1, tiles_w, col0, lo, hi):
+    """out[o, 2ty + a, 2tx + b] = (A^T M A)[a, b] for the tile rows [ty0, ty1) (read from column col0 on of m),
+    cropped to out."""
     oh_n, ow_n = out.shape[1], out.shape[2]
     tw = tiles_w
     s = np.empty((2, 4, tw), np.float32)
@@ -80,7 +82,7 @@ def output_transform(m, out, ty0, ty1, tiles_w, lo, hi):
     for o in range(lo, hi):
         yo = out[o]
         for ty in range(ty0, ty1):
-            base = (ty - ty0) * tw
+            base = col0 + (ty - ty0) * tw
             for j in range(4):  # A^T M over the four rows of column j
                 m0, m1 = m[j, o, base:base + tw], m[4 + j, o, base:base + tw]
                 m2, m3 = m[8 + j, o, base:base + tw], m[12 + j, o, base:base + tw]

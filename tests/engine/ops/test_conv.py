@@ -323,3 +323,19 @@ def test_unaligned_file_weights_are_packed_once(k, groups):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < max(w.nbytes // 2, 2048), f"a kernel call allocated {peak} bytes"
+
+
+@pytest.mark.parametrize("block_tiles", [8, 40])  # blocks straddling images; blocks holding several images
+def test_winograd_blocks_span_images(monkeypatch, block_tiles):
+    monkeypatch.setattr(_conv_fast, "WINOGRAD_BLOCK_TILES", block_tiles)
+    node = conv_node(16, 20, pads=(1, 1, 1, 1), residual=True, activation="relu")
+    x = rand(3, 16, 5, 7)  # 3 x 4 tiles per image: 9 tile rows over the batch
+    assert _conv_fast._kind(conv_geom(node, x.shape)) == "winograd"
+    z = rand(*infer(node, [x])[0].shape)
+    check_kernel(node, [x, z], rtol=1e-4, atol=1e-5)
+
+
+def test_small_maps_take_winograd_only_in_a_batch():
+    node = conv_node(32, 32, pads=(1, 1, 1, 1))
+    assert _conv_fast._kind(conv_geom(node, (1, 32, 7, 7))) == "im2col"  # 16 tiles: too few for one GEMM
+    assert _conv_fast._kind(conv_geom(node, (8, 32, 7, 7))) == "winograd"  # 128 tiles across the batch
