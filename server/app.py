@@ -159,7 +159,12 @@ class NNServer:
             await asyncio.sleep(0.05)
         self.dp.exiting = True
         await self._stop_http(self._metrics_http)
-        await self.repository.shutdown()
+        try:  # queues still holding requests (their clients are gone) may not outlast the exit timeout either
+            await asyncio.wait_for(asyncio.shield(self.repository.shutdown()),
+                                   timeout=max(deadline - time.monotonic(), 0.1))
+        except TimeoutError:
+            log.warning("exit timeout reached: dropping the requests still queued")
+            await self.repository.shutdown(drain=False)
         log.info("nnserve stopped")
 
     @staticmethod

@@ -212,13 +212,13 @@ class ModelRepository:
             await self._retire(entry, keep=set())
             log.info("unloaded model '%s'", name)
 
-    async def _retire(self, entry: ModelEntry, keep: set[str]) -> None:
+    async def _retire(self, entry: ModelEntry, keep: set[str], drain: bool = True) -> None:
         """Drain the old versions' queues (requests already accepted finish), then drop them."""
         for v, mv in entry.versions.items():
             if v in keep:
                 continue
             mv.state = "UNLOADING"
-            await mv.scheduler.stop(drain=True)
+            await mv.scheduler.stop(drain=drain)
             if self.metrics is not None:
                 self.metrics.model_unloaded(entry.name, v, len(mv.instances))
 
@@ -272,7 +272,8 @@ class ModelRepository:
             except Exception:  # a poll must never kill the server
                 log.exception("repository poll failed")
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, drain: bool = True) -> None:
+        """Stop every model; without drain, queued requests fail at once (the exit timeout is over)."""
         for name in list(self._models):
             entry = self._models[name]
-            await self._retire(entry, keep=set())
+            await self._retire(entry, keep=set(), drain=drain)

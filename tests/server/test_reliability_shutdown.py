@@ -96,3 +96,23 @@ def test_sigterm_drains_32_requests_in_flight(tmp_path) -> None:
         for name, expected in affine_reference(row(i)).items():
             np.testing.assert_allclose(outs[name], expected, rtol=1e-5, atol=1e-6)
     assert "Traceback" not in srv.log_text, srv.log_text
+
+
+def test_exit_timeout_bounds_the_drain(tmp_path) -> None:
+    """A request that would need 8 s more does not hold the process past --exit-timeout-secs: it is cancelled
+    (counted as CANCELED) and the server exits 0 soon after the timeout."""
+    repo = make_repository(tmp_path / "repo", {"affine": SLOW})
+    srv = ServerProcess(repo, "--drain-delay-secs", "0", "--exit-timeout-secs", "1")
+    results: dict[int, tuple] = {}
+    t = threading.Thread(target=send_http, args=(srv, 3, results))
+    t.start()
+    deadline = time.monotonic() + 20
+    while pending(srv) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(30) == 0, srv.log_text
+    assert time.monotonic() - t0 < 5, "the exit timeout did not bound the drain:\n" + srv.log_text
+    t.join(30)
+    assert results[3][0] != 200  # the client saw its request fail (connection closed), not a late answer
