@@ -6,6 +6,7 @@ References were made by TNN's CPU runtime (see each folder's SOURCE_TNN_RUN.txt)
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,17 @@ def test_quantized_model_runs_int8_ops():
     counts = model.op_counts()
     assert counts.get("TnnQConv", 0) >= 40 and "Conv" not in counts
     assert model.inputs[0].dtype == np.float32 and model.outputs[0].dtype == np.float32
+    inst = model.instance()
+    assert inst.fallback_nodes == []  # every int8 op runs a numba kernel, none the numpy reference
+    x = np.load(TNN_MODELS / "mobilenetv2_quantized" / "input.npy")
+    inst.run({model.inputs[0].name: x})
+    tracemalloc.start()
+    try:
+        inst.run({model.inputs[0].name: x})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, f"a run allocated {peak} bytes"  # the smallest activation is 4 KB, most are MBs
 
 
 @pytest.mark.parametrize("folder, version", [("ultraface_slim320", 2), ("retinaface_mobile", 1),
