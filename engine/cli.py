@@ -45,11 +45,16 @@ def add_engine_commands(subparsers) -> None:
     p.add_argument("--output-dir", "-o", default=".", metavar="DIR")
     _add_max_shape(p)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--warmup", type=_count(0), default=0, metavar="N",
+                   help="untimed runs first (the first run includes JIT compilation)")
+    p.add_argument("--repeat", type=_count(1), default=1, metavar="N", help="timed runs; the median is reported")
     p.set_defaults(func=_guarded(cmd_run))
 
     p = subparsers.add_parser("inspect", help="show a model's inputs, outputs, ops and memory plan")
     p.add_argument("model")
     _add_max_shape(p)
+    p.add_argument("--graph-only", action="store_true",
+                   help="structure only, without weights (a .tnnproto needs no .tnnmodel) and without lowering")
     p.set_defaults(func=_guarded(cmd_inspect))
 
     p = subparsers.add_parser("convert", help="convert a model to another format")
@@ -67,6 +72,18 @@ def add_engine_commands(subparsers) -> None:
 def _add_max_shape(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-shape", type=parse_shape, action="append", default=[], metavar="NAME=1x3x224x224",
                    help="max shape of a (dynamic) input; repeat per input")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = minimum - 1
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return n
+    return parse
 
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -97,15 +114,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         if spec.name not in max_shapes and -1 in spec.shape and spec.name in feeds:
             max_shapes[spec.name] = feeds[spec.name].shape
     inst = model.instance(device=args.device, max_shapes=max_shapes or None)
-    outputs = inst.run(feeds)
+    for _ in range(args.warmup):
+        inst.run(feeds)
+    timings = []
+    for _ in range(args.repeat):
+        outputs = inst.run(feeds)
+        timings.append(inst.last_timings)
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, array in outputs.items():
         path = out_dir / f"{_file_name(name)}.npy"
         np.save(path, array)
         print(f"{name}: {array.dtype} {list(array.shape)} -> {path}")
-    t = inst.last_timings
-    print(f"time: compute {t['compute_s'] * 1e3:.3f} ms, total {t['total_s'] * 1e3:.3f} ms")
+    compute, total = (float(np.median([t[k] for t in timings])) * 1e3 for k in ("compute_s", "total_s"))
+    runs = f" (median of {args.repeat} runs after {args.warmup} warm-up)" if args.repeat > 1 or args.warmup else ""
+    print(f"time: compute {compute:.3f} ms, total {total:.3f} ms{runs}")
     return 0
 
 
@@ -122,9 +145,9 @@ def _file_name(name: str) -> str:
 
 # -- inspect ----------------------------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from engine.runtime.inspect import describe
+    from engine.runtime.inspect import describe, describe_graph
 
-    print(describe(args.model, dict(args.max_shape)))
+    print(describe_graph(args.model) if args.graph_only else describe(args.model, dict(args.max_shape)))
     return 0
 
 

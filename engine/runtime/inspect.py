@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import EngineError, UnsupportedOpError
-from engine.runtime.loading import prepare, read_graph, unsupported_nodes
+from engine.runtime.loading import model_format, prepare, read_graph, unsupported_nodes
 from engine.runtime.model import Model
 
 
@@ -24,10 +24,7 @@ def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = N
             graph = read_graph(path)
         missing = unsupported_nodes(graph)
     model = Model(graph, path)
-    lines = [f"model: {model.path}", f"format: {model.format}"]
-    for title, specs in (("inputs", model.inputs), ("outputs", model.outputs)):
-        lines.append(f"{title}:")
-        lines += [f"  {s.name}  {_dtype(s)}  {list(s.shape)}" for s in specs]
+    lines = [f"model: {model.path}", f"format: {model.format}"] + _spec_lines(model)
     counts = model.op_counts()
     lines.append(f"ops ({sum(counts.values())} nodes):")
     lines += [f"  {op:<24} {n}" for op, n in counts.items()]
@@ -39,6 +36,38 @@ def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = N
     else:
         lines += _memory_lines(model, max_shapes or {})
     return "\n".join(lines)
+
+
+def describe_graph(path: str | Path) -> str:
+    """Format, inputs, outputs and format op counts, read without weights where the format allows
+    (a .tnnproto without its .tnnmodel) and without lowering: no memory plan."""
+    if model_format(path) == "tnn":
+        from engine.formats.tnn import load_graph
+
+        if not Path(path).is_file():
+            raise EngineError(f"{path}: no such model file")
+        graph = load_graph(path, weights=False)
+        graph.path = graph.path or str(path)
+    else:
+        graph = read_graph(path)
+    model = Model(graph, path)
+    lines = [f"model: {model.path}", f"format: {model.format} (graph only: no weights read, not lowered)"]
+    for title, values in (("inputs", graph.inputs), ("outputs", graph.outputs)):
+        lines.append(f"{title}:")  # shapes and dtypes the file does not record show as '?'
+        lines += [f"  {v.name}  {v.dtype if v.dtype is not None else '?'}  "
+                  f"{list(v.shape) if v.shape is not None else '?'}" for v in values]
+    counts = model.op_counts()
+    lines.append(f"ops ({sum(counts.values())} nodes):")
+    lines += [f"  {op:<24} {n}" for op, n in counts.items()]
+    return "\n".join(lines)
+
+
+def _spec_lines(model: Model) -> list[str]:
+    lines = []
+    for title, specs in (("inputs", model.inputs), ("outputs", model.outputs)):
+        lines.append(f"{title}:")
+        lines += [f"  {s.name}  {_dtype(s)}  {list(s.shape)}" for s in specs]
+    return lines
 
 
 def _dtype(spec) -> str:

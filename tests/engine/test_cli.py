@@ -1,4 +1,5 @@
-"""The engine CLI as a user runs it: a subprocess on a tiny PNNX model written by the test."""
+"""The engine CLI as a user runs it: a subprocess on a tiny PNNX model written by the test, and on a committed
+TNN fixture."""
 
 from __future__ import annotations
 
@@ -107,3 +108,54 @@ def test_convert_to_tnn_then_run_the_converted_model(model, tmp_path, extra):
     (y,) = converted.instance().run({spec.name: x}).values()
     tol = 2e-3 if extra else 1e-5  # fp16 weights
     np.testing.assert_allclose(y.reshape(x.shape[0], 3), np.maximum(x @ W.T + B, 0), rtol=tol, atol=tol)
+
+
+# -- TNN: a committed fixture (tests/fixtures/tnn, made by tools/make_tnn_fixtures.py from PyTorch) ----------------
+TNN_FIXTURE = REPO / "tests" / "fixtures" / "tnn" / "misc_conv_resize_v1"
+
+
+def test_run_tnn_fixture_matches_pytorch_and_reports_the_median(tmp_path):
+    inputs, expected = np.load(TNN_FIXTURE / "inputs.npz"), np.load(TNN_FIXTURE / "expected.npz")
+    feeds = []
+    for name in inputs.files:
+        np.save(tmp_path / f"{name}.npy", inputs[name])
+        feeds += ["--input", f"{name}={tmp_path / f'{name}.npy'}"]
+    out_dir = tmp_path / "out"
+    r = cli("run", TNN_FIXTURE / "model.tnnproto", *feeds, "--output-dir", out_dir, "--warmup", "1", "--repeat", "3")
+    assert r.returncode == 0, r.stderr
+    assert "(median of 3 runs after 1 warm-up)" in r.stdout
+    assert sorted(p.stem for p in out_dir.glob("*.npy")) == sorted(expected.files)
+    for name in expected.files:
+        ref = expected[name]
+        scale = max(float(np.abs(ref).max()), 1e-12)
+        assert float(np.abs(np.load(out_dir / f"{name}.npy") - ref).max()) / scale < 1e-4, name
+    r = cli("run", TNN_FIXTURE / "model.tnnproto", *feeds, "--output-dir", out_dir, "--repeat", "0")
+    assert r.returncode == 2 and "expected an integer >= 1" in r.stderr
+
+
+def test_inspect_tnn_fixture(tmp_path):
+    r = cli("inspect", TNN_FIXTURE / "model.tnnproto")
+    assert r.returncode == 0, r.stderr
+    assert "format: tnn" in r.stdout and "in0  FP32  [1, 8, 16, 12]" in r.stdout
+    assert "  Conv " in r.stdout and "  arena " in r.stdout and "  weights " in r.stdout
+
+
+def test_inspect_graph_only_needs_no_weights(tmp_path):
+    (tmp_path / "model.tnnproto").write_bytes((TNN_FIXTURE / "model.tnnproto").read_bytes())  # no .tnnmodel
+    r = cli("inspect", "--graph-only", tmp_path / "model.tnnproto")
+    assert r.returncode == 0, r.stderr
+    assert "no weights read" in r.stdout and "in0  float32  [1, 8, 16, 12]" in r.stdout
+    assert "tnn:Convolution" in r.stdout and "memory plan" not in r.stdout
+    r = cli("inspect", tmp_path / "model.tnnproto")  # the full inspect does need them
+    assert r.returncode == 2 and "weights file missing" in r.stderr
+
+
+def test_truncated_tnnmodel_is_one_line_naming_the_byte_offset(tmp_path):
+    (tmp_path / "model.tnnproto").write_bytes((TNN_FIXTURE / "model.tnnproto").read_bytes())
+    (tmp_path / "model.tnnmodel").write_bytes((TNN_FIXTURE / "model.tnnmodel").read_bytes()[:3000])
+    for command in ("run", "inspect"):
+        r = cli(command, tmp_path / "model.tnnproto")
+        assert r.returncode == 2, (command, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr
+        assert "model.tnnmodel at byte " in lines[0] and "truncated" in lines[0]
