@@ -191,6 +191,7 @@ HANDLERS: dict[str, Handler] = {
     "Swish": _unary("Silu"), "GELU": _unary("Gelu"), "Softplus": _unary("Softplus"),
     "HardSigmoid": _with_floats("HardSigmoid", ("alpha", 0.2), ("beta", 0.5)),
     "Elu": _with_floats("Elu", ("alpha", 1.0)), "Power": lower_power,
+    "LeakyRelu": _with_floats("LeakyRelu", ("alpha", 0.01)),  # no param written: ONNX's default slope
     "Abs": _unary("Abs"), "Exp": _unary("Exp"), "Log": _unary("Log"), "Neg": _unary("Neg"),
     "Sqrt": _unary("Sqrt"), "Rsqrt": _unary("Rsqrt"), "Square": _unary("Square"), "Floor": _unary("Floor"),
     "Ceil": _unary("Ceil"), "Sign": _unary("Sign"), "Reciprocal": _unary("Reciprocal"), "Erf": _unary("Erf"),

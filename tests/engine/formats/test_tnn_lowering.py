@@ -61,6 +61,8 @@ IN4 = "x 4 1 4 6 8 0"
     ("SoftmaxCaffe s 1 1 x y 1", lambda x: np.exp(x) / np.exp(x).sum(1, keepdims=True)),
     ("ReduceMean r 1 1 x y 0 2 3", lambda x: x.mean((2, 3))),
     ("HardSigmoid h 1 1 x y 0.2 0.5", lambda x: np.clip(0.2 * x + 0.5, 0, 1)),
+    ("LeakyRelu l 1 1 x y 0.3", lambda x: np.where(x > 0, x, 0.3 * x)),
+    ("LeakyRelu l 1 1 x y", lambda x: np.where(x > 0, x, 0.01 * x)),  # no alpha param: 0.01
     ("Upsample u 1 1 x y 1 2 2 0", lambda x: x.repeat(2, 2).repeat(2, 3)),
 ])
 def test_single_layer_semantics(tmp_path, layer, expect):
