@@ -194,13 +194,18 @@ def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo,
     acc = np.empty(span, x.dtype)
     r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)  # padded rows [r_lo, r_hi) come from x
     c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
+    plane[:] = 0  # once: every channel rewrites the same interior, the zero border stays
+    # Explicit index loops, no row slices: at 14x14 and 7x7 creating slices cost more than the arithmetic.
     for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
-        plane[:] = 0
-        if c_hi > c_lo:
-            for r in range(r_lo, r_hi):
-                plane[r * wp + c_lo:r * wp + c_hi] = x[n, c, r - pt, c_lo - pl:c_hi - pl]
-        acc[:] = bias[c]
+        xc = x[n, c]
+        for r in range(r_lo, r_hi):
+            xr = r - pt
+            for k in range(c_lo, c_hi):
+                plane[r * wp + k] = xc[xr, k - pl]
+        b = bias[c]
+        for k in range(span):
+            acc[k] = b
         for i in range(kh):
             j = 0
             while j < kw:  # up to three taps per pass: a third of the traffic on acc
@@ -213,15 +218,16 @@ def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo,
                     zero = w[c, i, j] * 0  # in the weights' dtype: an int 0 would turn the loop into float64
                     _axpy3(acc, plane[o0:o0 + span], plane[o0:o0 + span], plane[o0:o0 + span], w[c, i, j], zero, zero)
                     j += 1
-        for oh in range(oh_n):
-            row, arow = out[n, c, oh], acc[oh * wp:oh * wp + ow_n]
-            if has_z:
-                zrow = z[n, c, oh]
+        oc = out[n, c]
+        if has_z or act > 3:
+            for oh in range(oh_n):
                 for ow in range(ow_n):
-                    row[ow] = arow[ow] + zrow[ow]
-            else:
-                row[:] = arow
-            _act_row(row, act, p0, p1, p2)
+                    v = acc[oh * wp + ow] + z[n, c, oh, ow] if has_z else acc[oh * wp + ow]
+                    oc[oh, ow] = _act(v, act, p0, p1, p2)
+        else:  # the common case (none/relu/clip/leaky) as one plain loop per row
+            for oh in range(oh_n):
+                for ow in range(ow_n):
+                    oc[oh, ow] = _act_cheap(acc[oh * wp + ow], act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True)
