@@ -141,7 +141,9 @@ class PerfResult:
     error: str = ""
 
     def cell(self) -> str:
-        return f"{self.throughput:.0f}" if not self.error else "failed"
+        if self.error:
+            return "failed"
+        return f"{self.throughput:.0f}" if self.throughput >= 100 else f"{self.throughput:.2f}"
 
 
 def perf(model: str, protocol: str, url: str, concurrency: int, window_ms: int = 3000,
