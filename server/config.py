@@ -4,6 +4,7 @@ validate against the model (errors name the field), and derive what the reposito
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from server.protocol.datatypes import config_type_to_wire, wire_to_config_type
 from server.protocol.grpc import model_config_pb2 as mc
 
 CONFIG_FILE = "config.pbtxt"
+KIND_AUTO, KIND_GPU, KIND_CPU = (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_GPU,
+                                 mc.ModelInstanceGroup.KIND_CPU)
 MAX_SHAPE_PARAM = "max_shape:"  # parameters { key: "max_shape:<input>" value { string_value: "3,640,640" } }
 
 # Which files make a model version, per backend.
@@ -124,11 +127,14 @@ def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Any, *
         for s in model.outputs:
             config.output.add(name=s.name, data_type=wire_to_config_type(s.datatype), dims=list(s.shape)[skip:])
     if not config.instance_group:
-        config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+        config.instance_group.add(count=1, kind=KIND_CPU)
+    gpus = cuda_device_count() if any(g.kind in (KIND_AUTO, KIND_GPU) for g in config.instance_group) else 0
     for group in config.instance_group:
         group.count = group.count or 1
-        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            group.kind = mc.ModelInstanceGroup.KIND_CPU
+        if group.kind == KIND_AUTO:  # Triton's rule: GPUs when there are any, else CPU
+            group.kind = KIND_GPU if gpus > 0 else KIND_CPU
+        if group.kind == KIND_GPU and not group.gpus:  # default: every device
+            group.gpus.extend(range(gpus))
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     return config
@@ -143,9 +149,8 @@ def validate(config: mc.ModelConfig, name: str, model: Any) -> None:
     _check_tensors(config, name, "input", config.input, {s.name: s for s in model.inputs})
     _check_tensors(config, name, "output", config.output, {s.name: s for s in model.outputs})
     for i, group in enumerate(config.instance_group):
-        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
-            raise ModelLoadError(f"model '{name}': instance_group[{i}].kind KIND_GPU is not supported: "
-                                 "this server has no GPU device support; use KIND_CPU")
+        if group.kind == KIND_GPU:
+            _check_gpus(name, i, list(group.gpus))
         if group.kind == mc.ModelInstanceGroup.KIND_MODEL:
             raise ModelLoadError(f"model '{name}': instance_group[{i}].kind KIND_MODEL is not supported")
     if config.HasField("dynamic_batching") and config.max_batch_size == 0:
@@ -155,6 +160,16 @@ def validate(config: mc.ModelConfig, name: str, model: Any) -> None:
             raise ModelLoadError(f"model '{name}': dynamic_batching.preferred_batch_size {size} is outside "
                                  f"1..max_batch_size ({config.max_batch_size})")
     max_shapes(config, name)  # raises on a missing or malformed max_shape parameter
+
+
+def _check_gpus(name: str, index: int, gpus: list[int]) -> None:
+    """A GPU group must name devices that exist: there is no silent CPU fallback."""
+    count = cuda_device_count()
+    where = "this machine has no CUDA device" if count == 0 else f"the devices here are cuda:0..cuda:{count - 1}"
+    for gpu in gpus or [0]:  # empty after auto-complete only when there is no device at all
+        if not 0 <= gpu < count:
+            raise ModelLoadError(f"model '{name}': instance_group[{index}] (KIND_GPU) places instances on "
+                                 f"cuda:{gpu}, but {where}; use KIND_CPU, or KIND_AUTO to pick GPU when present")
 
 
 def _check_tensors(config: mc.ModelConfig, name: str, kind: str, tensors: Any, specs: dict[str, Any]) -> None:
@@ -215,8 +230,30 @@ def within_max(shape: list[int], limit: list[int]) -> bool:
     return len(shape) == len(limit) and all(s <= m for s, m in zip(shape, limit, strict=True))
 
 
+def instance_devices(config: mc.ModelConfig) -> list[str]:
+    """The engine device of every instance, in order: `count` per listed GPU for KIND_GPU, `count` CPUs else."""
+    devices = []
+    for group in config.instance_group:
+        count = max(group.count, 1)
+        if group.kind == KIND_GPU:
+            devices += [f"cuda:{gpu}" for gpu in group.gpus for _ in range(count)]
+        else:
+            devices += ["cpu"] * count
+    return devices or ["cpu"]
+
+
 def instance_count(config: mc.ModelConfig) -> int:
-    return sum(max(g.count, 1) for g in config.instance_group) or 1
+    return len(instance_devices(config))
+
+
+@functools.cache
+def cuda_device_count() -> int:
+    """CUDA devices the engine can use; 0 where numba-cuda is not installed (the import fails) or finds none."""
+    try:
+        from engine.devices.cuda import device_count
+    except Exception:  # ImportError without numba-cuda; driver/library errors on odd machines
+        return 0
+    return device_count()
 
 
 def numpy_dtype(config_type: int) -> np.dtype:

@@ -3,13 +3,15 @@
 Triton's names and labels (model, version; reason on failures) are kept exactly, so existing dashboards and HPA
 rules work; Triton exposes its cumulative counters without the `_total` suffix prometheus-client would add, so
 those are rendered by a small collector. On top: real histograms of request, queue and compute latency, a
-batch-size histogram, arena bytes per instance and model load duration.
+batch-size histogram, arena bytes per instance (labelled with its device, "cpu" or "cuda:N"), device memory per
+instance and per GPU, and model load duration.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import Metric
@@ -59,6 +61,37 @@ class _TritonCounters:
             yield metric
 
 
+class _DeviceMemory:
+    """nnserve_device_memory_{used,total}_bytes{device}: the driver's figures for each device that has loaded
+    instances, read at scrape time (devices without such figures, the CPU and the CUDA simulator, are left out)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.devices: dict[tuple[str, str], list[Any]] = {}  # (model, version) -> instance devices
+
+    def collect(self):  # noqa: ANN201 - prometheus-client's collector protocol
+        with self._lock:
+            by_name = {getattr(d, "name", ""): d for ds in self.devices.values() for d in ds if d is not None}
+        used = Metric("nnserve_device_memory_used_bytes", "Device memory in use (whole device, from the driver)",
+                      "gauge")
+        total = Metric("nnserve_device_memory_total_bytes", "Device memory size (from the driver)", "gauge")
+        for name, device in sorted(by_name.items()):
+            figures = _device_memory(device)
+            if figures is not None:
+                used.add_sample(used.name, {"device": name}, figures[0])
+                total.add_sample(total.name, {"device": name}, figures[1])
+        yield used
+        yield total
+
+
+def _device_memory(device: Any) -> tuple[int, int] | None:
+    query = getattr(device, "device_memory", None)
+    try:
+        return query() if query is not None else None
+    except Exception:  # a scrape must not fail because a driver query did
+        return None
+
+
 class ServerMetrics:
     """The metric objects plus the few recording calls the data plane and repository make."""
 
@@ -80,8 +113,20 @@ class ServerMetrics:
                                       buckets=LATENCY_BUCKETS, registry=self.registry)
         self.batch_hist = Histogram("nnserve_batch_size", "Batch size of each model execution", labels,
                                     buckets=BATCH_BUCKETS, registry=self.registry)
-        self.arena_bytes = Gauge("nnserve_arena_bytes", "Activation arena bytes preallocated per instance",
-                                 labels + ["instance"], registry=self.registry)
+        instance_labels = labels + ["instance", "device"]
+        self.arena_bytes = Gauge("nnserve_arena_bytes",
+                                 "Activation memory (arena + workspace) preallocated per instance, on its device",
+                                 instance_labels, registry=self.registry)
+        self.instance_memory = Gauge("nnserve_instance_device_memory_bytes",
+                                     "Device memory one GPU instance allocated: arena, workspace and its weights",
+                                     instance_labels, registry=self.registry)
+        self.device_memory = _DeviceMemory()
+        self.registry.register(self.device_memory)
+        # Per loaded (model, version): how many loads hold it (a reload loads the new copy before the old one is
+        # retired) and the instance series it set, so the old copy's retirement removes nothing of the new one.
+        self._loads: dict[tuple[str, str], int] = defaultdict(int)
+        self._series: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
+        self._placed: dict[tuple[str, str], list[Any]] = {}
 
     def render(self) -> bytes:
         text = generate_latest(self.registry)
@@ -113,10 +158,15 @@ class ServerMetrics:
         self.counters.add("nv_inference_exec_count", {"model": model, "version": version}, 1)
         self.batch_hist.labels(model, version).observe(batch_size)
 
+    def instances_placed(self, model: str, version: str, devices: list[Any]) -> None:
+        """The engine device of each instance (inst.device) of a version being loaded; model_loaded follows."""
+        self._placed[(model, version)] = list(devices)
+
     def model_loaded(self, model: str, version: str, seconds: float, arena_bytes: list[int]) -> None:
+        key = (model, version)
+        self._loads[key] += 1
         self.load_duration.labels(model, version).set(seconds)
-        for i, nbytes in enumerate(arena_bytes):
-            self.arena_bytes.labels(model, version, str(i)).set(nbytes)
+        self._set_instance_series(key, arena_bytes, self._placed.pop(key, []))
         for reason in FAILURE_REASONS:  # Triton shows every reason at 0 from the start
             self.counters.add("nv_inference_request_failure", {"model": model, "version": version,
                                                                "reason": reason}, 0)
@@ -125,12 +175,41 @@ class ServerMetrics:
                 self.counters.add(name, {"model": model, "version": version}, 0)
         self.pending.labels(model, version).set(0)
 
+    def _set_instance_series(self, key: tuple[str, str], arena_bytes: list[int], devices: list[Any]) -> None:
+        series = set()
+        for i, nbytes in enumerate(arena_bytes):
+            device = devices[i] if i < len(devices) else None
+            labels = (*key, str(i), str(getattr(device, "name", "") or "cpu"))
+            self.arena_bytes.labels(*labels).set(nbytes)
+            series.add((self.arena_bytes, labels))
+            used = getattr(device, "memory_used_bytes", None)  # only devices with their own memory report it
+            if used is not None:
+                self.instance_memory.labels(*labels).set(used)
+                series.add((self.instance_memory, labels))
+        for gauge, labels in self._series.get(key, set()) - series:  # a reload with fewer instances
+            _remove(gauge, labels)
+        self._series[key] = series
+        with self.device_memory._lock:
+            self.device_memory.devices[key] = [d for d in devices if d is not None]
+
     def model_unloaded(self, model: str, version: str, instances: int = 0) -> None:
-        """Gauges describe what is loaded now, so an unloaded version's series go away (counters stay)."""
-        series = [(self.load_duration, (model, version)), (self.pending, (model, version))]
-        series += [(self.arena_bytes, (model, version, str(i))) for i in range(instances)]
+        """Gauges describe what is loaded now, so an unloaded version's series go away (counters stay). During a
+        reload the new copy is loaded first: retiring the old one then leaves the series in place. `instances` is
+        kept for callers; the series removed are the ones model_loaded recorded."""
+        key = (model, version)
+        self._loads[key] = max(self._loads[key] - 1, 0)
+        if self._loads[key]:
+            return
+        del self._loads[key]
+        series = {(self.load_duration, key), (self.pending, key)} | self._series.pop(key, set())
         for gauge, labels in series:
-            try:
-                gauge.remove(*labels)
-            except KeyError:
-                pass
+            _remove(gauge, labels)
+        with self.device_memory._lock:
+            self.device_memory.devices.pop(key, None)
+
+
+def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass

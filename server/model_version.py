@@ -44,21 +44,32 @@ class ModelVersion:
 
 
 def build_instances(model: Any, config: mc.ModelConfig, name: str) -> tuple[list[Any], dict[str, list[int]]]:
-    """Instance per instance_group count, each planning its arena for max_batch_size x max dims up front."""
+    """Instance per instance_group count (per listed GPU for KIND_GPU), each planning its arena for
+    max_batch_size x max dims up front."""
     shapes = cfg.max_shapes(config, name)
     engine_shapes = {k: tuple(v) for k, v in shapes.items()}
     instances = []
-    for _ in range(cfg.instance_count(config)):
+    for device in cfg.instance_devices(config):
         try:
-            instances.append(model.instance("cpu", max_shapes=engine_shapes))
-        except Exception as exc:
-            raise ModelLoadError(f"model '{name}': creating an instance for max shapes {shapes} failed: {exc}") from exc
+            instances.append(model.instance(device, max_shapes=engine_shapes))
+        except Exception as exc:  # engine errors name the device ("no CUDA device 1 ...") or the refused node
+            raise ModelLoadError(f"model '{name}': creating an instance on {device} for max shapes {shapes} "
+                                 f"failed: {exc}") from exc
     return instances, shapes
 
 
 def arena_bytes_of(instance: Any) -> int:
+    """Activation memory preallocated by one instance: arena + kernel workspace (what a CUDA device reports as
+    its arena_bytes; on the CPU the two numpy allocations of the memory plan)."""
+    device_bytes = getattr(getattr(instance, "device", None), "arena_bytes", None)
+    if device_bytes is not None:
+        return int(device_bytes)
     plan = getattr(instance, "memory_plan", None)
-    return int(getattr(plan, "arena_bytes", 0) or 0)
+    return int(getattr(plan, "arena_bytes", 0) or 0) + int(getattr(plan, "workspace_bytes", 0) or 0)
+
+
+def device_name_of(instance: Any) -> str:
+    return str(getattr(getattr(instance, "device", None), "name", "") or "cpu")
 
 
 def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
@@ -117,6 +128,8 @@ def load_version(model: Any, config: mc.ModelConfig, name: str, version: str, ve
     stats = ModelStats(name, version)
     arenas = [arena_bytes_of(i) for i in instances]
     stats.memory_bytes = sum(arenas)
+    if metrics is not None:  # before the repository's model_loaded, which sets the per-instance gauges
+        metrics.instances_placed(name, version, [getattr(i, "device", None) for i in instances])
     scheduler = make_scheduler(config, instances, VersionMetrics(stats, metrics, name, version))
     ins, outs = cfg.tensor_configs(config)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,

@@ -70,7 +70,7 @@ def test_metrics_render_triton_counters_without_total_suffix():
     assert "# TYPE nv_inference_count counter" in text and "nv_inference_count_total" not in text
     assert 'nv_inference_count{model="m",version="1"} 2.0' in text
     assert 'nv_inference_queue_duration_us{model="m",version="1"} 1.0' in text
-    assert 'nnserve_arena_bytes{instance="0",model="m",version="1"} 1024.0' in text
+    assert 'nnserve_arena_bytes{device="cpu",instance="0",model="m",version="1"} 1024.0' in text
     assert 'nnserve_batch_size_bucket{le="2.0",model="m",version="1"} 1.0' in text
     m.model_unloaded("m", "1", instances=1)
     text = m.render().decode()

@@ -9,6 +9,7 @@ import pytest
 
 from server import config as cfg
 from server.errors import ModelLoadError
+from server.protocol.grpc import model_config_pb2 as mc
 
 
 @dataclass
@@ -32,6 +33,14 @@ class FakeModel:
 
 DETECTOR = FakeModel([Spec("input", (1, 3, 240, 320))], [Spec("scores", (1, 4420, 2)), Spec("boxes", (1, 4420, 4))])
 DYNAMIC = FakeModel([Spec("in0", (-1, 3, -1, -1))], [Spec("out0", (-1, 10))])
+
+
+@pytest.fixture(autouse=True)
+def gpus(monkeypatch: pytest.MonkeyPatch):
+    """The CUDA device count auto-complete and validation see: none, unless a test sets another."""
+    count = {"n": 0}
+    monkeypatch.setattr(cfg, "cuda_device_count", lambda: count["n"])
+    return count
 
 
 def complete(text: str, model: FakeModel, name: str = "m"):
@@ -74,7 +83,8 @@ def test_dynamic_dims_need_a_max_shape_parameter():
     ('max_batch_size: 1 input [ { name: "image" data_type: TYPE_FP32 dims: [3, 240, 320] } ]',
      "input[0].name 'image'"),
     ('max_batch_size: 1 output [ { name: "boxes" data_type: TYPE_FP32 dims: [4420, 5] } ]', "output[0].dims"),
-    ("instance_group [ { kind: KIND_GPU count: 1 } ]", "KIND_GPU is not supported"),
+    ("instance_group [ { kind: KIND_GPU count: 1 } ]", "places instances on cuda:0, but this machine has no CUDA "
+                                                       "device"),
     ("max_batch_size: 0 dynamic_batching { }", "dynamic_batching needs max_batch_size"),
     ("max_batch_size: 4 dynamic_batching { preferred_batch_size: [ 8 ] }", "preferred_batch_size 8"),
 ])
@@ -99,3 +109,28 @@ def test_json_round_trip_prints_int64_as_numbers():
 def test_instance_count_sums_groups():
     config = complete("instance_group [ { count: 2 }, { count: 3 kind: KIND_CPU } ]", DETECTOR)
     assert cfg.instance_count(config) == 5
+
+
+def test_kind_auto_is_gpu_when_there_are_devices(gpus):
+    config = complete("instance_group [ { count: 2 } ]", DETECTOR)
+    assert config.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    gpus["n"] = 2
+    config = complete("instance_group [ { count: 2 }, { count: 1 kind: KIND_CPU } ]", DETECTOR)
+    group = config.instance_group[0]
+    assert group.kind == mc.ModelInstanceGroup.KIND_GPU and list(group.gpus) == [0, 1]  # default: every device
+    assert cfg.instance_devices(config) == ["cuda:0", "cuda:0", "cuda:1", "cuda:1", "cpu"]
+    assert cfg.instance_count(config) == 5
+
+
+def test_kind_gpu_places_count_instances_on_each_listed_gpu(gpus):
+    gpus["n"] = 2
+    config = complete("instance_group [ { count: 3 kind: KIND_GPU gpus: [ 1 ] } ]", DETECTOR)
+    assert cfg.instance_devices(config) == ["cuda:1"] * 3
+    with pytest.raises(ModelLoadError, match=r"model 'm': instance_group\[0\] \(KIND_GPU\) places instances on "
+                                             r"cuda:2, but the devices here are cuda:0..cuda:1"):
+        complete("instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0, 2 ] } ]", DETECTOR)
+
+
+def test_no_instance_group_is_one_cpu_instance_even_with_gpus(gpus):
+    gpus["n"] = 1
+    assert cfg.instance_devices(complete("", DETECTOR)) == ["cpu"]

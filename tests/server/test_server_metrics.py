@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import tritonclient.http as httpclient
+from serverproc import FIXTURES
 
 TRITON_NAMES = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
                 "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
@@ -34,6 +35,15 @@ def sample(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name}{labels}")
 
 
+def planned_activation_bytes() -> int:
+    """Arena + workspace the engine plans for the session server's `affine` (max_batch_size 8, dims [4])."""
+    import engine
+
+    model = engine.load(FIXTURES / "affine" / "1" / "model.pnnx.param")
+    plan = model.instance("cpu", max_shapes={"in0": (8, 4)}).memory_plan
+    return plan.arena_bytes + plan.workspace_bytes
+
+
 def one_infer(url: str) -> None:
     client = httpclient.InferenceServerClient(url)
     inp = httpclient.InferInput("in0", [1, 4], "FP32")
@@ -50,7 +60,9 @@ def test_triton_names_and_labels(server):
         assert f"# TYPE {name} " in text
     assert sample(text, "nv_inference_request_success", model="affine", version="1") >= 1
     assert 'reason="REJECTED"' in text
-    assert sample(text, "nnserve_arena_bytes", model="affine", instance="0") >= 0
+    arena = sample(text, "nnserve_arena_bytes", model="affine", instance="0", device="cpu")
+    assert arena > 0 and arena == planned_activation_bytes()
+    assert sample(text, "nnserve_arena_bytes", model="affine", instance="1", device="cpu") == arena
     for hist in ("nnserve_request_duration_seconds", "nnserve_queue_duration_seconds",
                  "nnserve_compute_duration_seconds", "nnserve_batch_size"):
         assert sample(text, f"{hist}_count", model="affine") >= 1
