@@ -175,3 +175,17 @@ def test_compressed_bodies_with_tritonclient(server, request_enc, response_enc):
     assert r.status_code == 400 and "not valid gzip" in r.json()["error"]
     r = httpx.post(url(server, "/v2/models/affine/infer"), content=b"{}", headers={"Content-Encoding": "br"})
     assert r.status_code == 501
+
+
+@pytest.mark.parametrize("method, path, status, words", [
+    ("GET", "/v2/nothing/here", 404, "no such endpoint: GET /v2/nothing/here"),
+    ("POST", "/v3/models/affine/infer", 404, "no such endpoint: POST /v3/models/affine/infer"),
+    ("GET", "/v2/models/affine/infer", 405, "method GET is not allowed for /v2/models/affine/infer; allowed: POST"),
+    ("DELETE", "/v2/health/live", 405, "method DELETE is not allowed for /v2/health/live"),
+])
+def test_unknown_routes_and_methods_answer_kserve_errors(server, method, path, status, words):
+    r = httpx.request(method, url(server, path))
+    assert r.status_code == status and r.json() == {"error": r.json()["error"]}, r.text
+    assert words in r.json()["error"]
+    if status == 405:
+        assert "GET" in r.headers["allow"] or "POST" in r.headers["allow"]

@@ -12,7 +12,9 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import settings
 from server.dataplane import DataPlane
@@ -57,6 +59,17 @@ def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYT
     async def _server_error(_: Request, exc: ServerError) -> JSONResponse:
         return JSONResponse({"error": exc.message}, status_code=exc.http_status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # unknown routes (404) and wrong methods (405, with its Allow header) answer KServe's {"error": ...}
+        return JSONResponse({"error": routing_message(request, exc)}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        where = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in exc.errors())
+        return JSONResponse({"error": f"invalid request to {request.url.path}: {where}"}, status_code=400)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: no traceback to the client
         log.exception("%s %s failed", request.method, request.url.path)
@@ -66,6 +79,16 @@ def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYT
     _model_routes(app, dp, max_input_bytes)
     _repository_routes(app, dp)
     return app
+
+
+def routing_message(request: Request, exc: StarletteHTTPException) -> str:
+    method, path = request.method, request.url.path
+    if exc.status_code == 404:
+        return f"no such endpoint: {method} {path}"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return f"method {method} is not allowed for {path}" + (f"; allowed: {allowed}" if allowed else "")
+    return str(exc.detail)
 
 
 def _health_routes(app: FastAPI, dp: DataPlane) -> None:
