@@ -242,39 +242,37 @@ def depthwise_s2(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo,
     planes = np.empty((2, hp, (wp + 1) // 2), x.dtype)  # planes[q, r, k] = padded[r, 2k + q]
     r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)
     c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
+    planes[:] = 0  # once: every channel rewrites the same interior, the zero border stays
+    acc = np.empty(ow_n, x.dtype)
+    # Explicit index loops, no row slices per tap: creating them cost more than the arithmetic on small maps.
     for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
-        planes[:] = 0
+        xc = x[n, c]
         for q in range(2):
             k_lo, k_hi = (c_lo - q + 1) // 2, (c_hi - q + 1) // 2
-            if k_hi <= k_lo:
-                continue
             s0 = 2 * k_lo + q - pl
             for r in range(r_lo, r_hi):
-                dst, src = planes[q, r, k_lo:k_hi], x[n, c, r - pt, s0:s0 + 2 * (k_hi - k_lo) - 1:2]
+                xr = r - pt
                 for k in range(k_hi - k_lo):
-                    dst[k] = src[k]
+                    planes[q, r, k_lo + k] = xc[xr, s0 + 2 * k]
         b = bias[c]
+        oc = out[n, c]
         for oh in range(oh_n):
-            row = out[n, c, oh]
-            row[:] = b
+            for ow in range(ow_n):
+                acc[ow] = b
             for i in range(kh):
                 r = 2 * oh + i * dh
-                j = 0
-                while j < kw:
-                    t = min(3, kw - j)  # taps in this pass; missing ones get weight 0 (in the weights' dtype)
-                    o0, o1, o2 = j * dw, (j + min(1, t - 1)) * dw, (j + t - 1) * dw
-                    zero = w[c, i, j] * 0
-                    w1 = w[c, i, j + 1] if t > 1 else zero
-                    w2 = w[c, i, j + 2] if t > 2 else zero
-                    _axpy3(row, planes[o0 % 2, r, o0 // 2:o0 // 2 + ow_n], planes[o1 % 2, r, o1 // 2:o1 // 2 + ow_n],
-                           planes[o2 % 2, r, o2 // 2:o2 // 2 + ow_n], w[c, i, j], w1, w2)
-                    j += t
-            if has_z:
-                zrow = z[n, c, oh]
+                for j in range(kw):
+                    q, off, wv = (j * dw) % 2, (j * dw) // 2, w[c, i, j]
+                    for ow in range(ow_n):
+                        acc[ow] += wv * planes[q, r, off + ow]
+            if has_z or act > 3:
                 for ow in range(ow_n):
-                    row[ow] += zrow[ow]
-            _act_row(row, act, p0, p1, p2)
+                    v = acc[ow] + z[n, c, oh, ow] if has_z else acc[ow]
+                    oc[oh, ow] = _act(v, act, p0, p1, p2)
+            else:
+                for ow in range(ow_n):
+                    oc[oh, ow] = _act_cheap(acc[ow], act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True, inline="always")
