@@ -100,9 +100,7 @@ def read_image(path: Path) -> np.ndarray:
             fields.append(int(data[start:pos]))
         w, h, _ = fields
         return np.frombuffer(data, np.uint8, w * h * 3, pos + 1).reshape(h, w, 3)
-    from PIL import Image  # other formats
-
-    return np.asarray(Image.open(path).convert("RGB"))
+    return np.asarray(pillow(path).open(path).convert("RGB"))
 
 
 def write_image(path: Path, image: np.ndarray) -> None:
@@ -110,9 +108,16 @@ def write_image(path: Path, image: np.ndarray) -> None:
         h, w = image.shape[:2]
         path.write_bytes(f"P6\n{w} {h}\n255\n".encode() + image.astype(np.uint8).tobytes())
         return
-    from PIL import Image
+    pillow(path).fromarray(image.astype(np.uint8)).save(path)
 
-    Image.fromarray(image.astype(np.uint8)).save(path)
+
+def pillow(path: Path):  # noqa: ANN201 - PIL.Image, imported only when a non-PPM file is used
+    try:
+        from PIL import Image
+    except ImportError:
+        raise SystemExit(f"{path}: only binary PPM (.ppm, P6) is handled without Pillow; install it "
+                         "(pip install pillow) or convert the image to .ppm") from None
+    return Image
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 PATH = Path(__file__).resolve().parents[2] / "examples" / "detect_faces.py"
 spec = importlib.util.spec_from_file_location("detect_faces", PATH)
@@ -50,3 +51,22 @@ def test_draw_and_ppm_round_trip(tmp_path):
     df.write_image(tmp_path / "x.ppm", out)
     np.testing.assert_array_equal(df.read_image(tmp_path / "x.ppm"), out)
     assert df.preprocess(out).shape == (1, 3, 240, 320)
+
+
+def test_other_formats_without_pillow_give_a_clear_message(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pillow(name, *args, **kwargs):  # as on a machine without Pillow installed
+        if name == "PIL" or name.startswith("PIL."):
+            raise ModuleNotFoundError("No module named 'PIL'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pillow)
+    (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    for call in (lambda: df.read_image(tmp_path / "photo.jpg"),
+                 lambda: df.write_image(tmp_path / "boxes.png", np.zeros((2, 2, 3), np.uint8))):
+        with pytest.raises(SystemExit) as exc:
+            call()
+        assert "without Pillow" in str(exc.value) and "pip install pillow" in str(exc.value)

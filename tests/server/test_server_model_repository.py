@@ -1,7 +1,12 @@
-"""The shipped model_repository/ served end to end: both UltraFace models against TNN's own reference outputs."""
+"""The shipped model_repository/ served end to end: both UltraFace models against TNN's own reference outputs.
+
+The reference (tests/fixtures/ultraface/reference.npz, written by make_reference.py there) is committed, so this
+runs everywhere; only the check that it still equals the outputs in ../shared needs that folder.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +16,29 @@ import tritonclient.http as httpclient
 from serverproc import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = REPO_ROOT / "tests" / "fixtures" / "ultraface"
 SHARED = REPO_ROOT.parent / "shared" / "models" / "tnn" / "ultraface_slim320"
 
-pytestmark = [pytest.mark.slow, pytest.mark.shared,
-              pytest.mark.skipif(not SHARED.is_dir(), reason="../shared (TNN reference outputs) is not present")]
+def _fixture_module():  # noqa: ANN202 - the fixture's own input recipe, loaded by path (tests/ is no package)
+    spec = importlib.util.spec_from_file_location("ultraface_make_reference", FIXTURE / "make_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_reference = _fixture_module()
+
+pytestmark = pytest.mark.slow  # two UltraFace models, two instances each, warmed up before ready
 
 MODELS = {"ultraface_tnn": ("input", "scores", "boxes"), "ultraface_pnnx": ("in0", "out0", "out1")}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, np.ndarray]:
+    ref = np.load(FIXTURE / "reference.npz")
+    x = make_reference.make_input()
+    assert make_reference.digest(x) == str(ref["input_sha256"]), "numpy's generator no longer gives the input"
+    return {"input": x, "scores": ref["scores"], "boxes": ref["boxes"]}
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +49,25 @@ def shipped():
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_ultraface_matches_tnn_reference(shipped, model):
-    x = np.load(SHARED / "input.npy")
-    ref_scores = np.load(SHARED / "output_tnn__scores.npy")
-    ref_boxes = np.load(SHARED / "output_tnn__boxes.npy")
+def test_ultraface_matches_tnn_reference(shipped, reference, model):
+    x = reference["input"]
     name_in, name_scores, name_boxes = MODELS[model]
     client = grpcclient.InferenceServerClient(shipped.grpc_url)
     inp = grpcclient.InferInput(name_in, list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     result = client.infer(model, [inp])
-    np.testing.assert_allclose(result.as_numpy(name_scores).reshape(ref_scores.shape), ref_scores, atol=1e-4)
-    np.testing.assert_allclose(result.as_numpy(name_boxes).reshape(ref_boxes.shape), ref_boxes, atol=1e-4)
+    for name, key in ((name_scores, "scores"), (name_boxes, "boxes")):
+        ref = reference[key]
+        np.testing.assert_allclose(result.as_numpy(name).reshape(ref.shape), ref, atol=1e-4)
+
+
+@pytest.mark.shared
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared (TNN's reference outputs) is not present")
+def test_committed_reference_is_tnn_output(reference):
+    """The committed fixture is exactly TNN's run in ../shared, on the same input."""
+    np.testing.assert_array_equal(reference["input"], np.load(SHARED / "input.npy"))
+    np.testing.assert_array_equal(reference["scores"], np.load(SHARED / "output_tnn__scores.npy"))
+    np.testing.assert_array_equal(reference["boxes"], np.load(SHARED / "output_tnn__boxes.npy"))
 
 
 def test_shipped_configs_load_as_written(shipped):
@@ -45,5 +75,6 @@ def test_shipped_configs_load_as_written(shipped):
     for model in MODELS:
         config = client.get_model_config(model)
         assert config["max_batch_size"] == 1 and config["instance_group"][0]["count"] == 2
+        assert config["instance_group"][0]["kind"] == "KIND_CPU"
         assert client.get_model_metadata(model)["inputs"][0]["shape"] == [-1, 3, 240, 320]
     assert "arena" in shipped.log_text and "loaded model 'ultraface_tnn'" in shipped.log_text
