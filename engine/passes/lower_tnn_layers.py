@@ -7,6 +7,7 @@ import numpy as np
 from engine.passes.lower_tnn import Ctx, Handler
 from engine.passes.lower_tnn_quant import QUANTIZED
 from engine.passes.lower_tnn_shape import SHAPE_HANDLERS
+from engine.passes.lower_tnn_ssd import SSD_HANDLERS
 
 F32 = np.float32
 ACTIVATIONS = {0: None, 1: "relu", 2: "relu6", 256: "silu"}
@@ -198,6 +199,6 @@ HANDLERS: dict[str, Handler] = {
     "Sin": _unary("Sin"), "Cos": _unary("Cos"), "Tan": _unary("Tan"), "Asin": _unary("Asin"),
     "Acos": _unary("Acos"), "Atan": _unary("Atan"), "Not": _unary("Not"),
     "Dropout": _unary("Identity"), "Identity": _unary("Identity"), "LSTMONNX": lower_lstm,
-    **SHAPE_HANDLERS,
+    **SHAPE_HANDLERS, **SSD_HANDLERS,
 }
 __all__ = ["HANDLERS", "QUANTIZED"]
