@@ -98,15 +98,40 @@ class TensorConfig:
     name: str
     datatype: str  # KServe wire name, "FP32"
     dims: list[int]  # without the batch dim when max_batch_size > 0
+    reshape: list[int] | None = None  # the model's own shape when it differs from `dims` (the API shape)
 
     def wire_shape(self, batching: bool) -> list[int]:
         return ([-1] if batching else []) + list(self.dims)
 
+    def to_model(self, array: np.ndarray, batching: bool) -> np.ndarray:
+        """A request tensor (API shape) as the model takes it."""
+        return _reshaped(array, batching, self.dims, self.reshape)
+
+    def to_api(self, array: np.ndarray, batching: bool) -> np.ndarray:
+        """A model output as the API returns it."""
+        return _reshaped(array, batching, self.reshape, self.dims)
+
+
+def _reshaped(array: np.ndarray, batching: bool, src: list[int] | None, dst: list[int] | None) -> np.ndarray:
+    if src is None or dst is None:
+        return array
+    lead = list(array.shape[:1]) if batching else []
+    return array.reshape(lead + map_shape(list(array.shape[len(lead):]), src, dst))
+
+
+def map_shape(shape: list[int], src: list[int], dst: list[int]) -> list[int]:
+    """A concrete shape matching pattern `src` -> the one matching `dst`: validation made both patterns hold the
+    same element count and the same number of variable (-1) dims, which keep their order."""
+    variable = iter(s for s, d in zip(shape, src, strict=True) if d == -1)
+    return [next(variable) if d == -1 else d for d in dst]
+
 
 def tensor_configs(config: mc.ModelConfig) -> tuple[list[TensorConfig], list[TensorConfig]]:
-    ins = [TensorConfig(t.name, config_type_to_wire(t.data_type), list(t.dims)) for t in config.input]
-    outs = [TensorConfig(t.name, config_type_to_wire(t.data_type), list(t.dims)) for t in config.output]
-    return ins, outs
+    def one(t: Any) -> TensorConfig:
+        reshape = list(t.reshape.shape) if t.HasField("reshape") else None
+        return TensorConfig(t.name, config_type_to_wire(t.data_type), list(t.dims), reshape)
+
+    return [one(t) for t in config.input], [one(t) for t in config.output]
 
 
 def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Any, *, has_max_batch: bool,
@@ -189,7 +214,20 @@ def _check_tensors(config: mc.ModelConfig, name: str, kind: str, tensors: Any, s
                 raise ModelLoadError(f"model '{name}': max_batch_size {config.max_batch_size} needs a leading batch "
                                      f"dim on '{t.name}', but the model's shape is {model_shape}")
             model_shape = model_shape[1:]
-        _check_dims(name, f"{field}.dims", t.name, list(t.dims), model_shape)
+        if t.HasField("reshape"):  # dims is the API's shape, reshape.shape the model's
+            _check_dims(name, f"{field}.reshape.shape", t.name, list(t.reshape.shape), model_shape)
+            _check_reshape(name, field, t.name, list(t.dims), list(t.reshape.shape))
+        else:
+            _check_dims(name, f"{field}.dims", t.name, list(t.dims), model_shape)
+
+
+def _check_reshape(name: str, field: str, tensor: str, dims: list[int], shape: list[int]) -> None:
+    """The API and model shapes must hold the same elements; variable dims map one to one, in order."""
+    fixed = [int(np.prod([d for d in x if d != -1])) for x in (dims, shape)]
+    if fixed[0] != fixed[1] or dims.count(-1) != shape.count(-1) or any(d < -1 for d in dims + shape):
+        raise ModelLoadError(f"model '{name}': {field}.dims {dims} and {field}.reshape.shape {shape} for '{tensor}' "
+                             "must hold the same number of elements (with the same number of -1 dims, which "
+                             "map to each other in order)")
 
 
 def _check_dims(name: str, field: str, tensor: str, dims: list[int], model_shape: list[int]) -> None:
@@ -224,6 +262,17 @@ def _parse_max_shape(name: str, key: str, text: str, dims: list[int]) -> list[in
         raise ModelLoadError(f"model '{name}': parameters['{key}'] = '{text}' must give one positive value per dim "
                              f"of {dims} (equal to the fixed ones)")
     return values
+
+
+def engine_max_shapes(config: mc.ModelConfig, name: str) -> dict[str, tuple[int, ...]]:
+    """max_shapes in the model's own shapes (what the engine plans with): an input's reshape applied."""
+    shapes = max_shapes(config, name)
+    lead = 1 if config.max_batch_size > 0 else 0
+    for t in config.input:
+        if t.HasField("reshape"):
+            full = shapes[t.name]
+            shapes[t.name] = full[:lead] + map_shape(full[lead:], list(t.dims), list(t.reshape.shape))
+    return {k: tuple(v) for k, v in shapes.items()}
 
 
 def within_max(shape: list[int], limit: list[int]) -> bool:

@@ -125,8 +125,11 @@ class DataPlane:
             err = as_server_error(exc, mv)
             self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
             raise err from exc
-        outputs = [OutputTensor(n, numpy_to_wire(a.dtype), list(a.shape), a) for n, a in result.outputs.items()
-                   if n in wanted]
+        try:
+            outputs = api_outputs(mv, result.outputs, wanted)
+        except ServerError as err:
+            self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
+            raise
         total = time.perf_counter_ns() - t0
         phases = dict(total_ns=total, queue_ns=result.queue_ns, input_ns=result.compute_input_ns,
                       infer_ns=result.compute_infer_ns, output_ns=result.compute_output_ns, batch=batch)
@@ -174,7 +177,7 @@ def validate_inputs(mv: ModelVersion, req: InferRequest) -> tuple[dict[str, np.n
             raise InvalidArgumentError(f"inference input '{name}' data-type is '{inp.datatype}', but model "
                                        f"'{mv.name}' expects '{t.datatype}'")
         batch = _check_shape(mv, name, inp.shape, t.dims)
-        feed[name] = inp.data
+        feed[name] = t.to_model(inp.data, mv.batching)  # a config `reshape` gives the model its own shape
     return feed, batch
 
 
@@ -194,6 +197,23 @@ def _check_shape(mv: ModelVersion, name: str, shape: list[int], dims: list[int])
         raise InvalidArgumentError(f"input '{name}' shape {shape} exceeds the max shape {limit} model '{mv.name}' "
                                    "was loaded for")
     return batch
+
+
+def api_outputs(mv: ModelVersion, outputs: dict[str, np.ndarray], wanted: set[str]) -> list[OutputTensor]:
+    """The requested outputs in the shapes the config's dims give them (a `reshape` undone)."""
+    configs = {t.name: t for t in mv.outputs}
+    picked = []
+    for name, array in outputs.items():
+        if name not in wanted:
+            continue
+        if name in configs:
+            try:
+                array = configs[name].to_api(array, mv.batching)
+            except ValueError as exc:  # the model produced a shape its config's reshape cannot express
+                raise InferenceError(f"model '{mv.name}': output '{name}' of shape {list(array.shape)} does not "
+                                     f"fit the config's dims {configs[name].dims}: {exc}") from exc
+        picked.append(OutputTensor(name, numpy_to_wire(array.dtype), list(array.shape), array))
+    return picked
 
 
 def requested_outputs(mv: ModelVersion, req: InferRequest) -> set[str]:

@@ -46,8 +46,8 @@ class ModelVersion:
 def build_instances(model: Any, config: mc.ModelConfig, name: str) -> tuple[list[Any], dict[str, list[int]]]:
     """Instance per instance_group count (per listed GPU for KIND_GPU), each planning its arena for
     max_batch_size x max dims up front."""
-    shapes = cfg.max_shapes(config, name)
-    engine_shapes = {k: tuple(v) for k, v in shapes.items()}
+    shapes = cfg.max_shapes(config, name)  # the API's shapes; the engine's differ where an input has a reshape
+    engine_shapes = cfg.engine_max_shapes(config, name)
     instances = []
     for device in cfg.instance_devices(config):
         try:
@@ -75,6 +75,7 @@ def device_name_of(instance: Any) -> str:
 def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
     """Run every model_warmup sample on every instance; the model is not READY until this succeeds."""
     rng = np.random.default_rng(0)
+    tensors = {t.name: t for t in cfg.tensor_configs(config)[0]}
     for warmup in config.model_warmup:
         batch = max(int(warmup.batch_size), 1)
         feed = {}
@@ -89,6 +90,8 @@ def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir
                 feed[input_name] = rng.random(shape).astype(dtype)
             else:
                 feed[input_name] = np.zeros(shape, dtype=dtype)
+            if input_name in tensors:  # warm-up dims are the API's, as a request's
+                feed[input_name] = tensors[input_name].to_model(feed[input_name], config.max_batch_size > 0)
         for instance in instances:
             for _ in range(max(int(warmup.count), 1)):
                 try:

@@ -134,3 +134,34 @@ def test_kind_gpu_places_count_instances_on_each_listed_gpu(gpus):
 def test_no_instance_group_is_one_cpu_instance_even_with_gpus(gpus):
     gpus["n"] = 1
     assert cfg.instance_devices(complete("", DETECTOR)) == ["cpu"]
+
+
+RESHAPE = ('max_batch_size: 2 input [ { name: "in0" data_type: TYPE_FP32 dims: [ 3, -1, 8, 8 ] '
+           'reshape { shape: [ 3, -1, 64 ] } } ] '
+           'parameters { key: "max_shape:in0" value { string_value: "3,5,8,8" } } '
+           'output [ { name: "out0" data_type: TYPE_FP32 dims: [ 2, 5 ] reshape { shape: [ 10 ] } } ]')
+FLAT = FakeModel([Spec("in0", (-1, 3, -1, 64))], [Spec("out0", (-1, 10))])
+
+
+def test_reshape_maps_api_shapes_to_the_models():
+    config = complete(RESHAPE, FLAT)
+    ins, outs = cfg.tensor_configs(config)
+    assert ins[0].dims == [3, -1, 8, 8] and ins[0].reshape == [3, -1, 64] and outs[0].reshape == [10]
+    assert cfg.max_shapes(config, "m") == {"in0": [2, 3, 5, 8, 8]}  # what requests are checked against
+    assert cfg.engine_max_shapes(config, "m") == {"in0": (2, 3, 5, 64)}  # what the arena is planned for
+    x = np.arange(2 * 3 * 4 * 64, dtype=np.float32).reshape(2, 3, 4, 8, 8)
+    np.testing.assert_array_equal(ins[0].to_model(x, batching=True), x.reshape(2, 3, 4, 64))
+    y = np.arange(20, dtype=np.float32).reshape(2, 10)
+    np.testing.assert_array_equal(outs[0].to_api(y, batching=True), y.reshape(2, 2, 5))
+    assert cfg.map_shape([7, 4], [-1, 4], [2, -1, 2]) == [2, 7, 2]
+
+
+@pytest.mark.parametrize("text, words", [
+    (RESHAPE.replace("shape: [ 3, -1, 64 ]", "shape: [ 3, -1, 65 ]"), "input[0].reshape.shape [3, -1, 65]"),
+    (RESHAPE.replace("dims: [ 3, -1, 8, 8 ]", "dims: [ 3, -1, 8, 7 ]").replace("3,5,8,8", "3,5,8,7"),
+     "must hold the same number of elements"),
+    (RESHAPE.replace("dims: [ 2, 5 ]", "dims: [ -1, 5 ]"), "output[0].dims [-1, 5] and output[0].reshape.shape"),
+])
+def test_reshape_contradictions_name_the_field(text, words):
+    with pytest.raises(ModelLoadError, match=words.replace("[", r"\[")):
+        complete(text, FLAT)
