@@ -70,8 +70,12 @@ class Hammer:
         body = {"inputs": [{"name": "in0", "shape": [1, 4], "datatype": "FP32", "data": X.reshape(-1).tolist()}]}
         with httpx.Client(timeout=60) as client:
             while not self.stop_event.is_set():
-                r = client.post(f"http://{self.srv.http_url}/v2/models/affine/infer", json=body)
-                doc = r.json()
+                try:
+                    r = client.post(f"http://{self.srv.http_url}/v2/models/affine/infer", json=body)
+                    doc = r.json()
+                except (httpx.HTTPError, ValueError) as exc:  # recorded: classify() fails the test on it
+                    self.answers.append(("http", repr(exc), None, {}))
+                    continue
                 outs = {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in doc.get("outputs", [])}
                 self.answers.append(("http", r.status_code, doc.get("model_version"), outs))
 
@@ -117,14 +121,15 @@ def test_poll_mode_new_version_swaps_atomically(tmp_path: Path) -> None:
     srv = ServerProcess(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.3")
     try:
         with Hammer(srv) as hammer:
-            time.sleep(1.0)
+            wait_for(lambda: len(hammer.answers) >= 20)  # answers from version 1 first
             staging = tmp_path / "staging"  # written next door, then renamed in: the poller never sees half a dir
             staging.mkdir()
             (staging / "model.pnnx.param").write_bytes((v1.parent / "model.pnnx.param").read_bytes())
             (staging / "model.pnnx.bin").write_bytes(shifted_bin(v1))
             staging.rename(repo / "affine" / "2")
             wait_for(lambda: httpx.get(f"http://{srv.http_url}/v2/models/affine").json()["versions"] == ["2"])
-            time.sleep(1.0)
+            swapped = len(hammer.answers)
+            wait_for(lambda: len(hammer.answers) >= swapped + 20)
         refs = {"v1": reference(v1), "v2": reference(repo / "affine" / "2" / "model.pnnx.bin")}
         seen = classify(hammer.answers, refs)
     finally:
@@ -139,13 +144,14 @@ def test_explicit_load_of_the_same_name_swaps_atomically(tmp_path: Path) -> None
     srv = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "affine")
     try:
         with Hammer(srv) as hammer:
-            time.sleep(1.0)
+            wait_for(lambda: len(hammer.answers) >= 20)
             tmp = v1.with_suffix(".new")
             tmp.write_bytes(shifted_bin(v1))
             tmp.replace(v1)
             r = httpx.post(f"http://{srv.http_url}/v2/repository/models/affine/load", timeout=120)
             assert r.status_code == 200, r.text
-            time.sleep(1.0)
+            loaded = len(hammer.answers)
+            wait_for(lambda: len(hammer.answers) >= loaded + 20)
         seen = classify(hammer.answers, {"old": old, "new": reference(v1)})
     finally:
         assert srv.stop() == 0, srv.log_text
