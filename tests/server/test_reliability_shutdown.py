@@ -19,7 +19,7 @@ from server.protocol.grpc import pb2, pb2_grpc
 pytestmark = pytest.mark.slow  # starts its own server
 
 IN_FLIGHT = 32
-DRAIN = 1.0
+DRAIN = 2.0
 # The batcher holds requests 8 s waiting for a batch of 64: the 32 requests are all queued when SIGTERM comes.
 SLOW = AFFINE_CONFIG.replace("max_batch_size: 8", "max_batch_size: 64").replace(
     "max_queue_delay_microseconds: 20000", "max_queue_delay_microseconds: 8000000")
@@ -79,13 +79,19 @@ def test_sigterm_drains_32_requests_in_flight(tmp_path) -> None:
     t_term = time.monotonic()
     time.sleep(0.1)
     ready = httpx.get(f"http://{srv.http_url}/v2/health/ready", timeout=5)
-    assert ready.status_code == 503 and time.monotonic() - t_term < DRAIN
+    assert ready.status_code == 503  # an answer at all: the listener is still open during the drain delay
     late: dict[int, tuple] = {}  # arrives during the drain delay: still accepted and answered
     late_thread = threading.Thread(target=send_http, args=(srv, IN_FLIGHT + 1, late))
     late_thread.start()
-    time.sleep(DRAIN + 0.5)
-    with pytest.raises(httpx.ConnectError):  # after the drain delay the listener is closed
-        httpx.get(f"http://{srv.http_url}/v2/health/live", timeout=5)
+    time.sleep(max(DRAIN - (time.monotonic() - t_term), 0) + 0.3)
+    closed = time.monotonic() + 10
+    while True:  # after the drain delay the listener is closed
+        try:
+            httpx.get(f"http://{srv.http_url}/v2/health/live", timeout=5)
+        except httpx.ConnectError:
+            break
+        assert time.monotonic() < closed, "the listener stayed open after the drain delay"
+        time.sleep(0.1)
 
     assert srv.proc.wait(30) == 0, srv.log_text
     for t in [*threads, late_thread]:
