@@ -21,6 +21,7 @@ from fastapi.responses import Response
 
 from server import settings as defaults
 from server.dataplane import DataPlane
+from server.errors import ListenError
 from server.metrics import ServerMetrics
 from server.plugins import load_plugins
 from server.protocol.grpc import health_pb2_grpc, pb2_grpc
@@ -42,15 +43,19 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def bind(address: str, port: int) -> socket.socket:
+def bind(address: str, port: int, what: str = "HTTP") -> socket.socket:
     # proto must say TCP: asyncio only sets TCP_NODELAY on accepted sockets whose proto is IPPROTO_TCP, and
     # without it every response (headers, then body) waits ~40 ms for the client's delayed ACK.
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((address, port))
-    sock.listen(2048)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((address, port))
+        sock.listen(2048)
+    except OSError as exc:  # port taken, address not on this host: one line and exit 1, not a traceback
+        sock.close()
+        raise ListenError(f"cannot listen on {address}:{port} ({what}): {exc.strerror or exc}") from None
     sock.setblocking(False)
     return sock
 
@@ -90,11 +95,12 @@ class NNServer:
             self.ports["grpc"] = await self._start_grpc(s.grpc_address, s.grpc_port)
         if s.allow_metrics:
             self.ports["metrics"] = self._start_http(metrics_app(self.metrics), s.metrics_address, s.metrics_port,
-                                                    self._metrics_http)
+                                                    self._metrics_http, "metrics")
         log.info("nnserve listening: %s", " ".join(f"{k}={v}" for k, v in self.ports.items()))
 
-    def _start_http(self, app: FastAPI, address: str, port: int, into: list[tuple[_Uvicorn, asyncio.Task]]) -> int:
-        sock = bind(address, port)
+    def _start_http(self, app: FastAPI, address: str, port: int, into: list[tuple[_Uvicorn, asyncio.Task]],
+                    what: str = "HTTP") -> int:
+        sock = bind(address, port, what)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=65, timeout_graceful_shutdown=self.settings.exit_timeout_secs)
         server = _Uvicorn(config)
@@ -103,14 +109,23 @@ class NNServer:
 
     async def _start_grpc(self, address: str, port: int) -> int:
         size = self.settings.grpc_max_message_bytes
-        opts = [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+        # grpc sets SO_REUSEPORT by default: a port another server holds would be silently shared with it
+        opts = [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size),
+                ("grpc.so_reuseport", 0)]
         # restriction first: a refused caller's message is not even parsed
         interceptors = [RestrictedProtocolInterceptor(self.grpc_restrictions)] if self.grpc_restrictions else []
         interceptors.append(DecodeGuardInterceptor())
         self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
         pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dp), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self.dp), self._grpc)
-        bound = self._grpc.add_insecure_port(f"{address}:{port}")
+        target = f"[{address}]:{port}" if ":" in address and not address.startswith("[") else f"{address}:{port}"
+        try:
+            bound = self._grpc.add_insecure_port(target)
+        except RuntimeError as exc:  # grpc raises (or, in older versions, returns 0) when it cannot bind
+            raise ListenError(f"cannot listen on {address}:{port} (gRPC): the port is in use or the address is not "
+                              f"local ({str(exc).split(';')[0]})") from None
+        if not bound:
+            raise ListenError(f"cannot listen on {address}:{port} (gRPC)")
         await self._grpc.start()
         return bound
 
@@ -120,7 +135,12 @@ class NNServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         load_plugins()
-        await self.start_endpoints()
+        try:
+            await self.start_endpoints()
+        except ListenError as exc:
+            log.error("%s", exc)
+            await self._close_endpoints()
+            return 1
         t0 = time.perf_counter()
         failed = await self.repository.startup(self.settings.load_models)
         self.dp.started = True
@@ -166,6 +186,12 @@ class NNServer:
             log.warning("exit timeout reached: dropping the requests still queued")
             await self.repository.shutdown(drain=False)
         log.info("nnserve stopped")
+
+    async def _close_endpoints(self) -> None:
+        """Stops whatever endpoints did start before one failed to listen."""
+        await self._stop_http(self._http + self._metrics_http)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=None)
 
     @staticmethod
     async def _stop_http(servers: list[tuple[_Uvicorn, asyncio.Task]]) -> None:

@@ -109,3 +109,8 @@ class InferenceError(ServerError):
     http_status = 500
     grpc_code = "INTERNAL"
     reason = "BACKEND"
+
+
+class ListenError(Exception):
+    """An endpoint cannot listen on its address (port taken, address not local): the server exits 1 with this one
+    line. Not a ServerError: no client ever sees it."""
