@@ -81,15 +81,20 @@ def append_run(section: str, body: str) -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     run = (f"### Run {stamp}\n\nMachine: {machine()}; load average at the end {load} (the machine is shared)\n\n"
            f"Source: {source_tree()}\n\nCommand: `{command_line()}`\n\n{body.rstrip()}\n")
+    append_text(section, run)
+
+
+def append_text(section: str, block: str) -> None:
+    """Appends `block` at the end of `## section` (created at the end of the file if missing)."""
+    block = block.rstrip("\n") + "\n"
     text = RESULTS.read_text() if RESULTS.exists() else HEADER
-    heading = re.compile(rf"^## {re.escape(section)}\s*$", re.M)
-    match = heading.search(text)
+    match = re.compile(rf"^## {re.escape(section)}\s*$", re.M).search(text)
     if match is None:
-        text = text.rstrip("\n") + f"\n\n## {section}\n\n{run}"
+        text = text.rstrip("\n") + f"\n\n## {section}\n\n{block}"
     else:
         following = re.compile(r"^## ", re.M).search(text, match.end())
         end = following.start() if following else len(text)
-        text = text[:end].rstrip("\n") + "\n\n" + run + ("\n" + text[end:] if following else "")
+        text = text[:end].rstrip("\n") + "\n\n" + block + ("\n" + text[end:] if following else "")
     RESULTS.write_text(text)
 
 
