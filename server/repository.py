@@ -165,21 +165,41 @@ class ModelRepository:
         available = version_dirs(model_dir)
         if not available:
             raise ModelLoadError(f"model '{name}': no version directory (1/, 2/, ...) in {model_dir.name}/")
-        models = {v: self._read_model(name, model_dir / str(v)) for v in available}
-        newest = models[available[-1]]
+        # Only the versions the policy selects are read (an old, broken or half-copied one must not stop the
+        # newest); the newest of them is what auto-complete describes. The policy itself comes from config.pbtxt,
+        # before auto-complete (which only fills the default, latest 1).
+        config.name = config.name or name  # select_versions' errors name the model
+        selected = select_versions(config, available)
+        models = {v: self._read_model(name, model_dir / str(v)) for v in reversed(selected)}
+        newest = models[selected[-1]]
         cfg.auto_complete(config, name, newest[1], newest[0], has_max_batch=has_mbs,
                           default_max_batch_size=self.default_max_batch_size)
         entry = ModelEntry(name, config=config, fingerprint=fingerprint(model_dir))
-        for v in select_versions(config, available):
-            model = models[v][0]
-            cfg.validate(config, name, model)
-            mv = load_version(model, config, name, str(v), model_dir / str(v), self.metrics)
-            mv.load_seconds += models[v][2]
-            entry.versions[str(v)] = mv
-            if self.metrics is not None:
-                self.metrics.model_loaded(name, str(v), mv.load_seconds, mv.arena_bytes)
+        try:
+            for v in selected:
+                self._load_one(entry, models[v], model_dir / str(v))
+        except ModelLoadError:
+            self._forget(entry)
+            raise
         entry.state = READY
         return entry
+
+    def _load_one(self, entry: ModelEntry, read: tuple[Any, str, float], version_dir: Path) -> None:
+        model, _, read_seconds = read
+        name, v = entry.name, version_dir.name
+        cfg.validate(entry.config, name, model)
+        mv = load_version(model, entry.config, name, v, version_dir, self.metrics)
+        mv.load_seconds += read_seconds
+        entry.versions[v] = mv
+        if self.metrics is not None:
+            self.metrics.model_loaded(name, v, mv.load_seconds, mv.arena_bytes)
+
+    def _forget(self, entry: ModelEntry) -> None:
+        """A build that failed part way: the versions it did load never served (their schedulers were not
+        started), but their metrics were set; take those back."""
+        if self.metrics is not None:
+            for v, mv in entry.versions.items():
+                self.metrics.model_unloaded(entry.name, v, len(mv.instances))
 
     def _read_model(self, name: str, version_dir: Path) -> tuple[Any, str, float]:
         backend = cfg.detect_backend(version_dir)
@@ -224,9 +244,10 @@ class ModelRepository:
 
     def _log_loaded(self, mv: ModelVersion) -> None:
         arena = sum(mv.arena_bytes)
-        log.info("loaded model '%s' version %s (%s, max_batch_size %d, %d instance(s), arena %.1f MiB total, "
+        devices = [str(getattr(getattr(i, "device", None), "name", "") or "cpu") for i in mv.instances]
+        log.info("loaded model '%s' version %s (%s, max_batch_size %d, %d instance(s) on %s, arena %.1f MiB total, "
                  "max shapes %s) in %.2f s", mv.name, mv.version, mv.config.backend, mv.config.max_batch_size,
-                 len(mv.instances), arena / 2**20, mv.max_shapes, mv.load_seconds)
+                 len(mv.instances), ", ".join(devices), arena / 2**20, mv.max_shapes, mv.load_seconds)
 
     # ---- control modes ---------------------------------------------------------------------------------------
     async def startup(self, load_models: list[str]) -> list[str]:
