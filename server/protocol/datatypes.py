@@ -7,23 +7,11 @@ import struct
 
 import numpy as np
 
+from engine.ir.dtypes import DTYPES
 from server.errors import InvalidArgumentError
 
-_WIRE_TO_NUMPY = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(np.object_),
-}
+# The engine's KServe name table, plus BYTES, which only the wire knows (numpy object arrays of bytes).
+_WIRE_TO_NUMPY = {**DTYPES, "BYTES": np.dtype(np.object_)}
 _NUMPY_TO_WIRE = {v: k for k, v in _WIRE_TO_NUMPY.items()}
 
 # Config enum numbers (proto/model_config.proto DataType) in wire-name order; TYPE_STRING is BYTES on the wire.
