@@ -100,9 +100,19 @@ def _split_kernel(node: Node, ins: list[TensorInfo]):
 
 
 # -- Slice --------------------------------------------------------------------------------------------------------
-def slice_index(node: Node, shape: tuple[int, ...]) -> tuple[slice, ...]:
+# Optional inputs 1..3 carry starts, ends, steps as host int lists (bounds computed from shapes at run time, e.g.
+# `x[:, :x.size(1) // 2]`); each one present replaces its param.
+_BOUND_INPUTS = ("starts", "ends", "steps")
+
+
+def slice_bounds(node: Node, arrays: list) -> dict[str, list[int]]:
+    """The bounds given as inputs (input 0 excluded), by param name."""
+    return {name: ints(node, name, a) for name, a in zip(_BOUND_INPUTS, arrays, strict=False)}
+
+
+def slice_index(node: Node, shape: tuple[int, ...], bounds: dict | None = None) -> tuple[slice, ...]:
     """ONNX Slice semantics as python slices: negative starts/ends count from the end, then clamp."""
-    p = node.params
+    p = {**node.params, **(bounds or {})}
     starts, ends = ints(node, "starts", p.get("starts")), ints(node, "ends", p.get("ends"))
     axes = list(range(len(starts))) if p.get("axes") is None else ints(node, "axes", p["axes"])
     steps = [1] * len(starts) if p.get("steps") is None else ints(node, "steps", p["steps"])
@@ -124,23 +134,27 @@ def slice_index(node: Node, shape: tuple[int, ...]) -> tuple[slice, ...]:
 
 
 def _slice_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
-    if len(ins) != 1:
-        raise ShapeError(f"{node.where()}: Slice takes 1 input, got {len(ins)}")
+    if not 1 <= len(ins) <= 1 + len(_BOUND_INPUTS):
+        raise ShapeError(f"{node.where()}: Slice takes x and up to 3 bound inputs, got {len(ins)} inputs")
+    for name, info in zip(_BOUND_INPUTS, ins[1:], strict=False):
+        if info.value is None:  # the output shape depends on it
+            raise ShapeError(f"{node.where()}: Slice {name} input is not known before running")
     shape = ins[0].shape
-    index = slice_index(node, shape)
+    index = slice_index(node, shape, slice_bounds(node, [i.value for i in ins[1:]]))
     out = tuple(len(range(*sl.indices(d))) for sl, d in zip(index, shape, strict=True))
     return with_value(node, ins, [TensorInfo(out, ins[0].dtype)], _slice_reference)
 
 
 def _slice_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     x = np.asarray(arrays[0])
-    return [x[slice_index(node, x.shape)].copy()]
+    return [x[slice_index(node, x.shape, slice_bounds(node, arrays[1:]))].copy()]
 
 
 def _slice_kernel(node: Node, ins: list[TensorInfo]):
+    # Bound inputs arrive as the host values of the current input signature, so they are read per call.
     def run(inputs, outputs, workspace):
         x = inputs[0]
-        np.copyto(outputs[0], x[slice_index(node, x.shape)])
+        np.copyto(outputs[0], x[slice_index(node, x.shape, slice_bounds(node, inputs[1:]))])
     return run
 
 

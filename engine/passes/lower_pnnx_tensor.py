@@ -163,13 +163,25 @@ def select(ctx: Ctx) -> None:
     ctx.become("Gather", {"axis": int(ctx.p("dim"))}, inputs=[ctx.x(), index])
 
 
+_BOUNDS = {"start": "starts", "end": "ends", "step": "steps", "starts": "starts", "ends": "ends", "steps": "steps"}
+
+
+def _known(v) -> bool:
+    """A constant or an input-less expression: foldable into params now (what `Ctx.literal` accepts)."""
+    node = v.producer
+    return v.is_const or (node is not None and not node.inputs
+                          and node.op_type in ("Expression", "pnnx:pnnx.Expression"))
+
+
 @handles("Tensor.slice")
 def tensor_slice(ctx: Ctx) -> None:
-    # Index arguments given as inputs must be known now (constants, input-less expressions): the canonical
-    # Slice takes static indices only.
+    # Known index arguments become params; bounds computed at run time (from shapes) stay inputs of the Slice.
+    dynamic = {}
     for name in ("start", "end", "step", "select", "starts", "ends", "steps", "selects"):
         v = ctx.arg(name)
-        if v is not None:
+        if v is not None and (name in _BOUNDS and not _known(v)):
+            dynamic[_BOUNDS[name]] = v
+        elif v is not None:
             ctx.node.params[name] = ctx.literal(v, name)
     if ctx.has("dims"):
         axes, starts, ends = _axes(ctx.p("dims")), _axes(ctx.p("starts")), _axes(ctx.p("ends"))
@@ -178,6 +190,9 @@ def tensor_slice(ctx: Ctx) -> None:
     else:
         axes, starts, ends = [int(ctx.p("dim", 0))], [int(ctx.p("start", 0))], [int(ctx.p("end", INT_MAX))]
         steps, selects = [int(ctx.p("step", 1))], [INT_MAX]
+    if dynamic:
+        _dynamic_slice(ctx, axes, {"starts": starts, "ends": ends, "steps": steps}, selects, dynamic)
+        return
     if not len(axes) == len(starts) == len(ends) == len(steps) == len(selects):
         raise ctx.fail("dims, starts, ends, steps and selects differ in length")
     dropped = []
@@ -192,6 +207,15 @@ def tensor_slice(ctx: Ctx) -> None:
     (cut,) = ctx.emit("Slice", [ctx.x()], params)
     ctx.emit("Squeeze", [cut], {"axes": dropped}, outputs=[ctx.node.outputs[0]])
     ctx.done()
+
+
+def _dynamic_slice(ctx: Ctx, axes, static: dict, selects, dynamic: dict) -> None:
+    """Slice(x, starts, ends, steps): the run-time operands as they are, the known bounds as int64 constants."""
+    if any(sel != INT_MAX for sel in selects):
+        raise ctx.unsupported(f"a select together with run-time bounds ({', '.join(dynamic)})")
+    bounds = [dynamic[k] if k in dynamic else ctx.const(static[k], np.int64) for k in ("starts", "ends", "steps")]
+    # only `axes` stays a param: a pass reading starts/ends from params sees a slice it does not know
+    ctx.become("Slice", {"axes": axes}, inputs=[ctx.x(), *bounds])
 
 
 # -- reductions, clamp, matmul --------------------------------------------------------------------------------

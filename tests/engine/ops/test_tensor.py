@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ShapeError
+from engine.ops import get_op
 from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, reference
+from engine.ops.registry import TensorInfo
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = {"Concat", "Stack", "Split", "Slice", "Gather"}
@@ -143,3 +145,50 @@ def test_slice_property(shape, data):
         pos = (idx // stride) % dim
         assert np.all((pos >= 0) & (pos < dim)) and np.all(np.diff(pos) == step)
     check_kernel(node, [x])
+
+
+# -- Slice with bounds given as inputs (run-time bounds computed from shapes) ------------------------------------
+def _infos(arrays):
+    """Bound inputs are host values: known to infer, as the runtime computes them per input signature."""
+    return [TensorInfo(a.shape, a.dtype, None if i == 0 else a) for i, a in enumerate(arrays)]
+
+
+def _bounds(x, half_axis):
+    """Like `x[:, 1:x.size(1) // 2]` with a step: starts, ends, steps as int64 host arrays."""
+    return [np.array([1], np.int64), np.array([x.shape[half_axis] // 2], np.int64), np.array([1], np.int64)]
+
+
+@pytest.mark.parametrize("n_bounds", [2, 3])
+def test_slice_bounds_as_inputs_follow_the_actual_shape(n_bounds):
+    big, small = _x(2, 10, 3), _x(2, 6, 3)
+    node = make_node("Slice", 1 + n_bounds, params={"starts": [0], "ends": [0], "axes": [1], "steps": [2]})
+    op = get_op("Slice")
+    kernel = op.kernel(node, _infos([big, *_bounds(big, 1)[:n_bounds]]))  # built once, at the max shapes
+    for x in (big, small):
+        ins = [x, *_bounds(x, 1)[:n_bounds]]
+        want = x[:, 1:x.shape[1] // 2:(1 if n_bounds == 3 else 2)]
+        (info,) = op.infer(node, _infos(ins))
+        assert info.shape == want.shape
+        np.testing.assert_array_equal(reference(node, ins)[0], want)
+        out = np.full(info.shape, np.nan, np.float32)
+        kernel(ins, [out], np.zeros(0, np.uint8))
+        np.testing.assert_array_equal(out, want)
+
+
+def test_slice_scalar_and_negative_bounds_as_inputs():
+    x = _x(3, 7)
+    node = make_node("Slice", 4, params={"axes": [-1]})
+    ins = [x, np.array(-2, np.int64), np.array(0, np.int32), np.array(-1, np.int64)]
+    np.testing.assert_array_equal(reference(node, ins)[0], x[:, -2:0:-1])
+    dims = np.array([4, 8, 6], np.int64)  # shape arithmetic: the value propagates
+    (s,) = get_op("Slice").infer(node, [TensorInfo((3,), np.int64, dims), *_infos(ins)[1:]])
+    np.testing.assert_array_equal(s.value, dims[-2:0:-1])
+
+
+def test_slice_bound_input_unknown_before_running_is_a_shape_error():
+    node = make_node("Slice", 3, params={"axes": [0]})
+    ins = [TensorInfo((4,), np.float32), TensorInfo((1,), np.int64), TensorInfo((1,), np.int64)]
+    with pytest.raises(ShapeError, match="test:1: Slice starts input is not known before running"):
+        get_op("Slice").infer(node, ins)
+    with pytest.raises(ShapeError, match="Slice ends must be a list of ints"):
+        reference(node, [np.zeros(4), np.array([0]), np.array([1.5])])

@@ -454,15 +454,55 @@ pnnx.Output out 1 0 2
 """)
 
 
-def test_slice_index_inputs_must_be_known_at_load_time(tmp_path):
-    body = """
+_RUNTIME_END = """
 pnnx.Input in 0 1 0 #0=(2,?)f32
 pnnx.Expression e 1 1 0 1 expr={}
-Tensor.slice s 2 1 0 1 2 dim=1 start=0 step=1 $input=0 $end=1
+Tensor.slice s 2 1 0 1 2 dim=1 start=1 step=1 $input=0 $end=1
 pnnx.Output out 1 0 2
 """
-    with pytest.raises(UnsupportedOpError, match="run-time end"):
-        lower(tmp_path, body.format("floor_divide(size(@0,1),2)"))
-    # an input-less expression is a constant: folded into the Slice
-    g = lower(tmp_path, body.replace("1 1 0 1 expr", "0 1 1 expr").format("3"))
-    assert ops(g) == ["Slice"] and g.nodes[0].params["ends"] == [3]
+
+
+def test_slice_bounds_computed_at_run_time_are_slice_inputs(tmp_path):
+    import engine
+
+    g = lower(tmp_path, _RUNTIME_END.format("floor_divide(size(@0,1),2)"))
+    assert ops(g) == ["Expression", "Slice"]
+    sl = g.nodes[1]
+    assert sl.inputs[2] is g.nodes[0].outputs[0] and sl.params["axes"] == [1]
+    assert sl.inputs[1].const.tolist() == [1] and sl.inputs[3].const.tolist() == [1]
+    for n in (9, 6):
+        x = RNG.standard_normal((2, n)).astype(np.float32)
+        np.testing.assert_array_equal(run(g, x)[0], x[:, 1:n // 2])
+    # the runtime: kernels built once at the max shape, then run at smaller shapes with their own bounds
+    inst = engine.load(tmp_path / "m.pnnx.param").instance(max_shapes={"in0": (2, 12)})
+    for n in (12, 7, 4):
+        x = RNG.standard_normal((2, n)).astype(np.float32)
+        (y,) = inst.run({"in0": x}).values()
+        np.testing.assert_array_equal(y, x[:, 1:n // 2])
+
+
+def test_slice_multi_dim_run_time_ends_and_known_starts(tmp_path):
+    g = lower(tmp_path, """
+pnnx.Input in 0 1 0 #0=(?,?,5)f32
+pnnx.Expression e 1 1 0 1 expr=[size(@0,0),neg(size(@0,2))]
+Tensor.slice s 2 1 0 1 2 dims=(0,2) starts=(1,-4) steps=(1,2) $input=0 $ends=1
+pnnx.Output out 1 0 2
+""")
+    assert ops(g) == ["Expression", "Slice"] and g.nodes[1].params["axes"] == [0, 2]
+    x = RNG.standard_normal((3, 4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(run(g, x)[0], x[1:3, :, -4:-5:2])
+    x = RNG.standard_normal((4, 2, 5)).astype(np.float32)
+    np.testing.assert_array_equal(run(g, x)[0], x[1:4, :, -4:-5:2])
+
+
+def test_slice_known_bounds_fold_and_run_time_select_is_unsupported(tmp_path):
+    # an input-less expression is a constant: folded into the Slice params
+    g = lower(tmp_path, _RUNTIME_END.replace("1 1 0 1 expr", "0 1 1 expr").format("3"))
+    assert ops(g) == ["Slice"] and g.nodes[0].params["ends"] == [3] and len(g.nodes[0].inputs) == 1
+    with pytest.raises(UnsupportedOpError, match="run-time select"):
+        lower(tmp_path, """
+pnnx.Input in 0 1 0 #0=(2,?)f32
+pnnx.Expression e 1 1 0 1 expr=sub(size(@0,1),1)
+Tensor.slice s 2 1 0 1 2 dim=1 $input=0 $select=1
+pnnx.Output out 1 0 2
+""")
