@@ -2,7 +2,7 @@
 (MultiheadAttention variants, conv padding forms, slices/selects, splits, resize modes, reductions, ...), each
 with its inputs and PyTorch outputs.
 
-Run with the dev environment (torch + pnnx): `.venv-dev/bin/python tools/make_lower_pnnx_fixtures.py`.
+Run with the dev environment (torch + pnnx): `.venv-dev/bin/python tools/make_lower_pnnx_fixtures.py [case ...]`.
 Each case folder holds model.pnnx.param, model.pnnx.bin and io.npz (in0.., out0..).
 """
 
@@ -85,6 +85,12 @@ class Cuts(nn.Module):
         return a, b, c1 + d[2].sum(), m * i.float(), e, torch.argmax(x, dim=-1)
 
 
+class RunTimeSlices(nn.Module):  # slice bounds computed from the input's (dynamic) shape
+    def forward(self, x):
+        h, w = x.size(2), x.size(3)
+        return x[:, :, :h // 2], x[:, :, 1:h - 1, w // 3:w - 1:2], x[:, :, -(h // 2):]
+
+
 class Resizes(nn.Module):
     def forward(self, x):
         a = F.interpolate(x, scale_factor=2, mode="nearest")
@@ -152,6 +158,7 @@ DYNAMIC = {
     "mha_self_dynamic": (MhaSelf(), [(5, 2, 16)], [(7, 3, 16)]),
     "cuts_dynamic": (Cuts(), [(2, 9, 6, 8)], [(3, 9, 5, 8)]),
     "resizes_recompute_dynamic": (ResizesRecompute(), [(1, 2, 5, 7)], [(1, 2, 9, 6)]),
+    "slices_run_time_dynamic": (RunTimeSlices(), [(1, 3, 8, 10)], [(2, 3, 5, 13)]),
 }
 
 
@@ -198,13 +205,16 @@ def export(name: str, model: nn.Module, specs: list, rng, specs2: list | None = 
     print(name, "exported")
 
 
-def main() -> None:
+def main(only: set[str]) -> None:
+    """Exports every case, or only the named ones (their random inputs then differ from a full run's)."""
     rng = np.random.default_rng(20261122)
     for name, (model, specs) in CASES.items():
-        export(name, model, specs, rng)
+        if not only or name in only:
+            export(name, model, specs, rng)
     for name, (model, specs, specs2) in DYNAMIC.items():
-        export(name, model, specs, rng, specs2)
+        if not only or name in only:
+            export(name, model, specs, rng, specs2)
 
 
 if __name__ == "__main__":
-    main()
+    main(set(sys.argv[1:]))

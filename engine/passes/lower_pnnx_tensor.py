@@ -218,6 +218,17 @@ def _dynamic_slice(ctx: Ctx, axes, static: dict, selects, dynamic: dict) -> None
     ctx.become("Slice", {"axes": axes}, inputs=[ctx.x(), *bounds])
 
 
+@handles("pnnx.SliceIndexes")
+def slice_indexes(ctx: Ctx) -> None:
+    """A list of literals and operands (`indexes=(1,@0)`) feeding a multi-dim slice: a list Expression."""
+    items = ctx.p("indexes")
+    items = [items] if isinstance(items, (int, str)) else list(items or [])
+    for it in items:
+        if isinstance(it, str) and not (it.startswith("@") and it[1:].isdigit() and int(it[1:]) < len(ctx.node.inputs)):
+            raise ctx.fail(f"index {it!r} is neither an int nor an operand @0..@{len(ctx.node.inputs) - 1}")
+    ctx.become("Expression", {"expr": "[" + ",".join(str(it) for it in items) + "]"})
+
+
 # -- reductions, clamp, matmul --------------------------------------------------------------------------------
 _REDUCE = {"torch.mean": "ReduceMean", "torch.sum": "ReduceSum", "torch.amax": "ReduceMax",
            "torch.amin": "ReduceMin", "torch.prod": "ReduceProd", "torch.logsumexp": "ReduceLogSumExp"}

@@ -506,3 +506,18 @@ pnnx.Expression e 1 1 0 1 expr=sub(size(@0,1),1)
 Tensor.slice s 2 1 0 1 2 dim=1 $input=0 $select=1
 pnnx.Output out 1 0 2
 """)
+
+
+def test_real_export_with_run_time_slices_runs_at_both_shapes():
+    import engine
+
+    case = FIXTURES / "pnnx_lower" / "slices_run_time_dynamic"
+    ios = [np.load(case / f) for f in ("io.npz", "io2.npz")]
+    big = tuple(max(d) for d in zip(*(io["in0"].shape for io in ios), strict=True))
+    model = engine.load(case / "model.pnnx.param")
+    inst = model.instance(max_shapes={model.inputs[0].name: big})
+    for io in ios:
+        got = list(inst.run({model.inputs[0].name: io["in0"]}).values())
+        assert len(got) == 3
+        for i, a in enumerate(got):
+            np.testing.assert_array_equal(a, io[f"out{i}"])
