@@ -199,6 +199,8 @@ def split(w: Writer, node: Node) -> None:
 
 
 def slice_(w: Writer, node: Node) -> None:
+    if len(node.inputs) > 1:  # bounds computed at run time: StridedSliceV2 would need them as listed inputs
+        w.unsupported("with bounds computed at run time")
     starts, ends = [int(s) for s in node.params["starts"]], [min(int(e), INT_MAX) for e in node.params["ends"]]
     axes = [int(a) for a in node.params.get("axes") or range(len(starts))]
     steps = [int(s) for s in node.params.get("steps") or [1] * len(starts)]

@@ -18,7 +18,7 @@ from engine.ops.pad import _mode as pad_mode
 from engine.ops.pad import pad_plan
 from engine.ops.registry import TensorInfo
 from engine.ops.shape import _perm
-from engine.ops.tensor import slice_index
+from engine.ops.tensor import slice_bounds, slice_index
 
 BIG = 1 << 62  # a `mod` that never wraps
 
@@ -114,7 +114,9 @@ def _slice_plan(node, ins, outs):
     shape = np.shape(ins[0])
     st = strides_of(shape)
     base, strides = 0, []
-    for d, sl in enumerate(slice_index(node, shape)):
+    # Bounds computed at run time (inputs 1-3) are host values; they may arrive as device copies.
+    bounds = slice_bounds(node, [a.copy_to_host() if hasattr(a, "copy_to_host") else a for a in ins[1:]])
+    for d, sl in enumerate(slice_index(node, shape, bounds)):
         first, _, step = sl.indices(shape[d])
         base += first * st[d]
         strides.append(step * st[d])

@@ -49,3 +49,15 @@ def test_dynamic_model_below_max_shape_on_cuda(read_fixture):
     inputs, expected = fx.cases[k]
     _compare(inst.run(inputs), expected, f"dynamic case {k}")
     assert inst.device.arena_bytes == inst.memory_plan.arena_bytes + inst.memory_plan.workspace_bytes
+
+
+def test_slices_with_run_time_bounds_on_cuda(fixtures_dir):
+    """Slice bounds computed from the input's shape reach the device plan for each request's own shape."""
+    folder = fixtures_dir / "pnnx_lower" / "slices_run_time_dynamic"
+    with np.load(folder / "io.npz") as a, np.load(folder / "io2.npz") as b:
+        cases = [dict(a), dict(b)]
+    feeds = [{k: c[k] for k in c if k.startswith("in")} for c in cases]
+    max_shapes = {k: tuple(np.maximum(feeds[0][k].shape, feeds[1][k].shape)) for k in feeds[0]}
+    inst = engine.load(folder / "model.pnnx.param").instance("cuda", max_shapes=max_shapes)
+    for f, c in zip(feeds, cases, strict=True):
+        _compare(inst.run(f), {k: c[k] for k in c if k.startswith("out")}, "run-time slices")
