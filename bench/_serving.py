@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from server.settings import parse_listening
+
 ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "tools" / "perf_analyzer.sh"
 RESNET_DYN = ROOT / "bench" / "models" / "resnet18" / "dyn"
-PORTS_RE = re.compile(r"nnserve listening: (.*)")
 
 # The identity-like model, written by hand: one ReLU over a [batch, 16] FP32 tensor (no weights).
 IDENTITY_PARAM = """7767517
@@ -94,9 +95,9 @@ class Process:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.log.append(line)
-            m = PORTS_RE.search(line)
-            if m:
-                self.ports = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+            ports = parse_listening(line)
+            if ports:
+                self.ports = ports
                 self._ports_seen.set()
         self._ports_seen.set()
 

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import httpx
 
+from server.settings import parse_listening
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "server" / "fixtures" / "affine"
 PERF = ROOT / "tools" / "perf_analyzer.sh"
-PORTS_RE = re.compile(r"nnserve listening: (.*)")
 FAILURE_RE = re.compile(r'nv_inference_request_failure\{model="([^"]+)",reason="([^"]+)",version="[^"]*"\} ([\d.e+]+)')
 SUCCESS_RE = re.compile(r'nv_inference_request_success\{model="([^"]+)",version="[^"]*"\} ([\d.e+]+)')
 CONFIG = """
@@ -93,9 +94,9 @@ class Server:
             assert self.proc.stderr is not None
             for line in self.proc.stderr:
                 self.log.append(line)
-                m = PORTS_RE.search(line)
-                if m:
-                    self.ports = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+                ports = parse_listening(line)
+                if ports:
+                    self.ports = ports
                     found.set()
             found.set()
 

@@ -96,7 +96,7 @@ class NNServer:
         if s.allow_metrics:
             self.ports["metrics"] = self._start_http(metrics_app(self.metrics), s.metrics_address, s.metrics_port,
                                                     self._metrics_http, "metrics")
-        log.info("nnserve listening: %s", " ".join(f"{k}={v}" for k, v in self.ports.items()))
+        log.info("%s", defaults.format_listening(self.ports))
 
     def _start_http(self, app: FastAPI, address: str, port: int, into: list[tuple[_Uvicorn, asyncio.Task]],
                     what: str = "HTTP") -> int:

@@ -12,6 +12,23 @@ HTTP_PORT = 8000
 GRPC_PORT = 8001
 METRICS_PORT = 8002
 
+# The start-up log line that names the bound ports (`nnserve listening: http=8000 grpc=8001 metrics=8002`);
+# tests, benches and deploy probes find ephemeral ports through it.
+LISTENING_PREFIX = "nnserve listening: "
+
+
+def format_listening(ports: dict[str, int]) -> str:
+    return LISTENING_PREFIX + " ".join(f"{k}={v}" for k, v in ports.items())
+
+
+def parse_listening(line: str) -> dict[str, int] | None:
+    """The ports in a `format_listening` line found anywhere in `line` (a log prefix may precede it), else None."""
+    at = line.find(LISTENING_PREFIX)
+    if at < 0:
+        return None
+    return {k: int(v) for k, v in (kv.split("=") for kv in line[at + len(LISTENING_PREFIX):].split())}
+
+
 LIVE_PATH = "/v2/health/live"
 READY_PATH = "/v2/health/ready"
 METRICS_PATH = "/metrics"

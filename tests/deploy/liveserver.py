@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import threading
 import time
@@ -11,8 +10,8 @@ from pathlib import Path
 import httpx
 
 from server import settings
+from server.settings import parse_listening
 
-PORTS_RE = re.compile(r"nnserve listening: (.*)")
 PROBE_TIMEOUT = 5.0  # the Deployment's livenessProbe timeoutSeconds
 
 
@@ -32,9 +31,9 @@ class LiveServer:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.log.append(line)
-            m = PORTS_RE.search(line)
-            if m:
-                self.ports = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+            ports = parse_listening(line)
+            if ports:
+                self.ports = ports
                 self._found.set()
 
     def wait_listening(self, timeout: float = 120) -> None:

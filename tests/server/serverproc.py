@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -16,8 +15,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from server.settings import parse_listening
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-PORTS_RE = re.compile(r"nnserve listening: (.*)")
 
 AFFINE_CONFIG = """
 name: "affine"
@@ -76,9 +76,9 @@ class ServerProcess:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.log.append(line)
-            m = PORTS_RE.search(line)
-            if m:
-                self.ports = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+            ports = parse_listening(line)
+            if ports:
+                self.ports = ports
                 self._found.set()
         self._found.set()
 
