@@ -15,6 +15,7 @@ import numpy as np
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops import _conv_kernels as K
+from engine.ops import _conv_onednn
 from engine.ops import _winograd as W
 from engine.ops._blas import matmul
 from engine.ops._conv_geom import ConvGeom, conv_geom, tconv_geom, weight_of
@@ -30,6 +31,9 @@ WINOGRAD = True
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_TILES = 32  # below this many 2x2 tiles (7x7 maps at batch 1) im2col is as fast; the least per block
 WINOGRAD_BLOCK_TILES = 256  # tiles per block to aim for: GEMMs large enough, scratch still in L2/L3
+# oneDNN's blocked-layout convs (engine/ops/_conv_onednn.py) when the library loads; NNSERVE_ONEDNN=0 or
+# this flag set False keeps every conv on the kernels below.
+ONEDNN = True
 _F32 = np.dtype(np.float32)
 _DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
 _DUMMY2 = np.zeros((1, 1), np.float32)
@@ -73,7 +77,13 @@ def _tile_rows(k_rows: int, width: int, height: int, cap_elems: int) -> int:
     return max(1, min(height, cap_elems // max(1, k_rows * width)))
 
 
+def _use_onednn(node: Node, ins: list[TensorInfo]) -> bool:
+    return ONEDNN and _conv_onednn.supported(node, ins)
+
+
 def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
+    if _use_onednn(node, ins):
+        return _conv_onednn.workspace(node, ins)
     geo = conv_geom(node, ins[0].shape)
     kind = _kind(geo)
     if kind == "winograd":
@@ -145,6 +155,8 @@ def _geom_cache(fn: Callable[[Node, Sequence[int]], ConvGeom], node: Node) -> Ca
 
 
 def build_conv(node: Node, ins: list[TensorInfo]) -> Kernel:
+    if _use_onednn(node, ins):
+        return _conv_onednn.build(node, ins)
     geo_max = conv_geom(node, ins[0].shape)
     kind = _kind(geo_max)
     geom = _geom_cache(conv_geom, node)

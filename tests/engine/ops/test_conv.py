@@ -84,6 +84,7 @@ def test_kernel_built_at_max_runs_smaller(name, residual):
 
 
 def test_im2col_tiles_over_rows_with_a_small_budget(monkeypatch):
+    monkeypatch.setattr(_conv_fast, "ONEDNN", False)  # the numpy path's workspace (oneDNN: test_onednn_conv.py)
     node = conv_node(3, 4, pads=(1, 1, 1, 1), stride=(1, 2))
     x = rand(2, 3, 11, 9)
     full = workspace_of(node, x)
@@ -96,7 +97,8 @@ def test_im2col_tiles_over_rows_with_a_small_budget(monkeypatch):
     check_kernel(tnode, [x], rtol=1e-4, atol=1e-5)
 
 
-def test_gemm_and_depthwise_need_no_workspace():
+def test_gemm_and_depthwise_need_no_workspace(monkeypatch):
+    monkeypatch.setattr(_conv_fast, "ONEDNN", False)
     x = rand(1, 4, 6, 6)
     for node in (conv_node(4, 6, (1, 1)), conv_node(4, 4, groups=4, pads=(1, 1, 1, 1))):
         assert workspace_of(node, x) == 0
@@ -255,6 +257,7 @@ def test_winograd_matches_reference(cfg, shape):
 
 
 def test_winograd_blocks_of_tiles(monkeypatch):
+    monkeypatch.setattr(_conv_fast, "ONEDNN", False)
     monkeypatch.setattr(_conv_fast, "WORKSPACE_BUDGET", 4096)
     monkeypatch.setattr(_conv_fast, "WINOGRAD_MIN_TILES", 3)
     node = conv_node(16, 16, pads=(1, 1, 1, 1))
