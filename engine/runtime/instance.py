@@ -20,8 +20,10 @@ from engine.errors import EngineError, KernelError
 from engine.ir import Graph, Value
 from engine.memory.planner import MemoryPlan
 from engine.ops import _threads
+from engine.ops._layout_kernels import native_block
 from engine.ops.registry import TensorInfo
 from engine.passes.infer_shapes import infer_infos
+from engine.passes.layout_blocked import decide
 from engine.runtime.bind import Bound, bind
 from engine.runtime.compile import compile_graph
 from engine.runtime.inputs import check_inputs, resolve_max_shapes
@@ -29,6 +31,7 @@ from engine.runtime.inputs import check_inputs, resolve_max_shapes
 log = logging.getLogger("engine.runtime")
 
 BOUND_CACHE_SIZE = 16
+LAYOUT_ENV = "NNSERVE_LAYOUT"  # "nchw" keeps the CPU graph plain; anything else lets the blocked layout decide
 
 
 class Instance:
@@ -39,6 +42,7 @@ class Instance:
         self.threads = None if threads is None else max(1, int(threads))
         _apply_threads(self.threads)
         self.device = get_device(device)
+        graph = self.graph = _device_graph(graph, self.device.name)
         self.max_shapes = resolve_max_shapes(graph, max_shapes)
         infos = infer_infos(graph, self._input_infos(self.max_shapes))
         self._compiled = compile_graph(graph, infos, self.device)
@@ -157,6 +161,15 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
     node = bound.call_nodes[i]
     return KernelError(f"{node.where()}: kernel of {node.op_type} node {node.name!r} failed: "
                        f"{type(e).__name__}: {e}")
+
+
+def _device_graph(graph: Graph, device: str) -> Graph:
+    """The graph this device runs: on the CPU with oneDNN, a copy with activations blocked between convolutions
+    (engine/passes/layout_blocked.py) unless NNSERVE_LAYOUT=nchw or it would not pay."""
+    if device != "cpu" or os.environ.get(LAYOUT_ENV, "").strip().lower() == "nchw":
+        return graph
+    block = native_block()
+    return decide(graph, block) if block else graph
 
 
 def _apply_threads(threads: int | None) -> None:

@@ -1,0 +1,164 @@
+"""oneDNN kernel of ConvBlocked: a convolution whose blocked sides use nChw{B}c descriptors directly.
+
+A plain side is left to the primitive (`format_tag_any`) and reordered through the instance workspace when the
+primitive picks another layout (as _conv_onednn does for every side). Weights are reordered once into the
+layout each primitive asks for; bias is the primitive's; the epilogue `act(conv + bias + z)` is a `sum` post-op
+(z copied or reordered into dst first) then an eltwise post-op, or our apply_activation on the physical output
+when oneDNN lacks the function (elementwise, so layout-agnostic). Primitives are cached per input shape: the
+kernel is built at the max shape and also runs smaller batches. Workspace: src | dst | scratchpad, each aligned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.ir import Node
+from engine.ops._conv_geom import ConvGeom, weight_of
+from engine.ops._epilogue import apply_activation
+from engine.ops._layout_kernels import D, L, blocked_md, onednn_available
+from engine.ops.registry import Kernel, TensorInfo
+
+try:
+    from engine.ops._conv_onednn import eltwise
+except ImportError:  # pragma: no cover - depends on the checkout
+    eltwise = None
+
+log = logging.getLogger("engine.onednn")
+Geometry = Callable[[Node, tuple], ConvGeom]
+
+
+def available() -> bool:
+    return onednn_available() and eltwise is not None
+
+
+class _Fixed:
+    """What does not depend on the input shape: layouts, weights (in every layout asked for), post-ops."""
+
+    def __init__(self, node: Node, geometry: Geometry, residual: bool):
+        self.node, self.geometry, self.residual = node, geometry, residual
+        self.block = int(node.params["block"])
+        self.src_blocked = bool(node.params.get("src_blocked"))
+        self.dst_blocked = bool(node.params.get("dst_blocked"))
+        self.w = np.ascontiguousarray(weight_of(node), np.float32)
+        bias = node.attrs.get("bias")
+        self.bias = None if bias is None else np.ascontiguousarray(np.ravel(bias), np.float32)
+        self.act = node.params.get("activation"), node.params.get("activation_params")
+        self.elt = eltwise(*self.act)
+        self.late = self.elt is None and self.act[0] is not None
+        self.post_ops = ([("sum",)] if residual else []) + ([self.elt] if self.elt else [])
+        self._weights: list[tuple[object, np.ndarray]] = []
+
+    def wshape(self, geo: ConvGeom) -> tuple[int, ...]:
+        g = geo.groups
+        return (geo.o, geo.c, geo.kh, geo.kw) if g == 1 else (g, geo.o // g, geo.c // g, geo.kh, geo.kw)
+
+    def weights_in(self, md, geo: ConvGeom) -> np.ndarray:
+        for have, buf in self._weights:
+            if have == md:
+                return buf
+        buf = D.reorder_into(self.w, D.MemoryDesc.plain(self.wshape(geo)), md)
+        self._weights.append((md, buf))
+        return buf
+
+    def side(self, shape: tuple[int, ...], blocked: bool):
+        return blocked_md(shape, self.block) if blocked else D.MemoryDesc.any(shape)
+
+
+class _Plan:
+    """The primitives for one physical input shape and where their buffers sit in the workspace."""
+
+    def __init__(self, fixed: _Fixed, shape: tuple[int, ...]):
+        geo = fixed.geometry(fixed.node, shape)
+        x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
+        # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
+        x_req, y_req = fixed.side(x_log, fixed.src_blocked), fixed.side(y_log, fixed.dst_blocked)
+        w_any = D.MemoryDesc.any(fixed.wshape(geo))
+        b_md = D.MemoryDesc.plain((geo.o,)) if fixed.bias is not None else None
+        attr = D.Attr(fixed.post_ops)
+        self.pd = D.PrimitiveDesc.create(
+            "dnnl_convolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE,
+            L.CONVOLUTION_DIRECT, x_req.h, w_any.h, None if b_md is None else b_md.h, y_req.h, L.dims(geo.stride),
+            L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]), L.dims(geo.pads[2:]), attr.h)
+        src, wts, dst, pad = (self.pd.md(q) for q in (L.QUERY_SRC_MD, L.QUERY_WEIGHTS_MD, L.QUERY_DST_MD,
+                                                       L.QUERY_SCRATCHPAD_MD))
+        self.weights, self.bias = fixed.weights_in(wts, geo), fixed.bias
+        args = {L.ARG_SRC: src, L.ARG_WEIGHTS: wts, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}
+        if b_md is not None:
+            args[L.ARG_BIAS] = b_md
+        self.conv = D.Step(D.Primitive(self.pd), args)
+        x_plain, y_plain = D.MemoryDesc.plain(x_log), D.MemoryDesc.plain(y_log)
+        self.src_in = None if fixed.src_blocked or src == x_plain else D.reorder_step(x_plain, src)
+        self.dst_out = None if fixed.dst_blocked or dst == y_plain else D.reorder_step(dst, y_plain)
+        self.z_in = D.reorder_step(y_plain, dst) if self.dst_out is not None and fixed.residual else None
+        self.src_bytes = D.aligned(src.nbytes) if self.src_in is not None else 0
+        self.dst_bytes = D.aligned(dst.nbytes) if self.dst_out is not None else 0
+        self.pad_bytes = D.aligned(pad.nbytes)
+        self.private: np.ndarray | None = None  # only when the instance workspace is too small for this shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.src_bytes + self.dst_bytes + self.pad_bytes
+
+    @property
+    def impl(self) -> str:
+        return self.pd.impl
+
+    def base(self, workspace: np.ndarray | None) -> int:
+        ptr, size = D.workspace_base(workspace)
+        if size >= self.nbytes:
+            return ptr
+        if self.private is None:  # a smaller shape whose layouts need more room than the max shape's
+            self.private = D.aligned_buffer(self.nbytes)
+        return self.private.ctypes.data
+
+    def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
+        base = self.base(workspace)
+        src = x.ctypes.data
+        if self.src_in is not None:
+            self.src_in.run({L.ARG_SRC: src, L.ARG_DST: base})
+            src = base
+        dst = base + self.src_bytes if self.dst_out is not None else out.ctypes.data
+        if z is not None:
+            if self.z_in is not None:
+                self.z_in.run({L.ARG_SRC: z.ctypes.data, L.ARG_DST: dst})
+            else:
+                np.copyto(out, z)
+        ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
+                L.ARG_SCRATCHPAD: base + self.src_bytes + self.dst_bytes}
+        if self.bias is not None:
+            ptrs[L.ARG_BIAS] = self.bias.ctypes.data
+        self.conv.run(ptrs)
+        if self.dst_out is not None:
+            self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: out.ctypes.data})
+        D.wait()
+
+
+def workspace(node: Node, ins: list[TensorInfo], geometry: Geometry) -> int:
+    """Bytes for the max shape's reordered plain sides and scratchpad, plus room to align the start."""
+    D.sync_threads()
+    return _Plan(_Fixed(node, geometry, len(ins) > 1), tuple(ins[0].shape)).nbytes + D.ALIGN
+
+
+def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
+    fixed = _Fixed(node, geometry, len(ins) > 1)
+    D.sync_threads()
+    first = _Plan(fixed, tuple(ins[0].shape))
+    plans = {tuple(ins[0].shape): first}
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        z = np.ascontiguousarray(inputs[1]) if fixed.residual else None
+        D.sync_threads()
+        plan = plans.get(x.shape)
+        if plan is None:
+            plan = plans[x.shape] = _Plan(fixed, x.shape)
+            log.debug("%s: oneDNN blocked conv for input %s: %s", node.where(), x.shape, plan.impl)
+        plan.run(x, z, out, workspace)
+        if fixed.late:
+            apply_activation(fixed.act[0], fixed.act[1], out)
+
+    run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
+    return run
