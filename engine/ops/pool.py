@@ -165,12 +165,17 @@ def build_maxpool(node: Node, ins: list[TensorInfo]) -> Kernel:
     if not _is_f32(ins):
         return _fallback(node, maxpool_reference)
 
+    geoms: dict[tuple[int, ...], tuple] = {}  # per input shape: (planes, work, kernel args); no per-call geometry
+
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
-        g = pool_geom(node, x.shape)
-        out = outputs[0]
-        parallel_for(PK.max_pool, g.n * g.c, out.size * g.kernel[0] * g.kernel[1], x, out, *g.kernel, *g.stride,
-                     *g.dilation, g.pads[0], g.pads[1])
+        args = geoms.get(x.shape)
+        if args is None:
+            g = pool_geom(node, x.shape)
+            # the separable kernel does ~kh + kw passes per output row of width w (not kh*kw taps per output)
+            work = g.n * g.c * g.oh * (g.w * g.kernel[0] + g.ow * g.kernel[1])
+            args = geoms[x.shape] = (g.n * g.c, work, (*g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1]))
+        parallel_for(PK.max_pool, args[0], args[1], x, outputs[0], *args[2])
     return run
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ShapeError, UnsupportedOpError
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
+from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
 
 OPS = {"MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool", "AdaptiveAvgPool", "AdaptiveMaxPool"}
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
@@ -115,3 +115,52 @@ def test_kernels_split_over_threads(monkeypatch, op, params):
 def test_unknown_auto_pad_is_unsupported():
     with pytest.raises(UnsupportedOpError, match="auto_pad='full'"):
         infer(make_node("AvgPool", 1, params={"kernel": [2, 2], "auto_pad": "full"}), [rand(1, 3, 5, 5)])
+
+
+# The separable max-pool kernel: a column max over the window's rows into a -inf padded row, then the row
+# max; special-cased loops for 3x3/s2, 3x3/s1 and 2x2/s2. Each geometry below against the numpy reference.
+MAXPOOL_GEOMETRIES = [
+    ({"kernel": [3, 3], "stride": [2, 2]}, (1, 3, 111, 111)),                             # squeezenet
+    ({"kernel": [3, 3], "stride": [2, 2], "ceil_mode": True}, (2, 5, 56, 55)),            # ceil overhang
+    ({"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1]}, (2, 3, 112, 113)),       # resnet stem
+    ({"kernel": [3, 3], "stride": [1, 1], "pads": [1, 1, 1, 1]}, (1, 7, 9, 10)),
+    ({"kernel": [2, 2], "stride": [2, 2], "ceil_mode": True}, (3, 5, 9, 7)),
+    ({"kernel": [3, 3], "stride": [2, 2], "pads": [1, 0, 0, 1], "ceil_mode": True}, (1, 3, 8, 9)),
+    ({"kernel": [3, 3], "stride": [2, 2], "dilation": [2, 2], "pads": [1, 1, 1, 1]}, (1, 4, 13, 12)),
+    ({"kernel": [3, 2], "stride": [1, 3], "dilation": [1, 2], "pads": [1, 1, 1, 1]}, (1, 2, 6, 11)),
+    ({"kernel": [5, 4], "stride": [3, 2], "pads": [2, 1, 2, 2], "ceil_mode": True}, (2, 3, 14, 15)),
+    ({"kernel": [1, 1], "stride": [2, 2]}, (1, 3, 5, 6)),
+    ({"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1]}, (1, 1, 1, 2)),           # one row, one col
+]
+
+
+@pytest.mark.parametrize("params,shape", MAXPOOL_GEOMETRIES, ids=lambda v: str(v) if isinstance(v, tuple) else "")
+def test_maxpool_geometries_match_reference(params, shape):
+    node = make_node("MaxPool", 1, params=params)
+    check_kernel(node, [rand(*shape)], rtol=0, atol=0)
+
+
+def test_maxpool_nan_and_inf_at_every_window_position():
+    """NaN wins wherever it sits (the vectorised max is branch-free); -inf inputs are kept, not mistaken for pads."""
+    x = rand(1, 2, 9, 9)
+    x[0, 0, ::2, ::3] = np.nan
+    x[0, 1] = -np.inf
+    x[0, 1, 4, 4] = np.nan
+    for params in MAXPOOL_GEOMETRIES[1:8]:
+        node = make_node("MaxPool", 1, params=params[0])
+        want = reference(node, [x])[0]
+        got = run_kernel(node, [x])[0]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+def test_maxpool_batch_smaller_than_built_and_threads(monkeypatch):
+    from engine.ops import _threads
+    node = make_node("MaxPool", 1, params={"kernel": [3, 3], "stride": [2, 2], "ceil_mode": True})
+    before = _threads.get_threads()
+    monkeypatch.setattr(_threads, "MIN_WORK", 0)
+    _threads.set_threads(2)
+    try:
+        check_kernel(node, [rand(3, 5, 27, 27)], [rand(8, 5, 27, 27)], rtol=0, atol=0)
+    finally:
+        _threads.set_threads(before)
