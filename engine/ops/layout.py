@@ -1,4 +1,5 @@
-"""Blocked activation layout: `ToBlocked` and `ToPlain`, the reorders between NCHW and nChw{B}c.
+"""Blocked activation layout: `ToBlocked` and `ToPlain`, the reorders between NCHW and nChw{B}c, and
+`GlobalPoolBlocked` (GlobalAvgPool / GlobalMaxPool over a blocked value, output (N, Cb, 1, 1, B)).
 
 A blocked value's shape is its physical shape (N, ceil(C/B), H, W, B): channel c lives at [:, c // B, :, :, c % B].
 Lanes past C (the last block's padding) are zero after ToBlocked; ops that keep a value blocked keep them finite
@@ -83,7 +84,39 @@ def _kernel_to_plain(node: Node, ins: list[TensorInfo]):
     return _layout_kernels.build(False, _params(node)[0], np.dtype(ins[0].dtype))
 
 
+# -- global pooling on blocked values ------------------------------------------------------------------
+def _infer_global(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    shape = tuple(ins[0].shape)
+    if len(shape) != 5 or node.params.get("mode") not in ("avg", "max"):
+        raise ShapeError(f"{node.where()}: GlobalPoolBlocked expects (N, Cb, H, W, B) and mode avg or max, got "
+                         f"{shape} and {node.params.get('mode')!r}")
+    return [TensorInfo((shape[0], shape[1], 1, 1, shape[4]), ins[0].dtype)]
+
+
+def _ref_global(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x = np.asarray(arrays[0])
+    if node.params.get("mode") == "max":
+        return [x.max(axis=(2, 3), keepdims=True)]
+    return [x.astype(np.float64).mean(axis=(2, 3), keepdims=True).astype(x.dtype)]
+
+
+def _kernel_global(node: Node, ins: list[TensorInfo]):
+    is_max = node.params.get("mode") == "max"
+
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        n, cb, h, w, b = x.shape
+        flat, out = x.reshape(n, cb, h * w, b), outputs[0].reshape(n, cb, b)
+        if is_max:
+            np.max(flat, axis=2, out=out)
+        else:
+            np.sum(flat, axis=2, out=out)
+            out *= out.dtype.type(1.0 / (h * w))
+    return run
+
+
 register(
+    OpDef("GlobalPoolBlocked", _infer_global, _ref_global, kernel=_kernel_global),
     OpDef("ToBlocked", _infer_to_blocked, _ref_to_blocked, kernel=_kernel_to_blocked),
     OpDef("ToPlain", _infer_to_plain, _ref_to_plain, kernel=_kernel_to_plain),
 )

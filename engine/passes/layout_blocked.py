@@ -12,8 +12,9 @@ other devices). The result is a copy (nodes and values new, weight arrays shared
 - graph inputs and outputs stay plain and keep their names.
 Layout-agnostic ops: the activations (not PRelu: its slope runs along axis 1), Add/Sub/Mul/Maximum/Minimum on
 blocked operands that share N and C (H, W may broadcast from 1) or scalar constants, and Concat on axis 1 when
-every input but the last fills whole blocks. Values are physically (N, ceil(C/B), H, W, B), so the planner,
-binding and those ops' kernels work unchanged.
+every input but the last fills whole blocks; GlobalAvgPool / GlobalMaxPool become GlobalPoolBlocked (mean or
+max over H, W per lane). Values are physically (N, ceil(C/B), H, W, B), so the planner, binding and the
+agnostic ops' kernels work unchanged.
 
 `decide` applies the rewrite only when the reorders it inserts move fewer elements than the ones the plain
 convolutions would do around themselves (src, dst, residual; the batch dimension counted as 1).
@@ -34,6 +35,7 @@ log = logging.getLogger("engine.passes")
 UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Silu", "Gelu", "HardSwish", "HardSigmoid", "Elu",
          "Mish", "Softplus"}
 BINARY = {"Add", "Sub", "Mul", "Maximum", "Minimum"}
+GLOBAL_POOLS = {"GlobalAvgPool": "avg", "GlobalMaxPool": "max"}  # become GlobalPoolBlocked on a blocked value
 BLOCKED, PLAIN = "blocked", "plain"
 
 
@@ -95,7 +97,7 @@ def _agnostic(node: Node, block: int) -> bool:
     tensors = _tensor_inputs(node)
     if not tensors or not all(_f32_4d(v) and not v.is_const for v in tensors):
         return False
-    if node.op_type in UNARY:
+    if node.op_type in UNARY or node.op_type in GLOBAL_POOLS:
         return len(node.inputs) == 1
     if node.op_type in BINARY:
         out = node.outputs[0].shape
@@ -216,6 +218,8 @@ class _Rewrite:
             inputs = [self._read(v, BLOCKED) for v in node.inputs]
             if op == "Concat":
                 params["axis"] = 1  # the block axis; -3 would now be H
+            if op in GLOBAL_POOLS:
+                op, params = "GlobalPoolBlocked", {"mode": GLOBAL_POOLS[op]}
         else:
             inputs = [self._read(v, PLAIN) for v in node.inputs]
         outputs = [self._produce(v) for v in node.outputs]
