@@ -1,0 +1,103 @@
+"""ToBlocked / ToPlain / GlobalPoolBlocked: the references against an element-by-element definition of the
+layout, the numpy and oneDNN kernels against the references (padding lanes included), round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ops import _layout_kernels as K
+from engine.ops.layout import to_blocked, to_plain
+from engine.ops.registry import TensorInfo, get_op
+
+rng = np.random.default_rng(5)
+SHAPES = [(2, 3, 4, 5), (1, 16, 3, 3), (2, 24, 5, 4), (1, 40, 2, 7)]
+ONEDNN = pytest.mark.skipif(not K.onednn_available(), reason="oneDNN (libdnnl.so.3) is not installed or "
+                            "NNSERVE_ONEDNN=0")
+
+
+def by_element(x: np.ndarray, block: int) -> np.ndarray:
+    """The layout's definition: channel c at [:, c // B, :, :, c % B], other lanes zero."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, -(-c // block), h, w, block), x.dtype)
+    for ch in range(c):
+        out[:, ch // block, :, :, ch % block] = x[:, ch]
+    return out
+
+
+def node(op: str, block: int, channels: int) -> Node:
+    return Node(op, op.lower(), params={"block": block, "channels": channels})
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("block", [4, 8, 16])
+def test_references_follow_the_definition_and_round_trip(shape, block):
+    x = rng.standard_normal(shape).astype(np.float32)
+    b = get_op("ToBlocked").reference(node("ToBlocked", block, shape[1]), [x])[0]
+    np.testing.assert_array_equal(b, by_element(x, block))
+    assert b.flags.c_contiguous
+    back = get_op("ToPlain").reference(node("ToPlain", block, shape[1]), [b])[0]
+    np.testing.assert_array_equal(back, x)
+
+
+def kernels() -> list:
+    out = [pytest.param(K._numpy_kernel, id="numpy")]
+    if K.onednn_available():
+        out.append(pytest.param(K._onednn_kernel, id="onednn"))
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("make", kernels())
+def test_kernels_match_the_references(shape, make):
+    block = 16
+    x = rng.standard_normal(shape).astype(np.float32)
+    to_b, to_p = make(True, block), make(False, block)
+    b = np.full(by_element(x, block).shape, np.nan, np.float32)  # padding lanes must be written as zeros
+    to_b([x], [b], None)
+    np.testing.assert_array_equal(b, by_element(x, block))
+    garbage = b.copy()  # a blocked value whose padding lanes are not zero (after an activation) unblocks too
+    if shape[1] % block:
+        garbage[:, -1, :, :, shape[1] % block:] = 0.5
+    p = np.full(shape, np.nan, np.float32)
+    to_p([garbage], [p], None)
+    np.testing.assert_array_equal(p, x)
+    smaller = x[:1].copy()  # the same kernel on a smaller batch
+    b1 = np.empty((1,) + b.shape[1:], np.float32)
+    to_b([smaller], [b1], None)
+    np.testing.assert_array_equal(b1, by_element(smaller, block))
+
+
+def test_infer_checks_the_shapes():
+    infer_b, infer_p = get_op("ToBlocked").infer, get_op("ToPlain").infer
+    f32 = np.dtype(np.float32)
+    assert infer_b(node("ToBlocked", 16, 24), [TensorInfo((2, 24, 5, 5), f32)])[0].shape == (2, 2, 5, 5, 16)
+    assert infer_p(node("ToPlain", 16, 24), [TensorInfo((2, 2, 5, 5, 16), f32)])[0].shape == (2, 24, 5, 5)
+    with pytest.raises(ShapeError, match="ToBlocked expects"):
+        infer_b(node("ToBlocked", 16, 24), [TensorInfo((2, 16, 5, 5), f32)])
+    with pytest.raises(ShapeError, match="ToPlain expects"):
+        infer_p(node("ToPlain", 16, 40), [TensorInfo((2, 2, 5, 5, 16), f32)])
+    with pytest.raises(ShapeError, match="positive int params"):
+        infer_b(Node("ToBlocked", "t", params={"block": 16}), [TensorInfo((2, 16, 5, 5), f32)])
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_global_pool_blocked_matches_plain_pooling(mode):
+    x = rng.standard_normal((2, 40, 5, 6)).astype(np.float32)
+    want = x.mean(axis=(2, 3), keepdims=True) if mode == "avg" else x.max(axis=(2, 3), keepdims=True)
+    n = Node("GlobalPoolBlocked", "gp", params={"mode": mode})
+    op = get_op("GlobalPoolBlocked")
+    xb = to_blocked(x, 16)
+    info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
+    assert info.shape == (2, 3, 1, 1, 16)
+    out = np.full(info.shape, np.nan, np.float32)
+    op.kernel(n, [TensorInfo(xb.shape, xb.dtype)])([xb], [out], None)
+    np.testing.assert_allclose(to_plain(out, 40), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, op.reference(n, [xb])[0], rtol=1e-5, atol=1e-6)
+
+
+@ONEDNN
+def test_native_block_is_a_candidate():
+    assert K.native_block() in K.CANDIDATE_BLOCKS

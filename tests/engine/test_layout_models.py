@@ -1,0 +1,58 @@
+"""The committed PNNX fixtures with PyTorch's outputs, run with the blocked layout (the CPU default when oneDNN
+is there) and with NNSERVE_LAYOUT=nchw: both match PyTorch; the CNNs do run blocked convolutions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_pnnx_models import DYNAMIC, NAMES, assert_outputs_match
+
+import engine
+from engine.ops import _conv_blocked_kernel
+
+ONEDNN = pytest.mark.skipif(not _conv_blocked_kernel.available(),
+                            reason="oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or "
+                                   "NNSERVE_ONEDNN=0: the blocked layout is not used")
+# Fixtures whose graphs keep most activations blocked (checked, so the comparison is not vacuous).
+CNNS = {"mobilenet_v2", "mobilenet_v3", "resnet", "efficientnet", "squeezenet", "yolo", "unet"}
+
+
+def op_types(inst) -> set[str]:
+    return {n.op_type for n in inst.graph.nodes}
+
+
+@ONEDNN
+@pytest.mark.parametrize("name", NAMES)
+def test_blocked_layout_matches_pytorch(name: str, load_fixture, monkeypatch) -> None:
+    monkeypatch.delenv("NNSERVE_LAYOUT", raising=False)
+    fx = load_fixture(name)
+    model = engine.load(fx.param)
+    inst = model.instance(device="cpu", max_shapes=fx.max_shapes)
+    if name in CNNS:
+        assert "ConvBlocked" in op_types(inst)
+    assert [v.name for v in inst.graph.inputs] == [t.name for t in model.inputs]
+    assert [v.name for v in inst.graph.outputs] == [t.name for t in model.outputs]
+    assert "ConvBlocked" not in {n.op_type for n in model.graph.nodes}  # the model's graph is not rewritten
+    assert_outputs_match(inst.run(fx.inputs), fx.expected, name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nchw_layout_matches_pytorch(name: str, load_fixture, monkeypatch) -> None:
+    monkeypatch.setenv("NNSERVE_LAYOUT", "nchw")
+    fx = load_fixture(name)
+    inst = engine.load(fx.param).instance(device="cpu", max_shapes=fx.max_shapes)
+    assert not op_types(inst) & {"ConvBlocked", "ToBlocked", "ToPlain"}
+    assert_outputs_match(inst.run(fx.inputs), fx.expected, name)
+
+
+@ONEDNN
+@pytest.mark.parametrize("name", DYNAMIC)
+def test_blocked_layout_dynamic_cases(name: str, load_fixture, monkeypatch) -> None:
+    monkeypatch.delenv("NNSERVE_LAYOUT", raising=False)
+    fx = load_fixture(name)
+    inst = engine.load(fx.param).instance(device="cpu", max_shapes=fx.max_shapes)
+    for k in [*range(len(fx.cases)), 0]:  # the max shape, smaller ones, the max again
+        case_in, case_out = fx.cases[k]
+        got = inst.run(case_in)
+        assert_outputs_match(got, case_out, f"{name} case {k}")
+        assert all(np.isfinite(v).all() for v in got.values())
