@@ -13,6 +13,9 @@ import numpy as np
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops import _layout_kernels
+from engine.ops._common import reference_kernel
+from engine.ops._layout_pool import global_pool
+from engine.ops._threads import parallel_for
 from engine.ops.registry import OpDef, TensorInfo, register
 
 
@@ -102,16 +105,15 @@ def _ref_global(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 def _kernel_global(node: Node, ins: list[TensorInfo]):
     is_max = node.params.get("mode") == "max"
+    if np.dtype(ins[0].dtype) != np.float32:
+        return reference_kernel(node, _ref_global)
+    global_pool(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32), is_max, 0, 1)  # compile now
 
     def run(inputs, outputs, workspace):
-        x = inputs[0]
+        x = np.ascontiguousarray(inputs[0])
         n, cb, h, w, b = x.shape
-        flat, out = x.reshape(n, cb, h * w, b), outputs[0].reshape(n, cb, b)
-        if is_max:
-            np.max(flat, axis=2, out=out)
-        else:
-            np.sum(flat, axis=2, out=out)
-            out *= out.dtype.type(1.0 / (h * w))
+        parallel_for(global_pool, n * cb, x.size, x.reshape(n * cb, h * w, b), outputs[0].reshape(n * cb, b),
+                     is_max)
     return run
 
 
