@@ -1,8 +1,10 @@
-"""numba loop for GlobalPoolBlocked: per (n, block) item, sum or max over H*W of B-lane rows (vectorised over
-the lanes), over items [lo, hi) of N*Cb split by _threads.parallel_for."""
+"""numba loops for pooling blocked values (N*Cb items of (H, W, B)): GlobalPoolBlocked and MaxPoolBlocked.
+Each inner loop runs over the B lanes of one pixel (unit stride, vectorised); items [lo, hi) are split over
+the engine's pool by _threads.parallel_for."""
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 
@@ -28,3 +30,29 @@ def global_pool(x, out, is_max, lo, hi):
         if not is_max:
             for k in range(b):
                 acc[k] *= scale
+
+
+@njit(nogil=True, cache=True)
+def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
+    """x (M, H, W, B) -> out (M, OH, OW, B): max over each window clipped to the input, for m in [lo, hi).
+    NaN wins, as in torch."""
+    h, w, b = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    for m in range(lo, hi):
+        for oh in range(oh_n):
+            for ow in range(ow_n):
+                acc = out[m, oh, ow]
+                for k in range(b):
+                    acc[k] = -np.inf
+                for i in range(kh):
+                    y = oh * sh - pt + i * dh
+                    if y < 0 or y >= h:
+                        continue
+                    for j in range(kw):
+                        xx = ow * sw - pl + j * dw
+                        if xx < 0 or xx >= w:
+                            continue
+                        row = x[m, y, xx]
+                        for k in range(b):
+                            v = row[k]
+                            acc[k] = v if (v > acc[k]) | (v != v) else acc[k]

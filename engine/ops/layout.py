@@ -1,5 +1,6 @@
 """Blocked activation layout: `ToBlocked` and `ToPlain`, the reorders between NCHW and nChw{B}c, and
-`GlobalPoolBlocked` (GlobalAvgPool / GlobalMaxPool over a blocked value, output (N, Cb, 1, 1, B)).
+`GlobalPoolBlocked` (GlobalAvgPool / GlobalMaxPool over a blocked value, output (N, Cb, 1, 1, B)) and
+`MaxPoolBlocked` (MaxPool's params; the lanes of a block pool like channels).
 
 A blocked value's shape is its physical shape (N, ceil(C/B), H, W, B): channel c lives at [:, c // B, :, :, c % B].
 Lanes past C (the last block's padding) are zero after ToBlocked; ops that keep a value blocked keep them finite
@@ -14,8 +15,9 @@ from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops import _layout_kernels
 from engine.ops._common import reference_kernel
-from engine.ops._layout_pool import global_pool
+from engine.ops._layout_pool import global_pool, max_pool
 from engine.ops._threads import parallel_for
+from engine.ops.pool import maxpool_reference, pool_geom
 from engine.ops.registry import OpDef, TensorInfo, register
 
 
@@ -117,7 +119,52 @@ def _kernel_global(node: Node, ins: list[TensorInfo]):
     return run
 
 
+# -- MaxPool on blocked values: the B lanes of a block are independent channels -----------------------
+def _lanes_as_channels(shape) -> tuple[int, ...]:
+    if len(shape) != 5:
+        raise ShapeError(f"blocked pooling expects (N, Cb, H, W, B), got {tuple(shape)}")
+    n, cb, h, w, b = (int(d) for d in shape)
+    return n, cb * b, h, w
+
+
+def _as_maxpool(node: Node) -> Node:
+    """The MaxPool the node pools like (pool_geom and the reference read op_type: dilation is MaxPool's)."""
+    return Node("MaxPool", node.name, params=node.params, source=node.source)
+
+
+def _infer_maxpool(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    shape = tuple(ins[0].shape)
+    geo = pool_geom(_as_maxpool(node), _lanes_as_channels(shape))
+    return [TensorInfo((shape[0], shape[1], geo.oh, geo.ow, shape[4]), ins[0].dtype)]
+
+
+def _ref_maxpool(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x = np.asarray(arrays[0])
+    n, cb, h, w, b = x.shape
+    y = maxpool_reference(_as_maxpool(node), [to_plain(x, cb * b)])[0]
+    return [to_blocked(y, b)]
+
+
+def _kernel_maxpool(node: Node, ins: list[TensorInfo]):
+    if np.dtype(ins[0].dtype) != np.float32:
+        return reference_kernel(node, _ref_maxpool)
+    max_pool(np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32), 1, 1, 1, 1, 1, 1, 0, 0, 0, 1)
+    plain = _as_maxpool(node)
+    geoms: dict[tuple[int, ...], object] = {}  # per input shape, so a run computes no geometry
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        n, cb, h, w, b = x.shape
+        g = geoms.get(x.shape)
+        if g is None:
+            g = geoms[x.shape] = pool_geom(plain, (n, cb * b, h, w))
+        parallel_for(max_pool, n * cb, out.size * g.kernel[0] * g.kernel[1], x.reshape(n * cb, h, w, b),
+                     out.reshape(n * cb, g.oh, g.ow, b), *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1])
+    return run
+
+
 register(
+    OpDef("MaxPoolBlocked", _infer_maxpool, _ref_maxpool, kernel=_kernel_maxpool),
     OpDef("GlobalPoolBlocked", _infer_global, _ref_global, kernel=_kernel_global),
     OpDef("ToBlocked", _infer_to_blocked, _ref_to_blocked, kernel=_kernel_to_blocked),
     OpDef("ToPlain", _infer_to_plain, _ref_to_plain, kernel=_kernel_to_plain),

@@ -12,8 +12,8 @@ other devices). The result is a copy (nodes and values new, weight arrays shared
 - graph inputs and outputs stay plain and keep their names.
 Layout-agnostic ops: the activations (not PRelu: its slope runs along axis 1), Add/Sub/Mul/Maximum/Minimum on
 blocked operands that share N and C (H, W may broadcast from 1) or scalar constants, and Concat on axis 1 when
-every input but the last fills whole blocks; GlobalAvgPool / GlobalMaxPool become GlobalPoolBlocked (mean or
-max over H, W per lane). Values are physically (N, ceil(C/B), H, W, B), so the planner, binding and the
+every input but the last fills whole blocks; GlobalAvgPool / GlobalMaxPool / MaxPool become GlobalPoolBlocked /
+MaxPoolBlocked (pooling per lane). Values are physically (N, ceil(C/B), H, W, B), so the planner, binding and the
 agnostic ops' kernels work unchanged.
 
 `decide` applies the rewrite only when the reorders it inserts move fewer elements than the ones the plain
@@ -35,7 +35,10 @@ log = logging.getLogger("engine.passes")
 UNARY = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Silu", "Gelu", "HardSwish", "HardSigmoid", "Elu",
          "Mish", "Softplus"}
 BINARY = {"Add", "Sub", "Mul", "Maximum", "Minimum"}
-GLOBAL_POOLS = {"GlobalAvgPool": "avg", "GlobalMaxPool": "max"}  # become GlobalPoolBlocked on a blocked value
+# Ops that have a blocked twin: (op type on blocked values, params of the twin or None to keep the node's).
+TWINS = {"GlobalAvgPool": ("GlobalPoolBlocked", {"mode": "avg"}),
+         "GlobalMaxPool": ("GlobalPoolBlocked", {"mode": "max"}),
+         "MaxPool": ("MaxPoolBlocked", None)}
 BLOCKED, PLAIN = "blocked", "plain"
 
 
@@ -97,7 +100,7 @@ def _agnostic(node: Node, block: int) -> bool:
     tensors = _tensor_inputs(node)
     if not tensors or not all(_f32_4d(v) and not v.is_const for v in tensors):
         return False
-    if node.op_type in UNARY or node.op_type in GLOBAL_POOLS:
+    if node.op_type in UNARY or node.op_type in TWINS:
         return len(node.inputs) == 1
     if node.op_type in BINARY:
         out = node.outputs[0].shape
@@ -218,8 +221,9 @@ class _Rewrite:
             inputs = [self._read(v, BLOCKED) for v in node.inputs]
             if op == "Concat":
                 params["axis"] = 1  # the block axis; -3 would now be H
-            if op in GLOBAL_POOLS:
-                op, params = "GlobalPoolBlocked", {"mode": GLOBAL_POOLS[op]}
+            if op in TWINS:
+                op, twin_params = TWINS[op]
+                params = dict(twin_params) if twin_params is not None else params
         else:
             inputs = [self._read(v, PLAIN) for v in node.inputs]
         outputs = [self._produce(v) for v in node.outputs]

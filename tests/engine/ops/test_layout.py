@@ -101,3 +101,27 @@ def test_global_pool_blocked_matches_plain_pooling(mode):
 @ONEDNN
 def test_native_block_is_a_candidate():
     assert K.native_block() in K.CANDIDATE_BLOCKS
+
+
+@pytest.mark.parametrize("params", [
+    {"kernel": (3, 3), "stride": (2, 2), "pads": (1, 1, 1, 1)},  # ResNet's stem pool
+    {"kernel": (3, 3), "stride": (2, 2), "pads": (0, 0, 0, 0), "ceil_mode": True},  # SqueezeNet's
+    {"kernel": (2, 3), "stride": (1, 2), "pads": (0, 1, 1, 0), "dilation": (2, 1)},
+])
+def test_maxpool_blocked_matches_plain_maxpool(params):
+    x = rng.standard_normal((2, 20, 9, 8)).astype(np.float32)
+    plain = Node("MaxPool", "mp", params=params)
+    want = get_op("MaxPool").reference(plain, [x])[0]
+    n = Node("MaxPoolBlocked", "mpb", params=params)
+    op = get_op("MaxPoolBlocked")
+    xb = to_blocked(x, 16)
+    info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
+    assert info.shape == (2, 2) + want.shape[2:] + (16,)
+    kernel = op.kernel(n, [TensorInfo(xb.shape, xb.dtype)])
+    out = np.full(info.shape, np.nan, np.float32)
+    kernel([xb], [out], None)
+    np.testing.assert_array_equal(to_plain(out, 20), want)
+    np.testing.assert_array_equal(out, op.reference(n, [xb])[0])
+    small = np.full((1,) + info.shape[1:], np.nan, np.float32)  # a smaller batch on the same kernel
+    kernel([xb[:1]], [small], None)
+    np.testing.assert_array_equal(to_plain(small, 20), want[:1])

@@ -124,7 +124,7 @@ def test_plain_consumers_share_one_to_plain_and_outputs_keep_names():
     assert plain.name == "feat" and plain.shape == (2, 32, 8, 8)  # the output keeps its name, plain
     assert to_plain[0].inputs[0].name == "feat.blocked"
     readers = {n.op_type for n in plain.consumers}
-    assert readers == {"MaxPool", "GlobalAvgPool"}
+    assert readers == {"MaxPool", "GlobalAvgPool"}  # their outputs are graph outputs: they run plain
     assert [v.name for v in new.outputs] == [v.name for v in g.outputs]
     check_same(g, new, (2, 3, 8, 8))
 
@@ -164,6 +164,18 @@ def test_dynamic_batch_keeps_minus_one_in_physical_shapes():
     g.outputs = [conv(g, conv(g, x, 24, name="a"), 8, name="b")]
     new, _ = layout_blocked(g, B)
     assert new.nodes[1].outputs[0].shape == (-1, 2, 8, 8, 16)
+
+
+def test_pools_between_convs_run_blocked():
+    g, x = graph_with_input((1, 3, 12, 12))
+    y = conv(g, x, 24, name="stem")
+    pooled = op(g, "MaxPool", [y], kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1))
+    g.outputs = [op(g, "GlobalAvgPool", [conv(g, pooled, 16, name="c")])]
+    new, stats = layout_blocked(g, B)
+    assert types(new) == ["ConvBlocked", "MaxPoolBlocked", "ConvBlocked", "GlobalAvgPool"]
+    assert new.nodes[1].params["kernel"] == (3, 3) and new.nodes[1].outputs[0].shape == (1, 2, 6, 6, 16)
+    assert stats.to_plain == stats.to_blocked == 0
+    check_same(g, new, (1, 3, 12, 12))
 
 
 def test_skip_rule_returns_the_input_graph():
