@@ -56,3 +56,37 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
                         for k in range(b):
                             v = row[k]
                             acc[k] = v if (v > acc[k]) | (v != v) else acc[k]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _apply(op, a, c):
+    if op == 0:
+        return a + c
+    if op == 1:
+        return a - c
+    if op == 2:
+        return a * c
+    if op == 3:
+        return a if (a > c) | (a != a) else c
+    return a if (a < c) | (a != a) else c
+
+
+@njit(nogil=True, cache=True)
+def broadcast_binary(x, s, out, opcode, s_first, lo, hi):
+    """out[m, i] = x[m, i] (op) s[m] over the B lanes (s (op) x when s_first), for m in [lo, hi).
+    x, out (M, HW, B); s (M, B). opcode: 0 add, 1 sub, 2 mul, 3 maximum, 4 minimum (NaN-propagating).
+    The op and operand order are fixed per call, so each lane loop is one branch-free specialisation."""
+    hw, b = x.shape[1], x.shape[2]
+    for m in range(lo, hi):
+        sv = s[m]
+        for i in range(hw):
+            xr, orow = x[m, i], out[m, i]
+            if s_first:
+                for k in range(b):
+                    orow[k] = _apply(opcode, sv[k], xr[k])
+            elif opcode == 2:  # the SE scale, by far the most common
+                for k in range(b):
+                    orow[k] = xr[k] * sv[k]
+            else:
+                for k in range(b):
+                    orow[k] = _apply(opcode, xr[k], sv[k])

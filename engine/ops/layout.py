@@ -1,6 +1,7 @@
 """Blocked activation layout: `ToBlocked` and `ToPlain`, the reorders between NCHW and nChw{B}c, and
 `GlobalPoolBlocked` (GlobalAvgPool / GlobalMaxPool over a blocked value, output (N, Cb, 1, 1, B)) and
-`MaxPoolBlocked` (MaxPool's params; the lanes of a block pool like channels).
+`MaxPoolBlocked` (MaxPool's params; the lanes of a block pool like channels) and `BroadcastBlocked` (a binary
+op with one operand (N, Cb, 1, 1, B): numpy's broadcast over B-lane rows is several times slower than this loop).
 
 A blocked value's shape is its physical shape (N, ceil(C/B), H, W, B): channel c lives at [:, c // B, :, :, c % B].
 Lanes past C (the last block's padding) are zero after ToBlocked; ops that keep a value blocked keep them finite
@@ -15,7 +16,7 @@ from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops import _layout_kernels
 from engine.ops._common import reference_kernel
-from engine.ops._layout_pool import global_pool, max_pool
+from engine.ops._layout_pool import broadcast_binary, global_pool, max_pool
 from engine.ops._threads import parallel_for
 from engine.ops.pool import maxpool_reference, pool_geom
 from engine.ops.registry import OpDef, TensorInfo, register
@@ -163,7 +164,54 @@ def _kernel_maxpool(node: Node, ins: list[TensorInfo]):
     return run
 
 
+# -- a binary op with one operand (N, Cb, 1, 1, B) broadcast over H, W (squeeze-excite scales) -------------
+BROADCAST_OPS = {"Add": (0, np.add), "Sub": (1, np.subtract), "Mul": (2, np.multiply),
+                 "Maximum": (3, np.maximum), "Minimum": (4, np.minimum)}
+
+
+def _broadcast_operands(node: Node, shapes) -> bool:
+    """Whether input 0 is the broadcast one; checks the shapes."""
+    a, b = (tuple(s) for s in shapes)
+    op = node.params.get("op")
+    if op not in BROADCAST_OPS or len(a) != 5 or len(b) != 5:
+        raise ShapeError(f"{node.where()}: BroadcastBlocked needs op in {sorted(BROADCAST_OPS)} and two blocked "
+                         f"operands, got {op!r} with {a} and {b}")
+    full, small = (b, a) if a[2:4] == (1, 1) and b[2:4] != (1, 1) else (a, b)
+    if small[2:4] != (1, 1) or small[:2] + small[4:] != full[:2] + full[4:]:
+        raise ShapeError(f"{node.where()}: BroadcastBlocked operands {a} and {b} are not (N, Cb, H, W, B) and "
+                         f"(N, Cb, 1, 1, B)")
+    return full is b
+
+
+def _infer_broadcast(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    first = _broadcast_operands(node, [i.shape for i in ins])
+    return [TensorInfo(tuple(ins[1 if first else 0].shape), ins[0].dtype)]
+
+
+def _ref_broadcast(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    _broadcast_operands(node, [a.shape for a in arrays])
+    return [BROADCAST_OPS[node.params["op"]][1](arrays[0], arrays[1])]
+
+
+def _kernel_broadcast(node: Node, ins: list[TensorInfo]):
+    if any(np.dtype(i.dtype) != np.float32 for i in ins):
+        return reference_kernel(node, _ref_broadcast)
+    code = BROADCAST_OPS[node.params["op"]][0]
+    broadcast_binary(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32), np.zeros((1, 1, 1), np.float32),
+                     code, False, 0, 1)
+
+    def run(inputs, outputs, workspace):
+        s_first = _broadcast_operands(node, (inputs[0].shape, inputs[1].shape))
+        x, s = (inputs[1], inputs[0]) if s_first else (inputs[0], inputs[1])
+        x, s = np.ascontiguousarray(x), np.ascontiguousarray(s)
+        n, cb, h, w, b = x.shape
+        parallel_for(broadcast_binary, n * cb, x.size, x.reshape(n * cb, h * w, b), s.reshape(n * cb, b),
+                     outputs[0].reshape(n * cb, h * w, b), code, s_first)
+    return run
+
+
 register(
+    OpDef("BroadcastBlocked", _infer_broadcast, _ref_broadcast, kernel=_kernel_broadcast, inplace=True),
     OpDef("MaxPoolBlocked", _infer_maxpool, _ref_maxpool, kernel=_kernel_maxpool),
     OpDef("GlobalPoolBlocked", _infer_global, _ref_global, kernel=_kernel_global),
     OpDef("ToBlocked", _infer_to_blocked, _ref_to_blocked, kernel=_kernel_to_blocked),

@@ -13,8 +13,9 @@ other devices). The result is a copy (nodes and values new, weight arrays shared
 Layout-agnostic ops: the activations (not PRelu: its slope runs along axis 1), Add/Sub/Mul/Maximum/Minimum on
 blocked operands that share N and C (H, W may broadcast from 1) or scalar constants, and Concat on axis 1 when
 every input but the last fills whole blocks; GlobalAvgPool / GlobalMaxPool / MaxPool become GlobalPoolBlocked /
-MaxPoolBlocked (pooling per lane). Values are physically (N, ceil(C/B), H, W, B), so the planner, binding and the
-agnostic ops' kernels work unchanged.
+MaxPoolBlocked (pooling per lane), a binary op broadcasting an (N, C, 1, 1) operand becomes BroadcastBlocked.
+Values are physically (N, ceil(C/B), H, W, B), so the planner, binding and the agnostic ops' kernels work
+unchanged.
 
 `decide` applies the rewrite only when the reorders it inserts move fewer elements than the ones the plain
 convolutions would do around themselves (src, dst, residual; the batch dimension counted as 1).
@@ -118,6 +119,15 @@ def _known(d) -> bool:
 def _same_nc(shape, out) -> bool:
     """N and C as the output's, H and W equal or broadcast from 1."""
     return tuple(shape[:2]) == tuple(out[:2]) and all(a == b or a == 1 for a, b in zip(shape[2:], out[2:], strict=True))
+
+
+def _spatial_broadcast(node: Node) -> bool:
+    """Two tensor operands, one of them (N, C, 1, 1) against a larger H, W (a squeeze-excite scale)."""
+    tensors = _tensor_inputs(node)
+    if len(tensors) != 2:
+        return False
+    shapes = [tuple(v.shape[2:]) for v in tensors]
+    return shapes[0] != shapes[1] and (1, 1) in shapes
 
 
 def _wants_blocked(consumer: Node, v: Value, blocked: set[Value], convs: set[Node]) -> bool:
@@ -224,6 +234,8 @@ class _Rewrite:
             if op in TWINS:
                 op, twin_params = TWINS[op]
                 params = dict(twin_params) if twin_params is not None else params
+            elif op in BINARY and _spatial_broadcast(node):
+                op, params = "BroadcastBlocked", {"op": op}
         else:
             inputs = [self._read(v, PLAIN) for v in node.inputs]
         outputs = [self._produce(v) for v in node.outputs]

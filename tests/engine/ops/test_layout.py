@@ -125,3 +125,23 @@ def test_maxpool_blocked_matches_plain_maxpool(params):
     small = np.full((1,) + info.shape[1:], np.nan, np.float32)  # a smaller batch on the same kernel
     kernel([xb[:1]], [small], None)
     np.testing.assert_array_equal(to_plain(small, 20), want[:1])
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Maximum", "Minimum"])
+@pytest.mark.parametrize("small_first", [False, True])
+def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first):
+    x = rng.standard_normal((2, 40, 5, 6)).astype(np.float32)
+    s = rng.standard_normal((2, 40, 1, 1)).astype(np.float32)
+    fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Maximum": np.maximum, "Minimum": np.minimum}[op]
+    want = fn(s, x) if small_first else fn(x, s)
+    args = [to_blocked(s, 16), to_blocked(x, 16)] if small_first else [to_blocked(x, 16), to_blocked(s, 16)]
+    n = Node("BroadcastBlocked", "bb", params={"op": op})
+    bop = get_op("BroadcastBlocked")
+    infos = [TensorInfo(a.shape, a.dtype) for a in args]
+    assert bop.infer(n, infos)[0].shape == (2, 3, 5, 6, 16)
+    out = np.full((2, 3, 5, 6, 16), np.nan, np.float32)
+    bop.kernel(n, infos)(args, [out], None)
+    np.testing.assert_array_equal(to_plain(out, 40), want)
+    np.testing.assert_array_equal(out, bop.reference(n, args)[0])
+    with pytest.raises(ShapeError, match="not \\(N, Cb, H, W, B\\)"):
+        bop.infer(n, [TensorInfo((2, 3, 5, 6, 16), np.float32), TensorInfo((2, 2, 1, 1, 16), np.float32)])

@@ -140,7 +140,8 @@ def test_agnostic_ops_broadcast_and_concat_stay_blocked():
     g.outputs = [out]
     new, _ = layout_blocked(g, B)
     by_name = {n.op_type: n for n in new.nodes}
-    assert by_name["Mul"].outputs[0].shape == (1, 2, 8, 8, 16)
+    assert by_name["BroadcastBlocked"].outputs[0].shape == (1, 2, 8, 8, 16)
+    assert by_name["BroadcastBlocked"].params == {"op": "Mul"}
     assert by_name["Add"].outputs[0].shape == (1, 2, 8, 8, 16)
     assert by_name["Concat"].outputs[0].shape == (1, 3, 8, 8, 16) and by_name["Concat"].params["axis"] == 1
     assert by_name["Sigmoid"].outputs[0].shape == (1, 2, 1, 1, 16)
