@@ -13,8 +13,10 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
+from engine.ops import _plane_kernels as PL
 from engine.ops._common import BOOL, broadcast, empty, float_of, numba_ok, promote, reference_kernel, with_value
 from engine.ops._math_kernels import erf_loop
+from engine.ops._threads import parallel_for
 from engine.ops.registry import OpDef, TensorInfo, register
 
 # name -> (ufunc, kind). kind picks the compute/output dtypes: arith (promoted), div (float), cmp (bool out),
@@ -31,6 +33,8 @@ BINARY: dict[str, tuple[np.ufunc, str]] = {
 }
 _erf_f64 = np.vectorize(math.erf, otypes=[np.float64])
 _BITWISE = {"And": np.bitwise_and, "Or": np.bitwise_or, "Xor": np.bitwise_xor}
+# float binaries with a row-broadcast numba kernel (see row_plan)
+_ROW_OPS = {"Add": PL.ADD, "Sub": PL.SUB, "Mul": PL.MUL, "Div": PL.DIV}
 
 
 def _binary_dtypes(node: Node, ins: list[TensorInfo]) -> tuple[np.ufunc, np.dtype, np.dtype]:
@@ -67,13 +71,69 @@ def _binary_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(ufunc(a, b)).astype(ot, copy=False)]
 
 
+def row_plan(big: tuple[int, ...], small: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(rows, s_rows, width R) when `small` broadcasts against `big` as (rows, Q*R) (op) (s_rows, R) with
+    s row p % s_rows: after leading broadcast dims, a run of kept dims, a run (Q >= 4) of broadcast ones, then
+    optionally kept ones. (N,C,H,W) * (N,C,1,1) is (N*C, H*W) by (N*C, 1); the blocked (N,Cb,H,W,16) *
+    (N,Cb,1,1,16) is (N*Cb, H*W*16) by (N*Cb, 16); (N,C,H,W) + (C,1,1) is (N*C, H*W) by (C, 1)."""
+    small = (1,) * (len(big) - len(small)) + tuple(small)
+    if len(small) != len(big):
+        return None
+    runs: list[list] = []  # [kind, product] with kind "k" (kept) or "b" (broadcast); size-1 dims join anything
+    for d, s in zip(big, small, strict=True):
+        if d == 1:
+            continue
+        kind = "k" if s == d else "b" if s == 1 else None
+        if kind is None:
+            return None
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] *= d
+        else:
+            runs.append([kind, d])
+    kinds = "".join(k for k, _ in runs)
+    lead = runs[0][1] if kinds.startswith("b") else 1
+    core = kinds[1:] if kinds.startswith("b") else kinds
+    if core not in ("kb", "kbk"):
+        return None
+    i = len(kinds) - len(core)
+    p_a, q = runs[i][1], runs[i + 1][1]
+    r = runs[i + 2][1] if core == "kbk" else 1
+    return (lead * p_a, p_a, r) if q >= 4 else None
+
+
 def _binary_kernel(node: Node, ins: list[TensorInfo]):
     ufunc, ct, ot = _binary_dtypes(node, ins)
     sig = (ct, ct, ot)
+    row_op = _ROW_OPS.get(node.op_type) if ct == ot and ct in (np.float32, np.float64) else None
+    plans: dict[tuple, tuple | None] = {}
+    if row_op is not None:  # compile (or load from numba's cache) now, not on the first request
+        PL.rows_binary(empty(2, ct), np.zeros((1, 1), ct), empty(2, ct), row_op, False, 0, 0)
+
+    def plan(a, b, out):
+        key = (a.shape, b.shape, a.dtype, b.dtype)
+        if key not in plans:
+            plans[key] = None
+            if a.dtype == b.dtype == ct:
+                swap = a.shape != out.shape
+                big, small = (b, a) if swap else (a, b)
+                if big.shape == out.shape:
+                    rows = row_plan(out.shape, small.shape)
+                    plans[key] = None if rows is None else (swap, *rows)
+        return plans[key]
 
     def run(inputs, outputs, workspace):
+        a, b = inputs
+        out = outputs[0]
+        p = plan(a, b, out) if row_op is not None else None
+        if p is not None:
+            swap, rows, s_rows, width = p
+            big, small = (b, a) if swap else (a, b)
+            # memory-bound: split only past ~8 MB (EfficientNet's SE products ran slower on 2 threads at b1 and b8)
+            parallel_for(PL.rows_binary, rows, out.size // 8, np.ascontiguousarray(big).reshape(rows, -1),
+                         np.ascontiguousarray(small).reshape(s_rows, width), out.reshape(rows, -1), row_op, swap)
+            return
         with np.errstate(all="ignore"):
-            ufunc(inputs[0], inputs[1], out=outputs[0], signature=sig, casting="unsafe")
+            ufunc(a, b, out=out, signature=sig, casting="unsafe")
     return run
 
 

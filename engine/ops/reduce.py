@@ -11,6 +11,8 @@ from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops._common import INT64, empty, float_of, norm_axes, norm_axis, numba_ok, reference_kernel, with_value
 from engine.ops._norm_kernels import argbest_loop
+from engine.ops._plane_kernels import row_sums
+from engine.ops._threads import parallel_for
 from engine.ops.registry import OpDef, TensorInfo, register
 
 
@@ -86,10 +88,21 @@ def _reduce_kernel(node: Node, ins: list[TensorInfo]):
         return reference_kernel(node, _reduce_reference)  # rare: a reduced-size result, then a copy
     keepdims = bool(node.params.get("keepdims", False))
     fast = _FAST.get(op)
+    rows = op in ("ReduceMean", "ReduceSum") and np.dtype(ins[0].dtype) in (np.float32, np.float64)
+    if rows:  # compile at build
+        row_sums(np.zeros((0, 1), ins[0].dtype), np.zeros(0, ins[0].dtype), 1.0, 0, 0)
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
         axes = _axes(node, x.ndim)
+        if rows and x.size and axes and axes[0] > 0 and axes == tuple(range(axes[0], x.ndim)):
+            # trailing axes (a global average pool written as mean over H, W): one vectorised sum per row
+            x = np.ascontiguousarray(x)
+            n_rows = math.prod(x.shape[:axes[0]])
+            width = x.size // n_rows
+            parallel_for(row_sums, n_rows, x.size // 4, x.reshape(n_rows, width), out.reshape(n_rows),
+                         1.0 / width if op == "ReduceMean" else 1.0)
+            return
         if fast is not None:
             fast.reduce(x, axis=axes, out=out, keepdims=keepdims)
             if op == "ReduceMean":

@@ -191,3 +191,56 @@ def test_promotion_matches_torch_result_type():
     for a, da, b, db, want in rows:
         ins = [np.zeros((2,) * int(da), a), np.zeros((2,) * int(db), b)]
         assert infer(make_node("Add", 2), ins)[0].dtype == np.dtype(want), (a, da, b, db)
+
+
+# -- row-broadcast kernel (engine/ops/_plane_kernels.rows_binary) ----------------------------------------------
+@pytest.mark.parametrize("big,small,plan", [
+    ((2, 5, 7, 9), (2, 5, 1, 1), (10, 10, 1)),               # SE excitation, NCHW
+    ((2, 5, 7, 9), (5, 1, 1), (10, 5, 1)),                   # per-channel, batch broadcast
+    ((1, 3, 6, 6, 16), (1, 3, 1, 1, 16), (3, 3, 16)),        # the same in the blocked layout
+    ((2, 3, 4, 5), (2, 1, 1, 1), (2, 2, 1)),                 # per-image scale
+    ((2, 5, 7, 9), (2, 5, 7, 9), None),                      # no broadcast: numpy
+    ((2, 5, 7, 9), (1, 1, 1, 9), None),                      # broadcast last: numpy
+    ((2, 5, 2, 1), (2, 5, 1, 1), None),                      # a middle run shorter than 4: numpy
+    ((2, 5, 7, 9), (2, 1, 7, 1), None),                      # two broadcast runs: numpy
+])
+def test_row_plan(big, small, plan):
+    assert elementwise.row_plan(big, small) == plan
+
+
+ROW_CASES = [((2, 5, 7, 9), (2, 5, 1, 1)), ((3, 5, 4, 4), (5, 1, 1)), ((1, 3, 6, 6, 16), (1, 3, 1, 1, 16)),
+             ((2, 2, 3, 20, 16), (2, 2, 1, 1, 16)), ((2, 3, 4, 5), (2, 1, 1, 1)), ((1, 7, 30, 30), (1, 7, 1, 1))]
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("big,small", ROW_CASES)
+def test_row_broadcast_kernel_both_orders_and_in_place(op, big, small):
+    x = RNG.standard_normal(big).astype(np.float32)
+    s = (RNG.standard_normal(small) + 3).astype(np.float32)
+    node = make_node(op, 2)
+    check_kernel(node, [x, s], rtol=1e-6, atol=0)
+    check_kernel(node, [x, s], rtol=1e-6, atol=0, inplace=True)  # output 0 in x's buffer
+    check_kernel(node, [s, x + 3], rtol=1e-6, atol=0)            # small operand first (torch's `scale * x`)
+    check_kernel(node, [x.astype(np.float64), s.astype(np.float64)], rtol=1e-12, atol=0, inplace=True)
+
+
+def test_row_broadcast_kernel_specials_and_smaller_batch():
+    x = RNG.standard_normal((2, 4, 5, 5)).astype(np.float32)
+    x[0, 1, 2, 3], x[1, 2, 0, 0] = np.nan, np.inf
+    s = np.array([0.0, -0.0, np.inf, np.nan, 1, 2, -1, 0.5], np.float32).reshape(2, 4, 1, 1)
+    for op in ("Mul", "Div", "Add", "Sub"):
+        check_kernel(make_node(op, 2), [x, s], rtol=0, atol=0)
+        check_kernel(make_node(op, 2), [s, x], rtol=0, atol=0)
+    check_kernel(make_node("Mul", 2), [x[:1], s[:1]], [np.zeros((4, 4, 5, 5), np.float32), s[:1].repeat(4, 0)])
+
+
+def test_row_broadcast_kernel_split_over_threads(monkeypatch):
+    from engine.ops import _threads
+    before = _threads.get_threads()
+    monkeypatch.setattr(_threads, "MIN_WORK", 0)
+    _threads.set_threads(3)
+    try:
+        x = RNG.standard_normal((1, 7, 6, 6, 16)).astype(np.float32)
+        check_kernel(make_node("Mul", 2), [x, RNG.standard_normal((1, 7, 1, 1, 16)).astype(np.float32)])
+    finally:
+        _threads.set_threads(before)

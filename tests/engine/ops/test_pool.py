@@ -164,3 +164,14 @@ def test_maxpool_batch_smaller_than_built_and_threads(monkeypatch):
         check_kernel(node, [rand(3, 5, 27, 27)], [rand(8, 5, 27, 27)], rtol=0, atol=0)
     finally:
         _threads.set_threads(before)
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 112, 112), (2, 33, 7, 7), (3, 1, 1, 1), (1, 5, 1, 300), (2, 4, 6)])
+def test_global_avgpool_row_sums(shape):
+    """The vectorised (reassociated) float32 sum stays within float32 rounding of the float64 reference."""
+    x = rand(*shape) + 1
+    node = make_node("GlobalAvgPool", 1)
+    check_kernel(node, [x], rtol=2e-6, atol=1e-6)
+    check_kernel(node, [x.astype(np.float64)], rtol=1e-12, atol=1e-12)
+    x.reshape(-1)[0] = np.nan
+    assert np.isnan(run_kernel(node, [x])[0].reshape(-1)[0])

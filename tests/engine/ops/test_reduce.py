@@ -9,7 +9,16 @@ import pytest
 
 from engine.errors import ShapeError
 from engine.ops import reduce
-from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, run_kernel
+from engine.ops._harness import (
+    check_golden,
+    check_kernel,
+    infer,
+    kernel_peak_bytes,
+    load_cases,
+    make_node,
+    reference,
+    run_kernel,
+)
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = set(reduce.REDUCERS) | {"ArgMax", "ArgMin"}
@@ -96,3 +105,19 @@ def test_errors_name_the_node():
 def test_kernel_allocates_no_temporaries(op, params):
     x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)
     assert kernel_peak_bytes(make_node(op, 1, params=params), [x]) < 64 * 1024
+
+
+@pytest.mark.parametrize("op,axes,shape", [
+    ("ReduceMean", [2, 3], (2, 5, 7, 9)), ("ReduceMean", [-2, -1], (1, 33, 7, 7)),
+    ("ReduceSum", [1, 2, 3], (3, 4, 5, 6)), ("ReduceMean", [3], (2, 3, 4, 300)), ("ReduceSum", [2, 3], (2, 3, 1, 1))])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_trailing_axes_row_sums_match_reference(op, axes, shape, keepdims):
+    """Trailing-axes means and sums take the vectorised row-sum kernel (reassociated: float32 rounding only)."""
+    x = RNG.standard_normal(shape).astype(np.float32) + 1
+    node = make_node(op, 1, params={"axes": axes, "keepdims": keepdims})
+    check_kernel(node, [x], rtol=2e-6, atol=1e-6)
+    check_kernel(node, [x.astype(np.float64)], rtol=1e-12, atol=1e-12)
+    x[0, 0] = np.nan
+    got, want = run_kernel(node, [x])[0], reference(node, [x])[0]
+    assert np.isnan(got).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
