@@ -32,6 +32,7 @@ import engine  # noqa: E402
 
 CONCURRENCY = [1, 4, 8, 16]
 PROTOCOLS = ["http", "grpc"]
+MODELS = ["identity", "resnet18"]  # --models narrows these (and CONCURRENCY, PROTOCOLS) while iterating
 RESNET_INPUT = Path(_ROOT) / "bench" / "models" / "resnet18" / "input.npy"
 IDENTITY_ONNX_SCRIPT = """
 import sys, onnx
@@ -66,7 +67,7 @@ def engine_reference(iters: int = 10) -> dict:
 def sweep(label: str, http: str, grpc: str, tmp: Path, windows: dict[str, int]) -> dict:
     inputs = {"identity": "zero", "resnet18": str(sv.perf_input_file(np.load(RESNET_INPUT), tmp / "rn.json"))}
     results = {}
-    for model in ("identity", "resnet18"):
+    for model in MODELS:
         sv.perf(model, "http", http, 1, 1000, inputs[model])  # warm-up, not recorded
         for protocol in PROTOCOLS:
             for c in CONCURRENCY:
@@ -81,7 +82,8 @@ def sweep(label: str, http: str, grpc: str, tmp: Path, windows: dict[str, int]) 
 def run_nnserve(tmp: Path, windows: dict[str, int]) -> dict:
     repo = tmp / "nnserve_repo"
     sv.write_identity(repo)
-    sv.write_resnet(repo, "resnet18", batching=True)
+    if "resnet18" in MODELS:
+        sv.write_resnet(repo, "resnet18", batching=True)
     proc, http, grpc = sv.start_nnserve(repo)
     try:
         return sweep("nnserve", http, grpc, tmp, windows)
@@ -94,8 +96,10 @@ def run_kserve(tmp: Path, python: str, windows: dict[str, int]) -> dict:
 
     identity = tmp / "identity.onnx"
     subprocess.run([python, "-c", IDENTITY_ONNX_SCRIPT, str(identity)], check=True)
-    proc, http, grpc = sv.start_kserve(python, [f"identity={identity}:1,16",
-                                                f"resnet18={sv.RESNET_DYN / 'model.onnx'}:1,3,224,224"])
+    models = [f"identity={identity}:1,16"]
+    if "resnet18" in MODELS:
+        models.append(f"resnet18={sv.RESNET_DYN / 'model.onnx'}:1,3,224,224")
+    proc, http, grpc = sv.start_kserve(python, models)
     try:
         return sweep("kserve", http, grpc, tmp, windows)
     finally:
@@ -106,34 +110,43 @@ def ratio(a: sv.PerfResult, b: sv.PerfResult) -> float:
     return a.throughput / b.throughput if a.throughput and b.throughput else float("nan")
 
 
-def targets(ours: dict, theirs: dict, ref: dict, rtt_us: float) -> list[str]:
+def targets(ours: dict, theirs: dict, ref: dict | None, rtt_us: float) -> list[str]:
     lines = []
     for protocol in PROTOCOLS:
-        rs = [ratio(ours[("identity", protocol, c)], theirs[("identity", protocol, c)]) for c in CONCURRENCY]
-        ok = all(r >= 2.0 for r in rs)
-        lines.append(f"identity {protocol}: nnserve/KServe throughput {', '.join(f'{r:.2f}x' for r in rs)} at c="
-                     f"{CONCURRENCY} (target >= 2x at every c): {'MET' if ok else 'NOT MET'}")
-        r8 = ratio(ours[("resnet18", protocol, 8)], theirs[("resnet18", protocol, 8)])
-        lines.append(f"resnet18 {protocol} c=8: nnserve/KServe {r8:.2f}x (target >= 1.5x): "
-                     f"{'MET' if r8 >= 1.5 else 'NOT MET'}")
-        t16 = ours[("resnet18", protocol, 16)].throughput
-        frac = t16 / ref["throughput_b8"]
-        lines.append(f"resnet18 {protocol} c=16 with dynamic batching: {t16:.1f} infer/s = {frac:.2f}x the in-process "
-                     f"engine at batch 8 ({ref['throughput_b8']:.1f}/s) (target >= 0.8x): "
-                     f"{'MET' if frac >= 0.8 else 'NOT MET'}")
-        p99 = ours[("resnet18", protocol, 1)].p99_us
-        bound = ref["latency_b1_us"] + rtt_us + 1000
-        lines.append(f"resnet18 {protocol} c=1 p99 {p99 / 1e3:.2f} ms vs engine {ref['latency_b1_us'] / 1e3:.2f} ms + "
-                     f"RTT {rtt_us:.0f} us + 1 ms = {bound / 1e3:.2f} ms: {'MET' if 0 < p99 <= bound else 'NOT MET'}")
+        if "identity" in MODELS:
+            lines.append(identity_target(ours, theirs, protocol))
+        if ref is not None and {1, 8, 16} <= set(CONCURRENCY):
+            lines += resnet_targets(ours, theirs, ref, rtt_us, protocol)
     return lines
 
 
-def report(ours: dict, theirs: dict, ref: dict, rtt_us: float, windows: dict[str, int]) -> str:
+def identity_target(ours: dict, theirs: dict, protocol: str) -> str:
+    rs = [ratio(ours[("identity", protocol, c)], theirs.get(("identity", protocol, c), sv.PerfResult()))
+          for c in CONCURRENCY]
+    ok = all(r >= 2.0 for r in rs)
+    return (f"identity {protocol}: nnserve/KServe throughput {', '.join(f'{r:.2f}x' for r in rs)} at c="
+            f"{CONCURRENCY} (target >= 2x at every c): {'MET' if ok else 'NOT MET'}")
+
+
+def resnet_targets(ours: dict, theirs: dict, ref: dict, rtt_us: float, protocol: str) -> list[str]:
+    r8 = ratio(ours[("resnet18", protocol, 8)], theirs.get(("resnet18", protocol, 8), sv.PerfResult()))
+    t16 = ours[("resnet18", protocol, 16)].throughput
+    frac = t16 / ref["throughput_b8"]
+    p99 = ours[("resnet18", protocol, 1)].p99_us
+    bound = ref["latency_b1_us"] + rtt_us + 1000
+    return [f"resnet18 {protocol} c=8: nnserve/KServe {r8:.2f}x (target >= 1.5x): {'MET' if r8 >= 1.5 else 'NOT MET'}",
+            f"resnet18 {protocol} c=16 with dynamic batching: {t16:.1f} infer/s = {frac:.2f}x the in-process "
+            f"engine at batch 8 ({ref['throughput_b8']:.1f}/s) (target >= 0.8x): {'MET' if frac >= 0.8 else 'NOT MET'}",
+            f"resnet18 {protocol} c=1 p99 {p99 / 1e3:.2f} ms vs engine {ref['latency_b1_us'] / 1e3:.2f} ms + "
+            f"RTT {rtt_us:.0f} us + 1 ms = {bound / 1e3:.2f} ms: {'MET' if 0 < p99 <= bound else 'NOT MET'}"]
+
+
+def report(ours: dict, theirs: dict, ref: dict | None, rtt_us: float, windows: dict[str, int]) -> str:
     header = ["model", "protocol", "c", "nnserve infer/s", "KServe infer/s", "ratio", "nnserve p50/p99 ms",
               "KServe p50/p99 ms"]
     rows = []
     for key, a in ours.items():
-        b = theirs[key]
+        b = theirs.get(key, sv.PerfResult(error="not run"))
         rows.append([key[0], key[1], str(key[2]), a.cell(), b.cell(), f"{ratio(a, b):.2f}",
                      f"{a.p50_us / 1e3:.2f} / {a.p99_us / 1e3:.2f}", f"{b.p50_us / 1e3:.2f} / {b.p99_us / 1e3:.2f}"])
     return "\n\n".join([
@@ -144,8 +157,8 @@ def report(ours: dict, theirs: dict, ref: dict, rtt_us: float, windows: dict[str
         "delay). KServe 0.21 (one worker), ONNX Runtime CPU with intra-op threads = cores, access logging and "
         "latency logging off, plus only the model-config route and rpc perf_analyzer asks for.",
         markdown_table(header, rows),
-        f"In-process engine, ResNet-18: batch 1 median {ref['latency_b1_us'] / 1e3:.2f} ms; batch 8 "
-        f"{ref['throughput_b8']:.1f} infer/s. Loopback TCP round trip: {rtt_us:.0f} us.",
+        (f"In-process engine, ResNet-18: batch 1 median {ref['latency_b1_us'] / 1e3:.2f} ms; batch 8 "
+         f"{ref['throughput_b8']:.1f} infer/s. " if ref else "") + f"Loopback TCP round trip: {rtt_us:.0f} us.",
         "Targets:\n\n" + "\n".join(f"- {t}" for t in targets(ours, theirs, ref, rtt_us))])
 
 
@@ -156,15 +169,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--identity-window-ms", type=int, default=2000)
     ap.add_argument("--resnet-window-ms", type=int, default=10000)
     ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=MODELS, help="while iterating: fewer models")
+    ap.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=PROTOCOLS)
+    ap.add_argument("--concurrency", nargs="+", type=int, default=CONCURRENCY)
+    ap.add_argument("--no-kserve", action="store_true", help="nnserve only (ratios print as nan)")
     args = ap.parse_args(argv)
+    MODELS[:], PROTOCOLS[:], CONCURRENCY[:] = args.models, args.protocols, args.concurrency
     windows = {"identity": args.identity_window_ms, "resnet18": args.resnet_window_ms}
-    ref = engine_reference()
+    ref = engine_reference() if "resnet18" in MODELS else None
     rtt = sv.loopback_rtt_us()
-    print(f"engine ResNet-18: b1 {ref['latency_b1_us'] / 1e3:.2f} ms, b8 {ref['throughput_b8']:.1f} infer/s; "
-          f"loopback RTT {rtt:.0f} us", flush=True)
+    if ref:
+        print(f"engine ResNet-18: b1 {ref['latency_b1_us'] / 1e3:.2f} ms, b8 {ref['throughput_b8']:.1f} infer/s",
+              flush=True)
+    print(f"loopback RTT {rtt:.0f} us", flush=True)
     with tempfile.TemporaryDirectory(prefix="nnserve-bench-serve-") as d:
         ours = run_nnserve(Path(d), windows)
-        theirs = run_kserve(Path(d), args.kserve_python, windows)
+        theirs = {} if args.no_kserve else run_kserve(Path(d), args.kserve_python, windows)
     for line in targets(ours, theirs, ref, rtt):
         print(line)
     if not args.no_record:

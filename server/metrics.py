@@ -42,10 +42,14 @@ class _TritonCounters:
         self._values: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
 
     def add(self, name: str, labels: dict[str, str], amount: float) -> None:
-        key = tuple(sorted(labels.items()))
+        self.add_all(tuple(sorted(labels.items())), {name: amount})
+
+    def add_all(self, key: tuple[tuple[str, str], ...], amounts: dict[str, float]) -> None:
+        """Several counters of one series key (sorted label items) under one lock: a request's whole update."""
         with self._lock:
-            series = self._values[name]
-            series[key] = series.get(key, 0.0) + amount
+            for name, amount in amounts.items():
+                series = self._values[name]
+                series[key] = series.get(key, 0.0) + amount
 
     def value(self, name: str, labels: dict[str, str]) -> float:
         with self._lock:
@@ -127,6 +131,9 @@ class ServerMetrics:
         self._loads: dict[tuple[str, str], int] = defaultdict(int)
         self._series: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
         self._placed: dict[tuple[str, str], list[Any]] = {}
+        # Per (model, version): the counters' series key and the histogram children, looked up once instead of on
+        # every request (histograms are never removed, so these stay valid across reloads).
+        self._hot: dict[tuple[str, str], tuple[Any, ...]] = {}
 
     def render(self) -> bytes:
         text = generate_latest(self.registry)
@@ -134,20 +141,30 @@ class ServerMetrics:
             text = text.replace(f" {name}_total ".encode(), f" {name} ".encode())
         return text
 
+    def _hot_series(self, model: str, version: str) -> tuple[Any, ...]:
+        hot = self._hot.get((model, version))
+        if hot is None:
+            hot = (tuple(sorted({"model": model, "version": version}.items())),
+                   *(h.labels(model, version) for h in (self.request_hist, self.queue_hist, self.compute_hist,
+                                                        self.batch_hist)))
+            self._hot[(model, version)] = hot
+        return hot
+
     def request_ok(self, model: str, version: str, *, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
                    output_ns: int, batch: int) -> None:
-        labels = {"model": model, "version": version}
-        add = self.counters.add
-        add("nv_inference_request_success", labels, 1)
-        add("nv_inference_count", labels, batch)
-        add("nv_inference_request_duration_us", labels, total_ns / 1e3)
-        add("nv_inference_queue_duration_us", labels, queue_ns / 1e3)
-        add("nv_inference_compute_input_duration_us", labels, input_ns / 1e3)
-        add("nv_inference_compute_infer_duration_us", labels, infer_ns / 1e3)
-        add("nv_inference_compute_output_duration_us", labels, output_ns / 1e3)
-        self.request_hist.labels(model, version).observe(total_ns / 1e9)
-        self.queue_hist.labels(model, version).observe(queue_ns / 1e9)
-        self.compute_hist.labels(model, version).observe((input_ns + infer_ns + output_ns) / 1e9)
+        key, request_hist, queue_hist, compute_hist, _ = self._hot_series(model, version)
+        self.counters.add_all(key, {
+            "nv_inference_request_success": 1,
+            "nv_inference_count": batch,
+            "nv_inference_request_duration_us": total_ns / 1e3,
+            "nv_inference_queue_duration_us": queue_ns / 1e3,
+            "nv_inference_compute_input_duration_us": input_ns / 1e3,
+            "nv_inference_compute_infer_duration_us": infer_ns / 1e3,
+            "nv_inference_compute_output_duration_us": output_ns / 1e3,
+        })
+        request_hist.observe(total_ns / 1e9)
+        queue_hist.observe(queue_ns / 1e9)
+        compute_hist.observe((input_ns + infer_ns + output_ns) / 1e9)
 
     def request_failed(self, model: str, version: str, reason: str, total_ns: int) -> None:
         labels = {"model": model, "version": version}
@@ -155,8 +172,9 @@ class ServerMetrics:
         self.counters.add("nv_inference_request_duration_us", labels, total_ns / 1e3)
 
     def execution(self, model: str, version: str, batch_size: int) -> None:
-        self.counters.add("nv_inference_exec_count", {"model": model, "version": version}, 1)
-        self.batch_hist.labels(model, version).observe(batch_size)
+        key, *_, batch_hist = self._hot_series(model, version)
+        self.counters.add_all(key, {"nv_inference_exec_count": 1})
+        batch_hist.observe(batch_size)
 
     def instances_placed(self, model: str, version: str, devices: list[Any]) -> None:
         """The engine device of each instance (inst.device) of a version being loaded; model_loaded follows."""

@@ -1,7 +1,9 @@
-"""gRPC server interceptors.
+"""gRPC server interceptors and the decode guard.
 
-- DecodeGuardInterceptor: a message that is not a valid protobuf (truncated, invalid UTF-8 in a string field)
-  answers INVALID_ARGUMENT instead of grpc's UNKNOWN plus a traceback in the log.
+- The decode guard: a message that is not a valid protobuf (truncated, invalid UTF-8 in a string field) answers
+  INVALID_ARGUMENT instead of grpc's UNKNOWN plus a traceback in the log. `add_guarded` puts it around each handler
+  once, when a servicer is registered; DecodeGuardInterceptor does the same per call, for a server that takes
+  handlers some other way (grpc.aio's interceptor path costs more than the rest of a small model's request).
 - RestrictedProtocolInterceptor (--grpc-restricted-protocol): Triton answers UNAVAILABLE with
   "This protocol is restricted, expecting header 'triton-grpc-protocol-<key>'" when the metadata is missing or wrong.
 """
@@ -83,6 +85,35 @@ def _guard_decoding(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
             yield item
 
     return grpc.stream_stream_rpc_method_handler(stream, None, handler.response_serializer)
+
+
+def add_guarded(add_servicer: Callable[[Any, Any], None], servicer: Any, server: Any) -> None:
+    """Registers `servicer` through its generated add_*_to_server with the decode guard around every handler."""
+    add_servicer(servicer, _GuardingRegistrar(server))
+
+
+class _GuardingRegistrar:
+    """What generated add_*_to_server code calls on a server, guarding each handler before passing it on."""
+
+    def __init__(self, server: Any):
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self.server.add_generic_rpc_handlers(tuple(_GuardedGeneric(h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.server.add_registered_method_handlers(service, {name: _guard_decoding(h) for name, h in handlers.items()})
+
+
+class _GuardedGeneric(grpc.GenericRpcHandler):
+    """The generic lookup, grpc's fallback to the registered handlers above, guarded the same way."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler):
+        self.inner = inner
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self.inner.service(handler_call_details)
+        return None if handler is None else _guard_decoding(handler)
 
 
 class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):

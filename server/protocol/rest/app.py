@@ -1,15 +1,13 @@
 """KServe v2 REST routes. Each handler converts the wire format and calls the data plane; ServerErrors become
-`{"error": ...}` with Triton's status code in one exception handler.
+`{"error": ...}` with Triton's status code through one mapping (infer.error_answer). Infer requests are answered by
+the fast path in front of the FastAPI app (server/protocol/rest/infer.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,15 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import settings
 from server.dataplane import DataPlane
-from server.errors import (
-    ClientDisconnectedError,
-    InvalidArgumentError,
-    PayloadTooLargeError,
-    ServerError,
-    UnavailableError,
-)
-from server.protocol import rest_codec
-from server.protocol.rest import compression
+from server.errors import InvalidArgumentError, ServerError, UnavailableError
+from server.protocol.rest.infer import Answer, InferFastPath, error_answer, infer_answer
 from server.protocol.rest.openapi import (
     EMPTY_OK,
     INDEX_EXTRA,
@@ -37,27 +28,21 @@ from server.protocol.rest.openapi import (
     errors,
 )
 from server.protocol.rest.restrict import RestrictedApiMiddleware
-from server.protocol.types import InferRequest
 from server.security import Restriction
 
 log = logging.getLogger("nnserve.http")
 
-JSON_TYPE = "application/json"
-DISCONNECT_POLL_SECS = 0.05
-T = TypeVar("T")
-
 
 def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYTES,
-               restrictions: dict[str, Restriction] | None = None) -> FastAPI:
+               restrictions: dict[str, Restriction] | None = None) -> Any:
+    """The ASGI app: the infer fast path (server/protocol/rest/infer.py) in front of the FastAPI app."""
     # The schema is served (at /openapi.json) so clients and fuzzers can check the routes against it.
     app = FastAPI(title="nnserve", version=settings.SERVER_VERSION, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
-    if restrictions:
-        app.add_middleware(RestrictedApiMiddleware, restrictions=restrictions)
 
     @app.exception_handler(ServerError)
-    async def _server_error(_: Request, exc: ServerError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.http_status)
+    async def _server_error(request: Request, exc: ServerError) -> Response:
+        return _as_response(error_answer(exc, request.method, request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
     async def _routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -71,14 +56,19 @@ def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYT
         return JSONResponse({"error": f"invalid request to {request.url.path}: {where}"}, status_code=400)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: no traceback to the client
-        log.exception("%s %s failed", request.method, request.url.path)
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+    async def _unexpected(request: Request, exc: Exception) -> Response:  # a bug: no traceback to the client
+        return _as_response(error_answer(exc, request.method, request.url.path))
 
     _health_routes(app, dp)
     _model_routes(app, dp, max_input_bytes)
     _repository_routes(app, dp)
-    return app
+    served: Any = InferFastPath(app, dp, max_input_bytes)
+    # outermost: a restricted call is refused before any route, fast or not, reads its body
+    return RestrictedApiMiddleware(served, restrictions=restrictions) if restrictions else served
+
+
+def _as_response(answer: Answer) -> Response:
+    return Response(answer.body, status_code=answer.status, media_type=answer.content_type, headers=answer.headers)
 
 
 def routing_message(request: Request, exc: StarletteHTTPException) -> str:
@@ -135,71 +125,12 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
                           methods=["GET"], responses=lookup)
 
     async def infer(request: Request, model: str, version: str = "") -> Response:
-        body = compression.decompress(await _read_body(request, max_input_bytes),
-                                      request.headers.get("content-encoding"), max_input_bytes)
-        header = _int_header(request.headers.get(rest_codec.HEADER_LENGTH))
-        if header == 0:
-            req = _raw_binary(dp, model, version, body)
-        else:
-            req = rest_codec.decode_request(model, version, body, header)
-        resp = await _unless_disconnected(request, dp.infer(req))
-        payload, json_len = rest_codec.encode_response(resp, req)
-        payload, encoding = compression.compress(payload, request.headers.get("accept-encoding"))
-        headers = {"Content-Encoding": encoding} if encoding else {}
-        if json_len is None:
-            return Response(payload, media_type=JSON_TYPE, headers=headers)
-        headers[rest_codec.HEADER_LENGTH] = str(json_len)
-        return Response(payload, media_type="application/octet-stream", headers=headers)
+        # served by InferFastPath in front of this app; this route gives the schema and the same answers
+        answer = await infer_answer(dp, model, version, request.headers, request.receive, max_input_bytes)
+        return Response(answer.body, media_type=answer.content_type, headers=answer.headers)
 
     for path in both("/infer"):
         app.add_api_route(path, infer, methods=["POST"], openapi_extra=INFER_EXTRA, responses=INFER_RESPONSES)
-
-
-def _raw_binary(dp: DataPlane, model: str, version: str, body: bytes) -> InferRequest:
-    meta = dp.model_metadata(model, version)
-    if len(meta["inputs"]) != 1:
-        raise InvalidArgumentError(f"raw binary request (Inference-Header-Content-Length: 0) needs a model with one "
-                                   f"input; '{model}' has {len(meta['inputs'])}")
-    spec = meta["inputs"][0]
-    return rest_codec.raw_binary_request(model, version, body, spec["name"], spec["datatype"], spec["shape"])
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client hangs up meanwhile (so a queued request is dropped)."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECS)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise ClientDisconnectedError("client disconnected")
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to be over the limit (before buffering all of it)."""
-    declared = _int_header(request.headers.get("content-length"), "Content-Length")
-    if declared is not None and declared > limit:
-        raise PayloadTooLargeError(f"request of {declared} bytes exceeds the {limit}-byte limit "
-                                   "(--http-max-input-size)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"request exceeds the {limit}-byte limit (--http-max-input-size)")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _int_header(value: str | None, name: str = rest_codec.HEADER_LENGTH) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"{name} must be an integer, got '{value}'") from None
 
 
 def _repository_routes(app: FastAPI, dp: DataPlane) -> None:

@@ -1,0 +1,268 @@
+"""The serving fast paths: runs of cheap models on the event loop thread (runner.InlinePolicy), the REST infer route
+answered in front of FastAPI (protocol/rest/infer.py). Results, statistics and metrics must be what the pooled,
+FastAPI path gives, also with 16 clients at once over both protocols."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repository
+
+from server.errors import ClientDisconnectedError, InvalidArgumentError
+from server.protocol.grpc import pb2, pb2_grpc
+from server.protocol.rest.infer import InferFastPath, unless_disconnected
+from server.protocol.types import InferResponse, OutputTensor
+from server.runner import DirectRunner, InlinePolicy
+
+# ---- InlinePolicy ------------------------------------------------------------------------------------------------
+
+
+def test_inline_policy_learns_sizes_from_measured_runs():
+    p = InlinePolicy(limit_ns=1000)
+    assert not p.allows(0)  # nothing measured yet: everything goes to the pool first
+    p.observe(64, 500)
+    assert p.allows(64) and p.allows(16) and not p.allows(65)
+    p.observe(4096, 5000)  # a bigger input measured slow leaves the cheap sizes alone
+    assert p.allows(64) and not p.allows(4096)
+    p.observe(64, 2000)  # a cheap size turned slow (a loaded machine): back to the pool
+    assert not p.allows(64) and p.allows(63)
+    p.observe(64, 400)
+    assert p.allows(64)
+
+
+# ---- DirectRunner --------------------------------------------------------------------------------------------------
+
+
+class Doubler:
+    """An engine instance stand-in: out0 = 2 * in0, sleeping `delay` s, recording the thread of each run."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay, self.threads = delay, []
+
+    def run(self, inputs):
+        self.threads.append(threading.get_ident())
+        if self.delay:
+            time.sleep(self.delay)
+        return {"out0": inputs["in0"] * 2}
+
+
+class Hooks:
+    def __init__(self):
+        self.batches, self.depths = [], []
+
+    def on_batch(self, batch_size, num_requests, run):
+        self.batches.append((batch_size, num_requests))
+
+    def on_queue_depth(self, depth):
+        self.depths.append(depth)
+
+
+def _run_all(runner: DirectRunner, xs: list[np.ndarray], concurrent: bool) -> list:
+    async def main():
+        await runner.start()
+        try:
+            if concurrent:
+                return await asyncio.gather(*(runner.submit({"in0": x}) for x in xs))
+            return [await runner.submit({"in0": x}) for x in xs]
+        finally:
+            await runner.stop()
+
+    return asyncio.run(main())
+
+
+def test_cheap_runs_go_inline_after_one_pooled_run_and_keep_their_statistics():
+    inst, hooks = Doubler(), Hooks()
+    # a generous limit: on a loaded machine a microsecond run is sometimes descheduled for far longer than 200 us
+    runner = DirectRunner([inst], batching=True, hooks=hooks, inline_max_ns=50_000_000)
+    xs = [np.full((1, 4), i, np.float32) for i in range(20)]
+    results = _run_all(runner, xs, concurrent=False)
+    for x, r in zip(xs, results, strict=True):
+        np.testing.assert_array_equal(r.outputs["out0"], x * 2)
+        assert r.batch_size == 1 and r.compute_infer_ns > 0
+    assert runner.inline_runs == 19  # the first run was measured in the pool
+    assert inst.threads[0] != threading.get_ident() and set(inst.threads[1:]) == {threading.get_ident()}
+    assert hooks.batches == [(1, 1)] * 20  # every execution reported, inline or not
+    assert hooks.depths == []  # an instance was always free: nothing waited
+
+
+def test_slow_runs_never_block_the_event_loop():
+    inst = Doubler(delay=0.005)  # 5 ms: far over the default limit
+    runner = DirectRunner([inst], batching=False)
+    _run_all(runner, [np.ones((1, 4), np.float32)] * 5, concurrent=False)
+    assert runner.inline_runs == 0 and threading.get_ident() not in inst.threads
+
+
+def test_requests_waiting_for_an_instance_are_counted_and_all_answered():
+    inst, hooks = Doubler(delay=0.002), Hooks()
+    runner = DirectRunner([inst], batching=True, hooks=hooks)
+    xs = [np.full((1, 4), i, np.float32) for i in range(8)]
+    results = _run_all(runner, xs, concurrent=True)
+    for x, r in zip(xs, results, strict=True):
+        np.testing.assert_array_equal(r.outputs["out0"], x * 2)
+    assert max(hooks.depths) >= 1 and hooks.depths[-1] == 0
+    assert sum(r.queue_ns > 0 for r in results) >= 1
+
+
+# ---- the REST fast path in process ------------------------------------------------------------------------------
+
+
+class FakeDataPlane:
+    """infer: echoes in0 as out0, or raises what `error` holds."""
+
+    def __init__(self, error: Exception | None = None):
+        self.error = error
+
+    async def infer(self, req):
+        if self.error is not None:
+            raise self.error
+        x = req.inputs[0].data
+        return InferResponse(req.model_name, "1", req.id, [OutputTensor("out0", "FP32", list(x.shape), x)])
+
+
+async def _call(app, body: bytes, path: str = "/v2/models/m/infer") -> tuple[dict, bytes]:
+    """(response start, body) of one POST through `app`; empty when it answered nothing."""
+    sent, messages = [], [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(3600)  # the client stays connected
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-type", b"application/json")]}
+    await app(scope, receive, send)
+    return (sent[0], sent[1]["body"]) if sent else ({}, b"")
+
+
+BODY = b'{"id":"7","inputs":[{"name":"in0","shape":[1,2],"datatype":"FP32","data":[1.5,-2]}]}'
+
+
+def test_fast_path_answers_infer_and_passes_everything_else_on():
+    passed = []
+
+    async def fallback(scope, receive, send):
+        passed.append(scope["path"])
+
+    app = InferFastPath(fallback, FakeDataPlane(), 1 << 20)
+    start, body = asyncio.run(_call(app, BODY, "/v2/models/m/versions/3/infer"))
+    assert start["status"] == 200 and (b"content-type", b"application/json") in start["headers"]
+    assert body == b'{"model_name":"m","model_version":"1","outputs":[{"name":"out0","datatype":"FP32",' \
+                   b'"shape":[1,2],"data":[1.5,-2.0]}],"id":"7"}'
+    asyncio.run(_call(app, BODY, "/v2/models/m/infer/extra"))
+    asyncio.run(_call(app, BODY, "/v2/models/m/versions/3/4/infer"))
+    assert passed == ["/v2/models/m/infer/extra", "/v2/models/m/versions/3/4/infer"]
+
+
+@pytest.mark.parametrize(("error", "status", "message"), [
+    (InvalidArgumentError("bad input"), 400, '{"error":"bad input"}'),
+    (RuntimeError("boom"), 500, '{"error":"internal error: RuntimeError: boom"}'),
+])
+def test_fast_path_maps_errors_as_the_fastapi_app_does(error, status, message):
+    start, body = asyncio.run(_call(InferFastPath(None, FakeDataPlane(error), 1 << 20), BODY))
+    assert start["status"] == status and body.decode() == message
+
+
+def test_a_client_hanging_up_cancels_the_work():
+    cancelled = asyncio.Event()
+
+    async def work():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def receive():
+        await asyncio.sleep(0.01)
+        return {"type": "http.disconnect"}
+
+    async def main():
+        with pytest.raises(ClientDisconnectedError):
+            await unless_disconnected(receive, work())
+        assert cancelled.is_set()
+        return await unless_disconnected(receive, asyncio.sleep(0, result=5))  # finished first: no disconnect
+
+    assert asyncio.run(main()) == 5
+
+
+# ---- 16 clients at once against a real server -------------------------------------------------------------------
+
+DIRECT_CONFIG = AFFINE_CONFIG.replace("dynamic_batching { max_queue_delay_microseconds: 20000 }\n", "")
+CLIENTS, PER_CLIENT = 16, 12
+
+
+@pytest.fixture(scope="module")
+def direct_server(tmp_path_factory):
+    assert "dynamic_batching" not in DIRECT_CONFIG
+    srv = ServerProcess(make_repository(tmp_path_factory.mktemp("fast"), {"affine": DIRECT_CONFIG}))
+    yield srv
+    assert srv.stop() == 0, srv.log_text
+
+
+def _counter(text: str, name: str) -> float:
+    m = re.search(rf'^{name}\{{model="affine",version="1"\}} ([\d.e+]+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _http_client(url: str, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    with httpx.Client(base_url=f"http://{url}") as client:
+        for i in range(PER_CLIENT):
+            x = rng.standard_normal((1 + i % 3, 4)).astype(np.float32)
+            body = {"id": f"{seed}-{i}", "inputs": [{"name": "in0", "shape": list(x.shape), "datatype": "FP32",
+                                                     "data": x.ravel().tolist()}]}
+            r = client.post("/v2/models/affine/infer", json=body)
+            assert r.status_code == 200, r.text
+            doc, ref = r.json(), affine_reference(x)
+            assert doc["id"] == f"{seed}-{i}"
+            for out in doc["outputs"]:
+                got = np.array(out["data"], np.float32).reshape(out["shape"])
+                np.testing.assert_allclose(got, ref[out["name"]], rtol=1e-5, atol=1e-6)
+    return PER_CLIENT
+
+
+def _grpc_client(url: str, seed: int) -> int:
+    rng = np.random.default_rng(seed)
+    with grpc.insecure_channel(url) as channel:
+        stub = pb2_grpc.GRPCInferenceServiceStub(channel)
+        for i in range(PER_CLIENT):
+            x = rng.standard_normal((1 + i % 3, 4)).astype(np.float32)
+            req = pb2.ModelInferRequest(model_name="affine", id=f"{seed}-{i}", raw_input_contents=[x.tobytes()])
+            req.inputs.add(name="in0", datatype="FP32", shape=list(x.shape))
+            resp = stub.ModelInfer(req, timeout=30)
+            assert resp.id == f"{seed}-{i}"
+            ref = affine_reference(x)
+            for out, raw in zip(resp.outputs, resp.raw_output_contents, strict=True):
+                got = np.frombuffer(raw, np.float32).reshape(list(out.shape))
+                np.testing.assert_allclose(got, ref[out.name], rtol=1e-5, atol=1e-6)
+    return PER_CLIENT
+
+
+def test_sixteen_clients_over_both_protocols_get_their_own_answers_and_exact_counts(direct_server):
+    url = f"http://{direct_server.http_url}/v2/models/affine/stats"
+    before = httpx.get(url).json()["model_stats"][0]
+    metrics_before = httpx.get(direct_server.metrics_url).text
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        jobs = [pool.submit(_http_client if k % 2 else _grpc_client,
+                            direct_server.http_url if k % 2 else direct_server.grpc_url, k) for k in range(CLIENTS)]
+        sent = sum(job.result() for job in jobs)
+    after = httpx.get(url).json()["model_stats"][0]
+    metrics_after = httpx.get(direct_server.metrics_url).text
+    rows = sum(1 + i % 3 for i in range(PER_CLIENT)) * CLIENTS  # inference_count counts batch rows
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == sent
+    assert after["execution_count"] - before["execution_count"] == sent  # no dynamic batching: one run each
+    assert after["inference_count"] - before["inference_count"] == rows
+    assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"]
+    for name, delta in (("nv_inference_request_success", sent), ("nv_inference_exec_count", sent),
+                        ("nv_inference_count", rows)):
+        assert _counter(metrics_after, name) - _counter(metrics_before, name) == delta, name
