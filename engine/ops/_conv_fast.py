@@ -78,7 +78,13 @@ def _tile_rows(k_rows: int, width: int, height: int, cap_elems: int) -> int:
 
 
 def _use_onednn(node: Node, ins: list[TensorInfo]) -> bool:
-    return ONEDNN and _conv_onednn.supported(node, ins)
+    """oneDNN for every supported conv but plain 1x1s: on NCHW those are one GEMM here, which beat oneDNN's
+    blocked kernel plus its two reorders (24->144 @56 relu6: 0.60 vs 0.94 ms b1) and its NCHW GEMM with an
+    eltwise post-op (10 ms) in 7 of 10 MobileNet-V2 layer shapes at 2 threads."""
+    if not (ONEDNN and _conv_onednn.supported(node, ins)):
+        return False
+    geo = conv_geom(node, ins[0].shape)
+    return not (geo.groups == 1 and _kind(geo) == "gemm")
 
 
 def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:

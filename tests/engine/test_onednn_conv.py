@@ -91,10 +91,20 @@ def build_args(name: str, residual: bool = False, **extra):
     return conv_node(c, o, k, bias=bias, residual=residual, **params), shape
 
 
-def test_dispatch_picks_onednn():
-    node, shape = build_args("3x3_s1")
+@pytest.fixture(autouse=True)
+def onednn_for_every_conv(monkeypatch):
+    """Every supported conv on oneDNN here, the plain 1x1s the dispatch keeps on the GEMM path included."""
+    monkeypatch.setattr(_conv_fast, "_use_onednn",
+                        lambda node, ins: _conv_fast.ONEDNN and _conv_onednn.supported(node, ins))
+
+
+@pytest.mark.parametrize("name,onednn", [("3x3_s1", True), ("depthwise_s2", True), ("1x1_s2", True),
+                                         ("1x1", False)])
+def test_dispatch(name, onednn, monkeypatch):
+    monkeypatch.undo()  # the real dispatch
+    node, shape = build_args(name)
     fn = get_op("Conv").kernel(node, [TensorInfo(shape, np.dtype(np.float32))])
-    assert fn.impl.startswith("onednn:")
+    assert getattr(fn, "impl", "").startswith("onednn:") == onednn
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
