@@ -4,6 +4,8 @@ Kernels copy slices into or out of the output views; shape arithmetic on known v
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from engine.errors import ShapeError
@@ -43,19 +45,33 @@ def _join_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [fn(arrays, axis=int(node.params.get("axis", 0)))]
 
 
+def _cuts(shape: tuple[int, ...], axis: int, widths: list[int]) -> tuple[int, int, list[tuple[int, int]]]:
+    """The (outer, inner) factors of `shape` around `axis` and each piece's [start, end) of the flattened
+    (outer, dim * inner) rows: a piece of a Concat/Split along `axis` is a column range of that 2-D view."""
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    bounds = np.concatenate([[0], np.cumsum(widths)]) * inner
+    return outer, inner, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def _join_kernel(node: Node, ins: list[TensorInfo]):
     stack = node.op_type == "Stack"
+    plans: dict[tuple, tuple] = {}  # per input shapes: (outer, column ranges); no index building per call
 
     def run(inputs, outputs, workspace):
         out = outputs[0]
-        axis = norm_axis(node, int(node.params.get("axis", 0)), out.ndim)
-        index = [slice(None)] * out.ndim
-        start = 0
-        for x in inputs:
-            width = 1 if stack else x.shape[axis]
-            index[axis] = start if stack else slice(start, start + width)
-            np.copyto(out[tuple(index)], x, casting="unsafe")
-            start += width
+        key = tuple(x.shape for x in inputs)
+        plan = plans.get(key)
+        if plan is None:
+            axis = norm_axis(node, int(node.params.get("axis", 0)), out.ndim)
+            widths = [1 if stack else x.shape[axis] for x in inputs]
+            outer, _, cols = _cuts(out.shape, axis, widths)
+            plan = plans[key] = (outer, cols)
+        outer, cols = plan
+        if out.size == 0:
+            return
+        rows = out.reshape(outer, -1)
+        for x, (a, b) in zip(inputs, cols, strict=True):
+            np.copyto(rows[:, a:b], x.reshape(outer, b - a), casting="unsafe")
     return run
 
 
@@ -93,9 +109,21 @@ def _split_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _split_kernel(node: Node, ins: list[TensorInfo]):
+    plans: dict[tuple, tuple] = {}
+
     def run(inputs, outputs, workspace):
-        for out, piece in zip(outputs, _split_pieces(node, inputs[0]), strict=True):
-            np.copyto(out, piece)
+        x = inputs[0]
+        plan = plans.get(x.shape)
+        if plan is None:
+            axis, sizes = _split_sizes(node, x.shape)
+            outer, _, cols = _cuts(x.shape, axis, sizes)
+            plan = plans[x.shape] = (outer, cols)
+        outer, cols = plan
+        if x.size == 0:
+            return
+        rows = x.reshape(outer, -1)
+        for out, (a, b) in zip(outputs, cols, strict=True):
+            np.copyto(out.reshape(outer, b - a), rows[:, a:b])
     return run
 
 

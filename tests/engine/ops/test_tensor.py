@@ -192,3 +192,17 @@ def test_slice_bound_input_unknown_before_running_is_a_shape_error():
         get_op("Slice").infer(node, ins)
     with pytest.raises(ShapeError, match="Slice ends must be a list of ints"):
         reference(node, [np.zeros(4), np.array([0]), np.array([1.5])])
+
+
+@pytest.mark.parametrize("shape,axis", [((2, 116, 7, 5), 1), ((0, 6, 3), 1), ((4,), 0), ((3, 5, 0), -1),
+                                        ((2, 3, 4), 2)])
+def test_split_then_concat_round_trip_edge_shapes(shape, axis):
+    """The column-range plans (one per input shape) on batch > 1, empty tensors, 1-D and last-axis cuts."""
+    x = _x(*shape)
+    n = shape[axis]
+    sizes = [n // 2, n - n // 2]
+    split = make_node("Split", 1, 2, params={"axis": axis, "sizes": sizes})
+    check_kernel(split, [x], rtol=0, atol=0)
+    pieces = reference(split, [x])
+    check_kernel(make_node("Concat", 2, params={"axis": axis}), pieces, rtol=0, atol=0)
+    check_kernel(make_node("Stack", 2, params={"axis": axis}), [pieces[0], pieces[0]], rtol=0, atol=0)
