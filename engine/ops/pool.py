@@ -16,9 +16,12 @@ from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops import _plane_kernels as PL
 from engine.ops import _pool_kernels as PK
+from engine.ops import _pool_onednn
 from engine.ops._spatial import auto_pads, check_rank, out_size, pair
 from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+
+ONEDNN_AVGPOOL = True  # NNSERVE_ONEDNN=0 turns it off with the rest of oneDNN
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,9 @@ def build_avgpool(node: Node, ins: list[TensorInfo]) -> Kernel:
         out = outputs[0]
         parallel_for(PK.avg_pool, g.n * g.c, out.size * g.kernel[0] * g.kernel[1], x, out, *g.kernel, *g.stride,
                      *g.pads, include, divisor)
+    # oneDNN's NCHW average pooling: 2x2 s2 64ch@56 0.18 vs 0.79 ms b1 (MaxPool measured no faster there: stays)
+    if ONEDNN_AVGPOOL and _pool_onednn.supported(node, ins, pool_geom):
+        return _pool_onednn.build(node, ins, pool_geom, run)
     return run
 
 
