@@ -18,6 +18,7 @@ from engine.ir import Node
 from engine.ops import _resize_kernels as RK
 from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+from engine.ops.tensor import channel_shuffle_kernel
 
 _MODES = {"nearest": "nearest", "bilinear": "bilinear", "linear": "bilinear", "bicubic": "bicubic",
           "cubic": "bicubic"}
@@ -220,5 +221,5 @@ def _copy_kernel(view):
 register(
     OpDef("Resize", infer_resize, resize_reference, kernel=build_resize),
     OpDef("PixelShuffle", infer_pixel, pixel_reference, kernel=_copy_kernel(_pixel_view)),
-    OpDef("ChannelShuffle", infer_channel, channel_reference, kernel=_copy_kernel(_channel_view)),
+    OpDef("ChannelShuffle", infer_channel, channel_reference, kernel=channel_shuffle_kernel),
 )

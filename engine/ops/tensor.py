@@ -10,8 +10,10 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import ints, norm_axis, promote, with_value
-from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops._common import empty, ints, norm_axis, numba_ok, promote, reference_kernel, with_value
+from engine.ops._plane_kernels import shuffle_rows
+from engine.ops._threads import parallel_for
+from engine.ops.registry import OpDef, TensorInfo, get_op, register
 
 _END = 2**31 - 1
 
@@ -124,6 +126,25 @@ def _split_kernel(node: Node, ins: list[TensorInfo]):
         rows = x.reshape(outer, -1)
         for out, (a, b) in zip(outputs, cols, strict=True):
             np.copyto(out.reshape(outer, b - a), rows[:, a:b])
+    return run
+
+
+# -- ChannelShuffle (registered with PixelShuffle in resize.py) ------------------------------------------------
+def channel_shuffle_kernel(node: Node, ins: list[TensorInfo]):
+    """A numba row copy per output channel of the (N*C, H*W) view (the op's infer checked groups divides C)."""
+    groups = int(node.params["groups"])
+    if not numba_ok(ins[0].dtype):
+        return reference_kernel(node, get_op(node.op_type).reference)
+    shuffle_rows(empty(2, ins[0].dtype), empty(2, ins[0].dtype), groups, groups, 0, 0)  # compile at build
+
+    def run(inputs, outputs, workspace):
+        x = np.ascontiguousarray(inputs[0])
+        n, c = x.shape[0], x.shape[1]
+        rows = n * c
+        if rows == 0:
+            return
+        # memory-bound copies: split over the pool only for large tensors (batch 8 and up)
+        parallel_for(shuffle_rows, rows, x.size // 4, x.reshape(rows, -1), outputs[0].reshape(rows, -1), c, groups)
     return run
 
 

@@ -206,3 +206,14 @@ def test_split_then_concat_round_trip_edge_shapes(shape, axis):
     pieces = reference(split, [x])
     check_kernel(make_node("Concat", 2, params={"axis": axis}), pieces, rtol=0, atol=0)
     check_kernel(make_node("Stack", 2, params={"axis": axis}), [pieces[0], pieces[0]], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape,groups,dtype", [((1, 116, 7, 7), 2, np.float32), ((3, 9, 4, 5), 3, np.float32),
+                                                ((2, 6, 3, 3), 6, np.float64), ((2, 5, 1, 2), 1, np.int64),
+                                                ((2, 4, 3, 3), 2, np.float16), ((0, 4, 2, 2), 2, np.float32)])
+def test_channel_shuffle_row_kernel(shape, groups, dtype):
+    x = (RNG.standard_normal(shape) * 10).astype(dtype)
+    node = make_node("ChannelShuffle", 1, params={"groups": groups})
+    check_kernel(node, [x], rtol=0, atol=0)
+    if shape[0] > 1:  # built for the batch, run on one image
+        check_kernel(node, [x[:1].copy()], [x], rtol=0, atol=0)
