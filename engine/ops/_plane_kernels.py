@@ -132,10 +132,14 @@ def rows_binary(a, s, out, op, swap, lo, hi):
 @njit(nogil=True, cache=True)
 def shuffle_rows(x, out, channels, groups, lo, hi):
     """ChannelShuffle on (N*C, H*W) rows: out channel j*groups + i is input channel i*(C/groups) + j.
-    One unit-stride row copy per output channel (numpy's 5-d transposed copy ran 1.5-3x slower on 7x7 maps)."""
+    Items are (n, j) pairs, each copying its `groups` rows with 2-D indexing (row views and a division per row
+    cost ~20 ns a row, as much as copying a 7x7 map)."""
     per_group = channels // groups
-    for p in range(lo, hi):
-        n, o = p // channels, p % channels
-        src, dst = x[n * channels + (o % groups) * per_group + o // groups], out[p]
-        for k in range(dst.size):
-            dst[k] = src[k]
+    hw = x.shape[1]
+    for it in range(lo, hi):
+        base = (it // per_group) * channels
+        j = it % per_group
+        for i in range(groups):
+            s, d = base + i * per_group + j, base + j * groups + i
+            for k in range(hw):
+                out[d, k] = x[s, k]

@@ -143,8 +143,9 @@ def channel_shuffle_kernel(node: Node, ins: list[TensorInfo]):
         rows = n * c
         if rows == 0:
             return
-        # memory-bound copies: split over the pool only for large tensors (batch 8 and up)
-        parallel_for(shuffle_rows, rows, x.size // 4, x.reshape(rows, -1), outputs[0].reshape(rows, -1), c, groups)
+        # memory-bound copies: split over the pool only for large tensors
+        parallel_for(shuffle_rows, n * (c // groups), x.size // 4, x.reshape(rows, -1), outputs[0].reshape(rows, -1),
+                     c, groups)
     return run
 
 
