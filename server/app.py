@@ -101,7 +101,8 @@ class NNServer:
     def _start_http(self, app: Any, address: str, port: int, into: list[tuple[_Uvicorn, asyncio.Task]],
                     what: str = "HTTP") -> int:
         sock = bind(address, port, what)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+        # no proxy_headers: its middleware would rewrite every request scope for client addresses nothing reads
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", proxy_headers=False,
                                 timeout_keep_alive=65, timeout_graceful_shutdown=self.settings.exit_timeout_secs)
         server = _Uvicorn(config)
         into.append((server, asyncio.create_task(server.serve(sockets=[sock]))))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -160,16 +161,10 @@ def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:
 
 def validate_inputs(mv: ModelVersion, req: InferRequest) -> tuple[dict[str, np.ndarray], int]:
     """Check names, datatypes and shapes against the config (Triton's messages); returns (feed, batch size)."""
-    expected = {t.name: t for t in mv.inputs}
+    expected = mv.input_configs
     given = {t.name: t for t in req.inputs}
-    for name in given:
-        if name not in expected:
-            raise InvalidArgumentError(f"unexpected inference input '{name}' for model '{mv.name}'")
-    missing = [n for n in expected if n not in given]
-    if missing:
-        raise InvalidArgumentError(f"expected {len(expected)} inputs but got {len(given)} inputs for model "
-                                   f"'{mv.name}'. Got input(s) {sorted(given)}, but missing required input(s) "
-                                   f"{missing}. Please provide all required input(s).")
+    if given.keys() != expected.keys():
+        _name_mismatch(mv, expected, given)
     feed, batch = {}, 1
     for name, t in expected.items():
         inp = given[name]
@@ -181,27 +176,37 @@ def validate_inputs(mv: ModelVersion, req: InferRequest) -> tuple[dict[str, np.n
     return feed, batch
 
 
+def _name_mismatch(mv: ModelVersion, expected: dict[str, Any], given: dict[str, Any]) -> None:
+    for name in given:
+        if name not in expected:
+            raise InvalidArgumentError(f"unexpected inference input '{name}' for model '{mv.name}'")
+    missing = [n for n in expected if n not in given]
+    raise InvalidArgumentError(f"expected {len(expected)} inputs but got {len(given)} inputs for model "
+                               f"'{mv.name}'. Got input(s) {sorted(given)}, but missing required input(s) "
+                               f"{missing}. Please provide all required input(s).")
+
+
 def _check_shape(mv: ModelVersion, name: str, shape: list[int], dims: list[int]) -> int:
-    full = ([-1] if mv.batching else []) + list(dims)
-    ok = len(shape) == len(full) and all(e == -1 or e == s for s, e in zip(shape, full, strict=False))
-    if not ok:
-        raise InvalidArgumentError(f"unexpected shape for input '{name}' for model '{mv.name}'. Expected {full}, "
-                                   f"got {shape}")
-    batch = shape[0] if mv.batching else 1
-    if mv.batching and not 1 <= batch <= mv.config.max_batch_size:
-        raise InvalidArgumentError(f"inference request batch-size must be <= {mv.config.max_batch_size} for "
+    batching = mv.batching
+    full = [-1, *dims] if batching else dims
+    if len(shape) != len(full) or any(e != -1 and e != s for s, e in zip(shape, full, strict=False)):
+        raise InvalidArgumentError(f"unexpected shape for input '{name}' for model '{mv.name}'. Expected "
+                                   f"{list(full)}, got {shape}")
+    batch = shape[0] if batching else 1
+    if batching and not 1 <= batch <= mv.max_batch_size:
+        raise InvalidArgumentError(f"inference request batch-size must be <= {mv.max_batch_size} for "
                                    f"'{mv.name}', got {batch}")
     limit = mv.max_shapes.get(name)
-    if limit and any(s > m for s, m in zip(shape[1:] if mv.batching else shape, limit[1:] if mv.batching else limit,
+    if limit and any(s > m for s, m in zip(shape[1:] if batching else shape, limit[1:] if batching else limit,
                                           strict=False)):
         raise InvalidArgumentError(f"input '{name}' shape {shape} exceeds the max shape {limit} model '{mv.name}' "
                                    "was loaded for")
     return batch
 
 
-def api_outputs(mv: ModelVersion, outputs: dict[str, np.ndarray], wanted: set[str]) -> list[OutputTensor]:
+def api_outputs(mv: ModelVersion, outputs: dict[str, np.ndarray], wanted: AbstractSet[str]) -> list[OutputTensor]:
     """The requested outputs in the shapes the config's dims give them (a `reshape` undone)."""
-    configs = {t.name: t for t in mv.outputs}
+    configs = mv.output_configs
     picked = []
     for name, array in outputs.items():
         if name not in wanted:
@@ -216,8 +221,8 @@ def api_outputs(mv: ModelVersion, outputs: dict[str, np.ndarray], wanted: set[st
     return picked
 
 
-def requested_outputs(mv: ModelVersion, req: InferRequest) -> set[str]:
-    names = {t.name for t in mv.outputs}
+def requested_outputs(mv: ModelVersion, req: InferRequest) -> AbstractSet[str]:
+    names = mv.output_configs.keys()
     if not req.outputs:
         return names
     for out in req.outputs:

@@ -10,7 +10,7 @@ instance and per GPU, and model load duration.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -32,6 +32,30 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+FOLD_EVERY = 4096  # queued histogram samples folded in without waiting for a scrape (bounds the memory)
+
+
+class _Observations:
+    """Histogram samples queued on the request path (one deque append) and folded into their histograms when the
+    metrics are scraped: Histogram.observe takes a lock and walks the buckets in Python, four times a request."""
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[tuple[Any, float], ...]] = deque()
+
+    def add(self, *samples: tuple[Any, float]) -> None:
+        self._queue.append(samples)
+        if len(self._queue) > FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        queue = self._queue
+        while queue:
+            try:
+                samples = queue.popleft()
+            except IndexError:  # another thread folded the last one
+                return
+            for child, value in samples:
+                child.observe(value)
 
 
 class _TritonCounters:
@@ -134,8 +158,10 @@ class ServerMetrics:
         # Per (model, version): the counters' series key and the histogram children, looked up once instead of on
         # every request (histograms are never removed, so these stay valid across reloads).
         self._hot: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._observations = _Observations()
 
     def render(self) -> bytes:
+        self._observations.fold()
         text = generate_latest(self.registry)
         for name in TRITON_COUNTERS:  # the exposition appends `_total` to counter headers; Triton does not
             text = text.replace(f" {name}_total ".encode(), f" {name} ".encode())
@@ -162,9 +188,8 @@ class ServerMetrics:
             "nv_inference_compute_infer_duration_us": infer_ns / 1e3,
             "nv_inference_compute_output_duration_us": output_ns / 1e3,
         })
-        request_hist.observe(total_ns / 1e9)
-        queue_hist.observe(queue_ns / 1e9)
-        compute_hist.observe((input_ns + infer_ns + output_ns) / 1e9)
+        self._observations.add((request_hist, total_ns / 1e9), (queue_hist, queue_ns / 1e9),
+                               (compute_hist, (input_ns + infer_ns + output_ns) / 1e9))
 
     def request_failed(self, model: str, version: str, reason: str, total_ns: int) -> None:
         labels = {"model": model, "version": version}
@@ -174,7 +199,7 @@ class ServerMetrics:
     def execution(self, model: str, version: str, batch_size: int) -> None:
         key, *_, batch_hist = self._hot_series(model, version)
         self.counters.add_all(key, {"nv_inference_exec_count": 1})
-        batch_hist.observe(batch_size)
+        self._observations.add((batch_hist, batch_size))
 
     def instances_placed(self, model: str, version: str, devices: list[Any]) -> None:
         """The engine device of each instance (inst.device) of a version being loaded; model_loaded follows."""

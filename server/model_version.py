@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -38,9 +39,23 @@ class ModelVersion:
     outputs: list[cfg.TensorConfig] = field(default_factory=list)
     max_shapes: dict[str, list[int]] = field(default_factory=dict)
 
-    @property
+    # Looked up on every request: computed once (a loaded version's config does not change; a reload makes a new
+    # ModelVersion), not read from the protobuf each time.
+    @functools.cached_property
+    def max_batch_size(self) -> int:
+        return int(self.config.max_batch_size)
+
+    @functools.cached_property
     def batching(self) -> bool:
-        return self.config.max_batch_size > 0
+        return self.max_batch_size > 0
+
+    @functools.cached_property
+    def input_configs(self) -> dict[str, cfg.TensorConfig]:
+        return {t.name: t for t in self.inputs}
+
+    @functools.cached_property
+    def output_configs(self) -> dict[str, cfg.TensorConfig]:
+        return {t.name: t for t in self.outputs}
 
 
 def build_instances(model: Any, config: mc.ModelConfig, name: str) -> tuple[list[Any], dict[str, list[int]]]:

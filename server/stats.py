@@ -42,12 +42,16 @@ class ModelStats:
 
     def record_success(self, *, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int,
                        batch: int) -> None:
+        now_ms = int(time.time() * 1000)
+        phases = self.phases
         with self._lock:
-            self.last_inference_ms = int(time.time() * 1000)
+            self.last_inference_ms = now_ms
             self.inference_count += batch
-            for phase, ns in (("success", total_ns), ("queue", queue_ns), ("compute_input", input_ns),
-                              ("compute_infer", infer_ns), ("compute_output", output_ns)):
-                self.phases[phase].add(ns)
+            phases["success"].add(total_ns)
+            phases["queue"].add(queue_ns)
+            phases["compute_input"].add(input_ns)
+            phases["compute_infer"].add(infer_ns)
+            phases["compute_output"].add(output_ns)
 
     def record_failure(self, total_ns: int) -> None:
         with self._lock:
@@ -57,9 +61,12 @@ class ModelStats:
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         with self._lock:
             self.execution_count += 1
-            row = self.batches.setdefault(batch_size, {p: _Duration() for p in BATCH_PHASES})
-            for phase, ns in zip(BATCH_PHASES, (input_ns, infer_ns, output_ns), strict=True):
-                row[phase].add(ns)
+            row = self.batches.get(batch_size)
+            if row is None:
+                row = self.batches[batch_size] = {p: _Duration() for p in BATCH_PHASES}
+            row["compute_input"].add(input_ns)
+            row["compute_infer"].add(infer_ns)
+            row["compute_output"].add(output_ns)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON of one entry of `model_stats` (the gRPC message has the same field names)."""

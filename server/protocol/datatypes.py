@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 
@@ -81,11 +82,16 @@ def tensor_from_raw(raw: bytes | memoryview, datatype: str, shape: list[int], na
     count = math.prod(shape)  # exact: np.prod would wrap around on huge dims
     if datatype == "BYTES":
         return decode_bytes_tensor(raw, count, name).reshape(shape)
-    dtype = wire_to_numpy(datatype)
+    dtype = _little_endian(datatype)
     if len(raw) != count * dtype.itemsize:
         raise InvalidArgumentError(f"input '{name}': got {len(raw)} bytes of data, but shape {shape} of {datatype} "
                                    f"needs {count * dtype.itemsize}")
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(shape)
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+@functools.cache
+def _little_endian(datatype: str) -> np.dtype:
+    return wire_to_numpy(datatype).newbyteorder("<")
 
 
 def tensor_to_raw(arr: np.ndarray) -> bytes:

@@ -45,24 +45,28 @@ def params_to_grpc(values: dict[str, Any], target: Any) -> None:
 
 
 def decode_request(msg: Any) -> InferRequest:
+    # Each protobuf field read builds a Python object: every field is read once.
+    params = msg.parameters
     req = InferRequest(model_name=msg.model_name, model_version=msg.model_version, id=msg.id,
-                       parameters=params_from_grpc(msg.parameters))
-    raw = list(msg.raw_input_contents)
-    if raw and len(raw) != len(msg.inputs):
-        raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs")
-    for i, t in enumerate(msg.inputs):
-        shape = [int(d) for d in t.shape]
-        if any(d < 0 for d in shape):
-            raise InvalidArgumentError(f"input '{t.name}': shape {shape} has a negative dim")
+                       parameters=params_from_grpc(params) if params else {})
+    raw = msg.raw_input_contents
+    inputs = msg.inputs
+    if raw and len(raw) != len(inputs):
+        raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for {len(inputs)} inputs")
+    for i, t in enumerate(inputs):
+        name, datatype, shape = t.name, t.datatype, list(t.shape)
+        if shape and min(shape) < 0:
+            raise InvalidArgumentError(f"input '{name}': shape {shape} has a negative dim")
         if raw:
             if t.HasField("contents"):
-                raise InvalidArgumentError(f"input '{t.name}': contents and raw_input_contents are exclusive")
-            data = tensor_from_raw(raw[i], t.datatype, shape, t.name)
+                raise InvalidArgumentError(f"input '{name}': contents and raw_input_contents are exclusive")
+            data = tensor_from_raw(raw[i], datatype, shape, name)
         else:
             data = _typed_contents(t, shape)
-        req.inputs.append(InferInput(t.name, t.datatype, shape, data))
+        req.inputs.append(InferInput(name, datatype, shape, data))
     for o in msg.outputs:
-        req.outputs.append(RequestedOutput(o.name, params_from_grpc(o.parameters)))
+        out_params = o.parameters
+        req.outputs.append(RequestedOutput(o.name, params_from_grpc(out_params) if out_params else {}))
     return req
 
 

@@ -71,7 +71,11 @@ def _guard_decoding(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         inner = handler.unary_unary
 
         async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-            return await inner(await decode(raw, context), context)
+            try:  # decoded here, not in `decode`: one coroutine less on every call
+                request = deserialize(raw)
+            except DecodeError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
+            return await inner(request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
     inner_stream = handler.stream_stream
