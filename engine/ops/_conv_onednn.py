@@ -197,6 +197,7 @@ def build(node: Node, ins: list[TensorInfo]) -> Kernel:
         if late:
             apply_activation(conv.act[0], conv.act[1], out)
 
+    log.debug("%s: oneDNN conv for input %s: %s", node.where(), max_shape, first.impl)
     run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
     run.plans = plans  # type: ignore[attr-defined]
     return run
