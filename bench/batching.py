@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -264,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-engine", action="store_true", help="skip the in-process ceiling")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
+    # SIGTERM ends the bench through SystemExit, so the server it started is stopped too (finally in measure).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.threads:
         os.environ["NNSERVE_NUM_THREADS"] = str(args.threads)
     elif not os.environ.get("NNSERVE_NUM_THREADS"):
