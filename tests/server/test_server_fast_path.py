@@ -19,6 +19,7 @@ from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repo
 from server.errors import ClientDisconnectedError, InvalidArgumentError
 from server.protocol.grpc import pb2, pb2_grpc
 from server.protocol.rest.infer import InferFastPath, unless_disconnected
+from server.protocol.rest.transport import HeadHoldingTransport
 from server.protocol.types import InferResponse, OutputTensor
 from server.runner import DirectRunner, InlinePolicy
 
@@ -195,6 +196,44 @@ def test_a_client_hanging_up_cancels_the_work():
         return await unless_disconnected(receive, asyncio.sleep(0, result=5))  # finished first: no disconnect
 
     assert asyncio.run(main()) == 5
+
+
+# ---- one send per response ---------------------------------------------------------------------------------------
+
+
+class RecordingTransport:
+    def __init__(self):
+        self.sends, self.closed = [], False
+
+    def write(self, data):
+        self.sends.append(data)
+
+    def writelines(self, parts):
+        self.sends.append(b"".join(parts))
+
+    def close(self):
+        self.closed = True
+
+    def is_closing(self):
+        return self.closed
+
+
+def test_head_and_body_go_out_in_one_send_and_a_lone_head_on_the_next_loop_turn():
+    async def main():
+        real = RecordingTransport()
+        t = HeadHoldingTransport(real, asyncio.get_running_loop())
+        t.write(b"HEAD1")
+        t.write(b"BODY1")
+        assert real.sends == [b"HEAD1BODY1"]
+        t.write(b"HEAD2")  # e.g. 100-continue, or a head whose body the app has not sent yet
+        assert real.sends == [b"HEAD1BODY1"] and not t.is_closing()  # delegated
+        await asyncio.sleep(0)
+        assert real.sends == [b"HEAD1BODY1", b"HEAD2"]
+        t.write(b"HEAD3")
+        t.close()  # nothing held back from a closing connection
+        assert real.sends[-1] == b"HEAD3" and real.closed
+
+    asyncio.run(main())
 
 
 # ---- 16 clients at once against a real server -------------------------------------------------------------------
