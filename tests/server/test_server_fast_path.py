@@ -14,14 +14,15 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repository
+from serverproc import AFFINE_CONFIG, FIXTURES, ServerProcess, affine_reference, make_repository
 
+import engine
 from server.errors import ClientDisconnectedError, InvalidArgumentError
 from server.protocol.grpc import pb2, pb2_grpc
 from server.protocol.rest.infer import InferFastPath, unless_disconnected
 from server.protocol.rest.transport import HeadHoldingTransport
 from server.protocol.types import InferResponse, OutputTensor
-from server.runner import DirectRunner, InlinePolicy
+from server.runner import DirectRunner, InlinePolicy, execute
 
 # ---- InlinePolicy ------------------------------------------------------------------------------------------------
 
@@ -112,6 +113,18 @@ def test_requests_waiting_for_an_instance_are_counted_and_all_answered():
         np.testing.assert_array_equal(r.outputs["out0"], x * 2)
     assert max(hooks.depths) >= 1 and hooks.depths[-1] == 0
     assert sum(r.queue_ns > 0 for r in results) >= 1
+
+
+def test_execute_copies_nothing_itself_and_reports_the_engines_phases():
+    inst = engine.load(FIXTURES / "affine" / "1" / "model.pnnx.param").instance(max_shapes={"in0": (8, 4)})
+    x1, x2 = np.ones((2, 4), np.float32), np.full((2, 4), -3, np.float32)
+    out1, in_ns, infer_ns, out_ns = execute(inst, {"in0": x1})
+    kept = {k: v.copy() for k, v in out1.items()}
+    execute(inst, {"in0": x2})  # the arena now holds x2's activations: out1 must not change (caller-owned copies)
+    for name, ref in affine_reference(x1).items():
+        np.testing.assert_allclose(out1[name], ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(out1[name], kept[name])
+    assert in_ns > 0 and infer_ns > 0 and out_ns > 0
 
 
 # ---- the REST fast path in process ------------------------------------------------------------------------------
