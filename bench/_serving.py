@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import shutil
 import signal
@@ -140,6 +141,7 @@ class PerfResult:
     p50_us: float = 0.0
     p99_us: float = 0.0
     error: str = ""
+    server_cpu_us: float = 0.0  # the server process's CPU (user + sys) per request, when its pid was given
 
     def cell(self) -> str:
         if self.error:
@@ -147,9 +149,27 @@ class PerfResult:
         return f"{self.throughput:.0f}" if self.throughput >= 100 else f"{self.throughput:.2f}"
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def perf(model: str, protocol: str, url: str, concurrency: int, window_ms: int = 3000,
-         input_data: str = "zero") -> PerfResult:
-    """One perf_analyzer run at one concurrency (sync requests, batch 1, random input)."""
+         input_data: str = "zero", server_pid: int | None = None) -> PerfResult:
+    """One perf_analyzer run at one concurrency (sync requests, batch 1, random input). With `server_pid`, also the
+    server's CPU per request: its CPU share over the run divided by the measured rate (every window of a run runs
+    at about the same rate)."""
+    if server_pid is not None:
+        cpu0, t0 = process_cpu_s(server_pid), time.monotonic()
+    result = _perf(model, protocol, url, concurrency, window_ms, input_data)
+    if server_pid is not None and result.throughput:
+        share = (process_cpu_s(server_pid) - cpu0) / (time.monotonic() - t0)
+        result.server_cpu_us = share / result.throughput * 1e6
+    return result
+
+
+def _perf(model: str, protocol: str, url: str, concurrency: int, window_ms: int, input_data: str) -> PerfResult:
     out = Path(f"/tmp/nnserve-bench-perf-{model}-{protocol}-{concurrency}-{time.monotonic_ns()}.csv")
     args = [str(PERF), "-m", model, "-i", protocol, "-u", url, "-b", "1",
             "--concurrency-range", f"{concurrency}:{concurrency}", "-p", str(window_ms),

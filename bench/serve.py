@@ -13,6 +13,7 @@ Checks the targets of issue 5 and appends the figures to bench/RESULTS.md ("Serv
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -33,6 +34,7 @@ import engine  # noqa: E402
 CONCURRENCY = [1, 4, 8, 16]
 PROTOCOLS = ["http", "grpc"]
 MODELS = ["identity", "resnet18"]  # --models narrows these (and CONCURRENCY, PROTOCOLS) while iterating
+START_LOAD = ""
 RESNET_INPUT = Path(_ROOT) / "bench" / "models" / "resnet18" / "input.npy"
 IDENTITY_ONNX_SCRIPT = """
 import sys, onnx
@@ -64,18 +66,20 @@ def engine_reference(iters: int = 10) -> dict:
     return {"latency_b1_us": out[1] * 1e6, "throughput_b8": 8 / out[8]}
 
 
-def sweep(label: str, http: str, grpc: str, tmp: Path, windows: dict[str, int]) -> dict:
+def sweep(label: str, http: str, grpc: str, tmp: Path, windows: dict[str, int], pid: int) -> dict:
     inputs = {"identity": "zero", "resnet18": str(sv.perf_input_file(np.load(RESNET_INPUT), tmp / "rn.json"))}
     results = {}
     for model in MODELS:
         sv.perf(model, "http", http, 1, 1000, inputs[model])  # warm-up, not recorded
         for protocol in PROTOCOLS:
             for c in CONCURRENCY:
-                r = sv.perf(model, protocol, http if protocol == "http" else grpc, c, windows[model], inputs[model])
+                r = sv.perf(model, protocol, http if protocol == "http" else grpc, c, windows[model], inputs[model],
+                            server_pid=pid)
                 results[(model, protocol, c)] = r
                 print(f"{label:<8} {model:<9} {protocol:<5} c={c:<3} "
                       + (f"{r.throughput:8.1f} infer/s  p50 {r.p50_us / 1e3:7.2f} ms  p99 {r.p99_us / 1e3:7.2f} ms"
-                         if not r.error else f"FAILED: {r.error}"), flush=True)
+                         f"  server CPU {r.server_cpu_us:6.0f} us/req" if not r.error else f"FAILED: {r.error}"),
+                      flush=True)
     return results
 
 
@@ -86,7 +90,7 @@ def run_nnserve(tmp: Path, windows: dict[str, int]) -> dict:
         sv.write_resnet(repo, "resnet18", batching=True)
     proc, http, grpc = sv.start_nnserve(repo)
     try:
-        return sweep("nnserve", http, grpc, tmp, windows)
+        return sweep("nnserve", http, grpc, tmp, windows, proc.proc.pid)
     finally:
         proc.stop()
 
@@ -101,7 +105,7 @@ def run_kserve(tmp: Path, python: str, windows: dict[str, int]) -> dict:
         models.append(f"resnet18={sv.RESNET_DYN / 'model.onnx'}:1,3,224,224")
     proc, http, grpc = sv.start_kserve(python, models)
     try:
-        return sweep("kserve", http, grpc, tmp, windows)
+        return sweep("kserve", http, grpc, tmp, windows, proc.proc.pid)
     finally:
         proc.stop()
 
@@ -143,19 +147,23 @@ def resnet_targets(ours: dict, theirs: dict, ref: dict, rtt_us: float, protocol:
 
 def report(ours: dict, theirs: dict, ref: dict | None, rtt_us: float, windows: dict[str, int]) -> str:
     header = ["model", "protocol", "c", "nnserve infer/s", "KServe infer/s", "ratio", "nnserve p50/p99 ms",
-              "KServe p50/p99 ms"]
+              "KServe p50/p99 ms", "server CPU us/req nnserve / KServe"]
     rows = []
     for key, a in ours.items():
         b = theirs.get(key, sv.PerfResult(error="not run"))
         rows.append([key[0], key[1], str(key[2]), a.cell(), b.cell(), f"{ratio(a, b):.2f}",
-                     f"{a.p50_us / 1e3:.2f} / {a.p99_us / 1e3:.2f}", f"{b.p50_us / 1e3:.2f} / {b.p99_us / 1e3:.2f}"])
+                     f"{a.p50_us / 1e3:.2f} / {a.p99_us / 1e3:.2f}", f"{b.p50_us / 1e3:.2f} / {b.p99_us / 1e3:.2f}",
+                     f"{a.server_cpu_us:.0f} / {b.server_cpu_us:.0f}"])
+    resnet = ("; ResNet-18 1 instance, max_batch_size 8, dynamic batching (2 ms max delay)" if "resnet18" in MODELS
+              else "")
     return "\n\n".join([
-        "perf_analyzer (tools/perf_analyzer.sh), sync requests of batch 1, windows of "
-        f"{windows['identity']} ms (identity) / {windows['resnet18']} ms (ResNet-18), the last of 3 windows "
-        "(stability not enforced: the machine is shared). ResNet-18 input: the bench's real input.npy. "
-        "nnserve: identity 2 instances; ResNet-18 1 instance, max_batch_size 8, dynamic batching (2 ms max "
-        "delay). KServe 0.21 (one worker), ONNX Runtime CPU with intra-op threads = cores, access logging and "
-        "latency logging off, plus only the model-config route and rpc perf_analyzer asks for.",
+        f"Load average at the start {START_LOAD}. perf_analyzer (tools/perf_analyzer.sh), sync requests of batch 1, "
+        f"windows of {windows['identity']} ms (identity) / {windows['resnet18']} ms (ResNet-18), the last of 3 "
+        "windows (stability not enforced: the machine is shared). ResNet-18 input: the bench's real input.npy. "
+        f"nnserve: identity 2 instances, no dynamic batching{resnet}. KServe 0.21 (one worker), ONNX Runtime CPU "
+        "with intra-op threads = cores, access logging and latency logging off, plus only the model-config route "
+        "and rpc perf_analyzer asks for. Server CPU per request: the server process's user + system CPU over a "
+        "perf_analyzer run divided by its rate (what the 2 cores, shared with perf_analyzer, pay per request).",
         markdown_table(header, rows),
         (f"In-process engine, ResNet-18: batch 1 median {ref['latency_b1_us'] / 1e3:.2f} ms; batch 8 "
          f"{ref['throughput_b8']:.1f} infer/s. " if ref else "") + f"Loopback TCP round trip: {rtt_us:.0f} us.",
@@ -174,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", nargs="+", type=int, default=CONCURRENCY)
     ap.add_argument("--no-kserve", action="store_true", help="nnserve only (ratios print as nan)")
     args = ap.parse_args(argv)
+    global START_LOAD
+    START_LOAD = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     MODELS[:], PROTOCOLS[:], CONCURRENCY[:] = args.models, args.protocols, args.concurrency
     windows = {"identity": args.identity_window_ms, "resnet18": args.resnet_window_ms}
     ref = engine_reference() if "resnet18" in MODELS else None
