@@ -35,6 +35,7 @@ CONCURRENCY = [1, 4, 8, 16]
 PROTOCOLS = ["http", "grpc"]
 MODELS = ["identity", "resnet18"]  # --models narrows these (and CONCURRENCY, PROTOCOLS) while iterating
 START_LOAD = ""
+IDENTITY_ENGINE_US = 0.0
 RESNET_INPUT = Path(_ROOT) / "bench" / "models" / "resnet18" / "input.npy"
 IDENTITY_ONNX_SCRIPT = """
 import sys, onnx
@@ -46,6 +47,20 @@ m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 m.ir_version = 8
 onnx.save(m, sys.argv[1])
 """
+
+
+def identity_engine_us(tmp: Path, iters: int = 2000) -> float:
+    """In-process median latency of the identity model at batch 1 (the engine's part of a request)."""
+    sv.write_identity(tmp / "engine_identity")
+    inst = engine.load(tmp / "engine_identity" / "identity" / "1" / "model.pnnx.param").instance(
+        max_shapes={"in0": (1, 16)})
+    x = np.zeros((1, 16), np.float32)
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        inst.run({"in0": x})
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[iters // 10:]) * 1e6
 
 
 def engine_reference(iters: int = 10) -> dict:
@@ -119,6 +134,9 @@ def targets(ours: dict, theirs: dict, ref: dict | None, rtt_us: float) -> list[s
     for protocol in PROTOCOLS:
         if "identity" in MODELS:
             lines.append(identity_target(ours, theirs, protocol))
+            if 1 in CONCURRENCY and IDENTITY_ENGINE_US:
+                lines.append(p99_line("identity", ours[("identity", protocol, 1)].p99_us, IDENTITY_ENGINE_US,
+                                      rtt_us, protocol))
         if ref is not None and {1, 8, 16} <= set(CONCURRENCY):
             lines += resnet_targets(ours, theirs, ref, rtt_us, protocol)
     return lines
@@ -136,13 +154,16 @@ def resnet_targets(ours: dict, theirs: dict, ref: dict, rtt_us: float, protocol:
     r8 = ratio(ours[("resnet18", protocol, 8)], theirs.get(("resnet18", protocol, 8), sv.PerfResult()))
     t16 = ours[("resnet18", protocol, 16)].throughput
     frac = t16 / ref["throughput_b8"]
-    p99 = ours[("resnet18", protocol, 1)].p99_us
-    bound = ref["latency_b1_us"] + rtt_us + 1000
     return [f"resnet18 {protocol} c=8: nnserve/KServe {r8:.2f}x (target >= 1.5x): {'MET' if r8 >= 1.5 else 'NOT MET'}",
             f"resnet18 {protocol} c=16 with dynamic batching: {t16:.1f} infer/s = {frac:.2f}x the in-process "
             f"engine at batch 8 ({ref['throughput_b8']:.1f}/s) (target >= 0.8x): {'MET' if frac >= 0.8 else 'NOT MET'}",
-            f"resnet18 {protocol} c=1 p99 {p99 / 1e3:.2f} ms vs engine {ref['latency_b1_us'] / 1e3:.2f} ms + "
-            f"RTT {rtt_us:.0f} us + 1 ms = {bound / 1e3:.2f} ms: {'MET' if 0 < p99 <= bound else 'NOT MET'}"]
+            p99_line("resnet18", ours[("resnet18", protocol, 1)].p99_us, ref["latency_b1_us"], rtt_us, protocol)]
+
+
+def p99_line(model: str, p99: float, engine_us: float, rtt_us: float, protocol: str) -> str:
+    bound = engine_us + rtt_us + 1000
+    return (f"{model} {protocol} c=1 p99 {p99 / 1e3:.2f} ms vs engine {engine_us / 1e3:.2f} ms + RTT {rtt_us:.0f} us "
+            f"+ 1 ms = {bound / 1e3:.2f} ms: {'MET' if 0 < p99 <= bound else 'NOT MET'}")
 
 
 def report(ours: dict, theirs: dict, ref: dict | None, rtt_us: float, windows: dict[str, int]) -> str:
@@ -166,7 +187,9 @@ def report(ours: dict, theirs: dict, ref: dict | None, rtt_us: float, windows: d
         "perf_analyzer run divided by its rate (what the 2 cores, shared with perf_analyzer, pay per request).",
         markdown_table(header, rows),
         (f"In-process engine, ResNet-18: batch 1 median {ref['latency_b1_us'] / 1e3:.2f} ms; batch 8 "
-         f"{ref['throughput_b8']:.1f} infer/s. " if ref else "") + f"Loopback TCP round trip: {rtt_us:.0f} us.",
+         f"{ref['throughput_b8']:.1f} infer/s. " if ref else "")
+        + (f"In-process engine, identity: batch 1 median {IDENTITY_ENGINE_US:.0f} us. " if IDENTITY_ENGINE_US else "")
+        + f"Loopback TCP round trip: {rtt_us:.0f} us.",
         "Targets:\n\n" + "\n".join(f"- {t}" for t in targets(ours, theirs, ref, rtt_us))])
 
 
@@ -182,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", nargs="+", type=int, default=CONCURRENCY)
     ap.add_argument("--no-kserve", action="store_true", help="nnserve only (ratios print as nan)")
     args = ap.parse_args(argv)
-    global START_LOAD
+    global START_LOAD, IDENTITY_ENGINE_US
     START_LOAD = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     MODELS[:], PROTOCOLS[:], CONCURRENCY[:] = args.models, args.protocols, args.concurrency
     windows = {"identity": args.identity_window_ms, "resnet18": args.resnet_window_ms}
@@ -193,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     print(f"loopback RTT {rtt:.0f} us", flush=True)
     with tempfile.TemporaryDirectory(prefix="nnserve-bench-serve-") as d:
+        if "identity" in MODELS:
+            IDENTITY_ENGINE_US = identity_engine_us(Path(d))
+            print(f"engine identity: b1 {IDENTITY_ENGINE_US:.0f} us", flush=True)
         ours = run_nnserve(Path(d), windows)
         theirs = {} if args.no_kserve else run_kserve(Path(d), args.kserve_python, windows)
     for line in targets(ours, theirs, ref, rtt):
