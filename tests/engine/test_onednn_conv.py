@@ -237,3 +237,21 @@ def test_env_switch_disables_onednn():
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_kernels_run_concurrently_from_two_threads():
+    """Two instances' kernels on two server threads at once: each thread has its own stream and OpenMP team."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    node, shape = build_args("depthwise_s1", True, activation="relu6")
+    kernels = [build_kernel(node, shape) for _ in range(2)]
+    cases = [inputs_for(node, rand(*shape)) for _ in range(2)]
+    wants = [reference(node, arrays)[0] for arrays in cases]
+
+    def work(i: int) -> float:
+        fn, ws = kernels[i]
+        return max(float(np.abs(run(fn, ws, node, cases[i]) - wants[i]).max()) for _ in range(30))
+
+    with ThreadPoolExecutor(2) as pool:
+        errors = list(pool.map(work, [0, 1]))
+    assert max(errors) < 1e-4
