@@ -15,7 +15,7 @@ import numpy as np
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops import _conv_kernels as K
-from engine.ops import _conv_onednn
+from engine.ops import _conv_onednn, _tconv_onednn
 from engine.ops import _winograd as W
 from engine.ops._blas import matmul
 from engine.ops._conv_geom import ConvGeom, conv_geom, tconv_geom, weight_of
@@ -102,6 +102,8 @@ def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
 
 
 def tconv_workspace(node: Node, ins: list[TensorInfo]) -> int:
+    if ONEDNN and _tconv_onednn.supported(node, ins):
+        return _tconv_onednn.tconv_workspace(node, ins)
     geo = tconv_geom(node, ins[0].shape)
     m_rows = geo.o // geo.groups * geo.kh * geo.kw
     rows = _tile_rows(m_rows, geo.w, geo.h, WORKSPACE_BUDGET // _F32.itemsize)
@@ -286,6 +288,8 @@ def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
 
 
 def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
+    if ONEDNN and _tconv_onednn.supported(node, ins):
+        return _tconv_onednn.build_tconv(node, ins)
     geo_max = tconv_geom(node, ins[0].shape)
     geom = _geom_cache(tconv_geom, node)
     epi = _Epilogue(node, geo_max.o)

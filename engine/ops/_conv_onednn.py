@@ -77,10 +77,28 @@ class _Conv:
         self.elt = eltwise(*self.act)
         self.weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
 
+    op = "Conv"
+
+    def geom(self, shape: tuple[int, ...]) -> ConvGeom:
+        return conv_geom(self.node, shape)
+
     def wshape(self, geo: ConvGeom) -> tuple[int, ...]:
         g = geo.groups
         kh, kw = geo.kh, geo.kw
         return (geo.o, geo.c, kh, kw) if g == 1 else (g, geo.o // g, geo.c // g, kh, kw)
+
+    def w_plain(self, geo: ConvGeom) -> D.MemoryDesc:
+        """How self.w is laid out, in oneDNN's weight dims."""
+        return D.MemoryDesc.plain(self.wshape(geo))
+
+    def primitive_desc(self, geo: ConvGeom, shape: tuple[int, ...], b_md: D.MemoryDesc | None,
+                       attr: D.Attr) -> D.PrimitiveDesc:
+        # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
+        x_any, w_any, y_any = (D.MemoryDesc.any(s) for s in (shape, self.wshape(geo), geo.out_shape))
+        return D.PrimitiveDesc.create(
+            "dnnl_convolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE,
+            L.CONVOLUTION_DIRECT, x_any.h, w_any.h, None if b_md is None else b_md.h, y_any.h, L.dims(geo.stride),
+            L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]), L.dims(geo.pads[2:]), attr.h)
 
     def post_ops(self, residual: bool) -> list[tuple]:
         ops: list[tuple] = [("sum",)] if residual else []
@@ -90,7 +108,7 @@ class _Conv:
         for have, buf in self.weights:
             if have == md:
                 return buf
-        buf = D.reorder_into(self.w, D.MemoryDesc.plain(self.wshape(geo)), md)
+        buf = D.reorder_into(self.w, self.w_plain(geo), md)
         self.weights.append((md, buf))
         return buf
 
@@ -99,17 +117,11 @@ class _Plan:
     """The primitives for one input shape, and where their buffers go in the workspace."""
 
     def __init__(self, conv: _Conv, shape: tuple[int, ...], residual: bool):
-        geo = conv_geom(conv.node, shape)
+        geo = conv.geom(shape)
         self.geo, self.residual = geo, residual
         x_plain, y_plain = D.MemoryDesc.plain(shape), D.MemoryDesc.plain(geo.out_shape)
         b_md = D.MemoryDesc.plain((geo.o,)) if conv.bias is not None else None
-        # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
-        x_any, w_any, y_any = (D.MemoryDesc.any(s) for s in (shape, conv.wshape(geo), geo.out_shape))
-        attr = D.Attr(conv.post_ops(residual))
-        self.pd = D.PrimitiveDesc.create(
-            "dnnl_convolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE,
-            L.CONVOLUTION_DIRECT, x_any.h, w_any.h, None if b_md is None else b_md.h, y_any.h, L.dims(geo.stride),
-            L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]), L.dims(geo.pads[2:]), attr.h)
+        self.pd = conv.primitive_desc(geo, shape, b_md, D.Attr(conv.post_ops(residual)))
         src, wts, dst, pad = (self.pd.md(q) for q in (L.QUERY_SRC_MD, L.QUERY_WEIGHTS_MD, L.QUERY_DST_MD,
                                                        L.QUERY_SCRATCHPAD_MD))
         self.weights = conv.weights_in(wts, geo)
@@ -167,14 +179,14 @@ class _Plan:
         D.wait()
 
 
-def workspace(node: Node, ins: list[TensorInfo]) -> int:
+def workspace(node: Node, ins: list[TensorInfo], kind: type[_Conv] = _Conv) -> int:
     """Bytes for the max shape's blocked src, blocked dst and scratchpad, plus room to align the start."""
     D.sync_threads()
-    return _Plan(_Conv(node), tuple(ins[0].shape), len(ins) > 1).nbytes + D.ALIGN
+    return _Plan(kind(node), tuple(ins[0].shape), len(ins) > 1).nbytes + D.ALIGN
 
 
-def build(node: Node, ins: list[TensorInfo]) -> Kernel:
-    conv = _Conv(node)
+def build(node: Node, ins: list[TensorInfo], kind: type[_Conv] = _Conv) -> Kernel:
+    conv = kind(node)
     residual = len(ins) > 1
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
@@ -189,15 +201,15 @@ def build(node: Node, ins: list[TensorInfo]) -> Kernel:
         plan = plans.get(x.shape)
         if plan is None:
             if any(a > b for a, b in zip(x.shape, max_shape, strict=True)):
-                raise KernelError(f"{node.where()}: Conv input {x.shape} is beyond the max shape {max_shape} its "
-                                  f"workspace was planned for")
+                raise KernelError(f"{node.where()}: {conv.op} input {x.shape} is beyond the max shape {max_shape} "
+                                  f"its workspace was planned for")
             plan = plans[x.shape] = _Plan(conv, x.shape, residual)
-            log.debug("%s: oneDNN conv for input %s: %s", node.where(), x.shape, plan.impl)
+            log.debug("%s: oneDNN %s for input %s: %s", node.where(), conv.op, x.shape, plan.impl)
         plan.run(x, z, out, workspace)
         if late:
             apply_activation(conv.act[0], conv.act[1], out)
 
-    log.debug("%s: oneDNN conv for input %s: %s", node.where(), max_shape, first.impl)
+    log.debug("%s: oneDNN %s for input %s: %s", node.where(), conv.op, max_shape, first.impl)
     run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
     run.plans = plans  # type: ignore[attr-defined]
     return run

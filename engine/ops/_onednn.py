@@ -96,6 +96,11 @@ class MemoryDesc(_Handle):
         strides = [1] * len(shape)
         for i in range(len(shape) - 2, -1, -1):
             strides[i] = strides[i + 1] * int(shape[i + 1])
+        return cls.strided(shape, strides)
+
+    @classmethod
+    def strided(cls, shape: Sequence[int], strides: Sequence[int]) -> MemoryDesc:
+        """float32 of `shape` with element `strides`."""
         h = _vp()
         L.call("dnnl_memory_desc_create_with_strides", ctypes.byref(h), len(shape), L.dims(shape), L.F32,
                L.dims(strides))

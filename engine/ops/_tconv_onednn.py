@@ -1,0 +1,65 @@
+"""ConvTranspose on oneDNN's deconvolution, with _conv_onednn's plans (blocked layouts, reorders at the edges,
+bias and activation as post-ops, scratchpad in the workspace).
+
+oneDNN's deconvolution weights are (O, I, kh, kw) per group, torch's (I, O/g, kh, kw): the weights keep torch's
+memory and get an oneDNN descriptor with the matching strides. torch's output_padding widens the output at the
+end, which oneDNN expresses as that much less end padding; a negative result keeps the numpy path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.ir import Node
+from engine.ops import _onednn as D
+from engine.ops import _onednn_lib as L
+from engine.ops._conv_geom import ConvGeom, tconv_geom
+from engine.ops._conv_onednn import _Conv, build, workspace
+from engine.ops._spatial import pair
+from engine.ops.registry import Kernel, TensorInfo
+
+DECONVOLUTION_DIRECT = 0xA
+
+
+def _end_pads(node: Node, geo: ConvGeom) -> tuple[int, int]:
+    oph, opw = pair(node, "output_padding", 0)
+    return geo.pads[2] - oph, geo.pads[3] - opw
+
+
+def supported(node: Node, ins: list[TensorInfo]) -> bool:
+    if not D.available() or np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
+        return False
+    return min(_end_pads(node, tconv_geom(node, ins[0].shape))) >= 0
+
+
+class _TConv(_Conv):
+    op = "ConvTranspose"
+
+    def geom(self, shape: tuple[int, ...]) -> ConvGeom:
+        return tconv_geom(self.node, shape)
+
+    def w_plain(self, geo: ConvGeom) -> D.MemoryDesc:
+        g, og, ig, kh, kw = geo.groups, geo.o // geo.groups, geo.c // geo.groups, geo.kh, geo.kw
+        # torch's (g, I/g, O/g, kh, kw) memory seen as (g, O/g, I/g, kh, kw)
+        strides = [ig * og * kh * kw, kh * kw, og * kh * kw, kw, 1]
+        dims = [g, og, ig, kh, kw]
+        if g == 1:
+            dims, strides = dims[1:], strides[1:]
+        return D.MemoryDesc.strided(dims, strides)
+
+    def primitive_desc(self, geo: ConvGeom, shape: tuple[int, ...], b_md: D.MemoryDesc | None,
+                       attr: D.Attr) -> D.PrimitiveDesc:
+        x_any, w_any, y_any = (D.MemoryDesc.any(s) for s in (shape, self.wshape(geo), geo.out_shape))
+        return D.PrimitiveDesc.create(
+            "dnnl_deconvolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE,
+            DECONVOLUTION_DIRECT, x_any.h, w_any.h, None if b_md is None else b_md.h, y_any.h,
+            L.dims(geo.stride), L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]),
+            L.dims(_end_pads(self.node, geo)), attr.h)
+
+
+def tconv_workspace(node: Node, ins: list[TensorInfo]) -> int:
+    return workspace(node, ins, _TConv)
+
+
+def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
+    return build(node, ins, _TConv)
