@@ -179,6 +179,21 @@ def test_fast_path_answers_infer_and_passes_everything_else_on():
     assert passed == ["/v2/models/m/infer/extra", "/v2/models/m/versions/3/4/infer"]
 
 
+def test_the_fastapi_route_behind_the_fast_path_answers_the_same():
+    from fastapi.testclient import TestClient
+
+    from server.protocol.rest import create_app
+
+    served = create_app(FakeDataPlane())
+    assert isinstance(served, InferFastPath)
+    fast_start, fast_body = asyncio.run(_call(served, BODY))
+    r = TestClient(served.app).post("/v2/models/m/infer", content=BODY)  # the FastAPI app itself
+    assert r.status_code == fast_start["status"] == 200 and r.content == fast_body
+    assert r.headers["content-type"] == "application/json"
+    bad = TestClient(create_app(FakeDataPlane(InvalidArgumentError("bad input"))).app)
+    assert bad.post("/v2/models/m/infer", content=BODY).json() == {"error": "bad input"}
+
+
 @pytest.mark.parametrize(("error", "status", "message"), [
     (InvalidArgumentError("bad input"), 400, '{"error":"bad input"}'),
     (RuntimeError("boom"), 500, '{"error":"internal error: RuntimeError: boom"}'),
