@@ -2,19 +2,21 @@
 
 Triton's names and labels (model, version; reason on failures) are kept exactly, so existing dashboards and HPA
 rules work; Triton exposes its cumulative counters without the `_total` suffix prometheus-client would add, so
-those are rendered by a small collector. On top: real histograms of request, queue and compute latency, a
-batch-size histogram, arena bytes per instance (labelled with its device, "cpu" or "cuda:N"), device memory per
-instance and per GPU, and model load duration.
+those are rendered by a small collector. On top: real histograms (server/histograms.py) of request, queue and
+compute latency, a batch-size histogram, arena bytes per instance (labelled with its device, "cpu" or "cuda:N"),
+device memory per instance and per GPU, and model load duration.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict, deque
+from collections import defaultdict
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import Metric
+
+from server.histograms import Histograms
 
 # Triton's cumulative counters: name -> help.
 TRITON_COUNTERS = {
@@ -32,32 +34,13 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-FOLD_EVERY = 4096  # queued histogram samples folded in without waiting for a scrape (bounds the memory)
-
-
-class _Observations:
-    """Histogram samples queued on the request path (one deque append) and folded into their histograms when the
-    metrics are scraped: Histogram.observe takes a lock and walks the buckets in Python, four times a request."""
-
-    def __init__(self) -> None:
-        self._queue: deque[tuple[tuple[Any, float], ...]] = deque()
-
-    def add(self, *samples: tuple[Any, float]) -> None:
-        self._queue.append(samples)
-        if len(self._queue) > FOLD_EVERY:
-            self.fold()
-
-    def fold(self) -> None:
-        queue = self._queue
-        while queue:
-            try:
-                samples = queue.popleft()
-            except IndexError:  # another thread folded the last one
-                return
-            for child, value in samples:
-                child.observe(value)
-
-
+# name, help, buckets; _hot_series relies on this order
+HISTOGRAMS = (
+    ("nnserve_request_duration_seconds", "End-to-end request latency", LATENCY_BUCKETS),
+    ("nnserve_queue_duration_seconds", "Time a request waited in the queue", LATENCY_BUCKETS),
+    ("nnserve_compute_duration_seconds", "Compute time (input + infer + output) of a request", LATENCY_BUCKETS),
+    ("nnserve_batch_size", "Batch size of each model execution", BATCH_BUCKETS),
+)
 class _TritonCounters:
     """Collector for the nv_* counters: exact sample names, no `_total`."""
 
@@ -132,15 +115,10 @@ class ServerMetrics:
                              labels, registry=self.registry)
         self.load_duration = Gauge("nv_model_load_duration_secs", "Model load time in seconds", labels,
                                    registry=self.registry)
-        self.request_hist = Histogram("nnserve_request_duration_seconds", "End-to-end request latency", labels,
-                                      buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.queue_hist = Histogram("nnserve_queue_duration_seconds", "Time a request waited in the queue", labels,
-                                    buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.compute_hist = Histogram("nnserve_compute_duration_seconds",
-                                      "Compute time (input + infer + output) of a request", labels,
-                                      buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.batch_hist = Histogram("nnserve_batch_size", "Batch size of each model execution", labels,
-                                    buckets=BATCH_BUCKETS, registry=self.registry)
+        self.histograms = Histograms()
+        for name, doc, buckets in HISTOGRAMS:
+            self.histograms.family(name, doc, buckets)
+        self.registry.register(self.histograms)
         instance_labels = labels + ["instance", "device"]
         self.arena_bytes = Gauge("nnserve_arena_bytes",
                                  "Activation memory (arena + workspace) preallocated per instance, on its device",
@@ -155,13 +133,11 @@ class ServerMetrics:
         self._loads: dict[tuple[str, str], int] = defaultdict(int)
         self._series: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
         self._placed: dict[tuple[str, str], list[Any]] = {}
-        # Per (model, version): the counters' series key and the histogram children, looked up once instead of on
+        # Per (model, version): the counters' series key and the histogram series, looked up once instead of on
         # every request (histograms are never removed, so these stay valid across reloads).
         self._hot: dict[tuple[str, str], tuple[Any, ...]] = {}
-        self._observations = _Observations()
 
     def render(self) -> bytes:
-        self._observations.fold()
         text = generate_latest(self.registry)
         for name in TRITON_COUNTERS:  # the exposition appends `_total` to counter headers; Triton does not
             text = text.replace(f" {name}_total ".encode(), f" {name} ".encode())
@@ -171,8 +147,7 @@ class ServerMetrics:
         hot = self._hot.get((model, version))
         if hot is None:
             hot = (tuple(sorted({"model": model, "version": version}.items())),
-                   *(h.labels(model, version) for h in (self.request_hist, self.queue_hist, self.compute_hist,
-                                                        self.batch_hist)))
+                   *(self.histograms.series(name, model, version) for name, _, _ in HISTOGRAMS))
             self._hot[(model, version)] = hot
         return hot
 
@@ -188,8 +163,8 @@ class ServerMetrics:
             "nv_inference_compute_infer_duration_us": infer_ns / 1e3,
             "nv_inference_compute_output_duration_us": output_ns / 1e3,
         })
-        self._observations.add((request_hist, total_ns / 1e9), (queue_hist, queue_ns / 1e9),
-                               (compute_hist, (input_ns + infer_ns + output_ns) / 1e9))
+        self.histograms.observe((request_hist, total_ns / 1e9), (queue_hist, queue_ns / 1e9),
+                                (compute_hist, (input_ns + infer_ns + output_ns) / 1e9))
 
     def request_failed(self, model: str, version: str, reason: str, total_ns: int) -> None:
         labels = {"model": model, "version": version}
@@ -199,7 +174,7 @@ class ServerMetrics:
     def execution(self, model: str, version: str, batch_size: int) -> None:
         key, *_, batch_hist = self._hot_series(model, version)
         self.counters.add_all(key, {"nv_inference_exec_count": 1})
-        self._observations.add((batch_hist, batch_size))
+        self.histograms.observe((batch_hist, batch_size))
 
     def instances_placed(self, model: str, version: str, devices: list[Any]) -> None:
         """The engine device of each instance (inst.device) of a version being loaded; model_loaded follows."""

@@ -335,3 +335,32 @@ def test_sixteen_clients_over_both_protocols_get_their_own_answers_and_exact_cou
     for name, delta in (("nv_inference_request_success", sent), ("nv_inference_exec_count", sent),
                         ("nv_inference_count", rows)):
         assert _counter(metrics_after, name) - _counter(metrics_before, name) == delta, name
+
+
+# ---- histograms ----------------------------------------------------------------------------------------------------
+
+
+def test_histograms_expose_what_prometheus_clients_histogram_would():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from server.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, ServerMetrics
+
+    m = ServerMetrics()
+    registry = CollectorRegistry()
+    ref_request = Histogram("nnserve_request_duration_seconds", "End-to-end request latency", ["model", "version"],
+                            buckets=LATENCY_BUCKETS, registry=registry)
+    ref_batch = Histogram("nnserve_batch_size", "Batch size of each model execution", ["model", "version"],
+                          buckets=BATCH_BUCKETS, registry=registry)
+    for total_ns, batch in [(3000, 2), (100_000, 1), (2_000_000, 8), (20_000_000_000, 1), (250_000, 128)]:
+        m.request_ok("m", "1", total_ns=total_ns, queue_ns=0, input_ns=0, infer_ns=0, output_ns=0, batch=batch)
+        m.execution("m", "1", batch)
+        ref_request.labels("m", "1").observe(total_ns / 1e9)  # bucket bounds are inclusive: 1e-4 lands in le=1e-4
+        ref_batch.labels("m", "1").observe(batch)
+
+    def lines(text: bytes) -> set[str]:
+        return {ln for ln in text.decode().splitlines()
+                if ln.startswith(("nnserve_request_duration_seconds", "nnserve_batch_size")) and "_created" not in ln}
+
+    ours = lines(m.render())
+    assert ours == lines(generate_latest(registry))
+    assert 'nnserve_request_duration_seconds_bucket{le="0.0001",model="m",version="1"} 2.0' in ours
