@@ -22,8 +22,9 @@ fi
 log() { echo "perf_analyzer.sh: $*" >&2; }
 
 fetch_wheels() {
-  local dl="$home/download"
-  mkdir -p "$dl" "$lib"
+  local dl
+  mkdir -p "$home" "$lib"
+  dl="$(mktemp -d "$home/download.XXXXXX")"
   log "downloading tritonclient 2.40.0 and nvidia-cuda-runtime-cu12 wheels"
   "$python" -m pip download --quiet --no-deps --only-binary=:all: --dest "$dl" \
     "tritonclient==2.40.0" "nvidia-cuda-runtime-cu12" >&2
@@ -44,8 +45,10 @@ PY
   rm -rf "$dl"
 }
 
+have_libb64() { ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || [[ -e "$lib/libb64.so.0d" ]]; }
+
 fetch_libb64() {
-  if ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || [[ -e "$lib/libb64.so.0d" ]]; then
+  if have_libb64; then
     return
   fi
   # Prefer unpacking the .deb next to the binary (no root needed); fall back to installing it.
@@ -64,9 +67,17 @@ fetch_libb64() {
   rm -rf "$work"
 }
 
-if [[ ! -x "$bin" || ! -e "$lib/libcudart.so.12" ]]; then
-  fetch_wheels
+fetched() { [[ -x "$bin" && -e "$lib/libcudart.so.12" ]]; }
+
+# Several runs may start at once on a fresh machine (tests drive HTTP and gRPC side by side): one fetches
+# under the lock, the others wait for it and find the files in place.
+if ! fetched || ! have_libb64; then
+  mkdir -p "$home"
+  exec 9>"$home/.fetch.lock"
+  flock 9
+  fetched || fetch_wheels
+  fetch_libb64
+  exec 9>&-
 fi
-fetch_libb64
 
 LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$bin" "$@"
