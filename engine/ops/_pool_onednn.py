@@ -1,4 +1,5 @@
-"""MaxPool / AvgPool on oneDNN, float32 NCHW in and out (no reorders).
+"""MaxPool / AvgPool on oneDNN, float32 NCHW in and out (no reorders), and MaxPoolBlocked on the same primitive
+with nChw{B}c descriptors on both sides (its jit kernel is ~5x the numba loop over lanes).
 
 torch's ceil_mode becomes extra end padding (oneDNN wants out = (in + pads - window) / stride + 1 exactly):
 max pooling never reads padding, and AvgPool without count_include_pad divides by the window clipped to the
@@ -16,6 +17,7 @@ from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops import _onednn as D
 from engine.ops import _onednn_lib as L
+from engine.ops._layout_kernels import blocked_md
 from engine.ops.registry import Kernel, TensorInfo
 
 log = logging.getLogger("engine.onednn")
@@ -46,14 +48,18 @@ def supported(node: Node, ins: list[TensorInfo], geom) -> bool:
     return algorithm(node, geom(node, ins[0].shape)) is not None
 
 
+def _md(shape: tuple[int, ...], block: int) -> D.MemoryDesc:
+    return blocked_md(shape, block) if block else D.MemoryDesc.plain(shape)
+
+
 class _Plan:
-    def __init__(self, node: Node, geo):
+    def __init__(self, node: Node, geo, block: int):
         alg = algorithm(node, geo)
         if alg is None:
             raise KernelError(f"{node.where()}: {node.op_type} at input {(geo.n, geo.c, geo.h, geo.w)} has no exact "
                               f"oneDNN pooling (count_include_pad with ceil_mode)")
-        src = D.MemoryDesc.plain((geo.n, geo.c, geo.h, geo.w))
-        dst = D.MemoryDesc.plain((geo.n, geo.c, geo.oh, geo.ow))
+        src = _md((geo.n, geo.c, geo.h, geo.w), block)
+        dst = _md((geo.n, geo.c, geo.oh, geo.ow), block)
         attr = D.Attr()
         self.pd = D.PrimitiveDesc.create(
             "dnnl_pooling_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE, alg, src.h, dst.h,
@@ -71,11 +77,12 @@ class _Plan:
         D.wait()
 
 
-def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel) -> Kernel:
-    """`geom(node, shape)` is pool.py's pool_geom (passed in: pool.py imports this module); `fallback` runs the
-    shapes oneDNN cannot do exactly (count_include_pad windows that ceil_mode widens only at some sizes)."""
+def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0) -> Kernel:
+    """`geom(node, shape)` is pool.py's pool_geom (passed in: pool.py imports this module) or, for blocked values
+    (`block` > 0), the geometry with the lanes counted as channels; `fallback` runs the shapes oneDNN cannot do
+    exactly (count_include_pad windows that ceil_mode widens only at some sizes)."""
     D.sync_threads()
-    first = _Plan(node, geom(node, ins[0].shape))
+    first = _Plan(node, geom(node, ins[0].shape), block)
     plans: dict[tuple, _Plan | None] = {tuple(ins[0].shape): first}
 
     def run(inputs, outputs, workspace):
@@ -84,7 +91,7 @@ def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel) -> Kernel:
             plan = plans[x.shape]
         else:
             geo = geom(node, x.shape)
-            plan = plans[x.shape] = _Plan(node, geo) if algorithm(node, geo) is not None else None
+            plan = plans[x.shape] = _Plan(node, geo, block) if algorithm(node, geo) is not None else None
             log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, x.shape,
                       plan.pd.impl if plan else "none, numba kernel")
         if plan is None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops import _layout_kernels
+from engine.ops import _layout_kernels, _pool_onednn
 from engine.ops._common import reference_kernel
 from engine.ops._layout_pool import broadcast_binary, global_pool, max_pool
 from engine.ops._threads import parallel_for
@@ -161,6 +161,10 @@ def _kernel_maxpool(node: Node, ins: list[TensorInfo]):
             g = geoms[x.shape] = pool_geom(plain, (n, cb * b, h, w))
         parallel_for(max_pool, n * cb, out.size * g.kernel[0] * g.kernel[1], x.reshape(n * cb, h, w, b),
                      out.reshape(n * cb, g.oh, g.ow, b), *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1])
+    if _layout_kernels.onednn_available():  # oneDNN's jit pooling on nChw{B}c: 64ch@111 b1 0.57 -> 0.10 ms
+        block = int(ins[0].shape[4])
+        return _pool_onednn.build(plain, ins, lambda _, shape: pool_geom(plain, _lanes_as_channels(shape)), run,
+                                  block)
     return run
 
 

@@ -108,16 +108,22 @@ def test_native_block_is_a_candidate():
     {"kernel": (3, 3), "stride": (2, 2), "pads": (0, 0, 0, 0), "ceil_mode": True},  # SqueezeNet's
     {"kernel": (2, 3), "stride": (1, 2), "pads": (0, 1, 1, 0), "dilation": (2, 1)},
 ])
-def test_maxpool_blocked_matches_plain_maxpool(params):
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
+def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn, monkeypatch):
+    if onednn and not K.onednn_available():
+        pytest.skip("oneDNN is not installed: the numba case covers MaxPoolBlocked")
+    monkeypatch.setattr(K, "onednn_available", lambda: onednn)
     x = rng.standard_normal((2, 20, 9, 8)).astype(np.float32)
     plain = Node("MaxPool", "mp", params=params)
     want = get_op("MaxPool").reference(plain, [x])[0]
     n = Node("MaxPoolBlocked", "mpb", params=params)
     op = get_op("MaxPoolBlocked")
-    xb = to_blocked(x, 16)
+    xb = to_blocked(x, block)
     info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
-    assert info.shape == (2, 2) + want.shape[2:] + (16,)
+    assert info.shape == (2, -(-20 // block)) + want.shape[2:] + (block,)
     kernel = op.kernel(n, [TensorInfo(xb.shape, xb.dtype)])
+    assert getattr(kernel, "impl", "numba").startswith("onednn") == onednn
     out = np.full(info.shape, np.nan, np.float32)
     kernel([xb], [out], None)
     np.testing.assert_array_equal(to_plain(out, 20), want)
