@@ -13,7 +13,9 @@ other devices). The result is a copy (nodes and values new, weight arrays shared
 Layout-agnostic ops: the activations (not PRelu: its slope runs along axis 1), Add/Sub/Mul/Maximum/Minimum on
 blocked operands that share N and C (H, W may broadcast from 1) or scalar constants, and Concat on axis 1 when
 every input but the last fills whole blocks; GlobalAvgPool / GlobalMaxPool / MaxPool become GlobalPoolBlocked /
-MaxPoolBlocked (pooling per lane), a binary op broadcasting an (N, C, 1, 1) operand becomes BroadcastBlocked.
+MaxPoolBlocked (pooling per lane), a binary op broadcasting an (N, C, 1, 1) operand becomes BroadcastBlocked, and
+Concat / Split on axis 1 and ChannelShuffle with other channel counts become RegroupBlocked (lane copies; a
+Split's outputs are all blocked or all plain), chains of which are composed into one node.
 Values are physically (N, ceil(C/B), H, W, B), so the planner, binding and the agnostic ops' kernels work
 unchanged.
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.ir import Graph, Node, Value
+from engine.ops.layout_channels import concat_sources, shuffle_sources, split_sources
 
 log = logging.getLogger("engine.passes")
 
@@ -40,6 +43,7 @@ BINARY = {"Add", "Sub", "Mul", "Maximum", "Minimum"}
 TWINS = {"GlobalAvgPool": ("GlobalPoolBlocked", {"mode": "avg"}),
          "GlobalMaxPool": ("GlobalPoolBlocked", {"mode": "max"}),
          "MaxPool": ("MaxPoolBlocked", None)}
+CHANNEL_OPS = {"Concat", "Split", "ChannelShuffle"}  # become RegroupBlocked (layout_channels.py)
 BLOCKED, PLAIN = "blocked", "plain"
 
 
@@ -96,7 +100,9 @@ def _tensor_inputs(node: Node) -> list[Value]:
 
 def _agnostic(node: Node, block: int) -> bool:
     """Whether the node computes the same on blocked operands (structurally; blockedness is checked apart)."""
-    if len(node.outputs) != 1 or not _f32_4d(node.outputs[0]):
+    if not node.outputs or not all(_f32_4d(v) for v in node.outputs):
+        return False
+    if len(node.outputs) > 1 and node.op_type != "Split":
         return False
     tensors = _tensor_inputs(node)
     if not tensors or not all(_f32_4d(v) and not v.is_const for v in tensors):
@@ -106,10 +112,15 @@ def _agnostic(node: Node, block: int) -> bool:
     if node.op_type in BINARY:
         out = node.outputs[0].shape
         return len(node.inputs) == 2 and all(_same_nc(v.shape, out) for v in tensors)
-    if node.op_type == "Concat":
-        return node.params.get("axis") in (1, -3) and all(
-            _known(v.shape[1]) and v.shape[1] % block == 0 for v in node.inputs[:-1])
+    if node.op_type in CHANNEL_OPS:  # RegroupBlocked takes any channel counts
+        axis_ok = node.op_type == "ChannelShuffle" or node.params.get("axis") in (1, -3)
+        return axis_ok and all(_known(v.shape[1]) for v in [*node.inputs, *node.outputs])
     return False
+
+
+def _whole_blocks(node: Node, block: int) -> bool:
+    """A Concat whose inputs but the last fill whole blocks: the plain Concat on the physical arrays is right."""
+    return all(v.shape[1] % block == 0 for v in node.inputs[:-1])
 
 
 def _known(d) -> bool:
@@ -133,7 +144,13 @@ def _spatial_broadcast(node: Node) -> bool:
 def _wants_blocked(consumer: Node, v: Value, blocked: set[Value], convs: set[Node]) -> bool:
     if consumer in convs:
         return consumer.inputs[0] is v or consumer.outputs[0] in blocked
-    return consumer.outputs[0] in blocked
+    return any(o in blocked for o in consumer.outputs)
+
+
+def _wanted(v: Value, blocked: set[Value], convs: set[Node]) -> bool:
+    """Some consumer of `v` (or of a sibling output: a Split's outputs share one layout) wants it blocked."""
+    siblings = v.producer.outputs if v.producer is not None else [v]
+    return any(_wants_blocked(c, s, blocked, convs) for s in siblings for c in s.consumers)
 
 
 def _blocked_values(graph: Graph, block: int) -> set[Value]:
@@ -142,22 +159,65 @@ def _blocked_values(graph: Graph, block: int) -> set[Value]:
     blocked: set[Value] = set()
     for node in graph.nodes:  # what can be blocked, in order
         if node in convs or (node in agnostic and all(v in blocked for v in _tensor_inputs(node))):
-            blocked.add(node.outputs[0])
+            blocked.update(node.outputs)
     changed = True
     while changed:  # drop values nobody wants blocked, and agnostic outputs with a plain input
         changed = False
         for v in list(blocked):
-            if not any(_wants_blocked(c, v, blocked, convs) for c in v.consumers):
-                blocked.discard(v)
+            if v in blocked and not _wanted(v, blocked, convs):
+                blocked.difference_update(v.producer.outputs if v.producer is not None else [v])
                 changed = True
         for node in agnostic:
             if node.outputs[0] in blocked and not all(v in blocked for v in _tensor_inputs(node)):
-                blocked.discard(node.outputs[0])
+                blocked.difference_update(node.outputs)
                 changed = True
     return blocked
 
 
 # -- rewrite ----------------------------------------------------------------------------------------------
+def compose_regroups(g: Graph) -> int:
+    """Folds each RegroupBlocked whose one output feeds only another RegroupBlocked into that consumer (a
+    Concat -> ChannelShuffle -> Split becomes one node, each element copied once). Returns how many went."""
+    folded = 0
+    for a in list(g.nodes):
+        v = a.outputs[0]
+        if a.op_type != "RegroupBlocked" or len(a.outputs) != 1 or v in g.outputs or len(v.consumers) != 1:
+            continue
+        b = v.consumers[0]
+        if b.op_type != "RegroupBlocked":
+            continue
+        inputs = _Inputs()
+        through = [(inputs.index(a.inputs[j], a.params["channels"][j]), c) for j, c in a.params["sources"][0]]
+        b_index = [None if x is v else inputs.index(x, b.params["channels"][k]) for k, x in enumerate(b.inputs)]
+        sources = [[through[c] if b_index[i] is None else (b_index[i], c) for i, c in out]
+                   for out in b.params["sources"]]
+        for x in b.inputs:
+            x.consumers.remove(b)
+        b.inputs = inputs.values
+        for x in b.inputs:
+            x.consumers.append(b)
+        b.params = {**b.params, "channels": inputs.channels, "sources": sources}
+        g.remove_node(a)
+        folded += 1
+    return folded
+
+
+class _Inputs:
+    """The inputs of a composed RegroupBlocked, each once, with its channel count."""
+
+    def __init__(self):
+        self.values: list[Value] = []
+        self.channels: list[int] = []
+
+    def index(self, v: Value, channels: int) -> int:
+        for k, have in enumerate(self.values):
+            if have is v:
+                return k
+        self.values.append(v)
+        self.channels.append(channels)
+        return len(self.values) - 1
+
+
 def physical(shape, block: int) -> tuple[int, ...]:
     """Blocked physical shape of a logical NCHW shape (dynamic dims stay -1)."""
     n, c, h, w = shape
@@ -182,6 +242,7 @@ class _Rewrite:
         for node in self.src.nodes:
             self._node(node)
         self.new.outputs = [self._read(v, PLAIN) for v in self.src.outputs]
+        compose_regroups(self.new)
         self.new.validate()
         return self.new, self.stats
 
@@ -229,8 +290,10 @@ class _Rewrite:
             op, inputs = "ConvBlocked", self._conv_inputs(node, params)
         elif node.outputs and node.outputs[0] in self.blocked:
             inputs = [self._read(v, BLOCKED) for v in node.inputs]
-            if op == "Concat":
+            if op == "Concat" and _whole_blocks(node, self.block):
                 params["axis"] = 1  # the block axis; -3 would now be H
+            elif op in CHANNEL_OPS:
+                op, params = "RegroupBlocked", self._regroup_params(node)
             if op in TWINS:
                 op, twin_params = TWINS[op]
                 params = dict(twin_params) if twin_params is not None else params
@@ -241,6 +304,17 @@ class _Rewrite:
         outputs = [self._produce(v) for v in node.outputs]
         self.new.add_node(op, inputs, outputs, name=node.name, params=params, attrs=dict(node.attrs),
                           source=node.source)
+
+    def _regroup_params(self, node: Node) -> dict:
+        """RegroupBlocked's params: logical channel counts from the (known) value shapes."""
+        chans = [int(v.shape[1]) for v in node.inputs]
+        if node.op_type == "Concat":
+            sources = concat_sources(chans)
+        elif node.op_type == "Split":
+            sources = split_sources([int(v.shape[1]) for v in node.outputs])
+        else:
+            sources = shuffle_sources(chans[0], int(node.params["groups"]))
+        return {"block": self.block, "channels": chans, "sources": sources}
 
     def _conv_inputs(self, node: Node, params: dict) -> list[Value]:
         x, y = node.inputs[0], node.outputs[0]

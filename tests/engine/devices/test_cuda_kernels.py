@@ -25,7 +25,8 @@ CASES = [c for f in ("misc.npz", "spatial.npz") for c in load_cases(FIXTURES / f
 NOT_ON_CUDA = {"Shape", "Expression", "TnnQuantize", "TnnDequantize", "TnnQConv", "TnnQAdd", "TnnQConcat",
                "TnnQPool", "TnnQRelu", "TnnLSTM"}
 # the blocked-layout ops: inserted by engine/passes/layout_blocked.py for CPU instances only
-NOT_ON_CUDA |= {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked"}
+NOT_ON_CUDA |= {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
+                "RegroupBlocked"}
 RNG = np.random.default_rng(3)
 
 

@@ -150,13 +150,53 @@ def test_agnostic_ops_broadcast_and_concat_stay_blocked():
     check_same(g, new, (1, 32, 8, 8))
 
 
-def test_concat_with_a_partial_block_first_stays_plain():
-    g, x = graph_with_input((1, 16, 4, 4))
+def test_concat_with_a_partial_block_first_runs_as_concat_blocked():
+    g, x = graph_with_input((1, 3, 4, 4))
     cat = op(g, "Concat", [conv(g, x, 8, name="a"), conv(g, x, 16, name="b")], axis=1)
     g.outputs = [conv(g, cat, 16, name="c")]
-    new, _ = layout_blocked(g, B)
-    concat = next(n for n in new.nodes if n.op_type == "Concat")
-    assert concat.outputs[0].shape == (1, 24, 4, 4)
+    new, stats = layout_blocked(g, B)
+    concat = next(n for n in new.nodes if n.op_type == "RegroupBlocked")
+    assert concat.outputs[0].shape == (1, 2, 4, 4, 16) and concat.params["channels"] == [8, 16]
+    assert stats.to_plain == stats.to_blocked == 0
+    check_same(g, new, (1, 3, 4, 4))
+
+
+def shuffle_unit(g: Graph, x: Value, c: int, name: str) -> Value:
+    """ShuffleNetV2's stride-1 unit: split in halves, convs on one half, concat, channel shuffle."""
+    split = g.add_node("Split", [x], 2, name=f"{name}.split", params={"axis": 1, "sizes": [c, c]})
+    infer_shapes(g)
+    left, right = split.outputs
+    branch = conv(g, conv(g, conv(g, right, c, k=1, name=f"{name}.pw1"), c, name=f"{name}.dw", groups=c), c, k=1,
+                  name=f"{name}.pw2", act="relu")
+    return op(g, "ChannelShuffle", [op(g, "Concat", [left, branch], axis=1)], groups=2)
+
+
+def test_shuffle_units_stay_blocked_through_split_concat_and_shuffle():
+    g, x = graph_with_input((2, 3, 6, 6))
+    y = conv(g, x, 116, name="stem")  # halves of 58 channels: not whole blocks
+    for i in range(2):
+        y = shuffle_unit(g, y, 58, f"u{i}")
+    g.outputs = [conv(g, y, 24, k=1, name="head")]
+    new, stats = layout_blocked(g, B)
+    kinds = types(new)
+    assert not {"Split", "Concat", "ChannelShuffle", "ToBlocked", "ToPlain", "Conv"} & set(kinds)
+    assert stats.to_plain == stats.to_blocked == 0
+    # the first split alone, then per unit concat -> shuffle -> (next unit's) split composed into one node
+    regroups = [n for n in new.nodes if n.op_type == "RegroupBlocked"]
+    assert [(len(n.inputs), len(n.outputs)) for n in regroups] == [(1, 2), (2, 2), (2, 1)]
+    assert [v.shape for v in regroups[1].outputs] == [(2, 4, 6, 6, 16)] * 2
+    assert regroups[1].params["channels"] == [58, 58]
+    check_same(g, new, (2, 3, 6, 6))
+
+
+def test_split_feeding_a_plain_op_gives_that_output_a_to_plain():
+    g, x = graph_with_input((1, 16, 4, 4))
+    split = g.add_node("Split", [conv(g, x, 40, name="a")], 2, params={"axis": 1, "sizes": [20, 20]})
+    infer_shapes(g)
+    left, right = split.outputs
+    g.outputs = [conv(g, left, 16, name="b"), op(g, "Softmax", [right], axis=1)]
+    new, stats = layout_blocked(g, B)
+    assert "RegroupBlocked" in types(new) and stats.to_plain == 1
     check_same(g, new, (1, 16, 4, 4))
 
 
