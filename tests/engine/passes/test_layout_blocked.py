@@ -118,13 +118,15 @@ def test_plain_consumers_share_one_to_plain_and_outputs_keep_names():
     gap = op(g, "GlobalAvgPool", [y1])
     g.outputs = [y2, pool, gap, y1]  # y1 is also a graph output
     new, stats = layout_blocked(g, B)
-    to_plain = [n for n in new.nodes if n.op_type == "ToPlain"]
-    assert len(to_plain) == 1 and stats.to_plain == 1
-    plain = to_plain[0].outputs[0]
-    assert plain.name == "feat" and plain.shape == (2, 32, 8, 8)  # the output keeps its name, plain
-    assert to_plain[0].inputs[0].name == "feat.blocked"
-    readers = {n.op_type for n in plain.consumers}
-    assert readers == {"MaxPool", "GlobalAvgPool"}  # their outputs are graph outputs: they run plain
+    to_plain = {n.outputs[0].name: n for n in new.nodes if n.op_type == "ToPlain"}
+    assert len(to_plain) == 2 and stats.to_plain == 2
+    plain = to_plain["feat"].outputs[0]
+    assert plain.shape == (2, 32, 8, 8)  # the output keeps its name, plain
+    assert to_plain["feat"].inputs[0].name == "feat.blocked"
+    assert {n.op_type for n in plain.consumers} == {"MaxPool"}  # its output is a graph output: it runs plain
+    # the global pool runs blocked whatever reads it; its small output is what gets reordered
+    gap_node = next(n for n in new.nodes if n.op_type == "GlobalPoolBlocked")
+    assert gap_node.inputs[0].name == "feat.blocked" and to_plain[gap.name].inputs[0] is gap_node.outputs[0]
     assert [v.name for v in new.outputs] == [v.name for v in g.outputs]
     check_same(g, new, (2, 3, 8, 8))
 
@@ -213,9 +215,10 @@ def test_pools_between_convs_run_blocked():
     pooled = op(g, "MaxPool", [y], kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1))
     g.outputs = [op(g, "GlobalAvgPool", [conv(g, pooled, 16, name="c")])]
     new, stats = layout_blocked(g, B)
-    assert types(new) == ["ConvBlocked", "MaxPoolBlocked", "ConvBlocked", "GlobalAvgPool"]
+    assert types(new) == ["ConvBlocked", "MaxPoolBlocked", "ConvBlocked", "GlobalPoolBlocked", "ToPlain"]
     assert new.nodes[1].params["kernel"] == (3, 3) and new.nodes[1].outputs[0].shape == (1, 2, 6, 6, 16)
-    assert stats.to_plain == stats.to_blocked == 0
+    assert new.nodes[2].params["dst_blocked"]  # the last conv writes blocked: the pool after it reads that
+    assert stats.to_plain == 1 and stats.to_blocked == 0
     check_same(g, new, (1, 3, 12, 12))
 
 
