@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.ir import Node
+from engine.ops import _conv_winograd_blocked as W
 from engine.ops._conv_geom import ConvGeom, weight_of
 from engine.ops._epilogue import apply_activation
 from engine.ops._layout_kernels import D, L, blocked_md, onednn_available
@@ -144,22 +145,60 @@ class _Plan:
         D.wait()
 
 
+def _winograd(fixed: _Fixed, geo: ConvGeom) -> W.WinogradConv | None:
+    """The Winograd path of a conv it applies to (at the max shape; smaller shapes choose per call)."""
+    if not W.eligible(geo, fixed.block, fixed.src_blocked, fixed.dst_blocked):
+        return None
+    return W.WinogradConv(fixed.w, fixed.bias, *fixed.act)
+
+
 def workspace(node: Node, ins: list[TensorInfo], geometry: Geometry) -> int:
-    """Bytes for the max shape's reordered plain sides and scratchpad, plus room to align the start."""
+    """Bytes for the max shape's reordered plain sides and scratchpad (or its Winograd buffers, whichever is
+    larger), plus room to align the start."""
     D.sync_threads()
-    return _Plan(_Fixed(node, geometry, len(ins) > 1), tuple(ins[0].shape)).nbytes + D.ALIGN
+    fixed = _Fixed(node, geometry, len(ins) > 1)
+    shape = tuple(ins[0].shape)
+    geo = geometry(node, shape)
+    wino = _winograd(fixed, geo)
+    wino_bytes = wino.workspace_bytes(geo) if wino is not None and W.worth_it(geo) else 0
+    return max(_Plan(fixed, shape).nbytes, wino_bytes) + D.ALIGN
+
+
+def _aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list) -> np.ndarray:
+    """An ALIGN-aligned uint8 view of at least `nbytes` of the workspace (or of a private buffer)."""
+    ptr, size = D.workspace_base(workspace)
+    if size >= nbytes:
+        off = ptr - workspace.ctypes.data
+        return workspace[off:off + size]
+    if not private or private[0].nbytes < nbytes:  # a smaller shape whose chunks need more room (never seen)
+        private[:] = [D.aligned_buffer(nbytes)]
+    return private[0]
 
 
 def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
     fixed = _Fixed(node, geometry, len(ins) > 1)
     D.sync_threads()
-    first = _Plan(fixed, tuple(ins[0].shape))
-    plans = {tuple(ins[0].shape): first}
+    max_shape = tuple(ins[0].shape)
+    first = _Plan(fixed, max_shape)
+    plans = {max_shape: first}
+    wino = _winograd(fixed, geometry(node, max_shape))
+    wino_geos: dict[tuple, ConvGeom | None] = {}  # per input shape: its geometry when Winograd runs it
+    private: list[np.ndarray] = []
+
+    def wino_geo(shape: tuple) -> ConvGeom | None:
+        if shape not in wino_geos:
+            geo = geometry(node, shape)
+            wino_geos[shape] = geo if wino is not None and W.worth_it(geo) else None
+        return wino_geos[shape]
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         z = np.ascontiguousarray(inputs[1]) if fixed.residual else None
         D.sync_threads()
+        geo = wino_geo(x.shape)
+        if geo is not None:
+            wino.run(geo, x, z, out, _aligned_workspace(workspace, wino.workspace_bytes(geo), private))
+            return
         plan = plans.get(x.shape)
         if plan is None:
             plan = plans[x.shape] = _Plan(fixed, x.shape)
@@ -168,5 +207,5 @@ def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
         if fixed.late:
             apply_activation(fixed.act[0], fixed.act[1], out)
 
-    run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
+    run.impl = "winograd-f4x4+onednn-matmul" if wino_geo(max_shape) is not None else f"onednn:{first.impl}"
     return run

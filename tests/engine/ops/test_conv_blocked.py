@@ -37,8 +37,9 @@ def make(c: int, o: int, k: int = 3, stride: int = 1, groups: int = 1, dilation:
     return blocked, Node("Conv", "c", params=params, attrs=attrs)
 
 
-def run_case(node: Node, plain: Node, shapes: list[tuple[int, ...]], residual: bool) -> None:
-    """Builds at shapes[0] (the max) and runs every shape in order on the one kernel and workspace."""
+def run_case(node: Node, plain: Node, shapes: list[tuple[int, ...]], residual: bool, impl: str = "onednn:") -> None:
+    """Builds at shapes[0] (the max) and runs every shape in order on the one kernel and workspace; the kernel
+    built at the max shape reports `impl`."""
     p = node.params
     c, o = plain.attrs["weight"].shape[1] * p["groups"], plain.attrs["weight"].shape[0]
     kernel = workspace = None
@@ -56,7 +57,7 @@ def run_case(node: Node, plain: Node, shapes: list[tuple[int, ...]], residual: b
         if kernel is None:
             kernel = OP.kernel(node, infos)
             workspace = np.zeros(OP.workspace(node, infos), np.uint8)
-            assert kernel.impl.startswith("onednn:") and "ref" not in kernel.impl, kernel.impl
+            assert kernel.impl.startswith(impl) and "ref" not in kernel.impl, kernel.impl
         out = np.full(out_info.shape, np.nan, np.float32)  # the kernel must write every element
         kernel(ins, [out], workspace)
         assert np.isfinite(out).all()

@@ -1,0 +1,77 @@
+"""ConvBlocked's Winograd F(4x4, 3x3) path against Conv's numpy float64 reference: pads, sizes off the 4x4 tile,
+residuals, every epilogue, batches that switch between Winograd and the direct kernel on one workspace, chunks
+with a remainder, the convs it must leave alone, and the switch that turns it off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_conv_blocked import make, run_case
+
+from engine.ops import _conv_blocked_kernel
+from engine.ops import _conv_winograd_blocked as W
+from engine.ops._conv_geom import conv_geom
+
+if not _conv_blocked_kernel.available():
+    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or NNSERVE_ONEDNN=0",
+                allow_module_level=True)
+
+WINO = "winograd"
+C = 96  # the fewest channels Winograd takes (W.MIN_CHANNELS)
+
+
+@pytest.mark.parametrize("act,act_params", [(None, None), ("relu", None), ("relu6", None),
+                                            ("leaky_relu", {"alpha": 0.1}), ("clip", {"min": -0.3, "max": 0.4}),
+                                            ("silu", None)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_matches_reference_with_every_epilogue(act, act_params, residual):
+    node, plain = make(C, C, 3, act=act, act_params=act_params)
+    # 9x9: 3x3 tiles whose last row and column are clipped; batch 2 has 18 tiles (Winograd), batch 1 has 9
+    # (below W.MIN_TILES: the direct kernel on the same workspace), then Winograd again
+    run_case(node, plain, [(2, C, 9, 9), (1, C, 9, 9), (2, C, 9, 9)], residual=residual, impl=WINO)
+
+
+def test_valid_convolution_without_padding():
+    node, plain = make(C, 2 * C, 3)
+    node.params["pads"] = plain.params["pads"] = (0, 0, 0, 0)
+    run_case(node, plain, [(1, C, 26, 18)], residual=False, impl=WINO)  # 24x16 out: 6x4 tiles
+
+
+def test_chunks_with_a_remainder(monkeypatch):
+    monkeypatch.setattr(W, "CHUNK_BYTES", 1)  # chunks of 32 tiles: 3 images of 25 tiles = 32 + 32 + 11
+    node, plain = make(C, C, 3, act="relu")
+    geo = conv_geom(plain, (3, C, 20, 20))
+    assert W.chunk_tiles(geo) == 32 and geo.n * 25 == 75
+    run_case(node, plain, [(3, C, 20, 20), (2, C, 20, 20)], residual=True, impl=WINO)
+
+
+@pytest.mark.parametrize("kwargs,shape", [
+    ({"c": C, "o": C, "k": 3, "stride": 2}, (2, C, 16, 16)),
+    ({"c": 2 * C, "o": 2 * C, "k": 3, "groups": 2}, (2, 2 * C, 12, 12)),
+    ({"c": C, "o": C, "k": 3, "dilation": 2}, (2, C, 12, 12)),
+    ({"c": C, "o": C, "k": 3, "dst_blocked": False}, (2, C, 12, 12)),
+    ({"c": 64, "o": 64, "k": 3}, (2, 64, 16, 16)),  # too few channels to pay
+    ({"c": C, "o": C, "k": 1}, (2, C, 16, 16)),
+])
+def test_other_convs_stay_on_the_direct_kernel(kwargs, shape):
+    node, plain = make(**kwargs)
+    run_case(node, plain, [shape], residual=False)
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv(W.ENV, "0")
+    node, plain = make(C, C, 3, act="relu")
+    run_case(node, plain, [(2, C, 12, 12)], residual=False)
+
+
+def test_weight_transform_gives_the_direct_conv_on_one_tile():
+    """A^T [U * (B^T d B)] A of one 6x6 patch is the 4x4 valid correlation (the matrices of the kernel file)."""
+    rng = np.random.default_rng(2)
+    g, d = rng.standard_normal((3, 3)), rng.standard_normal((6, 6))
+    bt = np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+                   [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], float)
+    at = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]], float)
+    u = W.transform_weights(g[None, None].astype(np.float32))[:, 0, 0].reshape(6, 6)
+    got = at @ (u * (bt @ d @ bt.T)) @ at.T
+    want = np.array([[(d[i:i + 3, j:j + 3] * g).sum() for j in range(4)] for i in range(4)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
