@@ -84,7 +84,11 @@ def test_infer_checks_the_shapes():
 
 
 @pytest.mark.parametrize("mode", ["avg", "max"])
-def test_global_pool_blocked_matches_plain_pooling(mode):
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
+def test_global_pool_blocked_matches_plain_pooling(mode, onednn, monkeypatch):
+    if onednn and not K.onednn_available():
+        pytest.skip("oneDNN is not installed: the numba case covers GlobalPoolBlocked")
+    monkeypatch.setattr(K, "onednn_available", lambda: onednn)
     x = rng.standard_normal((2, 40, 5, 6)).astype(np.float32)
     want = x.mean(axis=(2, 3), keepdims=True) if mode == "avg" else x.max(axis=(2, 3), keepdims=True)
     n = Node("GlobalPoolBlocked", "gp", params={"mode": mode})
@@ -93,9 +97,16 @@ def test_global_pool_blocked_matches_plain_pooling(mode):
     info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
     assert info.shape == (2, 3, 1, 1, 16)
     out = np.full(info.shape, np.nan, np.float32)
-    op.kernel(n, [TensorInfo(xb.shape, xb.dtype)])([xb], [out], None)
+    kernel = op.kernel(n, [TensorInfo(xb.shape, xb.dtype)])
+    assert getattr(kernel, "impl", "numba").startswith("onednn") == onednn
+    kernel([xb], [out], None)
     np.testing.assert_allclose(to_plain(out, 40), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out, op.reference(n, [xb])[0], rtol=1e-5, atol=1e-6)
+    small = np.full((1,) + info.shape[1:], np.nan, np.float32)  # another batch and plane on the same kernel
+    kernel([xb[:1, :, :3, :4]], [small], None)
+    part = x[:1, :, :3, :4]
+    want_small = part.mean(axis=(2, 3), keepdims=True) if mode == "avg" else part.max(axis=(2, 3), keepdims=True)
+    np.testing.assert_allclose(to_plain(small, 40), want_small, rtol=1e-5, atol=1e-6)
 
 
 @ONEDNN
