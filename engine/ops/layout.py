@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops import _layout_kernels, _pool_onednn
+from engine.ops import _binary_onednn, _layout_kernels, _pool_onednn
 from engine.ops._common import reference_kernel
 from engine.ops._layout_pool import broadcast_binary, global_pool, max_pool
 from engine.ops._threads import parallel_for
@@ -218,6 +218,9 @@ def _kernel_broadcast(node: Node, ins: list[TensorInfo]):
         n, cb, h, w, b = x.shape
         parallel_for(broadcast_binary, n * cb, x.size, x.reshape(n * cb, h * w, b), s.reshape(n * cb, b),
                      outputs[0].reshape(n * cb, h * w, b), code, s_first)
+    small_first = _broadcast_operands(node, [i.shape for i in ins])
+    if _layout_kernels.onednn_available() and _binary_onednn.supported(node.params["op"], small_first):
+        return _binary_onednn.build(node.params["op"], small_first, run)
     return run
 
 

@@ -146,7 +146,11 @@ def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn, monkeypatc
 
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Maximum", "Minimum"])
 @pytest.mark.parametrize("small_first", [False, True])
-def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first):
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
+def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first, onednn, monkeypatch):
+    if onednn and not K.onednn_available():
+        pytest.skip("oneDNN is not installed: the numba case covers BroadcastBlocked")
+    monkeypatch.setattr(K, "onednn_available", lambda: onednn)
     x = rng.standard_normal((2, 40, 5, 6)).astype(np.float32)
     s = rng.standard_normal((2, 40, 1, 1)).astype(np.float32)
     fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Maximum": np.maximum, "Minimum": np.minimum}[op]
@@ -157,8 +161,15 @@ def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first):
     infos = [TensorInfo(a.shape, a.dtype) for a in args]
     assert bop.infer(n, infos)[0].shape == (2, 3, 5, 6, 16)
     out = np.full((2, 3, 5, 6, 16), np.nan, np.float32)
-    bop.kernel(n, infos)(args, [out], None)
+    kernel = bop.kernel(n, infos)
+    on_onednn = onednn and op in ("Add", "Mul") or (onednn and op == "Sub" and not small_first)
+    assert getattr(kernel, "impl", "numba").startswith("onednn") == on_onednn
+    kernel(args, [out], None)
     np.testing.assert_array_equal(to_plain(out, 40), want)
     np.testing.assert_array_equal(out, bop.reference(n, args)[0])
+    args1 = [a[:1].copy() for a in args]
+    inplace = args1[1] if small_first else args1[0]  # in place on the full operand (the op allows it), batch 1
+    kernel(args1, [inplace], None)
+    np.testing.assert_array_equal(to_plain(inplace, 40), want[:1])
     with pytest.raises(ShapeError, match="not \\(N, Cb, H, W, B\\)"):
         bop.infer(n, [TensorInfo((2, 3, 5, 6, 16), np.float32), TensorInfo((2, 2, 1, 1, 16), np.float32)])
