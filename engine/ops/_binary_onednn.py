@@ -6,8 +6,6 @@ s - x); primitives are cached per input shape.
 
 from __future__ import annotations
 
-import numpy as np
-
 from engine.ops import _onednn as D
 from engine.ops import _onednn_lib as L
 from engine.ops._layout_kernels import blocked_md
