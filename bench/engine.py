@@ -59,7 +59,7 @@ class NnserveRunner:
             self.instance.run({self.input: x}, timings=True)
             for name, op, seconds in self.instance.last_timings["nodes"]:
                 per_op[op] += seconds / runs
-                if op == "Conv" and name in self.nodes:
+                if op in ("Conv", "ConvBlocked") and name in self.nodes:
                     per_conv[conv_class(self.nodes[name])] += seconds / runs
         return dict(per_op), dict(per_conv)
 
