@@ -29,10 +29,11 @@ def copy_lanes(src, dst, count, dst_lane, src_off, aligned, lo, hi):
                     d[p, lane] = s[start + p * b + lane]
             continue
         flat = d.reshape(hw * b)
-        for j in range(k):  # one strided lane at a time: fixed strides, no index loads in the inner loop
+        for j in range(k):  # one strided lane at a time, as strided views: no index arithmetic in the inner loop
             lane, off = dst_lane[db, j], src_off[db, j]
+            to, frm = flat[lane:lane + hw * b:b], s[off:off + hw * b:b]
             for p in range(hw):
-                flat[lane + p * b] = s[off + p * b]
+                to[p] = frm[p]
 
 
 @njit(nogil=True, cache=True)
