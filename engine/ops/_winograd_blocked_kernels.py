@@ -35,20 +35,32 @@ def _rows(d, t, b):
             t[5, j, lane] = 4 * d1 - 5 * d3 + d5
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _item(item, slices, t0, t1):
+    """(channel block, first tile, end tile) of work item `item`: a block and one of `slices` runs of the chunk."""
+    block, s = item // slices, item % slices
+    return block, t0 + (t1 - t0) * s // slices, t0 + (t1 - t0) * (s + 1) // slices
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _corner(tile, tiles_h, tiles_w):
+    """(image, top row, left column) of a tile's 4x4 output."""
+    n, r = tile // (tiles_h * tiles_w), tile % (tiles_h * tiles_w)
+    return n, 4 * (r // tiles_w), 4 * (r % tiles_w)
+
+
 @njit(nogil=True, cache=True)
 def input_transform(x, v, t0, t1, tiles_h, tiles_w, pt, pl, slices, lo, hi):
     """v[:, t - t0, cb*B:(cb+1)*B] for tiles [t0, t1) of x (N, Cb, H, W, B); padding reads as zero."""
     h_n, w_n, b = x.shape[2], x.shape[3], x.shape[4]
     d = np.empty((6, 6, b), np.float32)
     t = np.empty((6, 6, b), np.float32)
-    per_image = tiles_h * tiles_w
     for item in range(lo, hi):
-        cb, s = item // slices, item % slices
-        first, last = t0 + (t1 - t0) * s // slices, t0 + (t1 - t0) * (s + 1) // slices
+        cb, first, last = _item(item, slices, t0, t1)
         c0 = cb * b
         for tile in range(first, last):
-            n, r = tile // per_image, tile % per_image
-            y0, x0 = 4 * (r // tiles_w) - pt, 4 * (r % tiles_w) - pl
+            n, y0, x0 = _corner(tile, tiles_h, tiles_w)
+            y0, x0 = y0 - pt, x0 - pl
             xc = x[n, cb]
             for i in range(6):
                 yy = y0 + i
@@ -83,14 +95,11 @@ def output_transform(m, y, z, has_z, bias, act, lo_clip, hi_clip, t0, t1, tiles_
     oh, ow, b = y.shape[2], y.shape[3], y.shape[4]
     t = np.empty((4, 6, b), np.float32)
     o = np.empty((4, 4, b), np.float32)
-    per_image = tiles_h * tiles_w
     for item in range(lo, hi):
-        kb, s = item // slices, item % slices
-        first, last = t0 + (t1 - t0) * s // slices, t0 + (t1 - t0) * (s + 1) // slices
+        kb, first, last = _item(item, slices, t0, t1)
         k0 = kb * b
         for tile in range(first, last):
-            n, r = tile // per_image, tile % per_image
-            y0, x0 = 4 * (r // tiles_w), 4 * (r % tiles_w)
+            n, y0, x0 = _corner(tile, tiles_h, tiles_w)
             col = tile - t0
             for j in range(6):
                 for lane in range(b):
