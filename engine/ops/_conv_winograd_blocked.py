@@ -110,8 +110,11 @@ class WinogradConv:
         return buf
 
     def workspace_bytes(self, geo: ConvGeom) -> int:
-        t = chunk_tiles(geo)
-        return D.aligned(36 * t * self.c * 4) + D.aligned(36 * t * self.o * 4) + self._gemm(t)[2]
+        """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul."""
+        th, tw = tiles(geo)
+        t, rest = chunk_tiles(geo), geo.n * th * tw % chunk_tiles(geo)
+        pad = max(self._gemm(t)[2], self._gemm(rest)[2] if rest else 0)
+        return D.aligned(36 * t * self.c * 4) + D.aligned(36 * t * self.o * 4) + pad
 
     def run(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray) -> None:
         """out = act(conv(x) + bias + z); `buf` is ALIGN-aligned uint8 scratch of workspace_bytes(geo)."""
