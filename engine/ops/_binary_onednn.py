@@ -43,7 +43,7 @@ def build(op: str, small_first: bool, fallback: Kernel) -> Kernel:
         if plan is None:
             plan = plans[x.shape] = _Plan(op, x.shape)
         D.sync_threads()
-        plan.step.run({L.ARG_SRC: x.ctypes.data, ARG_SRC_1: s.ctypes.data, L.ARG_DST: outputs[0].ctypes.data})
+        plan.step.run({L.ARG_SRC: D.address(x), ARG_SRC_1: D.address(s), L.ARG_DST: D.address(outputs[0])})
         D.wait()
 
     run.impl = "onednn:binary"  # type: ignore[attr-defined]

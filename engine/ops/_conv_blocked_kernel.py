@@ -118,14 +118,14 @@ class _Plan:
 
     def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
         base = self.base(workspace)
-        src = x.ctypes.data
+        src = D.address(x)
         if self.src_in is not None:
             self.src_in.run({L.ARG_SRC: src, L.ARG_DST: base})
             src = base
-        dst = base + self.src_bytes if self.dst_out is not None else out.ctypes.data
+        dst = base + self.src_bytes if self.dst_out is not None else D.address(out)
         if z is not None:
             if self.z_in is not None:
-                self.z_in.run({L.ARG_SRC: z.ctypes.data, L.ARG_DST: dst})
+                self.z_in.run({L.ARG_SRC: D.address(z), L.ARG_DST: dst})
             else:
                 np.copyto(out, z)
         scratch = base + self.src_bytes + self.dst_bytes
@@ -141,7 +141,7 @@ class _Plan:
             self.conv.run(ptrs)
             self._bound = (src, dst, scratch)
         if self.dst_out is not None:
-            self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: out.ctypes.data})
+            self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()
 
 
@@ -168,7 +168,7 @@ def _aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list)
     """An ALIGN-aligned uint8 view of at least `nbytes` of the workspace (or of a private buffer)."""
     ptr, size = D.workspace_base(workspace)
     if size >= nbytes:
-        off = ptr - workspace.ctypes.data
+        off = ptr - D.address(workspace)
         return workspace[off:off + size]
     if not private or private[0].nbytes < nbytes:  # a smaller shape whose chunks need more room (never seen)
         private[:] = [D.aligned_buffer(nbytes)]

@@ -159,14 +159,14 @@ class _Plan:
 
     def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
         base = self.base(workspace)
-        src = x.ctypes.data
+        src = D.address(x)
         if self.src_in is not None:
             self.src_in.run({L.ARG_SRC: src, L.ARG_DST: base})
             src = base
-        dst = base + self.src_bytes if self.dst_out is not None else out.ctypes.data
+        dst = base + self.src_bytes if self.dst_out is not None else D.address(out)
         if z is not None:
             if self.z_in is not None:
-                self.z_in.run({L.ARG_SRC: z.ctypes.data, L.ARG_DST: dst})
+                self.z_in.run({L.ARG_SRC: D.address(z), L.ARG_DST: dst})
             else:
                 np.copyto(out, z)
         ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
@@ -175,7 +175,7 @@ class _Plan:
             ptrs[L.ARG_BIAS] = self.bias.ctypes.data
         self.conv.run(ptrs)
         if self.dst_out is not None:
-            self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: out.ctypes.data})
+            self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()
 
 

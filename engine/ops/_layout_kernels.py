@@ -122,6 +122,6 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         D.sync_threads()
-        step_for(x.shape if to_blocked else out.shape).run({L.ARG_SRC: x.ctypes.data, L.ARG_DST: out.ctypes.data})
+        step_for(x.shape if to_blocked else out.shape).run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
         D.wait()
     return run

@@ -70,9 +70,9 @@ class _Plan:
         self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad})
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
-        ptrs = {L.ARG_SRC: x.ctypes.data, L.ARG_DST: out.ctypes.data}
+        ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
         if self.scratch is not None:
-            ptrs[L.ARG_SCRATCHPAD] = self.scratch.ctypes.data
+            ptrs[L.ARG_SCRATCHPAD] = D.address(self.scratch)
         self.step.run(ptrs)
         D.wait()
 
