@@ -58,6 +58,22 @@ def resnet() -> nn.Module:
     return SmallResNet18()
 
 
+class WideResNet(nn.Module):
+    """torchvision BasicBlocks at 96 and 128 channels on a 32x32 input: wide enough for the CPU engine's Winograd
+    path (blocked 3x3 stride-1 convs with >= 96 channels and >= 16 output tiles), residuals included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 96, 3, padding=1, bias=False), nn.BatchNorm2d(96), nn.ReLU(inplace=True))
+        down = nn.Sequential(conv1x1(96, 128, 2), nn.BatchNorm2d(128))
+        self.blocks = nn.Sequential(BasicBlock(96, 96), BasicBlock(96, 128, 2, down), BasicBlock(128, 128))
+        self.pool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(128, NUM_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
+
+
 def mobilenet_v2() -> nn.Module:
     # Full MobileNetV2 block table with the repeat counts cut to one or two.
     setting = [

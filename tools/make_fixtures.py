@@ -68,6 +68,8 @@ class Spec:
 IMG64 = [In((1, 3, 64, 64))]
 SPECS = [
     Spec("resnet", nets.resnet, "ResNet-18 layout (torchvision BasicBlock, [2,2,2,2]) at widths 8-64", IMG64),
+    Spec("resnet_wide", nets.WideResNet, "BasicBlocks at 96-128 channels: the widths the Winograd path takes",
+         [In((1, 3, 32, 32))]),
     Spec("mobilenet_v2", nets.mobilenet_v2, "torchvision MobileNetV2 width_mult=0.25, repeats cut", IMG64),
     Spec("mobilenet_v3", nets.mobilenet_v3, "torchvision MobileNetV3-Small width_mult=0.5 reduced_tail", IMG64),
     Spec("squeezenet", nets.squeezenet, "SqueezeNet 1.1 layout (torchvision Fire) at 1/4 width", IMG64),

@@ -14,7 +14,7 @@ ONEDNN = pytest.mark.skipif(not _conv_blocked_kernel.available(),
                             reason="oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or "
                                    "NNSERVE_ONEDNN=0: the blocked layout is not used")
 # Fixtures whose graphs keep most activations blocked (checked, so the comparison is not vacuous).
-CNNS = {"mobilenet_v2", "mobilenet_v3", "resnet", "efficientnet", "squeezenet", "yolo", "unet"}
+CNNS = {"mobilenet_v2", "mobilenet_v3", "resnet", "resnet_wide", "efficientnet", "squeezenet", "yolo", "unet"}
 
 
 def op_types(inst) -> set[str]:
@@ -56,3 +56,23 @@ def test_blocked_layout_dynamic_cases(name: str, load_fixture, monkeypatch) -> N
         got = inst.run(case_in)
         assert_outputs_match(got, case_out, f"{name} case {k}")
         assert all(np.isfinite(v).all() for v in got.values())
+
+
+@ONEDNN
+def test_wide_resnet_runs_winograd_and_matches_pytorch(load_fixture, monkeypatch) -> None:
+    """resnet_wide's 96/128-channel 3x3 convs take the Winograd path (residual ones too), and the model still
+    matches PyTorch; with NNSERVE_WINOGRAD=0 none does."""
+    monkeypatch.delenv("NNSERVE_LAYOUT", raising=False)
+    fx = load_fixture("resnet_wide")
+    model = engine.load(fx.param)
+
+    def winograd_convs():
+        inst = model.instance(device="cpu", max_shapes=fx.max_shapes)
+        kernels = [c for c in inst._compiled.nodes if c.node.op_type == "ConvBlocked"]
+        assert_outputs_match(inst.run(fx.inputs), fx.expected, "resnet_wide")
+        return [c.node for c in kernels if getattr(c.kernel, "impl", "").startswith("winograd")]
+
+    wino = winograd_convs()
+    assert len(wino) == 5 and sum(len(n.inputs) == 2 for n in wino) == 3  # 2 + 3 blocks' convs, 3 residual
+    monkeypatch.setenv("NNSERVE_WINOGRAD", "0")
+    assert winograd_convs() == []
