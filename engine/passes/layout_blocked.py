@@ -186,8 +186,10 @@ def compose_regroups(g: Graph) -> int:
     Concat -> ChannelShuffle -> Split becomes one node, each element copied once). Returns how many went."""
     folded = 0
     for a in list(g.nodes):
+        if a.op_type != "RegroupBlocked" or len(a.outputs) != 1:
+            continue
         v = a.outputs[0]
-        if a.op_type != "RegroupBlocked" or len(a.outputs) != 1 or v in g.outputs or len(v.consumers) != 1:
+        if v in g.outputs or len(v.consumers) != 1:
             continue
         b = v.consumers[0]
         if b.op_type != "RegroupBlocked":
