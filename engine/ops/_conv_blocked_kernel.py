@@ -182,22 +182,23 @@ def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
     first = _Plan(fixed, max_shape)
     plans = {max_shape: first}
     wino = _winograd(fixed, geometry(node, max_shape))
-    wino_geos: dict[tuple, ConvGeom | None] = {}  # per input shape: its geometry when Winograd runs it
+    wino_plans: dict[tuple, tuple | None] = {}  # per input shape: (geometry, workspace bytes) when Winograd runs it
     private: list[np.ndarray] = []
 
-    def wino_geo(shape: tuple) -> ConvGeom | None:
-        if shape not in wino_geos:
+    def wino_plan(shape: tuple) -> tuple | None:
+        if shape not in wino_plans:
             geo = geometry(node, shape)
-            wino_geos[shape] = geo if wino is not None and W.worth_it(geo) else None
-        return wino_geos[shape]
+            wino_plans[shape] = (geo, wino.workspace_bytes(geo)) if wino is not None and W.worth_it(geo) else None
+        return wino_plans[shape]
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         z = np.ascontiguousarray(inputs[1]) if fixed.residual else None
         D.sync_threads()
-        geo = wino_geo(x.shape)
-        if geo is not None:
-            wino.run(geo, x, z, out, _aligned_workspace(workspace, wino.workspace_bytes(geo), private))
+        winograd = wino_plan(x.shape)
+        if winograd is not None:
+            geo, nbytes = winograd
+            wino.run(geo, x, z, out, _aligned_workspace(workspace, nbytes, private))
             return
         plan = plans.get(x.shape)
         if plan is None:
@@ -207,5 +208,5 @@ def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
         if fixed.late:
             apply_activation(fixed.act[0], fixed.act[1], out)
 
-    run.impl = "winograd-f4x4+onednn-matmul" if wino_geo(max_shape) is not None else f"onednn:{first.impl}"
+    run.impl = "winograd-f4x4+onednn-matmul" if wino_plan(max_shape) is not None else f"onednn:{first.impl}"
     return run

@@ -124,10 +124,10 @@ class WinogradConv:
         slices = max(1, 2 * get_threads())
         epi = self.epi
         zz = out if z is None else z
+        v_bytes, m_bytes = D.aligned(36 * chunk * self.c * 4), D.aligned(36 * chunk * self.o * 4)
         for t0 in range(0, total, chunk):
             t1 = min(total, t0 + chunk)
             step, wts, _ = self._gemm(t1 - t0)
-            v_bytes, m_bytes = D.aligned(36 * chunk * self.c * 4), D.aligned(36 * chunk * self.o * 4)
             v = _view(buf, 0, (36, t1 - t0, self.c))
             m = _view(buf, v_bytes, (36, t1 - t0, self.o))
             scratch = buf.ctypes.data + v_bytes + m_bytes
