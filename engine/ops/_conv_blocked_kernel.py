@@ -208,5 +208,8 @@ def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
         if fixed.late:
             apply_activation(fixed.act[0], fixed.act[1], out)
 
-    run.impl = "winograd-f4x4+onednn-matmul" if wino_plan(max_shape) is not None else f"onednn:{first.impl}"
+    at_max = wino_plan(max_shape)
+    if at_max is not None:
+        wino.prepare(at_max[0])
+    run.impl = "winograd-f4x4+onednn-matmul" if at_max is not None else f"onednn:{first.impl}"
     return run

@@ -81,14 +81,16 @@ class _Epilogue:
 
 
 class WinogradConv:
-    """The transformed filters, the epilogue and one matmul primitive per chunk size."""
+    """The filters, the epilogue and one matmul primitive per chunk size. The transformed filters are made by
+    `prepare` (the kernel's build), not by `workspace_bytes`, so sizing the workspace transforms nothing."""
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, act: str | None, act_params: dict | None):
+        self.w = w
         self.c, self.o = int(w.shape[1]), int(w.shape[0])
-        self.u = transform_weights(w)
         self.epi = _Epilogue(act, act_params, bias, self.o)
-        self._gemms: dict[int, tuple] = {}  # chunk tiles -> (step, weights in its layout, scratchpad bytes)
-        self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
+        self._gemms: dict[int, tuple] = {}  # chunk tiles -> (step, its weights descriptor, scratchpad bytes)
+        self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []  # U in each layout a primitive asked for
+        self._weights_of: dict[int, np.ndarray] = {}  # chunk tiles -> U in its primitive's layout
 
     def _gemm(self, t: int) -> tuple:
         if t not in self._gemms:
@@ -98,22 +100,38 @@ class WinogradConv:
                                         dst.h, attr.h)
             wts, pad = pd.md(L.QUERY_WEIGHTS_MD), pd.md(L.QUERY_SCRATCHPAD_MD)
             step = D.Step(D.Primitive(pd), {L.ARG_SRC: src, L.ARG_WEIGHTS: wts, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad})
-            self._gemms[t] = (step, self._weights_in(wts), D.aligned(pad.nbytes))
+            self._gemms[t] = (step, wts, D.aligned(pad.nbytes))
         return self._gemms[t]
 
     def _weights_in(self, md: D.MemoryDesc) -> np.ndarray:
         for have, buf in self._weights:
             if have == md:
                 return buf
-        buf = D.reorder_into(self.u, D.MemoryDesc.plain(self.u.shape), md)
+        u = transform_weights(self.w)
+        buf = D.reorder_into(u, D.MemoryDesc.plain(u.shape), md)
         self._weights.append((md, buf))
         return buf
 
-    def workspace_bytes(self, geo: ConvGeom) -> int:
-        """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul."""
+    def _chunk_sizes(self, geo: ConvGeom) -> list[int]:
         th, tw = tiles(geo)
         t, rest = chunk_tiles(geo), geo.n * th * tw % chunk_tiles(geo)
-        pad = max(self._gemm(t)[2], self._gemm(rest)[2] if rest else 0)
+        return [t, rest] if rest else [t]
+
+    def prepare(self, geo: ConvGeom) -> None:
+        """The matmuls and transformed filters of this shape's chunks, so its first run builds nothing."""
+        for t in self._chunk_sizes(geo):
+            self._ready_weights(t)
+
+    def _ready_weights(self, t: int) -> np.ndarray:
+        wts = self._weights_of.get(t)
+        if wts is None:
+            wts = self._weights_of[t] = self._weights_in(self._gemm(t)[1])
+        return wts
+
+    def workspace_bytes(self, geo: ConvGeom) -> int:
+        """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul."""
+        t = chunk_tiles(geo)
+        pad = max(self._gemm(size)[2] for size in self._chunk_sizes(geo))
         return D.aligned(36 * t * self.c * 4) + D.aligned(36 * t * self.o * 4) + pad
 
     def run(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray) -> None:
@@ -127,7 +145,8 @@ class WinogradConv:
         v_bytes, m_bytes = D.aligned(36 * chunk * self.c * 4), D.aligned(36 * chunk * self.o * 4)
         for t0 in range(0, total, chunk):
             t1 = min(total, t0 + chunk)
-            step, wts, _ = self._gemm(t1 - t0)
+            step = self._gemm(t1 - t0)[0]
+            wts = self._ready_weights(t1 - t0)
             v = _view(buf, 0, (36, t1 - t0, self.c))
             m = _view(buf, v_bytes, (36, t1 - t0, self.o))
             scratch = buf.ctypes.data + v_bytes + m_bytes

@@ -82,7 +82,7 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 class _Copy:
     """One (output, input) pair's lane map for copy_lanes, in flat offsets of one image's input."""
 
-    def __init__(self, chans: list[tuple[int, int]], i: int, block: int, src_blocks: int, hw: int):
+    def __init__(self, chans: list[tuple[int, int]], i: int, block: int, hw: int):
         dst_blocks = -(-len(chans) // block)
         self.count = np.zeros(dst_blocks, np.int64)
         self.dst_lane = np.zeros((dst_blocks, block), np.int64)
@@ -114,8 +114,7 @@ def _kernel(node: Node, ins: list[TensorInfo]):
 
     def plan(hw: int) -> list:
         if hw not in plans:
-            plans[hw] = [[(i, _Copy(out, i, block, -(-chans[i] // block), hw)) for i in sorted({i for i, _ in out})]
-                         for out in sources]
+            plans[hw] = [[(i, _Copy(out, i, block, hw)) for i in sorted({i for i, _ in out})] for out in sources]
         return plans[hw]
 
     def run(inputs, outputs, workspace):
