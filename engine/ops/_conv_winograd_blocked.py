@@ -1,14 +1,17 @@
 """Winograd F(4x4, 3x3) for ConvBlocked: dense 3x3 stride-1 convolutions with both sides blocked.
 
-Per chunk of output tiles: the input transform (numba, _winograd_blocked_kernels) writes v (36, tiles, C), one
+Per chunk of output tiles: the input transform (_winograd_simd's vector code, or the scalar numba kernels of
+_winograd_blocked_kernels for blocks that are not a multiple of 8 lanes) writes v (36, tiles, C), one
 oneDNN matmul with a batch of 36 multiplies it by the transformed filters U (36, C, K) into m (36, tiles, K),
 and the output transform writes act(A^T m A + bias + z) into the blocked output. 36 * C * K multiply-adds per
 16 outputs instead of 144 * C * K: 4x fewer than the direct kernel, for transforms that cost memory traffic.
 
-When it pays (`worth_it`, measured on a 2-core AVX2 machine against oneDNN's jit direct kernel, ResNet-18's
-layers, ms): 128ch@28 b1 1.32 -> 0.88, 256ch@14 b1 1.35 -> 0.90, 512ch@7 b8 12.5 -> 7.0, 128ch@28 b8 10.3 -> 6.6.
-It does not with few tiles (512ch@7 b1, 4 tiles: U's 36 * C * K floats are read for almost no work, 1.6 -> 2.2)
-or few channels (64ch@56: transforms cost as much as the GEMM saves, ~1.0x), which stay on the direct kernel.
+When it pays (`worth_it`; bench/winograd_layers.py, a 2-core AVX2 machine, against oneDNN's jit direct kernel,
+ms): ResNet-18's 64ch@56 b1 1.28 -> 0.91, 128ch@28 b1 1.35 -> 0.70, 512ch@7 b8 12.9 -> 6.6, SqueezeNet's
+32->128@27 b8 2.39 -> 1.58. It does not with few tiles (512ch@7 b1, 4 tiles: U's 36 * C * K floats are read for
+almost no work, 1.66 -> 2.50), very narrow inputs (16->64@55 b8: 1.02x, the output transform dominates), or
+little work per call (c * o * tiles under MIN_WORK: SqueezeNet's expand convs at b1, 0.63-0.89x, where the
+transforms' and the matmul's fixed costs are not repaid); those stay on the direct kernel.
 Chunks hold at most CHUNK_BYTES of v so v and m stay in cache; the workspace holds v | m | scratchpad.
 """
 
@@ -21,13 +24,15 @@ import numpy as np
 from engine.ops import _onednn as D
 from engine.ops import _onednn_lib as L
 from engine.ops import _winograd_blocked_kernels as K
+from engine.ops import _winograd_simd as S
 from engine.ops._conv_geom import ConvGeom
 from engine.ops._epilogue import apply_activation
 from engine.ops._threads import get_threads, parallel_for
 
 ENV = "NNSERVE_WINOGRAD"  # "0" keeps every conv on the direct kernel
 CHUNK_BYTES = 4 << 20
-MIN_TILES, MIN_CHANNELS = 16, 96
+VECTOR_TRANSFORMS = True  # _winograd_simd where the block allows; False keeps the scalar kernels (tests both)
+MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
 _G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
 _INLINE_ACTS = {None: K.ACT_NONE, "relu": K.ACT_RELU, "relu6": K.ACT_CLIP, "clip": K.ACT_CLIP,
@@ -50,7 +55,8 @@ def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) ->
 
 def worth_it(geo: ConvGeom) -> bool:
     th, tw = tiles(geo)
-    return geo.n * th * tw >= MIN_TILES and min(geo.c, geo.o) >= MIN_CHANNELS
+    n_tiles = geo.n * th * tw
+    return n_tiles >= MIN_TILES and min(geo.c, geo.o) >= MIN_CHANNELS and geo.c * geo.o * n_tiles >= MIN_WORK
 
 
 def transform_weights(w: np.ndarray) -> np.ndarray:
@@ -142,6 +148,7 @@ class WinogradConv:
         slices = max(1, 2 * get_threads())
         epi = self.epi
         zz = out if z is None else z
+        kernels = S if _vector_ok(b, x, out, zz) else K
         v_bytes, m_bytes = D.aligned(36 * chunk * self.c * 4), D.aligned(36 * chunk * self.o * 4)
         for t0 in range(0, total, chunk):
             t1 = min(total, t0 + chunk)
@@ -150,15 +157,20 @@ class WinogradConv:
             v = _view(buf, 0, (36, t1 - t0, self.c))
             m = _view(buf, v_bytes, (36, t1 - t0, self.o))
             scratch = buf.ctypes.data + v_bytes + m_bytes
-            parallel_for(K.input_transform, (self.c // b) * slices, 1 << 30, x, v, t0, t1, th, tw, geo.pads[0],
+            parallel_for(kernels.input_transform, (self.c // b) * slices, 1 << 30, x, v, t0, t1, th, tw, geo.pads[0],
                          geo.pads[1], slices)
             step.run({L.ARG_SRC: v.ctypes.data, L.ARG_WEIGHTS: wts.ctypes.data, L.ARG_DST: m.ctypes.data,
                       L.ARG_SCRATCHPAD: scratch})
             D.wait()
-            parallel_for(K.output_transform, (self.o // b) * slices, 1 << 30, m, out, zz, z is not None, epi.bias,
+            parallel_for(kernels.output_transform, (self.o // b) * slices, 1 << 30, m, out, zz, z is not None, epi.bias,
                          epi.code, epi.lo, epi.hi, t0, t1, th, tw, slices)
         if epi.late:
             apply_activation(epi.act, epi.params, out)
+
+
+def _vector_ok(block: int, *arrays: np.ndarray) -> bool:
+    """The vector transforms take whole 8-lane groups of C-contiguous arrays (they address by flat offset)."""
+    return VECTOR_TRANSFORMS and block % S.LANES == 0 and all(a.flags.c_contiguous for a in arrays)
 
 
 def _view(buf: np.ndarray, offset: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,6 +1,7 @@
 """ConvBlocked's Winograd F(4x4, 3x3) path against Conv's numpy float64 reference: pads, sizes off the 4x4 tile,
 residuals, every epilogue, batches that switch between Winograd and the direct kernel on one workspace, chunks
-with a remainder, the convs it must leave alone, and the switch that turns it off."""
+with a remainder, the convs it must leave alone, and the switch that turns it off. Every case runs with the
+vector transforms (_winograd_simd) and with the scalar numba kernels."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ if not _conv_blocked_kernel.available():
                 allow_module_level=True)
 
 WINO = "winograd"
-C = 96  # the fewest channels Winograd takes (W.MIN_CHANNELS)
+C = 96
+
+
+@pytest.fixture(autouse=True, params=["vector", "scalar"])
+def transforms(request, monkeypatch):
+    """Both transform kernels; the work floor is lowered so tile counts alone decide in these small cases."""
+    monkeypatch.setattr(W, "VECTOR_TRANSFORMS", request.param == "vector")
+    monkeypatch.setattr(W, "MIN_WORK", C * C * W.MIN_TILES)
+    return request.param
 
 
 @pytest.mark.parametrize("act,act_params", [(None, None), ("relu", None), ("relu6", None),
@@ -50,7 +59,8 @@ def test_chunks_with_a_remainder(monkeypatch):
     ({"c": 2 * C, "o": 2 * C, "k": 3, "groups": 2}, (2, 2 * C, 12, 12)),
     ({"c": C, "o": C, "k": 3, "dilation": 2}, (2, C, 12, 12)),
     ({"c": C, "o": C, "k": 3, "dst_blocked": False}, (2, C, 12, 12)),
-    ({"c": 64, "o": 64, "k": 3}, (2, 64, 16, 16)),  # too few channels to pay
+    ({"c": 64, "o": 64, "k": 3}, (2, 64, 16, 16)),  # too little work to pay (64 * 64 * 32 < MIN_WORK)
+    ({"c": 16, "o": 128, "k": 3}, (8, 16, 32, 32)),  # too narrow an input
     ({"c": C, "o": C, "k": 1}, (2, C, 16, 16)),
 ])
 def test_other_convs_stay_on_the_direct_kernel(kwargs, shape):
@@ -75,3 +85,16 @@ def test_weight_transform_gives_the_direct_conv_on_one_tile():
     got = at @ (u * (bt @ d @ bt.T)) @ at.T
     want = np.array([[(d[i:i + 3, j:j + 3] * g).sum() for j in range(4)] for i in range(4)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("c,o,hw,batch,want", [
+    (64, 64, 56, 1, True), (128, 128, 28, 1, True), (256, 256, 14, 1, True),  # ResNet-18's stages at batch 1
+    (512, 512, 7, 1, False), (512, 512, 7, 8, True),  # 4 tiles at batch 1, 32 at batch 8
+    (16, 64, 55, 8, False), (32, 128, 27, 8, True), (48, 192, 13, 8, True),  # SqueezeNet's expand3x3 at b8
+    (32, 128, 27, 1, False), (64, 256, 13, 1, False),  # ... and at b1: too little work per call
+])
+def test_rule_picks_the_faster_path_measured_in_bench(monkeypatch, c, o, hw, batch, want):
+    """worth_it against bench/winograd_layers.py's table (the thresholds' source), at the module's own floor."""
+    monkeypatch.undo()
+    node, plain = make(c, o, 3)
+    assert W.worth_it(conv_geom(plain, (batch, c, hw, hw))) is want

@@ -1,0 +1,101 @@
+"""Micro-benchmark: a blocked 3x3 stride-1 conv on oneDNN's direct kernel against the Winograd F(4x4) path (not a test).
+
+    .venv/bin/python bench/winograd_layers.py [--repeat 15] [--batches 1,8]
+
+For each layer (ResNet-18's four stages, SqueezeNet's expand3x3 convs, VGG-style wide layers) it builds the
+ConvBlocked kernel twice, with NNSERVE_WINOGRAD=0 (direct) and with Winograd forced on whatever `worth_it`
+says, and prints median ms per call and the ratio, with the rule's choice. The thresholds in
+engine/ops/_conv_winograd_blocked.py (MIN_CHANNELS, MIN_TILES) come from this table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `import engine`
+
+from engine.ir import Node  # noqa: E402
+from engine.ops import _conv_blocked_kernel  # noqa: E402
+from engine.ops import _conv_winograd_blocked as W  # noqa: E402
+from engine.ops._conv_geom import conv_geom  # noqa: E402
+from engine.ops._layout_kernels import native_block  # noqa: E402
+from engine.ops.registry import TensorInfo, get_op  # noqa: E402
+
+# (name, input channels, output channels, spatial size)
+LAYERS = [("resnet18 layer1", 64, 64, 56), ("resnet18 layer2", 128, 128, 28), ("resnet18 layer3", 256, 256, 14),
+          ("resnet18 layer4", 512, 512, 7), ("squeezenet fire2", 16, 64, 55), ("squeezenet fire4", 32, 128, 27),
+          ("squeezenet fire6", 48, 192, 13), ("squeezenet fire8", 64, 256, 13), ("narrow 32->32", 32, 32, 56),
+          ("vgg16 conv1_2", 64, 64, 224)]
+
+
+def _node(c: int, o: int, block: int) -> Node:
+    rng = np.random.default_rng(0)
+    params = {"stride": (1, 1), "pads": (1, 1, 1, 1), "dilation": (1, 1), "groups": 1, "activation": "relu",
+              "activation_params": {}, "src_blocked": True, "dst_blocked": True, "block": block}
+    attrs = {"weight": rng.standard_normal((o, c, 3, 3)).astype(np.float32) * 0.05,
+             "bias": rng.standard_normal(o).astype(np.float32)}
+    return Node("ConvBlocked", "conv", params=params, attrs=attrs)
+
+
+def _time_ms(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def time_layer(c: int, o: int, hw: int, batch: int, winograd: bool, repeat: int) -> tuple[float, str]:
+    """(median ms, the kernel's impl) with Winograd on (forced past worth_it) or off."""
+    op, block = get_op("ConvBlocked"), native_block()
+    node = _node(c, o, block)
+    x = np.random.default_rng(1).standard_normal((batch, c // block, hw, hw, block)).astype(np.float32)
+    infos = [TensorInfo(x.shape, x.dtype)]
+    out = np.empty(op.infer(node, infos)[0].shape, np.float32)
+    saved_env, saved_rule = os.environ.get(W.ENV), W.worth_it
+    os.environ[W.ENV] = "1" if winograd else "0"
+    W.worth_it = (lambda geo: True) if winograd else saved_rule
+    try:
+        kernel = op.kernel(node, infos)
+        ws = np.zeros(op.workspace(node, infos), np.uint8)
+    finally:
+        W.worth_it = saved_rule
+        if saved_env is None:
+            os.environ.pop(W.ENV, None)
+        else:
+            os.environ[W.ENV] = saved_env
+    return _time_ms(lambda: kernel([x], [out], ws), repeat), kernel.impl
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--batches", default="1,8")
+    args = ap.parse_args(argv)
+    if not _conv_blocked_kernel.available():
+        print("oneDNN is not installed: nothing to compare")
+        return 1
+    print("| layer | batch | direct ms | Winograd ms | direct/Winograd | rule picks |")
+    print("|---|---|---|---|---|---|")
+    for batch in (int(b) for b in args.batches.split(",")):
+        for name, c, o, hw in LAYERS:
+            direct, _ = time_layer(c, o, hw, batch, False, args.repeat)
+            wino, impl = time_layer(c, o, hw, batch, True, args.repeat)
+            geo = conv_geom(_node(c, o, 8), (batch, c, hw, hw))
+            pick = "Winograd" if W.worth_it(geo) else "direct"
+            print(f"| {name} {c}->{o}@{hw} | {batch} | {direct:.2f} | {wino:.2f} | {direct / wino:.2f} | {pick} |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
