@@ -1,11 +1,11 @@
-"""Micro-benchmark: a blocked 3x3 stride-1 conv on oneDNN's direct kernel against the Winograd F(4x4) path (not a test).
+"""Micro-benchmark: a blocked 3x3 s1 conv on oneDNN's direct kernel against Winograd F(4x4) and F(2x2) (not a test).
 
     .venv/bin/python bench/winograd_layers.py [--repeat 15] [--batches 1,8]
 
 For each layer (ResNet-18's four stages, SqueezeNet's expand3x3 convs, VGG-style wide layers) it builds the
-ConvBlocked kernel twice, with NNSERVE_WINOGRAD=0 (direct) and with Winograd forced on whatever `worth_it`
-says, and prints median ms per call and the ratio, with the rule's choice. The thresholds in
-engine/ops/_conv_winograd_blocked.py (MIN_CHANNELS, MIN_TILES) come from this table.
+ConvBlocked kernel three times, with NNSERVE_WINOGRAD=0 (direct) and with each Winograd tile size forced
+whatever `choose` says, and prints median ms per call, the ratios and the rule's choice. The thresholds in
+engine/ops/_conv_winograd_blocked.py (MIN_CHANNELS, MIN_TILES, MIN_WORK, SMALL_MIN_CHANNELS) come from it.
 """
 
 from __future__ import annotations
@@ -54,26 +54,27 @@ def _time_ms(fn, repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def time_layer(c: int, o: int, hw: int, batch: int, winograd: bool, repeat: int) -> tuple[float, str]:
-    """(median ms, the kernel's impl) with Winograd on (forced past worth_it) or off."""
+def time_layer(c: int, o: int, hw: int, batch: int, tile: int | None, repeat: int) -> tuple[float, str]:
+    """(median ms, the kernel's impl) with Winograd forced to output tiles of `tile` (past W.choose), or off."""
     op, block = get_op("ConvBlocked"), native_block()
     node = _node(c, o, block)
     x = np.random.default_rng(1).standard_normal((batch, c // block, hw, hw, block)).astype(np.float32)
     infos = [TensorInfo(x.shape, x.dtype)]
     out = np.empty(op.infer(node, infos)[0].shape, np.float32)
-    saved_env, saved_rule = os.environ.get(W.ENV), W.worth_it
-    os.environ[W.ENV] = "1" if winograd else "0"
-    W.worth_it = (lambda geo: True) if winograd else saved_rule
+    saved_env, saved_rule = os.environ.get(W.ENV), W.choose
+    os.environ[W.ENV] = "0" if tile is None else "1"
+    W.choose = lambda geo, block: tile
     try:
         kernel = op.kernel(node, infos)
         ws = np.zeros(op.workspace(node, infos), np.uint8)
+        ms = _time_ms(lambda: kernel([x], [out], ws), repeat)
     finally:
-        W.worth_it = saved_rule
+        W.choose = saved_rule
         if saved_env is None:
             os.environ.pop(W.ENV, None)
         else:
             os.environ[W.ENV] = saved_env
-    return _time_ms(lambda: kernel([x], [out], ws), repeat), kernel.impl
+    return ms, kernel.impl
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,16 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     if not _conv_blocked_kernel.available():
         print("oneDNN is not installed: nothing to compare")
         return 1
-    print("| layer | batch | direct ms | Winograd ms | direct/Winograd | rule picks |")
-    print("|---|---|---|---|---|---|")
+    print("| layer | batch | direct ms | F(4x4) ms | F(2x2) ms | direct/F(4x4) | direct/F(2x2) | rule picks |")
+    print("|---|---|---|---|---|---|---|---|")
+    block = native_block()
     for batch in (int(b) for b in args.batches.split(",")):
         for name, c, o, hw in LAYERS:
-            direct, _ = time_layer(c, o, hw, batch, False, args.repeat)
-            wino, impl = time_layer(c, o, hw, batch, True, args.repeat)
-            geo = conv_geom(_node(c, o, 8), (batch, c, hw, hw))
-            pick = "Winograd" if W.worth_it(geo) else "direct"
-            print(f"| {name} {c}->{o}@{hw} | {batch} | {direct:.2f} | {wino:.2f} | {direct / wino:.2f} | {pick} |",
-                  flush=True)
+            direct, f4, f2 = (time_layer(c, o, hw, batch, tile, args.repeat)[0] for tile in (None, 4, 2))
+            tile = W.choose(conv_geom(_node(c, o, block), (batch, c, hw, hw)), block)
+            pick = "direct" if tile is None else f"F({tile}x{tile})"
+            print(f"| {name} {c}->{o}@{hw} | {batch} | {direct:.2f} | {f4:.2f} | {f2:.2f} | {direct / f4:.2f} | "
+                  f"{direct / f2:.2f} | {pick} |", flush=True)
     return 0
 
 

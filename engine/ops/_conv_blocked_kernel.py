@@ -145,11 +145,24 @@ class _Plan:
         D.wait()
 
 
-def _winograd(fixed: _Fixed, geo: ConvGeom) -> W.WinogradConv | None:
-    """The Winograd path of a conv it applies to (at the max shape; smaller shapes choose per call)."""
-    if not W.eligible(geo, fixed.block, fixed.src_blocked, fixed.dst_blocked):
-        return None
-    return W.WinogradConv(fixed.w, fixed.bias, *fixed.act)
+class _Winograds:
+    """The Winograd paths of one conv (one per output tile size a shape picked, W.choose), or none when the conv
+    is not eligible."""
+
+    def __init__(self, fixed: _Fixed, geo: ConvGeom):
+        self.fixed = fixed
+        self.eligible = W.eligible(geo, fixed.block, fixed.src_blocked, fixed.dst_blocked)
+        self._convs: dict[int, W.WinogradConv] = {}
+
+    def pick(self, geo: ConvGeom) -> tuple[W.WinogradConv, int] | None:
+        """(the conv for this shape's tile size, its workspace bytes), or None for the direct kernel."""
+        m = W.choose(geo, self.fixed.block) if self.eligible else None
+        if m is None:
+            return None
+        conv = self._convs.get(m)
+        if conv is None:
+            conv = self._convs[m] = W.WinogradConv(self.fixed.w, self.fixed.bias, *self.fixed.act, m=m)
+        return conv, conv.workspace_bytes(geo)
 
 
 def workspace(node: Node, ins: list[TensorInfo], geometry: Geometry) -> int:
@@ -159,9 +172,8 @@ def workspace(node: Node, ins: list[TensorInfo], geometry: Geometry) -> int:
     fixed = _Fixed(node, geometry, len(ins) > 1)
     shape = tuple(ins[0].shape)
     geo = geometry(node, shape)
-    wino = _winograd(fixed, geo)
-    wino_bytes = wino.workspace_bytes(geo) if wino is not None and W.worth_it(geo) else 0
-    return max(_Plan(fixed, shape).nbytes, wino_bytes) + D.ALIGN
+    wino = _Winograds(fixed, geo).pick(geo)
+    return max(_Plan(fixed, shape).nbytes, 0 if wino is None else wino[1]) + D.ALIGN
 
 
 def _aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list) -> np.ndarray:
@@ -181,14 +193,15 @@ def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
     max_shape = tuple(ins[0].shape)
     first = _Plan(fixed, max_shape)
     plans = {max_shape: first}
-    wino = _winograd(fixed, geometry(node, max_shape))
-    wino_plans: dict[tuple, tuple | None] = {}  # per input shape: (geometry, workspace bytes) when Winograd runs it
+    winograds = _Winograds(fixed, geometry(node, max_shape))
+    wino_plans: dict[tuple, tuple | None] = {}  # per input shape: (conv, geometry, workspace bytes) or None
     private: list[np.ndarray] = []
 
     def wino_plan(shape: tuple) -> tuple | None:
         if shape not in wino_plans:
             geo = geometry(node, shape)
-            wino_plans[shape] = (geo, wino.workspace_bytes(geo)) if wino is not None and W.worth_it(geo) else None
+            picked = winograds.pick(geo)
+            wino_plans[shape] = None if picked is None else (picked[0], geo, picked[1])
         return wino_plans[shape]
 
     def run(inputs, outputs, workspace):
@@ -197,8 +210,8 @@ def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
         D.sync_threads()
         winograd = wino_plan(x.shape)
         if winograd is not None:
-            geo, nbytes = winograd
-            wino.run(geo, x, z, out, _aligned_workspace(workspace, nbytes, private))
+            conv, geo, nbytes = winograd
+            conv.run(geo, x, z, out, _aligned_workspace(workspace, nbytes, private))
             return
         plan = plans.get(x.shape)
         if plan is None:
@@ -208,8 +221,11 @@ def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
         if fixed.late:
             apply_activation(fixed.act[0], fixed.act[1], out)
 
+    # the max shape and batch 1 (the usual smaller request) build their matmuls and filters now, not on a request
+    for shape in {max_shape, (1, *max_shape[1:])}:
+        plan = wino_plan(shape)
+        if plan is not None:
+            plan[0].prepare(plan[1])
     at_max = wino_plan(max_shape)
-    if at_max is not None:
-        wino.prepare(at_max[0])
-    run.impl = "winograd-f4x4+onednn-matmul" if at_max is not None else f"onednn:{first.impl}"
+    run.impl = f"winograd-f{at_max[0].m}x{at_max[0].m}+onednn-matmul" if at_max is not None else f"onednn:{first.impl}"
     return run

@@ -33,8 +33,10 @@ ENV = "NNSERVE_WINOGRAD"  # "0" keeps every conv on the direct kernel
 CHUNK_BYTES = 4 << 20
 VECTOR_TRANSFORMS = True  # _winograd_simd where the block allows; False keeps the scalar kernels (tests both)
 MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
-_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
-               [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
+SMALL_MIN_CHANNELS = 256  # F(2x2) for maps too small for F(4x4)'s tiles (see choose)
+_G = {4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                   [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
+      2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]])}
 _INLINE_ACTS = {None: K.ACT_NONE, "relu": K.ACT_RELU, "relu6": K.ACT_CLIP, "clip": K.ACT_CLIP,
                 "leaky_relu": K.ACT_LEAKY}
 
@@ -43,8 +45,9 @@ def enabled() -> bool:
     return os.environ.get(ENV, "").strip() != "0"
 
 
-def tiles(geo: ConvGeom) -> tuple[int, int]:
-    return -(-geo.oh // 4), -(-geo.ow // 4)
+def tiles(geo: ConvGeom, m: int = 4) -> tuple[int, int]:
+    """Rows and columns of m x m output tiles."""
+    return -(-geo.oh // m), -(-geo.ow // m)
 
 
 def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) -> bool:
@@ -59,15 +62,32 @@ def worth_it(geo: ConvGeom) -> bool:
     return n_tiles >= MIN_TILES and min(geo.c, geo.o) >= MIN_CHANNELS and geo.c * geo.o * n_tiles >= MIN_WORK
 
 
-def transform_weights(w: np.ndarray) -> np.ndarray:
-    """(K, C, 3, 3) filters -> U (36, C, K) float32, U[6a + b, c, k] = (G g G^T)[a, b] of filter (k, c)."""
-    u = np.einsum("ai,kcij,bj->abck", _G, w.astype(np.float64), _G)
-    return np.ascontiguousarray(u.reshape(36, w.shape[1], w.shape[0]), np.float32)
+def choose(geo: ConvGeom, block: int) -> int | None:
+    """The output tile size (4 or 2) a conv runs Winograd with at this shape, None for the direct kernel.
+
+    F(2x2) (16 products per 4 outputs, 2.25x fewer than direct; U 16 * C * K floats) takes wide layers whose
+    maps are too small for F(4x4)'s tiles: ResNet-18's 512ch@7 at batch 1, 4 F(4x4) tiles or 16 F(2x2) ones,
+    1.66 -> 1.2 ms (bench/winograd_layers.py). It needs the vector transforms (no scalar F(2x2) kernels)."""
+    if worth_it(geo):
+        return 4
+    th, tw = tiles(geo, 2)
+    small_ok = VECTOR_TRANSFORMS and block % S.LANES == 0
+    if small_ok and geo.n * th * tw >= MIN_TILES and min(geo.c, geo.o) >= SMALL_MIN_CHANNELS:
+        return 2
+    return None
 
 
-def chunk_tiles(geo: ConvGeom) -> int:
-    th, tw = tiles(geo)
-    return int(min(geo.n * th * tw, max(32, CHUNK_BYTES // (36 * 4 * max(geo.c, geo.o)))))
+def transform_weights(w: np.ndarray, m: int = 4) -> np.ndarray:
+    """(K, C, 3, 3) filters -> U (alpha^2, C, K) float32 with alpha = m + 2, U[alpha a + b, c, k] = (G g G^T)[a, b]
+    of filter (k, c)."""
+    g = _G[m]
+    u = np.einsum("ai,kcij,bj->abck", g, w.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape(len(g) ** 2, w.shape[1], w.shape[0]), np.float32)
+
+
+def chunk_tiles(geo: ConvGeom, m: int = 4) -> int:
+    th, tw = tiles(geo, m)
+    return int(min(geo.n * th * tw, max(32, CHUNK_BYTES // ((m + 2) ** 2 * 4 * max(geo.c, geo.o)))))
 
 
 class _Epilogue:
@@ -87,11 +107,13 @@ class _Epilogue:
 
 
 class WinogradConv:
-    """The filters, the epilogue and one matmul primitive per chunk size. The transformed filters are made by
-    `prepare` (the kernel's build), not by `workspace_bytes`, so sizing the workspace transforms nothing."""
+    """The filters, the epilogue and one matmul primitive per chunk size, for output tiles of m x m. The
+    transformed filters are made by `prepare` (the kernel's build), not by `workspace_bytes`, so sizing the
+    workspace transforms nothing."""
 
-    def __init__(self, w: np.ndarray, bias: np.ndarray | None, act: str | None, act_params: dict | None):
-        self.w = w
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, act: str | None, act_params: dict | None,
+                 m: int = 4):
+        self.w, self.m, self.products = w, m, (m + 2) ** 2
         self.c, self.o = int(w.shape[1]), int(w.shape[0])
         self.epi = _Epilogue(act, act_params, bias, self.o)
         self._gemms: dict[int, tuple] = {}  # chunk tiles -> (step, its weights descriptor, scratchpad bytes)
@@ -100,8 +122,9 @@ class WinogradConv:
 
     def _gemm(self, t: int) -> tuple:
         if t not in self._gemms:
-            src, dst = D.MemoryDesc.plain((36, t, self.c)), D.MemoryDesc.plain((36, t, self.o))
-            w_any, attr = D.MemoryDesc.any((36, self.c, self.o)), D.Attr()
+            p = self.products
+            src, dst = D.MemoryDesc.plain((p, t, self.c)), D.MemoryDesc.plain((p, t, self.o))
+            w_any, attr = D.MemoryDesc.any((p, self.c, self.o)), D.Attr()
             pd = D.PrimitiveDesc.create("dnnl_matmul_primitive_desc_create", D.engine(), src.h, w_any.h, None,
                                         dst.h, attr.h)
             wts, pad = pd.md(L.QUERY_WEIGHTS_MD), pd.md(L.QUERY_SCRATCHPAD_MD)
@@ -113,14 +136,15 @@ class WinogradConv:
         for have, buf in self._weights:
             if have == md:
                 return buf
-        u = transform_weights(self.w)
+        u = transform_weights(self.w, self.m)
         buf = D.reorder_into(u, D.MemoryDesc.plain(u.shape), md)
         self._weights.append((md, buf))
         return buf
 
     def _chunk_sizes(self, geo: ConvGeom) -> list[int]:
-        th, tw = tiles(geo)
-        t, rest = chunk_tiles(geo), geo.n * th * tw % chunk_tiles(geo)
+        th, tw = tiles(geo, self.m)
+        t = chunk_tiles(geo, self.m)
+        rest = geo.n * th * tw % t
         return [t, rest] if rest else [t]
 
     def prepare(self, geo: ConvGeom) -> None:
@@ -134,38 +158,56 @@ class WinogradConv:
             wts = self._weights_of[t] = self._weights_in(self._gemm(t)[1])
         return wts
 
+    def _buffer_bytes(self, tiles_: int) -> tuple[int, int]:
+        """Bytes of v and of m for a chunk of `tiles_` tiles."""
+        return D.aligned(self.products * tiles_ * self.c * 4), D.aligned(self.products * tiles_ * self.o * 4)
+
     def workspace_bytes(self, geo: ConvGeom) -> int:
         """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul."""
-        t = chunk_tiles(geo)
         pad = max(self._gemm(size)[2] for size in self._chunk_sizes(geo))
-        return D.aligned(36 * t * self.c * 4) + D.aligned(36 * t * self.o * 4) + pad
+        return sum(self._buffer_bytes(chunk_tiles(geo, self.m))) + pad
 
     def run(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray) -> None:
         """out = act(conv(x) + bias + z); `buf` is ALIGN-aligned uint8 scratch of workspace_bytes(geo)."""
-        th, tw = tiles(geo)
-        total, chunk = geo.n * th * tw, chunk_tiles(geo)
-        b = x.shape[4]
+        b, zz = x.shape[4], out if z is None else z
+        vector = _vector_ok(b, x, out, zz)
+        if not vector and self.m != 4:  # F(2x2) has vector kernels only: run them on contiguous copies
+            assert VECTOR_TRANSFORMS and b % S.LANES == 0, "choose() takes F(2x2) only with the vector transforms"
+            target = np.empty_like(out)
+            self.run(geo, np.ascontiguousarray(x), None if z is None else np.ascontiguousarray(z), target, buf)
+            out[...] = target
+            return
+        self._run_chunks(geo, x, z, out, buf, vector)
+        if self.epi.late:
+            apply_activation(self.epi.act, self.epi.params, out)
+
+    def _run_chunks(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray,
+                    vector: bool) -> None:
+        th, tw = tiles(geo, self.m)
+        total, chunk = geo.n * th * tw, chunk_tiles(geo, self.m)
+        b, p, epi = x.shape[4], self.products, self.epi
         slices = max(1, 2 * get_threads())
-        epi = self.epi
         zz = out if z is None else z
-        kernels = S if _vector_ok(b, x, out, zz) else K
-        v_bytes, m_bytes = D.aligned(36 * chunk * self.c * 4), D.aligned(36 * chunk * self.o * 4)
+        v_bytes, m_bytes = self._buffer_bytes(chunk)
         for t0 in range(0, total, chunk):
             t1 = min(total, t0 + chunk)
-            step = self._gemm(t1 - t0)[0]
-            wts = self._ready_weights(t1 - t0)
-            v = _view(buf, 0, (36, t1 - t0, self.c))
-            m = _view(buf, v_bytes, (36, t1 - t0, self.o))
+            step, wts = self._gemm(t1 - t0)[0], self._ready_weights(t1 - t0)
+            v, m = _view(buf, 0, (p, t1 - t0, self.c)), _view(buf, v_bytes, (p, t1 - t0, self.o))
             scratch = buf.ctypes.data + v_bytes + m_bytes
-            parallel_for(kernels.input_transform, (self.c // b) * slices, 1 << 30, x, v, t0, t1, th, tw, geo.pads[0],
-                         geo.pads[1], slices)
+            geometry = (th, tw, geo.pads[0], geo.pads[1], slices)
+            if vector:
+                parallel_for(S.input_transform, (self.c // b) * slices, 1 << 30, x, v, self.m, t0, t1, *geometry)
+            else:
+                parallel_for(K.input_transform, (self.c // b) * slices, 1 << 30, x, v, t0, t1, *geometry)
             step.run({L.ARG_SRC: v.ctypes.data, L.ARG_WEIGHTS: wts.ctypes.data, L.ARG_DST: m.ctypes.data,
                       L.ARG_SCRATCHPAD: scratch})
             D.wait()
-            parallel_for(kernels.output_transform, (self.o // b) * slices, 1 << 30, m, out, zz, z is not None, epi.bias,
-                         epi.code, epi.lo, epi.hi, t0, t1, th, tw, slices)
-        if epi.late:
-            apply_activation(epi.act, epi.params, out)
+            epilogue = (m, out, zz, z is not None, epi.bias, epi.code, epi.lo, epi.hi)
+            if vector:
+                parallel_for(S.output_transform, (self.o // b) * slices, 1 << 30, *epilogue, self.m, t0, t1, th, tw,
+                             slices)
+            else:
+                parallel_for(K.output_transform, (self.o // b) * slices, 1 << 30, *epilogue, t0, t1, th, tw, slices)
 
 
 def _vector_ok(block: int, *arrays: np.ndarray) -> bool:

@@ -88,13 +88,53 @@ def test_weight_transform_gives_the_direct_conv_on_one_tile():
 
 
 @pytest.mark.parametrize("c,o,hw,batch,want", [
-    (64, 64, 56, 1, True), (128, 128, 28, 1, True), (256, 256, 14, 1, True),  # ResNet-18's stages at batch 1
-    (512, 512, 7, 1, False), (512, 512, 7, 8, True),  # 4 tiles at batch 1, 32 at batch 8
-    (16, 64, 55, 8, False), (32, 128, 27, 8, True), (48, 192, 13, 8, True),  # SqueezeNet's expand3x3 at b8
-    (32, 128, 27, 1, False), (64, 256, 13, 1, False),  # ... and at b1: too little work per call
+    (64, 64, 56, 1, 4), (128, 128, 28, 1, 4), (256, 256, 14, 1, 4),  # ResNet-18's stages at batch 1
+    (512, 512, 7, 1, 2), (512, 512, 7, 8, 4),  # 4 F(4x4) tiles at batch 1 (F(2x2) has 16), 32 at batch 8
+    (16, 64, 55, 8, None), (32, 128, 27, 8, 4), (48, 192, 13, 8, 4),  # SqueezeNet's expand3x3 at b8
+    (32, 128, 27, 1, None), (64, 256, 13, 1, None),  # ... and at b1: too little work per call
 ])
 def test_rule_picks_the_faster_path_measured_in_bench(monkeypatch, c, o, hw, batch, want):
-    """worth_it against bench/winograd_layers.py's table (the thresholds' source), at the module's own floor."""
+    """W.choose against bench/winograd_layers.py's table (the thresholds' source), at the module's own floor."""
     monkeypatch.undo()
     node, plain = make(c, o, 3)
-    assert W.worth_it(conv_geom(plain, (batch, c, hw, hw))) is want
+    geo = conv_geom(plain, (batch, c, hw, hw))
+    assert W.choose(geo, 8) == want
+    if want == 2:  # F(2x2) has vector transforms only
+        monkeypatch.setattr(W, "VECTOR_TRANSFORMS", False)
+        assert W.choose(geo, 8) is None
+        monkeypatch.undo()
+        assert W.choose(geo, 4) is None
+
+
+SMALL = 256  # F(2x2) takes maps too small for F(4x4) at W.SMALL_MIN_CHANNELS channels
+
+
+@pytest.mark.parametrize("act,act_params", [(None, None), ("relu", None), ("leaky_relu", {"alpha": 0.1}),
+                                            ("clip", {"min": -0.3, "max": 0.4}), ("silu", None)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_small_maps_run_f2x2(transforms, act, act_params, residual):
+    """7x7 at batch 1: 4 F(4x4) tiles, so F(2x2)'s 16 (the last row and column clipped); the scalar kernels have
+    no F(2x2), so without the vector transforms the direct kernel runs it."""
+    node, plain = make(SMALL, SMALL, 3, act=act, act_params=act_params)
+    impl = "winograd-f2x2" if transforms == "vector" else "onednn:"
+    run_case(node, plain, [(1, SMALL, 7, 7)], residual=residual, impl=impl)
+
+
+def test_f2x2_chunks_with_a_remainder(transforms, monkeypatch):
+    monkeypatch.setattr(W, "CHUNK_BYTES", 1)  # chunks of 32 tiles: 11x11 has 6x6 = 36 = 32 + 4
+    node, plain = make(SMALL, SMALL, 3, act="relu")
+    geo = conv_geom(plain, (1, SMALL, 11, 11))
+    assert W.chunk_tiles(geo, 2) == 32 and W.tiles(geo, 2) == (6, 6)
+    impl = "winograd-f2x2" if transforms == "vector" else "onednn:"
+    run_case(node, plain, [(1, SMALL, 11, 11)], residual=True, impl=impl)
+
+
+def test_f2x2_weight_transform_gives_the_direct_conv_on_one_tile():
+    rng = np.random.default_rng(3)
+    g, d = rng.standard_normal((3, 3)), rng.standard_normal((4, 4))
+    bt = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], float)
+    at = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], float)
+    u = W.transform_weights(g[None, None].astype(np.float32), 2)[:, 0, 0].reshape(4, 4)
+    got = at @ (u * (bt @ d @ bt.T)) @ at.T
+    want = np.array([[(d[i:i + 3, j:j + 3] * g).sum() for j in range(2)] for i in range(2)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
