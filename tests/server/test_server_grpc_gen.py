@@ -27,6 +27,18 @@ def test_generate_into_fresh_dir_and_staleness(tmp_path):
     assert gen.is_stale(protos, out)
 
 
+def test_stubs_made_for_another_protobuf_runtime_are_stale(tmp_path, monkeypatch):
+    """A checkout shared by two environments: stubs from one protoc must be remade for the other's runtime."""
+    out = tmp_path / "_gen"
+    gen.generate(gen.PROTO_DIR, out)
+    assert not gen.is_stale(gen.PROTO_DIR, out)
+    monkeypatch.setattr(gen, "runtime_version", lambda: "0.0.1")
+    assert gen.is_stale(gen.PROTO_DIR, out)
+    gen.generate(gen.PROTO_DIR, out)
+    assert not gen.is_stale(gen.PROTO_DIR, out)
+    assert (out / "PROTO_SHA256").read_text().split()[-1] == "0.0.1"
+
+
 def test_generated_package_imports_in_a_new_process(tmp_path):
     pkg = tmp_path / "stubs_pkg"
     gen.generate(gen.PROTO_DIR, pkg / "_gen")
