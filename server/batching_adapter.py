@@ -32,6 +32,7 @@ class VersionMetrics:
 
 def batching_config(config: mc.ModelConfig) -> Any:
     from server.batching.config import BatchingConfig
+    from server.config import batch_wait
 
     db = config.dynamic_batching
     policy = db.default_queue_policy
@@ -46,6 +47,7 @@ def batching_config(config: mc.ModelConfig) -> Any:
         priority_levels=int(db.priority_levels),
         default_priority_level=int(db.default_priority_level),
         preserve_ordering=db.preserve_ordering,
+        wait_policy=batch_wait(config, config.name),
     )
 
 

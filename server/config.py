@@ -21,6 +21,9 @@ from server.protocol.grpc import model_config_pb2 as mc
 CONFIG_FILE = "config.pbtxt"
 KIND_AUTO, KIND_GPU, KIND_CPU = (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_GPU,
                                  mc.ModelInstanceGroup.KIND_CPU)
+# parameters { key: "dynamic_batching_wait" value { string_value: "adaptive" } }
+BATCH_WAIT_PARAM = "dynamic_batching_wait"
+BATCH_WAITS = ("full", "adaptive")
 MAX_SHAPE_PARAM = "max_shape:"  # parameters { key: "max_shape:<input>" value { string_value: "3,640,640" } }
 
 # Which files make a model version, per backend.
@@ -184,7 +187,20 @@ def validate(config: mc.ModelConfig, name: str, model: Any) -> None:
         if not 0 < size <= config.max_batch_size:
             raise ModelLoadError(f"model '{name}': dynamic_batching.preferred_batch_size {size} is outside "
                                  f"1..max_batch_size ({config.max_batch_size})")
+    batch_wait(config, name)
     max_shapes(config, name)  # raises on a missing or malformed max_shape parameter
+
+
+def batch_wait(config: mc.ModelConfig, name: str) -> str:
+    """The dynamic batcher's wait policy (server/batching/config.py): "full" (Triton's, the default) or
+    "adaptive", from parameters["dynamic_batching_wait"]."""
+    if BATCH_WAIT_PARAM not in config.parameters:
+        return "full"
+    value = config.parameters[BATCH_WAIT_PARAM].string_value
+    if value not in BATCH_WAITS:
+        raise ModelLoadError(f"model '{name}': parameters['{BATCH_WAIT_PARAM}'] = '{value}' must be one of "
+                             f"{', '.join(BATCH_WAITS)}")
+    return value
 
 
 def _check_gpus(name: str, index: int, gpus: list[int]) -> None:

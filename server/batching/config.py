@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TIMEOUT_ACTIONS = ("REJECT", "DELAY")
+WAIT_POLICIES = ("full", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class BatchingConfig:
         default_priority_level: level of requests that give none (or an out-of-range one).
         preserve_ordering: answer requests in the order they arrived even when batches finish out of order.
         enabled: False when the config has no dynamic_batching block: every request runs alone.
+        wait_policy: "full" (Triton's): a batch below the preferred/max size waits max_queue_delay out;
+            "adaptive": it goes as soon as it holds as many rows as the recent load had in the server at once
+            (server/batching/population.py), never later than "full" would send it.
     """
 
     max_batch_size: int = 0
@@ -41,6 +45,7 @@ class BatchingConfig:
     default_priority_level: int = 0
     preserve_ordering: bool = False
     enabled: bool = True
+    wait_policy: str = "full"
 
     def __post_init__(self) -> None:
         # Normalise lists from a parsed config so the dataclass stays hashable and comparable.
@@ -49,6 +54,9 @@ class BatchingConfig:
                      "priority_levels", "default_priority_level"):
             if getattr(self, name) < 0:
                 raise ValueError(f"dynamic_batching: {name} must be >= 0, got {getattr(self, name)}")
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"dynamic_batching: the wait policy must be one of {WAIT_POLICIES}, "
+                             f"got {self.wait_policy!r}")
         if self.timeout_action not in TIMEOUT_ACTIONS:
             raise ValueError(f"dynamic_batching: timeout_action must be one of {TIMEOUT_ACTIONS}, "
                              f"got {self.timeout_action!r}")

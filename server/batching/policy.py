@@ -8,6 +8,10 @@ Semantics follow Triton's dynamic batcher (GetDynamicBatch), minus its locks and
 - a reachable preferred batch size is dispatched at once (the largest one reachable);
 - otherwise the batch goes when it is full, when max_queue_delay has passed for its oldest request, or at once
   when max_queue_delay is 0; until then the caller sleeps until `wait_until_ns`.
+- One addition of ours, for the adaptive wait (BatchingConfig.wait_policy): when the caller passes
+  `expected_rows` (the most rows its recent load had in the server at once, server/batching/population.py), a
+  batch that already holds that many goes at once, since no other request is likely to join it. A lone client
+  then never waits the delay out; eight closed-loop clients still wait for all eight.
 
 Nothing here locks, sleeps or reads a clock: the caller passes `now_ns`, which is what makes it testable.
 """
@@ -61,8 +65,10 @@ def service_order(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig) ->
     return [entry[3] for entry in live]
 
 
-def decide(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig, *, free_instances: int) -> Decision:
-    """Choose the next batch from `queue` (arrival order) at time `now_ns` with `free_instances` idle."""
+def decide(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig, *, free_instances: int,
+           expected_rows: int = 0) -> Decision:
+    """Choose the next batch from `queue` (arrival order) at time `now_ns` with `free_instances` idle;
+    `expected_rows` > 0 dispatches a batch of at least that many rows without waiting (see the module doc)."""
     expired = () if cfg.timeout_action == "DELAY" else tuple(p.req_id for p in queue if is_expired(p, now_ns))
     live = service_order(queue, now_ns, cfg)
     next_deadline = _next_deadline(live, now_ns)
@@ -76,9 +82,10 @@ def decide(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig, *, free_i
     delay_ns = cfg.max_queue_delay_us * 1000
     ready_at = min(p.enqueue_ns for p in chosen) + delay_ns
     delay_passed = now_ns >= ready_at
+    enough = expected_rows > 0 and sum(p.batch_size for p in chosen) >= min(expected_rows, cfg.max_batch_size)
     if preferred and (delay_ns == 0 or not delay_passed):
         chosen = chosen[:preferred]
-    elif not (full or delay_passed):
+    elif not (full or delay_passed or enough):
         return Decision(expired=expired, wait_until_ns=_earliest(ready_at, next_deadline))
     return Decision(batch=tuple(p.req_id for p in chosen), expired=expired)
 

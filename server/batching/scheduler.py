@@ -17,6 +17,7 @@ import numpy as np
 from server.batching.config import BatchingConfig
 from server.batching.merge import BatchRun, Runnable, run_batch
 from server.batching.policy import Pending, decide
+from server.batching.population import PeakWindow
 from server.batching.queue import Entry, RequestQueue, ResponseOrder, batch_size_of, shape_key
 from server.errors import InvalidArgumentError, RequestTimeoutError, ServerError, UnavailableError
 
@@ -67,6 +68,8 @@ class Scheduler:
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._executing_rows = 0  # for the adaptive wait's estimate
+        self._population = PeakWindow()
 
     @property
     def queue_depth(self) -> int:
@@ -102,6 +105,7 @@ class Scheduler:
             raise UnavailableError("Model is not serving: its scheduler is stopped")
         entry = self._make_entry(inputs, priority, timeout_us)
         self._queue.add(entry)
+        self._observe_population()
         self._order.register(entry.req_id)
         self._report_depth()
         self._wake.set()
@@ -142,7 +146,8 @@ class Scheduler:
                 self._forget_cancelled(entry)
             now = self._clock()
             cfg = drain_cfg if self._stopping else self.config
-            decision = decide(self._queue.pending(), now, cfg, free_instances=len(self._free))
+            expected = self._population.peak(now) if cfg.wait_policy == "adaptive" else 0
+            decision = decide(self._queue.pending(), now, cfg, free_instances=len(self._free), expected_rows=expected)
             for req_id in decision.expired:
                 self._expire(self._queue.remove(req_id))
             if decision.batch:
@@ -166,7 +171,14 @@ class Scheduler:
         except TimeoutError:
             pass
 
+    def _observe_population(self) -> None:
+        """Samples the rows in the server (queued and executing) for the adaptive wait; only that policy reads it."""
+        if self.config.wait_policy == "adaptive":
+            queued = sum(p.batch_size for p in self._queue.pending())
+            self._population.observe(self._clock(), queued + self._executing_rows)
+
     def _dispatch(self, entries: list[Entry]) -> None:
+        self._executing_rows += sum(e.pending.batch_size for e in entries)
         instance = self._free.pop()
         task = asyncio.create_task(self._execute(instance, entries))
         self._running.add(task)
@@ -191,6 +203,8 @@ class Scheduler:
                                      run.compute_infer_ns, run.compute_output_ns, run.batch_size)
                 self._succeed(entry, result)
         finally:
+            self._observe_population()  # before this batch's rows leave: its clients come back next
+            self._executing_rows -= sum(e.pending.batch_size for e in entries)
             self._free.append(instance)
             self._wake.set()
 

@@ -75,6 +75,18 @@ def test_dynamic_dims_need_a_max_shape_parameter():
         complete('max_batch_size: 2 parameters { key: "max_shape:in0" value { string_value: "4,64,48" } }', DYNAMIC)
 
 
+def test_dynamic_batching_wait_parameter():
+    """Triton's full wait by default; "adaptive" reaches the scheduler's config; anything else names the key."""
+    from server.batching_adapter import batching_config
+
+    base = "max_batch_size: 4 dynamic_batching { max_queue_delay_microseconds: 2000 }"
+    assert batching_config(complete(base, DETECTOR)).wait_policy == "full"
+    adaptive = base + ' parameters { key: "dynamic_batching_wait" value { string_value: "adaptive" } }'
+    assert batching_config(complete(adaptive, DETECTOR)).wait_policy == "adaptive"
+    with pytest.raises(ModelLoadError, match=r"parameters\['dynamic_batching_wait'\] = 'eager' must be one of"):
+        complete(adaptive.replace('"adaptive"', '"eager"'), DETECTOR)
+
+
 @pytest.mark.parametrize("text, words", [
     ('name: "other"', "must match the directory name"),
     ('max_batch_size: 1 input [ { name: "input" data_type: TYPE_FP16 dims: [3, 240, 320] } ]',

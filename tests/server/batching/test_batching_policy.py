@@ -124,3 +124,27 @@ def test_delay_counts_from_oldest_request_in_the_batch():
     q = [Pending(0, 1, A, 5000, priority=1), Pending(1, 1, A, 0, priority=2)]
     cfg = make_cfg(delay_us=10, priority_levels=2, default_priority_level=2)
     assert run(q, 100, cfg).wait_until_ns == 10 * US
+
+
+def test_expected_rows_dispatch_a_batch_that_holds_them_without_waiting():
+    """The adaptive wait: a lone client's request (1 row expected) goes at once despite the delay; with 4 rows
+    expected, 3 queued still wait; a 4th arrival sends them."""
+    cfg = make_cfg(max_batch=8, delay_us=50_000)
+    assert decide(make_queue(1), 10, cfg, free_instances=1, expected_rows=1).batch == (0,)
+    d = decide(make_queue(1, 1, 1), 100, cfg, free_instances=1, expected_rows=4)
+    assert d.batch == () and d.wait_until_ns == 50_000 * US
+    assert decide(make_queue(1, 1, 1, 1), 100, cfg, free_instances=1, expected_rows=4).batch == (0, 1, 2, 3)
+    assert decide(make_queue(1, 3), 100, cfg, free_instances=1, expected_rows=4).batch == (0, 1)  # rows count
+
+
+def test_expected_rows_never_delay_past_the_configured_wait_or_beyond_max_batch():
+    cfg = make_cfg(max_batch=4, delay_us=500)
+    q = make_queue(1, 1, t0=1000)
+    assert decide(q, 1000 + 500 * US, cfg, free_instances=1, expected_rows=16).batch == (0, 1)  # delay over
+    assert decide(make_queue(1, 1, 1, 1), 1000, cfg, free_instances=1, expected_rows=16).batch == (0, 1, 2, 3)
+    assert decide(q, 1000, cfg, free_instances=0, expected_rows=1).batch == ()  # no idle instance
+
+
+def test_no_expected_rows_is_tritons_wait():
+    cfg = make_cfg(max_batch=8, delay_us=500)
+    assert decide(make_queue(1), 10, cfg, free_instances=1, expected_rows=0).batch == ()

@@ -174,6 +174,52 @@ def test_max_queue_delay_waits_for_a_fuller_batch():
     assert all(r.batch_size == 4 and r.queue_ns > 0 for r in results)
 
 
+def test_adaptive_wait_sends_a_lone_request_at_once_and_still_merges_concurrent_ones():
+    """wait_policy "adaptive" with a 5 s delay: a lone client's requests never wait it out; once four clients
+    have had requests in the server together, four arrivals are merged without waiting either."""
+    inst = FakeInstance(delay=0.02)
+    sched = Scheduler(BatchingConfig(max_batch_size=8, max_queue_delay_us=5_000_000, wait_policy="adaptive"),
+                      [inst])
+
+    async def main():
+        await sched.start()
+        started = asyncio.get_running_loop().time()
+        for i in range(3):
+            await sched.submit(rows(float(i)))
+        lone = asyncio.get_running_loop().time() - started
+        await asyncio.gather(*(sched.submit(rows(10.0 + i)) for i in range(4)))  # seen 4 in the server at once
+
+        async def client(c: int):
+            for k in range(3):
+                await sched.submit(rows(100.0 * c + k))
+
+        started = asyncio.get_running_loop().time()
+        await asyncio.gather(*(client(c) for c in range(4)))
+        together = asyncio.get_running_loop().time() - started
+        await sched.stop()
+        return lone, together
+
+    lone, together = arun(main())
+    assert lone < 1.0 and together < 2.0, (lone, together)  # the 5 s delay was never waited out
+    sizes = [b.shape[0] for b in inst.batches]
+    assert sizes[:3] == [1, 1, 1] and max(sizes[3:]) >= 2, sizes
+
+
+def test_full_wait_is_tritons_a_lone_request_waits_the_delay():
+    inst = FakeInstance()
+    sched = Scheduler(BatchingConfig(max_batch_size=8, max_queue_delay_us=300_000), [inst])
+
+    async def main():
+        await sched.start()
+        started = asyncio.get_running_loop().time()
+        await sched.submit(rows(1.0))
+        waited = asyncio.get_running_loop().time() - started
+        await sched.stop()
+        return waited
+
+    assert arun(main()) >= 0.29
+
+
 def test_stop_with_drain_finishes_everything_queued_and_running():
     inst = FakeInstance(gated=True)
     # A long delay would hold a partial batch for 10 s; draining must dispatch it at once.
