@@ -49,6 +49,7 @@ output [ {{ name: "out0" data_type: TYPE_FP32 dims: [ 1000 ] }} ]
 instance_group [ {{ count: {count} kind: KIND_CPU }} ]
 {batching}"""
 DYNAMIC_BATCHING = "dynamic_batching { max_queue_delay_microseconds: %d }\n"
+ADAPTIVE_WAIT = 'parameters { key: "dynamic_batching_wait" value { string_value: "adaptive" } }\n'
 
 
 def write_identity(repo: Path) -> None:
@@ -60,8 +61,10 @@ def write_identity(repo: Path) -> None:
     (repo / "identity" / "config.pbtxt").write_text(IDENTITY_CONFIG)
 
 
-def write_resnet(repo: Path, name: str, batching: bool, count: int = 1, delay_us: int = 2000) -> None:
-    """ResNet-18 exported with a dynamic batch (bench/_peers.py dynamic_exports) under `name`."""
+def write_resnet(repo: Path, name: str, batching: bool, count: int = 1, delay_us: int = 2000,
+                 adaptive: bool = False) -> None:
+    """ResNet-18 exported with a dynamic batch (bench/_peers.py dynamic_exports) under `name`; `adaptive` sets
+    the batcher's adaptive wait (model_repository/README.md, `dynamic_batching_wait`)."""
     if not (RESNET_DYN / "model.pnnx.param").exists():
         raise SystemExit(f"{RESNET_DYN.relative_to(ROOT)} is missing: run `.venv-dev/bin/python -c \"import sys; "
                          "sys.path.insert(0, 'bench'); import _peers; _peers.dynamic_exports('resnet18')\"`")
@@ -69,7 +72,8 @@ def write_resnet(repo: Path, name: str, batching: bool, count: int = 1, delay_us
     version.mkdir(parents=True)
     for suffix in ("pnnx.param", "pnnx.bin"):
         _link_or_copy(RESNET_DYN / f"model.{suffix}", version / f"model.{suffix}")
-    config = RESNET_CONFIG.format(name=name, count=count, batching=DYNAMIC_BATCHING % delay_us if batching else "")
+    batching_text = (DYNAMIC_BATCHING % delay_us + (ADAPTIVE_WAIT if adaptive else "")) if batching else ""
+    config = RESNET_CONFIG.format(name=name, count=count, batching=batching_text)
     (repo / name / "config.pbtxt").write_text(config)
 
 

@@ -87,8 +87,9 @@ class Window:
     histogram: dict[str, int]  # executions per batch-size class in this window ("1", "2", "3-4", "5-8")
 
 
-def write_repo(repo: Path, delay_us: int) -> None:
-    for name, batching in ((SINGLE, ""), (BATCHED, BATCHING.format(delay_us=delay_us))):
+def write_repo(repo: Path, delay_us: int, adaptive: bool = False) -> None:
+    batched = BATCHING.format(delay_us=delay_us) + (sv.ADAPTIVE_WAIT if adaptive else "")
+    for name, batching in ((SINGLE, ""), (BATCHED, batched)):
         version = repo / name / "1"
         version.mkdir(parents=True)
         for suffix in ("pnnx.param", "pnnx.bin"):
@@ -174,11 +175,11 @@ def one_window(model: str, protocol: str, url: str, rnd: int, window_ms: int, da
     return w
 
 
-def measure(rounds: int, window_ms: int, delay_us: int) -> list[Window]:
+def measure(rounds: int, window_ms: int, delay_us: int, adaptive: bool = False) -> list[Window]:
     windows = []
     with tempfile.TemporaryDirectory(prefix="nnserve-bench-batching-") as d:
         repo = Path(d) / "repo"
-        write_repo(repo, delay_us)
+        write_repo(repo, delay_us, adaptive)
         data = str(sv.perf_input_file(np.load(INPUT), Path(d) / "input.json"))
         proc, http, grpc = sv.start_nnserve(repo)
         urls = {"http": http, "grpc": grpc}
@@ -253,7 +254,8 @@ def record(args: argparse.Namespace, windows: list[Window], ceiling: dict[int, f
         f"round one window per model and protocol; a window is one perf_analyzer run at concurrency 8, sync "
         f"requests of batch 1, 3 x {args.window_ms} ms merged. Both models: the same files, 1 instance, "
         f"NNSERVE_NUM_THREADS={os.environ['NNSERVE_NUM_THREADS']}, max_batch_size 8; batched adds "
-        f"dynamic_batching {{ preferred_batch_size [8], max_queue_delay {args.delay_us} us }}.",
+        f"dynamic_batching {{ preferred_batch_size [8], max_queue_delay {args.delay_us} us }}"
+        + (" with the adaptive wait." if args.adaptive else "."),
         summary_table(windows), ceiling_line,
         "Failed windows (retried once): " + ("; ".join(FAILURES) if FAILURES else "none") + ".",
         "\n".join(f"- {line}" for line in lines)]))
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="NNSERVE_NUM_THREADS (default: the engine's own)")
     ap.add_argument("--engine-iters", type=int, default=12)
     ap.add_argument("--no-engine", action="store_true", help="skip the in-process ceiling")
+    ap.add_argument("--adaptive", action="store_true", help="the batched model uses dynamic_batching_wait adaptive")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args(argv)
     # SIGTERM ends the bench through SystemExit, so the server it started is stopped too (finally in measure).
@@ -278,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ["NNSERVE_NUM_THREADS"] = str(default_threads())
     ceiling = {} if args.no_engine else engine_ceiling(args.engine_iters)
-    windows = measure(args.rounds, args.window_ms, args.delay_us)
+    windows = measure(args.rounds, args.window_ms, args.delay_us, args.adaptive)
     lines = verdicts(windows)
     print("\n".join(lines))
     if not args.no_record:
