@@ -1,4 +1,4 @@
-"""Winograd F(4x4, 3x3) for ConvBlocked: dense 3x3 stride-1 convolutions with both sides blocked.
+"""Winograd F(4x4, 3x3) and F(2x2, 3x3) for ConvBlocked: dense 3x3 stride-1 convolutions with both sides blocked.
 
 Per chunk of output tiles: the input transform (_winograd_simd's vector code, or the scalar numba kernels of
 _winograd_blocked_kernels for blocks that are not a multiple of 8 lanes) writes v (36, tiles, C), one
@@ -11,8 +11,10 @@ ms): ResNet-18's 64ch@56 b1 1.28 -> 0.91, 128ch@28 b1 1.35 -> 0.70, 512ch@7 b8 1
 32->128@27 b8 2.39 -> 1.58. It does not with few tiles (512ch@7 b1, 4 tiles: U's 36 * C * K floats are read for
 almost no work, 1.66 -> 2.50), very narrow inputs (16->64@55 b8: 1.02x, the output transform dominates), or
 little work per call (c * o * tiles under MIN_WORK: SqueezeNet's expand convs at b1, 0.63-0.89x, where the
-transforms' and the matmul's fixed costs are not repaid); those stay on the direct kernel.
-Chunks hold at most CHUNK_BYTES of v so v and m stay in cache; the workspace holds v | m | scratchpad.
+transforms' and the matmul's fixed costs are not repaid); those stay on the direct kernel, except wide ones on
+small maps, which F(2x2) takes (`choose`). F(2x2) is the same pipeline with 4x4 patches, 2x2 outputs and 16
+products (m = 2 below; alpha = m + 2 is the patch side). Chunks hold at most CHUNK_BYTES of v so v and m stay
+in cache; the workspace holds v | m | scratchpad.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def choose(geo: ConvGeom, block: int) -> int | None:
 
     F(2x2) (16 products per 4 outputs, 2.25x fewer than direct; U 16 * C * K floats) takes wide layers whose
     maps are too small for F(4x4)'s tiles: ResNet-18's 512ch@7 at batch 1, 4 F(4x4) tiles or 16 F(2x2) ones,
-    1.66 -> 1.2 ms (bench/winograd_layers.py). It needs the vector transforms (no scalar F(2x2) kernels)."""
+    1.64 -> 1.55 ms (bench/winograd_layers.py; reading U, 16.8 MB, bounds it). It needs the vector transforms
+    (there are no scalar F(2x2) kernels)."""
     if worth_it(geo):
         return 4
     th, tw = tiles(geo, 2)
