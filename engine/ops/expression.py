@@ -361,12 +361,18 @@ def _to_array(result: Any, float_dtype: np.dtype) -> np.ndarray:
     return np.asarray(result)
 
 
+def _result_dtype(dtype: np.dtype, input_dtypes: Sequence[np.dtype]) -> np.dtype:
+    """float64 only when an input is float64: numpy widens int/python-float math (atan2 of int64 tensors) to
+    float64 where torch gives float32. `run` and `infer_info` share this rule."""
+    wide = any(np.dtype(d) == np.float64 for d in input_dtypes)
+    return np.dtype(np.float32) if dtype == np.float64 and not wide else dtype
+
+
 def run(expr: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
     """Evaluates `expr` on concrete arrays, keeping float32 results float32."""
     result = evaluate(parse(expr), [_operand(a) for a in arrays])
     out = _to_array(result, np.dtype(np.float32))
-    wide = any(np.asarray(a).dtype == np.float64 for a in arrays)
-    return out.astype(np.float32) if out.dtype == np.float64 and not wide else out
+    return out.astype(_result_dtype(out.dtype, [np.asarray(a).dtype for a in arrays]), copy=False)
 
 
 def infer_info(expr: str, ins: Sequence[TensorInfo]) -> TensorInfo:
@@ -375,10 +381,11 @@ def infer_info(expr: str, ins: Sequence[TensorInfo]) -> TensorInfo:
                 for i in ins]
     result = evaluate(parse(expr), operands)
     if isinstance(result, _Abstract):
-        return TensorInfo(result.shape, result.dtype)
+        return TensorInfo(result.shape, _result_dtype(result.dtype, [i.dtype for i in ins]))
     if isinstance(result, list) and any(isinstance(r, _Abstract) for r in result):
         return TensorInfo((len(result),), np.dtype(np.int64))
     value = _to_array(result, np.dtype(np.float32))
+    value = value.astype(_result_dtype(value.dtype, [i.dtype for i in ins]), copy=False)
     return TensorInfo(tuple(value.shape), value.dtype, value)
 
 

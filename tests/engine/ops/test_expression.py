@@ -140,6 +140,17 @@ def test_random_text_only_raises_expression_errors(text):
         pass
 
 
+@pytest.mark.parametrize("expr", ["atan2(@0,@0)", "atan2(@0,2)", "logaddexp(@0,@0)"])
+def test_float_math_of_integer_tensors_is_float32_in_inference_and_run(expr):
+    """numpy widens these to float64, torch gives float32: inference must say what run returns (found by the
+    random-expression test below)."""
+    ins = [np.arange(3, dtype=np.int64)]
+    out = run(expr, ins)
+    info = infer_info(expr, [TensorInfo(a.shape, a.dtype) for a in ins])
+    known = infer_info(expr, [TensorInfo(a.shape, a.dtype, a) for a in ins])
+    assert out.dtype == info.dtype == known.dtype == np.float32
+
+
 @settings(max_examples=300, deadline=None)
 @given(expr=_trees())
 def test_random_expressions_evaluate_or_raise_expression_errors(expr):
