@@ -19,6 +19,7 @@ in cache; the workspace holds v | m | scratchpad.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -122,6 +123,7 @@ class WinogradConv:
         self._gemms: dict[int, tuple] = {}  # chunk tiles -> (step, its weights descriptor, scratchpad bytes)
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []  # U in each layout a primitive asked for
         self._weights_of: dict[int, np.ndarray] = {}  # chunk tiles -> U in its primitive's layout
+        self._slots: dict[tuple[int, int], tuple] = {}  # (chunk, tiles) -> (workspace address, v, m, pointers)
 
     def _gemm(self, t: int) -> tuple:
         if t not in self._gemms:
@@ -184,26 +186,36 @@ class WinogradConv:
         if self.epi.late:
             apply_activation(self.epi.act, self.epi.params, out)
 
+    def _slot(self, buf: np.ndarray, chunk: int, t: int, wts: np.ndarray) -> tuple:
+        """v and m of a chunk of `t` tiles in `buf` (laid out for chunks of `chunk`) and the matmul's pointers,
+        made once per workspace: the views and pointer lookups cost ~40 us a call, a small conv's whole budget."""
+        key, address = (chunk, t), D.address(buf)
+        slot = self._slots.get(key)
+        if slot is None or slot[0] != address:
+            v_bytes, m_bytes = self._buffer_bytes(chunk)
+            v, m = _view(buf, 0, (self.products, t, self.c)), _view(buf, v_bytes, (self.products, t, self.o))
+            pointers = {L.ARG_SRC: D.address(v), L.ARG_WEIGHTS: D.address(wts), L.ARG_DST: D.address(m),
+                        L.ARG_SCRATCHPAD: address + v_bytes + m_bytes}
+            slot = self._slots[key] = (address, v, m, pointers)
+        return slot[1:]
+
     def _run_chunks(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray,
                     vector: bool) -> None:
         th, tw = tiles(geo, self.m)
         total, chunk = geo.n * th * tw, chunk_tiles(geo, self.m)
-        b, p, epi = x.shape[4], self.products, self.epi
+        b, epi = x.shape[4], self.epi
         slices = max(1, 2 * get_threads())
         zz = out if z is None else z
-        v_bytes, m_bytes = self._buffer_bytes(chunk)
         for t0 in range(0, total, chunk):
             t1 = min(total, t0 + chunk)
             step, wts = self._gemm(t1 - t0)[0], self._ready_weights(t1 - t0)
-            v, m = _view(buf, 0, (p, t1 - t0, self.c)), _view(buf, v_bytes, (p, t1 - t0, self.o))
-            scratch = buf.ctypes.data + v_bytes + m_bytes
+            v, m, pointers = self._slot(buf, chunk, t1 - t0, wts)
             geometry = (th, tw, geo.pads[0], geo.pads[1], slices)
             if vector:
                 parallel_for(S.input_transform, (self.c // b) * slices, 1 << 30, x, v, self.m, t0, t1, *geometry)
             else:
                 parallel_for(K.input_transform, (self.c // b) * slices, 1 << 30, x, v, t0, t1, *geometry)
-            step.run({L.ARG_SRC: v.ctypes.data, L.ARG_WEIGHTS: wts.ctypes.data, L.ARG_DST: m.ctypes.data,
-                      L.ARG_SCRATCHPAD: scratch})
+            step.run(pointers)
             D.wait()
             epilogue = (m, out, zz, z is not None, epi.bias, epi.code, epi.lo, epi.hi)
             if vector:
@@ -220,4 +232,4 @@ def _vector_ok(block: int, *arrays: np.ndarray) -> bool:
 
 def _view(buf: np.ndarray, offset: int, shape: tuple[int, ...]) -> np.ndarray:
     """float32 `shape` over buf[offset:]."""
-    return buf[offset:offset + 4 * int(np.prod(shape))].view(np.float32).reshape(shape)
+    return buf[offset:offset + 4 * math.prod(shape)].view(np.float32).reshape(shape)
