@@ -33,6 +33,7 @@ class RequestQueue:
     def __init__(self, max_size: int = 0):
         self.max_size = max_size  # 0 = unbounded
         self._entries: dict[int, Entry] = {}
+        self.rows = 0  # sum of the queued requests' batch sizes (the adaptive wait samples it on every arrival)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -42,17 +43,24 @@ class RequestQueue:
         if self.max_size and len(self._entries) >= self.max_size:
             raise QueueFullError()
         self._entries[entry.req_id] = entry
+        self.rows += entry.pending.batch_size
 
     def remove(self, req_id: int) -> Entry | None:
         """Take one entry out (cancelled or expired); None when it already left the queue."""
-        return self._entries.pop(req_id, None)
+        entry = self._entries.pop(req_id, None)
+        if entry is not None:
+            self.rows -= entry.pending.batch_size
+        return entry
 
     def take(self, req_ids: Iterable[int]) -> list[Entry]:
-        return [self._entries.pop(i) for i in req_ids]
+        entries = [self._entries.pop(i) for i in req_ids]
+        self.rows -= sum(e.pending.batch_size for e in entries)
+        return entries
 
     def take_all(self) -> list[Entry]:
         entries = list(self._entries.values())
         self._entries.clear()
+        self.rows = 0
         return entries
 
     def drop_cancelled(self) -> list[Entry]:
@@ -61,6 +69,7 @@ class RequestQueue:
         gone = [e for e in self._entries.values() if e.future.done()]
         for e in gone:
             del self._entries[e.req_id]
+            self.rows -= e.pending.batch_size
         return gone
 
     def pending(self) -> list[Pending]:

@@ -174,8 +174,7 @@ class Scheduler:
     def _observe_population(self) -> None:
         """Samples the rows in the server (queued and executing) for the adaptive wait; only that policy reads it."""
         if self.config.wait_policy == "adaptive":
-            queued = sum(p.batch_size for p in self._queue.pending())
-            self._population.observe(self._clock(), queued + self._executing_rows)
+            self._population.observe(self._clock(), self._queue.rows + self._executing_rows)
 
     def _dispatch(self, entries: list[Entry]) -> None:
         self._executing_rows += sum(e.pending.batch_size for e in entries)

@@ -7,7 +7,8 @@ import pytest
 
 from server.batching.config import BatchingConfig
 from server.batching.merge import concat_inputs, run_batch, split_outputs
-from server.batching.queue import ResponseOrder, batch_size_of, shape_key
+from server.batching.policy import Pending
+from server.batching.queue import Entry, RequestQueue, ResponseOrder, batch_size_of, shape_key
 from server.errors import InferenceError, InvalidArgumentError
 
 
@@ -48,6 +49,28 @@ def test_priority_and_timeout_resolution_follow_triton():
     assert [cfg.timeout_of(t) for t in (None, 0, 500, 5000)] == [1000, 1000, 500, 1000]
     assert BatchingConfig(max_batch_size=4, default_timeout_us=1000).timeout_of(500) == 1000  # override not allowed
     assert BatchingConfig(max_batch_size=4).priority_of(3) == 0  # one level
+
+
+def test_queue_counts_its_rows_through_every_way_out():
+    """RequestQueue.rows (the adaptive wait's sample) after adds, take, remove, cancellation and take_all."""
+
+    class Done:
+        def __init__(self, done: bool):
+            self._done = done
+
+        def done(self) -> bool:
+            return self._done
+
+    q = RequestQueue()
+    entries = [Entry(Pending(i, size, "k", 0), {}, Done(i == 3)) for i, size in enumerate([1, 2, 3, 4, 5])]
+    for e in entries:
+        q.add(e)
+    assert q.rows == 15
+    q.take([0, 1])
+    assert q.rows == 12
+    assert q.remove(2) is entries[2] and q.remove(2) is None and q.rows == 9
+    assert q.drop_cancelled() == [entries[3]] and q.rows == 5
+    assert q.take_all() == [entries[4]] and q.rows == 0
 
 
 def test_response_order_holds_later_answers_until_earlier_ones_are_settled():
