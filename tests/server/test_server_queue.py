@@ -27,10 +27,14 @@ TIMED = AFFINE_CONFIG.replace("max_queue_delay_microseconds: 20000",
                               "max_queue_delay_microseconds: 3000000 default_queue_policy { "
                               "default_timeout_microseconds: 50000 allow_timeout_override: true }")
 
+# The batcher would hold a partial batch for 3 s, but the adaptive wait sends a lone client's request at once.
+ADAPTIVE = AFFINE_CONFIG.replace("max_queue_delay_microseconds: 20000", "max_queue_delay_microseconds: 3000000"
+                                 ) + 'parameters { key: "dynamic_batching_wait" value { string_value: "adaptive" } }\n'
+
 
 @pytest.fixture(scope="module")
 def qserver(tmp_path_factory):
-    repo = make_repository(tmp_path_factory.mktemp("qrepo"), {"tight": TIGHT, "timed": TIMED})
+    repo = make_repository(tmp_path_factory.mktemp("qrepo"), {"tight": TIGHT, "timed": TIMED, "adaptive": ADAPTIVE})
     srv = ServerProcess(repo)
     yield srv
     assert srv.stop() == 0, srv.log_text
@@ -108,3 +112,13 @@ def test_http_disconnect_drops_the_queued_request(qserver):
     after = httpx.get(f"http://{qserver.http_url}/v2/models/tight/stats").json()["model_stats"][0]
     assert after["execution_count"] == before["execution_count"]
     assert after["inference_stats"]["fail"]["count"] == before["inference_stats"]["fail"]["count"] + 1
+
+
+def test_adaptive_wait_answers_a_lone_client_without_the_delay(qserver):
+    config = httpx.get(f"http://{qserver.http_url}/v2/models/adaptive/config").json()
+    assert config["parameters"]["dynamic_batching_wait"]["string_value"] == "adaptive"
+    for _ in range(3):
+        started = time.monotonic()
+        r = post(qserver, "adaptive")
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - started < 1.5  # not the configured 3 s
