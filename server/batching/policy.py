@@ -11,7 +11,8 @@ Semantics follow Triton's dynamic batcher (GetDynamicBatch), minus its locks and
 - One addition of ours, for the adaptive wait (BatchingConfig.wait_policy): when the caller passes
   `expected_rows` (the most rows its recent load had in the server at once, server/batching/population.py), a
   batch that already holds that many goes at once, since no other request is likely to join it. A lone client
-  then never waits the delay out; eight closed-loop clients still wait for all eight.
+  then does not wait the delay out (after a burst, only until the burst's peak leaves the window: the caller
+  decides again then); eight closed-loop clients still wait for all eight.
 
 Nothing here locks, sleeps or reads a clock: the caller passes `now_ns`, which is what makes it testable.
 """

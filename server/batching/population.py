@@ -26,6 +26,10 @@ class PeakWindow:
             self._samples.pop()  # an older, smaller sample can never be the max again
         self._samples.append((now_ns, rows))
 
+    def expires_at(self) -> int | None:
+        """When the current peak sample leaves the window (the peak may drop then); None when nothing is held."""
+        return self._samples[0][0] + self.window_ns if self._samples else None
+
     def peak(self, now_ns: int) -> int:
         """The most rows seen within the window ending now; 0 when nothing was seen in it."""
         while self._samples and self._samples[0][0] <= now_ns - self.window_ns:

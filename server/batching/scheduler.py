@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from server.batching import population
 from server.batching.config import BatchingConfig
 from server.batching.merge import BatchRun, Runnable, run_batch
 from server.batching.policy import Pending, decide
-from server.batching.population import PeakWindow
 from server.batching.queue import Entry, RequestQueue, ResponseOrder, batch_size_of, shape_key
 from server.errors import InvalidArgumentError, RequestTimeoutError, ServerError, UnavailableError
 
@@ -69,7 +69,7 @@ class Scheduler:
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._executing_rows = 0  # for the adaptive wait's estimate
-        self._population = PeakWindow()
+        self._population = population.PeakWindow(population.WINDOW_NS)
 
     @property
     def queue_depth(self) -> int:
@@ -146,7 +146,9 @@ class Scheduler:
                 self._forget_cancelled(entry)
             now = self._clock()
             cfg = drain_cfg if self._stopping else self.config
-            expected = self._population.peak(now) if cfg.wait_policy == "adaptive" else 0
+            expected = 0
+            if cfg.wait_policy == "adaptive":  # the rows in the server now count too, however old their arrival
+                expected = max(self._population.peak(now), self._queue.rows + self._executing_rows)
             decision = decide(self._queue.pending(), now, cfg, free_instances=len(self._free), expected_rows=expected)
             for req_id in decision.expired:
                 self._expire(self._queue.remove(req_id))
@@ -158,7 +160,11 @@ class Scheduler:
             # Idle instances, not finished tasks: a task leaves `_running` only after its done-callbacks ran.
             if self._stopping and not self._queue and len(self._free) == self._num_instances:
                 return
-            await self._sleep(None if decision.wait_until_ns is None else decision.wait_until_ns - now)
+            wake_at = decision.wait_until_ns
+            if expected and self._queue:  # the peak may drop as it leaves the window: decide again then
+                expiry = self._population.expires_at()
+                wake_at = expiry if wake_at is None or (expiry is not None and expiry < wake_at) else wake_at
+            await self._sleep(None if wake_at is None else wake_at - now)
 
     async def _sleep(self, timeout_ns: int | None) -> None:
         """Wait for the next event, or at most `timeout_ns` (a batch delay ending, a deadline passing)."""

@@ -39,6 +39,17 @@ def test_stubs_made_for_another_protobuf_runtime_are_stale(tmp_path, monkeypatch
     assert (out / "PROTO_SHA256").read_text().split()[-1] == "0.0.1"
 
 
+def test_installed_stubs_are_kept_when_a_foreign_proto_dir_sits_beside_them(tmp_path):
+    """Installed, the protos' directory resolves to site-packages/proto, which proto-plus and others also ship:
+    without our .proto files there the generated stubs are kept (no crash reading a missing file)."""
+    out = tmp_path / "_gen"
+    gen.generate(gen.PROTO_DIR, out)
+    foreign = tmp_path / "proto"
+    foreign.mkdir()
+    (foreign / "__init__.py").write_text("")
+    assert not gen.is_stale(foreign, out)
+
+
 def test_generated_package_imports_in_a_new_process(tmp_path):
     pkg = tmp_path / "stubs_pkg"
     gen.generate(gen.PROTO_DIR, pkg / "_gen")

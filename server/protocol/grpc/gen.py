@@ -48,7 +48,9 @@ def is_stale(proto_dir: Path = PROTO_DIR, gen_dir: Path = GEN_DIR) -> bool:
     stamp = gen_dir / _STAMP.name
     if not (gen_dir / "grpc_service_pb2_grpc.py").exists() or not stamp.exists():
         return True
-    if not proto_dir.exists():  # installed without the sources: keep whatever was generated at install time
+    if not (proto_dir / PROTOS[0]).exists():
+        # Installed without the sources: keep what was generated at install time. (The file, not the directory:
+        # an installed package's parent is site-packages, where other packages ship a top-level `proto/`.)
         return False
     return stamp.read_text().strip() != stamp_text(proto_dir)
 

@@ -35,3 +35,12 @@ def test_samples_kept_are_only_those_that_can_still_be_the_peak():
     for rows in [5, 4, 3, 6]:
         w.observe(0, rows)
     assert list(w._samples) == [(0, 6)]
+
+
+def test_expiry_is_when_the_peak_leaves_the_window():
+    w = PeakWindow(window_ns=100 * MS)
+    assert w.expires_at() is None
+    w.observe(10 * MS, 8)
+    w.observe(20 * MS, 2)
+    assert w.expires_at() == 110 * MS
+    assert w.peak(111 * MS) == 2 and w.expires_at() == 120 * MS

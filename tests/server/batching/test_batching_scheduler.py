@@ -205,6 +205,29 @@ def test_adaptive_wait_sends_a_lone_request_at_once_and_still_merges_concurrent_
     assert sizes[:3] == [1, 1, 1] and max(sizes[3:]) >= 2, sizes
 
 
+def test_adaptive_wait_follows_the_peak_out_of_its_window(monkeypatch):
+    """After four clients had requests in the server together, a lone request waits only until that peak leaves
+    the (here 0.2 s) window, not the 5 s delay: the scheduler decides again when the peak expires."""
+    from server.batching import population
+
+    monkeypatch.setattr(population, "WINDOW_NS", 200_000_000)
+    inst = FakeInstance()
+    sched = Scheduler(BatchingConfig(max_batch_size=8, max_queue_delay_us=5_000_000, wait_policy="adaptive"),
+                      [inst])
+
+    async def main():
+        await sched.start()
+        await asyncio.gather(*(sched.submit(rows(float(i))) for i in range(4)))  # a peak of 4 rows
+        started = asyncio.get_running_loop().time()
+        await sched.submit(rows(9.0))
+        waited = asyncio.get_running_loop().time() - started
+        await sched.stop()
+        return waited
+
+    waited = arun(main())
+    assert waited < 1.0, waited  # at most the 0.2 s window (plus scheduling), never the 5 s delay
+
+
 def test_full_wait_is_tritons_a_lone_request_waits_the_delay():
     inst = FakeInstance()
     sched = Scheduler(BatchingConfig(max_batch_size=8, max_queue_delay_us=300_000), [inst])
