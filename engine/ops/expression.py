@@ -304,7 +304,16 @@ def _apply(name: str, args: list[Any]) -> Any:
     if name in UNARY:
         return _unary(name, args[0])
     a, b = _promote(*args)
-    return BINARY[name](a, b)
+    return _narrowed(BINARY[name](a, b), a, b)
+
+
+def _narrowed(out: Any, *operands: Any) -> Any:
+    """torch keeps float math of int and float32 tensors in float32 where numpy widens to float64 (atan2 of int64
+    tensors); a float64 result stays only when an operand was float64 (torch.double casts included)."""
+    if isinstance(out, (np.ndarray, np.floating)) and out.dtype == np.float64:  # 0-d operands give numpy scalars
+        if not any(isinstance(x, (np.ndarray, np.floating)) and x.dtype == np.float64 for x in operands):
+            return out.astype(np.float32)
+    return out
 
 
 def _apply_abstract(name: str, args: list[Any]) -> _Abstract:
@@ -361,18 +370,10 @@ def _to_array(result: Any, float_dtype: np.dtype) -> np.ndarray:
     return np.asarray(result)
 
 
-def _result_dtype(dtype: np.dtype, input_dtypes: Sequence[np.dtype]) -> np.dtype:
-    """float64 only when an input is float64: numpy widens int/python-float math (atan2 of int64 tensors) to
-    float64 where torch gives float32. `run` and `infer_info` share this rule."""
-    wide = any(np.dtype(d) == np.float64 for d in input_dtypes)
-    return np.dtype(np.float32) if dtype == np.float64 and not wide else dtype
-
-
 def run(expr: str, arrays: Sequence[np.ndarray]) -> np.ndarray:
     """Evaluates `expr` on concrete arrays, keeping float32 results float32."""
     result = evaluate(parse(expr), [_operand(a) for a in arrays])
-    out = _to_array(result, np.dtype(np.float32))
-    return out.astype(_result_dtype(out.dtype, [np.asarray(a).dtype for a in arrays]), copy=False)
+    return _to_array(result, np.dtype(np.float32))
 
 
 def infer_info(expr: str, ins: Sequence[TensorInfo]) -> TensorInfo:
@@ -381,11 +382,10 @@ def infer_info(expr: str, ins: Sequence[TensorInfo]) -> TensorInfo:
                 for i in ins]
     result = evaluate(parse(expr), operands)
     if isinstance(result, _Abstract):
-        return TensorInfo(result.shape, _result_dtype(result.dtype, [i.dtype for i in ins]))
+        return TensorInfo(result.shape, result.dtype)
     if isinstance(result, list) and any(isinstance(r, _Abstract) for r in result):
         return TensorInfo((len(result),), np.dtype(np.int64))
     value = _to_array(result, np.dtype(np.float32))
-    value = value.astype(_result_dtype(value.dtype, [i.dtype for i in ins]), copy=False)
     return TensorInfo(tuple(value.shape), value.dtype, value)
 
 

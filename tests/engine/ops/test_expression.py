@@ -140,6 +140,14 @@ def test_random_text_only_raises_expression_errors(text):
         pass
 
 
+def test_an_explicit_double_cast_stays_float64():
+    ins = [np.arange(3, dtype=np.int64)]
+    for expr in ("torch.double(@0)", "atan2(torch.double(@0),@0)"):
+        out = run(expr, ins)
+        info = infer_info(expr, [TensorInfo(a.shape, a.dtype) for a in ins])
+        assert out.dtype == info.dtype == np.float64, expr
+
+
 @pytest.mark.parametrize("expr", ["atan2(@0,@0)", "atan2(@0,2)", "logaddexp(@0,@0)"])
 def test_float_math_of_integer_tensors_is_float32_in_inference_and_run(expr):
     """numpy widens these to float64, torch gives float32: inference must say what run returns (found by the
