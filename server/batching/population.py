@@ -2,9 +2,9 @@
 
 A closed-loop client has one request in the server at a time (queued or executing), so the peak of rows in the
 server over the last second is the number of rows that can arrive for the next batch: 1 for a lone client, 8 for
-eight of them. Sampled when a request arrives and when a batch finishes (before its rows leave), so a batch that
-runs longer than the window still leaves a fresh sample for its clients' next requests. Pure bookkeeping on the
-times it is given: tested with a fake clock.
+eight of them. Sampled each time the batcher decides (after arrivals) and when a batch finishes (before its rows
+leave), so a batch that runs longer than the window still leaves a fresh sample for its clients' next requests.
+Pure bookkeeping on the times it is given: tested with a fake clock.
 """
 
 from __future__ import annotations

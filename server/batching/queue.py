@@ -33,7 +33,7 @@ class RequestQueue:
     def __init__(self, max_size: int = 0):
         self.max_size = max_size  # 0 = unbounded
         self._entries: dict[int, Entry] = {}
-        self.rows = 0  # sum of the queued requests' batch sizes (the adaptive wait samples it on every arrival)
+        self.rows = 0  # sum of the queued requests' batch sizes (the adaptive wait samples it at every decision)
 
     def __len__(self) -> int:
         return len(self._entries)

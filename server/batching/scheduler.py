@@ -105,7 +105,6 @@ class Scheduler:
             raise UnavailableError("Model is not serving: its scheduler is stopped")
         entry = self._make_entry(inputs, priority, timeout_us)
         self._queue.add(entry)
-        self._observe_population()
         self._order.register(entry.req_id)
         self._report_depth()
         self._wake.set()
@@ -148,7 +147,8 @@ class Scheduler:
             cfg = drain_cfg if self._stopping else self.config
             expected = 0
             if cfg.wait_policy == "adaptive":  # the rows in the server now count too, however old their arrival
-                expected = max(self._population.peak(now), self._queue.rows + self._executing_rows)
+                self._observe_population(now)
+                expected = self._population.peak(now)
             decision = decide(self._queue.pending(), now, cfg, free_instances=len(self._free), expected_rows=expected)
             for req_id in decision.expired:
                 self._expire(self._queue.remove(req_id))
@@ -162,8 +162,8 @@ class Scheduler:
                 return
             wake_at = decision.wait_until_ns
             if expected and self._queue:  # the peak may drop as it leaves the window: decide again then
-                expiry = self._population.expires_at()
-                wake_at = expiry if wake_at is None or (expiry is not None and expiry < wake_at) else wake_at
+                expiry = self._population.expires_at()  # never None: a sample was taken just above
+                wake_at = expiry if wake_at is None else min(wake_at, expiry)
             await self._sleep(None if wake_at is None else wake_at - now)
 
     async def _sleep(self, timeout_ns: int | None) -> None:
@@ -177,10 +177,11 @@ class Scheduler:
         except TimeoutError:
             pass
 
-    def _observe_population(self) -> None:
+    def _observe_population(self, now_ns: int | None = None) -> None:
         """Samples the rows in the server (queued and executing) for the adaptive wait; only that policy reads it."""
         if self.config.wait_policy == "adaptive":
-            self._population.observe(self._clock(), self._queue.rows + self._executing_rows)
+            now = self._clock() if now_ns is None else now_ns
+            self._population.observe(now, self._queue.rows + self._executing_rows)
 
     def _dispatch(self, entries: list[Entry]) -> None:
         self._executing_rows += sum(e.pending.batch_size for e in entries)
