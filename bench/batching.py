@@ -21,7 +21,9 @@ each round measures both models over HTTP and over gRPC, alternating which model
 drifts of the machine's load hit both alike. A window is one perf_analyzer run (tools/perf_analyzer.sh) at
 concurrency 8, sync requests of batch 1 with the bench's real input, 3 x --window-ms merged into one figure.
 Around each window the server's /metrics give the mean executed batch (nv_inference_count /
-nv_inference_exec_count) and the batch-size histogram (nnserve_batch_size). The figure per configuration is
+nv_inference_exec_count), the batch-size histogram (nnserve_batch_size) and each execution's compute (the
+nv_inference_compute_*_duration_us sums per request) against its cycle (mean batch / throughput): the rest is the
+instance's idle time, the replies going out and the next requests coming in. The figure per configuration is
 the median over the rounds; the ratio batched/single of the medians is checked against the 1.5x target, and
 the per-round (paired) ratios are shown for the spread. Before the server starts, the in-process engine's
 throughput at batch 1 and batch 8 gives the ceiling: serving one request at a time can not beat the batch-1
@@ -74,6 +76,8 @@ class Snapshot:
 
     count: float = 0.0  # nv_inference_count: rows executed
     execs: float = 0.0  # nv_inference_exec_count: executions
+    requests: float = 0.0  # nv_inference_request_success
+    compute_us: float = 0.0  # compute input + infer + output, summed per request (a batch's time once per request)
     buckets: dict[str, float] = field(default_factory=dict)  # nnserve_batch_size cumulative bucket counts
 
 
@@ -85,6 +89,16 @@ class Window:
     perf: sv.PerfResult
     mean_batch: float
     histogram: dict[str, int]  # executions per batch-size class in this window ("1", "2", "3-4", "5-8")
+    compute_ms: float = float("nan")  # one execution's compute (input + infer + output), mean over the window
+
+    @property
+    def idle_ms(self) -> float:
+        """The instance's idle time per execution: the cycle perf_analyzer saw (mean batch / throughput) minus
+        the execution itself. Between two batches of a closed loop of 8 clients this is the replies going out
+        and the next 8 requests coming in, which nothing can overlap with computing."""
+        if self.perf.error or not self.perf.throughput:
+            return float("nan")
+        return 1e3 * self.mean_batch / self.perf.throughput - self.compute_ms
 
 
 def write_repo(repo: Path, delay_us: int, adaptive: bool = False) -> None:
@@ -111,6 +125,10 @@ def scrape(metrics_url: str, model: str) -> Snapshot:
             snap.count = float(m.group(2))
         elif m := re.match(rf"nv_inference_exec_count{labels}", line):
             snap.execs = float(m.group(2))
+        elif m := re.match(rf"nv_inference_request_success{labels}", line):
+            snap.requests = float(m.group(2))
+        elif m := re.match(rf"nv_inference_compute_(?:input|infer|output)_duration_us{labels}", line):
+            snap.compute_us += float(m.group(2))
         elif m := re.match(rf"nnserve_batch_size_bucket{labels}", line):
             le = re.search(r'le="([^"]+)"', m.group(1))
             if le:
@@ -165,13 +183,14 @@ def one_window(model: str, protocol: str, url: str, rnd: int, window_ms: int, da
         before = scrape(metrics, model)
         r = sv.perf(model, protocol, url, 8, window_ms, data)
     after = scrape(metrics, model)
-    execs = after.execs - before.execs
+    execs, requests = after.execs - before.execs, after.requests - before.requests
     w = Window(model, protocol, rnd, r, (after.count - before.count) / execs if execs else float("nan"),
-               window_histogram(before, after))
+               window_histogram(before, after),
+               (after.compute_us - before.compute_us) / requests / 1e3 if requests else float("nan"))
     print(f"round {rnd} {model:<16} {protocol:<4} " + (
         f"{r.throughput:6.2f} infer/s  p50 {r.p50_us / 1e3:7.1f} ms  p99 {r.p99_us / 1e3:7.1f} ms  "
-        f"mean batch {w.mean_batch:.2f}  executions by batch size {w.histogram}" if not r.error
-        else f"FAILED: {r.error}"), flush=True)
+        f"mean batch {w.mean_batch:.2f}  execution {w.compute_ms:.1f} ms + idle {w.idle_ms:.1f} ms  "
+        f"executions by batch size {w.histogram}" if not r.error else f"FAILED: {r.error}"), flush=True)
     return w
 
 
@@ -233,16 +252,22 @@ def summary_table(windows: list[Window]) -> str:
         for model in (SINGLE, BATCHED):
             ws = [w for w in windows if w.model == model and w.protocol == protocol and not w.perf.error]
             if not ws:
-                rows.append([model, protocol, "failed", "", "", "", ""])
+                rows.append([model, protocol, "failed", "", "", "", "", ""])
                 continue
             hist = {k: sum(w.histogram[k] for w in ws) for k in ws[0].histogram}
             rows.append([model, protocol, f"{statistics.median(w.perf.throughput for w in ws):.2f}",
                          " / ".join(f"{w.perf.throughput:.2f}" for w in ws),
                          f"{statistics.median(w.perf.p50_us for w in ws) / 1e3:.0f}",
                          f"{statistics.median(w.mean_batch for w in ws):.2f}",
+                         f"{_median_of(ws, 'compute_ms'):.1f} + {_median_of(ws, 'idle_ms'):.1f}",
                          ", ".join(f"{k}: {v}" for k, v in hist.items())])
     return markdown_table(["model", "protocol", "median infer/s", "per window (round order)", "median p50 ms",
-                           "median mean executed batch", "executions by batch size (all windows)"], rows)
+                           "median mean executed batch", "median ms per execution: compute + idle",
+                           "executions by batch size (all windows)"], rows)
+
+
+def _median_of(windows: list[Window], attr: str) -> float:
+    return statistics.median(getattr(w, attr) for w in windows)
 
 
 def record(args: argparse.Namespace, windows: list[Window], ceiling: dict[int, float], lines: list[str]) -> None:
