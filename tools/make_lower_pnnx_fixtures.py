@@ -60,6 +60,15 @@ class MhaKV(nn.Module):  # sequence-first, key = value, bool mask input
         return self.m(q, kv, kv, attn_mask=mask, need_weights=False)[0]
 
 
+class MhaKeyPadding(nn.Module):  # key_padding_mask (N, S): pnnx writes it like an attn_mask
+    def __init__(self, batch_first: bool):
+        super().__init__()
+        self.m = nn.MultiheadAttention(8, 2, batch_first=batch_first)
+
+    def forward(self, q, kv, mask):
+        return self.m(q, kv, kv, key_padding_mask=mask, need_weights=False)[0]
+
+
 class Convs(nn.Module):
     def __init__(self):
         super().__init__()
@@ -161,6 +170,12 @@ DYNAMIC = {
     "slices_run_time_dynamic": (RunTimeSlices(), [(1, 3, 8, 10)], [(2, 3, 5, 13)]),
 }
 
+# Built last so that adding them left the weights of the cases above as they were.
+KEY_PADDING = {
+    "mha_key_padding_bool": (MhaKeyPadding(True), [(3, 5, 8), (3, 6, 8), "bool(3,6)"]),
+    "mha_key_padding_float": (MhaKeyPadding(False), [(4, 2, 8), (6, 2, 8), (2, 6)]),
+}
+
 
 def make_input(spec, rng) -> np.ndarray:
     if isinstance(spec, str):  # a bool mask that never masks a whole row
@@ -214,6 +229,9 @@ def main(only: set[str]) -> None:
     for name, (model, specs, specs2) in DYNAMIC.items():
         if not only or name in only:
             export(name, model, specs, rng, specs2)
+    for name, (model, specs) in KEY_PADDING.items():  # last: the inputs of the cases above stay as they were
+        if not only or name in only:
+            export(name, model, specs, rng)
 
 
 if __name__ == "__main__":

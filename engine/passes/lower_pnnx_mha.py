@@ -1,8 +1,14 @@
 """nn.MultiheadAttention -> Gemm (projections) / Reshape / Transpose / Attention / Flatten / Gemm (output).
 
 pnnx gives it 1 input when query, key and value are one tensor, else 2 (key = value) or 3, plus an optional
-`$attn_mask`. torch's MHA mask is additive when float and means "masked out" when bool, the opposite of the
+mask. torch's MHA mask is additive when float and means "masked out" when bool, the opposite of the
 canonical Attention's bool mask ("may attend"), so a bool mask goes through Not.
+
+pnnx writes a key_padding_mask (N, S) like an attn_mask (L, S): untagged when bool, tagged `$attn_mask` when
+float (and its own generated Python then passes it as attn_mask, or as the query). The shapes tell them apart
+when the mask's first dim is the batch and not the query length: it is then a key padding mask, broadcast over
+heads and queries as (N, 1, 1, S). When N == L the file cannot say which it is and the mask stays an attn_mask,
+as pnnx reads it.
 """
 
 from __future__ import annotations
@@ -29,14 +35,15 @@ def _head_shape(batch: int, length: int, heads: int, dim: int) -> list[int]:
 
 
 def _inputs(ctx: Ctx) -> tuple[Value, Value, Value, Value | None]:
-    if "key_padding_mask" in ctx.arg_names:
-        raise ctx.unsupported("a key_padding_mask input")
+    if "key_padding_mask" in ctx.arg_names and "attn_mask" in ctx.arg_names:
+        raise ctx.unsupported("both an attn_mask and a key_padding_mask")
     # pnnx sometimes lists the mask first and tags the wrong operand `$attn_mask` (seen with key = value and
     # with masks built inside the model), so a lone bool or 2-D input is taken as the mask whatever the tag says;
     # query, key and value are 3-D.
     looks_like_mask = [v for v in ctx.node.inputs
                        if v.dtype == np.bool_ or (v.shape is not None and len(v.shape) == 2)]
-    mask = looks_like_mask[0] if len(looks_like_mask) == 1 else ctx.arg("attn_mask")
+    tagged = ctx.arg("attn_mask") if "attn_mask" in ctx.arg_names else ctx.arg("key_padding_mask")
+    mask = looks_like_mask[0] if len(looks_like_mask) == 1 else tagged
     tensors = [v for v in ctx.node.inputs if v is not mask]
     named = [ctx.arg(n) for n in ("query", "key", "value")]
     if all(v is not None for v in named):
@@ -69,9 +76,20 @@ def _gemm(ctx: Ctx, x: Value, w: np.ndarray, b: np.ndarray | None) -> Value:
     return ctx.emit("Gemm", [x], dict(GEMM), attrs)[0]
 
 
-def _mask(ctx: Ctx, mask: Value, heads: int) -> Value:
+def is_key_padding(ctx: Ctx, mask: Value, batch: int, length: int) -> bool:
+    """A (N, S) key_padding_mask rather than a (L, S) attn_mask (see the module's doc)."""
+    if "key_padding_mask" in ctx.arg_names:
+        return ctx.arg("key_padding_mask") is mask
+    shape = mask.shape
+    return (shape is not None and len(shape) == 2 and batch >= 0 and length >= 0 and shape[0] == batch
+            and batch != length)
+
+
+def _mask(ctx: Ctx, mask: Value, heads: int, key_padding: bool) -> Value:
     if mask.dtype == np.bool_:
         mask = ctx.emit("Not", [mask])[0]
+    if key_padding:  # (N, S) -> (N, 1, 1, S): the same keys hidden from every head and query of a sequence
+        return ctx.emit("Reshape", [mask], {"shape": [0, 1, 1, -1]})[0]
     shape = mask.shape
     if shape is not None and len(shape) == 3:  # (N*H, L, S) -> (N, H, L, S)
         if shape[1] < 0 or shape[2] < 0:
@@ -135,7 +153,7 @@ def lower_mha(ctx: Ctx) -> None:
         qp, kp, vp = (_gemm(ctx, x, w, b) for x, (w, b) in zip((qb, kb, vb), proj, strict=True))
         ins = [split_heads(ctx, t, dims(like), heads, embed) for t, like in ((qp, q), (kp, k), (vp, v))]
         if mask is not None:
-            ins.append(_mask(ctx, mask, heads))
+            ins.append(_mask(ctx, mask, heads, is_key_padding(ctx, mask, *dims(q))))
         y = attend_and_project(ctx, ins, w_out, b_out, out)
     if not batch_first:
         ctx.emit("Transpose", [y], {"perm": [1, 0, 2]}, outputs=[ctx.node.outputs[0]])

@@ -361,6 +361,44 @@ pnnx.Output out 1 0 1
     np.testing.assert_allclose(got if batch_first else got.transpose(1, 0, 2), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch, dtype", [(2, "bool"), (2, "f32"), (5, "bool")])
+def test_multihead_attention_mask_shape_tells_key_padding_from_attn_mask(tmp_path, batch, dtype):
+    """pnnx writes a key_padding_mask (N, S) like an attn_mask (L, S), tagged or not: a first dim equal to the
+    batch and not to L makes it a key padding mask; N == L (here 5) leaves it an attn_mask, as pnnx reads it."""
+    x_shape, m_shape = f"({batch},5,8)", f"({batch},5)" if batch != 5 else "(5,5)"
+    g = lower(tmp_path, f"""
+pnnx.Input in0 0 1 0 #0={x_shape}f32
+pnnx.Input in1 0 1 1 #1={m_shape}{dtype}
+nn.MultiheadAttention attn 2 1 0 1 2 add_bias_kv=False add_zero_attn=False batch_first=True bias=True embed_dim=8 kdim=8 num_heads=2 vdim=8 @in_proj_bias=(24)f32 @in_proj_weight=(24,8)f32 @out_proj.bias=(8)f32 @out_proj.weight=(8,8)f32 $attn_mask=1 #0={x_shape}f32 #1={m_shape}{dtype} #2={x_shape}f32
+pnnx.Output out 1 0 2
+""")  # noqa: E501
+    mha = {k: np.frombuffer(attr(tmp_path, f"attn.{k}"), np.float32) for k in
+           ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")}
+    x = RNG.standard_normal((batch, 5, 8)).astype(np.float32)
+    mask = RNG.random((batch, 5)) > 0.6
+    mask[:, 0] = False  # never a whole row masked
+    if dtype == "f32":
+        mask = np.where(mask, -3.0, 0.5).astype(np.float32)
+    key_padding = batch != 5
+    want = np_mha(x, x, x, mha["in_proj_weight"].reshape(24, 8), mha["in_proj_bias"],
+                  mha["out_proj.weight"].reshape(8, 8), mha["out_proj.bias"], 2,
+                  mask[:, None, None, :] if key_padding else mask)
+    reshapes = [n.params["shape"] for n in g.nodes if n.op_type == "Reshape"]
+    assert ([0, 1, 1, -1] in reshapes) == key_padding
+    np.testing.assert_allclose(run(g, x, mask)[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_multihead_attention_with_both_masks_is_refused(tmp_path):
+    with pytest.raises(UnsupportedOpError, match="both an attn_mask and a key_padding_mask"):
+        lower(tmp_path, """
+pnnx.Input in0 0 1 0 #0=(2,5,8)f32
+pnnx.Input in1 0 1 1 #1=(5,5)f32
+pnnx.Input in2 0 1 2 #2=(2,5)f32
+nn.MultiheadAttention attn 3 1 0 1 2 3 add_bias_kv=False add_zero_attn=False batch_first=True bias=True embed_dim=8 kdim=8 num_heads=2 vdim=8 @in_proj_bias=(24)f32 @in_proj_weight=(24,8)f32 @out_proj.bias=(8)f32 @out_proj.weight=(8,8)f32 $attn_mask=1 $key_padding_mask=2 #0=(2,5,8)f32 #1=(5,5)f32 #2=(2,5)f32 #3=(2,5,8)f32
+pnnx.Output out 1 0 3
+""")  # noqa: E501
+
+
 def test_sdpa_becomes_attention(tmp_path):
     g = lower(tmp_path, """
 pnnx.Input i0 0 1 0 #0=(1,2,4,8)f32
