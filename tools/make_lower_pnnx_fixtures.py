@@ -69,6 +69,16 @@ class MhaKeyPadding(nn.Module):  # key_padding_mask (N, S): pnnx writes it like 
         return self.m(q, kv, kv, key_padding_mask=mask, need_weights=False)[0]
 
 
+class ResizesExact(nn.Module):  # mode="nearest-exact": pixel-centre sampling
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Upsample(scale_factor=3, mode="nearest-exact")
+
+    def forward(self, x):
+        return (F.interpolate(x, size=(5, 7), mode="nearest-exact"),
+                F.interpolate(x, scale_factor=(1.7, 0.6), mode="nearest-exact"), self.up(x))
+
+
 class Convs(nn.Module):
     def __init__(self):
         super().__init__()
@@ -170,10 +180,12 @@ DYNAMIC = {
     "slices_run_time_dynamic": (RunTimeSlices(), [(1, 3, 8, 10)], [(2, 3, 5, 13)]),
 }
 
-# Built last so that adding them left the weights of the cases above as they were.
-KEY_PADDING = {
+# Cases added later: built and exported last, so a full run leaves the weights and inputs of the ones above as
+# they were.
+ADDED = {
     "mha_key_padding_bool": (MhaKeyPadding(True), [(3, 5, 8), (3, 6, 8), "bool(3,6)"]),
     "mha_key_padding_float": (MhaKeyPadding(False), [(4, 2, 8), (6, 2, 8), (2, 6)]),
+    "resizes_nearest_exact": (ResizesExact(), [(1, 2, 9, 11)]),
 }
 
 
@@ -229,7 +241,7 @@ def main(only: set[str]) -> None:
     for name, (model, specs, specs2) in DYNAMIC.items():
         if not only or name in only:
             export(name, model, specs, rng, specs2)
-    for name, (model, specs) in KEY_PADDING.items():  # last: the inputs of the cases above stay as they were
+    for name, (model, specs) in ADDED.items():  # last: the inputs of the cases above stay as they were
         if not only or name in only:
             export(name, model, specs, rng)
 

@@ -308,6 +308,9 @@ def resize_cases():
         ("bicubic_size", (1, 3, 6, 7), "bicubic", False, {"size": (9, 5)}),
         ("bicubic_size_ac", (1, 2, 6, 7), "bicubic", True, {"size": (9, 11)}),
         ("bicubic_scale", (1, 2, 5, 4), "bicubic", False, {"scale": (2.5, 1.5)}),
+        ("nearest_exact_size_down", (1, 2, 7, 9), "nearest-exact", None, {"size": (3, 4)}),
+        ("nearest_exact_size_up", (1, 2, 4, 5), "nearest-exact", None, {"size": (9, 7)}),
+        ("nearest_exact_scale_frac", (1, 2, 9, 10), "nearest-exact", None, {"scale": (0.5, 1.7)}),
     ]
     for name, shape, mode, ac, how in specs:
         x = arr(*shape)

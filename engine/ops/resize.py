@@ -1,7 +1,8 @@
-"""Resize (nearest / bilinear / bicubic, NCHW), PixelShuffle and ChannelShuffle.
+"""Resize (nearest / nearest_exact / bilinear / bicubic, NCHW), PixelShuffle and ChannelShuffle.
 
 Resize follows torch's CPU `F.interpolate` to the bit where it can: source coordinates are computed in float32
-as torch does, nearest is floor(dst * scale) (with torch's same-size and 2x shortcuts), bilinear clamps a
+as torch does, nearest is floor(dst * scale) (with torch's same-size and 2x shortcuts), nearest_exact (torch's
+"nearest-exact", pixel centres) is floor((dst + 0.5) * scale), bilinear clamps a
 negative half-pixel source to 0, bicubic uses A = -0.75 with clamped taps. The scale is in/out, or
 1/scale_factor when only a scale is given. `coordinate="tnn"` reproduces TNN's CPU Upsample: the output size is
 round(in * scale), the coordinate scale is always in/out, and a non-align-corners output of size 1 uses scale 0.
@@ -20,8 +21,9 @@ from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
 from engine.ops.tensor import channel_shuffle_kernel
 
-_MODES = {"nearest": "nearest", "bilinear": "bilinear", "linear": "bilinear", "bicubic": "bicubic",
-          "cubic": "bicubic"}
+_MODES = {"nearest": "nearest", "nearest_exact": "nearest_exact", "nearest-exact": "nearest_exact",
+          "bilinear": "bilinear", "linear": "bilinear", "bicubic": "bicubic", "cubic": "bicubic"}
+_NEAREST = ("nearest", "nearest_exact")
 
 
 def _mode(node: Node) -> str:
@@ -60,7 +62,7 @@ def resize_size(node: Node, shape, size_value=None) -> tuple[int, int]:
 
 
 def _axis_scale(node: Node, axis: int, n_in: int, n_out: int, has_size: bool) -> float:
-    align = bool(node.params.get("align_corners", False)) and _mode(node) != "nearest"
+    align = bool(node.params.get("align_corners", False)) and _mode(node) not in _NEAREST
     tnn = node.params.get("coordinate", "torch") == "tnn"
     if align:
         return (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
@@ -88,6 +90,9 @@ def taps(node: Node, axis: int, n_in: int, n_out: int, has_size: bool) -> tuple[
     mode = _mode(node)
     scale = np.float32(_axis_scale(node, axis, n_in, n_out, has_size))
     dst = np.arange(n_out, dtype=np.float32)
+    if mode == "nearest_exact":  # torch's nearest_neighbor_exact_compute_source_index, in float32
+        idx = np.minimum(np.floor((dst + np.float32(0.5)) * scale).astype(np.int64), n_in - 1)
+        return idx[:, None], np.ones((n_out, 1), np.float32)
     if mode == "nearest":
         tnn = node.params.get("coordinate", "torch") == "tnn"
         if not tnn and n_out == n_in:

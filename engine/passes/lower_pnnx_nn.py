@@ -279,7 +279,7 @@ def adaptive_pool2d(ctx: Ctx) -> None:
 
 
 # -- resize, pad, shuffles -----------------------------------------------------------------------------------
-_RESIZE_MODES = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic"}
+_RESIZE_MODES = {"nearest": "nearest", "nearest-exact": "nearest_exact", "bilinear": "bilinear", "bicubic": "bicubic"}
 
 
 @handles("nn.Upsample", "F.upsample", "F.interpolate", "F.upsample_nearest", "F.upsample_bilinear",
@@ -290,7 +290,7 @@ def resize(ctx: Ctx) -> None:
     if mode not in _RESIZE_MODES:
         raise ctx.unsupported(f"mode={mode}")
     # upsample_bilinear / UpsamplingBilinear2d always align corners
-    align = bool(ctx.p("align_corners", "ilinear" in ctx.type)) and mode != "nearest"
+    align = bool(ctx.p("align_corners", "ilinear" in ctx.type)) and not mode.startswith("nearest")
     size, scale = ctx.p("size"), ctx.p("scale_factor")
     params = {"mode": _RESIZE_MODES[mode], "align_corners": align, "coordinate": "torch",
               "size": None if size is None else _pair(size), "scale": None}

@@ -25,6 +25,7 @@ def test_goldens_cover_every_mode():
     modes = {(c.params["mode"], c.params["align_corners"], "size" in c.params) for c in CASES if c.op == "Resize"}
     assert modes >= {(m, a, s) for m in ("bilinear", "bicubic") for a in (False, True) for s in (True,)}
     assert {("nearest", False, True), ("nearest", False, False), ("bilinear", False, False)} <= modes
+    assert {("nearest-exact", False, True), ("nearest-exact", False, False)} <= modes
     assert {c.op for c in CASES} == OPS
 
 
@@ -39,6 +40,7 @@ def test_kernel_matches_reference(case):
 
 
 @pytest.mark.parametrize("params", [{"mode": "nearest", "scale": [2, 2]}, {"mode": "bilinear", "scale": [1.5, 0.5]},
+                                    {"mode": "nearest_exact", "scale": [1.5, 0.7]},
                                     {"mode": "bicubic", "scale": [2, 3], "align_corners": True},
                                     {"mode": "bilinear", "scale": [2, 2], "coordinate": "tnn"}])
 def test_kernel_built_at_max_runs_smaller(params):
