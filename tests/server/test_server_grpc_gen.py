@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import tritonclient.grpc.model_config_pb2 as triton_mc
@@ -60,6 +62,29 @@ def test_generated_package_imports_in_a_new_process(tmp_path):
         assert hasattr(mod, "GRPCInferenceServiceServicer")
     finally:
         sys.path.remove(str(tmp_path))
+
+
+RACER = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from server.protocol.grpc import gen
+gen.runtime_version = lambda: sys.argv[3]  # as if this environment had its own protobuf runtime
+mods = gen.load(gen.PROTO_DIR, gen.Path(sys.argv[1]) / "stubs_pkg" / "_gen", "stubs_pkg._gen")
+stamps = {m.__name__: m.NNSERVE_STAMP.split()[-1] for m in mods}
+assert set(stamps.values()) == {sys.argv[3]}, stamps
+"""
+
+
+def test_environments_starting_at_once_each_import_stubs_made_for_their_runtime(tmp_path):
+    """Two environments with different protobuf runtimes on one checkout, servers starting together: each
+    process takes the lock, (re)generates for its runtime and imports before the next one regenerates."""
+    (tmp_path / "stubs_pkg").mkdir()
+    (tmp_path / "stubs_pkg" / "__init__.py").write_text("")
+    root = str(Path(gen.__file__).resolve().parents[3])
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), root, f"0.0.{i % 2}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(6)]
+    failures = [out for p in racers if (out := p.communicate(timeout=120)[0]) and p.returncode != 0]
+    assert all(p.returncode == 0 for p in racers), failures
 
 
 # Fields Triton added after the tritonclient release in the test environment (2.41): checked by number only.
