@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,6 +87,9 @@ def generate(proto_dir: Path = PROTO_DIR, gen_dir: Path = GEN_DIR) -> None:
         (tmp / _STAMP.name).write_text(stamp + "\n")
         for path in sorted(tmp.iterdir(), key=lambda p: p.name == _STAMP.name):
             os.replace(path, gen_dir / path.name)
+    # A .pyc is trusted by its source's mtime (whole seconds) and size: stubs remade within the second at the same
+    # size (runtime versions of equal length) would import the old bytecode.
+    shutil.rmtree(gen_dir / "__pycache__", ignore_errors=True)
 
 
 _POOL_MODULE = '''"""Our own descriptor pool: tritonclient registers Triton's protos (same package `inference`, same
