@@ -21,9 +21,10 @@ each round measures both models over HTTP and over gRPC, alternating which model
 drifts of the machine's load hit both alike. A window is one perf_analyzer run (tools/perf_analyzer.sh) at
 concurrency 8, sync requests of batch 1 with the bench's real input, 3 x --window-ms merged into one figure.
 Around each window the server's /metrics give the mean executed batch (nv_inference_count /
-nv_inference_exec_count), the batch-size histogram (nnserve_batch_size) and each execution's compute (the
-nv_inference_compute_*_duration_us sums per request) against its cycle (mean batch / throughput): the rest is the
-instance's idle time, the replies going out and the next requests coming in. The figure per configuration is
+nv_inference_exec_count) and the batch-size histogram (nnserve_batch_size); the statistics API's batch_stats give
+each execution's compute (input + infer + output, per execution and so exact whatever the batch sizes; the
+Prometheus sums add a batch's time once per request in it), set against its cycle (mean batch / throughput): the
+rest is the instance's idle time, the replies going out and the next requests coming in. The figure per configuration is
 the median over the rounds; the ratio batched/single of the medians is checked against the 1.5x target, and
 the per-round (paired) ratios are shown for the spread. Before the server starts, the in-process engine's
 throughput at batch 1 and batch 8 gives the ceiling: serving one request at a time can not beat the batch-1
@@ -34,6 +35,7 @@ Appends to bench/RESULTS.md ("Batching").
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -76,8 +78,6 @@ class Snapshot:
 
     count: float = 0.0  # nv_inference_count: rows executed
     execs: float = 0.0  # nv_inference_exec_count: executions
-    requests: float = 0.0  # nv_inference_request_success
-    compute_us: float = 0.0  # compute input + infer + output, summed per request (a batch's time once per request)
     buckets: dict[str, float] = field(default_factory=dict)  # nnserve_batch_size cumulative bucket counts
 
 
@@ -125,15 +125,20 @@ def scrape(metrics_url: str, model: str) -> Snapshot:
             snap.count = float(m.group(2))
         elif m := re.match(rf"nv_inference_exec_count{labels}", line):
             snap.execs = float(m.group(2))
-        elif m := re.match(rf"nv_inference_request_success{labels}", line):
-            snap.requests = float(m.group(2))
-        elif m := re.match(rf"nv_inference_compute_(?:input|infer|output)_duration_us{labels}", line):
-            snap.compute_us += float(m.group(2))
         elif m := re.match(rf"nnserve_batch_size_bucket{labels}", line):
             le = re.search(r'le="([^"]+)"', m.group(1))
             if le:
                 snap.buckets[le.group(1).removesuffix(".0")] = float(m.group(2))
     return snap
+
+
+def execution_compute(stats_url: str) -> tuple[int, int]:
+    """(executions, their compute ns: input + infer + output) summed over the statistics API's batch_stats."""
+    with urllib.request.urlopen(stats_url, timeout=10) as r:
+        rows = [row for model in json.load(r)["model_stats"] for row in model["batch_stats"]]
+    phases = ("compute_input", "compute_infer", "compute_output")
+    return (sum(row["compute_infer"]["count"] for row in rows),
+            sum(row[p]["ns"] for row in rows for p in phases))
 
 
 def window_histogram(before: Snapshot, after: Snapshot) -> dict[str, int]:
@@ -174,19 +179,20 @@ def engine_ceiling(iters: int) -> dict[int, float]:
 
 
 def one_window(model: str, protocol: str, url: str, rnd: int, window_ms: int, data: str,
-               metrics: str) -> Window:
-    before = scrape(metrics, model)
+               metrics: str, http: str) -> Window:
+    stats = f"http://{http}/v2/models/{model}/stats"
+    before, compute_before = scrape(metrics, model), execution_compute(stats)
     r = sv.perf(model, protocol, url, 8, window_ms, data)
     if r.error:  # one retry: a failed window is reported, not silently replaced
         print(f"round {rnd} {model:<16} {protocol:<4} failed ({r.error}); retrying once", flush=True)
         FAILURES.append(f"round {rnd} {model} {protocol}: {r.error}")
-        before = scrape(metrics, model)
+        before, compute_before = scrape(metrics, model), execution_compute(stats)
         r = sv.perf(model, protocol, url, 8, window_ms, data)
-    after = scrape(metrics, model)
-    execs, requests = after.execs - before.execs, after.requests - before.requests
+    after, compute_after = scrape(metrics, model), execution_compute(stats)
+    execs = after.execs - before.execs
+    ran, compute_ns = (a - b for a, b in zip(compute_after, compute_before, strict=True))
     w = Window(model, protocol, rnd, r, (after.count - before.count) / execs if execs else float("nan"),
-               window_histogram(before, after),
-               (after.compute_us - before.compute_us) / requests / 1e3 if requests else float("nan"))
+               window_histogram(before, after), compute_ns / ran / 1e6 if ran else float("nan"))
     print(f"round {rnd} {model:<16} {protocol:<4} " + (
         f"{r.throughput:6.2f} infer/s  p50 {r.p50_us / 1e3:7.1f} ms  p99 {r.p99_us / 1e3:7.1f} ms  "
         f"mean batch {w.mean_batch:.2f}  execution {w.compute_ms:.1f} ms + idle {w.idle_ms:.1f} ms  "
@@ -210,7 +216,8 @@ def measure(rounds: int, window_ms: int, delay_us: int, adaptive: bool = False) 
                 order = (SINGLE, BATCHED) if rnd % 2 == 0 else (BATCHED, SINGLE)
                 for protocol in PROTOCOLS:
                     for model in order:
-                        windows.append(one_window(model, protocol, urls[protocol], rnd, window_ms, data, metrics))
+                        windows.append(one_window(model, protocol, urls[protocol], rnd, window_ms, data, metrics,
+                                              http))
         finally:
             proc.stop()
     return windows
