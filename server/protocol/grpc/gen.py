@@ -126,6 +126,8 @@ def _locked(gen_dir: Path) -> Iterator[None]:
         gen_dir.mkdir(parents=True, exist_ok=True)
         handle = open(gen_dir / ".lock", "a")  # noqa: SIM115 - held open for the with block
     except (ImportError, OSError):
+        handle = None
+    if handle is None:  # outside the except block: an error in the body must not chain onto this one
         yield
         return
     with handle:
