@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.ir import Graph, Node
-from engine.passes._util import is_static
+from engine.passes.graph_edit import is_static
 
 _ALWAYS = {"Identity", "Dropout"}
 _SAME_SHAPE = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"}

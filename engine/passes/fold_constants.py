@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.ir import Graph, Node
-from engine.passes._util import op_of
+from engine.passes.graph_edit import op_of
 
 # Folding must not blow weights up: an Expand of a scalar to a huge tensor stays a node.
 MAX_GROWTH = 4

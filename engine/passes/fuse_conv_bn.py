@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.ir import Graph, Node
-from engine.passes._util import absorb_output, single_consumer
+from engine.passes.graph_edit import absorb_output, single_consumer
 
 _ANCHORS = {"Conv", "ConvTranspose", "Gemm"}
 

@@ -8,7 +8,7 @@ node's output value, so output names do not change.
 from __future__ import annotations
 
 from engine.ir import Graph, Node
-from engine.passes._util import absorb_output, single_consumer
+from engine.passes.graph_edit import absorb_output, single_consumer
 
 _ANCHORS = {"Conv", "ConvTranspose", "Gemm"}
 

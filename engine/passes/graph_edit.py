@@ -1,4 +1,5 @@
-"""Small helpers shared by the rewrite passes."""
+"""Graph queries and edits the rewrite passes share: a node's OpDef, a value's single consumer, static shapes,
+and one node taking over another's output."""
 
 from __future__ import annotations
 
