@@ -20,12 +20,12 @@ from engine.passes.infer_shapes import infer_shapes
 Pass = Callable[[Graph], Graph]
 
 LOWERINGS: dict[str, tuple[str, str]] = {
-    "pnnx": ("engine.passes.lower_pnnx", "lower_pnnx"),
+    "pnnx": ("engine.formats.pnnx.lowering.lower", "lower_pnnx"),
     "tnn": ("engine.passes.lower_tnn", "lower_tnn"),
 }
 # Where each lowering keeps its handler tables (format op type without prefix -> handler).
 _HANDLER_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
-    "pnnx": (("engine.passes.lower_pnnx", "HANDLERS"),),
+    "pnnx": (("engine.formats.pnnx.lowering.registry", "HANDLERS"),),
     "tnn": (("engine.passes.lower_tnn_layers", "HANDLERS"), ("engine.passes.lower_tnn_layers", "QUANTIZED")),
 }
 

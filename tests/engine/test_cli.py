@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.formats.pnnx import write_pnnx
+from engine.formats.pnnx.writer import write_pnnx
 
 # Every case starts a Python process that imports numpy and numba: a few seconds each.
 pytestmark = pytest.mark.slow

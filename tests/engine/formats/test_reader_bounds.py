@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import EngineError, ModelFormatError
-from engine.formats.pnnx import load_graph, write_pnnx
+from engine.formats.pnnx.reader import load_graph
+from engine.formats.pnnx.writer import write_pnnx
 from engine.formats.tnn_model import read_model_bytes
 from engine.formats.tnn_serialize import Serializer
 from engine.formats.tnn_types import DT_FLOAT

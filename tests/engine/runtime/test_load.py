@@ -7,7 +7,7 @@ import pytest
 
 import engine
 from engine.errors import EngineError, UnsupportedOpError
-from engine.formats.pnnx import write_pnnx
+from engine.formats.pnnx.writer import write_pnnx
 
 PARAM = """7767517
 5 5

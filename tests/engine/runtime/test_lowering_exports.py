@@ -1,6 +1,6 @@
 """The real pnnx exports of tests/fixtures/pnnx_lower (tools/make_lower_pnnx_fixtures.py) through the whole
 runtime: lowering, passes, compiled kernels and the arena, against the PyTorch outputs saved with them.
-tests/engine/passes/test_lower_pnnx.py checks the same exports through the ops' numpy references."""
+tests/engine/formats/pnnx/test_pnnx_lowering.py checks the same exports through the ops' numpy references."""
 
 from __future__ import annotations
 

@@ -12,16 +12,12 @@ LayerNorm / self-attention (Gemm, Split, Reshape, Transpose, Attention, Flatten,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from engine.passes.lower_pnnx import handles
-from engine.passes.lower_pnnx_mha import GEMM, self_attention
-
-if TYPE_CHECKING:
-    from engine.ir import Value
-    from engine.passes.lower_pnnx import Ctx
+from engine.formats.pnnx.lowering.attention import GEMM, self_attention
+from engine.formats.pnnx.lowering.context import Ctx
+from engine.formats.pnnx.lowering.registry import handles
+from engine.ir import Value
 
 
 def _const(ctx: Ctx, v: Value) -> np.ndarray:

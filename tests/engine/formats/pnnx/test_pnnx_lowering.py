@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelFormatError, UnsupportedOpError
-from engine.formats.pnnx import attribute_specs, load_graph, write_pnnx
+from engine.formats.pnnx.lowering.lower import lower_pnnx
+from engine.formats.pnnx.reader import load_graph
+from engine.formats.pnnx.writer import attribute_specs, write_pnnx
 from engine.ir import Graph
 from engine.ops import get_op
-from engine.passes.lower_pnnx import lower_pnnx
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 RNG = np.random.default_rng(7)
 
 

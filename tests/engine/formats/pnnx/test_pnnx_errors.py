@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelFormatError
-from engine.formats.pnnx import load_graph, write_pnnx
+from engine.formats.pnnx.reader import load_graph
+from engine.formats.pnnx.writer import write_pnnx
 
 GOOD = """7767517
 4 4

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.errors import ModelFormatError
-from engine.formats.pnnx import load_graph, write_pnnx
+from engine.formats.pnnx.reader import load_graph
+from engine.formats.pnnx.writer import write_pnnx
 
 TEXT = """7767517
 7 7

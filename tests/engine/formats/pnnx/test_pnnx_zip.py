@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelFormatError
-from engine.formats.pnnx_zip import StoredZip
+from engine.formats.pnnx.zip_archive import StoredZip
 
 
 def _pnnx_style_zip(entries: dict[str, bytes]) -> bytes:

@@ -1,7 +1,7 @@
 """Reader for pnnx models: `x.pnnx.param` (graph text) + `x.pnnx.bin` (stored zip of weights) -> Graph.
 
 The grammar and what the converter really writes are in ../shared/docs/pnnx-format.md. Nodes keep the pnnx type
-verbatim with a `pnnx:` prefix (`pnnx:nn.Conv2d`); engine/passes/lower_pnnx.py maps them to canonical ops.
+verbatim with a `pnnx:` prefix (`pnnx:nn.Conv2d`); lowering/ (beside this file) maps them to canonical ops.
 pnnx.Input / pnnx.Output become the graph's inputs (in0, in1, ...) and outputs (out0, ...); pnnx.Attribute
 becomes a const value; a prim::TupleConstruct feeding pnnx.Output is flattened.
 """
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ModelFormatError
-from engine.formats.pnnx_params import annotation_dtype, parse_annotation, parse_param
-from engine.formats.pnnx_zip import StoredZip, write_stored_zip
+from engine.formats.pnnx.param_values import annotation_dtype, parse_annotation, parse_param
+from engine.formats.pnnx.zip_archive import StoredZip
 from engine.ir import Graph, Value
 
 MAGIC = "7767517"
@@ -227,29 +227,3 @@ class _Reader:
                 continue  # a graph input or a repeated output keeps its first name
             v.name = f"out{i}"
             seen.add(id(v))
-
-
-
-def attribute_specs(text: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """The zip entries a .pnnx.param text needs: `<opname>.<attr>` -> (shape, dtype). For tools and tests."""
-    specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-    for line in text.splitlines()[2:]:
-        tok = line.split()
-        if len(tok) < 4:
-            continue
-        for item in tok[4:]:
-            key, eq, value = item.partition("=")
-            if eq and key.startswith("@") and len(key) > 1:
-                shape, code = parse_annotation(value, allow_unknown=False)
-                dtype = annotation_dtype(code)
-                if dtype is not None and code != "bf16":
-                    specs[f"{tok[1]}.{key[1:]}"] = (shape, dtype)
-    return specs
-
-
-def write_pnnx(param_path: str | Path, text: str, weights: dict[str, np.ndarray]) -> Path:
-    """Writes `text` to `param_path` and `weights` (zip entry name -> array) to the .pnnx.bin beside it."""
-    param_path = Path(param_path)
-    param_path.write_text(text)
-    write_stored_zip(bin_path_for(param_path), weights)
-    return param_path

@@ -8,21 +8,18 @@ engine/ops/expression.py evaluates, usually at infer time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from engine.ops.expression import Call, ExpressionError, Input, ListExpr, Lit, inputs_used, parse
-from engine.passes.lower_pnnx import handles
-
-if TYPE_CHECKING:
-    from engine.ir import Value
-    from engine.ops.expression import Expr
-    from engine.passes.lower_pnnx import Ctx
+from engine.formats.pnnx.lowering.context import Ctx
+from engine.formats.pnnx.lowering.registry import handles
+from engine.ir import Value
+from engine.ops.expression import Call, Expr, ExpressionError, Input, ListExpr, Lit, inputs_used, parse
 
 BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "floor_divide": "FloorDiv", "remainder": "Mod",
           "pow": "Pow", "atan2": "Atan2", "fmod": "Fmod", "max": "Maximum", "min": "Minimum",
           "maximum": "Maximum", "minimum": "Minimum"}
+
+
 UNARY = {name: name.capitalize() for name in (
     "abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "ceil", "cos", "cosh", "erf", "exp", "expm1",
     "floor", "log", "log10", "log1p", "neg", "reciprocal", "round", "rsqrt", "sign", "sin", "sinh", "sqrt",

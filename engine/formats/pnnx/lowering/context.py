@@ -1,27 +1,21 @@
-"""Lowers pnnx operators (`pnnx:nn.Conv2d`, `pnnx:torch.cat`, ...) to the canonical ops of engine/ops/SPEC.md.
+"""Ctx: one pnnx node being lowered. Parameter access, input lookup by `$` name, node emission, errors.
 
-Each handler gets a `Ctx` for one node and either turns the node into a canonical op in place (`become`), or
-emits several canonical nodes whose last ones take over the node's output values (`emit` + `done`), so the
-consumers stay linked. Handlers register with @handles and live in lower_pnnx_nn.py (modules and F.* layers),
-lower_pnnx_tensor.py (shape, cut/join, reductions, SDPA), lower_pnnx_mha.py (nn.MultiheadAttention),
-lower_pnnx_encoder.py (the traced TransformerEncoderLayer fast path), lower_pnnx_misc.py (comparisons, 1-D
-forms, einsum, ...) and lower_pnnx_expr.py (pnnx.Expression). Dispatch is on the pnnx type only, never on
-operator names (pnnx keeps `Tensor.select_21` as the name of a `torch.unbind`).
+A handler either turns the node into a canonical op in place (`become`), or emits several canonical nodes whose
+last ones take over the node's output values (`emit` + `done`), so the consumers stay linked.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedOpError
 from engine.ir import Graph, Node, Value
+from engine.ops.expression import ExpressionError, Lit, evaluate, parse
 
 PREFIX = "pnnx:"
-Handler = Callable[["Ctx"], None]
 
 
 class Ctx:
@@ -75,8 +69,6 @@ class Ctx:
             return v.const.item() if v.const.size == 1 else v.const.tolist()
         node = v.producer
         if node is not None and not node.inputs and node.op_type in ("Expression", "pnnx:pnnx.Expression"):
-            from engine.ops.expression import ExpressionError, Lit, evaluate, parse
-
             try:
                 tree = parse(node.params["expr"])
                 return tree.value if isinstance(tree, Lit) else evaluate(tree, [])
@@ -162,56 +154,3 @@ class Ctx:
             while node in v.consumers:
                 v.consumers.remove(node)
         self.graph.nodes.remove(node)
-
-
-HANDLERS: dict[str, Handler] = {}
-
-
-def handles(*types: str) -> Callable[[Handler], Handler]:
-    def deco(fn: Handler) -> Handler:
-        for t in types:
-            HANDLERS[t] = fn
-        return fn
-    return deco
-
-
-def lower_pnnx(graph: Graph) -> Graph:
-    """Replaces every `pnnx:*` node by canonical ops; unknown types raise UnsupportedOpError with file:line."""
-    _load_handlers()
-    for node in list(graph.nodes):
-        if not node.op_type.startswith(PREFIX):
-            continue
-        ctx = Ctx(graph, node)
-        handler = HANDLERS.get(ctx.type)
-        if handler is None:
-            raise UnsupportedOpError(ctx.type, node.name, node.where(), sorted(HANDLERS))
-        handler(ctx)
-    _drop_unused_scalars(graph)
-    graph.validate()
-    return graph
-
-
-def _drop_unused_scalars(graph: Graph) -> None:
-    # Input-less expressions (`expr=32`, `expr=None`) feed scalar arguments that lowering folded into params;
-    # `None` has no tensor value, so leaving them for shape inference would fail.
-    for node in [n for n in graph.nodes if n.op_type == "Expression" and not n.inputs]:
-        if not any(v.consumers or v in graph.outputs for v in node.outputs):
-            graph.remove_node(node)
-
-
-def _load_handlers() -> None:
-    # The handler modules register themselves with @handles; they import this module, not the reverse.
-    from engine.passes import (  # noqa: F401
-        lower_pnnx_encoder,
-        lower_pnnx_expr,
-        lower_pnnx_misc,
-        lower_pnnx_nn,
-        lower_pnnx_tensor,
-    )
-
-
-@handles("nn.Dropout", "nn.Dropout1d", "nn.Dropout2d", "nn.Dropout3d", "nn.AlphaDropout", "F.dropout",
-         "F.dropout1d", "F.dropout2d", "F.dropout3d", "F.alpha_dropout", "nn.Identity", "Tensor.contiguous",
-         "Tensor.clone", "torch.clone", "Tensor.detach", "torch.detach")
-def _identity(ctx: Ctx) -> None:
-    ctx.bypass()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.formats.pnnx import attribute_specs, bin_path_for, load_graph, write_pnnx
-from engine.formats.pnnx_params import format_param, parse_annotation, parse_param
+from engine.formats.pnnx.param_values import format_param, parse_annotation, parse_param
+from engine.formats.pnnx.reader import bin_path_for, load_graph
+from engine.formats.pnnx.writer import attribute_specs, write_pnnx
 
 # Model (a) of ../shared/docs/pnnx-experiments.md, cut down: the dynamic export of a conv/relu/residual/fc net.
 RESNET = """7767517

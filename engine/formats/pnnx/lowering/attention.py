@@ -1,8 +1,9 @@
-"""nn.MultiheadAttention -> Gemm (projections) / Reshape / Transpose / Attention / Flatten / Gemm (output).
+"""pnnx attention -> Attention: F.scaled_dot_product_attention directly; nn.MultiheadAttention as Gemm (projections) /
+Reshape / Transpose / Attention / Flatten / Gemm (output).
 
-pnnx gives it 1 input when query, key and value are one tensor, else 2 (key = value) or 3, plus an optional
-mask. torch's MHA mask is additive when float and means "masked out" when bool, the opposite of the
-canonical Attention's bool mask ("may attend"), so a bool mask goes through Not.
+pnnx gives nn.MultiheadAttention 1 input when query, key and value are one tensor, else 2 (key = value) or 3,
+plus an optional mask. torch's MHA mask is additive when float and means "masked out" when bool, the opposite of
+the canonical Attention's bool mask ("may attend"), so a bool mask goes through Not.
 
 pnnx writes a key_padding_mask (N, S) like an attn_mask (L, S): untagged when bool, tagged `$attn_mask` when
 float (and its own generated Python then passes it as attn_mask, or as the query). The shapes tell them apart
@@ -13,13 +14,26 @@ as pnnx reads it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:
-    from engine.ir import Value
-    from engine.passes.lower_pnnx import Ctx
+from engine.formats.pnnx.lowering.context import Ctx
+from engine.formats.pnnx.lowering.registry import handles
+from engine.ir import Value
+
+
+@handles("F.scaled_dot_product_attention")
+def sdpa(ctx: Ctx) -> None:
+    if ctx.p("enable_gqa", False):
+        raise ctx.unsupported("enable_gqa=True")
+    names = ("query", "key", "value")
+    q, k, v = (ctx.arg(n, i) for i, n in enumerate(names))
+    if q is None or k is None or v is None:
+        raise ctx.fail("needs query, key and value inputs")
+    mask = ctx.arg("attn_mask", 3)
+    scale = ctx.node.params.get("scale")
+    params = {"scale": None if scale is None else float(scale), "is_causal": bool(ctx.p("is_causal", False))}
+    ctx.become("Attention", params, inputs=[q, k, v] + ([mask] if mask is not None else []))
+
 
 GEMM = {"activation": None, "activation_params": {}}
 
@@ -124,6 +138,7 @@ def self_attention(ctx: Ctx, x: Value, dims: tuple[int, int], heads: int, w_in: 
     return attend_and_project(ctx, [split_heads(ctx, t, dims, heads, embed) for t in qkv], w_out, b_out, out)
 
 
+@handles("nn.MultiheadAttention")
 def lower_mha(ctx: Ctx) -> None:
     if ctx.p("add_bias_kv", False) or ctx.p("add_zero_attn", False):
         raise ctx.unsupported("add_bias_kv or add_zero_attn")

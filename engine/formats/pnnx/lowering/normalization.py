@@ -1,0 +1,80 @@
+"""pnnx normalizations -> BatchNorm (running statistics folded into scale and bias), LayerNorm, GroupNorm,
+InstanceNorm, and F.normalize -> LpNormalize."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.formats.pnnx.lowering.context import Ctx
+from engine.formats.pnnx.lowering.registry import handles
+from engine.formats.pnnx.lowering.torch_params import const_input
+
+
+def _folded_bn(ctx: Ctx, mean, var, gamma, beta, eps: float) -> dict:
+    # y = (x - mean) / sqrt(var + eps) * gamma + beta, folded in float64 once
+    scale = np.asarray(gamma, np.float64) / np.sqrt(np.asarray(var, np.float64) + eps)
+    bias = np.asarray(beta, np.float64) - np.asarray(mean, np.float64) * scale
+    return {"scale": scale.astype(np.float32), "bias": bias.astype(np.float32)}
+
+
+@handles("nn.BatchNorm1d", "nn.BatchNorm2d", "nn.BatchNorm3d")
+def batch_norm(ctx: Ctx) -> None:
+    mean, var = ctx.weight("running_mean"), ctx.weight("running_var")
+    gamma = ctx.weight("weight", required=False)
+    beta = ctx.weight("bias", required=False)
+    gamma = np.ones_like(mean) if gamma is None else gamma
+    beta = np.zeros_like(mean) if beta is None else beta
+    ctx.become("BatchNorm", {}, _folded_bn(ctx, mean, var, gamma, beta, float(ctx.p("eps", 1e-5))),
+               inputs=[ctx.x()])
+
+
+def _affine(ctx: Ctx) -> dict:
+    """weight / bias as attrs: module attributes, or constant inputs of the functional form (F.layer_norm)."""
+    attrs = {}
+    for name in ("weight", "bias"):
+        if ctx.type.startswith("F."):
+            w = const_input(ctx, name, None)  # only a `$weight` / `$bias` input; `weight=None` is a param
+        else:
+            w = ctx.weight(name, required=False)
+        if w is not None:
+            attrs[name] = w
+    return attrs
+
+
+@handles("nn.LayerNorm", "F.layer_norm")
+def layer_norm(ctx: Ctx) -> None:
+    shape = ctx.p("normalized_shape", [])
+    ndim = 1 if isinstance(shape, int) else len(shape)
+    ctx.become("LayerNorm", {"normalized_ndim": ndim, "eps": float(ctx.p("eps", 1e-5))}, _affine(ctx),
+               inputs=[ctx.x()])
+
+
+@handles("nn.GroupNorm", "F.group_norm")
+def group_norm(ctx: Ctx) -> None:
+    ctx.become("GroupNorm", {"num_groups": int(ctx.p("num_groups")), "eps": float(ctx.p("eps", 1e-5))},
+               _affine(ctx), inputs=[ctx.x()])
+
+
+@handles("nn.InstanceNorm1d", "nn.InstanceNorm2d", "nn.InstanceNorm3d", "F.instance_norm")
+def instance_norm(ctx: Ctx) -> None:
+    eps = float(ctx.p("eps", 1e-5))
+    if ctx.arg("running_mean") is not None and not ctx.p("use_input_stats", True):
+        raise ctx.unsupported("running statistics")
+    if ctx.p("track_running_stats", False) and "running_mean" in ctx.node.attrs:
+        # eval mode with running statistics: a per-channel affine map, like BatchNorm
+        mean, var = ctx.weight("running_mean"), ctx.weight("running_var")
+        aff = _affine(ctx)
+        attrs = _folded_bn(ctx, mean, var, aff.get("weight", np.ones_like(mean)),
+                           aff.get("bias", np.zeros_like(mean)), eps)
+        ctx.become("BatchNorm", {}, attrs, inputs=[ctx.x()])
+        return
+    ctx.become("InstanceNorm", {"eps": eps}, _affine(ctx), inputs=[ctx.x()])
+
+
+@handles("F.normalize")
+def normalize(ctx: Ctx) -> None:
+    p = float(ctx.p("p", 2.0))
+    if p not in (1.0, 2.0):
+        raise ctx.unsupported(f"p={p}")
+    ctx.become("LpNormalize", {"axis": int(ctx.p("dim", 1)), "p": int(p), "eps": float(ctx.p("eps", 1e-12))},
+               inputs=[ctx.x()])
