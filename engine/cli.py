@@ -157,7 +157,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     model = engine.load(args.model)
     try:
-        from engine.formats.tnn_writer import write_tnn
+        from engine.formats.tnn.writer.write import write_tnn
     except ImportError as e:
         raise EngineError(f"TNN writer is not available: {e}") from None
     options = {"fp16": args.fp16} if args.tnn_version is None else {"fp16": args.fp16, "version": args.tnn_version}

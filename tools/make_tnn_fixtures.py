@@ -1,7 +1,7 @@
 """Writes the TNN fixtures in tests/fixtures/tnn/ from the PNNX fixtures in tests/fixtures/pnnx/.
 
 Each PNNX fixture (a PyTorch model exported by pnnx, with PyTorch's own outputs) is loaded, lowered and
-written as TNN files with engine.formats.tnn_writer. The inputs and PyTorch's expected outputs are copied
+written as TNN files with engine.formats.tnn.writer. The inputs and PyTorch's expected outputs are copied
 unchanged, so the TNN fixtures are checked against PyTorch, not against our own engine.
 
 fp16 fixtures store half weights, so copying fp32 PyTorch outputs would force a loose tolerance: their
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import engine  # noqa: E402
-from engine.formats.tnn_writer import write_tnn  # noqa: E402
+from engine.formats.tnn.writer.write import write_tnn  # noqa: E402
 
 PNNX = ROOT / "tests" / "fixtures" / "pnnx"
 OUT = ROOT / "tests" / "fixtures" / "tnn"

@@ -21,12 +21,12 @@ Pass = Callable[[Graph], Graph]
 
 LOWERINGS: dict[str, tuple[str, str]] = {
     "pnnx": ("engine.formats.pnnx.lowering.lower", "lower_pnnx"),
-    "tnn": ("engine.passes.lower_tnn", "lower_tnn"),
+    "tnn": ("engine.formats.tnn.lowering.lower", "lower_tnn"),
 }
 # Where each lowering keeps its handler tables (format op type without prefix -> handler).
 _HANDLER_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
-    "pnnx": (("engine.formats.pnnx.lowering.registry", "HANDLERS"),),
-    "tnn": (("engine.passes.lower_tnn_layers", "HANDLERS"), ("engine.passes.lower_tnn_layers", "QUANTIZED")),
+    "pnnx": (("engine.formats.pnnx.lowering.lower", "HANDLED_TYPES"),),
+    "tnn": (("engine.formats.tnn.lowering.lower", "HANDLED_TYPES"),),
 }
 
 PIPELINE: list[Pass] = [

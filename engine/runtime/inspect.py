@@ -42,7 +42,7 @@ def describe_graph(path: str | Path) -> str:
     """Format, inputs, outputs and format op counts, read without weights where the format allows
     (a .tnnproto without its .tnnmodel) and without lowering: no memory plan."""
     if model_format(path) == "tnn":
-        from engine.formats.tnn import load_graph
+        from engine.formats.tnn.reader import load_graph
 
         if not Path(path).is_file():
             raise EngineError(f"{path}: no such model file")

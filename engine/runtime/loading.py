@@ -16,7 +16,7 @@ from engine.passes.pipeline import lowering_coverage, run_pipeline
 # file suffix -> (format, reader module); readers expose load_graph(path) -> Graph
 READERS: dict[str, tuple[str, str]] = {
     ".pnnx.param": ("pnnx", "engine.formats.pnnx.reader"),
-    ".tnnproto": ("tnn", "engine.formats.tnn"),
+    ".tnnproto": ("tnn", "engine.formats.tnn.reader"),
 }
 
 

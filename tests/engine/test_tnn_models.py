@@ -115,7 +115,7 @@ def test_quantized_model_runs_int8_ops():
                                              pytest.param("nanodet_m_sim_opt", 2, marks=pytest.mark.slow),
                                              pytest.param("mobilenetv2_quantized", 1, marks=pytest.mark.slow)])
 def test_rewritten_by_our_writer_still_matches_tnn(tmp_path, folder, version):
-    from engine.formats.tnn_writer import write_tnn
+    from engine.formats.tnn.writer.write import write_tnn
 
     model, _ = _run(folder)
     proto, _ = write_tnn(model.graph, tmp_path / "again", version=version)

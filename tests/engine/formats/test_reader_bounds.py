@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from engine.errors import EngineError, ModelFormatError
 from engine.formats.pnnx.reader import load_graph
 from engine.formats.pnnx.writer import write_pnnx
-from engine.formats.tnn_model import read_model_bytes
-from engine.formats.tnn_serialize import Serializer
-from engine.formats.tnn_types import DT_FLOAT
+from engine.formats.tnn.constants import DT_FLOAT
+from engine.formats.tnn.serializer import Serializer
+from engine.formats.tnn.tnnmodel import read_model_bytes
 
 KB = 1024
 PEAK_LIMIT = 256 * KB  # a refused 1 KB file may cost parsing overhead, never its claimed size

@@ -1,0 +1,54 @@
+"""TNN matrix layers -> canonical ops: InnerProduct -> Gemm, MatMul (a stored weight as a constant operand), and
+LSTMONNX -> TnnLSTM."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.formats.tnn.lowering.context import F32, Ctx
+from engine.formats.tnn.lowering.registry import handles
+
+
+@handles("InnerProduct")
+def lower_inner_product(c: Ctx) -> None:
+    n, has_bias, transpose, axis = c.i(0), c.i(1, 0), c.i(2, 0), c.i(3, 1)
+    w = c.attr("weight")
+    if w.size % max(n, 1):
+        c.fail(f"weight has {w.size} values, not a multiple of num_output {n}")
+    w = w.reshape(n, -1) if not transpose else w.reshape(-1, n).T
+    attrs = {"weight": np.ascontiguousarray(w, dtype=F32)}
+    bias = c.attr("bias", required=False)
+    if has_bias and bias is not None and bias.size:
+        attrs["bias"] = np.ascontiguousarray(bias.reshape(n), dtype=F32)
+    shape = c.shape(c.inputs[0])
+    x = c.inputs[0]
+    if shape is None or len(shape) != axis + 1:
+        x = c.tmp("Flatten", [x], {"start_dim": axis, "end_dim": -1})
+    if shape is None or len(shape) <= axis + 1:
+        return c.out("Gemm", [x], {}, attrs)
+    # TNN keeps the rank: the dims after `axis` become 1
+    y = c.tmp("Gemm", [x], {}, attrs)
+    c.out("Reshape", [y], {"shape": [0] * axis + [n] + [1] * (len(shape) - axis - 1)})
+
+
+@handles("MatMul")
+def lower_matmul(c: Ctx) -> None:
+    ins = list(c.inputs)
+    if len(ins) == 1:
+        w, pos = c.attr("weight"), c.i(0, 1)
+        if not c.node.params.get("resource_dims", {}).get("weight"):  # v1: only the count is stored
+            shape = c.shape(ins[0])
+            if shape is None or len(shape) < 2:
+                c.fail("cannot shape a v1 MatMul weight without the input shape")
+            w = w.reshape(shape[-1], -1) if pos == 1 else w.reshape(-1, shape[-2])
+        const = c.const(np.ascontiguousarray(w, dtype=F32), "weight")
+        ins = [const, ins[0]] if pos == 0 else [ins[0], const]
+    c.out("MatMul", ins[:2])
+
+
+@handles("LSTMONNX")
+def lower_lstm(c: Ctx) -> None:
+    clip, hidden, direction = c.f(0, 0.0), c.i(1), c.i(2, 0)
+    if clip or direction not in (0, 1, 2) or not 4 <= len(c.inputs) <= 6:
+        c.unsupported("with a clip threshold, an unknown direction or missing weights")
+    c.emit("TnnLSTM", list(c.inputs), {"hidden_size": hidden, "direction": direction}, outputs=list(c.outputs))

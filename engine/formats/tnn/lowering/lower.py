@@ -1,0 +1,88 @@
+"""lower_tnn: replaces every TNN layer (`tnn:Convolution`, ...) by the canonical ops of engine/ops/SPEC.md (and the
+TNN int8 ops of engine/ops/quant.py), through the handler each layer family module registers. Each layer becomes
+one or more canonical nodes whose last node takes over the layer's output values, so consumers stay linked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.errors import EngineError, UnsupportedOpError
+from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its handlers)
+    binary,
+    conv_pool,
+    layout,
+    linear,
+    normalization,
+    pad_resize,
+    quantized,
+    reduce,
+    ssd,
+    tensor,
+    unary,
+)
+from engine.formats.tnn.lowering.context import PREFIX, Ctx
+from engine.formats.tnn.lowering.registry import HANDLERS, QUANTIZED
+from engine.formats.tnn.lowering.state import LoweringState
+from engine.ir import Graph, Node
+
+# The TNN layer types lower_tnn handles, float and quantized.
+HANDLED_TYPES: frozenset[str] = frozenset(HANDLERS) | frozenset(QUANTIZED)
+
+
+def lower_tnn(graph: Graph) -> Graph:
+    """Replaces every `tnn:*` node by canonical (and TNN int8) ops; raises UnsupportedOpError naming the layer."""
+    low = LoweringState(graph)
+    old, graph.nodes = graph.nodes, []
+    for node in old:
+        if not node.op_type.startswith(PREFIX):  # already canonical (lowering twice is harmless)
+            graph.nodes.append(node)
+            low.track(node)
+            continue
+        _lower(low, node)
+    _dequantize_outputs(low)
+    graph.remove_dead()
+    return graph
+
+
+def _lower(low: LoweringState, node: Node) -> None:
+    for v in node.inputs:
+        while node in v.consumers:
+            v.consumers.remove(node)
+    for v in node.outputs:
+        v.producer = None
+    ctx = Ctx(low, node)
+    try:
+        _dispatch(low, ctx, node)
+    except EngineError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as e:
+        # parameters that parse but make no sense (a weight of the wrong size, an axis out of range)
+        ctx.fail(f"inconsistent parameters or weights: {type(e).__name__}: {e}")
+
+
+def _dispatch(low: LoweringState, ctx: Ctx, node: Node) -> None:
+    ltype = ctx.type
+    if ltype in QUANTIZED:
+        node.inputs = [low.as_int8(v, node) for v in node.inputs]
+        QUANTIZED[ltype](ctx)
+        for v in node.outputs:
+            low.int8.add(v)
+            v.dtype = np.dtype(np.int8)
+        return
+    handler = HANDLERS.get(ltype)
+    if handler is None:
+        raise UnsupportedOpError(node.op_type, node.name, node.where())
+    node.inputs = [low.as_float(v, node) for v in node.inputs]
+    handler(ctx)
+
+
+def _dequantize_outputs(low: LoweringState) -> None:
+    graph = low.graph
+    for k, v in enumerate(graph.outputs):
+        if v in low.int8:
+            name = v.name
+            v.name = f"{name}__int8"
+            deq = low.as_float(v, graph.nodes[-1])
+            deq.name = name
+            graph.outputs[k] = deq

@@ -1,0 +1,61 @@
+"""TNN normalization layers -> BatchNorm (BatchNormCxx and Scale, which arrive folded), InstanceNorm, LayerNorm,
+GroupNorm, LpNormalize (Normalize)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.formats.tnn.lowering.context import F32, Ctx, f32
+from engine.formats.tnn.lowering.registry import handles
+
+
+def _per_channel(c: Ctx, a: np.ndarray | None, fill: float) -> np.ndarray:
+    channels = c.shape(c.inputs[0])
+    n = channels[1] if channels and len(channels) > 1 else (a.size if a is not None and a.size else 1)
+    if a is None or a.size == 0:
+        return np.full(n, fill, F32)
+    return f32(np.broadcast_to(a.reshape(-1), (n,)) if a.size == 1 else a.reshape(-1))
+
+
+@handles("BatchNormCxx", "BatchNormalization", "Scale")
+def lower_batchnorm(c: Ctx) -> None:
+    """BatchNormCxx and Scale: y = scale * x + bias per channel (BN arrives folded)."""
+    scale = _per_channel(c, c.attr("scale"), 1.0)
+    bias = _per_channel(c, c.attr("bias", required=False), 0.0)
+    c.out("BatchNorm", [c.inputs[0]], {}, {"scale": scale, "bias": f32(np.broadcast_to(bias, scale.shape))})
+
+
+@handles("InstBatchNormCxx")
+def lower_instnorm(c: Ctx) -> None:
+    attrs = {"weight": _per_channel(c, c.attr("scale", required=False), 1.0),
+             "bias": _per_channel(c, c.attr("bias", required=False), 0.0)}
+    c.out("InstanceNorm", [c.inputs[0]], {"eps": c.f(1, 1e-5)}, attrs)
+
+
+def _const_input(c: Ctx, k: int) -> np.ndarray | None:
+    if k >= len(c.inputs):
+        return None
+    data = c.value_of(c.inputs[k])
+    if data is None:
+        c.unsupported(f"with a non-constant input {k}")
+    return f32(data)
+
+
+@handles("LayerNorm")
+def lower_layernorm(c: Ctx) -> None:
+    attrs = {k: v for k, v in (("weight", _const_input(c, 1)), ("bias", _const_input(c, 2))) if v is not None}
+    c.out("LayerNorm", [c.inputs[0]], {"normalized_ndim": c.i(0), "eps": c.f(1, 1e-5)}, attrs)
+
+
+@handles("GroupNorm")
+def lower_groupnorm(c: Ctx) -> None:
+    attrs = {k: v for k, v in (("weight", _const_input(c, 1)), ("bias", _const_input(c, 2))) if v is not None}
+    c.out("GroupNorm", [c.inputs[0]], {"num_groups": c.i(0), "eps": c.f(1, 1e-5)}, attrs)
+
+
+@handles("Normalize")
+def lower_normalize(c: Ctx) -> None:
+    # TNN's CPU kernel: x / max(||x||_2, eps) or x / ||x||_1 over channels (axis 1) only
+    if c.i(0, 0) or c.i(2, 0) or c.i(3, 1) != 1 or c.i(4, 2) not in (1, 2):
+        c.unsupported("across spatial dims, with a shared channel, another axis or a p other than 1 or 2")
+    c.out("LpNormalize", [c.inputs[0]], {"eps": c.f(1, 1e-12), "axis": c.i(3, 1), "p": c.i(4, 2)})

@@ -1,0 +1,120 @@
+"""TNN `Quantized*` layers -> the int8 ops of engine/ops/quant.py (registered in QUANTIZED).
+
+The lowering driver has already made every input int8 (quantizing float inputs with their blob scales);
+these rules fold the blob scales into per-channel factors the way TNN's CPU layer setup does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.formats.tnn.lowering.context import Ctx
+from engine.formats.tnn.lowering.registry import handles_quantized, register
+from engine.ops.quant import float2int8
+
+F32 = np.float32
+
+
+FLT_MIN = np.finfo(F32).tiny
+
+
+def _out_scale(c: Ctx, channels: int) -> np.ndarray:
+    s = c.low.blob_scale(c.outputs[0], c.node)
+    return np.broadcast_to(s, (channels,)) if s.size == 1 else s
+
+
+@handles_quantized("QuantizedConvolution")
+def lower_qconv(c: Ctx) -> None:
+    g, ic, oc, kh, kw = (c.i(k) for k in range(5))
+    ph, pw, pad_type, act = c.i(7), c.i(8), c.i(10, -1), c.i(13, 0)
+    if pad_type != -1 or act not in (0, 1, 2):
+        c.unsupported(f"int8 with pad_type {pad_type} / activation {act}")
+    w = c.attr("filter")
+    if w.dtype != np.int8 or w.size != oc * ic * kh * kw:
+        c.fail(f"int8 filter expected with {oc * ic * kh * kw} values, got {w.dtype} x {w.size}")
+    bias = c.attr("bias", required=False)
+    bias = np.zeros(oc, np.int32) if bias is None or bias.size == 0 else bias.reshape(oc).astype(np.int32)
+    w_scale = np.broadcast_to(np.asarray(c.attr("scale"), F32).reshape(-1), (oc,))
+    scale, relu6_max = _requant(w_scale, _out_scale(c, oc))
+    # weight_scale and out_scale are kept so that the writer can store the layer again
+    attrs = {"weight": np.ascontiguousarray(w.reshape(oc, ic, kh, kw)), "bias": bias, "scale": scale,
+             "relu6_max": relu6_max, "weight_scale": np.ascontiguousarray(w_scale),
+             "out_scale": c.low.blob_scale(c.outputs[0], c.node)}
+    params = {"stride": (c.i(5), c.i(6)), "pads": (ph, pw, ph, pw), "dilation": (c.i(12, 1), c.i(12, 1)),
+              "groups": g, "activation": {0: None, 1: "relu", 2: "relu6"}[act]}
+    c.out("TnnQConv", [c.inputs[0]], params, attrs)
+
+
+def _requant(w_scale: np.ndarray, o_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(w_scale / o_scale, 0 where o_scale is denormal) and the int8 ReLU6 ceiling, as TNN's conv setup."""
+    ok = o_scale >= FLT_MIN
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(ok, w_scale / np.where(ok, o_scale, 1), 0).astype(F32)
+        relu6_max = float2int8(F32(6.0) / o_scale.astype(F32))
+    return scale, relu6_max
+
+
+def _fusable_conv(c: Ctx, v):
+    """The 1x1 int8 conv emitted just before this Add, feeding only it: TNN (ARM, naive) fuses the two."""
+    conv = v.producer
+    if conv is None or conv.op_type != "TnnQConv" or not c.graph.nodes or c.graph.nodes[-1] is not conv:
+        return None
+    p = conv.params
+    plain = conv.attrs["weight"].shape[2:] == (1, 1) and tuple(p["stride"]) == (1, 1) and p["groups"] == 1 \
+        and tuple(p["pads"]) == (0, 0, 0, 0) and "fusion" not in p
+    return conv if plain and not v.consumers and v not in c.graph.outputs else None
+
+
+def _fuse_conv_add(c: Ctx, conv, other) -> None:
+    out = c.outputs[0]
+    conv.attrs["unfused_out_scale"], conv.attrs["out_scale"] = conv.attrs["out_scale"], c.low.blob_scale(out, c.node)
+    o_scale = np.broadcast_to(conv.attrs["out_scale"], (conv.attrs["weight"].shape[0],))
+    conv.attrs["scale"], conv.attrs["relu6_max"] = _requant(conv.attrs["weight_scale"], o_scale)
+    i_scale = np.broadcast_to(c.low.blob_scale(other, c.node), o_scale.shape)
+    conv.attrs["add_scale"] = _requant(i_scale, o_scale)[0]
+    conv.params["fusion"] = "add_then_act" if conv.params["activation"] is None else "act_then_add"
+    conv.inputs.append(other)
+    other.consumers.append(conv)
+    conv.outputs[0].producer = None
+    conv.outputs = [out]
+    out.producer = conv
+    c.low.track(conv)
+
+
+@handles_quantized("QuantizedAdd")
+def lower_qadd(c: Ctx) -> None:
+    if len(c.inputs) != 2:
+        c.unsupported("int8 with a stored constant")
+    a, b = c.inputs
+    for mine, other in ((a, b), (b, a)):
+        conv = _fusable_conv(c, mine)
+        if conv is not None:
+            return _fuse_conv_add(c, conv, other)
+    out_scale = c.low.blob_scale(c.outputs[0], c.node)
+    attrs = {"scale_a": c.low.blob_scale(a, c.node), "scale_b": c.low.blob_scale(b, c.node),
+             "scale_out": out_scale, "out_scale": out_scale}
+    c.out("TnnQAdd", [a, b], {}, attrs)
+
+
+@handles_quantized("QuantizedPooling")
+def lower_qpool(c: Ctx) -> None:
+    ptype, kh, kw, sh, sw, ph, pw = (c.i(k) for k in range(7))
+    if c.i(9, -1) != -1 or c.i(11, 0) or ptype not in (0, 1):
+        c.unsupported("int8 with pad_type, adaptive size or pool type other than explicit max/avg")
+    params = {"mode": "max" if ptype == 0 else "avg", "kernel": (kh, kw), "stride": (sh, sw), "pads": (ph, pw),
+              "ceil_mode": bool(c.i(10, 0))}
+    c.out("TnnQPool", [c.inputs[0]], params, {"out_scale": c.low.blob_scale(c.outputs[0], c.node)})
+
+
+@handles_quantized("QuantizedConcat")
+def lower_qconcat(c: Ctx) -> None:
+    scales = [c.low.blob_scale(v, c.node) for v in [*c.inputs, c.outputs[0]]]
+    attrs = {"out_scale": scales[-1]}
+    if all(s.size == 1 for s in scales):
+        attrs.update({"scales": np.concatenate(scales[:-1]).astype(F32), "scale_out": scales[-1]})
+    c.out("TnnQConcat", list(c.inputs), {"axis": c.i(0, 1)}, attrs)
+
+
+register({"QuantizedReLU": lambda c: c.out("TnnQRelu", [c.inputs[0]], {},
+                                          {"out_scale": c.low.blob_scale(c.outputs[0], c.node)})},
+         quantized=True)

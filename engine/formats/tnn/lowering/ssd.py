@@ -1,0 +1,80 @@
+"""TNN's Caffe-SSD layers.
+
+`PriorBox` depends only on shapes (the feature map's H, W and the image's), so it lowers to a constant of TNN's
+layout: (1, 2, H*W*num_priors*4, 1), the boxes (xmin, ymin, xmax, ymax, normalised, per cell then per prior:
+each min size, then sqrt(min*max) when max sizes are given, then every aspect ratio other than 1) followed by
+the variances. Proto params: n min_sizes, n max_sizes, clip, flip, n variances, n aspect_ratios (already
+expanded with their flips by the converter), img_w, img_h, step_w, step_h, offset; zeros mean "from shapes".
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.formats.tnn.lowering.context import Ctx
+from engine.formats.tnn.lowering.registry import handles
+
+F32 = np.float32
+
+
+def _floats(c: Ctx, k: int) -> tuple[list[float], int]:
+    n = c.i(k, 0)
+    if n < 0 or k + 1 + n > len(c.args):
+        c.fail(f"list at parameter {k} claims {n} values")
+    return [c.f(k + 1 + j) for j in range(n)], k + 1 + n
+
+
+def prior_box_params(c: Ctx) -> dict:
+    mins, k = _floats(c, 0)
+    maxs, k = _floats(c, k)
+    clip, k = c.i(k, 0), k + 2  # flip (k + 1) only mattered to the converter, which expanded the ratios
+    variances, k = _floats(c, k)
+    ratios, k = _floats(c, k)
+    img_w, img_h, step_w, step_h = (c.f(k + j, 0.0) for j in range(4))
+    if maxs and len(maxs) != len(mins):
+        c.fail(f"{len(maxs)} max sizes for {len(mins)} min sizes")
+    if len(variances) not in (1, 4):
+        c.fail(f"{len(variances)} variances (1 or 4 expected)")
+    return {"min_sizes": mins, "max_sizes": maxs, "clip": bool(clip), "variances": variances,
+            "aspect_ratios": ratios, "img": (img_h, img_w), "step": (step_h, step_w), "offset": c.f(k + 4, 0.5)}
+
+
+def prior_boxes(p: dict, layer_hw: tuple[int, int], image_hw: tuple[int, int]) -> np.ndarray:
+    """TNN's GeneratePriorBox in float32, vectorised over the cells."""
+    lh, lw = layer_hw
+    ih, iw = (p["img"] if p["img"][0] and p["img"][1] else image_hw)
+    sh, sw = p["step"] if p["step"][0] and p["step"][1] else (F32(ih) / F32(lh), F32(iw) / F32(lw))
+    ih, iw, sh, sw, off = F32(int(ih)), F32(int(iw)), F32(sh), F32(sw), F32(p["offset"])
+    cy, cx = np.meshgrid((np.arange(lh, dtype=F32) + off) * sh, (np.arange(lw, dtype=F32) + off) * sw,
+                         indexing="ij")
+    sizes = []  # (box_w, box_h) per prior, in TNN's order
+    for s, min_size in enumerate(p["min_sizes"]):
+        m = int(min_size)
+        sizes.append((F32(m), F32(m)))
+        if p["max_sizes"]:
+            side = F32(math.sqrt(F32(m * int(p["max_sizes"][s]))))
+            sizes.append((side, side))
+        for ar in p["aspect_ratios"]:
+            if abs(ar - 1.0) < 1e-6:
+                continue
+            root = math.sqrt(F32(ar))  # C++ sqrt(float) promoted to double, then stored as float
+            sizes.append((F32(m * root), F32(m / root)))
+    half = np.array(sizes, F32).reshape(1, 1, -1, 2) / F32(2)
+    cx, cy = cx[..., None], cy[..., None]
+    boxes = np.stack([(cx - half[..., 0]) / iw, (cy - half[..., 1]) / ih,
+                      (cx + half[..., 0]) / iw, (cy + half[..., 1]) / ih], axis=-1).astype(F32).reshape(-1)
+    if p["clip"]:
+        boxes = np.clip(boxes, F32(0), F32(1))
+    variances = np.resize(np.asarray(p["variances"], F32), boxes.size)
+    return np.stack([boxes, variances]).reshape(1, 2, -1, 1)
+
+
+@handles("PriorBox")
+def lower_prior_box(c: Ctx) -> None:
+    shapes = [c.shape(v) for v in c.inputs[:2]]
+    if len(shapes) < 2 or any(s is None or len(s) != 4 for s in shapes):
+        c.unsupported("whose feature map or image shape is not known before running")
+    priors = prior_boxes(prior_box_params(c), shapes[0][2:], shapes[1][2:])
+    c.alias(c.const(priors, "priors"))

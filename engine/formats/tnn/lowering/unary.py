@@ -1,0 +1,71 @@
+"""TNN one-input element-wise layers -> canonical ops: activations (ReLU, PReLU, Clip, HardSwish, GELU, ...), math
+functions (Abs, Exp, Sqrt, ...), Power, and the identities (Dropout, Identity)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.formats.tnn.lowering.context import F32, Ctx, f32
+from engine.formats.tnn.lowering.registry import Handler, handles, register
+
+
+@handles("PReLU")
+def lower_prelu(c: Ctx) -> None:
+    slope = c.attr("slope")
+    if c.i(0, 0) or slope.size == 1:
+        return c.out("LeakyRelu", [c.inputs[0]], {"alpha": float(slope.reshape(-1)[0])})
+    c.out("PRelu", [c.inputs[0]], {}, {"slope": f32(slope.reshape(-1))})
+
+
+@handles("Clip")
+def lower_clip(c: Ctx) -> None:
+    lo, hi = c.f(0, -np.inf), c.f(1, np.inf)
+    # TNN writes unbounded sides as +-DBL_MAX
+    c.out("Clip", [c.inputs[0]], {"min": None if lo < -3e38 else lo, "max": None if hi > 3e38 else hi})
+
+
+@handles("HardSwish")
+def lower_hardswish(c: Ctx) -> None:
+    alpha, beta = c.f(0, 1 / 6), c.f(1, 0.5)
+    if len(c.inputs) == 1:
+        return c.out("HardSwish", [c.inputs[0]], {"alpha": alpha, "beta": beta})
+    # two inputs: y = x0 * hardsigmoid(x1)
+    gate = c.tmp("HardSigmoid", [c.inputs[1]], {"alpha": alpha, "beta": beta})
+    c.out("Mul", [c.inputs[0], gate])
+
+
+def _unary(op: str, **params) -> Handler:
+    return lambda c: c.out(op, [c.inputs[0]], dict(params))
+
+
+def _with_floats(op: str, *names_defaults) -> Handler:
+    def run(c: Ctx) -> None:
+        c.out(op, [c.inputs[0]], {n: c.f(k, d) for k, (n, d) in enumerate(names_defaults)})
+    return run
+
+
+@handles("Power")
+def lower_power(c: Ctx) -> None:
+    exponent, scale, shift = c.f(0, 1.0), c.f(1, 1.0), c.f(2, 0.0)
+    x = c.inputs[0]
+    if scale != 1.0:
+        x = c.tmp("Mul", [x, c.const(F32(scale), "scale")])
+    if shift != 0.0:
+        x = c.tmp("Add", [x, c.const(F32(shift), "shift")])
+    c.out("Pow", [x, c.const(F32(exponent), "exponent")])
+
+
+register({
+    "ReLU": _unary("Relu"), "Relu": _unary("Relu"), "ReLU6": _unary("Clip", min=0.0, max=6.0),
+    "Relu6": _unary("Clip", min=0.0, max=6.0), "Sigmoid": _unary("Sigmoid"), "Tanh": _unary("Tanh"),
+    "Swish": _unary("Silu"), "GELU": _unary("Gelu"), "Softplus": _unary("Softplus"),
+    "HardSigmoid": _with_floats("HardSigmoid", ("alpha", 0.2), ("beta", 0.5)),
+    "Elu": _with_floats("Elu", ("alpha", 1.0)),
+    "LeakyRelu": _with_floats("LeakyRelu", ("alpha", 0.01)),  # no param written: ONNX's default slope
+    "Abs": _unary("Abs"), "Exp": _unary("Exp"), "Log": _unary("Log"), "Neg": _unary("Neg"),
+    "Sqrt": _unary("Sqrt"), "Rsqrt": _unary("Rsqrt"), "Square": _unary("Square"), "Floor": _unary("Floor"),
+    "Ceil": _unary("Ceil"), "Sign": _unary("Sign"), "Reciprocal": _unary("Reciprocal"), "Erf": _unary("Erf"),
+    "Sin": _unary("Sin"), "Cos": _unary("Cos"), "Tan": _unary("Tan"), "Asin": _unary("Asin"),
+    "Acos": _unary("Acos"), "Atan": _unary("Atan"), "Not": _unary("Not"),
+    "Dropout": _unary("Identity"), "Identity": _unary("Identity"),
+})

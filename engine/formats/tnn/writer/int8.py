@@ -1,0 +1,80 @@
+"""Writer rules for TNN's int8 ops (engine/ops/quant.py): they become `Quantized*` layers again.
+
+TNN keeps one blob per tensor and its scale in a `<blob>_scale_data_` BlobScale resource; the int8 and float
+versions of a tensor (our TnnQuantize / TnnDequantize pairs) are the same blob there. So quantize and
+dequantize nodes write no layer: their two sides share a name and the scale is recorded for the blob.
+A 1x1 conv fused with the Add it fed is written as the two layers it came from (the reader fuses them again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.formats.tnn.writer.core import Writer
+from engine.formats.tnn.writer.registry import register
+from engine.ir import Node
+
+F32 = np.float32
+ACT_CODES = {None: 0, "relu": 1, "relu6": 2}
+
+
+def link_int8_names(w: Writer) -> None:
+    """Before writing: an int8 value dequantized into a graph output takes that output's name."""
+    for node in w.graph.nodes:
+        if node.op_type == "TnnDequantize" and node.outputs[0] in w.graph.outputs:
+            w._names[id(node.inputs[0])] = w.name(node.outputs[0])
+
+
+def _scale(w: Writer, blob: str, scale: np.ndarray) -> None:
+    w.blob_scales[blob] = np.asarray(scale, F32).reshape(-1)
+
+
+def quantize(w: Writer, node: Node) -> None:
+    src, dst = node.inputs[0], node.outputs[0]
+    if node.op_type == "TnnDequantize" and dst in w.graph.outputs:
+        return _scale(w, w.name(src), node.attrs["scale"])
+    if id(dst) not in w._names:
+        w.alias(dst, src)
+    _scale(w, w.name(src), node.attrs["scale"])
+
+
+def qconv(w: Writer, node: Node) -> None:
+    p, weight = node.params, node.attrs["weight"]
+    oc, icg, kh, kw = weight.shape
+    (sh, sw), (dh, _), pads = p["stride"], p["dilation"], p["pads"]
+    out, fusion = w.name(node.outputs[0]), p.get("fusion")
+    conv_out = w.tmp("conv") if fusion else out
+    params = [p["groups"], icg, oc, kh, kw, sh, sw, pads[0], pads[1], 1, -1, dh, dh, ACT_CODES[p["activation"]]]
+    res = [("name",), ("int", 1), w.raw(weight, False), w.raw(node.attrs["bias"], False),
+           w.raw(np.asarray(node.attrs["weight_scale"], F32), False)]
+    w.layer("QuantizedConvolution", [w.name(node.inputs[0])], [conv_out], params, res)
+    if fusion:
+        _scale(w, conv_out, node.attrs["unfused_out_scale"])
+        w.layer("QuantizedAdd", [conv_out, w.name(node.inputs[1])], [out], [-1], name=f"{node.name}/add")
+    _scale(w, out, node.attrs["out_scale"])
+
+
+def _simple(ltype: str, params: Callable[[Node], list]) -> Callable[[Writer, Node], None]:
+    def run(w: Writer, node: Node) -> None:
+        out = w.name(node.outputs[0])
+        w.layer(ltype, [w.name(v) for v in node.inputs], [out], params(node))
+        _scale(w, out, node.attrs["out_scale"])
+    return run
+
+
+def _pool_params(node: Node) -> list:
+    p = node.params
+    kh, kw = p["kernel"]
+    (sh, sw), (ph, pw) = p["stride"], p["pads"]
+    return [0 if p["mode"] == "max" else 1, kh, kw, sh, sw, ph, pw, -1, -1, -1, int(bool(p.get("ceil_mode")))]
+
+
+register({
+    "TnnQuantize": quantize, "TnnDequantize": quantize, "TnnQConv": qconv,
+    "TnnQAdd": _simple("QuantizedAdd", lambda n: [-1]),
+    "TnnQPool": _simple("QuantizedPooling", _pool_params),
+    "TnnQConcat": _simple("QuantizedConcat", lambda n: [int(n.params.get("axis", 1))]),
+    "TnnQRelu": _simple("QuantizedReLU", lambda n: []),
+})

@@ -1,0 +1,163 @@
+"""TNN int8 semantics on hand-made quantized models, against step-by-step references written here.
+
+The references follow TNN's CPU kernels as documented in engine/ops/quant.py: quantize x/scale with
+round-half-away-from-zero and saturation, exact int32 accumulation, float32 requantization, one rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine
+from engine.errors import ModelFormatError
+from engine.formats.tnn.serializer import Serializer
+from engine.ops.quant import float2int8
+
+RNG = np.random.default_rng(11)
+F32 = np.float32
+
+
+def round_away(v) -> np.ndarray:
+    """Reference rounding, element by element in Python: half away from zero, saturate to int8."""
+    out = [max(-128, min(127, int(np.trunc(np.float32(x) + np.float32(0.5 if x >= 0 else -0.5))))) for x in
+           np.asarray(v, F32).ravel()]
+    return np.array(out, np.int8).reshape(np.shape(v))
+
+
+def quantized_model(tmp_path: Path, layers: list[str], resources: list, scales: dict[str, np.ndarray],
+                    inputs: str = "x 4 1 3 5 5", outputs: str = "y") -> engine.Model:
+    records = ["1 0 1 4206624772", inputs, " ", outputs, f" {len(layers)}", *layers]
+    (tmp_path / "q.tnnproto").write_text("".join(f'"{r} ,"\n' for r in records))
+    s = Serializer(2)
+    s.u32(s.magic), s.i32(len(resources) + len(scales))
+    for ltype, name, items in resources:
+        s.i32(1), s.string(ltype), s.string(name)
+        for item in items:
+            s.string(item) if isinstance(item, str) else s.i32(item) if isinstance(item, int) else s.raw(item)
+    for blob, scale in scales.items():
+        s.i32(600), s.string("BlobScale"), s.string(f"{blob}_scale_data_")
+        s.raw(np.asarray(scale, F32)), s.raw(np.zeros(np.size(scale), np.int32))
+    (tmp_path / "q.tnnmodel").write_bytes(s.getvalue())
+    return engine.load(tmp_path / "q.tnnproto")
+
+
+def test_float2int8_rounds_half_away_and_saturates():
+    vals = F32([0.5, -0.5, 1.4999999, 2.5, -2.5, 126.6, 127.5, 300, -128.4, -1000, 0.49999997, -0.0])
+    # 0.49999997f + 0.5f rounds to 1.0f in float32, as it does in TNN's C++
+    np.testing.assert_array_equal(float2int8(vals), [1, -1, 1, 3, -3, 127, 127, 127, -128, -128, 1, 0])
+    np.testing.assert_array_equal(float2int8(vals), round_away(vals))
+
+
+def _conv_reference(q: np.ndarray, w: np.ndarray, bias: np.ndarray, pad: int, groups: int = 1) -> np.ndarray:
+    """int32 accumulation by explicit loops (independent of the engine's im2col)."""
+    if groups > 1:
+        cg, og = q.shape[1] // groups, w.shape[0] // groups
+        return np.concatenate([_conv_reference(q[:, k * cg:(k + 1) * cg], w[k * og:(k + 1) * og],
+                                               bias[k * og:(k + 1) * og], pad) for k in range(groups)], axis=1)
+    n, c, h, wd = q.shape
+    o, _, kh, kw = w.shape
+    qp = np.pad(q.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = h + 2 * pad - kh + 1, wd + 2 * pad - kw + 1
+    acc = np.zeros((n, o, oh, ow), np.int64)
+    for i in range(oh):
+        for j in range(ow):
+            patch = qp[:, :, i:i + kh, j:j + kw]
+            acc[:, :, i, j] = np.tensordot(patch, w.astype(np.int64), axes=([1, 2, 3], [1, 2, 3]))
+    return acc + bias.reshape(1, -1, 1, 1)
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_quantized_conv_with_relu(tmp_path, groups):
+    oc, icg = (4, 3) if groups == 1 else (3, 1)  # dense, then depthwise
+    w = RNG.integers(-127, 128, (oc, icg, 3, 3), dtype=np.int8)
+    bias = RNG.integers(-500, 500, oc).astype(np.int32)
+    w_scale, s_out = F32([0.011, 0.02, 0.005, 0.03][:oc]), F32([0.2, 0.3, 0.25, 0.1][:oc])
+    s_in = F32([0.05, 0.04, 0.03])
+    layer = f"QuantizedConvolution c 1 1 x y {groups} {icg} {oc} 3 3 1 1 1 1 1 -1 1 1 1"
+    model = quantized_model(tmp_path, [layer], [("Convolution", "c", ["c", 1, w, bias, w_scale])],
+                            {"x": s_in, "y": s_out})
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
+    got = model.instance().run({"x": x})["y"]
+    q = round_away(x / s_in.reshape(1, 3, 1, 1))
+    acc = _conv_reference(q, w, bias, 1, groups)
+    val = np.maximum(acc.astype(F32) * (w_scale / s_out).reshape(1, oc, 1, 1), 0)
+    expected = round_away(val).astype(F32) * s_out.reshape(1, oc, 1, 1)  # dequantized at the graph output
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_one_by_one_conv_fused_into_the_add_rounds_once(tmp_path):
+    w = RNG.integers(-127, 128, (3, 3, 1, 1), dtype=np.int8)
+    bias = RNG.integers(-50, 50, 3).astype(np.int32)
+    w_scale, s_x, s_c, s_y = F32([0.02, 0.03, 0.01]), F32([0.05]), F32([0.07]), F32([0.09])
+    layers = ["QuantizedConvolution c 1 1 x t 1 3 3 1 1 1 1 0 0 1 -1 1 1 0", "QuantizedAdd a 2 1 x t y 1"]
+    model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, bias, w_scale])],
+                            {"x": s_x, "t": s_c, "y": s_y})
+    assert "TnnQAdd" not in model.op_counts()  # TNN folds the add into the 1x1 conv
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32)
+    q = round_away(x / s_x)
+    acc = _conv_reference(q, w, bias, 0)
+    val = acc.astype(F32) * (w_scale / s_y).reshape(1, 3, 1, 1) + q.astype(F32) * (s_x / s_y)
+    expected = round_away(val).astype(F32) * s_y
+    np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
+
+
+def test_int8_model_written_back_computes_the_same(tmp_path):
+    from engine.formats.tnn.writer.write import write_tnn
+
+    w = RNG.integers(-127, 128, (3, 3, 1, 1), dtype=np.int8)
+    layers = ["QuantizedConvolution c 1 1 x t 1 3 3 1 1 1 1 0 0 1 -1 1 1 1", "QuantizedAdd a 2 1 x t s 1",
+              "QuantizedPooling p 1 1 s y 0 2 2 2 2 0 0 -1 -1 -1 1"]
+    scales = {"x": F32([0.05]), "t": F32([0.07, 0.06, 0.05]), "s": F32([0.09]), "y": F32([0.09])}
+    model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, np.arange(3, dtype=np.int32),
+                                                                    F32([0.02, 0.03, 0.01])])], scales)
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32)
+    for version in (1, 2):
+        proto, _ = write_tnn(model.graph, tmp_path / f"again{version}", version=version)
+        again = engine.load(proto)
+        assert again.op_counts() == model.op_counts()
+        np.testing.assert_array_equal(again.instance().run({"x": x})["y"], model.instance().run({"x": x})["y"])
+
+
+def test_unfused_add_rescales_both_inputs(tmp_path):
+    layers = ["QuantizedReLU r 1 1 x t", "QuantizedAdd a 2 1 x t y 1"]
+    s_x, s_t, s_y = F32([0.05, 0.04, 0.03]), F32([0.05, 0.04, 0.03]), F32([0.06, 0.05, 0.02])
+    model = quantized_model(tmp_path, layers, [], {"x": s_x, "t": s_t, "y": s_y})
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32)
+    q = round_away(x / s_x.reshape(1, 3, 1, 1))
+    t = np.maximum(q, 0)
+    acc = (s_x.reshape(1, 3, 1, 1) * q.astype(F32) + s_t.reshape(1, 3, 1, 1) * t.astype(F32)).astype(F32)
+    expected = round_away(acc / s_y.reshape(1, 3, 1, 1)).astype(F32) * s_y.reshape(1, 3, 1, 1)
+    np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
+
+
+def test_int8_pooling_truncates_averages_and_floors_max_at_minus_127(tmp_path):
+    layers = ["QuantizedPooling p 1 1 x a 1 2 2 2 2 0 0 -1 -1 -1 0", "QuantizedPooling m 1 1 x b 0 2 2 2 2 0 0",
+              "QuantizedConcat c 2 1 a b y 2"]
+    scale = F32([1.0])
+    model = quantized_model(tmp_path, layers, [], {"x": scale, "a": scale, "b": scale, "y": scale},
+                            inputs="x 4 1 1 5 5")
+    x = np.full((1, 1, 5, 5), -200.0, F32)  # saturates to -128
+    x[0, 0, 0, :2] = [-3, 0]
+    got = model.instance().run({"x": x})["y"]
+    # avg of (-3, 0, -128, -128) = -259 / 4 -> -64 (C++ truncates toward zero); max pools start at -127
+    assert got.shape == (1, 1, 4, 2)
+    np.testing.assert_array_equal(got[0, 0], [[-64, -128], [-128, -128], [0, -127], [-127, -127]])
+
+
+def test_missing_blob_scale_is_a_format_error(tmp_path):
+    with pytest.raises(ModelFormatError, match="y_scale_data_"):
+        quantized_model(tmp_path, ["QuantizedReLU r 1 1 x y"], [], {"x": F32([0.1])})
+
+
+def test_concat_requantizes_per_tensor_inputs(tmp_path):
+    layers = ["QuantizedReLU r 1 1 x a", "QuantizedConcat c 2 1 x a y 1"]
+    s_x, s_a, s_y = F32([0.05]), F32([0.05]), F32([0.07])
+    model = quantized_model(tmp_path, layers, [], {"x": s_x, "a": s_a, "y": s_y})
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32)
+    q = round_away(x / s_x)
+    parts = [round_away(q.astype(F32) * s_x / s_y), round_away(np.maximum(q, 0).astype(F32) * s_a / s_y)]
+    expected = np.concatenate(parts, axis=1).astype(F32) * s_y
+    np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)

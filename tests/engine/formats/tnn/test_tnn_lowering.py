@@ -1,0 +1,160 @@
+"""TNN layer semantics after lowering, on small hand-written TNN files against plain numpy references."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine
+from engine.errors import ModelFormatError, UnsupportedOpError
+from engine.formats.tnn.serializer import Serializer
+
+RNG = np.random.default_rng(3)
+
+
+def tnn_model(tmp_path: Path, inputs: str, layers: list[str], outputs: str, resources=(), consts=(),
+              version: int = 2) -> engine.Model:
+    """Writes a .tnnproto/.tnnmodel pair. resources: (type, name, [items]); items are arrays or ints/strs."""
+    magic = 4206624772 if version == 2 else 4206624770
+    records = [f"1 0 1 {magic}", inputs, " ", outputs, f" {len(layers)}", *layers]
+    (tmp_path / "m.tnnproto").write_text("".join(f'"{r} ,"\n' for r in records))
+    s = Serializer(version)
+    s.u32(s.magic)
+    s.i32(len(resources))
+    for ltype, name, items in resources:
+        s.i32(0), s.string(ltype), s.string(name)
+        for item in items:
+            s.string(item) if isinstance(item, str) else s.i32(item) if isinstance(item, int) else s.raw(item)
+    if consts:
+        s.u32(s.magic), s.i32(len(consts))
+        for name, data in consts:
+            s.string(name), s.raw(data)
+    (tmp_path / "m.tnnmodel").write_bytes(s.getvalue())
+    return engine.load(tmp_path / "m.tnnproto")
+
+
+def run1(model: engine.Model, *xs: np.ndarray) -> np.ndarray:
+    out = model.instance().run({spec.name: x for spec, x in zip(model.inputs, xs, strict=True)})
+    return out[model.outputs[0].name]
+
+
+X4 = RNG.standard_normal((1, 4, 6, 8)).astype(np.float32)
+IN4 = "x 4 1 4 6 8 0"
+
+
+@pytest.mark.parametrize("layer, expect", [
+    # old StridedSlice: NCHW lists, an end of 0 means "to the end"
+    ("StridedSlice s 1 1 x y 4 0 1 0 0 4 0 3 0 -1 4 1 1 1 2", lambda x: x[:, 1:3, :, 0:-1:2]),
+    ("StridedSliceV2 s 1 1 x y 2 2 3 2 2147483647 7 2 2 3 2 2 1", lambda x: x[:, :, 2::2, 3:7]),
+    ("Permute p 1 1 x y 3 0 2 1", lambda x: x.transpose(0, 2, 1, 3)),
+    ("Pad p 1 1 x y 0 0 1 2 3 0 0 1 0 0.5", lambda x: np.pad(x, ((0, 0), (0, 1), (1, 2), (3, 0)), constant_values=0.5)),
+    ("Pad p 1 1 x y 0 0 1 1 2 2 0 0 1 0", lambda x: np.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2)), mode="reflect")),
+    ("PadV2 p 1 1 x y 4 0 0 1 0 0 0 2 1 2 0", lambda x: np.pad(x, ((0, 0), (0, 0), (1, 2), (0, 1)), mode="edge")),
+    ("Clip c 1 1 x y -1.79769e+308 0.25", lambda x: np.minimum(x, 0.25)),
+    ("Reshape r 1 1 x y 0 3 3 0 -1 4 0", lambda x: x.reshape(1, 48, 4)),
+    ("Flatten f 1 1 x y 1", lambda x: x.reshape(1, -1)),
+    ("Flatten f 1 1 x y 2", lambda x: x.reshape(4, -1)),
+    ("Normalize n 1 1 x y 0 1e-12 0 1 2", lambda x: x / np.sqrt((x * x).sum(1, keepdims=True))),
+    ("ShuffleChannel s 1 1 x y 2", lambda x: x.reshape(1, 2, 2, 6, 8).transpose(0, 2, 1, 3, 4).reshape(x.shape)),
+    ("SoftmaxCaffe s 1 1 x y 1", lambda x: np.exp(x) / np.exp(x).sum(1, keepdims=True)),
+    ("ReduceMean r 1 1 x y 0 2 3", lambda x: x.mean((2, 3))),
+    ("HardSigmoid h 1 1 x y 0.2 0.5", lambda x: np.clip(0.2 * x + 0.5, 0, 1)),
+    ("LeakyRelu l 1 1 x y 0.3", lambda x: np.where(x > 0, x, 0.3 * x)),
+    ("LeakyRelu l 1 1 x y", lambda x: np.where(x > 0, x, 0.01 * x)),  # no alpha param: 0.01
+    ("Upsample u 1 1 x y 1 2 2 0", lambda x: x.repeat(2, 2).repeat(2, 3)),
+])
+def test_single_layer_semantics(tmp_path, layer, expect):
+    model = tnn_model(tmp_path, IN4, [layer], "y")
+    np.testing.assert_allclose(run1(model, X4), expect(X4), rtol=1e-5, atol=1e-6)
+
+
+def _tnn_bilinear_align(x: np.ndarray, oh: int, ow: int) -> np.ndarray:
+    h, w = x.shape[2:]
+    ys, xs = np.linspace(0, h - 1, oh), np.linspace(0, w - 1, ow)
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    fy, fx = (ys - y0)[:, None], (xs - x0)[None, :]
+    top = x[..., y0, :][..., x0] * (1 - fx) + x[..., y0, :][..., x1] * fx
+    bot = x[..., y1, :][..., x0] * (1 - fx) + x[..., y1, :][..., x1] * fx
+    return top * (1 - fy) + bot * fy
+
+
+def test_upsample_to_size_bilinear_align_corners_and_nearest_rounding(tmp_path):
+    model = tnn_model(tmp_path, IN4, ["Upsample u 1 1 x y 2 0 0 1 11 13"], "y")
+    np.testing.assert_allclose(run1(model, X4), _tnn_bilinear_align(X4, 11, 13), rtol=1e-5, atol=1e-5)
+    model = tnn_model(tmp_path, IN4, ["Upsample u 1 1 x y 1 0 0 0 9 10"], "y")
+    rows, cols = (np.arange(9) * (6 / 9)).astype(int), (np.arange(10) * (8 / 10)).astype(int)  # floor(dst * in/out)
+    np.testing.assert_array_equal(run1(model, X4), X4[:, :, rows][..., cols])
+
+
+def test_pooling_never_averages_padding(tmp_path):
+    model = tnn_model(tmp_path, IN4, ["Pooling p 1 1 x y 1 3 3 2 2 1 1 -1 -1 -1 1 0"], "y")
+    got = run1(model, X4)
+    padded = np.pad(X4, ((0, 0), (0, 0), (1, 2), (1, 2)), constant_values=np.nan)
+    oh, ow = int(np.ceil((6 + 2 - 3) / 2 + 1)), int(np.ceil((8 + 2 - 3) / 2 + 1))
+    ref = np.stack([np.stack([np.nanmean(padded[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3], axis=(2, 3))
+                              for j in range(ow)], -1) for i in range(oh)], -2)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_stored_constant_operands_v1_per_channel_and_reversed(tmp_path):
+    k = np.arange(4, dtype=np.float32)
+    layers = ["Sub s 1 1 x t 0", "Mul m 1 1 t y 1"]
+    model = tnn_model(tmp_path, "x 1 4 6 8", layers, "y", [("Sub", "s", [k]), ("Mul", "m", [np.float32([3])])],
+                      version=1)
+    np.testing.assert_allclose(run1(model, X4), (k.reshape(1, 4, 1, 1) - X4) * 3, rtol=1e-6)
+
+
+def test_hardswish_with_two_inputs_and_splitv(tmp_path):
+    layers = ["SplitV s 1 2 x a b 1 0", "HardSwish h 2 1 a b y 0.2 0.5"]
+    model = tnn_model(tmp_path, IN4, layers, "y")
+    a, b = X4[:, :2], X4[:, 2:]
+    np.testing.assert_allclose(run1(model, X4), a * np.clip(0.2 * b + 0.5, 0, 1), rtol=1e-6, atol=1e-7)
+
+
+def test_reshape_shape_from_constant_map_and_inner_product_keeps_rank(tmp_path):
+    w, b = RNG.standard_normal((5, 192)).astype(np.float32), RNG.standard_normal(5).astype(np.float32)
+    layers = ["Reshape r 2 1 x shape t 0 0 0 0", "InnerProduct fc 1 1 t y 5 1 0 1"]
+    consts = [("shape", np.array([1, 8, 6, 4], np.int32))]
+    model = tnn_model(tmp_path, "x 4 1 4 6 8 0", layers, "y", [("InnerProduct", "fc", ["fc", w, b])], consts)
+    got = run1(model, X4)
+    assert got.shape == (1, 5, 1, 1)  # TNN keeps the rank: dims after the axis become 1
+    np.testing.assert_allclose(got.reshape(1, 5), X4.reshape(1, -1) @ w.T + b, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_without_lowering_names_type_and_line(tmp_path):
+    with pytest.raises(UnsupportedOpError) as e:
+        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "LRN l 1 1 t y 1 0.75 1 5"], "y")
+    assert "LRN" in str(e.value) and "m.tnnproto:7" in str(e.value)
+
+
+def test_missing_resource_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="filter") as e:
+        tnn_model(tmp_path, IN4, ["Convolution c 1 1 x y 1 4 4 3 3 1 1 1 1 0 -1 1 1"], "y")
+    assert e.value.line == 6
+
+
+def test_reshape_in_tensorflow_order(tmp_path):
+    # reshape_type 1: the target (1, 2, 12, 8) is taken in NHWC order between NCHW<->NHWC permutes
+    model = tnn_model(tmp_path, IN4, ["Reshape r 1 1 x y 0 4 4 0 2 12 -1 1"], "y")
+    ref = X4.transpose(0, 2, 3, 1).reshape(1, 12, 8, 2).transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(run1(model, X4), ref)
+
+
+def test_constant_of_shape(tmp_path):
+    layers = ["Shape s 1 1 x shp", "ConstantOfShape c 1 1 shp y"]
+    model = tnn_model(tmp_path, IN4, layers, "y", [("ConstantOfShape", "c", [np.float32([2.5])])])
+    np.testing.assert_array_equal(run1(model, X4), np.full(X4.shape, 2.5, np.float32))
+
+
+@pytest.mark.parametrize("case, direction", [("fwd", 0), ("bi", 2)])
+def test_lstm_matches_torch(tmp_path, case, direction):
+    g = np.load(Path(__file__).resolve().parents[3] / "fixtures" / "tnn" / "lstm_golden.npz")
+    consts = [(k, g[f"{case}/{k}"]) for k in ("w", "r", "b", "h0", "c0")]
+    layer = f"LSTMONNX l 6 3 x w r b h0 c0 y yh yc 0 5 {direction}"
+    model = tnn_model(tmp_path, "x 3 7 2 6 0", [layer], "y yh yc", consts=consts)
+    out = model.instance().run({"x": g[f"{case}/x"]})
+    for mine, torch_name in (("y", "y"), ("yh", "hn"), ("yc", "cn")):
+        np.testing.assert_allclose(out[mine], g[f"{case}/{torch_name}"], rtol=1e-5, atol=1e-6)
