@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import EngineError
+from engine.formats.registry import FORMATS
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -59,7 +60,7 @@ def add_engine_commands(subparsers) -> None:
 
     p = subparsers.add_parser("convert", help="convert a model to another format")
     p.add_argument("model")
-    p.add_argument("--to", choices=["tnn"], required=True)
+    p.add_argument("--to", choices=[f.name for f in FORMATS.values() if f.write is not None], required=True)
     p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.tnnproto and PREFIX.tnnmodel")
     p.add_argument("--fp16", action="store_true", help="store weights as float16")
     p.add_argument("--input-shape", type=parse_shape, action="append", default=[], metavar="NAME=1x3x224x224",
@@ -156,10 +157,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     import engine
 
     model = engine.load(args.model)
-    try:
-        from engine.formats.tnn.writer.write import write_tnn
-    except ImportError as e:
-        raise EngineError(f"TNN writer is not available: {e}") from None
+    write = FORMATS[args.to].write
     options = {"fp16": args.fp16} if args.tnn_version is None else {"fp16": args.fp16, "version": args.tnn_version}
     # A TNN proto records one fixed shape per input: dynamic dims need --input-shape.
     shapes = dict(args.input_shape)
@@ -167,7 +165,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if missing:
         raise EngineError(f"input(s) {', '.join(missing)} have dynamic dims; a TNN file records fixed shapes: "
                           f"pass --input-shape NAME=1x3x224x224 for each")
-    written = write_tnn(model.graph, args.output, input_shapes=shapes or None, **options)
+    written = write(model.graph, args.output, input_shapes=shapes or None, **options)
     for path in written or []:
         print(f"wrote {path}")
     return 0

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format, text_format
 
+from engine.formats.registry import FORMATS
 from server.errors import ModelLoadError
 from server.protocol.datatypes import config_type_to_wire, wire_to_config_type
 from server.protocol.grpc import model_config_pb2 as mc
@@ -26,11 +27,8 @@ BATCH_WAIT_PARAM = "dynamic_batching_wait"
 BATCH_WAITS = ("full", "adaptive")
 MAX_SHAPE_PARAM = "max_shape:"  # parameters { key: "max_shape:<input>" value { string_value: "3,640,640" } }
 
-# Which files make a model version, per backend.
-MODEL_FILES = {
-    "tnn": ("model.tnnproto", "model.tnnmodel"),
-    "pnnx": ("model.pnnx.param", "model.pnnx.bin"),
-}
+# Which files make a model version, per backend (the engine's model formats, searched in this order).
+MODEL_FILES = {name: fmt.files for name, fmt in FORMATS.items()}
 
 
 def parse_config_text(text: str, path: Path | str = CONFIG_FILE) -> mc.ModelConfig:

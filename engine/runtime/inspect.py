@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import EngineError, UnsupportedOpError
+from engine.formats.registry import FORMATS
 from engine.runtime.loading import model_format, prepare, read_graph, unsupported_nodes
 from engine.runtime.model import Model
 
@@ -41,12 +42,11 @@ def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = N
 def describe_graph(path: str | Path) -> str:
     """Format, inputs, outputs and format op counts, read without weights where the format allows
     (a .tnnproto without its .tnnmodel) and without lowering: no memory plan."""
-    if model_format(path) == "tnn":
-        from engine.formats.tnn.reader import load_graph
-
+    fmt = FORMATS[model_format(path)]
+    if fmt.read_without_weights is not None:
         if not Path(path).is_file():
             raise EngineError(f"{path}: no such model file")
-        graph = load_graph(path, weights=False)
+        graph = fmt.read_without_weights(path)
         graph.path = graph.path or str(path)
     else:
         graph = read_graph(path)

@@ -1,44 +1,46 @@
-"""From a file on disk to an optimized canonical graph: pick the reader by extension, run the pipeline,
-and check that every remaining op is one the engine implements."""
+"""From a file on disk to an optimized canonical graph: pick the format by the file's suffix, read, lower, run the
+device-neutral pass pipeline, and check that every remaining op is one the engine implements."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import numpy as np
 
 from engine.errors import EngineError, UnsupportedOpError
+from engine.formats.registry import FORMATS, format_of
 from engine.ir import Graph, Node
 from engine.ops.registry import all_ops
-from engine.passes.pipeline import lowering_coverage, run_pipeline
-
-# file suffix -> (format, reader module); readers expose load_graph(path) -> Graph
-READERS: dict[str, tuple[str, str]] = {
-    ".pnnx.param": ("pnnx", "engine.formats.pnnx.reader"),
-    ".tnnproto": ("tnn", "engine.formats.tnn.reader"),
-}
+from engine.passes.pipeline import run_pipeline
 
 
 def model_format(path: str | Path) -> str:
-    name = Path(path).name
-    for suffix, (fmt, _) in READERS.items():
-        if name.endswith(suffix):
-            return fmt
-    raise EngineError(f"{path}: unknown model file type; supported: "
-                      f"{', '.join(f'MODEL{s}' for s in READERS)} (weights file beside it)")
+    fmt = format_of(path)
+    if fmt is None:
+        supported = ", ".join(sorted(f"MODEL{f.graph_suffix}" for f in FORMATS.values()))
+        raise EngineError(f"{path}: unknown model file type; supported: {supported} (weights file beside it)")
+    return fmt.name
 
 
 def read_graph(path: str | Path) -> Graph:
     """The graph as the format reader builds it (format op names, not yet lowered)."""
-    fmt = model_format(path)
+    fmt = FORMATS[model_format(path)]
     if not Path(path).is_file():
         raise EngineError(f"{path}: no such model file")
-    module = next(m for s, (f, m) in READERS.items() if f == fmt)
-    graph = importlib.import_module(module).load_graph(str(path))
+    graph = fmt.read(str(path))
     graph.path = graph.path or str(path)
-    graph.meta.setdefault("format", fmt)
+    graph.meta.setdefault("format", fmt.name)
     return graph
+
+
+def lower(graph: Graph) -> Graph:
+    """Maps format op names to canonical ops; a graph without a known format is taken as canonical."""
+    name = graph.meta.get("format")
+    if name is None or name == "canonical":
+        return graph
+    if name not in FORMATS:
+        raise EngineError(f"{graph.path}: no lowering for format {name!r}; known: {', '.join(sorted(FORMATS))}")
+    return FORMATS[name].lower(graph)
 
 
 def prepare(graph: Graph) -> Graph:
@@ -46,7 +48,7 @@ def prepare(graph: Graph) -> Graph:
     for v in graph.inputs:
         if v.dtype is None:
             v.dtype = np.dtype(np.float32)
-    return run_pipeline(graph)
+    return run_pipeline(lower(graph))
 
 
 def unsupported_nodes(graph: Graph) -> list[Node]:
@@ -54,7 +56,8 @@ def unsupported_nodes(graph: Graph) -> list[Node]:
     ops = all_ops()
     fmt = graph.meta.get("format")
     prefix = f"{fmt}:"
-    known = lowering_coverage(fmt)
+    # lowerings stop at the first op they cannot handle: their op lists let the loader name every such op at once
+    known = FORMATS[fmt].lowered_types if fmt in FORMATS else None
     missing = []
     for n in graph.nodes:
         if n.op_type.startswith(prefix):
