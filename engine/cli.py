@@ -41,7 +41,8 @@ def parse_input(text: str) -> tuple[str, str]:
 def add_engine_commands(subparsers) -> None:
     """Adds `run`, `inspect` and `convert` to an argparse subparsers object."""
     p = subparsers.add_parser("run", help="run a model on .npy inputs and write .npy outputs")
-    p.add_argument("model", help="MODEL.pnnx.param or MODEL.tnnproto (weights beside it)")
+    graph_files = " or ".join(sorted(f"MODEL{f.graph_suffix}" for f in FORMATS.values()))
+    p.add_argument("model", help=f"{graph_files} (weights beside it)")
     p.add_argument("--input", "-i", type=parse_input, action="append", default=[], metavar="NAME=FILE.npy")
     p.add_argument("--output-dir", "-o", default=".", metavar="DIR")
     _add_max_shape(p)
