@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from server.protocol.grpc import model_config_pb2 as mc
+from server.model_config import model_config_pb2 as mc
 from server.stats import ModelStats
 
 log = logging.getLogger("nnserve.repository")

@@ -15,8 +15,8 @@ import numpy as np
 from google.protobuf import json_format, text_format
 
 from server.errors import ModelLoadError
+from server.model_config import model_config_pb2 as mc
 from server.protocol.datatypes import config_type_to_wire, wire_to_config_type
-from server.protocol.grpc import model_config_pb2 as mc
 
 CONFIG_FILE = "config.pbtxt"
 KIND_AUTO, KIND_GPU, KIND_CPU = (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_GPU,

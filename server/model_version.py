@@ -14,7 +14,7 @@ import numpy as np
 from server import config as cfg
 from server.batching_adapter import VersionMetrics
 from server.errors import ModelLoadError
-from server.protocol.grpc import model_config_pb2 as mc
+from server.model_config import model_config_pb2 as mc
 from server.runner import DirectRunner, execute
 from server.security import inside
 from server.stats import ModelStats

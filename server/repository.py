@@ -13,8 +13,8 @@ from typing import Any
 
 from server import config as cfg
 from server.errors import ModelControlError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnknownModelError
+from server.model_config import model_config_pb2 as mc
 from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
-from server.protocol.grpc import model_config_pb2 as mc
 from server.security import check_model_name, escaping_paths
 
 log = logging.getLogger("nnserve.repository")

@@ -9,7 +9,7 @@ import pytest
 
 from server import config as cfg
 from server.errors import ModelLoadError
-from server.protocol.grpc import model_config_pb2 as mc
+from server.model_config import model_config_pb2 as mc
 
 
 @dataclass
