@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format, text_format
 
+from server.datatypes import config_type_to_wire, wire_to_config_type, wire_to_numpy
 from server.errors import ModelLoadError
 from server.model_config import model_config_pb2 as mc
-from server.protocol.datatypes import config_type_to_wire, wire_to_config_type
 
 CONFIG_FILE = "config.pbtxt"
 KIND_AUTO, KIND_GPU, KIND_CPU = (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_GPU,
@@ -322,6 +322,4 @@ def cuda_device_count() -> int:
 
 
 def numpy_dtype(config_type: int) -> np.dtype:
-    from server.protocol.datatypes import wire_to_numpy
-
     return wire_to_numpy(config_type_to_wire(config_type))

@@ -15,11 +15,11 @@ import numpy as np
 
 from server import settings as defaults
 from server.config import config_to_dict
+from server.datatypes import numpy_to_wire
 from server.errors import InferenceError, InvalidArgumentError, ServerError, UnavailableError
+from server.inference import InferRequest, InferResponse, OutputTensor
 from server.model_config import model_config_pb2 as mc
 from server.model_version import ModelVersion
-from server.protocol.datatypes import numpy_to_wire
-from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.repository import ModelRepository
 
 log = logging.getLogger("nnserve.dataplane")

@@ -18,10 +18,10 @@ from serverproc import AFFINE_CONFIG, FIXTURES, ServerProcess, affine_reference,
 
 import engine
 from server.errors import ClientDisconnectedError, InvalidArgumentError
+from server.inference import InferResponse, OutputTensor
 from server.protocol.grpc import pb2, pb2_grpc
 from server.protocol.rest.infer import InferFastPath, unless_disconnected
 from server.protocol.rest.transport import HeadHoldingTransport
-from server.protocol.types import InferResponse, OutputTensor
 from server.runner import DirectRunner, InlinePolicy, execute
 
 # ---- InlinePolicy ------------------------------------------------------------------------------------------------
