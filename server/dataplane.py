@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import EngineError, ShapeError
 from server import settings as defaults
 from server.config import config_to_dict
 from server.datatypes import numpy_to_wire
@@ -149,8 +150,6 @@ def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:
     """The one place engine and unexpected errors become ServerErrors (transports then map those once)."""
     if isinstance(exc, ServerError):
         return exc
-    from engine.errors import EngineError, ShapeError
-
     if isinstance(exc, ShapeError):
         return InvalidArgumentError(f"model '{mv.name}': {exc}")
     if isinstance(exc, EngineError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.ir.dtypes import DTYPES
+from engine import DTYPES
 from server.errors import InvalidArgumentError
 
 # The engine's KServe name table, plus BYTES, which only the wire knows (numpy object arrays of bytes).

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from server import config as cfg
+from server.backend import BackendInstance, BackendModel
 from server.batching_adapter import VersionMetrics
 from server.errors import ModelLoadError
 from server.model_config import model_config_pb2 as mc
@@ -29,7 +30,7 @@ class ModelVersion:
     name: str
     version: str
     config: mc.ModelConfig
-    instances: list[Any]
+    instances: list[BackendInstance]
     scheduler: Any
     stats: ModelStats
     arena_bytes: list[int]
@@ -58,12 +59,13 @@ class ModelVersion:
         return {t.name: t for t in self.outputs}
 
 
-def build_instances(model: Any, config: mc.ModelConfig, name: str) -> tuple[list[Any], dict[str, list[int]]]:
+def build_instances(model: BackendModel, config: mc.ModelConfig,
+                    name: str) -> tuple[list[BackendInstance], dict[str, list[int]]]:
     """Instance per instance_group count (per listed GPU for KIND_GPU), each planning its arena for
     max_batch_size x max dims up front."""
     shapes = cfg.max_shapes(config, name)  # the API's shapes; the engine's differ where an input has a reshape
     engine_shapes = cfg.engine_max_shapes(config, name)
-    instances = []
+    instances: list[BackendInstance] = []
     for device in cfg.instance_devices(config):
         try:
             instances.append(model.instance(device, max_shapes=engine_shapes))
@@ -73,21 +75,7 @@ def build_instances(model: Any, config: mc.ModelConfig, name: str) -> tuple[list
     return instances, shapes
 
 
-def arena_bytes_of(instance: Any) -> int:
-    """Activation memory preallocated by one instance: arena + kernel workspace (what a CUDA device reports as
-    its arena_bytes; on the CPU the two numpy allocations of the memory plan)."""
-    device_bytes = getattr(getattr(instance, "device", None), "arena_bytes", None)
-    if device_bytes is not None:
-        return int(device_bytes)
-    plan = getattr(instance, "memory_plan", None)
-    return int(getattr(plan, "arena_bytes", 0) or 0) + int(getattr(plan, "workspace_bytes", 0) or 0)
-
-
-def device_name_of(instance: Any) -> str:
-    return str(getattr(getattr(instance, "device", None), "name", "") or "cpu")
-
-
-def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
+def warm_up(instances: list[BackendInstance], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
     """Run every model_warmup sample on every instance; the model is not READY until this succeeds."""
     rng = np.random.default_rng(0)
     tensors = {t.name: t for t in cfg.tensor_configs(config)[0]}
@@ -125,7 +113,7 @@ def _warmup_file(warmup_dir: Path, file_name: str, name: str) -> Path:
     return path
 
 
-def make_scheduler(config: mc.ModelConfig, instances: list[Any], hooks: Any) -> Any:
+def make_scheduler(config: mc.ModelConfig, instances: list[BackendInstance], hooks: Any) -> Any:
     """The batching Scheduler when the config has dynamic_batching, else one request per execution."""
     if config.HasField("dynamic_batching"):
         from server.batching_adapter import make_batching_scheduler
@@ -137,17 +125,17 @@ def make_scheduler(config: mc.ModelConfig, instances: list[Any], hooks: Any) -> 
     return DirectRunner(instances, batching=config.max_batch_size > 0, hooks=hooks)
 
 
-def load_version(model: Any, config: mc.ModelConfig, name: str, version: str, version_dir: Path,
+def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version: str, version_dir: Path,
                  metrics: Any) -> ModelVersion:
     """Blocking: instances + warmup. The scheduler is created here and started by the repository."""
     t0 = time.perf_counter()
     instances, shapes = build_instances(model, config, name)
     warm_up(instances, config, name, version_dir)
     stats = ModelStats(name, version)
-    arenas = [arena_bytes_of(i) for i in instances]
+    arenas = [i.memory_bytes for i in instances]
     stats.memory_bytes = sum(arenas)
     if metrics is not None:  # before the repository's model_loaded, which sets the per-instance gauges
-        metrics.instances_placed(name, version, [getattr(i, "device", None) for i in instances])
+        metrics.instances_placed(name, version, instances)
     scheduler = make_scheduler(config, instances, VersionMetrics(stats, metrics, name, version))
     ins, outs = cfg.tensor_configs(config)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,

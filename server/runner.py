@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from server.backend import BackendInstance
 from server.errors import UnavailableError
 
 
@@ -25,20 +26,16 @@ class RunResult:
     batch_size: int
 
 
-def execute(instance: Any, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int, int, int]:
+def execute(instance: BackendInstance, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int, int, int]:
     """One engine execution with Triton's phase split: (outputs, input_ns, infer_ns, output_ns).
 
-    Nothing is copied here: Instance.run copies the inputs into its arena and returns caller-owned copies of the
-    outputs. The phases are the engine's own copy-in / copy-out times (Instance.last_timings) and the rest of the
-    run; an instance that does not report them has the whole run counted as infer.
+    Nothing is copied here: the instance copies the inputs into its arena and returns caller-owned copies of the
+    outputs. The phases are the instance's own copy-in / copy-out times and the rest of the run.
     """
     t0 = time.perf_counter_ns()
-    outputs = instance.run(inputs)
+    outputs, timings = instance.run_timed(inputs)
     total = time.perf_counter_ns() - t0
-    timings = getattr(instance, "last_timings", None)
-    if not isinstance(timings, dict) or "copy_in_s" not in timings:
-        return outputs, 0, total, 0
-    in_ns, out_ns = int(timings["copy_in_s"] * 1e9), int(timings.get("copy_out_s", 0.0) * 1e9)
+    in_ns, out_ns = timings.copy_in_ns, timings.copy_out_ns
     return outputs, in_ns, max(total - in_ns - out_ns, 0), out_ns
 
 

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from server.backend import BackendInstance
 from server.errors import InferenceError
-
-
-class Runnable(Protocol):
-    """An engine Instance, or anything that runs a dict of named tensors (one thread at a time)."""
-
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
 @dataclass
@@ -28,7 +23,7 @@ class BatchRun:
     compute_output_ns: int
 
 
-def run_batch(instance: Runnable, requests: Sequence[dict[str, np.ndarray]], sizes: Sequence[int],
+def run_batch(instance: BackendInstance, requests: Sequence[dict[str, np.ndarray]], sizes: Sequence[int],
               clock: Callable[[], int]) -> BatchRun:
     """Run `requests` (with `sizes` rows each) as one batch; a single request goes through unchanged."""
     t0 = clock()
@@ -37,7 +32,7 @@ def run_batch(instance: Runnable, requests: Sequence[dict[str, np.ndarray]], siz
     else:
         inputs = concat_inputs(requests)
     t1 = clock()
-    outputs = instance.run(inputs)
+    outputs, _ = instance.run_timed(inputs)
     t2 = clock()
     if len(requests) == 1:
         per_request = [{name: _detached(arr) for name, arr in outputs.items()}]

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from server.backend import BackendInstance
 from server.batching import population
 from server.batching.config import BatchingConfig
-from server.batching.merge import BatchRun, Runnable, run_batch
+from server.batching.merge import BatchRun, run_batch
 from server.batching.policy import Pending, decide
 from server.batching.queue import Entry, RequestQueue, ResponseOrder, batch_size_of, shape_key
 from server.errors import InvalidArgumentError, RequestTimeoutError, ServerError, UnavailableError
@@ -50,8 +51,9 @@ class SchedulerMetrics(Protocol):
 class Scheduler:
     """Dynamic batcher for one model version over its engine instances (each used by one thread at a time)."""
 
-    def __init__(self, config: BatchingConfig, instances: list[Runnable], *, metrics: SchedulerMetrics | None = None,
-                 clock: Callable[[], int] | None = None, executor: Executor | None = None):
+    def __init__(self, config: BatchingConfig, instances: list[BackendInstance], *,
+                 metrics: SchedulerMetrics | None = None, clock: Callable[[], int] | None = None,
+                 executor: Executor | None = None):
         if not instances:
             raise ValueError("Scheduler needs at least one instance")
         self.config = config
@@ -191,7 +193,7 @@ class Scheduler:
         task.add_done_callback(self._running.discard)
         self._report_depth()
 
-    async def _execute(self, instance: Runnable, entries: list[Entry]) -> None:
+    async def _execute(self, instance: BackendInstance, entries: list[Entry]) -> None:
         assert self._wake is not None
         started = self._clock()
         loop = asyncio.get_running_loop()

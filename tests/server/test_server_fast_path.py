@@ -17,6 +17,7 @@ import pytest
 from serverproc import AFFINE_CONFIG, FIXTURES, ServerProcess, affine_reference, make_repository
 
 import engine
+from server.backend import RunTimings
 from server.errors import ClientDisconnectedError, InvalidArgumentError
 from server.inference import InferResponse, OutputTensor
 from server.protocol.grpc import pb2, pb2_grpc
@@ -51,11 +52,11 @@ class Doubler:
     def __init__(self, delay: float = 0.0):
         self.delay, self.threads = delay, []
 
-    def run(self, inputs):
+    def run_timed(self, inputs):
         self.threads.append(threading.get_ident())
         if self.delay:
             time.sleep(self.delay)
-        return {"out0": inputs["in0"] * 2}
+        return {"out0": inputs["in0"] * 2}, RunTimings(0, 0, 0)
 
 
 class Hooks:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from server.backend import RunTimings
 from server.batching.config import BatchingConfig
 from server.batching.merge import concat_inputs, run_batch, split_outputs
 from server.batching.policy import Pending
@@ -111,10 +112,10 @@ class ArenaLike:
     def __init__(self) -> None:
         self.arena = np.zeros(16, np.float32)
 
-    def run(self, inputs):
+    def run_timed(self, inputs):
         n = inputs["x"].size
         self.arena[:n] = inputs["x"].ravel() * 3
-        return {"y": self.arena[:n].reshape(inputs["x"].shape)}
+        return {"y": self.arena[:n].reshape(inputs["x"].shape)}, RunTimings(0, 0, 0)
 
 
 def test_single_request_outputs_survive_the_next_run():
