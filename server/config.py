@@ -195,7 +195,7 @@ def validate(config: mc.ModelConfig, name: str, model: BackendModel) -> None:
 
 
 def batch_wait(config: mc.ModelConfig, name: str) -> str:
-    """The dynamic batcher's wait policy (server/batching/config.py): "full" (Triton's, the default) or
+    """The dynamic batcher's wait policy (server/scheduling/config.py): "full" (Triton's, the default) or
     "adaptive", from parameters["dynamic_batching_wait"]."""
     if BATCH_WAIT_PARAM not in config.parameters:
         return "full"

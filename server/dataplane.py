@@ -19,6 +19,7 @@ from server.config import config_to_dict
 from server.datatypes import numpy_to_wire
 from server.errors import InferenceError, InvalidArgumentError, ServerError, UnavailableError
 from server.inference import InferRequest, InferResponse, OutputTensor
+from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
 from server.model_version import ModelVersion
 from server.repository import ModelRepository
@@ -27,7 +28,8 @@ log = logging.getLogger("nnserve.dataplane")
 
 
 class DataPlane:
-    def __init__(self, repository: ModelRepository, metrics: Any = None, *, strict_readiness: bool = True):
+    def __init__(self, repository: ModelRepository, metrics: ServerMetrics | None = None, *,
+                 strict_readiness: bool = True):
         self.repository = repository
         self.metrics = metrics
         self.strict_readiness = strict_readiness
@@ -133,8 +135,9 @@ class DataPlane:
             self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
             raise
         total = time.perf_counter_ns() - t0
-        phases = dict(total_ns=total, queue_ns=result.queue_ns, input_ns=result.compute_input_ns,
-                      infer_ns=result.compute_infer_ns, output_ns=result.compute_output_ns, batch=batch)
+        run = result.execution
+        phases = dict(total_ns=total, queue_ns=result.queue_ns, input_ns=run.compute_input_ns,
+                      infer_ns=run.compute_infer_ns, output_ns=run.compute_output_ns, batch=batch)
         mv.stats.record_success(**phases)
         if self.metrics:
             self.metrics.request_ok(*labels, **phases)

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from server import config as cfg
 from server.backend import BackendInstance, BackendModel
-from server.batching_adapter import VersionMetrics
 from server.errors import ModelLoadError
+from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
-from server.runner import DirectRunner, execute
+from server.scheduling import Execution, Scheduler, SchedulerConfig
 from server.security import inside
 from server.stats import ModelStats
-
-log = logging.getLogger("nnserve.repository")
 
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
 
@@ -31,7 +27,7 @@ class ModelVersion:
     version: str
     config: mc.ModelConfig
     instances: list[BackendInstance]
-    scheduler: Any
+    scheduler: Scheduler
     stats: ModelStats
     arena_bytes: list[int]
     load_seconds: float
@@ -98,7 +94,7 @@ def warm_up(instances: list[BackendInstance], config: mc.ModelConfig, name: str,
         for instance in instances:
             for _ in range(max(int(warmup.count), 1)):
                 try:
-                    execute(instance, feed)
+                    instance.run_timed(feed)
                 except Exception as exc:
                     raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' failed: {exc}") from exc
 
@@ -113,20 +109,50 @@ def _warmup_file(warmup_dir: Path, file_name: str, name: str) -> Path:
     return path
 
 
-def make_scheduler(config: mc.ModelConfig, instances: list[BackendInstance], hooks: Any) -> Any:
-    """The batching Scheduler when the config has dynamic_batching, else one request per execution."""
-    if config.HasField("dynamic_batching"):
-        from server.batching_adapter import make_batching_scheduler
+class VersionMetrics:
+    """The scheduler's metrics hooks for one model version: executions feed /stats batch_stats and Prometheus."""
 
-        sched = make_batching_scheduler(config, instances, hooks)
-        if sched is not None:
-            return sched
-        log.warning("model '%s': dynamic batching is not available; running one request per execution", config.name)
-    return DirectRunner(instances, batching=config.max_batch_size > 0, hooks=hooks)
+    def __init__(self, stats: ModelStats, metrics: ServerMetrics | None, name: str, version: str):
+        self.stats, self.metrics, self.name, self.version = stats, metrics, name, version
+
+    def on_queue_depth(self, depth: int) -> None:
+        if self.metrics is not None:
+            self.metrics.pending.labels(self.name, self.version).set(depth)
+
+    def on_execution(self, execution: Execution) -> None:
+        self.stats.record_execution(execution.batch_size, execution.compute_input_ns, execution.compute_infer_ns,
+                                    execution.compute_output_ns)
+        if self.metrics is not None:
+            self.metrics.execution(self.name, self.version, execution.batch_size)
+
+    def on_request_done(self, outcome: str, queue_ns: int) -> None:
+        """Per-request success/failure is recorded by the data plane, which also sees validation failures."""
+
+
+def scheduler_config(config: mc.ModelConfig) -> SchedulerConfig:
+    """The scheduling policy a config asks for: Triton's dynamic batcher with a dynamic_batching block, else direct
+    execution (Triton's default scheduler)."""
+    if not config.HasField("dynamic_batching"):
+        return SchedulerConfig(dynamic_batching=False, max_batch_size=config.max_batch_size)
+    db = config.dynamic_batching
+    policy = db.default_queue_policy
+    return SchedulerConfig(
+        max_batch_size=config.max_batch_size,
+        preferred_batch_sizes=tuple(db.preferred_batch_size),
+        max_queue_delay_us=int(db.max_queue_delay_microseconds),
+        max_queue_size=int(policy.max_queue_size),
+        default_timeout_us=int(policy.default_timeout_microseconds),
+        timeout_action=mc.ModelQueuePolicy.TimeoutAction.Name(policy.timeout_action),
+        allow_timeout_override=policy.allow_timeout_override,
+        priority_levels=int(db.priority_levels),
+        default_priority_level=int(db.default_priority_level),
+        preserve_ordering=db.preserve_ordering,
+        wait_policy=cfg.batch_wait(config, config.name),
+    )
 
 
 def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version: str, version_dir: Path,
-                 metrics: Any) -> ModelVersion:
+                 metrics: ServerMetrics | None) -> ModelVersion:
     """Blocking: instances + warmup. The scheduler is created here and started by the repository."""
     t0 = time.perf_counter()
     instances, shapes = build_instances(model, config, name)
@@ -136,7 +162,7 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
     stats.memory_bytes = sum(arenas)
     if metrics is not None:  # before the repository's model_loaded, which sets the per-instance gauges
         metrics.instances_placed(name, version, instances)
-    scheduler = make_scheduler(config, instances, VersionMetrics(stats, metrics, name, version))
+    scheduler = Scheduler(scheduler_config(config), instances, metrics=VersionMetrics(stats, metrics, name, version))
     ins, outs = cfg.tensor_configs(config)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
                         inputs=ins, outputs=outs, max_shapes=shapes)

@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import engine
 from server import config as cfg
 from server.backend import BackendModel
 from server.errors import ModelControlError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnknownModelError
+from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
 from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
 from server.security import check_model_name, escaping_paths
@@ -69,7 +69,7 @@ def fingerprint(model_dir: Path) -> tuple:
 
 class ModelRepository:
     def __init__(self, root: Path, *, control_mode: str = "none", default_max_batch_size: int = 4,
-                 metrics: Any = None, load_fn: Callable[[Path], BackendModel] = engine.load):
+                 metrics: ServerMetrics | None = None, load_fn: Callable[[Path], BackendModel] = engine.load):
         self.root = Path(root)
         self.control_mode = control_mode
         self.default_max_batch_size = default_max_batch_size

@@ -68,9 +68,9 @@ class RecordingMetrics:
     def on_queue_depth(self, depth: int) -> None:
         self.depths.append(depth)
 
-    def on_batch(self, batch_size: int, num_requests: int, run) -> None:
-        assert run.compute_infer_ns >= 0 and run.compute_input_ns >= 0 and run.compute_output_ns >= 0
-        self.batches.append((batch_size, num_requests))
+    def on_execution(self, execution) -> None:
+        assert min(execution.compute_infer_ns, execution.compute_input_ns, execution.compute_output_ns) >= 0
+        self.batches.append((execution.batch_size, execution.requests))
 
     def on_request_done(self, outcome: str, queue_ns: int) -> None:
         assert queue_ns >= 0
