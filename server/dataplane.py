@@ -29,7 +29,7 @@ log = logging.getLogger("nnserve.dataplane")
 
 class DataPlane:
     def __init__(self, repository: ModelRepository, metrics: ServerMetrics | None = None, *,
-                 strict_readiness: bool = True):
+                 strict_readiness: bool = True, log_tensors: bool = False):
         self.repository = repository
         self.metrics = metrics
         self.strict_readiness = strict_readiness
@@ -38,7 +38,7 @@ class DataPlane:
         self.inflight = 0  # requests between arrival and answer, what a graceful shutdown waits for
         self.started = False  # the initial model loads are done: until then the server is live but not ready
         # Tensor contents reach the log only when asked for (--log-verbose >= 2): they may be private data.
-        self.log_tensors = False
+        self.log_tensors = log_tensors
 
     # ---- health & metadata -----------------------------------------------------------------------------------
     def live(self) -> bool:
