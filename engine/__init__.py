@@ -5,6 +5,7 @@
     outputs = inst.run({"in0": x})
 """
 
+from engine.devices import cuda_device_count
 from engine.errors import (
     ArenaOverflowError,
     EngineError,
@@ -13,18 +14,25 @@ from engine.errors import (
     ShapeError,
     UnsupportedOpError,
 )
-from engine.runtime.instance import Instance
+from engine.formats.registry import FORMATS, Format
+from engine.ir.dtypes import DTYPES
+from engine.runtime.instance import Instance, RunTimings
 from engine.runtime.model import Model, TensorSpec, load
 
 __all__ = [
+    "DTYPES",
+    "FORMATS",
     "ArenaOverflowError",
     "EngineError",
+    "Format",
     "Instance",
     "KernelError",
     "Model",
     "ModelFormatError",
+    "RunTimings",
     "ShapeError",
     "TensorSpec",
     "UnsupportedOpError",
+    "cuda_device_count",
     "load",
 ]

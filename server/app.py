@@ -12,11 +12,12 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import uvicorn
+import uvloop
 from fastapi import FastAPI
 from fastapi.responses import Response
 
@@ -29,7 +30,7 @@ from server.protocol.grpc import health_pb2_grpc, pb2_grpc
 from server.protocol.grpc.interceptors import RestrictedProtocolInterceptor, add_guarded
 from server.protocol.grpc.servicer import HealthServicer, InferenceServicer
 from server.protocol.rest import create_app
-from server.protocol.rest.transport import http_protocol
+from server.protocol.rest.transport import CoalescingHttpToolsProtocol
 from server.repository import ModelRepository
 from server.security import parse_restrictions
 from server.settings import ServerSettings
@@ -80,8 +81,8 @@ class NNServer:
         self.metrics = ServerMetrics()
         self.repository = ModelRepository(s.model_repository, control_mode=s.model_control_mode,
                                           default_max_batch_size=s.default_max_batch_size, metrics=self.metrics)
-        self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness)
-        self.dp.log_tensors = s.log_verbose >= 2
+        self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness,
+                            log_tensors=s.log_verbose >= 2)
         self.ports: dict[str, int] = {}
         self._http: list[tuple[_Uvicorn, asyncio.Task]] = []  # the API servers
         self._metrics_http: list[tuple[_Uvicorn, asyncio.Task]] = []  # scraped until the very end
@@ -104,8 +105,8 @@ class NNServer:
                     what: str = "HTTP") -> int:
         sock = bind(address, port, what)
         # no proxy_headers: its middleware would rewrite every request scope for client addresses nothing reads
-        config = uvicorn.Config(app, http=http_protocol(), log_level="warning", access_log=False, lifespan="off",
-                                proxy_headers=False,
+        config = uvicorn.Config(app, http=CoalescingHttpToolsProtocol, log_level="warning", access_log=False,
+                                lifespan="off", proxy_headers=False,
                                 timeout_keep_alive=65, timeout_graceful_shutdown=self.settings.exit_timeout_secs)
         server = _Uvicorn(config)
         into.append((server, asyncio.create_task(server.serve(sockets=[sock]))))
@@ -138,7 +139,7 @@ class NNServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        load_plugins()
+        load_plugins(self.settings.plugins)
         try:
             await self.start_endpoints()
         except ListenError as exc:
@@ -212,16 +213,7 @@ async def serve(s: ServerSettings) -> int:
     return await NNServer(s).run()
 
 
-def run(s: ServerSettings) -> Any:
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+def run(s: ServerSettings) -> int:
+    # uvloop (the server extra has it): its C event loop costs a fraction of asyncio's per request
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(serve(s))
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (the server extra has it): its C event loop costs a fraction of asyncio's per
-    request; None is asyncio's own loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop

@@ -1,14 +1,29 @@
-"""`nnserve`: the console script. `nnserve serve` takes Triton's flag names; the engine adds run/inspect/convert."""
+"""`nnserve`: the console script. `nnserve serve` takes Triton's flag names; the engine adds run/inspect/convert.
+
+The one place where the server reads its command line and environment (into ServerSettings, server/settings.py).
+The serving stack (server.app: FastAPI, uvicorn, grpc, ...) is imported only when `serve` runs, so that the
+engine's commands work without the `server` extra and `serve` without it says which extra to install.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 
+from engine.cli import add_engine_commands
 from server import settings as defaults
+from server.security import RestrictionSpecError, parse_restrictions
 from server.settings import ServerSettings
+
+# The top-level modules the `server` extra installs (pyproject.toml).
+SERVER_EXTRA_MODULES = frozenset({"fastapi", "starlette", "uvicorn", "grpc", "google", "prometheus_client",
+                                  "httptools", "uvloop"})
 
 
 def str2bool(value: str) -> bool:
@@ -55,7 +70,9 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_serve)
 
 
-def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerSettings:
+    """The flags and the environment (os.environ unless given) as ServerSettings."""
+    environ = os.environ if environ is None else environ
     if "*" in args.load_model and len(args.load_model) > 1:
         raise SystemExit("--load-model=* must be the only --load-model")
     max_batch = defaults.DEFAULT_MAX_BATCH_SIZE
@@ -75,12 +92,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         default_max_batch_size=max_batch, http_max_input_bytes=args.http_max_input_size,
         grpc_max_message_bytes=args.grpc_max_message_size, drain_delay_secs=args.drain_delay_secs,
         http_restricted_api=list(args.http_restricted_api),
-        grpc_restricted_protocol=list(args.grpc_restricted_protocol), log_verbose=args.log_verbose)
+        grpc_restricted_protocol=list(args.grpc_restricted_protocol), log_verbose=args.log_verbose,
+        plugins=defaults.plugins_from(environ))
 
 
 def check_restrictions(s: ServerSettings) -> None:
-    from server.security import RestrictionSpecError, parse_restrictions
-
     try:
         parse_restrictions(s.http_restricted_api, "--http-restricted-api")
         parse_restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
@@ -100,21 +116,24 @@ def run_serve(args: argparse.Namespace) -> int:
     if not s.model_repository.is_dir():
         logging.getLogger("nnserve").error("--model-repository %s is not a directory", s.model_repository)
         return 1
-    from server.app import run
+    return int(serving_stack().run(s))
 
-    return run(s)
+
+def serving_stack() -> ModuleType:
+    """server.app; a missing package of the `server` extra is a one-line error naming the extra."""
+    try:
+        return importlib.import_module("server.app")
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_EXTRA_MODULES:
+            raise
+        raise SystemExit(f"nnserve serve: the '{exc.name}' package is not installed: install nnserve[server]") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nnserve", description="Inference server for TNN and PNNX models")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_serve_command(subparsers)
-    try:
-        from engine.cli import add_engine_commands  # run / inspect / convert, owned by the engine
-
-        add_engine_commands(subparsers)
-    except Exception as exc:  # a broken engine CLI must not take `nnserve serve` down with it
-        print(f"nnserve: engine commands unavailable: {exc}", file=sys.stderr)
+    add_engine_commands(subparsers)  # run / inspect / convert, owned by the engine
     return parser
 
 

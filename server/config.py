@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 from google.protobuf import json_format, text_format
 
-from engine.formats.registry import FORMATS
+import engine
+from server.backend import BackendModel, TensorSpec
+from server.datatypes import config_type_to_wire, wire_to_config_type, wire_to_numpy
 from server.errors import ModelLoadError
-from server.protocol.datatypes import config_type_to_wire, wire_to_config_type
-from server.protocol.grpc import model_config_pb2 as mc
+from server.model_config import model_config_pb2 as mc
 
 CONFIG_FILE = "config.pbtxt"
 KIND_AUTO, KIND_GPU, KIND_CPU = (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_GPU,
@@ -28,7 +29,7 @@ BATCH_WAITS = ("full", "adaptive")
 MAX_SHAPE_PARAM = "max_shape:"  # parameters { key: "max_shape:<input>" value { string_value: "3,640,640" } }
 
 # Which files make a model version, per backend (the engine's model formats, searched in this order).
-MODEL_FILES = {name: fmt.files for name, fmt in FORMATS.items()}
+MODEL_FILES = {name: fmt.files for name, fmt in engine.FORMATS.items()}
 
 
 def parse_config_text(text: str, path: Path | str = CONFIG_FILE) -> mc.ModelConfig:
@@ -135,7 +136,7 @@ def tensor_configs(config: mc.ModelConfig) -> tuple[list[TensorConfig], list[Ten
     return [one(t) for t in config.input], [one(t) for t in config.output]
 
 
-def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Any, *, has_max_batch: bool,
+def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: BackendModel, *, has_max_batch: bool,
                   default_max_batch_size: int) -> mc.ModelConfig:
     """Fill what the config leaves out from the model: name, backend, max_batch_size, inputs, outputs."""
     config.name = config.name or name
@@ -154,7 +155,8 @@ def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Any, *
             config.output.add(name=s.name, data_type=wire_to_config_type(s.datatype), dims=list(s.shape)[skip:])
     if not config.instance_group:
         config.instance_group.add(count=1, kind=KIND_CPU)
-    gpus = cuda_device_count() if any(g.kind in (KIND_AUTO, KIND_GPU) for g in config.instance_group) else 0
+    kinds = {g.kind for g in config.instance_group}
+    gpus = gpu_count(name, needed=KIND_GPU in kinds) if kinds & {KIND_AUTO, KIND_GPU} else 0
     for group in config.instance_group:
         group.count = group.count or 1
         if group.kind == KIND_AUTO:  # Triton's rule: GPUs when there are any, else CPU
@@ -166,7 +168,7 @@ def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Any, *
     return config
 
 
-def validate(config: mc.ModelConfig, name: str, model: Any) -> None:
+def validate(config: mc.ModelConfig, name: str, model: BackendModel) -> None:
     """Reject a config that contradicts the model; every message names the config field."""
     if config.name != name:
         raise ModelLoadError(f"model '{name}': config.name '{config.name}' must match the directory name")
@@ -190,7 +192,7 @@ def validate(config: mc.ModelConfig, name: str, model: Any) -> None:
 
 
 def batch_wait(config: mc.ModelConfig, name: str) -> str:
-    """The dynamic batcher's wait policy (server/batching/config.py): "full" (Triton's, the default) or
+    """The dynamic batcher's wait policy (server/scheduling/config.py): "full" (Triton's, the default) or
     "adaptive", from parameters["dynamic_batching_wait"]."""
     if BATCH_WAIT_PARAM not in config.parameters:
         return "full"
@@ -203,7 +205,7 @@ def batch_wait(config: mc.ModelConfig, name: str) -> str:
 
 def _check_gpus(name: str, index: int, gpus: list[int]) -> None:
     """A GPU group must name devices that exist: there is no silent CPU fallback."""
-    count = cuda_device_count()
+    count = gpu_count(name, needed=True)
     where = "this machine has no CUDA device" if count == 0 else f"the devices here are cuda:0..cuda:{count - 1}"
     for gpu in gpus or [0]:  # empty after auto-complete only when there is no device at all
         if not 0 <= gpu < count:
@@ -211,7 +213,7 @@ def _check_gpus(name: str, index: int, gpus: list[int]) -> None:
                                  f"cuda:{gpu}, but {where}; use KIND_CPU, or KIND_AUTO to pick GPU when present")
 
 
-def _check_tensors(config: mc.ModelConfig, name: str, kind: str, tensors: Any, specs: dict[str, Any]) -> None:
+def _check_tensors(config: mc.ModelConfig, name: str, kind: str, tensors: Any, specs: dict[str, TensorSpec]) -> None:
     batching = config.max_batch_size > 0
     for i, t in enumerate(tensors):
         field = f"{kind}[{i}]"
@@ -309,17 +311,22 @@ def instance_count(config: mc.ModelConfig) -> int:
     return len(instance_devices(config))
 
 
+def gpu_count(name: str, needed: bool) -> int:
+    """CUDA devices here. Where CUDA support is not installed, a group that needs a GPU (KIND_GPU) is a load error
+    naming the extra to install; KIND_AUTO, which takes GPUs only when there are any, then finds none."""
+    try:
+        return cuda_device_count()
+    except engine.EngineError as exc:
+        if needed:
+            raise ModelLoadError(f"model '{name}': instance_group KIND_GPU: {exc}") from None
+        return 0
+
+
 @functools.cache
 def cuda_device_count() -> int:
-    """CUDA devices the engine can use; 0 where numba-cuda is not installed (the import fails) or finds none."""
-    try:
-        from engine.devices.cuda import device_count
-    except Exception:  # ImportError without numba-cuda; driver/library errors on odd machines
-        return 0
-    return device_count()
+    """CUDA devices the engine can use (counted once: they do not come and go while the server runs)."""
+    return engine.cuda_device_count()
 
 
 def numpy_dtype(config_type: int) -> np.dtype:
-    from server.protocol.datatypes import wire_to_numpy
-
     return wire_to_numpy(config_type_to_wire(config_type))

@@ -13,20 +13,23 @@ from typing import Any
 
 import numpy as np
 
+from engine import EngineError, ShapeError
 from server import settings as defaults
 from server.config import config_to_dict
+from server.datatypes import numpy_to_wire
 from server.errors import InferenceError, InvalidArgumentError, ServerError, UnavailableError
+from server.inference import InferRequest, InferResponse, OutputTensor
+from server.metrics import ServerMetrics
+from server.model_config import model_config_pb2 as mc
 from server.model_version import ModelVersion
-from server.protocol.datatypes import numpy_to_wire
-from server.protocol.grpc import model_config_pb2 as mc
-from server.protocol.types import InferRequest, InferResponse, OutputTensor
 from server.repository import ModelRepository
 
 log = logging.getLogger("nnserve.dataplane")
 
 
 class DataPlane:
-    def __init__(self, repository: ModelRepository, metrics: Any = None, *, strict_readiness: bool = True):
+    def __init__(self, repository: ModelRepository, metrics: ServerMetrics | None = None, *,
+                 strict_readiness: bool = True, log_tensors: bool = False):
         self.repository = repository
         self.metrics = metrics
         self.strict_readiness = strict_readiness
@@ -35,7 +38,7 @@ class DataPlane:
         self.inflight = 0  # requests between arrival and answer, what a graceful shutdown waits for
         self.started = False  # the initial model loads are done: until then the server is live but not ready
         # Tensor contents reach the log only when asked for (--log-verbose >= 2): they may be private data.
-        self.log_tensors = False
+        self.log_tensors = log_tensors
 
     # ---- health & metadata -----------------------------------------------------------------------------------
     def live(self) -> bool:
@@ -132,8 +135,9 @@ class DataPlane:
             self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
             raise
         total = time.perf_counter_ns() - t0
-        phases = dict(total_ns=total, queue_ns=result.queue_ns, input_ns=result.compute_input_ns,
-                      infer_ns=result.compute_infer_ns, output_ns=result.compute_output_ns, batch=batch)
+        run = result.execution
+        phases = dict(total_ns=total, queue_ns=result.queue_ns, input_ns=run.compute_input_ns,
+                      infer_ns=run.compute_infer_ns, output_ns=run.compute_output_ns, batch=batch)
         mv.stats.record_success(**phases)
         if self.metrics:
             self.metrics.request_ok(*labels, **phases)
@@ -149,8 +153,6 @@ def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:
     """The one place engine and unexpected errors become ServerErrors (transports then map those once)."""
     if isinstance(exc, ServerError):
         return exc
-    from engine.errors import EngineError, ShapeError
-
     if isinstance(exc, ShapeError):
         return InvalidArgumentError(f"model '{mv.name}': {exc}")
     if isinstance(exc, EngineError):

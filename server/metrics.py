@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import Metric
 
+from server.backend import BackendInstance
 from server.histograms import Histograms
 
 # Triton's cumulative counters: name -> help.
@@ -78,16 +80,16 @@ class _DeviceMemory:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.devices: dict[tuple[str, str], list[Any]] = {}  # (model, version) -> instance devices
+        self.instances: dict[tuple[str, str], list[BackendInstance]] = {}  # (model, version) -> its instances
 
-    def collect(self):  # noqa: ANN201 - prometheus-client's collector protocol
+    def collect(self) -> Iterator[Metric]:
         with self._lock:
-            by_name = {getattr(d, "name", ""): d for ds in self.devices.values() for d in ds if d is not None}
+            by_name = {i.device_name: i for instances in self.instances.values() for i in instances}
         used = Metric("nnserve_device_memory_used_bytes", "Device memory in use (whole device, from the driver)",
                       "gauge")
         total = Metric("nnserve_device_memory_total_bytes", "Device memory size (from the driver)", "gauge")
-        for name, device in sorted(by_name.items()):
-            figures = _device_memory(device)
+        for name, instance in sorted(by_name.items()):
+            figures = _device_memory(instance)
             if figures is not None:
                 used.add_sample(used.name, {"device": name}, figures[0])
                 total.add_sample(total.name, {"device": name}, figures[1])
@@ -95,10 +97,9 @@ class _DeviceMemory:
         yield total
 
 
-def _device_memory(device: Any) -> tuple[int, int] | None:
-    query = getattr(device, "device_memory", None)
+def _device_memory(instance: BackendInstance) -> tuple[int, int] | None:
     try:
-        return query() if query is not None else None
+        return instance.device_memory()
     except Exception:  # a scrape must not fail because a driver query did
         return None
 
@@ -132,7 +133,7 @@ class ServerMetrics:
         # retired) and the instance series it set, so the old copy's retirement removes nothing of the new one.
         self._loads: dict[tuple[str, str], int] = defaultdict(int)
         self._series: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
-        self._placed: dict[tuple[str, str], list[Any]] = {}
+        self._placed: dict[tuple[str, str], list[BackendInstance]] = {}
         # Per (model, version): the counters' series key and the histogram series, looked up once instead of on
         # every request (histograms are never removed, so these stay valid across reloads).
         self._hot: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -176,9 +177,9 @@ class ServerMetrics:
         self.counters.add_all(key, {"nv_inference_exec_count": 1})
         self.histograms.observe((batch_hist, batch_size))
 
-    def instances_placed(self, model: str, version: str, devices: list[Any]) -> None:
-        """The engine device of each instance (inst.device) of a version being loaded; model_loaded follows."""
-        self._placed[(model, version)] = list(devices)
+    def instances_placed(self, model: str, version: str, instances: Sequence[BackendInstance]) -> None:
+        """The instances of a version being loaded (their devices label the series); model_loaded follows."""
+        self._placed[(model, version)] = list(instances)
 
     def model_loaded(self, model: str, version: str, seconds: float, arena_bytes: list[int]) -> None:
         key = (model, version)
@@ -193,14 +194,15 @@ class ServerMetrics:
                 self.counters.add(name, {"model": model, "version": version}, 0)
         self.pending.labels(model, version).set(0)
 
-    def _set_instance_series(self, key: tuple[str, str], arena_bytes: list[int], devices: list[Any]) -> None:
+    def _set_instance_series(self, key: tuple[str, str], arena_bytes: list[int],
+                             instances: list[BackendInstance]) -> None:
         series = set()
         for i, nbytes in enumerate(arena_bytes):
-            device = devices[i] if i < len(devices) else None
-            labels = (*key, str(i), str(getattr(device, "name", "") or "cpu"))
+            instance = instances[i] if i < len(instances) else None
+            labels = (*key, str(i), instance.device_name if instance is not None else "cpu")
             self.arena_bytes.labels(*labels).set(nbytes)
             series.add((self.arena_bytes, labels))
-            used = getattr(device, "memory_used_bytes", None)  # only devices with their own memory report it
+            used = instance.device_memory_bytes if instance is not None else None  # devices with their own memory
             if used is not None:
                 self.instance_memory.labels(*labels).set(used)
                 series.add((self.instance_memory, labels))
@@ -208,7 +210,7 @@ class ServerMetrics:
             _remove(gauge, labels)
         self._series[key] = series
         with self.device_memory._lock:
-            self.device_memory.devices[key] = [d for d in devices if d is not None]
+            self.device_memory.instances[key] = list(instances)
 
     def model_unloaded(self, model: str, version: str, instances: int = 0) -> None:
         """Gauges describe what is loaded now, so an unloaded version's series go away (counters stay). During a
@@ -223,7 +225,7 @@ class ServerMetrics:
         for gauge, labels in series:
             _remove(gauge, labels)
         with self.device_memory._lock:
-            self.device_memory.devices.pop(key, None)
+            self.device_memory.instances.pop(key, None)
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:

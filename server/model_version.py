@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from server import config as cfg
-from server.batching_adapter import VersionMetrics
+from server.backend import BackendInstance, BackendModel
 from server.errors import ModelLoadError
-from server.protocol.grpc import model_config_pb2 as mc
-from server.runner import DirectRunner, execute
+from server.metrics import ServerMetrics
+from server.model_config import model_config_pb2 as mc
+from server.scheduling import Execution, Scheduler, SchedulerConfig
 from server.security import inside
 from server.stats import ModelStats
-
-log = logging.getLogger("nnserve.repository")
 
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
 
@@ -29,8 +26,8 @@ class ModelVersion:
     name: str
     version: str
     config: mc.ModelConfig
-    instances: list[Any]
-    scheduler: Any
+    instances: list[BackendInstance]
+    scheduler: Scheduler
     stats: ModelStats
     arena_bytes: list[int]
     load_seconds: float
@@ -58,12 +55,13 @@ class ModelVersion:
         return {t.name: t for t in self.outputs}
 
 
-def build_instances(model: Any, config: mc.ModelConfig, name: str) -> tuple[list[Any], dict[str, list[int]]]:
+def build_instances(model: BackendModel, config: mc.ModelConfig,
+                    name: str) -> tuple[list[BackendInstance], dict[str, list[int]]]:
     """Instance per instance_group count (per listed GPU for KIND_GPU), each planning its arena for
     max_batch_size x max dims up front."""
     shapes = cfg.max_shapes(config, name)  # the API's shapes; the engine's differ where an input has a reshape
     engine_shapes = cfg.engine_max_shapes(config, name)
-    instances = []
+    instances: list[BackendInstance] = []
     for device in cfg.instance_devices(config):
         try:
             instances.append(model.instance(device, max_shapes=engine_shapes))
@@ -73,21 +71,7 @@ def build_instances(model: Any, config: mc.ModelConfig, name: str) -> tuple[list
     return instances, shapes
 
 
-def arena_bytes_of(instance: Any) -> int:
-    """Activation memory preallocated by one instance: arena + kernel workspace (what a CUDA device reports as
-    its arena_bytes; on the CPU the two numpy allocations of the memory plan)."""
-    device_bytes = getattr(getattr(instance, "device", None), "arena_bytes", None)
-    if device_bytes is not None:
-        return int(device_bytes)
-    plan = getattr(instance, "memory_plan", None)
-    return int(getattr(plan, "arena_bytes", 0) or 0) + int(getattr(plan, "workspace_bytes", 0) or 0)
-
-
-def device_name_of(instance: Any) -> str:
-    return str(getattr(getattr(instance, "device", None), "name", "") or "cpu")
-
-
-def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
+def warm_up(instances: list[BackendInstance], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
     """Run every model_warmup sample on every instance; the model is not READY until this succeeds."""
     rng = np.random.default_rng(0)
     tensors = {t.name: t for t in cfg.tensor_configs(config)[0]}
@@ -110,7 +94,7 @@ def warm_up(instances: list[Any], config: mc.ModelConfig, name: str, version_dir
         for instance in instances:
             for _ in range(max(int(warmup.count), 1)):
                 try:
-                    execute(instance, feed)
+                    instance.run_timed(feed)
                 except Exception as exc:
                     raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' failed: {exc}") from exc
 
@@ -125,30 +109,60 @@ def _warmup_file(warmup_dir: Path, file_name: str, name: str) -> Path:
     return path
 
 
-def make_scheduler(config: mc.ModelConfig, instances: list[Any], hooks: Any) -> Any:
-    """The batching Scheduler when the config has dynamic_batching, else one request per execution."""
-    if config.HasField("dynamic_batching"):
-        from server.batching_adapter import make_batching_scheduler
+class VersionMetrics:
+    """The scheduler's metrics hooks for one model version: executions feed /stats batch_stats and Prometheus."""
 
-        sched = make_batching_scheduler(config, instances, hooks)
-        if sched is not None:
-            return sched
-        log.warning("model '%s': dynamic batching is not available; running one request per execution", config.name)
-    return DirectRunner(instances, batching=config.max_batch_size > 0, hooks=hooks)
+    def __init__(self, stats: ModelStats, metrics: ServerMetrics | None, name: str, version: str):
+        self.stats, self.metrics, self.name, self.version = stats, metrics, name, version
+
+    def on_queue_depth(self, depth: int) -> None:
+        if self.metrics is not None:
+            self.metrics.pending.labels(self.name, self.version).set(depth)
+
+    def on_execution(self, execution: Execution) -> None:
+        self.stats.record_execution(execution.batch_size, execution.compute_input_ns, execution.compute_infer_ns,
+                                    execution.compute_output_ns)
+        if self.metrics is not None:
+            self.metrics.execution(self.name, self.version, execution.batch_size)
+
+    def on_request_done(self, outcome: str, queue_ns: int) -> None:
+        """Per-request success/failure is recorded by the data plane, which also sees validation failures."""
 
 
-def load_version(model: Any, config: mc.ModelConfig, name: str, version: str, version_dir: Path,
-                 metrics: Any) -> ModelVersion:
+def scheduler_config(config: mc.ModelConfig) -> SchedulerConfig:
+    """The scheduling policy a config asks for: Triton's dynamic batcher with a dynamic_batching block, else direct
+    execution (Triton's default scheduler)."""
+    if not config.HasField("dynamic_batching"):
+        return SchedulerConfig(dynamic_batching=False, max_batch_size=config.max_batch_size)
+    db = config.dynamic_batching
+    policy = db.default_queue_policy
+    return SchedulerConfig(
+        max_batch_size=config.max_batch_size,
+        preferred_batch_sizes=tuple(db.preferred_batch_size),
+        max_queue_delay_us=int(db.max_queue_delay_microseconds),
+        max_queue_size=int(policy.max_queue_size),
+        default_timeout_us=int(policy.default_timeout_microseconds),
+        timeout_action=mc.ModelQueuePolicy.TimeoutAction.Name(policy.timeout_action),
+        allow_timeout_override=policy.allow_timeout_override,
+        priority_levels=int(db.priority_levels),
+        default_priority_level=int(db.default_priority_level),
+        preserve_ordering=db.preserve_ordering,
+        wait_policy=cfg.batch_wait(config, config.name),
+    )
+
+
+def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version: str, version_dir: Path,
+                 metrics: ServerMetrics | None) -> ModelVersion:
     """Blocking: instances + warmup. The scheduler is created here and started by the repository."""
     t0 = time.perf_counter()
     instances, shapes = build_instances(model, config, name)
     warm_up(instances, config, name, version_dir)
     stats = ModelStats(name, version)
-    arenas = [arena_bytes_of(i) for i in instances]
+    arenas = [i.memory_bytes for i in instances]
     stats.memory_bytes = sum(arenas)
     if metrics is not None:  # before the repository's model_loaded, which sets the per-instance gauges
-        metrics.instances_placed(name, version, [getattr(i, "device", None) for i in instances])
-    scheduler = make_scheduler(config, instances, VersionMetrics(stats, metrics, name, version))
+        metrics.instances_placed(name, version, instances)
+    scheduler = Scheduler(scheduler_config(config), instances, metrics=VersionMetrics(stats, metrics, name, version))
     ins, outs = cfg.tensor_configs(config)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
                         inputs=ins, outputs=outs, max_shapes=shapes)

@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+import engine
 from server import config as cfg
+from server.backend import BackendModel
 from server.errors import ModelControlError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnknownModelError
+from server.metrics import ServerMetrics
+from server.model_config import model_config_pb2 as mc
 from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
-from server.protocol.grpc import model_config_pb2 as mc
 from server.security import check_model_name, escaping_paths
 
 log = logging.getLogger("nnserve.repository")
@@ -66,12 +69,12 @@ def fingerprint(model_dir: Path) -> tuple:
 
 class ModelRepository:
     def __init__(self, root: Path, *, control_mode: str = "none", default_max_batch_size: int = 4,
-                 metrics: Any = None, load_fn: Any = None):
+                 metrics: ServerMetrics | None = None, load_fn: Callable[[Path], BackendModel] = engine.load):
         self.root = Path(root)
         self.control_mode = control_mode
         self.default_max_batch_size = default_max_batch_size
         self.metrics = metrics
-        self._load_fn = load_fn
+        self._load = load_fn
         self._models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -184,7 +187,7 @@ class ModelRepository:
         entry.state = READY
         return entry
 
-    def _load_one(self, entry: ModelEntry, read: tuple[Any, str, float], version_dir: Path) -> None:
+    def _load_one(self, entry: ModelEntry, read: tuple[BackendModel, str, float], version_dir: Path) -> None:
         model, _, read_seconds = read
         name, v = entry.name, version_dir.name
         cfg.validate(entry.config, name, model)
@@ -201,24 +204,17 @@ class ModelRepository:
             for v, mv in entry.versions.items():
                 self.metrics.model_unloaded(entry.name, v, len(mv.instances))
 
-    def _read_model(self, name: str, version_dir: Path) -> tuple[Any, str, float]:
+    def _read_model(self, name: str, version_dir: Path) -> tuple[BackendModel, str, float]:
         backend = cfg.detect_backend(version_dir)
         if backend is None:
             wanted = " or ".join("+".join(f) for f in cfg.MODEL_FILES.values())
             raise ModelLoadError(f"model '{name}': {version_dir.parent.name}/{version_dir.name}/ has no {wanted}")
         t0 = time.perf_counter()
         try:
-            model = self._engine_load(cfg.model_path(version_dir, backend))
+            model = self._load(cfg.model_path(version_dir, backend))
         except Exception as exc:  # engine errors name the file and line; keep their message
             raise ModelLoadError(f"model '{name}' version {version_dir.name}: {exc}") from exc
         return model, backend, time.perf_counter() - t0
-
-    def _engine_load(self, path: Path) -> Any:
-        if self._load_fn is not None:
-            return self._load_fn(path)
-        import engine
-
-        return engine.load(path)
 
     async def unload(self, name: str) -> None:
         async with self._lock(name):
@@ -244,7 +240,7 @@ class ModelRepository:
 
     def _log_loaded(self, mv: ModelVersion) -> None:
         arena = sum(mv.arena_bytes)
-        devices = [str(getattr(getattr(i, "device", None), "name", "") or "cpu") for i in mv.instances]
+        devices = [i.device_name for i in mv.instances]
         log.info("loaded model '%s' version %s (%s, max_batch_size %d, %d instance(s) on %s, arena %.1f MiB total, "
                  "max shapes %s) in %.2f s", mv.name, mv.version, mv.config.backend, mv.config.max_batch_size,
                  len(mv.instances), ", ".join(devices), arena / 2**20, mv.max_shapes, mv.load_seconds)

@@ -1,7 +1,10 @@
-"""Server defaults, in one place: ports, addresses, health paths, timeouts. Deploy files read these from here."""
+"""Server settings, in one place: the defaults (ports, addresses, health paths, timeouts; deploy files read them
+from here), ServerSettings, and the environment variables the server reads. server/cli.py reads the flags and the
+environment once into a ServerSettings, which is passed down; nothing else in server/ reads either."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,10 +58,17 @@ EXTENSIONS = (
 
 CONTROL_MODES = ("none", "poll", "explicit")
 
+# Comma-separated modules imported before any model loads, so they can register engine ops (custom layers).
+PLUGINS_ENV = "NNSERVE_PLUGINS"
+
+
+def plugins_from(environ: Mapping[str, str]) -> list[str]:
+    return [name.strip() for name in environ.get(PLUGINS_ENV, "").split(",") if name.strip()]
+
 
 @dataclass
 class ServerSettings:
-    """Everything `nnserve serve` can be told; the CLI fills it, the app reads it."""
+    """Everything `nnserve serve` can be told (flags and environment); the CLI fills it, the app reads it."""
 
     model_repository: Path
     http_address: str = "0.0.0.0"
@@ -83,3 +93,4 @@ class ServerSettings:
     http_restricted_api: list[str] = field(default_factory=list)  # Triton's "<apis>:<key>=<value>" specs
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     log_verbose: int = 0
+    plugins: list[str] = field(default_factory=list)  # NNSERVE_PLUGINS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 from engine.devices.base import Device
 from engine.errors import EngineError
@@ -20,12 +21,25 @@ def get_device(name: str = "cpu") -> Device:
 
         return CpuDevice()
     try:
-        module = importlib.import_module("engine.devices.cuda")
-        return module.CudaDevice(name)
+        return _cuda_module().CudaDevice(name)
     except EngineError:
         raise
-    except Exception as e:  # ImportError without pycuda, driver errors without a GPU
+    except Exception as e:  # driver errors without a GPU
         raise EngineError(f"CUDA device support is not installed/available: {type(e).__name__}: {e}") from None
 
 
-__all__ = ["Device", "get_device"]
+def cuda_device_count() -> int:
+    """CUDA devices the engine can use (0: none found); EngineError naming the `cuda` extra where CUDA support is
+    not installed."""
+    return int(_cuda_module().device_count())
+
+
+def _cuda_module() -> ModuleType:
+    """engine.devices.cuda, imported only when CUDA is asked for."""
+    try:
+        return importlib.import_module("engine.devices.cuda")
+    except ImportError as e:  # numba-cuda missing
+        raise EngineError(f"CUDA support is not installed ({e}): install nnserve[cuda]") from None
+
+
+__all__ = ["Device", "cuda_device_count", "get_device"]

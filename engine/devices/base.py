@@ -39,3 +39,13 @@ class Device(ABC):
     def copy_out(self, view) -> np.ndarray:
         """A caller-owned host copy of an output (an arena view or a host value); waits for the device."""
         return np.array(view, copy=True)
+
+    @property
+    def memory_used_bytes(self) -> int | None:
+        """Bytes this device object allocated on a device with its own memory (arena, workspace, weights); None
+        for host memory."""
+        return None
+
+    def device_memory(self) -> tuple[int, int] | None:
+        """(used, total) bytes of the whole device from its driver; None where there are no such figures."""
+        return None

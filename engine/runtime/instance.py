@@ -12,6 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +33,16 @@ log = logging.getLogger("engine.runtime")
 
 BOUND_CACHE_SIZE = 16
 LAYOUT_ENV = "NNSERVE_LAYOUT"  # "nchw" keeps the CPU graph plain; anything else lets the blocked layout decide
+
+
+@dataclass(frozen=True)
+class RunTimings:
+    """Where one run's time went, in Triton's phases (nanoseconds): the inputs copied into the arena, the kernels,
+    the outputs copied out."""
+
+    copy_in_ns: int
+    compute_ns: int
+    copy_out_ns: int
 
 
 class Instance:
@@ -61,6 +72,11 @@ class Instance:
         `last_timings` afterwards holds copy_in_s / compute_s / copy_out_s / total_s, plus per-node
         (name, op, seconds) under "nodes" when `timings` is true.
         """
+        return self.run_timed(inputs, timings)[0]
+
+    def run_timed(self, inputs: Mapping[str, np.ndarray],
+                  timings: bool = False) -> tuple[dict[str, np.ndarray], RunTimings]:
+        """run(), also returning where the time went (what a server reports as Triton's phases)."""
         if not self._lock.acquire(blocking=False):
             raise EngineError("this instance is already running on another thread; use one instance per thread")
         try:
@@ -72,13 +88,33 @@ class Instance:
             self._lock.release()
 
     @property
+    def device_name(self) -> str:
+        return self.device.name
+
+    @property
+    def memory_bytes(self) -> int:
+        """Activation memory preallocated on the instance's device: the arena plus the kernels' workspace."""
+        return self.memory_plan.arena_bytes + self.memory_plan.workspace_bytes
+
+    @property
+    def device_memory_bytes(self) -> int | None:
+        """What the instance holds on a device with its own memory (arena, workspace, uploaded weights); None on
+        the host."""
+        return self.device.memory_used_bytes
+
+    def device_memory(self) -> tuple[int, int] | None:
+        """(used, total) bytes of the instance's whole device, from its driver; None where there are no such
+        figures (the CPU, the CUDA simulator)."""
+        return self.device.device_memory()
+
+    @property
     def fallback_nodes(self) -> list[str]:
         """Nodes that run the numpy reference (allocating) because their op has no kernel."""
         return [c.node.name for c in self._compiled.nodes
                 if c.kernel is not None and getattr(c.kernel, "is_fallback", False)]
 
     # -- internals ------------------------------------------------------------------------------------
-    def _run(self, inputs, timings: bool) -> dict[str, np.ndarray]:
+    def _run(self, inputs, timings: bool) -> tuple[dict[str, np.ndarray], RunTimings]:
         t0 = time.perf_counter()
         arrays = check_inputs(self.graph, self.max_shapes, inputs)
         bound = self._bind(tuple(a.shape for a in arrays))
@@ -92,7 +128,7 @@ class Instance:
         self.last_timings = {"copy_in_s": t1 - t0, "compute_s": t2 - t1, "copy_out_s": t3 - t2, "total_s": t3 - t0}
         if timings:
             self.last_timings["nodes"] = node_times
-        return out
+        return out, RunTimings(int((t1 - t0) * 1e9), int((t2 - t1) * 1e9), int((t3 - t2) * 1e9))
 
     def _bind(self, signature: tuple) -> Bound:
         bound = self._bound.get(signature)

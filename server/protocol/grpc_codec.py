@@ -11,10 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from server.datatypes import wire_to_numpy
 from server.errors import InvalidArgumentError
-from server.protocol.datatypes import tensor_from_raw, tensor_to_raw, wire_to_numpy
+from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from server.protocol.grpc import pb2
-from server.protocol.types import InferInput, InferRequest, InferResponse, RequestedOutput
+from server.protocol.raw_tensors import tensor_from_raw, tensor_to_raw
 
 # Which typed InferTensorContents field carries each datatype (FP16/BF16 have none: raw only).
 _CONTENTS_FIELD = {

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from server.datatypes import element_size, numpy_to_wire, wire_to_numpy
 from server.errors import InvalidArgumentError, UnsupportedError
-from server.protocol.datatypes import element_size, numpy_to_wire, tensor_from_raw, tensor_to_raw, wire_to_numpy
-from server.protocol.types import InferInput, InferRequest, InferResponse, RequestedOutput
+from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from server.protocol.raw_tensors import tensor_from_raw, tensor_to_raw
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

@@ -23,8 +23,9 @@ def _files(root: Path) -> set[str]:
 
 def test_wheel_carries_the_generated_stubs(image_install) -> None:
     names = set(zipfile.ZipFile(image_install.wheel).namelist())
-    for stub in ("grpc_service_pb2.py", "grpc_service_pb2_grpc.py", "model_config_pb2.py", "PROTO_SHA256"):
+    for stub in ("grpc_service_pb2.py", "grpc_service_pb2_grpc.py", "health_pb2.py", "health_pb2_grpc.py"):
         assert GEN + stub in names, f"{stub} missing from the wheel"
+    assert "server/model_config/model_config_pb2.py" in names
     assert "server/cli.py" in names and "engine/__init__.py" in names
     assert not any(n.startswith(("tests/", "proto/")) for n in names)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from server import settings
@@ -75,3 +77,20 @@ def test_metrics_render_triton_counters_without_total_suffix():
     m.model_unloaded("m", "1", instances=1)
     text = m.render().decode()
     assert "nnserve_arena_bytes{" not in text and 'nv_inference_count{model="m",version="1"} 2.0' in text
+
+
+def test_the_environment_is_read_into_the_settings():
+    args = build_parser().parse_args(["serve", "--model-repository", "repo"])
+    assert settings_from_args(args, {"NNSERVE_PLUGINS": " faulty_ops, more ,,"}).plugins == ["faulty_ops", "more"]
+    assert settings_from_args(args, {}).plugins == []
+
+
+def test_the_readme_configuration_table_lists_every_flag_and_variable():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip().strip("`").split()[0] for line in section.splitlines()
+            if line.startswith("| `")}
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command")
+    flags = {a.option_strings[0] for a in subparsers.choices["serve"]._actions if a.option_strings[0] != "-h"}
+    assert flags <= rows, sorted(flags - rows)
+    assert settings.PLUGINS_ENV in rows

@@ -12,10 +12,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from server.errors import InvalidArgumentError
+from server.inference import InferResponse, OutputTensor
 from server.protocol import grpc_codec, rest_codec
-from server.protocol.datatypes import decode_bytes_tensor, encode_bytes_tensor, tensor_from_raw
 from server.protocol.grpc import pb2
-from server.protocol.types import InferResponse, OutputTensor
+from server.protocol.raw_tensors import decode_bytes_tensor, encode_bytes_tensor, tensor_from_raw
 
 STRINGS = np.array([b"alpha", b"", b"\x00\xffbin", "ünï".encode()], dtype=object)
 

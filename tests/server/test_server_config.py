@@ -9,7 +9,8 @@ import pytest
 
 from server import config as cfg
 from server.errors import ModelLoadError
-from server.protocol.grpc import model_config_pb2 as mc
+from server.model_config import model_config_pb2 as mc
+from server.model_version import scheduler_config
 
 
 @dataclass
@@ -77,12 +78,10 @@ def test_dynamic_dims_need_a_max_shape_parameter():
 
 def test_dynamic_batching_wait_parameter():
     """Triton's full wait by default; "adaptive" reaches the scheduler's config; anything else names the key."""
-    from server.batching_adapter import batching_config
-
     base = "max_batch_size: 4 dynamic_batching { max_queue_delay_microseconds: 2000 }"
-    assert batching_config(complete(base, DETECTOR)).wait_policy == "full"
+    assert scheduler_config(complete(base, DETECTOR)).wait_policy == "full"
     adaptive = base + ' parameters { key: "dynamic_batching_wait" value { string_value: "adaptive" } }'
-    assert batching_config(complete(adaptive, DETECTOR)).wait_policy == "adaptive"
+    assert scheduler_config(complete(adaptive, DETECTOR)).wait_policy == "adaptive"
     with pytest.raises(ModelLoadError, match=r"parameters\['dynamic_batching_wait'\] = 'eager' must be one of"):
         complete(adaptive.replace('"adaptive"', '"eager"'), DETECTOR)
 

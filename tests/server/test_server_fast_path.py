@@ -1,6 +1,6 @@
-"""The serving fast paths: runs of cheap models on the event loop thread (runner.InlinePolicy), the REST infer route
-answered in front of FastAPI (protocol/rest/infer.py). Results, statistics and metrics must be what the pooled,
-FastAPI path gives, also with 16 clients at once over both protocols."""
+"""The serving fast paths: runs of cheap models on the event loop thread (scheduling/inline.py's InlinePolicy), the
+REST infer route answered in front of FastAPI (protocol/rest/infer.py). Results, statistics and metrics must be what
+the pooled, FastAPI path gives, also with 16 clients at once over both protocols."""
 
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ import pytest
 from serverproc import AFFINE_CONFIG, FIXTURES, ServerProcess, affine_reference, make_repository
 
 import engine
+from server.backend import RunTimings
 from server.errors import ClientDisconnectedError, InvalidArgumentError
+from server.inference import InferResponse, OutputTensor
 from server.protocol.grpc import pb2, pb2_grpc
 from server.protocol.rest.infer import InferFastPath, unless_disconnected
 from server.protocol.rest.transport import HeadHoldingTransport
-from server.protocol.types import InferResponse, OutputTensor
-from server.runner import DirectRunner, InlinePolicy, execute
+from server.scheduling import Scheduler, SchedulerConfig
+from server.scheduling.execution import run_batch
+from server.scheduling.inline import InlinePolicy
 
 # ---- InlinePolicy ------------------------------------------------------------------------------------------------
 
@@ -42,7 +45,7 @@ def test_inline_policy_learns_sizes_from_measured_runs():
     assert p.allows(64)
 
 
-# ---- DirectRunner --------------------------------------------------------------------------------------------------
+# ---- the direct policy ---------------------------------------------------------------------------------------------
 
 
 class Doubler:
@@ -51,25 +54,34 @@ class Doubler:
     def __init__(self, delay: float = 0.0):
         self.delay, self.threads = delay, []
 
-    def run(self, inputs):
+    def run_timed(self, inputs):
         self.threads.append(threading.get_ident())
         if self.delay:
             time.sleep(self.delay)
-        return {"out0": inputs["in0"] * 2}
+        return {"out0": inputs["in0"] * 2}, RunTimings(0, 0, 0)
 
 
 class Hooks:
     def __init__(self):
         self.batches, self.depths = [], []
 
-    def on_batch(self, batch_size, num_requests, run):
-        self.batches.append((batch_size, num_requests))
+    def on_execution(self, execution):
+        self.batches.append((execution.batch_size, execution.requests))
 
     def on_queue_depth(self, depth):
         self.depths.append(depth)
 
+    def on_request_done(self, outcome, queue_ns):
+        pass
 
-def _run_all(runner: DirectRunner, xs: list[np.ndarray], concurrent: bool) -> list:
+
+def direct(instances: list, hooks: Hooks | None = None, batching: bool = True, **kw) -> Scheduler:
+    """The scheduler of a model without a dynamic_batching block."""
+    return Scheduler(SchedulerConfig(dynamic_batching=False, max_batch_size=8 if batching else 0), instances,
+                     metrics=hooks, **kw)
+
+
+def _run_all(runner: Scheduler, xs: list[np.ndarray], concurrent: bool) -> list:
     async def main():
         await runner.start()
         try:
@@ -85,12 +97,12 @@ def _run_all(runner: DirectRunner, xs: list[np.ndarray], concurrent: bool) -> li
 def test_cheap_runs_go_inline_after_one_pooled_run_and_keep_their_statistics():
     inst, hooks = Doubler(), Hooks()
     # a generous limit: on a loaded machine a microsecond run is sometimes descheduled for far longer than 200 us
-    runner = DirectRunner([inst], batching=True, hooks=hooks, inline_max_ns=50_000_000)
+    runner = direct([inst], hooks, inline_max_ns=50_000_000)
     xs = [np.full((1, 4), i, np.float32) for i in range(20)]
     results = _run_all(runner, xs, concurrent=False)
     for x, r in zip(xs, results, strict=True):
         np.testing.assert_array_equal(r.outputs["out0"], x * 2)
-        assert r.batch_size == 1 and r.compute_infer_ns > 0
+        assert r.execution.batch_size == 1 and r.execution.compute_infer_ns > 0
     assert runner.inline_runs == 19  # the first run was measured in the pool
     assert inst.threads[0] != threading.get_ident() and set(inst.threads[1:]) == {threading.get_ident()}
     assert hooks.batches == [(1, 1)] * 20  # every execution reported, inline or not
@@ -99,14 +111,14 @@ def test_cheap_runs_go_inline_after_one_pooled_run_and_keep_their_statistics():
 
 def test_slow_runs_never_block_the_event_loop():
     inst = Doubler(delay=0.005)  # 5 ms: far over the default limit
-    runner = DirectRunner([inst], batching=False)
+    runner = direct([inst], batching=False)
     _run_all(runner, [np.ones((1, 4), np.float32)] * 5, concurrent=False)
     assert runner.inline_runs == 0 and threading.get_ident() not in inst.threads
 
 
 def test_requests_waiting_for_an_instance_are_counted_and_all_answered():
     inst, hooks = Doubler(delay=0.002), Hooks()
-    runner = DirectRunner([inst], batching=True, hooks=hooks)
+    runner = direct([inst], hooks)
     xs = [np.full((1, 4), i, np.float32) for i in range(8)]
     results = _run_all(runner, xs, concurrent=True)
     for x, r in zip(xs, results, strict=True):
@@ -115,16 +127,17 @@ def test_requests_waiting_for_an_instance_are_counted_and_all_answered():
     assert sum(r.queue_ns > 0 for r in results) >= 1
 
 
-def test_execute_copies_nothing_itself_and_reports_the_engines_phases():
+def test_one_request_is_run_as_it_is_and_reports_the_engines_phases():
     inst = engine.load(FIXTURES / "affine" / "1" / "model.pnnx.param").instance(max_shapes={"in0": (8, 4)})
     x1, x2 = np.ones((2, 4), np.float32), np.full((2, 4), -3, np.float32)
-    out1, in_ns, infer_ns, out_ns = execute(inst, {"in0": x1})
+    (out1,), run = run_batch(inst, [{"in0": x1}], [2])
     kept = {k: v.copy() for k, v in out1.items()}
-    execute(inst, {"in0": x2})  # the arena now holds x2's activations: out1 must not change (caller-owned copies)
+    run_batch(inst, [{"in0": x2}], [2])  # the arena now holds x2's activations: out1 must not change (caller-owned)
     for name, ref in affine_reference(x1).items():
         np.testing.assert_allclose(out1[name], ref, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(out1[name], kept[name])
-    assert in_ns > 0 and infer_ns > 0 and out_ns > 0
+    assert run.compute_input_ns > 0 and run.compute_infer_ns > 0 and run.compute_output_ns > 0
+    assert run.batch_size == 2 and run.requests == 1
 
 
 # ---- the REST fast path in process ------------------------------------------------------------------------------

@@ -19,10 +19,12 @@ NO_GPU = {"NUMBA_ENABLE_CUDASIM": "0", "CUDA_VISIBLE_DEVICES": ""}  # a machine 
 SIMULATED_GPU = {"NUMBA_ENABLE_CUDASIM": "1"}
 
 
-class FakeCudaDevice:
-    name = "cuda:1"
-    arena_bytes = 4096
-    memory_used_bytes = 6144
+class FakeCudaInstance:
+    """What the metrics read of a server.backend.BackendInstance on a GPU."""
+
+    device_name = "cuda:1"
+    memory_bytes = 4096
+    device_memory_bytes = 6144
 
     def device_memory(self) -> tuple[int, int]:
         return 10_000, 80_000
@@ -43,7 +45,7 @@ def assert_affine(r: httpx.Response) -> None:
 
 def test_metrics_label_instances_with_their_device():
     m = ServerMetrics()
-    m.instances_placed("m", "1", [FakeCudaDevice()])
+    m.instances_placed("m", "1", [FakeCudaInstance()])
     m.model_loaded("m", "1", 0.5, [4096])
     text = m.render().decode()
     assert sample(text, "nnserve_arena_bytes", model="m", instance="0", device="cuda:1") == 4096
@@ -51,7 +53,7 @@ def test_metrics_label_instances_with_their_device():
     assert sample(text, "nnserve_device_memory_used_bytes", device="cuda:1") == 10_000
     assert sample(text, "nnserve_device_memory_total_bytes", device="cuda:1") == 80_000
     # a reload loads the new copy before the old one is retired: retiring the old must keep the new series
-    m.instances_placed("m", "1", [FakeCudaDevice()])
+    m.instances_placed("m", "1", [FakeCudaInstance()])
     m.model_loaded("m", "1", 0.4, [4096])
     m.model_unloaded("m", "1", instances=1)
     assert sample(m.render().decode(), "nnserve_arena_bytes", model="m", device="cuda:1") == 4096

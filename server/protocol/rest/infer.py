@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 
 from server.dataplane import DataPlane
 from server.errors import ClientDisconnectedError, InvalidArgumentError, PayloadTooLargeError, ServerError
+from server.inference import InferRequest
 from server.protocol import rest_codec
 from server.protocol.rest import compression
-from server.protocol.types import InferRequest
 
 log = logging.getLogger("nnserve.http")
 

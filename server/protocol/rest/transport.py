@@ -11,10 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-try:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-except ImportError:  # no httptools: uvicorn's own choice (h11), two sends per response
-    HttpToolsProtocol = None
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # httptools: the server extra has it
 
 
 class HeadHoldingTransport:
@@ -51,13 +48,8 @@ class HeadHoldingTransport:
         return getattr(self._transport, name)
 
 
-if HttpToolsProtocol is not None:
+class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn.Config(http=...): httptools' protocol writing each response's head and body in one send."""
 
-    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
-
-
-def http_protocol() -> Any:
-    """uvicorn.Config(http=...): the coalescing protocol when httptools is installed, else uvicorn's choice."""
-    return "auto" if HttpToolsProtocol is None else CoalescingHttpToolsProtocol
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]

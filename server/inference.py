@@ -1,4 +1,5 @@
-"""Transport-agnostic inference request/response, numpy-backed. REST and gRPC codecs convert to and from these."""
+"""Transport-agnostic inference request and response, numpy-backed: what the data plane takes and answers. The REST
+and gRPC codecs (server/protocol/) convert to and from these."""
 
 from __future__ import annotations
 

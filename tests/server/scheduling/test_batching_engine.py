@@ -13,7 +13,7 @@ import pytest
 from batching_fakes import arun
 
 import engine
-from server.batching import BatchingConfig, Scheduler
+from server.scheduling import Scheduler, SchedulerConfig
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "pnnx" / "dynamic"
 
@@ -25,7 +25,7 @@ def test_merged_requests_each_get_their_pytorch_rows():
     x = np.load(FIXTURE / "inputs.npz")["in0"]  # 2 samples
     expected = dict(np.load(FIXTURE / "expected.npz"))
     # A long delay holds the requests until the batch is full (4 rows), so all four run as one execution.
-    sched = Scheduler(BatchingConfig(max_batch_size=4, max_queue_delay_us=10_000_000), instances)
+    sched = Scheduler(SchedulerConfig(max_batch_size=4, max_queue_delay_us=10_000_000), instances)
     picks = [[1], [0], [0, 1]]  # rows of the fixture each request carries: 1 + 1 + 2 = 4
 
     async def main():
@@ -35,6 +35,6 @@ def test_merged_requests_each_get_their_pytorch_rows():
         return results
 
     for rows, result in zip(picks, arun(main(), timeout=120), strict=True):
-        assert result.batch_size == 4
+        assert result.execution.batch_size == 4
         for name, want in expected.items():
             np.testing.assert_allclose(result.outputs[name], want[rows], rtol=1e-4, atol=1e-5, err_msg=name)

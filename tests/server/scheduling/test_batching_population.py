@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.batching.population import PeakWindow
+from server.scheduling.population import PeakWindow
 
 MS = 1_000_000
 

@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 
+from server.backend import RunTimings
+
 
 def reference(x: np.ndarray) -> dict[str, np.ndarray]:
     """What every fake computes, row by row: the oracle each caller's rows are checked against."""
@@ -17,7 +19,8 @@ def reference(x: np.ndarray) -> dict[str, np.ndarray]:
 class FakeInstance:
     """Runs `reference` after `delay` seconds; optionally waits for `gate` first and raises on a marker row.
 
-    Records every batch it ran and checks that it is never used by two threads at once."""
+    Records every batch it ran and checks that it is never used by two threads at once. Implements what the
+    scheduler needs of server.backend.BackendInstance: run_timed."""
 
     def __init__(self, delay: float = 0.0, gated: bool = False, fail_marker: float | None = None):
         self.delay = delay
@@ -29,6 +32,9 @@ class FakeInstance:
         self.active = 0
         self.max_active = 0
         self._lock = threading.Lock()
+
+    def run_timed(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunTimings]:
+        return self.run(inputs), RunTimings(0, 0, 0)  # no copies in or out: the whole run counts as infer
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._lock:
@@ -62,9 +68,9 @@ class RecordingMetrics:
     def on_queue_depth(self, depth: int) -> None:
         self.depths.append(depth)
 
-    def on_batch(self, batch_size: int, num_requests: int, run) -> None:
-        assert run.compute_infer_ns >= 0 and run.compute_input_ns >= 0 and run.compute_output_ns >= 0
-        self.batches.append((batch_size, num_requests))
+    def on_execution(self, execution) -> None:
+        assert min(execution.compute_infer_ns, execution.compute_input_ns, execution.compute_output_ns) >= 0
+        self.batches.append((execution.batch_size, execution.requests))
 
     def on_request_done(self, outcome: str, queue_ns: int) -> None:
         assert queue_ns >= 0

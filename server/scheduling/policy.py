@@ -1,6 +1,6 @@
-"""The dynamic batching decision as a pure function: (queue, now, config) -> what to run and when to look again.
-
-Semantics follow Triton's dynamic batcher (GetDynamicBatch), minus its locks and clock:
+"""The scheduling decision as a pure function: (queue, now, config) -> what to run and when to look again. Where
+requests are not merged (the direct policy, or a model that does not batch) it is the first request in service
+order. For the dynamic batcher the semantics follow Triton's (GetDynamicBatch), minus its locks and clock:
 - requests are served by priority level (1 = highest), then in arrival order; with timeout_action DELAY an
   expired request moves behind the unexpired ones of its level, with REJECT it is reported in `expired`;
 - the batch starts at the first request in that order (so it is never starved) and takes the following requests
@@ -8,8 +8,8 @@ Semantics follow Triton's dynamic batcher (GetDynamicBatch), minus its locks and
 - a reachable preferred batch size is dispatched at once (the largest one reachable);
 - otherwise the batch goes when it is full, when max_queue_delay has passed for its oldest request, or at once
   when max_queue_delay is 0; until then the caller sleeps until `wait_until_ns`.
-- One addition of ours, for the adaptive wait (BatchingConfig.wait_policy): when the caller passes
-  `expected_rows` (the most rows its recent load had in the server at once, server/batching/population.py), a
+- One addition of ours, for the adaptive wait (SchedulerConfig.wait_policy): when the caller passes
+  `expected_rows` (the most rows its recent load had in the server at once, server/scheduling/population.py), a
   batch that already holds that many goes at once, since no other request is likely to join it. A lone client
   then does not wait the delay out (after a burst, only until the burst's peak leaves the window: the caller
   decides again then); eight closed-loop clients still wait for all eight.
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from server.batching.config import BatchingConfig
+from server.scheduling.config import SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,11 @@ class Pending:
     """What the policy needs to know about one queued request."""
 
     req_id: int
-    batch_size: int  # dim 0 of the request's inputs: a request of batch 3 fills 3 slots
+    rows: int  # the request's dim 0 (1 for a model that does not batch): a request of 3 rows fills 3 of a batch
     shape_key: Hashable  # non-batch shapes and dtypes of all inputs: only equal keys merge
     enqueue_ns: int
     deadline_ns: int | None = None  # None = waits forever
-    priority: int = 0  # effective level, see BatchingConfig.priority_of
+    priority: int = 0  # effective level, see SchedulerConfig.priority_of
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def is_expired(pending: Pending, now_ns: int) -> bool:
     return pending.deadline_ns is not None and now_ns >= pending.deadline_ns
 
 
-def service_order(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig) -> list[Pending]:
+def service_order(queue: Sequence[Pending], now_ns: int, cfg: SchedulerConfig) -> list[Pending]:
     """Queued requests in the order they are served; REJECT-expired requests are left out."""
     delay_expired = cfg.timeout_action == "DELAY"
     live = [(p.priority, delay_expired and is_expired(p, now_ns), i, p)
@@ -66,7 +66,7 @@ def service_order(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig) ->
     return [entry[3] for entry in live]
 
 
-def decide(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig, *, free_instances: int,
+def decide(queue: Sequence[Pending], now_ns: int, cfg: SchedulerConfig, *, free_instances: int,
            expected_rows: int = 0) -> Decision:
     """Choose the next batch from `queue` (arrival order) at time `now_ns` with `free_instances` idle;
     `expected_rows` > 0 dispatches a batch of at least that many rows without waiting (see the module doc)."""
@@ -83,7 +83,7 @@ def decide(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig, *, free_i
     delay_ns = cfg.max_queue_delay_us * 1000
     ready_at = min(p.enqueue_ns for p in chosen) + delay_ns
     delay_passed = now_ns >= ready_at
-    enough = expected_rows > 0 and sum(p.batch_size for p in chosen) >= min(expected_rows, cfg.max_batch_size)
+    enough = expected_rows > 0 and sum(p.rows for p in chosen) >= min(expected_rows, cfg.max_batch_size)
     if preferred and (delay_ns == 0 or not delay_passed):
         chosen = chosen[:preferred]
     elif not (full or delay_passed or enough):
@@ -94,17 +94,17 @@ def decide(queue: Sequence[Pending], now_ns: int, cfg: BatchingConfig, *, free_i
 def _gather(live: list[Pending], max_batch_size: int) -> tuple[list[Pending], bool]:
     """The head request plus the following same-shape requests that fit; and whether the batch can not grow."""
     head = live[0]
-    chosen, total = [head], head.batch_size
+    chosen, total = [head], head.rows
     for p in live[1:]:
         if total >= max_batch_size:
             break
         if p.shape_key != head.shape_key:
             continue
-        if total + p.batch_size > max_batch_size:
+        if total + p.rows > max_batch_size:
             # Stop rather than skip ahead to a smaller request: requests of one shape keep their order.
             return chosen, True
         chosen.append(p)
-        total += p.batch_size
+        total += p.rows
     return chosen, total >= max_batch_size
 
 
@@ -112,7 +112,7 @@ def _preferred_prefix(chosen: list[Pending], preferred_sizes: tuple[int, ...]) -
     """Number of leading requests whose total is the largest preferred batch size reachable; 0 = none."""
     best, total = 0, 0
     for n, p in enumerate(chosen, start=1):
-        total += p.batch_size
+        total += p.rows
         if total in preferred_sizes:
             best = n
     return best

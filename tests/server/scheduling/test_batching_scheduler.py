@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from batching_fakes import FakeInstance, RecordingMetrics, arun, reference, rows, until
 
-from server.batching import BatchingConfig, Scheduler
 from server.errors import InvalidArgumentError, UnavailableError
+from server.scheduling import Scheduler, SchedulerConfig
 
 
 def check_rows(request: dict[str, np.ndarray], result) -> None:
@@ -21,7 +21,7 @@ def check_rows(request: dict[str, np.ndarray], result) -> None:
 
 def test_eight_concurrent_submitters_get_merged_batches_and_their_own_rows():
     inst, metrics = FakeInstance(delay=0.01), RecordingMetrics()
-    sched = Scheduler(BatchingConfig(max_batch_size=8), [inst], metrics=metrics)
+    sched = Scheduler(SchedulerConfig(max_batch_size=8), [inst], metrics=metrics)
 
     async def client(c: int):
         for k in range(4):
@@ -44,7 +44,7 @@ def test_eight_concurrent_submitters_get_merged_batches_and_their_own_rows():
 
 def test_split_hands_each_caller_exactly_its_rows_as_copies():
     inst = FakeInstance(gated=True)
-    sched = Scheduler(BatchingConfig(max_batch_size=8), [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=8), [inst])
     requests = [rows(0.0), rows(10.0, n=2), rows(20.0, n=3), rows(30.0)]
 
     async def main():
@@ -61,13 +61,13 @@ def test_split_hands_each_caller_exactly_its_rows_as_copies():
     assert [b.shape[0] for b in inst.batches] == [1, 7]
     for request, result in zip(requests, results, strict=True):
         check_rows(request, result)
-        assert result.batch_size == 7
+        assert result.execution.batch_size == 7
         assert result.outputs["y"].base is None or not np.shares_memory(result.outputs["y"], results[0].outputs["y"])
 
 
 def test_different_shapes_are_never_merged():
     inst = FakeInstance(gated=True)
-    sched = Scheduler(BatchingConfig(max_batch_size=8), [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=8), [inst])
     requests = [rows(float(i), shape=(3, 2) if i % 2 else (4,)) for i in range(6)]
 
     async def main():
@@ -87,7 +87,7 @@ def test_different_shapes_are_never_merged():
 
 def test_each_instance_is_used_by_one_thread_at_a_time():
     instances = [FakeInstance(delay=0.005), FakeInstance(delay=0.005)]
-    sched = Scheduler(BatchingConfig(max_batch_size=4), instances)
+    sched = Scheduler(SchedulerConfig(max_batch_size=4), instances)
 
     async def main():
         await sched.start()
@@ -101,7 +101,7 @@ def test_each_instance_is_used_by_one_thread_at_a_time():
 
 def test_model_without_batching_gets_inputs_unchanged_and_one_request_per_run():
     inst = FakeInstance(delay=0.005)
-    sched = Scheduler(BatchingConfig(max_batch_size=0), [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=0), [inst])
     requests = [{"x": np.full((3, 2), float(i), dtype=np.float32)} for i in range(5)]
 
     async def main():
@@ -110,13 +110,13 @@ def test_model_without_batching_gets_inputs_unchanged_and_one_request_per_run():
 
     for request, result in zip(requests, arun(main()), strict=True):
         check_rows(request, result)
-        assert result.batch_size == 1
+        assert result.execution.batch_size == 1
     assert [b.shape for b in inst.batches] == [(3, 2)] * 5
 
 
 def test_higher_priority_runs_first():
     inst = FakeInstance(gated=True)
-    cfg = BatchingConfig(max_batch_size=1, priority_levels=2, default_priority_level=2)
+    cfg = SchedulerConfig(max_batch_size=1, priority_levels=2, default_priority_level=2)
     sched = Scheduler(cfg, [inst])
 
     async def main():
@@ -135,7 +135,7 @@ def test_higher_priority_runs_first():
 
 def test_preserve_ordering_answers_in_arrival_order():
     slow, fast = FakeInstance(gated=True), FakeInstance()
-    sched = Scheduler(BatchingConfig(max_batch_size=1, preserve_ordering=True), [fast, slow])
+    sched = Scheduler(SchedulerConfig(max_batch_size=1, preserve_ordering=True), [fast, slow])
     done: list[int] = []
 
     async def call(i: int):
@@ -159,7 +159,7 @@ def test_preserve_ordering_answers_in_arrival_order():
 
 def test_max_queue_delay_waits_for_a_fuller_batch():
     inst = FakeInstance()
-    sched = Scheduler(BatchingConfig(max_batch_size=4, max_queue_delay_us=5_000_000), [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=4, max_queue_delay_us=5_000_000), [inst])
 
     async def main():
         await sched.start()
@@ -171,14 +171,14 @@ def test_max_queue_delay_waits_for_a_fuller_batch():
 
     results = arun(main())
     assert [b.shape[0] for b in inst.batches] == [4]
-    assert all(r.batch_size == 4 and r.queue_ns > 0 for r in results)
+    assert all(r.execution.batch_size == 4 and r.queue_ns > 0 for r in results)
 
 
 def test_adaptive_wait_sends_a_lone_request_at_once_and_still_merges_concurrent_ones():
     """wait_policy "adaptive" with a 5 s delay: a lone client's requests never wait it out; once four clients
     have had requests in the server together, four arrivals are merged without waiting either."""
     inst = FakeInstance(delay=0.02)
-    sched = Scheduler(BatchingConfig(max_batch_size=8, max_queue_delay_us=5_000_000, wait_policy="adaptive"),
+    sched = Scheduler(SchedulerConfig(max_batch_size=8, max_queue_delay_us=5_000_000, wait_policy="adaptive"),
                       [inst])
 
     async def main():
@@ -205,15 +205,12 @@ def test_adaptive_wait_sends_a_lone_request_at_once_and_still_merges_concurrent_
     assert sizes[:3] == [1, 1, 1] and max(sizes[3:]) >= 2, sizes
 
 
-def test_adaptive_wait_follows_the_peak_out_of_its_window(monkeypatch):
+def test_adaptive_wait_follows_the_peak_out_of_its_window():
     """After four clients had requests in the server together, a lone request waits only until that peak leaves
     the (here 0.2 s) window, not the 5 s delay: the scheduler decides again when the peak expires."""
-    from server.batching import population
-
-    monkeypatch.setattr(population, "WINDOW_NS", 200_000_000)
     inst = FakeInstance()
-    sched = Scheduler(BatchingConfig(max_batch_size=8, max_queue_delay_us=5_000_000, wait_policy="adaptive"),
-                      [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=8, max_queue_delay_us=5_000_000, wait_policy="adaptive"),
+                      [inst], population_window_ns=200_000_000)
 
     async def main():
         await sched.start()
@@ -230,7 +227,7 @@ def test_adaptive_wait_follows_the_peak_out_of_its_window(monkeypatch):
 
 def test_full_wait_is_tritons_a_lone_request_waits_the_delay():
     inst = FakeInstance()
-    sched = Scheduler(BatchingConfig(max_batch_size=8, max_queue_delay_us=300_000), [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=8, max_queue_delay_us=300_000), [inst])
 
     async def main():
         await sched.start()
@@ -246,7 +243,7 @@ def test_full_wait_is_tritons_a_lone_request_waits_the_delay():
 def test_stop_with_drain_finishes_everything_queued_and_running():
     inst = FakeInstance(gated=True)
     # A long delay would hold a partial batch for 10 s; draining must dispatch it at once.
-    sched = Scheduler(BatchingConfig(max_batch_size=4, max_queue_delay_us=10_000_000), [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=4, max_queue_delay_us=10_000_000), [inst])
     requests = [rows(float(i)) for i in range(10)]
 
     async def main():
@@ -269,7 +266,7 @@ def test_stop_with_drain_finishes_everything_queued_and_running():
 
 def test_stop_without_drain_fails_queued_but_finishes_running():
     inst = FakeInstance(gated=True)
-    sched = Scheduler(BatchingConfig(max_batch_size=1), [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=1), [inst])
 
     async def main():
         await sched.start()
@@ -289,7 +286,7 @@ def test_stop_without_drain_fails_queued_but_finishes_running():
 
 
 def test_bad_batch_dims_are_rejected_before_queueing():
-    sched = Scheduler(BatchingConfig(max_batch_size=2), [FakeInstance()])
+    sched = Scheduler(SchedulerConfig(max_batch_size=2), [FakeInstance()])
 
     async def main():
         await sched.start()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from batching_fakes import FakeInstance, RecordingMetrics, arun, reference, rows, until
 
-from server.batching import BatchingConfig, Scheduler
 from server.errors import QueueFullError, RequestTimeoutError
+from server.scheduling import Scheduler, SchedulerConfig
 
 
 async def busy(sched: Scheduler, inst: FakeInstance) -> asyncio.Task:
@@ -21,7 +21,7 @@ async def busy(sched: Scheduler, inst: FakeInstance) -> asyncio.Task:
 
 def test_full_queue_rejects_at_once_and_the_rest_still_runs():
     inst, metrics = FakeInstance(gated=True), RecordingMetrics()
-    sched = Scheduler(BatchingConfig(max_batch_size=1, max_queue_size=2), [inst], metrics=metrics)
+    sched = Scheduler(SchedulerConfig(max_batch_size=1, max_queue_size=2), [inst], metrics=metrics)
 
     async def main():
         await sched.start()
@@ -40,7 +40,7 @@ def test_full_queue_rejects_at_once_and_the_rest_still_runs():
 
 def test_request_waiting_past_its_timeout_expires():
     inst, metrics = FakeInstance(gated=True), RecordingMetrics()
-    sched = Scheduler(BatchingConfig(max_batch_size=4, default_timeout_us=100_000), [inst], metrics=metrics)
+    sched = Scheduler(SchedulerConfig(max_batch_size=4, default_timeout_us=100_000), [inst], metrics=metrics)
 
     async def main():
         await sched.start()
@@ -59,7 +59,7 @@ def test_request_waiting_past_its_timeout_expires():
 
 def test_timeout_override_only_shortens_the_default():
     inst = FakeInstance(gated=True)
-    cfg = BatchingConfig(max_batch_size=4, default_timeout_us=5_000_000, allow_timeout_override=True)
+    cfg = SchedulerConfig(max_batch_size=4, default_timeout_us=5_000_000, allow_timeout_override=True)
     sched = Scheduler(cfg, [inst])
 
     async def main():
@@ -79,7 +79,7 @@ def test_timeout_override_only_shortens_the_default():
 
 def test_delay_action_runs_expired_requests_after_the_others():
     inst = FakeInstance(gated=True)
-    cfg = BatchingConfig(max_batch_size=1, allow_timeout_override=True, timeout_action="DELAY")
+    cfg = SchedulerConfig(max_batch_size=1, allow_timeout_override=True, timeout_action="DELAY")
     sched = Scheduler(cfg, [inst])
 
     async def main():
@@ -99,7 +99,7 @@ def test_delay_action_runs_expired_requests_after_the_others():
 
 def test_cancelled_caller_is_dropped_from_the_queue_and_never_run():
     inst, metrics = FakeInstance(gated=True), RecordingMetrics()
-    sched = Scheduler(BatchingConfig(max_batch_size=4), [inst], metrics=metrics)
+    sched = Scheduler(SchedulerConfig(max_batch_size=4), [inst], metrics=metrics)
 
     async def main():
         await sched.start()
@@ -122,7 +122,7 @@ def test_cancelled_caller_is_dropped_from_the_queue_and_never_run():
 
 def test_cancel_after_dispatch_drops_only_the_answer():
     inst = FakeInstance(gated=True)
-    sched = Scheduler(BatchingConfig(max_batch_size=4), [inst])
+    sched = Scheduler(SchedulerConfig(max_batch_size=4), [inst])
 
     async def main():
         await sched.start()
@@ -141,9 +141,37 @@ def test_cancel_after_dispatch_drops_only_the_answer():
     assert inst.rows_seen == [1.0, 2.0]
 
 
+@pytest.mark.parametrize("dynamic_batching", [True, False])
+def test_an_instance_is_free_again_only_when_its_run_has_finished(dynamic_batching):
+    """A caller that goes away while its request runs (an HTTP disconnect, a gRPC deadline) must not hand the
+    instance to the next request while the worker still runs on it: the next one waits for the run to end."""
+    inst, metrics = FakeInstance(gated=True), RecordingMetrics()
+    sched = Scheduler(SchedulerConfig(max_batch_size=4, dynamic_batching=dynamic_batching), [inst], metrics=metrics)
+
+    async def main():
+        await sched.start()
+        running = asyncio.create_task(sched.submit(rows(1.0)))
+        await until(lambda: inst.active == 1)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        following = asyncio.create_task(sched.submit(rows(2.0)))
+        await asyncio.sleep(0.05)
+        assert not following.done() and sched.queue_depth == 1  # waits for the instance, not running beside it
+        inst.gate.set()
+        x = await following
+        await sched.stop()
+        return x
+
+    result = arun(main())
+    np.testing.assert_allclose(result.outputs["y"], reference(rows(2.0)["x"])["y"])
+    assert inst.max_active == 1 and inst.rows_seen == [1.0, 2.0]
+    assert metrics.batches == [(1, 1), (1, 1)]  # the cancelled caller's execution did happen and is counted
+
+
 def test_raising_instance_fails_only_its_batch_and_stays_usable():
     inst, metrics = FakeInstance(gated=True, fail_marker=13.0), RecordingMetrics()
-    sched = Scheduler(BatchingConfig(max_batch_size=4), [inst], metrics=metrics)
+    sched = Scheduler(SchedulerConfig(max_batch_size=4), [inst], metrics=metrics)
 
     async def main():
         await sched.start()

@@ -6,34 +6,34 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.batching.config import BatchingConfig
-from server.batching.policy import Pending, decide
+from server.scheduling.config import SchedulerConfig
+from server.scheduling.policy import Pending, decide
 
 KEYS = ("a", "b")
 
 
 @st.composite
-def configs(draw) -> BatchingConfig:
+def configs(draw) -> SchedulerConfig:
     max_batch = draw(st.integers(0, 12))
     preferred = draw(st.sets(st.integers(1, max_batch), max_size=3)) if max_batch else set()
     levels = draw(st.integers(0, 3))
-    return BatchingConfig(
+    return SchedulerConfig(
         max_batch_size=max_batch, preferred_batch_sizes=tuple(preferred),
         max_queue_delay_us=draw(st.sampled_from([0, 0, 1, 5, 50])),
         timeout_action=draw(st.sampled_from(["REJECT", "DELAY"])),
         priority_levels=levels, default_priority_level=levels and draw(st.integers(1, levels)),
-        enabled=draw(st.booleans()) or max_batch == 0)
+        dynamic_batching=draw(st.booleans()) or max_batch == 0)
 
 
 @st.composite
-def queues(draw, cfg: BatchingConfig) -> list[Pending]:
+def queues(draw, cfg: SchedulerConfig) -> list[Pending]:
     n = draw(st.integers(0, 12))
     t, queue = 0, []
     for i in range(n):
         t += draw(st.integers(0, 20_000))
         timeout = draw(st.one_of(st.none(), st.integers(1, 60_000)))
         queue.append(Pending(
-            req_id=i, batch_size=draw(st.integers(1, max(1, cfg.max_batch_size))),
+            req_id=i, rows=draw(st.integers(1, max(1, cfg.max_batch_size))),
             shape_key=draw(st.sampled_from(KEYS)), enqueue_ns=t,
             deadline_ns=None if timeout is None else t + timeout,
             priority=cfg.priority_of(draw(st.integers(0, cfg.priority_levels + 1)))))
@@ -80,7 +80,7 @@ def test_decision_invariants(scenario):
     assert chosen[0] is order[0], "the first request in service order is never passed over"
     assert [rank[p.req_id] for p in chosen] == sorted(rank[p.req_id] for p in chosen)
     assert len({p.shape_key for p in chosen}) == 1
-    total = sum(p.batch_size for p in chosen)
+    total = sum(p.rows for p in chosen)
     if not cfg.batches:
         assert len(chosen) == 1
         return
@@ -89,7 +89,7 @@ def test_decision_invariants(scenario):
     if delay_left and total not in cfg.preferred_batch_sizes:
         # left before the delay without a preferred size: only because it could not grow
         rest = [p for p in order[rank[chosen[-1].req_id] + 1:] if p.shape_key == chosen[0].shape_key]
-        assert total == cfg.max_batch_size or (rest and total + rest[0].batch_size > cfg.max_batch_size)
+        assert total == cfg.max_batch_size or (rest and total + rest[0].rows > cfg.max_batch_size)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -102,7 +102,7 @@ def test_waiting_respects_the_delay(scenario):
         return
     assert cfg.batches and cfg.max_queue_delay_us > 0
     assert d.wait_until_ns <= order[0].enqueue_ns + cfg.max_queue_delay_us * 1000
-    assert sum(p.batch_size for p in queue if p.shape_key == order[0].shape_key and p in order) < cfg.max_batch_size
+    assert sum(p.rows for p in queue if p.shape_key == order[0].shape_key and p in order) < cfg.max_batch_size
 
 
 class FakeClock:
@@ -121,7 +121,7 @@ def test_simulation_serves_everyone_within_the_delay(data):
     request of the top priority level waits longer than max_queue_delay."""
     cfg = data.draw(configs())
     arrivals = data.draw(queues(cfg))
-    arrivals = [Pending(p.req_id, p.batch_size, p.shape_key, p.enqueue_ns, None, p.priority) for p in arrivals]
+    arrivals = [Pending(p.req_id, p.rows, p.shape_key, p.enqueue_ns, None, p.priority) for p in arrivals]
     clock, queue, dispatched_at = FakeClock(), [], {}
     upcoming = list(arrivals)
     while upcoming or queue:
@@ -131,7 +131,7 @@ def test_simulation_serves_everyone_within_the_delay(data):
             d = decide(queue, clock.now, cfg, free_instances=1)
             if not d.batch:
                 break
-            assert sum(p.batch_size for p in queue if p.req_id in d.batch) <= max(cfg.max_batch_size, 1)
+            assert sum(p.rows for p in queue if p.req_id in d.batch) <= max(cfg.max_batch_size, 1)
             dispatched_at.update({i: clock.now for i in d.batch})
             queue = [p for p in queue if p.req_id not in d.batch]
         wake = [t for t in (d.wait_until_ns, upcoming[0].enqueue_ns if upcoming else None) if t is not None]

@@ -1,5 +1,18 @@
-"""The asyncio loop around the batching policy: queue requests, ask decide() what to run, run batches on free
-engine instances in a thread pool (kernels release the GIL), hand each caller its rows."""
+"""The scheduler of one model version: one request queue, one pool of instances, one set of metrics hooks, and two
+policies (SchedulerConfig.dynamic_batching):
+
+- direct, Triton's default scheduler (no dynamic_batching block): each request is one execution. A request that
+  finds an instance idle and nobody waiting runs at once, from `submit`; the others wait in the queue and go in
+  arrival order as instances free up. A run its instance's InlinePolicy measured cheap executes on the event loop
+  thread (handing it to a worker and back would cost more than the run).
+- dynamic batching, Triton's dynamic batcher: every request waits in the queue, and the loop asks the pure
+  policy.decide() what to run together and when to look again (preferred sizes, max queue delay, priorities,
+  timeouts, the adaptive wait); batches run on worker threads (kernels release the GIL).
+
+An instance goes back to the pool in `_finish` only, which runs after the instance's run has returned (on the event
+loop thread: right after an inline run, or called from the worker when its run is done). The callers only await
+their own futures, so a caller that goes away (a cancelled task) never frees an instance whose run is still going.
+"""
 
 from __future__ import annotations
 
@@ -7,69 +20,76 @@ import asyncio
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from server.batching import population
-from server.batching.config import BatchingConfig
-from server.batching.merge import BatchRun, Runnable, run_batch
-from server.batching.policy import Pending, decide
-from server.batching.queue import Entry, RequestQueue, ResponseOrder, batch_size_of, shape_key
+from server.backend import BackendInstance
 from server.errors import InvalidArgumentError, RequestTimeoutError, ServerError, UnavailableError
+from server.scheduling import population
+from server.scheduling.config import SchedulerConfig
+from server.scheduling.execution import Execution, run_batch
+from server.scheduling.inline import INLINE_MAX_NS, InlinePolicy
+from server.scheduling.policy import Pending, decide
+from server.scheduling.queue import Entry, RequestQueue, ResponseOrder, rows_of, shape_key
+
+# What a run gives back to the event loop: each request's outputs and the execution's figures, or the error.
+Outcome = tuple[list[dict[str, np.ndarray]], Execution] | Exception
 
 
-@dataclass
+@dataclass(frozen=True)
 class InferResult:
-    """One request's outputs and its share of the server-side timings (Triton's statistics fields)."""
+    """One request's outputs, how long it waited in the queue, and the execution it ran in."""
 
     outputs: dict[str, np.ndarray]
     queue_ns: int
-    compute_input_ns: int
-    compute_infer_ns: int
-    compute_output_ns: int
-    batch_size: int  # rows of the batch this request ran in
+    execution: Execution
 
 
 class SchedulerMetrics(Protocol):
-    """What the scheduler reports; the server implements it with prometheus (the engine knows nothing of it)."""
+    """What the scheduler reports; the server implements it with its statistics and Prometheus metrics."""
 
     def on_queue_depth(self, depth: int) -> None:
         """Requests waiting now (nv_inference_pending_request_count)."""
 
-    def on_batch(self, batch_size: int, num_requests: int, run: BatchRun) -> None:
-        """One successful execution of `batch_size` rows merged from `num_requests` requests."""
+    def on_execution(self, execution: Execution) -> None:
+        """One successful execution."""
 
     def on_request_done(self, outcome: str, queue_ns: int) -> None:
         """outcome: "SUCCESS", or a failure reason label: "REJECTED" (timeout), "CANCELED", "BACKEND"."""
 
 
 class Scheduler:
-    """Dynamic batcher for one model version over its engine instances (each used by one thread at a time)."""
+    """Schedules the requests of one model version on its instances (each used by one thread at a time)."""
 
-    def __init__(self, config: BatchingConfig, instances: list[Runnable], *, metrics: SchedulerMetrics | None = None,
-                 clock: Callable[[], int] | None = None, executor: Executor | None = None):
+    def __init__(self, config: SchedulerConfig, instances: Sequence[BackendInstance], *,
+                 metrics: SchedulerMetrics | None = None, clock: Callable[[], int] = time.monotonic_ns,
+                 executor: Executor | None = None, inline_max_ns: int = INLINE_MAX_NS,
+                 population_window_ns: int = population.WINDOW_NS):
         if not instances:
             raise ValueError("Scheduler needs at least one instance")
         self.config = config
         self._free = list(instances)
         self._num_instances = len(instances)
         self._metrics = metrics
-        self._clock = clock or time.monotonic_ns
+        self._clock = clock
         self._executor = executor
         self._owns_executor = executor is None
         self._queue = RequestQueue(config.max_queue_size)
         self._order = ResponseOrder(config.preserve_ordering)
-        self._running: set[asyncio.Task[None]] = set()  # strong references: the loop only keeps weak ones
+        # The direct policy's runs may go on the event loop thread, each instance learning which are cheap.
+        self._inline = {} if config.dynamic_batching else {id(i): InlinePolicy(inline_max_ns) for i in instances}
         self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._executing_rows = 0  # for the adaptive wait's estimate
-        self._population = population.PeakWindow(population.WINDOW_NS)
+        self._population = population.PeakWindow(population_window_ns)
+        self.inline_runs = 0  # how many runs went on the event loop thread (tests and benches read it)
 
     @property
     def queue_depth(self) -> int:
@@ -79,12 +99,14 @@ class Scheduler:
         if self._loop_task is not None:
             return
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(len(self._free), thread_name_prefix="nnserve-batch")
+            self._executor = ThreadPoolExecutor(self._num_instances, thread_name_prefix="nnserve-infer")
+        self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._loop_task = asyncio.create_task(self._loop(), name="nnserve-batcher")
+        self._loop_task = asyncio.create_task(self._run_loop(), name="nnserve-scheduler")
 
     async def stop(self, drain: bool = True) -> None:
-        """Stop taking requests; with drain, run everything queued first, else fail it. Waits for running batches."""
+        """Stop taking requests; with drain, run everything queued first, else fail it. Waits for running
+        executions."""
         if self._loop_task is None or self._wake is None:
             return
         self._stopping = True
@@ -100,14 +122,17 @@ class Scheduler:
 
     async def submit(self, inputs: dict[str, np.ndarray], *, priority: int = 0,
                      timeout_us: int | None = None) -> InferResult:
-        """Queue one request and wait for its outputs (dim 0 = its own batch)."""
+        """Schedule one request and wait for its outputs (dim 0 = its own rows)."""
         if self._loop_task is None or self._wake is None or self._stopping:
             raise UnavailableError("Model is not serving: its scheduler is stopped")
         entry = self._make_entry(inputs, priority, timeout_us)
         self._queue.add(entry)
         self._order.register(entry.req_id)
-        self._report_depth()
-        self._wake.set()
+        if not self.config.dynamic_batching and len(self._queue) == 1 and self._free:
+            self._dispatch(self._queue.take((entry.req_id,)), waited=False)
+        else:
+            self._report_depth()
+            self._wake.set()
         try:
             result: InferResult = await entry.future
             return result
@@ -118,7 +143,7 @@ class Scheduler:
 
     def _make_entry(self, inputs: dict[str, np.ndarray], priority: int, timeout_us: int | None) -> Entry:
         cfg = self.config
-        rows = batch_size_of(inputs, cfg.max_batch_size > 0)
+        rows = rows_of(inputs, cfg.max_batch_size > 0)
         if cfg.max_batch_size and rows > cfg.max_batch_size:
             raise InvalidArgumentError(f"batch size {rows} exceeds the model's max_batch_size {cfg.max_batch_size}")
         now = self._clock()
@@ -127,20 +152,21 @@ class Scheduler:
                           now + timeout * 1000 if timeout else None, cfg.priority_of(priority))
         return Entry(pending, inputs, asyncio.get_running_loop().create_future())
 
-    async def _loop(self) -> None:
+    # ---- the loop: what waits in the queue -------------------------------------------------------------------
+    async def _run_loop(self) -> None:
         try:
             await self._serve()
         except Exception as exc:  # a bug here must not leave callers waiting forever
             self._stopping = True
             for entry in self._queue.take_all():
-                self._fail(entry, ServerError(f"batch scheduler failed: {exc!r}"))
+                self._fail(entry, ServerError(f"scheduler failed: {exc!r}"))
             raise
 
     async def _serve(self) -> None:
         assert self._wake is not None
         drain_cfg = dataclasses.replace(self.config, max_queue_delay_us=0)
         while True:
-            self._wake.clear()  # before deciding: any later event (submit, batch done) wakes the wait below
+            self._wake.clear()  # before deciding: any later event (submit, execution done) wakes the wait below
             for entry in self._queue.drop_cancelled():
                 self._forget_cancelled(entry)
             now = self._clock()
@@ -157,12 +183,11 @@ class Scheduler:
                 continue
             if decision.expired:
                 self._report_depth()
-            # Idle instances, not finished tasks: a task leaves `_running` only after its done-callbacks ran.
             if self._stopping and not self._queue and len(self._free) == self._num_instances:
                 return
             wake_at = decision.wait_until_ns
-            if expected and self._queue:  # the peak may drop as it leaves the window: decide again then
-                expiry = self._population.expires_at()  # never None: a sample was taken just above
+            expiry = self._population.expires_at() if expected and self._queue else None
+            if expiry is not None:  # the peak may drop as it leaves the window: decide again then
                 wake_at = expiry if wake_at is None else min(wake_at, expiry)
             await self._sleep(None if wake_at is None else wake_at - now)
 
@@ -183,37 +208,52 @@ class Scheduler:
             now = self._clock() if now_ns is None else now_ns
             self._population.observe(now, self._queue.rows + self._executing_rows)
 
-    def _dispatch(self, entries: list[Entry]) -> None:
-        self._executing_rows += sum(e.pending.batch_size for e in entries)
+    # ---- executions ------------------------------------------------------------------------------------------
+    def _dispatch(self, entries: list[Entry], waited: bool = True) -> None:
+        """Run `entries` as one execution on a free instance: inline when its policy allows, else on a worker.
+        `waited` False: a request that found an instance idle at once (no queue time, the queue depth unchanged)."""
+        assert self._executor is not None and self._loop is not None
         instance = self._free.pop()
-        task = asyncio.create_task(self._execute(instance, entries))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-        self._report_depth()
-
-    async def _execute(self, instance: Runnable, entries: list[Entry]) -> None:
-        assert self._wake is not None
-        started = self._clock()
-        loop = asyncio.get_running_loop()
-        try:
-            run = await loop.run_in_executor(self._executor, run_batch, instance, [e.inputs for e in entries],
-                                             [e.pending.batch_size for e in entries], self._clock)
-        except Exception as exc:  # the engine's error fails this batch only; the instance stays in service
-            for entry in entries:
-                self._fail(entry, exc, "BACKEND", queue_ns=started - entry.pending.enqueue_ns)
+        rows = [e.pending.rows for e in entries]
+        self._executing_rows += sum(rows)
+        if waited:
+            self._report_depth()
+        started = self._clock() if waited else entries[0].pending.enqueue_ns
+        inline = self._inline.get(id(instance))
+        if inline is not None and inline.allows(_input_bytes(entries)):
+            self.inline_runs += 1
+            self._finish(instance, entries, started, _attempt(instance, entries, rows))
         else:
-            if self._metrics:
-                self._metrics.on_batch(run.batch_size, len(entries), run)
-            for entry, outputs in zip(entries, run.outputs, strict=True):
-                result = InferResult(outputs, started - entry.pending.enqueue_ns, run.compute_input_ns,
-                                     run.compute_infer_ns, run.compute_output_ns, run.batch_size)
-                self._succeed(entry, result)
-        finally:
-            self._observe_population()  # before this batch's rows leave: its clients come back next
-            self._executing_rows -= sum(e.pending.batch_size for e in entries)
-            self._free.append(instance)
-            self._wake.set()
+            self._executor.submit(self._run_in_worker, self._loop, instance, entries, rows, started)
 
+    def _run_in_worker(self, loop: asyncio.AbstractEventLoop, instance: BackendInstance, entries: list[Entry],
+                       rows: list[int], started: int) -> None:
+        outcome = _attempt(instance, entries, rows)
+        loop.call_soon_threadsafe(self._finish, instance, entries, started, outcome)
+
+    def _finish(self, instance: BackendInstance, entries: list[Entry], started: int, outcome: Outcome) -> None:
+        """On the event loop thread, after the instance's run returned: answer the callers, free the instance."""
+        try:
+            if isinstance(outcome, Exception):  # the backend's error fails this execution only
+                for entry in entries:
+                    self._fail(entry, outcome, "BACKEND", queue_ns=started - entry.pending.enqueue_ns)
+                return
+            outputs, execution = outcome
+            inline = self._inline.get(id(instance))
+            if inline is not None:
+                inline.observe(_input_bytes(entries), execution.compute_ns)
+            if self._metrics:
+                self._metrics.on_execution(execution)
+            for entry, out in zip(entries, outputs, strict=True):
+                self._succeed(entry, InferResult(out, started - entry.pending.enqueue_ns, execution))
+        finally:
+            self._observe_population()  # before this execution's rows leave: its clients come back next
+            self._executing_rows -= sum(e.pending.rows for e in entries)
+            self._free.append(instance)
+            if self._wake is not None and (self._queue or self._stopping):
+                self._wake.set()
+
+    # ---- answers ---------------------------------------------------------------------------------------------
     def _succeed(self, entry: Entry, result: InferResult) -> None:
         if self._metrics:
             self._metrics.on_request_done("SUCCESS", result.queue_ns)
@@ -245,8 +285,19 @@ class Scheduler:
             self._metrics.on_queue_depth(len(self._queue))
 
 
+def _attempt(instance: BackendInstance, entries: list[Entry], rows: list[int]) -> Outcome:
+    try:
+        return run_batch(instance, [e.inputs for e in entries], rows)
+    except Exception as exc:  # handed to the event loop, which fails these requests with it
+        return exc
+
+
+def _input_bytes(entries: list[Entry]) -> int:
+    return sum(a.nbytes for e in entries for a in e.inputs.values())
+
+
 def _resolve(future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
-    if future.done():  # the caller went away while its batch ran
+    if future.done():  # the caller went away while its execution ran
         return
     if error is not None:
         future.set_exception(error)

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from server.batching.config import BatchingConfig
-from server.batching.policy import Decision, Pending, decide
+from server.scheduling.config import SchedulerConfig
+from server.scheduling.policy import Decision, Pending, decide
 
 US = 1000  # ns per microsecond
 A, B = ("x", (3, 8, 8), "f4"), ("x", (3, 4, 4), "f4")  # two shape keys
 
 
-def make_cfg(max_batch: int = 8, preferred: tuple[int, ...] = (), delay_us: int = 0, **kw) -> BatchingConfig:
-    return BatchingConfig(max_batch_size=max_batch, preferred_batch_sizes=preferred, max_queue_delay_us=delay_us, **kw)
+def make_cfg(max_batch: int = 8, preferred: tuple[int, ...] = (), delay_us: int = 0, **kw) -> SchedulerConfig:
+    return SchedulerConfig(max_batch_size=max_batch, preferred_batch_sizes=preferred, max_queue_delay_us=delay_us, **kw)
 
 
 def make_queue(*sizes: int, key=A, t0: int = 0, step_ns: int = 10) -> list[Pending]:
     """Requests 0..n-1 with the given batch sizes, arriving step_ns apart from t0."""
-    return [Pending(req_id=i, batch_size=s, shape_key=key, enqueue_ns=t0 + i * step_ns) for i, s in enumerate(sizes)]
+    return [Pending(req_id=i, rows=s, shape_key=key, enqueue_ns=t0 + i * step_ns) for i, s in enumerate(sizes)]
 
 
-def run(queue: list[Pending], now: int, cfg: BatchingConfig, free: int = 1) -> Decision:
+def run(queue: list[Pending], now: int, cfg: SchedulerConfig, free: int = 1) -> Decision:
     return decide(queue, now, cfg, free_instances=free)
 
 
@@ -89,7 +89,8 @@ def test_no_free_instance_means_no_batch():
     assert d.batch == () and d.wait_until_ns is None
 
 
-@pytest.mark.parametrize("cfg", [BatchingConfig(max_batch_size=0), BatchingConfig(max_batch_size=8, enabled=False)])
+@pytest.mark.parametrize("cfg", [SchedulerConfig(max_batch_size=0),
+                                 SchedulerConfig(max_batch_size=8, dynamic_batching=False)])
 def test_unbatched_models_run_each_request_alone(cfg):
     assert run(make_queue(1, 1, 1), 100, cfg).batch == (0,)
 

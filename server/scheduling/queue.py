@@ -1,4 +1,4 @@
-"""The requests waiting for a batch: arrival-ordered entries, the queue-size limit, and response ordering."""
+"""The requests waiting for an instance: arrival-ordered entries, the queue-size limit, and response ordering."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from server.batching.policy import Pending
 from server.errors import InvalidArgumentError, QueueFullError
+from server.scheduling.policy import Pending
 
 
 @dataclass
@@ -33,7 +33,7 @@ class RequestQueue:
     def __init__(self, max_size: int = 0):
         self.max_size = max_size  # 0 = unbounded
         self._entries: dict[int, Entry] = {}
-        self.rows = 0  # sum of the queued requests' batch sizes (the adaptive wait samples it at every decision)
+        self.rows = 0  # sum of the queued requests' rows (the adaptive wait samples it at every decision)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -43,18 +43,18 @@ class RequestQueue:
         if self.max_size and len(self._entries) >= self.max_size:
             raise QueueFullError()
         self._entries[entry.req_id] = entry
-        self.rows += entry.pending.batch_size
+        self.rows += entry.pending.rows
 
     def remove(self, req_id: int) -> Entry | None:
         """Take one entry out (cancelled or expired); None when it already left the queue."""
         entry = self._entries.pop(req_id, None)
         if entry is not None:
-            self.rows -= entry.pending.batch_size
+            self.rows -= entry.pending.rows
         return entry
 
     def take(self, req_ids: Iterable[int]) -> list[Entry]:
         entries = [self._entries.pop(i) for i in req_ids]
-        self.rows -= sum(e.pending.batch_size for e in entries)
+        self.rows -= sum(e.pending.rows for e in entries)
         return entries
 
     def take_all(self) -> list[Entry]:
@@ -69,15 +69,15 @@ class RequestQueue:
         gone = [e for e in self._entries.values() if e.future.done()]
         for e in gone:
             del self._entries[e.req_id]
-            self.rows -= e.pending.batch_size
+            self.rows -= e.pending.rows
         return gone
 
     def pending(self) -> list[Pending]:
         return [e.pending for e in self._entries.values()]
 
 
-def batch_size_of(inputs: dict[str, np.ndarray], batched: bool) -> int:
-    """Rows a request fills in a batch: the common dim 0 of its inputs, or 1 for a model that does not batch."""
+def rows_of(inputs: dict[str, np.ndarray], batched: bool) -> int:
+    """A request's rows: the common dim 0 of its inputs, or 1 for a model that does not batch."""
     if not inputs:
         raise InvalidArgumentError("request has no inputs")
     if not batched:

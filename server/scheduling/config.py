@@ -1,7 +1,8 @@
-"""Dynamic batching settings: the `dynamic_batching` block of a model's config.pbtxt plus `max_batch_size`.
+"""How one model version schedules its requests: the `dynamic_batching` block of its config.pbtxt (or its absence)
+plus `max_batch_size`.
 
 Field names follow Triton's config (preferred_batch_size -> preferred_batch_sizes, microseconds -> *_us), so the
-repository code maps a parsed config onto this dataclass one field at a time.
+server maps a parsed config onto this dataclass one field at a time (server/model_version.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,21 @@ WAIT_POLICIES = ("full", "adaptive")
 
 
 @dataclass(frozen=True)
-class BatchingConfig:
-    """How requests for one model version are queued and merged.
+class SchedulerConfig:
+    """The two policies of the one scheduler (server/scheduling/scheduler.py) and their knobs.
+
+    Words used with one meaning throughout the package: a request's *rows* are its dim 0 (1 for a model that does
+    not batch); an *execution* is one run of an instance; its *batch size* is the rows it ran together (the sum
+    of its requests' rows); the *queue depth* is the requests waiting, not those executing.
 
     Attributes:
-        max_batch_size: largest merged batch (sum of the requests' dim 0); 0 = the model does not batch, so each
-            request runs alone with its inputs passed through unchanged.
+        dynamic_batching: the policy. True (a dynamic_batching block): Triton's dynamic batcher: requests wait in
+            the queue and policy.decide() chooses which run together, and when. False (no block): Triton's default
+            scheduler: each request is one execution, dispatched as soon as an instance is free (the request that
+            finds one idle with nobody waiting runs at once, on the event loop thread when its InlinePolicy
+            measured it cheap), in arrival order; the queue knobs below keep their defaults.
+        max_batch_size: most rows of one execution; 0 = the model does not batch, so each request runs alone with
+            its inputs passed through unchanged.
         preferred_batch_sizes: batch sizes to dispatch as soon as they are reachable.
         max_queue_delay_us: how long the oldest request may wait for the batch to grow; 0 = dispatch at once.
         max_queue_size: most requests waiting at a time; 0 = unbounded. A full queue rejects at once.
@@ -27,13 +37,13 @@ class BatchingConfig:
         allow_timeout_override: a request may set a shorter timeout than the default (never a longer one).
         priority_levels: number of levels (1 = highest); 0 = one level.
         default_priority_level: level of requests that give none (or an out-of-range one).
-        preserve_ordering: answer requests in the order they arrived even when batches finish out of order.
-        enabled: False when the config has no dynamic_batching block: every request runs alone.
+        preserve_ordering: answer requests in the order they arrived even when executions finish out of order.
         wait_policy: "full" (Triton's): a batch below the preferred/max size waits max_queue_delay out;
             "adaptive": it goes as soon as it holds as many rows as the recent load had in the server at once
-            (server/batching/population.py), never later than "full" would send it.
+            (server/scheduling/population.py), never later than "full" would send it.
     """
 
+    dynamic_batching: bool = True
     max_batch_size: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = 0
@@ -44,7 +54,6 @@ class BatchingConfig:
     priority_levels: int = 0
     default_priority_level: int = 0
     preserve_ordering: bool = False
-    enabled: bool = True
     wait_policy: str = "full"
 
     def __post_init__(self) -> None:
@@ -71,7 +80,7 @@ class BatchingConfig:
     @property
     def batches(self) -> bool:
         """Whether requests may be merged: a dynamic_batching block and a model that batches on dim 0."""
-        return self.enabled and self.max_batch_size > 0
+        return self.dynamic_batching and self.max_batch_size > 0
 
     def priority_of(self, requested: int) -> int:
         """The level a request is queued at: Triton uses the default for 0 and for levels beyond the last."""

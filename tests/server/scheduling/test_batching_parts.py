@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.batching.config import BatchingConfig
-from server.batching.merge import concat_inputs, run_batch, split_outputs
-from server.batching.policy import Pending
-from server.batching.queue import Entry, RequestQueue, ResponseOrder, batch_size_of, shape_key
+from server.backend import RunTimings
 from server.errors import InferenceError, InvalidArgumentError
+from server.scheduling.config import SchedulerConfig
+from server.scheduling.execution import concat_inputs, run_batch, split_outputs
+from server.scheduling.policy import Pending
+from server.scheduling.queue import Entry, RequestQueue, ResponseOrder, rows_of, shape_key
 
 
 def test_shape_key_ignores_batch_dim_but_not_dtype_or_names():
@@ -21,34 +22,34 @@ def test_shape_key_ignores_batch_dim_but_not_dtype_or_names():
     assert shape_key(a, batched=False) != shape_key(b, batched=False)  # no batch dim: the whole shape counts
 
 
-def test_batch_size_of_reads_dim_zero_and_rejects_disagreement():
-    assert batch_size_of({"x": np.zeros((3, 2)), "y": np.zeros((3,))}, batched=True) == 3
-    assert batch_size_of({"x": np.zeros((3, 2))}, batched=False) == 1
+def test_rows_of_reads_dim_zero_and_rejects_disagreement():
+    assert rows_of({"x": np.zeros((3, 2)), "y": np.zeros((3,))}, batched=True) == 3
+    assert rows_of({"x": np.zeros((3, 2))}, batched=False) == 1
     with pytest.raises(InvalidArgumentError, match="batch dimension"):
-        batch_size_of({"x": np.zeros((3, 2)), "y": np.zeros((2,))}, batched=True)
+        rows_of({"x": np.zeros((3, 2)), "y": np.zeros((2,))}, batched=True)
     with pytest.raises(InvalidArgumentError, match="batch dimension"):
-        batch_size_of({"x": np.zeros(())}, batched=True)
+        rows_of({"x": np.zeros(())}, batched=True)
     with pytest.raises(InvalidArgumentError, match="no inputs"):
-        batch_size_of({}, batched=True)
+        rows_of({}, batched=True)
 
 
 def test_config_normalises_preferred_sizes_and_rejects_contradictions():
-    assert BatchingConfig(max_batch_size=8, preferred_batch_sizes=[8, 2, 2]).preferred_batch_sizes == (2, 8)
+    assert SchedulerConfig(max_batch_size=8, preferred_batch_sizes=[8, 2, 2]).preferred_batch_sizes == (2, 8)
     with pytest.raises(ValueError, match="preferred_batch_size 16"):
-        BatchingConfig(max_batch_size=8, preferred_batch_sizes=(16,))
+        SchedulerConfig(max_batch_size=8, preferred_batch_sizes=(16,))
     with pytest.raises(ValueError, match="timeout_action"):
-        BatchingConfig(max_batch_size=8, timeout_action="DROP")
+        SchedulerConfig(max_batch_size=8, timeout_action="DROP")
     with pytest.raises(ValueError, match="default_priority_level"):
-        BatchingConfig(max_batch_size=8, priority_levels=3)
+        SchedulerConfig(max_batch_size=8, priority_levels=3)
 
 
 def test_priority_and_timeout_resolution_follow_triton():
-    cfg = BatchingConfig(max_batch_size=4, priority_levels=3, default_priority_level=2,
+    cfg = SchedulerConfig(max_batch_size=4, priority_levels=3, default_priority_level=2,
                          default_timeout_us=1000, allow_timeout_override=True)
     assert [cfg.priority_of(p) for p in (0, 1, 3, 4)] == [2, 1, 3, 2]
     assert [cfg.timeout_of(t) for t in (None, 0, 500, 5000)] == [1000, 1000, 500, 1000]
-    assert BatchingConfig(max_batch_size=4, default_timeout_us=1000).timeout_of(500) == 1000  # override not allowed
-    assert BatchingConfig(max_batch_size=4).priority_of(3) == 0  # one level
+    assert SchedulerConfig(max_batch_size=4, default_timeout_us=1000).timeout_of(500) == 1000  # override not allowed
+    assert SchedulerConfig(max_batch_size=4).priority_of(3) == 0  # one level
 
 
 def test_queue_counts_its_rows_through_every_way_out():
@@ -111,14 +112,14 @@ class ArenaLike:
     def __init__(self) -> None:
         self.arena = np.zeros(16, np.float32)
 
-    def run(self, inputs):
+    def run_timed(self, inputs):
         n = inputs["x"].size
         self.arena[:n] = inputs["x"].ravel() * 3
-        return {"y": self.arena[:n].reshape(inputs["x"].shape)}
+        return {"y": self.arena[:n].reshape(inputs["x"].shape)}, RunTimings(0, 0, 0)
 
 
 def test_single_request_outputs_survive_the_next_run():
     inst = ArenaLike()
-    first = run_batch(inst, [{"x": np.ones((1, 2), np.float32)}], [1], clock=lambda: 0)
-    run_batch(inst, [{"x": np.full((1, 2), 5, np.float32)}], [1], clock=lambda: 0)
-    np.testing.assert_array_equal(first.outputs[0]["y"], [[3, 3]])
+    first, _ = run_batch(inst, [{"x": np.ones((1, 2), np.float32)}], [1])
+    run_batch(inst, [{"x": np.full((1, 2), 5, np.float32)}], [1])
+    np.testing.assert_array_equal(first[0]["y"], [[3, 3]])
