@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
 import tomllib
 import zipfile
 from dataclasses import dataclass
@@ -65,6 +64,14 @@ def test_make_test_after_make_serve_installs_the_test_extra(tmp_path: Path) -> N
     (venv / ".installed").touch()  # as `make test` leaves it (the test extra includes the server extra)
     assert not install_lines(make_dry_run("test", venv))
     assert not install_lines(make_dry_run("serve", venv))
+
+
+def test_make_test_installs_promtool_where_it_can(tmp_path: Path) -> None:
+    """The rule tests need promtool (Debian's `prometheus` package): installed as root with apt-get, else said."""
+    commands = make_dry_run("test", tmp_path / "venv")
+    assert "command -v promtool" in commands
+    assert "apt-get install" in commands and "--no-install-recommends prometheus" in commands
+    assert "the rule tests will skip" in commands
 
 
 # ---- python -m build ----------------------------------------------------------------------------------------------
@@ -132,7 +139,7 @@ def test_wheel_installs_into_a_clean_venv_and_serves_the_bundled_repository(buil
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
     server = LiveServer(argv, env, tmp_path)
     try:
-        wait_ready(server)
+        server.wait_ready()
         inp = {"name": "input", "shape": [1, 3, 240, 320], "datatype": "FP32",
                "data": np.zeros(3 * 240 * 320, np.float32).tolist()}
         reply = httpx.post(server.url("/v2/models/ultraface_tnn/infer"), json={"inputs": [inp]}, timeout=120)
@@ -150,16 +157,3 @@ def test_wheel_installs_into_a_clean_venv_and_serves_the_bundled_repository(buil
     finally:
         server.stop()
 
-
-def wait_ready(server: LiveServer, timeout: float = 600) -> None:
-    """Until readiness answers 200 (a cold numba cache compiles every kernel first); fails at once if the process
-    exits (a generous deadline only guards against a hang)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            time.sleep(0.5)  # let the log reader take the last lines
-            raise AssertionError(f"the server exited with {server.proc.returncode}:\n{server.log_text}")
-        if server.ports and server.probes()[1] == 200:
-            return
-        time.sleep(0.2)
-    raise AssertionError("not ready in time:\n" + server.log_text)
