@@ -31,7 +31,7 @@ FROM builder-${VARIANT} AS builder
 ENV PATH=/opt/build/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/build && pip install --upgrade pip wheel "grpcio>=1.85.1" "protobuf>=7.35.1"
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY proto/ proto/
 COPY engine/ engine/
 COPY server/ server/

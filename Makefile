@@ -2,22 +2,41 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# One stamp per extra: `make serve` installs the server extra only; `make test` the test extra (which includes the
+# server extra, so it stamps both). A venv made by `make serve` therefore still gets the test extra from `make test`.
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-server
 
-.PHONY: serve test lint fixtures clean
+.PHONY: serve test lint fixtures clean tools
 
-$(STAMP): pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
 
-serve: $(STAMP)
+$(SERVE_STAMP): pyproject.toml | $(PY)
+	@echo "== installing nnserve and what serving needs (the server extra) into $(VENV)"
+	$(PY) -m pip install -e '.[server]'
+	touch $@
+
+$(STAMP): pyproject.toml | $(PY)
+	@echo "== installing nnserve with its test extra into $(VENV) (a few minutes the first time)"
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@ $(SERVE_STAMP)
+
+serve: $(SERVE_STAMP)
 	$(VENV)/bin/nnserve serve --model-repository model_repository
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+
+# Tools from Debian that some tests use: promtool (the `prometheus` package) checks deploy/'s alert and recording
+# rules. Installed where we can (root with apt-get, as on CI); elsewhere those tests skip and say how to install.
+tools:
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& echo "== installing promtool (Debian package prometheus)" \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+		|| echo "== promtool not installed (needs root and apt-get): the rule tests will skip"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -4,7 +4,8 @@ Triton's names and labels (model, version; reason on failures) are kept exactly,
 rules work; Triton exposes its cumulative counters without the `_total` suffix prometheus-client would add, so
 those are rendered by a small collector. On top: real histograms (server/histograms.py) of request, queue and
 compute latency, a batch-size histogram, arena bytes per instance (labelled with its device, "cpu" or "cuda:N"),
-device memory per instance and per GPU, and model load duration.
+device memory per instance and per GPU, and model load duration. Like Triton, the machine's CPU utilisation and
+memory (nv_cpu_*), and prometheus-client's process_* (CPU seconds, resident memory, open fds, start time).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector, generate_latest
 from prometheus_client.core import Metric
 
 from server.backend import BackendInstance
@@ -104,6 +106,77 @@ def _device_memory(instance: BackendInstance) -> tuple[int, int] | None:
         return None
 
 
+class _CpuMetrics:
+    """Triton's CPU metrics, read from /proc at scrape time: nv_cpu_utilization (busy share of all the machine's
+    CPUs since the previous scrape, [0, 1]; the first scrape covers the time since start-up) and
+    nv_cpu_memory_{total,used}_bytes (MemTotal and MemTotal - MemAvailable of /proc/meminfo). As in Triton these
+    describe the machine (in a container: the node), not the process; process_* describes the process. Where /proc
+    cannot be read (not Linux) the samples are left out rather than reported as 0."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self._proc = proc
+        self._lock = threading.Lock()
+        self._last = self._cpu_times()
+        self._utilization: float | None = None
+
+    def _cpu_times(self) -> tuple[int, int] | None:
+        """(busy, idle) jiffies of the aggregate `cpu` line of /proc/stat, counted as Triton counts them."""
+        try:
+            with open(self._proc / "stat", encoding="ascii") as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if not fields or fields[0] != "cpu" or len(fields) < 9:
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+        return user + nice + system + irq + softirq + steal, idle + iowait
+
+    def utilization(self) -> float | None:
+        with self._lock:
+            now = self._cpu_times()
+            if now is None or self._last is None:
+                self._last = now
+                return None
+            busy, idle = now[0] - self._last[0], now[1] - self._last[1]
+            if busy < 0 or idle < 0:  # counters went back (another /proc, a wrapped counter): start afresh
+                self._last = now
+                return self._utilization
+            if busy + idle > 0:  # scrapes within one clock tick keep the previous figure
+                self._utilization = busy / (busy + idle)
+                self._last = now
+            return self._utilization
+
+    def memory(self) -> tuple[int, int] | None:
+        """(total, used) bytes; used = MemTotal - MemAvailable, Triton's definition."""
+        found = {}
+        try:
+            with open(self._proc / "meminfo", encoding="ascii") as f:
+                for line in f:
+                    key, _, rest = line.partition(":")
+                    if key in ("MemTotal", "MemAvailable"):
+                        found[key] = int(rest.split()[0]) * 1024  # the file says kB and means KiB
+        except (OSError, ValueError, IndexError):
+            return None
+        if len(found) < 2 or found["MemAvailable"] > found["MemTotal"]:
+            return None
+        return found["MemTotal"], found["MemTotal"] - found["MemAvailable"]
+
+    def collect(self):  # noqa: ANN201 - prometheus-client's collector protocol
+        util = Metric("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", "gauge")
+        total = Metric("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", "gauge")
+        used = Metric("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", "gauge")
+        share = self.utilization()
+        if share is not None:
+            util.add_sample(util.name, {}, share)
+        memory = self.memory()
+        if memory is not None:
+            total.add_sample(total.name, {}, memory[0])
+            used.add_sample(used.name, {}, memory[1])
+        yield util
+        yield total
+        yield used
+
+
 class ServerMetrics:
     """The metric objects plus the few recording calls the data plane and repository make."""
 
@@ -129,6 +202,9 @@ class ServerMetrics:
                                      instance_labels, registry=self.registry)
         self.device_memory = _DeviceMemory()
         self.registry.register(self.device_memory)
+        self.cpu = _CpuMetrics()
+        self.registry.register(self.cpu)
+        ProcessCollector(registry=self.registry)  # process_*: CPU seconds, memory, fds, start time of this process
         # Per loaded (model, version): how many loads hold it (a reload loads the new copy before the old one is
         # retired) and the instance series it set, so the old copy's retirement removes nothing of the new one.
         self._loads: dict[tuple[str, str], int] = defaultdict(int)

@@ -57,6 +57,19 @@ class LiveServer:
     def probes(self) -> tuple[int | None, int | None]:
         return self.status(settings.LIVE_PATH), self.status(settings.READY_PATH)
 
+    def wait_ready(self, timeout: float = 600) -> None:
+        """Until readiness answers 200 (a cold numba cache compiles every kernel first); fails at once when the
+        process exits (the deadline only guards against a hang)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                time.sleep(0.5)  # let the log reader take the last lines
+                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.log_text}")
+            if self.ports and self.probes()[1] == 200:
+                return
+            time.sleep(0.2)
+        raise AssertionError("not ready in time:\n" + self.log_text)
+
     def stop(self) -> None:
         self.client.close()
         if self.proc.poll() is None:

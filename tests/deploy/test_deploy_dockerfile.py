@@ -88,14 +88,18 @@ def test_install_command_is_the_documented_one(dockerfile: Dockerfile) -> None:
 
 
 def test_ci_installs_what_the_image_installs() -> None:
-    """`make test` (CI) installs the project editable with the `test` extra, which pulls in the image's extra."""
-    (install,) = [shlex.split(ln.split("pip", 1)[1]) for ln in (REPO_ROOT / "Makefile").read_text().splitlines()
-                  if "pip install" in ln and "-e" in ln and ".venv-dev" not in ln]
+    """`make test` (CI) installs the project editable with the `test` extra, which pulls in the image's extra;
+    `make serve` installs the image's extra alone."""
+    installs = [shlex.split(ln.split("pip", 1)[1]) for ln in (REPO_ROOT / "Makefile").read_text().splitlines()
+                if "pip install" in ln and "-e" in ln and ".venv-dev" not in ln]
+    (install,) = [i for i in installs if ".[test]" in i]
     assert install[0] == "install" and ".[test]" in install
     (_, install_cmd) = documented_install_commands()
     image_extra = re.fullmatch(r"nnserve\[(\w+)\]", install_cmd[-1]).group(1)
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert f"nnserve[{image_extra}]" in extras["test"]
+    (serve,) = [i for i in installs if ".[test]" not in i]
+    assert serve[0] == "install" and serve[-1] == f".[{image_extra}]"
 
 
 def test_runs_as_a_non_root_user(dockerfile: Dockerfile) -> None:
