@@ -74,17 +74,29 @@ def differing(files: dict[str, bytes]) -> list[str]:
                   if not (ROOT / name).is_file() or (ROOT / name).read_bytes() != data)
 
 
+def leftovers(files: dict[str, bytes]) -> list[str]:
+    """Files in the stubs folder that no proto generates (a module left from an older layout would ship)."""
+    stubs = ROOT / GRPC_STUBS
+    present = {f"{GRPC_STUBS}/{p.name}" for p in stubs.iterdir() if p.is_file()} if stubs.is_dir() else set()
+    return sorted(present - set(files))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed modules, write nothing")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nnserve-protos-") as scratch:
         files = generated(Path(scratch))
-    stale = differing(files)
+    stale, extra = differing(files), leftovers(files)
     if args.check:
         for name in stale:
             print(f"{name} differs from what proto/ generates: run tools/gen_protos.py", file=sys.stderr)
-        return 1 if stale else 0
+        for name in extra:
+            print(f"{name} is not generated from proto/: run tools/gen_protos.py to remove it", file=sys.stderr)
+        return 1 if stale or extra else 0
+    for name in extra:
+        (ROOT / name).unlink()
+        print(f"removed {name}")
     for name in stale:
         (ROOT / name).parent.mkdir(parents=True, exist_ok=True)
         (ROOT / name).write_bytes(files[name])

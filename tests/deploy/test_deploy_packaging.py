@@ -25,7 +25,7 @@ from server import settings
 
 # What `python -m build` reads from a fresh clone (git-ignored state such as generated stubs or caches left out).
 BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "proto", "engine", "server")
-NOT_IN_A_CLONE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "_gen", "build", "dist")
+NOT_IN_A_CLONE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist")
 
 
 # ---- make serve / make test ---------------------------------------------------------------------------------------
