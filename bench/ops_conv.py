@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/ops_conv.py [--repeat 20] [--batch 1] [--threads N]
 
-(BLAS threads follow OPENBLAS_NUM_THREADS; --threads sets the numba kernels' pool, engine.ops._threads.)
+(BLAS threads follow OPENBLAS_NUM_THREADS; --threads sets the numba kernels' pool, engine.devices.cpu.threads.)
 Times are wall-clock medians: on a shared machine, run it when nothing else is busy.
 
-Prints the kernel path taken (engine.ops._conv_fast), median milliseconds per call and GFLOP/s for a
+Prints the kernel path taken (engine.devices.cpu.conv.direct), median milliseconds per call and GFLOP/s for a
 ResNet-18-like 3x3 conv (64->64 at 56x56, Winograd), the same conv forced onto im2col + GEMM, a
 MobileNet-like depthwise 3x3 (32 channels at 112x112), each with bias + ReLU fused, and a 1x1 conv.
 """
@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from engine.ops import _conv_fast, _threads
-from engine.ops._conv_geom import conv_geom
-from engine.ops._harness import make_node
-from engine.ops.registry import TensorInfo, get_op
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, before bench/engine.py
+
+from engine.devices.cpu import threads as _threads  # noqa: E402
+from engine.devices.cpu.conv import direct as _conv_fast  # noqa: E402
+from engine.ir import Node, Value  # noqa: E402
+from engine.ops.conv_geometry import conv_geom  # noqa: E402
+from engine.ops.registry import TensorInfo, get_op  # noqa: E402
 
 LAYERS = {
     "resnet18 3x3 64->64 @56": dict(c=64, o=64, k=3, hw=56, groups=1),
@@ -43,9 +48,9 @@ def _time(fn, repeat: int) -> float:
 def bench_layer(name: str, c: int, o: int, k: int, hw: int, groups: int, batch: int, repeat: int) -> None:
     rng = np.random.default_rng(0)
     pad = k // 2
-    node = make_node("Conv", 1, params={"pads": [pad] * 4, "groups": groups, "activation": "relu"},
-                     attrs={"weight": rng.standard_normal((o, c // groups, k, k)).astype(np.float32),
-                            "bias": rng.standard_normal(o).astype(np.float32)})
+    node = Node("Conv", "conv", [Value("x")], [Value("y")], {"pads": [pad] * 4, "groups": groups, "activation": "relu"},
+                {"weight": rng.standard_normal((o, c // groups, k, k)).astype(np.float32),
+                 "bias": rng.standard_normal(o).astype(np.float32)})
     op = get_op("Conv")
     x = rng.standard_normal((batch, c, hw, hw)).astype(np.float32)
     info = [TensorInfo(x.shape, x.dtype)]

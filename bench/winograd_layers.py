@@ -5,7 +5,7 @@
 For each layer (ResNet-18's four stages, SqueezeNet's expand3x3 convs, VGG-style wide layers) it builds the
 ConvBlocked kernel three times, with NNSERVE_WINOGRAD=0 (direct) and with each Winograd tile size forced
 whatever `choose` says, and prints median ms per call, the ratios and the rule's choice. The thresholds in
-engine/ops/_conv_winograd_blocked.py (MIN_CHANNELS, MIN_TILES, MIN_WORK, SMALL_MIN_CHANNELS) come from it.
+engine/devices/cpu/conv/winograd_blocked.py (MIN_CHANNELS, MIN_TILES, MIN_WORK, SMALL_MIN_CHANNELS) come from it.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `import engine`
 
+from engine.devices.cpu.conv import blocked as _conv_blocked_kernel  # noqa: E402
+from engine.devices.cpu.conv import winograd_blocked as W  # noqa: E402
+from engine.devices.cpu.onednn.blocked import native_block  # noqa: E402
 from engine.ir import Node  # noqa: E402
-from engine.ops import _conv_blocked_kernel  # noqa: E402
-from engine.ops import _conv_winograd_blocked as W  # noqa: E402
-from engine.ops._conv_geom import conv_geom  # noqa: E402
-from engine.ops._layout_kernels import native_block  # noqa: E402
+from engine.ops.conv_geometry import conv_geom  # noqa: E402
 from engine.ops.registry import TensorInfo, get_op  # noqa: E402
 
 # (name, input channels, output channels, spatial size)

@@ -16,7 +16,7 @@ def get_device(name: str = "cpu") -> Device:
     if key is None:
         raise EngineError(f"unknown device {name!r}; supported devices: cpu, cuda (gpu)")
     if key == "cpu":
-        from engine.devices.cpu import CpuDevice
+        from engine.devices.cpu.device import CpuDevice
 
         return CpuDevice()
     try:

@@ -10,7 +10,7 @@ from engine.formats.tnn_writer import Writer
 from engine.formats.tnn_writer_int8 import INT8_RULES
 from engine.formats.tnn_writer_more import MORE_RULES
 from engine.ir import Node
-from engine.ops._spatial import pads4, pair
+from engine.ops.spatial import pads4, pair
 
 F32 = np.float32
 Rule = Callable[[Writer, Node], None]

@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.devices.cpu.loops import pointwise as mk
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops import _math_kernels as mk
-from engine.ops._common import empty, reference_kernel
-from engine.ops._epilogue import apply_activation
+from engine.ops.epilogue import apply_activation
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import empty, reference_kernel
 
 __all__ = ["apply_activation"]
 

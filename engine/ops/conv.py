@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from engine.devices.cpu.conv import direct as _conv_fast
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops import _conv_fast
-from engine.ops._conv_geom import NP_PAD, conv_geom, tconv_geom, weight_of
-from engine.ops._epilogue import EPILOGUES, apply_activation
+from engine.ops.conv_geometry import NP_PAD, conv_geom, tconv_geom, weight_of
+from engine.ops.epilogue import EPILOGUES, apply_activation
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
 
 

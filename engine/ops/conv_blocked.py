@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu.conv import blocked as K
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops import _conv_blocked_kernel as K
-from engine.ops._common import reference_kernel
-from engine.ops._conv_geom import ConvGeom, conv_geom, weight_of
-from engine.ops._epilogue import EPILOGUES
 from engine.ops.conv import conv_reference
+from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
+from engine.ops.epilogue import EPILOGUES
 from engine.ops.layout import blocked_shape, to_blocked, to_plain
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+from engine.ops.rules import reference_kernel
 
 
 def block_of(node: Node) -> int:

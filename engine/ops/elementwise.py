@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.devices.cpu.loops import rows as PL
+from engine.devices.cpu.loops.pointwise import erf_loop
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops import _plane_kernels as PL
-from engine.ops._common import BOOL, broadcast, empty, float_of, numba_ok, promote, reference_kernel, with_value
-from engine.ops._math_kernels import erf_loop
-from engine.ops._threads import parallel_for
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import BOOL, broadcast, empty, float_of, numba_ok, promote, reference_kernel, with_value
 
 # name -> (ufunc, kind). kind picks the compute/output dtypes: arith (promoted), div (float), cmp (bool out),
 # logic (bitwise on ints, logical otherwise).

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu.layout import kernels as _layout_kernels
+from engine.devices.cpu.layout.loops import broadcast_binary, global_pool, max_pool
+from engine.devices.cpu.onednn import binary as _binary_onednn
+from engine.devices.cpu.onednn import pool as _pool_onednn
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops import _binary_onednn, _layout_kernels, _pool_onednn
-from engine.ops._common import reference_kernel
-from engine.ops._layout_pool import broadcast_binary, global_pool, max_pool
-from engine.ops._threads import parallel_for
 from engine.ops.pool import maxpool_reference, pool_geom
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import reference_kernel
 
 
 def blocked_shape(shape, block: int) -> tuple[int, ...]:

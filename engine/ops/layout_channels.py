@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu.layout.loops import copy_lanes, zero_lanes
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import reference_kernel
-from engine.ops._lane_kernels import copy_lanes, zero_lanes
-from engine.ops._threads import parallel_for
 from engine.ops.layout import to_blocked, to_plain
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import reference_kernel
 
 Sources = list[list[tuple[int, int]]]
 

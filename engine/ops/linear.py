@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu.blas import matmul
+from engine.devices.cpu.conv import loops as K
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops import _conv_kernels as K
-from engine.ops._blas import matmul
-from engine.ops._epilogue import EPILOGUES, apply_activation
-from engine.ops._spatial import packed
-from engine.ops._threads import parallel_for
+from engine.ops.epilogue import EPILOGUES, apply_activation
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+from engine.ops.spatial import packed
 
 
 def _weight(node: Node) -> np.ndarray:

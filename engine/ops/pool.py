@@ -12,14 +12,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from engine.devices.cpu.loops import pool as PK
+from engine.devices.cpu.loops import rows as PL
+from engine.devices.cpu.onednn import pool as _pool_onednn
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops import _plane_kernels as PL
-from engine.ops import _pool_kernels as PK
-from engine.ops import _pool_onednn
-from engine.ops._spatial import auto_pads, check_rank, out_size, pair
-from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+from engine.ops.spatial import auto_pads, check_rank, out_size, pair
 
 ONEDNN_AVGPOOL = True  # NNSERVE_ONEDNN=0 turns it off with the rest of oneDNN
 

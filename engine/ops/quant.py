@@ -19,12 +19,12 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from engine.devices.cpu.loops import quant as QK
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import KernelError, ShapeError
 from engine.ir import Node
-from engine.ops import _quant_kernels as QK
-from engine.ops._common import norm_axis
-from engine.ops._threads import parallel_for
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import norm_axis
 
 I8 = np.dtype(np.int8)
 F32 = np.dtype(np.float32)

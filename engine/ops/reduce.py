@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.devices.cpu.loops.normalize import argbest_loop
+from engine.devices.cpu.loops.rows import row_sums
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import INT64, empty, float_of, norm_axes, norm_axis, numba_ok, reference_kernel, with_value
-from engine.ops._norm_kernels import argbest_loop
-from engine.ops._plane_kernels import row_sums
-from engine.ops._threads import parallel_for
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import INT64, empty, float_of, norm_axes, norm_axis, numba_ok, reference_kernel, with_value
 
 
 def _logsumexp(x: np.ndarray, axis: tuple[int, ...]) -> np.ndarray:

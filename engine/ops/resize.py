@@ -14,10 +14,10 @@ import math
 
 import numpy as np
 
+from engine.devices.cpu.loops import resize as RK
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops import _resize_kernels as RK
-from engine.ops._threads import parallel_for
 from engine.ops.registry import Kernel, OpDef, TensorInfo, register
 from engine.ops.tensor import channel_shuffle_kernel
 

@@ -12,8 +12,8 @@ import numpy as np
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ir.dtypes import to_dtype
-from engine.ops._common import INT64, ints, norm_axes, norm_axis, with_value
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import INT64, ints, norm_axes, norm_axis, with_value
 
 
 def _target(node: Node, ins: list[TensorInfo], arrays: list[np.ndarray] | None = None) -> list[int]:

@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 
+from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import empty, float_of, norm_axis, numba_ok, reference_kernel
-from engine.ops._norm_kernels import softmax_loop
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import empty, float_of, norm_axis, numba_ok, reference_kernel
 
 
 def _axis(node: Node, rank: int) -> int:

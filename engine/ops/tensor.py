@@ -8,12 +8,12 @@ import math
 
 import numpy as np
 
+from engine.devices.cpu.loops.rows import shuffle_rows
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import empty, ints, norm_axis, numba_ok, promote, reference_kernel, with_value
-from engine.ops._plane_kernels import shuffle_rows
-from engine.ops._threads import parallel_for
 from engine.ops.registry import OpDef, TensorInfo, get_op, register
+from engine.ops.rules import empty, ints, norm_axis, numba_ok, promote, reference_kernel, with_value
 
 _END = 2**31 - 1
 

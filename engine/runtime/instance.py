@@ -16,11 +16,11 @@ from collections.abc import Mapping
 import numpy as np
 
 from engine.devices import get_device
+from engine.devices.cpu import threads as _threads
+from engine.devices.cpu.onednn.blocked import native_block
 from engine.errors import EngineError, KernelError
 from engine.ir import Graph, Value
 from engine.memory.planner import MemoryPlan
-from engine.ops import _threads
-from engine.ops._layout_kernels import native_block
 from engine.ops.registry import TensorInfo
 from engine.passes.infer_shapes import infer_infos
 from engine.passes.layout_blocked import decide

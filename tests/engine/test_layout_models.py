@@ -8,8 +8,8 @@ import pytest
 from test_pnnx_models import DYNAMIC, NAMES, assert_outputs_match
 
 import engine
-from engine.ops import _conv_blocked_kernel
-from engine.ops import _conv_winograd_blocked as W
+from engine.devices.cpu.conv import blocked as _conv_blocked_kernel
+from engine.devices.cpu.conv import winograd_blocked as W
 
 ONEDNN = pytest.mark.skipif(not _conv_blocked_kernel.available(),
                             reason="oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or "

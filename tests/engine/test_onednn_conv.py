@@ -1,4 +1,4 @@
-"""Conv on oneDNN (engine/ops/_conv_onednn.py) against the numpy float64 reference: every geometry family, every
+"""Conv on oneDNN (engine/devices/cpu/conv/onednn.py) against the numpy float64 reference: every geometry family, every
 fused activation (each eltwise post-op checked numerically), residuals, smaller shapes after the max shape,
 1 and 2 threads, the workspace bound; and the numpy/numba kernels still right with oneDNN switched off."""
 
@@ -11,11 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_kernel, infer, infos_of, kernel_peak_bytes, make_node, reference
 
+from engine.devices.cpu import threads as _threads
+from engine.devices.cpu.conv import direct as _conv_fast
+from engine.devices.cpu.conv import onednn as _conv_onednn
+from engine.devices.cpu.onednn import binding as _onednn_lib
+from engine.devices.cpu.onednn import objects as _onednn
 from engine.errors import KernelError
-from engine.ops import _conv_fast, _conv_onednn, _onednn, _onednn_lib, _threads
-from engine.ops._conv_geom import conv_geom
-from engine.ops._harness import check_kernel, infer, infos_of, kernel_peak_bytes, make_node, reference
+from engine.ops.conv_geometry import conv_geom
 from engine.ops.registry import TensorInfo, get_op
 
 if not _onednn.available():
@@ -233,7 +237,7 @@ def test_numpy_path_with_onednn_off(kind, monkeypatch):
 
 def test_env_switch_disables_onednn():
     env = {**os.environ, "NNSERVE_ONEDNN": "0"}
-    code = "from engine.ops import _onednn; print(_onednn.available())"
+    code = "from engine.devices.cpu.onednn import objects; print(objects.available())"
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""Pooling on oneDNN (engine/ops/_pool_onednn.py) against the numpy references: AvgPool as dispatched (with and
+"""Pooling on oneDNN (engine/devices/cpu/onednn/pool.py) against the numpy references: AvgPool as dispatched (with and
 without count_include_pad, ceil_mode, smaller shapes after the max), MaxPool's exactness through the module
 directly (the dispatch keeps MaxPool on its numba kernel), and the shapes oneDNN cannot do exactly."""
 
@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_harness import check_kernel, infer, infos_of, make_node, reference
 
-from engine.ops import _onednn, _pool_onednn, pool
-from engine.ops._harness import check_kernel, infer, infos_of, make_node, reference
+from engine.devices.cpu.onednn import objects as _onednn
+from engine.devices.cpu.onednn import pool as _pool_onednn
+from engine.ops import pool
 from engine.ops.registry import get_op
 
 if not _onednn.available():

@@ -1,13 +1,14 @@
-"""ConvTranspose on oneDNN's deconvolution (engine/ops/_tconv_onednn.py) against the numpy float64 reference:
+"""ConvTranspose on oneDNN's deconvolution (engine/devices/cpu/conv/transposed.py) against the numpy float64 reference:
 strides, dilations, groups, output_padding, asymmetric pads, fused activations, smaller shapes after the max."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_harness import check_kernel, infos_of, make_node
 
-from engine.ops import _onednn, _tconv_onednn
-from engine.ops._harness import check_kernel, infos_of, make_node
+from engine.devices.cpu.conv import transposed as _tconv_onednn
+from engine.devices.cpu.onednn import objects as _onednn
 from engine.ops.registry import get_op
 
 if not _onednn.available():

@@ -12,7 +12,7 @@ from numba import cuda
 from engine.devices.cuda._launch import by_shapes, flat, grid
 from engine.devices.cuda.linalg import activate, activation_args, launch_matmul
 from engine.ir import Node
-from engine.ops._conv_geom import conv_geom, tconv_geom
+from engine.ops.conv_geometry import conv_geom, tconv_geom
 from engine.ops.registry import TensorInfo
 
 PAD_MODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}

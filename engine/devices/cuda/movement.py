@@ -13,10 +13,10 @@ from numba import cuda
 
 from engine.devices.cuda._launch import at_least_1d, broadcast_strides, by_shapes, flat, grid, strides_of
 from engine.ir import Node
-from engine.ops._common import norm_axis
 from engine.ops.pad import _mode as pad_mode
 from engine.ops.pad import pad_plan
 from engine.ops.registry import TensorInfo
+from engine.ops.rules import norm_axis
 from engine.ops.shape import _perm
 from engine.ops.tensor import slice_bounds, slice_index
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from numba import cuda
+from op_harness import HOST_INPUTS, assert_close, infos_of, load_cases, make_node, reference
 
 from engine.devices.cuda import CudaDevice
 from engine.devices.cuda.kernels import KERNELS
 from engine.errors import UnsupportedOpError
-from engine.ops._harness import HOST_INPUTS, assert_close, infos_of, load_cases, make_node, reference
 from engine.ops.registry import all_ops, get_op
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ops"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_harness import make_node, reference, run_kernel
 
-from engine.ops._harness import make_node, reference, run_kernel
 from engine.ops.quant import conv_geometry
 
 RNG = np.random.default_rng(16)

@@ -6,11 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from engine.errors import ShapeError
-from engine.ops import activation
-from engine.ops._epilogue import EPILOGUES
-from engine.ops._harness import (
+from op_harness import (
     check_golden,
     check_kernel,
     infer,
@@ -20,6 +16,10 @@ from engine.ops._harness import (
     reference,
     run_kernel,
 )
+
+from engine.errors import ShapeError
+from engine.ops import activation
+from engine.ops.epilogue import EPILOGUES
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 CASES = load_cases(GOLDENS, set(activation.REFERENCES))

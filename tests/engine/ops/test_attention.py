@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_golden, check_kernel, infer, infos_of, kernel_peak_bytes, load_cases, make_node
 
 from engine.errors import ShapeError
 from engine.ops import get_op
-from engine.ops._harness import check_golden, check_kernel, infer, infos_of, kernel_peak_bytes, load_cases, make_node
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 CASES = load_cases(GOLDENS, {"Attention"})

@@ -1,4 +1,4 @@
-"""engine.ops._blas.matmul against a float64 numpy product: MKL's sgemm when the `fast` extra is installed,
+"""engine.devices.cpu.blas.matmul against a float64 numpy product: MKL's sgemm when the `fast` extra is installed,
 the numpy path always; strided rows, batched stacks, column splits over the thread pool."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.ops import _blas, _threads
+from engine.devices.cpu import blas as _blas
+from engine.devices.cpu import threads as _threads
 
 
 def _ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
 
+from engine.devices.cpu.conv import direct as _conv_fast
 from engine.errors import KernelError, ShapeError, UnsupportedOpError
-from engine.ops import _conv_fast
-from engine.ops._conv_geom import conv_geom
-from engine.ops._epilogue import EPILOGUES
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
+from engine.ops.conv_geometry import conv_geom
+from engine.ops.epilogue import EPILOGUES
 from engine.ops.registry import TensorInfo, get_op
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
@@ -207,7 +207,7 @@ def test_kernel_refuses_an_input_beyond_its_workspace():
 @pytest.fixture
 def split_everything(monkeypatch):
     """Every kernel call is split over 3 threads, whatever its size."""
-    from engine.ops import _threads
+    from engine.devices.cpu import threads as _threads
     before = _threads.get_threads()
     monkeypatch.setattr(_threads, "MIN_WORK", 0)
     _threads.set_threads(3)
@@ -267,7 +267,7 @@ def test_winograd_blocks_of_tiles(monkeypatch):
 
 
 def test_winograd_weight_transform_against_direct_products():
-    from engine.ops._winograd import transform_weights
+    from engine.devices.cpu.conv.winograd import transform_weights
     w = rand(2, 3, 3, 3)
     g = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
     u = transform_weights(w).reshape(4, 4, 2, 3)

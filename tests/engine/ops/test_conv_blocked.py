@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.devices.cpu.conv import blocked as _conv_blocked_kernel
+from engine.devices.cpu.onednn import blocked as _onednn_blocked
 from engine.ir import Node
-from engine.ops import _conv_blocked_kernel, _layout_kernels
 from engine.ops.conv import conv_reference
 from engine.ops.layout import to_blocked, to_plain
 from engine.ops.registry import TensorInfo, get_op
@@ -17,7 +18,7 @@ if not _conv_blocked_kernel.available():
     pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or NNSERVE_ONEDNN=0",
                 allow_module_level=True)
 
-B = _layout_kernels.native_block() or 16
+B = _onednn_blocked.native_block() or 16
 OP = get_op("ConvBlocked")
 rng = np.random.default_rng(11)
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from test_conv_blocked import make, run_case
 
-from engine.ops import _conv_blocked_kernel
-from engine.ops import _conv_winograd_blocked as W
-from engine.ops._conv_geom import conv_geom
+from engine.devices.cpu.conv import blocked as _conv_blocked_kernel
+from engine.devices.cpu.conv import winograd_blocked as W
+from engine.ops.conv_geometry import conv_geom
 
 if not _conv_blocked_kernel.available():
     pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or NNSERVE_ONEDNN=0",

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, reference
 
 from engine.errors import ShapeError
 from engine.ops import elementwise
-from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, reference
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = set(elementwise.BINARY) | set(elementwise.UNARY) | {"Where"}
@@ -193,7 +193,7 @@ def test_promotion_matches_torch_result_type():
         assert infer(make_node("Add", 2), ins)[0].dtype == np.dtype(want), (a, da, b, db)
 
 
-# -- row-broadcast kernel (engine/ops/_plane_kernels.rows_binary) ----------------------------------------------
+# -- row-broadcast kernel (engine/devices/cpu/loops/rows.rows_binary) ----------------------------------------------
 @pytest.mark.parametrize("big,small,plan", [
     ((2, 5, 7, 9), (2, 5, 1, 1), (10, 10, 1)),               # SE excitation, NCHW
     ((2, 5, 7, 9), (5, 1, 1), (10, 5, 1)),                   # per-channel, batch broadcast
@@ -235,7 +235,7 @@ def test_row_broadcast_kernel_specials_and_smaller_batch():
 
 
 def test_row_broadcast_kernel_split_over_threads(monkeypatch):
-    from engine.ops import _threads
+    from engine.devices.cpu import threads as _threads
     before = _threads.get_threads()
     monkeypatch.setattr(_threads, "MIN_WORK", 0)
     _threads.set_threads(3)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.devices.cpu.layout import kernels as K
+from engine.devices.cpu.onednn import blocked as onednn_blocked
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops import _layout_kernels as K
 from engine.ops.layout import to_blocked, to_plain
 from engine.ops.registry import TensorInfo, get_op
 
@@ -111,7 +112,7 @@ def test_global_pool_blocked_matches_plain_pooling(mode, onednn, monkeypatch):
 
 @ONEDNN
 def test_native_block_is_a_candidate():
-    assert K.native_block() in K.CANDIDATE_BLOCKS
+    assert onednn_blocked.native_block() in onednn_blocked.CANDIDATE_BLOCKS
 
 
 @pytest.mark.parametrize("params", [

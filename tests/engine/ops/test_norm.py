@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node
 
 from engine.errors import ShapeError
-from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = {"BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "LpNormalize"}

@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from engine.ops import _onednn as D
+from engine.devices.cpu.onednn import objects as D
 
 
 def test_address_is_the_data_pointer_of_each_view():

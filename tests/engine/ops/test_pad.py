@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 
 from engine.errors import ShapeError, UnsupportedOpError
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
 CASES = load_cases(GOLDENS, {"Pad"})

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
 
 from engine.errors import ShapeError, UnsupportedOpError
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
 
 OPS = {"MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool", "AdaptiveAvgPool", "AdaptiveMaxPool"}
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
@@ -102,7 +102,7 @@ def test_errors_name_the_node(op, params, shape, match):
 
 @pytest.mark.parametrize("op,params", CONFIGS, ids=lambda v: v if isinstance(v, str) else "")
 def test_kernels_split_over_threads(monkeypatch, op, params):
-    from engine.ops import _threads
+    from engine.devices.cpu import threads as _threads
     before = _threads.get_threads()
     monkeypatch.setattr(_threads, "MIN_WORK", 0)
     _threads.set_threads(3)
@@ -155,7 +155,7 @@ def test_maxpool_nan_and_inf_at_every_window_position():
 
 
 def test_maxpool_batch_smaller_than_built_and_threads(monkeypatch):
-    from engine.ops import _threads
+    from engine.devices.cpu import threads as _threads
     node = make_node("MaxPool", 1, params={"kernel": [3, 3], "stride": [2, 2], "ceil_mode": True})
     before = _threads.get_threads()
     monkeypatch.setattr(_threads, "MIN_WORK", 0)

@@ -6,10 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from engine.errors import ShapeError
-from engine.ops import reduce
-from engine.ops._harness import (
+from op_harness import (
     check_golden,
     check_kernel,
     infer,
@@ -19,6 +16,9 @@ from engine.ops._harness import (
     reference,
     run_kernel,
 )
+
+from engine.errors import ShapeError
+from engine.ops import reduce
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = set(reduce.REDUCERS) | {"ArgMax", "ArgMin"}

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 
 from engine.errors import ShapeError, UnsupportedOpError
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 from engine.ops.registry import TensorInfo, get_op
 
 OPS = {"Resize", "PixelShuffle", "ChannelShuffle"}
@@ -139,7 +139,7 @@ def test_errors_name_the_node(op, params, shape, match):
 
 @pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
 def test_kernel_split_over_threads(monkeypatch, mode):
-    from engine.ops import _threads
+    from engine.devices.cpu import threads as _threads
     before = _threads.get_threads()
     monkeypatch.setattr(_threads, "MIN_WORK", 0)
     _threads.set_threads(3)

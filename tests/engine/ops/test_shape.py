@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 
 from engine.errors import ShapeError
 from engine.ops import get_op
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 from engine.ops.registry import TensorInfo
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"

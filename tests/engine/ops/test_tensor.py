@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, reference
 
 from engine.errors import ShapeError
 from engine.ops import get_op
-from engine.ops._harness import check_golden, check_kernel, infer, kernel_peak_bytes, load_cases, make_node, reference
 from engine.ops.registry import TensorInfo
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"

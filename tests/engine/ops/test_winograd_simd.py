@@ -1,14 +1,14 @@
-"""The vector Winograd transforms (engine/ops/_winograd_simd.py) tile by tile against numpy references, at blocks
-of 8 lanes (AVX2's) and 16 (AVX-512's, two vector halves), whatever block this machine's oneDNN prefers: padded
-and clipped tiles, a chunk that starts past tile 0, every epilogue and the residual."""
+"""The vector Winograd transforms (engine/devices/cpu/conv/winograd_simd.py) tile by tile against numpy
+references, at blocks of 8 lanes (AVX2's) and 16 (AVX-512's, two vector halves), whatever block this machine's
+oneDNN prefers: padded and clipped tiles, a chunk that starts past tile 0, every epilogue and the residual."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine.ops import _winograd_simd as S
-from engine.ops._winograd_blocked_kernels import ACT_CLIP, ACT_LEAKY, ACT_NONE, ACT_RELU
+from engine.devices.cpu.conv import winograd_simd as S
+from engine.devices.cpu.conv.winograd_blocked_loops import ACT_CLIP, ACT_LEAKY, ACT_NONE, ACT_RELU
 
 BT = {4: np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
                    [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], float),

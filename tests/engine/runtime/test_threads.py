@@ -8,7 +8,7 @@ from fixture_models import assert_close_to_torch, cases, max_shapes, model_path
 from threadpoolctl import threadpool_info
 
 import engine
-from engine.ops import _threads
+from engine.devices.cpu import threads as _threads
 
 
 @pytest.fixture

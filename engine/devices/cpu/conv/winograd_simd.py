@@ -20,7 +20,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from engine.ops._winograd_blocked_kernels import ACT_CLIP, ACT_LEAKY, ACT_RELU, _item
+from engine.devices.cpu.conv.winograd_blocked_loops import ACT_CLIP, ACT_LEAKY, ACT_RELU, _item
 
 LANES = 8
 _F32 = ir.FloatType()

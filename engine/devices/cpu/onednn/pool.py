@@ -13,11 +13,11 @@ import logging
 
 import numpy as np
 
+from engine.devices.cpu.layout.kernels import blocked_md
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
 from engine.errors import KernelError
 from engine.ir import Node
-from engine.ops import _onednn as D
-from engine.ops import _onednn_lib as L
-from engine.ops._layout_kernels import blocked_md
 from engine.ops.registry import Kernel, TensorInfo
 
 log = logging.getLogger("engine.onednn")

@@ -8,7 +8,7 @@ import numpy as np
 
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops._spatial import auto_pads, check_rank, out_size, pads4, pair
+from engine.ops.spatial import auto_pads, check_rank, out_size, pads4, pair
 
 # Conv pad_mode -> np.pad mode.
 NP_PAD = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}

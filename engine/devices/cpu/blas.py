@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.ops._threads import parallel_for
+from engine.devices.cpu.threads import parallel_for
 
 _ROW_MAJOR, _NO_TRANS, _SEQUENTIAL = 101, 111, 1
 _F32 = np.dtype(np.float32)

@@ -24,13 +24,13 @@ import os
 
 import numpy as np
 
-from engine.ops import _onednn as D
-from engine.ops import _onednn_lib as L
-from engine.ops import _winograd_blocked_kernels as K
-from engine.ops import _winograd_simd as S
-from engine.ops._conv_geom import ConvGeom
-from engine.ops._epilogue import apply_activation
-from engine.ops._threads import get_threads, parallel_for
+from engine.devices.cpu.conv import winograd_blocked_loops as K
+from engine.devices.cpu.conv import winograd_simd as S
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.threads import get_threads, parallel_for
+from engine.ops.conv_geometry import ConvGeom
+from engine.ops.epilogue import apply_activation
 
 ENV = "NNSERVE_WINOGRAD"  # "0" keeps every conv on the direct kernel
 CHUNK_BYTES = 4 << 20

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from engine.ops import _math_kernels as mk
+from engine.devices.cpu.loops import pointwise as mk
 
 
 def _get(p: dict, name: str, default: float) -> float:

@@ -15,12 +15,12 @@ import logging
 
 import numpy as np
 
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
 from engine.errors import KernelError
 from engine.ir import Node
-from engine.ops import _onednn as D
-from engine.ops import _onednn_lib as L
-from engine.ops._conv_geom import ConvGeom, conv_geom, weight_of
-from engine.ops._epilogue import apply_activation
+from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
+from engine.ops.epilogue import apply_activation
 from engine.ops.registry import Kernel, TensorInfo
 
 log = logging.getLogger("engine.onednn")

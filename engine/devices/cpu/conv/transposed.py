@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu.conv.onednn import _Conv, build, workspace
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
 from engine.ir import Node
-from engine.ops import _onednn as D
-from engine.ops import _onednn_lib as L
-from engine.ops._conv_geom import ConvGeom, tconv_geom
-from engine.ops._conv_onednn import _Conv, build, workspace
-from engine.ops._spatial import pair
+from engine.ops.conv_geometry import ConvGeom, tconv_geom
 from engine.ops.registry import Kernel, TensorInfo
+from engine.ops.spatial import pair
 
 DECONVOLUTION_DIRECT = 0xA
 

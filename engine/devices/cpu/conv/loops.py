@@ -1,7 +1,7 @@
 """numba kernels behind the fast Conv / ConvTranspose paths: im2col, col2im, depthwise and the fused epilogue.
 
 Every function is compiled lazily on first call (per dtype) and cached on disk, and releases the GIL. The
-kernels work on items [lo, hi) of their outer axis (channels, or N*C) so engine.ops._threads.parallel_for can
+kernels work on items [lo, hi) of their outer axis (channels, or N*C) so engine.devices.cpu.threads.parallel_for can
 split them over threads. They take one image (no batch axis) unless said otherwise, so the caller can tile
 and loop without slicing copies.
 

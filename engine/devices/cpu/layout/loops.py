@@ -1,6 +1,15 @@
-"""numba loops for pooling blocked values (N*Cb items of (H, W, B)): GlobalPoolBlocked and MaxPoolBlocked.
+"""numba loops on blocked values (N*Cb items of (H, W, B)): pooling (GlobalPoolBlocked, MaxPoolBlocked), the
+broadcast binary (BroadcastBlocked) and lane copies (RegroupBlocked).
+
 Each inner loop runs over the B lanes of one pixel (unit stride, vectorised); items [lo, hi) are split over
-the engine's pool by _threads.parallel_for."""
+the engine's pool by threads.parallel_for.
+
+`copy_lanes` writes, for one source src (N, S) (each image's blocked value flattened) and each dst block db of
+dst (N, Cbd, HW, B), the count[db] lanes dst_lane[db, :count] from the flat source offsets
+src_off[db, :count] + p * B of pixel p. A dst block that is one whole source block in lane order
+(aligned[db] >= 0, the flat offset of that block) is copied as one unit-stride run of HW * B floats. `zero_lanes`
+writes zero into the padding lanes of a value's last block; its items are (image, dst block) pairs.
+"""
 
 from __future__ import annotations
 
@@ -112,3 +121,37 @@ def broadcast_binary(x, s, out, opcode, s_first, lo, hi):
             else:
                 for k in range(b):
                     orow[k] = _apply(opcode, xr[k], sv[k])
+
+
+@njit(nogil=True, cache=True)
+def copy_lanes(src, dst, count, dst_lane, src_off, aligned, lo, hi):
+    cbd, hw, b = dst.shape[1], dst.shape[2], dst.shape[3]
+    for item in range(lo, hi):
+        n, db = item // cbd, item % cbd
+        k = count[db]
+        if k == 0:
+            continue
+        s, d = src[n], dst[n, db]
+        start = aligned[db]
+        if start >= 0:
+            for p in range(hw):
+                for lane in range(b):
+                    d[p, lane] = s[start + p * b + lane]
+            continue
+        flat = d.reshape(hw * b)
+        for j in range(k):  # one strided lane at a time, as strided views: no index arithmetic in the inner loop
+            lane, off = dst_lane[db, j], src_off[db, j]
+            to, frm = flat[lane:lane + hw * b:b], s[off:off + hw * b:b]
+            for p in range(hw):
+                to[p] = frm[p]
+
+
+@njit(nogil=True, cache=True)
+def zero_lanes(dst, first, lo, hi):
+    """Lanes [first, B) of the last block of each image in [lo, hi) of dst (N, Cbd, HW, B) to zero."""
+    last, hw, b = dst.shape[1] - 1, dst.shape[2], dst.shape[3]
+    for n in range(lo, hi):
+        d = dst[n, last]
+        for p in range(hw):
+            for lane in range(first, b):
+                d[p, lane] = 0.0

@@ -15,15 +15,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.devices.cpu.conv import winograd_blocked as W
+from engine.devices.cpu.layout.kernels import D, L, blocked_md, onednn_available
 from engine.ir import Node
-from engine.ops import _conv_winograd_blocked as W
-from engine.ops._conv_geom import ConvGeom, weight_of
-from engine.ops._epilogue import apply_activation
-from engine.ops._layout_kernels import D, L, blocked_md, onednn_available
+from engine.ops.conv_geometry import ConvGeom, weight_of
+from engine.ops.epilogue import apply_activation
 from engine.ops.registry import Kernel, TensorInfo
 
 try:
-    from engine.ops._conv_onednn import eltwise
+    from engine.devices.cpu.conv.onednn import eltwise
 except ImportError:  # pragma: no cover - depends on the checkout
     eltwise = None
 

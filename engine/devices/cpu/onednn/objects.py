@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.ops import _onednn_lib as L
-from engine.ops._threads import get_threads
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.threads import get_threads
 
 log = logging.getLogger("engine.onednn")
 _vp = ctypes.c_void_p

@@ -6,9 +6,9 @@ s - x); primitives are cached per input shape.
 
 from __future__ import annotations
 
-from engine.ops import _onednn as D
-from engine.ops import _onednn_lib as L
-from engine.ops._layout_kernels import blocked_md
+from engine.devices.cpu.layout.kernels import blocked_md
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
 from engine.ops.registry import Kernel
 
 ALGORITHMS = {"Add": 0x1FFF0, "Mul": 0x1FFF1, "Sub": 0x1FFF5}  # dnnl_binary_add / _mul / _sub

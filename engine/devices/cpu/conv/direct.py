@@ -12,17 +12,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from engine.devices.cpu.blas import matmul
+from engine.devices.cpu.conv import loops as K
+from engine.devices.cpu.conv import onednn as _conv_onednn
+from engine.devices.cpu.conv import transposed as _tconv_onednn
+from engine.devices.cpu.conv import winograd as W
+from engine.devices.cpu.threads import parallel_for
 from engine.errors import KernelError
 from engine.ir import Node
-from engine.ops import _conv_kernels as K
-from engine.ops import _conv_onednn, _tconv_onednn
-from engine.ops import _winograd as W
-from engine.ops._blas import matmul
-from engine.ops._conv_geom import ConvGeom, conv_geom, tconv_geom, weight_of
-from engine.ops._epilogue import apply_activation
-from engine.ops._spatial import packed
-from engine.ops._threads import parallel_for
+from engine.ops.conv_geometry import ConvGeom, conv_geom, tconv_geom, weight_of
+from engine.ops.epilogue import apply_activation
 from engine.ops.registry import Kernel, TensorInfo
+from engine.ops.spatial import packed
 
 # im2col scratch per conv before it tiles over output rows; the perf work may tune it.
 WORKSPACE_BUDGET = 2 << 20
@@ -31,7 +32,7 @@ WINOGRAD = True
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_TILES = 32  # below this many 2x2 tiles (7x7 maps at batch 1) im2col is as fast; the least per block
 WINOGRAD_BLOCK_TILES = 256  # tiles per block to aim for: GEMMs large enough, scratch still in L2/L3
-# oneDNN's blocked-layout convs (engine/ops/_conv_onednn.py) when the library loads; NNSERVE_ONEDNN=0 or
+# oneDNN's blocked-layout convs (engine/devices/cpu/conv/onednn.py) when the library loads; NNSERVE_ONEDNN=0 or
 # this flag set False keeps every conv on the kernels below.
 ONEDNN = True
 _F32 = np.dtype(np.float32)
