@@ -3,7 +3,12 @@
     model = engine.load("resnet18.pnnx.param")
     inst = model.instance(max_shapes={"in0": (1, 3, 224, 224)})
     outputs = inst.run({"in0": x})
+
+The runtime names below load on first use, so importing a lower layer alone (`import engine.ops`: numpy only)
+does not pull in the devices' libraries (numba, oneDNN).
 """
+
+import importlib
 
 from engine.errors import (
     ArenaOverflowError,
@@ -13,8 +18,19 @@ from engine.errors import (
     ShapeError,
     UnsupportedOpError,
 )
-from engine.runtime.instance import Instance
-from engine.runtime.model import Model, TensorSpec, load
+
+_RUNTIME = {"Instance": "engine.runtime.instance", "Model": "engine.runtime.model",
+            "TensorSpec": "engine.runtime.model", "load": "engine.runtime.model"}
+
+
+def __getattr__(name: str):
+    module = _RUNTIME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ArenaOverflowError",

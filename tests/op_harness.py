@@ -1,20 +1,40 @@
-"""Running one op outside a graph: build a node, infer, run the reference or the kernel as the runtime would.
+"""Running one op outside a graph: build a node, infer, run the reference or the CPU kernel as the runtime would.
 
-Used by the op tests and handy when debugging a single node. Kernels get outputs that are C-contiguous views at
-the front of buffers sized for the kernel's max shapes (like arena views), pre-filled with garbage so an element
-the kernel forgets to write shows up.
+Used by the op and kernel tests and handy when debugging a single node. Ops are looked up on the CPU device (the
+shared registry plus its blocked-layout ops); kernels are built by a CPU device with default options unless a
+test passes its own. Kernels get outputs that are C-contiguous views at the front of buffers sized for the
+kernel's max shapes (like arena views), pre-filled with garbage so an element the kernel forgets to write shows up.
 """
 
 from __future__ import annotations
 
 import json
+import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from engine.devices.cpu import CpuDevice, CpuOptions
+from engine.devices.cpu.device import PRIVATE_OPS
 from engine.ir import Node, Value
-from engine.ops.registry import TensorInfo, get_op
+from engine.ops.registry import OPS, OpDef, TensorInfo
+
+_DEVICE: list[CpuDevice] = []
+
+
+def cpu_device(**options) -> CpuDevice:
+    """A CPU device with these CpuOptions (the default one is made once)."""
+    if options:
+        return CpuDevice(CpuOptions(**options))
+    if not _DEVICE:
+        _DEVICE.append(CpuDevice(CpuOptions()))
+    return _DEVICE[0]
+
+
+def get_op(op_type: str) -> OpDef:
+    """The op as the CPU device sees it (its private blocked-layout ops included)."""
+    return PRIVATE_OPS[op_type] if op_type in PRIVATE_OPS else OPS[op_type]
 
 
 def make_node(op: str, n_in: int, n_out: int = 1, params: dict | None = None, attrs: dict | None = None) -> Node:
@@ -48,18 +68,30 @@ def _garbage_view(shape: tuple[int, ...], dtype: np.dtype, capacity: int) -> np.
     return buf[:n].reshape(shape)
 
 
+def build_kernel(node: Node, ins: list[TensorInfo], device: CpuDevice | None = None):
+    """(kernel, workspace) as the runtime builds them for `node` at input infos `ins`; the op must have a kernel."""
+    device = device or cpu_device()
+    op = get_op(node.op_type)
+    assert node.op_type in device.kernels, f"{node.op_type} has no CPU kernel"
+    return device.build_kernel(node, op, ins), np.zeros(device.workspace_bytes(node, op, ins), np.uint8)
+
+
+def kernel_workspace(node: Node, ins: list[TensorInfo], device: CpuDevice | None = None) -> int:
+    """Workspace bytes the CPU kernel of `node` asks for at input infos `ins`."""
+    device = device or cpu_device()
+    return device.workspace_bytes(node, get_op(node.op_type), ins)
+
+
 def run_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarray] | None = None,
-               inplace: bool = False) -> list[np.ndarray]:
+               inplace: bool = False, device: CpuDevice | None = None) -> list[np.ndarray]:
     """Builds the kernel at `max_arrays`' shapes (default: `arrays`), runs it on `arrays`, returns the outputs.
 
     With `inplace`, output 0 is input 0's buffer when their shapes and dtypes match (as the runtime does)."""
     op = get_op(node.op_type)
-    assert op.kernel is not None, f"{node.op_type} has no kernel"
     kins = infos_of(max_arrays if max_arrays is not None else arrays, node=node)
-    fn = op.kernel(node, kins)
+    fn, ws = build_kernel(node, kins, device)
     max_outs = op.infer(node, kins)
     outs_info = op.infer(node, infos_of(arrays, node=node))
-    ws = np.zeros(op.workspace(node, kins) if op.workspace else 0, np.uint8)
     inputs = [np.array(a, copy=True, order="C") for a in arrays]
     outs = [_garbage_view(o.shape, np.dtype(o.dtype), int(np.prod(m.shape, dtype=np.int64)))
             for o, m in zip(outs_info, max_outs, strict=True)]
@@ -129,26 +161,23 @@ def check_golden(case: Case, rtol: float = 1e-5, atol: float = 1e-5) -> None:
         assert (tuple(info.shape), np.dtype(info.dtype)) == (want.shape, want.dtype), f"{case.name}: infer {info}"
 
 
-def check_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarray] | None = None,
-                 rtol: float = 1e-5, atol: float = 1e-6, inplace: bool = False) -> None:
+def check_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarray] | None = None, rtol: float = 1e-5,
+                 atol: float = 1e-6, inplace: bool = False, device: CpuDevice | None = None) -> None:
     """The kernel (built at `max_arrays`) matches the reference on `arrays`."""
     want = reference(node, arrays)
-    got = run_kernel(node, arrays, max_arrays, inplace)
+    got = run_kernel(node, arrays, max_arrays, inplace, device)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_close(g, w, rtol, atol, f"{node.op_type} out{i}")
 
 
-def kernel_peak_bytes(node: Node, arrays: list[np.ndarray]) -> int:
+def kernel_peak_bytes(node: Node, arrays: list[np.ndarray], device: CpuDevice | None = None) -> int:
     """Peak bytes the kernel allocates during one call (numpy reports its buffers to tracemalloc).
 
     The kernel is built and warmed up first, so one-off costs (numba compilation) are not counted."""
-    import tracemalloc
-
     op = get_op(node.op_type)
     ins = infos_of(arrays, node=node)
-    fn = op.kernel(node, ins)
+    fn, ws = build_kernel(node, ins, device)
     outs = [np.empty(o.shape, o.dtype) for o in op.infer(node, ins)]
-    ws = np.zeros(op.workspace(node, ins) if op.workspace else 0, np.uint8)
     fn(arrays, outs, ws)
     tracemalloc.start()
     try:

@@ -1,4 +1,5 @@
-"""Helpers shared by the op families: broadcasting, axis normalisation, dtype promotion, value propagation."""
+"""Rules the op families share: numpy broadcasting, axis normalisation, torch's dtype promotion, int params and
+the propagation of values known before running."""
 
 from __future__ import annotations
 
@@ -75,18 +76,6 @@ def float_of(dt: np.dtype) -> np.dtype:
     return dt if np.issubdtype(dt, np.floating) else F32
 
 
-def numba_ok(dt: np.dtype) -> bool:
-    """Whether the numba loops take this dtype (numba has no float16 arithmetic on the CPU)."""
-    dt = np.dtype(dt)
-    return dt.kind in "iub" or dt in (np.float32, np.float64)
-
-
-def empty(ndim: int, dtype) -> np.ndarray:
-    """A zero-size C-contiguous array: calling a numba loop on these at kernel build compiles it then, so the
-    first request does not pay for the JIT."""
-    return np.zeros((0,) * ndim, dtype)
-
-
 def all_values(ins: Sequence[TensorInfo]) -> bool:
     return bool(ins) and all(i.value is not None for i in ins)
 
@@ -110,17 +99,3 @@ def ints(node: Node, what: str, value) -> list[int]:
         return [int(v) for v in arr.reshape(-1)]
     except (TypeError, ValueError):
         raise ShapeError(f"{node.where()}: {node.op_type} {what} must be a list of ints, got {value!r}") from None
-
-
-def flat(a: np.ndarray) -> np.ndarray:
-    """A 1-d view of a C-contiguous array (a copy only for a non-contiguous input, never for outputs)."""
-    return a.reshape(-1)
-
-
-def reference_kernel(node: Node, reference: Callable[[Node, list[np.ndarray]], list[np.ndarray]]):
-    """A kernel that runs the numpy reference and copies into the outputs (for rare dtypes and rare ops)."""
-    def run(inputs, outputs, workspace):
-        for out, res in zip(outputs, reference(node, list(inputs)), strict=True):
-            np.copyto(out, res, casting="unsafe")
-    run.is_fallback = True  # the runtime lists nodes that allocate through the reference
-    return run

@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 
@@ -92,15 +90,3 @@ def check_rank(node: Node, shape: Sequence[int], rank: int, what: str = "input")
     if len(shape) != rank:
         raise ShapeError(f"{node.where()}: {node.op_type} expects a rank-{rank} {what} (NCHW), got shape "
                          f"{tuple(shape)}")
-
-
-def packed(a, dtype=np.float32) -> np.ndarray:
-    """`a` as an aligned C-contiguous array of `dtype`, copied only when it is not one already.
-
-    Weights read straight out of a model file can sit at any byte offset; numpy then copies an unaligned
-    operand on every matmul call, and numba compiles a second, slower variant for it.
-    """
-    arr = np.asarray(a)
-    if arr.dtype != dtype or not arr.flags.c_contiguous or not arr.flags.aligned or arr.ctypes.data % 16:
-        arr = np.array(arr, dtype=dtype, order="C", copy=True)
-    return arr

@@ -11,20 +11,30 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from op_harness import check_kernel, infer, infos_of, kernel_peak_bytes, make_node, reference
+from op_harness import build_kernel as build_op_kernel
+from op_harness import (
+    check_kernel,
+    cpu_device,
+    infer,
+    infos_of,
+    kernel_peak_bytes,
+    kernel_workspace,
+    make_node,
+    reference,
+)
 
 from engine.devices.cpu import threads as _threads
-from engine.devices.cpu.conv import direct as _conv_fast
+from engine.devices.cpu.conv import direct
+from engine.devices.cpu.conv import kernels as conv_kernels
 from engine.devices.cpu.conv import onednn as _conv_onednn
 from engine.devices.cpu.onednn import binding as _onednn_lib
 from engine.devices.cpu.onednn import objects as _onednn
 from engine.errors import KernelError
 from engine.ops.conv_geometry import conv_geom
-from engine.ops.registry import TensorInfo, get_op
+from engine.ops.registry import TensorInfo
 
 if not _onednn.available():
-    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or NNSERVE_ONEDNN=0",
-                allow_module_level=True)
+    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed", allow_module_level=True)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(11)
@@ -98,8 +108,8 @@ def build_args(name: str, residual: bool = False, **extra):
 @pytest.fixture(autouse=True)
 def onednn_for_every_conv(monkeypatch):
     """Every supported conv on oneDNN here, the plain 1x1s the dispatch keeps on the GEMM path included."""
-    monkeypatch.setattr(_conv_fast, "_use_onednn",
-                        lambda node, ins: _conv_fast.ONEDNN and _conv_onednn.supported(node, ins))
+    monkeypatch.setattr(conv_kernels, "_use_onednn",
+                        lambda backends, node, ins: backends.onednn and _conv_onednn.supported(node, ins))
 
 
 @pytest.mark.parametrize("name,onednn", [("3x3_s1", True), ("depthwise_s2", True), ("1x1_s2", True),
@@ -107,7 +117,7 @@ def onednn_for_every_conv(monkeypatch):
 def test_dispatch(name, onednn, monkeypatch):
     monkeypatch.undo()  # the real dispatch
     node, shape = build_args(name)
-    fn = get_op("Conv").kernel(node, [TensorInfo(shape, np.dtype(np.float32))])
+    fn = build_op_kernel(node, [TensorInfo(shape, np.dtype(np.float32))])[0]
     assert getattr(fn, "impl", "").startswith("onednn:") == onednn
 
 
@@ -136,8 +146,7 @@ def test_activation_without_post_op_runs_on_the_nchw_output(act, monkeypatch):
 
 def build_kernel(node, shape):
     ins = infos_of(inputs_for(node, np.zeros(shape, np.float32)), node=node)
-    op = get_op("Conv")
-    return op.kernel(node, ins), np.zeros(op.workspace(node, ins), np.uint8)
+    return build_op_kernel(node, ins)
 
 
 def run(fn, ws, node, arrays):
@@ -183,7 +192,7 @@ def test_kernel_does_not_allocate_activations(name):
     out_bytes = arrays[1].nbytes
     assert kernel_peak_bytes(node, arrays) < min(out_bytes, x.nbytes) // 8
     # the workspace is what the blocked copies and the scratchpad need, not more
-    ws = get_op("Conv").workspace(node, infos_of(arrays, node=node))
+    ws = kernel_workspace(node, infos_of(arrays, node=node))
     assert ws <= 2 * (x.nbytes + out_bytes) + (1 << 20)
 
 
@@ -209,7 +218,7 @@ def test_failed_call_names_the_function_and_status():
 def test_unsupported_pad_modes_keep_the_numpy_path():
     node, shape = build_args("3x3_s1", pad_mode="reflect")
     assert not _conv_onednn.supported(node, infos_of([rand(*shape)], node=node))
-    fn = get_op("Conv").kernel(node, infos_of([rand(*shape)], node=node))
+    fn = build_op_kernel(node, infos_of([rand(*shape)], node=node))[0]
     assert not hasattr(fn, "impl")
     check_kernel(node, [rand(*shape)], **TOL)
 
@@ -225,22 +234,25 @@ NUMPY_PATHS = {
 
 @pytest.mark.parametrize("kind", NUMPY_PATHS)
 def test_numpy_path_with_onednn_off(kind, monkeypatch):
-    monkeypatch.setattr(_conv_fast, "ONEDNN", False)
-    monkeypatch.setattr(_conv_fast, "WINOGRAD_MIN_TILES", 4)
+    monkeypatch.setattr(direct, "WINOGRAD_MIN_TILES", 4)
+    off = cpu_device(onednn=False)
     name, act = NUMPY_PATHS[kind]
     node, shape = build_args(name, True, activation=act)
-    assert _conv_fast._kind(conv_geom(node, shape)) == kind
-    fn = get_op("Conv").kernel(node, infos_of(inputs_for(node, rand(*shape)), node=node))
+    assert direct.kind(conv_geom(node, shape)) == kind
+    fn = build_op_kernel(node, infos_of(inputs_for(node, rand(*shape)), node=node), off)[0]
     assert not hasattr(fn, "impl")
-    check_kernel(node, inputs_for(node, rand(*shape)), **TOL)
+    check_kernel(node, inputs_for(node, rand(*shape)), **TOL, device=off)
 
 
 def test_env_switch_disables_onednn():
+    """NNSERVE_ONEDNN=0, read with the rest of the environment, gives a CPU device that never loads libdnnl."""
     env = {**os.environ, "NNSERVE_ONEDNN": "0"}
-    code = "from engine.devices.cpu.onednn import objects; print(objects.available())"
+    code = ("from engine.devices.cpu import CpuDevice; from engine.devices.cpu.onednn import binding; "
+            "from engine.runtime.options import environment_options; "
+            "device = CpuDevice(environment_options().cpu); print(device.backends.onednn, binding.LIB is None)")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                          timeout=120, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False True"
 
 
 def test_kernels_run_concurrently_from_two_threads():

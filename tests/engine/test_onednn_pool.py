@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import check_kernel, infer, infos_of, make_node, reference
+from op_harness import build_kernel, check_kernel, infer, infos_of, make_node, reference
 
 from engine.devices.cpu.onednn import objects as _onednn
 from engine.devices.cpu.onednn import pool as _pool_onednn
 from engine.ops import pool
-from engine.ops.registry import get_op
 
 if not _onednn.available():
-    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or NNSERVE_ONEDNN=0",
-                allow_module_level=True)
+    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed", allow_module_level=True)
 
 RNG = np.random.default_rng(13)
 
@@ -43,14 +41,14 @@ MAX = {
 def test_avgpool_dispatches_to_onednn_and_matches(name):
     node = make_node("AvgPool", 1, params=AVG[name])
     big, small = rand(3, 5, 13, 12), rand(1, 5, 9, 11)
-    fn = get_op("AvgPool").kernel(node, infos_of([big], node=node))
+    fn = build_kernel(node, infos_of([big], node=node))[0]
     assert fn.impl.startswith("onednn:")
     check_kernel(node, [big], rtol=1e-5, atol=1e-6)
     check_kernel(node, [small], [big], rtol=1e-5, atol=1e-6)
 
 
 def run_direct(node, x, max_x):
-    fallback = get_op(node.op_type).kernel(node, infos_of([max_x], node=node))
+    fallback = build_kernel(node, infos_of([max_x], node=node))[0]
     fn = _pool_onednn.build(node, infos_of([max_x], node=node), pool.pool_geom, fallback)
     out = np.full(infer(node, [x])[0].shape, np.nan, np.float32)
     fn([x], [out], None)
@@ -72,7 +70,7 @@ def test_include_pad_with_ceil_padding_keeps_the_numba_kernel():
     node = make_node("AvgPool", 1, params=dict(kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1), ceil_mode=True))
     x = rand(1, 3, 8, 8)  # (8 + 2 - 3) / 2 rounds up: the last window reaches past the pad
     assert not _pool_onednn.supported(node, infos_of([x], node=node), pool.pool_geom)
-    assert not hasattr(get_op("AvgPool").kernel(node, infos_of([x], node=node)), "impl")
+    assert not hasattr(build_kernel(node, infos_of([x], node=node))[0], "impl")
     check_kernel(node, [x], rtol=1e-5, atol=1e-6)
 
 

@@ -5,10 +5,11 @@ cores (on a busy 2-core machine a tiny parallel epilogue took 20 ms instead of 0
 kernel costs seconds to compile. Plain nogil kernels on Python threads compile fast, run serially when the
 work is small, and the thread count is one knob (`set_threads`) for the performance work.
 
-The default count is the CPUs the process may really use: NNSERVE_NUM_THREADS when set, else the affinity
-mask capped by the cgroup CPU quota (a container limited to 2 CPUs on a 64-core node must not start 64 BLAS
-threads). BLAS libraries get one thread (threadpoolctl): _blas splits large GEMMs over this pool instead, so
-the engine never runs more threads than the count and no library thread busy-waits beside the pool.
+The count is process-wide (the pool is). Its default is the CPUs the process may really use: the
+NNSERVE_NUM_THREADS setting (CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU
+quota (a container limited to 2 CPUs on a 64-core node must not start 64 BLAS threads); the first instance
+applies it (`configure`). BLAS libraries get one thread (threadpoolctl): blas.py splits large GEMMs over this
+pool instead, so the engine never runs more threads than the count and no library thread busy-waits beside it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from threadpoolctl import threadpool_limits
+
 # Below this much work (elements x taps) a kernel runs on the calling thread: a pool hop costs ~20-50 us.
 MIN_WORK = 1 << 18
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-ENV = "NNSERVE_NUM_THREADS"
 
 
 def cgroup_cpus(path: Path = CGROUP_CPU_MAX) -> int | None:
@@ -34,38 +36,38 @@ def cgroup_cpus(path: Path = CGROUP_CPU_MAX) -> int | None:
         return None
 
 
-def default_threads() -> int:
-    value = os.environ.get(ENV, "").strip()
-    if value.isdigit() and int(value) > 0:
-        return int(value)
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, capped by the cgroup quota."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     quota = cgroup_cpus()
     return max(1, min(cpus, quota) if quota else cpus)
 
 
-_threads = default_threads()
+def default_threads(setting: int | None = None) -> int:
+    """The thread count for a setting (NNSERVE_NUM_THREADS, a positive int or None)."""
+    return setting if setting else available_cpus()
+
+
+_threads = available_cpus()  # until the first instance applies its setting (configure) or set_threads is called
+_configured = False
 _blas_threads: int | None = None
 _pool: ThreadPoolExecutor | None = None
 
 
-def set_blas_threads(n: int) -> bool:
-    """Sets the BLAS libraries' thread count (threadpoolctl); False when threadpoolctl is missing."""
+def set_blas_threads(n: int) -> None:
+    """Sets the BLAS libraries' thread count (threadpoolctl)."""
     global _blas_threads
     if _blas_threads == n:
-        return True
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return False
+        return
     threadpool_limits(limits=n, user_api="blas")  # applies now and stays (the object only restores on exit)
     _blas_threads = n
-    return True
 
 
 def set_threads(n: int) -> None:
     """How many threads (the caller included) a large kernel or GEMM is split over."""
-    global _threads, _pool
+    global _threads, _pool, _configured
     n = max(1, int(n))
+    _configured = True
     set_blas_threads(1)
     if n == _threads:
         return
@@ -79,8 +81,11 @@ def get_threads() -> int:
     return _threads
 
 
-def ensure_blas() -> None:
-    """Limits BLAS to one thread once (called when an instance is built); the pool does the splitting."""
+def configure(setting: int | None) -> None:
+    """Called when an instance is built: the first one gives the pool its default count (`setting`, else the
+    CPUs); every one limits BLAS to one thread, the pool doing the splitting."""
+    if not _configured:
+        set_threads(default_threads(setting))
     set_blas_threads(1)
 
 

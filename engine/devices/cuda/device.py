@@ -12,13 +12,13 @@ import contextlib
 import numpy as np
 from numba import cuda
 
-from engine.devices.base import Device
+from engine.devices.base import Device, Kernel
 from engine.devices.cuda import kernels
 from engine.devices.cuda._launch import SIM
 from engine.errors import EngineError, UnsupportedOpError
 from engine.ir import Node
 from engine.memory.planner import ALIGNMENT
-from engine.ops.registry import Kernel, OpDef, TensorInfo
+from engine.ops.registry import OpDef, TensorInfo
 
 
 def device_count() -> int:

@@ -17,8 +17,9 @@ from op_harness import (
     run_kernel,
 )
 
+from engine.devices.cpu import epilogue as cpu_epilogue
 from engine.errors import ShapeError
-from engine.ops import activation
+from engine.ops import activation, epilogue
 from engine.ops.epilogue import EPILOGUES
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
@@ -102,15 +103,17 @@ EPILOGUE_PARAMS = {"relu6": {"min": 0.0, "max": 6.0}, "clip": {"min": -1.0, "max
                    "elu": {"alpha": 0.5}, "gelu": {"approximate": "none"}}
 
 
-@pytest.mark.parametrize("contiguous", [True, False], ids=["numba", "numpy"])
+@pytest.mark.parametrize("apply", [cpu_epilogue.apply_activation, epilogue.apply_activation], ids=["cpu", "meaning"])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided"])
 @pytest.mark.parametrize("name", sorted(EPILOGUES))
-def test_epilogue_matches_activation_reference(name, contiguous):
-    # the fused epilogue (Conv/Gemm) and the standalone op must agree, on both of its code paths
+def test_epilogue_matches_activation_reference(name, contiguous, apply):
+    # the fused epilogue (Conv/Gemm) and the standalone op must agree: the numpy definition the references use, and
+    # the CPU's, on both of its code paths (numba loops on contiguous outputs, numpy otherwise)
     params = EPILOGUE_PARAMS.get(name, {})
     x = (RNG.standard_normal((6, 17)) * 4).astype(np.float32)
     buf = x.copy()
     out = buf if contiguous else buf[:, ::2]
-    activation.apply_activation(name, params, out)
+    apply(name, params, out)
     (want,) = reference(make_node(EPILOGUE_OPS[name], 1, params=params), [x if contiguous else x[:, ::2]])
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     if not contiguous:

@@ -6,13 +6,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from op_harness import check_golden, check_kernel, infer, load_cases, make_node, reference, run_kernel
+from op_harness import (
+    build_kernel,
+    check_golden,
+    check_kernel,
+    cpu_device,
+    infer,
+    kernel_workspace,
+    load_cases,
+    make_node,
+    reference,
+    run_kernel,
+)
 
-from engine.devices.cpu.conv import direct as _conv_fast
+from engine.devices.cpu.conv import direct
 from engine.errors import KernelError, ShapeError, UnsupportedOpError
 from engine.ops.conv_geometry import conv_geom
 from engine.ops.epilogue import EPILOGUES
-from engine.ops.registry import TensorInfo, get_op
+from engine.ops.registry import TensorInfo
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "spatial.npz"
 CASES = load_cases(GOLDENS, {"Conv", "ConvTranspose"})
@@ -31,12 +42,15 @@ def conv_node(c: int, o: int, k=(3, 3), bias: bool = True, residual: bool = Fals
     return make_node("Conv", 2 if residual else 1, params=params, attrs=attrs)
 
 
-def workspace_of(node, x: np.ndarray) -> int:
-    return get_op(node.op_type).workspace(node, [TensorInfo(x.shape, x.dtype)])
+DIRECT = cpu_device(onednn=False)  # the numpy/numba paths (oneDNN's: tests/engine/test_onednn_conv.py)
+
+
+def workspace_of(node, x: np.ndarray, device=None) -> int:
+    return kernel_workspace(node, [TensorInfo(x.shape, x.dtype)], device)
 
 
 def test_goldens_cover_every_kernel_path():
-    kinds = {_conv_fast._kind(conv_geom(c.node(), c.inputs[0].shape)) for c in CASES if c.op == "Conv"}
+    kinds = {direct.kind(conv_geom(c.node(), c.inputs[0].shape)) for c in CASES if c.op == "Conv"}
     assert kinds == {"gemm", "depthwise", "im2col"}
     assert sum(c.op == "ConvTranspose" for c in CASES) >= 5
 
@@ -84,24 +98,22 @@ def test_kernel_built_at_max_runs_smaller(name, residual):
 
 
 def test_im2col_tiles_over_rows_with_a_small_budget(monkeypatch):
-    monkeypatch.setattr(_conv_fast, "ONEDNN", False)  # the numpy path's workspace (oneDNN: test_onednn_conv.py)
     node = conv_node(3, 4, pads=(1, 1, 1, 1), stride=(1, 2))
     x = rand(2, 3, 11, 9)
-    full = workspace_of(node, x)
-    monkeypatch.setattr(_conv_fast, "WORKSPACE_BUDGET", 256)
-    small = workspace_of(node, x)
+    full = workspace_of(node, x, DIRECT)
+    monkeypatch.setattr(direct, "WORKSPACE_BUDGET", 256)
+    small = workspace_of(node, x, DIRECT)
     assert small < full and small == 27 * 5 * 4  # one output row of 5 pixels, K = 3*3*3
-    check_kernel(node, [x], rtol=1e-4, atol=1e-5)
+    check_kernel(node, [x], rtol=1e-4, atol=1e-5, device=DIRECT)
     tnode = make_node("ConvTranspose", 1, params={"stride": [2, 2], "pads": [1, 1, 1, 1]},
                       attrs={"weight": rand(3, 2, 3, 3), "bias": rand(2)})
-    check_kernel(tnode, [x], rtol=1e-4, atol=1e-5)
+    check_kernel(tnode, [x], rtol=1e-4, atol=1e-5, device=DIRECT)
 
 
-def test_gemm_and_depthwise_need_no_workspace(monkeypatch):
-    monkeypatch.setattr(_conv_fast, "ONEDNN", False)
+def test_gemm_and_depthwise_need_no_workspace():
     x = rand(1, 4, 6, 6)
     for node in (conv_node(4, 6, (1, 1)), conv_node(4, 4, groups=4, pads=(1, 1, 1, 1))):
-        assert workspace_of(node, x) == 0
+        assert workspace_of(node, x, DIRECT) == 0
 
 
 @pytest.mark.parametrize("cfg", [dict(stride=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
@@ -197,8 +209,7 @@ def test_tconv_errors():
 def test_kernel_refuses_an_input_beyond_its_workspace():
     node = conv_node(3, 4, pads=(1, 1, 1, 1))
     small = TensorInfo((1, 3, 4, 4), np.dtype(np.float32))
-    fn = get_op("Conv").kernel(node, [small])
-    ws = np.zeros(get_op("Conv").workspace(node, [small]), np.uint8)
+    fn, ws = build_kernel(node, [small])
     x = rand(1, 3, 30, 30)
     with pytest.raises(KernelError, match="workspace"):
         fn([x], [np.empty((1, 4, 30, 30), np.float32)], ws)
@@ -249,7 +260,7 @@ def test_every_fused_activation_in_every_path(act, path):
 def test_winograd_matches_reference(cfg, shape):
     node = conv_node(shape[1], 20, residual=True, **cfg)
     big = rand(*shape[:2], shape[2] + 7, shape[3] + 6)
-    assert _conv_fast._kind(conv_geom(node, big.shape)) == "winograd"  # built there, run below the tile threshold
+    assert direct.kind(conv_geom(node, big.shape)) == "winograd"  # built there, run below the tile threshold
     x = rand(*shape)
     zs = [rand(*infer(node, [a])[0].shape) for a in (x, big)]
     check_kernel(node, [x, zs[0]], [big, zs[1]], rtol=1e-4, atol=1e-5)
@@ -257,13 +268,12 @@ def test_winograd_matches_reference(cfg, shape):
 
 
 def test_winograd_blocks_of_tiles(monkeypatch):
-    monkeypatch.setattr(_conv_fast, "ONEDNN", False)
-    monkeypatch.setattr(_conv_fast, "WORKSPACE_BUDGET", 4096)
-    monkeypatch.setattr(_conv_fast, "WINOGRAD_MIN_TILES", 3)
+    monkeypatch.setattr(direct, "WORKSPACE_BUDGET", 4096)
+    monkeypatch.setattr(direct, "WINOGRAD_MIN_TILES", 3)
     node = conv_node(16, 16, pads=(1, 1, 1, 1))
     x = rand(1, 16, 9, 11)
-    assert workspace_of(node, x) == 16 * 32 * 6 * 4  # one row of 6 tiles per block
-    check_kernel(node, [x], rtol=1e-4, atol=1e-5)
+    assert workspace_of(node, x, DIRECT) == 16 * 32 * 6 * 4  # one row of 6 tiles per block
+    check_kernel(node, [x], rtol=1e-4, atol=1e-5, device=DIRECT)
 
 
 def test_winograd_weight_transform_against_direct_products():
@@ -275,7 +285,7 @@ def test_winograd_weight_transform_against_direct_products():
 
 
 def test_small_channel_3x3_stays_on_im2col():
-    assert _conv_fast._kind(conv_geom(conv_node(3, 8, pads=(1, 1, 1, 1)), (1, 3, 8, 8))) == "im2col"
+    assert direct.kind(conv_geom(conv_node(3, 8, pads=(1, 1, 1, 1)), (1, 3, 8, 8))) == "im2col"
 
 
 @pytest.mark.parametrize("cfg,shape", [
@@ -293,7 +303,7 @@ def test_depthwise_variants(cfg, shape):
     args = dict(cfg)
     c = shape[1]
     node = conv_node(c, c, args.pop("k", (3, 3)), groups=c, **args)
-    assert _conv_fast._kind(conv_geom(node, shape)) == "depthwise"
+    assert direct.kind(conv_geom(node, shape)) == "depthwise"
     check_kernel(node, [rand(*shape)], rtol=1e-4, atol=1e-5)
     bigger = (shape[0] + 1, c, shape[2] + 3, shape[3] + 2)
     check_kernel(node, [rand(*shape)], [rand(*bigger)], rtol=1e-4, atol=1e-5)
@@ -318,7 +328,7 @@ def test_unaligned_file_weights_are_packed_once(k, groups):
     x = rand(1, 32, 6, 6)
     check_kernel(node, [x], rtol=1e-4, atol=1e-5)
     info = [TensorInfo(x.shape, x.dtype)]
-    fn, ws = get_op("Conv").kernel(node, info), np.zeros(workspace_of(node, x), np.uint8)
+    fn, ws = build_kernel(node, info)
     out = np.empty(infer(node, [x])[0].shape, np.float32)
     fn([x], [out], ws)
     tracemalloc.start()
@@ -330,15 +340,15 @@ def test_unaligned_file_weights_are_packed_once(k, groups):
 
 @pytest.mark.parametrize("block_tiles", [8, 40])  # blocks straddling images; blocks holding several images
 def test_winograd_blocks_span_images(monkeypatch, block_tiles):
-    monkeypatch.setattr(_conv_fast, "WINOGRAD_BLOCK_TILES", block_tiles)
+    monkeypatch.setattr(direct, "WINOGRAD_BLOCK_TILES", block_tiles)
     node = conv_node(16, 20, pads=(1, 1, 1, 1), residual=True, activation="relu")
     x = rand(3, 16, 5, 7)  # 3 x 4 tiles per image: 9 tile rows over the batch
-    assert _conv_fast._kind(conv_geom(node, x.shape)) == "winograd"
+    assert direct.kind(conv_geom(node, x.shape)) == "winograd"
     z = rand(*infer(node, [x])[0].shape)
     check_kernel(node, [x, z], rtol=1e-4, atol=1e-5)
 
 
 def test_small_maps_take_winograd_only_in_a_batch():
     node = conv_node(32, 32, pads=(1, 1, 1, 1))
-    assert _conv_fast._kind(conv_geom(node, (1, 32, 7, 7))) == "im2col"  # 16 tiles: too few for one GEMM
-    assert _conv_fast._kind(conv_geom(node, (8, 32, 7, 7))) == "winograd"  # 128 tiles across the batch
+    assert direct.kind(conv_geom(node, (1, 32, 7, 7))) == "im2col"  # 16 tiles: too few for one GEMM
+    assert direct.kind(conv_geom(node, (8, 32, 7, 7))) == "winograd"  # 128 tiles across the batch

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_harness import build_kernel, get_op
 
-from engine.devices.cpu.conv import blocked as _conv_blocked_kernel
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.onednn import blocked as _onednn_blocked
+from engine.devices.cpu.onednn import objects as onednn
 from engine.ir import Node
 from engine.ops.conv import conv_reference
-from engine.ops.layout import to_blocked, to_plain
-from engine.ops.registry import TensorInfo, get_op
+from engine.ops.registry import TensorInfo
 
-if not _conv_blocked_kernel.available():
-    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or NNSERVE_ONEDNN=0",
-                allow_module_level=True)
+if not onednn.available():
+    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed", allow_module_level=True)
 
 B = _onednn_blocked.native_block() or 16
 OP = get_op("ConvBlocked")
@@ -38,9 +38,10 @@ def make(c: int, o: int, k: int = 3, stride: int = 1, groups: int = 1, dilation:
     return blocked, Node("Conv", "c", params=params, attrs=attrs)
 
 
-def run_case(node: Node, plain: Node, shapes: list[tuple[int, ...]], residual: bool, impl: str = "onednn:") -> None:
-    """Builds at shapes[0] (the max) and runs every shape in order on the one kernel and workspace; the kernel
-    built at the max shape reports `impl`."""
+def run_case(node: Node, plain: Node, shapes: list[tuple[int, ...]], residual: bool, impl: str = "onednn:",
+             device=None) -> None:
+    """Builds at shapes[0] (the max) on `device` (default: the default CPU device) and runs every shape in order on
+    the one kernel and workspace; the kernel built at the max shape reports `impl`."""
     p = node.params
     c, o = plain.attrs["weight"].shape[1] * p["groups"], plain.attrs["weight"].shape[0]
     kernel = workspace = None
@@ -56,8 +57,7 @@ def run_case(node: Node, plain: Node, shapes: list[tuple[int, ...]], residual: b
         infos = [TensorInfo(a.shape, a.dtype) for a in ins]
         out_info = OP.infer(node, infos)[0]
         if kernel is None:
-            kernel = OP.kernel(node, infos)
-            workspace = np.zeros(OP.workspace(node, infos), np.uint8)
+            kernel, workspace = build_kernel(node, infos, device)
             assert kernel.impl.startswith(impl) and "ref" not in kernel.impl, kernel.impl
         out = np.full(out_info.shape, np.nan, np.float32)  # the kernel must write every element
         kernel(ins, [out], workspace)

@@ -1,21 +1,21 @@
 """ConvBlocked's Winograd F(4x4, 3x3) path against Conv's numpy float64 reference: pads, sizes off the 4x4 tile,
 residuals, every epilogue, batches that switch between Winograd and the direct kernel on one workspace, chunks
-with a remainder, the convs it must leave alone, and the switch that turns it off. Every case runs with the
-vector transforms (_winograd_simd) and with the scalar numba kernels."""
+with a remainder, the convs it must leave alone, and the option that turns it off. Every case runs with the
+vector transforms (winograd_simd.py) and with the scalar numba kernels."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_harness import cpu_device
 from test_conv_blocked import make, run_case
 
-from engine.devices.cpu.conv import blocked as _conv_blocked_kernel
 from engine.devices.cpu.conv import winograd_blocked as W
+from engine.devices.cpu.onednn import objects as onednn
 from engine.ops.conv_geometry import conv_geom
 
-if not _conv_blocked_kernel.available():
-    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or NNSERVE_ONEDNN=0",
-                allow_module_level=True)
+if not onednn.available():
+    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed", allow_module_level=True)
 
 WINO = "winograd"
 C = 96
@@ -68,10 +68,10 @@ def test_other_convs_stay_on_the_direct_kernel(kwargs, shape):
     run_case(node, plain, [shape], residual=False)
 
 
-def test_switched_off_by_the_environment(monkeypatch):
-    monkeypatch.setenv(W.ENV, "0")
+def test_switched_off_by_the_option():
+    """CpuOptions(winograd=False) (NNSERVE_WINOGRAD=0) keeps an eligible conv on oneDNN's direct kernel."""
     node, plain = make(C, C, 3, act="relu")
-    run_case(node, plain, [(2, C, 12, 12)], residual=False)
+    run_case(node, plain, [(2, C, 12, 12)], residual=False, device=cpu_device(winograd=False))
 
 
 def test_weight_transform_gives_the_direct_conv_on_one_tile():

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_harness import build_kernel, cpu_device, get_op
 
 from engine.devices.cpu.layout import kernels as K
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.onednn import blocked as onednn_blocked
+from engine.devices.cpu.onednn import objects as onednn_objects
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops.layout import to_blocked, to_plain
-from engine.ops.registry import TensorInfo, get_op
+from engine.ops.registry import TensorInfo
 
 rng = np.random.default_rng(5)
 SHAPES = [(2, 3, 4, 5), (1, 16, 3, 3), (2, 24, 5, 4), (1, 40, 2, 7)]
-ONEDNN = pytest.mark.skipif(not K.onednn_available(), reason="oneDNN (libdnnl.so.3) is not installed or "
-                            "NNSERVE_ONEDNN=0")
+ONEDNN = pytest.mark.skipif(not onednn_objects.available(), reason="oneDNN (libdnnl.so.3) is not installed")
 
 
 def by_element(x: np.ndarray, block: int) -> np.ndarray:
@@ -45,7 +46,7 @@ def test_references_follow_the_definition_and_round_trip(shape, block):
 
 def kernels() -> list:
     out = [pytest.param(K._numpy_kernel, id="numpy")]
-    if K.onednn_available():
+    if onednn_objects.available():
         out.append(pytest.param(K._onednn_kernel, id="onednn"))
     return out
 
@@ -86,10 +87,9 @@ def test_infer_checks_the_shapes():
 
 @pytest.mark.parametrize("mode", ["avg", "max"])
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
-def test_global_pool_blocked_matches_plain_pooling(mode, onednn, monkeypatch):
-    if onednn and not K.onednn_available():
+def test_global_pool_blocked_matches_plain_pooling(mode, onednn):
+    if onednn and not onednn_objects.available():
         pytest.skip("oneDNN is not installed: the numba case covers GlobalPoolBlocked")
-    monkeypatch.setattr(K, "onednn_available", lambda: onednn)
     x = rng.standard_normal((2, 40, 5, 6)).astype(np.float32)
     want = x.mean(axis=(2, 3), keepdims=True) if mode == "avg" else x.max(axis=(2, 3), keepdims=True)
     n = Node("GlobalPoolBlocked", "gp", params={"mode": mode})
@@ -98,7 +98,7 @@ def test_global_pool_blocked_matches_plain_pooling(mode, onednn, monkeypatch):
     info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
     assert info.shape == (2, 3, 1, 1, 16)
     out = np.full(info.shape, np.nan, np.float32)
-    kernel = op.kernel(n, [TensorInfo(xb.shape, xb.dtype)])
+    kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
     assert getattr(kernel, "impl", "numba").startswith("onednn") == onednn
     kernel([xb], [out], None)
     np.testing.assert_allclose(to_plain(out, 40), want, rtol=1e-5, atol=1e-6)
@@ -122,10 +122,9 @@ def test_native_block_is_a_candidate():
 ])
 @pytest.mark.parametrize("block", [8, 16])
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
-def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn, monkeypatch):
-    if onednn and not K.onednn_available():
+def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn):
+    if onednn and not onednn_objects.available():
         pytest.skip("oneDNN is not installed: the numba case covers MaxPoolBlocked")
-    monkeypatch.setattr(K, "onednn_available", lambda: onednn)
     x = rng.standard_normal((2, 20, 9, 8)).astype(np.float32)
     plain = Node("MaxPool", "mp", params=params)
     want = get_op("MaxPool").reference(plain, [x])[0]
@@ -134,7 +133,7 @@ def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn, monkeypatc
     xb = to_blocked(x, block)
     info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
     assert info.shape == (2, -(-20 // block)) + want.shape[2:] + (block,)
-    kernel = op.kernel(n, [TensorInfo(xb.shape, xb.dtype)])
+    kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
     assert getattr(kernel, "impl", "numba").startswith("onednn") == onednn
     out = np.full(info.shape, np.nan, np.float32)
     kernel([xb], [out], None)
@@ -148,10 +147,9 @@ def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn, monkeypatc
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Maximum", "Minimum"])
 @pytest.mark.parametrize("small_first", [False, True])
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
-def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first, onednn, monkeypatch):
-    if onednn and not K.onednn_available():
+def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first, onednn):
+    if onednn and not onednn_objects.available():
         pytest.skip("oneDNN is not installed: the numba case covers BroadcastBlocked")
-    monkeypatch.setattr(K, "onednn_available", lambda: onednn)
     x = rng.standard_normal((2, 40, 5, 6)).astype(np.float32)
     s = rng.standard_normal((2, 40, 1, 1)).astype(np.float32)
     fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Maximum": np.maximum, "Minimum": np.minimum}[op]
@@ -162,7 +160,7 @@ def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first, onednn, 
     infos = [TensorInfo(a.shape, a.dtype) for a in args]
     assert bop.infer(n, infos)[0].shape == (2, 3, 5, 6, 16)
     out = np.full((2, 3, 5, 6, 16), np.nan, np.float32)
-    kernel = bop.kernel(n, infos)
+    kernel = build_kernel(n, infos, cpu_device(onednn=onednn))[0]
     on_onednn = onednn and op in ("Add", "Mul") or (onednn and op == "Sub" and not small_first)
     assert getattr(kernel, "impl", "numba").startswith("onednn") == on_onednn
     kernel(args, [out], None)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_harness import build_kernel, get_op
 
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
+from engine.devices.cpu.layout.regroup import concat_sources, shuffle_sources, split_sources
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops.layout import to_blocked, to_plain
-from engine.ops.layout_channels import concat_sources, shuffle_sources, split_sources
-from engine.ops.registry import TensorInfo, get_op
+from engine.ops.registry import TensorInfo
 
 rng = np.random.default_rng(11)
 OP = get_op("RegroupBlocked")
@@ -30,7 +31,7 @@ def regroup(block: int, channels: list[int], sources) -> Node:
 def run_kernel(node: Node, arrays: list[np.ndarray], kernel=None) -> list[np.ndarray]:
     infos = [TensorInfo(a.shape, a.dtype) for a in arrays]
     outs = [np.full(i.shape, np.nan, np.float32) for i in OP.infer(node, infos)]
-    (kernel or OP.kernel(node, infos))(arrays, outs, None)
+    (kernel or build_kernel(node, infos)[0])(arrays, outs, None)
     return outs
 
 
@@ -39,7 +40,7 @@ def check(node: Node, plain_inputs: list[np.ndarray], want: list[np.ndarray], bl
     smaller plane."""
     blocked = [to_blocked(x, block) for x in plain_inputs]
     expected = [to_blocked(y, block) for y in want]
-    kernel = OP.kernel(node, [TensorInfo(a.shape, a.dtype) for a in blocked])
+    kernel = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in blocked])[0]
     for got in (OP.reference(node, blocked), run_kernel(node, blocked, kernel)):
         assert len(got) == len(expected)
         for g, e in zip(got, expected, strict=True):

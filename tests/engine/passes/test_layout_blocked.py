@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from np_ref import conv2d
 
+from engine.devices.cpu import CpuDevice
+from engine.devices.cpu.layout.rewrite import decide, layout_blocked
 from engine.ir import Graph, Value
-from engine.ops.registry import get_op
 from engine.passes.infer_shapes import infer_shapes
-from engine.passes.layout_blocked import decide, layout_blocked
+
+OPS = CpuDevice().ops  # the shared registry and the CPU's blocked-layout ops
 
 B = 16
 rng = np.random.default_rng(7)
@@ -48,7 +50,7 @@ def evaluate(g: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     env = {v: inputs[v.name] for v in g.inputs}
     for node in g.nodes:
         args = [v.const if v.is_const else env[v] for v in node.inputs]
-        env.update(zip(node.outputs, get_op(node.op_type).reference(node, args), strict=True))
+        env.update(zip(node.outputs, OPS[node.op_type].reference(node, args), strict=True))
     return {v.name: env[v] for v in g.outputs}
 
 

@@ -1,4 +1,5 @@
-"""oneDNN kernel of ConvBlocked: a convolution whose blocked sides use nChw{B}c descriptors directly.
+"""CPU kernel of ConvBlocked (engine/devices/cpu/layout/conv_blocked.py): Winograd F(4x4)/F(2x2) where it pays
+(winograd_blocked.py), else a oneDNN convolution whose blocked sides use nChw{B}c descriptors directly.
 
 A plain side is left to the primitive (`format_tag_any`) and reordered through the instance workspace when the
 primitive picks another layout (as _conv_onednn does for every side). Weights are reordered once into the
@@ -15,24 +16,22 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.devices.base import Kernel
 from engine.devices.cpu.conv import winograd_blocked as W
-from engine.devices.cpu.layout.kernels import D, L, blocked_md, onednn_available
+from engine.devices.cpu.conv.onednn import eltwise
+from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.kernel import Backends, reference_fallback
+from engine.devices.cpu.layout import conv_blocked
+from engine.devices.cpu.layout.conv_blocked import geometry
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.onednn.blocked import blocked_md
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, weight_of
-from engine.ops.epilogue import apply_activation
-from engine.ops.registry import Kernel, TensorInfo
-
-try:
-    from engine.devices.cpu.conv.onednn import eltwise
-except ImportError:  # pragma: no cover - depends on the checkout
-    eltwise = None
+from engine.ops.registry import TensorInfo
 
 log = logging.getLogger("engine.onednn")
 Geometry = Callable[[Node, tuple], ConvGeom]
-
-
-def available() -> bool:
-    return onednn_available() and eltwise is not None
 
 
 class _Fixed:
@@ -149,9 +148,9 @@ class _Winograds:
     """The Winograd paths of one conv (one per output tile size a shape picked, W.choose), or none when the conv
     is not eligible."""
 
-    def __init__(self, fixed: _Fixed, geo: ConvGeom):
+    def __init__(self, fixed: _Fixed, geo: ConvGeom, enabled: bool):
         self.fixed = fixed
-        self.eligible = W.eligible(geo, fixed.block, fixed.src_blocked, fixed.dst_blocked)
+        self.eligible = enabled and W.eligible(geo, fixed.block, fixed.src_blocked, fixed.dst_blocked)
         self._convs: dict[int, W.WinogradConv] = {}
 
     def pick(self, geo: ConvGeom) -> tuple[W.WinogradConv, int] | None:
@@ -165,14 +164,16 @@ class _Winograds:
         return conv, conv.workspace_bytes(geo)
 
 
-def workspace(node: Node, ins: list[TensorInfo], geometry: Geometry) -> int:
+def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     """Bytes for the max shape's reordered plain sides and scratchpad (or its Winograd buffers, whichever is
     larger), plus room to align the start."""
+    if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
+        return 0
     D.sync_threads()
     fixed = _Fixed(node, geometry, len(ins) > 1)
     shape = tuple(ins[0].shape)
     geo = geometry(node, shape)
-    wino = _Winograds(fixed, geo).pick(geo)
+    wino = _Winograds(fixed, geo, backends.winograd).pick(geo)
     return max(_Plan(fixed, shape).nbytes, 0 if wino is None else wino[1]) + D.ALIGN
 
 
@@ -187,13 +188,16 @@ def _aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list)
     return private[0]
 
 
-def build(node: Node, ins: list[TensorInfo], geometry: Geometry) -> Kernel:
+def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
+    geometry(node, ins[0].shape)  # checks the node
+    if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
+        return reference_fallback(node, conv_blocked.reference)
     fixed = _Fixed(node, geometry, len(ins) > 1)
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
     first = _Plan(fixed, max_shape)
     plans = {max_shape: first}
-    winograds = _Winograds(fixed, geometry(node, max_shape))
+    winograds = _Winograds(fixed, geometry(node, max_shape), backends.winograd)
     wino_plans: dict[tuple, tuple | None] = {}  # per input shape: (conv, geometry, workspace bytes) or None
     private: list[np.ndarray] = []
 

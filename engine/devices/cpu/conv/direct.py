@@ -1,6 +1,6 @@
-"""Fast CPU kernels for Conv and ConvTranspose: 1x1 as plain GEMM, depthwise as a direct numba loop,
-3x3 stride-1 as Winograd F(2x2, 3x3), everything else as tiled im2col + BLAS GEMM; bias, residual and
-activation fused into one epilogue pass.
+"""The direct CPU paths of Conv and ConvTranspose (float32 NCHW, no oneDNN): 1x1 as plain GEMM, depthwise as a
+direct numba loop, 3x3 stride-1 as Winograd F(2x2, 3x3), everything else as tiled im2col + BLAS GEMM; bias,
+residual and activation fused into one epilogue pass.
 
 A kernel is built once at the instance's max input shape (weights are packed then) and reads the actual
 shapes from the arrays on every call, so any smaller input runs in the same output view and workspace.
@@ -12,18 +12,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engine.devices.cpu.blas import matmul
+from engine.devices.base import Kernel
+from engine.devices.cpu.blas import Blas
 from engine.devices.cpu.conv import loops as K
-from engine.devices.cpu.conv import onednn as _conv_onednn
-from engine.devices.cpu.conv import transposed as _tconv_onednn
 from engine.devices.cpu.conv import winograd as W
+from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.kernel import packed
 from engine.devices.cpu.threads import parallel_for
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom, tconv_geom, weight_of
-from engine.ops.epilogue import apply_activation
-from engine.ops.registry import Kernel, TensorInfo
-from engine.ops.spatial import packed
+from engine.ops.registry import TensorInfo
 
 # im2col scratch per conv before it tiles over output rows; the perf work may tune it.
 WORKSPACE_BUDGET = 2 << 20
@@ -32,15 +31,13 @@ WINOGRAD = True
 WINOGRAD_MIN_CHANNELS = 16
 WINOGRAD_MIN_TILES = 32  # below this many 2x2 tiles (7x7 maps at batch 1) im2col is as fast; the least per block
 WINOGRAD_BLOCK_TILES = 256  # tiles per block to aim for: GEMMs large enough, scratch still in L2/L3
-# oneDNN's blocked-layout convs (engine/devices/cpu/conv/onednn.py) when the library loads; NNSERVE_ONEDNN=0 or
-# this flag set False keeps every conv on the kernels below.
-ONEDNN = True
 _F32 = np.dtype(np.float32)
 _DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
 _DUMMY2 = np.zeros((1, 1), np.float32)
 
 
-def _kind(geo: ConvGeom) -> str:
+def kind(geo: ConvGeom) -> str:
+    """The direct path a conv of this geometry takes: "gemm", "depthwise", "winograd" or "im2col"."""
     if geo.kh == geo.kw == 1 and geo.stride == (1, 1) and not any(geo.pads):
         return "gemm"
     if geo.groups == geo.c == geo.o and geo.pad_mode == "zeros":
@@ -78,24 +75,12 @@ def _tile_rows(k_rows: int, width: int, height: int, cap_elems: int) -> int:
     return max(1, min(height, cap_elems // max(1, k_rows * width)))
 
 
-def _use_onednn(node: Node, ins: list[TensorInfo]) -> bool:
-    """oneDNN for every supported conv but plain 1x1s: on NCHW those are one GEMM here, which beat oneDNN's
-    blocked kernel plus its two reorders (24->144 @56 relu6: 0.60 vs 0.94 ms b1) and its NCHW GEMM with an
-    eltwise post-op (10 ms) in 7 of 10 MobileNet-V2 layer shapes at 2 threads."""
-    if not (ONEDNN and _conv_onednn.supported(node, ins)):
-        return False
-    geo = conv_geom(node, ins[0].shape)
-    return not (geo.groups == 1 and _kind(geo) == "gemm")
-
-
 def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
-    if _use_onednn(node, ins):
-        return _conv_onednn.workspace(node, ins)
     geo = conv_geom(node, ins[0].shape)
-    kind = _kind(geo)
-    if kind == "winograd":
+    path = kind(geo)
+    if path == "winograd":
         return 16 * (geo.c + geo.o) * _tile_block(geo, _winograd_budget()) * _F32.itemsize
-    if kind != "im2col":
+    if path != "im2col":
         return 0
     k_rows = geo.c // geo.groups * geo.kh * geo.kw
     rows = _tile_rows(k_rows, geo.ow, geo.oh, WORKSPACE_BUDGET // _F32.itemsize)
@@ -103,8 +88,6 @@ def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
 
 
 def tconv_workspace(node: Node, ins: list[TensorInfo]) -> int:
-    if ONEDNN and _tconv_onednn.supported(node, ins):
-        return _tconv_onednn.tconv_workspace(node, ins)
     geo = tconv_geom(node, ins[0].shape)
     m_rows = geo.o // geo.groups * geo.kh * geo.kw
     rows = _tile_rows(m_rows, geo.w, geo.h, WORKSPACE_BUDGET // _F32.itemsize)
@@ -163,23 +146,22 @@ def _geom_cache(fn: Callable[[Node, Sequence[int]], ConvGeom], node: Node) -> Ca
     return get
 
 
-def build_conv(node: Node, ins: list[TensorInfo]) -> Kernel:
-    if _use_onednn(node, ins):
-        return _conv_onednn.build(node, ins)
+def build_conv(blas: Blas, node: Node, ins: list[TensorInfo]) -> Kernel:
     geo_max = conv_geom(node, ins[0].shape)
-    kind = _kind(geo_max)
+    path = kind(geo_max)
+    matmul = blas.matmul
     geom = _geom_cache(conv_geom, node)
     epi = _Epilogue(node, geo_max.o)
     w = np.asarray(weight_of(node), np.float32)
-    if kind == "depthwise":
+    if path == "depthwise":
         wd = packed(w.reshape(geo_max.c, geo_max.kh, geo_max.kw))
         return _depthwise_run(node, geom, wd, epi)
     wg = packed(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
-    if kind == "gemm":
-        return _gemm_run(geom, wg, epi)
-    if kind == "winograd":
-        return _winograd_run(node, geom, W.transform_weights(w), epi)
-    return _im2col_run(node, geom, wg, epi)
+    if path == "gemm":
+        return _gemm_run(matmul, geom, wg, epi)
+    if path == "winograd":
+        return _winograd_run(matmul, node, geom, W.transform_weights(w), epi)
+    return _im2col_run(matmul, node, geom, wg, epi)
 
 
 def _finish_image(epi: _Epilogue, out: np.ndarray, z: np.ndarray | None, n: int, geo: ConvGeom) -> None:
@@ -187,7 +169,7 @@ def _finish_image(epi: _Epilogue, out: np.ndarray, z: np.ndarray | None, n: int,
     epi(out[n].reshape(geo.o, hw), None if z is None else z[n].reshape(geo.o, hw))
 
 
-def _gemm_run(geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
+def _gemm_run(matmul, geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
@@ -203,7 +185,7 @@ def _gemm_run(geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
     return run
 
 
-def _im2col_run(node: Node, geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
+def _im2col_run(matmul, node: Node, geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
@@ -226,7 +208,7 @@ def _im2col_run(node: Node, geom, wg: np.ndarray, epi: _Epilogue) -> Kernel:
     return run
 
 
-def _winograd_run(node: Node, geom, u: np.ndarray, epi: _Epilogue) -> Kernel:
+def _winograd_run(matmul, node: Node, geom, u: np.ndarray, epi: _Epilogue) -> Kernel:
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
@@ -288,9 +270,8 @@ def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
     return run
 
 
-def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
-    if ONEDNN and _tconv_onednn.supported(node, ins):
-        return _tconv_onednn.build_tconv(node, ins)
+def build_tconv(blas: Blas, node: Node, ins: list[TensorInfo]) -> Kernel:
+    matmul = blas.matmul
     geo_max = tconv_geom(node, ins[0].shape)
     geom = _geom_cache(tconv_geom, node)
     epi = _Epilogue(node, geo_max.o)

@@ -15,20 +15,22 @@ import logging
 
 import numpy as np
 
+from engine.devices.base import Kernel
+from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
-from engine.ops.epilogue import apply_activation
-from engine.ops.registry import Kernel, TensorInfo
+from engine.ops.registry import TensorInfo
 
 log = logging.getLogger("engine.onednn")
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
 def supported(node: Node, ins: list[TensorInfo]) -> bool:
-    if not D.available() or np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
+    """Whether oneDNN computes this conv (float32, 2-D, zero padding); the caller checks oneDNN is on."""
+    if np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
         return False
     return (node.params.get("pad_mode") or "zeros") == "zeros"
 

@@ -1,4 +1,4 @@
-"""ConvTranspose on oneDNN's deconvolution, with _conv_onednn's plans (blocked layouts, reorders at the edges,
+"""ConvTranspose on oneDNN's deconvolution, with onednn.py's plans (blocked layouts, reorders at the edges,
 bias and activation as post-ops, scratchpad in the workspace).
 
 oneDNN's deconvolution weights are (O, I, kh, kw) per group, torch's (I, O/g, kh, kw): the weights keep torch's
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.base import Kernel
 from engine.devices.cpu.conv.onednn import _Conv, build, workspace
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, tconv_geom
-from engine.ops.registry import Kernel, TensorInfo
+from engine.ops.registry import TensorInfo
 from engine.ops.spatial import pair
 
 DECONVOLUTION_DIRECT = 0xA
@@ -27,7 +28,8 @@ def _end_pads(node: Node, geo: ConvGeom) -> tuple[int, int]:
 
 
 def supported(node: Node, ins: list[TensorInfo]) -> bool:
-    if not D.available() or np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
+    """Whether oneDNN computes this ConvTranspose; the caller checks oneDNN is on."""
+    if np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
         return False
     return min(_end_pads(node, tconv_geom(node, ins[0].shape))) >= 0
 

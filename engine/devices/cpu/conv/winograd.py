@@ -7,7 +7,7 @@ With d a 4x4 input patch and g a 3x3 filter, one 2x2 output tile is  A^T [(G g G
     A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]
 Tiles are numbered t = ty * tiles_w + tx over the output; a block of tile rows [ty0, ty1) is transformed at
 a time so the scratch stays small, its columns starting at col0 (a block may hold tile rows of several images,
-so small maps at batch 8 still make large GEMMs). The kernels work on channel ranges [lo, hi) for _threads.parallel_for.
+so small maps at batch 8 still make large GEMMs). The kernels work on channel ranges [lo, hi) for threads.parallel_for.
 """
 
 from __future__ import annotations

@@ -20,19 +20,17 @@ in cache; the workspace holds v | m | scratchpad.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
 from engine.devices.cpu.conv import winograd_blocked_loops as K
 from engine.devices.cpu.conv import winograd_simd as S
+from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import get_threads, parallel_for
 from engine.ops.conv_geometry import ConvGeom
-from engine.ops.epilogue import apply_activation
 
-ENV = "NNSERVE_WINOGRAD"  # "0" keeps every conv on the direct kernel
 CHUNK_BYTES = 4 << 20
 VECTOR_TRANSFORMS = True  # _winograd_simd where the block allows; False keeps the scalar kernels (tests both)
 MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
@@ -44,18 +42,15 @@ _INLINE_ACTS = {None: K.ACT_NONE, "relu": K.ACT_RELU, "relu6": K.ACT_CLIP, "clip
                 "leaky_relu": K.ACT_LEAKY}
 
 
-def enabled() -> bool:
-    return os.environ.get(ENV, "").strip() != "0"
-
-
 def tiles(geo: ConvGeom, m: int = 4) -> tuple[int, int]:
     """Rows and columns of m x m output tiles."""
     return -(-geo.oh // m), -(-geo.ow // m)
 
 
 def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) -> bool:
-    """A dense 3x3 stride-1 undilated conv, blocked on both sides, whose channels fill whole blocks."""
-    return (enabled() and src_blocked and dst_blocked and (geo.kh, geo.kw) == (3, 3) and geo.stride == (1, 1)
+    """A dense 3x3 stride-1 undilated conv, blocked on both sides, whose channels fill whole blocks (NNSERVE_WINOGRAD,
+    CpuOptions.winograd, decides whether eligible convs may run Winograd at all)."""
+    return (src_blocked and dst_blocked and (geo.kh, geo.kw) == (3, 3) and geo.stride == (1, 1)
             and geo.dilation == (1, 1) and geo.groups == 1 and geo.c % block == 0 and geo.o % block == 0)
 
 

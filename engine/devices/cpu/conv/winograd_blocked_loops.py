@@ -8,7 +8,7 @@ Gray, 2015) with
 Tiles are numbered t = (n * tiles_h + ty) * tiles_w + tx; a chunk [t0, t1) of them is transformed at a time so
 the GEMM operands stay small. v[6a + b, t - t0, c] holds (B^T d B)[a, b] of input channel c; m[6a + b, t - t0, k]
 the GEMM product for output channel k. Every inner loop runs over the B lanes of one pixel (unit stride,
-vectorised). Items [lo, hi) are (channel block, slice of the chunk) pairs for _threads.parallel_for.
+vectorised). Items [lo, hi) are (channel block, slice of the chunk) pairs for threads.parallel_for.
 """
 
 from __future__ import annotations

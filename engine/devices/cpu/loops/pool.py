@@ -1,4 +1,4 @@
-"""numba pooling kernels (NCHW) over items [lo, hi) of N*C, split by _threads.parallel_for.
+"""numba pooling kernels (NCHW) over items [lo, hi) of N*C, split by threads.parallel_for.
 
 Window rules mirror torch's CPU kernels exactly.
 """

@@ -2,7 +2,7 @@
 
 Every float step is float32 in the same order as the reference (no fastmath, so no reassociation or fused
 multiply-add), and `_f2i8` is TNN's float2int8: add +-0.5 in float32, clamp to [-128, 127], truncate.
-Work is split over items [lo, hi) by _threads.parallel_for; int32 sums live in the caller's workspace.
+Work is split over items [lo, hi) by threads.parallel_for; int32 sums live in the caller's workspace.
 """
 
 from __future__ import annotations

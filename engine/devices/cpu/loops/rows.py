@@ -1,4 +1,4 @@
-"""numba loops over the rows of 2-D/3-D views, split over items [lo, hi) by _threads.parallel_for.
+"""numba loops over the rows of 2-D/3-D views, split over items [lo, hi) by threads.parallel_for.
 
 - row_sums: out[p] = scale * sum(x[p, :]) -- GlobalAvgPool and trailing-axes ReduceMean/ReduceSum on an
   (N*C, H*W) view. fastmath lets LLVM keep many partial sums in vector registers (numpy's pairwise float32

@@ -6,17 +6,19 @@ s - x); primitives are cached per input shape.
 
 from __future__ import annotations
 
-from engine.devices.cpu.layout.kernels import blocked_md
+from engine.devices.base import Kernel
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
-from engine.ops.registry import Kernel
+from engine.devices.cpu.onednn.blocked import blocked_md
 
 ALGORITHMS = {"Add": 0x1FFF0, "Mul": 0x1FFF1, "Sub": 0x1FFF5}  # dnnl_binary_add / _mul / _sub
 ARG_SRC_1 = 2  # DNNL_ARG_SRC_1 (DNNL_ARG_SRC_0 is ARG_SRC)
 
 
 def supported(op: str, small_first: bool) -> bool:
-    return D.available() and op in ALGORITHMS and (not small_first or op != "Sub")
+    """Whether the binary primitive computes this op with the small operand on that side; the caller checks oneDNN
+    is on."""
+    return op in ALGORITHMS and (not small_first or op != "Sub")
 
 
 class _Plan:

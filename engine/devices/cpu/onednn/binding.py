@@ -1,8 +1,9 @@
 """ctypes layer over oneDNN's v3 C API (libdnnl.so.3 from the `onednn-cpu-gomp` wheel): loading, constants,
-status checks. The object wrappers the kernels use are in _onednn.
+status checks. The object wrappers the kernels use are in objects.py.
 
-The library is looked up in `<sys.prefix>/lib` (where the wheel installs it), then on the loader path.
-`NNSERVE_ONEDNN=0` disables it (the numpy/numba kernels run instead).
+The library is looked up in `<sys.prefix>/lib` (where the wheel installs it), then on the loader path, when a
+CPU device whose options allow oneDNN first asks for it (`load`); with NNSERVE_ONEDNN=0 it is never loaded and
+the numpy/numba kernels run instead.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import threading
 from pathlib import Path
 
 from engine.errors import KernelError
 
-ENV = "NNSERVE_ONEDNN"
 SONAME = "libdnnl.so.3"
 
 # Enum values of the v3 C API (dnnl_types.h, dnnl_common_types.h); each one used is checked by a numeric test.
@@ -63,9 +64,7 @@ def _candidates() -> list[str]:
     return found + ([name] if name else []) + [SONAME]
 
 
-def _load() -> ctypes.CDLL | None:
-    if os.environ.get(ENV, "").strip() == "0":
-        return None
+def _open() -> ctypes.CDLL | None:
     # Idle OpenMP workers must sleep, not spin against the engine's own thread pool and numba kernels;
     # libgomp reads this once, when it is loaded (with libdnnl, below).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -83,7 +82,18 @@ def _load() -> ctypes.CDLL | None:
     return None
 
 
-LIB = _load()
+LIB: ctypes.CDLL | None = None  # the library once `load` found it: a shared library loads once per process
+_loaded = False
+_lock = threading.Lock()
+
+
+def load() -> ctypes.CDLL | None:
+    """libdnnl, loaded on the first call; None when it is not installed."""
+    global LIB, _loaded
+    with _lock:
+        if not _loaded:
+            LIB, _loaded = _open(), True
+    return LIB
 
 
 def check(status: int, fn: str) -> None:
@@ -94,7 +104,7 @@ def check(status: int, fn: str) -> None:
 def call(fn: str, *args) -> None:
     """Calls LIB.fn(*args) and raises KernelError naming it unless it returns dnnl_success."""
     if LIB is None:
-        raise KernelError(f"oneDNN is not available (calling {fn})")
+        raise KernelError(f"oneDNN is not loaded (calling {fn})")
     check(getattr(LIB, fn)(*args), fn)
 
 

@@ -3,7 +3,7 @@ small class that frees its handle in __del__; one engine, a stream per thread, O
 
 Kernels create primitives with `format_tag_any` and let oneDNN pick its blocked layouts (an order of magnitude
 faster than forcing NCHW), reordering at the edges (`Step` + `Plan` below run a primitive's arguments by pointer).
-`available()` is false when libdnnl is missing or `NNSERVE_ONEDNN=0`.
+`available()` loads libdnnl (binding.load) and is false when it is missing.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ALIGN = 64
 
 
 def available() -> bool:
-    return L.LIB is not None
+    return L.load() is not None
 
 
 class _Engine:

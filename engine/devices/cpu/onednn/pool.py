@@ -13,12 +13,13 @@ import logging
 
 import numpy as np
 
-from engine.devices.cpu.layout.kernels import blocked_md
+from engine.devices.base import Kernel
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.onednn.blocked import blocked_md
 from engine.errors import KernelError
 from engine.ir import Node
-from engine.ops.registry import Kernel, TensorInfo
+from engine.ops.registry import TensorInfo
 
 log = logging.getLogger("engine.onednn")
 
@@ -43,7 +44,8 @@ def algorithm(node: Node, geo) -> int | None:
 
 
 def supported(node: Node, ins: list[TensorInfo], geom) -> bool:
-    if not D.available() or np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
+    """Whether oneDNN pools this node exactly (float32 NCHW); the caller checks oneDNN is on."""
+    if np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
         return False
     return algorithm(node, geom(node, ins[0].shape)) is not None
 
@@ -78,7 +80,7 @@ class _Plan:
 
 
 def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0) -> Kernel:
-    """`geom(node, shape)` is pool.py's pool_geom (passed in: pool.py imports this module) or, for blocked values
+    """`geom(node, shape)` is engine.ops.pool's pool_geom or, for blocked values
     (`block` > 0), the geometry with the lanes counted as channels; `fallback` runs the shapes oneDNN cannot do
     exactly (count_include_pad windows that ceil_mode widens only at some sizes)."""
     D.sync_threads()

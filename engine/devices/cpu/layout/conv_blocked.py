@@ -1,24 +1,23 @@
-"""ConvBlocked: Conv on values in the blocked layout nChw{B}c (see layout.py), on either side or both.
+"""ConvBlocked: Conv on values in the blocked layout nChw{B}c (see blocked_ops.py), on either side or both.
 
 Params and attrs are Conv's (SPEC.md) plus `src_blocked`, `dst_blocked` (bool) and `block`. Shapes are physical:
 a blocked side is (N, ceil(C/B), H, W, B), a plain side NCHW; the residual z has the output's layout. The logical
 input channel count is weight.shape[1] * groups. The reference unblocks, runs Conv's numpy reference and blocks
-the result (padding lanes zero); the kernel is a oneDNN convolution in those layouts (_conv_blocked_kernel).
+the result (padding lanes zero); the kernel is a oneDNN convolution in those layouts, or Winograd
+(engine/devices/cpu/conv/blocked.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.devices.cpu.conv import blocked as K
+from engine.devices.cpu.layout.blocked_ops import blocked_shape, to_blocked, to_plain
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 from engine.ops.conv import conv_reference
 from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
 from engine.ops.epilogue import EPILOGUES
-from engine.ops.layout import blocked_shape, to_blocked, to_plain
-from engine.ops.registry import Kernel, OpDef, TensorInfo, register
-from engine.ops.rules import reference_kernel
+from engine.ops.registry import OpDef, TensorInfo
 
 
 def block_of(node: Node) -> int:
@@ -69,7 +68,7 @@ def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return [TensorInfo(out, ins[0].dtype)]
 
 
-def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     geometry(node, arrays[0].shape)
     x = to_plain(arrays[0], in_channels(node)) if node.params.get("src_blocked") else arrays[0]
     rest = list(arrays[1:])
@@ -80,17 +79,4 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [to_blocked(y, block_of(node)) if node.params.get("dst_blocked") else y]
 
 
-def _kernel(node: Node, ins: list[TensorInfo]) -> Kernel:
-    geometry(node, ins[0].shape)
-    if np.dtype(ins[0].dtype) != np.float32 or not K.available():
-        return reference_kernel(node, _reference)
-    return K.build(node, ins, geometry)
-
-
-def _workspace(node: Node, ins: list[TensorInfo]) -> int:
-    if np.dtype(ins[0].dtype) != np.float32 or not K.available():
-        return 0
-    return K.workspace(node, ins, geometry)
-
-
-register(OpDef("ConvBlocked", _infer, _reference, kernel=_kernel, workspace=_workspace))
+OPS = {"ConvBlocked": OpDef("ConvBlocked", _infer, reference)}

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.devices.cpu.layout.loops import copy_lanes, zero_lanes
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops.layout import to_blocked, to_plain
-from engine.ops.registry import OpDef, TensorInfo, register
-from engine.ops.rules import reference_kernel
+from engine.ops.registry import OpDef, TensorInfo
 
 Sources = list[list[tuple[int, int]]]
 
@@ -39,7 +36,7 @@ def shuffle_sources(channels: int, groups: int) -> Sources:
     return [[(0, (o % groups) * per + o // groups) for o in range(channels)]]
 
 
-def _params(node: Node) -> tuple[int, list[int], Sources]:
+def regroup_params(node: Node) -> tuple[int, list[int], Sources]:
     block, chans, sources = node.params.get("block"), node.params.get("channels"), node.params.get("sources")
     if not isinstance(block, int) or block <= 0 or not isinstance(chans, (list, tuple)) or not chans:
         raise ShapeError(f"{node.where()}: RegroupBlocked needs int param block and a list of channels, got "
@@ -60,7 +57,7 @@ def _physical(shape, c: int, block: int) -> tuple[int, ...]:
 
 
 def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
-    block, chans, sources = _params(node)
+    block, chans, sources = regroup_params(node)
     if len(ins) != len(chans):
         raise ShapeError(f"{node.where()}: RegroupBlocked has {len(chans)} channel counts for {len(ins)} inputs")
     first = tuple(ins[0].shape)
@@ -73,61 +70,10 @@ def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return [TensorInfo(_physical(first, len(out), block), ins[0].dtype) for out in sources]
 
 
-def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    block, chans, sources = _params(node)
+def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    block, chans, sources = regroup_params(node)
     plain = [to_plain(np.asarray(a), c) for a, c in zip(arrays, chans, strict=True)]
     return [to_blocked(np.stack([plain[i][:, c] for i, c in out], axis=1), block) for out in sources]
 
 
-class _Copy:
-    """One (output, input) pair's lane map for copy_lanes, in flat offsets of one image's input."""
-
-    def __init__(self, chans: list[tuple[int, int]], i: int, block: int, hw: int):
-        dst_blocks = -(-len(chans) // block)
-        self.count = np.zeros(dst_blocks, np.int64)
-        self.dst_lane = np.zeros((dst_blocks, block), np.int64)
-        self.src_off = np.zeros((dst_blocks, block), np.int64)
-        self.aligned = np.full(dst_blocks, -1, np.int64)
-        for k, (j, c) in enumerate(chans):
-            if j != i:
-                continue
-            db, lane = divmod(k, block)
-            sb, sl = divmod(c, block)
-            n = self.count[db]
-            self.dst_lane[db, n], self.src_off[db, n] = lane, sb * hw * block + sl
-            self.count[db] += 1
-        for db in range(dst_blocks):
-            lanes, offs = self.dst_lane[db], self.src_off[db]
-            if self.count[db] == block and (lanes == np.arange(block)).all() and (np.diff(offs) == 1).all() \
-                    and offs[0] % block == 0:
-                self.aligned[db] = offs[0]
-
-
-def _kernel(node: Node, ins: list[TensorInfo]):
-    if any(np.dtype(i.dtype) != np.float32 for i in ins):
-        return reference_kernel(node, _reference)
-    block, chans, sources = _params(node)
-    z, k = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1), np.int64)
-    copy_lanes(z.reshape(1, 1), z, k[0], k, k, k[0], 0, 0)  # compile at build
-    zero_lanes(z, 1, 0, 0)
-    plans: dict[tuple, list] = {}  # per H*W: the copies of each output (offsets depend on the plane size)
-
-    def plan(hw: int) -> list:
-        if hw not in plans:
-            plans[hw] = [[(i, _Copy(out, i, block, hw)) for i in sorted({i for i, _ in out})] for out in sources]
-        return plans[hw]
-
-    def run(inputs, outputs, workspace):
-        n, _, h, w, b = inputs[0].shape
-        for out, chans_out, copies in zip(outputs, sources, plan(h * w), strict=True):
-            dst = out.reshape(n, out.shape[1], h * w, b)
-            if len(chans_out) % b:
-                zero_lanes(dst, len(chans_out) % b, 0, n)
-            for i, c in copies:
-                x = inputs[i]
-                parallel_for(copy_lanes, n * dst.shape[1], dst.size, x.reshape(n, -1), dst, c.count, c.dst_lane,
-                             c.src_off, c.aligned)
-    return run
-
-
-register(OpDef("RegroupBlocked", _infer, _reference, kernel=_kernel))
+OPS = {"RegroupBlocked": OpDef("RegroupBlocked", _infer, reference)}

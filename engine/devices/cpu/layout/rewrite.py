@@ -1,4 +1,4 @@
-"""layout_blocked: keep activations in the blocked layout nChw{B}c between convolutions (CPU with oneDNN).
+"""The blocked-layout rewrite: keep activations in the blocked layout nChw{B}c between convolutions (CPU with oneDNN).
 
 A pure graph -> graph function; the input graph is left untouched (it is the Model's, shared with instances on
 other devices). The result is a copy (nodes and values new, weight arrays shared) where
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.devices.cpu.layout.regroup import concat_sources, shuffle_sources, split_sources
 from engine.ir import Graph, Node, Value
-from engine.ops.layout_channels import concat_sources, shuffle_sources, split_sources
 
 log = logging.getLogger("engine.passes")
 
@@ -46,7 +46,7 @@ TWINS = {"GlobalAvgPool": ("GlobalPoolBlocked", {"mode": "avg"}),
 # Global pools run blocked whenever their input is: a ToPlain of their (N, C, 1, 1) output is nearly free, while
 # a plain input would make the conv before them write NCHW (ResNet-18's last conv: 7.4 -> 13 ms at batch 8).
 SINKS = {"GlobalAvgPool", "GlobalMaxPool"}
-CHANNEL_OPS = {"Concat", "Split", "ChannelShuffle"}  # become RegroupBlocked (layout_channels.py)
+CHANNEL_OPS = {"Concat", "Split", "ChannelShuffle"}  # become RegroupBlocked (regroup.py)
 BLOCKED, PLAIN = "blocked", "plain"
 
 
