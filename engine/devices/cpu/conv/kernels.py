@@ -49,13 +49,13 @@ def build_conv(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     if np.dtype(ins[0].dtype) != np.float32:
         return _fallback(node, conv_sums)
     if _use_onednn(backends, node, ins):
-        return onednn.build(node, ins)
+        return onednn.build(onednn.ConvSpec(node, len(ins) > 1), ins)
     return direct.build_conv(backends.blas, node, ins)
 
 
 def conv_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     if _use_onednn(backends, node, ins):
-        return onednn.workspace(node, ins)
+        return onednn.workspace(onednn.ConvSpec(node, len(ins) > 1), ins)
     return direct.conv_workspace(node, ins)
 
 

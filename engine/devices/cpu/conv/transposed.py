@@ -1,5 +1,5 @@
-"""ConvTranspose on oneDNN's deconvolution, with onednn.py's plans (blocked layouts, reorders at the edges,
-bias and activation as post-ops, scratchpad in the workspace).
+"""ConvTranspose on oneDNN's deconvolution, through onednn.py's plan (reorders at the edges, bias and activation
+as post-ops, scratchpad in the workspace).
 
 oneDNN's deconvolution weights are (O, I, kh, kw) per group, torch's (I, O/g, kh, kw): the weights keep torch's
 memory and get an oneDNN descriptor with the matching strides. torch's output_padding widens the output at the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.conv.onednn import _Conv, build, workspace
+from engine.devices.cpu.conv.onednn import ConvSpec, build, workspace
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.ir import Node
@@ -34,11 +34,9 @@ def supported(node: Node, ins: list[TensorInfo]) -> bool:
     return min(_end_pads(node, tconv_geom(node, ins[0].shape))) >= 0
 
 
-class _TConv(_Conv):
-    op = "ConvTranspose"
-
-    def geom(self, shape: tuple[int, ...]) -> ConvGeom:
-        return tconv_geom(self.node, shape)
+class DeconvSpec(ConvSpec):
+    def __init__(self, node: Node, residual: bool = False):
+        super().__init__(node, residual, tconv_geom)
 
     def w_plain(self, geo: ConvGeom) -> D.MemoryDesc:
         g, og, ig, kh, kw = geo.groups, geo.o // geo.groups, geo.c // geo.groups, geo.kh, geo.kw
@@ -49,19 +47,18 @@ class _TConv(_Conv):
             dims, strides = dims[1:], strides[1:]
         return D.MemoryDesc.strided(dims, strides)
 
-    def primitive_desc(self, geo: ConvGeom, shape: tuple[int, ...], b_md: D.MemoryDesc | None,
-                       attr: D.Attr) -> D.PrimitiveDesc:
-        x_any, w_any, y_any = (D.MemoryDesc.any(s) for s in (shape, self.wshape(geo), geo.out_shape))
+    def primitive_desc(self, geo: ConvGeom, x_md: D.MemoryDesc, w_md: D.MemoryDesc, b_md: D.MemoryDesc | None,
+                       y_md: D.MemoryDesc, attr: D.Attr) -> D.PrimitiveDesc:
         return D.PrimitiveDesc.create(
             "dnnl_deconvolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE,
-            DECONVOLUTION_DIRECT, x_any.h, w_any.h, None if b_md is None else b_md.h, y_any.h,
+            DECONVOLUTION_DIRECT, x_md.h, w_md.h, None if b_md is None else b_md.h, y_md.h,
             L.dims(geo.stride), L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]),
             L.dims(_end_pads(self.node, geo)), attr.h)
 
 
 def tconv_workspace(node: Node, ins: list[TensorInfo]) -> int:
-    return workspace(node, ins, _TConv)
+    return workspace(DeconvSpec(node, len(ins) > 1), ins)
 
 
 def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
-    return build(node, ins, _TConv)
+    return build(DeconvSpec(node, len(ins) > 1), ins)
