@@ -1,6 +1,7 @@
 """The fused activation epilogue of Conv, ConvTranspose and Gemm (SPEC.md): the activation names those ops accept
 and what each computes, applied in place to an output in numpy. The activation family's references agree with
-these (tests/engine/ops/test_activation.py); devices run their own versions (engine/devices/cpu/epilogue.py).
+these (tests/engine/devices/cpu/test_activation_kernels.py); devices run their own versions
+(engine/devices/cpu/epilogue.py).
 """
 
 from __future__ import annotations

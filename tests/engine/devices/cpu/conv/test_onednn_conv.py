@@ -36,7 +36,7 @@ from engine.ops.registry import TensorInfo
 if not _onednn.available():
     pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed", allow_module_level=True)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[5]
 RNG = np.random.default_rng(11)
 TOL = dict(rtol=1e-4, atol=1e-5)
 

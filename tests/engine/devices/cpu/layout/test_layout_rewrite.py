@@ -1,5 +1,6 @@
-"""layout_blocked on synthetic graphs: which values go blocked, where reorders land, names kept, the skip rule,
-and the rewritten graph's numpy references against plain numpy (no oneDNN needed: the block is an argument)."""
+"""The CPU's blocked-layout rewrite (engine/devices/cpu/layout/rewrite.py) on synthetic graphs: which values go
+blocked, where reorders land, names kept, the skip rule, and the rewritten graph's numpy references against plain
+numpy (no oneDNN needed: the block is an argument)."""
 
 from __future__ import annotations
 
