@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.conv import loops as K
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, CpuKernel, packed
+from engine.devices.cpu.loops import fused_epilogue as E
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
 from engine.ops.linear import gemm_weight
@@ -24,8 +24,8 @@ def build_gemm(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     has_bias = bias is not None
     bias = packed(np.ravel(bias), dtype) if has_bias else np.zeros(1, dtype)
     act, params = node.params.get("activation"), node.params.get("activation_params")
-    code = K.act_code(act, params)
-    c, *p = code or (K.ACT_NONE, 0.0, 0.0, 0.0)
+    code = E.act_code(act, params)
+    c, *p = code or (E.ACT_NONE, 0.0, 0.0, 0.0)
     p = [dtype.type(v) for v in p]
     k, n = wt.shape
 
@@ -34,7 +34,7 @@ def build_gemm(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         out = outputs[0].reshape(-1, n)
         matmul(x.reshape(-1, k), wt, out)
         if has_bias or c:
-            parallel_for(K.epilogue_cols, out.shape[0], out.size, out, bias, has_bias, c, *p)
+            parallel_for(E.epilogue_cols, out.shape[0], out.size, out, bias, has_bias, c, *p)
         if code is None:
             apply_activation(act, params, out)
     return run

@@ -18,6 +18,7 @@ from engine.devices.cpu.conv import loops as K
 from engine.devices.cpu.conv import winograd as W
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import packed
+from engine.devices.cpu.loops import fused_epilogue as E
 from engine.devices.cpu.threads import parallel_for
 from engine.errors import KernelError
 from engine.ir import Node
@@ -122,14 +123,14 @@ class _Epilogue:
         bias = node.attrs.get("bias")
         self.bias = np.zeros(o, np.float32) if bias is None else packed(np.ravel(bias))
         self.name, self.params = node.params.get("activation"), node.params.get("activation_params")
-        code = K.act_code(self.name, self.params)
+        code = E.act_code(self.name, self.params)
         self.late = code is None  # run through apply_activation after the fused pass
-        c, p0, p1, p2 = code or (K.ACT_NONE, 0.0, 0.0, 0.0)
+        c, p0, p1, p2 = code or (E.ACT_NONE, 0.0, 0.0, 0.0)
         self.code, self.p = c, (np.float32(p0), np.float32(p1), np.float32(p2))
 
     def __call__(self, y2: np.ndarray, z2: np.ndarray | None) -> None:
         has_z = z2 is not None
-        parallel_for(K.epilogue, y2.shape[0], y2.size, y2, self.bias, z2 if has_z else _DUMMY2, has_z, self.code,
+        parallel_for(E.epilogue, y2.shape[0], y2.size, y2, self.bias, z2 if has_z else _DUMMY2, has_z, self.code,
                      *self.p)
         if self.late:
             apply_activation(self.name, self.params, y2)
@@ -250,7 +251,7 @@ def _segments(g0: int, g1: int, th: int, tw: int) -> list[tuple[int, int, int, i
 
 
 def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
-    code = K.ACT_NONE if epi.late else epi.code
+    code = E.ACT_NONE if epi.late else epi.code
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]

@@ -1,4 +1,5 @@
-"""numba kernels behind the fast Conv / ConvTranspose paths: im2col, col2im, depthwise and the fused epilogue.
+"""numba kernels behind the direct Conv / ConvTranspose paths: im2col, col2im and depthwise (with the fused
+epilogue of loops/fused_epilogue.py inlined).
 
 Every function is compiled lazily on first call (per dtype) and cached on disk, and releases the GIL. The
 kernels work on items [lo, hi) of their outer axis (channels, or N*C) so engine.devices.cpu.threads.parallel_for can
@@ -6,19 +7,16 @@ split them over threads. They take one image (no batch axis) unless said otherwi
 and loop without slicing copies.
 
 Pad modes are small ints: 0 zeros, 1 reflect, 2 replicate, 3 circular (the Conv `pad_mode` param).
-Every activation of SPEC.md's fused epilogue has a code (ACT_CODES) and up to three params p0..p2 (act_code),
-so bias, residual and activation take one pass over the output with no temporaries.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit
 
+from engine.devices.cpu.loops.fused_epilogue import activate, activate_cheap, activate_row
+
 PAD_MODES = {"zeros": 0, "constant": 0, "reflect": 1, "replicate": 2, "edge": 2, "circular": 3}
-ACT_NONE = 0
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -169,7 +167,7 @@ def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2
                 zrow = z[n, c, oh]
                 for ow in range(ow_n):
                     row[ow] += zrow[ow]
-            _act_row(row, act, p0, p1, p2)
+            activate_row(row, act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -223,11 +221,11 @@ def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo,
             for oh in range(oh_n):
                 for ow in range(ow_n):
                     v = acc[oh * wp + ow] + z[n, c, oh, ow] if has_z else acc[oh * wp + ow]
-                    oc[oh, ow] = _act(v, act, p0, p1, p2)
+                    oc[oh, ow] = activate(v, act, p0, p1, p2)
         else:  # the common case (none/relu/clip/leaky) as one plain loop per row
             for oh in range(oh_n):
                 for ow in range(ow_n):
-                    oc[oh, ow] = _act_cheap(acc[oh * wp + ow], act, p0, p1, p2)
+                    oc[oh, ow] = activate_cheap(acc[oh * wp + ow], act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True)
@@ -269,106 +267,7 @@ def depthwise_s2(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo,
             if has_z or act > 3:
                 for ow in range(ow_n):
                     v = acc[ow] + z[n, c, oh, ow] if has_z else acc[ow]
-                    oc[oh, ow] = _act(v, act, p0, p1, p2)
+                    oc[oh, ow] = activate(v, act, p0, p1, p2)
             else:
                 for ow in range(ow_n):
-                    oc[oh, ow] = _act_cheap(acc[ow], act, p0, p1, p2)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _act_row(row, act, p0, p1, p2):
-    """The activation over a 1-D row in place; the cheap ones in a loop of their own so it vectorises."""
-    if act == 0:
-        return
-    if act <= 3:
-        for k in range(row.shape[0]):
-            row[k] = _act_cheap(row[k], act, p0, p1, p2)
-    else:
-        for k in range(row.shape[0]):
-            row[k] = _act(row[k], act, p0, p1, p2)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _act_cheap(v, act, p0, p1, p2):
-    """Activations 0-3 (none, relu, clip, leaky_relu) in v's own type, so float32 loops stay float32."""
-    if act == 1:
-        return v if v > 0 else v * 0
-    if act == 2:
-        return min(max(v, p0), p1)
-    if act == 3:
-        return v if v >= 0 else v * p2
-    return v
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _act(v, act, p0, p1, p2):
-    """The fused activation `act` (see ACT_CODES) of one value, computed in float64."""
-    x = np.float64(v)
-    if act <= 3:
-        return _act_cheap(x, act, p0, p1, p2)
-    if act == 4:
-        return 1.0 / (1.0 + math.exp(-x))
-    if act == 5:
-        return x / (1.0 + math.exp(-x))
-    if act == 6:
-        return min(max(x * p0 + p1, 0.0), 1.0)
-    if act == 7:
-        return x * min(max(x * p0 + p1, 0.0), 1.0)
-    if act == 8:
-        return math.tanh(x)
-    if act == 9:
-        return x if x > 0 else p2 * math.expm1(x)
-    if act == 10:
-        return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
-    return 0.5 * x * (1.0 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-
-
-@njit(nogil=True, cache=True)
-def epilogue(y, bias, z, has_z, act, p0, p1, p2, lo, hi):
-    """y[o, l] = act(y[o, l] + bias[o] (+ z[o, l])) in place for o in [lo, hi); y and z are (O, L) views."""
-    for o in range(lo, hi):
-        row, b = y[o], bias[o]
-        if has_z:
-            zrow = z[o]
-            for k in range(row.shape[0]):
-                row[k] += b + zrow[k]
-            _act_row(row, act, p0, p1, p2)
-        elif act <= 3:  # one pass for the cheap activations
-            for k in range(row.shape[0]):
-                row[k] = _act_cheap(row[k] + b, act, p0, p1, p2)
-        else:
-            for k in range(row.shape[0]):
-                row[k] = _act(row[k] + b, act, p0, p1, p2)
-
-
-@njit(nogil=True, cache=True)
-def epilogue_cols(y, bias, has_bias, act, p0, p1, p2, lo, hi):
-    """Gemm's epilogue: y[r, k] = act(y[r, k] + bias[k]) in place for rows r in [lo, hi)."""
-    for r in range(lo, hi):
-        row = y[r]
-        if has_bias:
-            for k in range(row.shape[0]):
-                row[k] += bias[k]
-        _act_row(row, act, p0, p1, p2)
-
-
-ACT_CODES = {None: 0, "relu": 1, "relu6": 2, "clip": 2, "leaky_relu": 3, "sigmoid": 4, "silu": 5, "hardsigmoid": 6,
-             "hardswish": 7, "tanh": 8, "elu": 9, "gelu": 10}
-
-
-def act_code(name: str | None, params: dict | None) -> tuple[int, float, float, float] | None:
-    """(code, p0, p1, p2) for the numba epilogues, None for an activation they do not know."""
-    p = params or {}
-    if name not in ACT_CODES:
-        return None
-    code = ACT_CODES[name]
-    if name == "relu6":
-        return code, 0.0, 6.0, 0.0
-    if name == "clip":
-        lo, hi = p.get("min"), p.get("max")
-        return code, -np.inf if lo is None else float(lo), np.inf if hi is None else float(hi), 0.0
-    if name in ("hardsigmoid", "hardswish"):
-        return code, float(p.get("alpha", 1 / 6)), float(p.get("beta", 0.5)), 0.0
-    if name == "gelu" and p.get("approximate", "none") == "tanh":
-        return 11, 0.0, 0.0, 0.0
-    return code, 0.0, 0.0, float(p.get("alpha", 1.0 if name == "elu" else 0.01))
+                    oc[oh, ow] = activate_cheap(acc[ow], act, p0, p1, p2)
