@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         os.environ["NNSERVE_NUM_THREADS"] = str(args.threads)
     elif not os.environ.get("NNSERVE_NUM_THREADS"):
-        from engine.ops._threads import default_threads
+        from engine.devices.cpu.threads import default_threads
 
         os.environ["NNSERVE_NUM_THREADS"] = str(default_threads())
     ceiling = {} if args.no_engine else engine_ceiling(args.engine_iters)

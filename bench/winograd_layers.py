@@ -3,15 +3,14 @@
     .venv/bin/python bench/winograd_layers.py [--repeat 15] [--batches 1,8]
 
 For each layer (ResNet-18's four stages, SqueezeNet's expand3x3 convs, VGG-style wide layers) it builds the
-ConvBlocked kernel three times, with NNSERVE_WINOGRAD=0 (direct) and with each Winograd tile size forced
+ConvBlocked kernel three times, with Winograd off (NNSERVE_WINOGRAD=0: direct) and with each Winograd tile size forced
 whatever `choose` says, and prints median ms per call, the ratios and the rule's choice. The thresholds in
-engine/ops/_conv_winograd_blocked.py (MIN_CHANNELS, MIN_TILES, MIN_WORK, SMALL_MIN_CHANNELS) come from it.
+engine/devices/cpu/conv/winograd_blocked.py (MIN_CHANNELS, MIN_TILES, MIN_WORK, SMALL_MIN_CHANNELS) come from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -21,12 +20,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `import engine`
 
+from engine.devices.cpu import CpuDevice, CpuOptions  # noqa: E402
+from engine.devices.cpu.conv import winograd_blocked as W  # noqa: E402
+from engine.devices.cpu.onednn import objects as onednn  # noqa: E402
+from engine.devices.cpu.onednn.blocked import native_block  # noqa: E402
 from engine.ir import Node  # noqa: E402
-from engine.ops import _conv_blocked_kernel  # noqa: E402
-from engine.ops import _conv_winograd_blocked as W  # noqa: E402
-from engine.ops._conv_geom import conv_geom  # noqa: E402
-from engine.ops._layout_kernels import native_block  # noqa: E402
-from engine.ops.registry import TensorInfo, get_op  # noqa: E402
+from engine.ops.conv_geometry import conv_geom  # noqa: E402
+from engine.ops.registry import TensorInfo  # noqa: E402
 
 # (name, input channels, output channels, spatial size)
 LAYERS = [("resnet18 layer1", 64, 64, 56), ("resnet18 layer2", 128, 128, 28), ("resnet18 layer3", 256, 256, 14),
@@ -56,24 +56,20 @@ def _time_ms(fn, repeat: int) -> float:
 
 def time_layer(c: int, o: int, hw: int, batch: int, tile: int | None, repeat: int) -> tuple[float, str]:
     """(median ms, the kernel's impl) with Winograd forced to output tiles of `tile` (past W.choose), or off."""
-    op, block = get_op("ConvBlocked"), native_block()
+    device = CpuDevice(CpuOptions(winograd=tile is not None))
+    op, block = device.ops["ConvBlocked"], native_block()
     node = _node(c, o, block)
     x = np.random.default_rng(1).standard_normal((batch, c // block, hw, hw, block)).astype(np.float32)
     infos = [TensorInfo(x.shape, x.dtype)]
     out = np.empty(op.infer(node, infos)[0].shape, np.float32)
-    saved_env, saved_rule = os.environ.get(W.ENV), W.choose
-    os.environ[W.ENV] = "0" if tile is None else "1"
+    saved_rule = W.choose
     W.choose = lambda geo, block: tile
     try:
-        kernel = op.kernel(node, infos)
-        ws = np.zeros(op.workspace(node, infos), np.uint8)
+        kernel = device.build_kernel(node, op, infos)
+        ws = np.zeros(device.workspace_bytes(node, op, infos), np.uint8)
         ms = _time_ms(lambda: kernel([x], [out], ws), repeat)
     finally:
         W.choose = saved_rule
-        if saved_env is None:
-            os.environ.pop(W.ENV, None)
-        else:
-            os.environ[W.ENV] = saved_env
     return ms, kernel.impl
 
 
@@ -82,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--batches", default="1,8")
     args = ap.parse_args(argv)
-    if not _conv_blocked_kernel.available():
+    if not onednn.available():
         print("oneDNN is not installed: nothing to compare")
         return 1
     print("| layer | batch | direct ms | F(4x4) ms | F(2x2) ms | direct/F(4x4) | direct/F(2x2) | rule picks |")

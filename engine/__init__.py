@@ -3,9 +3,13 @@
     model = engine.load("resnet18.pnnx.param")
     inst = model.instance(max_shapes={"in0": (1, 3, 224, 224)})
     outputs = inst.run({"in0": x})
+
+The runtime names below load on first use, so importing a lower layer alone (`import engine.ops`: numpy only)
+does not pull in the devices' libraries (numba, oneDNN).
 """
 
-from engine.devices import cuda_device_count
+import importlib
+
 from engine.errors import (
     ArenaOverflowError,
     EngineError,
@@ -14,10 +18,21 @@ from engine.errors import (
     ShapeError,
     UnsupportedOpError,
 )
-from engine.formats.registry import FORMATS, Format
-from engine.ir.dtypes import DTYPES
-from engine.runtime.instance import Instance, RunTimings
-from engine.runtime.model import Model, TensorSpec, load
+
+_RUNTIME = {"Instance": "engine.runtime.instance", "RunTimings": "engine.runtime.instance",
+            "Model": "engine.runtime.model", "TensorSpec": "engine.runtime.model", "load": "engine.runtime.model",
+            "FORMATS": "engine.formats.registry", "Format": "engine.formats.registry", "DTYPES": "engine.ir.dtypes",
+            "cuda_device_count": "engine.devices"}
+
+
+def __getattr__(name: str):
+    module = _RUNTIME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DTYPES",

@@ -8,7 +8,6 @@ one `error: ...` line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 
 from engine.errors import EngineError
 from engine.formats.registry import FORMATS
+from engine.runtime.options import EngineOptions, environment_options
 
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -38,8 +38,10 @@ def parse_input(text: str) -> tuple[str, str]:
     return name, path
 
 
-def add_engine_commands(subparsers) -> None:
-    """Adds `run`, `inspect` and `convert` to an argparse subparsers object."""
+def add_engine_commands(subparsers, options: EngineOptions | None = None) -> None:
+    """Adds `run`, `inspect` and `convert` to an argparse subparsers object; they run with `options` (default: the
+    environment's, read now)."""
+    options = options if options is not None else environment_options()
     p = subparsers.add_parser("run", help="run a model on .npy inputs and write .npy outputs")
     graph_files = " or ".join(sorted(f"MODEL{f.graph_suffix}" for f in FORMATS.values()))
     p.add_argument("model", help=f"{graph_files} (weights beside it)")
@@ -50,14 +52,14 @@ def add_engine_commands(subparsers) -> None:
     p.add_argument("--warmup", type=_count(0), default=0, metavar="N",
                    help="untimed runs first (the first run includes JIT compilation)")
     p.add_argument("--repeat", type=_count(1), default=1, metavar="N", help="timed runs; the median is reported")
-    p.set_defaults(func=_guarded(cmd_run))
+    p.set_defaults(func=_guarded(cmd_run, options.debug), engine_options=options)
 
     p = subparsers.add_parser("inspect", help="show a model's inputs, outputs, ops and memory plan")
     p.add_argument("model")
     _add_max_shape(p)
     p.add_argument("--graph-only", action="store_true",
                    help="structure only, without weights (a .tnnproto needs no .tnnmodel) and without lowering")
-    p.set_defaults(func=_guarded(cmd_inspect))
+    p.set_defaults(func=_guarded(cmd_inspect, options.debug), engine_options=options)
 
     p = subparsers.add_parser("convert", help="convert a model to another format")
     p.add_argument("model")
@@ -68,7 +70,7 @@ def add_engine_commands(subparsers) -> None:
                    help="the fixed shape TNN records for a dynamic input; repeat per input")
     p.add_argument("--tnn-version", type=int, choices=[1, 2], default=None,
                    help="TNN proto version to write (default: the writer's)")
-    p.set_defaults(func=_guarded(cmd_convert))
+    p.set_defaults(func=_guarded(cmd_convert, options.debug), engine_options=options)
 
 
 def _add_max_shape(p: argparse.ArgumentParser) -> None:
@@ -88,7 +90,7 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+def _guarded(fn: Callable[[argparse.Namespace], int], debug: int) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
@@ -96,7 +98,7 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
             print(f"error: {e}", file=sys.stderr)
             return 2
         except Exception as e:  # a bug, not a user error: still one line unless asked for the traceback
-            if os.environ.get("ENGINE_DEBUG", "") not in ("", "0"):
+            if debug:
                 raise
             print(f"error: internal error: {type(e).__name__}: {e} (ENGINE_DEBUG=1 shows the traceback)",
                   file=sys.stderr)
@@ -115,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for spec in model.inputs:  # a dynamic input without --max-shape: plan for the given array
         if spec.name not in max_shapes and -1 in spec.shape and spec.name in feeds:
             max_shapes[spec.name] = feeds[spec.name].shape
-    inst = model.instance(device=args.device, max_shapes=max_shapes or None)
+    inst = model.instance(device=args.device, max_shapes=max_shapes or None, options=args.engine_options)
     for _ in range(args.warmup):
         inst.run(feeds)
     timings = []
@@ -149,7 +151,8 @@ def _file_name(name: str) -> str:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from engine.runtime.inspect import describe, describe_graph
 
-    print(describe_graph(args.model) if args.graph_only else describe(args.model, dict(args.max_shape)))
+    print(describe_graph(args.model) if args.graph_only
+          else describe(args.model, dict(args.max_shape), args.engine_options))
     return 0
 
 

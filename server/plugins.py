@@ -1,5 +1,6 @@
 """Plugins: the modules named in NNSERVE_PLUGINS (ServerSettings.plugins) are imported before any model loads, so
-they can register engine ops (custom layers) with engine.ops.registry.
+they can register engine ops (custom layers): their meaning with engine.ops.register and their CPU kernel with
+engine.devices.cpu.register_kernel.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Run with the dev environment (torch): `.venv-dev/bin/python tools/make_op_goldens_spatial.py`.
 Each case stores `<case>/op` (canonical op name), `<case>/params` (JSON of the SPEC params),
 `<case>/in<i>` (inputs), `<case>/attr_<name>` (weight, bias) and `<case>/out0` (torch's result), the layout
-engine/ops/_harness.load_cases reads.
+tests/op_harness.load_cases reads.
 Where torch lacks a form (asymmetric pads, auto_pad with stride) the case is built from torch primitives
 (F.pad, then the op with no padding; a full transposed conv, then a crop).
 """

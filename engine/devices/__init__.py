@@ -1,4 +1,4 @@
-"""Devices by name. CPU is built in; CUDA is imported lazily so CPU-only installs never need pycuda."""
+"""Devices by name. CPU is built in; CUDA is imported on first use, so CPU-only installs never need numba-cuda."""
 
 from __future__ import annotations
 
@@ -6,20 +6,20 @@ import importlib
 from types import ModuleType
 
 from engine.devices.base import Device
+from engine.devices.cpu import CpuDevice, CpuOptions
 from engine.errors import EngineError
 
 _ALIASES = {"cpu": "cpu", "cuda": "cuda", "gpu": "cuda"}
 
 
-def get_device(name: str = "cpu") -> Device:
-    """The Device for "cpu", "cuda" or "gpu" (EngineError for anything else or an unavailable CUDA)."""
+def get_device(name: str = "cpu", cpu_options: CpuOptions | None = None) -> Device:
+    """The Device for "cpu", "cuda" or "gpu" (EngineError for anything else or an unavailable CUDA); the CPU takes
+    `cpu_options` (default: CpuOptions())."""
     key = _ALIASES.get(str(name).lower().split(":")[0])
     if key is None:
         raise EngineError(f"unknown device {name!r}; supported devices: cpu, cuda (gpu)")
     if key == "cpu":
-        from engine.devices.cpu import CpuDevice
-
-        return CpuDevice()
+        return CpuDevice(cpu_options)
     try:
         return _cuda_module().CudaDevice(name)
     except EngineError:
@@ -42,4 +42,4 @@ def _cuda_module() -> ModuleType:
         raise EngineError(f"CUDA support is not installed ({e}): install nnserve[cuda]") from None
 
 
-__all__ = ["Device", "cuda_device_count", "get_device"]
+__all__ = ["CpuDevice", "CpuOptions", "Device", "cuda_device_count", "get_device"]

@@ -1,19 +1,39 @@
-"""The device interface the runtime compiles against: where the arena lives and how a node's kernel is built."""
+"""The device interface the runtime compiles against.
+
+A device owns:
+- `ops`: the op definitions it runs, the shared registry (engine.ops) overlaid with its private ops (the CPU's
+  blocked layout); the runtime and shape inference look ops up here;
+- `kernels`: its kernel table keyed by op type (engine/devices/<device>/kernels.py);
+- `prepare(graph)`: its own rewrite of a loaded graph before compiling (the CPU's layout; identity elsewhere);
+- `options`: its settings, read once by the caller and passed in;
+and where the arena lives, how a node's kernel and its workspace are built, how data crosses to and from it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from engine.ir import Node
+from engine.ir import Graph, Node
 from engine.memory.arena import Arena
-from engine.ops.registry import Kernel, OpDef, TensorInfo
+from engine.ops.registry import OPS, OpDef, TensorInfo
+
+# A built kernel: fn(inputs, outputs, workspace), writing into the preallocated outputs.
+Kernel = Callable[[Sequence[np.ndarray], Sequence[np.ndarray], np.ndarray], None]
 
 
 class Device(ABC):
     name: str = ""
+    ops: Mapping[str, OpDef] = OPS
+    kernels: Mapping[str, object] = {}
+    options: object = None
+
+    def prepare(self, graph: Graph) -> Graph:
+        """The graph this device compiles: `graph` itself, or a rewritten copy (never changed in place)."""
+        return graph
 
     @abstractmethod
     def allocate(self, nbytes: int) -> Arena:
@@ -23,11 +43,11 @@ class Device(ABC):
     def build_kernel(self, node: Node, op: OpDef, ins: list[TensorInfo]) -> Kernel:
         """A callable fn(inputs, outputs, workspace) for `node`, built once at the instance's max shapes."""
 
-    # Hooks with host-memory defaults; a device whose arena is not host memory (CUDA) overrides them.
+    @abstractmethod
     def workspace_bytes(self, node: Node, op: OpDef, ins: list[TensorInfo]) -> int:
         """Scratch bytes this device's kernel for `node` needs at the max shapes."""
-        return int(op.workspace(node, ins)) if op.workspace is not None else 0
 
+    # Hooks with host-memory defaults; a device whose arena is not host memory (CUDA) overrides them.
     def activate(self) -> contextlib.AbstractContextManager:
         """Entered around every run (CUDA: makes the instance's device current on the calling thread)."""
         return contextlib.nullcontext()

@@ -1,13 +1,27 @@
-"""Canonical ops, one module per family. Importing this package registers them all."""
+"""Canonical ops: what each op means (shape/dtype inference, the numpy reference, in-place and alias
+declarations), one module per family; importing the package registers every family.
 
-import importlib
-import pkgutil
+This package needs numpy only: how a device computes an op is in engine/devices/<device>/.
+"""
 
+from engine.ops import (  # noqa: F401  (each family module registers its ops)
+    activation,
+    attention,
+    conv,
+    elementwise,
+    expression,
+    linear,
+    norm,
+    pad,
+    pool,
+    quant,
+    reduce,
+    resize,
+    shape,
+    softmax,
+    tensor,
+    tnn_lstm,
+)
 from engine.ops.registry import OPS, OpDef, TensorInfo, all_ops, get_op, register
-
-_FAMILY_SKIP = {"registry"}
-for _m in pkgutil.iter_modules(__path__):
-    if _m.name not in _FAMILY_SKIP and not _m.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_m.name}")
 
 __all__ = ["OPS", "OpDef", "TensorInfo", "all_ops", "get_op", "register"]

@@ -2,7 +2,7 @@
 
 A bool mask means "may attend"; a float mask is added to the scores; is_causal keeps the lower triangle
 (top-left aligned, as torch). Rows with nothing to attend to give zeros, as torch's scaled_dot_product_attention
-does. The kernel keeps the (…, L, S) scores in the workspace."""
+does."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import broadcast, empty, float_of, numba_ok, reference_kernel
-from engine.ops._norm_kernels import softmax_loop
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import broadcast, float_of
 
 
-def _shapes(node: Node, ins: list[TensorInfo]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def shapes(node: Node, ins: list[TensorInfo]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(scores shape, output shape); ShapeError when q, k, v and mask do not fit."""
     if len(ins) not in (3, 4):
         raise ShapeError(f"{node.where()}: Attention takes q, k, v, [mask], got {len(ins)} inputs")
@@ -33,17 +32,17 @@ def _shapes(node: Node, ins: list[TensorInfo]) -> tuple[tuple[int, ...], tuple[i
     return scores, batch + (q[-2], v[-1])
 
 
-def _scale(node: Node, e: int) -> float:
+def scale(node: Node, e: int) -> float:
     s = node.params.get("scale")
     return 1.0 / math.sqrt(e) if s is None else float(s)
 
 
 def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
-    _, out = _shapes(node, ins)
+    _, out = shapes(node, ins)
     return [TensorInfo(out, float_of(ins[0].dtype))]
 
 
-def _masked_fill(scores: np.ndarray, mask: np.ndarray | None, blocked: np.ndarray | None) -> None:
+def masked_fill(scores: np.ndarray, mask: np.ndarray | None, blocked: np.ndarray | None) -> None:
     """Adds a float mask, then sets what a bool mask or causality (`blocked`, True above the diagonal) forbids
     to -inf, in place."""
     if mask is not None:
@@ -56,19 +55,19 @@ def _masked_fill(scores: np.ndarray, mask: np.ndarray | None, blocked: np.ndarra
         np.copyto(scores, -np.inf, where=blocked[:L, :S])
 
 
-def _causal_block(L: int, S: int) -> np.ndarray:
+def causal_block(L: int, S: int) -> np.ndarray:
     """True where torch's is_causal forbids attending (j > i); a max-size block serves every smaller (L, S)."""
     return ~np.tri(L, S, dtype=bool)
 
 
-def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     q, k, v = (np.asarray(a) for a in arrays[:3])
     ot = float_of(q.dtype)
     mask = np.asarray(arrays[3]) if len(arrays) > 3 else None
-    scores = np.matmul(q.astype(np.float64), np.swapaxes(k.astype(np.float64), -1, -2)) * _scale(node, q.shape[-1])
+    scores = np.matmul(q.astype(np.float64), np.swapaxes(k.astype(np.float64), -1, -2)) * scale(node, q.shape[-1])
     causal = bool(node.params.get("is_causal", False))
-    _masked_fill(scores, None if mask is None else mask if mask.dtype == np.bool_ else mask.astype(np.float64),
-                 _causal_block(*scores.shape[-2:]) if causal else None)
+    masked_fill(scores, None if mask is None else mask if mask.dtype == np.bool_ else mask.astype(np.float64),
+                causal_block(*scores.shape[-2:]) if causal else None)
     m = np.max(scores, axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(m), m, 0))
     total = np.sum(e, axis=-1, keepdims=True)
@@ -76,39 +75,4 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.matmul(p, v.astype(np.float64)).astype(ot)]
 
 
-def _workspace(node: Node, ins: list[TensorInfo]) -> int:
-    scores, _ = _shapes(node, ins)
-    return math.prod(scores) * float_of(ins[0].dtype).itemsize
-
-
-def _kernel(node: Node, ins: list[TensorInfo]):
-    dt = float_of(ins[0].dtype)
-    if not numba_ok(dt):
-        return reference_kernel(node, _reference)
-    scores_max, _ = _shapes(node, ins)
-    blocked = _causal_block(*scores_max[-2:]) if node.params.get("is_causal") else None
-    softmax_loop(empty(3, dt), empty(3, dt), False, True)
-
-    def run(inputs, outputs, workspace):
-        q, k, v = inputs[:3]
-        mask = inputs[3] if len(inputs) > 3 else None
-        batch = q.shape[:-2] if q.shape[:-2] == k.shape[:-2] else np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-        shape = (*batch, q.shape[-2], k.shape[-2])
-        scores = _scratch(workspace, shape, dt)
-        np.matmul(q, np.swapaxes(k, -1, -2), out=scores, casting="unsafe")
-        scores *= dt.type(_scale(node, q.shape[-1]))
-        _masked_fill(scores, mask, blocked)
-        view = (-1, shape[-1], 1)
-        softmax_loop(scores.reshape(view), scores.reshape(view), False, True)
-        np.matmul(scores, v, out=outputs[0], casting="unsafe")
-    return run
-
-
-def _scratch(workspace: np.ndarray | None, shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
-    n = math.prod(shape)
-    if workspace is not None and workspace.nbytes >= n * dt.itemsize:
-        return workspace.reshape(-1).view(np.uint8)[:n * dt.itemsize].view(dt).reshape(shape)
-    return np.empty(shape, dt)  # called without the planned workspace (direct use outside the runtime)
-
-
-register(OpDef("Attention", _infer, _reference, _kernel, workspace=_workspace))
+register(OpDef("Attention", _infer, reference))

@@ -1,4 +1,4 @@
-"""Conv and ConvTranspose (NCHW, 2-D): shape inference and the numpy references; fast kernels in _conv_fast.
+"""Conv and ConvTranspose (NCHW, 2-D): shape inference and the numpy references.
 
 Semantics are torch's `F.conv2d` / `F.conv_transpose2d`, plus SPEC.md's fused epilogue
 `y = act(conv(x) + bias + z)` with an optional residual input z.
@@ -11,10 +11,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops import _conv_fast
-from engine.ops._conv_geom import NP_PAD, conv_geom, tconv_geom, weight_of
-from engine.ops._epilogue import EPILOGUES, apply_activation
-from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+from engine.ops.conv_geometry import NP_PAD, conv_geom, tconv_geom, weight_of
+from engine.ops.epilogue import EPILOGUES, apply_activation
+from engine.ops.registry import OpDef, TensorInfo, register
 
 
 # -- inference --------------------------------------------------------------------------------------
@@ -39,18 +38,24 @@ def infer_tconv(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
 
 
 # -- references -------------------------------------------------------------------------------------
-def _finish(node: Node, acc: np.ndarray, dtype, extra: np.ndarray | None = None) -> np.ndarray:
-    """Bias, residual and activation in float64, then the output dtype."""
+def _with_bias(node: Node, acc: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+    """Bias and residual added in float64."""
     bias = node.attrs.get("bias")
     if bias is not None:
         acc += bias.astype(np.float64).reshape(1, -1, 1, 1)
     if extra is not None:
         acc += extra
+    return acc
+
+
+def _finish(node: Node, acc: np.ndarray, dtype) -> np.ndarray:
+    """The activation in float64, then the output dtype."""
     apply_activation(node.params.get("activation"), node.params.get("activation_params"), acc)
     return acc.astype(dtype)
 
 
-def conv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+def conv_sums(node: Node, arrays: list[np.ndarray]) -> np.ndarray:
+    """conv(x) + bias + z in float64, before the activation."""
     x = arrays[0]
     geo = conv_geom(node, x.shape)
     t, l, b, r = geo.pads
@@ -63,10 +68,15 @@ def conv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     wg = weight_of(node).astype(np.float64).reshape(g, geo.o // g, geo.c // g, geo.kh, geo.kw)
     acc = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(geo.out_shape)
     z = arrays[1].astype(np.float64) if len(arrays) > 1 else None
-    return [_finish(node, np.ascontiguousarray(acc), x.dtype, z)]
+    return _with_bias(node, np.ascontiguousarray(acc), z)
 
 
-def tconv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+def conv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [_finish(node, conv_sums(node, arrays), arrays[0].dtype)]
+
+
+def tconv_sums(node: Node, arrays: list[np.ndarray]) -> np.ndarray:
+    """conv_transpose(x) + bias in float64, before the activation."""
     x = arrays[0]
     geo = tconv_geom(node, x.shape)
     (sh, sw), (dh, dw), g = geo.stride, geo.dilation, geo.groups
@@ -83,29 +93,11 @@ def tconv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
             cols = slice(j * dw, j * dw + (geo.w - 1) * sw + 1, sw)
             full[:, :, :, rows, cols] += np.einsum("ngchw,gco->ngohw", xg, wg[:, :, :, i, j])
     acc = full.reshape(geo.n, geo.o, full_h, full_w)[:, :, t:t + geo.oh, l:l + geo.ow]
-    return [_finish(node, np.ascontiguousarray(acc), x.dtype)]
+    return _with_bias(node, np.ascontiguousarray(acc))
 
 
-def _fallback(node: Node, ref) -> Kernel:
-    """Non-float32 inputs: run the reference and copy (the fast kernels are float32 only)."""
-    def run(inputs, outputs, workspace):
-        np.copyto(outputs[0], ref(node, list(inputs))[0])
-    return run
+def tconv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    return [_finish(node, tconv_sums(node, arrays), arrays[0].dtype)]
 
 
-def build_conv(node: Node, ins: list[TensorInfo]) -> Kernel:
-    if np.dtype(ins[0].dtype) != np.float32:
-        return _fallback(node, conv_reference)
-    return _conv_fast.build_conv(node, ins)
-
-
-def build_tconv(node: Node, ins: list[TensorInfo]) -> Kernel:
-    if np.dtype(ins[0].dtype) != np.float32:
-        return _fallback(node, tconv_reference)
-    return _conv_fast.build_tconv(node, ins)
-
-
-register(
-    OpDef("Conv", infer_conv, conv_reference, kernel=build_conv, workspace=_conv_fast.conv_workspace),
-    OpDef("ConvTranspose", infer_tconv, tconv_reference, kernel=build_tconv, workspace=_conv_fast.tconv_workspace),
-)
+register(OpDef("Conv", infer_conv, conv_reference), OpDef("ConvTranspose", infer_tconv, tconv_reference))

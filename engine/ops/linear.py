@@ -6,15 +6,11 @@ import numpy as np
 
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops import _conv_kernels as K
-from engine.ops._blas import matmul
-from engine.ops._epilogue import EPILOGUES, apply_activation
-from engine.ops._spatial import packed
-from engine.ops._threads import parallel_for
-from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+from engine.ops.epilogue import EPILOGUES, apply_activation
+from engine.ops.registry import OpDef, TensorInfo, register
 
 
-def _weight(node: Node) -> np.ndarray:
+def gemm_weight(node: Node) -> np.ndarray:
     w = node.attrs.get("weight")
     if w is None or w.ndim != 2:
         raise ShapeError(f"{node.where()}: Gemm needs a 2-D 'weight' attr (N, K), got "
@@ -24,7 +20,7 @@ def _weight(node: Node) -> np.ndarray:
 
 def infer_gemm(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     shape = tuple(ins[0].shape)
-    w = _weight(node)
+    w = gemm_weight(node)
     if not shape or shape[-1] != w.shape[1]:
         raise ShapeError(f"{node.where()}: Gemm input {shape} does not end in K={w.shape[1]} (weight {w.shape})")
     b = node.attrs.get("bias")
@@ -39,35 +35,11 @@ def infer_gemm(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
 def gemm_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     x = arrays[0]
     infer_gemm(node, [TensorInfo(x.shape, x.dtype)])
-    y = x.astype(np.float64) @ _weight(node).astype(np.float64).T
+    y = x.astype(np.float64) @ gemm_weight(node).astype(np.float64).T
     if node.attrs.get("bias") is not None:
         y += node.attrs["bias"].astype(np.float64).ravel()
     apply_activation(node.params.get("activation"), node.params.get("activation_params"), y)
     return [y.astype(x.dtype)]
-
-
-def build_gemm(node: Node, ins: list[TensorInfo]) -> Kernel:
-    w = _weight(node)
-    dtype = np.dtype(ins[0].dtype)
-    wt = packed(w.T, dtype)  # (K, N): x @ wt reads both operands row-major
-    bias = node.attrs.get("bias")
-    has_bias = bias is not None
-    bias = packed(np.ravel(bias), dtype) if has_bias else np.zeros(1, dtype)
-    act, params = node.params.get("activation"), node.params.get("activation_params")
-    code = K.act_code(act, params)
-    c, *p = code or (K.ACT_NONE, 0.0, 0.0, 0.0)
-    p = [dtype.type(v) for v in p]
-    k, n = wt.shape
-
-    def run(inputs, outputs, workspace):
-        x = np.ascontiguousarray(inputs[0])
-        out = outputs[0].reshape(-1, n)
-        matmul(x.reshape(-1, k), wt, out)
-        if has_bias or c:
-            parallel_for(K.epilogue_cols, out.shape[0], out.size, out, bias, has_bias, c, *p)
-        if code is None:
-            apply_activation(act, params, out)
-    return run
 
 
 def matmul_shape(node: Node, a: tuple, b: tuple) -> tuple[int, ...]:
@@ -104,17 +76,7 @@ def matmul_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.matmul(a, b)]
 
 
-def build_matmul(node: Node, ins: list[TensorInfo]) -> Kernel:
-    # A constant operand (a weight) is packed once: file-backed data may be unaligned, which costs a copy per call.
-    consts = [None if i.value is None or i.dtype.kind != "f" else packed(i.value, i.dtype) for i in ins[:2]]
-
-    def run(inputs, outputs, workspace):
-        a, b = (c if c is not None else x for c, x in zip(consts, inputs, strict=False))
-        matmul(a, b, outputs[0])
-    return run
-
-
 register(
-    OpDef("Gemm", infer_gemm, gemm_reference, kernel=build_gemm),
-    OpDef("MatMul", infer_matmul, matmul_reference, kernel=build_matmul),
+    OpDef("Gemm", infer_gemm, gemm_reference),
+    OpDef("MatMul", infer_matmul, matmul_reference),
 )

@@ -1,6 +1,6 @@
 """Normalisations: BatchNorm (folded scale/bias, inplace), LayerNorm, GroupNorm, InstanceNorm, LpNormalize.
 
-References use biased variance in float64; kernels are numba loops (stats in float64) or broadcast ufuncs."""
+References use biased variance in float64."""
 
 from __future__ import annotations
 
@@ -10,17 +10,16 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import empty, float_of, norm_axis, numba_ok, reference_kernel
-from engine.ops._norm_kernels import groupnorm_loop, layernorm_loop
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import float_of, norm_axis
 
 
-def _attr(node: Node, name: str) -> np.ndarray | None:
+def attr(node: Node, name: str) -> np.ndarray | None:
     a = node.attrs.get(name)
     return None if a is None else np.asarray(a)
 
 
-def _channel_shape(ndim: int) -> tuple[int, ...]:
+def channel_shape(ndim: int) -> tuple[int, ...]:
     """Shape that broadcasts a (C,) vector over axis 1 of an ndim tensor."""
     return (-1,) + (1,) * max(ndim - 2, 0)
 
@@ -29,7 +28,7 @@ def _check_channels(node: Node, shape: tuple[int, ...], names: tuple[str, ...]) 
     if len(shape) < 2:
         raise ShapeError(f"{node.where()}: {node.op_type} needs (N, C, ...) input, got {shape}")
     for name in names:
-        a = _attr(node, name)
+        a = attr(node, name)
         if a is not None and a.size != shape[1]:
             raise ShapeError(f"{node.where()}: {node.op_type} {name} has {a.size} values for {shape[1]} channels")
 
@@ -42,7 +41,7 @@ def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
         _check_channels(node, shape, ("scale", "bias"))
     elif op in ("GroupNorm", "InstanceNorm"):
         _check_channels(node, shape, ("weight", "bias"))
-        groups = _groups(node, shape[1])
+        groups = groups_of(node, shape[1])
         if groups <= 0 or shape[1] % groups:
             raise ShapeError(f"{node.where()}: GroupNorm: {shape[1]} channels do not split into {groups} groups")
     elif op == "LayerNorm":
@@ -54,7 +53,7 @@ def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return [TensorInfo(shape, float_of(ins[0].dtype))]
 
 
-def _groups(node: Node, channels: int) -> int:
+def groups_of(node: Node, channels: int) -> int:
     return channels if node.op_type == "InstanceNorm" else int(node.params["num_groups"])
 
 
@@ -64,13 +63,13 @@ def _layernorm_rows(node: Node, shape: tuple[int, ...]) -> tuple[int, int]:
         raise ShapeError(f"{node.where()}: LayerNorm normalized_ndim {k} for input of rank {len(shape)}")
     n = math.prod(shape[len(shape) - k:])
     for name in ("weight", "bias"):
-        a = _attr(node, name)
+        a = attr(node, name)
         if a is not None and a.size != n:
             raise ShapeError(f"{node.where()}: LayerNorm {name} has {a.size} values, normalized dims {shape[-k:]}")
     return math.prod(shape[:len(shape) - k]), n
 
 
-def _eps(node: Node) -> float:
+def eps_of(node: Node) -> float:
     return float(node.params.get("eps", 1e-5))
 
 
@@ -82,7 +81,7 @@ def _normalize(x: np.ndarray, axes: tuple[int, ...], eps: float) -> np.ndarray:
 
 
 def _affine(node: Node, y: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    w, b = _attr(node, "weight"), _attr(node, "bias")
+    w, b = attr(node, "weight"), attr(node, "bias")
     if w is not None:
         y = y * w.astype(np.float64).reshape(shape)
     if b is not None:
@@ -90,19 +89,19 @@ def _affine(node: Node, y: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return y
 
 
-def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     x0 = np.asarray(arrays[0])
     x, op, ot = x0.astype(np.float64), node.op_type, float_of(x0.dtype)
     if op == "BatchNorm":
-        cs = _channel_shape(x.ndim)
-        y = x * _attr(node, "scale").astype(np.float64).reshape(cs) + _attr(node, "bias").astype(np.float64).reshape(cs)
+        cs = channel_shape(x.ndim)
+        y = x * attr(node, "scale").astype(np.float64).reshape(cs) + attr(node, "bias").astype(np.float64).reshape(cs)
     elif op == "LayerNorm":
         k = int(node.params.get("normalized_ndim", 1))
-        y = _affine(node, _normalize(x, tuple(range(x.ndim - k, x.ndim)), _eps(node)), x.shape[x.ndim - k:])
+        y = _affine(node, _normalize(x, tuple(range(x.ndim - k, x.ndim)), eps_of(node)), x.shape[x.ndim - k:])
     elif op in ("GroupNorm", "InstanceNorm"):
-        g = _groups(node, x.shape[1])
+        g = groups_of(node, x.shape[1])
         xg = x.reshape(x.shape[0], g, -1)
-        y = _affine(node, _normalize(xg, (2,), _eps(node)).reshape(x.shape), _channel_shape(x.ndim))
+        y = _affine(node, _normalize(xg, (2,), eps_of(node)).reshape(x.shape), channel_shape(x.ndim))
     else:
         y = _lp_normalize(node, x)
     return [y.astype(ot)]
@@ -117,78 +116,10 @@ def _lp_normalize(node: Node, x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norm, float(node.params.get("eps", 1e-12)))
 
 
-# -- kernels ------------------------------------------------------------------------------------------------
-def _vec(node: Node, name: str, dtype) -> tuple[np.ndarray, bool]:
-    a = _attr(node, name)
-    if a is None:
-        return np.zeros(1, dtype), False
-    return np.ascontiguousarray(a.reshape(-1), dtype=dtype), True
-
-
-def _batchnorm_kernel(node: Node, ins: list[TensorInfo]):
-    dt = float_of(ins[0].dtype)
-    cs = _channel_shape(len(ins[0].shape))
-    scale = np.ascontiguousarray(_attr(node, "scale"), dtype=dt).reshape(cs)
-    bias = np.ascontiguousarray(_attr(node, "bias"), dtype=dt).reshape(cs)
-
-    def run(inputs, outputs, workspace):
-        out = outputs[0]
-        np.multiply(inputs[0], scale, out=out, casting="unsafe")
-        out += bias
-    return run
-
-
-def _layernorm_kernel(node: Node, ins: list[TensorInfo]):
-    if not numba_ok(ins[0].dtype):
-        return reference_kernel(node, _reference)
-    w, has_w = _vec(node, "weight", np.float64)
-    b, has_b = _vec(node, "bias", np.float64)
-    eps = _eps(node)
-    k = int(node.params.get("normalized_ndim", 1))
-    layernorm_loop(empty(2, ins[0].dtype), empty(2, float_of(ins[0].dtype)), w, b, eps, has_w, has_b)
-
-    def run(inputs, outputs, workspace):
-        x = inputs[0]
-        n = math.prod(x.shape[x.ndim - k:])
-        rows = x.size // n if n else 0
-        layernorm_loop(np.ascontiguousarray(x).reshape(rows, n), outputs[0].reshape(rows, n), w, b, eps, has_w, has_b)
-    return run
-
-
-def _groupnorm_kernel(node: Node, ins: list[TensorInfo]):
-    if not numba_ok(ins[0].dtype):
-        return reference_kernel(node, _reference)
-    w, has_w = _vec(node, "weight", np.float64)
-    b, has_b = _vec(node, "bias", np.float64)
-    eps = _eps(node)
-    groupnorm_loop(empty(3, ins[0].dtype), empty(3, float_of(ins[0].dtype)), 1, w, b, eps, has_w, has_b)
-
-    def run(inputs, outputs, workspace):
-        x = inputs[0]
-        view = (x.shape[0], x.shape[1], -1)
-        groupnorm_loop(np.ascontiguousarray(x).reshape(view), outputs[0].reshape(view), _groups(node, x.shape[1]),
-                       w, b, eps, has_w, has_b)
-    return run
-
-
-def _lp_kernel(node: Node, ins: list[TensorInfo]):
-    # Rare op: the norm is a small reduced array, the division writes straight into the output.
-    def run(inputs, outputs, workspace):
-        x = inputs[0]
-        axis = norm_axis(node, int(node.params.get("axis", 1)), x.ndim)
-        if int(node.params.get("p", 2)) == 1:
-            norm = np.sum(np.abs(x), axis=axis, keepdims=True)
-        else:
-            norm = np.linalg.norm(x, axis=axis, keepdims=True)
-        np.maximum(norm, float(node.params.get("eps", 1e-12)), out=norm)
-        np.divide(x, norm, out=outputs[0], casting="unsafe")
-    return run
-
-
 register(
-    OpDef("BatchNorm", _infer, _reference, _batchnorm_kernel, inplace=True),
-    OpDef("LayerNorm", _infer, _reference, _layernorm_kernel),
-    OpDef("GroupNorm", _infer, _reference, _groupnorm_kernel),
-    OpDef("InstanceNorm", _infer, _reference, _groupnorm_kernel),
-    OpDef("LpNormalize", _infer, _reference, _lp_kernel),
+    OpDef("BatchNorm", _infer, reference, inplace=True),
+    OpDef("LayerNorm", _infer, reference),
+    OpDef("GroupNorm", _infer, reference),
+    OpDef("InstanceNorm", _infer, reference),
+    OpDef("LpNormalize", _infer, reference),
 )

@@ -11,14 +11,14 @@ import numpy as np
 
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops.registry import Kernel, OpDef, TensorInfo, register
+from engine.ops.registry import OpDef, TensorInfo, register
 
 _MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "replicate": "edge", "circular": "circular",
           "wrap": "circular"}
 _NP_MODE = {"constant": "constant", "reflect": "reflect", "edge": "edge", "circular": "wrap"}
 
 
-def _mode(node: Node) -> str:
+def pad_mode(node: Node) -> str:
     mode = node.params.get("mode", "constant")
     if mode not in _MODES:
         raise UnsupportedOpError(f"Pad mode={mode!r} (supported: {sorted(_MODES)})", node.name, node.where())
@@ -33,7 +33,7 @@ def pad_plan(node: Node, shape) -> tuple[list[int], list[int]]:
         raise ShapeError(f"{node.where()}: Pad has {len(pads)} pads for a rank-{rank} input {tuple(shape)} "
                          f"(ONNX order needs {2 * rank})")
     begin, end = pads[:rank], pads[rank:]
-    mode = _mode(node)
+    mode = pad_mode(node)
     for d, (n, b, e) in enumerate(zip(shape, begin, end, strict=True)):
         kept = n + min(b, 0) + min(e, 0)
         if kept < 0 or n + b + e < 0:
@@ -50,59 +50,19 @@ def infer_pad(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return [TensorInfo(tuple(n + b + e for n, b, e in zip(ins[0].shape, begin, end, strict=True)), ins[0].dtype)]
 
 
-def _crop(x: np.ndarray, begin: list[int], end: list[int]) -> np.ndarray:
+def crop(x: np.ndarray, begin: list[int], end: list[int]) -> np.ndarray:
     return x[tuple(slice(-min(b, 0), n + min(e, 0)) for n, b, e in zip(x.shape, begin, end, strict=True))]
 
 
 def pad_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     x = arrays[0]
     begin, end = pad_plan(node, x.shape)
-    src = _crop(x, begin, end)
+    src = crop(x, begin, end)
     widths = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end, strict=True)]
-    mode = _mode(node)
+    mode = pad_mode(node)
     if mode == "constant":
         return [np.pad(src, widths, constant_values=np.asarray(node.params.get("value", 0)).astype(x.dtype))]
     return [np.pad(src, widths, mode=_NP_MODE[mode])]
 
 
-def _border_sources(mode: str, p: int, e: int, n: int) -> tuple[slice, slice, slice, slice]:
-    """(begin slab, its source, end slab, its source) along one axis of the output; n = kept input length."""
-    if mode == "reflect":
-        stop = p + n - 2 - e
-        tail_src = slice(p + n - 2, stop if stop >= 0 else None, -1)
-        return slice(0, p), slice(2 * p, p, -1), slice(p + n, p + n + e), tail_src
-    if mode == "edge":
-        return slice(0, p), slice(p, p + 1), slice(p + n, p + n + e), slice(p + n - 1, p + n)
-    return slice(0, p), slice(n, n + p), slice(p + n, p + n + e), slice(p, p + e)
-
-
-def build_pad(node: Node, ins: list[TensorInfo]) -> Kernel:
-    mode = _mode(node)
-    value = node.params.get("value", 0)
-
-    def run(inputs, outputs, workspace):
-        x, out = inputs[0], outputs[0]
-        begin, end = pad_plan(node, x.shape)
-        src = _crop(x, begin, end)
-        lo = [max(b, 0) for b in begin]
-        hi = [max(e, 0) for e in end]
-        center = tuple(slice(p, p + n) for p, n in zip(lo, src.shape, strict=True))
-        if mode == "constant" and (any(lo) or any(hi)):
-            out.fill(value)
-        np.copyto(out[center], src)
-        if mode == "constant":
-            return
-        # Fill one axis at a time: slabs span the whole output on axes already done, the center on the rest.
-        for d, (p, e, n) in enumerate(zip(lo, hi, src.shape, strict=True)):
-            if not p and not e:
-                continue
-            head, tail = (slice(None),) * d, center[d + 1:]
-            b_dst, b_src, e_dst, e_src = _border_sources(mode, p, e, n)
-            if p:
-                np.copyto(out[head + (b_dst,) + tail], out[head + (b_src,) + tail])
-            if e:
-                np.copyto(out[head + (e_dst,) + tail], out[head + (e_src,) + tail])
-    return run
-
-
-register(OpDef("Pad", infer_pad, pad_reference, kernel=build_pad))
+register(OpDef("Pad", infer_pad, pad_reference))

@@ -14,14 +14,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops import _plane_kernels as PL
-from engine.ops import _pool_kernels as PK
-from engine.ops import _pool_onednn
-from engine.ops._spatial import auto_pads, check_rank, out_size, pair
-from engine.ops._threads import parallel_for
-from engine.ops.registry import Kernel, OpDef, TensorInfo, register
-
-ONEDNN_AVGPOOL = True  # NNSERVE_ONEDNN=0 turns it off with the rest of oneDNN
+from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.spatial import auto_pads, check_rank, out_size, pair
 
 
 @dataclass(frozen=True)
@@ -154,93 +148,11 @@ def adaptive_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]
     return [out.astype(x.dtype)]
 
 
-# -- kernels ----------------------------------------------------------------------------------------
-def _fallback(node: Node, ref) -> Kernel:
-    def run(inputs, outputs, workspace):
-        np.copyto(outputs[0], ref(node, list(inputs))[0])
-    return run
-
-
-def _is_f32(ins: list[TensorInfo]) -> bool:
-    return np.dtype(ins[0].dtype) == np.float32
-
-
-def build_maxpool(node: Node, ins: list[TensorInfo]) -> Kernel:
-    if not _is_f32(ins):
-        return _fallback(node, maxpool_reference)
-
-    geoms: dict[tuple[int, ...], tuple] = {}  # per input shape: (planes, work, kernel args); no per-call geometry
-
-    def run(inputs, outputs, workspace):
-        x = np.ascontiguousarray(inputs[0])
-        args = geoms.get(x.shape)
-        if args is None:
-            g = pool_geom(node, x.shape)
-            # the separable kernel does ~kh + kw passes per output row of width w (not kh*kw taps per output)
-            work = g.n * g.c * g.oh * (g.w * g.kernel[0] + g.ow * g.kernel[1])
-            args = geoms[x.shape] = (g.n * g.c, work, (*g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1]))
-        parallel_for(PK.max_pool, args[0], args[1], x, outputs[0], *args[2])
-    return run
-
-
-def build_avgpool(node: Node, ins: list[TensorInfo]) -> Kernel:
-    if not _is_f32(ins):
-        return _fallback(node, avgpool_reference)
-    include = bool(node.params.get("count_include_pad", True))
-    divisor = int(node.params.get("divisor_override") or 0)
-
-    def run(inputs, outputs, workspace):
-        x = np.ascontiguousarray(inputs[0])
-        g = pool_geom(node, x.shape)
-        out = outputs[0]
-        parallel_for(PK.avg_pool, g.n * g.c, out.size * g.kernel[0] * g.kernel[1], x, out, *g.kernel, *g.stride,
-                     *g.pads, include, divisor)
-    # oneDNN's NCHW average pooling: 2x2 s2 64ch@56 0.18 vs 0.79 ms b1 (MaxPool measured no faster there: stays)
-    if ONEDNN_AVGPOOL and _pool_onednn.supported(node, ins, pool_geom):
-        return _pool_onednn.build(node, ins, pool_geom, run)
-    return run
-
-
-def build_global(node: Node, ins: list[TensorInfo]) -> Kernel:
-    if node.op_type == "GlobalMaxPool":
-        def run_max(inputs, outputs, workspace):
-            x = inputs[0]
-            np.max(x.reshape(x.shape[0], x.shape[1], -1), axis=2, out=outputs[0].reshape(x.shape[0], x.shape[1]))
-        return run_max
-    dtype = np.dtype(ins[0].dtype)
-    if dtype not in (np.float32, np.float64):
-        return _fallback(node, global_reference)
-    PL.row_sums(np.zeros((0, 1), dtype), np.zeros(0, dtype), 1.0, 0, 0)  # compile at build
-
-    def run(inputs, outputs, workspace):
-        x = np.ascontiguousarray(inputs[0])
-        planes = x.shape[0] * x.shape[1]
-        hw = x.size // max(planes, 1)
-        if hw == 0:  # empty maps: the reference's NaN means
-            np.copyto(outputs[0], global_reference(node, [x])[0])
-            return
-        # a sum is ~1 op per element: only large maps are worth a pool hop
-        parallel_for(PL.row_sums, planes, x.size // 4, x.reshape(planes, hw), outputs[0].reshape(planes),
-                     1.0 / hw)
-    return run
-
-
-def build_adaptive(node: Node, ins: list[TensorInfo]) -> Kernel:
-    if not _is_f32(ins):
-        return _fallback(node, adaptive_reference)
-    is_max = node.op_type == "AdaptiveMaxPool"
-
-    def run(inputs, outputs, workspace):
-        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
-        parallel_for(PK.adaptive_pool, x.shape[0] * x.shape[1], x.size, x, out, is_max)
-    return run
-
-
 register(
-    OpDef("MaxPool", infer_pool, maxpool_reference, kernel=build_maxpool),
-    OpDef("AvgPool", infer_pool, avgpool_reference, kernel=build_avgpool),
-    OpDef("GlobalAvgPool", infer_global, global_reference, kernel=build_global),
-    OpDef("GlobalMaxPool", infer_global, global_reference, kernel=build_global),
-    OpDef("AdaptiveAvgPool", infer_adaptive, adaptive_reference, kernel=build_adaptive),
-    OpDef("AdaptiveMaxPool", infer_adaptive, adaptive_reference, kernel=build_adaptive),
+    OpDef("MaxPool", infer_pool, maxpool_reference),
+    OpDef("AvgPool", infer_pool, avgpool_reference),
+    OpDef("GlobalAvgPool", infer_global, global_reference),
+    OpDef("GlobalMaxPool", infer_global, global_reference),
+    OpDef("AdaptiveAvgPool", infer_adaptive, adaptive_reference),
+    OpDef("AdaptiveMaxPool", infer_adaptive, adaptive_reference),
 )

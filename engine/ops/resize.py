@@ -16,10 +16,7 @@ import numpy as np
 
 from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
-from engine.ops import _resize_kernels as RK
-from engine.ops._threads import parallel_for
-from engine.ops.registry import Kernel, OpDef, TensorInfo, register
-from engine.ops.tensor import channel_shuffle_kernel
+from engine.ops.registry import OpDef, TensorInfo, register
 
 _MODES = {"nearest": "nearest", "nearest_exact": "nearest_exact", "nearest-exact": "nearest_exact",
           "bilinear": "bilinear", "linear": "bilinear", "bicubic": "bicubic", "cubic": "bicubic"}
@@ -121,7 +118,7 @@ def taps(node: Node, axis: int, n_in: int, n_out: int, has_size: bool) -> tuple[
     return idx, _cubic(lam).astype(np.float32)
 
 
-def _size_input(node: Node, arrays: list) -> np.ndarray | None:
+def size_input(node: Node, arrays: list) -> np.ndarray | None:
     return None if len(arrays) < 2 else arrays[1]
 
 
@@ -136,39 +133,19 @@ def infer_resize(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return [TensorInfo(tuple(ins[0].shape[:2]) + (oh, ow), ins[0].dtype)]
 
 
-def _has_size(node: Node, size_value) -> bool:
+def has_size(node: Node, size_value) -> bool:
     return size_value is not None or node.params.get("size") is not None
 
 
 def resize_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    x, size_value = arrays[0], _size_input(node, arrays)
+    x, size_value = arrays[0], size_input(node, arrays)
     oh, ow = resize_size(node, x.shape, size_value)
-    has = _has_size(node, size_value)
+    has = has_size(node, size_value)
     iy, wy = taps(node, 0, x.shape[2], oh, has)
     ix, wx = taps(node, 1, x.shape[3], ow, has)
     g = x.astype(np.float64)[:, :, iy][:, :, :, :, ix]  # (N, C, oh, Ty, ow, Tx)
     out = np.einsum("ncyaxb,ya,xb->ncyx", g, wy.astype(np.float64), wx.astype(np.float64))
     return [out.astype(x.dtype)]
-
-
-def build_resize(node: Node, ins: list[TensorInfo]) -> Kernel:
-    cache: dict[tuple, tuple] = {}
-
-    def run(inputs, outputs, workspace):
-        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
-        key = (x.shape, out.shape)
-        t = cache.get(key)
-        if t is None:
-            has = _has_size(node, _size_input(node, inputs))
-            iy, wy = taps(node, 0, x.shape[2], out.shape[2], has)
-            ix, wx = taps(node, 1, x.shape[3], out.shape[3], has)
-            t = cache[key] = (iy.astype(np.uintp), wy, ix.astype(np.uintp), wx)
-        if x.dtype == np.float32:
-            work = out.size * t[0].shape[1] * t[2].shape[1]
-            parallel_for(RK.separable, x.shape[0] * x.shape[1], work, x, out, *t)
-        else:
-            np.copyto(out, resize_reference(node, list(inputs))[0])
-    return run
 
 
 # -- PixelShuffle / ChannelShuffle ------------------------------------------------------------------
@@ -181,7 +158,7 @@ def _factor(node: Node, key: str, shape, divisor_of_c) -> int:
     return f
 
 
-def _pixel_view(node: Node, x: np.ndarray) -> np.ndarray:
+def pixel_view(node: Node, x: np.ndarray) -> np.ndarray:
     r = _factor(node, "upscale", x.shape, lambda f: f * f)
     n, c, h, w = x.shape
     return x.reshape(n, c // (r * r), r, r, h, w).transpose(0, 1, 4, 2, 5, 3)
@@ -196,7 +173,7 @@ def infer_pixel(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
 def pixel_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     n, c, h, w = arrays[0].shape
     r = _factor(node, "upscale", arrays[0].shape, lambda f: f * f)
-    return [_pixel_view(node, arrays[0]).reshape(n, c // (r * r), h * r, w * r).copy()]
+    return [pixel_view(node, arrays[0]).reshape(n, c // (r * r), h * r, w * r).copy()]
 
 
 def _channel_view(node: Node, x: np.ndarray) -> np.ndarray:
@@ -214,17 +191,8 @@ def channel_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [_channel_view(node, arrays[0]).reshape(arrays[0].shape).copy()]
 
 
-def _copy_kernel(view):
-    def build(node: Node, ins: list[TensorInfo]) -> Kernel:
-        def run(inputs, outputs, workspace):
-            src = view(node, inputs[0])
-            np.copyto(outputs[0].reshape(src.shape), src)
-        return run
-    return build
-
-
 register(
-    OpDef("Resize", infer_resize, resize_reference, kernel=build_resize),
-    OpDef("PixelShuffle", infer_pixel, pixel_reference, kernel=_copy_kernel(_pixel_view)),
-    OpDef("ChannelShuffle", infer_channel, channel_reference, kernel=channel_shuffle_kernel),
+    OpDef("Resize", infer_resize, resize_reference),
+    OpDef("PixelShuffle", infer_pixel, pixel_reference),
+    OpDef("ChannelShuffle", infer_channel, channel_reference),
 )

@@ -12,8 +12,8 @@ import numpy as np
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ir.dtypes import to_dtype
-from engine.ops._common import INT64, ints, norm_axes, norm_axis, with_value
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import INT64, ints, norm_axes, norm_axis, with_value
 
 
 def _target(node: Node, ins: list[TensorInfo], arrays: list[np.ndarray] | None = None) -> list[int]:
@@ -75,7 +75,7 @@ def _unsqueeze_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(1 if i in pos else next(dims) for i in range(rank))
 
 
-def _perm(node: Node, rank: int) -> list[int]:
+def transpose_perm(node: Node, rank: int) -> list[int]:
     perm = node.params.get("perm")
     if perm is None:
         return list(range(rank))[::-1]
@@ -103,7 +103,7 @@ def expand_shape(node: Node, shape: tuple[int, ...], target: list[int]) -> tuple
     return tuple(out)
 
 
-def _tile_reps(node: Node, rank: int) -> list[int]:
+def tile_reps(node: Node, rank: int) -> list[int]:
     reps = ints(node, "repeats", node.params.get("repeats"))
     if any(r < 0 for r in reps):
         raise ShapeError(f"{node.where()}: Tile repeats {reps} must be >= 0")
@@ -111,12 +111,12 @@ def _tile_reps(node: Node, rank: int) -> list[int]:
 
 
 def _tile_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
-    reps = _tile_reps(node, len(shape))
+    reps = tile_reps(node, len(shape))
     xs = (1,) * (len(reps) - len(shape)) + tuple(shape)
     return tuple(r * d for r, d in zip(reps, xs, strict=True))
 
 
-def _shape_slice(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
+def shape_slice(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
     start, end = node.params.get("start", 0), node.params.get("end")
     return tuple(shape[start:end])
 
@@ -127,7 +127,7 @@ _SHAPES: dict[str, Callable[[Node, list[TensorInfo]], tuple[int, ...]]] = {
     "Flatten": lambda n, ins: _flatten_shape(n, ins[0].shape),
     "Squeeze": lambda n, ins: _squeeze_shape(n, ins[0].shape),
     "Unsqueeze": lambda n, ins: _unsqueeze_shape(n, ins[0].shape),
-    "Transpose": lambda n, ins: tuple(ins[0].shape[p] for p in _perm(n, len(ins[0].shape))),
+    "Transpose": lambda n, ins: tuple(ins[0].shape[p] for p in transpose_perm(n, len(ins[0].shape))),
     "Expand": lambda n, ins: expand_shape(n, ins[0].shape, _target(n, ins)),
     "Tile": lambda n, ins: _tile_shape(n, ins[0].shape),
     "Cast": lambda n, ins: ins[0].shape,
@@ -150,11 +150,11 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     x, op = np.asarray(arrays[0]), node.op_type
     infos = [TensorInfo(tuple(a.shape), a.dtype, np.asarray(a)) for a in arrays]
     if op == "Transpose":
-        y = np.transpose(x, _perm(node, x.ndim))
+        y = np.transpose(x, transpose_perm(node, x.ndim))
     elif op == "Expand":
         y = np.broadcast_to(x, expand_shape(node, x.shape, _target(node, infos, arrays)))
     elif op == "Tile":
-        y = np.tile(x, _tile_reps(node, x.ndim))
+        y = np.tile(x, tile_reps(node, x.ndim))
     elif op == "Cast":
         y = x.astype(_dtype(node, x.dtype))
     else:
@@ -162,44 +162,18 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.array(y, copy=True)]
 
 
-# -- kernels ----------------------------------------------------------------------------------------------
-def _copy_kernel(node: Node, ins: list[TensorInfo]):
-    op = node.op_type
-    perm = _perm(node, len(ins[0].shape)) if op == "Transpose" else None  # the rank is fixed for an instance
-
-    def run(inputs, outputs, workspace):
-        x, out = inputs[0], outputs[0]
-        if op == "Transpose":
-            np.copyto(out, x.transpose(perm))
-        elif op == "Tile":
-            reps = _tile_reps(node, x.ndim)
-            xs = (1,) * (len(reps) - x.ndim) + x.shape
-            # out viewed as (r0, d0, r1, d1, ...) receives x broadcast over the repeat axes: no temporary
-            np.copyto(out.reshape([v for r, d in zip(reps, xs, strict=True) for v in (r, d)]),
-                      x.reshape([v for d in xs for v in (1, d)]))
-        else:  # Expand broadcasts x into out; Cast and Identity convert or copy
-            np.copyto(out, x, casting="unsafe")
-    return run
-
-
 # -- Shape ----------------------------------------------------------------------------------------------------
 def _shape_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if len(ins) != 1:
         raise ShapeError(f"{node.where()}: Shape takes 1 input, got {len(ins)}")
-    dims = np.array(_shape_slice(node, ins[0].shape), dtype=INT64)
+    dims = np.array(shape_slice(node, ins[0].shape), dtype=INT64)
     return [TensorInfo((len(dims),), INT64, dims)]
 
 
 def _shape_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    return [np.array(_shape_slice(node, np.shape(arrays[0])), dtype=np.int64)]
-
-
-def _shape_kernel(node: Node, ins: list[TensorInfo]):
-    def run(inputs, outputs, workspace):
-        outputs[0][...] = _shape_slice(node, inputs[0].shape)
-    return run
+    return [np.array(shape_slice(node, np.shape(arrays[0])), dtype=np.int64)]
 
 
 register(*[OpDef(op, _infer, _reference, alias=True) for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")])
-register(*[OpDef(op, _infer, _reference, _copy_kernel) for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")])
-register(OpDef("Shape", _shape_infer, _shape_reference, _shape_kernel))
+register(*[OpDef(op, _infer, _reference) for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")])
+register(OpDef("Shape", _shape_infer, _shape_reference))

@@ -1,19 +1,15 @@
 """Joining and cutting: Concat, Stack, Split, Slice (ONNX clamping, negative steps), Gather (negative indices).
 
-Kernels copy slices into or out of the output views; shape arithmetic on known values is done at infer time."""
+Shape arithmetic on known values is done at infer time."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
-from engine.ops._common import empty, ints, norm_axis, numba_ok, promote, reference_kernel, with_value
-from engine.ops._plane_kernels import shuffle_rows
-from engine.ops._threads import parallel_for
-from engine.ops.registry import OpDef, TensorInfo, get_op, register
+from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import ints, norm_axis, promote, with_value
 
 _END = 2**31 - 1
 
@@ -47,38 +43,8 @@ def _join_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [fn(arrays, axis=int(node.params.get("axis", 0)))]
 
 
-def _cuts(shape: tuple[int, ...], axis: int, widths: list[int]) -> tuple[int, int, list[tuple[int, int]]]:
-    """The (outer, inner) factors of `shape` around `axis` and each piece's [start, end) of the flattened
-    (outer, dim * inner) rows: a piece of a Concat/Split along `axis` is a column range of that 2-D view."""
-    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
-    bounds = np.concatenate([[0], np.cumsum(widths)]) * inner
-    return outer, inner, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-
-def _join_kernel(node: Node, ins: list[TensorInfo]):
-    stack = node.op_type == "Stack"
-    plans: dict[tuple, tuple] = {}  # per input shapes: (outer, column ranges); no index building per call
-
-    def run(inputs, outputs, workspace):
-        out = outputs[0]
-        key = tuple(x.shape for x in inputs)
-        plan = plans.get(key)
-        if plan is None:
-            axis = norm_axis(node, int(node.params.get("axis", 0)), out.ndim)
-            widths = [1 if stack else x.shape[axis] for x in inputs]
-            outer, _, cols = _cuts(out.shape, axis, widths)
-            plan = plans[key] = (outer, cols)
-        outer, cols = plan
-        if out.size == 0:
-            return
-        rows = out.reshape(outer, -1)
-        for x, (a, b) in zip(inputs, cols, strict=True):
-            np.copyto(rows[:, a:b], x.reshape(outer, b - a), casting="unsafe")
-    return run
-
-
 # -- Split ------------------------------------------------------------------------------------------------------
-def _split_sizes(node: Node, shape: tuple[int, ...]) -> tuple[int, list[int]]:
+def split_sizes(node: Node, shape: tuple[int, ...]) -> tuple[int, list[int]]:
     axis = norm_axis(node, int(node.params.get("axis", 0)), len(shape))
     dim, n_out = shape[axis], len(node.outputs)
     if node.params.get("sizes") is None:  # torch.chunk: equal pieces of ceil(dim / n)
@@ -96,57 +62,18 @@ def _split_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if len(ins) != 1:
         raise ShapeError(f"{node.where()}: Split takes 1 input, got {len(ins)}")
     shape = ins[0].shape
-    axis, sizes = _split_sizes(node, shape)
+    axis, sizes = split_sizes(node, shape)
     outs = [TensorInfo(shape[:axis] + (s,) + shape[axis + 1:], ins[0].dtype) for s in sizes]
     return with_value(node, ins, outs, _split_reference)
 
 
 def _split_pieces(node: Node, x: np.ndarray) -> list[np.ndarray]:
-    axis, sizes = _split_sizes(node, x.shape)
+    axis, sizes = split_sizes(node, x.shape)
     return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 
 def _split_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [p.copy() for p in _split_pieces(node, np.asarray(arrays[0]))]
-
-
-def _split_kernel(node: Node, ins: list[TensorInfo]):
-    plans: dict[tuple, tuple] = {}
-
-    def run(inputs, outputs, workspace):
-        x = inputs[0]
-        plan = plans.get(x.shape)
-        if plan is None:
-            axis, sizes = _split_sizes(node, x.shape)
-            outer, _, cols = _cuts(x.shape, axis, sizes)
-            plan = plans[x.shape] = (outer, cols)
-        outer, cols = plan
-        if x.size == 0:
-            return
-        rows = x.reshape(outer, -1)
-        for out, (a, b) in zip(outputs, cols, strict=True):
-            np.copyto(out.reshape(outer, b - a), rows[:, a:b])
-    return run
-
-
-# -- ChannelShuffle (registered with PixelShuffle in resize.py) ------------------------------------------------
-def channel_shuffle_kernel(node: Node, ins: list[TensorInfo]):
-    """A numba row copy per output channel of the (N*C, H*W) view (the op's infer checked groups divides C)."""
-    groups = int(node.params["groups"])
-    if not numba_ok(ins[0].dtype):
-        return reference_kernel(node, get_op(node.op_type).reference)
-    shuffle_rows(empty(2, ins[0].dtype), empty(2, ins[0].dtype), groups, groups, 0, 0)  # compile at build
-
-    def run(inputs, outputs, workspace):
-        x = np.ascontiguousarray(inputs[0])
-        n, c = x.shape[0], x.shape[1]
-        rows = n * c
-        if rows == 0:
-            return
-        # memory-bound copies: split over the pool only for large tensors
-        parallel_for(shuffle_rows, n * (c // groups), x.size // 4, x.reshape(rows, -1), outputs[0].reshape(rows, -1),
-                     c, groups)
-    return run
 
 
 # -- Slice --------------------------------------------------------------------------------------------------------
@@ -200,14 +127,6 @@ def _slice_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [x[slice_index(node, x.shape, slice_bounds(node, arrays[1:]))].copy()]
 
 
-def _slice_kernel(node: Node, ins: list[TensorInfo]):
-    # Bound inputs arrive as the host values of the current input signature, so they are read per call.
-    def run(inputs, outputs, workspace):
-        x = inputs[0]
-        np.copyto(outputs[0], x[slice_index(node, x.shape, slice_bounds(node, inputs[1:]))])
-    return run
-
-
 # -- Gather ----------------------------------------------------------------------------------------------------
 def _gather_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if len(ins) != 2:
@@ -217,12 +136,12 @@ def _gather_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
         raise ShapeError(f"{node.where()}: Gather indices must be integers, got {np.dtype(idx.dtype)}")
     axis = norm_axis(node, int(node.params.get("axis", 0)), len(data.shape))
     if idx.value is not None:
-        _check_indices(node, np.asarray(idx.value), data.shape[axis])
+        check_indices(node, np.asarray(idx.value), data.shape[axis])
     shape = data.shape[:axis] + tuple(idx.shape) + data.shape[axis + 1:]
     return with_value(node, ins, [TensorInfo(shape, data.dtype)], _gather_reference)
 
 
-def _check_indices(node: Node, idx: np.ndarray, dim: int) -> None:
+def check_indices(node: Node, idx: np.ndarray, dim: int) -> None:
     if idx.size and (idx.min() < -dim or idx.max() >= dim):
         raise ShapeError(f"{node.where()}: Gather index out of range [{-dim}, {dim}) "
                          f"(got {int(idx.min())}..{int(idx.max())})")
@@ -231,22 +150,12 @@ def _check_indices(node: Node, idx: np.ndarray, dim: int) -> None:
 def _gather_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     data, idx = np.asarray(arrays[0]), np.asarray(arrays[1])
     axis = norm_axis(node, int(node.params.get("axis", 0)), data.ndim)
-    _check_indices(node, idx, data.shape[axis])
+    check_indices(node, idx, data.shape[axis])
     return [np.take(data, idx.astype(np.int64), axis=axis)]
 
 
-def _gather_kernel(node: Node, ins: list[TensorInfo]):
-    def run(inputs, outputs, workspace):
-        data, idx = inputs
-        axis = norm_axis(node, int(node.params.get("axis", 0)), data.ndim)
-        _check_indices(node, idx, data.shape[axis])
-        # indices are in range, so mode="wrap" only maps negatives python-style, unbuffered, into `out`
-        np.take(data, idx, axis=axis, out=outputs[0], mode="wrap")
-    return run
-
-
-register(OpDef("Concat", _join_infer, _join_reference, _join_kernel),
-         OpDef("Stack", _join_infer, _join_reference, _join_kernel),
-         OpDef("Split", _split_infer, _split_reference, _split_kernel),
-         OpDef("Slice", _slice_infer, _slice_reference, _slice_kernel),
-         OpDef("Gather", _gather_infer, _gather_reference, _gather_kernel))
+register(OpDef("Concat", _join_infer, _join_reference),
+         OpDef("Stack", _join_infer, _join_reference),
+         OpDef("Split", _split_infer, _split_reference),
+         OpDef("Slice", _slice_infer, _slice_reference),
+         OpDef("Gather", _gather_infer, _gather_reference))

@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.errors import EngineError, ShapeError
 from engine.ir import Graph, Node, Value
-from engine.ops.registry import TensorInfo, get_op
+from engine.ops.registry import OPS, OpDef, TensorInfo, get_op
 
 # Nodes whose inputs are all known are evaluated on the host when they are this small (shape arithmetic).
 HOST_EVAL_MAX_ELEMENTS = 4096
@@ -25,8 +25,10 @@ def const_info(v: Value) -> TensorInfo:
     return TensorInfo(tuple(v.const.shape), v.const.dtype, v.const)
 
 
-def infer_infos(graph: Graph, inputs: Mapping[Value, TensorInfo], strict: bool = True) -> dict[Value, TensorInfo]:
-    """TensorInfo of every value reachable from the graph inputs (consts included).
+def infer_infos(graph: Graph, inputs: Mapping[Value, TensorInfo], strict: bool = True,
+                ops: Mapping[str, OpDef] = OPS) -> dict[Value, TensorInfo]:
+    """TensorInfo of every value reachable from the graph inputs (consts included), the ops looked up in `ops`
+    (a device's own: the shared registry and its private ops).
 
     With strict=False a node that cannot be inferred (unknown op, bad shapes) is skipped with its dependents.
     """
@@ -36,7 +38,7 @@ def infer_infos(graph: Graph, inputs: Mapping[Value, TensorInfo], strict: bool =
             continue
         try:
             ins = [_input_info(node, v, infos) for v in node.inputs]
-            outs = infer_node(node, ins)
+            outs = infer_node(node, ins, ops)
         except EngineError:
             if strict:
                 raise
@@ -48,8 +50,8 @@ def infer_infos(graph: Graph, inputs: Mapping[Value, TensorInfo], strict: bool =
     return infos
 
 
-def infer_node(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
-    op = get_op(node.op_type, node.name, node.where())
+def infer_node(node: Node, ins: list[TensorInfo], ops: Mapping[str, OpDef] = OPS) -> list[TensorInfo]:
+    op = get_op(node.op_type, node.name, node.where(), ops)
     try:
         outs = list(op.infer(node, ins))
     except EngineError:
@@ -94,7 +96,7 @@ def _host_eval(node: Node, op, ins: list[TensorInfo], outs: list[TensorInfo]) ->
 _PROBES = (224, 160)
 
 
-def infer_shapes(graph: Graph) -> Graph:
+def infer_shapes(graph: Graph, ops: Mapping[str, OpDef] = OPS) -> Graph:
     """Writes inferred shapes (-1 where a dim follows a dynamic input dim) and dtypes into the values."""
     runs = []
     for probe in _PROBES:
@@ -103,7 +105,7 @@ def infer_shapes(graph: Graph) -> Graph:
             if v.shape is None or v.dtype is None:
                 return graph  # nothing to start from
             inputs[v] = TensorInfo(tuple(probe if d < 0 else d for d in v.shape), np.dtype(v.dtype))
-        runs.append(infer_infos(graph, inputs, strict=False))
+        runs.append(infer_infos(graph, inputs, strict=False, ops=ops))
         if all(d >= 0 for v in graph.inputs for d in v.shape):
             break
     for v, info in runs[0].items():

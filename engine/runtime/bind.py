@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.devices.base import Kernel
 from engine.errors import ArenaOverflowError, EngineError
 from engine.ir import Graph, Node, Value
 from engine.memory.arena import Arena
-from engine.ops.registry import Kernel, TensorInfo
+from engine.ops.registry import TensorInfo
 from engine.runtime.compile import Compiled
 
 

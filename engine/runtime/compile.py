@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.devices.base import Device
+from engine.devices.base import Device, Kernel
 from engine.ir import Graph, Node, Value
 from engine.memory.planner import MemoryPlan, Step, plan
-from engine.ops.registry import Kernel, OpDef, TensorInfo, get_op
+from engine.ops.registry import OpDef, TensorInfo, get_op
 from engine.passes.infer_shapes import const_info
 
 
@@ -42,7 +42,7 @@ def compile_graph(graph: Graph, infos: dict[Value, TensorInfo], device: Device) 
     in_arena = set(arena_values)
     steps, inplace, aliases, compiled = [], {}, {}, []
     for node in scheduled:
-        op = get_op(node.op_type, node.name, node.where())
+        op = get_op(node.op_type, node.name, node.where(), device.ops)
         reads = tuple(v for v in node.inputs if v in in_arena)
         steps.append(Step(reads, tuple(node.outputs)))
         alias = _can_alias(node, op, infos, in_arena)

@@ -11,9 +11,11 @@ from engine.errors import EngineError, UnsupportedOpError
 from engine.formats.registry import FORMATS
 from engine.runtime.loading import model_format, prepare, read_graph, unsupported_nodes
 from engine.runtime.model import Model
+from engine.runtime.options import EngineOptions
 
 
-def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = None) -> str:
+def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = None,
+             options: EngineOptions | None = None) -> str:
     graph = read_graph(path)
     missing = unsupported_nodes(graph)
     rejected = ""
@@ -35,7 +37,7 @@ def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = N
         lines += [f"  {rejected}"] if rejected else []
         lines.append("memory plan: not available until every op is supported")
     else:
-        lines += _memory_lines(model, max_shapes or {})
+        lines += _memory_lines(model, max_shapes or {}, options)
     return "\n".join(lines)
 
 
@@ -77,9 +79,9 @@ def _dtype(spec) -> str:
         return str(spec.dtype)
 
 
-def _memory_lines(model: Model, max_shapes: dict) -> list[str]:
+def _memory_lines(model: Model, max_shapes: dict, options: EngineOptions | None) -> list[str]:
     try:
-        inst = model.instance(max_shapes=max_shapes or None)
+        inst = model.instance(max_shapes=max_shapes or None, options=options)
     except EngineError as e:
         return [f"memory plan: not available ({e})"]
     p = inst.memory_plan

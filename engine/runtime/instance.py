@@ -7,7 +7,6 @@ per worker thread. Kernels release the GIL where they can, so instances on sever
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -17,22 +16,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.devices import get_device
+from engine.devices.cpu import threads as _threads
 from engine.errors import EngineError, KernelError
 from engine.ir import Graph, Value
 from engine.memory.planner import MemoryPlan
-from engine.ops import _threads
-from engine.ops._layout_kernels import native_block
 from engine.ops.registry import TensorInfo
 from engine.passes.infer_shapes import infer_infos
-from engine.passes.layout_blocked import decide
 from engine.runtime.bind import Bound, bind
 from engine.runtime.compile import compile_graph
 from engine.runtime.inputs import check_inputs, resolve_max_shapes
+from engine.runtime.options import EngineOptions, environment_options
 
 log = logging.getLogger("engine.runtime")
 
 BOUND_CACHE_SIZE = 16
-LAYOUT_ENV = "NNSERVE_LAYOUT"  # "nchw" keeps the CPU graph plain; anything else lets the blocked layout decide
 
 
 @dataclass(frozen=True)
@@ -47,15 +44,18 @@ class RunTimings:
 
 class Instance:
     def __init__(self, graph: Graph, device: str = "cpu", max_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, options: EngineOptions | None = None):
+        self.options = options if options is not None else environment_options()
+        # ENGINE_DEBUG: 1 traces every node before its call, 2 also logs output stats after it (may be changed live)
+        self.debug = self.options.debug
         self.graph = graph
         # Kernel/BLAS threads are process-wide: an instance with its own count applies it before each run.
         self.threads = None if threads is None else max(1, int(threads))
-        _apply_threads(self.threads)
-        self.device = get_device(device)
-        graph = self.graph = _device_graph(graph, self.device.name)
+        _apply_threads(self.threads, self.options.cpu.threads)
+        self.device = get_device(device, self.options.cpu)
+        graph = self.graph = self.device.prepare(graph)
         self.max_shapes = resolve_max_shapes(graph, max_shapes)
-        infos = infer_infos(graph, self._input_infos(self.max_shapes))
+        infos = infer_infos(graph, self._input_infos(self.max_shapes), ops=self.device.ops)
         self._compiled = compile_graph(graph, infos, self.device)
         self.memory_plan: MemoryPlan = self._compiled.plan
         self._arena = self.device.allocate(self.memory_plan.arena_bytes)
@@ -121,7 +121,7 @@ class Instance:
         for view, a in zip(bound.input_views, arrays, strict=True):
             self.device.copy_in(view, a)
         t1 = time.perf_counter()
-        node_times = execute(bound, self.workspace, timings, _debug_level())
+        node_times = execute(bound, self.workspace, timings, self.debug)
         t2 = time.perf_counter()
         out = {name: self.device.copy_out(a) for name, a in bound.outputs}
         t3 = time.perf_counter()
@@ -136,7 +136,7 @@ class Instance:
             self._bound.move_to_end(signature)
             return bound
         shapes = dict(zip(self.graph.inputs, signature, strict=True))
-        infos = infer_infos(self.graph, {v: TensorInfo(s, v.dtype) for v, s in shapes.items()})
+        infos = infer_infos(self.graph, {v: TensorInfo(s, v.dtype) for v, s in shapes.items()}, ops=self.device.ops)
         bound = bind(self.graph, self._compiled, self._arena, infos)
         self._bound[signature] = bound
         if len(self._bound) > BOUND_CACHE_SIZE:
@@ -199,24 +199,9 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
                        f"{type(e).__name__}: {e}")
 
 
-def _device_graph(graph: Graph, device: str) -> Graph:
-    """The graph this device runs: on the CPU with oneDNN, a copy with activations blocked between convolutions
-    (engine/passes/layout_blocked.py) unless NNSERVE_LAYOUT=nchw or it would not pay."""
-    if device != "cpu" or os.environ.get(LAYOUT_ENV, "").strip().lower() == "nchw":
-        return graph
-    block = native_block()
-    return decide(graph, block) if block else graph
-
-
-def _apply_threads(threads: int | None) -> None:
-    """threads= wins; otherwise the default (NNSERVE_NUM_THREADS or the CPUs the cgroup allows) reaches BLAS."""
+def _apply_threads(threads: int | None, setting: int | None) -> None:
+    """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows),
+    BLAS one thread; threads= then wins."""
+    _threads.configure(setting)
     if threads is not None:
         _threads.set_threads(threads)
-    else:
-        _threads.ensure_blas()
-
-
-def _debug_level() -> int:
-    """ENGINE_DEBUG=1 traces every node, 2 also logs output stats (read per run, so it can be toggled live)."""
-    value = os.environ.get("ENGINE_DEBUG", "")
-    return int(value) if value.isdigit() else (1 if value else 0)

@@ -12,6 +12,7 @@ from engine.ir import Graph, Value
 from engine.ir.dtypes import kserve_name
 from engine.runtime.instance import Instance
 from engine.runtime.loading import check_supported, prepare, read_graph
+from engine.runtime.options import EngineOptions
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,14 @@ class Model:
         return self.graph.op_counts()
 
     def instance(self, device: str = "cpu", max_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 threads: int | None = None) -> Instance:
+                 threads: int | None = None, options: EngineOptions | None = None) -> Instance:
         """Compiles for `device` at `max_shapes` (None: the shapes in the file) and allocates the arena once.
 
         `threads` sets the CPU kernel and BLAS thread count while this instance runs (default: the
-        NNSERVE_NUM_THREADS setting, else the CPUs the process's affinity and cgroup quota allow).
+        NNSERVE_NUM_THREADS setting, else the CPUs the process's affinity and cgroup quota allow). `options`
+        are the engine's settings (default: the environment's, engine/runtime/options.py).
         """
-        return Instance(self.graph, device=device, max_shapes=max_shapes, threads=threads)
+        return Instance(self.graph, device=device, max_shapes=max_shapes, threads=threads, options=options)
 
     def __repr__(self) -> str:
         return f"Model({self.path!r}, inputs={self.inputs}, outputs={self.outputs})"

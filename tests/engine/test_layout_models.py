@@ -8,12 +8,12 @@ import pytest
 from test_pnnx_models import DYNAMIC, NAMES, assert_outputs_match
 
 import engine
-from engine.ops import _conv_blocked_kernel
-from engine.ops import _conv_winograd_blocked as W
+from engine.devices.cpu.conv import winograd_blocked as W
+from engine.devices.cpu.onednn import objects as onednn
 
-ONEDNN = pytest.mark.skipif(not _conv_blocked_kernel.available(),
-                            reason="oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed or "
-                                   "NNSERVE_ONEDNN=0: the blocked layout is not used")
+ONEDNN = pytest.mark.skipif(not onednn.available(),
+                            reason="oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed: the "
+                                   "blocked layout is not used")
 # Fixtures whose graphs keep most activations blocked (checked, so the comparison is not vacuous).
 CNNS = {"mobilenet_v2", "mobilenet_v3", "resnet", "resnet_wide", "efficientnet", "squeezenet", "yolo", "unet"}
 
@@ -26,6 +26,7 @@ def op_types(inst) -> set[str]:
 @pytest.mark.parametrize("name", NAMES)
 def test_blocked_layout_matches_pytorch(name: str, load_fixture, monkeypatch) -> None:
     monkeypatch.delenv("NNSERVE_LAYOUT", raising=False)
+    monkeypatch.delenv("NNSERVE_ONEDNN", raising=False)
     fx = load_fixture(name)
     model = engine.load(fx.param)
     inst = model.instance(device="cpu", max_shapes=fx.max_shapes)

@@ -1,5 +1,12 @@
-"""CPU device."""
+"""The CPU device (`Model.instance("cpu")`): numpy arena, kernels on numba, oneDNN and BLAS, the blocked layout.
 
-from engine.devices.cpu.device import CpuDevice, reference_kernel
+device.py is the Device; kernels.py the kernel table (one module per op family beside it, conv/ for the
+convolutions, layout/ for the blocked layout, onednn/ and blas.py for the libraries, threads.py for the pool);
+options.py its settings.
+"""
 
-__all__ = ["CpuDevice", "reference_kernel"]
+from engine.devices.cpu.device import CpuDevice
+from engine.devices.cpu.kernels import KERNELS, register_kernel
+from engine.devices.cpu.options import CpuOptions
+
+__all__ = ["KERNELS", "CpuDevice", "CpuOptions", "register_kernel"]

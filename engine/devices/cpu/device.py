@@ -1,39 +1,55 @@
-"""The CPU device: numpy arena, the op's own kernel when it has one, else its numpy reference."""
+"""The CPU device: a numpy arena; the ops the shared registry has plus its own blocked-layout ops; the kernel table
+of kernels.py, else an op's numpy reference; and `prepare`, which puts a graph in the blocked layout where that
+pays."""
 
 from __future__ import annotations
 
-import numpy as np
+from collections import ChainMap
 
-from engine.devices.base import Device
-from engine.errors import KernelError
-from engine.ir import Node
+from engine.devices.base import Device, Kernel
+from engine.devices.cpu.kernel import Backends, reference_kernel
+from engine.devices.cpu.kernels import KERNELS
+from engine.devices.cpu.layout import blocked_ops, conv_blocked, regroup
+from engine.devices.cpu.layout.rewrite import decide
+from engine.devices.cpu.onednn.blocked import native_block
+from engine.devices.cpu.options import CpuOptions
+from engine.ir import Graph, Node
 from engine.memory.arena import Arena
-from engine.ops.registry import Kernel, OpDef, TensorInfo
+from engine.ops import OPS
+from engine.ops.registry import OpDef, TensorInfo
+
+# The ops only this device runs: the blocked layout's, inserted by `prepare` (engine/devices/cpu/layout/).
+PRIVATE_OPS: dict[str, OpDef] = {**blocked_ops.OPS, **conv_blocked.OPS, **regroup.OPS}
 
 
 class CpuDevice(Device):
     name = "cpu"
 
+    def __init__(self, options: CpuOptions | None = None):
+        self.options = options if options is not None else CpuOptions()
+        self.backends = Backends.from_options(self.options)
+        self.ops = ChainMap(PRIVATE_OPS, OPS)
+        self.kernels = KERNELS
+
+    def prepare(self, graph: Graph) -> Graph:
+        """With oneDNN, a copy with activations blocked between convolutions (layout/rewrite.py) unless
+        NNSERVE_LAYOUT=nchw or it would not pay; else the graph itself."""
+        if not self.backends.onednn or self.options.layout == "nchw":
+            return graph
+        block = native_block()
+        return decide(graph, block) if block else graph
+
     def allocate(self, nbytes: int) -> Arena:
         return Arena(nbytes)
 
     def build_kernel(self, node: Node, op: OpDef, ins: list[TensorInfo]) -> Kernel:
-        if op.kernel is not None:
-            return op.kernel(node, ins)
-        return reference_kernel(node, op)
+        entry = self.kernels.get(node.op_type)
+        if entry is None:
+            return reference_kernel(node, op)
+        return entry.build(self.backends, node, ins)
 
-
-def reference_kernel(node: Node, op: OpDef) -> Kernel:
-    """Runs the numpy reference and copies its results into the preallocated outputs (allocates; a fallback)."""
-    reference = op.reference
-
-    def run_reference(inputs, outputs, workspace) -> None:
-        results = reference(node, list(inputs))
-        for out, res in zip(outputs, results, strict=True):
-            if np.shape(res) != out.shape:
-                raise KernelError(f"{node.where()}: {node.op_type} node {node.name!r} produced shape "
-                                  f"{np.shape(res)} where {out.shape} was inferred")
-            np.copyto(out, res, casting="unsafe")
-
-    run_reference.is_fallback = True  # type: ignore[attr-defined]
-    return run_reference
+    def workspace_bytes(self, node: Node, op: OpDef, ins: list[TensorInfo]) -> int:
+        entry = self.kernels.get(node.op_type)
+        if entry is None or entry.workspace is None:
+            return 0
+        return int(entry.workspace(self.backends, node, ins))

@@ -10,9 +10,9 @@ import numpy as np
 from numba import cuda
 
 from engine.devices.cuda._launch import by_shapes, flat, grid
-from engine.devices.cuda.linalg import activate, activation_args, launch_matmul
+from engine.devices.cuda.linalg import _check_f32, activate, activation_args, launch_matmul
 from engine.ir import Node
-from engine.ops._conv_geom import conv_geom, tconv_geom
+from engine.ops.conv_geometry import conv_geom, tconv_geom
 from engine.ops.registry import TensorInfo
 
 PAD_MODES = {"zeros": 0, "reflect": 1, "replicate": 2, "circular": 3}
@@ -83,8 +83,6 @@ def conv_workspace(node: Node, ins: list[TensorInfo]) -> int:
 
 
 def build_conv(dev, node: Node, ins: list[TensorInfo]):
-    from engine.devices.cuda.linalg import _check_f32
-
     _check_f32(dev, node, ins[:1])
     w = np.ascontiguousarray(node.attrs["weight"], np.float32)
     bias = node.attrs.get("bias")

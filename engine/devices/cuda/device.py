@@ -1,4 +1,6 @@
-"""CudaDevice: one CUDA device ("cuda:N") behind the engine's Device interface.
+"""CudaDevice: one CUDA device ("cuda:N") behind the engine's Device interface: the shared op registry (no private
+ops), its kernel table (kernels.py; an op without a CUDA kernel is refused, never run on the CPU), no graph
+rewrite of its own (`prepare` is the identity) and no settings.
 
 Per instance (the runtime creates one device object per instance): a stream, one device allocation for the
 planned arena at max shapes, one for the workspace, weights uploaded once at kernel build, and pinned host
@@ -12,13 +14,13 @@ import contextlib
 import numpy as np
 from numba import cuda
 
-from engine.devices.base import Device
+from engine.devices.base import Device, Kernel
 from engine.devices.cuda import kernels
 from engine.devices.cuda._launch import SIM
-from engine.errors import EngineError, UnsupportedOpError
+from engine.errors import ArenaOverflowError, EngineError, UnsupportedOpError
 from engine.ir import Node
 from engine.memory.planner import ALIGNMENT
-from engine.ops.registry import Kernel, OpDef, TensorInfo
+from engine.ops.registry import OpDef, TensorInfo
 
 
 def device_count() -> int:
@@ -51,8 +53,6 @@ class CudaArena:
         dtype = np.dtype(dtype)
         n = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
         if offset < 0 or offset + n > self.nbytes:
-            from engine.errors import ArenaOverflowError
-
             raise ArenaOverflowError(f"{name or 'buffer'} needs bytes {offset}..{offset + n} but the device "
                                      f"arena holds {self.nbytes}; create the instance with larger max_shapes")
         if n == 0:
@@ -76,6 +76,7 @@ class CudaDevice(Device):
             raise EngineError(f"no CUDA device {self.index} for {name!r}: {found}; use device='cpu' "
                               "or an instance_group of KIND_CPU")
         self.name = f"cuda:{self.index}"
+        self.kernels = kernels.KERNELS
         self.arena_bytes = 0  # activation arena + workspace on this device, for metrics
         self.weights_bytes = 0
         self._uploaded: dict[int, object] = {}  # id(host array) -> device copy, so shared weights upload once
@@ -92,7 +93,7 @@ class CudaDevice(Device):
         return arena
 
     def build_kernel(self, node: Node, op: OpDef, ins: list[TensorInfo]) -> Kernel:
-        builder = kernels.KERNELS.get(node.op_type)
+        builder = self.kernels.get(node.op_type)
         if builder is None:
             self.refuse(node, f"{node.op_type} has no CUDA kernel")
         with self.activate():

@@ -13,11 +13,10 @@ from numba import cuda
 
 from engine.devices.cuda._launch import at_least_1d, broadcast_strides, by_shapes, flat, grid, strides_of
 from engine.ir import Node
-from engine.ops._common import norm_axis
-from engine.ops.pad import _mode as pad_mode
-from engine.ops.pad import pad_plan
+from engine.ops.pad import pad_mode, pad_plan
 from engine.ops.registry import TensorInfo
-from engine.ops.shape import _perm
+from engine.ops.rules import norm_axis
+from engine.ops.shape import transpose_perm
 from engine.ops.tensor import slice_bounds, slice_index
 
 BIG = 1 << 62  # a `mod` that never wraps
@@ -107,7 +106,7 @@ def _flat_plan(node, ins, outs):
 def _transpose_plan(node, ins, outs):
     shape = np.shape(ins[0])
     st = strides_of(shape)
-    return {"shape": tuple(outs[0].shape), "src_strides": tuple(st[p] for p in _perm(node, len(shape)))}
+    return {"shape": tuple(outs[0].shape), "src_strides": tuple(st[p] for p in transpose_perm(node, len(shape)))}
 
 
 def _slice_plan(node, ins, outs):

@@ -13,8 +13,8 @@ from numba import cuda
 
 from engine.devices.cuda._launch import at_least_1d, by_shapes, flat, grid, strides_of
 from engine.ir import Node
-from engine.ops._common import norm_axes, norm_axis
 from engine.ops.registry import TensorInfo
+from engine.ops.rules import norm_axes, norm_axis
 
 KINDS = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3, "ReduceProd": 4, "ReduceL1": 5,
          "ReduceL2": 6, "ReduceSumSquare": 7, "ReduceLogSum": 8, "ReduceLogSumExp": 9, "ArgMax": 10, "ArgMin": 11}

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.devices.cpu import KERNELS, register_kernel
 from engine.ir import Node
-from engine.ops.registry import OPS, TensorInfo, all_ops
+from engine.ops import get_op, register
+from engine.ops.registry import TensorInfo
 
 GATE_DIR = Path(os.environ["NNSERVE_TEST_GATE"])
 NODE_NAME = "gate"
@@ -29,27 +31,29 @@ def wait_at_gate() -> None:
         time.sleep(0.01)  # polls a condition the test sets; how long it takes does not matter
 
 
-def _wrap(original):  # noqa: ANN001, ANN202 - OpDef in, OpDef out
-    def kernel(node: Node, ins: list[TensorInfo]):  # noqa: ANN202
-        inner = original.kernel(node, ins) if original.kernel else None
-        if node.name != NODE_NAME:
-            return inner
-
-        def fn(inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], workspace: np.ndarray) -> None:
-            wait_at_gate()
-            if inner is not None:
-                inner(inputs, outputs, workspace)
-            else:
-                outputs[0][...] = original.reference(node, list(inputs))[0]
-
-        return fn
-
+def _wrap_reference(original):  # noqa: ANN001, ANN202 - OpDef in, OpDef out
     def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
         if node.name == NODE_NAME:
             wait_at_gate()
         return original.reference(node, arrays)
 
-    return dataclasses.replace(original, kernel=kernel, reference=reference)
+    return dataclasses.replace(original, reference=reference)
 
 
-OPS["Sigmoid"] = _wrap(all_ops()["Sigmoid"])
+def _wrap_kernel(original):  # noqa: ANN001, ANN202 - CpuKernel in, builder out
+    def build(backends, node: Node, ins: list[TensorInfo]):  # noqa: ANN001, ANN202
+        inner = original.build(backends, node, ins)
+        if node.name != NODE_NAME:
+            return inner
+
+        def fn(inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray], workspace: np.ndarray) -> None:
+            wait_at_gate()
+            inner(inputs, outputs, workspace)
+
+        return fn
+
+    return build
+
+
+register(_wrap_reference(get_op("Sigmoid")), replace=True)
+register_kernel("Sigmoid", _wrap_kernel(KERNELS["Sigmoid"]), KERNELS["Sigmoid"].workspace, replace=True)

@@ -89,11 +89,14 @@ def test_wrong_input_shape_is_an_engine_error(instance):
         inst.run({name: np.zeros((1, 8, 99, 99), np.float32)})
 
 
-def test_engine_debug_traces_device_values(instance, monkeypatch, caplog):
+def test_engine_debug_traces_device_values(instance, caplog):
     inst, fx = instance
-    monkeypatch.setenv("ENGINE_DEBUG", "2")
+    inst.debug = 2  # ENGINE_DEBUG=2
     with caplog.at_level("DEBUG", logger="engine.runtime"):
-        inst.run(fx.inputs)
+        try:
+            inst.run(fx.inputs)
+        finally:
+            inst.debug = 0
     messages = [r.getMessage() for r in caplog.records]
     nodes = [m for m in messages if " in=" in m]
     stats = [m for m in messages if "mean=" in m]

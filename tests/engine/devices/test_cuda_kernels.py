@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from numba import cuda
+from op_harness import HOST_INPUTS, assert_close, infos_of, load_cases, make_node, reference
 
 from engine.devices.cuda import CudaDevice
 from engine.devices.cuda.kernels import KERNELS
 from engine.errors import UnsupportedOpError
-from engine.ops._harness import HOST_INPUTS, assert_close, infos_of, load_cases, make_node, reference
 from engine.ops.registry import all_ops, get_op
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ops"
@@ -24,7 +24,7 @@ CASES = [c for f in ("misc.npz", "spatial.npz") for c in load_cases(FIXTURES / f
 # ops that never reach a device kernel: Shape is a host value; the others are refused on CUDA (see kernels.py)
 NOT_ON_CUDA = {"Shape", "Expression", "TnnQuantize", "TnnDequantize", "TnnQConv", "TnnQAdd", "TnnQConcat",
                "TnnQPool", "TnnQRelu", "TnnLSTM"}
-# the blocked-layout ops: inserted by engine/passes/layout_blocked.py for CPU instances only
+# the blocked-layout ops are the CPU device's own (engine/devices/cpu/layout/), never in the shared registry
 NOT_ON_CUDA |= {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                 "RegroupBlocked"}
 RNG = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""Layout ops: goldens, alias flags, kernels, value propagation for shape arithmetic, errors."""
+"""Layout-only ops: references vs goldens, Shape as a host value, value propagation, errors."""
 
 from __future__ import annotations
 
@@ -6,16 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_harness import check_golden, infer, load_cases, make_node, reference
 
 from engine.errors import ShapeError
 from engine.ops import get_op
-from engine.ops._harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 from engine.ops.registry import TensorInfo
 
 GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
 OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Cast", "Shape"}
 CASES = load_cases(GOLDENS, OPS)
-RNG = np.random.default_rng(6)
 
 
 def test_every_op_has_goldens():
@@ -27,50 +26,10 @@ def test_reference_matches_torch(case):
     check_golden(case, rtol=0, atol=0)
 
 
-def test_reshape_family_are_aliases_without_kernels():
-    for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
-        assert get_op(op).alias and get_op(op).kernel is None
-    for op in ("Transpose", "Expand", "Tile", "Cast", "Identity"):
-        assert not get_op(op).alias and get_op(op).kernel is not None
-
-
-@pytest.mark.parametrize("op,params,max_shape,shape", [
-    ("Transpose", {"perm": [2, 0, 1]}, (4, 5, 6), (3, 2, 5)),
-    ("Transpose", {"perm": None}, (4, 5, 6), (4, 5, 6)),
-    ("Expand", {"shape": [2, -1, 3, 4]}, (5, 1, 4), (3, 1, 4)),
-    ("Tile", {"repeats": [2, 1, 3]}, (4, 5), (2, 3)),
-    ("Tile", {"repeats": [3]}, (4, 5), (1, 5)),
-    ("Cast", {"to": "int64"}, (3, 4), (2, 4)),
-    ("Cast", {"to": "FP16"}, (3, 4), (3, 4)),
-    ("Identity", {}, (7,), (3,)),
-])
-def test_kernel_matches_reference(op, params, max_shape, shape):
-    node = make_node(op, 1, params=params)
-    big = (RNG.standard_normal(max_shape) * 3).astype(np.float32)
-    small = (RNG.standard_normal(shape) * 3).astype(np.float32)
-    check_kernel(node, [big])
-    check_kernel(node, [small], [big])
-
-
-def test_expand_and_reshape_take_target_from_input_value():
-    x = np.zeros((3, 1), np.float32)
-    target = np.array([2, 3, 5], np.int64)
-    ins = [TensorInfo(x.shape, x.dtype), TensorInfo((3,), np.dtype(np.int64), target)]
-    assert get_op("Expand").infer(make_node("Expand", 2), ins)[0].shape == (2, 3, 5)
-    ins = [TensorInfo((2, 3, 5), x.dtype), TensorInfo((2,), np.dtype(np.int64), np.array([0, -1]))]
-    assert get_op("Reshape").infer(make_node("Reshape", 2), ins)[0].shape == (2, 15)
-    check_kernel(make_node("Expand", 2), [x, target])
-
-
 def test_shape_is_always_a_host_value():
     (info,) = infer(make_node("Shape", 1, params={"start": -2}), [np.zeros((2, 3, 4), np.float32)])
     assert info.shape == (2,) and info.dtype == np.int64
     np.testing.assert_array_equal(info.value, [3, 4])
-
-
-def test_shape_kernel_reports_the_actual_shape():
-    node = make_node("Shape", 1, params={"start": 1, "end": None})
-    check_kernel(node, [np.zeros((2, 3, 4), np.float32)], [np.zeros((2, 5, 6), np.float32)])
 
 
 def test_shape_arithmetic_propagates_values():

@@ -140,18 +140,18 @@ def test_workspace_is_preallocated_once():
     assert inst.workspace is ws
 
 
-def test_timings_and_debug_trace(caplog, monkeypatch):
+def test_timings_and_debug_trace(caplog):
     inst = make(tile_sum_graph(), {"x": (2, 256)})
     x = np.ones((2, 256), np.float32)
     inst.run({"x": x})
     assert inst.last_timings["compute_s"] >= 0 and "nodes" not in inst.last_timings
     inst.run({"x": x}, timings=True)
     assert [n for n, _, _ in inst.last_timings["nodes"]] == ["tile", "double", "sum", "add"]
-    monkeypatch.setenv("ENGINE_DEBUG", "1")
+    inst.debug = 1  # ENGINE_DEBUG=1
     with caplog.at_level(logging.DEBUG, logger="engine.runtime"):
         inst.run({"x": x})
     assert "#0 T_Tile4 tile in=[(2, 256)] out=[(2, 1024)] offset=" in caplog.text
-    monkeypatch.setenv("ENGINE_DEBUG", "2")
+    inst.debug = 2
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="engine.runtime"):
         inst.run({"x": x})

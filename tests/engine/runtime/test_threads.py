@@ -8,7 +8,8 @@ from fixture_models import assert_close_to_torch, cases, max_shapes, model_path
 from threadpoolctl import threadpool_info
 
 import engine
-from engine.ops import _threads
+from engine.devices.cpu import threads as _threads
+from engine.devices.cpu.options import CpuOptions
 
 
 @pytest.fixture
@@ -35,11 +36,11 @@ def test_missing_cgroup_file_means_unlimited(tmp_path):
 
 
 def test_env_setting_wins(monkeypatch):
-    monkeypatch.setenv(_threads.ENV, "3")
-    assert _threads.default_threads() == 3
-    monkeypatch.setenv(_threads.ENV, "zero")
+    setting = CpuOptions.from_env({"NNSERVE_NUM_THREADS": "3"}).threads
+    assert setting == 3 and _threads.default_threads(setting) == 3
+    setting = CpuOptions.from_env({"NNSERVE_NUM_THREADS": "zero"}).threads
     monkeypatch.setattr(_threads, "cgroup_cpus", lambda path=None: 1)
-    assert _threads.default_threads() == 1  # a bad setting falls back to the quota-capped CPU count
+    assert setting is None and _threads.default_threads(setting) == 1  # a bad setting: the quota-capped CPU count
 
 
 def test_blas_stays_single_threaded_under_the_pool(restore_threads):

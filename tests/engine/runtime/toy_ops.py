@@ -10,14 +10,15 @@ import contextlib
 
 import numpy as np
 
-from engine.ops.registry import OPS, OpDef, TensorInfo
+from engine.devices.cpu import KERNELS, register_kernel
+from engine.ops.registry import OPS, OpDef, TensorInfo, register
 
 
 def _same(node, ins):
     return [TensorInfo(ins[0].shape, ins[0].dtype)]
 
 
-def _double_kernel(node, ins):
+def _double_kernel(backends, node, ins):
     def run(inputs, outputs, ws):
         np.multiply(inputs[0], 2, out=outputs[0])
     return run
@@ -28,7 +29,7 @@ def _tile4_infer(node, ins):
     return [TensorInfo((*lead, 4 * k), ins[0].dtype)]
 
 
-def _tile4_kernel(node, ins):
+def _tile4_kernel(backends, node, ins):
     def run(inputs, outputs, ws):
         k = inputs[0].shape[-1]
         for i in range(4):
@@ -46,7 +47,7 @@ def _sum_last_infer(node, ins):
     return [TensorInfo(ins[0].shape[:-1], ins[0].dtype)]
 
 
-def _sum_last_kernel(node, ins):
+def _sum_last_kernel(backends, node, ins):
     def run(inputs, outputs, ws):
         np.sum(inputs[0], axis=-1, out=outputs[0])
     return run
@@ -56,7 +57,7 @@ def _add_infer(node, ins):
     return [TensorInfo(np.broadcast_shapes(ins[0].shape, ins[1].shape), ins[0].dtype)]
 
 
-def _add_kernel(node, ins):
+def _add_kernel(backends, node, ins):
     def run(inputs, outputs, ws):
         np.add(inputs[0], inputs[1], out=outputs[0])
     return run
@@ -66,13 +67,13 @@ def _shape_infer(node, ins):
     return [TensorInfo((len(ins[0].shape),), np.dtype(np.int64), np.array(ins[0].shape, dtype=np.int64))]
 
 
-def _boom_kernel(node, ins):
+def _boom_kernel(backends, node, ins):
     def run(inputs, outputs, ws):
         raise ValueError("operands could not be broadcast together")
     return run
 
 
-def _scratch_kernel(node, ins):
+def _scratch_kernel(backends, node, ins):
     def run(inputs, outputs, ws):
         assert ws.nbytes >= 1000
         np.copyto(outputs[0], inputs[0])
@@ -84,39 +85,44 @@ def _shrinking_infer(node, ins):
     return [TensorInfo((64 // ins[0].shape[0],), ins[0].dtype)]
 
 
-def _add_inplace_kernel(node, ins):
+def _add_inplace_kernel(backends, node, ins):
     def run(inputs, outputs, ws):
         np.add(inputs[0], inputs[1], out=outputs[0])
     return run
 
 
-def _view_kernel(node, ins):
+def _view_kernel(backends, node, ins):
     raise AssertionError("alias ops must never be run")
 
 
+# (meaning, CPU kernel builder or None, workspace or None)
 TOY_OPS = [
-    OpDef("T_AddInplace", _add_infer, lambda n, a: [a[0] + a[1]], kernel=_add_inplace_kernel, inplace=True),
-    OpDef("T_View", _same, lambda n, a: [a[0].copy()], kernel=_view_kernel, alias=True),
-    OpDef("T_Shrinking", _shrinking_infer, lambda n, a: [np.zeros(64 // a[0].shape[0], a[0].dtype)]),
-    OpDef("T_Double", _same, lambda n, a: [a[0] * 2], kernel=_double_kernel, inplace=True),
-    OpDef("T_Neg", _same, lambda n, a: [-a[0]], inplace=True),  # no kernel: reference fallback
-    OpDef("T_Tile4", _tile4_infer, lambda n, a: [np.concatenate([a[0]] * 4, axis=-1)], kernel=_tile4_kernel),
-    OpDef("T_SplitLast", _split_last_infer,
-          lambda n, a: [a[0].reshape(*a[0].shape[:-1], n.params["parts"], -1)], alias=True),
-    OpDef("T_SumLast", _sum_last_infer, lambda n, a: [a[0].sum(-1)], kernel=_sum_last_kernel),
-    OpDef("T_Add", _add_infer, lambda n, a: [a[0] + a[1]], kernel=_add_kernel),
-    OpDef("T_Shape", _shape_infer, lambda n, a: [np.array(a[0].shape, dtype=np.int64)]),
-    OpDef("T_Boom", _same, lambda n, a: [a[0]], kernel=_boom_kernel),
-    OpDef("T_Scratch", _same, lambda n, a: [a[0].copy()], kernel=_scratch_kernel, workspace=lambda n, i: 1000),
+    (OpDef("T_AddInplace", _add_infer, lambda n, a: [a[0] + a[1]], inplace=True), _add_inplace_kernel, None),
+    (OpDef("T_View", _same, lambda n, a: [a[0].copy()], alias=True), _view_kernel, None),
+    (OpDef("T_Shrinking", _shrinking_infer, lambda n, a: [np.zeros(64 // a[0].shape[0], a[0].dtype)]), None, None),
+    (OpDef("T_Double", _same, lambda n, a: [a[0] * 2], inplace=True), _double_kernel, None),
+    (OpDef("T_Neg", _same, lambda n, a: [-a[0]], inplace=True), None, None),  # no kernel: reference fallback
+    (OpDef("T_Tile4", _tile4_infer, lambda n, a: [np.concatenate([a[0]] * 4, axis=-1)]), _tile4_kernel, None),
+    (OpDef("T_SplitLast", _split_last_infer,
+           lambda n, a: [a[0].reshape(*a[0].shape[:-1], n.params["parts"], -1)], alias=True), None, None),
+    (OpDef("T_SumLast", _sum_last_infer, lambda n, a: [a[0].sum(-1)]), _sum_last_kernel, None),
+    (OpDef("T_Add", _add_infer, lambda n, a: [a[0] + a[1]]), _add_kernel, None),
+    (OpDef("T_Shape", _shape_infer, lambda n, a: [np.array(a[0].shape, dtype=np.int64)]), None, None),
+    (OpDef("T_Boom", _same, lambda n, a: [a[0]]), _boom_kernel, None),
+    (OpDef("T_Scratch", _same, lambda n, a: [a[0].copy()]), _scratch_kernel, lambda b, n, i: 1000),
 ]
 
 
 @contextlib.contextmanager
 def toy_ops():
-    for d in TOY_OPS:
-        OPS[d.op_type] = d
+    """The toy ops registered the way a plugin registers its ops, and removed afterwards."""
+    for op, build, workspace in TOY_OPS:
+        register(op)
+        if build is not None:
+            register_kernel(op.op_type, build, workspace)
     try:
         yield
     finally:
-        for d in TOY_OPS:
-            OPS.pop(d.op_type, None)
+        for op, _, _ in TOY_OPS:
+            OPS.pop(op.op_type, None)
+            KERNELS.pop(op.op_type, None)

@@ -10,7 +10,7 @@ from engine.formats.tnn.writer.activations import activation
 from engine.formats.tnn.writer.core import Writer
 from engine.formats.tnn.writer.registry import writes
 from engine.ir import Node
-from engine.ops._spatial import pads4, pair
+from engine.ops.spatial import pads4, pair
 
 FUSED_ACT = {None: 0, "relu": 1, "relu6": 2, "silu": 256}
 PAD_CODES = {"constant": 0, "zeros": 0, "reflect": 1, "edge": 2, "replicate": 2}

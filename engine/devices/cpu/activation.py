@@ -1,0 +1,71 @@
+"""CPU kernels of the activations (engine/ops/activation.py): numba loops or ufunc chains that may run with the
+output sharing the input's buffer; integer activations (rare) run the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.devices.cpu.kernel import Backends, CpuKernel, empty, reference_fallback
+from engine.devices.cpu.loops import pointwise as mk
+from engine.ir import Node
+from engine.ops import activation
+from engine.ops.activation import clip_bounds, param, prelu_slope
+from engine.ops.registry import TensorInfo
+
+
+def _flat_loop(loop, dtype, *args):
+    """Kernel from a numba loop over flat views (x may be the output buffer), compiled now for `dtype`."""
+    loop(empty(1, dtype), empty(1, dtype), *args)
+
+    def run(inputs, outputs, workspace):
+        loop(np.ascontiguousarray(inputs[0]).reshape(-1), outputs[0].reshape(-1), *args)
+    return run
+
+
+def _ufunc(fn):
+    def run(inputs, outputs, workspace):
+        fn(inputs[0], outputs[0])
+    return run
+
+
+def _prelu_kernel(node: Node, ins: list[TensorInfo]):
+    slope = np.ascontiguousarray(prelu_slope(node, np.empty(ins[0].shape, np.uint8)), dtype=ins[0].dtype)
+    if slope.size == 1:  # one shared slope is a leaky relu
+        return _flat_loop(mk.leaky_relu_loop, slope.dtype, float(slope[0]))
+    mk.prelu_loop(empty(3, slope.dtype), empty(3, slope.dtype), slope)
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        view = (x.shape[0], x.shape[1], -1) if x.ndim >= 2 else (1, x.size, 1)
+        mk.prelu_loop(x.reshape(view), out.reshape(view), slope)
+    return run
+
+
+def build(backends: Backends, node: Node, ins: list[TensorInfo]):
+    op, dt = node.op_type, np.dtype(ins[0].dtype)
+    if dt not in (np.float32, np.float64):
+        return reference_fallback(node, activation.reference)  # integer activations are rare
+    if op == "Relu":
+        return _ufunc(lambda x, out: np.maximum(x, 0, out=out))
+    if op == "Clip":
+        lo, hi = clip_bounds(node)
+        return _ufunc(lambda x, out: np.clip(x, lo, hi, out=out))
+    if op == "Tanh":
+        return _ufunc(lambda x, out: np.tanh(x, out=out))
+    if op == "PRelu":
+        return _prelu_kernel(node, ins)
+    if op == "Gelu":
+        return _flat_loop(mk.gelu_tanh_loop if param(node, "approximate", "none") == "tanh" else mk.gelu_loop, dt)
+    loops = {
+        "LeakyRelu": (mk.leaky_relu_loop, float(param(node, "alpha", 0.01))),
+        "Sigmoid": (mk.sigmoid_loop,), "Silu": (mk.silu_loop,), "Mish": (mk.mish_loop,),
+        "HardSwish": (mk.hardswish_loop, float(param(node, "alpha", 1 / 6)), float(param(node, "beta", 0.5))),
+        "HardSigmoid": (mk.hardsigmoid_loop, float(param(node, "alpha", 1 / 6)), float(param(node, "beta", 0.5))),
+        "Elu": (mk.elu_loop, float(param(node, "alpha", 1.0))),
+        "Softplus": (mk.softplus_loop, float(param(node, "beta", 1.0)), float(param(node, "threshold", 20.0))),
+    }
+    loop, *args = loops[op]
+    return _flat_loop(loop, dt, *args)
+
+
+KERNELS = {name: CpuKernel(build) for name in activation.REFERENCES}

@@ -1,0 +1,122 @@
+"""CPU kernel of ConvBlocked (engine/devices/cpu/layout/conv_blocked.py): Winograd F(4x4)/F(2x2) where it pays
+(winograd_blocked.py), else oneDNN's convolution through the one plan of onednn.py, its blocked sides in
+nChw{B}c. Plans are cached per input shape: the kernel is built at the max shape and also runs smaller batches;
+the workspace holds the larger of the plan's buffers and the Winograd chunk's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from engine.devices.base import Kernel
+from engine.devices.cpu.conv import winograd_blocked as W
+from engine.devices.cpu.conv.onednn import ConvSpec, Plan
+from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.kernel import Backends, reference_fallback
+from engine.devices.cpu.layout import conv_blocked
+from engine.devices.cpu.layout.conv_blocked import geometry
+from engine.devices.cpu.onednn import objects as D
+from engine.ir import Node
+from engine.ops.conv_geometry import ConvGeom
+from engine.ops.registry import TensorInfo
+
+log = logging.getLogger("engine.onednn")
+
+
+def _spec(node: Node, residual: bool) -> ConvSpec:
+    """The oneDNN plan's spec of a ConvBlocked node: its geometry on physical shapes and its blocked sides."""
+    return ConvSpec(node, residual, geometry, int(node.params["block"]), bool(node.params.get("src_blocked")),
+                    bool(node.params.get("dst_blocked")))
+
+
+class _Winograds:
+    """The Winograd paths of one conv (one per output tile size a shape picked, W.choose), or none when the conv
+    is not eligible."""
+
+    def __init__(self, spec: ConvSpec, geo: ConvGeom, enabled: bool):
+        self.spec = spec
+        self.eligible = enabled and W.eligible(geo, spec.block, spec.src_blocked, spec.dst_blocked)
+        self._convs: dict[int, W.WinogradConv] = {}
+
+    def pick(self, geo: ConvGeom) -> tuple[W.WinogradConv, int] | None:
+        """(the conv for this shape's tile size, its workspace bytes), or None for the direct kernel."""
+        m = W.choose(geo, self.spec.block) if self.eligible else None
+        if m is None:
+            return None
+        conv = self._convs.get(m)
+        if conv is None:
+            conv = self._convs[m] = W.WinogradConv(self.spec.w, self.spec.bias, *self.spec.act, m=m)
+        return conv, conv.workspace_bytes(geo)
+
+
+def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
+    """Bytes for the max shape's reordered plain sides and scratchpad (or its Winograd buffers, whichever is
+    larger), plus room to align the start."""
+    if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
+        return 0
+    D.sync_threads()
+    spec = _spec(node, len(ins) > 1)
+    shape = tuple(ins[0].shape)
+    geo = geometry(node, shape)
+    wino = _Winograds(spec, geo, backends.winograd).pick(geo)
+    return max(Plan(spec, shape).nbytes, 0 if wino is None else wino[1]) + D.ALIGN
+
+
+def _aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list) -> np.ndarray:
+    """An ALIGN-aligned uint8 view of at least `nbytes` of the workspace (or of a private buffer)."""
+    ptr, size = D.workspace_base(workspace)
+    if size >= nbytes:
+        off = ptr - D.address(workspace)
+        return workspace[off:off + size]
+    if not private or private[0].nbytes < nbytes:  # a smaller shape whose chunks need more room (never seen)
+        private[:] = [D.aligned_buffer(nbytes)]
+    return private[0]
+
+
+def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
+    geometry(node, ins[0].shape)  # checks the node
+    if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
+        return reference_fallback(node, conv_blocked.reference)
+    spec = _spec(node, len(ins) > 1)
+    D.sync_threads()
+    max_shape = tuple(ins[0].shape)
+    first = Plan(spec, max_shape)
+    plans = {max_shape: first}
+    winograds = _Winograds(spec, geometry(node, max_shape), backends.winograd)
+    wino_plans: dict[tuple, tuple | None] = {}  # per input shape: (conv, geometry, workspace bytes) or None
+    private: list[np.ndarray] = []
+
+    def wino_plan(shape: tuple) -> tuple | None:
+        if shape not in wino_plans:
+            geo = geometry(node, shape)
+            picked = winograds.pick(geo)
+            wino_plans[shape] = None if picked is None else (picked[0], geo, picked[1])
+        return wino_plans[shape]
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        z = np.ascontiguousarray(inputs[1]) if spec.residual else None
+        D.sync_threads()
+        winograd = wino_plan(x.shape)
+        if winograd is not None:
+            conv, geo, nbytes = winograd
+            conv.run(geo, x, z, out, _aligned_workspace(workspace, nbytes, private))
+            return
+        plan = plans.get(x.shape)
+        if plan is None:
+            plan = plans[x.shape] = Plan(spec, x.shape)
+            log.debug("%s: oneDNN blocked conv for input %s: %s", node.where(), x.shape, plan.impl)
+        plan.run(x, z, out, workspace)
+        if spec.late:
+            apply_activation(spec.act[0], spec.act[1], out)
+
+    # the max shape and batch 1 (the usual smaller request) build their matmuls and filters now, not on a request
+    for shape in {max_shape, (1, *max_shape[1:])}:
+        plan = wino_plan(shape)
+        if plan is not None:
+            plan[0].prepare(plan[1])
+    at_max = wino_plan(max_shape)
+    run.impl = f"winograd-f{at_max[0].m}x{at_max[0].m}+onednn-matmul" if at_max is not None else f"onednn:{first.impl}"
+    return run

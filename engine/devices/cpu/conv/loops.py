@@ -1,0 +1,273 @@
+"""numba kernels behind the direct Conv / ConvTranspose paths: im2col, col2im and depthwise (with the fused
+epilogue of loops/fused_epilogue.py inlined).
+
+Every function is compiled lazily on first call (per dtype) and cached on disk, and releases the GIL. The
+kernels work on items [lo, hi) of their outer axis (channels, or N*C) so engine.devices.cpu.threads.parallel_for can
+split them over threads. They take one image (no batch axis) unless said otherwise, so the caller can tile
+and loop without slicing copies.
+
+Pad modes are small ints: 0 zeros, 1 reflect, 2 replicate, 3 circular (the Conv `pad_mode` param).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from engine.devices.cpu.loops.fused_epilogue import activate, activate_cheap, activate_row
+
+PAD_MODES = {"zeros": 0, "constant": 0, "reflect": 1, "replicate": 2, "edge": 2, "circular": 3}
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _src(idx, n, mode):
+    """Source index along an axis of length n for a padded index, or -1 when it reads a zero pad."""
+    if 0 <= idx < n:
+        return idx
+    if mode == 0:
+        return -1
+    if mode == 1:
+        idx = -idx if idx < 0 else 2 * (n - 1) - idx
+        return min(max(idx, 0), n - 1)
+    if mode == 2:
+        return 0 if idx < 0 else n - 1
+    return idx % n
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _valid_range(off, step, n, count):
+    """[lo, hi) of output positions o in [0, count) whose source o*step + off lies in [0, n)."""
+    lo = 0 if off >= 0 else (-off + step - 1) // step
+    hi = 0 if n - off <= 0 else (n - off + step - 1) // step
+    return min(lo, count), max(min(hi, count), min(lo, count))
+
+
+# Inner loops index slices with range() counters only: numba cannot prove `k + off` >= 0 and adds a
+# negative-index wraparound check that stops vectorisation (measured 27x slower on a row axpy). Unit-stride
+# and strided slices get separate variables: unifying them types both as layout 'A', which is 5x slower again.
+@njit(nogil=True, cache=True, inline="always")
+def _axpy(dst, src_row, lo, hi, step, off, wv):
+    """dst[k] += wv * src_row[(lo + k)*step + off] for k < hi - lo."""
+    if step == 1:
+        s1 = src_row[lo + off:hi + off]
+        for k in range(hi - lo):
+            dst[k] += wv * s1[k]
+    else:
+        s2 = src_row[lo * step + off:(hi - 1) * step + off + 1:step]
+        for k in range(hi - lo):
+            dst[k] += wv * s2[k]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _gather(dst, src_row, lo, hi, step, off):
+    """dst[k] = src_row[(lo + k)*step + off] for k < hi - lo."""
+    if step == 1:
+        s1 = src_row[lo + off:hi + off]
+        for k in range(hi - lo):
+            dst[k] = s1[k]
+    else:
+        s2 = src_row[lo * step + off:(hi - 1) * step + off + 1:step]
+        for k in range(hi - lo):
+            dst[k] = s2[k]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _scatter_add(dst_row, src, lo, hi, step, off):
+    """dst_row[(lo + k)*step + off] += src[k] for k < hi - lo."""
+    if step == 1:
+        d1 = dst_row[lo + off:hi + off]
+        for k in range(hi - lo):
+            d1[k] += src[k]
+    else:
+        d2 = dst_row[lo * step + off:(hi - 1) * step + off + 1:step]
+        for k in range(hi - lo):
+            d2[k] += src[k]
+
+
+@njit(nogil=True, cache=True)
+def im2col(x, cols, oh0, rows, ow_n, kh, kw, sh, sw, dh, dw, pt, pl, mode, lo, hi):
+    """cols[(c, i, j), t*ow_n + ow] = padded x[c, (oh0+t)*sh - pt + i*dh, ow*sw - pl + j*dw] for t < rows.
+
+    x is (C, H, W) (one image, one group's channels, any strides); cols is a C-contiguous 2-D buffer with
+    at least C*kh*kw rows and rows*ow_n columns.
+    """
+    h_n, w_n = x.shape[1], x.shape[2]
+    for c in range(lo, hi):
+        for i in range(kh):
+            for j in range(kw):
+                crow = cols[(c * kh + i) * kw + j]
+                woff = j * dw - pl
+                w_lo, w_hi = _valid_range(woff, sw, w_n, ow_n)
+                for t in range(rows):
+                    dst = crow[t * ow_n:(t + 1) * ow_n]
+                    ih = _src((oh0 + t) * sh - pt + i * dh, h_n, mode)
+                    if ih < 0:
+                        dst[:] = 0
+                    elif mode == 0:
+                        dst[:w_lo] = 0
+                        _gather(dst[w_lo:w_hi], x[c, ih], w_lo, w_hi, sw, woff)
+                        dst[w_hi:] = 0
+                    else:
+                        for ow in range(ow_n):
+                            dst[ow] = x[c, ih, _src(ow * sw + woff, w_n, mode)]
+
+
+@njit(nogil=True, cache=True)
+def col2im_add(cols, out, h0, rows, w_n, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
+    """The transposed-conv scatter: out[o, h*sh - pt + i*dh, w*sw - pl + j*dw] += cols[(o, i, j), t*w_n + w].
+
+    h = h0 + t for t < rows; out is (O, OH, OW) for one image and group; positions outside it are cropped
+    (that is what the transposed conv's pads do).
+    """
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    for o in range(lo, hi):
+        for i in range(kh):
+            for j in range(kw):
+                crow = cols[(o * kh + i) * kw + j]
+                woff = j * dw - pl
+                w_lo, w_hi = _valid_range(woff, sw, ow_n, w_n)
+                if w_hi <= w_lo:
+                    continue
+                for t in range(rows):
+                    oh = (h0 + t) * sh - pt + i * dh
+                    if oh < 0 or oh >= oh_n:
+                        continue
+                    _scatter_add(out[o, oh], crow[t * w_n + w_lo:t * w_n + w_hi], w_lo, w_hi, sw, woff)
+
+
+@njit(nogil=True, cache=True)
+def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
+    """Direct depthwise conv (groups == C == O) with bias, optional residual z and the activation fused.
+
+    x (N, C, H, W), w (C, kh, kw), bias (C,), z like out or a dummy, out (N, C, OH, OW); zero padding.
+    Accumulates whole output rows (one vectorised axpy per tap) so each row stays in L1.
+    """
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[2], out.shape[3]
+    kh, kw = w.shape[1], w.shape[2]
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        b = bias[c]
+        for oh in range(oh_n):
+            row = out[n, c, oh]
+            row[:] = b
+            for i in range(kh):
+                ih = oh * sh - pt + i * dh
+                if ih < 0 or ih >= h_n:
+                    continue
+                xrow = x[n, c, ih]
+                for j in range(kw):
+                    wv = w[c, i, j]
+                    woff = j * dw - pl
+                    w_lo, w_hi = _valid_range(woff, sw, w_n, ow_n)
+                    if w_hi <= w_lo:
+                        continue
+                    _axpy(row[w_lo:w_hi], xrow, w_lo, w_hi, sw, woff, wv)
+            if has_z:
+                zrow = z[n, c, oh]
+                for ow in range(ow_n):
+                    row[ow] += zrow[ow]
+            activate_row(row, act, p0, p1, p2)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _axpy3(acc, s0, s1, s2, w0, w1, w2):
+    """acc += w0*s0 + w1*s1 + w2*s2 over acc's length (three taps in one pass)."""
+    for k in range(acc.shape[0]):
+        acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
+
+
+@njit(nogil=True, cache=True)
+def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
+    """Stride-1 depthwise conv over a flattened zero-padded plane: per channel, one axpy per tap over the
+    whole plane (row width Wp, the Wp - OW extra columns per row are computed and dropped), so small maps
+    (7x7, 14x14) do not pay a per-row, per-tap overhead. Same arguments as `depthwise`.
+    """
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[2], out.shape[3]
+    kh, kw = w.shape[1], w.shape[2]
+    hp, wp = oh_n + (kh - 1) * dh, ow_n + (kw - 1) * dw
+    span = oh_n * wp
+    plane = np.empty(hp * wp + (kw - 1) * dw, x.dtype)  # the tail keeps the last taps' reads in bounds
+    acc = np.empty(span, x.dtype)
+    r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)  # padded rows [r_lo, r_hi) come from x
+    c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
+    plane[:] = 0  # once: every channel rewrites the same interior, the zero border stays
+    # Explicit index loops, no row slices: at 14x14 and 7x7 creating slices cost more than the arithmetic.
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        xc = x[n, c]
+        for r in range(r_lo, r_hi):
+            xr = r - pt
+            for k in range(c_lo, c_hi):
+                plane[r * wp + k] = xc[xr, k - pl]
+        b = bias[c]
+        for k in range(span):
+            acc[k] = b
+        for i in range(kh):
+            j = 0
+            while j < kw:  # up to three taps per pass: a third of the traffic on acc
+                o0 = i * dh * wp + j * dw
+                if j + 3 <= kw:
+                    _axpy3(acc, plane[o0:o0 + span], plane[o0 + dw:o0 + dw + span],
+                           plane[o0 + 2 * dw:o0 + 2 * dw + span], w[c, i, j], w[c, i, j + 1], w[c, i, j + 2])
+                    j += 3
+                else:
+                    zero = w[c, i, j] * 0  # in the weights' dtype: an int 0 would turn the loop into float64
+                    _axpy3(acc, plane[o0:o0 + span], plane[o0:o0 + span], plane[o0:o0 + span], w[c, i, j], zero, zero)
+                    j += 1
+        oc = out[n, c]
+        if has_z or act > 3:
+            for oh in range(oh_n):
+                for ow in range(ow_n):
+                    v = acc[oh * wp + ow] + z[n, c, oh, ow] if has_z else acc[oh * wp + ow]
+                    oc[oh, ow] = activate(v, act, p0, p1, p2)
+        else:  # the common case (none/relu/clip/leaky) as one plain loop per row
+            for oh in range(oh_n):
+                for ow in range(ow_n):
+                    oc[oh, ow] = activate_cheap(acc[oh * wp + ow], act, p0, p1, p2)
+
+
+@njit(nogil=True, cache=True)
+def depthwise_s2(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
+    """Stride-2 depthwise conv: each zero-padded plane is split into even and odd columns first, so every
+    tap reads a contiguous run (a strided read does not vectorise). Same arguments as `depthwise_s1`.
+    """
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[2], out.shape[3]
+    kh, kw = w.shape[1], w.shape[2]
+    hp, wp = (oh_n - 1) * 2 + (kh - 1) * dh + 1, (ow_n - 1) * 2 + (kw - 1) * dw + 1
+    planes = np.empty((2, hp, (wp + 1) // 2), x.dtype)  # planes[q, r, k] = padded[r, 2k + q]
+    r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)
+    c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
+    planes[:] = 0  # once: every channel rewrites the same interior, the zero border stays
+    acc = np.empty(ow_n, x.dtype)
+    # Explicit index loops, no row slices per tap: creating them cost more than the arithmetic on small maps.
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        xc = x[n, c]
+        for q in range(2):
+            k_lo, k_hi = (c_lo - q + 1) // 2, (c_hi - q + 1) // 2
+            s0 = 2 * k_lo + q - pl
+            for r in range(r_lo, r_hi):
+                xr = r - pt
+                for k in range(k_hi - k_lo):
+                    planes[q, r, k_lo + k] = xc[xr, s0 + 2 * k]
+        b = bias[c]
+        oc = out[n, c]
+        for oh in range(oh_n):
+            for ow in range(ow_n):
+                acc[ow] = b
+            for i in range(kh):
+                r = 2 * oh + i * dh
+                for j in range(kw):
+                    q, off, wv = (j * dw) % 2, (j * dw) // 2, w[c, i, j]
+                    for ow in range(ow_n):
+                        acc[ow] += wv * planes[q, r, off + ow]
+            if has_z or act > 3:
+                for ow in range(ow_n):
+                    v = acc[ow] + z[n, c, oh, ow] if has_z else acc[ow]
+                    oc[oh, ow] = activate(v, act, p0, p1, p2)
+            else:
+                for ow in range(ow_n):
+                    oc[oh, ow] = activate_cheap(acc[ow], act, p0, p1, p2)

@@ -1,0 +1,229 @@
+"""Convolutions on oneDNN: the one plan every float32 zero-padded 2-D convolution runs through, whether its sides
+are NCHW (Conv, ConvTranspose: deconvolution, see transposed.py) or blocked nChw{B}c (ConvBlocked, see blocked.py).
+
+A `ConvSpec` holds what does not depend on the input shape: the geometry, which sides are blocked, the weights
+(reordered once into each layout a primitive asks for), bias and post-ops. A `Plan` holds the primitives for one
+input shape. A blocked side uses the nChw{B}c descriptor itself; a plain side is left to the primitive
+(`format_tag_any`: an order of magnitude faster than forcing NCHW) and reordered through the instance workspace
+when the primitive picks another layout. Bias is the primitive's; SPEC.md's epilogue `y = act(conv + bias + z)`
+is a `sum` post-op (z copied or reordered into dst first) then an eltwise post-op when oneDNN has the same
+function, else our apply_activation on the output (elementwise, so layout-agnostic). Workspace layout (each part
+64-byte aligned): reordered src | reordered dst | scratchpad. Primitives depend on the shape: the max-shape one is
+built with the kernel, smaller shapes get theirs on first use (cached).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.devices.base import Kernel
+from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.onednn.blocked import blocked_md
+from engine.errors import KernelError
+from engine.ir import Node
+from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
+from engine.ops.registry import TensorInfo
+
+log = logging.getLogger("engine.onednn")
+_F32_MAX = float(np.finfo(np.float32).max)
+Geometry = Callable[[Node, tuple], ConvGeom]
+
+
+def supported(node: Node, ins: list[TensorInfo]) -> bool:
+    """Whether oneDNN computes this conv (float32, 2-D, zero padding); the caller checks oneDNN is on."""
+    if np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
+        return False
+    return (node.params.get("pad_mode") or "zeros") == "zeros"
+
+
+def eltwise(name: str | None, params: dict | None) -> tuple[str, float, float] | None:
+    """The oneDNN eltwise post-op (alg, alpha, beta) computing the same function as our activation `name`."""
+    p = params or {}
+
+    def get(key: str, default: float) -> float:
+        v = p.get(key)
+        return default if v is None else float(v)
+
+    if name == "relu":
+        return "relu", 0.0, 0.0
+    if name == "leaky_relu":
+        return "relu", get("alpha", 0.01), 0.0
+    if name == "relu6":
+        return "clip", 0.0, 6.0
+    if name == "clip":
+        return "clip", get("min", -_F32_MAX), get("max", _F32_MAX)
+    if name == "sigmoid":
+        return "logistic", 0.0, 0.0
+    if name == "silu":
+        return "swish", 1.0, 0.0
+    if name == "tanh":
+        return "tanh", 0.0, 0.0
+    if name == "elu":
+        return "elu", get("alpha", 1.0), 0.0
+    if name in ("hardswish", "hardsigmoid"):
+        return name, get("alpha", 1 / 6), get("beta", 0.5)
+    if name == "gelu":
+        return ("gelu_tanh" if p.get("approximate", "none") == "tanh" else "gelu_erf"), 0.0, 0.0
+    return None
+
+
+class ConvSpec:
+    """What does not depend on the input shape: geometry, blocked sides, weights (in every layout asked for), bias,
+    post-ops. `geometry(node, shape)` maps the physical input shape to the conv's geometry; `block` > 0 with
+    `src_blocked` / `dst_blocked` puts that side in nChw{block}c."""
+
+    def __init__(self, node: Node, residual: bool, geometry: Geometry = conv_geom, block: int = 0,
+                 src_blocked: bool = False, dst_blocked: bool = False):
+        self.node, self.residual, self.geometry = node, residual, geometry
+        self.block, self.src_blocked, self.dst_blocked = block, src_blocked, dst_blocked
+        self.w = np.ascontiguousarray(weight_of(node), np.float32)
+        bias = node.attrs.get("bias")
+        self.bias = None if bias is None else np.ascontiguousarray(np.ravel(bias), np.float32)
+        self.act = node.params.get("activation"), node.params.get("activation_params")
+        self.elt = eltwise(*self.act)
+        self.late = self.elt is None and self.act[0] is not None  # applied after the primitive
+        self.post_ops = ([("sum",)] if residual else []) + ([self.elt] if self.elt else [])
+        self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
+
+    def wshape(self, geo: ConvGeom) -> tuple[int, ...]:
+        g = geo.groups
+        return (geo.o, geo.c, geo.kh, geo.kw) if g == 1 else (g, geo.o // g, geo.c // g, geo.kh, geo.kw)
+
+    def w_plain(self, geo: ConvGeom) -> D.MemoryDesc:
+        """How self.w is laid out, in oneDNN's weight dims."""
+        return D.MemoryDesc.plain(self.wshape(geo))
+
+    def side(self, shape: tuple[int, ...], blocked: bool) -> D.MemoryDesc:
+        return blocked_md(shape, self.block) if blocked else D.MemoryDesc.any(shape)
+
+    def primitive_desc(self, geo: ConvGeom, x_md: D.MemoryDesc, w_md: D.MemoryDesc, b_md: D.MemoryDesc | None,
+                       y_md: D.MemoryDesc, attr: D.Attr) -> D.PrimitiveDesc:
+        return D.PrimitiveDesc.create(
+            "dnnl_convolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE,
+            L.CONVOLUTION_DIRECT, x_md.h, w_md.h, None if b_md is None else b_md.h, y_md.h, L.dims(geo.stride),
+            L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]), L.dims(geo.pads[2:]), attr.h)
+
+    def weights_in(self, md: D.MemoryDesc, geo: ConvGeom) -> np.ndarray:
+        for have, buf in self._weights:
+            if have == md:
+                return buf
+        buf = D.reorder_into(self.w, self.w_plain(geo), md)
+        self._weights.append((md, buf))
+        return buf
+
+
+class Plan:
+    """The primitives for one physical input shape, and where their buffers sit in the workspace."""
+
+    def __init__(self, spec: ConvSpec, shape: tuple[int, ...]):
+        geo = spec.geometry(spec.node, shape)
+        self.geo = geo
+        x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
+        # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
+        x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
+        w_any = D.MemoryDesc.any(spec.wshape(geo))
+        b_md = D.MemoryDesc.plain((geo.o,)) if spec.bias is not None else None
+        attr = D.Attr(spec.post_ops)
+        self.pd = spec.primitive_desc(geo, x_req, w_any, b_md, y_req, attr)
+        src, wts, dst, pad = (self.pd.md(q) for q in (L.QUERY_SRC_MD, L.QUERY_WEIGHTS_MD, L.QUERY_DST_MD,
+                                                       L.QUERY_SCRATCHPAD_MD))
+        self.weights, self.bias = spec.weights_in(wts, geo), spec.bias
+        args = {L.ARG_SRC: src, L.ARG_WEIGHTS: wts, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}
+        if b_md is not None:
+            args[L.ARG_BIAS] = b_md
+        self.conv = D.Step(D.Primitive(self.pd), args)
+        x_plain, y_plain = D.MemoryDesc.plain(x_log), D.MemoryDesc.plain(y_log)
+        self.src_in = None if spec.src_blocked or src == x_plain else D.reorder_step(x_plain, src)
+        self.dst_out = None if spec.dst_blocked or dst == y_plain else D.reorder_step(dst, y_plain)
+        self.z_in = D.reorder_step(y_plain, dst) if self.dst_out is not None and spec.residual else None
+        self.src_bytes = D.aligned(src.nbytes) if self.src_in is not None else 0
+        self.dst_bytes = D.aligned(dst.nbytes) if self.dst_out is not None else 0
+        self.pad_bytes = D.aligned(pad.nbytes)
+        self.private: np.ndarray | None = None  # only when the instance workspace is too small for this shape
+        self._bound: tuple[int, int, int] | None = None  # (src, dst, scratchpad) pointers the memories hold
+
+    @property
+    def nbytes(self) -> int:
+        return self.src_bytes + self.dst_bytes + self.pad_bytes
+
+    @property
+    def impl(self) -> str:
+        return self.pd.impl
+
+    def base(self, workspace: np.ndarray | None) -> int:
+        ptr, size = D.workspace_base(workspace)
+        if size >= self.nbytes:
+            return ptr
+        if self.private is None:  # a layout for a smaller shape that needs more room than the max shape's
+            log.debug("oneDNN conv %s at %s: %d bytes beyond the workspace, own buffer", self.geo, self.impl,
+                      self.nbytes)
+            self.private = D.aligned_buffer(self.nbytes)
+        return self.private.ctypes.data
+
+    def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
+        base = self.base(workspace)
+        src = D.address(x)
+        if self.src_in is not None:
+            self.src_in.run({L.ARG_SRC: src, L.ARG_DST: base})
+            src = base
+        dst = base + self.src_bytes if self.dst_out is not None else D.address(out)
+        if z is not None:
+            if self.z_in is not None:
+                self.z_in.run({L.ARG_SRC: D.address(z), L.ARG_DST: dst})
+            else:
+                np.copyto(out, z)
+        scratch = base + self.src_bytes + self.dst_bytes
+        if (src, dst, scratch) == self._bound:
+            # The same arena views as last time (the usual case: bound once per input shape): only execute.
+            L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args),
+                                                 self.conv.args), "dnnl_primitive_execute")
+        else:
+            ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
+                    L.ARG_SCRATCHPAD: scratch}
+            if self.bias is not None:
+                ptrs[L.ARG_BIAS] = self.bias.ctypes.data
+            self.conv.run(ptrs)
+            self._bound = (src, dst, scratch)
+        if self.dst_out is not None:
+            self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
+        D.wait()
+
+
+def workspace(spec: ConvSpec, ins: list[TensorInfo]) -> int:
+    """Bytes for the max shape's reordered src, reordered dst and scratchpad, plus room to align the start."""
+    D.sync_threads()
+    return Plan(spec, tuple(ins[0].shape)).nbytes + D.ALIGN
+
+
+def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
+    """The kernel of a plain (NCHW) Conv or ConvTranspose on the plan of each input shape."""
+    node = spec.node
+    D.sync_threads()
+    max_shape = tuple(ins[0].shape)
+    first = Plan(spec, max_shape)
+    plans = {max_shape: first}
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        z = np.ascontiguousarray(inputs[1]) if spec.residual else None
+        D.sync_threads()
+        plan = plans.get(x.shape)
+        if plan is None:
+            if any(a > b for a, b in zip(x.shape, max_shape, strict=True)):
+                raise KernelError(f"{node.where()}: {node.op_type} input {x.shape} is beyond the max shape "
+                                  f"{max_shape} its workspace was planned for")
+            plan = plans[x.shape] = Plan(spec, x.shape)
+            log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, x.shape, plan.impl)
+        plan.run(x, z, out, workspace)
+        if spec.late:
+            apply_activation(spec.act[0], spec.act[1], out)
+
+    log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, max_shape, first.impl)
+    run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
+    run.plans = plans  # type: ignore[attr-defined]
+    return run

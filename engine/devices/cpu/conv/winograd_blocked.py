@@ -1,0 +1,230 @@
+"""Winograd F(4x4, 3x3) and F(2x2, 3x3) for ConvBlocked: dense 3x3 stride-1 convolutions with both sides blocked.
+
+Per chunk of output tiles: the input transform (_winograd_simd's vector code, or the scalar numba kernels of
+_winograd_blocked_kernels for blocks that are not a multiple of 8 lanes) writes v (36, tiles, C), one
+oneDNN matmul with a batch of 36 multiplies it by the transformed filters U (36, C, K) into m (36, tiles, K),
+and the output transform writes act(A^T m A + bias + z) into the blocked output. 36 * C * K multiply-adds per
+16 outputs instead of 144 * C * K: 4x fewer than the direct kernel, for transforms that cost memory traffic.
+
+When it pays (`worth_it`; bench/winograd_layers.py, a 2-core AVX2 machine, against oneDNN's jit direct kernel,
+ms): ResNet-18's 64ch@56 b1 1.28 -> 0.91, 128ch@28 b1 1.35 -> 0.70, 512ch@7 b8 12.9 -> 6.6, SqueezeNet's
+32->128@27 b8 2.39 -> 1.58. It does not with few tiles (512ch@7 b1, 4 tiles: U's 36 * C * K floats are read for
+almost no work, 1.66 -> 2.50), very narrow inputs (16->64@55 b8: 1.02x, the output transform dominates), or
+little work per call (c * o * tiles under MIN_WORK: SqueezeNet's expand convs at b1, 0.63-0.89x, where the
+transforms' and the matmul's fixed costs are not repaid); those stay on the direct kernel, except wide ones on
+small maps, which F(2x2) takes (`choose`). F(2x2) is the same pipeline with 4x4 patches, 2x2 outputs and 16
+products (m = 2 below; alpha = m + 2 is the patch side). Chunks hold at most CHUNK_BYTES of v so v and m stay
+in cache; the workspace holds v | m | scratchpad.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.devices.cpu.conv import winograd_blocked_loops as K
+from engine.devices.cpu.conv import winograd_simd as S
+from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.threads import get_threads, parallel_for
+from engine.ops.conv_geometry import ConvGeom
+
+CHUNK_BYTES = 4 << 20
+VECTOR_TRANSFORMS = True  # _winograd_simd where the block allows; False keeps the scalar kernels (tests both)
+MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
+SMALL_MIN_CHANNELS = 256  # F(2x2) for maps too small for F(4x4)'s tiles (see choose)
+_G = {4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+                   [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
+      2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]])}
+_INLINE_ACTS = {None: K.ACT_NONE, "relu": K.ACT_RELU, "relu6": K.ACT_CLIP, "clip": K.ACT_CLIP,
+                "leaky_relu": K.ACT_LEAKY}
+
+
+def tiles(geo: ConvGeom, m: int = 4) -> tuple[int, int]:
+    """Rows and columns of m x m output tiles."""
+    return -(-geo.oh // m), -(-geo.ow // m)
+
+
+def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) -> bool:
+    """A dense 3x3 stride-1 undilated conv, blocked on both sides, whose channels fill whole blocks (NNSERVE_WINOGRAD,
+    CpuOptions.winograd, decides whether eligible convs may run Winograd at all)."""
+    return (src_blocked and dst_blocked and (geo.kh, geo.kw) == (3, 3) and geo.stride == (1, 1)
+            and geo.dilation == (1, 1) and geo.groups == 1 and geo.c % block == 0 and geo.o % block == 0)
+
+
+def worth_it(geo: ConvGeom) -> bool:
+    th, tw = tiles(geo)
+    n_tiles = geo.n * th * tw
+    return n_tiles >= MIN_TILES and min(geo.c, geo.o) >= MIN_CHANNELS and geo.c * geo.o * n_tiles >= MIN_WORK
+
+
+def choose(geo: ConvGeom, block: int) -> int | None:
+    """The output tile size (4 or 2) a conv runs Winograd with at this shape, None for the direct kernel.
+
+    F(2x2) (16 products per 4 outputs, 2.25x fewer than direct; U 16 * C * K floats) takes wide layers whose
+    maps are too small for F(4x4)'s tiles: ResNet-18's 512ch@7 at batch 1, 4 F(4x4) tiles or 16 F(2x2) ones,
+    1.64 -> 1.55 ms (bench/winograd_layers.py; reading U, 16.8 MB, bounds it). It needs the vector transforms
+    (there are no scalar F(2x2) kernels)."""
+    if worth_it(geo):
+        return 4
+    th, tw = tiles(geo, 2)
+    small_ok = VECTOR_TRANSFORMS and block % S.LANES == 0
+    if small_ok and geo.n * th * tw >= MIN_TILES and min(geo.c, geo.o) >= SMALL_MIN_CHANNELS:
+        return 2
+    return None
+
+
+def transform_weights(w: np.ndarray, m: int = 4) -> np.ndarray:
+    """(K, C, 3, 3) filters -> U (alpha^2, C, K) float32 with alpha = m + 2, U[alpha a + b, c, k] = (G g G^T)[a, b]
+    of filter (k, c)."""
+    g = _G[m]
+    u = np.einsum("ai,kcij,bj->abck", g, w.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape(len(g) ** 2, w.shape[1], w.shape[0]), np.float32)
+
+
+def chunk_tiles(geo: ConvGeom, m: int = 4) -> int:
+    th, tw = tiles(geo, m)
+    return int(min(geo.n * th * tw, max(32, CHUNK_BYTES // ((m + 2) ** 2 * 4 * max(geo.c, geo.o)))))
+
+
+class _Epilogue:
+    def __init__(self, act: str | None, params: dict | None, bias: np.ndarray | None, channels: int):
+        p = params or {}
+        self.act, self.params = act, params
+        self.code = _INLINE_ACTS.get(act, K.ACT_NONE)
+        self.late = act not in _INLINE_ACTS  # applied to the whole output after the transform
+        if act == "relu6":
+            self.lo, self.hi = 0.0, 6.0
+        elif act == "clip":
+            self.lo = -np.inf if p.get("min") is None else float(p["min"])
+            self.hi = np.inf if p.get("max") is None else float(p["max"])
+        else:
+            self.lo, self.hi = (0.01 if p.get("alpha") is None else float(p["alpha"])), 0.0
+        self.bias = np.zeros(channels, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
+
+
+class WinogradConv:
+    """The filters, the epilogue and one matmul primitive per chunk size, for output tiles of m x m. The
+    transformed filters are made by `prepare` (the kernel's build), not by `workspace_bytes`, so sizing the
+    workspace transforms nothing."""
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, act: str | None, act_params: dict | None,
+                 m: int = 4):
+        self.w, self.m, self.products = w, m, (m + 2) ** 2
+        self.c, self.o = int(w.shape[1]), int(w.shape[0])
+        self.epi = _Epilogue(act, act_params, bias, self.o)
+        self._gemms: dict[int, tuple] = {}  # chunk tiles -> (step, its weights descriptor, scratchpad bytes)
+        self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []  # U in each layout a primitive asked for
+        self._weights_of: dict[int, np.ndarray] = {}  # chunk tiles -> U in its primitive's layout
+        self._slots: dict[tuple[int, int], tuple] = {}  # (chunk, tiles) -> (workspace address, v, m, pointers)
+
+    def _gemm(self, t: int) -> tuple:
+        if t not in self._gemms:
+            p = self.products
+            src, dst = D.MemoryDesc.plain((p, t, self.c)), D.MemoryDesc.plain((p, t, self.o))
+            w_any, attr = D.MemoryDesc.any((p, self.c, self.o)), D.Attr()
+            pd = D.PrimitiveDesc.create("dnnl_matmul_primitive_desc_create", D.engine(), src.h, w_any.h, None,
+                                        dst.h, attr.h)
+            wts, pad = pd.md(L.QUERY_WEIGHTS_MD), pd.md(L.QUERY_SCRATCHPAD_MD)
+            step = D.Step(D.Primitive(pd), {L.ARG_SRC: src, L.ARG_WEIGHTS: wts, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad})
+            self._gemms[t] = (step, wts, D.aligned(pad.nbytes))
+        return self._gemms[t]
+
+    def _weights_in(self, md: D.MemoryDesc) -> np.ndarray:
+        for have, buf in self._weights:
+            if have == md:
+                return buf
+        u = transform_weights(self.w, self.m)
+        buf = D.reorder_into(u, D.MemoryDesc.plain(u.shape), md)
+        self._weights.append((md, buf))
+        return buf
+
+    def _chunk_sizes(self, geo: ConvGeom) -> list[int]:
+        th, tw = tiles(geo, self.m)
+        t = chunk_tiles(geo, self.m)
+        rest = geo.n * th * tw % t
+        return [t, rest] if rest else [t]
+
+    def prepare(self, geo: ConvGeom) -> None:
+        """The matmuls and transformed filters of this shape's chunks, so its first run builds nothing."""
+        for t in self._chunk_sizes(geo):
+            self._ready_weights(t)
+
+    def _ready_weights(self, t: int) -> np.ndarray:
+        wts = self._weights_of.get(t)
+        if wts is None:
+            wts = self._weights_of[t] = self._weights_in(self._gemm(t)[1])
+        return wts
+
+    def _buffer_bytes(self, tiles_: int) -> tuple[int, int]:
+        """Bytes of v and of m for a chunk of `tiles_` tiles."""
+        return D.aligned(self.products * tiles_ * self.c * 4), D.aligned(self.products * tiles_ * self.o * 4)
+
+    def workspace_bytes(self, geo: ConvGeom) -> int:
+        """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul."""
+        pad = max(self._gemm(size)[2] for size in self._chunk_sizes(geo))
+        return sum(self._buffer_bytes(chunk_tiles(geo, self.m))) + pad
+
+    def run(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray) -> None:
+        """out = act(conv(x) + bias + z); `buf` is ALIGN-aligned uint8 scratch of workspace_bytes(geo)."""
+        b, zz = x.shape[4], out if z is None else z
+        vector = _vector_ok(b, x, out, zz)
+        if not vector and self.m != 4:  # F(2x2) has vector kernels only: run them on contiguous copies
+            assert VECTOR_TRANSFORMS and b % S.LANES == 0, "choose() takes F(2x2) only with the vector transforms"
+            target = np.empty_like(out)
+            self.run(geo, np.ascontiguousarray(x), None if z is None else np.ascontiguousarray(z), target, buf)
+            out[...] = target
+            return
+        self._run_chunks(geo, x, z, out, buf, vector)
+        if self.epi.late:
+            apply_activation(self.epi.act, self.epi.params, out)
+
+    def _slot(self, buf: np.ndarray, chunk: int, t: int, wts: np.ndarray) -> tuple:
+        """v and m of a chunk of `t` tiles in `buf` (laid out for chunks of `chunk`) and the matmul's pointers,
+        made once per workspace: the views and pointer lookups cost ~40 us a call, a small conv's whole budget."""
+        key, address = (chunk, t), D.address(buf)
+        slot = self._slots.get(key)
+        if slot is None or slot[0] != address:
+            v_bytes, m_bytes = self._buffer_bytes(chunk)
+            v, m = _view(buf, 0, (self.products, t, self.c)), _view(buf, v_bytes, (self.products, t, self.o))
+            pointers = {L.ARG_SRC: D.address(v), L.ARG_WEIGHTS: D.address(wts), L.ARG_DST: D.address(m),
+                        L.ARG_SCRATCHPAD: address + v_bytes + m_bytes}
+            slot = self._slots[key] = (address, v, m, pointers)
+        return slot[1:]
+
+    def _run_chunks(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray,
+                    vector: bool) -> None:
+        th, tw = tiles(geo, self.m)
+        total, chunk = geo.n * th * tw, chunk_tiles(geo, self.m)
+        b, epi = x.shape[4], self.epi
+        slices = max(1, 2 * get_threads())
+        zz = out if z is None else z
+        for t0 in range(0, total, chunk):
+            t1 = min(total, t0 + chunk)
+            step, wts = self._gemm(t1 - t0)[0], self._ready_weights(t1 - t0)
+            v, m, pointers = self._slot(buf, chunk, t1 - t0, wts)
+            geometry = (th, tw, geo.pads[0], geo.pads[1], slices)
+            if vector:
+                parallel_for(S.input_transform, (self.c // b) * slices, 1 << 30, x, v, self.m, t0, t1, *geometry)
+            else:
+                parallel_for(K.input_transform, (self.c // b) * slices, 1 << 30, x, v, t0, t1, *geometry)
+            step.run(pointers)
+            D.wait()
+            epilogue = (m, out, zz, z is not None, epi.bias, epi.code, epi.lo, epi.hi)
+            if vector:
+                parallel_for(S.output_transform, (self.o // b) * slices, 1 << 30, *epilogue, self.m, t0, t1, th, tw,
+                             slices)
+            else:
+                parallel_for(K.output_transform, (self.o // b) * slices, 1 << 30, *epilogue, t0, t1, th, tw, slices)
+
+
+def _vector_ok(block: int, *arrays: np.ndarray) -> bool:
+    """The vector transforms take whole 8-lane groups of C-contiguous arrays (they address by flat offset)."""
+    return VECTOR_TRANSFORMS and block % S.LANES == 0 and all(a.flags.c_contiguous for a in arrays)
+
+
+def _view(buf: np.ndarray, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+    """float32 `shape` over buf[offset:]."""
+    return buf[offset:offset + 4 * math.prod(shape)].view(np.float32).reshape(shape)

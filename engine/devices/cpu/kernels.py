@@ -1,0 +1,42 @@
+"""The CPU kernel table: op type -> CpuKernel(build, workspace) (see kernel.py), one module per op family.
+
+An op without an entry runs its numpy reference (CpuDevice.build_kernel marks it a fallback): today TnnQRelu,
+TnnLSTM, Expression (only reaches the runtime when lowering could not turn it into elementwise ops) and the
+alias ops (Reshape and co.) on the rare occasion their output cannot be a view. A plugin adds a kernel with
+`register_kernel`.
+"""
+
+from __future__ import annotations
+
+from engine.devices.cpu import (
+    activation,
+    attention,
+    elementwise,
+    linear,
+    norm,
+    pad,
+    pool,
+    quant,
+    reduce,
+    resize,
+    shape,
+    softmax,
+    tensor,
+)
+from engine.devices.cpu.conv import kernels as conv
+from engine.devices.cpu.kernel import Builder, CpuKernel, Sizer
+from engine.devices.cpu.layout import kernels as layout
+
+KERNELS: dict[str, CpuKernel] = {
+    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **layout.KERNELS,
+    **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **reduce.KERNELS,
+    **resize.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS,
+}
+
+
+def register_kernel(op_type: str, build: Builder, workspace: Sizer | None = None, replace: bool = False) -> None:
+    """Adds the CPU kernel of `op_type` (a plugin's op, registered with engine.ops.register); an op type that has
+    one already is an error unless `replace` is set (a plugin that wraps an existing kernel)."""
+    if op_type in KERNELS and not replace:
+        raise RuntimeError(f"CPU kernel of {op_type!r} registered twice")
+    KERNELS[op_type] = CpuKernel(build, workspace)

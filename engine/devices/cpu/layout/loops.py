@@ -1,0 +1,157 @@
+"""numba loops on blocked values (N*Cb items of (H, W, B)): pooling (GlobalPoolBlocked, MaxPoolBlocked), the
+broadcast binary (BroadcastBlocked) and lane copies (RegroupBlocked).
+
+Each inner loop runs over the B lanes of one pixel (unit stride, vectorised); items [lo, hi) are split over
+the engine's pool by threads.parallel_for.
+
+`copy_lanes` writes, for one source src (N, S) (each image's blocked value flattened) and each dst block db of
+dst (N, Cbd, HW, B), the count[db] lanes dst_lane[db, :count] from the flat source offsets
+src_off[db, :count] + p * B of pixel p. A dst block that is one whole source block in lane order
+(aligned[db] >= 0, the flat offset of that block) is copied as one unit-stride run of HW * B floats. `zero_lanes`
+writes zero into the padding lanes of a value's last block; its items are (image, dst block) pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(nogil=True, cache=True)
+def global_pool(x, out, is_max, lo, hi):
+    """x (M, HW, B) -> out (M, B): mean or max over axis 1 for items m in [lo, hi)."""
+    hw, b = x.shape[1], x.shape[2]
+    scale = 1.0 / hw
+    for m in range(lo, hi):
+        acc = out[m]
+        row = x[m, 0]
+        for k in range(b):
+            acc[k] = row[k]
+        for i in range(1, hw):
+            row = x[m, i]
+            if is_max:
+                for k in range(b):
+                    v = row[k]
+                    acc[k] = v if (v > acc[k]) | (v != v) else acc[k]
+            else:
+                for k in range(b):
+                    acc[k] += row[k]
+        if not is_max:
+            for k in range(b):
+                acc[k] *= scale
+
+
+@njit(nogil=True, cache=True)
+def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
+    """x (M, H, W, B) -> out (M, OH, OW, B): max over each window clipped to the input, for m in [lo, hi).
+
+    Separable: per output row, the max over the window's input rows of whole (W*B) rows (one long unit-stride
+    loop), then per output pixel the max over kw of B-lane pieces of it. Every window holds an input pixel
+    (torch's ceil_mode rule), so the first valid row / column initialises. NaN wins, as in torch. (Written out
+    loop by loop: slices and helper calls here kept LLVM from vectorising, 3x slower.)"""
+    h, w, b = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    wb = w * b
+    col = np.empty(wb, x.dtype)
+    for m in range(lo, hi):
+        xm, om = x[m].reshape(h, wb), out[m].reshape(oh_n, ow_n * b)
+        for oh in range(oh_n):
+            first = True
+            for i in range(kh):
+                y = oh * sh - pt + i * dh
+                if y < 0 or y >= h:
+                    continue
+                row = xm[y]
+                if first:
+                    for t in range(wb):
+                        col[t] = row[t]
+                    first = False
+                else:
+                    for t in range(wb):
+                        v, a = row[t], col[t]
+                        col[t] = v if (v > a) | (v != v) else a
+            orow = om[oh]
+            for ow in range(ow_n):
+                ob = ow * b
+                first = True
+                for j in range(kw):
+                    xx = ow * sw - pl + j * dw
+                    if xx < 0 or xx >= w:
+                        continue
+                    cb = xx * b
+                    if first:
+                        for k in range(b):
+                            orow[ob + k] = col[cb + k]
+                        first = False
+                    else:
+                        for k in range(b):
+                            v, a = col[cb + k], orow[ob + k]
+                            orow[ob + k] = v if (v > a) | (v != v) else a
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _apply(op, a, c):
+    if op == 0:
+        return a + c
+    if op == 1:
+        return a - c
+    if op == 2:
+        return a * c
+    if op == 3:
+        return a if (a > c) | (a != a) else c
+    return a if (a < c) | (a != a) else c
+
+
+@njit(nogil=True, cache=True)
+def broadcast_binary(x, s, out, opcode, s_first, lo, hi):
+    """out[m, i] = x[m, i] (op) s[m] over the B lanes (s (op) x when s_first), for m in [lo, hi).
+    x, out (M, HW, B); s (M, B). opcode: 0 add, 1 sub, 2 mul, 3 maximum, 4 minimum (NaN-propagating).
+    The op and operand order are fixed per call, so each lane loop is one branch-free specialisation."""
+    hw, b = x.shape[1], x.shape[2]
+    for m in range(lo, hi):
+        sv = s[m]
+        for i in range(hw):
+            xr, orow = x[m, i], out[m, i]
+            if s_first:
+                for k in range(b):
+                    orow[k] = _apply(opcode, sv[k], xr[k])
+            elif opcode == 2:  # the SE scale, by far the most common
+                for k in range(b):
+                    orow[k] = xr[k] * sv[k]
+            else:
+                for k in range(b):
+                    orow[k] = _apply(opcode, xr[k], sv[k])
+
+
+@njit(nogil=True, cache=True)
+def copy_lanes(src, dst, count, dst_lane, src_off, aligned, lo, hi):
+    cbd, hw, b = dst.shape[1], dst.shape[2], dst.shape[3]
+    for item in range(lo, hi):
+        n, db = item // cbd, item % cbd
+        k = count[db]
+        if k == 0:
+            continue
+        s, d = src[n], dst[n, db]
+        start = aligned[db]
+        if start >= 0:
+            for p in range(hw):
+                for lane in range(b):
+                    d[p, lane] = s[start + p * b + lane]
+            continue
+        flat = d.reshape(hw * b)
+        for j in range(k):  # one strided lane at a time, as strided views: no index arithmetic in the inner loop
+            lane, off = dst_lane[db, j], src_off[db, j]
+            to, frm = flat[lane:lane + hw * b:b], s[off:off + hw * b:b]
+            for p in range(hw):
+                to[p] = frm[p]
+
+
+@njit(nogil=True, cache=True)
+def zero_lanes(dst, first, lo, hi):
+    """Lanes [first, B) of the last block of each image in [lo, hi) of dst (N, Cbd, HW, B) to zero."""
+    last, hw, b = dst.shape[1] - 1, dst.shape[2], dst.shape[3]
+    for n in range(lo, hi):
+        d = dst[n, last]
+        for p in range(hw):
+            for lane in range(first, b):
+                d[p, lane] = 0.0

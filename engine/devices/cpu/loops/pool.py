@@ -1,0 +1,167 @@
+"""numba pooling kernels (NCHW) over items [lo, hi) of N*C, split by threads.parallel_for.
+
+Window rules mirror torch's CPU kernels exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+# Row-at-a-time loops over range() counters and separate unit-stride / strided slices, so numba vectorises
+# them (see the note in _conv_kernels.py).
+@njit(nogil=True, cache=True, inline="always")
+def _add_into(dst, src_row, lo, hi, step, off):
+    if step == 1:
+        s1 = src_row[lo + off:hi + off]
+        for k in range(hi - lo):
+            dst[k] += s1[k]
+    else:
+        s2 = src_row[lo * step + off:(hi - 1) * step + off + 1:step]
+        for k in range(hi - lo):
+            dst[k] += s2[k]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _cols(off, step, n, count):
+    """[lo, hi) of output columns o whose source o*step + off lies in [0, n)."""
+    lo = 0 if off >= 0 else (-off + step - 1) // step
+    hi = 0 if n - off <= 0 else (n - off + step - 1) // step
+    lo = min(lo, count)
+    return lo, max(min(hi, count), lo)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _mx(m, v):
+    """max(m, v) with NaN winning as in torch; branch-free (`|`, not `or`) so the row loops vectorise."""
+    return v if (v > m) | (v != v) else m
+
+
+@njit(nogil=True, cache=True)
+def _column_max(x, n, c, vv, ih0, nrows, dh):
+    """vv = max over input rows ih0, ih0+dh, ... (nrows of them) of plane (n, c); -inf when there are none."""
+    if nrows <= 0:
+        vv[:] = -np.inf
+        return
+    r0 = x[n, c, ih0]
+    for k in range(vv.size):
+        vv[k] = r0[k]
+    for i in range(1, nrows):
+        r = x[n, c, ih0 + i * dh]
+        for k in range(vv.size):
+            vv[k] = _mx(vv[k], r[k])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _row_max(v, row, kw, sw, dw):
+    """row[o] = max over taps j of v[o*sw + j*dw]; the usual geometries get loops with constant taps."""
+    if kw == 3 and dw == 1 and sw == 2:
+        for o in range(row.size):
+            b = 2 * o
+            row[o] = _mx(_mx(v[b], v[b + 1]), v[b + 2])
+    elif kw == 3 and dw == 1 and sw == 1:
+        for o in range(row.size):
+            row[o] = _mx(_mx(v[o], v[o + 1]), v[o + 2])
+    elif kw == 2 and dw == 1 and sw == 2:
+        for o in range(row.size):
+            row[o] = _mx(v[2 * o], v[2 * o + 1])
+    else:
+        for o in range(row.size):
+            b = o * sw
+            m = v[b]
+            for j in range(1, kw):
+                m = _mx(m, v[b + j * dw])
+            row[o] = m
+
+
+@njit(nogil=True, cache=True)
+def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
+    """Separable max: per output row, the max of its kh input rows into a -inf padded scratch row (unit
+    stride), then the kw-tap max along it. 6 vectorised passes per output row instead of 9 strided ones;
+    the 3-row case is written out inline (through a helper call numba vectorised it half as well)."""
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[2], out.shape[3]
+    span = (ow_n - 1) * sw + (kw - 1) * dw + 1
+    v = np.full(max(span, pl + w_n), -np.inf, x.dtype)  # one small row per call: the pads stay -inf
+    vv = v[pl:pl + w_n]
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        for oh in range(oh_n):
+            top = oh * sh - pt
+            i0 = 0 if top >= 0 else (-top + dh - 1) // dh
+            i1 = min(kh, (h_n - 1 - top) // dh + 1)
+            if i1 - i0 == 3:
+                r0, r1, r2 = x[n, c, top + i0 * dh], x[n, c, top + (i0 + 1) * dh], x[n, c, top + (i0 + 2) * dh]
+                for k in range(w_n):
+                    vv[k] = _mx(_mx(r0[k], r1[k]), r2[k])
+            else:
+                _column_max(x, n, c, vv, top + i0 * dh, i1 - i0, dh)
+            _row_max(v, out[n, c, oh], kw, sw, dw)
+
+
+@njit(nogil=True, cache=True)
+def avg_pool(x, out, kh, kw, sh, sw, pt, pl, pb, pr, count_include_pad, divisor, lo, hi):
+    """torch avg_pool2d: the padded window is clipped to the pads, then to the input for the sum.
+
+    divisor > 0 overrides; otherwise the window size within the pads (count_include_pad) or within the input.
+    """
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[2], out.shape[3]
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        for oh in range(oh_n):
+            row = out[n, c, oh]
+            row[:] = 0
+            h0 = oh * sh - pt
+            h1 = min(h0 + kh, h_n + pb)
+            ph = h1 - h0
+            rows_in = min(h1, h_n) - max(h0, 0)
+            for i in range(kh):
+                ih = h0 + i
+                if ih < 0 or ih >= h_n:
+                    continue
+                xrow = x[n, c, ih]
+                for j in range(kw):
+                    off = j - pl
+                    c_lo, c_hi = _cols(off, sw, w_n, ow_n)
+                    _add_into(row[c_lo:c_hi], xrow, c_lo, c_hi, sw, off)
+            for ow in range(ow_n):
+                w0 = ow * sw - pl
+                w1 = min(w0 + kw, w_n + pr)
+                if divisor > 0:
+                    d = divisor
+                elif count_include_pad:
+                    d = ph * (w1 - w0)
+                else:
+                    d = rows_in * (min(w1, w_n) - max(w0, 0))
+                row[ow] = row[ow] / d
+
+
+@njit(nogil=True, cache=True)
+def adaptive_pool(x, out, is_max, lo, hi):
+    """Bins [floor(i*in/out), ceil((i+1)*in/out)) per axis, averaged or maxed."""
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[2], out.shape[3]
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        for oh in range(oh_n):
+            h0 = (oh * h_n) // oh_n
+            h1 = ((oh + 1) * h_n + oh_n - 1) // oh_n
+            for ow in range(ow_n):
+                w0 = (ow * w_n) // ow_n
+                w1 = ((ow + 1) * w_n + ow_n - 1) // ow_n
+                if is_max:
+                    m = -np.inf
+                    for ih in range(h0, h1):
+                        for iw in range(w0, w1):
+                            v = x[n, c, ih, iw]
+                            if v > m or v != v:
+                                m = v
+                    out[n, c, oh, ow] = m
+                else:
+                    s = 0.0
+                    for ih in range(h0, h1):
+                        for iw in range(w0, w1):
+                            s += x[n, c, ih, iw]
+                    out[n, c, oh, ow] = s / ((h1 - h0) * (w1 - w0))

@@ -1,0 +1,91 @@
+"""CPU kernels of the normalisations (engine/ops/norm.py): numba loops (statistics in float64) or broadcast
+ufuncs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
+from engine.devices.cpu.loops.normalize import groupnorm_loop, layernorm_loop
+from engine.ir import Node
+from engine.ops.norm import attr, channel_shape, eps_of, groups_of, reference
+from engine.ops.registry import TensorInfo
+from engine.ops.rules import float_of, norm_axis
+
+
+def _vec(node: Node, name: str, dtype) -> tuple[np.ndarray, bool]:
+    a = attr(node, name)
+    if a is None:
+        return np.zeros(1, dtype), False
+    return np.ascontiguousarray(a.reshape(-1), dtype=dtype), True
+
+
+def _batchnorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    dt = float_of(ins[0].dtype)
+    cs = channel_shape(len(ins[0].shape))
+    scale = np.ascontiguousarray(attr(node, "scale"), dtype=dt).reshape(cs)
+    bias = np.ascontiguousarray(attr(node, "bias"), dtype=dt).reshape(cs)
+
+    def run(inputs, outputs, workspace):
+        out = outputs[0]
+        np.multiply(inputs[0], scale, out=out, casting="unsafe")
+        out += bias
+    return run
+
+
+def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    if not numba_ok(ins[0].dtype):
+        return reference_fallback(node, reference)
+    w, has_w = _vec(node, "weight", np.float64)
+    b, has_b = _vec(node, "bias", np.float64)
+    eps = eps_of(node)
+    k = int(node.params.get("normalized_ndim", 1))
+    layernorm_loop(empty(2, ins[0].dtype), empty(2, float_of(ins[0].dtype)), w, b, eps, has_w, has_b)
+
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        n = math.prod(x.shape[x.ndim - k:])
+        rows = x.size // n if n else 0
+        layernorm_loop(np.ascontiguousarray(x).reshape(rows, n), outputs[0].reshape(rows, n), w, b, eps, has_w, has_b)
+    return run
+
+
+def _groupnorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    if not numba_ok(ins[0].dtype):
+        return reference_fallback(node, reference)
+    w, has_w = _vec(node, "weight", np.float64)
+    b, has_b = _vec(node, "bias", np.float64)
+    eps = eps_of(node)
+    groupnorm_loop(empty(3, ins[0].dtype), empty(3, float_of(ins[0].dtype)), 1, w, b, eps, has_w, has_b)
+
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        view = (x.shape[0], x.shape[1], -1)
+        groupnorm_loop(np.ascontiguousarray(x).reshape(view), outputs[0].reshape(view), groups_of(node, x.shape[1]),
+                       w, b, eps, has_w, has_b)
+    return run
+
+
+def _lp_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    # Rare op: the norm is a small reduced array, the division writes straight into the output.
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        axis = norm_axis(node, int(node.params.get("axis", 1)), x.ndim)
+        if int(node.params.get("p", 2)) == 1:
+            norm = np.sum(np.abs(x), axis=axis, keepdims=True)
+        else:
+            norm = np.linalg.norm(x, axis=axis, keepdims=True)
+        np.maximum(norm, float(node.params.get("eps", 1e-12)), out=norm)
+        np.divide(x, norm, out=outputs[0], casting="unsafe")
+    return run
+
+
+KERNELS = {
+    "BatchNorm": CpuKernel(_batchnorm_kernel),
+    "LayerNorm": CpuKernel(_layernorm_kernel),
+    "GroupNorm": CpuKernel(_groupnorm_kernel),
+    "InstanceNorm": CpuKernel(_groupnorm_kernel),
+    "LpNormalize": CpuKernel(_lp_kernel),
+}

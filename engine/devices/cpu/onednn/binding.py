@@ -1,0 +1,112 @@
+"""ctypes layer over oneDNN's v3 C API (libdnnl.so.3 from the `onednn-cpu-gomp` wheel): loading, constants,
+status checks. The object wrappers the kernels use are in objects.py.
+
+The library is looked up in `<sys.prefix>/lib` (where the wheel installs it), then on the loader path, when a
+CPU device whose options allow oneDNN first asks for it (`load`); with NNSERVE_ONEDNN=0 it is never loaded and
+the numpy/numba kernels run instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+import threading
+from pathlib import Path
+
+from engine.errors import KernelError
+
+SONAME = "libdnnl.so.3"
+
+# Enum values of the v3 C API (dnnl_types.h, dnnl_common_types.h); each one used is checked by a numeric test.
+F32 = 3
+FORMAT_ANY = 1
+FORWARD_INFERENCE = 96
+CONVOLUTION_DIRECT = 1
+ENGINE_CPU = 1
+STREAM_IN_ORDER = 1
+SCRATCHPAD_USER = 1
+QUERY_IMPL_INFO_STR = 8
+QUERY_SRC_MD, QUERY_WEIGHTS_MD, QUERY_DST_MD, QUERY_SCRATCHPAD_MD = 129, 131, 133, 136
+ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+ELTWISE = {"relu": 0x20, "tanh": 0x21, "elu": 0x22, "hardsigmoid": 0x28, "logistic": 0x29, "gelu_tanh": 0x2B,
+           "swish": 0x2C, "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
+POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
+
+vp = ctypes.c_void_p
+Dims = ctypes.c_int64 * 12
+
+
+class ExecArg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", vp)]
+
+
+# restype / argtypes of the calls whose pointers or floats ctypes would otherwise mangle.
+_SIGNATURES = {
+    "dnnl_primitive_desc_query_md": (vp, [vp, ctypes.c_int, ctypes.c_int]),
+    "dnnl_memory_desc_get_size": (ctypes.c_size_t, [vp]),
+    "dnnl_memory_desc_equal": (ctypes.c_int, [vp, vp]),
+    "dnnl_post_ops_append_eltwise": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_float, ctypes.c_float]),
+    "dnnl_post_ops_append_sum": (ctypes.c_int, [vp, ctypes.c_float, ctypes.c_int32, ctypes.c_int]),
+    "dnnl_memory_set_data_handle": (ctypes.c_int, [vp, vp]),
+    "dnnl_primitive_execute": (ctypes.c_int, [vp, vp, ctypes.c_int, ctypes.POINTER(ExecArg)]),
+    "dnnl_stream_wait": (ctypes.c_int, [vp]),
+    "dnnl_memory_create": (ctypes.c_int, [ctypes.POINTER(vp), vp, vp, vp]),
+    "omp_set_num_threads": (None, [ctypes.c_int]),
+    "omp_get_max_threads": (ctypes.c_int, []),
+}
+
+
+def _candidates() -> list[str]:
+    found = [str(Path(sys.prefix) / "lib" / SONAME), str(Path(sys.base_prefix) / "lib" / SONAME)]
+    name = ctypes.util.find_library("dnnl")
+    return found + ([name] if name else []) + [SONAME]
+
+
+def _open() -> ctypes.CDLL | None:
+    # Idle OpenMP workers must sleep, not spin against the engine's own thread pool and numba kernels;
+    # libgomp reads this once, when it is loaded (with libdnnl, below).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    for path in _candidates():
+        if path.startswith("/") and not Path(path).exists():
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)  # omp_* resolve through libdnnl's own libgomp dependency
+            fn.restype, fn.argtypes = restype, argtypes
+        return lib
+    return None
+
+
+LIB: ctypes.CDLL | None = None  # the library once `load` found it: a shared library loads once per process
+_loaded = False
+_lock = threading.Lock()
+
+
+def load() -> ctypes.CDLL | None:
+    """libdnnl, loaded on the first call; None when it is not installed."""
+    global LIB, _loaded
+    with _lock:
+        if not _loaded:
+            LIB, _loaded = _open(), True
+    return LIB
+
+
+def check(status: int, fn: str) -> None:
+    if status != 0:
+        raise KernelError(f"oneDNN {fn} failed with status {status}")
+
+
+def call(fn: str, *args) -> None:
+    """Calls LIB.fn(*args) and raises KernelError naming it unless it returns dnnl_success."""
+    if LIB is None:
+        raise KernelError(f"oneDNN is not loaded (calling {fn})")
+    check(getattr(LIB, fn)(*args), fn)
+
+
+def dims(values) -> ctypes.Array:
+    return Dims(*(int(v) for v in values))

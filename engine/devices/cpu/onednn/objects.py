@@ -1,0 +1,265 @@
+"""oneDNN objects for the CPU kernels: memory descriptors, primitive descriptors, primitives and memory, each a
+small class that frees its handle in __del__; one engine, a stream per thread, OpenMP thread count.
+
+Kernels create primitives with `format_tag_any` and let oneDNN pick its blocked layouts (an order of magnitude
+faster than forcing NCHW), reordering at the edges (`Step` + `Plan` below run a primitive's arguments by pointer).
+`available()` loads libdnnl (binding.load) and is false when it is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.threads import get_threads
+
+log = logging.getLogger("engine.onednn")
+_vp = ctypes.c_void_p
+ALIGN = 64
+
+
+def available() -> bool:
+    return L.load() is not None
+
+
+class _Engine:
+    _handle: _vp | None = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> _vp:
+        with cls._lock:
+            if cls._handle is None:
+                h = _vp()
+                L.call("dnnl_engine_create", ctypes.byref(h), L.ENGINE_CPU, 0)
+                cls._handle = h  # lives as long as the process
+        return cls._handle
+
+
+_local = threading.local()
+
+
+def stream() -> _vp:
+    """This thread's stream (oneDNN streams belong to one thread)."""
+    s = getattr(_local, "stream", None)
+    if s is None:
+        s = _vp()
+        L.call("dnnl_stream_create", ctypes.byref(s), engine(), L.STREAM_IN_ORDER)
+        _local.stream = s
+    return s
+
+
+def engine() -> _vp:
+    return _Engine.get()
+
+
+def sync_threads() -> None:
+    """Gives this thread's OpenMP team the engine's thread count (an OpenMP setting is per calling thread)."""
+    n = get_threads()
+    if getattr(_local, "threads", None) != n:
+        L.LIB.omp_set_num_threads(n)
+        _local.threads = n
+
+
+class _Handle:
+    """Owns one oneDNN handle; `_destroy` names the C function that frees it."""
+    _destroy = ""
+
+    def __init__(self, handle: _vp):
+        self.h = handle
+
+    def __del__(self):
+        h, lib = getattr(self, "h", None), L.LIB
+        if h is not None and h.value and lib is not None:
+            getattr(lib, self._destroy)(h)
+            self.h = None
+
+
+class MemoryDesc(_Handle):
+    _destroy = "dnnl_memory_desc_destroy"
+
+    @classmethod
+    def any(cls, shape: Sequence[int]) -> MemoryDesc:
+        """float32 of `shape`, layout left to the primitive."""
+        h = _vp()
+        L.call("dnnl_memory_desc_create_with_tag", ctypes.byref(h), len(shape), L.dims(shape), L.F32, L.FORMAT_ANY)
+        return cls(h)
+
+    @classmethod
+    def plain(cls, shape: Sequence[int]) -> MemoryDesc:
+        """float32 of `shape`, C-contiguous (NCHW, OIHW, ...)."""
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * int(shape[i + 1])
+        return cls.strided(shape, strides)
+
+    @classmethod
+    def strided(cls, shape: Sequence[int], strides: Sequence[int]) -> MemoryDesc:
+        """float32 of `shape` with element `strides`."""
+        h = _vp()
+        L.call("dnnl_memory_desc_create_with_strides", ctypes.byref(h), len(shape), L.dims(shape), L.F32,
+               L.dims(strides))
+        return cls(h)
+
+    @classmethod
+    def clone(cls, borrowed: int) -> MemoryDesc:
+        h = _vp()
+        L.call("dnnl_memory_desc_clone", ctypes.byref(h), _vp(borrowed))
+        return cls(h)
+
+    @property
+    def nbytes(self) -> int:
+        return int(L.LIB.dnnl_memory_desc_get_size(self.h))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MemoryDesc) and bool(L.LIB.dnnl_memory_desc_equal(self.h, other.h))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Attr(_Handle):
+    """Primitive attributes: user scratchpad (so a run never allocates) and post-ops."""
+    _destroy = "dnnl_primitive_attr_destroy"
+
+    def __init__(self, post_ops: Sequence[tuple] = ()):
+        h = _vp()
+        L.call("dnnl_primitive_attr_create", ctypes.byref(h))
+        super().__init__(h)
+        L.call("dnnl_primitive_attr_set_scratchpad_mode", h, L.SCRATCHPAD_USER)
+        if post_ops:
+            po = _vp()
+            L.call("dnnl_post_ops_create", ctypes.byref(po))
+            try:
+                for op in post_ops:
+                    if op[0] == "sum":
+                        L.call("dnnl_post_ops_append_sum", po, 1.0, 0, 0)  # data type undef: dst's
+                    else:
+                        L.call("dnnl_post_ops_append_eltwise", po, L.ELTWISE[op[0]], op[1], op[2])
+                L.call("dnnl_primitive_attr_set_post_ops", h, po)
+            finally:
+                L.LIB.dnnl_post_ops_destroy(po)
+
+
+class PrimitiveDesc(_Handle):
+    _destroy = "dnnl_primitive_desc_destroy"
+
+    def md(self, what: int) -> MemoryDesc:
+        """The descriptor the primitive chose for one argument (L.QUERY_*_MD), a copy owned by the caller."""
+        return MemoryDesc.clone(L.LIB.dnnl_primitive_desc_query_md(self.h, what, 0))
+
+    @property
+    def impl(self) -> str:
+        s = ctypes.c_char_p()
+        L.call("dnnl_primitive_desc_query", self.h, L.QUERY_IMPL_INFO_STR, 0, ctypes.byref(s))
+        return (s.value or b"?").decode()
+
+    @classmethod
+    def create(cls, fn: str, *args) -> PrimitiveDesc:
+        h = _vp()
+        L.call(fn, ctypes.byref(h), *args)
+        return cls(h)
+
+
+def reorder_pd(src: MemoryDesc, dst: MemoryDesc) -> PrimitiveDesc:
+    return PrimitiveDesc.create("dnnl_reorder_primitive_desc_create", src.h, engine(), dst.h, engine(), None)
+
+
+class Primitive(_Handle):
+    _destroy = "dnnl_primitive_destroy"
+
+    def __init__(self, pd: PrimitiveDesc):
+        h = _vp()
+        L.call("dnnl_primitive_create", ctypes.byref(h), pd.h)
+        super().__init__(h)
+        self.pd = pd
+
+
+class Memory(_Handle):
+    """A memory object over caller-owned data; the pointer is swapped per run (`set`)."""
+    _destroy = "dnnl_memory_destroy"
+
+    def __init__(self, md: MemoryDesc):
+        h = _vp()
+        L.check(L.LIB.dnnl_memory_create(ctypes.byref(h), md.h, engine(), None), "dnnl_memory_create")
+        super().__init__(h)
+        self.md = md
+
+    def set(self, ptr: int) -> None:
+        L.check(L.LIB.dnnl_memory_set_data_handle(self.h, ptr), "dnnl_memory_set_data_handle")
+
+
+class Step:
+    """One primitive with its argument memories; `run({arg: pointer})` points them and executes."""
+
+    def __init__(self, prim: Primitive, args: dict[int, MemoryDesc]):
+        self.prim = prim
+        self.mems = {a: Memory(md) for a, md in args.items()}
+        self.args = (L.ExecArg * len(args))(*(L.ExecArg(a, m.h) for a, m in self.mems.items()))
+
+    def run(self, ptrs: dict[int, int]) -> None:
+        for a, p in ptrs.items():
+            self.mems[a].set(p)
+        L.check(L.LIB.dnnl_primitive_execute(self.prim.h, stream(), len(self.args), self.args),
+                "dnnl_primitive_execute")
+
+
+def reorder_step(src: MemoryDesc, dst: MemoryDesc) -> Step:
+    return Step(Primitive(reorder_pd(src, dst)), {L.ARG_SRC: src, L.ARG_DST: dst})
+
+
+def wait() -> None:
+    L.check(L.LIB.dnnl_stream_wait(stream()), "dnnl_stream_wait")
+
+
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def aligned_buffer(nbytes: int) -> np.ndarray:
+    """A uint8 array of `nbytes` starting on an ALIGN boundary."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    off = -raw.ctypes.data % ALIGN
+    return raw[off:off + nbytes]
+
+
+def reorder_into(src: np.ndarray, src_md: MemoryDesc, dst_md: MemoryDesc) -> np.ndarray:
+    """A new aligned buffer holding C-contiguous float32 `src` in layout `dst_md` (for weights, at build time)."""
+    out = aligned_buffer(dst_md.nbytes)
+    src = np.ascontiguousarray(src, np.float32)
+    sync_threads()
+    reorder_step(src_md, dst_md).run({L.ARG_SRC: src.ctypes.data, L.ARG_DST: out.ctypes.data})
+    wait()
+    return out
+
+
+_ADDRESSES: dict[int, tuple[weakref.ref, int]] = {}
+_MAX_ADDRESSES = 4096
+
+
+def address(a: np.ndarray) -> int:
+    """a.ctypes.data, remembered per array object: the arena views a kernel sees are the same objects run after
+    run, and `ctypes.data` costs ~1.4 us each time (4-6 us of a small conv's ~10 us of Python). Entries hold weak
+    references, so a remembered view never keeps an unloaded model's arena alive."""
+    hit = _ADDRESSES.get(id(a))
+    if hit is not None and hit[0]() is a:
+        return hit[1]
+    ptr = a.ctypes.data
+    if len(_ADDRESSES) >= _MAX_ADDRESSES:
+        _ADDRESSES.clear()
+    _ADDRESSES[id(a)] = (weakref.ref(a), ptr)
+    return ptr
+
+
+def workspace_base(workspace: np.ndarray | None) -> tuple[int, int]:
+    """(ALIGN-aligned address, usable bytes) of the instance workspace."""
+    if workspace is None or workspace.nbytes == 0:
+        return 0, 0
+    ptr = address(workspace)
+    off = -ptr % ALIGN
+    return ptr + off, max(0, workspace.nbytes - off)

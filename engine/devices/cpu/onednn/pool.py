@@ -1,0 +1,107 @@
+"""MaxPool / AvgPool on oneDNN, float32 NCHW in and out (no reorders), and MaxPoolBlocked on the same primitive
+with nChw{B}c descriptors on both sides (its jit kernel is ~5x the numba loop over lanes).
+
+torch's ceil_mode becomes extra end padding (oneDNN wants out = (in + pads - window) / stride + 1 exactly):
+max pooling never reads padding, and AvgPool without count_include_pad divides by the window clipped to the
+input, so both are exact. AvgPool with count_include_pad is exact only when that extra padding is zero (torch
+clips its divisor at the declared pads), and divisor_override has no oneDNN counterpart: both keep the numba path.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from engine.devices.base import Kernel
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.onednn.blocked import blocked_md
+from engine.errors import KernelError
+from engine.ir import Node
+from engine.ops.registry import TensorInfo
+
+log = logging.getLogger("engine.onednn")
+
+
+def _end_pads(geo) -> tuple[int, int]:
+    """Bottom and right pads that make oneDNN's output size torch's (ceil_mode widens them)."""
+    (kh, kw), (sh, sw), (dh, dw) = geo.kernel, geo.stride, geo.dilation
+    b = max(geo.pads[2], (geo.oh - 1) * sh + (kh - 1) * dh + 1 - geo.h - geo.pads[0])
+    r = max(geo.pads[3], (geo.ow - 1) * sw + (kw - 1) * dw + 1 - geo.w - geo.pads[1])
+    return b, r
+
+
+def algorithm(node: Node, geo) -> int | None:
+    """The oneDNN pooling algorithm computing this node exactly at this geometry, or None."""
+    if node.op_type == "MaxPool":
+        return L.POOL_MAX
+    if node.params.get("divisor_override"):
+        return None
+    if not node.params.get("count_include_pad", True) or not any(geo.pads):
+        return L.POOL_AVG_EXCLUDE
+    return L.POOL_AVG_INCLUDE if _end_pads(geo) == geo.pads[2:] else None
+
+
+def supported(node: Node, ins: list[TensorInfo], geom) -> bool:
+    """Whether oneDNN pools this node exactly (float32 NCHW); the caller checks oneDNN is on."""
+    if np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
+        return False
+    return algorithm(node, geom(node, ins[0].shape)) is not None
+
+
+def _md(shape: tuple[int, ...], block: int) -> D.MemoryDesc:
+    return blocked_md(shape, block) if block else D.MemoryDesc.plain(shape)
+
+
+class _Plan:
+    def __init__(self, node: Node, geo, block: int):
+        alg = algorithm(node, geo)
+        if alg is None:
+            raise KernelError(f"{node.where()}: {node.op_type} at input {(geo.n, geo.c, geo.h, geo.w)} has no exact "
+                              f"oneDNN pooling (count_include_pad with ceil_mode)")
+        src = _md((geo.n, geo.c, geo.h, geo.w), block)
+        dst = _md((geo.n, geo.c, geo.oh, geo.ow), block)
+        attr = D.Attr()
+        self.pd = D.PrimitiveDesc.create(
+            "dnnl_pooling_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE, alg, src.h, dst.h,
+            L.dims(geo.stride), L.dims(geo.kernel), L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]),
+            L.dims(_end_pads(geo)), attr.h)
+        pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
+        self.scratch = D.aligned_buffer(pad.nbytes) if pad.nbytes else None  # weights-like: once per shape
+        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad})
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
+        if self.scratch is not None:
+            ptrs[L.ARG_SCRATCHPAD] = D.address(self.scratch)
+        self.step.run(ptrs)
+        D.wait()
+
+
+def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0) -> Kernel:
+    """`geom(node, shape)` is engine.ops.pool's pool_geom or, for blocked values
+    (`block` > 0), the geometry with the lanes counted as channels; `fallback` runs the shapes oneDNN cannot do
+    exactly (count_include_pad windows that ceil_mode widens only at some sizes)."""
+    D.sync_threads()
+    first = _Plan(node, geom(node, ins[0].shape), block)
+    plans: dict[tuple, _Plan | None] = {tuple(ins[0].shape): first}
+
+    def run(inputs, outputs, workspace):
+        x = np.ascontiguousarray(inputs[0])
+        if x.shape in plans:
+            plan = plans[x.shape]
+        else:
+            geo = geom(node, x.shape)
+            plan = plans[x.shape] = _Plan(node, geo, block) if algorithm(node, geo) is not None else None
+            log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, x.shape,
+                      plan.pd.impl if plan else "none, numba kernel")
+        if plan is None:
+            fallback(inputs, outputs, workspace)
+            return
+        D.sync_threads()
+        plan.run(x, outputs[0])
+
+    run.impl = f"onednn:{first.pd.impl}"  # type: ignore[attr-defined]
+    run.plans = plans  # type: ignore[attr-defined]
+    return run

@@ -1,0 +1,46 @@
+"""CPU kernels of Resize and PixelShuffle (engine/ops/resize.py): a numba separable gather over the reference's own
+source taps (float32; other dtypes run the reference), and a strided copy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.devices.base import Kernel
+from engine.devices.cpu.kernel import Backends, CpuKernel
+from engine.devices.cpu.loops import resize as RK
+from engine.devices.cpu.threads import parallel_for
+from engine.ir import Node
+from engine.ops.registry import TensorInfo
+from engine.ops.resize import has_size, pixel_view, resize_reference, size_input, taps
+
+
+def build_resize(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
+    cache: dict[tuple, tuple] = {}
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        key = (x.shape, out.shape)
+        t = cache.get(key)
+        if t is None:
+            has = has_size(node, size_input(node, inputs))
+            iy, wy = taps(node, 0, x.shape[2], out.shape[2], has)
+            ix, wx = taps(node, 1, x.shape[3], out.shape[3], has)
+            t = cache[key] = (iy.astype(np.uintp), wy, ix.astype(np.uintp), wx)
+        if x.dtype == np.float32:
+            work = out.size * t[0].shape[1] * t[2].shape[1]
+            parallel_for(RK.separable, x.shape[0] * x.shape[1], work, x, out, *t)
+        else:
+            np.copyto(out, resize_reference(node, list(inputs))[0])
+    return run
+
+
+def _copy_kernel(view):
+    def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
+        def run(inputs, outputs, workspace):
+            src = view(node, inputs[0])
+            np.copyto(outputs[0].reshape(src.shape), src)
+        return run
+    return build
+
+
+KERNELS = {"Resize": CpuKernel(build_resize), "PixelShuffle": CpuKernel(_copy_kernel(pixel_view))}

@@ -1,0 +1,41 @@
+"""CPU kernels of the copying layout ops (engine/ops/shape.py): Transpose, Expand, Tile, Cast and Identity copy
+into the output view; Shape writes the dims. The alias ops (Reshape and co.) need none: the runtime makes the view.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.devices.cpu.kernel import Backends, CpuKernel
+from engine.ir import Node
+from engine.ops.registry import TensorInfo
+from engine.ops.shape import shape_slice, tile_reps, transpose_perm
+
+
+def _copy_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    op = node.op_type
+    perm = transpose_perm(node, len(ins[0].shape)) if op == "Transpose" else None  # the rank is fixed for an instance
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if op == "Transpose":
+            np.copyto(out, x.transpose(perm))
+        elif op == "Tile":
+            reps = tile_reps(node, x.ndim)
+            xs = (1,) * (len(reps) - x.ndim) + x.shape
+            # out viewed as (r0, d0, r1, d1, ...) receives x broadcast over the repeat axes: no temporary
+            np.copyto(out.reshape([v for r, d in zip(reps, xs, strict=True) for v in (r, d)]),
+                      x.reshape([v for d in xs for v in (1, d)]))
+        else:  # Expand broadcasts x into out; Cast and Identity convert or copy
+            np.copyto(out, x, casting="unsafe")
+    return run
+
+
+def _shape_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    def run(inputs, outputs, workspace):
+        outputs[0][...] = shape_slice(node, inputs[0].shape)
+    return run
+
+
+KERNELS = {**{op: CpuKernel(_copy_kernel) for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")},
+           "Shape": CpuKernel(_shape_kernel)}

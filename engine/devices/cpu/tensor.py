@@ -1,0 +1,105 @@
+"""CPU kernels of Concat, Stack, Split, Slice and Gather (engine/ops/tensor.py): copies of slices into or out of
+the output views; and ChannelShuffle's (engine/ops/resize.py) numba row copy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
+from engine.devices.cpu.loops.rows import shuffle_rows
+from engine.devices.cpu.threads import parallel_for
+from engine.ir import Node
+from engine.ops.registry import TensorInfo
+from engine.ops.resize import channel_reference
+from engine.ops.rules import norm_axis
+from engine.ops.tensor import check_indices, slice_bounds, slice_index, split_sizes
+
+
+def _cuts(shape: tuple[int, ...], axis: int, widths: list[int]) -> tuple[int, int, list[tuple[int, int]]]:
+    """The (outer, inner) factors of `shape` around `axis` and each piece's [start, end) of the flattened
+    (outer, dim * inner) rows: a piece of a Concat/Split along `axis` is a column range of that 2-D view."""
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    bounds = np.concatenate([[0], np.cumsum(widths)]) * inner
+    return outer, inner, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+def _join_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    stack = node.op_type == "Stack"
+    plans: dict[tuple, tuple] = {}  # per input shapes: (outer, column ranges); no index building per call
+
+    def run(inputs, outputs, workspace):
+        out = outputs[0]
+        key = tuple(x.shape for x in inputs)
+        plan = plans.get(key)
+        if plan is None:
+            axis = norm_axis(node, int(node.params.get("axis", 0)), out.ndim)
+            widths = [1 if stack else x.shape[axis] for x in inputs]
+            outer, _, cols = _cuts(out.shape, axis, widths)
+            plan = plans[key] = (outer, cols)
+        outer, cols = plan
+        if out.size == 0:
+            return
+        rows = out.reshape(outer, -1)
+        for x, (a, b) in zip(inputs, cols, strict=True):
+            np.copyto(rows[:, a:b], x.reshape(outer, b - a), casting="unsafe")
+    return run
+
+def _split_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    plans: dict[tuple, tuple] = {}
+
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        plan = plans.get(x.shape)
+        if plan is None:
+            axis, sizes = split_sizes(node, x.shape)
+            outer, _, cols = _cuts(x.shape, axis, sizes)
+            plan = plans[x.shape] = (outer, cols)
+        outer, cols = plan
+        if x.size == 0:
+            return
+        rows = x.reshape(outer, -1)
+        for out, (a, b) in zip(outputs, cols, strict=True):
+            np.copyto(out.reshape(outer, b - a), rows[:, a:b])
+    return run
+
+def channel_shuffle_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    """A numba row copy per output channel of the (N*C, H*W) view (the op's infer checked groups divides C)."""
+    groups = int(node.params["groups"])
+    if not numba_ok(ins[0].dtype):
+        return reference_fallback(node, channel_reference)
+    shuffle_rows(empty(2, ins[0].dtype), empty(2, ins[0].dtype), groups, groups, 0, 0)  # compile at build
+
+    def run(inputs, outputs, workspace):
+        x = np.ascontiguousarray(inputs[0])
+        n, c = x.shape[0], x.shape[1]
+        rows = n * c
+        if rows == 0:
+            return
+        # memory-bound copies: split over the pool only for large tensors
+        parallel_for(shuffle_rows, n * (c // groups), x.size // 4, x.reshape(rows, -1), outputs[0].reshape(rows, -1),
+                     c, groups)
+    return run
+
+def _slice_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    # Bound inputs arrive as the host values of the current input signature, so they are read per call.
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        np.copyto(outputs[0], x[slice_index(node, x.shape, slice_bounds(node, inputs[1:]))])
+    return run
+
+def _gather_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    def run(inputs, outputs, workspace):
+        data, idx = inputs
+        axis = norm_axis(node, int(node.params.get("axis", 0)), data.ndim)
+        check_indices(node, idx, data.shape[axis])
+        # indices are in range, so mode="wrap" only maps negatives python-style, unbuffered, into `out`
+        np.take(data, idx, axis=axis, out=outputs[0], mode="wrap")
+    return run
+
+
+KERNELS = {
+    "Concat": CpuKernel(_join_kernel), "Stack": CpuKernel(_join_kernel), "Split": CpuKernel(_split_kernel),
+    "Slice": CpuKernel(_slice_kernel), "Gather": CpuKernel(_gather_kernel),
+    "ChannelShuffle": CpuKernel(channel_shuffle_kernel),
+}

@@ -1,0 +1,117 @@
+"""ConvBlocked's oneDNN kernel against Conv's numpy float64 reference (conv_reference on the unblocked data) and
+against its own op reference, over geometries: channels off the block, groups, depthwise, stride, dilation,
+residual, activations, a plain side, and smaller batches after the max shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from op_harness import build_kernel, get_op
+
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
+from engine.devices.cpu.onednn import blocked as _onednn_blocked
+from engine.devices.cpu.onednn import objects as onednn
+from engine.ir import Node
+from engine.ops.conv import conv_reference
+from engine.ops.registry import TensorInfo
+
+if not onednn.available():
+    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed", allow_module_level=True)
+
+B = _onednn_blocked.native_block() or 16
+OP = get_op("ConvBlocked")
+rng = np.random.default_rng(11)
+
+
+def make(c: int, o: int, k: int = 3, stride: int = 1, groups: int = 1, dilation: int = 1, act=None,
+         act_params=None, src_blocked=True, dst_blocked=True, bias=True) -> tuple[Node, Node]:
+    """(ConvBlocked node, the same conv as a plain Conv node)."""
+    w = (rng.standard_normal((o, c // groups, k, k)) / np.sqrt(c * k * k / groups)).astype(np.float32)
+    pad = dilation * (k // 2)
+    params = {"stride": (stride, stride), "pads": (pad, pad, pad, pad), "dilation": (dilation, dilation),
+              "groups": groups, "activation": act, "activation_params": act_params or {}}
+    attrs = {"weight": w}
+    if bias:
+        attrs["bias"] = rng.standard_normal(o).astype(np.float32)
+    blocked = Node("ConvBlocked", "cb", params=dict(params, src_blocked=src_blocked, dst_blocked=dst_blocked,
+                                                     block=B), attrs=attrs)
+    return blocked, Node("Conv", "c", params=params, attrs=attrs)
+
+
+def run_case(node: Node, plain: Node, shapes: list[tuple[int, ...]], residual: bool, impl: str = "onednn:",
+             device=None) -> None:
+    """Builds at shapes[0] (the max) on `device` (default: the default CPU device) and runs every shape in order on
+    the one kernel and workspace; the kernel built at the max shape reports `impl`."""
+    p = node.params
+    c, o = plain.attrs["weight"].shape[1] * p["groups"], plain.attrs["weight"].shape[0]
+    kernel = workspace = None
+    for shape in shapes:
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = conv_reference(plain, [x])[0]
+        z = rng.standard_normal(want.shape).astype(np.float32) if residual else None
+        if residual:
+            want = conv_reference(plain, [x, z])[0]
+        ins = [to_blocked(x, B) if p["src_blocked"] else x]
+        if residual:
+            ins.append(to_blocked(z, B) if p["dst_blocked"] else z)
+        infos = [TensorInfo(a.shape, a.dtype) for a in ins]
+        out_info = OP.infer(node, infos)[0]
+        if kernel is None:
+            kernel, workspace = build_kernel(node, infos, device)
+            assert kernel.impl.startswith(impl) and "ref" not in kernel.impl, kernel.impl
+        out = np.full(out_info.shape, np.nan, np.float32)  # the kernel must write every element
+        kernel(ins, [out], workspace)
+        assert np.isfinite(out).all()
+        got = to_plain(out, o) if p["dst_blocked"] else out
+        tol = 1e-4 * max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=tol, err_msg=f"{shape} c={c} o={o}")
+        ref = OP.reference(node, ins)[0]
+        assert ref.shape == out.shape
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=tol)  # padding lanes included (zeros)
+
+
+CASES = [
+    # c, o, k, stride, groups, dilation, act, act_params
+    pytest.param(32, 32, 3, 1, 1, 1, "relu", None, id="3x3"),
+    pytest.param(24, 40, 3, 1, 1, 1, "relu6", None, id="3x3-channels-off-block"),
+    pytest.param(40, 40, 3, 2, 40, 1, "silu", None, id="depthwise-s2-off-block"),
+    pytest.param(48, 48, 3, 1, 48, 1, "hardswish", None, id="depthwise"),
+    pytest.param(32, 64, 3, 1, 2, 1, "sigmoid", None, id="groups-2"),
+    pytest.param(16, 16, 3, 1, 1, 2, "leaky_relu", {"alpha": 0.1}, id="dilation-2"),
+    pytest.param(20, 36, 1, 1, 1, 1, "clip", {"min": -0.5, "max": 0.5}, id="1x1"),
+    pytest.param(16, 24, 1, 2, 1, 1, "gelu", {"approximate": "none"}, id="1x1-s2-gelu"),
+    pytest.param(32, 16, 5, 2, 1, 1, "elu", {"alpha": 1.0}, id="5x5-s2-elu"),
+    pytest.param(16, 16, 3, 1, 1, 1, "tanh", None, id="tanh"),
+]
+
+
+@pytest.mark.parametrize("c,o,k,stride,groups,dilation,act,act_params", CASES)
+def test_blocked_both_sides(c, o, k, stride, groups, dilation, act, act_params):
+    node, plain = make(c, o, k, stride, groups, dilation, act, act_params)
+    run_case(node, plain, [(3, c, 9, 9), (1, c, 9, 9)], residual=False)
+
+
+@pytest.mark.parametrize("act", [None, "relu"])
+@pytest.mark.parametrize("dst_blocked", [True, False])
+def test_residual_in_the_output_layout(act, dst_blocked):
+    node, plain = make(24, 40, 3, act=act, dst_blocked=dst_blocked)
+    run_case(node, plain, [(2, 24, 7, 7), (1, 24, 7, 7), (2, 24, 7, 7)], residual=True)
+
+
+@pytest.mark.parametrize("src_blocked,dst_blocked", [(False, True), (True, False)])
+def test_one_plain_side(src_blocked, dst_blocked):
+    c = 3 if not src_blocked else 32
+    node, plain = make(c, 24, 3, stride=2, act="relu", src_blocked=src_blocked, dst_blocked=dst_blocked)
+    run_case(node, plain, [(2, c, 16, 16), (1, c, 16, 16)], residual=False)
+
+
+def test_without_bias():
+    node, plain = make(16, 16, 3, bias=False)
+    run_case(node, plain, [(1, 16, 6, 6)], residual=False)
+
+
+def test_infer_rejects_a_wrong_physical_shape():
+    from engine.errors import ShapeError
+    node, _ = make(24, 24)
+    with pytest.raises(ShapeError, match="blocked input for 24 channels"):
+        OP.infer(node, [TensorInfo((1, 1, 5, 5, B), np.float32)])

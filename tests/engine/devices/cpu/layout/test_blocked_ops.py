@@ -1,0 +1,174 @@
+"""ToBlocked / ToPlain / GlobalPoolBlocked: the references against an element-by-element definition of the
+layout, the numpy and oneDNN kernels against the references (padding lanes included), round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from op_harness import build_kernel, cpu_device, get_op
+
+from engine.devices.cpu.layout import kernels as K
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
+from engine.devices.cpu.onednn import blocked as onednn_blocked
+from engine.devices.cpu.onednn import objects as onednn_objects
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ops.registry import TensorInfo
+
+rng = np.random.default_rng(5)
+SHAPES = [(2, 3, 4, 5), (1, 16, 3, 3), (2, 24, 5, 4), (1, 40, 2, 7)]
+ONEDNN = pytest.mark.skipif(not onednn_objects.available(), reason="oneDNN (libdnnl.so.3) is not installed")
+
+
+def by_element(x: np.ndarray, block: int) -> np.ndarray:
+    """The layout's definition: channel c at [:, c // B, :, :, c % B], other lanes zero."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, -(-c // block), h, w, block), x.dtype)
+    for ch in range(c):
+        out[:, ch // block, :, :, ch % block] = x[:, ch]
+    return out
+
+
+def node(op: str, block: int, channels: int) -> Node:
+    return Node(op, op.lower(), params={"block": block, "channels": channels})
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("block", [4, 8, 16])
+def test_references_follow_the_definition_and_round_trip(shape, block):
+    x = rng.standard_normal(shape).astype(np.float32)
+    b = get_op("ToBlocked").reference(node("ToBlocked", block, shape[1]), [x])[0]
+    np.testing.assert_array_equal(b, by_element(x, block))
+    assert b.flags.c_contiguous
+    back = get_op("ToPlain").reference(node("ToPlain", block, shape[1]), [b])[0]
+    np.testing.assert_array_equal(back, x)
+
+
+def kernels() -> list:
+    out = [pytest.param(K._numpy_kernel, id="numpy")]
+    if onednn_objects.available():
+        out.append(pytest.param(K._onednn_kernel, id="onednn"))
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("make", kernels())
+def test_kernels_match_the_references(shape, make):
+    block = 16
+    x = rng.standard_normal(shape).astype(np.float32)
+    to_b, to_p = make(True, block), make(False, block)
+    b = np.full(by_element(x, block).shape, np.nan, np.float32)  # padding lanes must be written as zeros
+    to_b([x], [b], None)
+    np.testing.assert_array_equal(b, by_element(x, block))
+    garbage = b.copy()  # a blocked value whose padding lanes are not zero (after an activation) unblocks too
+    if shape[1] % block:
+        garbage[:, -1, :, :, shape[1] % block:] = 0.5
+    p = np.full(shape, np.nan, np.float32)
+    to_p([garbage], [p], None)
+    np.testing.assert_array_equal(p, x)
+    smaller = x[:1].copy()  # the same kernel on a smaller batch
+    b1 = np.empty((1,) + b.shape[1:], np.float32)
+    to_b([smaller], [b1], None)
+    np.testing.assert_array_equal(b1, by_element(smaller, block))
+
+
+def test_infer_checks_the_shapes():
+    infer_b, infer_p = get_op("ToBlocked").infer, get_op("ToPlain").infer
+    f32 = np.dtype(np.float32)
+    assert infer_b(node("ToBlocked", 16, 24), [TensorInfo((2, 24, 5, 5), f32)])[0].shape == (2, 2, 5, 5, 16)
+    assert infer_p(node("ToPlain", 16, 24), [TensorInfo((2, 2, 5, 5, 16), f32)])[0].shape == (2, 24, 5, 5)
+    with pytest.raises(ShapeError, match="ToBlocked expects"):
+        infer_b(node("ToBlocked", 16, 24), [TensorInfo((2, 16, 5, 5), f32)])
+    with pytest.raises(ShapeError, match="ToPlain expects"):
+        infer_p(node("ToPlain", 16, 40), [TensorInfo((2, 2, 5, 5, 16), f32)])
+    with pytest.raises(ShapeError, match="positive int params"):
+        infer_b(Node("ToBlocked", "t", params={"block": 16}), [TensorInfo((2, 16, 5, 5), f32)])
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
+def test_global_pool_blocked_matches_plain_pooling(mode, onednn):
+    if onednn and not onednn_objects.available():
+        pytest.skip("oneDNN is not installed: the numba case covers GlobalPoolBlocked")
+    x = rng.standard_normal((2, 40, 5, 6)).astype(np.float32)
+    want = x.mean(axis=(2, 3), keepdims=True) if mode == "avg" else x.max(axis=(2, 3), keepdims=True)
+    n = Node("GlobalPoolBlocked", "gp", params={"mode": mode})
+    op = get_op("GlobalPoolBlocked")
+    xb = to_blocked(x, 16)
+    info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
+    assert info.shape == (2, 3, 1, 1, 16)
+    out = np.full(info.shape, np.nan, np.float32)
+    kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
+    assert getattr(kernel, "impl", "numba").startswith("onednn") == onednn
+    kernel([xb], [out], None)
+    np.testing.assert_allclose(to_plain(out, 40), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, op.reference(n, [xb])[0], rtol=1e-5, atol=1e-6)
+    small = np.full((1,) + info.shape[1:], np.nan, np.float32)  # another batch and plane on the same kernel
+    kernel([xb[:1, :, :3, :4]], [small], None)
+    part = x[:1, :, :3, :4]
+    want_small = part.mean(axis=(2, 3), keepdims=True) if mode == "avg" else part.max(axis=(2, 3), keepdims=True)
+    np.testing.assert_allclose(to_plain(small, 40), want_small, rtol=1e-5, atol=1e-6)
+
+
+@ONEDNN
+def test_native_block_is_a_candidate():
+    assert onednn_blocked.native_block() in onednn_blocked.CANDIDATE_BLOCKS
+
+
+@pytest.mark.parametrize("params", [
+    {"kernel": (3, 3), "stride": (2, 2), "pads": (1, 1, 1, 1)},  # ResNet's stem pool
+    {"kernel": (3, 3), "stride": (2, 2), "pads": (0, 0, 0, 0), "ceil_mode": True},  # SqueezeNet's
+    {"kernel": (2, 3), "stride": (1, 2), "pads": (0, 1, 1, 0), "dilation": (2, 1)},
+])
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
+def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn):
+    if onednn and not onednn_objects.available():
+        pytest.skip("oneDNN is not installed: the numba case covers MaxPoolBlocked")
+    x = rng.standard_normal((2, 20, 9, 8)).astype(np.float32)
+    plain = Node("MaxPool", "mp", params=params)
+    want = get_op("MaxPool").reference(plain, [x])[0]
+    n = Node("MaxPoolBlocked", "mpb", params=params)
+    op = get_op("MaxPoolBlocked")
+    xb = to_blocked(x, block)
+    info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
+    assert info.shape == (2, -(-20 // block)) + want.shape[2:] + (block,)
+    kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
+    assert getattr(kernel, "impl", "numba").startswith("onednn") == onednn
+    out = np.full(info.shape, np.nan, np.float32)
+    kernel([xb], [out], None)
+    np.testing.assert_array_equal(to_plain(out, 20), want)
+    np.testing.assert_array_equal(out, op.reference(n, [xb])[0])
+    small = np.full((1,) + info.shape[1:], np.nan, np.float32)  # a smaller batch on the same kernel
+    kernel([xb[:1]], [small], None)
+    np.testing.assert_array_equal(to_plain(small, 20), want[:1])
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Maximum", "Minimum"])
+@pytest.mark.parametrize("small_first", [False, True])
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
+def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first, onednn):
+    if onednn and not onednn_objects.available():
+        pytest.skip("oneDNN is not installed: the numba case covers BroadcastBlocked")
+    x = rng.standard_normal((2, 40, 5, 6)).astype(np.float32)
+    s = rng.standard_normal((2, 40, 1, 1)).astype(np.float32)
+    fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Maximum": np.maximum, "Minimum": np.minimum}[op]
+    want = fn(s, x) if small_first else fn(x, s)
+    args = [to_blocked(s, 16), to_blocked(x, 16)] if small_first else [to_blocked(x, 16), to_blocked(s, 16)]
+    n = Node("BroadcastBlocked", "bb", params={"op": op})
+    bop = get_op("BroadcastBlocked")
+    infos = [TensorInfo(a.shape, a.dtype) for a in args]
+    assert bop.infer(n, infos)[0].shape == (2, 3, 5, 6, 16)
+    out = np.full((2, 3, 5, 6, 16), np.nan, np.float32)
+    kernel = build_kernel(n, infos, cpu_device(onednn=onednn))[0]
+    on_onednn = onednn and op in ("Add", "Mul") or (onednn and op == "Sub" and not small_first)
+    assert getattr(kernel, "impl", "numba").startswith("onednn") == on_onednn
+    kernel(args, [out], None)
+    np.testing.assert_array_equal(to_plain(out, 40), want)
+    np.testing.assert_array_equal(out, bop.reference(n, args)[0])
+    args1 = [a[:1].copy() for a in args]
+    inplace = args1[1] if small_first else args1[0]  # in place on the full operand (the op allows it), batch 1
+    kernel(args1, [inplace], None)
+    np.testing.assert_array_equal(to_plain(inplace, 40), want[:1])
+    with pytest.raises(ShapeError, match="not \\(N, Cb, H, W, B\\)"):
+        bop.infer(n, [TensorInfo((2, 3, 5, 6, 16), np.float32), TensorInfo((2, 2, 1, 1, 16), np.float32)])

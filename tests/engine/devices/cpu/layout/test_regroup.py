@@ -1,0 +1,98 @@
+"""RegroupBlocked: the reference against numpy's Concat / Split / channel shuffle on plain data, the lane-copy
+kernel against the reference (padding lanes included), smaller batches and other plane sizes on the same
+kernel, composed maps, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from op_harness import build_kernel, get_op
+
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
+from engine.devices.cpu.layout.regroup import concat_sources, shuffle_sources, split_sources
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ops.registry import TensorInfo
+
+rng = np.random.default_rng(11)
+OP = get_op("RegroupBlocked")
+
+
+def shuffle(x: np.ndarray, groups: int) -> np.ndarray:
+    """torch.nn.functional.channel_shuffle, written out."""
+    n, c, h, w = x.shape
+    return x.reshape(n, groups, c // groups, h, w).transpose(0, 2, 1, 3, 4).reshape(n, c, h, w)
+
+
+def regroup(block: int, channels: list[int], sources) -> Node:
+    return Node("RegroupBlocked", "rg", params={"block": block, "channels": channels, "sources": sources})
+
+
+def run_kernel(node: Node, arrays: list[np.ndarray], kernel=None) -> list[np.ndarray]:
+    infos = [TensorInfo(a.shape, a.dtype) for a in arrays]
+    outs = [np.full(i.shape, np.nan, np.float32) for i in OP.infer(node, infos)]
+    (kernel or build_kernel(node, infos)[0])(arrays, outs, None)
+    return outs
+
+
+def check(node: Node, plain_inputs: list[np.ndarray], want: list[np.ndarray], block: int) -> None:
+    """Reference and kernel both give `want` (blocked, padding lanes zero); the same kernel at batch 1 and on a
+    smaller plane."""
+    blocked = [to_blocked(x, block) for x in plain_inputs]
+    expected = [to_blocked(y, block) for y in want]
+    kernel = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in blocked])[0]
+    for got in (OP.reference(node, blocked), run_kernel(node, blocked, kernel)):
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(g, e)
+    small = run_kernel(node, [b[:1, :, :2, :1] for b in blocked], kernel)
+    for g, e in zip(small, expected, strict=True):
+        np.testing.assert_array_equal(g, e[:1, :, :2, :1])
+
+
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("chans", [(58, 58), (16, 24), (3, 5, 16), (24, 8)])
+def test_concat(block, chans):
+    xs = [rng.standard_normal((2, c, 5, 3)).astype(np.float32) for c in chans]
+    check(regroup(block, list(chans), concat_sources(list(chans))), xs, [np.concatenate(xs, axis=1)], block)
+
+
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("sizes", [(58, 58), (16, 16), (3, 21, 8), (116, 116)])
+def test_split(block, sizes):
+    x = rng.standard_normal((2, sum(sizes), 4, 6)).astype(np.float32)
+    node = regroup(block, [sum(sizes)], split_sources(list(sizes)))
+    check(node, [x], np.split(x, np.cumsum(sizes)[:-1], axis=1), block)
+
+
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("c,groups", [(116, 2), (232, 2), (24, 3), (16, 4)])
+def test_channel_shuffle(block, c, groups):
+    x = rng.standard_normal((2, c, 3, 7)).astype(np.float32)
+    check(regroup(block, [c], shuffle_sources(c, groups)), [x], [shuffle(x, groups)], block)
+
+
+@pytest.mark.parametrize("block", [8, 16])
+def test_shufflenet_unit_as_one_map(block):
+    """concat -> shuffle -> split composed by hand: what the layout pass builds for ShuffleNetV2."""
+    a, b = (rng.standard_normal((2, 58, 4, 4)).astype(np.float32) for _ in range(2))
+    cat, shuf = concat_sources([58, 58])[0], shuffle_sources(116, 2)[0]
+    sources = [[cat[shuf[c][1]] for c in range(first, first + 58)] for first in (0, 58)]
+    want = np.split(shuffle(np.concatenate([a, b], axis=1), 2), 2, axis=1)
+    check(regroup(block, [58, 58], sources), [a, b], want, block)
+
+
+def test_whole_blocks_are_copied_from_the_right_images():
+    x = rng.standard_normal((3, 32, 4, 4)).astype(np.float32)
+    a, b = run_kernel(regroup(8, [32], split_sources([16, 16])), [to_blocked(x, 8)])
+    np.testing.assert_array_equal(to_plain(a, 16), x[:, :16])
+    np.testing.assert_array_equal(to_plain(b, 16), x[:, 16:])
+
+
+def test_errors_name_the_node():
+    with pytest.raises(ShapeError, match="rg.*out of range"):
+        OP.infer(regroup(8, [8], [[(0, 8)]]), [TensorInfo((1, 1, 2, 2, 8), np.float32)])
+    with pytest.raises(ShapeError, match="rg.*input for 9 channels"):
+        OP.infer(regroup(8, [8, 9], concat_sources([8, 9])), [TensorInfo((1, 1, 2, 2, 8), np.float32)] * 2)
+    with pytest.raises(ShapeError, match="rg.*2 channel counts for 1 inputs"):
+        OP.infer(regroup(8, [8, 8], concat_sources([8, 8])), [TensorInfo((1, 1, 2, 2, 8), np.float32)])

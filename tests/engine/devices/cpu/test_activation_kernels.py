@@ -1,0 +1,91 @@
+"""Activation kernels vs references (also in place, below max shape, integer dtypes), the CPU's fused epilogue
+(both code paths) vs the references, no temporaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from op_harness import check_kernel, kernel_peak_bytes, make_node, reference, run_kernel
+
+from engine.devices.cpu import epilogue as cpu_epilogue
+from engine.ops import epilogue
+from engine.ops.epilogue import EPILOGUES
+
+PARAMS = {
+    "Relu": {}, "Clip": {"min": -0.3, "max": 0.8}, "LeakyRelu": {"alpha": 0.05}, "Sigmoid": {}, "Tanh": {},
+    "Silu": {}, "Gelu": {"approximate": "none"}, "HardSwish": {}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5},
+    "Elu": {"alpha": 1.3}, "Mish": {}, "Softplus": {"beta": 1.5, "threshold": 10.0},
+}
+RNG = np.random.default_rng(1)
+
+
+@pytest.mark.parametrize("op", sorted(PARAMS))
+@pytest.mark.parametrize("shape", [(3, 5, 7), (1,), (2, 1, 9, 1)])
+def test_kernel_matches_reference(op, shape):
+    x = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    node = make_node(op, 1, params=PARAMS[op])
+    check_kernel(node, [x])
+    check_kernel(node, [x], inplace=True)
+
+
+@pytest.mark.parametrize("op", sorted(PARAMS) + ["PRelu"])
+def test_kernel_below_max_shape(op):
+    big = RNG.standard_normal((4, 3, 6, 6)).astype(np.float32)
+    small = RNG.standard_normal((2, 3, 5, 1)).astype(np.float32)
+    attrs = {"slope": np.array([0.1, -0.2, 0.3], np.float32)} if op == "PRelu" else None
+    node = make_node(op, 1, params=PARAMS.get(op, {}), attrs=attrs)
+    check_kernel(node, [small], [big])
+    check_kernel(node, [small], [big], inplace=True)
+
+
+def test_gelu_tanh_kernel_and_float64():
+    x = np.linspace(-6, 6, 101)
+    node = make_node("Gelu", 1, params={"approximate": "tanh"})
+    check_kernel(node, [x], rtol=1e-12, atol=1e-12)
+    check_kernel(node, [x.astype(np.float32)])
+
+
+def test_prelu_single_slope_and_1d():
+    one = make_node("PRelu", 1, attrs={"slope": np.array([0.25], np.float32)})
+    x = RNG.standard_normal((2, 4, 3)).astype(np.float32)
+    check_kernel(one, [x], inplace=True)
+    per_channel = make_node("PRelu", 1, attrs={"slope": np.array([0.1, 0.2, 0.3, 0.4], np.float32)})
+    check_kernel(per_channel, [x[0, :, 0].copy()])
+
+
+def test_integer_input_uses_reference_path():
+    x = np.arange(-4, 5, dtype=np.int32)
+    node = make_node("Relu", 1)
+    np.testing.assert_array_equal(run_kernel(node, [x])[0], np.maximum(x, 0))
+
+
+EPILOGUE_OPS = {"relu": "Relu", "relu6": "Clip", "clip": "Clip", "leaky_relu": "LeakyRelu", "sigmoid": "Sigmoid",
+                "silu": "Silu", "hardswish": "HardSwish", "hardsigmoid": "HardSigmoid", "gelu": "Gelu",
+                "tanh": "Tanh", "elu": "Elu"}
+EPILOGUE_PARAMS = {"relu6": {"min": 0.0, "max": 6.0}, "clip": {"min": -1.0, "max": 2.0}, "leaky_relu": {"alpha": 0.1},
+                   "hardswish": {"alpha": 0.2, "beta": 0.4}, "hardsigmoid": {"alpha": 0.2, "beta": 0.5},
+                   "elu": {"alpha": 0.5}, "gelu": {"approximate": "none"}}
+
+
+@pytest.mark.parametrize("apply", [cpu_epilogue.apply_activation, epilogue.apply_activation], ids=["cpu", "meaning"])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("name", sorted(EPILOGUES))
+def test_epilogue_matches_activation_reference(name, contiguous, apply):
+    # the fused epilogue (Conv/Gemm) and the standalone op must agree: the numpy definition the references use, and
+    # the CPU's, on both of its code paths (numba loops on contiguous outputs, numpy otherwise)
+    params = EPILOGUE_PARAMS.get(name, {})
+    x = (RNG.standard_normal((6, 17)) * 4).astype(np.float32)
+    buf = x.copy()
+    out = buf if contiguous else buf[:, ::2]
+    apply(name, params, out)
+    (want,) = reference(make_node(EPILOGUE_OPS[name], 1, params=params), [x if contiguous else x[:, ::2]])
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    if not contiguous:
+        np.testing.assert_array_equal(buf[:, 1::2], x[:, 1::2])  # the untouched half stays
+
+
+@pytest.mark.parametrize("op", sorted(PARAMS) + ["PRelu"])
+def test_kernel_allocates_no_temporaries(op):
+    x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)  # 256 KiB
+    attrs = {"slope": np.full(16, 0.1, np.float32)} if op == "PRelu" else None
+    assert kernel_peak_bytes(make_node(op, 1, params=PARAMS.get(op, {}), attrs=attrs), [x]) < 16 * 1024

@@ -1,0 +1,114 @@
+"""Resize, PixelShuffle, ChannelShuffle CPU kernels vs the references, threads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from op_harness import check_kernel, infer, load_cases, make_node, reference
+
+from engine.errors import ShapeError
+from engine.ops.registry import TensorInfo, get_op
+
+OPS = {"Resize", "PixelShuffle", "ChannelShuffle"}
+GOLDENS = Path(__file__).resolve().parents[3] / "fixtures" / "ops" / "spatial.npz"
+CASES = load_cases(GOLDENS, OPS)
+RNG = np.random.default_rng(11)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_kernel_matches_reference(case):
+    check_kernel(case.node(), case.inputs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("params", [{"mode": "nearest", "scale": [2, 2]}, {"mode": "bilinear", "scale": [1.5, 0.5]},
+                                    {"mode": "nearest_exact", "scale": [1.5, 0.7]},
+                                    {"mode": "bicubic", "scale": [2, 3], "align_corners": True},
+                                    {"mode": "bilinear", "scale": [2, 2], "coordinate": "tnn"}])
+def test_kernel_built_at_max_runs_smaller(params):
+    node = make_node("Resize", 1, params=params)
+    check_kernel(node, [rand(1, 3, 5, 4)], [rand(2, 3, 9, 8)])
+    check_kernel(node, [rand(2, 3, 9, 8)])
+
+
+def test_size_input_overrides_params_and_drives_scale():
+    node = make_node("Resize", 2, params={"mode": "bilinear", "scale": [3, 3]})
+    x, size = rand(1, 2, 4, 6), np.array([1, 2, 7, 5], np.int64)
+    assert infer(node, [x, size], values=True)[0].shape == (1, 2, 7, 5)
+    same = make_node("Resize", 1, params={"mode": "bilinear", "size": [7, 5]})
+    np.testing.assert_array_equal(reference(node, [x, size])[0], reference(same, [x])[0])
+    check_kernel(node, [x, size])
+    unknown = [TensorInfo(x.shape, x.dtype), TensorInfo(size.shape, size.dtype)]
+    with pytest.raises(ShapeError, match="not known"):
+        get_op("Resize").infer(node, unknown)
+
+
+def tnn_upsample(x: np.ndarray, oh: int, ow: int, mode: str, align: bool) -> np.ndarray:
+    """A line-by-line transcription of TNN's CPU upsample loops (float32 scales, int truncation)."""
+    ih, iw = x.shape[2:]
+    out = np.zeros(x.shape[:2] + (oh, ow), np.float64)
+    f32 = np.float32
+    if mode == "nearest":
+        hs, ws = f32(ih) / f32(oh), f32(iw) / f32(ow)
+        for j in range(oh):
+            for u in range(ow):
+                out[:, :, j, u] = x[:, :, int(f32(j) * hs), int(f32(u) * ws)]
+        return out
+    if align:
+        rh = f32(ih - 1) / f32(oh - 1) if oh > 1 else f32(0)
+        rw = f32(iw - 1) / f32(ow - 1) if ow > 1 else f32(0)
+    else:
+        rh = f32(ih) / f32(oh) if oh > 1 else f32(0)
+        rw = f32(iw) / f32(ow) if ow > 1 else f32(0)
+
+    def src(r, d):
+        v = f32(r * d) if align else f32(float(r) * (d + 0.5) - 0.5)
+        return max(v, f32(0))
+    for h2 in range(oh):
+        h1r = src(rh, h2)
+        h1 = int(h1r)
+        h1p = 1 if h1 < ih - 1 else 0
+        hl = h1r - h1
+        for w2 in range(ow):
+            w1r = src(rw, w2)
+            w1 = int(w1r)
+            w1p = 1 if w1 < iw - 1 else 0
+            wl = w1r - w1
+            out[:, :, h2, w2] = ((1 - hl) * ((1 - wl) * x[:, :, h1, w1] + wl * x[:, :, h1, w1 + w1p])
+                                 + hl * ((1 - wl) * x[:, :, h1 + h1p, w1] + wl * x[:, :, h1 + h1p, w1 + w1p]))
+    return out
+
+
+@pytest.mark.parametrize("mode,align,size", [("nearest", False, (7, 11)), ("nearest", False, (3, 2)),
+                                             ("bilinear", False, (9, 13)), ("bilinear", False, (1, 3)),
+                                             ("bilinear", True, (9, 4)), ("bilinear", True, (1, 1))])
+def test_tnn_coordinate_matches_tnn_loops(mode, align, size):
+    x = rand(1, 2, 5, 6)
+    node = make_node("Resize", 1, params={"mode": mode, "align_corners": align, "size": list(size),
+                                          "coordinate": "tnn"})
+    np.testing.assert_allclose(reference(node, [x])[0], tnn_upsample(x, *size, mode, align), rtol=1e-5, atol=1e-6)
+    check_kernel(node, [x])
+
+
+@pytest.mark.parametrize("op,params,shape", [("PixelShuffle", {"upscale": 2}, (2, 8, 3, 5)),
+                                             ("ChannelShuffle", {"groups": 4}, (2, 8, 3, 5))])
+def test_shuffles_below_max_shape(op, params, shape):
+    node = make_node(op, 1, params=params)
+    check_kernel(node, [rand(1, 8, 2, 3)], [rand(*shape)])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+def test_kernel_split_over_threads(monkeypatch, mode):
+    from engine.devices.cpu import threads as _threads
+    before = _threads.get_threads()
+    monkeypatch.setattr(_threads, "MIN_WORK", 0)
+    _threads.set_threads(3)
+    try:
+        check_kernel(make_node("Resize", 1, params={"mode": mode, "size": [11, 7]}), [rand(2, 5, 6, 4)])
+    finally:
+        _threads.set_threads(before)

@@ -1,0 +1,70 @@
+"""Settings: the environment is read in one place (EngineOptions.from_env / CpuOptions.from_env, the variables and
+defaults of engine/runtime/options.py and engine/devices/cpu/options.py) when an instance is made without options;
+options passed in win, and an instance keeps what it was made with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from graphs import tile_sum_expected, tile_sum_graph
+
+from engine.devices.cpu import CpuOptions
+from engine.devices.cpu import threads as _threads
+from engine.runtime.model import Model
+from engine.runtime.options import EngineOptions, environment_options
+
+
+def test_defaults_without_any_variable():
+    assert EngineOptions.from_env({}) == EngineOptions(debug=0, cpu=CpuOptions())
+    assert CpuOptions() == CpuOptions(onednn=True, layout="blocked", winograd=True, blas="auto", threads=None)
+
+
+@pytest.mark.parametrize("environ, want", [
+    ({"NNSERVE_ONEDNN": "0"}, {"onednn": False}),
+    ({"NNSERVE_ONEDNN": " 0 "}, {"onednn": False}),
+    ({"NNSERVE_ONEDNN": "1"}, {}),
+    ({"NNSERVE_LAYOUT": "nchw"}, {"layout": "nchw"}),
+    ({"NNSERVE_LAYOUT": " NCHW"}, {"layout": "nchw"}),
+    ({"NNSERVE_LAYOUT": "blocked"}, {}),
+    ({"NNSERVE_WINOGRAD": "0"}, {"winograd": False}),
+    ({"NNSERVE_WINOGRAD": "yes"}, {}),
+    ({"NNSERVE_BLAS": "numpy"}, {"blas": "numpy"}),
+    ({"NNSERVE_BLAS": "OpenBLAS"}, {"blas": "numpy"}),
+    ({"NNSERVE_BLAS": "mkl"}, {}),
+    ({"NNSERVE_NUM_THREADS": "3"}, {"threads": 3}),
+    ({"NNSERVE_NUM_THREADS": "0"}, {}),
+    ({"NNSERVE_NUM_THREADS": "two"}, {}),
+])
+def test_cpu_variables(environ, want):
+    assert CpuOptions.from_env(environ) == CpuOptions(**want)
+
+
+@pytest.mark.parametrize("value, debug", [("", 0), ("0", 0), ("1", 1), ("2", 2), ("yes", 1)])
+def test_engine_debug(value, debug):
+    assert EngineOptions.from_env({"ENGINE_DEBUG": value}).debug == debug
+
+
+@pytest.fixture
+def restore_threads():
+    before = _threads.get_threads()
+    yield
+    _threads.set_threads(before)
+
+
+def test_an_instance_reads_the_environment_once_when_made(monkeypatch, toys, restore_threads):
+    monkeypatch.setenv("ENGINE_DEBUG", "2")
+    monkeypatch.setenv("NNSERVE_NUM_THREADS", "3")
+    assert environment_options() == EngineOptions(debug=2, cpu=CpuOptions(threads=3))
+    inst = Model(tile_sum_graph(), "toy").instance(max_shapes={"x": (1, 256)})
+    assert inst.debug == 2 and inst.options.cpu.threads == 3 and inst.device.options.threads == 3
+    monkeypatch.setenv("ENGINE_DEBUG", "0")  # read once: the instance keeps its setting
+    assert inst.debug == 2
+    x = np.ones((1, 256), np.float32)
+    np.testing.assert_array_equal(inst.run({"x": x})["y"], tile_sum_expected(x)["y"])
+
+
+def test_options_passed_in_win_over_the_environment(monkeypatch, toys):
+    monkeypatch.setenv("ENGINE_DEBUG", "2")
+    options = EngineOptions(debug=0, cpu=CpuOptions(onednn=False))
+    inst = Model(tile_sum_graph(), "toy").instance(max_shapes={"x": (1, 256)}, options=options)
+    assert inst.debug == 0 and inst.device.options is options.cpu and not inst.device.backends.onednn
