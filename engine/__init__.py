@@ -9,6 +9,7 @@ does not pull in the devices' libraries (numba, oneDNN).
 """
 
 import importlib
+from typing import TYPE_CHECKING
 
 from engine.errors import (
     ArenaOverflowError,
@@ -18,6 +19,13 @@ from engine.errors import (
     ShapeError,
     UnsupportedOpError,
 )
+
+if TYPE_CHECKING:  # the names the lazy loader below gives, for type checkers
+    from engine.devices import cuda_device_count
+    from engine.formats.registry import FORMATS, Format
+    from engine.ir.dtypes import DTYPES
+    from engine.runtime.instance import Instance, RunTimings
+    from engine.runtime.model import Model, TensorSpec, load
 
 _RUNTIME = {"Instance": "engine.runtime.instance", "RunTimings": "engine.runtime.instance",
             "Model": "engine.runtime.model", "TensorSpec": "engine.runtime.model", "load": "engine.runtime.model",
