@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,14 +46,13 @@ class ImportPlan:
 
 
 def plan_import(graph_file: Path, repository: Path, name: str, *, version: int = 1, max_batch_size: int | None = None,
-                max_shapes: Mapping[str, tuple[int, ...]] | None = None, default_max_batch_size: int,
-                load: Callable[[Path], BackendModel] = engine.load) -> ImportPlan:
+                max_shapes: Mapping[str, tuple[int, ...]] | None = None, default_max_batch_size: int) -> ImportPlan:
     """Reads the model, infers its config and checks that the server can load it at its max shapes."""
     fmt = _format(graph_file)
     weights = _weights_file(graph_file, fmt)
     _check_name(name, version)
     try:
-        model = load(graph_file)
+        model = engine.load(graph_file)
     except engine.EngineError as exc:
         raise ModelImportError(str(exc)) from None
     config, notes = _infer_config(model, name, fmt, max_batch_size, dict(max_shapes or {}), default_max_batch_size)
@@ -120,13 +119,18 @@ def _batch_fixed_to_one(model: BackendModel) -> bool:
 
 def _with_flags(message: str, config: mc.ModelConfig) -> str:
     """A load error in the words of this command's flags (the config parameter becomes --max-shape)."""
+    batch = " (without the batch dim)" if config.max_batch_size > 0 else ""
     for t in config.input:
         key = cfg.MAX_SHAPE_PARAM + t.name
-        if key in message:
-            dims = "x".join("D" if d == -1 else str(d) for d in t.dims)
-            batch = " (without the batch dim)" if config.max_batch_size > 0 else ""
-            return (f"input '{t.name}' has dynamic dims {list(t.dims)}: pass --max-shape {t.name}={dims} with the "
-                    f"largest value of each D{batch}, so the server can size the model's memory")
+        if key not in message:
+            continue
+        if key in config.parameters:
+            given = config.parameters[key].string_value.replace(",", "x")
+            return (f"--max-shape {t.name}={given}: give one positive value per dim of {list(t.dims)}{batch}, "
+                    "equal to the fixed ones")
+        dims = "x".join("D" if d == -1 else str(d) for d in t.dims)
+        return (f"input '{t.name}' has dynamic dims {list(t.dims)}: pass --max-shape {t.name}={dims} with the "
+                f"largest value of each D{batch}, so the server can size the model's memory")
     return message
 
 

@@ -144,6 +144,9 @@ def malformed(tmp_path: Path) -> Path:
     (lambda tmp: DYNAMIC_BATCH, ["--model-version", "0"], r"--model-version 0: version directories are numbered"),
     (lambda tmp: DYNAMIC_BATCH, ["--max-shape", "x=3x4"], r"--max-shape x=\.\.\.: the model's inputs are in0"),
     (lambda tmp: DYNAMIC_BATCH, ["--max-batch-size", "-1"], r"max_batch_size must be >= 0"),
+    (lambda tmp: ANY_SIZE, ["--max-shape", "in0=8x3x128x128"], r"--max-shape in0=8x3x128x128: give one positive "
+                                                               r"value per dim of \[3, -1, -1\] \(without the batch"),
+    (lambda tmp: ANY_SIZE, ["--max-shape", "in0=4x128x128"], r"in0=4x128x128: .* equal to the fixed ones"),
 ])
 def test_mistakes_are_one_line_errors(tmp_path, capsys, make_model, flags, message):
     args = ["import", make_model(tmp_path), "--repository", tmp_path / "models", "--name", "m", *flags]
