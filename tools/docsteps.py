@@ -9,7 +9,7 @@ Every fenced block a reader is meant to type is preceded by a marker naming who 
     <!-- step: walk; prints TEXT -->         ... and its output must contain TEXT
     <!-- step: none; why REASON -->          not run, for the reason given
 
-`sh` blocks run with bash (-e, -o pipefail), `python` blocks with the given interpreter. Blocks without a marker
+`sh` blocks run with bash -e, `python` blocks with the given interpreter. Blocks without a marker
 must be `text` (layouts, config excerpts): `unmarked_blocks` finds the others, so a new command cannot go untested.
 """
 
@@ -82,7 +82,7 @@ def run(step: Step, cwd: Path, env: dict[str, str], python: str, timeout: float 
     if step.lang == "python":
         argv = [python, "-c", step.code]
     elif step.lang == "sh":
-        argv = ["bash", "-e", "-o", "pipefail", "-c", step.code]
+        argv = ["bash", "-e", "-c", step.code]  # no pipefail: `... | head` is how users read long output
     else:
         raise StepError(f"{step.where}: a step must be sh or python, not {step.lang!r}")
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
