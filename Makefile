@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-server
 
-.PHONY: serve test lint fixtures clean tools
+.PHONY: serve test walk lint fixtures clean tools
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ tools:
 		&& echo "== installing promtool (Debian package prometheus)" \
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
 		|| echo "== promtool not installed (needs root and apt-get): the rule tests will skip"
+
+# A new user's walk through README.md and docs/models.md on a fresh clone of HEAD (also part of `make test`).
+walk: $(STAMP)
+	$(PY) -m pytest -q tests/e2e
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -8,6 +8,8 @@ one `error: ...` line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,32 +40,51 @@ def parse_input(text: str) -> tuple[str, str]:
     return name, path
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default, booleans spelled as they are passed (true/false)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.required or action.default is argparse.SUPPRESS
+                or "default:" in text or isinstance(action, argparse._StoreTrueAction)):
+            return text
+        default = action.default
+        shown = ("none" if default in (None, []) else str(default).lower() if isinstance(default, bool)
+                 else "%(default)s")
+        return f"{text} (default: {shown})"
+
+
 def add_engine_commands(subparsers, options: EngineOptions | None = None) -> None:
     """Adds `run`, `inspect` and `convert` to an argparse subparsers object; they run with `options` (default: the
     environment's, read now)."""
     options = options if options is not None else environment_options()
-    p = subparsers.add_parser("run", help="run a model on .npy inputs and write .npy outputs")
     graph_files = " or ".join(sorted(f"MODEL{f.graph_suffix}" for f in FORMATS.values()))
+    p = subparsers.add_parser("run", help="run a model on .npy inputs and write .npy outputs",
+                              formatter_class=DefaultsHelpFormatter)
     p.add_argument("model", help=f"{graph_files} (weights beside it)")
-    p.add_argument("--input", "-i", type=parse_input, action="append", default=[], metavar="NAME=FILE.npy")
-    p.add_argument("--output-dir", "-o", default=".", metavar="DIR")
+    p.add_argument("--input", "-i", type=parse_input, action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input array; repeat per input")
+    p.add_argument("--output-dir", "-o", default=".", metavar="DIR", help="where each output is written as NAME.npy")
     _add_max_shape(p)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     p.add_argument("--warmup", type=_count(0), default=0, metavar="N",
                    help="untimed runs first (the first run includes JIT compilation)")
     p.add_argument("--repeat", type=_count(1), default=1, metavar="N", help="timed runs; the median is reported")
     p.set_defaults(func=_guarded(cmd_run, options.debug), engine_options=options)
 
-    p = subparsers.add_parser("inspect", help="show a model's inputs, outputs, ops and memory plan")
-    p.add_argument("model")
+    p = subparsers.add_parser("inspect", help="show a model's inputs, outputs, ops and memory plan",
+                              formatter_class=DefaultsHelpFormatter)
+    p.add_argument("model", help=f"{graph_files} (weights beside it)")
     _add_max_shape(p)
     p.add_argument("--graph-only", action="store_true",
                    help="structure only, without weights (a .tnnproto needs no .tnnmodel) and without lowering")
     p.set_defaults(func=_guarded(cmd_inspect, options.debug), engine_options=options)
 
-    p = subparsers.add_parser("convert", help="convert a model to another format")
-    p.add_argument("model")
-    p.add_argument("--to", choices=[f.name for f in FORMATS.values() if f.write is not None], required=True)
+    p = subparsers.add_parser("convert", help="convert a model to another format",
+                              formatter_class=DefaultsHelpFormatter)
+    p.add_argument("model", help=f"{graph_files} (weights beside it)")
+    p.add_argument("--to", choices=[f.name for f in FORMATS.values() if f.write is not None], required=True,
+                   help="the format to write")
     p.add_argument("--output", required=True, metavar="PREFIX", help="writes PREFIX.tnnproto and PREFIX.tnnmodel")
     p.add_argument("--fp16", action="store_true", help="store weights as float16")
     p.add_argument("--input-shape", type=parse_shape, action="append", default=[], metavar="NAME=1x3x224x224",
@@ -97,6 +118,8 @@ def _guarded(fn: Callable[[argparse.Namespace], int], debug: int) -> Callable[[a
         except EngineError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # the reader went away (`| head`): not an error of ours, see exit_quietly_...
+            raise
         except Exception as e:  # a bug, not a user error: still one line unless asked for the traceback
             if debug:
                 raise
@@ -105,6 +128,20 @@ def _guarded(fn: Callable[[argparse.Namespace], int], debug: int) -> Callable[[a
             return 1
     run.__name__ = fn.__name__
     return run
+
+
+def exit_quietly_on_broken_pipe(command: Callable[[], int]) -> int:
+    """Runs a command whose output may go to a reader that stops early (`nnserve inspect ... | head`): then it ends
+    quietly, with the status of a process killed by SIGPIPE (as `cat` has), instead of a BrokenPipeError."""
+    try:
+        status = command()
+        sys.stdout.flush()  # inside the try: a pipe closed after the last print fails here, not at exit
+        return status
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush cannot fail and print a warning.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 # -- run --------------------------------------------------------------------------------------------
@@ -180,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_engine_commands(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    return exit_quietly_on_broken_pipe(lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
-from engine.cli import add_engine_commands
+from engine.cli import DefaultsHelpFormatter, add_engine_commands, exit_quietly_on_broken_pipe, parse_shape
 from server import settings as defaults
 from server.security import RestrictionSpecError, parse_restrictions
 from server.settings import ServerSettings
@@ -37,36 +37,51 @@ def str2bool(value: str) -> bool:
 
 
 def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="serve a model repository over KServe v2 REST and gRPC")
-    p.add_argument("--model-repository", "--model-store", required=True, type=Path, help="the model repository")
-    p.add_argument("--http-port", type=int, default=defaults.HTTP_PORT, help="0 = any free port")
-    p.add_argument("--grpc-port", type=int, default=defaults.GRPC_PORT, help="0 = any free port")
-    p.add_argument("--metrics-port", type=int, default=defaults.METRICS_PORT, help="0 = any free port")
-    p.add_argument("--http-address", default="0.0.0.0")
-    p.add_argument("--grpc-address", default="0.0.0.0")
-    p.add_argument("--metrics-address", default=None, help="default: the HTTP address")
-    p.add_argument("--allow-http", type=str2bool, default=True)
-    p.add_argument("--allow-grpc", type=str2bool, default=True)
-    p.add_argument("--allow-metrics", type=str2bool, default=True)
-    p.add_argument("--model-control-mode", choices=defaults.CONTROL_MODES, default="none")
-    p.add_argument("--load-model", action="append", default=[], help="explicit mode: model to load ('*' = all)")
-    p.add_argument("--repository-poll-secs", type=float, default=defaults.REPOSITORY_POLL_SECS)
-    p.add_argument("--exit-timeout-secs", type=float, default=defaults.EXIT_TIMEOUT_SECS)
-    p.add_argument("--drain-delay-secs", type=float, default=defaults.DRAIN_DELAY_SECS,
+    p = subparsers.add_parser("serve", help="serve a model repository over KServe v2 REST and gRPC",
+                              description="Serve a model repository over KServe v2 REST and gRPC, with Prometheus "
+                              "metrics; the flags follow Triton's names.", formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--model-repository", "--model-store", required=True, type=Path, metavar="DIR",
+                   help="the model repository: DIR/<model>/config.pbtxt and DIR/<model>/<version>/model.*")
+    p.add_argument("--http-port", type=int, default=defaults.HTTP_PORT, help="KServe v2 REST port; 0 = any free port")
+    p.add_argument("--grpc-port", type=int, default=defaults.GRPC_PORT, help="gRPC port; 0 = any free port")
+    p.add_argument("--metrics-port", type=int, default=defaults.METRICS_PORT,
+                   help="Prometheus /metrics port; 0 = any free port")
+    p.add_argument("--http-address", default="0.0.0.0", help="address the REST endpoint listens on")
+    p.add_argument("--grpc-address", default="0.0.0.0", help="address the gRPC endpoint listens on")
+    p.add_argument("--metrics-address", default=None, help="address the metrics endpoint listens on "
+                   "(default: the HTTP address)")
+    p.add_argument("--allow-http", type=str2bool, default=True, metavar="BOOL", help="serve REST")
+    p.add_argument("--allow-grpc", type=str2bool, default=True, metavar="BOOL", help="serve gRPC")
+    p.add_argument("--allow-metrics", type=str2bool, default=True, metavar="BOOL", help="serve metrics")
+    p.add_argument("--model-control-mode", choices=defaults.CONTROL_MODES, default="none",
+                   help="none: load every model at start; poll: also follow changes on disk; explicit: load only "
+                   "--load-model and what the repository API loads")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="explicit mode: a model to load at start, repeatable ('*' = all)")
+    p.add_argument("--repository-poll-secs", type=float, default=defaults.REPOSITORY_POLL_SECS, metavar="S",
+                   help="poll mode: seconds between scans of the repository")
+    p.add_argument("--exit-timeout-secs", type=float, default=defaults.EXIT_TIMEOUT_SECS, metavar="S",
+                   help="after SIGTERM, how long requests in flight get to finish")
+    p.add_argument("--drain-delay-secs", type=float, default=defaults.DRAIN_DELAY_SECS, metavar="S",
                    help="after SIGTERM, keep serving (not ready) this long before closing the listeners")
-    p.add_argument("--exit-on-error", type=str2bool, default=True, help="exit if a model fails to load")
-    p.add_argument("--strict-readiness", type=str2bool, default=True)
-    p.add_argument("--backend-config", action="append", default=[],
-                   help="<backend>,default-max-batch-size=<n> (the max_batch_size auto-complete gives)")
-    p.add_argument("--http-max-input-size", type=int, default=defaults.HTTP_MAX_INPUT_BYTES,
-                   help="largest HTTP request body in bytes (also after decompression)")
-    p.add_argument("--grpc-max-message-size", type=int, default=defaults.GRPC_MAX_MESSAGE_BYTES,
+    p.add_argument("--exit-on-error", type=str2bool, default=True, metavar="BOOL",
+                   help="exit if a model fails to load at start")
+    p.add_argument("--strict-readiness", type=str2bool, default=True, metavar="BOOL",
+                   help="/v2/health/ready needs every model ready (false: the server alone)")
+    p.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE",
+                   help="<backend>,default-max-batch-size=<n>: the max_batch_size auto-complete gives a batchable "
+                   f"model without one (default: {defaults.DEFAULT_MAX_BATCH_SIZE})")
+    p.add_argument("--http-max-input-size", type=int, default=defaults.HTTP_MAX_INPUT_BYTES, metavar="BYTES",
+                   help="largest HTTP request body in bytes, also after decompression (413 above it)")
+    p.add_argument("--grpc-max-message-size", type=int, default=defaults.GRPC_MAX_MESSAGE_BYTES, metavar="BYTES",
                    help="largest gRPC message in bytes, both directions (RESOURCE_EXHAUSTED above it)")
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
-                   help="e.g. model-repository,statistics:admin-key=secret: those APIs need header KEY: VALUE")
+                   help="e.g. model-repository,statistics:admin-key=secret: those APIs need header KEY: VALUE "
+                   "(repeatable)")
     p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOLS:KEY=VALUE",
-                   help="as --http-restricted-api; the gRPC header is triton-grpc-protocol-KEY")
-    p.add_argument("--log-verbose", type=int, default=0, help=">= 2 also logs tensor contents of requests")
+                   help="as --http-restricted-api; the gRPC header is triton-grpc-protocol-KEY (repeatable)")
+    p.add_argument("--log-verbose", type=int, default=0, metavar="N",
+                   help="1: debug logging; 2 and above: also tensor contents of requests")
     p.set_defaults(func=run_serve)
 
 
@@ -121,25 +136,81 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def serving_stack() -> ModuleType:
     """server.app; a missing package of the `server` extra is a one-line error naming the extra."""
+    return server_module("server.app", "serve")
+
+
+def server_module(name: str, command: str) -> ModuleType:
+    """A server module for `command`, imported only when that command runs (the engine's commands need none of the
+    `server` extra); a missing package of that extra is a one-line error naming the extra."""
     try:
-        return importlib.import_module("server.app")
+        return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in SERVER_EXTRA_MODULES:
             raise
-        raise SystemExit(f"nnserve serve: the '{exc.name}' package is not installed: install nnserve[server]") from None
+        raise SystemExit(f"nnserve {command}: the '{exc.name}' package is not installed: install nnserve[server]"
+                         ) from None
+
+
+def add_import_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "import", help="copy a model into a model repository and write its config.pbtxt",
+        formatter_class=DefaultsHelpFormatter,
+        description="Copies MODEL and its weights file into DIR/NAME/VERSION/ under the names the server looks for, "
+        "infers a config.pbtxt with the server's auto-complete, checks that the server can load the model at its "
+        "max shapes, writes the config and prints it.")
+    p.add_argument("model", help="MODEL.pnnx.param or MODEL.tnnproto (the weights file beside it)")
+    p.add_argument("--repository", "--model-repository", required=True, type=Path, metavar="DIR",
+                   help="the model repository (created if absent)")
+    p.add_argument("--name", required=True, help="the model's name: its directory DIR/NAME")
+    p.add_argument("--model-version", type=int, default=1, metavar="N", help="the version directory DIR/NAME/N")
+    p.add_argument("--max-batch-size", type=int, default=None, metavar="N",
+                   help="0: no batching, dims are full shapes (default: 1 for a model that fixes dim 0 to 1; else "
+                   f"auto-complete's: {defaults.DEFAULT_MAX_BATCH_SIZE} where every tensor's dim 0 is dynamic, else 0)")
+    p.add_argument("--max-shape", type=parse_shape, action="append", default=[], metavar="NAME=3x640x640",
+                   help="largest shape of an input with dynamic dims, as its config dims (without the batch dim "
+                   "when max_batch_size > 0); repeat per input")
+    p.add_argument("--dry-run", action="store_true", help="print the config and the files it would write; write "
+                   "nothing")
+    p.add_argument("--force", action="store_true", help="replace an existing config.pbtxt and model files")
+    p.set_defaults(func=run_import)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    mi = server_module("server.model_import", "import")
+    try:
+        plan = mi.plan_import(Path(args.model), args.repository, args.name, version=args.model_version,
+                              max_batch_size=args.max_batch_size, max_shapes=dict(args.max_shape),
+                              default_max_batch_size=defaults.DEFAULT_MAX_BATCH_SIZE)
+        for note in plan.notes:
+            print(f"note: {note}", file=sys.stderr)
+        written = [*plan.targets, plan.config_path] if args.dry_run else mi.write_import(plan, force=args.force)
+    except mi.ModelImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"# {plan.config_path}")
+    print(mi.config_text(plan.config), end="")
+    verb = "would write" if args.dry_run else "wrote"
+    for path in written:
+        print(f"{verb} {path}")
+    replaced = mi.existing_files(plan) if args.dry_run else []
+    if replaced:
+        print(f"would replace {', '.join(str(p) for p in replaced)}{'' if args.force else ' (needs --force)'}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nnserve", description="Inference server for TNN and PNNX models")
+    parser.add_argument("--version", action="version", version=f"nnserve {defaults.SERVER_VERSION}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_serve_command(subparsers)
+    add_import_command(subparsers)
     add_engine_commands(subparsers)  # run / inspect / convert, owned by the engine
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    return exit_quietly_on_broken_pipe(lambda: int(args.func(args) or 0))
 
 
 if __name__ == "__main__":
