@@ -67,9 +67,10 @@ class _Reader:
                 self._operator(text)
             except ValueError as e:  # grammar helpers report with ValueError; add file and line
                 raise self.fail(str(e)) from None
-        self.line = 0
         if not self.graph.outputs:
+            self.line = len(lines)  # the end of the file, where the missing operator would be
             raise self.fail("the graph has no outputs (no pnnx.Output operator)")
+        self.line = 0
         self._name_outputs()
         self.graph.meta = {"format": "pnnx", "operators": n_ops, "operands": n_operands,
                            "weights": bin_path_for(self.path).name if self.zip else None}
