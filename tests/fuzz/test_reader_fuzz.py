@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from reader_contract import KINDS, check_model, seeds
 
 SEEDS = {kind: seeds(kind) for kind in KINDS}
-FUZZ = settings(max_examples=120, deadline=None, database=None,
+FUZZ = settings(max_examples=300, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])
 SECONDS = 10.0  # per model; parsing a 40 KiB file takes milliseconds, this only catches a hang on a loaded machine
