@@ -14,7 +14,7 @@ unexpected exception is saved as build/fuzz/<kind>/failure-<type>-<module>-<line
 distinct failure) and fuzzing goes on. Each failure found becomes a regression test in
 tests/fuzz/test_reader_fuzz.py.
 
-atheris comes with the `fuzz` extra (pip install -e '.[fuzz]'); `make fuzz` installs it.
+atheris is the `fuzz` extra (pip install -e '.[fuzz]'); `make fuzz` installs it.
 """
 
 from __future__ import annotations
