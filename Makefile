@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-server
 
-.PHONY: serve test walk lint fixtures clean tools
+.PHONY: serve test walk lint fixtures clean tools fuzz
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,16 @@ walk: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# Coverage-guided fuzzing of both model readers (atheris: the `fuzz` extra), FUZZ_SECONDS each, one after the
+# other. Inputs that break the readers' contract are saved in build/fuzz/<reader>/ (tests/fuzz/fuzz_readers.py);
+# it fails while any is there: fix it, copy it to tests/fuzz/regressions/<reader>/, delete it.
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	$(PY) -m pip install -q 'atheris>=2.3'  # the `fuzz` extra's one package
+	for kind in pnnx tnn; do \
+		$(PY) tests/fuzz/fuzz_readers.py $$kind --keep-going -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+	@! ls build/fuzz/*/crash-* build/fuzz/*/failure-* 2>/dev/null
 
 # Regenerates tests/fixtures from PyTorch models (needs torch and pnnx: the `dev` extra).
 fixtures:

@@ -10,6 +10,7 @@ import numpy as np
 from engine.errors import EngineError, UnsupportedOpError
 from engine.formats.registry import FORMATS, format_of
 from engine.ir import Graph, Node
+from engine.ir.const_arrays import freeze_constants
 from engine.ops.registry import all_ops
 from engine.passes.pipeline import run_pipeline
 
@@ -44,11 +45,12 @@ def lower(graph: Graph) -> Graph:
 
 
 def prepare(graph: Graph) -> Graph:
-    """Lowering and optimization passes; graph inputs without a dtype are taken as float32."""
+    """Lowering and optimization passes; graph inputs without a dtype are taken as float32. The constants of the
+    result are aligned and read-only (engine/ir/const_arrays.py)."""
     for v in graph.inputs:
         if v.dtype is None:
             v.dtype = np.dtype(np.float32)
-    return run_pipeline(lower(graph))
+    return freeze_constants(run_pipeline(lower(graph)))
 
 
 def unsupported_nodes(graph: Graph) -> list[Node]:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ModelFormatError
+from engine.formats.model_files import empty_array, read_file_bytes
 from engine.formats.pnnx.param_values import annotation_dtype, parse_annotation, parse_param
 from engine.formats.pnnx.zip_archive import StoredZip
 from engine.ir import Graph, Value
@@ -48,6 +49,13 @@ class _Reader:
 
     # -- file level -------------------------------------------------------------------------------------
     def read(self) -> Graph:
+        try:
+            return self._read()
+        finally:  # the loaded graph owns its weights: nothing stays open on the files
+            if self.zip is not None:
+                self.zip.close()
+
+    def _read(self) -> Graph:
         lines = self._read_lines()
         n_ops, n_operands = self._header(lines)
         body = [(i, text) for i, text in enumerate(lines[2:], start=3) if text.strip()]
@@ -59,19 +67,17 @@ class _Reader:
                 self._operator(text)
             except ValueError as e:  # grammar helpers report with ValueError; add file and line
                 raise self.fail(str(e)) from None
-        self.line = 0
         if not self.graph.outputs:
+            self.line = len(lines)  # the end of the file, where the missing operator would be
             raise self.fail("the graph has no outputs (no pnnx.Output operator)")
+        self.line = 0
         self._name_outputs()
         self.graph.meta = {"format": "pnnx", "operators": n_ops, "operands": n_operands,
                            "weights": bin_path_for(self.path).name if self.zip else None}
         return self.graph
 
     def _read_lines(self) -> list[str]:
-        try:
-            raw = self.path.read_bytes()
-        except OSError as e:
-            raise ModelFormatError(str(self.path), f"cannot read model file: {e.strerror or e}") from None
+        raw = read_file_bytes(self.path, "cannot read model file")
         try:
             return raw.decode("utf-8").splitlines()
         except UnicodeDecodeError as e:
@@ -195,17 +201,15 @@ class _Reader:
     def _weight(self, op_name: str, attr: str, shape: tuple[int, ...], code: str) -> np.ndarray:
         dtype = annotation_dtype(code)
         if code == "null":
-            return np.empty((0,), np.float32)
+            return empty_array(np.dtype(np.float32))
         if dtype is None:
             raise self.fail(f"attribute @{attr} of {op_name!r} has dtype {code}, which is not supported")
         entry = f"{op_name}.{attr}"
         zf = self._open_zip(entry)
         if not shape and entry not in zf:
-            return np.empty((0,), dtype)  # pnnx writes no data for an attribute with an empty shape
+            return empty_array(dtype)  # pnnx writes no data for an attribute with an empty shape
         try:
-            if code == "bf16":  # bfloat16 is the top half of a float32
-                return (zf.array(entry, np.dtype(np.uint16), shape).astype(np.uint32) << 16).view(np.float32)
-            return zf.array(entry, dtype, shape)
+            return zf.array(entry, dtype, shape, bfloat16=code == "bf16")
         except ModelFormatError as e:
             raise ModelFormatError(e.path, f"{e.detail} (attribute of {op_name!r} at {self.path.name}:"
                                    f"{self.line})", offset=e.offset) from None

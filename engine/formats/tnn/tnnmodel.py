@@ -2,20 +2,25 @@
 
 Every length, count and dims list is checked against the bytes that are left BEFORE anything is
 allocated, so a corrupted file costs at most its own size in memory and fails with the byte offset.
-Arrays are `np.frombuffer` views over the file bytes; half and bfloat16 data are widened exactly to
-float32 (TNN's converter truncates when it writes half, we decode what is stored and do not "correct").
+Each buffer is read straight into an aligned, read-only array of its own (engine/formats/model_files.py):
+the file is read once, front to back, and closed; the model never looks at it again. Half and bfloat16
+data are widened exactly to float32 (TNN's converter truncates when it writes half, we decode what is
+stored and do not "correct").
 """
 
 from __future__ import annotations
 
+import io
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from engine.errors import ModelFormatError
+from engine.formats.model_files import empty_array, file_size, open_model_file, read_array, read_exact, read_float32
 from engine.formats.tnn.constants import DATA_TYPES, DT_BF16, DT_FLOAT, DT_HALF, DT_INT8, LAYER_TYPES, MAGIC_V2, MAGICS
 
 MAX_RESOURCES = 1 << 20
@@ -50,11 +55,24 @@ class TnnModelData:
 
 
 class _Cursor:
-    def __init__(self, data: bytes, path: str):
-        self.buf, self.pos, self.path = data, 0, path
+    """Reads a .tnnmodel front to back from `stream`, which holds `size` bytes; `pos` is the byte offset."""
+
+    def __init__(self, stream: BinaryIO, size: int, path: str):
+        self.stream, self.size, self.pos, self.path = stream, size, 0, path
+
+    def _take(self, n: int, what: str) -> bytearray:
+        """The next `n` bytes (the caller has checked with `need` that the file holds them)."""
+        buf = bytearray(n)
+        read_exact(self.stream, memoryview(buf), self.path, self.pos, what)
+        self.pos += n
+        return buf
+
+    def rewind(self) -> None:
+        self.stream.seek(0)
+        self.pos = 0
 
     def left(self) -> int:
-        return len(self.buf) - self.pos
+        return self.size - self.pos
 
     def fail(self, message: str, at: int | None = None):
         raise ModelFormatError(self.path, message, offset=self.pos if at is None else at)
@@ -65,8 +83,7 @@ class _Cursor:
 
     def i32(self, what: str) -> int:
         self.need(4, what)
-        (v,) = struct.unpack_from("<i", self.buf, self.pos)
-        self.pos += 4
+        (v,) = struct.unpack("<i", self._take(4, what))
         return v
 
     def u32(self, what: str) -> int:
@@ -74,8 +91,7 @@ class _Cursor:
 
     def flag(self, what: str) -> bool:
         self.need(1, what)
-        self.pos += 1
-        return self.buf[self.pos - 1] != 0
+        return self._take(1, what)[0] != 0
 
     def string(self, what: str) -> str:
         at = self.pos
@@ -84,11 +100,9 @@ class _Cursor:
             self.fail(f"{what}: string length {n} out of range", at)
         self.need(n, what)
         try:
-            s = self.buf[self.pos:self.pos + n].decode("utf-8")
+            return self._take(n, what).decode("utf-8")
         except UnicodeDecodeError:
-            self.fail(f"{what}: string is not UTF-8")
-        self.pos += n
-        return s
+            self.fail(f"{what}: string is not UTF-8", at + 4)
 
     def raw(self, what: str) -> RawBuffer:
         at = self.pos
@@ -100,7 +114,7 @@ class _Cursor:
             self.fail(f"{what}: unknown data type code {code}", at + 4)
         length = self.i32(f"{what} byte length")
         if length <= 0:  # empty buffer: nothing follows, not even dims
-            return RawBuffer(code, np.zeros(0, _widened(code)), None, at)
+            return RawBuffer(code, empty_array(_widened(code)), None, at)
         dims = self._dims(what) if magic == MAGIC_V2 else None
         return RawBuffer(code, self._payload(code, length, dims, what, at), dims, at)
 
@@ -110,8 +124,7 @@ class _Cursor:
         if not 0 <= ndims <= MAX_DIMS:
             self.fail(f"{what}: dims count {ndims} out of range 0..{MAX_DIMS}", at)
         self.need(4 * ndims, f"{what} dims")
-        dims = struct.unpack_from(f"<{ndims}i", self.buf, self.pos)
-        self.pos += 4 * ndims
+        dims = struct.unpack(f"<{ndims}i", self._take(4 * ndims, f"{what} dims"))
         if any(d < 0 for d in dims):
             self.fail(f"{what}: negative dimension in {list(dims)}", at)
         return tuple(dims)
@@ -122,27 +135,19 @@ class _Cursor:
             self.fail(f"{what}: byte length {length} is not a multiple of {dtype.itemsize}", at + 8)
         self.need(length, f"{what} data")
         count = length // dtype.itemsize
-        arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
+        if dims and math.prod(dims) != count:
+            self.fail(f"{what}: dims {list(dims)} do not match {count} stored elements", at)
+        shape = dims if dims else () if dims == () and count == 1 else (count,)
+        if code in (DT_HALF, DT_BF16):
+            arr = read_float32(self.stream, self.path, self.pos, shape, f"{what} data", bfloat16=code == DT_BF16)
+        else:
+            arr = read_array(self.stream, self.path, self.pos, dtype, shape, f"{what} data")
         self.pos += length
-        if dims:
-            if int(np.prod(dims, dtype=np.int64)) != count:
-                self.fail(f"{what}: dims {list(dims)} do not match {count} stored elements", at)
-            arr = arr.reshape(dims)
-        elif dims == () and count == 1:
-            arr = arr.reshape(())
-        return _widen(code, arr)
+        return arr
 
 
 def _widened(code: int) -> np.dtype:
     return np.dtype(np.float32) if code in (DT_HALF, DT_BF16) else DATA_TYPES[code].newbyteorder("=")
-
-
-def _widen(code: int, arr: np.ndarray) -> np.ndarray:
-    if code == DT_HALF:
-        return arr.astype(np.float32)  # every binary16 value is exact in binary32
-    if code == DT_BF16:
-        return (arr.astype(np.uint32) << 16).view(np.float32)
-    return arr
 
 
 # -- resource bodies --------------------------------------------------------------------------------------------
@@ -260,21 +265,21 @@ _BY_ENUM = {num: name for name, num in reversed(list(LAYER_TYPES.items())) if nu
 
 # -- file structure ------------------------------------------------------------------------------------------
 def read_model(path: str | Path) -> TnnModelData:
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ModelFormatError(str(path), f"cannot read weights: {e.strerror or e}") from None
-    return read_model_bytes(data, str(path))
+    with open_model_file(path, "cannot read weights") as f:
+        return _read_model(_Cursor(f, file_size(f), str(path)))
 
 
 def read_model_bytes(data: bytes, path: str = "<tnnmodel>") -> TnnModelData:
-    cur = _Cursor(data, path)
+    return _read_model(_Cursor(io.BytesIO(data), len(data), path))
+
+
+def _read_model(cur: _Cursor) -> TnnModelData:
     first = cur.u32("file magic")
     version = MAGICS.get(first)
     if version is None:  # the magic is optional: those 4 bytes were the resource count
-        cur.pos, version = 0, 1
-    out = TnnModelData(path, version)
+        cur.rewind()
+        version = 1
+    out = TnnModelData(cur.path, version)
     at = cur.pos
     count = cur.i32("resource count") & 0x1FFFFFFF
     if count > MAX_RESOURCES or count * 12 > cur.left():

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import ModelFormatError, UnsupportedOpError
+from engine.formats.model_files import read_file_bytes
 from engine.formats.tnn.constants import DT_FLOAT, INPUT_DTYPES, MAGICS, is_known_type
 
 _BLANKS = ' "\n\r\t'
@@ -48,11 +49,7 @@ class TnnProto:
 
 
 def parse_proto(path: str | Path) -> TnnProto:
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ModelFormatError(str(path), f"cannot read: {e.strerror or e}") from None
+    raw = read_file_bytes(path, "cannot read")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

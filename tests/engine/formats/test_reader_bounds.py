@@ -21,7 +21,7 @@ from engine.formats.pnnx.reader import load_graph
 from engine.formats.pnnx.writer import write_pnnx
 from engine.formats.tnn.constants import DT_FLOAT
 from engine.formats.tnn.serializer import Serializer
-from engine.formats.tnn.tnnmodel import read_model_bytes
+from engine.formats.tnn.tnnmodel import read_model, read_model_bytes
 
 KB = 1024
 PEAK_LIMIT = 256 * KB  # a refused 1 KB file may cost parsing overhead, never its claimed size
@@ -40,6 +40,22 @@ def bounded(fn: Callable[[], object]) -> tuple[Exception | None, int, float]:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     return error, peak, time.perf_counter() - t0
+
+
+def rss_peak_added(fn: Callable[[], object]) -> int:
+    """Run `fn`; how far the process's peak RSS rose above its RSS before (VmHWM reset through clear_refs)."""
+    def status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * KB for line in f if line.startswith(key))
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    before = status("VmRSS:")
+    try:
+        fn()
+    except EngineError:
+        pass
+    return status("VmHWM:") - before
 
 
 def tnn_claiming(length: int, dims: tuple[int, ...]) -> bytes:
@@ -67,6 +83,20 @@ def test_tnn_header_claiming_gigabytes_in_1kb(length: int, dims: tuple[int, ...]
     assert isinstance(error, ModelFormatError), error
     assert "claims.tnnmodel" in str(error) and error.offset is not None
     assert peak < PEAK_LIMIT and seconds < 1.0, (peak, seconds)
+
+
+def test_huge_claims_in_tiny_files_do_not_raise_rss(tmp_path: Path) -> None:
+    """The same claims as above, measured as the OS sees them: the peak RSS of the process does not move by more
+    than noise while each tiny file is refused (tracemalloc above sees allocations never touched; this sees
+    pages actually used)."""
+    pnnx = write_pnnx(tmp_path / "m.pnnx.param", PARAM.format(shape="65536,65536"), {})
+    with zipfile.ZipFile(pnnx.with_name("m.pnnx.bin"), "w", zipfile.ZIP_STORED) as z:
+        z.writestr("big.data", np.zeros(4, np.float32).tobytes())
+    tnn = tmp_path / "claims.tnnmodel"
+    tnn.write_bytes(tnn_claiming(2**31 - 4, (2**29 - 1,)))
+    for fn in (lambda: load_graph(pnnx), lambda: read_model(tnn),
+               lambda: read_model_bytes(struct.pack("<Ii", Serializer(2).magic, 0x1FFFFFFF) + b"\0" * KB)):
+        assert rss_peak_added(fn) < 16 * 1024 * KB
 
 
 def test_tnn_resource_count_claiming_billions() -> None:

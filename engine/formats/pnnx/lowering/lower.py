@@ -5,7 +5,7 @@ on operator names (pnnx keeps `Tensor.select_21` as the name of a `torch.unbind`
 
 from __future__ import annotations
 
-from engine.errors import UnsupportedOpError
+from engine.errors import EngineError, UnsupportedOpError
 from engine.formats.pnnx.lowering import (  # noqa: F401  (each registers its handlers)
     activations,
     attention,
@@ -31,7 +31,8 @@ HANDLED_TYPES: frozenset[str] = frozenset(HANDLERS)
 
 
 def lower_pnnx(graph: Graph) -> Graph:
-    """Replaces every `pnnx:*` node by canonical ops; unknown types raise UnsupportedOpError with file:line."""
+    """Replaces every `pnnx:*` node by canonical ops; unknown types raise UnsupportedOpError with file:line,
+    parameters a handler cannot use ModelFormatError with file:line."""
     for node in list(graph.nodes):
         if not node.op_type.startswith(PREFIX):
             continue
@@ -39,7 +40,13 @@ def lower_pnnx(graph: Graph) -> Graph:
         handler = HANDLERS.get(ctx.type)
         if handler is None:
             raise UnsupportedOpError(ctx.type, node.name, node.where(), sorted(HANDLERS))
-        handler(ctx)
+        try:
+            handler(ctx)
+        except EngineError:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError) as e:
+            # parameters that parse but make no sense for the op (a size of 'N', an axis out of range)
+            raise ctx.fail(f"inconsistent parameters or weights: {type(e).__name__}: {e}") from None
     _drop_unused_scalars(graph)
     graph.validate()
     return graph

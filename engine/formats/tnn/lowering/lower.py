@@ -56,7 +56,7 @@ def _lower(low: LoweringState, node: Node) -> None:
         _dispatch(low, ctx, node)
     except EngineError:
         raise
-    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError) as e:
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError) as e:
         # parameters that parse but make no sense (a weight of the wrong size, an axis out of range)
         ctx.fail(f"inconsistent parameters or weights: {type(e).__name__}: {e}")
 

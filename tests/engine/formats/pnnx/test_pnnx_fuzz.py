@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -33,8 +34,9 @@ def _load_quietly(path) -> None:
     start = time.perf_counter()
     try:
         load_graph(path)
-    except ModelFormatError:
-        pass
+    except ModelFormatError as e:  # naming the param or bin file, and a line or byte offset
+        assert e.path in (str(path), str(path.with_name("m.pnnx.bin"))), e
+        assert e.line is not None or e.offset is not None or re.search(rf"{path.name}:\d+", str(e)), e
     assert time.perf_counter() - start < 1.0
 
 

@@ -76,7 +76,7 @@ def test_lying_entry_size_and_count(tmp_path):
     path.write_bytes(bytes(data))
     zf = StoredZip(path)
     with pytest.raises(ModelFormatError, match="run past the end") as e:
-        zf.entry_bytes("convbn2d_0.weight")
+        zf.entry_span("convbn2d_0.weight")
     assert e.value.offset == first_extra + 32
     eocd64 = len(data) - 22 - 20 - 56
     struct.pack_into("<QQ", data, eocd64 + 24, 10**12, 10**12)  # entry counts

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.errors import EngineError, ModelFormatError
+from engine.errors import EngineError, ModelFormatError, UnsupportedOpError
 from engine.formats.tnn.lowering.lower import lower_tnn
 from engine.formats.tnn.reader import build_graph
 from engine.formats.tnn.serializer import Serializer
@@ -66,6 +66,14 @@ def _read_bounded(data: bytes) -> None:
     assert peak < 3 * len(data) + 256 * 1024
 
 
+def _assert_located(e: EngineError) -> None:
+    """A reader's error: a format error naming a line or byte offset, or an unsupported layer with file:line."""
+    if isinstance(e, UnsupportedOpError):
+        assert "fuzz.tnnproto:" in str(e), e
+    else:
+        assert isinstance(e, ModelFormatError) and (e.line is not None or e.offset is not None), e
+
+
 edits = st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=8)
 
 
@@ -98,8 +106,8 @@ def test_mutated_proto_text(edit_list, cut):
     try:
         proto = parse_proto_text(text, "fuzz.tnnproto")
         build_graph(proto, read_model_bytes(MODEL))
-    except EngineError:
-        pass
+    except EngineError as e:
+        _assert_located(e)
 
 
 @FUZZ
@@ -107,8 +115,8 @@ def test_mutated_proto_text(edit_list, cut):
 def test_random_proto_text(text):
     try:
         parse_proto_text(text, "fuzz.tnnproto")
-    except EngineError:
-        pass
+    except EngineError as e:
+        _assert_located(e)
 
 
 @pytest.mark.shared

@@ -1,0 +1,141 @@
+"""Bounded fuzzing of both model readers in `make test` (the long coverage-guided run is `make fuzz`): byte-level
+mutations of the committed fixtures — truncations, bit flips, huge and negative counts, sizes and dims written
+over the binary headers and the text's numbers, deep nesting in the text — only ever end in a graph or in the
+errors reader_contract.py allows, naming the file and a line or byte offset, within bounded time and memory
+(tracemalloc's peak stays within a small multiple of the two files' size: nothing is allocated that the file
+cannot justify). Failures the fuzzers found are replayed at the end as regression tests."""
+
+from __future__ import annotations
+
+import re
+import struct
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reader_contract import KINDS, check_model, seeds
+
+SEEDS = {kind: seeds(kind) for kind in KINDS}
+FUZZ = settings(max_examples=300, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                       HealthCheck.data_too_large])
+SECONDS = 10.0  # per model; parsing a 40 KiB file takes milliseconds, this only catches a hang on a loaded machine
+# Numbers a lying header or text would hold: limits of the integer types, their negatives, the edges near them.
+HUGE = [0, 1, -1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF, 1 << 30, 1 << 40,
+        -(1 << 31), 65536, 0xFFFF]
+
+
+def bounded_check(kind: str, folder: Path, graph: bytes, weights: bytes) -> str:
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        outcome = check_model(kind, folder, graph, weights)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert time.perf_counter() - start < SECONDS
+    # reading keeps the files' bytes; lowering may copy weights a few times (fused, transposed, packed)
+    assert peak < 16 * (len(graph) + len(weights)) + (8 << 20), peak
+    return outcome
+
+
+def overwrite_int(data: bytearray, pos: int, value: int, width: int) -> None:
+    fmt = {4: "<I", 8: "<Q"}[width]
+    pos %= max(1, len(data) - width + 1)
+    if len(data) >= width:
+        struct.pack_into(fmt, data, pos, value & ((1 << (8 * width)) - 1))
+
+
+def mutate_binary(data: bytes, edits: list[tuple[str, int, int]]) -> bytes:
+    buf = bytearray(data)
+    for op, pos, arg in edits:
+        if not buf:
+            break
+        if op == "flip":
+            buf[pos % len(buf)] ^= 1 << (arg % 8)
+        elif op == "int32":
+            overwrite_int(buf, pos, HUGE[arg % len(HUGE)], 4)
+        elif op == "int64":
+            overwrite_int(buf, pos, HUGE[arg % len(HUGE)], 8)
+        elif op == "cut":
+            del buf[pos % (len(buf) + 1):]
+        elif op == "insert":
+            buf[pos % len(buf):pos % len(buf)] = bytes([arg % 256]) * (1 + arg % 64)
+    return bytes(buf)
+
+
+NUMBER = re.compile(rb"-?\d+")
+
+
+def mutate_text(data: bytes, edits: list[tuple[str, int, int]]) -> bytes:
+    buf = data
+    for op, pos, arg in edits:
+        if op == "number":  # a number of the text (a count, a dim, a shape) becomes a huge or negative one
+            numbers = list(NUMBER.finditer(buf))
+            if numbers:
+                m = numbers[pos % len(numbers)]
+                buf = buf[:m.start()] + str(HUGE[arg % len(HUGE)]).encode() + buf[m.end():]
+        elif op == "nest":  # deep nesting where lists, annotations and expressions open
+            opens = [i for i, b in enumerate(buf) if b in b"([,=" or i == 0]
+            at = opens[pos % len(opens)] + 1 if opens else 0
+            depth = 10 ** (1 + arg % 5)
+            brackets = (b"(", b")") if arg % 2 else (b"[", b"]")
+            buf = buf[:at] + brackets[0] * depth + b"1" + brackets[1] * depth + buf[at:]
+        elif op == "line":  # a line duplicated or dropped
+            lines = buf.split(b"\n")
+            i = pos % len(lines)
+            lines[i:i + 1] = [lines[i]] * (2 if arg % 2 else 0)
+            buf = b"\n".join(lines)
+        else:
+            buf = mutate_binary(buf, [(op, pos, arg)])
+    return buf
+
+
+BINARY_EDITS = st.lists(st.tuples(st.sampled_from(["flip", "int32", "int64", "cut", "insert"]),
+                                  st.integers(0, 1 << 20), st.integers(0, 1 << 16)), min_size=1, max_size=4)
+TEXT_EDITS = st.lists(st.tuples(st.sampled_from(["number", "nest", "line", "flip", "cut", "insert"]),
+                                st.integers(0, 1 << 20), st.integers(0, 1 << 16)), min_size=1, max_size=4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@FUZZ
+@given(data=st.data())
+def test_mutated_weights_file(tmp_path, kind, data):
+    name, graph, weights = data.draw(st.sampled_from(SEEDS[kind]), label="seed")
+    bounded_check(kind, tmp_path, graph, mutate_binary(weights, data.draw(BINARY_EDITS, label="edits")))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@FUZZ
+@given(data=st.data())
+def test_mutated_graph_file(tmp_path, kind, data):
+    name, graph, weights = data.draw(st.sampled_from(SEEDS[kind]), label="seed")
+    bounded_check(kind, tmp_path, mutate_text(graph, data.draw(TEXT_EDITS, label="edits")), weights)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@FUZZ
+@given(data=st.data())
+def test_both_files_mutated(tmp_path, kind, data):
+    name, graph, weights = data.draw(st.sampled_from(SEEDS[kind]), label="seed")
+    bounded_check(kind, tmp_path, mutate_text(graph, data.draw(TEXT_EDITS, label="graph edits")),
+                  mutate_binary(weights, data.draw(BINARY_EDITS, label="weights edits")))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_seed_reads_and_lowers(tmp_path, kind):
+    assert SEEDS[kind] and all(check_model(kind, tmp_path, g, w) == "ok" for _, g, w in SEEDS[kind])
+
+
+# -- regressions: inputs the fuzzers found, each one a model that broke the contract before its fix ------------
+REGRESSIONS = Path(__file__).resolve().parent / "regressions"
+SEPARATOR = b"\n#--weights--#\n"  # as in fuzz_readers.py
+
+
+@pytest.mark.parametrize("path", sorted(REGRESSIONS.glob("*/*")), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fuzzer_findings(tmp_path, path):
+    graph, _, weights = path.read_bytes().partition(SEPARATOR)
+    assert bounded_check(path.parent.name, tmp_path, graph, weights) != "ok"
