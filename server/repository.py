@@ -194,6 +194,8 @@ class ModelRepository:
             config, has_mbs = cfg.parse_config_json(config_json), '"max_batch_size"' in config_json
         else:
             config, has_mbs = cfg.read_config(model_dir)
+        if config.name and config.name != name:  # before anything names the model by its config
+            raise ModelLoadError(f"model '{name}': config.name '{config.name}' must match the directory name")
         check_supported(config, name)
         available = version_dirs(model_dir)
         if not available:
