@@ -68,7 +68,9 @@ def good_row(i: int) -> list[float]:
 
 
 def check_outputs(outputs: dict[str, np.ndarray], row: list[float]) -> None:
-    for name, expected in affine_reference(np.array([row], np.float32)).items():
+    with np.errstate(over="ignore"):  # the sigmoid of a SLOW row: exp overflows to inf, which gives 0 as it should
+        reference = affine_reference(np.array([row], np.float32))
+    for name, expected in reference.items():
         np.testing.assert_allclose(outputs[name].reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
 
 
