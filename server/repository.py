@@ -342,9 +342,11 @@ class ModelRepository:
                 log.exception("repository poll failed")
 
     async def shutdown(self, drain: bool = True) -> None:
-        """Stop every model; without drain, queued requests fail at once (the exit timeout is over). Loads under way
-        finish first, so none starts a model after this."""
-        await asyncio.gather(*self._loads, return_exceptions=True)
+        """Stop every model; without drain, queued requests fail at once (the exit timeout is over). With drain, loads
+        under way finish first, so none starts a model after this; without, they are not waited for (one may be stuck
+        in a warm-up, and the process is about to exit)."""
+        if drain:
+            await asyncio.gather(*self._loads, return_exceptions=True)
         for name in list(self._models):
             entry = self._models[name]
             await self._retire(entry, keep=set(), drain=drain)
