@@ -27,7 +27,6 @@ pytestmark = pytest.mark.slow  # starts its own servers
 
 NOT_UTF8 = AFFINE_CONFIG.encode() + b"# caf\xe9, written in Latin-1\n"
 X = np.array([[0.5, -1.0, 2.0, 1.5]], np.float32)
-HERE = Path(__file__).resolve().parent
 
 
 def warmup_config(name: str, data: str) -> str:
@@ -40,7 +39,10 @@ def faulty_repository(root: Path) -> Path:
     repo = make_repository(root, {"affine": AFFINE_CONFIG, "latin1": None, "warmup_missing": warmup_config(
         "warmup_missing", 'input_data_file: "nothing_here"'), "warmup_short": warmup_config(
         "warmup_short", 'input_data_file: "short"'), "fifo_config": None, "fifo_weights": AFFINE_CONFIG,
-        "huge_config": None, "extra_fifo": AFFINE_CONFIG})
+        "huge_config": None, "extra_fifo": AFFINE_CONFIG, "warmup_fault": warmup_config(
+        "warmup_fault", 'input_data_file: "poison"')})
+    (repo / "warmup_fault" / "warmup").mkdir()  # a kernel raises on it (tests/server/faulty_ops.py)
+    (repo / "warmup_fault" / "warmup" / "poison").write_bytes(np.full(4, 1e36, np.float32).tobytes())
     (repo / "latin1" / "config.pbtxt").write_bytes(NOT_UTF8.replace(b'"affine"', b'"latin1"'))
     (repo / "warmup_short" / "warmup").mkdir()
     (repo / "warmup_short" / "warmup" / "short").write_bytes(b"\0" * 12)  # 3 floats, the sample needs 4
@@ -60,7 +62,10 @@ REASONS = {  # model -> words its reason (index and log) must hold
     "fifo_config": "fifo_config/config.pbtxt is a FIFO, not a regular file",
     "fifo_weights": "1/model.pnnx.bin is a FIFO, not a regular file",
     "huge_config": "huge_config/config.pbtxt has 1073741824 bytes, more than the",
+    "warmup_fault": "model_warmup 'w' failed: ",
 }
+# held_ops first: faulty_ops then wraps it, so a poisoned run raises before any gate could hold it
+PLUGINS = {"NNSERVE_PLUGINS": "held_ops,faulty_ops", "PYTHONPATH": str(Path(__file__).resolve().parent)}
 
 
 def wait_started(srv: ServerProcess, timeout: float = 120) -> None:
@@ -98,7 +103,7 @@ def ready(srv: ServerProcess) -> bool:
 def test_broken_models_fail_alone_at_startup(tmp_path, strict):
     repo = faulty_repository(tmp_path / "repo")
     srv = ServerProcess(repo, "--exit-on-error=false", f"--strict-readiness={str(strict).lower()}",
-                        expect_ready=False)
+                        expect_ready=False, env={**PLUGINS, "NNSERVE_TEST_GATE": str(tmp_path)})
     try:
         wait_started(srv)
         rows = index(srv)
@@ -131,7 +136,7 @@ def explicit(tmp_path_factory: pytest.TempPathFactory):
             '"affine"', f'"{name}"'))
         (repo / name / "warmup").mkdir()
         (repo / name / "warmup" / "hold").write_bytes(np.array(HOLD_ROW, np.float32).tobytes())
-    env = {"NNSERVE_PLUGINS": "held_ops", "NNSERVE_TEST_GATE": str(gate), "PYTHONPATH": str(HERE)}
+    env = {**PLUGINS, "NNSERVE_TEST_GATE": str(gate)}
     srv = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "affine", env=env)
     srv.gate = gate
     yield srv
