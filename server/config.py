@@ -80,18 +80,17 @@ def model_files(version_dir: Path, config: mc.ModelConfig, name: str) -> tuple[s
     As in Triton, `default_model_filename` names the model file in each version directory (here the graph file,
     whose suffix says the format; the weights file has the same stem); without it the files are
     model.<suffix>. A `backend` in the config looks for that backend's files only."""
-    where = f"{version_dir.parent.name}/{version_dir.name}/"
-    wanted = [config.backend] if config.backend else list(MODEL_FILES)
     if config.default_model_filename:
         backend, graph, weights = _named_files(config, name)
         candidates = [(backend, (graph, weights))]
     else:
+        wanted = [config.backend] if config.backend else list(MODEL_FILES)
         candidates = [(b, MODEL_FILES[b]) for b in wanted if b in MODEL_FILES]
     for backend, files in candidates:
         if all((version_dir / f).exists() for f in files):
             return backend, version_dir / files[0], version_dir / files[1]
     options = " or ".join("+".join(files) for _, files in candidates)
-    raise ModelLoadError(f"model '{name}': {where} has no {options}")
+    raise ModelLoadError(f"model '{name}': {version_dir.parent.name}/{version_dir.name}/ has no {options}")
 
 
 def _named_files(config: mc.ModelConfig, name: str) -> tuple[str, str, str]:

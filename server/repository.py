@@ -158,19 +158,18 @@ class ModelRepository:
     async def _load_locked(self, name: str, config_json: str | None) -> None:
         async with self._lock(name):
             old = self._models.get(name)
-            serving = old is not None and bool(old.versions)
-            if not serving:  # visible as LOADING in the index; a reload keeps serving the old
+            serving = old if old is not None and old.versions else None
+            if serving is None:  # visible as LOADING in the index; a reload keeps serving the old
                 self._models[name] = ModelEntry(name, state=LOADING)
             log.info("loading model '%s'", name)
             try:
                 entry = await asyncio.to_thread(self._build, name, self.root / name, config_json)
             except Exception as exc:  # any failure is this model's alone
                 message = _load_failure(name, exc)
-                if serving:
-                    assert old is not None
-                    old.reason = f"reload failed, still serving the previous load: {message}"
+                if serving is not None:
+                    serving.reason = f"reload failed, still serving the previous load: {message}"
                     log.error("model '%s': reload failed, versions %s keep serving: %s", name,
-                              ", ".join(sorted(old.versions, key=int)), message)
+                              ", ".join(sorted(serving.versions, key=int)), message)
                 else:
                     self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=message)
                     log.error("model '%s' UNAVAILABLE: %s", name, message)
