@@ -2,7 +2,8 @@
 whose input has a value beyond HOLD until the file `open` exists in that directory, marking each held execution with
 a file `entered-*` there; an input beyond SLOW (and within HOLD) makes the execution sleep SLOW_SECONDS. A test
 thereby chooses which requests stay executing, for as long as it wants, and sees that they do; the others run
-unchanged. With the affine fixture, a row of HOLD_ROW / SLOW_ROW drives the Sigmoid input past those bounds."""
+unchanged. With the affine fixture, a row of four 1e26 (held) or four 1e13 (slow) drives the Sigmoid input past
+those bounds. Tests never import this module: importing it replaces the Sigmoid op in the importing process."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from engine.ir import Node
 from engine.ops.registry import OPS, TensorInfo, all_ops
 
 HOLD, SLOW = 1e20, 1e9
-HOLD_ROW, SLOW_ROW = [1e26] * 4, [1e13] * 4
 SLOW_SECONDS = 0.03
 GATE_DIR = Path(os.environ.get("NNSERVE_TEST_GATE", "."))
 _executions = itertools.count()
