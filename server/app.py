@@ -123,6 +123,8 @@ class NNServer:
         self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
         add_guarded(pb2_grpc.add_GRPCInferenceServiceServicer_to_server, InferenceServicer(self.dp), self._grpc)
         add_guarded(health_pb2_grpc.add_HealthServicer_to_server, HealthServicer(self.dp), self._grpc)
+        if port:  # a taken port: grpc would print its own C++ error before raising; say it in our one line instead
+            bind(address, port, "gRPC").close()
         target = f"[{address}]:{port}" if ":" in address and not address.startswith("[") else f"{address}:{port}"
         try:
             bound = self._grpc.add_insecure_port(target)

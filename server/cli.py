@@ -18,6 +18,7 @@ from types import ModuleType
 
 from engine.cli import DefaultsHelpFormatter, add_engine_commands, exit_quietly_on_broken_pipe, parse_shape
 from server import settings as defaults
+from server.logging_setup import LOG_FORMATS, setup_logging
 from server.security import RestrictionSpecError, parse_restrictions
 from server.settings import ServerSettings
 
@@ -82,6 +83,8 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
                    help="as --http-restricted-api; the gRPC header is triton-grpc-protocol-KEY (repeatable)")
     p.add_argument("--log-verbose", type=int, default=0, metavar="N",
                    help="1: debug logging; 2 and above: also tensor contents of requests")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="text lines, or one JSON object per line (time, level, logger, message)")
     p.set_defaults(func=run_serve)
 
 
@@ -108,7 +111,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         grpc_max_message_bytes=args.grpc_max_message_size, drain_delay_secs=args.drain_delay_secs,
         http_restricted_api=list(args.http_restricted_api),
         grpc_restricted_protocol=list(args.grpc_restricted_protocol), log_verbose=args.log_verbose,
-        plugins=defaults.plugins_from(environ))
+        log_format=args.log_format, plugins=defaults.plugins_from(environ))
 
 
 def check_restrictions(s: ServerSettings) -> None:
@@ -119,15 +122,10 @@ def check_restrictions(s: ServerSettings) -> None:
         raise SystemExit(f"nnserve serve: {exc}") from None
 
 
-def setup_logging(verbose: int) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose > 0 else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
 def run_serve(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
     check_restrictions(s)
-    setup_logging(s.log_verbose)
+    setup_logging(s.log_verbose, s.log_format)
     if not s.model_repository.is_dir():
         logging.getLogger("nnserve").error("--model-repository %s is not a directory", s.model_repository)
         return 1

@@ -16,17 +16,19 @@ from google.protobuf import json_format, text_format
 
 import engine
 from server.backend import BackendModel, TensorSpec
+from server.config_fields import BATCH_WAIT_PARAM, MAX_SHAPE_PARAM
 from server.datatypes import config_type_to_wire, wire_to_config_type, wire_to_numpy
 from server.errors import ModelLoadError
 from server.model_config import model_config_pb2 as mc
+from server.repository_files import read_regular
 
 CONFIG_FILE = "config.pbtxt"
+# A config.pbtxt is a few KiB; a bigger file is not one (and is not read into memory whole).
+CONFIG_MAX_BYTES = 4 * 2**20
 KIND_AUTO, KIND_GPU, KIND_CPU = (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_GPU,
                                  mc.ModelInstanceGroup.KIND_CPU)
-# parameters { key: "dynamic_batching_wait" value { string_value: "adaptive" } }
-BATCH_WAIT_PARAM = "dynamic_batching_wait"
 BATCH_WAITS = ("full", "adaptive")
-MAX_SHAPE_PARAM = "max_shape:"  # parameters { key: "max_shape:<input>" value { string_value: "3,640,640" } }
+IMAGE_FORMATS = (mc.ModelInput.FORMAT_NHWC, mc.ModelInput.FORMAT_NCHW)
 
 # Which files make a model version, per backend (the engine's model formats, searched in this order).
 MODEL_FILES = {name: fmt.files for name, fmt in engine.FORMATS.items()}
@@ -38,40 +40,74 @@ def parse_config_text(text: str, path: Path | str = CONFIG_FILE) -> mc.ModelConf
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise ModelLoadError(f"{path}:{exc.GetLine()}:{exc.GetColumn()}: {exc}") from exc
+        raise ModelLoadError(f"{path}:{exc.GetLine()}:{exc.GetColumn()}: {exc}") from None
+    except Exception as exc:  # whatever else protobuf's parser raises on a malformed file is still a load error
+        raise ModelLoadError(f"{path}: cannot parse: {type(exc).__name__}: {exc}") from None
     return config
 
 
 def parse_config_json(text: str, source: str = "config parameter") -> mc.ModelConfig:
-    """The JSON form the repository load API accepts (and /config returns)."""
+    """The JSON form the repository load API accepts (and /config returns). Unknown fields are refused, as Triton
+    refuses them: a misspelt field must not load a model configured otherwise than its author believes."""
     config = mc.ModelConfig()
     try:
-        json_format.Parse(text, config, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError) as exc:
-        raise ModelLoadError(f"{source}: invalid model config JSON: {exc}") from exc
+        json_format.Parse(text, config, ignore_unknown_fields=False)
+    except (json_format.ParseError, ValueError, RecursionError) as exc:
+        raise ModelLoadError(f"{source}: invalid model config JSON: {exc}") from None
     return config
 
 
 def read_config(model_dir: Path) -> tuple[mc.ModelConfig, bool]:
     """(config, has_max_batch_size): a missing file gives an empty config to auto-complete."""
     path = model_dir / CONFIG_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return mc.ModelConfig(), False
-    text = path.read_text()
+    raw = read_regular(path, CONFIG_MAX_BYTES, f"{model_dir.name}/{CONFIG_FILE}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{model_dir.name}/{CONFIG_FILE}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at "
+                             f"offset {exc.start}") from None
     # proto3 cannot tell "max_batch_size: 0" from absent; auto-complete must only fill the absent case.
-    return parse_config_text(text, path), re.search(r"^\s*max_batch_size\s*:", text, re.M) is not None
+    has_max_batch = re.search(r"^\s*max_batch_size\s*:", text, re.M) is not None
+    return parse_config_text(text, f"{model_dir.name}/{CONFIG_FILE}"), has_max_batch
 
 
-def detect_backend(version_dir: Path) -> str | None:
-    for backend, files in MODEL_FILES.items():
+def model_files(version_dir: Path, config: mc.ModelConfig, name: str) -> tuple[str, Path, Path]:
+    """(backend, graph file, weights file) of one version directory; engine.load is given the graph file and finds
+    the weights beside it.
+
+    As in Triton, `default_model_filename` names the model file in each version directory (here the graph file,
+    whose suffix says the format; the weights file has the same stem); without it the files are
+    model.<suffix>. A `backend` in the config looks for that backend's files only."""
+    if config.default_model_filename:
+        backend, graph, weights = _named_files(config, name)
+        candidates = [(backend, (graph, weights))]
+    else:
+        wanted = [config.backend] if config.backend else list(MODEL_FILES)
+        candidates = [(b, MODEL_FILES[b]) for b in wanted if b in MODEL_FILES]
+    for backend, files in candidates:
         if all((version_dir / f).exists() for f in files):
-            return backend
-    return None
+            return backend, version_dir / files[0], version_dir / files[1]
+    options = " or ".join("+".join(files) for _, files in candidates)
+    raise ModelLoadError(f"model '{name}': {version_dir.parent.name}/{version_dir.name}/ has no {options}")
 
 
-def model_path(version_dir: Path, backend: str) -> Path:
-    """The file handed to engine.load (the graph file; the weights sit next to it)."""
-    return version_dir / MODEL_FILES[backend][0]
+def _named_files(config: mc.ModelConfig, name: str) -> tuple[str, str, str]:
+    filename = config.default_model_filename
+    if Path(filename).name != filename or filename in (".", ".."):
+        raise ModelLoadError(f"model '{name}': default_model_filename '{filename}' must be a file name in the version "
+                             "directory, without a path")
+    fmt = next((f for f in engine.FORMATS.values() if filename.endswith(f.graph_suffix)), None)
+    if fmt is None:
+        suffixes = ", ".join(f.graph_suffix for f in engine.FORMATS.values())
+        raise ModelLoadError(f"model '{name}': default_model_filename '{filename}' must end in one of {suffixes} "
+                             "(the graph file; the weights file has the same stem)")
+    if config.backend and config.backend != fmt.name:
+        raise ModelLoadError(f"model '{name}': default_model_filename '{filename}' is a {fmt.name} model, but the "
+                             f"backend is \"{config.backend}\"")
+    stem = filename[: -len(fmt.graph_suffix)]
+    return fmt.name, filename, stem + fmt.weights_suffix
 
 
 def config_to_dict(config: mc.ModelConfig) -> dict[str, Any]:
@@ -142,10 +178,8 @@ def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Backen
     config.name = config.name or name
     config.backend = config.backend or backend
     config.platform = config.platform or backend
-    specs = list(model.inputs) + list(model.outputs)
-    batchable = all(len(s.shape) > 0 and s.shape[0] in (-1, 1) for s in specs)
     if not has_max_batch and not config.input:
-        config.max_batch_size = default_max_batch_size if batchable else 0
+        config.max_batch_size = default_max_batch_size if batchable(model) else 0
     skip = 1 if config.max_batch_size > 0 else 0
     if not config.input:
         for s in model.inputs:
@@ -166,6 +200,13 @@ def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Backen
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     return config
+
+
+def batchable(model: BackendModel) -> bool:
+    """Triton's auto-complete rule: a model batches when every input and output has a variable first dim. A model
+    whose dim 0 is fixed (to 1, as a traced export fixes it) runs that shape only: max_batch_size 0."""
+    specs = list(model.inputs) + list(model.outputs)
+    return bool(specs) and all(len(s.shape) > 0 and s.shape[0] == -1 for s in specs)
 
 
 def validate(config: mc.ModelConfig, name: str, model: BackendModel) -> None:
@@ -230,6 +271,9 @@ def _check_tensors(config: mc.ModelConfig, name: str, kind: str, tensors: Any, s
                 raise ModelLoadError(f"model '{name}': max_batch_size {config.max_batch_size} needs a leading batch "
                                      f"dim on '{t.name}', but the model's shape is {model_shape}")
             model_shape = model_shape[1:]
+        if kind == "input" and t.format in IMAGE_FORMATS and len(t.dims) != 3:  # Triton's rule for image formats
+            raise ModelLoadError(f"model '{name}': {field}.format {mc.ModelInput.Format.Name(t.format)} needs 3 dims "
+                                 f"(without the batch dim), got {list(t.dims)}")
         if t.HasField("reshape"):  # dims is the API's shape, reshape.shape the model's
             _check_dims(name, f"{field}.reshape.shape", t.name, list(t.reshape.shape), model_shape)
             _check_reshape(name, field, t.name, list(t.dims), list(t.reshape.shape))

@@ -14,6 +14,7 @@ from server.backend import BackendInstance, BackendModel
 from server.errors import ModelLoadError
 from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
+from server.repository_files import read_regular
 from server.scheduling import Execution, Scheduler, SchedulerConfig
 from server.security import inside
 from server.stats import ModelStats
@@ -72,31 +73,59 @@ def build_instances(model: BackendModel, config: mc.ModelConfig,
 
 
 def warm_up(instances: list[BackendInstance], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
-    """Run every model_warmup sample on every instance; the model is not READY until this succeeds."""
+    """Run every model_warmup sample on every instance; the model is not READY until this succeeds. Whatever goes
+    wrong (a missing file, a shape the model refuses, a kernel that raises) is this model's load error."""
     rng = np.random.default_rng(0)
-    tensors = {t.name: t for t in cfg.tensor_configs(config)[0]}
     for warmup in config.model_warmup:
-        batch = max(int(warmup.batch_size), 1)
-        feed = {}
-        for input_name, spec in warmup.inputs.items():
-            shape = ([batch] if config.max_batch_size > 0 else []) + list(spec.dims)
-            dtype = cfg.numpy_dtype(spec.data_type)
-            kind = spec.WhichOneof("input_data_type")
-            if kind == "input_data_file":
-                raw = _warmup_file(version_dir.parent / "warmup", spec.input_data_file, name).read_bytes()
-                feed[input_name] = np.frombuffer(raw, dtype=dtype).reshape(shape)
-            elif kind == "random_data":
-                feed[input_name] = rng.random(shape).astype(dtype)
-            else:
-                feed[input_name] = np.zeros(shape, dtype=dtype)
-            if input_name in tensors:  # warm-up dims are the API's, as a request's
-                feed[input_name] = tensors[input_name].to_model(feed[input_name], config.max_batch_size > 0)
+        try:
+            feed = _warmup_feed(warmup, config, name, version_dir, rng)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}': {type(exc).__name__}: {exc}") from None
         for instance in instances:
             for _ in range(max(int(warmup.count), 1)):
                 try:
                     instance.run_timed(feed)
                 except Exception as exc:
-                    raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' failed: {exc}") from exc
+                    raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' failed: {exc}") from None
+
+
+def _warmup_feed(warmup: mc.ModelWarmup, config: mc.ModelConfig, name: str, version_dir: Path,
+                 rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One warm-up sample's inputs, in the model's shapes; none bigger than the max shape the arena holds."""
+    tensors = {t.name: t for t in cfg.tensor_configs(config)[0]}
+    limits = cfg.max_shapes(config, name)
+    batch = max(int(warmup.batch_size), 1)
+    feed = {}
+    for input_name, spec in warmup.inputs.items():
+        shape = ([batch] if config.max_batch_size > 0 else []) + list(spec.dims)
+        limit = limits.get(input_name)
+        if limit is not None and not cfg.within_max(shape, limit):
+            raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' input '{input_name}' has shape "
+                                 f"{shape}, beyond the max shape {limit} the model is loaded for")
+        dtype = cfg.numpy_dtype(spec.data_type)
+        kind = spec.WhichOneof("input_data_type")
+        if kind == "input_data_file":
+            path = _warmup_file(version_dir.parent / "warmup", spec.input_data_file, name)
+            feed[input_name] = _read_warmup_file(path, shape, dtype, name)
+        elif kind == "random_data":
+            feed[input_name] = rng.random(shape).astype(dtype)
+        else:
+            feed[input_name] = np.zeros(shape, dtype=dtype)
+        if input_name in tensors:  # warm-up dims are the API's, as a request's
+            feed[input_name] = tensors[input_name].to_model(feed[input_name], config.max_batch_size > 0)
+    return feed
+
+
+def _read_warmup_file(path: Path, shape: list[int], dtype: np.dtype, name: str) -> np.ndarray:
+    """The raw tensor in a warm-up file, which must hold exactly the sample's bytes."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    label = f"model '{name}': warmup/{path.name}"
+    raw = read_regular(path, nbytes, label)
+    if len(raw) != nbytes:
+        raise ModelLoadError(f"{label} holds {len(raw)} bytes, expected {nbytes} for shape {shape} {dtype.name}")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
 def _warmup_file(warmup_dir: Path, file_name: str, name: str) -> Path:

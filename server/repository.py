@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +15,12 @@ from pathlib import Path
 import engine
 from server import config as cfg
 from server.backend import BackendModel
+from server.config_fields import check_supported
 from server.errors import ModelControlError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnknownModelError
 from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
 from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
+from server.repository_files import check_regular
 from server.security import check_model_name, escaping_paths
 
 log = logging.getLogger("nnserve.repository")
@@ -32,7 +35,7 @@ class ModelEntry:
     versions: dict[str, ModelVersion] = field(default_factory=dict)
     config: mc.ModelConfig | None = None
     state: str = UNAVAILABLE
-    reason: str = ""
+    reason: str = ""  # why it is not READY; with versions serving: why the last reload failed
     fingerprint: tuple = ()
 
 
@@ -58,12 +61,15 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
 
 
 def fingerprint(model_dir: Path) -> tuple:
-    """Changes when any file of the model changes: what poll mode compares."""
+    """Changes when any file of the model changes: what poll mode compares. Files that vanish while it is taken are
+    left out (the next poll sees the directory as it is then)."""
     items = []
     for p in sorted(model_dir.rglob("*")):
-        if p.is_file():
+        try:
             st = p.stat()
-            items.append((str(p.relative_to(model_dir)), st.st_size, st.st_mtime_ns))
+        except OSError:
+            continue
+        items.append((str(p.relative_to(model_dir)), st.st_mode, st.st_size, st.st_mtime_ns))
     return tuple(items)
 
 
@@ -77,6 +83,7 @@ class ModelRepository:
         self._load = load_fn
         self._models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._loads: set[asyncio.Task[None]] = set()  # loads under way; a caller going away does not stop one
 
     # ---- lookups ---------------------------------------------------------------------------------------------
     def names_on_disk(self) -> list[str]:
@@ -117,7 +124,7 @@ class ModelRepository:
             entry = self._models.get(name)
             if entry and entry.versions:
                 for v, mv in sorted(entry.versions.items(), key=lambda kv: int(kv[0])):
-                    rows.append({"name": name, "version": v, "state": mv.state, "reason": ""})
+                    rows.append({"name": name, "version": v, "state": mv.state, "reason": entry.reason})
             elif not ready_only:
                 row = {"name": name}
                 if entry:
@@ -130,22 +137,43 @@ class ModelRepository:
         return self._locks.setdefault(name, asyncio.Lock())
 
     async def load(self, name: str, config_json: str | None = None) -> None:
-        """Load or reload `name`. The old versions keep serving until the new ones are READY, then swap."""
+        """Load or reload `name`. The old versions keep serving until the new ones are READY, then swap; a failed
+        reload leaves them serving, with the reason in the index. A caller that goes away (a client disconnecting
+        from the load API) does not stop the load: it runs to its end, so no model is left LOADING."""
         problem = check_model_name(name)
         if problem:
             raise ModelLoadError(f"failed to load: {problem}")
+        if not (self.root / name).is_dir():  # nothing is recorded for a name the repository does not have
+            raise ModelLoadError(f"failed to load '{name}': no model directory '{name}' in the repository")
+        task = asyncio.create_task(self._load_locked(name, config_json), name=f"nnserve-load-{name}")
+        self._loads.add(task)
+        task.add_done_callback(self._load_done)
+        await asyncio.shield(task)
+
+    def _load_done(self, task: asyncio.Task[None]) -> None:
+        self._loads.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here too, for a load whose caller went away
+
+    async def _load_locked(self, name: str, config_json: str | None) -> None:
         async with self._lock(name):
             old = self._models.get(name)
-            model_dir = self.root / name
-            if old is None or not old.versions:  # visible as LOADING in the index; a reload keeps serving the old
+            serving = old if old is not None and old.versions else None
+            if serving is None:  # visible as LOADING in the index; a reload keeps serving the old
                 self._models[name] = ModelEntry(name, state=LOADING)
+            log.info("loading model '%s'", name)
             try:
-                entry = await asyncio.to_thread(self._build, name, model_dir, config_json)
-            except ModelLoadError as exc:
-                log.error("failed to load '%s': %s", name, exc.message)
-                if old is None or not old.versions:
-                    self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=exc.message)
-                raise
+                entry = await asyncio.to_thread(self._build, name, self.root / name, config_json)
+            except Exception as exc:  # any failure is this model's alone
+                message = _load_failure(name, exc)
+                if serving is not None:
+                    serving.reason = f"reload failed, still serving the previous load: {message}"
+                    log.error("model '%s': reload failed, versions %s keep serving: %s", name,
+                              ", ".join(sorted(serving.versions, key=int)), message)
+                else:
+                    self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=message)
+                    log.error("model '%s' UNAVAILABLE: %s", name, message)
+                raise ModelLoadError(message) from None
             for mv in entry.versions.values():
                 await mv.scheduler.start()
             self._models[name] = entry  # the swap: new requests go to the new versions from here on
@@ -165,6 +193,9 @@ class ModelRepository:
             config, has_mbs = cfg.parse_config_json(config_json), '"max_batch_size"' in config_json
         else:
             config, has_mbs = cfg.read_config(model_dir)
+        if config.name and config.name != name:  # before anything names the model by its config
+            raise ModelLoadError(f"model '{name}': config.name '{config.name}' must match the directory name")
+        check_supported(config, name)
         available = version_dirs(model_dir)
         if not available:
             raise ModelLoadError(f"model '{name}': no version directory (1/, 2/, ...) in {model_dir.name}/")
@@ -173,7 +204,7 @@ class ModelRepository:
         # before auto-complete (which only fills the default, latest 1).
         config.name = config.name or name  # select_versions' errors name the model
         selected = select_versions(config, available)
-        models = {v: self._read_model(name, model_dir / str(v)) for v in reversed(selected)}
+        models = {v: self._read_model(name, config, model_dir / str(v)) for v in reversed(selected)}
         newest = models[selected[-1]]
         cfg.auto_complete(config, name, newest[1], newest[0], has_max_batch=has_mbs,
                           default_max_batch_size=self.default_max_batch_size)
@@ -181,7 +212,7 @@ class ModelRepository:
         try:
             for v in selected:
                 self._load_one(entry, models[v], model_dir / str(v))
-        except ModelLoadError:
+        except Exception:
             self._forget(entry)
             raise
         entry.state = READY
@@ -204,16 +235,15 @@ class ModelRepository:
             for v, mv in entry.versions.items():
                 self.metrics.model_unloaded(entry.name, v, len(mv.instances))
 
-    def _read_model(self, name: str, version_dir: Path) -> tuple[BackendModel, str, float]:
-        backend = cfg.detect_backend(version_dir)
-        if backend is None:
-            wanted = " or ".join("+".join(f) for f in cfg.MODEL_FILES.values())
-            raise ModelLoadError(f"model '{name}': {version_dir.parent.name}/{version_dir.name}/ has no {wanted}")
+    def _read_model(self, name: str, config: mc.ModelConfig, version_dir: Path) -> tuple[BackendModel, str, float]:
+        backend, graph, weights = cfg.model_files(version_dir, config, name)
+        for path in (graph, weights):  # the engine opens them: a FIFO would block it forever
+            check_regular(path, f"model '{name}': {version_dir.name}/{path.name}")
         t0 = time.perf_counter()
         try:
-            model = self._load(cfg.model_path(version_dir, backend))
+            model = self._load(graph)
         except Exception as exc:  # engine errors name the file and line; keep their message
-            raise ModelLoadError(f"model '{name}' version {version_dir.name}: {exc}") from exc
+            raise ModelLoadError(f"model '{name}' version {version_dir.name}: {exc}") from None
         return model, backend, time.perf_counter() - t0
 
     async def unload(self, name: str) -> None:
@@ -226,7 +256,7 @@ class ModelRepository:
                 return
             self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=UNLOADED_REASON)
             await self._retire(entry, keep=set())
-            log.info("unloaded model '%s'", name)
+            log.info("model '%s' UNAVAILABLE: unloaded", name)
 
     async def _retire(self, entry: ModelEntry, keep: set[str], drain: bool = True) -> None:
         """Drain the old versions' queues (requests already accepted finish), then drop them."""
@@ -239,11 +269,10 @@ class ModelRepository:
                 self.metrics.model_unloaded(entry.name, v, len(mv.instances))
 
     def _log_loaded(self, mv: ModelVersion) -> None:
-        arena = sum(mv.arena_bytes)
-        devices = [i.device_name for i in mv.instances]
-        log.info("loaded model '%s' version %s (%s, max_batch_size %d, %d instance(s) on %s, arena %.1f MiB total, "
+        log.info("loaded model '%s' version %s: READY (%s, max_batch_size %d, %s, arena %.1f MiB total, "
                  "max shapes %s) in %.2f s", mv.name, mv.version, mv.config.backend, mv.config.max_batch_size,
-                 len(mv.instances), ", ".join(devices), arena / 2**20, mv.max_shapes, mv.load_seconds)
+                 instances_text([i.device_name for i in mv.instances]), sum(mv.arena_bytes) / 2**20, mv.max_shapes,
+                 mv.load_seconds)
 
     # ---- control modes ---------------------------------------------------------------------------------------
     async def startup(self, load_models: list[str]) -> list[str]:
@@ -258,7 +287,19 @@ class ModelRepository:
                 await self.load(name)
             except ModelLoadError:
                 failed.append(name)
+        log.info("models:\n%s", self.status_table())
         return failed
+
+    def status_table(self) -> str:
+        """The models and their state as Triton prints them once loading is done: name, version, status (with the
+        reason where there is one)."""
+        rows = []
+        for r in self.index():
+            status = r.get("state", "")
+            if r.get("reason"):
+                status = f"{status}: {r['reason']}" if status else r["reason"]
+            rows.append((r["name"], r.get("version", "-"), status or "not loaded"))
+        return format_table(("Model", "Version", "Status"), rows)
 
     def check_api_allowed(self, action: str) -> None:
         if self.control_mode != "explicit":
@@ -269,17 +310,27 @@ class ModelRepository:
         """Poll mode: load new models, reload changed ones (a failed reload keeps the old), unload removed ones."""
         on_disk = set(self.names_on_disk())
         for name in sorted(on_disk):
-            entry = self._models.get(name)
-            if entry is not None and entry.fingerprint == fingerprint(self.root / name):
-                continue
-            try:
-                await self.load(name)
-            except ModelLoadError:
-                if name in self._models:
-                    self._models[name].fingerprint = fingerprint(self.root / name)
+            try:  # one model's trouble (a load error, a file vanishing mid-scan) must not stop the others' poll
+                await self._poll_model(name)
+            except Exception as exc:
+                log.error("repository poll: model '%s': %s", name, _load_failure(name, exc))
         for name in sorted(set(self._models) - on_disk):
-            await self.unload(name)
+            try:
+                await self.unload(name)
+            except Exception as exc:
+                log.error("repository poll: unloading model '%s': %s", name, _load_failure(name, exc))
             self._models.pop(name, None)
+
+    async def _poll_model(self, name: str) -> None:
+        entry = self._models.get(name)
+        now = fingerprint(self.root / name)
+        if entry is not None and entry.fingerprint == now:
+            return
+        try:
+            await self.load(name)
+        except ModelLoadError:
+            if name in self._models:  # not retried until its files change again
+                self._models[name].fingerprint = now
 
     async def poll_forever(self, interval: float) -> None:
         while True:
@@ -290,7 +341,40 @@ class ModelRepository:
                 log.exception("repository poll failed")
 
     async def shutdown(self, drain: bool = True) -> None:
-        """Stop every model; without drain, queued requests fail at once (the exit timeout is over)."""
+        """Stop every model; without drain, queued requests fail at once (the exit timeout is over). With drain, loads
+        under way finish first, so none starts a model after this; without, they are not waited for (one may be stuck
+        in a warm-up, and the process is about to exit)."""
+        if drain:
+            await asyncio.gather(*self._loads, return_exceptions=True)
         for name in list(self._models):
             entry = self._models[name]
             await self._retire(entry, keep=set(), drain=drain)
+
+
+def _load_failure(name: str, exc: BaseException) -> str:
+    """The reason a load failed, for the index, the log and the caller: a ModelLoadError's own message; anything
+    else is a bug, logged with its traceback, and named by its type."""
+    if isinstance(exc, ModelLoadError):
+        return exc.message
+    log.error("model '%s': unexpected error while loading", name, exc_info=exc)
+    return f"model '{name}': unexpected error while loading: {type(exc).__name__}: {exc}"
+
+
+def instances_text(devices: list[str]) -> str:
+    """"2 instances on cpu", "3 instances: 2 on cuda:0, 1 on cpu"."""
+    counts = Counter(devices)
+    total = f"{len(devices)} instance{'s' if len(devices) != 1 else ''}"
+    if len(counts) == 1:
+        return f"{total} on {devices[0]}"
+    return f"{total}: " + ", ".join(f"{n} on {d}" for d, n in counts.items())
+
+
+def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A text table as Triton logs its model table (+---+ rules, | cells |), on lines of its own."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "|" + "|".join(f" {str(c):<{w}} " for c, w in zip(cells, widths, strict=True)) + "|"
+
+    return "\n".join([rule, line(header), rule, *(line(r) for r in rows), rule])

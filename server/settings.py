@@ -4,6 +4,7 @@ environment once into a ServerSettings, which is passed down; nothing else in se
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +26,12 @@ def format_listening(ports: dict[str, int]) -> str:
 
 
 def parse_listening(line: str) -> dict[str, int] | None:
-    """The ports in a `format_listening` line found anywhere in `line` (a log prefix may precede it), else None."""
+    """The ports in a `format_listening` message found anywhere in `line` (a log prefix may precede it, JSON may
+    wrap it: `--log-format json`), else None."""
     at = line.find(LISTENING_PREFIX)
     if at < 0:
         return None
-    return {k: int(v) for k, v in (kv.split("=") for kv in line[at + len(LISTENING_PREFIX):].split())}
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line[at + len(LISTENING_PREFIX):])}
 
 
 LIVE_PATH = "/v2/health/live"
@@ -93,4 +95,5 @@ class ServerSettings:
     http_restricted_api: list[str] = field(default_factory=list)  # Triton's "<apis>:<key>=<value>" specs
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     log_verbose: int = 0
+    log_format: str = "text"  # or "json": one JSON object per line
     plugins: list[str] = field(default_factory=list)  # NNSERVE_PLUGINS

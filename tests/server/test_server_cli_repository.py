@@ -28,6 +28,10 @@ def test_triton_flag_names_and_defaults(tmp_path):
               "--backend-config", "tnn,default-max-batch-size=16", "--log-verbose", "1")
     assert s.http_port == 0 and s.load_models == ["a", "b"] and not s.exit_on_error and not s.strict_readiness
     assert s.default_max_batch_size == 16 and s.log_verbose == 1
+    assert parse("--model-repository", str(tmp_path)).log_format == "text"
+    assert parse("--model-repository", str(tmp_path), "--log-format", "json").log_format == "json"
+    with pytest.raises(SystemExit):
+        parse("--model-repository", str(tmp_path), "--log-format", "xml")
 
 
 def test_bad_flags_are_refused(tmp_path):

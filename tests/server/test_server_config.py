@@ -33,6 +33,9 @@ class FakeModel:
 
 
 DETECTOR = FakeModel([Spec("input", (1, 3, 240, 320))], [Spec("scores", (1, 4420, 2)), Spec("boxes", (1, 4420, 4))])
+# the same detector exported with a dynamic batch dim
+BATCHED_DETECTOR = FakeModel([Spec("input", (-1, 3, 240, 320))],
+                             [Spec("scores", (-1, 4420, 2)), Spec("boxes", (-1, 4420, 4))])
 DYNAMIC = FakeModel([Spec("in0", (-1, 3, -1, -1))], [Spec("out0", (-1, 10))])
 
 
@@ -53,12 +56,26 @@ def complete(text: str, model: FakeModel, name: str = "m"):
 
 
 def test_empty_config_is_completed_from_the_model():
-    config = complete("", DETECTOR)
+    config = complete("", BATCHED_DETECTOR)
     assert config.name == "m" and config.backend == "tnn" and config.max_batch_size == 4
     assert [(t.name, list(t.dims)) for t in config.input] == [("input", [3, 240, 320])]
     assert [t.name for t in config.output] == ["scores", "boxes"]
     assert config.version_policy.latest.num_versions == 1 and config.instance_group[0].count == 1
     assert cfg.max_shapes(config, "m") == {"input": [4, 3, 240, 320]}
+
+
+@pytest.mark.parametrize("model", [
+    DETECTOR,  # dim 0 fixed to 1 everywhere (a traced export)
+    FakeModel([Spec("input", (1, 3, 240, 320))], [Spec("scores", (-1, 4420, 2))]),  # an input fixes it
+    FakeModel([Spec("in0", (2, 4))], [Spec("out0", (2, 3))]),
+    FakeModel([Spec("in0", (1, 4)), Spec("in1", ())], [Spec("out0", (-1, 3))]),  # a scalar input
+])
+def test_a_fixed_first_dim_gives_max_batch_size_0(model):
+    """Triton's rule: only a model whose every input and output has a variable dim 0 batches; the others run the
+    model's own shapes, dims being the full shape."""
+    config = complete("", model)
+    assert config.max_batch_size == 0
+    assert [list(t.dims) for t in config.input] == [list(s.shape) for s in model.inputs]
 
 
 def test_explicit_zero_batch_keeps_full_shapes():

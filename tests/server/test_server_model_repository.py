@@ -7,6 +7,7 @@ runs everywhere; only the check that it still equals the outputs in ../shared ne
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +79,25 @@ def test_shipped_configs_load_as_written(shipped):
         assert config["instance_group"][0]["kind"] == "KIND_CPU"
         assert client.get_model_metadata(model)["inputs"][0]["shape"] == [-1, 3, 240, 320]
     assert "arena" in shipped.log_text and "loaded model 'ultraface_tnn'" in shipped.log_text
+
+
+def test_the_bundled_models_serve_without_their_configs(tmp_path, reference):
+    """Auto-complete alone (no config.pbtxt) loads both detectors, whose files fix dim 0 to 1: max_batch_size 0, as
+    Triton gives, and the same outputs as TNN."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO_ROOT / "model_repository", repo)
+    for model in MODELS:
+        (repo / model / "config.pbtxt").unlink()
+    srv = ServerProcess(repo)
+    try:
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        for model, (name_in, name_scores, name_boxes) in MODELS.items():
+            assert client.get_model_config(model, as_json=True)["config"].get("max_batch_size", 0) == 0
+            inp = grpcclient.InferInput(name_in, [1, 3, 240, 320], "FP32")
+            inp.set_data_from_numpy(reference["input"])
+            result = client.infer(model, [inp])
+            for name, key in ((name_scores, "scores"), (name_boxes, "boxes")):
+                ref = reference[key]
+                np.testing.assert_allclose(result.as_numpy(name).reshape(ref.shape), ref, atol=1e-4)
+    finally:
+        assert srv.stop() == 0, srv.log_text

@@ -63,7 +63,10 @@ def test_importing_the_stubs_runs_no_protoc(tmp_path):
 
 
 # Fields Triton added after the tritonclient release in the test environment (2.41): checked by number only.
-NEWER_THAN_TRITONCLIENT = {("ModelStatistics", "response_stats"): 9, ("ModelConfig", "runtime"): 25}
+NEWER_THAN_TRITONCLIENT = {("ModelStatistics", "response_stats"): 9, ("ModelConfig", "runtime"): 25,
+                           ("ModelConfig", "model_metrics"): 26, ("ModelInput", "is_non_linear_format_io"): 9,
+                           ("ModelOutput", "is_non_linear_format_io"): 7,
+                           ("ModelEnsembling", "max_inflight_requests"): 2}
 
 
 def fields(desc) -> dict[str, tuple[int, int]]:
@@ -90,6 +93,26 @@ def test_messages_match_tritonclient(name):
 def test_model_config_matches_tritonclient(name):
     assert fields(getattr(model_config_pb2, name).DESCRIPTOR).items() <= fields(
         getattr(triton_mc, name).DESCRIPTOR).items()
+
+
+def message_types(module) -> dict[str, object]:  # noqa: ANN001 - a generated module
+    """Every message of a generated module by its name in the package, nested ones included."""
+    out = {}
+    todo = [(d.name, d) for d in module.DESCRIPTOR.message_types_by_name.values()]
+    while todo:
+        name, desc = todo.pop()
+        out[name] = desc
+        todo += [(f"{name}.{n.name}", n) for n in desc.nested_types]
+    return out
+
+
+def test_model_config_is_tritons_whole_schema():
+    """Every message and field of Triton's ModelConfig is in ours, with its number and type, so every config written
+    for Triton parses (then config_fields honours or refuses each field)."""
+    ours, theirs = message_types(model_config_pb2), message_types(triton_mc)
+    assert set(theirs) <= set(ours), sorted(set(theirs) - set(ours))
+    for name, desc in theirs.items():
+        assert fields(desc).items() <= fields(ours[name]).items(), name
 
 
 def test_service_rpcs_match():
