@@ -22,6 +22,7 @@ from server.errors import ClientDisconnectedError, InvalidArgumentError, Payload
 from server.inference import InferRequest
 from server.protocol import rest_codec
 from server.protocol.rest import compression
+from server.settings import HTTP_DECODE_IN_THREAD_BYTES
 
 log = logging.getLogger("nnserve.http")
 
@@ -60,15 +61,18 @@ def error_answer(exc: Exception, method: str, path: str) -> Answer:
 
 
 async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping[str, str], receive: Receive,
-                       max_input_bytes: int) -> Answer:
-    """One inference request; `headers` is looked up by lower-case name."""
-    body = compression.decompress(await read_body(headers, receive, max_input_bytes),
-                                  headers.get("content-encoding"), max_input_bytes)
-    header = int_header(headers.get(HEADER_LENGTH))
+                       max_input_bytes: int, decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES) -> Answer:
+    """One inference request; `headers` is looked up by lower-case name. Bodies of at least
+    `decode_in_thread_bytes` are decompressed and decoded in a worker thread (rest_codec.decode_request)."""
+    body = await read_body(headers, receive, max_input_bytes)
+    encoding, header = headers.get("content-encoding"), int_header(headers.get(HEADER_LENGTH))
     if header == 0:
-        req = _raw_binary(dp, model, version, body)
+        req = _raw_binary(dp, model, version, compression.decompress(body, encoding, max_input_bytes))
+    elif len(body) >= decode_in_thread_bytes:
+        req = await asyncio.to_thread(_decode, model, version, body, encoding, header, max_input_bytes, True)
     else:
-        req = rest_codec.decode_request(model, version, body, header)
+        req = _decode(model, version, body, encoding, header, max_input_bytes, False)
+    del body  # the request holds what it needs: views of the body for binary tensors, or arrays
     resp = await unless_disconnected(receive, dp.infer(req))
     payload, json_len = rest_codec.encode_response(resp, req)
     payload, encoding = compression.compress(payload, headers.get("accept-encoding"))
@@ -78,6 +82,12 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
     if json_len is not None:
         answer.headers[rest_codec.HEADER_LENGTH] = str(json_len)
     return answer
+
+
+def _decode(model: str, version: str, body: bytes, encoding: str | None, header: int | None, limit: int,
+            yielding: bool) -> InferRequest:
+    return rest_codec.decode_request(model, version, compression.decompress(body, encoding, limit), header,
+                                     yielding=yielding)
 
 
 def _raw_binary(dp: DataPlane, model: str, version: str, body: bytes) -> InferRequest:
@@ -147,8 +157,10 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
 class InferFastPath:
     """ASGI: infer requests answered here, everything else passed to `app` (the FastAPI app)."""
 
-    def __init__(self, app: Any, dp: DataPlane, max_input_bytes: int):
+    def __init__(self, app: Any, dp: DataPlane, max_input_bytes: int,
+                 decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES):
         self.app, self.dp, self.max_input_bytes = app, dp, max_input_bytes
+        self.decode_in_thread_bytes = decode_in_thread_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -160,7 +172,7 @@ class InferFastPath:
             headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
         try:
             answer = await infer_answer(self.dp, match["model"], match["version"] or "", headers, receive,
-                                        self.max_input_bytes)
+                                        self.max_input_bytes, self.decode_in_thread_bytes)
         except Exception as exc:
             answer = error_answer(exc, "POST", scope["path"])
         await send({"type": "http.response.start", "status": answer.status, "headers": answer.raw_headers()})
