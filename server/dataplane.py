@@ -138,9 +138,14 @@ class DataPlane:
         except asyncio.CancelledError:  # the client went away (gRPC deadline, HTTP disconnect): dropped
             self._record_failure(mv, "CANCELED", time.perf_counter_ns() - t0)
             raise
+        except ServerError as err:
+            # re-raised as it is: `raise err from err` would make the error its own cause, a reference cycle that
+            # pins its traceback's frames, and with them the request's tensors, until the cyclic GC runs
+            self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
+            raise
         except Exception as exc:
             # raised straight from the call: held in a local, the error would reference this frame (through its
-            # traceback) and the frame the error, a cycle pinning the request's tensors until the cyclic GC runs
+            # traceback) and the frame the error: a cycle again
             raise self._failed(mv, exc, t0) from exc
         try:
             outputs = api_outputs(mv, result.outputs, wanted)

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from server.protocol import heap
 from server.security import GRPC_HEADER_PREFIX, GRPC_METHOD_GROUPS, Restriction, grpc_restricted_message
 
 
@@ -83,8 +84,12 @@ def _guard_decoding(handler: grpc.RpcMethodHandler, codec: Codec | None = None) 
             except DecodeError as exc:
                 _malformed(context, exc)
                 return None
+            size = len(raw)
             del raw  # the request holds what it needs of the bytes (views, for a large ModelInfer)
-            return await inner(request, context)
+            try:
+                return await inner(request, context)
+            finally:
+                heap.after_request(size)
 
         return grpc.unary_unary_rpc_method_handler(unary, None, serialize)
     inner_stream = handler.stream_stream

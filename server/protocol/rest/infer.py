@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 from server.dataplane import DataPlane
 from server.errors import ClientDisconnectedError, InvalidArgumentError, PayloadTooLargeError, ServerError
-from server.inference import InferRequest
-from server.protocol import rest_codec
+from server.inference import InferRequest, InferResponse
+from server.protocol import heap, rest_codec
 from server.protocol.rest import compression
 from server.settings import HTTP_DECODE_IN_THREAD_BYTES
 
@@ -65,15 +65,22 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
     """One inference request; `headers` is looked up by lower-case name. Bodies of at least
     `decode_in_thread_bytes` are decompressed and decoded in a worker thread (rest_codec.decode_request)."""
     body = await read_body(headers, receive, max_input_bytes)
-    encoding, header = headers.get("content-encoding"), int_header(headers.get(HEADER_LENGTH))
-    if header == 0:
-        req = _raw_binary(dp, model, version, compression.decompress(body, encoding, max_input_bytes))
-    elif len(body) >= decode_in_thread_bytes:
-        req = await asyncio.to_thread(_decode, model, version, body, encoding, header, max_input_bytes, True)
-    else:
-        req = _decode(model, version, body, encoding, header, max_input_bytes, False)
-    del body  # the request holds what it needs: views of the body for binary tensors, or arrays
-    resp = await unless_disconnected(receive, dp.infer(req))
+    size = len(body)
+    try:
+        encoding, header = headers.get("content-encoding"), int_header(headers.get(HEADER_LENGTH))
+        if header == 0:
+            req = _raw_binary(dp, model, version, compression.decompress(body, encoding, max_input_bytes))
+        elif size >= decode_in_thread_bytes:
+            req = await asyncio.to_thread(_decode, model, version, body, encoding, header, max_input_bytes, True)
+        else:
+            req = _decode(model, version, body, encoding, header, max_input_bytes, False)
+        del body  # the request holds what it needs: views of the body for binary tensors, or arrays
+        return _encoded(await unless_disconnected(receive, dp.infer(req)), req, headers)
+    finally:
+        heap.after_request(size)
+
+
+def _encoded(resp: InferResponse, req: InferRequest, headers: Mapping[str, str]) -> Answer:
     payload, json_len = rest_codec.encode_response(resp, req)
     payload, encoding = compression.compress(payload, headers.get("accept-encoding"))
     answer = Answer(payload, content_type=JSON_TYPE if json_len is None else BINARY_TYPE)
