@@ -102,7 +102,8 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._quiet_since = time.monotonic()
-        self._head_bytes = 0
+        self._head_bytes = 0  # bytes received since the current request's head began
+        self._in_head = True  # the bytes that come next are a request's line and headers
         self._timer: asyncio.TimerHandle | None = None
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections and not self._evict_one():
@@ -140,35 +141,31 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
             self._timer = None
 
     # ---- the head: first byte to the end of the headers ----------------------------------------------------
+    # Counted on the raw bytes: httptools accumulates a header's value until the header ends, so a value without
+    # end would grow in memory before any callback saw it. A read that ends the headers is not counted against the
+    # limit (it may carry the start of the body), so the head may exceed it by one read at most.
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_bytes = 0
         self._arm(self.limits.header_timeout, self._head_too_slow)
 
-    def on_url(self, url: bytes) -> None:
-        self._head_bytes += len(url)
-        if self._head_bytes <= self.limits.max_header_bytes:
-            super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes <= self.limits.max_header_bytes:  # past it nothing more is kept
-            super().on_header(name, value)
-
     def data_received(self, data: bytes) -> None:
+        if not self._in_head:
+            super().data_received(data)
+            return
+        self._head_bytes += len(data)
         super().data_received(data)
-        if self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
+        if self._in_head and self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
             self._refuse(431, "Request Header Fields Too Large", f"request line and headers exceed "
                          f"{self.limits.max_header_bytes} bytes (--http-max-header-size)")
 
     def on_headers_complete(self) -> None:
-        if self._head_bytes > self.limits.max_header_bytes:
-            return  # data_received answers 431; the app never sees this request
+        self._in_head = False
         super().on_headers_complete()
         self._arm(self.limits.body_timeout, self._body_too_slow)
 
     def on_message_complete(self) -> None:
         self._cancel_timer()
+        self._in_head, self._head_bytes = True, 0  # what comes next is the next request's head
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
