@@ -182,14 +182,22 @@ SLICE = 1 << 16
 
 
 def _numbers(data: list[Any], dtype: np.dtype, yielding: bool) -> np.ndarray:
-    """np.asarray(data, dtype), a slice of rows at a time when yielding (see decode_request)."""
+    """np.asarray(data, dtype), a slice of rows at a time when yielding (see decode_request), emptying `data`."""
     if not yielding or not data:
         return np.asarray(data, dtype=dtype)
     per_row, first = 1, data[0]
     while isinstance(first, list) and first:
         per_row, first = per_row * len(first), first[0]
     rows = max(1, SLICE // max(per_row, 1))
-    parts = [np.asarray(data[i : i + rows], dtype=dtype) for i in range(0, len(data), rows)]
+    # From the end, deleting what is converted: freeing millions of parsed numbers at once when the document is
+    # dropped would be another long C call; this way each slice's are freed with it.
+    parts, end = [], len(data)
+    while end > 0:
+        start = max(end - rows, 0)
+        parts.append(np.asarray(data[start:end], dtype=dtype))
+        del data[start:end]
+        end = start
+    parts.reverse()
     if len({p.shape[1:] for p in parts}) > 1:
         raise ValueError("the nested lists of 'data' differ in length")
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
