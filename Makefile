@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-server
 
-.PHONY: serve test lint fixtures clean tools
+.PHONY: serve test lint fixtures clean tools fuzz-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ tools:
 		&& echo "== installing promtool (Debian package prometheus)" \
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
 		|| echo "== promtool not installed (needs root and apt-get): the rule tests will skip"
+
+# The server's request decoders (REST and gRPC, hypothesis) and its REST API against its OpenAPI schema
+# (schemathesis), long: `make test` runs the same properties with 150 examples each. FUZZ_EXAMPLES to change it.
+FUZZ_EXAMPLES ?= 20000
+fuzz-server: $(STAMP)
+	NNSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider --timeout=0 \
+		tests/server/test_fuzz_decoders.py tests/server/test_reliability_openapi.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

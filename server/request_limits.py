@@ -14,6 +14,8 @@ from server.errors import InvalidArgumentError
 MAX_DIMS = 64
 # KServe and Triton carry dims as int64.
 MAX_DIM = 2**63 - 1
+# The most elements a tensor may have: its bytes, at up to 16 per element, must be countable in an int64 (numpy).
+MAX_ELEMENTS = 2**59
 # Model names are directory names in the repository (NAME_MAX); a longer one cannot exist, and echoing it into an
 # error (gRPC trailers have a size limit of their own) would fail the answer itself.
 MAX_NAME_BYTES = 255
@@ -24,16 +26,19 @@ QUOTED_CHARS = 64
 
 
 def element_count(shape: list[int], name: str) -> int:
-    """The number of elements of `shape` (a list of ints); 400 for a rank or a count no tensor can have."""
+    """The number of elements of `shape` (a list of ints); 400 for a rank or a size no tensor can have."""
     if len(shape) > MAX_DIMS:
         raise InvalidArgumentError(f"input '{name}': shape has {len(shape)} dims; at most {MAX_DIMS} are supported")
-    count = 1
+    count = span = 1
     for d in shape:
         if d < 0 or d > MAX_DIM:
             raise InvalidArgumentError(f"input '{name}': dim {d} of shape {shape} is outside 0..2**63-1")
         count *= d
-    if count > MAX_DIM:
-        raise InvalidArgumentError(f"input '{name}': shape {shape} needs {count} elements, more than 2**63-1")
+        span *= d or 1
+    # numpy sizes an array from its non-zero dims even when one is 0: [0, 2**62] cannot be made either
+    if span > MAX_ELEMENTS:
+        raise InvalidArgumentError(f"input '{name}': shape {shape} needs {span} elements (0 dims aside), more "
+                                   "than 2**59")
     return count
 
 

@@ -164,7 +164,8 @@ CASES_GRPC = [
     ("long_input_name", grpc_request(name="i" * 200_000), "longer than 1024"),
     ("shape_100000_dims", grpc_request(shape=(1,) * 100_000), "at most 64"),
     ("bytes_max_dim", grpc_request(shape=(2**63 - 1,), datatype="BYTES", raw=b"\0" * 4), "BYTES data ends"),
-    ("elements_past_int64", grpc_request(shape=(2**62, 4)), "more than 2**63-1"),
+    ("elements_past_int64", grpc_request(shape=(2**62, 4)), "more than 2**59"),
+    ("zero_and_huge_dims", grpc_request(shape=(0, 2**62), raw=b""), "(0 dims aside), more than 2**59"),
     ("duplicate_inputs", duplicate_inputs(), "input 'in0' already exists in request"),
     ("bad_version", pb2.ModelInferRequest(model_name="affine", model_version="one"), "failed to get model version"),
 ]
