@@ -138,7 +138,8 @@ def decode_both_ways(data: bytes) -> InferRequest | None:
             outcomes.append(type(exc).__name__ if isinstance(exc, ServerError) else "DecodeError")
             continue
         checked(req)
-        outcomes.append([(t.name, t.datatype, t.shape, t.data.tobytes() if t.datatype != "BYTES" else t.data.reshape(-1).tolist())
+        outcomes.append([(t.name, t.datatype, t.shape,
+                          t.data.reshape(-1).tolist() if t.datatype == "BYTES" else t.data.tobytes())
                          for t in req.inputs])
     # protobuf may refuse invalid UTF-8 the scanner passes on to it: both refuse, maybe at another step
     assert outcomes[0] == outcomes[1] or all(isinstance(o, str) for o in outcomes), outcomes
