@@ -121,8 +121,7 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
     for path in both("/ready"):  # Triton's answers: 200, or the lookup's error (unknown 404, loading 503, ...)
         app.add_api_route(path, lambda model, version="": Response(status_code=200 if dp.model_ready(model, version)
                                                                     else 400), methods=["GET"],
-                          response_class=Response,
-                          responses={**errors(403, 404, 503), 200: EMPTY_OK, 400: NOT_READY})
+                          response_class=Response, responses={**errors(400, 403, 404, 503), 200: EMPTY_OK})
     for path in both("/config"):
         app.add_api_route(path, lambda model, version="": dp.model_config_dict(model, version), methods=["GET"],
                           responses=lookup)
