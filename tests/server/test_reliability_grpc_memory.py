@@ -11,6 +11,7 @@ import asyncio
 import gc
 import time
 import tracemalloc
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -30,7 +31,17 @@ OPTIONS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_messa
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     repo = make_repository(tmp_path_factory.mktemp("grpcmem"), {"affine": AFFINE_CONFIG})
-    server = ServerProcess(repo, "--grpc-stream-max-inflight", "8")
+    server = ServerProcess(repo)
+    yield server
+    assert server.stop() == 0, server.log_text
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    """Every execution takes 0.1 s longer (tests/server/slow_ops.py): a client easily sends faster than that."""
+    repo = make_repository(tmp_path_factory.mktemp("grpcslow"), {"affine": AFFINE_CONFIG})
+    server = ServerProcess(repo, "--grpc-stream-max-inflight", "16",
+                           env={"NNSERVE_PLUGINS": "slow_ops", "PYTHONPATH": str(Path(__file__).resolve().parent)})
     yield server
     assert server.stop() == 0, server.log_text
 
@@ -72,10 +83,12 @@ def test_a_large_failed_message_costs_at_most_twice_its_size_and_is_given_back(s
     assert srv.proc.poll() is None
 
 
-def test_stream_without_reading_answers_holds_bounded_memory(srv: ServerProcess) -> None:
-    """2000 requests of 256 KiB (500 MiB) sent on one stream as fast as grpc lets the client, whose answers are
-    not read for a while: the server reads at most --grpc-stream-max-inflight (8) ahead, so its memory stays
-    bounded; then every request is answered, and a unary call on another channel is served meanwhile."""
+def test_stream_without_reading_answers_holds_bounded_memory(slow: ServerProcess) -> None:
+    """2000 requests of 256 KiB (500 MiB) sent on one stream as fast as grpc lets the client to a model that takes
+    0.1 s per batch, the answers not read for a while: the server reads at most --grpc-stream-max-inflight (16)
+    ahead, so its memory stays bounded (unbounded, it read them all at once: +1 GiB); then every request is
+    answered, and a unary call on another channel is served meanwhile."""
+    srv = slow
     pad = "p" * (256 * 1024)
     x = np.array([[1, 2, 3, 4]], np.float32).tobytes()
 
@@ -89,9 +102,9 @@ def test_stream_without_reading_answers_holds_bounded_memory(srv: ServerProcess)
 
     base = srv.memory_mib()
     with grpc.insecure_channel(srv.grpc_url) as channel, grpc.insecure_channel(srv.grpc_url) as other:
-        answers = pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests(), timeout=300)
+        answers = pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests(), timeout=600)
         time.sleep(5)  # the client reads nothing meanwhile
-        held = srv.memory_mib() - base
+        held = srv.memory_mib("VmHWM") - base
         unary = pb2_grpc.GRPCInferenceServiceStub(other).ModelInfer(pb2.ModelInferRequest(
             model_name="affine", inputs=[{"name": "in0", "datatype": "FP32", "shape": [1, 4]}],
             raw_input_contents=[x]), timeout=30)
@@ -100,7 +113,7 @@ def test_stream_without_reading_answers_holds_bounded_memory(srv: ServerProcess)
         for a in answers:
             assert not a.error_message, a.error_message
             ids.append(int(a.infer_response.id))
-        peak = srv.memory_mib() - base
+        peak = srv.memory_mib("VmHWM") - base
     assert sorted(ids) == list(range(2000))
     assert held < 200 and peak < 200, (held, peak)  # unbounded, 2000 requests held 500 MiB and more
 
