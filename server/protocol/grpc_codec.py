@@ -16,7 +16,7 @@ from server.inference import InferInput, InferRequest, InferResponse, RequestedO
 from server.protocol.grpc import pb2
 from server.protocol.grpc_wire import InferMessage, response_parts
 from server.protocol.raw_tensors import tensor_from_raw, tensor_raw_view, tensor_to_raw
-from server.request_limits import check_label, element_count
+from server.request_limits import MAX_NAME_BYTES, check_label, element_count
 
 # Which typed InferTensorContents field carries each datatype (FP16/BF16 have none: raw only).
 _CONTENTS_FIELD = {
@@ -67,7 +67,8 @@ def decode_request(request: Any) -> InferRequest:
             raise InvalidArgumentError(f"input '{name}': shape {shape[:8]} has a negative dim")
         if raw:
             if t.HasField("contents"):
-                raise InvalidArgumentError(f"input '{name}': contents and raw_input_contents are exclusive")
+                raise InvalidArgumentError(f"contents field must not be specified when using raw_input_contents for "
+                                           f"'{name}' for model '{msg.model_name[:MAX_NAME_BYTES]}'")  # Triton's
             data = tensor_from_raw(raw[i], datatype, shape, name)
         else:
             data = _typed_contents(t, shape)

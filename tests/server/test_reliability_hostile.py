@@ -159,7 +159,15 @@ def duplicate_inputs() -> pb2.ModelInferRequest:
     return req
 
 
+def mixed_contents() -> pb2.ModelInferRequest:
+    req = grpc_request()
+    req.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+    return req
+
+
 CASES_GRPC = [
+    ("mixed_contents", mixed_contents(), "contents field must not be specified when using raw_input_contents for "
+     "'in0' for model 'affine'"),  # Triton 2.51's words
     ("long_model_name", grpc_request(model="m" * 200_000), "longer than 255 bytes"),
     ("long_input_name", grpc_request(name="i" * 200_000), "longer than 1024"),
     ("shape_100000_dims", grpc_request(shape=(1,) * 100_000), "at most 64"),
