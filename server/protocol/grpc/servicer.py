@@ -14,6 +14,7 @@ from google.protobuf import json_format
 
 from server.dataplane import DataPlane
 from server.errors import InvalidArgumentError, ServerError
+from server.inference import InferRequest
 from server.protocol import grpc_codec, grpc_wire
 from server.protocol.grpc import health_pb2, health_pb2_grpc, pb2, pb2_grpc
 from server.protocol.grpc.interceptors import Codec, add_guarded
@@ -62,6 +63,14 @@ def _guard(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any
         return None  # grpc discards the response of a call whose code is not OK
 
     return wrapper
+
+
+async def decoded(request: Any) -> InferRequest:
+    """A large message (grpc_wire scanned it) is decoded in a worker thread: BYTES elements are unpacked one by one
+    in Python, and the event loop keeps serving meanwhile."""
+    if isinstance(request, grpc_wire.InferMessage):
+        return await asyncio.to_thread(grpc_codec.decode_request, request)
+    return grpc_codec.decode_request(request)
 
 
 _READ_FAILED = object()  # on a stream's answer queue: reading its requests raised
@@ -115,7 +124,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
 
     @_guard
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        resp = await self.dp.infer(grpc_codec.decode_request(request))
+        resp = await self.dp.infer(await decoded(request))
         return grpc_codec.encode_response_parts(resp)  # joined by grpc_wire.serialize_response
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
@@ -171,7 +180,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_one(self, request: Any, done: asyncio.Queue[Any]) -> None:
         try:
-            resp = await self.dp.infer(grpc_codec.decode_request(request))
+            resp = await self.dp.infer(await decoded(request))
             item: Any = grpc_codec.encode_response_parts(resp)  # wrapped by grpc_wire.serialize_stream_response
         except ServerError as err:
             item = _stream_error(err.message, request)
