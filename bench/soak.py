@@ -193,6 +193,8 @@ def _json_infer(shape: list, datatype: str = "FP32", data: list | None = None) -
                                    "data": [1] if data is None else data}]}).encode()
 
 
+# Before each RSS sample: long enough for the requests in flight to finish and the server's heap trim to run.
+SETTLE_SECS = 2.5
 _BYTES_HEAD = json.dumps({"inputs": [{"name": "in0", "shape": [2**28], "datatype": "BYTES",
                                      "parameters": {"binary_data_size": 4}}]}).encode()
 # name -> (protocol, path, bytes, headers): each must get a 4xx (HTTP) / a non-OK status other than INTERNAL,
@@ -220,14 +222,17 @@ HOSTILE = {
 }
 
 
-def hostile_loop(server: Server, until: float, report: SoakReport) -> None:
-    """The HOSTILE requests in turn, plus now and then a half-sent request left open, until `until`."""
+def hostile_loop(server: Server, until: float, report: SoakReport, pause: threading.Event) -> None:
+    """The HOSTILE requests in turn, plus now and then a half-sent request left open, until `until`; none while
+    `pause` is set (RSS is measured then, not in the middle of a hostile request's transient allocations)."""
     options = [("grpc.max_send_message_length", 64 * 2**20)]
     with httpx.Client(timeout=60) as http, grpc.insecure_channel(server.grpc, options=options) as channel:
         infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         half_sent: list[socket.socket] = []
         while time.monotonic() < until:
             for name, (protocol, path, body, headers) in HOSTILE.items():
+                while pause.is_set() and time.monotonic() < until:
+                    time.sleep(0.1)
                 report.hostile_sent[name] = report.hostile_sent.get(name, 0) + 1
                 try:
                     if protocol == "http":
@@ -277,14 +282,20 @@ def soak(duration: float, concurrency: int, churn_period: float = 3.0, warmup: f
             workers = [threading.Thread(target=perf_loop, args=(p, u, concurrency, until, report))
                        for p, u in (("http", server.http), ("grpc", server.grpc))]
             workers.append(threading.Thread(target=churn_loop, args=(server, until, churn_period, report)))
+            pause = threading.Event()
             if hostile:
-                workers.append(threading.Thread(target=hostile_loop, args=(server, until, report)))
+                workers.append(threading.Thread(target=hostile_loop, args=(server, until, report, pause)))
             for w in workers:
                 w.start()
             time.sleep(warmup)
+            # RSS with the good traffic running and the hostile one paused for a moment, at warm-up and at the end
+            pause.set()
+            time.sleep(SETTLE_SECS)
             report.rss_warm_mib = server.rss_mib()
+            pause.clear()
             for w in workers:
                 w.join()
+            time.sleep(SETTLE_SECS)
             report.rss_end_mib = server.rss_mib()
             text = server.metrics()
             read_counters(text, report)
