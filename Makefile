@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-server
 
-.PHONY: serve test walk lint fixtures clean tools fuzz
+.PHONY: serve test walk lint fixtures clean tools fuzz fuzz-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ tools:
 # A new user's walk through README.md and docs/models.md on a fresh clone of HEAD (also part of `make test`).
 walk: $(STAMP)
 	$(PY) -m pytest -q tests/e2e
+
+# The server's request decoders (REST and gRPC, hypothesis) and its REST API against its OpenAPI schema
+# (schemathesis), long: `make test` runs the same properties with 150 examples each. FUZZ_EXAMPLES to change it.
+FUZZ_EXAMPLES ?= 20000
+fuzz-server: $(STAMP)
+	NNSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider --timeout=0 \
+		tests/server/test_fuzz_decoders.py tests/server/test_reliability_openapi.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -26,11 +26,11 @@ from server.dataplane import DataPlane
 from server.errors import ListenError
 from server.metrics import ServerMetrics
 from server.plugins import load_plugins
-from server.protocol.grpc import health_pb2_grpc, pb2_grpc
-from server.protocol.grpc.interceptors import RestrictedProtocolInterceptor, add_guarded
-from server.protocol.grpc.servicer import HealthServicer, InferenceServicer
+from server.protocol.grpc import servicer
+from server.protocol.grpc.interceptors import RestrictedProtocolInterceptor
 from server.protocol.rest import create_app
-from server.protocol.rest.transport import CoalescingHttpToolsProtocol
+from server.protocol.rest.body_limit import BodyLimitMiddleware
+from server.protocol.rest.transport import HttpLimits, protocol_class
 from server.repository import ModelRepository
 from server.security import parse_restrictions
 from server.settings import ServerSettings
@@ -63,14 +63,14 @@ def bind(address: str, port: int, what: str = "HTTP") -> socket.socket:
     return sock
 
 
-def metrics_app(metrics: ServerMetrics) -> FastAPI:
+def metrics_app(metrics: ServerMetrics, max_body_bytes: int = defaults.HTTP_MAX_BODY_BYTES) -> Any:
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get(defaults.METRICS_PATH)
     async def scrape() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return app
+    return BodyLimitMiddleware(app, max_body_bytes)
 
 
 class NNServer:
@@ -92,22 +92,28 @@ class NNServer:
     async def start_endpoints(self) -> None:
         s = self.settings
         if s.allow_http:
-            app = create_app(self.dp, s.http_max_input_bytes, self.http_restrictions)
-            self.ports["http"] = self._start_http(app, s.http_address, s.http_port, self._http)
+            app = create_app(self.dp, s.http_max_input_bytes, self.http_restrictions,
+                             max_body_bytes=s.http_max_body_bytes, decode_in_thread_bytes=s.http_decode_in_thread_bytes)
+            self.ports["http"] = self._start_http(app, s.http_address, s.http_port, self._http, s.http_max_connections)
         if s.allow_grpc:
             self.ports["grpc"] = await self._start_grpc(s.grpc_address, s.grpc_port)
-        if s.allow_metrics:
-            self.ports["metrics"] = self._start_http(metrics_app(self.metrics), s.metrics_address, s.metrics_port,
-                                                    self._metrics_http, "metrics")
+        if s.allow_metrics:  # scrapers are few: a small share of the connections
+            self.ports["metrics"] = self._start_http(metrics_app(self.metrics, s.http_max_body_bytes),
+                                                    s.metrics_address, s.metrics_port, self._metrics_http,
+                                                    max(s.http_max_connections // 8, 16), "metrics")
         log.info("%s", defaults.format_listening(self.ports))
 
     def _start_http(self, app: Any, address: str, port: int, into: list[tuple[_Uvicorn, asyncio.Task]],
-                    what: str = "HTTP") -> int:
+                    max_connections: int, what: str = "HTTP") -> int:
+        s = self.settings
         sock = bind(address, port, what)
+        limits = HttpLimits(max_header_bytes=s.http_max_header_bytes, header_timeout=s.http_header_timeout_secs,
+                            body_timeout=s.http_body_timeout_secs, idle_timeout=s.http_idle_timeout_secs,
+                            max_connections=max_connections)
         # no proxy_headers: its middleware would rewrite every request scope for client addresses nothing reads
-        config = uvicorn.Config(app, http=CoalescingHttpToolsProtocol, log_level="warning", access_log=False,
-                                lifespan="off", proxy_headers=False,
-                                timeout_keep_alive=65, timeout_graceful_shutdown=self.settings.exit_timeout_secs)
+        config = uvicorn.Config(app, http=protocol_class(limits), log_level="warning", access_log=False,
+                                lifespan="off", proxy_headers=False, timeout_keep_alive=s.http_idle_timeout_secs,
+                                timeout_graceful_shutdown=s.exit_timeout_secs)
         server = _Uvicorn(config)
         into.append((server, asyncio.create_task(server.serve(sockets=[sock]))))
         return sock.getsockname()[1]
@@ -121,8 +127,8 @@ class NNServer:
         # call than the rest of a small model's request. The decode guard goes on each handler at registration.
         interceptors = [RestrictedProtocolInterceptor(self.grpc_restrictions)] if self.grpc_restrictions else None
         self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
-        add_guarded(pb2_grpc.add_GRPCInferenceServiceServicer_to_server, InferenceServicer(self.dp), self._grpc)
-        add_guarded(health_pb2_grpc.add_HealthServicer_to_server, HealthServicer(self.dp), self._grpc)
+        servicer.add_to_server(self._grpc, self.dp, servicer.StreamLimits(
+            per_stream=self.settings.grpc_stream_max_inflight, per_server=self.settings.grpc_streams_max_inflight))
         if port:  # a taken port: grpc would print its own C++ error before raising; say it in our one line instead
             bind(address, port, "gRPC").close()
         target = f"[{address}]:{port}" if ":" in address and not address.startswith("[") else f"{address}:{port}"

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import os
+import resource
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,6 +77,26 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
                    help="largest HTTP request body in bytes, also after decompression (413 above it)")
     p.add_argument("--grpc-max-message-size", type=int, default=defaults.GRPC_MAX_MESSAGE_BYTES, metavar="BYTES",
                    help="largest gRPC message in bytes, both directions (RESOURCE_EXHAUSTED above it)")
+    p.add_argument("--http-max-body-size", type=int, default=defaults.HTTP_MAX_BODY_BYTES,
+                   help="largest body of any HTTP request but infer (repository, health, metadata), in bytes (413)")
+    p.add_argument("--http-max-header-size", type=int, default=defaults.HTTP_MAX_HEADER_BYTES,
+                   help="largest HTTP request line + headers in bytes (431)")
+    p.add_argument("--http-header-timeout-secs", type=float, default=defaults.HTTP_HEADER_TIMEOUT_SECS,
+                   help="a request's headers must arrive within this many seconds of its first byte (else closed)")
+    p.add_argument("--http-body-timeout-secs", type=float, default=defaults.HTTP_BODY_TIMEOUT_SECS,
+                   help="a request's body must arrive within this many seconds of its headers (408)")
+    p.add_argument("--http-idle-timeout-secs", type=float, default=defaults.HTTP_IDLE_TIMEOUT_SECS,
+                   help="close an HTTP connection with no request in progress after this many seconds")
+    p.add_argument("--http-max-connections", type=int, default=defaults.HTTP_MAX_CONNECTIONS,
+                   help="open HTTP connections at most; past it the longest-idle one is closed, or the new one if "
+                        "none is idle (0 = half the open-file limit)")
+    p.add_argument("--http-decode-in-thread-size", type=int, default=defaults.HTTP_DECODE_IN_THREAD_BYTES,
+                   help="infer bodies of at least this many bytes are decoded off the event loop")
+    p.add_argument("--grpc-stream-max-inflight", type=int, default=defaults.STREAM_MAX_INFLIGHT,
+                   help="ModelStreamInfer: requests read but not yet answered per stream; past it the stream is "
+                        "not read (backpressure)")
+    p.add_argument("--grpc-streams-max-inflight", type=int, default=defaults.STREAMS_MAX_INFLIGHT,
+                   help="the same, over all streams of the server")
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
                    help="e.g. model-repository,statistics:admin-key=secret: those APIs need header KEY: VALUE "
                    "(repeatable)")
@@ -109,9 +130,34 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness,
         default_max_batch_size=max_batch, http_max_input_bytes=args.http_max_input_size,
         grpc_max_message_bytes=args.grpc_max_message_size, drain_delay_secs=args.drain_delay_secs,
+        http_max_body_bytes=args.http_max_body_size, http_max_header_bytes=args.http_max_header_size,
+        http_header_timeout_secs=args.http_header_timeout_secs, http_body_timeout_secs=args.http_body_timeout_secs,
+        http_idle_timeout_secs=args.http_idle_timeout_secs,
+        http_max_connections=args.http_max_connections or defaults.connections_for(open_files_limit()),
+        http_decode_in_thread_bytes=args.http_decode_in_thread_size,
+        grpc_stream_max_inflight=args.grpc_stream_max_inflight,
+        grpc_streams_max_inflight=args.grpc_streams_max_inflight,
         http_restricted_api=list(args.http_restricted_api),
         grpc_restricted_protocol=list(args.grpc_restricted_protocol), log_verbose=args.log_verbose,
         log_format=args.log_format, plugins=defaults.plugins_from(environ))
+
+
+def open_files_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 2**20
+
+
+def check_limits(s: ServerSettings) -> None:
+    positive = {"--http-max-body-size": s.http_max_body_bytes, "--http-max-header-size": s.http_max_header_bytes,
+                "--http-max-input-size": s.http_max_input_bytes, "--http-max-connections": s.http_max_connections,
+                "--http-header-timeout-secs": s.http_header_timeout_secs,
+                "--http-body-timeout-secs": s.http_body_timeout_secs,
+                "--http-idle-timeout-secs": s.http_idle_timeout_secs,
+                "--grpc-stream-max-inflight": s.grpc_stream_max_inflight,
+                "--grpc-streams-max-inflight": s.grpc_streams_max_inflight}
+    for flag, value in positive.items():
+        if value <= 0:
+            raise SystemExit(f"nnserve serve: {flag} must be positive, got {value}")
 
 
 def check_restrictions(s: ServerSettings) -> None:
@@ -124,6 +170,7 @@ def check_restrictions(s: ServerSettings) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
+    check_limits(s)
     check_restrictions(s)
     setup_logging(s.log_verbose, s.log_format)
     if not s.model_repository.is_dir():

@@ -23,6 +23,7 @@ from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
 from server.model_version import ModelVersion
 from server.repository import ModelRepository
+from server.request_limits import check_json, check_model_name, check_version
 
 log = logging.getLogger("nnserve.dataplane")
 
@@ -50,18 +51,26 @@ class DataPlane:
         return self.repository.all_ready() if self.strict_readiness else True
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        try:
-            self.repository.get(name, version)
-        except ServerError:
-            return False
-        return not self.exiting
+        """Triton's answer: True, or the lookup's error (unknown model 404, version loading 503, ...); before the
+        initial loads are done and from SIGTERM on, 503 "Server not ready"."""
+        if not self.started or self.draining or self.exiting:
+            raise UnavailableError("Server not ready")
+        self.get(name, version)
+        return True
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The model version a request names (Triton's errors when there is none); names and versions are checked
+        first, so that an error never quotes an unbounded one."""
+        check_model_name(name)
+        check_version(version)
+        return self.repository.get(name, version)
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": defaults.SERVER_NAME, "version": defaults.SERVER_VERSION,
                 "extensions": list(defaults.EXTENSIONS)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        mv = self.repository.get(name, version)
+        mv = self.get(name, version)
         entry = self.repository.entry(name)
         versions = sorted(entry.versions, key=int) if entry else [mv.version]
         return {
@@ -75,7 +84,7 @@ class DataPlane:
         }
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
-        return self.repository.get(name, version).config
+        return self.get(name, version).config
 
     def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_dict(self.model_config(name, version))
@@ -83,8 +92,8 @@ class DataPlane:
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
         if name:
             if version:
-                return [self.repository.get(name, version).stats.as_dict()]
-            self.repository.get(name)  # raises for unknown / unloaded models
+                return [self.get(name, version).stats.as_dict()]
+            self.get(name)  # raises for unknown / unloaded models
             entry = self.repository.entry(name)
             return [mv.stats.as_dict() for _, mv in sorted(entry.versions.items(), key=lambda kv: int(kv[0]))]
         return [mv.stats.as_dict() for mv in self.repository.loaded()]
@@ -95,10 +104,14 @@ class DataPlane:
 
     async def load_model(self, name: str, config_json: str | None = None) -> None:
         self.repository.check_api_allowed("load")
+        check_model_name(name)
+        if config_json is not None:
+            check_json(config_json, "the 'config' parameter")
         await self.repository.load(name, config_json)
 
     async def unload_model(self, name: str) -> None:
         self.repository.check_api_allowed("unload")
+        check_model_name(name)
         await self.repository.unload(name)
 
     # ---- inference -------------------------------------------------------------------------------------------
@@ -116,7 +129,7 @@ class DataPlane:
 
     async def _infer(self, req: InferRequest) -> InferResponse:
         t0 = time.perf_counter_ns()
-        mv = self.repository.get(req.model_name, req.model_version)
+        mv = self.get(req.model_name, req.model_version)
         labels = (mv.name, mv.version)
         try:
             feed, batch = validate_inputs(mv, req)
@@ -125,10 +138,15 @@ class DataPlane:
         except asyncio.CancelledError:  # the client went away (gRPC deadline, HTTP disconnect): dropped
             self._record_failure(mv, "CANCELED", time.perf_counter_ns() - t0)
             raise
-        except Exception as exc:
-            err = as_server_error(exc, mv)
+        except ServerError as err:
+            # re-raised as it is: `raise err from err` would make the error its own cause, a reference cycle that
+            # pins its traceback's frames, and with them the request's tensors, until the cyclic GC runs
             self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
-            raise err from exc
+            raise
+        except Exception as exc:
+            # raised straight from the call: held in a local, the error would reference this frame (through its
+            # traceback) and the frame the error: a cycle again
+            raise self._failed(mv, exc, t0) from exc
         try:
             outputs = api_outputs(mv, result.outputs, wanted)
         except ServerError as err:
@@ -142,6 +160,11 @@ class DataPlane:
         if self.metrics:
             self.metrics.request_ok(*labels, **phases)
         return InferResponse(mv.name, mv.version, req.id, outputs)
+
+    def _failed(self, mv: ModelVersion, exc: Exception, t0: int) -> ServerError:
+        err = as_server_error(exc, mv)
+        self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
+        return err
 
     def _record_failure(self, mv: ModelVersion, reason: str, total_ns: int) -> None:
         mv.stats.record_failure(total_ns)
@@ -165,6 +188,10 @@ def validate_inputs(mv: ModelVersion, req: InferRequest) -> tuple[dict[str, np.n
     """Check names, datatypes and shapes against the config (Triton's messages); returns (feed, batch size)."""
     expected = mv.input_configs
     given = {t.name: t for t in req.inputs}
+    if len(given) != len(req.inputs):
+        seen: set[str] = set()
+        twice = next(t.name for t in req.inputs if t.name in seen or seen.add(t.name))
+        raise InvalidArgumentError(f"input '{twice}' already exists in request")  # Triton's words
     if given.keys() != expected.keys():
         _name_mismatch(mv, expected, given)
     feed, batch = {}, 1
@@ -227,6 +254,10 @@ def requested_outputs(mv: ModelVersion, req: InferRequest) -> AbstractSet[str]:
     names = mv.output_configs.keys()
     if not req.outputs:
         return names
+    if len({o.name for o in req.outputs}) != len(req.outputs):
+        seen: set[str] = set()
+        twice = next(o.name for o in req.outputs if o.name in seen or seen.add(o.name))
+        raise InvalidArgumentError(f"output '{twice}' already exists in request")
     for out in req.outputs:
         if out.name not in names:
             raise InvalidArgumentError(f"unexpected inference output '{out.name}' for model '{mv.name}'")

@@ -27,16 +27,17 @@ class InvalidArgumentError(ServerError):
     reason = "REJECTED"
 
 
-class UnknownModelError(InvalidArgumentError):
-    """The model name is in no repository (Triton: INVALID_ARG, "Request for unknown model")."""
-
-
 class ModelNotFoundError(ServerError):
     """The model is known but not loaded, or the version is absent (Triton: NOT_FOUND / 404)."""
 
     http_status = 404
     grpc_code = "NOT_FOUND"
     reason = "REJECTED"
+
+
+class UnknownModelError(ModelNotFoundError):
+    """The model name is in no repository. Triton 2.51 answers NOT_FOUND / 404 "Request for unknown model: 'NAME'
+    is not found" (its core's ModelLifeCycle::GetModel; INVALID_ARG only with model namespacing on)."""
 
 
 class ModelNotReadyError(ServerError):

@@ -48,6 +48,18 @@ DEFAULT_MAX_BATCH_SIZE = 4
 GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton lifts gRPC's 4 MiB default to INT32_MAX
 HTTP_MAX_INPUT_BYTES = 64 * 2**20
 
+# Limits on what a client can make the server hold or wait for (SECURITY.md explains each).
+HTTP_MAX_BODY_BYTES = 2**20  # every HTTP request but infer: repository index/load/unload, health, metadata, ...
+HTTP_MAX_HEADER_BYTES = 64 * 2**10  # request line + headers
+HTTP_HEADER_TIMEOUT_SECS = 10.0  # from a request's first byte to the end of its headers
+HTTP_BODY_TIMEOUT_SECS = 60.0  # from the end of the headers to the end of the body
+HTTP_IDLE_TIMEOUT_SECS = 65.0  # a connection with no request in progress (longer than the usual 60 s of a proxy)
+HTTP_MAX_CONNECTIONS = 0  # 0: half the process's open-file limit, resolved by the CLI
+# JSON bodies at least this large are decoded in a worker thread, off the event loop, a slice at a time.
+HTTP_DECODE_IN_THREAD_BYTES = 256 * 2**10
+STREAM_MAX_INFLIGHT = 64  # ModelStreamInfer: requests read and not yet answered, per stream
+STREAMS_MAX_INFLIGHT = 1024  # the same over all streams of the server
+
 # What /v2 and ServerMetadata advertise: only extensions we actually implement.
 EXTENSIONS = (
     "model_repository",
@@ -62,6 +74,13 @@ CONTROL_MODES = ("none", "poll", "explicit")
 
 # Comma-separated modules imported before any model loads, so they can register engine ops (custom layers).
 PLUGINS_ENV = "NNSERVE_PLUGINS"
+
+
+def connections_for(open_files_limit: int) -> int:
+    """The default HTTP connection limit: half the open-file limit (the rest is for gRPC, the metrics endpoint and
+    model files), so that idle or slow clients run into the limit, which closes the oldest idle connection, before
+    accept() runs out of descriptors, which would lock everyone out."""
+    return max(open_files_limit // 2, 16)
 
 
 def plugins_from(environ: Mapping[str, str]) -> list[str]:
@@ -91,6 +110,15 @@ class ServerSettings:
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES
     grpc_max_message_bytes: int = GRPC_MAX_MESSAGE_BYTES
+    http_max_body_bytes: int = HTTP_MAX_BODY_BYTES
+    http_max_header_bytes: int = HTTP_MAX_HEADER_BYTES
+    http_header_timeout_secs: float = HTTP_HEADER_TIMEOUT_SECS
+    http_body_timeout_secs: float = HTTP_BODY_TIMEOUT_SECS
+    http_idle_timeout_secs: float = HTTP_IDLE_TIMEOUT_SECS
+    http_max_connections: int = 1024  # the CLI resolves HTTP_MAX_CONNECTIONS (0) against the open-file limit
+    http_decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES
+    grpc_stream_max_inflight: int = STREAM_MAX_INFLIGHT
+    grpc_streams_max_inflight: int = STREAMS_MAX_INFLIGHT
     drain_delay_secs: float = DRAIN_DELAY_SECS
     http_restricted_api: list[str] = field(default_factory=list)  # Triton's "<apis>:<key>=<value>" specs
     grpc_restricted_protocol: list[str] = field(default_factory=list)

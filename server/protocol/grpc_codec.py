@@ -6,7 +6,6 @@ go back in `raw_output_contents`, as Triton does and tritonclient expects.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -15,7 +14,9 @@ from server.datatypes import wire_to_numpy
 from server.errors import InvalidArgumentError
 from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from server.protocol.grpc import pb2
-from server.protocol.raw_tensors import tensor_from_raw, tensor_to_raw
+from server.protocol.grpc_wire import InferMessage, response_parts
+from server.protocol.raw_tensors import tensor_from_raw, tensor_raw_view, tensor_to_raw
+from server.request_limits import MAX_NAME_BYTES, check_label, element_count
 
 # Which typed InferTensorContents field carries each datatype (FP16/BF16 have none: raw only).
 _CONTENTS_FIELD = {
@@ -45,27 +46,35 @@ def params_to_grpc(values: dict[str, Any], target: Any) -> None:
             target[key].string_param = str(v)
 
 
-def decode_request(msg: Any) -> InferRequest:
+def decode_request(request: Any) -> InferRequest:
+    """A ModelInferRequest, or an InferMessage (grpc_wire: raw inputs as views of the received bytes)."""
+    if isinstance(request, InferMessage):
+        msg, raw = request.message, request.raw
+    else:
+        msg, raw = request, request.raw_input_contents
     # Each protobuf field read builds a Python object: every field is read once.
     params = msg.parameters
+    check_label(msg.id, "request id")
     req = InferRequest(model_name=msg.model_name, model_version=msg.model_version, id=msg.id,
                        parameters=params_from_grpc(params) if params else {})
-    raw = msg.raw_input_contents
     inputs = msg.inputs
     if raw and len(raw) != len(inputs):
         raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for {len(inputs)} inputs")
     for i, t in enumerate(inputs):
         name, datatype, shape = t.name, t.datatype, list(t.shape)
+        check_label(name, "input name")
         if shape and min(shape) < 0:
-            raise InvalidArgumentError(f"input '{name}': shape {shape} has a negative dim")
+            raise InvalidArgumentError(f"input '{name}': shape {shape[:8]} has a negative dim")
         if raw:
             if t.HasField("contents"):
-                raise InvalidArgumentError(f"input '{name}': contents and raw_input_contents are exclusive")
+                raise InvalidArgumentError(f"contents field must not be specified when using raw_input_contents for "
+                                           f"'{name}' for model '{msg.model_name[:MAX_NAME_BYTES]}'")  # Triton's
             data = tensor_from_raw(raw[i], datatype, shape, name)
         else:
             data = _typed_contents(t, shape)
         req.inputs.append(InferInput(name, datatype, shape, data))
     for o in msg.outputs:
+        check_label(o.name, "output name")
         out_params = o.parameters
         req.outputs.append(RequestedOutput(o.name, params_from_grpc(out_params) if out_params else {}))
     return req
@@ -75,8 +84,8 @@ def _typed_contents(t: Any, shape: list[int]) -> np.ndarray:
     field = _CONTENTS_FIELD.get(t.datatype)
     if field is None:
         raise InvalidArgumentError(f"input '{t.name}': datatype {t.datatype} must be sent in raw_input_contents")
+    count = element_count(shape, t.name)
     values = getattr(t.contents, field)
-    count = math.prod(shape)
     if len(values) != count:
         raise InvalidArgumentError(f"input '{t.name}': {len(values)} values in contents.{field}, but shape "
                                    f"{shape} needs {count}")
@@ -92,3 +101,12 @@ def encode_response(resp: InferResponse) -> Any:
         msg.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.shape))
         msg.raw_output_contents.append(tensor_to_raw(out.data))
     return msg
+
+
+def encode_response_parts(resp: InferResponse) -> list[Any]:
+    """The response as grpc_wire.response_parts: the raw outputs are not copied until grpc's serializer joins them."""
+    msg = pb2.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
+    params_to_grpc(resp.parameters, msg.parameters)
+    for out in resp.outputs:
+        msg.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.shape))
+    return response_parts(msg, [tensor_raw_view(out.data) for out in resp.outputs])

@@ -16,25 +16,32 @@ from server.datatypes import element_size, numpy_to_wire, wire_to_numpy
 from server.errors import InvalidArgumentError, UnsupportedError
 from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from server.protocol.raw_tensors import tensor_from_raw, tensor_to_raw
+from server.request_limits import check_label, element_count, quoted
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def decode_request(model_name: str, version: str, body: bytes, header_length: int | None) -> InferRequest:
+def decode_request(model_name: str, version: str, body: bytes, header_length: int | None, *,
+                   yielding: bool = False) -> InferRequest:
     """Body (+ optional JSON header length) -> InferRequest. A raw binary body (header length 0) goes through
-    raw_binary_request, which needs the model's input."""
+    raw_binary_request, which needs the model's input.
+
+    `yielding`: decoding runs in a worker thread while the event loop serves other requests. Python lets another
+    thread run only between bytecodes, and json.loads and numpy's list conversion are single C calls that take a
+    second for 50 MiB; so numbers are parsed through Python-level hooks and lists converted a slice at a time,
+    giving the event loop its turn every few milliseconds (at ~1.5x the CPU)."""
     if header_length == 0:
         raise UnsupportedError("raw binary request without the model's input description")
     if header_length is not None and not 0 < header_length <= len(body):
         raise InvalidArgumentError(f"{HEADER_LENGTH} {header_length} is outside the body of {len(body)} bytes")
     head = body[:header_length] if header_length is not None else body
-    doc = _parse_json(head)
+    doc = _parse_json(head, yielding)
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
-    req = InferRequest(model_name=model_name, model_version=version, id=str(doc.get("id", "")),
+    req = InferRequest(model_name=model_name, model_version=version, id=_request_id(doc.get("id", "")),
                        parameters=_params(doc.get("parameters"), "request"))
     pos = 0
     for item in _list(doc, "inputs"):
-        tensor, pos = _decode_input(item, binary, pos)
+        tensor, pos = _decode_input(item, binary, pos, yielding)
         req.inputs.append(tensor)
     if pos != len(binary):
         raise InvalidArgumentError(f"{len(binary) - pos} bytes of binary data are not claimed by any input")
@@ -44,8 +51,17 @@ def decode_request(model_name: str, version: str, body: bytes, header_length: in
     for item in outputs:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgumentError("each entry of 'outputs' needs a 'name'")
+        check_label(item["name"], "output name")
         req.outputs.append(RequestedOutput(item["name"], _params(item.get("parameters"), f"output '{item['name']}'")))
     return req
+
+
+def _request_id(value: Any) -> str:
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise InvalidArgumentError("the request 'id' must be a string")
+    text = str(value)
+    check_label(text, "request id")
+    return text
 
 
 def _reject_constant(name: str) -> Any:
@@ -75,9 +91,18 @@ def raw_binary_request(model_name: str, version: str, body: bytes, name: str, da
                         inputs=[InferInput(name, datatype, dims, data)])
 
 
-def _parse_json(head: bytes) -> dict[str, Any]:
+def _yielding_float(text: str) -> float:
+    return float(text)
+
+
+def _yielding_int(text: str) -> int:
+    return int(text)
+
+
+def _parse_json(head: bytes, yielding: bool = False) -> dict[str, Any]:
+    hooks = {"parse_float": _yielding_float, "parse_int": _yielding_int} if yielding else {}
     try:
-        doc = json.loads(head, parse_constant=_reject_constant)
+        doc = json.loads(head, parse_constant=_reject_constant, **hooks)
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise InvalidArgumentError(f"failed to parse the request JSON: {exc}") from None
     except RecursionError:
@@ -102,10 +127,13 @@ def _list(doc: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
-def _decode_input(item: Any, binary: memoryview, pos: int) -> tuple[InferInput, int]:
+def _decode_input(item: Any, binary: memoryview, pos: int, yielding: bool) -> tuple[InferInput, int]:
     if not isinstance(item, dict) or not {"name", "shape", "datatype"} <= item.keys():
         raise InvalidArgumentError("each input needs 'name', 'shape' and 'datatype'")
-    name, datatype = str(item["name"]), str(item["datatype"])
+    name, datatype = item["name"], item["datatype"]
+    if not isinstance(name, str) or not isinstance(datatype, str):
+        raise InvalidArgumentError("an input's 'name' and 'datatype' must be strings")
+    check_label(name, "input name")
     shape = _shape(item["shape"], name)
     size = _params(item.get("parameters"), f"input '{name}'").get("binary_data_size")
     if size is not None:
@@ -117,29 +145,72 @@ def _decode_input(item: Any, binary: memoryview, pos: int) -> tuple[InferInput, 
         return InferInput(name, datatype, shape, data), pos + int(size)
     if "data" not in item:
         raise InvalidArgumentError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
-    return InferInput(name, datatype, shape, _json_tensor(item["data"], datatype, shape, name)), pos
+    return InferInput(name, datatype, shape, _json_tensor(item["data"], datatype, shape, name, yielding)), pos
 
 
 def _shape(value: Any, name: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                               for d in value):
-        raise InvalidArgumentError(f"input '{name}': shape must be a list of non-negative integers, got {value!r}")
+        raise InvalidArgumentError(f"input '{name}': shape must be a list of non-negative integers, got "
+                                   f"{quoted(repr(value))}")
+    element_count(value, name)
     return value
 
 
-def _json_tensor(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
-    flat = np.asarray(data, dtype=object).reshape(-1) if datatype == "BYTES" else None
+def _json_tensor(data: Any, datatype: str, shape: list[int], name: str, yielding: bool = False) -> np.ndarray:
+    count = element_count(shape, name)
+    if not isinstance(data, list):
+        raise InvalidArgumentError(f"input '{name}': 'data' must be a list")
+    if data and not isinstance(data[0], list) and len(data) != count:  # flat: counted before converting
+        raise InvalidArgumentError(f"input '{name}': {len(data)} values in 'data', but shape {shape} needs {count}")
     try:
-        if flat is not None:
-            arr = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in flat], dtype=object)
+        if datatype == "BYTES":
+            arr = _json_bytes(np.asarray(data, dtype=object).reshape(-1), name)
         else:
-            arr = np.asarray(data, dtype=wire_to_numpy(datatype)).reshape(-1)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"input '{name}': data is not valid {datatype}: {exc}") from None
-    count = math.prod(shape)
+            arr = _numbers(data, wire_to_numpy(datatype), yielding).reshape(-1)
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: 10**400 for an INT64
+        raise InvalidArgumentError(f"input '{name}': data is not valid {datatype}: {quoted(str(exc), 200)}") from None
+    except RecursionError:
+        raise InvalidArgumentError(f"input '{name}': data is nested too deeply") from None
     if arr.size != count:
         raise InvalidArgumentError(f"input '{name}': {arr.size} values in 'data', but shape {shape} needs {count}")
     return arr.reshape(shape)
+
+
+# Elements converted per numpy call when yielding: a few milliseconds each.
+SLICE = 1 << 16
+
+
+def _numbers(data: list[Any], dtype: np.dtype, yielding: bool) -> np.ndarray:
+    """np.asarray(data, dtype), a slice of rows at a time when yielding (see decode_request), emptying `data`."""
+    if not yielding or not data:
+        return np.asarray(data, dtype=dtype)
+    per_row, first = 1, data[0]
+    while isinstance(first, list) and first:
+        per_row, first = per_row * len(first), first[0]
+    rows = max(1, SLICE // max(per_row, 1))
+    # From the end, deleting what is converted: freeing millions of parsed numbers at once when the document is
+    # dropped would be another long C call; this way each slice's are freed with it.
+    parts, end = [], len(data)
+    while end > 0:
+        start = max(end - rows, 0)
+        parts.append(np.asarray(data[start:end], dtype=dtype))
+        del data[start:end]
+        end = start
+    parts.reverse()
+    if len({p.shape[1:] for p in parts}) > 1:
+        raise ValueError("the nested lists of 'data' differ in length")
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _json_bytes(flat: np.ndarray, name: str) -> np.ndarray:
+    """BYTES in JSON are strings (never bytes(n): an integer there would allocate n bytes)."""
+    out = np.empty(flat.size, dtype=object)
+    for i, v in enumerate(flat):
+        if not isinstance(v, str):
+            raise InvalidArgumentError(f"input '{name}': BYTES data must be strings, got {type(v).__name__}")
+        out[i] = v.encode("utf-8", "surrogatepass")
+    return out
 
 
 def encode_response(resp: InferResponse, req: InferRequest) -> tuple[bytes, int | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -56,12 +57,18 @@ def nnserve_command() -> list[str]:
 
 
 class ServerProcess:
-    def __init__(self, repository: Path, *extra: str, expect_ready: bool = True, env: dict[str, str] | None = None):
+    def __init__(self, repository: Path, *extra: str, expect_ready: bool = True, env: dict[str, str] | None = None,
+                 open_files: int | None = None):
+        """open_files: the server's open-file limit (RLIMIT_NOFILE), for tests that exhaust descriptors."""
         cmd = [*nnserve_command(), "serve", "--model-repository", str(repository),
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
                "--grpc-address", "127.0.0.1", *extra]
+        def limit_files() -> None:
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, **env} if env else None)
+                                     env={**os.environ, **env} if env else None, preexec_fn=limit_files)
         self.log: list[str] = []
         self.ports: dict[str, int] = {}
         self._found = threading.Event()
@@ -97,6 +104,13 @@ class ServerProcess:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['metrics']}/metrics"
+
+    def memory_mib(self, field: str = "VmRSS") -> float:
+        """The server's VmRSS (resident now) or VmHWM (peak resident so far), from /proc/<pid>/status."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError(f"no {field} for pid {self.proc.pid}")
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout

@@ -66,7 +66,8 @@ CASES = [
     ("huge_batch", request(shape=(9, 4), raw=b"\0" * 144), INVALID, "batch-size"),
     ("gigantic_contents", typed([0.5] * 2_000_000), INVALID, "2000000 values"),
     ("timeout_not_int", request(timeout="soon"), INVALID, "'timeout' must be an integer"),
-    ("unknown_model", request(model="nope"), INVALID, "unknown model"),
+    ("unknown_model", request(model="nope"), grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'nope' is not "
+     "found"),  # Triton 2.51
     ("unknown_version", pb2.ModelInferRequest(model_name="affine", model_version="7"), grpc.StatusCode.NOT_FOUND,
      "version 7"),
 ]

@@ -90,7 +90,7 @@ def test_bad_request_answers_kserve_error(server: ServerProcess, case: tuple) ->
 
 
 @pytest.mark.parametrize(("path", "status", "words"), [
-    ("/v2/models/nope/infer", 400, "unknown model"),
+    ("/v2/models/nope/infer", 404, "Request for unknown model: 'nope' is not found"),  # Triton 2.51
     ("/v2/models/affine/versions/7/infer", 404, "version 7"),
     ("/v2/models/%2e%2e%2faffine/infer", 404, ""),  # not a route: Starlette's plain 404
 ])

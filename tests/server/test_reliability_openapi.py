@@ -1,15 +1,23 @@
 """Fuzz the REST API against its own OpenAPI schema (served by the server at /openapi.json) with schemathesis:
 generated requests never get a 5xx other than a documented 503, every status code and content type is one the
-schema declares for that route. Bounded examples per route keep it well under a minute."""
+schema declares for that route; and requests that break the schema on purpose (schemathesis' negative mode) never
+get a 5xx either. Bounded examples per route keep it within a minute or two; `make fuzz-server` runs it long
+(NNSERVE_FUZZ_EXAMPLES)."""
 
 from __future__ import annotations
+
+import os
 
 import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import content_type_conformance, status_code_conformance
+from schemathesis.generation import GenerationMode
 from serverproc import ServerProcess
+
+EXAMPLES = max(25, int(os.environ.get("NNSERVE_FUZZ_EXAMPLES", "150")) // 6)
 
 
 @schemathesis.check
@@ -24,23 +32,32 @@ CHECKS = [no_server_error_but_503, status_code_conformance, content_type_conform
 
 
 @pytest.mark.slow
-def test_api_conforms_to_its_schema(server: ServerProcess) -> None:
+@pytest.mark.parametrize(("mode", "checks"), [(GenerationMode.POSITIVE, CHECKS),
+                                              (GenerationMode.NEGATIVE, [no_server_error_but_503])])
+def test_api_conforms_to_its_schema(server: ServerProcess, mode: GenerationMode, checks: list) -> None:
     """Every operation in the schema, 25 generated cases each (schemathesis' strategies, driven by hypothesis)."""
     schema = schemathesis.openapi.from_url(f"http://{server.http_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) > 15
-    calls = []
+    calls: list[int] = []
+    unbreakable: list[str] = []
     for op in operations:
-        @given(op.as_strategy())
-        @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(op.as_strategy(generation_mode=mode))
+        @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def run(case) -> None:  # noqa: ANN001
             response = case.call(timeout=30)
             calls.append(response.status_code)
-            case.validate_response(response, checks=CHECKS)
+            case.validate_response(response, checks=checks)
 
-        run()
-    assert len(calls) >= len(operations)  # something was sent for every route
+        try:
+            run()
+        except Unsatisfiable:  # negative mode: nothing to break (no body, only free-form string path parameters)
+            assert mode == GenerationMode.NEGATIVE, op.label
+            unbreakable.append(op.label)
+    assert len(calls) >= len(operations) - len(unbreakable)  # something was sent for every route
+    assert not {op.label for op in operations if op.body} & set(unbreakable), unbreakable  # every body was broken
     assert server.proc.poll() is None
+    assert "Traceback" not in server.log_text, server.log_text[-3000:]
 
 
 def test_schema_lists_every_route(server: ServerProcess) -> None:

@@ -41,7 +41,8 @@ def test_explicit_mode_load_unload(tmp_path):
         grpc_client.load_model("other")
         assert http.is_model_ready("other") and infer_http(srv, "other").status_code == 200
         http.unload_model("affine")
-        assert not grpc_client.is_model_ready("affine")
+        with pytest.raises(InferenceServerException, match="'affine' has no available versions"):  # as Triton
+            grpc_client.is_model_ready("affine")
         assert grpc_client.is_server_ready()  # an explicit unload does not make the server unready
         assert infer_http(srv, "affine").status_code == 404
         http.load_model("affine")

@@ -27,7 +27,8 @@ def infer_input(x: np.ndarray, module=grpcclient, datatype: str = "FP32", name: 
 def test_health_metadata_config(server):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("affine")
-    assert not client.is_model_ready("affine", "2")
+    with pytest.raises(InferenceServerException, match="'affine' version 2 is not found"):  # Triton: NOT_FOUND
+        client.is_model_ready("affine", "2")
     meta = client.get_server_metadata()
     assert meta.name == "nnserve" and "statistics" in meta.extensions
     md = client.get_model_metadata("affine")
@@ -79,8 +80,8 @@ def test_unknown_model_and_version(server):
         stub = pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelMetadata(pb2.ModelMetadataRequest(name="nope"))
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "Request for unknown model: 'nope'" in info.value.details()
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND  # Triton 2.51
+        assert info.value.details() == "Request for unknown model: 'nope' is not found"
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelConfig(pb2.ModelConfigRequest(name="affine", version="9"))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND

@@ -11,17 +11,21 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from server.protocol import heap
 from server.security import GRPC_HEADER_PREFIX, GRPC_METHOD_GROUPS, Restriction, grpc_restricted_message
 
 
 def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     async def deny(_request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, message)
+        # the code is set, not raised through context.abort: see servicer.fail
+        context.set_code(grpc.StatusCode.UNAVAILABLE)
+        context.set_details(message)
 
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny, handler.request_deserializer, handler.response_serializer)
@@ -52,72 +56,94 @@ class RestrictedProtocolInterceptor(grpc.aio.ServerInterceptor):
         return _deny_handler(handler, grpc_restricted_message(rule.key))
 
 
-def _decode_or_abort(deserialize: Callable[[bytes], Any]) -> Callable[[bytes, Any], Awaitable[Any]]:
-    async def decode(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return deserialize(raw)
-        except DecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
-
-    return decode
+def _malformed(context: grpc.aio.ServicerContext, exc: DecodeError) -> None:
+    # the code is set, not raised through context.abort: see servicer.fail
+    context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+    context.set_details(f"malformed request message: {exc}")
 
 
-def _guard_decoding(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    deserialize = handler.request_deserializer
+@dataclass(frozen=True)
+class Codec:
+    """A method's request deserializer and response serializer, in place of protobuf's for the whole message."""
+
+    deserialize: Callable[[bytes], Any]
+    serialize: Callable[[Any], bytes]
+
+
+def _guard_decoding(handler: grpc.RpcMethodHandler, codec: Codec | None = None) -> grpc.RpcMethodHandler:
+    deserialize = codec.deserialize if codec else handler.request_deserializer
+    serialize = codec.serialize if codec else handler.response_serializer
     if deserialize is None or handler.response_streaming != handler.request_streaming:
         return handler  # the service has no unary-stream / stream-unary methods
-    decode = _decode_or_abort(deserialize)
     if not handler.request_streaming:
         inner = handler.unary_unary
 
         async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-            try:  # decoded here, not in `decode`: one coroutine less on every call
+            try:  # decoded here, not in a wrapper of the deserializer: one coroutine less on every call
                 request = deserialize(raw)
             except DecodeError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
-            return await inner(request, context)
+                _malformed(context, exc)
+                return None
+            size = len(raw)
+            del raw  # the request holds what it needs of the bytes (views, for a large ModelInfer)
+            try:
+                return await inner(request, context)
+            finally:
+                heap.after_request(size)
 
-        return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(unary, None, serialize)
     inner_stream = handler.stream_stream
 
     async def stream(raw_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
         async def decoded() -> Any:
             async for raw in raw_iterator:
-                yield await decode(raw, context)
+                try:
+                    request = deserialize(raw)
+                except DecodeError as exc:  # ends the stream with INVALID_ARGUMENT once the answers so far are out
+                    _malformed(context, exc)
+                    return
+                del raw
+                yield request
 
         async for item in inner_stream(decoded(), context):
             yield item
 
-    return grpc.stream_stream_rpc_method_handler(stream, None, handler.response_serializer)
+    return grpc.stream_stream_rpc_method_handler(stream, None, serialize)
 
 
-def add_guarded(add_servicer: Callable[[Any, Any], None], servicer: Any, server: Any) -> None:
-    """Registers `servicer` through its generated add_*_to_server with the decode guard around every handler."""
-    add_servicer(servicer, _GuardingRegistrar(server))
+def add_guarded(add_servicer: Callable[[Any, Any], None], servicer: Any, server: Any,
+                codecs: dict[str, Codec] | None = None) -> None:
+    """Registers `servicer` through its generated add_*_to_server with the decode guard around every handler, and
+    `codecs` (method name -> Codec) in place of protobuf's for those methods."""
+    add_servicer(servicer, _GuardingRegistrar(server, codecs or {}))
 
 
 class _GuardingRegistrar:
     """What generated add_*_to_server code calls on a server, guarding each handler before passing it on."""
 
-    def __init__(self, server: Any):
+    def __init__(self, server: Any, codecs: dict[str, Codec]):
         self.server = server
+        self.codecs = codecs
 
     def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
-        self.server.add_generic_rpc_handlers(tuple(_GuardedGeneric(h) for h in handlers))
+        self.server.add_generic_rpc_handlers(tuple(_GuardedGeneric(h, self.codecs) for h in handlers))
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.server.add_registered_method_handlers(service, {name: _guard_decoding(h) for name, h in handlers.items()})
+        self.server.add_registered_method_handlers(
+            service, {name: _guard_decoding(h, self.codecs.get(name)) for name, h in handlers.items()})
 
 
 class _GuardedGeneric(grpc.GenericRpcHandler):
     """The generic lookup, grpc's fallback to the registered handlers above, guarded the same way."""
 
-    def __init__(self, inner: grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler, codecs: dict[str, Codec]):
         self.inner = inner
+        self.codecs = codecs
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = self.inner.service(handler_call_details)
-        return None if handler is None else _guard_decoding(handler)
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        return None if handler is None else _guard_decoding(handler, self.codecs.get(method))
 
 
 class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):

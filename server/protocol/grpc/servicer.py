@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -13,14 +14,34 @@ from google.protobuf import json_format
 
 from server.dataplane import DataPlane
 from server.errors import InvalidArgumentError, ServerError
-from server.protocol import grpc_codec
+from server.inference import InferRequest
+from server.protocol import grpc_codec, grpc_wire
 from server.protocol.grpc import health_pb2, health_pb2_grpc, pb2, pb2_grpc
+from server.protocol.grpc.interceptors import Codec, add_guarded
+from server.settings import STREAM_MAX_INFLIGHT, STREAMS_MAX_INFLIGHT
 
 log = logging.getLogger("nnserve.grpc")
 
 
 def status_of(err: ServerError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, err.grpc_code, grpc.StatusCode.INTERNAL)
+
+
+# gRPC carries the message in a trailer, percent-encoded (up to 3x), and a trailer over grpc's metadata limit (8 KiB
+# by default) fails the whole answer with RESOURCE_EXHAUSTED: an error quoting a huge name must still arrive.
+MAX_DETAILS_CHARS = 2048
+
+
+def bounded(message: str) -> str:
+    return message if len(message) <= MAX_DETAILS_CHARS else message[:MAX_DETAILS_CHARS] + "... (truncated)"
+
+
+def fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    """Answer the call with `code` by setting it, not by context.abort: abort keeps an AbortError in the call's state
+    whose traceback holds the handler's frames, which hold the context: a reference cycle that pins the request
+    (its whole payload) until the cyclic GC runs."""
+    context.set_code(code)
+    context.set_details(bounded(message))
 
 
 def _guard(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -31,19 +52,45 @@ def _guard(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any
         try:
             return await method(self, request, context)
         except ServerError as err:
-            await context.abort(status_of(err), err.message)
+            code, message = status_of(err), err.message
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # a bug: answer INTERNAL with the message, log the traceback
             log.exception("%s failed", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+            code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+        # out of the except blocks: the exception, its traceback and the frames holding the request are gone
+        fail(context, code, message)
+        return None  # grpc discards the response of a call whose code is not OK
 
     return wrapper
 
 
+async def decoded(request: Any) -> InferRequest:
+    """A large message (grpc_wire scanned it) is decoded in a worker thread: BYTES elements are unpacked one by one
+    in Python, and the event loop keeps serving meanwhile."""
+    if isinstance(request, grpc_wire.InferMessage):
+        return await asyncio.to_thread(grpc_codec.decode_request, request)
+    return grpc_codec.decode_request(request)
+
+
+_READ_FAILED = object()  # on a stream's answer queue: reading its requests raised
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """ModelStreamInfer backpressure: requests read but not yet answered (their response not yet written), per
+    stream and over all streams of the server. At a limit the server stops reading the stream, so HTTP/2 flow
+    control holds the client back."""
+
+    per_stream: int = STREAM_MAX_INFLIGHT
+    per_server: int = STREAMS_MAX_INFLIGHT
+
+
 class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dp: DataPlane):
+    def __init__(self, dp: DataPlane, stream_limits: StreamLimits | None = None):
         self.dp = dp
+        self.stream_limits = stream_limits or StreamLimits()
+        self._stream_slots: asyncio.Semaphore | None = None  # made on first use, inside the server's event loop
 
     @_guard
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - rpc names are the protocol's
@@ -77,37 +124,70 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
 
     @_guard
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        resp = await self.dp.infer(grpc_codec.decode_request(request))
-        return grpc_codec.encode_response(resp)
+        resp = await self.dp.infer(await decoded(request))
+        return grpc_codec.encode_response_parts(resp)  # joined by grpc_wire.serialize_response
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
         """Requests on one stream run concurrently (so they can batch); responses go back as they finish.
-        Errors go into error_message and the stream stays open, as Triton does."""
+        Errors go into error_message and the stream stays open, as Triton does. At most stream_limits requests are
+        between being read and their response being written (see StreamLimits)."""
+        if self._stream_slots is None:
+            self._stream_slots = asyncio.Semaphore(self.stream_limits.per_server)
+        server_slots, own_slots = self._stream_slots, asyncio.Semaphore(self.stream_limits.per_stream)
         done: asyncio.Queue[Any] = asyncio.Queue()
+        held = 0  # server slots this stream holds
+        tasks: set[asyncio.Task] = set()
 
         async def read_all() -> None:
-            tasks = [asyncio.create_task(self._stream_one(r, done)) async for r in request_iterator]
-            await asyncio.gather(*tasks)
+            nonlocal held
+            iterator = aiter(request_iterator)
+            while True:
+                await own_slots.acquire()
+                await server_slots.acquire()
+                held += 1
+                try:
+                    request = await anext(iterator)
+                except StopAsyncIteration:
+                    break
+                task = asyncio.create_task(self._stream_one(request, done))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                del request, task
+            own_slots.release()
+            server_slots.release()
+            held -= 1
+            while tasks:
+                await asyncio.gather(*tasks)
             await done.put(None)
 
         reader = asyncio.create_task(read_all())
+        reader.add_done_callback(lambda t: t.cancelled() or t.exception() is None or done.put_nowait(_READ_FAILED))
         try:
             while (item := await done.get()) is not None:
+                if item is _READ_FAILED:
+                    reader.result()  # raises what ended the reading
                 yield item
+                del item
+                held -= 1
+                server_slots.release()
+                own_slots.release()
         finally:
             reader.cancel()
+            for task in tasks:
+                task.cancel()
+            for _ in range(held):  # the answers never written: their slots go back to the other streams
+                server_slots.release()
 
     async def _stream_one(self, request: Any, done: asyncio.Queue[Any]) -> None:
         try:
-            resp = await self.dp.infer(grpc_codec.decode_request(request))
-            await done.put(pb2.ModelStreamInferResponse(infer_response=grpc_codec.encode_response(resp)))
+            resp = await self.dp.infer(await decoded(request))
+            item: Any = grpc_codec.encode_response_parts(resp)  # wrapped by grpc_wire.serialize_stream_response
         except ServerError as err:
-            await done.put(pb2.ModelStreamInferResponse(error_message=err.message,
-                                                        infer_response=pb2.ModelInferResponse(id=request.id)))
+            item = _stream_error(err.message, request)
         except Exception as exc:  # a bug: the stream still answers this request and stays open for the others
             log.exception("ModelStreamInfer request failed")
-            await done.put(pb2.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}",
-                                                        infer_response=pb2.ModelInferResponse(id=request.id)))
+            item = _stream_error(f"internal error: {type(exc).__name__}: {exc}", request)
+        await done.put(item)
 
     @_guard
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -129,6 +209,11 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
         return pb2.RepositoryModelUnloadResponse()
 
 
+def _stream_error(message: str, request: Any) -> Any:
+    return pb2.ModelStreamInferResponse(error_message=bounded(message), infer_response=pb2.ModelInferResponse(
+        id=request.id[:MAX_DETAILS_CHARS]))
+
+
 class HealthServicer(health_pb2_grpc.HealthServicer):
     """grpc.health.v1.Health: "" answers for the server's readiness, a model name for that model's."""
 
@@ -140,7 +225,25 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         if not request.service:
             ready = self.dp.ready()
         elif request.service in self.dp.repository.names_on_disk():
-            ready = self.dp.model_ready(request.service)
+            try:
+                ready = self.dp.model_ready(request.service)
+            except ServerError:
+                ready = False
         else:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
+            fail(context, grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
+            return None
         return status(status=status.SERVING if ready else status.NOT_SERVING)
+
+
+# ModelInfer and ModelStreamInfer through grpc_wire: raw tensors neither copied on the way in nor on the way out.
+INFER_CODECS = {
+    "ModelInfer": Codec(grpc_wire.parse_infer_request, grpc_wire.serialize_response),
+    "ModelStreamInfer": Codec(grpc_wire.parse_infer_request, grpc_wire.serialize_stream_response),
+}
+
+
+def add_to_server(server: Any, dp: DataPlane, stream_limits: StreamLimits | None = None) -> None:
+    """GRPCInferenceService and grpc.health.v1.Health over `dp` on `server`, each handler decode-guarded."""
+    add_guarded(pb2_grpc.add_GRPCInferenceServiceServicer_to_server, InferenceServicer(dp, stream_limits), server,
+                INFER_CODECS)
+    add_guarded(health_pb2_grpc.add_HealthServicer_to_server, HealthServicer(dp), server)

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server import settings
 from server.dataplane import DataPlane
 from server.errors import InvalidArgumentError, ServerError, UnavailableError
+from server.protocol.rest.body_limit import BodyLimitMiddleware
 from server.protocol.rest.infer import Answer, InferFastPath, error_answer, infer_answer
 from server.protocol.rest.openapi import (
     EMPTY_OK,
@@ -34,10 +35,14 @@ log = logging.getLogger("nnserve.http")
 
 
 def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYTES,
-               restrictions: dict[str, Restriction] | None = None) -> Any:
-    """The ASGI app: the infer fast path (server/protocol/rest/infer.py) in front of the FastAPI app."""
-    # The schema is served (at /openapi.json) so clients and fuzzers can check the routes against it.
-    app = FastAPI(title="nnserve", version=settings.SERVER_VERSION, docs_url=None, redoc_url=None,
+               restrictions: dict[str, Restriction] | None = None, *,
+               max_body_bytes: int = settings.HTTP_MAX_BODY_BYTES,
+               decode_in_thread_bytes: int = settings.HTTP_DECODE_IN_THREAD_BYTES) -> Any:
+    """The ASGI app: the infer fast path (server/protocol/rest/infer.py) in front of the FastAPI app, whose routes
+    take bodies of at most `max_body_bytes`."""
+    # The schema is served (at /openapi.json) so clients and fuzzers can check the routes against it, and FastAPI's
+    # UI for it at /docs (its script and style come from a CDN to the browser; the server serves only the page).
+    app = FastAPI(title="nnserve", version=settings.SERVER_VERSION, docs_url="/docs", redoc_url=None,
                   openapi_url="/openapi.json")
 
     @app.exception_handler(ServerError)
@@ -62,7 +67,7 @@ def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYT
     _health_routes(app, dp)
     _model_routes(app, dp, max_input_bytes)
     _repository_routes(app, dp)
-    served: Any = InferFastPath(app, dp, max_input_bytes)
+    served: Any = InferFastPath(BodyLimitMiddleware(app, max_body_bytes), dp, max_input_bytes, decode_in_thread_bytes)
     # outermost: a restricted call is refused before any route, fast or not, reads its body
     return RestrictedApiMiddleware(served, restrictions=restrictions) if restrictions else served
 
@@ -113,10 +118,10 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
     for path in both(""):
         app.add_api_route(path, lambda model, version="": dp.model_metadata(model, version), methods=["GET"],
                           responses=lookup)
-    for path in both("/ready"):
+    for path in both("/ready"):  # Triton's answers: 200, or the lookup's error (unknown 404, loading 503, ...)
         app.add_api_route(path, lambda model, version="": Response(status_code=200 if dp.model_ready(model, version)
                                                                     else 400), methods=["GET"],
-                          response_class=Response, responses={**errors(403), 200: EMPTY_OK, 400: NOT_READY})
+                          response_class=Response, responses={**errors(400, 403, 404, 503), 200: EMPTY_OK})
     for path in both("/config"):
         app.add_api_route(path, lambda model, version="": dp.model_config_dict(model, version), methods=["GET"],
                           responses=lookup)
@@ -134,22 +139,28 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
 
 
 def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
-    @app.post("/v2/repository/index", openapi_extra=INDEX_EXTRA, responses=errors(400, 403))
+    @app.post("/v2/repository/index", openapi_extra=INDEX_EXTRA, responses=errors(400, 403, 413))
     async def index(request: Request) -> list[dict[str, str]]:
-        body = await _json_body(request)
-        return dp.repository_index(bool(body.get("ready", False)))
+        ready = (await _json_body(request)).get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgumentError("Invalid value for 'ready': expected a boolean")  # Triton's words
+        return dp.repository_index(ready)
 
-    @app.post("/v2/repository/models/{model}/load", openapi_extra=LOAD_EXTRA, responses=errors(400, 403, 503))
+    @app.post("/v2/repository/models/{model}/load", openapi_extra=LOAD_EXTRA,
+              responses=errors(400, 403, 413, 500, 503))
     async def load(model: str, request: Request) -> Response:
         params = (await _json_body(request)).get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidArgumentError("'parameters' must be an object")
         if any(k.startswith("file:") for k in params):
             raise InvalidArgumentError("loading model files through the API ('file:' parameters) is not supported")
         config = params.get("config")
         await dp.load_model(model, config if isinstance(config, str) or config is None else json.dumps(config))
         return Response(status_code=200)
 
-    @app.post("/v2/repository/models/{model}/unload", responses=errors(400, 403, 503))
-    async def unload(model: str) -> Response:
+    @app.post("/v2/repository/models/{model}/unload", responses=errors(400, 403, 413, 503))
+    async def unload(model: str, request: Request) -> Response:
+        await _json_body(request)  # read (and so limited) like the others; unload_dependents: nothing depends
         await dp.unload_model(model)
         return Response(status_code=200)
 
@@ -160,8 +171,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
         return {}
     try:
         doc = json.loads(body)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, invalid UTF-8 (UnicodeDecodeError), digits past Python's limit
         raise InvalidArgumentError(f"failed to parse the request JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgumentError("failed to parse the request JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise InvalidArgumentError("the request JSON must be an object")
     return doc

@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 
 from server.dataplane import DataPlane
 from server.errors import ClientDisconnectedError, InvalidArgumentError, PayloadTooLargeError, ServerError
-from server.inference import InferRequest
-from server.protocol import rest_codec
+from server.inference import InferRequest, InferResponse
+from server.protocol import heap, rest_codec
 from server.protocol.rest import compression
+from server.settings import HTTP_DECODE_IN_THREAD_BYTES
 
 log = logging.getLogger("nnserve.http")
 
@@ -60,16 +61,26 @@ def error_answer(exc: Exception, method: str, path: str) -> Answer:
 
 
 async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping[str, str], receive: Receive,
-                       max_input_bytes: int) -> Answer:
-    """One inference request; `headers` is looked up by lower-case name."""
-    body = compression.decompress(await read_body(headers, receive, max_input_bytes),
-                                  headers.get("content-encoding"), max_input_bytes)
-    header = int_header(headers.get(HEADER_LENGTH))
-    if header == 0:
-        req = _raw_binary(dp, model, version, body)
-    else:
-        req = rest_codec.decode_request(model, version, body, header)
-    resp = await unless_disconnected(receive, dp.infer(req))
+                       max_input_bytes: int, decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES) -> Answer:
+    """One inference request; `headers` is looked up by lower-case name. Bodies of at least
+    `decode_in_thread_bytes` are decompressed and decoded in a worker thread (rest_codec.decode_request)."""
+    body = await read_body(headers, receive, max_input_bytes)
+    size = len(body)
+    try:
+        encoding, header = headers.get("content-encoding"), int_header(headers.get(HEADER_LENGTH))
+        if header == 0:
+            req = _raw_binary(dp, model, version, compression.decompress(body, encoding, max_input_bytes))
+        elif size >= decode_in_thread_bytes:
+            req = await asyncio.to_thread(_decode, model, version, body, encoding, header, max_input_bytes, True)
+        else:
+            req = _decode(model, version, body, encoding, header, max_input_bytes, False)
+        del body  # the request holds what it needs: views of the body for binary tensors, or arrays
+        return _encoded(await unless_disconnected(receive, dp.infer(req)), req, headers)
+    finally:
+        heap.after_request(size)
+
+
+def _encoded(resp: InferResponse, req: InferRequest, headers: Mapping[str, str]) -> Answer:
     payload, json_len = rest_codec.encode_response(resp, req)
     payload, encoding = compression.compress(payload, headers.get("accept-encoding"))
     answer = Answer(payload, content_type=JSON_TYPE if json_len is None else BINARY_TYPE)
@@ -78,6 +89,12 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
     if json_len is not None:
         answer.headers[rest_codec.HEADER_LENGTH] = str(json_len)
     return answer
+
+
+def _decode(model: str, version: str, body: bytes, encoding: str | None, header: int | None, limit: int,
+            yielding: bool) -> InferRequest:
+    return rest_codec.decode_request(model, version, compression.decompress(body, encoding, limit), header,
+                                     yielding=yielding)
 
 
 def _raw_binary(dp: DataPlane, model: str, version: str, body: bytes) -> InferRequest:
@@ -147,8 +164,10 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
 class InferFastPath:
     """ASGI: infer requests answered here, everything else passed to `app` (the FastAPI app)."""
 
-    def __init__(self, app: Any, dp: DataPlane, max_input_bytes: int):
+    def __init__(self, app: Any, dp: DataPlane, max_input_bytes: int,
+                 decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES):
         self.app, self.dp, self.max_input_bytes = app, dp, max_input_bytes
+        self.decode_in_thread_bytes = decode_in_thread_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -160,7 +179,7 @@ class InferFastPath:
             headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
         try:
             answer = await infer_answer(self.dp, match["model"], match["version"] or "", headers, receive,
-                                        self.max_input_bytes)
+                                        self.max_input_bytes, self.decode_in_thread_bytes)
         except Exception as exc:
             answer = error_answer(exc, "POST", scope["path"])
         await send({"type": "http.response.start", "status": answer.status, "headers": answer.raw_headers()})

@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol writing each response's head and body in one send.
+"""uvicorn's httptools protocol, writing each response's head and body in one send, and guarded against slow or
+oversized requests and against running out of connections (GuardedHttpToolsProtocol).
 
 uvicorn writes the head when the app sends http.response.start and the body on http.response.body: two send()
 calls, two TCP segments and two wake-ups of the client for every small response. An app sends both from the same
@@ -9,6 +10,10 @@ next turn, for a head with nothing after it) and passes both on in one writeline
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # httptools: the server extra has it
@@ -53,3 +58,136 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(HeadHoldingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+
+log = logging.getLogger("nnserve.http")
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one HTTP connection may hold or take (server/settings.py has the defaults, SECURITY.md the why)."""
+
+    max_header_bytes: int
+    header_timeout: float
+    body_timeout: float
+    idle_timeout: float
+    max_connections: int
+
+
+def protocol_class(limits: HttpLimits) -> type[GuardedHttpToolsProtocol]:
+    """uvicorn.Config(http=...) takes a class: one per server, carrying its limits."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+
+
+def _raw_error(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n").encode() + body
+
+
+class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
+    """uvicorn's protocol has a keep-alive timeout between requests and nothing else: a client that connects and
+    sends nothing, or half a request, or headers without end, holds a connection (and a file descriptor) forever,
+    and enough of them lock everyone out once accept() runs out of descriptors. Here:
+
+    - a connection with no request in progress closes after idle_timeout (from its start, too);
+    - a request's line and headers must arrive within header_timeout of its first byte, and be at most
+      max_header_bytes (431), else the connection closes;
+    - its body must arrive within body_timeout of the headers (408);
+    - past max_connections, a new connection closes the one that has been quiet longest (no request running:
+      idle, or still sending its headers), or itself when every connection is running a request.
+    """
+
+    limits: HttpLimits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._quiet_since = time.monotonic()
+        self._head_bytes = 0  # bytes received since the current request's head began
+        self._in_head = True  # the bytes that come next are a request's line and headers
+        self._timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections and not self._evict_one():
+            log.warning("HTTP connection limit (%d) reached with every connection busy: refusing one",
+                        self.limits.max_connections)
+            self.transport.close()
+            return
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def _evict_one(self) -> bool:
+        quiet = [c for c in self.connections if c is not self and isinstance(c, GuardedHttpToolsProtocol)
+                 and c.is_quiet()]
+        if not quiet:
+            return False
+        oldest = min(quiet, key=lambda c: c._quiet_since)
+        oldest.transport.close()
+        self.connections.discard(oldest)  # closing is asynchronous: it is gone for the count already
+        return True
+
+    def is_quiet(self) -> bool:
+        """No request of this connection is with the app (idle, or its next request's head still arriving)."""
+        return (self.cycle is None or self.cycle.response_complete) and not self.pipeline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float, on_expiry: Any) -> None:
+        self._cancel_timer()
+        self._timer = self.loop.call_later(seconds, on_expiry)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # ---- the head: first byte to the end of the headers ----------------------------------------------------
+    # Counted on the raw bytes: httptools accumulates a header's value until the header ends, so a value without
+    # end would grow in memory before any callback saw it. A read that ends the headers is not counted against the
+    # limit (it may carry the start of the body), so the head may exceed it by one read at most.
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm(self.limits.header_timeout, self._head_too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._in_head:
+            super().data_received(data)
+            return
+        self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
+            self._refuse(431, "Request Header Fields Too Large", f"request line and headers exceed "
+                         f"{self.limits.max_header_bytes} bytes (--http-max-header-size)")
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+        self._arm(self.limits.body_timeout, self._body_too_slow)
+
+    def on_message_complete(self) -> None:
+        self._cancel_timer()
+        self._in_head, self._head_bytes = True, 0  # what comes next is the next request's head
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self._quiet_since = time.monotonic()
+        super().on_response_complete()
+
+    def _head_too_slow(self) -> None:
+        self._timer = None
+        log.debug("closing an HTTP connection whose request headers took over %.1f s", self.limits.header_timeout)
+        self.transport.close()
+
+    def _body_too_slow(self) -> None:
+        self._timer = None
+        if self.cycle is not None and not self.cycle.response_started:
+            self._refuse(408, "Request Timeout", f"request body not received within {self.limits.body_timeout:g} s "
+                         "of its headers (--http-body-timeout-secs)")
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        self._cancel_timer()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # the app's answer, if it comes, is dropped, not written after this one
+        self.transport.write(_raw_error(status, reason, message))
+        self.transport.close()

@@ -1,0 +1,139 @@
+"""ModelInferRequest / ModelInferResponse in protobuf's wire format, for the bulk of a message: its raw tensors.
+
+protobuf copies every bytes field it parses, and again each time Python reads one, and grpc hands the server the
+serialized message as one more copy: a large request cost ~3.5x its size. Here the message's top-level fields are
+scanned (a handful of tags), the raw_input_contents entries are kept as views into the bytes grpc received, and
+only the rest (names, shapes, parameters: small) goes through protobuf. Responses are assembled the same way: the
+small part serialized by protobuf, the raw outputs appended as they are, in one join.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from server.protocol.grpc import pb2
+
+# Below this a message is parsed by protobuf whole: its copies cost less than scanning in Python.
+SCAN_BYTES = 64 * 1024
+RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
+RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
+STREAM_RESPONSE_FIELD = 2  # ModelStreamInferResponse.infer_response
+_LEN = 2  # wire type of length-delimited fields
+
+
+@dataclass(slots=True)
+class InferMessage:
+    """A ModelInferRequest whose raw_input_contents (`raw`) are views into the received bytes; `message` has the
+    rest. What the ModelInfer and ModelStreamInfer handlers receive."""
+
+    message: Any
+    raw: list[memoryview]
+
+    @property
+    def id(self) -> str:
+        return self.message.id
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise DecodeError("truncated varint")
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise DecodeError("varint longer than 10 bytes")
+
+
+def _skip(data: bytes, pos: int, wire_type: int) -> int:
+    if wire_type == 0:
+        return _varint(data, pos)[1]
+    if wire_type == 1:
+        return pos + 8
+    if wire_type == _LEN:
+        length, pos = _varint(data, pos)
+        return pos + length
+    if wire_type == 5:
+        return pos + 4
+    raise DecodeError(f"wire type {wire_type} is not used by this message")
+
+
+def split_fields(data: bytes, field: int) -> tuple[list[memoryview], list[memoryview]]:
+    """(views of every length-delimited top-level `field`, views of the runs of all other fields in order)."""
+    view = memoryview(data)
+    found: list[memoryview] = []
+    rest: list[memoryview] = []
+    pos = run = 0
+    end = len(data)
+    while pos < end:
+        start = pos
+        tag, pos = _varint(data, pos)
+        if tag >> 3 == 0:
+            raise DecodeError("field number 0")
+        if tag == (field << 3 | _LEN):
+            length, pos = _varint(data, pos)
+            if pos + length > end:
+                raise DecodeError("truncated message")
+            rest.append(view[run:start])
+            found.append(view[pos : pos + length])
+            pos = run = pos + length
+            continue
+        pos = _skip(data, pos, tag & 7)
+        if pos > end:
+            raise DecodeError("truncated message")
+    rest.append(view[run:end])
+    return found, rest
+
+
+def parse_infer_request(data: bytes) -> Any:
+    """grpc's request deserializer for ModelInfer and ModelStreamInfer: small messages as protobuf parses them, large
+    ones as an InferMessage holding views of the raw tensors (no copy of them)."""
+    if len(data) < SCAN_BYTES:
+        return pb2.ModelInferRequest.FromString(data)
+    raw, rest = split_fields(data, RAW_INPUT_FIELD)
+    message = pb2.ModelInferRequest.FromString(b"".join(rest))
+    return InferMessage(message, raw)
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def field_header(field: int, length: int) -> bytes:
+    return _encode_varint(field << 3 | _LEN) + _encode_varint(length)
+
+
+def response_parts(message: Any, raw_outputs: list[Any]) -> list[Any]:
+    """A ModelInferResponse as buffers to join: `message` (without raw outputs) serialized, then each raw output
+    (a bytes-like object) behind its field header; fields may come in any order on the wire."""
+    parts: list[Any] = [message.SerializeToString()]
+    for raw in raw_outputs:
+        parts += (field_header(RAW_OUTPUT_FIELD, memoryview(raw).nbytes), raw)
+    return parts
+
+
+def serialize_response(parts: Any) -> bytes:
+    """grpc's response serializer for ModelInfer: the handler answers with the parts of response_parts (or a
+    ModelInferResponse)."""
+    return b"".join(parts) if isinstance(parts, list) else parts.SerializeToString()
+
+
+def serialize_stream_response(item: Any) -> bytes:
+    """ModelStreamInfer's serializer: a list of a response's parts (wrapped as infer_response), or a
+    ModelStreamInferResponse message (errors)."""
+    if not isinstance(item, list):
+        return item.SerializeToString()
+    size = sum(memoryview(p).nbytes for p in item)
+    return b"".join([field_header(STREAM_RESPONSE_FIELD, size), *item])
