@@ -229,7 +229,7 @@ def test_poll_mode_polls_on_past_a_bad_model(tmp_path):
 def test_a_load_config_that_is_not_json_is_a_400(explicit):
     r = httpx.post(f"http://{explicit.http_url}/v2/repository/models/affine/load", timeout=60,
                    json={"parameters": {"config": "[" * 100000}})  # too deep for json
-    assert r.status_code == 400 and "invalid model config JSON" in r.json()["error"], r.text
+    assert r.status_code == 400 and "the 'config' parameter: JSON nested too deeply" in r.json()["error"], r.text
     r = httpx.post(f"http://{explicit.http_url}/v2/repository/models/affine/load", timeout=60,
                    json={"parameters": {"config": json.dumps({"name": "affine", "max_batch_size": "many"})}})
     assert r.status_code == 400, r.text
