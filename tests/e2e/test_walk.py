@@ -154,7 +154,8 @@ class Walk:
 
 
 def make_commands(target: str, cwd: Path, env: dict[str, str]) -> list[str]:
-    proc = subprocess.run(["make", "-n", target], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()
 
@@ -170,7 +171,10 @@ def user_env(home: Path) -> dict[str, str]:
     """A shell as a user has it: no virtualenv of the suite on PATH or in the environment."""
     suite_bin = str(Path(sys.executable).parent)
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != suite_bin]
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    # `make test` runs the suite: a user's shell has none of make's variables (MAKELEVEL would make make -n print
+    # "Entering directory" lines, as a sub-make does).
+    drop = {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     return {**env, "PATH": os.pathsep.join(path), "NUMBA_CACHE_DIR": str(home / "numba"), "PYTHONUNBUFFERED": "1"}
 
 
