@@ -13,6 +13,7 @@ from toy_ops import PROBED
 
 import engine
 from engine.ir import Graph
+from engine.runtime.inputs import SMALL_READ_ONLY
 from engine.runtime.model import Model
 
 toys = pytest.mark.usefixtures("toys")
@@ -73,13 +74,23 @@ def test_misaligned_input_is_copied_aligned():
 
 @toys
 def test_read_only_input_is_read_in_place_and_left_as_it_was():
-    data = values().tobytes()
-    x = np.frombuffer(data, np.float32).reshape(2, 6)  # a request's bytes: read-only
-    assert not x.flags.writeable
+    shape = (64, 128)  # 32 KiB: above SMALL_READ_ONLY
+    data = values(shape).tobytes()
+    x = np.frombuffer(data, np.float32).reshape(shape)  # a request's bytes: read-only
+    assert not x.flags.writeable and x.nbytes >= SMALL_READ_ONLY
     out, address, seen = run_probe(x)
     assert address == x.ctypes.data  # no copy: seen through a writeable view of the same bytes
+    assert seen.flags.writeable  # numba's variant for writeable arrays, compiled when the kernel was built
+    np.testing.assert_array_equal(out, values(shape))
+    assert data == values(shape).tobytes()
+
+
+@toys
+def test_small_read_only_input_is_copied():
+    x = np.frombuffer(values().tobytes(), np.float32).reshape(2, 6)
+    out, address, seen = run_probe(x)
+    assert address != x.ctypes.data and seen.flags.writeable  # cheaper than the view at 48 bytes
     np.testing.assert_array_equal(out, values())
-    assert data == values().tobytes()
 
 
 @toys
@@ -158,7 +169,7 @@ def test_each_run_reads_its_own_arrays():
 @pytest.mark.parametrize("name", fixture_names())
 def test_fixture_models_read_only_inputs_untouched(name):
     """Every kernel the fixtures use reads its graph inputs and never writes them: requests' bytes come in
-    read-only and are bound in place."""
+    read-only and are bound in place (the fixtures' image inputs are above SMALL_READ_ONLY)."""
     inst = engine.load(model_path(name)).instance(max_shapes=max_shapes(name))
     for feeds, want in cases(name):
         raw = {k: a.astype(a.dtype.newbyteorder("<")).tobytes() for k, a in feeds.items()}
