@@ -2,6 +2,7 @@
 
     .venv-dev/bin/python bench/engine.py                       # 5 models x batch 1 and 8, appends to RESULTS.md
     .venv-dev/bin/python bench/engine.py resnet18 --batches 1 --no-record
+    .venv-dev/bin/python bench/engine.py --peers "" --no-record   # nnserve alone (before/after comparisons)
 
 Needs the bench models (`.venv-dev/bin/python tools/make_fixtures.py --bench`) and the peers of .venv-dev.
 Every iteration runs each engine once, in rotating order, so machine noise hits all of them alike; the ratios
@@ -76,15 +77,18 @@ def conv_class(node) -> str:
     return f"{kh}x{kw} s{stride[0] if isinstance(stride, (tuple, list)) else stride}{kind}"
 
 
-def make_runners(name: str, batch: int) -> dict[str, Runner]:
+def make_runners(name: str, batch: int, peers: list[str]) -> dict[str, Runner]:
     base = MODELS / name
     size = int(np.load(base / "input.npy").shape[-1])
     # Batch 1 uses the fixture's own (static) files; batch 8 needs the batch-dynamic re-export.
     src = base if batch == 1 else dynamic_exports(name)
     onnx = base / "model.onnx" if batch == 1 else src / "model.onnx"
-    runners: dict[str, Runner] = {"nnserve": NnserveRunner(src / "model.pnnx.param", batch, size),
-                                  "onnxruntime": OrtRunner(onnx), "pytorch": TorchRunner(name)}
-    if batch == 1:
+    runners: dict[str, Runner] = {"nnserve": NnserveRunner(src / "model.pnnx.param", batch, size)}
+    if "onnxruntime" in peers:
+        runners["onnxruntime"] = OrtRunner(onnx)
+    if "pytorch" in peers:
+        runners["pytorch"] = TorchRunner(name)
+    if batch == 1 and "ncnn" in peers:
         runners["ncnn"] = NcnnRunner(base)
     return runners
 
@@ -115,13 +119,13 @@ def breakdown_text(per_op: dict[str, float], top: int = 8) -> str:
     return ", ".join(f"{op} {s * 1e3:.1f} ms ({s / total:.0%})" for op, s in items) + f"; sum {total * 1e3:.1f} ms"
 
 
-def run(names: list[str], batches: list[int], iters: dict[int, int], warmup: int) -> dict:
+def run(names: list[str], batches: list[int], iters: dict[int, int], warmup: int, peers: list[str]) -> dict:
     rows, breakdowns, ratios = [], [], defaultdict(list)
     for batch in batches:
         for name in names:
             x1 = np.load(MODELS / name / "input.npy").astype(np.float32)
             x = np.ascontiguousarray(np.repeat(x1, batch, axis=0))
-            runners = make_runners(name, batch)
+            runners = make_runners(name, batch, peers)
             med, outs = bench_one(runners, x, iters[batch], warmup)
             ref = outs["nnserve"]
             diffs = {p: float(np.abs(outs[p].reshape(ref.shape) - ref).max()) for p in PEERS if p in outs}
@@ -149,6 +153,8 @@ def print_row(row: dict) -> None:
 
 def targets(res: dict, batches: list[int]) -> list[str]:
     lines, ratios = [], res["ratios"]
+    if not ratios[(batches[0], "onnxruntime")]:  # nnserve alone (or without ORT): no targets to check
+        return lines
     if 8 in batches:
         g = geomean(ratios[(8, "onnxruntime")])
         lines.append(f"batch 8 geomean nnserve/ORT {g:.2f}x (target <= 1.00): {'MET' if g <= 1.0 else 'NOT MET'}")
@@ -195,12 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters1", type=int, default=20, help="timed iterations at batch 1")
     ap.add_argument("--iters8", type=int, default=8, help="timed iterations at other batches")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--peers", default=",".join(PEERS), help="peers timed beside nnserve, comma-separated "
+                    "(default all; \"\" times nnserve alone)")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
+    peers = [p for p in args.peers.split(",") if p]
+    if set(peers) - set(PEERS):
+        ap.error(f"unknown peers {sorted(set(peers) - set(PEERS))}; known: {', '.join(PEERS)}")
     iters = {b: args.iters1 if b == 1 else args.iters8 for b in batches}
     print(machine(), flush=True)
-    res = run(args.models, batches, iters, args.warmup)
+    res = run(args.models, batches, iters, args.warmup, peers)
     for line in targets(res, batches):
         print(line)
     if not args.no_record:

@@ -18,6 +18,8 @@ import numpy as np
 
 from engine.errors import EngineError
 from engine.formats.registry import FORMATS
+from engine.runtime.inspect import describe, describe_graph
+from engine.runtime.model import load
 from engine.runtime.options import EngineOptions, environment_options
 
 
@@ -146,9 +148,7 @@ def exit_quietly_on_broken_pipe(command: Callable[[], int]) -> int:
 
 # -- run --------------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    import engine
-
-    model = engine.load(args.model)
+    model = load(args.model)
     feeds = {name: _load_npy(path) for name, path in args.input}
     max_shapes = dict(args.max_shape)
     for spec in model.inputs:  # a dynamic input without --max-shape: plan for the given array
@@ -186,8 +186,6 @@ def _file_name(name: str) -> str:
 
 # -- inspect ----------------------------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from engine.runtime.inspect import describe, describe_graph
-
     print(describe_graph(args.model) if args.graph_only
           else describe(args.model, dict(args.max_shape), args.engine_options))
     return 0
@@ -195,9 +193,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 # -- convert ----------------------------------------------------------------------------------------
 def cmd_convert(args: argparse.Namespace) -> int:
-    import engine
-
-    model = engine.load(args.model)
+    model = load(args.model)
     write = FORMATS[args.to].write
     options = {"fp16": args.fp16} if args.tnn_version is None else {"fp16": args.fp16, "version": args.tnn_version}
     # A TNN proto records one fixed shape per input: dynamic dims need --input-shape.

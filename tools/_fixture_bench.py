@@ -18,6 +18,17 @@ import torchvision.models as tvm
 from _fixture_io import export_pnnx
 from torch import nn
 
+
+def vit_b_16() -> nn.Module:
+    """ViT-B/16 with a random classifier head: torchvision zero-initialises it, and an all-zero output would
+    compare equal to anything."""
+    model = tvm.vit_b_16()
+    with torch.no_grad():
+        head = model.heads.head
+        head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.02)
+    return model
+
+
 # name -> (constructor, input size, with ncnn + onnx)
 BENCH_MODELS: dict[str, tuple[Callable[[], nn.Module], int, bool]] = {
     "resnet18": (lambda: tvm.resnet18(), 224, True),
@@ -29,6 +40,8 @@ BENCH_MODELS: dict[str, tuple[Callable[[], nn.Module], int, bool]] = {
     "inception_v3": (lambda: tvm.inception_v3(aux_logits=False, init_weights=False), 299, False),
     "vgg16": (lambda: tvm.vgg16(), 224, False),
     "resnet50": (lambda: tvm.resnet50(), 224, False),
+    "mobilenet_v3_small": (lambda: tvm.mobilenet_v3_small(), 224, False),
+    "vit_b_16": (vit_b_16, 224, False),
 }
 
 

@@ -7,6 +7,8 @@ A device owns:
 - `prepare(graph)`: its own rewrite of a loaded graph before compiling (the CPU's layout; identity elsewhere);
 - `options`: its settings, read once by the caller and passed in;
 and where the arena lives, how a node's kernel and its workspace are built, how data crosses to and from it.
+A device whose kernels read host memory (`host_inputs`) reads the graph inputs where the caller holds them; the
+others get them copied into their arena (`copy_in`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Device(ABC):
     ops: Mapping[str, OpDef] = OPS
     kernels: Mapping[str, object] = {}
     options: object = None
+    host_inputs: bool = True  # kernels read the caller's input arrays in place: no arena slot, no copy-in
 
     def prepare(self, graph: Graph) -> Graph:
         """The graph this device compiles: `graph` itself, or a rewritten copy (never changed in place)."""
@@ -53,7 +56,7 @@ class Device(ABC):
         return contextlib.nullcontext()
 
     def copy_in(self, view, array: np.ndarray) -> None:
-        """Copies a request's input into its arena view."""
+        """Copies a request's input into its arena view (devices without `host_inputs`)."""
         np.copyto(view, array)
 
     def copy_out(self, view) -> np.ndarray:

@@ -37,7 +37,7 @@ class MemoryPlan:
     lifetimes: dict[Key, tuple[int, int]]  # (first step, last step) of the buffer's storage group, inclusive
     storage: dict[Key, Key]  # buffer -> root buffer of its storage group
     arena_bytes: int
-    naive_bytes: int  # every graph input and non-alias op output in its own aligned slot
+    naive_bytes: int  # every buffer of `sizes` in its own aligned slot (alias views have none)
     peak_live_bytes: int  # max over steps of aligned bytes live at once (in-place/alias groups once)
     strategy: str = ""
     workspace_bytes: int = 0  # filled in by the runtime

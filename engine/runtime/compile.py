@@ -3,6 +3,10 @@
 Host values (constants, shape arithmetic) are never scheduled and never in the arena. Every other node is a
 step; alias ops (reshape family) are steps for the planner but run no code, since their output view already
 sits on their input's bytes.
+
+Where the device's kernels read host memory (`Device.host_inputs`), the graph inputs are not in the arena: they
+stay in the caller's arrays, bound per run (bind.py), and so do alias views of them. The arena then holds the
+intermediates and the outputs only. No op runs in place on such an external value (it is the caller's memory).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class CompiledNode:
 @dataclass
 class Compiled:
     nodes: list[CompiledNode]  # scheduled nodes, in execution order
-    arena_values: list[Value]  # graph inputs first, then scheduled outputs
+    arena_values: list[Value]  # graph inputs first where they are copied in, then scheduled outputs
+    external: list[Value]  # in the caller's memory: graph inputs first, then alias views of them, in order
     plan: MemoryPlan
     infos: dict[Value, TensorInfo]  # at the max shapes
 
@@ -38,28 +43,37 @@ def is_host(node: Node, infos: dict[Value, TensorInfo]) -> bool:
 
 def compile_graph(graph: Graph, infos: dict[Value, TensorInfo], device: Device) -> Compiled:
     scheduled = [n for n in graph.nodes if not is_host(n, infos)]
-    arena_values = list(dict.fromkeys([*graph.inputs, *(v for n in scheduled for v in n.outputs)]))
-    in_arena = set(arena_values)
+    external = list(graph.inputs) if device.host_inputs else []
+    arena_values = [] if device.host_inputs else list(graph.inputs)
+    outside, in_arena = set(external), set(arena_values)
     steps, inplace, aliases, compiled = [], {}, {}, []
     for node in scheduled:
         op = get_op(node.op_type, node.name, node.where(), device.ops)
-        reads = tuple(v for v in node.inputs if v in in_arena)
-        steps.append(Step(reads, tuple(node.outputs)))
-        alias = _can_alias(node, op, infos, in_arena)
-        if alias:
-            aliases[node.outputs[0]] = node.inputs[0]
-        elif op.inplace and _same_layout(node, infos, in_arena):
-            inplace[node.outputs[0]] = node.inputs[0]
+        alias = _can_alias(node, op, infos)
+        if alias and node.inputs[0] in outside:
+            external.append(node.outputs[0])  # a view of the caller's array, made per run
+            outside.add(node.outputs[0])
+            writes: tuple[Value, ...] = ()
+        else:
+            alias = alias and node.inputs[0] in in_arena
+            arena_values += node.outputs
+            in_arena.update(node.outputs)
+            writes = tuple(node.outputs)
+            if alias:
+                aliases[node.outputs[0]] = node.inputs[0]
+            elif op.inplace and _same_layout(node, infos, in_arena):
+                inplace[node.outputs[0]] = node.inputs[0]
+        steps.append(Step(tuple(v for v in node.inputs if v in in_arena), writes))
         compiled.append(CompiledNode(node, op, alias, None))
     sizes = {v: infos[v].nbytes for v in arena_values}
-    outputs = [v for v in graph.outputs if v in in_arena]
-    memory = plan(steps, sizes, inputs=graph.inputs, outputs=outputs, inplace=inplace, aliases=aliases)
+    memory = plan(steps, sizes, inputs=[v for v in graph.inputs if v in in_arena],
+                  outputs=[v for v in graph.outputs if v in in_arena], inplace=inplace, aliases=aliases)
     for c in compiled:
         if not c.alias:
             c.kernel = device.build_kernel(c.node, c.op, input_infos(c.node, infos))
     workspace = max([_workspace(c, infos, device) for c in compiled], default=0)
     memory = replace(memory, workspace_bytes=workspace, weights_bytes=weights_bytes(graph))
-    return Compiled(compiled, arena_values, memory, infos)
+    return Compiled(compiled, arena_values, external, memory, infos)
 
 
 def input_infos(node: Node, infos: dict[Value, TensorInfo]) -> list[TensorInfo]:
@@ -73,8 +87,8 @@ def weights_bytes(graph: Graph) -> int:
     return sum(int(a.nbytes) for a in arrays.values())
 
 
-def _can_alias(node: Node, op: OpDef, infos, in_arena) -> bool:
-    if not op.alias or not node.inputs or len(node.outputs) != 1 or node.inputs[0] not in in_arena:
+def _can_alias(node: Node, op: OpDef, infos) -> bool:
+    if not op.alias or not node.inputs or len(node.outputs) != 1 or node.inputs[0].is_const:
         return False
     return infos[node.inputs[0]].nbytes == infos[node.outputs[0]].nbytes
 

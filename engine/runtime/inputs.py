@@ -1,4 +1,5 @@
-"""Input shapes: each input's max shape for an instance, and the checks on every request's arrays."""
+"""Input shapes: each input's max shape for an instance, the checks on every request's arrays, and those arrays as
+the kernels read them in place."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import numpy as np
 
 from engine.errors import ArenaOverflowError, EngineError, ShapeError
 from engine.ir import Graph, Value
+
+SMALL_READ_ONLY = 16 * 1024  # bytes below which copying a read-only input is cheaper than a writeable view of it
 
 
 def resolve_max_shapes(graph: Graph, max_shapes) -> dict[str, tuple[int, ...]]:
@@ -50,7 +53,7 @@ def check_inputs(graph: Graph, max_shapes: dict[str, tuple[int, ...]], inputs) -
 
 def _check_input(v: Value, max_shape: tuple[int, ...], a) -> np.ndarray:
     a = np.asarray(a)
-    if v.dtype is not None and a.dtype != v.dtype:
+    if v.dtype is not None and a.dtype.newbyteorder("=") != v.dtype:  # the byte order is host_input's to fix
         raise EngineError(f"input {v.name!r}: expected dtype {np.dtype(v.dtype).name}, got {a.dtype.name}")
     if a.ndim != len(max_shape):
         raise ShapeError(f"input {v.name!r}: expected rank {len(max_shape)} (max shape {max_shape}), "
@@ -65,3 +68,35 @@ def _check_input(v: Value, max_shape: tuple[int, ...], a) -> np.ndarray:
         if d == 0:
             raise ShapeError(f"input {v.name!r}: dim {i} is empty (shape {a.shape})")
     return a
+
+
+def host_input(a: np.ndarray) -> np.ndarray:
+    """A checked input as kernels read it where the caller holds it: C-contiguous, aligned, in native byte order
+    and writeable; `a` itself where it is all that already (the usual case), else the copy it takes.
+
+    - not C-contiguous (a slice, a transpose) or not aligned (data at an odd offset of a buffer): copied, since
+      kernels take dense aligned arrays (oneDNN reads raw pointers, numba compiles per layout and alignment);
+    - in the other byte order: copied into native order, which kernels compute in;
+    - read-only (a request's bytes): seen through a writeable view rather than passed as it is, since a read-only
+      array would make numba compile a second variant of every loop it reaches on the first request. No kernel
+      writes a graph input (the compiler never runs an op in place on one). Below SMALL_READ_ONLY bytes it is
+      copied instead: the view costs ~2.5 us, a copy that small less.
+    """
+    if not a.dtype.isnative:
+        return np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        return np.array(a, order="C")
+    if not a.flags.writeable:
+        return np.array(a) if a.nbytes < SMALL_READ_ONLY else np.asarray(_WriteableView(a))
+    return a
+
+
+class _WriteableView:
+    """The memory of a read-only C-contiguous array as a writeable array's buffer; keeps the array alive."""
+
+    __slots__ = ("__array_interface__", "array")
+
+    def __init__(self, a: np.ndarray):
+        self.array = a
+        self.__array_interface__ = {"version": 3, "shape": a.shape, "typestr": a.dtype.str,
+                                    "data": (a.__array_interface__["data"][0], False)}

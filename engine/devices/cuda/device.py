@@ -67,6 +67,8 @@ def _address(a) -> int:
 
 
 class CudaDevice(Device):
+    host_inputs = False  # kernels read device memory: the inputs are copied into the arena
+
     def __init__(self, name: str = "cuda"):
         self.index = parse_index(name)
         count = device_count()

@@ -91,6 +91,17 @@ def _add_inplace_kernel(backends, node, ins):
     return run
 
 
+# What T_Probe's kernel saw of its input 0, one entry per call: (address, array), for the binding tests.
+PROBED: list[tuple[int, np.ndarray]] = []
+
+
+def _probe_kernel(backends, node, ins):
+    def run(inputs, outputs, ws):
+        PROBED.append((inputs[0].ctypes.data, inputs[0]))
+        np.copyto(outputs[0], inputs[0])
+    return run
+
+
 def _view_kernel(backends, node, ins):
     raise AssertionError("alias ops must never be run")
 
@@ -110,6 +121,7 @@ TOY_OPS = [
     (OpDef("T_Shape", _shape_infer, lambda n, a: [np.array(a[0].shape, dtype=np.int64)]), None, None),
     (OpDef("T_Boom", _same, lambda n, a: [a[0]]), _boom_kernel, None),
     (OpDef("T_Scratch", _same, lambda n, a: [a[0].copy()]), _scratch_kernel, lambda b, n, i: 1000),
+    (OpDef("T_Probe", _same, lambda n, a: [a[0].copy()]), _probe_kernel, None),
 ]
 
 
@@ -123,6 +135,7 @@ def toy_ops():
     try:
         yield
     finally:
+        PROBED.clear()
         for op, _, _ in TOY_OPS:
             OPS.pop(op.op_type, None)
             KERNELS.pop(op.op_type, None)
