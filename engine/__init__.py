@@ -22,14 +22,15 @@ from engine.errors import (
 
 if TYPE_CHECKING:  # the names the lazy loader below gives, for type checkers
     from engine.devices import cuda_device_count
-    from engine.formats.registry import FORMATS, Format
+    from engine.formats.registry import FORMATS, Format, format_of
     from engine.ir.dtypes import DTYPES
     from engine.runtime.instance import Instance, RunTimings
     from engine.runtime.model import Model, TensorSpec, load
 
 _RUNTIME = {"Instance": "engine.runtime.instance", "RunTimings": "engine.runtime.instance",
             "Model": "engine.runtime.model", "TensorSpec": "engine.runtime.model", "load": "engine.runtime.model",
-            "FORMATS": "engine.formats.registry", "Format": "engine.formats.registry", "DTYPES": "engine.ir.dtypes",
+            "FORMATS": "engine.formats.registry", "Format": "engine.formats.registry",
+            "format_of": "engine.formats.registry", "DTYPES": "engine.ir.dtypes",
             "cuda_device_count": "engine.devices"}
 
 
@@ -57,5 +58,6 @@ __all__ = [
     "TensorSpec",
     "UnsupportedOpError",
     "cuda_device_count",
+    "format_of",
     "load",
 ]

@@ -16,7 +16,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 import engine
-from engine.formats.registry import Format, format_of
+from engine import Format, format_of
 from server import config as cfg
 from server.backend import BackendModel
 from server.errors import ModelLoadError
