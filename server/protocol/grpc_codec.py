@@ -13,9 +13,14 @@ import numpy as np
 
 from server.datatypes import wire_to_numpy
 from server.errors import InvalidArgumentError
-from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput, StreamResponse
 from server.protocol.grpc import pb2
 from server.protocol.raw_tensors import tensor_from_raw, tensor_to_raw
+
+# Stream responses carry whether they are their request's last; a client asks for the final flag alone (a decoupled
+# model's response-less end) with the second (Triton's names).
+FINAL_PARAM = "triton_final_response"
+EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
 
 # Which typed InferTensorContents field carries each datatype (FP16/BF16 have none: raw only).
 _CONTENTS_FIELD = {
@@ -91,4 +96,19 @@ def encode_response(resp: InferResponse) -> Any:
     for out in resp.outputs:
         msg.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.shape))
         msg.raw_output_contents.append(tensor_to_raw(out.data))
+    return msg
+
+
+def encode_stream_response(item: StreamResponse, request: Any) -> Any:
+    """One ModelStreamInferResponse: the response (or, for an error or the final flag alone, the request's id, model
+    and version) with triton_final_response, and the error's message."""
+    if item.response is not None:
+        resp = encode_response(item.response)
+    else:
+        resp = pb2.ModelInferResponse(id=request.id, model_name=request.model_name,
+                                      model_version=request.model_version)
+    resp.parameters[FINAL_PARAM].bool_param = item.final
+    msg = pb2.ModelStreamInferResponse(infer_response=resp)
+    if item.error is not None:
+        msg.error_message = item.error.message
     return msg

@@ -11,8 +11,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from server.dataplane import DataPlane
+from server.dataplane import GRPC_ENDPOINT, DataPlane
 from server.errors import InvalidArgumentError, ServerError
+from server.inference import StreamResponse
 from server.protocol import grpc_codec
 from server.protocol.grpc import health_pb2, health_pb2_grpc, pb2, pb2_grpc
 
@@ -77,7 +78,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
 
     @_guard
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        resp = await self.dp.infer(grpc_codec.decode_request(request))
+        resp = await self.dp.infer(grpc_codec.decode_request(request), GRPC_ENDPOINT)
         return grpc_codec.encode_response(resp)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
@@ -98,12 +99,16 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
 
     async def _stream_one(self, request: Any, done: asyncio.Queue[Any]) -> None:
+        """Every response of one request (a decoupled model's 0..n), each marked triton_final_response as Triton
+        marks it; the final flag alone goes out only to a client that asked for it."""
         try:
-            resp = await self.dp.infer(grpc_codec.decode_request(request))
-            await done.put(pb2.ModelStreamInferResponse(infer_response=grpc_codec.encode_response(resp)))
+            req = grpc_codec.decode_request(request)
+            empty_final = req.parameters.pop(grpc_codec.EMPTY_FINAL_PARAM, False) is True
+            async for item in self.dp.infer_stream(req):
+                if item.response is not None or item.error is not None or empty_final:
+                    await done.put(grpc_codec.encode_stream_response(item, request))
         except ServerError as err:
-            await done.put(pb2.ModelStreamInferResponse(error_message=err.message,
-                                                        infer_response=pb2.ModelInferResponse(id=request.id)))
+            await done.put(grpc_codec.encode_stream_response(StreamResponse(None, err), request))
         except Exception as exc:  # a bug: the stream still answers this request and stays open for the others
             log.exception("ModelStreamInfer request failed")
             await done.put(pb2.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}: {exc}",
