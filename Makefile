@@ -70,3 +70,13 @@ fixtures:
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Triton's own Python client examples (the src/python/examples folder of triton-inference-server/client) against
+# nnserve on a repository of the models they expect: prints example -> pass/fail/reason. The examples' client side
+# needs Pillow and attrdict (image examples) and pkg_resources (tritonclient's shared-memory module; setuptools 81
+# dropped it), installed here by name; the server's image decoding step uses Pillow too.
+.PHONY: triton-examples
+triton-examples: $(STAMP)
+	@test -n "$(EXAMPLES)" || { echo "usage: make triton-examples EXAMPLES=<client repo>/src/python/examples"; exit 2; }
+	$(PY) -m pip install -q Pillow attrdict 'setuptools<81'
+	$(PY) tools/run_triton_examples.py $(EXAMPLES)

@@ -1,21 +1,29 @@
 """The seam between the server and what runs a model: what the server needs from a loaded model and from one of its
-instances. The engine's Model and Instance implement it (structurally: they never import the server); a Python
-backend (Triton's TritonPythonModel) would implement the same two protocols.
+instances. The engine's Model and Instance implement it (structurally: they never import the server); the Python
+backend (server/python_backend/: Triton's TritonPythonModel in a worker process) implements the same protocols.
 
 An instance is used by one thread at a time and preallocates its memory when it is created; `run_timed` reports
 where a run's time went as Triton's phases (engine.RunTimings), which the statistics and metrics split by.
+
+A backend that takes a batch's requests one by one, as Triton's backend API hands them over (the Python backend:
+each request has its own id, parameters and requested outputs, and a decoupled model answers each with 0..n
+responses), also implements RequestsInstance; the scheduler then passes it the requests unmerged, each with its
+RequestContext. An instance that holds something beyond memory (a process) implements ClosableInstance, which
+the repository calls when the model is unloaded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from engine import RunTimings
 
-__all__ = ["BackendInstance", "BackendModel", "RunTimings", "TensorSpec"]
+__all__ = ["BackendInstance", "BackendModel", "ClosableInstance", "RequestContext", "RequestsInstance", "ResponseSink",
+           "RunTimings", "TensorSpec"]
 
 
 class TensorSpec(Protocol):
@@ -67,3 +75,39 @@ class BackendModel(Protocol):
 
     def instance(self, device: str, max_shapes: Mapping[str, tuple[int, ...]]) -> BackendInstance:
         """An instance on `device` ("cpu", "cuda:N") planned for inputs up to `max_shapes`."""
+
+
+class ResponseSink(Protocol):
+    """Where a decoupled model's responses to one request go, from any thread; the last one has final=True (and
+    may carry no outputs: a final flag alone)."""
+
+    def send(self, outputs: dict[str, np.ndarray] | None, error: Exception | None, final: bool,
+             parameters: Mapping[str, Any]) -> None:
+        """`outputs` None: no response, the final flag alone (or an error)."""
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What a backend taking requests one by one may know of a request besides its inputs."""
+
+    request_id: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    requested_outputs: tuple[str, ...] = ()  # empty: every output
+    responses: ResponseSink | None = None  # a decoupled model's responses go there, not into the run's result
+
+
+@runtime_checkable
+class RequestsInstance(BackendInstance, Protocol):
+    """An instance that runs a batch as the separate requests it is made of."""
+
+    def run_requests(self, requests: Sequence[tuple[Mapping[str, np.ndarray], RequestContext]]
+                     ) -> tuple[list[dict[str, np.ndarray] | Exception], RunTimings]:
+        """Each request's outputs (or the error that fails that request alone), in order, and the run's phases. A
+        decoupled model's outputs go to its requests' ResponseSinks instead (the lists are then empty)."""
+
+
+@runtime_checkable
+class ClosableInstance(Protocol):
+    """An instance holding resources beyond memory (a worker process), released when its model is unloaded."""
+
+    def close(self) -> None: ...

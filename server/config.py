@@ -16,7 +16,7 @@ from google.protobuf import json_format, text_format
 
 import engine
 from server.backend import BackendModel, TensorSpec
-from server.config_fields import BATCH_WAIT_PARAM, MAX_SHAPE_PARAM
+from server.config_fields import BATCH_WAIT_PARAM, MAX_SHAPE_PARAM, PYTHON_BACKEND
 from server.datatypes import config_type_to_wire, wire_to_config_type, wire_to_numpy
 from server.errors import ModelLoadError
 from server.model_config import model_config_pb2 as mc
@@ -191,6 +191,8 @@ def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Backen
         config.instance_group.add(count=1, kind=KIND_CPU)
     kinds = {g.kind for g in config.instance_group}
     gpus = gpu_count(name, needed=KIND_GPU in kinds) if kinds & {KIND_AUTO, KIND_GPU} else 0
+    if config.backend == PYTHON_BACKEND and KIND_GPU not in kinds:  # a Python model uses no GPU of ours by itself
+        gpus = 0
     for group in config.instance_group:
         group.count = group.count or 1
         if group.kind == KIND_AUTO:  # Triton's rule: GPUs when there are any, else CPU
@@ -298,13 +300,16 @@ def _check_dims(name: str, field: str, tensor: str, dims: list[int], model_shape
 
 
 def max_shapes(config: mc.ModelConfig, name: str) -> dict[str, list[int]]:
-    """Per input, the largest shape a request may have (batch = max_batch_size): this sizes the arena."""
+    """Per input, the largest shape a request may have (batch = max_batch_size): this sizes the arena. A Python
+    model has no arena: its dynamic inputs have no max (they are left out)."""
     out = {}
     for t in config.input:
         dims = list(t.dims)
         key = MAX_SHAPE_PARAM + t.name
-        if key in config.parameters:
+        if key in config.parameters and config.backend != PYTHON_BACKEND:
             dims = _parse_max_shape(name, key, config.parameters[key].string_value, dims)
+        elif -1 in dims and config.backend == PYTHON_BACKEND:
+            continue
         elif -1 in dims:
             raise ModelLoadError(f"model '{name}': input '{t.name}' has dynamic dims {dims}; add "
                                  f'parameters {{ key: "{key}" value: {{ string_value: "..." }} }} with the max of each '
@@ -329,7 +334,7 @@ def engine_max_shapes(config: mc.ModelConfig, name: str) -> dict[str, tuple[int,
     shapes = max_shapes(config, name)
     lead = 1 if config.max_batch_size > 0 else 0
     for t in config.input:
-        if t.HasField("reshape"):
+        if t.HasField("reshape") and t.name in shapes:
             full = shapes[t.name]
             shapes[t.name] = full[:lead] + map_shape(full[lead:], list(t.dims), list(t.reshape.shape))
     return {k: tuple(v) for k, v in shapes.items()}

@@ -17,8 +17,11 @@ import engine
 from server.errors import ModelLoadError
 from server.model_config import model_config_pb2 as mc
 
-# The backends nnserve has: the engine's model formats.
-BACKENDS = tuple(engine.FORMATS)
+# The backends nnserve has: the engine's model formats, and Triton's Python backend (server/python_backend/).
+PYTHON_BACKEND = "python"
+BACKENDS = (*engine.FORMATS, PYTHON_BACKEND)
+# An ensemble is a platform of its own (no backend, no model files): its steps run other models.
+ENSEMBLE_PLATFORM = "ensemble"
 
 # The parameters nnserve reads; "max_shape:" is a prefix (one key per input).
 MAX_SHAPE_PARAM = "max_shape:"  # parameters { key: "max_shape:<input>" value { string_value: "3,640,640" } }
@@ -29,7 +32,9 @@ BATCH_WAIT_PARAM = "dynamic_batching_wait"  # parameters { key: "dynamic_batchin
 HONOURED: dict[str, frozenset[str]] = {
     "ModelConfig": frozenset({"name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
                               "dynamic_batching", "instance_group", "default_model_filename", "parameters",
-                              "model_warmup", "model_transaction_policy", "response_cache"}),
+                              "model_warmup", "model_transaction_policy", "response_cache", "ensemble_scheduling"}),
+    "ModelEnsembling": frozenset({"step"}),
+    "ModelEnsembling.Step": frozenset({"model_name", "model_version", "input_map", "output_map"}),
     "ModelInput": frozenset({"name", "data_type", "format", "dims", "reshape"}),
     "ModelOutput": frozenset({"name", "data_type", "dims", "reshape"}),
     "ModelInstanceGroup": frozenset({"name", "kind", "count", "gpus"}),
@@ -45,8 +50,9 @@ HONOURED: dict[str, frozenset[str]] = {
     "ModelWarmup": frozenset({"name", "batch_size", "inputs", "count"}),
     "ModelWarmup.Input": frozenset({"data_type", "dims", "zero_data", "random_data", "input_data_file"}),
     "ModelParameter": frozenset({"string_value"}),
-    # Only their default values are honoured: `decoupled: false`, `enable: false` (proto3 lists neither as set).
-    "ModelTransactionPolicy": frozenset(),
+    # `decoupled: true` for a Python-backend model only (check_backend); the cache only off (`enable: false`, which
+    # proto3 does not list as set).
+    "ModelTransactionPolicy": frozenset({"decoupled"}),
     "ModelResponseCache": frozenset(),
 }
 
@@ -58,7 +64,6 @@ REASONS: dict[tuple[str, str] | str, str] = {
                                 "the model format)",
     ("ModelConfig", "sequence_batching"): "stateful (sequence) models are not supported: every request is "
                                           "independent",
-    ("ModelConfig", "ensemble_scheduling"): "ensembles are not supported: chain the models in the client",
     ("ModelConfig", "optimization"): _ENGINE_OWN,
     ("ModelConfig", "batch_input"): "ragged batching is not supported",
     ("ModelConfig", "batch_output"): "ragged batching is not supported",
@@ -69,7 +74,7 @@ REASONS: dict[tuple[str, str] | str, str] = {
                                          "with an NNSERVE_PLUGINS module",
     ("ModelConfig", "model_repository_agents"): "repository agents are not supported",
     ("ModelConfig", "model_metrics"): "per-model metric settings are not supported",
-    ("ModelTransactionPolicy", "decoupled"): "decoupled models (several responses per request) are not supported",
+    ("ModelEnsembling.Step", "model_namespace"): "model namespaces are not supported: name the model alone",
     ("ModelResponseCache", "enable"): "the response cache is not implemented (every request runs the model)",
     ("ModelInput", "optional"): "optional inputs are not supported: every model input is required",
     ("ModelInput", "allow_ragged_batch"): "ragged batching is not supported: requests batch when their shapes "
@@ -155,6 +160,13 @@ def _first_set_path(field: FieldDescriptor, value: object, path: str) -> str:
 
 
 def check_parameters(config: mc.ModelConfig, name: str) -> None:
+    """The engine's models take only the parameters nnserve reads; a Python model reads its own (its initialize
+    gets the whole config), so any key is its."""
+    if config.backend == PYTHON_BACKEND:
+        if "EXECUTION_ENV_PATH" in config.parameters:  # Triton's: the model would run elsewhere than it expects
+            raise ModelLoadError(f"model '{name}': parameters['EXECUTION_ENV_PATH']: custom execution environments "
+                                 "are not supported: a Python model runs in the server's Python")
+        return
     for key in config.parameters:
         if key != BATCH_WAIT_PARAM and not key.startswith(MAX_SHAPE_PARAM):
             raise ModelLoadError(f"model '{name}': parameters['{key}'] is not a parameter nnserve reads; it reads "
@@ -163,7 +175,15 @@ def check_parameters(config: mc.ModelConfig, name: str) -> None:
 
 def check_backend(config: mc.ModelConfig, name: str) -> None:
     """`backend` and `platform` must name one of nnserve's backends (Triton's platform names, such as
-    onnxruntime_onnx, are other servers' backends), and agree with each other."""
+    onnxruntime_onnx, are other servers' backends), and agree with each other; an ensemble is platform "ensemble"
+    with ensemble_scheduling, and only a Python model may be decoupled."""
+    if config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling"):
+        check_ensemble(config, name)
+        return
+    if config.model_transaction_policy.decoupled and config.backend != PYTHON_BACKEND:
+        raise ModelLoadError(f"model '{name}': model_transaction_policy.decoupled: decoupled models (several "
+                             f"responses per request) need the Python backend (backend: \"{PYTHON_BACKEND}\"): a "
+                             "TNN or PNNX model answers each request once")
     known = ", ".join(f'"{b}"' for b in BACKENDS)
     for field in ("backend", "platform"):
         value = getattr(config, field)
@@ -173,3 +193,24 @@ def check_backend(config: mc.ModelConfig, name: str) -> None:
     if config.backend and config.platform and config.backend != config.platform:
         raise ModelLoadError(f"model '{name}': backend \"{config.backend}\" and platform \"{config.platform}\" "
                              "disagree")
+
+
+def check_ensemble(config: mc.ModelConfig, name: str) -> None:
+    """What Triton refuses in an ensemble's config (its steps are checked against the models they name at load)."""
+    if config.platform != ENSEMBLE_PLATFORM:
+        raise ModelLoadError(f"model '{name}': ensemble_scheduling cannot be set for a model whose platform is not "
+                             f"\"{ENSEMBLE_PLATFORM}\"")
+    if not config.HasField("ensemble_scheduling"):
+        raise ModelLoadError(f"model '{name}': platform \"{ENSEMBLE_PLATFORM}\" needs ensemble_scheduling (the "
+                             "steps to run)")
+    for field in ("backend", "instance_group", "model_warmup", "default_model_filename"):
+        if _is_set(config, field):
+            raise ModelLoadError(f"model '{name}': {field} should not be specified for ensemble '{name}'")
+    if config.model_transaction_policy.decoupled:
+        raise ModelLoadError(f"model '{name}': model_transaction_policy.decoupled: decoupled ensembles are not "
+                             "supported")
+
+
+def _is_set(config: mc.ModelConfig, field: str) -> bool:
+    value = getattr(config, field)
+    return len(value) > 0 if not isinstance(value, str) else bool(value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -15,17 +16,22 @@ import numpy as np
 
 from engine import EngineError, ShapeError
 from server import settings as defaults
+from server.backend import RequestContext
 from server.config import config_to_dict
 from server.datatypes import numpy_to_wire
-from server.errors import InferenceError, InvalidArgumentError, ServerError, UnavailableError
-from server.inference import InferRequest, InferResponse, OutputTensor
+from server.errors import InferenceError, InvalidArgumentError, ServerError, UnavailableError, UnsupportedError
+from server.inference import InferRequest, InferResponse, OutputTensor, StreamResponse
 from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
 from server.model_version import ModelVersion
 from server.repository import ModelRepository
 from server.request_limits import check_json, check_model_name, check_version
+from server.scheduling import Execution, InferResult
 
 log = logging.getLogger("nnserve.dataplane")
+# Which front end refuses a decoupled model, in Triton's words (a decoupled model answers on streams only).
+HTTP_ENDPOINT = "HTTP end point"
+GRPC_ENDPOINT = "ModelInfer RPC"
 
 
 class DataPlane:
@@ -40,6 +46,7 @@ class DataPlane:
         self.started = False  # the initial model loads are done: until then the server is live but not ready
         # Tensor contents reach the log only when asked for (--log-verbose >= 2): they may be private data.
         self.log_tensors = log_tensors
+        repository.calls.bind(self)  # models calling models (BLS, ensembles) go through here
 
     # ---- health & metadata -----------------------------------------------------------------------------------
     def live(self) -> bool:
@@ -115,7 +122,12 @@ class DataPlane:
         await self.repository.unload(name)
 
     # ---- inference -------------------------------------------------------------------------------------------
-    async def infer(self, req: InferRequest) -> InferResponse:
+    async def infer(self, req: InferRequest, endpoint: str = HTTP_ENDPOINT) -> InferResponse:
+        """One request, one response; `endpoint` names the front end in the refusal of a decoupled model."""
+        return (await self.infer_timed(req, endpoint))[0]
+
+    async def infer_timed(self, req: InferRequest, endpoint: str = HTTP_ENDPOINT) -> tuple[InferResponse, Execution]:
+        """infer(), with the execution the request ran in (what an ensemble adds up for its own statistics)."""
         if self.exiting:
             raise UnavailableError("Server exiting")
         self.inflight += 1
@@ -123,18 +135,39 @@ class DataPlane:
             log.debug("infer %s/%s id=%r inputs: %s", req.model_name, req.model_version or "-", req.id,
                       {t.name: t.data.tolist() for t in req.inputs})
         try:
-            return await self._infer(req)
+            return await self._infer(req, endpoint)
         finally:
             self.inflight -= 1
 
-    async def _infer(self, req: InferRequest) -> InferResponse:
+    async def infer_stream(self, req: InferRequest) -> AsyncIterator[StreamResponse]:
+        """A request on a stream: a decoupled model's 0..n responses as the model sends them (the last one final),
+        any other model's one response. Errors come as responses too (the stream goes on)."""
+        if self.exiting:
+            yield StreamResponse(None, UnavailableError("Server exiting"))
+            return
+        self.inflight += 1
+        try:
+            mv = self.get(req.model_name, req.model_version)
+            if mv.decoupled:
+                async for item in self._infer_decoupled(mv, req):
+                    yield item
+            else:
+                yield StreamResponse((await self._infer(req, GRPC_ENDPOINT))[0])
+        except ServerError as err:
+            yield StreamResponse(None, err)
+        finally:
+            self.inflight -= 1
+
+    async def _infer(self, req: InferRequest, endpoint: str) -> tuple[InferResponse, Execution]:
         t0 = time.perf_counter_ns()
         mv = self.get(req.model_name, req.model_version)
-        labels = (mv.name, mv.version)
+        if mv.decoupled:
+            raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
         try:
             feed, batch = validate_inputs(mv, req)
             wanted = requested_outputs(mv, req)
-            result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us)
+            result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
+                                               context=request_context(mv, req))
         except asyncio.CancelledError:  # the client went away (gRPC deadline, HTTP disconnect): dropped
             self._record_failure(mv, "CANCELED", time.perf_counter_ns() - t0)
             raise
@@ -152,14 +185,55 @@ class DataPlane:
         except ServerError as err:
             self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
             raise
-        total = time.perf_counter_ns() - t0
+        self._record_success(mv, result, batch, time.perf_counter_ns() - t0)
+        return InferResponse(mv.name, mv.version, req.id, outputs), result.execution
+
+    async def _infer_decoupled(self, mv: ModelVersion, req: InferRequest) -> AsyncIterator[StreamResponse]:
+        """The model's responses as they come (its sink feeds a queue from the worker's thread); the execution's
+        figures count once the final response is in."""
+        t0 = time.perf_counter_ns()
+        try:
+            feed, batch = validate_inputs(mv, req)
+            wanted = requested_outputs(mv, req)
+        except ServerError as err:
+            self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
+            raise
+        sink = StreamSink(mv, req.id, wanted)
+        context = RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), responses=sink)
+
+        async def submit() -> InferResult | None:
+            try:
+                return await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
+                                                 context=context)
+            except Exception as exc:  # the execution failed: that is this request's final response
+                sink.put(StreamResponse(None, as_server_error(exc, mv)))
+                return None
+
+        task = asyncio.create_task(submit())
+        failed = None
+        try:
+            while True:
+                item = await sink.queue.get()
+                failed = failed or item.error
+                yield item
+                if item.final:
+                    break
+            result = await task
+        finally:
+            if not task.done():  # the client went away: a request still queued is dropped
+                task.cancel()
+        if failed is not None or result is None:
+            self._record_failure(mv, failed.reason if failed else "BACKEND", time.perf_counter_ns() - t0)
+        else:
+            self._record_success(mv, result, batch, time.perf_counter_ns() - t0)
+
+    def _record_success(self, mv: ModelVersion, result: InferResult, batch: int, total_ns: int) -> None:
         run = result.execution
-        phases = dict(total_ns=total, queue_ns=result.queue_ns, input_ns=run.compute_input_ns,
+        phases = dict(total_ns=total_ns, queue_ns=result.queue_ns, input_ns=run.compute_input_ns,
                       infer_ns=run.compute_infer_ns, output_ns=run.compute_output_ns, batch=batch)
         mv.stats.record_success(**phases)
         if self.metrics:
-            self.metrics.request_ok(*labels, **phases)
-        return InferResponse(mv.name, mv.version, req.id, outputs)
+            self.metrics.request_ok(mv.name, mv.version, **phases)
 
     def _failed(self, mv: ModelVersion, exc: Exception, t0: int) -> ServerError:
         err = as_server_error(exc, mv)
@@ -170,6 +244,46 @@ class DataPlane:
         mv.stats.record_failure(total_ns)
         if self.metrics:
             self.metrics.request_failed(mv.name, mv.version, reason, total_ns)
+
+
+class StreamSink:
+    """A decoupled request's ResponseSink: responses from the model's thread, queued on the event loop as the
+    stream's responses (outputs checked and shaped as any response's)."""
+
+    def __init__(self, mv: ModelVersion, request_id: str, wanted: AbstractSet[str]):
+        self.mv, self.request_id, self.wanted = mv, request_id, wanted
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[StreamResponse] = asyncio.Queue()
+        self.closed = False
+
+    def send(self, outputs: dict[str, np.ndarray] | None, error: Exception | None, final: bool,
+             parameters: Mapping[str, Any]) -> None:
+        self.loop.call_soon_threadsafe(self._convert, outputs, error, final, dict(parameters))
+
+    def _convert(self, outputs: dict[str, np.ndarray] | None, error: Exception | None, final: bool,
+                 parameters: dict[str, Any]) -> None:
+        mv, response = self.mv, None
+        try:
+            if outputs is not None and error is None:
+                response = InferResponse(mv.name, mv.version, self.request_id, api_outputs(mv, outputs, self.wanted),
+                                         parameters)
+        except ServerError as err:
+            error = err
+        self.put(StreamResponse(response, None if error is None else as_server_error(error, mv), final))
+
+    def put(self, item: StreamResponse) -> None:
+        """On the event loop; nothing after the final response."""
+        if self.closed:
+            return
+        self.closed = item.final
+        self.queue.put_nowait(item)
+
+
+def request_context(mv: ModelVersion, req: InferRequest) -> RequestContext | None:
+    """What a backend taking requests one by one gets besides the inputs (None for the engine's models)."""
+    if not mv.takes_requests:
+        return None
+    return RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs))
 
 
 def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:
@@ -240,6 +354,8 @@ def api_outputs(mv: ModelVersion, outputs: dict[str, np.ndarray], wanted: Abstra
     for name, array in outputs.items():
         if name not in wanted:
             continue
+        if mv.takes_requests:  # the model's own code made it: it must be what the config says
+            check_output_type(mv, name, array)
         if name in configs:
             try:
                 array = configs[name].to_api(array, mv.batching)
@@ -262,3 +378,11 @@ def requested_outputs(mv: ModelVersion, req: InferRequest) -> AbstractSet[str]:
         if out.name not in names:
             raise InvalidArgumentError(f"unexpected inference output '{out.name}' for model '{mv.name}'")
     return {o.name for o in req.outputs}
+
+
+def check_output_type(mv: ModelVersion, name: str, array: np.ndarray) -> None:
+    declared = mv.output_configs[name].datatype if name in mv.output_configs else None
+    produced = numpy_to_wire(array.dtype)
+    if declared is not None and produced != declared:
+        raise InferenceError(f"model '{mv.name}': output '{name}' is {produced}, but the model config declares "
+                             f"{declared}")

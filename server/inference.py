@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from server.errors import InvalidArgumentError
+from server.errors import InvalidArgumentError, ServerError
 
 
 @dataclass
@@ -74,3 +74,14 @@ class InferResponse:
     id: str
     outputs: list[OutputTensor]
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StreamResponse:
+    """One response of a request on a stream: a decoupled model sends 0..n, the last with `final`; any other model
+    one (final). `response` None with `final`: the final flag alone (Triton sends it only to a client that asked
+    with triton_enable_empty_final_response)."""
+
+    response: InferResponse | None
+    error: ServerError | None = None
+    final: bool = True

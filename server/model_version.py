@@ -3,23 +3,41 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from server import config as cfg
-from server.backend import BackendInstance, BackendModel
+from server.backend import BackendInstance, BackendModel, ClosableInstance, RequestContext
+from server.config_fields import ENSEMBLE_PLATFORM, PYTHON_BACKEND
+from server.ensemble.graph import Step
+from server.ensemble.scheduler import EnsembleScheduler
 from server.errors import ModelLoadError
 from server.metrics import ServerMetrics
+from server.model_calls import ModelCalls
 from server.model_config import model_config_pb2 as mc
 from server.repository_files import read_regular
-from server.scheduling import Execution, Scheduler, SchedulerConfig
+from server.scheduling import Execution, InferResult, Scheduler, SchedulerConfig
 from server.security import inside
 from server.stats import ModelStats
 
+log = logging.getLogger("nnserve.repository")
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+
+
+class VersionScheduler(Protocol):
+    """What runs a version's requests: the Scheduler of its instances, or an ensemble's (server/ensemble/)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self, drain: bool = True) -> None: ...
+
+    async def submit(self, inputs: dict[str, np.ndarray], *, priority: int = 0, timeout_us: int | None = None,
+                     context: RequestContext | None = None) -> InferResult: ...
 
 
 @dataclass
@@ -28,7 +46,7 @@ class ModelVersion:
     version: str
     config: mc.ModelConfig
     instances: list[BackendInstance]
-    scheduler: Scheduler
+    scheduler: VersionScheduler
     stats: ModelStats
     arena_bytes: list[int]
     load_seconds: float
@@ -46,6 +64,16 @@ class ModelVersion:
     @functools.cached_property
     def batching(self) -> bool:
         return self.max_batch_size > 0
+
+    @functools.cached_property
+    def decoupled(self) -> bool:
+        """0..n responses per request (Triton's decoupled transaction policy): streams only."""
+        return bool(self.config.model_transaction_policy.decoupled)
+
+    @functools.cached_property
+    def takes_requests(self) -> bool:
+        """Its scheduler takes each request with its RequestContext (id, parameters, requested outputs)."""
+        return self.config.backend == PYTHON_BACKEND or self.config.platform == ENSEMBLE_PLATFORM
 
     @functools.cached_property
     def input_configs(self) -> dict[str, cfg.TensorConfig]:
@@ -67,9 +95,22 @@ def build_instances(model: BackendModel, config: mc.ModelConfig,
         try:
             instances.append(model.instance(device, max_shapes=engine_shapes))
         except Exception as exc:  # engine errors name the device ("no CUDA device 1 ...") or the refused node
+            close_instances(instances)
+            if isinstance(exc, ModelLoadError):  # says what failed already (a Python model's initialize)
+                raise
             raise ModelLoadError(f"model '{name}': creating an instance on {device} for max shapes {shapes} "
                                  f"failed: {exc}") from exc
     return instances, shapes
+
+
+def close_instances(instances: list[BackendInstance]) -> None:
+    """Release what instances hold beyond memory (a Python model's worker processes); blocking."""
+    for instance in instances:
+        if isinstance(instance, ClosableInstance):
+            try:
+                instance.close()
+            except Exception:  # one instance's trouble must not keep the others' processes alive
+                log.exception("closing an instance failed")
 
 
 def warm_up(instances: list[BackendInstance], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
@@ -161,8 +202,9 @@ class VersionMetrics:
 def scheduler_config(config: mc.ModelConfig) -> SchedulerConfig:
     """The scheduling policy a config asks for: Triton's dynamic batcher with a dynamic_batching block, else direct
     execution (Triton's default scheduler)."""
+    inline = config.backend != PYTHON_BACKEND  # its runs wait on a worker process (and its BLS calls on the loop)
     if not config.HasField("dynamic_batching"):
-        return SchedulerConfig(dynamic_batching=False, max_batch_size=config.max_batch_size)
+        return SchedulerConfig(dynamic_batching=False, max_batch_size=config.max_batch_size, may_run_inline=inline)
     db = config.dynamic_batching
     policy = db.default_queue_policy
     return SchedulerConfig(
@@ -177,6 +219,7 @@ def scheduler_config(config: mc.ModelConfig) -> SchedulerConfig:
         default_priority_level=int(db.default_priority_level),
         preserve_ordering=db.preserve_ordering,
         wait_policy=cfg.batch_wait(config, config.name),
+        may_run_inline=inline,
     )
 
 
@@ -185,7 +228,11 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
     """Blocking: instances + warmup. The scheduler is created here and started by the repository."""
     t0 = time.perf_counter()
     instances, shapes = build_instances(model, config, name)
-    warm_up(instances, config, name, version_dir)
+    try:
+        warm_up(instances, config, name, version_dir)
+    except Exception:
+        close_instances(instances)
+        raise
     stats = ModelStats(name, version)
     arenas = [i.memory_bytes for i in instances]
     stats.memory_bytes = sum(arenas)
@@ -195,3 +242,13 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
     ins, outs = cfg.tensor_configs(config)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
                         inputs=ins, outputs=outs, max_shapes=shapes)
+
+
+def load_ensemble_version(config: mc.ModelConfig, name: str, version: str, steps: list[Step], calls: ModelCalls,
+                          metrics: ServerMetrics | None) -> ModelVersion:
+    """An ensemble's version: no instances, its steps run by an EnsembleScheduler (started by the repository)."""
+    stats = ModelStats(name, version)
+    ins, outs = cfg.tensor_configs(config)
+    scheduler = EnsembleScheduler(name, steps, [t.name for t in outs], config.max_batch_size > 0, calls,
+                                  metrics=VersionMetrics(stats, metrics, name, version))
+    return ModelVersion(name, version, config, [], scheduler, stats, [], 0.0, inputs=ins, outputs=outs)

@@ -15,11 +15,29 @@ from pathlib import Path
 import engine
 from server import config as cfg
 from server.backend import BackendModel
-from server.config_fields import check_supported
-from server.errors import ModelControlError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnknownModelError
+from server.config_fields import ENSEMBLE_PLATFORM, PYTHON_BACKEND, check_supported
+from server.ensemble.graph import check_mappings, order_steps, steps_of
+from server.errors import (
+    ModelControlError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    ServerError,
+    UnknownModelError,
+)
 from server.metrics import ServerMetrics
+from server.model_calls import ModelCalls
 from server.model_config import model_config_pb2 as mc
-from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
+from server.model_version import (
+    LOADING,
+    READY,
+    UNAVAILABLE,
+    ModelVersion,
+    close_instances,
+    load_ensemble_version,
+    load_version,
+)
+from server.python_backend.model import PythonModel, model_file
 from server.repository_files import check_regular
 from server.security import check_model_name, escaping_paths
 
@@ -84,6 +102,7 @@ class ModelRepository:
         self._models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._loads: set[asyncio.Task[None]] = set()  # loads under way; a caller going away does not stop one
+        self.calls = ModelCalls()  # how models call models (BLS, ensemble steps): the data plane binds itself
 
     # ---- lookups ---------------------------------------------------------------------------------------------
     def names_on_disk(self) -> list[str]:
@@ -145,6 +164,7 @@ class ModelRepository:
             raise ModelLoadError(f"failed to load: {problem}")
         if not (self.root / name).is_dir():  # nothing is recorded for a name the repository does not have
             raise ModelLoadError(f"failed to load '{name}': no model directory '{name}' in the repository")
+        self.calls.attach_loop()
         task = asyncio.create_task(self._load_locked(name, config_json), name=f"nnserve-load-{name}")
         self._loads.add(task)
         task.add_done_callback(self._load_done)
@@ -163,6 +183,7 @@ class ModelRepository:
                 self._models[name] = ModelEntry(name, state=LOADING)
             log.info("loading model '%s'", name)
             try:
+                await self._load_dependencies(name, config_json)
                 entry = await asyncio.to_thread(self._build, name, self.root / name, config_json)
             except Exception as exc:  # any failure is this model's alone
                 message = _load_failure(name, exc)
@@ -204,23 +225,102 @@ class ModelRepository:
         # before auto-complete (which only fills the default, latest 1).
         config.name = config.name or name  # select_versions' errors name the model
         selected = select_versions(config, available)
-        models = {v: self._read_model(name, config, model_dir / str(v)) for v in reversed(selected)}
-        newest = models[selected[-1]]
-        cfg.auto_complete(config, name, newest[1], newest[0], has_max_batch=has_mbs,
-                          default_max_batch_size=self.default_max_batch_size)
+        if config.platform == ENSEMBLE_PLATFORM:
+            return self._build_ensemble(name, model_dir, config, selected)
+        models: dict[int, tuple[BackendModel, str, float]] = {}
         entry = ModelEntry(name, config=config, fingerprint=fingerprint(model_dir))
         try:
+            for v in reversed(selected):
+                models[v] = self._read_model(name, config, model_dir / str(v))
+            newest = models[selected[-1]]
+            if isinstance(newest[0], PythonModel):  # its auto_complete_config first, as Triton runs it
+                t0 = time.perf_counter()
+                newest[0].complete_config(config)
+                newest = models[selected[-1]] = (newest[0], newest[1], newest[2] + time.perf_counter() - t0)
+            cfg.auto_complete(config, name, newest[1], newest[0], has_max_batch=has_mbs,
+                              default_max_batch_size=self.default_max_batch_size)
             for v in selected:
                 self._load_one(entry, models[v], model_dir / str(v))
         except Exception:
             self._forget(entry)
+            for model, _, _ in models.values():
+                if isinstance(model, PythonModel):
+                    model.discard()
             raise
         entry.state = READY
         return entry
 
+    def _build_ensemble(self, name: str, model_dir: Path, config: mc.ModelConfig, selected: list[int]) -> ModelEntry:
+        """Its steps checked against the composing models loaded now (the dependencies were loaded first)."""
+        steps = order_steps(name, [t.name for t in config.input], [t.name for t in config.output], steps_of(config))
+        composing = {}
+        for step in steps:
+            try:
+                composing[step.index] = self.get(step.model_name, step.model_version).config
+            except ServerError:
+                version = f" version {step.model_version}" if step.model_version else ""
+                raise ModelLoadError(f"ensemble '{name}' depends on '{step.model_name}'{version} which has no loaded "
+                                     "version.") from None
+        check_mappings(name, config, steps, composing)
+        if not config.HasField("version_policy"):
+            config.version_policy.latest.num_versions = 1
+        entry = ModelEntry(name, config=config, fingerprint=fingerprint(model_dir))
+        for v in selected:
+            mv = load_ensemble_version(config, name, str(v), steps, self.calls, self.metrics)
+            entry.versions[str(v)] = mv
+            if self.metrics is not None:
+                self.metrics.model_loaded(name, str(v), mv.load_seconds, [])
+        entry.state = READY
+        return entry
+
+    async def _load_dependencies(self, name: str, config_json: str | None) -> None:
+        """An ensemble's composing models, loaded first when they are not loaded (as Triton does); a cycle of
+        ensembles is refused before anything loads."""
+        for dep in await asyncio.to_thread(self._dependencies, name, config_json):
+            entry = self._models.get(dep)
+            if entry is not None and entry.versions:
+                continue
+            if dep not in self.names_on_disk():
+                raise ModelLoadError(f"ensemble '{name}' depends on '{dep}', which is not in the model repository")
+            try:
+                await self.load(dep)
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"ensemble '{name}' depends on '{dep}' which has no loaded version. Model "
+                                     f"'{dep}' loading failed with error: {exc.message}") from None
+
+    def _dependencies(self, name: str, config_json: str | None) -> list[str]:
+        """The models `name`'s steps run (none for a model that is not an ensemble); ModelLoadError for ensembles
+        that depend on each other in a circle."""
+        direct = self._steps_models(name, config_json)
+        pending = [(dep, [name, dep]) for dep in direct]
+        while pending:
+            model, chain = pending.pop()
+            for dep in self._steps_models(model, None):
+                if dep == name:
+                    raise ModelLoadError(f"circular dependency between ensembles: {' -> '.join([*chain, name])}")
+                if dep not in chain:
+                    pending.append((dep, [*chain, dep]))
+        return direct
+
+    def _steps_models(self, name: str, config_json: str | None) -> list[str]:
+        """The composing models an ensemble's config names; [] where it is no ensemble or cannot be read (its own
+        load then says why)."""
+        try:
+            if config_json is not None:
+                config = cfg.parse_config_json(config_json)
+            elif (self.root / name).is_dir():
+                config = cfg.read_config(self.root / name)[0]
+            else:
+                return []
+        except ModelLoadError:
+            return []
+        return list(dict.fromkeys(s.model_name for s in config.ensemble_scheduling.step if s.model_name))
+
     def _load_one(self, entry: ModelEntry, read: tuple[BackendModel, str, float], version_dir: Path) -> None:
         model, _, read_seconds = read
         name, v = entry.name, version_dir.name
+        if isinstance(model, PythonModel):  # described by its config: validation then checks the config alone
+            model.configure(entry.config)
         cfg.validate(entry.config, name, model)
         mv = load_version(model, entry.config, name, v, version_dir, self.metrics)
         mv.load_seconds += read_seconds
@@ -231,11 +331,15 @@ class ModelRepository:
     def _forget(self, entry: ModelEntry) -> None:
         """A build that failed part way: the versions it did load never served (their schedulers were not
         started), but their metrics were set; take those back."""
-        if self.metrics is not None:
-            for v, mv in entry.versions.items():
+        for v, mv in entry.versions.items():
+            close_instances(mv.instances)
+            if self.metrics is not None:
                 self.metrics.model_unloaded(entry.name, v, len(mv.instances))
 
     def _read_model(self, name: str, config: mc.ModelConfig, version_dir: Path) -> tuple[BackendModel, str, float]:
+        if config.backend == PYTHON_BACKEND:  # its model.py runs in worker processes, started by its instances
+            model = PythonModel(name, version_dir, model_file(version_dir, config, name), self.calls)
+            return model, PYTHON_BACKEND, 0.0
         backend, graph, weights = cfg.model_files(version_dir, config, name)
         for path in (graph, weights):  # the engine opens them: a FIFO would block it forever
             check_regular(path, f"model '{name}': {version_dir.name}/{path.name}")
@@ -265,10 +369,15 @@ class ModelRepository:
                 continue
             mv.state = "UNLOADING"
             await mv.scheduler.stop(drain=drain)
+            await asyncio.to_thread(close_instances, mv.instances)
             if self.metrics is not None:
                 self.metrics.model_unloaded(entry.name, v, len(mv.instances))
 
     def _log_loaded(self, mv: ModelVersion) -> None:
+        if mv.config.platform == ENSEMBLE_PLATFORM:
+            steps = " -> ".join(s.model_name for s in mv.config.ensemble_scheduling.step)
+            log.info("loaded ensemble '%s' version %s: READY (steps: %s)", mv.name, mv.version, steps)
+            return
         log.info("loaded model '%s' version %s: READY (%s, max_batch_size %d, %s, arena %.1f MiB total, "
                  "max shapes %s) in %.2f s", mv.name, mv.version, mv.config.backend, mv.config.max_batch_size,
                  instances_text([i.device_name for i in mv.instances]), sum(mv.arena_bytes) / 2**20, mv.max_shapes,
@@ -283,6 +392,9 @@ class ModelRepository:
             names = self.names_on_disk()
         failed = []
         for name in names:
+            entry = self._models.get(name)
+            if entry is not None and entry.versions:  # loaded already, as an ensemble's dependency
+                continue
             try:
                 await self.load(name)
             except ModelLoadError:

@@ -12,11 +12,19 @@ import numpy as np
 
 from server.datatypes import wire_to_numpy
 from server.errors import InvalidArgumentError
-from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
+from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput, StreamResponse
 from server.protocol.grpc import pb2
 from server.protocol.grpc_wire import InferMessage, response_parts
 from server.protocol.raw_tensors import tensor_from_raw, tensor_raw_view, tensor_to_raw
 from server.request_limits import MAX_NAME_BYTES, check_label, element_count
+
+# Stream responses carry whether they are their request's last; a client asks for the final flag alone (a decoupled
+# model's response-less end) with the second (Triton's names).
+FINAL_PARAM = "triton_final_response"
+EMPTY_FINAL_PARAM = "triton_enable_empty_final_response"
+# An error answered on a stream quotes the request's names; both are cut so that grpc's frame stays small.
+MAX_ID_CHARS = 2048
+MAX_ERROR_CHARS = 8192
 
 # Which typed InferTensorContents field carries each datatype (FP16/BF16 have none: raw only).
 _CONTENTS_FIELD = {
@@ -103,10 +111,26 @@ def encode_response(resp: InferResponse) -> Any:
     return msg
 
 
-def encode_response_parts(resp: InferResponse) -> list[Any]:
+def encode_response_parts(resp: InferResponse, extra_params: dict[str, Any] | None = None) -> list[Any]:
     """The response as grpc_wire.response_parts: the raw outputs are not copied until grpc's serializer joins them."""
     msg = pb2.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
-    params_to_grpc(resp.parameters, msg.parameters)
+    params_to_grpc({**resp.parameters, **(extra_params or {})}, msg.parameters)
     for out in resp.outputs:
         msg.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.shape))
     return response_parts(msg, [tensor_raw_view(out.data) for out in resp.outputs])
+
+
+def encode_stream_response(item: StreamResponse, request: Any) -> Any:
+    """One ModelStreamInferResponse, triton_final_response set: a response as the parts of response_parts (wrapped by
+    grpc_wire.serialize_stream_response); an error or the final flag alone as a message with the request's id, model
+    and version and the error's message."""
+    if item.response is not None and item.error is None:
+        return encode_response_parts(item.response, {FINAL_PARAM: item.final})
+    head = request.message if isinstance(request, InferMessage) else request
+    resp = pb2.ModelInferResponse(id=head.id[:MAX_ID_CHARS], model_name=head.model_name[:MAX_ID_CHARS],
+                                  model_version=head.model_version[:MAX_ID_CHARS])
+    resp.parameters[FINAL_PARAM].bool_param = item.final
+    msg = pb2.ModelStreamInferResponse(infer_response=resp)
+    if item.error is not None:
+        msg.error_message = item.error.message[:MAX_ERROR_CHARS]
+    return msg

@@ -41,6 +41,9 @@ class SchedulerConfig:
         wait_policy: "full" (Triton's): a batch below the preferred/max size waits max_queue_delay out;
             "adaptive": it goes as soon as it holds as many rows as the recent load had in the server at once
             (server/scheduling/population.py), never later than "full" would send it.
+        may_run_inline: whether the direct policy may run cheap executions on the event loop thread. False for
+            instances whose run waits on another process (the Python backend): on the loop thread the wait would
+            block it, and the calls such a model makes to other models (BLS) need the loop.
     """
 
     dynamic_batching: bool = True
@@ -55,6 +58,7 @@ class SchedulerConfig:
     default_priority_level: int = 0
     preserve_ordering: bool = False
     wait_policy: str = "full"
+    may_run_inline: bool = True
 
     def __post_init__(self) -> None:
         # Normalise lists from a parsed config so the dataclass stays hashable and comparable.

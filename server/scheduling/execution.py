@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server.backend import BackendInstance
+from server.backend import BackendInstance, RequestContext, RequestsInstance
 from server.errors import InferenceError
 
 
@@ -36,23 +36,35 @@ class Execution:
         return self.compute_input_ns + self.compute_infer_ns + self.compute_output_ns
 
 
-def run_batch(instance: BackendInstance, requests: Sequence[dict[str, np.ndarray]],
-              rows: Sequence[int]) -> tuple[list[dict[str, np.ndarray]], Execution]:
+def run_batch(instance: BackendInstance, requests: Sequence[dict[str, np.ndarray]], rows: Sequence[int],
+              contexts: Sequence[RequestContext | None] | None = None
+              ) -> tuple[list[dict[str, np.ndarray] | Exception], Execution]:
     """Run `requests` (with `rows` rows each) as one execution: each request's outputs, in order, and its figures.
-    A single request goes through unchanged."""
+    A single request goes through unchanged; an instance that takes requests one by one gets them unmerged."""
+    if isinstance(instance, RequestsInstance):
+        return _run_requests(instance, requests, rows, contexts or [None] * len(requests))
     t0 = time.perf_counter_ns()
     inputs = requests[0] if len(requests) == 1 else concat_inputs(requests)
     t1 = time.perf_counter_ns()
     outputs, timings = instance.run_timed(inputs)
     t2 = time.perf_counter_ns()
+    per_request: list[dict[str, np.ndarray] | Exception] = []
     if len(requests) == 1:
-        per_request = [{name: _detached(arr) for name, arr in outputs.items()}]
+        per_request.append({name: _detached(arr) for name, arr in outputs.items()})
     else:
-        per_request = split_outputs(outputs, rows)
+        per_request.extend(split_outputs(outputs, rows))
     t3 = time.perf_counter_ns()
     copy_in, copy_out = timings.copy_in_ns, timings.copy_out_ns
     return per_request, Execution(sum(rows), len(requests), t1 - t0 + copy_in, max(t2 - t1 - copy_in - copy_out, 0),
                                   copy_out + t3 - t2)
+
+
+def _run_requests(instance: RequestsInstance, requests: Sequence[dict[str, np.ndarray]], rows: Sequence[int],
+                  contexts: Sequence[RequestContext | None]
+                  ) -> tuple[list[dict[str, np.ndarray] | Exception], Execution]:
+    feed = [(inputs, context or RequestContext()) for inputs, context in zip(requests, contexts, strict=True)]
+    outputs, timings = instance.run_requests(feed)
+    return outputs, Execution(sum(rows), len(requests), timings.copy_in_ns, timings.compute_ns, timings.copy_out_ns)
 
 
 def concat_inputs(requests: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from server.backend import RequestContext
 from server.errors import InvalidArgumentError, QueueFullError
 from server.scheduling.policy import Pending
 
@@ -21,6 +22,7 @@ class Entry:
     pending: Pending
     inputs: dict[str, np.ndarray]
     future: asyncio.Future[Any]
+    context: RequestContext | None = None  # for instances that take requests one by one (server/backend.py)
 
     @property
     def req_id(self) -> int:

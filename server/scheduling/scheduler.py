@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from server.backend import BackendInstance
+from server.backend import BackendInstance, RequestContext
 from server.errors import InvalidArgumentError, RequestTimeoutError, ServerError, UnavailableError
 from server.scheduling import population
 from server.scheduling.config import SchedulerConfig
@@ -36,8 +36,9 @@ from server.scheduling.inline import INLINE_MAX_NS, InlinePolicy
 from server.scheduling.policy import Pending, decide
 from server.scheduling.queue import Entry, RequestQueue, ResponseOrder, rows_of, shape_key
 
-# What a run gives back to the event loop: each request's outputs and the execution's figures, or the error.
-Outcome = tuple[list[dict[str, np.ndarray]], Execution] | Exception
+# What a run gives back to the event loop: each request's outputs (or its own error) and the execution's figures, or
+# the error of the whole execution.
+Outcome = tuple[list[dict[str, np.ndarray] | Exception], Execution] | Exception
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class Scheduler:
         self._queue = RequestQueue(config.max_queue_size)
         self._order = ResponseOrder(config.preserve_ordering)
         # The direct policy's runs may go on the event loop thread, each instance learning which are cheap.
-        self._inline = {} if config.dynamic_batching else {id(i): InlinePolicy(inline_max_ns) for i in instances}
+        inline = config.may_run_inline and not config.dynamic_batching
+        self._inline = {id(i): InlinePolicy(inline_max_ns) for i in instances} if inline else {}
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -120,12 +122,14 @@ class Scheduler:
             self._executor.shutdown(wait=True)
             self._executor = None
 
-    async def submit(self, inputs: dict[str, np.ndarray], *, priority: int = 0,
-                     timeout_us: int | None = None) -> InferResult:
-        """Schedule one request and wait for its outputs (dim 0 = its own rows)."""
+    async def submit(self, inputs: dict[str, np.ndarray], *, priority: int = 0, timeout_us: int | None = None,
+                     context: RequestContext | None = None) -> InferResult:
+        """Schedule one request and wait for its outputs (dim 0 = its own rows). `context` reaches instances that
+        take requests one by one (RequestsInstance); others never see it."""
         if self._loop_task is None or self._wake is None or self._stopping:
             raise UnavailableError("Model is not serving: its scheduler is stopped")
         entry = self._make_entry(inputs, priority, timeout_us)
+        entry.context = context
         self._queue.add(entry)
         self._order.register(entry.req_id)
         if not self.config.dynamic_batching and len(self._queue) == 1 and self._free:
@@ -245,7 +249,11 @@ class Scheduler:
             if self._metrics:
                 self._metrics.on_execution(execution)
             for entry, out in zip(entries, outputs, strict=True):
-                self._succeed(entry, InferResult(out, started - entry.pending.enqueue_ns, execution))
+                queue_ns = started - entry.pending.enqueue_ns
+                if isinstance(out, Exception):  # a backend that fails one request of a batch alone
+                    self._fail(entry, out, "BACKEND", queue_ns=queue_ns)
+                else:
+                    self._succeed(entry, InferResult(out, queue_ns, execution))
         finally:
             self._observe_population()  # before this execution's rows leave: its clients come back next
             self._executing_rows -= sum(e.pending.rows for e in entries)
@@ -287,7 +295,7 @@ class Scheduler:
 
 def _attempt(instance: BackendInstance, entries: list[Entry], rows: list[int]) -> Outcome:
     try:
-        return run_batch(instance, [e.inputs for e in entries], rows)
+        return run_batch(instance, [e.inputs for e in entries], rows, [e.context for e in entries])
     except Exception as exc:  # handed to the event loop, which fails these requests with it
         return exc
 

@@ -121,7 +121,7 @@ def test_stream_without_reading_answers_holds_bounded_memory(slow: ServerProcess
 class FailingPlane:
     """A data plane that refuses every inference after holding its request, as validation does."""
 
-    async def infer(self, req):  # noqa: ANN001, ANN201
+    async def infer(self, req, endpoint=""):  # noqa: ANN001, ANN201
         raise InvalidArgumentError(f"refused {req.inputs[0].data.nbytes} bytes")
 
 

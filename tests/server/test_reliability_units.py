@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from server.errors import InvalidArgumentError
+from server.inference import StreamResponse
 from server.protocol.grpc import pb2, pb2_grpc
 from server.protocol.grpc.interceptors import DecodeGuardInterceptor, RestrictedProtocolInterceptor
 from server.protocol.grpc.servicer import InferenceServicer
@@ -72,6 +73,9 @@ def test_escaping_paths_sees_symlinks_out(tmp_path: Path) -> None:
 class RefusingDataPlane:
     async def infer(self, req):  # noqa: ANN001, ANN201
         raise InvalidArgumentError(f"no thanks: {req.model_name}")
+
+    async def infer_stream(self, req):  # noqa: ANN001, ANN201 - what ModelStreamInfer calls: errors come as responses
+        yield StreamResponse(None, InvalidArgumentError(f"no thanks: {req.model_name}"))
 
 
 async def _stream_calls() -> list:

@@ -32,7 +32,16 @@ REFUSED = [
     ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching: stateful"),
     ("sequence_batching { }", "sequence_batching: stateful"),
     ('ensemble_scheduling { step [ { model_name: "a" model_version: -1 input_map { key: "x" value: "y" } } ] }',
-     "ensemble_scheduling: ensembles are not supported"),
+     'ensemble_scheduling cannot be set for a model whose platform is not "ensemble"'),
+    ('platform: "ensemble"', 'platform "ensemble" needs ensemble_scheduling'),
+    ('platform: "ensemble" ensemble_scheduling { step [ { model_name: "a" } ] } instance_group [ { count: 2 } ]',
+     "instance_group should not be specified for ensemble 'm'"),
+    ('platform: "ensemble" ensemble_scheduling { step [ { model_name: "a" model_namespace: "ns" } ] }',
+     "ensemble_scheduling.step[0].model_namespace: model namespaces are not supported"),
+    ('backend: "tnn" model_transaction_policy { decoupled: true }',
+     "model_transaction_policy.decoupled: decoupled models (several responses per request) need the Python backend"),
+    ('backend: "python" parameters { key: "EXECUTION_ENV_PATH" value { string_value: "env.tar.gz" } }',
+     "parameters['EXECUTION_ENV_PATH']: custom execution environments are not supported"),
     ("optimization { execution_accelerators { cpu_execution_accelerator [ { name: \"openvino\" } ] } }",
      "optimization.execution_accelerators.cpu_execution_accelerator: not supported: the engine plans"),
     ("optimization { input_pinned_memory { enable: true } }", "optimization.input_pinned_memory.enable"),
@@ -73,6 +82,8 @@ ACCEPTED = [
     "version_policy { all { } }",
     'parameters { key: "max_shape:in0" value { string_value: "4" } }',
     'backend: "pnnx" platform: "pnnx"',
+    'backend: "python" model_transaction_policy { decoupled: true } parameters { key: "k" value { string_value: "" } }',
+    'platform: "ensemble" ensemble_scheduling { step [ { model_name: "a" input_map { key: "x" value: "y" } } ] }',
 ]
 
 
@@ -113,8 +124,13 @@ def _unhonoured(desc, make):  # noqa: ANN001, ANN202 - descriptor, () -> (config
     for field in desc.fields:
         if field.name not in honoured:
             yield f"{name}.{field.name}", make
-        elif field.message_type is not None:
+        elif field.message_type is not None and not _scalar_map(field):  # a map of strings holds no fields
             yield from _unhonoured(_value_type(field), _child_maker(make, field))
+
+
+def _scalar_map(field) -> bool:  # noqa: ANN001
+    entry = field.message_type
+    return entry.GetOptions().map_entry and entry.fields_by_name["value"].message_type is None
 
 
 def _value_type(field):  # noqa: ANN001, ANN202

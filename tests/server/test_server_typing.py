@@ -1,5 +1,6 @@
 """mypy (strict) checks the engine seam and the scheduler: engine.Model and engine.Instance must implement
-server/backend.py's protocols, a structural match that nothing checks at run time."""
+server/backend.py's protocols, a structural match that nothing checks at run time; so must the Python backend's
+PythonModel and PythonInstance (which also takes requests one by one and holds a process to close)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONFORMANCE = """
 import engine
-from server.backend import BackendInstance, BackendModel
+from server.backend import BackendInstance, BackendModel, ClosableInstance, RequestsInstance
+from server.python_backend.model import PythonInstance, PythonModel
 
 
 def as_model(model: engine.Model) -> BackendModel:
@@ -18,6 +20,18 @@ def as_model(model: engine.Model) -> BackendModel:
 
 
 def as_instance(instance: engine.Instance) -> BackendInstance:
+    return instance
+
+
+def python_as_model(model: PythonModel) -> BackendModel:
+    return model
+
+
+def python_as_instance(instance: PythonInstance) -> RequestsInstance:
+    return instance
+
+
+def python_as_closable(instance: PythonInstance) -> ClosableInstance:
     return instance
 """
 

@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from server.dataplane import DataPlane
+from server.dataplane import GRPC_ENDPOINT, DataPlane
 from server.errors import InvalidArgumentError, ServerError
-from server.inference import InferRequest
+from server.inference import InferRequest, StreamResponse
 from server.protocol import grpc_codec, grpc_wire
 from server.protocol.grpc import health_pb2, health_pb2_grpc, pb2, pb2_grpc
 from server.protocol.grpc.interceptors import Codec, add_guarded
@@ -74,6 +74,7 @@ async def decoded(request: Any) -> InferRequest:
 
 
 _READ_FAILED = object()  # on a stream's answer queue: reading its requests raised
+_REQUEST_DONE = object()  # on a stream's answer queue: a request's responses are all there
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
 
     @_guard
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        resp = await self.dp.infer(await decoded(request))
+        resp = await self.dp.infer(await decoded(request), GRPC_ENDPOINT)
         return grpc_codec.encode_response_parts(resp)  # joined by grpc_wire.serialize_response
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
@@ -163,12 +164,14 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.create_task(read_all())
         reader.add_done_callback(lambda t: t.cancelled() or t.exception() is None or done.put_nowait(_READ_FAILED))
         try:
-            while (item := await done.get()) is not None:
-                if item is _READ_FAILED:
+            while (entry := await done.get()) is not None:
+                if entry is _READ_FAILED:
                     reader.result()  # raises what ended the reading
-                yield item
-                del item
-                held -= 1
+                if entry is not _REQUEST_DONE:
+                    yield entry
+                    del entry
+                    continue
+                held -= 1  # a request's responses are all written: its slots go to the next one
                 server_slots.release()
                 own_slots.release()
         finally:
@@ -179,15 +182,22 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
                 server_slots.release()
 
     async def _stream_one(self, request: Any, done: asyncio.Queue[Any]) -> None:
+        """Every response of one request (a decoupled model's 0..n), each marked triton_final_response as Triton
+        marks it; the final flag alone goes out only to a client that asked for it. _REQUEST_DONE follows the last:
+        the request's stream slots are held until then, whatever number of responses it had."""
         try:
-            resp = await self.dp.infer(await decoded(request))
-            item: Any = grpc_codec.encode_response_parts(resp)  # wrapped by grpc_wire.serialize_stream_response
+            req = await decoded(request)
+            empty_final = req.parameters.pop(grpc_codec.EMPTY_FINAL_PARAM, False) is True
+            async for one in self.dp.infer_stream(req):
+                if one.response is not None or one.error is not None or empty_final:
+                    done.put_nowait(grpc_codec.encode_stream_response(one, request))
         except ServerError as err:
-            item = _stream_error(err.message, request)
+            done.put_nowait(grpc_codec.encode_stream_response(StreamResponse(None, err), request))
         except Exception as exc:  # a bug: the stream still answers this request and stays open for the others
             log.exception("ModelStreamInfer request failed")
-            item = _stream_error(f"internal error: {type(exc).__name__}: {exc}", request)
-        await done.put(item)
+            done.put_nowait(_stream_error(f"internal error: {type(exc).__name__}: {exc}", request))
+        finally:
+            done.put_nowait(_REQUEST_DONE)
 
     @_guard
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
