@@ -23,7 +23,7 @@ import numpy as np
 from engine import RunTimings
 
 __all__ = ["BackendInstance", "BackendModel", "ClosableInstance", "RequestContext", "RequestsInstance", "ResponseSink",
-           "RunTimings", "TensorSpec"]
+           "RunTimings", "SequenceFlags", "TensorSpec"]
 
 
 class TensorSpec(Protocol):
@@ -87,6 +87,21 @@ class ResponseSink(Protocol):
 
 
 @dataclass(frozen=True)
+class SequenceFlags:
+    """A request's place in its sequence (a stateful model's): Triton's correlation id (a non-zero uint64 or a
+    non-empty string) and the START and END flags."""
+
+    correlation_id: int | str
+    start: bool = False
+    end: bool = False
+
+    @property
+    def triton_flags(self) -> int:
+        """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START (1) | _END (2), as a Python model's request.flags() gives them."""
+        return int(self.start) | (2 if self.end else 0)
+
+
+@dataclass(frozen=True)
 class RequestContext:
     """What a backend taking requests one by one may know of a request besides its inputs."""
 
@@ -94,6 +109,7 @@ class RequestContext:
     parameters: Mapping[str, Any] = field(default_factory=dict)
     requested_outputs: tuple[str, ...] = ()  # empty: every output
     responses: ResponseSink | None = None  # a decoupled model's responses go there, not into the run's result
+    sequence: SequenceFlags | None = None  # the request's sequence, when it names one
 
 
 @runtime_checkable

@@ -32,7 +32,19 @@ BATCH_WAIT_PARAM = "dynamic_batching_wait"  # parameters { key: "dynamic_batchin
 HONOURED: dict[str, frozenset[str]] = {
     "ModelConfig": frozenset({"name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
                               "dynamic_batching", "instance_group", "default_model_filename", "parameters",
-                              "model_warmup", "model_transaction_policy", "response_cache", "ensemble_scheduling"}),
+                              "model_warmup", "model_transaction_policy", "response_cache", "ensemble_scheduling",
+                              "sequence_batching"}),
+    # Triton's sequence batcher (server/sequence_batching.py, server/scheduling/sequence.py).
+    "ModelSequenceBatching": frozenset({"direct", "oldest", "max_sequence_idle_microseconds", "control_input",
+                                        "state"}),
+    "ModelSequenceBatching.StrategyDirect": frozenset({"max_queue_delay_microseconds", "minimum_slot_utilization"}),
+    "ModelSequenceBatching.StrategyOldest": frozenset({"max_candidate_sequences", "preferred_batch_size",
+                                                       "max_queue_delay_microseconds", "preserve_ordering"}),
+    "ModelSequenceBatching.ControlInput": frozenset({"name", "control"}),
+    "ModelSequenceBatching.Control": frozenset({"kind", "int32_false_true", "fp32_false_true", "bool_false_true",
+                                                "data_type"}),
+    "ModelSequenceBatching.State": frozenset({"input_name", "output_name", "data_type", "dims", "initial_state"}),
+    "ModelSequenceBatching.InitialState": frozenset({"data_type", "dims", "zero_data", "data_file", "name"}),
     "ModelEnsembling": frozenset({"step"}),
     "ModelEnsembling.Step": frozenset({"model_name", "model_version", "input_map", "output_map"}),
     "ModelInput": frozenset({"name", "data_type", "format", "dims", "reshape"}),
@@ -62,8 +74,11 @@ _ENGINE_OWN = ("not supported: the engine plans and optimises every model itself
 REASONS: dict[tuple[str, str] | str, str] = {
     ("ModelConfig", "runtime"): "not supported: nnserve has no backend libraries to choose from (`backend` picks "
                                 "the model format)",
-    ("ModelConfig", "sequence_batching"): "stateful (sequence) models are not supported: every request is "
-                                          "independent",
+    ("ModelSequenceBatching", "iterative_sequence"): "iterative sequences (request rescheduling) are not "
+                                                     "implemented",
+    ("ModelSequenceBatching.State", "use_same_buffer_for_input_output"): "not supported: a state is copied between "
+                                                                         "requests",
+    ("ModelSequenceBatching.State", "use_growable_memory"): "not supported: a state is copied between requests",
     ("ModelConfig", "optimization"): _ENGINE_OWN,
     ("ModelConfig", "batch_input"): "ragged batching is not supported",
     ("ModelConfig", "batch_output"): "ragged batching is not supported",

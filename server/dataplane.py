@@ -199,7 +199,8 @@ class DataPlane:
             self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
             raise
         sink = StreamSink(mv, req.id, wanted)
-        context = RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), responses=sink)
+        context = RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), responses=sink,
+                                 sequence=req.sequence)
 
         async def submit() -> InferResult | None:
             try:
@@ -280,10 +281,11 @@ class StreamSink:
 
 
 def request_context(mv: ModelVersion, req: InferRequest) -> RequestContext | None:
-    """What a backend taking requests one by one gets besides the inputs (None for the engine's models)."""
-    if not mv.takes_requests:
+    """What a backend taking requests one by one gets besides the inputs, and what a sequence model's scheduler
+    needs (the request's sequence); None for the engine's other models."""
+    if not mv.takes_requests and not mv.sequence:
         return None
-    return RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs))
+    return RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), sequence=req.sequence)
 
 
 def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:

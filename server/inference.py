@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from server.backend import SequenceFlags
 from server.errors import InvalidArgumentError, ServerError
 
 
@@ -41,6 +42,34 @@ class InferRequest:
     @property
     def timeout_us(self) -> int | None:
         return _int_param(self.parameters, "timeout") or None
+
+    @property
+    def sequence(self) -> SequenceFlags | None:
+        """The sequence the request belongs to (parameters sequence_id, sequence_start, sequence_end, as the
+        clients send them); None without a sequence_id (or with 0 or "": Triton's "no correlation ID")."""
+        return sequence_flags(self.parameters)
+
+
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+
+
+def sequence_flags(params: dict[str, Any]) -> SequenceFlags | None:
+    value = params.get("sequence_id")
+    if value is None or value == 0 or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidArgumentError(f"parameter 'sequence_id' must be an unsigned integer or a string, got "
+                                   f"{type(value).__name__}")
+    if isinstance(value, int) and not 0 < value < 2**64:
+        raise InvalidArgumentError("parameter 'sequence_id' must be an unsigned 64-bit integer")
+    return SequenceFlags(value, _bool_param(params, "sequence_start"), _bool_param(params, "sequence_end"))
+
+
+def _bool_param(params: dict[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"parameter '{key}' must be a boolean, got {type(value).__name__}")
+    return value
 
 
 def _int_param(params: dict[str, Any], key: str) -> int | None:

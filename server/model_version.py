@@ -22,7 +22,9 @@ from server.model_calls import ModelCalls
 from server.model_config import model_config_pb2 as mc
 from server.repository_files import read_regular
 from server.scheduling import Execution, InferResult, Scheduler, SchedulerConfig
+from server.scheduling.sequence import SequenceScheduler
 from server.security import inside
+from server.sequence_batching import sequence_config
 from server.stats import ModelStats
 
 log = logging.getLogger("nnserve.repository")
@@ -69,6 +71,11 @@ class ModelVersion:
     def decoupled(self) -> bool:
         """0..n responses per request (Triton's decoupled transaction policy): streams only."""
         return bool(self.config.model_transaction_policy.decoupled)
+
+    @functools.cached_property
+    def sequence(self) -> bool:
+        """A stateful model: its requests belong to sequences (Triton's sequence batcher)."""
+        return self.config.HasField("sequence_batching")
 
     @functools.cached_property
     def takes_requests(self) -> bool:
@@ -238,7 +245,17 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
     stats.memory_bytes = sum(arenas)
     if metrics is not None:  # before the repository's model_loaded, which sets the per-instance gauges
         metrics.instances_placed(name, version, instances)
-    scheduler = Scheduler(scheduler_config(config), instances, metrics=VersionMetrics(stats, metrics, name, version))
+    hooks = VersionMetrics(stats, metrics, name, version)
+    scheduler: VersionScheduler
+    if config.HasField("sequence_batching"):
+        try:
+            seq_config = sequence_config(config, name, version_dir.parent)
+        except Exception:
+            close_instances(instances)
+            raise
+        scheduler = SequenceScheduler(seq_config, instances, metrics=hooks)
+    else:
+        scheduler = Scheduler(scheduler_config(config), instances, metrics=hooks)
     ins, outs = cfg.tensor_configs(config)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
                         inputs=ins, outputs=outs, max_shapes=shapes)

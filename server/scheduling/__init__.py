@@ -1,5 +1,7 @@
 """Scheduling: one scheduler per model version with two policies, direct execution and dynamic batching; the
-decision of the latter is a pure function (policy.decide) of the queue, the time and the config."""
+decision of the latter is a pure function (policy.decide) of the queue, the time and the config. A stateful model
+(a sequence_batching block) has the sequence batcher instead (sequence.SequenceScheduler), whose decisions are the
+pure function sequence_policy.plan."""
 
 from __future__ import annotations
 

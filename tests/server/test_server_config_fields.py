@@ -29,8 +29,9 @@ REFUSED = [
     ('backend: "pnnx" platform: "tnn"', 'backend "pnnx" and platform "tnn" disagree'),
     ('runtime: "model.py"', "runtime: not supported"),
     ("response_cache { enable: true }", "response_cache.enable: the response cache is not implemented"),
-    ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching: stateful"),
-    ("sequence_batching { }", "sequence_batching: stateful"),
+    ("sequence_batching { iterative_sequence: true }", "sequence_batching.iterative_sequence: iterative sequences"),
+    ("sequence_batching { state [ { input_name: \"s\" output_name: \"t\" use_growable_memory: true } ] }",
+     "sequence_batching.state[0].use_growable_memory: not supported"),
     ('ensemble_scheduling { step [ { model_name: "a" model_version: -1 input_map { key: "x" value: "y" } } ] }',
      'ensemble_scheduling cannot be set for a model whose platform is not "ensemble"'),
     ('platform: "ensemble"', 'platform "ensemble" needs ensemble_scheduling'),
@@ -84,6 +85,10 @@ ACCEPTED = [
     'backend: "pnnx" platform: "pnnx"',
     'backend: "python" model_transaction_policy { decoupled: true } parameters { key: "k" value { string_value: "" } }',
     'platform: "ensemble" ensemble_scheduling { step [ { model_name: "a" input_map { key: "x" value: "y" } } ] }',
+    "sequence_batching { }",
+    "sequence_batching { max_sequence_idle_microseconds: 5000000 oldest { max_candidate_sequences: 4 } }",
+    'sequence_batching { control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START '
+    "int32_false_true: [ 0, 1 ] } ] } ] direct { max_queue_delay_microseconds: 10 } }",
 ]
 
 
@@ -112,7 +117,7 @@ def test_every_field_is_honoured_or_refused():
             check_supported(config, "m")
         assert field.name in info.value.message, (path, info.value.message)
         checked.append(path)
-    assert "ModelConfig.sequence_batching" in checked and "ModelInput.optional" in checked
+    assert "ModelSequenceBatching.iterative_sequence" in checked and "ModelInput.optional" in checked
     assert len(checked) >= 25, checked
 
 
@@ -243,7 +248,7 @@ def test_triton_configs_on_a_running_server(tmp_path):
                "onnx": AFFINE_CONFIG.replace('backend: "pnnx"', 'backend: "onnxruntime"'),
                "cached": AFFINE_CONFIG + "response_cache { enable: true }\n",
                "stateful": AFFINE_CONFIG.replace("dynamic_batching { max_queue_delay_microseconds: 20000 }",
-                                                 "sequence_batching { max_sequence_idle_microseconds: 1000 }"),
+                                                 "sequence_batching { iterative_sequence: true }"),
                "tuned": AFFINE_CONFIG + "optimization { input_pinned_memory { enable: true } }\n",
                "named": AFFINE_CONFIG + 'default_model_filename: "affine_v7.pnnx.param"\n'}
     repo = make_repository(tmp_path / "repo", configs)
@@ -254,7 +259,7 @@ def test_triton_configs_on_a_running_server(tmp_path):
     try:
         for model, words in (("onnx", 'backend "onnxruntime" is not a backend nnserve has'),
                              ("cached", "response_cache.enable: the response cache is not implemented"),
-                             ("stateful", "sequence_batching: stateful"),
+                             ("stateful", "sequence_batching.iterative_sequence: iterative sequences"),
                              ("tuned", "optimization.input_pinned_memory.enable")):
             r = httpx.post(f"{url}/v2/repository/models/{model}/load", timeout=60)
             assert r.status_code == 400 and words in r.json()["error"], r.text
