@@ -181,11 +181,15 @@ def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Backen
     if not has_max_batch and not config.input:
         config.max_batch_size = default_max_batch_size if batchable(model) else 0
     skip = 1 if config.max_batch_size > 0 else 0
+    supplied, taken_back = sequence_tensors(config)  # the sequence batcher's, not the client's
     if not config.input:
         for s in model.inputs:
-            config.input.add(name=s.name, data_type=wire_to_config_type(s.datatype), dims=list(s.shape)[skip:])
+            if s.name not in supplied:
+                config.input.add(name=s.name, data_type=wire_to_config_type(s.datatype), dims=list(s.shape)[skip:])
     if not config.output:
         for s in model.outputs:
+            if s.name in taken_back:
+                continue
             config.output.add(name=s.name, data_type=wire_to_config_type(s.datatype), dims=list(s.shape)[skip:])
     if not config.instance_group:
         config.instance_group.add(count=1, kind=KIND_CPU)
@@ -202,6 +206,13 @@ def auto_complete(config: mc.ModelConfig, name: str, backend: str, model: Backen
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
     return config
+
+
+def sequence_tensors(config: mc.ModelConfig) -> tuple[set[str], set[str]]:
+    """A sequence model's inputs that the sequence batcher supplies (its control and state inputs) and the outputs it
+    takes back (the state outputs): they are not the client's, so auto-complete leaves them out."""
+    sb = config.sequence_batching
+    return {c.name for c in sb.control_input} | {s.input_name for s in sb.state}, {s.output_name for s in sb.state}
 
 
 def batchable(model: BackendModel) -> bool:

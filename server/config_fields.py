@@ -39,7 +39,7 @@ HONOURED: dict[str, frozenset[str]] = {
                                         "state"}),
     "ModelSequenceBatching.StrategyDirect": frozenset({"max_queue_delay_microseconds", "minimum_slot_utilization"}),
     "ModelSequenceBatching.StrategyOldest": frozenset({"max_candidate_sequences", "preferred_batch_size",
-                                                       "max_queue_delay_microseconds", "preserve_ordering"}),
+                                                       "max_queue_delay_microseconds"}),
     "ModelSequenceBatching.ControlInput": frozenset({"name", "control"}),
     "ModelSequenceBatching.Control": frozenset({"kind", "int32_false_true", "fp32_false_true", "bool_false_true",
                                                 "data_type"}),
@@ -74,6 +74,9 @@ _ENGINE_OWN = ("not supported: the engine plans and optimises every model itself
 REASONS: dict[tuple[str, str] | str, str] = {
     ("ModelConfig", "runtime"): "not supported: nnserve has no backend libraries to choose from (`backend` picks "
                                 "the model format)",
+    ("ModelSequenceBatching.StrategyOldest", "preserve_ordering"): "not implemented: a sequence's responses come in "
+                                                                   "its order, those of different sequences as "
+                                                                   "their executions end",
     ("ModelSequenceBatching", "iterative_sequence"): "iterative sequences (request rescheduling) are not "
                                                      "implemented",
     ("ModelSequenceBatching.State", "use_same_buffer_for_input_output"): "not supported: a state is copied between "

@@ -24,7 +24,7 @@ from server.repository_files import read_regular
 from server.scheduling import Execution, InferResult, Scheduler, SchedulerConfig
 from server.scheduling.sequence import SequenceScheduler
 from server.security import inside
-from server.sequence_batching import sequence_config
+from server.sequence_batching import check_model_tensors, engine_input_shapes, sequence_config
 from server.stats import ModelStats
 
 log = logging.getLogger("nnserve.repository")
@@ -91,12 +91,13 @@ class ModelVersion:
         return {t.name: t for t in self.outputs}
 
 
-def build_instances(model: BackendModel, config: mc.ModelConfig,
-                    name: str) -> tuple[list[BackendInstance], dict[str, list[int]]]:
+def build_instances(model: BackendModel, config: mc.ModelConfig, name: str,
+                    extra_shapes: dict[str, tuple[int, ...]] | None = None
+                    ) -> tuple[list[BackendInstance], dict[str, list[int]]]:
     """Instance per instance_group count (per listed GPU for KIND_GPU), each planning its arena for
-    max_batch_size x max dims up front."""
+    max_batch_size x max dims up front; `extra_shapes`: inputs the client does not send (a sequence model's)."""
     shapes = cfg.max_shapes(config, name)  # the API's shapes; the engine's differ where an input has a reshape
-    engine_shapes = cfg.engine_max_shapes(config, name)
+    engine_shapes = {**cfg.engine_max_shapes(config, name), **(extra_shapes or {})}
     instances: list[BackendInstance] = []
     for device in cfg.instance_devices(config):
         try:
@@ -234,7 +235,13 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
                  metrics: ServerMetrics | None) -> ModelVersion:
     """Blocking: instances + warmup. The scheduler is created here and started by the repository."""
     t0 = time.perf_counter()
-    instances, shapes = build_instances(model, config, name)
+    seq_config, extra_shapes = None, None
+    if config.HasField("sequence_batching"):
+        seq_config = sequence_config(config, name, version_dir.parent)
+        if config.backend != PYTHON_BACKEND:  # a Python model declares no more than its config
+            check_model_tensors(seq_config, model, name)
+            extra_shapes = engine_input_shapes(seq_config, config, name)
+    instances, shapes = build_instances(model, config, name, extra_shapes)
     try:
         warm_up(instances, config, name, version_dir)
     except Exception:
@@ -247,12 +254,7 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
         metrics.instances_placed(name, version, instances)
     hooks = VersionMetrics(stats, metrics, name, version)
     scheduler: VersionScheduler
-    if config.HasField("sequence_batching"):
-        try:
-            seq_config = sequence_config(config, name, version_dir.parent)
-        except Exception:
-            close_instances(instances)
-            raise
+    if seq_config is not None:
         scheduler = SequenceScheduler(seq_config, instances, metrics=hooks)
     else:
         scheduler = Scheduler(scheduler_config(config), instances, metrics=hooks)

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from server import config as cfg
+from server.backend import BackendModel, TensorSpec
+from server.datatypes import numpy_to_wire
 from server.errors import ModelLoadError
 from server.model_config import model_config_pb2 as mc
 from server.repository_files import read_regular
@@ -140,3 +142,36 @@ def _state_file(file_name: str, shape: list[int], dtype: np.dtype, model_dir: Pa
         raise ModelLoadError(f"{where}: initial_state setting expects {nbytes} bytes, but the data provided from "
                              f"{file_name} only has {len(raw)} bytes.")
     return np.frombuffer(raw[:nbytes], dtype=dtype).reshape(shape).copy()
+
+
+def check_model_tensors(seq: SequenceConfig, model: BackendModel, name: str) -> None:
+    """An engine model must have every control and state input (in its dtype) and every state output."""
+    inputs = {t.name: t for t in model.inputs}
+    outputs = {t.name: t for t in model.outputs}
+    for what, tensor, dtype in ([("control input", c.name, c.dtype) for c in seq.controls]
+                                + [("state input", s.input_name, s.initial.dtype) for s in seq.states]):
+        _check_tensor(name, what, tensor, numpy_to_wire(dtype), inputs, "input")
+    for state in seq.states:
+        _check_tensor(name, "state output", state.output_name, numpy_to_wire(state.initial.dtype), outputs, "output")
+
+
+def _check_tensor(name: str, what: str, tensor: str, datatype: str, specs: dict[str, TensorSpec], kind: str) -> None:
+    spec = specs.get(tensor)
+    if spec is None:
+        raise ModelLoadError(f"model '{name}': sequence_batching: {what} '{tensor}' is not an {kind} of the model; "
+                             f"it has {sorted(specs)}")
+    if spec.datatype != datatype:
+        raise ModelLoadError(f"model '{name}': sequence_batching: {what} '{tensor}' is {datatype}, but the model's "
+                             f"{kind} is {spec.datatype}")
+
+
+def engine_input_shapes(seq: SequenceConfig, config: mc.ModelConfig, name: str) -> dict[str, tuple[int, ...]]:
+    """The largest shapes of the control and state inputs, which an engine instance plans its arena for."""
+    batch = (max(int(config.max_batch_size), 1),) if config.max_batch_size > 0 else ()
+    shapes = {c.name: (*batch, 1) for c in seq.controls}
+    for state in config.sequence_batching.state:
+        if any(d < 0 for d in state.dims):
+            raise ModelLoadError(f"model '{name}': sequence_batching.state '{state.input_name}': an engine model's "
+                                 f"state needs fixed dims (its arena is planned for them), got {list(state.dims)}")
+        shapes[state.input_name] = (*batch, *(int(d) for d in state.dims))
+    return shapes

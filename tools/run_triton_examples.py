@@ -40,8 +40,8 @@ IMAGE = ROOT / "examples" / "photos" / "astronaut.png"
 RUN_SECONDS = 180
 
 # Two repositories, as Triton's examples assume: "examples" holds the models of Triton's docs/examples repository
-# (the model control examples count them: eight, once the sequence models simple_sequence and simple_dyna_sequence
-# exist), "qa" the others the examples use. Model name -> (committed folder, files copied into it).
+# (the model control examples count them: eight, with the sequence models simple_sequence and simple_dyna_sequence),
+# "qa" the others the examples use. Model name -> (committed folder, files copied into it).
 CLASSIFIER = IMAGE_MODELS / "classifier" / "model.py"
 
 
@@ -51,20 +51,25 @@ def _pnnx(fixture: str) -> dict[str, Path]:
 
 REPOSITORIES: dict[str, dict[str, tuple[Path, dict[str, Path]]]] = {
     "examples": {
-        **{name: (TRITON_MODELS / name, {}) for name in ("simple", "simple_string", "simple_identity", "simple_int8")},
+        **{name: (TRITON_MODELS / name, {}) for name in ("simple", "simple_string", "simple_identity", "simple_int8",
+                                                         "simple_sequence", "simple_dyna_sequence")},
         "densenet_onnx": (IMAGE_MODELS / "densenet_onnx", {"1/model.py": CLASSIFIER, **_pnnx("densenet")}),
         "inception_graphdef": (IMAGE_MODELS / "inception_graphdef", {"1/model.py": CLASSIFIER, **_pnnx("googlenet")}),
     },
     "qa": {
-        **{name: (TRITON_MODELS / name, {}) for name in ("custom_identity_int32", "repeat_int32")},
+        **{name: (TRITON_MODELS / name, {}) for name in ("custom_identity_int32", "repeat_int32", "simple_sequence",
+                                                         "simple_dyna_sequence", "simple_string_dyna_sequence")},
         "preprocess_inception_ensemble": (IMAGE_MODELS / "preprocess_inception_ensemble", {}),
         "image_preprocess": (IMAGE_MODELS / "image_preprocess", {"1/model.py": IMAGE_MODELS / "image_preprocess" /
                                                                  "model.py"}),
         "inception_64": (IMAGE_MODELS / "inception_64", _pnnx("googlenet")),
     },
 }
-# The examples that use the "qa" repository's models; the others use "examples".
-QA_EXAMPLES = {"memory_growth_test.py", "simple_grpc_custom_repeat.py", "ensemble_image_client.py"}
+# The examples that use the "qa" repository's models; the others use "examples". The sequence examples' string
+# model (simple_string_dyna_sequence) would be a ninth model in "examples".
+QA_EXAMPLES = {"memory_growth_test.py", "simple_grpc_custom_repeat.py", "ensemble_image_client.py",
+               *(f"simple_{kind}_sequence_{mode}_infer_client.py"
+                 for kind in ("grpc", "http", "grpc_aio", "http_aio") for mode in ("sync", "stream"))}
 
 # Examples run more than once, with these arguments ({grpc}: the gRPC address, {image}: a photo); every other
 # example of the folder runs once without arguments.
@@ -81,6 +86,9 @@ RUNS: dict[str, list[list[str]]] = {
     "simple_grpc_sequence_sync_infer_client.py": [[], ["-d"]],
     "simple_grpc_sequence_stream_infer_client.py": [[], ["-d"]],
     "simple_http_sequence_sync_infer_client.py": [[], ["-d"]],
+    "simple_grpc_aio_sequence_stream_infer_client.py": [[], ["-d"]],
+    "simple_grpc_aio_sequence_sync_infer_client.py": [[], ["-d"]],
+    "simple_http_aio_sequence_sync_infer_client.py": [[], ["-d"]],
 }
 
 # What a failure's output says about its cause: (pattern, the feature it needs).

@@ -1,43 +1,13 @@
-"""Sequence (stateful) models for the sequence batcher tests, written as Python-backend models: Triton's
-simple_sequence example model, a model that echoes its control inputs, and an accumulator on implicit state."""
+"""Sequence (stateful) models for the sequence batcher tests, as Python-backend models: Triton's example models
+(simple_sequence, simple_dyna_sequence, simple_string_dyna_sequence: tests/server/fixtures/triton/), a model that
+echoes its control inputs, and an accumulator on implicit state."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-from pymodels import python_model
-
-# Triton's simple_sequence example (docs/examples/model_repository/simple_sequence): START and READY int32 controls,
-# INPUT/OUTPUT int32 [1]; its client examples expect OUTPUT = INPUT + 1 on a sequence's first request, INPUT after.
-SIMPLE_SEQUENCE_CONFIG = """
-max_batch_size: 8
-sequence_batching {
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
-    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
-  ]
-}
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-instance_group [ { kind: KIND_CPU } ]
-"""
-SIMPLE_SEQUENCE_SOURCE = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
-            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
-            ready = pb_utils.get_input_tensor_by_name(request, "READY").as_numpy()
-            out = np.where(ready != 0, value + start, 0).astype(np.int32)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)]))
-        return responses
-"""
+from pymodels import copy_models, python_model
 
 # Echoes every control tensor it gets, with their dtypes, plus what pb_utils says of the request (correlation_id,
 # flags), the execution's size and the worker's pid (which instance ran it). An execution holding a request whose
@@ -168,7 +138,7 @@ CONTROL_MODELS = {
 
 def sequence_models(root: Path, gate_dir: Path) -> Path:
     """Every sequence model of the tests, in the repository `root`."""
-    python_model(root, "simple_sequence", SIMPLE_SEQUENCE_CONFIG, SIMPLE_SEQUENCE_SOURCE)
+    copy_models(root, "simple_sequence", "simple_dyna_sequence", "simple_string_dyna_sequence")
     for name, (strategy, count, max_batch, corrid, idle_us) in CONTROL_MODELS.items():
         config = CONTROLS_TEMPLATE.format(idle_us=idle_us, strategy=strategy, count=count, max_batch=max_batch,
                                           corrid_type=corrid, gate_dir=gate_dir)

@@ -118,6 +118,18 @@ def test_simple_sequence_sync_example(server: ServerProcess, protocol: str) -> N
     assert seq2 == [21] + [-v for v in VALUES]
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_dyna_sequence_examples(server: ServerProcess, protocol: str) -> None:
+    """The same examples with -d: simple_dyna_sequence (oldest, uint64 CORRID: the id is added on the last request)
+    and simple_string_dyna_sequence (a string CORRID, an accumulator on implicit state)."""
+    seq0 = send_sequence(server, protocol, "simple_dyna_sequence", 1000, [0, *VALUES])
+    seq1 = send_sequence(server, protocol, "simple_dyna_sequence", 1001, [100] + [-v for v in VALUES])
+    seq2 = send_sequence(server, protocol, "simple_string_dyna_sequence", "1002", [20] + [-v for v in VALUES])
+    assert seq0 == [1, *VALUES[:-1], VALUES[-1] + 1000]
+    assert seq1 == [101] + [-v for v in VALUES[:-1]] + [-VALUES[-1] + 1001]
+    assert seq2 == [*np.cumsum([20] + [-v for v in VALUES])[:-1].tolist(), 20 - sum(VALUES) + 1002]
+
+
 def test_simple_sequence_stream_example(server: ServerProcess) -> None:
     """simple_grpc_sequence_stream_infer_client: three sequences sent on one stream without waiting for answers; each
     sequence's responses come in its order."""

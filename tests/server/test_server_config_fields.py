@@ -32,6 +32,8 @@ REFUSED = [
     ("sequence_batching { iterative_sequence: true }", "sequence_batching.iterative_sequence: iterative sequences"),
     ("sequence_batching { state [ { input_name: \"s\" output_name: \"t\" use_growable_memory: true } ] }",
      "sequence_batching.state[0].use_growable_memory: not supported"),
+    ("sequence_batching { oldest { preserve_ordering: true } }", "sequence_batching.oldest.preserve_ordering: not "
+                                                                 "implemented"),
     ('ensemble_scheduling { step [ { model_name: "a" model_version: -1 input_map { key: "x" value: "y" } } ] }',
      'ensemble_scheduling cannot be set for a model whose platform is not "ensemble"'),
     ('platform: "ensemble"', 'platform "ensemble" needs ensemble_scheduling'),
