@@ -43,7 +43,9 @@ def elu(ctx: Ctx) -> None:
 
 @handles("nn.GELU", "F.gelu")
 def gelu(ctx: Ctx) -> None:
-    approximate = "tanh" if ctx.p("approximate", "none") == "tanh" else "none"
+    approximate = ctx.p("approximate", "none")  # pnnx writes it only when it is tanh
+    if approximate not in ("none", "tanh"):
+        raise ctx.unsupported(f"approximate={approximate!r}")
     ctx.become("Gelu", {"approximate": approximate}, inputs=[ctx.x()])
 
 
