@@ -75,4 +75,4 @@ def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.matmul(p, v.astype(np.float64)).astype(ot)]
 
 
-register(OpDef("Attention", _infer, reference))
+register(OpDef("Attention", _infer, reference, arity=(3, 4), float_inputs=(0, 1, 2)))

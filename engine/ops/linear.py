@@ -63,6 +63,8 @@ def matmul_shape(node: Node, a: tuple, b: tuple) -> tuple[int, ...]:
 
 
 def infer_matmul(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if any(i.dtype == np.bool_ for i in ins[:2]):
+        raise ShapeError(f"{node.where()}: MatMul of bool (torch has no bool matmul)")
     shape = matmul_shape(node, tuple(ins[0].shape), tuple(ins[1].shape))
     return [TensorInfo(shape, np.result_type(ins[0].dtype, ins[1].dtype))]
 
@@ -77,6 +79,6 @@ def matmul_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 register(
-    OpDef("Gemm", infer_gemm, gemm_reference),
-    OpDef("MatMul", infer_matmul, matmul_reference),
+    OpDef("Gemm", infer_gemm, gemm_reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("MatMul", infer_matmul, matmul_reference, arity=(2, 2)),
 )

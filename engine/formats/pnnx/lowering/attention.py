@@ -100,6 +100,11 @@ def is_key_padding(ctx: Ctx, mask: Value, batch: int, length: int) -> bool:
 
 
 def _mask(ctx: Ctx, mask: Value, heads: int, key_padding: bool) -> Value:
+    # torch takes bool and float masks only, 2-D (L, S) / (N, S) or 3-D (N*H, L, S)
+    if mask.dtype is not None and mask.dtype != np.bool_ and np.dtype(mask.dtype).kind != "f":
+        raise ctx.fail(f"mask {mask.name!r} is {np.dtype(mask.dtype)} (torch takes bool and float masks)")
+    if mask.shape is not None and len(mask.shape) not in (2, 3):
+        raise ctx.fail(f"mask {mask.name!r} is {len(mask.shape)}-D (torch takes 2-D and 3-D masks)")
     if mask.dtype == np.bool_:
         mask = ctx.emit("Not", [mask])[0]
     if key_padding:  # (N, S) -> (N, 1, 1, S): the same keys hidden from every head and query of a sequence

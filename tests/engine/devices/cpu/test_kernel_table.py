@@ -12,8 +12,11 @@ from engine.ir import Graph
 from engine.ops import OPS, OpDef, TensorInfo, register
 from engine.runtime.model import Model
 
-# Ops that run their numpy reference on the CPU (kernels.py says why): rare, or aliases that are views.
-REFERENCE_ONLY = {"TnnQRelu", "TnnLSTM", "Expression", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+# Ops that run their numpy reference on the CPU (kernels.py says why): rare, aliases that are views, or cheap ops
+# whose vectorised numpy reference is their kernel for now.
+REFERENCE_ONLY = {"TnnQRelu", "TnnLSTM", "Expression", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                  "GatherElements", "RepeatInterleave", "Trilu", "TopK", "CumSum", "ReduceVar", "Range",
+                  "DetectionOutput"}
 BLOCKED_LAYOUT = {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                   "RegroupBlocked"}
 
