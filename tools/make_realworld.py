@@ -20,6 +20,7 @@ report (tools/check_realworld.py) records it. Re-running writes identical bytes.
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import subprocess
 import sys
@@ -82,7 +83,9 @@ def seed_for(name: str) -> int:
 
 def randomize(model: nn.Module, gen: torch.Generator) -> None:
     """Random BatchNorm statistics, and random values for every parameter a library initialises to a constant:
-    zero biases, unit norm weights and 1e-5 layer scales would hide a wrong bias, affine or residual branch."""
+    zero biases, unit norm weights and 1e-5 layer scales would hide a wrong bias, affine or residual branch.
+    Weights drawn with a transformer's small std (0.02) are drawn again at unit scale (std 1/sqrt(fan_in)): at
+    0.02 attention is nearly uniform, and a padding mask that is wrong moves BERT's outputs by less than 1e-3."""
     with torch.no_grad():
         for mod in model.modules():
             if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.track_running_stats:
@@ -90,6 +93,11 @@ def randomize(model: nn.Module, gen: torch.Generator) -> None:
                 mod.running_var.copy_(torch.rand(mod.num_features, generator=gen) + 0.5)
         for _, param in sorted(model.named_parameters()):
             flat = param.detach().reshape(-1)
+            if flat.numel() > 1 and param.dim() >= 2 and float(flat.std()) < 0.05:
+                # (out, in, ...) weights: fan-in is all but the first dim; (1, tokens, dim) embeddings: the last.
+                fan_in = param.shape[-1] if param.shape[0] == 1 else param[0].numel()
+                param.copy_(torch.randn(param.shape, generator=gen) / math.sqrt(fan_in))
+                continue
             if flat.numel() == 0 or not bool((flat == flat[0]).all()):
                 continue
             value = float(flat[0])
