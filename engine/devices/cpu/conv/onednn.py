@@ -24,13 +24,13 @@ from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
+from engine.devices.cpu.onednn.eltwise import eltwise
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
 from engine.ops.registry import TensorInfo
 
 log = logging.getLogger("engine.onednn")
-_F32_MAX = float(np.finfo(np.float32).max)
 Geometry = Callable[[Node, tuple], ConvGeom]
 
 
@@ -39,37 +39,6 @@ def supported(node: Node, ins: list[TensorInfo]) -> bool:
     if np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
         return False
     return (node.params.get("pad_mode") or "zeros") == "zeros"
-
-
-def eltwise(name: str | None, params: dict | None) -> tuple[str, float, float] | None:
-    """The oneDNN eltwise post-op (alg, alpha, beta) computing the same function as our activation `name`."""
-    p = params or {}
-
-    def get(key: str, default: float) -> float:
-        v = p.get(key)
-        return default if v is None else float(v)
-
-    if name == "relu":
-        return "relu", 0.0, 0.0
-    if name == "leaky_relu":
-        return "relu", get("alpha", 0.01), 0.0
-    if name == "relu6":
-        return "clip", 0.0, 6.0
-    if name == "clip":
-        return "clip", get("min", -_F32_MAX), get("max", _F32_MAX)
-    if name == "sigmoid":
-        return "logistic", 0.0, 0.0
-    if name == "silu":
-        return "swish", 1.0, 0.0
-    if name == "tanh":
-        return "tanh", 0.0, 0.0
-    if name == "elu":
-        return "elu", get("alpha", 1.0), 0.0
-    if name in ("hardswish", "hardsigmoid"):
-        return name, get("alpha", 1 / 6), get("beta", 0.5)
-    if name == "gelu":
-        return ("gelu_tanh" if p.get("approximate", "none") == "tanh" else "gelu_erf"), 0.0, 0.0
-    return None
 
 
 class ConvSpec:

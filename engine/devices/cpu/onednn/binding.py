@@ -30,6 +30,15 @@ SCRATCHPAD_USER = 1
 QUERY_IMPL_INFO_STR = 8
 QUERY_SRC_MD, QUERY_WEIGHTS_MD, QUERY_DST_MD, QUERY_SCRATCHPAD_MD = 129, 131, 133, 136
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+ARG_SRC_1 = 2
+ARG_ATTR_MULTIPLE_POST_OP_BASE = 32768  # oneDNN v3 (v2: 16384)
+BINARY_ADD = 0x1FFF0
+
+
+def ARG_POST_OP_SRC1(index: int) -> int:  # noqa: N802 (DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1)
+    return ARG_ATTR_MULTIPLE_POST_OP_BASE * (index + 1) | ARG_SRC_1
+
+
 ELTWISE = {"relu": 0x20, "tanh": 0x21, "elu": 0x22, "hardsigmoid": 0x28, "logistic": 0x29, "gelu_tanh": 0x2B,
            "swish": 0x2C, "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
@@ -49,6 +58,7 @@ _SIGNATURES = {
     "dnnl_memory_desc_equal": (ctypes.c_int, [vp, vp]),
     "dnnl_post_ops_append_eltwise": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_float, ctypes.c_float]),
     "dnnl_post_ops_append_sum": (ctypes.c_int, [vp, ctypes.c_float, ctypes.c_int32, ctypes.c_int]),
+    "dnnl_post_ops_append_binary": (ctypes.c_int, [vp, ctypes.c_int, vp]),
     "dnnl_memory_set_data_handle": (ctypes.c_int, [vp, vp]),
     "dnnl_primitive_execute": (ctypes.c_int, [vp, vp, ctypes.c_int, ctypes.POINTER(ExecArg)]),
     "dnnl_stream_wait": (ctypes.c_int, [vp]),

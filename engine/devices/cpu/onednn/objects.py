@@ -124,7 +124,8 @@ class MemoryDesc(_Handle):
 
 
 class Attr(_Handle):
-    """Primitive attributes: user scratchpad (so a run never allocates) and post-ops."""
+    """Primitive attributes: user scratchpad (so a run never allocates) and post-ops: ("sum",), an eltwise
+    (name, alpha, beta) or ("binary_add", MemoryDesc of the second operand)."""
     _destroy = "dnnl_primitive_attr_destroy"
 
     def __init__(self, post_ops: Sequence[tuple] = ()):
@@ -139,6 +140,8 @@ class Attr(_Handle):
                 for op in post_ops:
                     if op[0] == "sum":
                         L.call("dnnl_post_ops_append_sum", po, 1.0, 0, 0)  # data type undef: dst's
+                    elif op[0] == "binary_add":
+                        L.call("dnnl_post_ops_append_binary", po, L.BINARY_ADD, op[1].h)
                     else:
                         L.call("dnnl_post_ops_append_eltwise", po, L.ELTWISE[op[0]], op[1], op[2])
                 L.call("dnnl_primitive_attr_set_post_ops", h, po)

@@ -58,6 +58,10 @@ def transpose(ctx: Ctx) -> None:
 
 @handles("Tensor.expand")
 def expand(ctx: Ctx) -> None:
+    sizes = ctx.arg("sizes")
+    if sizes is not None:  # computed at run time (timm's class token: x.expand(x.shape[0], -1, -1))
+        ctx.become("Expand", {}, inputs=[ctx.x(), sizes])
+        return
     ctx.become("Expand", {"shape": axes_list(ctx.p("sizes", ctx.p("shape")))}, inputs=[ctx.x()])
 
 
