@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,21 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES_DIR = REPO_ROOT / "tests" / "fixtures"
+
+# The suite runs on shared, loaded machines. OpenMP's threads sleep at once here (set before any test loads libgomp,
+# and inherited by the servers tests start): spinning at barriers on an oversubscribed host costs whole time
+# slices. The engine's default wait policy (NNSERVE_SPIN_US) is tested in a process of its own,
+# tests/engine/runtime/test_threads.py.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@pytest.fixture(autouse=True)
+def _kernel_threads_as_set(monkeypatch):
+    """Kernels use the thread count they are given: the contention guard (engine/devices/cpu/threads.py) would make
+    thread counts depend on the machine's load. Its own test drives it with a fake schedstat."""
+    from engine.devices.cpu import threads
+
+    monkeypatch.setattr(threads.CONTENTION, "check", lambda: False)
 
 
 @dataclass

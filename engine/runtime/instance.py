@@ -51,7 +51,7 @@ class Instance:
         self.graph = graph
         # Kernel/BLAS threads are process-wide: an instance with its own count applies it before each run.
         self.threads = None if threads is None else max(1, int(threads))
-        _apply_threads(self.threads, self.options.cpu.threads)
+        _apply_threads(self.threads, self.options.cpu.threads, self.options.cpu.spin_us)
         self.device = get_device(device, self.options.cpu)
         graph = self.graph = self.device.prepare(graph)
         self.max_shapes = resolve_max_shapes(graph, max_shapes)
@@ -199,9 +199,9 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
                        f"{type(e).__name__}: {e}")
 
 
-def _apply_threads(threads: int | None, setting: int | None) -> None:
-    """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows),
-    BLAS one thread; threads= then wins."""
-    _threads.configure(setting)
+def _apply_threads(threads: int | None, setting: int | None, spin_us: int) -> None:
+    """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows;
+    its wait policy, NNSERVE_SPIN_US), BLAS one thread; threads= then wins."""
+    _threads.configure(setting, spin_us)
     if threads is not None:
         _threads.set_threads(threads)

@@ -3,7 +3,9 @@ status checks. The object wrappers the kernels use are in objects.py.
 
 The library is looked up in `<sys.prefix>/lib` (where the wheel installs it), then on the loader path, when a
 CPU device whose options allow oneDNN first asks for it (`load`); with NNSERVE_ONEDNN=0 it is never loaded and
-the numpy/numba kernels run instead.
+the numpy/numba kernels run instead. Loading it loads libgomp, which reads its wait policy from the environment
+then, once: `load` first sets GOMP_SPINCOUNT to the spin bound of NNSERVE_SPIN_US (threads.py), or
+OMP_WAIT_POLICY=PASSIVE for 0, unless the user set either.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
+from engine.devices.cpu.options import DEFAULT_SPIN_US
+from engine.devices.cpu.threads import gomp_spincount
 from engine.errors import KernelError
 
 SONAME = "libdnnl.so.3"
@@ -74,10 +78,20 @@ def _candidates() -> list[str]:
     return found + ([name] if name else []) + [SONAME]
 
 
-def _open() -> ctypes.CDLL | None:
-    # Idle OpenMP workers must sleep, not spin against the engine's own thread pool and numba kernels;
-    # libgomp reads this once, when it is loaded (with libdnnl, below).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def openmp_wait_policy(spin_us: int, environ) -> dict[str, str]:
+    """The variables to set so that libgomp's idle threads spin `spin_us` then sleep, as the pool's do; none when
+    the user chose OpenMP's policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT in `environ`)."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return {}
+    if spin_us <= 0:
+        return {"OMP_WAIT_POLICY": "PASSIVE"}
+    return {"GOMP_SPINCOUNT": str(gomp_spincount(spin_us))}
+
+
+def _open(spin_us: int) -> ctypes.CDLL | None:
+    # libgomp reads its wait policy once, when it is loaded (with libdnnl, below); the process environment is
+    # what it reads, so that is where the setting goes.
+    os.environ.update(openmp_wait_policy(spin_us, os.environ))
     for path in _candidates():
         if path.startswith("/") and not Path(path).exists():
             continue
@@ -97,12 +111,13 @@ _loaded = False
 _lock = threading.Lock()
 
 
-def load() -> ctypes.CDLL | None:
-    """libdnnl, loaded on the first call; None when it is not installed."""
+def load(spin_us: int = DEFAULT_SPIN_US) -> ctypes.CDLL | None:
+    """libdnnl, loaded on the first call (with OpenMP's wait policy for `spin_us`, NNSERVE_SPIN_US); None when it
+    is not installed."""
     global LIB, _loaded
     with _lock:
         if not _loaded:
-            LIB, _loaded = _open(), True
+            LIB, _loaded = _open(spin_us), True
     return LIB
 
 

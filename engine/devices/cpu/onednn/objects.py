@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.devices.cpu.onednn import binding as L
-from engine.devices.cpu.threads import get_threads
+from engine.devices.cpu.threads import effective_threads, park
 
 log = logging.getLogger("engine.onednn")
 _vp = ctypes.c_void_p
@@ -60,8 +60,11 @@ def engine() -> _vp:
 
 
 def sync_threads() -> None:
-    """Gives this thread's OpenMP team the engine's thread count (an OpenMP setting is per calling thread)."""
-    n = get_threads()
+    """Gives this thread's OpenMP team the engine's thread count (an OpenMP setting is per calling thread; one
+    while the host is oversubscribed), and parks our pool's spinning workers: the primitive's threads are
+    OpenMP's."""
+    park()
+    n = effective_threads()
     if getattr(_local, "threads", None) != n:
         L.LIB.omp_set_num_threads(n)
         _local.threads = n
