@@ -26,6 +26,7 @@ from engine.runtime.bind import Bound, bind
 from engine.runtime.compile import compile_graph
 from engine.runtime.inputs import check_inputs, resolve_max_shapes
 from engine.runtime.options import EngineOptions, environment_options
+from engine.runtime.profile import Profile, kernel_label
 
 log = logging.getLogger("engine.runtime")
 
@@ -64,6 +65,19 @@ class Instance:
         self._bound: OrderedDict[tuple, Bound] = OrderedDict()
         self._lock = threading.Lock()
         self.last_timings: dict[str, object] = {}
+        self.profile: Profile | None = None  # per-node times of every run while profiling is on
+
+    # -- profiling ------------------------------------------------------------------------------------
+    def start_profile(self) -> Profile:
+        """From now on every run adds its per-node times to a fresh `profile` (until stop_profile)."""
+        self.profile = Profile.for_nodes((c.node.name, c.node.op_type, kernel_label(c.kernel))
+                                         for c in self._compiled.nodes if not c.alias)
+        return self.profile
+
+    def stop_profile(self) -> Profile | None:
+        """Ends profiling; returns what was collected."""
+        profile, self.profile = self.profile, None
+        return profile
 
     # -- public ---------------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray], timings: bool = False) -> dict[str, np.ndarray]:
@@ -121,7 +135,10 @@ class Instance:
         for view, a in zip(bound.input_views, arrays, strict=True):
             self.device.copy_in(view, a)
         t1 = time.perf_counter()
-        node_times = execute(bound, self.workspace, timings, self.debug)
+        profile = self.profile
+        node_times = execute(bound, self.workspace, timings or profile is not None, self.debug)
+        if profile is not None:
+            profile.add_run(node_times)
         t2 = time.perf_counter()
         out = {name: self.device.copy_out(a) for name, a in bound.outputs}
         t3 = time.perf_counter()
