@@ -21,15 +21,6 @@ FIXTURES_DIR = REPO_ROOT / "tests" / "fixtures"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-@pytest.fixture(autouse=True)
-def _kernel_threads_as_set(monkeypatch):
-    """Kernels use the thread count they are given: the contention guard (engine/devices/cpu/threads.py) would make
-    thread counts depend on the machine's load. Its own test drives it with a fake schedstat."""
-    from engine.devices.cpu import threads
-
-    monkeypatch.setattr(threads.CONTENTION, "check", lambda: False)
-
-
 @dataclass
 class ModelFixture:
     """One tests/fixtures/<kind>/<name>/ folder: model files, inputs, expected outputs and meta.json."""

@@ -9,18 +9,18 @@ when the work is small, and the thread count is one knob (`set_threads`).
 Wait policy (NNSERVE_SPIN_US, CpuOptions.spin_us): a worker that finished its chunk polls for the next one for
 that long (a nogil loop on the CPU's spin-wait hint, loops/spin.py), then sleeps on a condition variable. The ops
 of one request follow each other within microseconds, so they find the workers awake (a futex wake-up costs
-20-100 us on a VM, more than many ops take); an idle server's workers are all asleep a few milliseconds after its
-last request. OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, counted in the same
+20-100 us on a VM, more than many ops take); an idle server's workers are all asleep well under a millisecond after
+its last request. OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, counted in the same
 spin-wait polls (`gomp_spincount`), set before libgomp loads (onednn/binding.py). 0 sleeps at once (what
 OMP_WAIT_POLICY=PASSIVE does). ONNX Runtime's pool and libgomp's default do the same: a bounded spin, then sleep.
 Our workers stop spinning when a oneDNN primitive starts (`park`), so they never compete with OpenMP's team.
 
-Spinning only pays while the cores are ours. On an oversubscribed host a thread spinning at a barrier burns its
-whole time slice waiting for a partner that is not running (measured on a 2-core VM at load 9: GhostNet at batch
-1 took 1087 ms with OpenMP spinning, 24 ms with it sleeping). `Contention` watches how long the calling thread
-waited for a CPU (its run delay in /proc/thread-self/schedstat); while that is over a quarter of its runnable
-time, kernels run on the calling thread alone (OpenMP team of one, no pool), so nothing waits on a descheduled
-thread; it tries the full count again a second later.
+The bound is short on purpose. The gaps between the ops of one request are tens of microseconds, so 200 us
+covers them; a longer spin only pays between requests, and costs dearly on an oversubscribed host, where a
+thread spinning at a barrier burns its time slice waiting for a partner that is not running (a 2-core VM at load
+9-22: GhostNet at batch 1 took 1087 ms a run with a 2 ms OpenMP spin and 24 ms sleeping at once; a tiny ViT 20-120
+ms with 2 ms, 0.6 ms with 50 us, 0.3 ms sleeping). Small kernels never fork at all (`threads_for`: a oneDNN
+primitive of little work is created for one thread), which also keeps them clear of a busy host's stalls.
 
 The count is process-wide (the pool is). Its default is the CPUs the process may really use: NNSERVE_NUM_THREADS
 (CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU quota (a container limited to 2
@@ -47,8 +47,10 @@ from engine.devices.cpu.options import DEFAULT_SPIN_US
 
 # Below this much work (elements x taps) a kernel runs on the calling thread: handing a chunk over costs ~5-50 us.
 MIN_WORK = 1 << 18
+# Below this many multiply-adds a oneDNN primitive runs on one thread (`threads_for`): ~20 us of work, what an
+# OpenMP fork-join costs on a VM when a thread has to be woken, and all a busy host's stall can cost.
+FORK_WORK = 1 << 20
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-SCHEDSTAT = "/proc/thread-self/schedstat"
 _PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 
 
@@ -192,58 +194,6 @@ class SpinPool:
                 self.wake[w].notify()
 
 
-class Contention:
-    """Whether this host is oversubscribed, judged from the run delay of the threads that run requests: the share
-    of their runnable time they spent waiting for a CPU, sampled every SAMPLE_S of their own running. Over ENTER
-    the kernels go single-threaded for at least HOLD_S, back under LEAVE they use the full count again."""
-
-    SAMPLE_S, ENTER, LEAVE, HOLD_S = 0.02, 0.25, 0.10, 1.0
-
-    def __init__(self, path: str = SCHEDSTAT):
-        self.path = path
-        self.local = threading.local()
-        self.contended = False
-        self.since = 0.0
-
-    def _read(self) -> tuple[int, int] | None:
-        fd = getattr(self.local, "fd", None)
-        try:
-            if fd is None:
-                fd = self.local.fd = os.open(self.path, os.O_RDONLY)  # this thread's file, re-read in place
-            cpu, delay = os.pread(fd, 96, 0).split()[:2]
-            return int(cpu), int(delay)
-        except (OSError, ValueError):
-            self.local.fd = -1  # no schedstat here (not Linux, or hidden): never contended
-            return None
-
-    def check(self) -> bool:
-        """True while the kernels should run on the calling thread alone."""
-        now = time.monotonic()
-        last = getattr(self.local, "last", None)
-        if last is not None and now - last[0] < self.SAMPLE_S:
-            return self.contended
-        if getattr(self.local, "fd", None) == -1:
-            return False
-        sample = self._read()
-        if sample is None:
-            return False
-        self.local.last = (now, *sample)
-        if last is None:
-            return self.contended
-        ran, waited = sample[0] - last[1], sample[1] - last[2]
-        if ran + waited < self.SAMPLE_S * 1e9 / 2:  # mostly idle since the last sample: nothing to judge
-            return self.contended
-        share = waited / (ran + waited)
-        if not self.contended and share > self.ENTER:
-            self.contended, self.since = True, now
-        elif self.contended and share < self.LEAVE and now - self.since > self.HOLD_S:
-            self.contended = False
-        elif self.contended and share >= self.LEAVE:
-            self.since = now
-        return self.contended
-
-
-CONTENTION = Contention()
 _threads = available_cpus()  # until the first instance applies its setting (configure) or set_threads is called
 _spin_us = DEFAULT_SPIN_US
 _configured = False
@@ -294,10 +244,11 @@ def get_threads() -> int:
     return _threads
 
 
-def effective_threads() -> int:
-    """The threads a kernel starting now may use: the count, or 1 while the host is oversubscribed (Contention) and
-    idle threads spin (sleeping ones cost a contended host little)."""
-    if _threads > 1 and _spin_us > 0 and CONTENTION.check():
+def threads_for(work: int | None) -> int:
+    """The threads a oneDNN primitive of `work` (multiply-adds, or elements x taps) may use: one below FORK_WORK,
+    where the fork-join would cost more than the split saves (and, on a busy host, waits for a descheduled thread);
+    the count otherwise, or when the work is not known (None)."""
+    if work is not None and work < FORK_WORK:
         return 1
     return _threads
 
@@ -340,7 +291,7 @@ if hasattr(os, "register_at_fork"):
 
 def parallel_for(fn: Callable[..., None], n_items: int, work: int, *args) -> None:
     """Runs fn(*args, lo, hi) over [0, n_items), in up to get_threads() chunks when `work` is large."""
-    k = min(effective_threads(), n_items) if work >= MIN_WORK else 1
+    k = min(_threads, n_items) if work >= MIN_WORK else 1
     if k <= 1:
         fn(*args, 0, n_items)
         return

@@ -62,19 +62,19 @@ def test_instance_threads_applied_per_run(restore_threads):
 
 # -- wait policy: spin a while, then sleep ------------------------------------------------------------
 def test_spin_setting_read_from_the_environment():
-    assert CpuOptions.from_env({}).spin_us == 2000
+    assert CpuOptions.from_env({}).spin_us == 200
     assert CpuOptions.from_env({"NNSERVE_SPIN_US": "0"}).spin_us == 0
     assert CpuOptions.from_env({"NNSERVE_SPIN_US": " 500 "}).spin_us == 500
-    assert CpuOptions.from_env({"NNSERVE_SPIN_US": "-3"}).spin_us == 2000
+    assert CpuOptions.from_env({"NNSERVE_SPIN_US": "-3"}).spin_us == 200
 
 
 def test_openmp_gets_the_same_bound_unless_the_user_chose_one():
     from engine.devices.cpu.onednn.binding import openmp_wait_policy
 
     assert openmp_wait_policy(0, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    spin = openmp_wait_policy(2000, {})
-    assert list(spin) == ["GOMP_SPINCOUNT"] and int(spin["GOMP_SPINCOUNT"]) == _threads.spin_polls(2000) > 0
-    assert openmp_wait_policy(2000, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+    spin = openmp_wait_policy(200, {})
+    assert list(spin) == ["GOMP_SPINCOUNT"] and int(spin["GOMP_SPINCOUNT"]) == _threads.spin_polls(200) > 0
+    assert openmp_wait_policy(200, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
     assert openmp_wait_policy(0, {"GOMP_SPINCOUNT": "10"}) == {}
 
 
@@ -87,7 +87,7 @@ def _fail(lo, hi):
         raise ValueError(f"chunk {lo}")
 
 
-@pytest.mark.parametrize("spin_us", [0, 2000])
+@pytest.mark.parametrize("spin_us", [0, 200, 5000])
 def test_pool_runs_every_chunk_once_then_sleeps(restore_threads, spin_us):
     import numpy as np
 
@@ -166,29 +166,3 @@ def test_a_loaded_idle_instance_burns_no_cpu(tmp_path):
     spincount, policy, idle_cpu = done.stdout.split()[-3:]
     assert policy == "None" and int(spincount) > 0  # bounded spin, not PASSIVE, not ACTIVE
     assert float(idle_cpu) < 0.05, f"{idle_cpu} s of CPU in 2 s of idling"
-
-
-def test_contention_goes_single_threaded_while_the_calling_thread_waits_for_a_cpu(tmp_path, monkeypatch):
-    """The run delay over runnable time decides, with hysteresis: over a quarter enters, under a tenth (after the
-    hold) leaves; a thread that mostly slept says nothing."""
-    stat = tmp_path / "schedstat"
-    clock = [100.0]
-    monkeypatch.setattr(_threads.time, "monotonic", lambda: clock[0])
-    guard = _threads.Contention(str(stat))
-    cpu = delay = 0
-
-    def step(ran_ms, waited_ms, dt=0.05):
-        nonlocal cpu, delay
-        cpu, delay = cpu + int(ran_ms * 1e6), delay + int(waited_ms * 1e6)
-        stat.write_text(f"{cpu} {delay} 7\n")
-        clock[0] += dt
-        return guard.check()
-
-    assert step(0, 0) is False  # first sample
-    assert step(40, 5) is False  # 11 % waiting: fine
-    assert step(20, 30) is True  # 60 %: oversubscribed
-    assert step(1, 0) is True  # idle in between: no judgement
-    assert step(45, 3, dt=0.5) is True  # quiet again, but within the hold
-    assert step(45, 3, dt=1.5) is False
-    missing = _threads.Contention(str(tmp_path / "absent"))
-    assert missing.check() is False and missing.check() is False

@@ -92,6 +92,12 @@ class Plan:
     def __init__(self, spec: ConvSpec, shape: tuple[int, ...]):
         geo = spec.geometry(spec.node, shape)
         self.geo = geo
+        # multiply-adds: a small conv is created for, and runs on, one thread (D.creating), so it never forks
+        self.work = geo.n * geo.o * geo.oh * geo.ow * (geo.c // geo.groups) * geo.kh * geo.kw
+        with D.creating(self.work):
+            self._create(spec, geo)
+
+    def _create(self, spec: ConvSpec, geo) -> None:
         x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
         # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
         x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
@@ -147,17 +153,21 @@ class Plan:
             else:
                 np.copyto(out, z)
         scratch = base + self.src_bytes + self.dst_bytes
-        if (src, dst, scratch) == self._bound:
-            # The same arena views as last time (the usual case: bound once per input shape): only execute.
-            L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args),
-                                                 self.conv.args), "dnnl_primitive_execute")
-        else:
-            ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
-                    L.ARG_SCRATCHPAD: scratch}
-            if self.bias is not None:
-                ptrs[L.ARG_BIAS] = self.bias.ctypes.data
-            self.conv.run(ptrs)
-            self._bound = (src, dst, scratch)
+        D.sync_threads(self.work)  # never more threads than it was created for
+        try:
+            if (src, dst, scratch) == self._bound:
+                # The same arena views as last time (the usual case: bound once per input shape): only execute.
+                L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args),
+                                                     self.conv.args), "dnnl_primitive_execute")
+            else:
+                ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
+                        L.ARG_SCRATCHPAD: scratch}
+                if self.bias is not None:
+                    ptrs[L.ARG_BIAS] = self.bias.ctypes.data
+                self.conv.run(ptrs)
+                self._bound = (src, dst, scratch)
+        finally:
+            D.restore_threads()
         if self.dst_out is not None:
             self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()

@@ -54,26 +54,28 @@ class Plan:
     (`packed`) or strided like src, optional bias (…, 1, N) and residual (dst's shape) post-op."""
 
     def __init__(self, src: D.MemoryDesc, wts: D.MemoryDesc, dst: D.MemoryDesc, bias: D.MemoryDesc | None,
-                 residual: D.MemoryDesc | None, eltwise: tuple | None, packed: PackedWeights | None):
+                 residual: D.MemoryDesc | None, eltwise: tuple | None, packed: PackedWeights | None, work: int):
         post_ops: list[tuple] = []
         if residual is not None:
             post_ops.append(("binary_add", residual))
         if eltwise is not None:
             post_ops.append(eltwise)
         attr = D.Attr(post_ops)
-        self.pd = D.PrimitiveDesc.create("dnnl_matmul_primitive_desc_create", D.engine(), src.h, wts.h,
-                                         None if bias is None else bias.h, dst.h, attr.h)
-        chosen = self.pd.md(L.QUERY_WEIGHTS_MD)
-        self._chosen, self._packed = chosen, packed  # packed on the first run (sizing a workspace packs nothing)
-        self.weights: np.ndarray | None = None
-        pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
-        self.pad_bytes = D.aligned(pad.nbytes)
-        args = {L.ARG_SRC: src, L.ARG_WEIGHTS: chosen, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}
-        if bias is not None:
-            args[L.ARG_BIAS] = bias
-        if residual is not None:
-            args[L.ARG_POST_OP_SRC1(0)] = residual
-        self.step = D.Step(D.Primitive(self.pd), args)
+        self.work = work  # multiply-adds: a small matmul is created, and runs, on one thread
+        with D.creating(work):
+            self.pd = D.PrimitiveDesc.create("dnnl_matmul_primitive_desc_create", D.engine(), src.h, wts.h,
+                                             None if bias is None else bias.h, dst.h, attr.h)
+            chosen = self.pd.md(L.QUERY_WEIGHTS_MD)
+            self._chosen, self._packed = chosen, packed  # packed on the first run (sizing a workspace packs none)
+            self.weights: np.ndarray | None = None
+            pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
+            self.pad_bytes = D.aligned(pad.nbytes)
+            args = {L.ARG_SRC: src, L.ARG_WEIGHTS: chosen, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}
+            if bias is not None:
+                args[L.ARG_BIAS] = bias
+            if residual is not None:
+                args[L.ARG_POST_OP_SRC1(0)] = residual
+            self.step = D.Step(D.Primitive(self.pd), args)
         self.private: np.ndarray | None = None
         self._bound: tuple | None = None
 
@@ -93,6 +95,7 @@ class Plan:
             workspace: np.ndarray | None) -> None:
         if self._packed is not None and self.weights is None:
             self.weights = self._packed.into(self._chosen)
+        D.sync_threads(self.work)
         w = self.weights.ctypes.data if self.weights is not None else wts
         key = (src, w, dst, bias, residual, self.scratch(workspace))
         if key != self._bound:
@@ -104,9 +107,12 @@ class Plan:
             for a, p in ptrs.items():
                 self.step.mems[a].set(p)
             self._bound = key
-        L.check(L.LIB.dnnl_primitive_execute(self.step.prim.h, D.stream(), len(self.step.args), self.step.args),
-                "dnnl_primitive_execute")
-        D.wait()
+        try:
+            L.check(L.LIB.dnnl_primitive_execute(self.step.prim.h, D.stream(), len(self.step.args),
+                                                 self.step.args), "dnnl_primitive_execute")
+            D.wait()
+        finally:
+            D.restore_threads()
 
 
 class Gemm:
@@ -130,7 +136,7 @@ class Gemm:
             wts = D.MemoryDesc.any((self.k, self.n))
             bias = D.MemoryDesc.plain((1, self.n)) if self.bias is not None else None
             res = D.MemoryDesc.plain((m, self.n)) if self.residual else None
-            plan = self.plans[m] = Plan(src, wts, dst, bias, res, self.eltwise, self.packed)
+            plan = self.plans[m] = Plan(src, wts, dst, bias, res, self.eltwise, self.packed, m * self.k * self.n)
             log.debug("oneDNN matmul %dx%dx%d: %s", m, self.k, self.n, plan.impl)
         return plan
 
@@ -183,7 +189,8 @@ class MatMul:
                 wts, packed = D.MemoryDesc.any(sb[0]), self.packed
             else:
                 wts, packed = D.MemoryDesc.strided(*sb), None
-            plan = self.plans[key] = Plan(src, wts, dst, None, None, None, packed)
+            work = math.prod(out_shape) * int(a_shape[-1])
+            plan = self.plans[key] = Plan(src, wts, dst, None, None, None, packed, work)
             log.debug("oneDNN matmul %s @ %s: %s", a_shape, b_shape, plan.impl)
         return plan
 

@@ -10,6 +10,7 @@ Below MIN_ELEMENTS a call costs more in ctypes than the numba loop takes, so sma
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -19,6 +20,7 @@ from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 
 MIN_ELEMENTS = 1 << 13
+WORK_PER_ELEMENT = 16  # an exp or erf polynomial: ~16 multiply-adds, for threads.threads_for
 SOFTMAX_ACCURATE, SOFTMAX_LOG = 0x30000, 0x30001
 
 Create = Callable[[D.MemoryDesc, D.MemoryDesc, D.Attr], D.PrimitiveDesc]
@@ -42,23 +44,29 @@ def softmax_desc(log: bool, axis: int) -> Create:
 class Plan:
     def __init__(self, create: Create, shape: tuple[int, ...]):
         md = D.MemoryDesc.plain(shape)
-        self.pd = create(md, md, D.Attr())
-        pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
-        self.scratch = D.aligned_buffer(pad.nbytes) if pad.nbytes else None
-        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: md, L.ARG_DST: md, L.ARG_SCRATCHPAD: pad})
+        self.work = WORK_PER_ELEMENT * math.prod(shape)  # a small one is created, and runs, on one thread
+        with D.creating(self.work):
+            self.pd = create(md, md, D.Attr())
+            pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
+            self.scratch = D.aligned_buffer(pad.nbytes) if pad.nbytes else None
+            self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: md, L.ARG_DST: md, L.ARG_SCRATCHPAD: pad})
         if self.scratch is not None:
             self.step.mems[L.ARG_SCRATCHPAD].set(self.scratch.ctypes.data)
         self._bound: tuple[int, int] | None = None
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         key = (D.address(x), D.address(out))
+        D.sync_threads(self.work)
         if key != self._bound:
             self.step.mems[L.ARG_SRC].set(key[0])
             self.step.mems[L.ARG_DST].set(key[1])
             self._bound = key
-        L.check(L.LIB.dnnl_primitive_execute(self.step.prim.h, D.stream(), len(self.step.args), self.step.args),
-                "dnnl_primitive_execute")
-        D.wait()
+        try:
+            L.check(L.LIB.dnnl_primitive_execute(self.step.prim.h, D.stream(), len(self.step.args),
+                                                 self.step.args), "dnnl_primitive_execute")
+            D.wait()
+        finally:
+            D.restore_threads()
 
 
 def build(create: Create, view: Callable[[tuple[int, ...]], tuple[int, ...]], fallback: Kernel, label: str,
@@ -77,7 +85,6 @@ def build(create: Create, view: Callable[[tuple[int, ...]], tuple[int, ...]], fa
             return
         dims = view(x.shape)
         plan = plans.get(dims)
-        D.sync_threads()
         if plan is None:
             plan = plans[dims] = Plan(create, dims)
         plan.run(x, out)
