@@ -72,6 +72,11 @@ def add_engine_commands(subparsers, options: EngineOptions | None = None) -> Non
     p.add_argument("--warmup", type=_count(0), default=0, metavar="N",
                    help="untimed runs first (the first run includes JIT compilation)")
     p.add_argument("--repeat", type=_count(1), default=1, metavar="N", help="timed runs; the median is reported")
+    p.add_argument("--profile", action="store_true",
+                   help="time every node over the timed runs; print the time per op kind and the slowest nodes, "
+                        "with the kernel that ran each (a numpy reference fallback is marked)")
+    p.add_argument("--profile-nodes", type=_count(0), default=25, metavar="N",
+                   help="how many of the slowest nodes --profile lists (0: every node)")
     p.set_defaults(func=_guarded(cmd_run, options.debug), engine_options=options)
 
     p = subparsers.add_parser("inspect", help="show a model's inputs, outputs, ops and memory plan",
@@ -157,10 +162,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     inst = model.instance(device=args.device, max_shapes=max_shapes or None, options=args.engine_options)
     for _ in range(args.warmup):
         inst.run(feeds)
+    if args.profile:
+        inst.start_profile()
     timings = []
     for _ in range(args.repeat):
         outputs = inst.run(feeds)
         timings.append(inst.last_timings)
+    profile = inst.stop_profile()
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, array in outputs.items():
@@ -170,6 +178,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     compute, total = (float(np.median([t[k] for t in timings])) * 1e3 for k in ("compute_s", "total_s"))
     runs = f" (median of {args.repeat} runs after {args.warmup} warm-up)" if args.repeat > 1 or args.warmup else ""
     print(f"time: compute {compute:.3f} ms, total {total:.3f} ms{runs}")
+    if profile is not None:
+        print()
+        print(profile.table(top=args.profile_nodes or None))
     return 0
 
 

@@ -105,6 +105,32 @@ class DataPlane:
             return [mv.stats.as_dict() for _, mv in sorted(entry.versions.items(), key=lambda kv: int(kv[0]))]
         return [mv.stats.as_dict() for mv in self.repository.loaded()]
 
+    # ---- profiling -------------------------------------------------------------------------------------------
+    def model_profile(self, name: str, version: str = "", action: str = "") -> dict[str, Any]:
+        """The per-op profile of a model's instances (engine/runtime/profile.py), over the requests run since
+        profiling was started: `action` "start" (re)starts collecting on every instance, "stop" stops and answers
+        what was collected, "" answers what is being collected so far."""
+        mv = self.repository.get(name, version)
+        if action not in ("", "start", "stop"):
+            raise InvalidArgumentError(f"profile action must be 'start' or 'stop', got {action!r}")
+        if not all(hasattr(i, "start_profile") for i in mv.instances):
+            raise InvalidArgumentError(f"model '{name}' runs on a backend without per-op profiling")
+        if action == "start":
+            profiles = [i.start_profile() for i in mv.instances]
+        elif action == "stop":
+            profiles = [i.stop_profile() for i in mv.instances]
+        else:
+            profiles = [i.profile for i in mv.instances]
+        collected = [p for p in profiles if p is not None]
+        profiling = action != "stop" and bool(collected)
+        doc: dict[str, Any] = {"name": mv.name, "version": mv.version, "profiling": profiling}
+        if collected:
+            merged = collected[0]
+            for p in collected[1:]:
+                merged = merged.merge(p)
+            doc.update(merged.as_dict(), table=merged.table(top=None))
+        return doc
+
     # ---- repository ------------------------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.repository.index(ready_only)

@@ -1,5 +1,6 @@
 """CPU kernels of Concat, Stack, Split, Slice and Gather (engine/ops/tensor.py): copies of slices into or out of
-the output views; and ChannelShuffle's (engine/ops/resize.py) numba row copy."""
+the output views; Gather (an embedding lookup) copies only the rows it picks, straight from the weight table
+(numba, loops/rows.py); and ChannelShuffle's (engine/ops/resize.py) numba row copy."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import numpy as np
 
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
-from engine.devices.cpu.loops.rows import shuffle_rows
+from engine.devices.cpu.loops.rows import gather_rows, shuffle_rows
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
@@ -89,12 +90,31 @@ def _slice_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 def _gather_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    dt, it = np.dtype(ins[0].dtype), np.dtype(ins[1].dtype)
+    if not (numba_ok(dt) and it.kind in "iu" and ins[0].shape):
+        def run_take(inputs, outputs, workspace):
+            data, idx = inputs
+            axis = norm_axis(node, int(node.params.get("axis", 0)), data.ndim)
+            check_indices(node, idx, data.shape[axis])
+            # in range, so mode="wrap" only maps negatives python-style, unbuffered, into `out`
+            np.take(data, idx, axis=axis, out=outputs[0], mode="wrap")
+        return run_take
+    # compile at build, for the table itself when it is a weight (read-only: a type of its own to numba)
+    table = empty(3, dt) if ins[0].value is None else np.asarray(ins[0].value).reshape(1, 1, -1)
+    gather_rows(table, empty(1, it), empty(3, dt), 0, 0)
+
     def run(inputs, outputs, workspace):
         data, idx = inputs
         axis = norm_axis(node, int(node.params.get("axis", 0)), data.ndim)
-        check_indices(node, idx, data.shape[axis])
-        # indices are in range, so mode="wrap" only maps negatives python-style, unbuffered, into `out`
-        np.take(data, idx, axis=axis, out=outputs[0], mode="wrap")
+        dim = data.shape[axis]
+        check_indices(node, idx, dim)
+        outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
+        flat = np.ascontiguousarray(idx).reshape(-1)
+        items = outer * flat.size
+        if items == 0 or inner == 0:
+            return
+        parallel_for(gather_rows, items, items * inner, np.ascontiguousarray(data).reshape(outer, dim, inner), flat,
+                     outputs[0].reshape(outer, flat.size, inner))
     return run
 
 

@@ -129,6 +129,16 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
         app.add_api_route(path, lambda model, version="": {"model_stats": dp.statistics(model, version)},
                           methods=["GET"], responses=lookup)
 
+    async def profile(request: Request, model: str, version: str = "") -> dict[str, Any]:
+        # GET: the per-op profile so far; POST {"action": "start" | "stop"}: (re)start or stop collecting
+        action = str((await _json_body(request)).get("action", "")) if request.method == "POST" else ""
+        if request.method == "POST" and not action:
+            raise InvalidArgumentError("POST .../profile takes {\"action\": \"start\"} or {\"action\": \"stop\"}")
+        return dp.model_profile(model, version, action)
+
+    for path in both("/profile"):
+        app.add_api_route(path, profile, methods=["GET", "POST"], responses=lookup)
+
     async def infer(request: Request, model: str, version: str = "") -> Response:
         # served by InferFastPath in front of this app; this route gives the schema and the same answers
         answer = await infer_answer(dp, model, version, request.headers, request.receive, max_input_bytes)

@@ -120,6 +120,15 @@ def test_conv_fused_epilogue_residual_and_pad_modes():
     check(make_node("Conv", 1, params={}, attrs={"weight": w1, "bias": b[:5]}), [x])
 
 
+def test_gemm_fused_residual_and_activation():
+    x = RNG.standard_normal((2, 5, 7)).astype(np.float32)
+    z = RNG.standard_normal((2, 5, 6)).astype(np.float32)
+    attrs = {"weight": RNG.standard_normal((6, 7)).astype(np.float32),
+             "bias": RNG.standard_normal(6).astype(np.float32)}
+    for act, ap in ((None, {}), ("gelu", {"approximate": "tanh"}), ("silu", {})):
+        check(make_node("Gemm", 2, params={"activation": act, "activation_params": ap}, attrs=attrs), [x, z])
+
+
 def test_matmul_broadcast_and_vectors():
     a = RNG.standard_normal((3, 1, 5, 19)).astype(np.float32)
     b = RNG.standard_normal((4, 19, 6)).astype(np.float32)

@@ -24,13 +24,13 @@ from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
+from engine.devices.cpu.onednn.eltwise import eltwise
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
 from engine.ops.registry import TensorInfo
 
 log = logging.getLogger("engine.onednn")
-_F32_MAX = float(np.finfo(np.float32).max)
 Geometry = Callable[[Node, tuple], ConvGeom]
 
 
@@ -39,37 +39,6 @@ def supported(node: Node, ins: list[TensorInfo]) -> bool:
     if np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
         return False
     return (node.params.get("pad_mode") or "zeros") == "zeros"
-
-
-def eltwise(name: str | None, params: dict | None) -> tuple[str, float, float] | None:
-    """The oneDNN eltwise post-op (alg, alpha, beta) computing the same function as our activation `name`."""
-    p = params or {}
-
-    def get(key: str, default: float) -> float:
-        v = p.get(key)
-        return default if v is None else float(v)
-
-    if name == "relu":
-        return "relu", 0.0, 0.0
-    if name == "leaky_relu":
-        return "relu", get("alpha", 0.01), 0.0
-    if name == "relu6":
-        return "clip", 0.0, 6.0
-    if name == "clip":
-        return "clip", get("min", -_F32_MAX), get("max", _F32_MAX)
-    if name == "sigmoid":
-        return "logistic", 0.0, 0.0
-    if name == "silu":
-        return "swish", 1.0, 0.0
-    if name == "tanh":
-        return "tanh", 0.0, 0.0
-    if name == "elu":
-        return "elu", get("alpha", 1.0), 0.0
-    if name in ("hardswish", "hardsigmoid"):
-        return name, get("alpha", 1 / 6), get("beta", 0.5)
-    if name == "gelu":
-        return ("gelu_tanh" if p.get("approximate", "none") == "tanh" else "gelu_erf"), 0.0, 0.0
-    return None
 
 
 class ConvSpec:
@@ -123,6 +92,12 @@ class Plan:
     def __init__(self, spec: ConvSpec, shape: tuple[int, ...]):
         geo = spec.geometry(spec.node, shape)
         self.geo = geo
+        # multiply-adds: a small conv is created for, and runs on, one thread (D.creating), so it never forks
+        self.work = geo.n * geo.o * geo.oh * geo.ow * (geo.c // geo.groups) * geo.kh * geo.kw
+        with D.creating(self.work):
+            self._create(spec, geo)
+
+    def _create(self, spec: ConvSpec, geo) -> None:
         x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
         # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
         x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
@@ -178,17 +153,21 @@ class Plan:
             else:
                 np.copyto(out, z)
         scratch = base + self.src_bytes + self.dst_bytes
-        if (src, dst, scratch) == self._bound:
-            # The same arena views as last time (the usual case: bound once per input shape): only execute.
-            L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args),
-                                                 self.conv.args), "dnnl_primitive_execute")
-        else:
-            ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
-                    L.ARG_SCRATCHPAD: scratch}
-            if self.bias is not None:
-                ptrs[L.ARG_BIAS] = self.bias.ctypes.data
-            self.conv.run(ptrs)
-            self._bound = (src, dst, scratch)
+        D.sync_threads(self.work)  # never more threads than it was created for
+        try:
+            if (src, dst, scratch) == self._bound:
+                # The same arena views as last time (the usual case: bound once per input shape): only execute.
+                L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args),
+                                                     self.conv.args), "dnnl_primitive_execute")
+            else:
+                ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
+                        L.ARG_SCRATCHPAD: scratch}
+                if self.bias is not None:
+                    ptrs[L.ARG_BIAS] = self.bias.ctypes.data
+                self.conv.run(ptrs)
+                self._bound = (src, dst, scratch)
+        finally:
+            D.restore_threads()
         if self.dst_out is not None:
             self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()

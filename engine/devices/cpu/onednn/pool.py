@@ -69,7 +69,8 @@ class _Plan:
             L.dims(_end_pads(geo)), attr.h)
         pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
         self.scratch = D.aligned_buffer(pad.nbytes) if pad.nbytes else None  # weights-like: once per shape
-        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad})
+        work = geo.n * geo.c * geo.oh * geo.ow * geo.kernel[0] * geo.kernel[1]  # it splits by OpenMP's count
+        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}, work)
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
