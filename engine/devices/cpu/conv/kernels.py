@@ -50,6 +50,8 @@ def _fallback(node: Node, sums) -> Kernel:
         acc = sums(node, list(inputs))
         apply_activation(act, params, acc)
         np.copyto(outputs[0], acc.astype(inputs[0].dtype))
+    run.is_fallback = True  # type: ignore[attr-defined]  # the reference's sums (allocating), listed as such
+    run.impl = "reference"  # type: ignore[attr-defined]
     return run
 
 
