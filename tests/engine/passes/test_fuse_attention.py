@@ -4,9 +4,12 @@ EfficientFormer's code after lowering) becomes one Attention node; the loaded mo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import engine
 from engine.ir import Graph
 from engine.runtime.loading import prepare
 from engine.runtime.model import Model
@@ -159,3 +162,18 @@ def test_chains_that_are_not_attention_stay_unfused(case):
     model = b.model(*outputs)
     assert "Attention" not in model.op_counts()
     assert model.op_counts()["Softmax"] == 1
+
+
+PNNX_EXPORTS = Path(__file__).resolve().parents[2] / "fixtures" / "pnnx_lower"
+
+
+@pytest.mark.parametrize("case", ["attention_timm", "attention_hf_eager", "attention_windows"])
+def test_real_pnnx_exports_fuse(case):
+    """timm's Attention, Hugging Face's eager self-attention (with its padding mask) and Swin's window attention
+    as pnnx exports them (tools/make_lower_pnnx_fixtures.py): one Attention node each, torch's outputs."""
+    model = engine.load(PNNX_EXPORTS / case / "model.pnnx.param")
+    counts = model.op_counts()
+    assert counts.get("Attention") == 1 and "Softmax" not in counts and "MatMul" not in counts, counts
+    io = np.load(PNNX_EXPORTS / case / "io.npz")
+    out = model.instance("cpu").run({s.name: io[f"in{i}"] for i, s in enumerate(model.inputs)})
+    np.testing.assert_allclose(out[model.outputs[0].name], io["out0"], rtol=1e-4, atol=1e-5)
