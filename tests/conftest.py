@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from model_fixtures import REPO_ROOT, ModelFixture, read_fixture
+from model_fixtures import FIXTURES_DIR, REPO_ROOT, ModelFixture, read_fixture  # noqa: F401 - read by devices/conftest.py
 
 # The suite runs on shared, loaded machines. OpenMP's threads sleep at once here (set before any test loads libgomp,
 # and inherited by the servers tests start): spinning at barriers on an oversubscribed host costs whole time

@@ -30,6 +30,7 @@ def build_resize(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
             t = cache[key] = (iy.astype(np.uintp), wy, ix.astype(np.uintp), wx)
         work = out.size * t[0].shape[1] * t[2].shape[1]
         parallel_for(RK.separable, x.shape[0] * x.shape[1], work, x, out, *t)
+    run.impl = "numba:separable"  # type: ignore[attr-defined]
     return run
 
 

@@ -149,3 +149,12 @@ def test_float64_matmul_is_refused_not_miscomputed():
     dev = CudaDevice("cuda")
     with pytest.raises(UnsupportedOpError, match="float64"):
         dev.build_kernel(make_node("MatMul", 2), get_op("MatMul"), infos_of([a, a.T]))
+
+
+@pytest.mark.parametrize("masked_rows", ["zero", "nan"])
+def test_attention_rows_with_nothing_to_attend_to(masked_rows):
+    """zeros as torch's scaled_dot_product_attention, NaN as its MultiheadAttention (masked_rows)."""
+    q, k, v = (RNG.standard_normal((1, 2, n, 4)).astype(np.float32) for n in (3, 5, 5))
+    mask = RNG.random((1, 1, 3, 5)) > 0.3
+    mask[0, 0, 1] = False
+    check(make_node("Attention", 4, params={"masked_rows": masked_rows}), [q, k, v, mask])

@@ -3,11 +3,12 @@ are NCHW (Conv, ConvTranspose: deconvolution, see transposed.py) or blocked nChw
 
 A `ConvSpec` holds what does not depend on the input shape: the geometry, which sides are blocked, the weights
 (reordered once into each layout a primitive asks for), bias and post-ops. A `Plan` holds the primitives for one
-input shape. A blocked side uses the nChw{B}c descriptor itself; a plain side is left to the primitive
-(`format_tag_any`: an order of magnitude faster than forcing NCHW) and reordered through the instance workspace
-when the primitive picks another layout. Bias is the primitive's; SPEC.md's epilogue `y = act(conv + bias + z)`
-is a `sum` post-op (z copied or reordered into dst first) then an eltwise post-op when oneDNN has the same
-function, else our apply_activation on the output (elementwise, so layout-agnostic). Workspace layout (each part
+input shape. A blocked side uses the nChw{B}c descriptor itself (unless oneDNN has only its reference kernel
+for it, see Plan); a plain side is left to the primitive (`format_tag_any`: an order of magnitude faster than
+forcing NCHW) and reordered through the instance workspace when the primitive picks another layout. Bias is the
+primitive's; SPEC.md's epilogue `y = act(conv + bias + z)` is a `sum` post-op (z copied or reordered into dst
+first) then an eltwise post-op when oneDNN has the same function, else our apply_activation on the output
+(elementwise, so layout-agnostic). Workspace layout (each part
 64-byte aligned): reordered src | reordered dst | scratchpad. Primitives depend on the shape: the max-shape one is
 built with the kernel, smaller shapes get theirs on first use (cached).
 """
@@ -68,7 +69,12 @@ class ConvSpec:
         return D.MemoryDesc.plain(self.wshape(geo))
 
     def side(self, shape: tuple[int, ...], blocked: bool) -> D.MemoryDesc:
+        """What the primitive is asked to take on one side: the blocked layout itself, else its own choice."""
         return blocked_md(shape, self.block) if blocked else D.MemoryDesc.any(shape)
+
+    def given(self, shape: tuple[int, ...], blocked: bool) -> D.MemoryDesc:
+        """How the kernel's array on one side is laid out: nChw{B}c or NCHW."""
+        return blocked_md(shape, self.block) if blocked else D.MemoryDesc.plain(shape)
 
     def primitive_desc(self, geo: ConvGeom, x_md: D.MemoryDesc, w_md: D.MemoryDesc, b_md: D.MemoryDesc | None,
                        y_md: D.MemoryDesc, attr: D.Attr) -> D.PrimitiveDesc:
@@ -86,8 +92,20 @@ class ConvSpec:
         return buf
 
 
+def is_reference(impl: str) -> bool:
+    """Whether oneDNN fell back on its reference implementation (scalar loops, 100-1000x slower than its jit
+    kernels: a dilated 3x3 conv on nChw16c sides took 180 s instead of 30 ms)."""
+    return impl.startswith("ref")
+
+
 class Plan:
-    """The primitives for one physical input shape, and where their buffers sit in the workspace."""
+    """The primitives for one physical input shape, and where their buffers sit in the workspace.
+
+    A blocked side is asked of the primitive first; oneDNN has no optimized kernel for some convs on
+    nChw{B}c (dilated ones, inputs of fewer channels than a block, depthwise ones with one side plain), and
+    gives those its reference implementation, so such a plan asks again with every side left to the primitive
+    and reorders the blocked sides into and out of its choice (the reorders cost a fraction of a conv).
+    """
 
     def __init__(self, spec: ConvSpec, shape: tuple[int, ...]):
         geo = spec.geometry(spec.node, shape)
@@ -99,12 +117,9 @@ class Plan:
 
     def _create(self, spec: ConvSpec, geo) -> None:
         x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
-        # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
-        x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
-        w_any = D.MemoryDesc.any(spec.wshape(geo))
         b_md = D.MemoryDesc.plain((geo.o,)) if spec.bias is not None else None
         attr = D.Attr(spec.post_ops)
-        self.pd = spec.primitive_desc(geo, x_req, w_any, b_md, y_req, attr)
+        self.pd = _primitive_desc(spec, geo, b_md, attr)
         src, wts, dst, pad = (self.pd.md(q) for q in (L.QUERY_SRC_MD, L.QUERY_WEIGHTS_MD, L.QUERY_DST_MD,
                                                        L.QUERY_SCRATCHPAD_MD))
         self.weights, self.bias = spec.weights_in(wts, geo), spec.bias
@@ -112,10 +127,10 @@ class Plan:
         if b_md is not None:
             args[L.ARG_BIAS] = b_md
         self.conv = D.Step(D.Primitive(self.pd), args)
-        x_plain, y_plain = D.MemoryDesc.plain(x_log), D.MemoryDesc.plain(y_log)
-        self.src_in = None if spec.src_blocked or src == x_plain else D.reorder_step(x_plain, src)
-        self.dst_out = None if spec.dst_blocked or dst == y_plain else D.reorder_step(dst, y_plain)
-        self.z_in = D.reorder_step(y_plain, dst) if self.dst_out is not None and spec.residual else None
+        x_given, y_given = spec.given(x_log, spec.src_blocked), spec.given(y_log, spec.dst_blocked)
+        self.src_in = None if src == x_given else D.reorder_step(x_given, src)
+        self.dst_out = None if dst == y_given else D.reorder_step(dst, y_given)
+        self.z_in = D.reorder_step(y_given, dst) if self.dst_out is not None and spec.residual else None
         self.src_bytes = D.aligned(src.nbytes) if self.src_in is not None else 0
         self.dst_bytes = D.aligned(dst.nbytes) if self.dst_out is not None else 0
         self.pad_bytes = D.aligned(pad.nbytes)
@@ -171,6 +186,32 @@ class Plan:
         if self.dst_out is not None:
             self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()
+
+
+def _primitive_desc(spec: ConvSpec, geo: ConvGeom, b_md: D.MemoryDesc | None, attr: D.Attr) -> D.PrimitiveDesc:
+    """The conv's primitive on the blocked sides asked for, or on sides of its own choice where oneDNN has only
+    its reference implementation for those (see Plan)."""
+    x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
+    w_any = D.MemoryDesc.any(spec.wshape(geo))
+    # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
+    x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
+    pd = spec.primitive_desc(geo, x_req, w_any, b_md, y_req, attr)
+    if (spec.src_blocked or spec.dst_blocked) and is_reference(pd.impl):
+        x_any, y_any = D.MemoryDesc.any(x_log), D.MemoryDesc.any(y_log)
+        free = spec.primitive_desc(geo, x_any, w_any, b_md, y_any, attr)
+        log.debug("%s: oneDNN has %s on the blocked sides, %s on its own layouts (reordered)", spec.node.where(),
+                  pd.impl, free.impl)
+        if not is_reference(free.impl):
+            return free
+    return pd
+
+
+def primitive_impl(spec: ConvSpec, shape: tuple[int, ...]) -> str:
+    """The implementation oneDNN runs this conv with at this input shape (no weights reordered)."""
+    D.sync_threads()
+    geo = spec.geometry(spec.node, shape)
+    b_md = D.MemoryDesc.plain((geo.o,)) if spec.bias is not None else None
+    return _primitive_desc(spec, geo, b_md, D.Attr(spec.post_ops)).impl
 
 
 def workspace(spec: ConvSpec, ins: list[TensorInfo]) -> int:

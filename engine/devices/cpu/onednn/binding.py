@@ -102,6 +102,12 @@ def _open(spin_us: int) -> ctypes.CDLL | None:
         for name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(lib, name)  # omp_* resolve through libdnnl's own libgomp dependency
             fn.restype, fn.argtypes = restype, argtypes
+        # oneDNN's primitive cache hands back a primitive made for another OpenMP thread count: a primitive is
+        # created for the threads its work is worth (objects.creating), and with the cache on, a conv built after
+        # the engine's thread count changed gave wrong outputs (tests/engine/devices/cpu/conv/test_onednn_conv.py,
+        # test_threads_setting_reaches_openmp). Each kernel keeps its own primitives per shape, so the cache only
+        # saved creation time at load.
+        check(lib.dnnl_set_primitive_cache_capacity(0), "dnnl_set_primitive_cache_capacity")
         return lib
     return None
 

@@ -83,9 +83,13 @@ class _Plan:
 def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0) -> Kernel:
     """`geom(node, shape)` is engine.ops.pool's pool_geom or, for blocked values
     (`block` > 0), the geometry with the lanes counted as channels; `fallback` runs the shapes oneDNN cannot do
-    exactly (count_include_pad windows that ceil_mode widens only at some sizes)."""
+    exactly (count_include_pad windows that ceil_mode widens only at some sizes), and the whole node when oneDNN
+    has only its reference implementation for it."""
     D.sync_threads()
     first = _Plan(node, geom(node, ins[0].shape), block)
+    if first.pd.impl.startswith("ref"):  # oneDNN's scalar reference: the numba loop is the faster path
+        log.debug("%s: oneDNN has only %s for %s, numba kernel", node.where(), first.pd.impl, node.op_type)
+        return fallback
     plans: dict[tuple, _Plan | None] = {tuple(ins[0].shape): first}
 
     def run(inputs, outputs, workspace):
