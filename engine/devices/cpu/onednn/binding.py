@@ -20,7 +20,7 @@ from engine.errors import KernelError
 SONAME = "libdnnl.so.3"
 
 # Enum values of the v3 C API (dnnl_types.h, dnnl_common_types.h); each one used is checked by a numeric test.
-F32 = 3
+S32, F32, S8, U8 = 4, 3, 5, 6  # dnnl_data_type_t
 FORMAT_ANY = 1
 FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT = 1
@@ -33,6 +33,15 @@ ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 ELTWISE = {"relu": 0x20, "tanh": 0x21, "elu": 0x22, "hardsigmoid": 0x28, "logistic": 0x29, "gelu_tanh": 0x2B,
            "swish": 0x2C, "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
+BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "min": 0x1FFF3}  # dnnl_binary_*
+ARG_SRC_1 = 2
+ARG_ATTR_MULTIPLE_POST_OP_BASE = 32768
+
+
+def post_op_arg(index: int, arg: int = ARG_SRC_1) -> int:
+    """DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | arg: the execution argument of post-op `index`'s operand."""
+    return ARG_ATTR_MULTIPLE_POST_OP_BASE * (index + 1) | arg
+
 
 vp = ctypes.c_void_p
 Dims = ctypes.c_int64 * 12
@@ -49,6 +58,7 @@ _SIGNATURES = {
     "dnnl_memory_desc_equal": (ctypes.c_int, [vp, vp]),
     "dnnl_post_ops_append_eltwise": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_float, ctypes.c_float]),
     "dnnl_post_ops_append_sum": (ctypes.c_int, [vp, ctypes.c_float, ctypes.c_int32, ctypes.c_int]),
+    "dnnl_post_ops_append_binary": (ctypes.c_int, [vp, ctypes.c_int, vp]),
     "dnnl_memory_set_data_handle": (ctypes.c_int, [vp, vp]),
     "dnnl_primitive_execute": (ctypes.c_int, [vp, vp, ctypes.c_int, ctypes.POINTER(ExecArg)]),
     "dnnl_stream_wait": (ctypes.c_int, [vp]),
