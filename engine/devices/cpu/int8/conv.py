@@ -3,14 +3,15 @@
 Three ways, chosen once per node at build:
 - `requant`: the primitive writes int8 itself. Bias as float, per-channel factors as a binary-mul post-op
   (requant.py makes their rounding TNN's), ReLU as an eltwise post-op, ReLU6's per-channel int8 ceiling as a
-  binary-min one. The few channels no factor makes exact are recomputed after it (loops.conv_channels).
+  binary-min one. In the channels no factor makes exact, the outputs oneDNN may have rounded otherwise than TNN
+  (requant.suspects) are recomputed after it (loops.fix_suspects).
 - `int32`: the primitive writes the int32 sums (no bias, no post-ops) into the workspace and loops.epilogue
   requantizes: for a conv with a fused add (TNN adds the other input before rounding, which no post-op chain
-  rounds the same way), where too many channels lack a factor, or where oneDNN offers only its reference kernel
-  for the fused form.
+  rounds the same way), a bias that is no float32 exactly (its float add would round twice), too many channels
+  without a factor, or where oneDNN offers only its reference kernel for the fused form.
 - `direct`: loops.conv_channels for every channel, where oneDNN cannot be exact: sums that can reach 2**24 (its
-  int -> float steps round) or a signed input on a CPU without VNNI (oneDNN halves the weights there to keep
-  vpmaddubsw from saturating). Unsigned inputs (0..127) never saturate it, so they stay on oneDNN.
+  s8-input kernels round them through float) or a signed input on a CPU without VNNI (oneDNN halves the weights
+  there to keep vpmaddubsw from saturating). Unsigned inputs (0..127) never saturate it, so they stay on oneDNN.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import numpy as np
 
 from engine.devices.base import Kernel
 from engine.devices.cpu.int8 import loops
-from engine.devices.cpu.int8.requant import EXACT_LIMIT, sum_bound, tie_free_scales
+from engine.devices.cpu.int8.requant import exact_bias, exact_sums, suspects, tie_free_scales
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.threads import get_threads, parallel_for
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.quant import F32, I8, conv_geometry
@@ -33,7 +34,10 @@ from engine.ops.registry import TensorInfo
 log = logging.getLogger("engine.onednn")
 NHWC = "acdb"
 ACTS, FUSIONS = {None: 0, "relu": 1, "relu6": 2}, {None: 0, "add_then_act": 1, "act_then_add": 2}
-MAX_FIXUP_SHARE = 0.25  # beyond this share of channels to recompute, the int32 way is cheaper
+MAX_FIXUP_SHARE = 0.5  # beyond this share of channels to check, the int32 way is cheaper
+# Below this many multiply-adds a conv runs on one OpenMP thread: waking the team costs more than it saves
+# (measured here: a 1.2K-MAC conv 9.7 -> 4.7 us, an 8M-MAC one 151 -> 113 us on a busy 2-core machine).
+SERIAL_MACS = 1 << 22
 
 
 class QConvSpec:
@@ -50,24 +54,30 @@ class QConvSpec:
         self.add_scale = _per_channel(node.attrs.get("add_scale", 0), o, F32)
         self.relu6_max = _per_channel(node.attrs.get("relu6_max", 127), o, I8)
         self.act, self.fusion = ACTS[node.params.get("activation")], FUSIONS[node.params.get("fusion")]
+        self.terms = loops.epilogue_terms(o, self.act, self.fusion, self.relu6_max)
         self.unsigned = bool(node.params.get("src_unsigned"))
         self.w_nhwc = np.ascontiguousarray(w.transpose(0, 2, 3, 1))  # (O, kh, kw, C/g) for the loops
         self.all_channels = np.arange(o, dtype=np.int64)
         self.fixup = np.zeros(0, np.int64)
+        self.suspects = np.zeros((0, 256), np.bool_)
         self.factors = self.scale
         self.way = self._choose_way(onednn)
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
 
     def _choose_way(self, onednn: bool) -> str:
-        if not onednn or np.any(sum_bound(self.w, self.bias) >= EXACT_LIMIT):
+        if not onednn or not exact_sums(self.w):
             return "direct"
-        if self.fusion:
+        if self.fusion or not exact_bias(self.bias):
             return "int32"
-        found = tie_free_scales(self.scale, self.w, self.bias)
+        found = tie_free_scales(self.scale, self.w, self.bias, self.act, self.relu6_max, self.unsigned)
         if found is None:
             return "int32"
         self.factors, self.fixup = found
-        return "int32" if self.fixup.size > MAX_FIXUP_SHARE * self.w.shape[0] else "requant"
+        if self.fixup.size > MAX_FIXUP_SHARE * self.w.shape[0]:
+            return "int32"
+        self.suspects = suspects(self.scale, self.w, self.bias, self.fixup, self.act, self.relu6_max,
+                                 self.unsigned)
+        return "requant"
 
     def wshape(self) -> tuple[int, ...]:
         o, icg, kh, kw = self.w.shape
@@ -109,14 +119,18 @@ class Plan:
         n, h, w, c = shape
         (n, o, oh, ow), (kh, kw), stride, dil, (t, left), g = conv_geometry(spec.node, (n, c, h, w))
         self.geo, self.out_shape = (stride[0], stride[1], dil[0], dil[1], t, left, g), (n, oh, ow, o)
+        self.geo_array = np.array(self.geo, np.int64)
         self.pads = (t, left, (oh - 1) * stride[0] + (kh - 1) * dil[0] + 1 - h - t,
                      (ow - 1) * stride[1] + (kw - 1) * dil[1] + 1 - w - left)
         self.way, self.impl = spec.way, "numba"
         self.pad_bytes = self.acc_bytes = 0
+        macs = n * oh * ow * o * spec.w[0].size
+        self.threads = 1 if macs < SERIAL_MACS else get_threads()
         if min(self.pads) < 0:  # rows or columns the conv never reads: oneDNN wants them cropped
             self.way = "direct"
         if self.way == "direct":
             return
+        D.use_threads(self.threads)  # the primitive is laid out for the team it is created with
         pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
         if self.way == "requant" and pd.impl.startswith("ref"):  # no fast kernel takes the post-ops
             self.way = spec.way = "int32"
@@ -161,6 +175,7 @@ class Plan:
         return self.pad_bytes + self.acc_bytes
 
     def execute(self, src: int, dst: int, scratch: int) -> None:
+        D.use_threads(self.threads)
         if (src, dst, scratch) == self._bound:
             # The same arena views as last time (bound once per input shape): only execute.
             L.check(L.LIB.dnnl_primitive_execute(self.step.prim.h, D.stream(), len(self.step.args), self.step.args),
@@ -184,15 +199,12 @@ def _exact_signed(impl: str) -> bool:
 def workspace(spec: QConvSpec, ins: list[TensorInfo]) -> int:
     if spec.way == "direct":
         return 0
-    D.sync_threads()
     return Plan(spec, tuple(ins[0].shape)).nbytes + D.ALIGN
 
 
 def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
     node = spec.node
     max_shape = tuple(ins[0].shape)
-    if spec.way != "direct":
-        D.sync_threads()
     plans = {max_shape: Plan(spec, max_shape)}
 
     def run(inputs, outputs, workspace):
@@ -207,21 +219,23 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
         if plan.way == "direct":
             _channels(spec, plan, x, z, out, spec.all_channels)
             return
-        D.sync_threads()
         base, size = D.workspace_base(workspace)
         if size < plan.nbytes:
             raise KernelError(f"{node.where()}: {node.op_type} needs {plan.nbytes} bytes of workspace, has {size}")
         if plan.way == "requant":
             plan.execute(D.address(x), D.address(out), base)
             if spec.fixup.size:
-                _channels(spec, plan, x, z, out, spec.fixup)
+                n, oh = out.shape[0], out.shape[1]
+                parallel_for(loops.fix_suspects, n * oh, out.size * spec.fixup.size // out.shape[-1], x,
+                             spec.w_nhwc, spec.bias, spec.scale, spec.relu6_max, spec.act, spec.fixup,
+                             spec.suspects, plan.geo_array, out)
             return
         plan.execute(D.address(x), base + plan.pad_bytes, base)
         p, o = out.size // out.shape[-1], out.shape[-1]
         at = base + plan.pad_bytes - D.address(workspace)  # the int32 sums follow the scratchpad
         acc = workspace.reshape(-1).view(np.uint8)[at:at + p * o * 4].view(np.int32).reshape(p, o)
         parallel_for(loops.epilogue, p, out.size * 4, acc, spec.bias, spec.scale, z.reshape(p, o), spec.add_scale,
-                     spec.relu6_max, spec.act, spec.fusion, out.reshape(p, o))
+                     *spec.terms, out.reshape(p, o))
 
     first = plans[max_shape]
     run.impl = f"onednn:{first.impl}/{first.way}" if first.way != "direct" else "numba:direct"  # type: ignore
@@ -234,4 +248,4 @@ def _channels(spec: QConvSpec, plan: Plan, x, z, out, chans) -> None:
     n, oh = out.shape[0], out.shape[1]
     work = out.size * spec.w[0].size * chans.size // max(out.shape[-1], 1)
     parallel_for(loops.conv_channels, n * oh, work, x, spec.w_nhwc, spec.bias, spec.scale, z, spec.add_scale,
-                 spec.relu6_max, spec.act, spec.fusion, chans, np.array(plan.geo, np.int64), out)
+                 spec.relu6_max, spec.act, spec.fusion, chans, plan.geo_array, out)

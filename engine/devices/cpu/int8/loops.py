@@ -16,14 +16,24 @@ ZERO = np.float32(0.0)
 
 @njit(nogil=True, cache=True)
 def quantize(x, scale, out, lo, hi):
-    """x (N, C, H, W) float32 -> out (N, H, W, C) int8, float2int8(x / scale[c]); items (n, y)."""
+    """x (N, C, H, W) float32 -> out (N, H, W, C) int8, float2int8(x / scale[c]); items (n, y). Each row is
+    quantized contiguously first (vectorized; saturating values made the strided version branch), then
+    interleaved."""
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    rows = np.empty((c_n, w_n), np.int8)
     for item in range(lo, hi):
         n, y = item // h_n, item % h_n
         for c in range(c_n):
             s = scale[c]
+            if s == ZERO:
+                rows[c, :] = 0
+                continue
+            xr, row = x[n, c, y], rows[c]
             for xx in range(w_n):
-                out[n, y, xx, c] = f2i8(x[n, c, y, xx] / s) if s != ZERO else np.int8(0)
+                row[xx] = f2i8(xr[xx] / s)
+        for xx in range(w_n):
+            for c in range(c_n):
+                out[n, y, xx, c] = rows[c, xx]
 
 
 @njit(nogil=True, cache=True)
@@ -87,14 +97,30 @@ def concat_part(x, factor, s_out, requant, at, out, lo, hi):
 
 
 @njit(nogil=True, cache=True)
-def epilogue(acc, bias, scale, z, add_scale, relu6_max, act, fusion, out, lo, hi):
-    """acc (P, O) int32 sums without bias -> out (P, O) int8 as qconv_reference; z (P, O) int8 when fused;
-    items are pixels."""
+def epilogue(acc, bias, scale, z, add_scale, low, top, relu_floor, add1, add2, out, lo, hi):
+    """acc (P, O) int32 sums without bias -> out (P, O) int8 as qconv_reference, without branches (so that the
+    loop vectorizes): the caller turns the activation and fusion into per-channel terms (epilogue_terms).
+    z (P, O) int8 is the fused add's input (any int8 array when there is none: add1 = add2 = 0); items pixels."""
     o_n = acc.shape[1]
     for p in range(lo, hi):
+        ap, zp, op = acc[p], z[p], out[p]
         for o in range(o_n):
-            zv = z[p, o] if fusion else np.int8(0)
-            out[p, o] = requantize_one(acc[p, o] + bias[o], scale[o], zv, add_scale[o], relu6_max[o], act, fusion)
+            zs = np.float32(zp[o]) * add_scale[o]
+            val = np.float32(np.int64(ap[o]) + bias[o]) * scale[o]
+            val = max(val + zs * add1[o], relu_floor[o]) + zs * add2[o]
+            op[o] = min(max(f2i8(val), low[o]), top[o])
+
+
+def epilogue_terms(o: int, act: int, fusion: int, relu6_max: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(low, top, relu_floor, add1, add2) per channel for `epilogue`: the int8 clamp (ReLU6: 0..ceiling), the
+    float floor (ReLU: 0, else -inf), and where the fused add goes: before the activation, or after it (but not
+    after a ReLU6, which TNN's kernels return from before that add)."""
+    low = np.full(o, 0 if act == 2 else -128, np.int8)
+    top = relu6_max.astype(np.int8) if act == 2 else np.full(o, 127, np.int8)
+    floor = np.full(o, 0.0 if act == 1 else -np.inf, np.float32)
+    add1 = np.full(o, 1.0 if fusion == 1 else 0.0, np.float32)
+    add2 = np.full(o, 1.0 if fusion == 2 and act != 2 else 0.0, np.float32)
+    return low, top, floor, add1, add2
 
 
 @njit(nogil=True, cache=True)
@@ -126,3 +152,34 @@ def conv_channels(x, w, bias, scale, z, add_scale, relu6_max, act, fusion, chans
                             acc += np.int32(w[o, i, j, c]) * np.int32(x[n, iy, ix, c0 + c])
                 zv = z[n, oy, ox, o] if fusion else np.int8(0)
                 out[n, oy, ox, o] = requantize_one(acc, scale[o], zv, add_scale[o], relu6_max[o], act, fusion)
+
+
+@njit(nogil=True, cache=True)
+def fix_suspects(x, w, bias, scale, relu6_max, act, chans, table, geo, out, lo, hi):
+    """Recomputes exactly (as conv_channels) the outputs of channels `chans` whose int8 value oneDNN wrote is
+    marked in their row of `table` (q + 128): where its rounding may differ from TNN's; items (n, oy)."""
+    h_n, w_n = x.shape[1], x.shape[2]
+    o_n, kh, kw, icg = w.shape
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    sh, sw, dh, dw, pt, pl, groups = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
+    opg = o_n // groups
+    for item in range(lo, hi):
+        n, oy = item // oh_n, item % oh_n
+        for ox in range(ow_n):
+            for k in range(chans.shape[0]):
+                o = chans[k]
+                if not table[k, np.int32(out[n, oy, ox, o]) + 128]:
+                    continue
+                c0 = (o // opg) * icg
+                acc = np.int32(bias[o])
+                for i in range(kh):
+                    iy = oy * sh - pt + i * dh
+                    if iy < 0 or iy >= h_n:
+                        continue
+                    for j in range(kw):
+                        ix = ox * sw - pl + j * dw
+                        if ix < 0 or ix >= w_n:
+                            continue
+                        for c in range(icg):
+                            acc += np.int32(w[o, i, j, c]) * np.int32(x[n, iy, ix, c0 + c])
+                out[n, oy, ox, o] = requantize_one(acc, scale[o], np.int8(0), ZERO, relu6_max[o], act, 0)

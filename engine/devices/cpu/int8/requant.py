@@ -2,16 +2,21 @@
 
 TNN requantizes an int32 sum N (products plus bias) as float2int8(fl(N * s)): add +-0.5 in float32, clamp to
 [-128, 127], truncate. oneDNN's int8 convolution, given the bias as float and s as a per-channel `binary mul`
-post-op, computes the same fl(N * s) (N and the bias are integers below 2**24, so their float sum is exact), but
-stores it to int8 rounding half to even. The two differ only where fl(N * s) is a tie k + 0.5 (about one channel
-in ten of MobileNetV2 has one within its range), and at the float32 quirk fl(0.49999997 + 0.5) = 1.
+post-op, computes the same fl(N * s) as long as its own steps are exact: the products' sum is an integer below
+2**24 (`exact_sums`), so converting it to float is exact, and the bias is a float32 exactly, so adding it rounds
+once, as TNN's float(acc + bias) does. It then stores to int8 rounding half to even. The two differ only where
+fl(N * s) is a tie k + 0.5 (about one channel in ten of MobileNetV2 has one within its range), and at the
+float32 quirk fl(0.49999997 + 0.5) = 1.
 
 `tie_free_scales` moves each channel's factor up by a few ulps (s' = s, nextafter(s), ...) until
-round_half_even(fl(N * s')) equals TNN's rounding of fl(N * s) for every integer N the layer can produce
-(|N| <= 128 * sum|w| + |bias|). Both are monotone step functions of N, so comparing them on windows around
-every step (N near (k + 0.5) / s for each int8 boundary k) proves them equal everywhere. Channels left without
-such a factor (a tie and a value an ulp below another tie in the same channel: 0.4% of MobileNetV2's) are
-recomputed exactly after the primitive (conv.py), or the layer takes the int32 path.
+round_half_even(fl(N * s')) equals TNN's rounding of fl(N * s) (after the activation) for every N the layer can
+produce (`sum_range`: the bias plus the least and most the products can sum to, inputs in [-128, 127], or in
+[0, 127] when unsigned). Both are monotone step functions of N, so comparing them on windows around every step
+(N near (k + 0.5) / s for each int8 boundary k) proves them equal everywhere. A channel left without such a
+factor (a tie and a value an ulp below another tie in its range: 0.4% of TNN's MobileNetV2, 5% of one we
+quantized with per-channel activation scales) keeps s, and `suspects` lists the int8 outputs oneDNN can give
+there where TNN gives another (a tie's even neighbour, after the activation); the kernel recomputes exactly the
+elements that came out as one of them (conv.py), a few in a hundred of those channels'.
 """
 
 from __future__ import annotations
@@ -25,10 +30,36 @@ MAX_STEPS = 8  # ulps tried above s
 WINDOW = 2  # N within this of a step's real-valued position: fl() moves a product by far less than one s
 
 
+def product_bound(weight: np.ndarray) -> np.ndarray:
+    """Per output channel, the largest |sum of products| any int8 input can give (inputs in [-128, 127])."""
+    return np.abs(weight.reshape(weight.shape[0], -1).astype(np.int64)).sum(axis=1) * 128
+
+
 def sum_bound(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """Per output channel, the largest |int32 sum + bias| any int8 input can give (inputs in [-128, 127])."""
-    w = np.abs(weight.reshape(weight.shape[0], -1).astype(np.int64)).sum(axis=1)
-    return w * 128 + np.abs(bias.astype(np.int64).reshape(-1))
+    """Per output channel, the largest |sum of products + bias|."""
+    return product_bound(weight) + np.abs(bias.astype(np.int64).reshape(-1))
+
+
+def sum_range(weight: np.ndarray, bias: np.ndarray, unsigned: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per output channel, the least and the most sum of products + bias: inputs in [-128, 127], or [0, 127]."""
+    w = weight.reshape(weight.shape[0], -1).astype(np.int64)
+    pos, neg = np.where(w > 0, w, 0).sum(axis=1), np.where(w < 0, -w, 0).sum(axis=1)
+    b = bias.astype(np.int64).reshape(-1)
+    if unsigned:
+        return b - 127 * neg, b + 127 * pos
+    return b - 128 * pos - 127 * neg, b + 127 * pos + 128 * neg
+
+
+def exact_sums(weight: np.ndarray) -> bool:
+    """Whether oneDNN's int32 sums are exact and exactly floats: every |sum| < 2**24 (above, its s8-input path
+    rounds through float)."""
+    return bool(np.all(product_bound(weight) < EXACT_LIMIT))
+
+
+def exact_bias(bias: np.ndarray) -> bool:
+    """Whether every bias is a float32 exactly, so that oneDNN's float bias add rounds once, as TNN's."""
+    b = np.asarray(bias, np.int64)
+    return bool(np.all(b.astype(np.float32).astype(np.int64) == b))
 
 
 @njit(nogil=True, cache=True)
@@ -52,23 +83,62 @@ def round_onednn(v):
 
 
 @njit(nogil=True, cache=True)
-def agrees(s, c, bound):
-    """Whether round_onednn(fl(N * c)) == round_tnn(fl(N * s)) for every integer |N| <= bound (s, c > 0)."""
+def _activate(q, act, top):
+    if act == 1:
+        return max(q, 0)
+    if act == 2:
+        return min(max(q, 0), top)
+    return q
+
+
+@njit(nogil=True, cache=True)
+def agrees(s, c, n_lo, n_hi, act, top):
+    """Whether round_onednn(fl(N * c)) == round_tnn(fl(N * s)) after the activation (act 0 none / 1 relu /
+    2 relu6 up to `top`) for every integer N in [n_lo, n_hi] (s, c > 0)."""
     inv_s, inv_c = 1.0 / np.float64(s), 1.0 / np.float64(c)
     for k in range(-128, 127):
         t, tc = (k + 0.5) * inv_s, (k + 0.5) * inv_c
         lo, hi = int(np.floor(min(t, tc))) - WINDOW, int(np.ceil(max(t, tc))) + WINDOW
-        if hi < -bound or lo > bound:
+        if hi < n_lo or lo > n_hi:
             continue
-        for n in range(max(lo, -bound), min(hi, bound) + 1):
+        for n in range(max(lo, n_lo), min(hi, n_hi) + 1):
             nf = F32(n)
-            if round_tnn(nf * s) != round_onednn(nf * c):
+            if _activate(round_tnn(nf * s), act, top) != _activate(round_onednn(nf * c), act, top):
                 return False
     return True
 
 
 @njit(nogil=True, cache=True)
-def _search(scale, bound, out, unsolved):
+def _mark_suspects(s, n_lo, n_hi, act, top, row):
+    """row[q + 128] = True for every output q (after the activation) that oneDNN's rounding of fl(N * s) gives
+    where TNN's gives another, over N in [n_lo, n_hi]."""
+    inv_s = 1.0 / np.float64(s)
+    for k in range(-128, 127):
+        t = (k + 0.5) * inv_s
+        lo, hi = int(np.floor(t)) - WINDOW, int(np.ceil(t)) + WINDOW
+        if hi < n_lo or lo > n_hi:
+            continue
+        for n in range(max(lo, n_lo), min(hi, n_hi) + 1):
+            v = F32(n) * s
+            got = _activate(round_onednn(v), act, top)
+            if got != _activate(round_tnn(v), act, top):
+                row[got + 128] = True
+
+
+def suspects(scale: np.ndarray, weight: np.ndarray, bias: np.ndarray, channels: np.ndarray, act: int,
+             relu6_max: np.ndarray, unsigned: bool = False) -> np.ndarray:
+    """(len(channels), 256) table: True at q + 128 for the outputs to recompute in each channel (its factor left
+    at s); act 0 none / 1 relu / 2 relu6 (relu6_max: the int8 ceilings)."""
+    lo, hi = sum_range(weight, bias, unsigned)
+    table = np.zeros((channels.size, 256), np.bool_)
+    for i, c in enumerate(channels):
+        if scale[c] > 0:
+            _mark_suspects(F32(scale[c]), lo[c], hi[c], act, int(relu6_max[c]), table[i])
+    return table
+
+
+@njit(nogil=True, cache=True)
+def _search(scale, n_lo, n_hi, act, tops, out, unsolved):
     """out[c] = the first of s, nextafter(s), ... (MAX_STEPS ulps up) that agrees; unsolved[c] when none."""
     for ch in range(scale.shape[0]):
         s = scale[ch]
@@ -77,7 +147,7 @@ def _search(scale, bound, out, unsolved):
             continue  # 0 both ways
         c = s
         for _ in range(MAX_STEPS + 1):
-            if agrees(s, c, bound[ch]):
+            if agrees(s, c, n_lo[ch], n_hi[ch], act, tops[ch]):
                 out[ch] = c
                 break
             c = np.nextafter(c, F32(np.inf))
@@ -85,15 +155,19 @@ def _search(scale, bound, out, unsolved):
             unsolved[ch] = True
 
 
-def tie_free_scales(scale: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(factors for oneDNN's binary-mul post-op, channels no factor makes exact), or None when the layer's sums
-    can leave the range where oneDNN's float steps are exact (or a factor is negative or not finite)."""
+def tie_free_scales(scale: np.ndarray, weight: np.ndarray, bias: np.ndarray, act: int = 0,
+                    relu6_max: np.ndarray | None = None, unsigned: bool = False) \
+        -> tuple[np.ndarray, np.ndarray] | None:
+    """(factors for oneDNN's binary-mul post-op, channels no factor makes exact), or None when a factor is
+    negative or not finite, or a product could leave int32. Outputs the activation (act 0 none / 1 relu /
+    2 relu6 up to relu6_max) makes equal need not agree. The caller checks exact_sums and exact_bias."""
     scale = np.ascontiguousarray(scale, F32).reshape(-1)
-    bound = sum_bound(weight, bias)
-    if not np.all(np.isfinite(scale)) or np.any(scale < 0) or np.any(bound >= EXACT_LIMIT):
+    if not np.all(np.isfinite(scale)) or np.any(scale < 0):
         return None
-    if np.any(scale.astype(np.float64) * bound >= 2.0 ** 31):
+    if np.any(scale.astype(np.float64) * sum_bound(weight, bias) >= 2.0 ** 31):
         return None
+    n_lo, n_hi = sum_range(weight, bias, unsigned)
+    tops = np.full(scale.size, 127, np.int64) if relu6_max is None else np.asarray(relu6_max, np.int64)
     out, unsolved = np.empty_like(scale), np.zeros(scale.size, np.bool_)
-    _search(scale, bound, out, unsolved)
+    _search(scale, n_lo, n_hi, act, tops, out, unsolved)
     return out, np.flatnonzero(unsolved)

@@ -61,7 +61,12 @@ def engine() -> _vp:
 
 def sync_threads() -> None:
     """Gives this thread's OpenMP team the engine's thread count (an OpenMP setting is per calling thread)."""
-    n = get_threads()
+    use_threads(get_threads())
+
+
+def use_threads(n: int) -> None:
+    """This thread's OpenMP team size from now on (a primitive must run with the count it was created with, or
+    fewer); sync_threads restores the engine's."""
     if getattr(_local, "threads", None) != n:
         L.LIB.omp_set_num_threads(n)
         _local.threads = n

@@ -13,7 +13,7 @@ from op_harness import build_kernel, infos_of, make_node, reference, run_kernel
 
 from engine.devices.cpu.int8 import kernels as int8_kernels
 from engine.devices.cpu.int8.ops import to_nhwc
-from engine.devices.cpu.int8.requant import sum_bound, tie_free_scales
+from engine.devices.cpu.int8.requant import sum_range, tie_free_scales
 from engine.devices.cpu.onednn.objects import available
 from engine.ops.quant import float2int8
 
@@ -131,8 +131,8 @@ def test_sums_beyond_float_exactness_take_the_direct_loop():
     assert _impl(node, [x]) == "numba:direct"
 
 
-def _brute_force_agrees(scale: float, factor: float, bound: int) -> bool:
-    n = np.arange(-bound, bound + 1, dtype=np.int64).astype(np.float32)
+def _brute_force_agrees(scale: float, factor: float, lo: int, hi: int) -> bool:
+    n = np.arange(lo, hi + 1, dtype=np.int64).astype(np.float32)
     want = float2int8(n * np.float32(scale)).astype(np.int32)
     got = np.rint(np.clip(n * np.float32(factor), -128, 127)).astype(np.int32)
     return bool(np.array_equal(want, got))
@@ -144,13 +144,13 @@ def test_tie_free_factors_hold_for_every_reachable_sum():
     w = RNG.integers(-3, 4, (o, 2, 1, 1)).astype(np.int8)
     bias = RNG.integers(-50, 50, o).astype(np.int32)
     factors, unsolved = tie_free_scales(scale, w, bias)
-    bound = sum_bound(w, bias)
+    lo, hi = sum_range(w, bias)
     assert unsolved.size < o // 4  # those are recomputed by the kernel (test above)
     for c in set(range(o)) - set(unsolved.tolist()):
-        assert _brute_force_agrees(scale[c], factors[c], int(bound[c])), c
+        assert _brute_force_agrees(scale[c], factors[c], int(lo[c]), int(hi[c])), c
     moved = np.flatnonzero(factors != scale)
     assert moved.size  # the tie factors needed moving: unmoved, half to even would differ from TNN
-    assert not any(_brute_force_agrees(scale[c], scale[c], int(bound[c])) for c in moved)
+    assert not any(_brute_force_agrees(scale[c], scale[c], int(lo[c]), int(hi[c])) for c in moved)
 
 
 def test_quantize_and_dequantize_nhwc():
