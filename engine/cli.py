@@ -119,6 +119,8 @@ def _add_quantize(subparsers, graph_files: str, options: EngineOptions) -> None:
     p.add_argument("--size", type=_size, default=None, metavar="HxW", help="images: size (default: the input's)")
     p.add_argument("--channels", choices=["rgb", "bgr"], default="rgb", help="images: channel order")
     p.add_argument("--layout", choices=["nchw", "nhwc"], default="nchw", help="images: the input's layout")
+    p.add_argument("--batch", type=_count(1), default=1, metavar="N",
+                   help="the batch size the TNN file records (TNN files fix their input shapes)")
     p.add_argument("--report", metavar="FILE.json", help="also write the per-layer errors as JSON")
     p.add_argument("--report-samples", type=_count(0), default=4, metavar="N",
                    help="calibration inputs the per-layer comparison runs (0: no comparison)")
@@ -272,7 +274,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     pre = Preprocess(args.mean, args.scale, args.size, args.channels, args.layout)
     samples = load_samples(args.calibration, inputs, pre, args.max_samples)
     options = QuantizeOptions(args.method, args.percentile, not args.per_tensor_activations,
-                              not args.per_tensor_weights, args.report_samples)
+                              not args.per_tensor_weights, report_samples=args.report_samples, batch=args.batch)
     print(f"calibrating {args.model} on {len(samples)} input(s), {args.method} scales", file=sys.stderr)
     result = quantize(args.model, samples, args.output, options, progress_bar(), args.engine_options)
     print(format_report(result))

@@ -31,6 +31,7 @@ class QuantizeOptions:
     per_channel_weights: bool = True
     bias_correction: bool = True  # not in TNN's tool; the file is the same kind either way
     report_samples: int = 4  # calibration inputs the per-layer report runs (0: none)
+    batch: int = 1  # the batch the TNN file records for each input (TNN files fix their input shapes)
 
 
 @dataclass
@@ -64,13 +65,21 @@ def quantize(model_path: str | Path, samples: Sequence[Sample], output_prefix: s
     scales = blob_scales(graph, plan, stats, options)
     means = {v: st.channel_mean for v, st in stats.items()} if options.bias_correction else None
     int8 = build_int8(graph, plan, scales, options.per_channel_weights, means)
-    # a TNN file records one shape per input: the calibration inputs'
-    proto, model = write_tnn(int8, output_prefix, input_shapes={k: a.shape for k, a in samples[0].items()})
+    # a TNN file records one shape per input: the calibration inputs' with the batch asked for
+    shapes = {k: (options.batch, *a.shape[1:]) for k, a in samples[0].items()}
+    proto, model = write_tnn(int8, output_prefix, input_shapes=shapes)
     result = QuantizeResult(proto, model, plan, scales, counts=int8.op_counts())
     if options.report_samples:
-        result.layers, result.outputs = compare(graph, plan, scales, proto, samples[:options.report_samples],
-                                                engine_options)
+        result.layers, result.outputs = compare(graph, plan, scales, proto, _batched(samples, options.batch)
+                                                [:options.report_samples], engine_options)
     return result
+
+
+def _batched(samples: Sequence[Sample], batch: int) -> list[Sample]:
+    """The samples as the written model takes them: `batch` items each (rows taken in turn from the samples)."""
+    rows = [{k: a[i:i + 1] for k, a in s.items()} for s in samples for i in range(next(iter(s.values())).shape[0])]
+    return [{k: np.concatenate([r[k] for r in rows[i:i + batch]]) for k in rows[0]}
+            for i in range(0, len(rows) - batch + 1, batch)]
 
 
 def _check_samples(graph: Graph, samples: Sequence[Sample]) -> None:

@@ -39,7 +39,8 @@ class Int8Plan:
 
 
 def _static4(v: Value) -> bool:
-    return v.shape is not None and len(v.shape) == 4 and all(d is not None and d > 0 for d in v.shape)
+    """A 4-D value whose C, H, W are known (the batch may be dynamic)."""
+    return v.shape is not None and len(v.shape) == 4 and all(d is not None and d > 0 for d in v.shape[1:])
 
 
 def _conv_ok(node: Node) -> bool:

@@ -1,7 +1,8 @@
 """How far the int8 model is from the float one, layer by layer: both run on a few calibration inputs, and every
 int8 blob of the written model (dequantized with its scale) is compared with the same blob of the float graph
 (cosine similarity, max abs error, the float blob's max |x| for scale); the outputs also get top-1 agreement
-when they look like class scores."""
+when they look like class scores. A 1x1 conv's blob that the reader fuses into the add after it (as TNN's
+runtime does) has no row: its add's row covers both."""
 
 from __future__ import annotations
 
@@ -55,9 +56,11 @@ def compare(graph: Graph, plan: Int8Plan, scales: dict[Value, np.ndarray], proto
     blobs, ops = [], {}
     for node in plan.kinds:
         v = plan.output_of(node)
-        found = by_name.get(_BAD.sub("_", v.name)) or by_name.get(f"{_BAD.sub('_', v.name)}__int8")
-        if found is not None and found.dtype == np.int8:
-            blobs.append((v, found))
+        name = _BAD.sub("_", v.name)
+        # a graph output's int8 blob is `<name>__int8`; a 1x1 conv's blob fused into the add after it is gone
+        found = [q for q in (by_name.get(name), by_name.get(f"{name}__int8")) if q is not None and q.dtype == np.int8]
+        if found:
+            blobs.append((v, found[0]))
             ops[v] = plan.kinds[node]
     ref = with_outputs(graph, [v for v, _ in blobs], samples[0], options)
     got = with_outputs(int8_model.graph, [q for _, q in blobs], samples[0], options)
