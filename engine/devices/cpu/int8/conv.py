@@ -56,13 +56,26 @@ class QConvSpec:
         self.act, self.fusion = ACTS[node.params.get("activation")], FUSIONS[node.params.get("fusion")]
         self.terms = loops.epilogue_terms(o, self.act, self.fusion, self.relu6_max)
         self.unsigned = bool(node.params.get("src_unsigned"))
-        self.w_nhwc = np.ascontiguousarray(w.transpose(0, 2, 3, 1))  # (O, kh, kw, C/g) for the loops
         self.all_channels = np.arange(o, dtype=np.int64)
         self.fixup = np.zeros(0, np.int64)
         self.suspects = np.zeros((0, 256), np.bool_)
+        self.first = np.ones(o, F32)
         self.factors = self.scale
         self.way = self._choose_way(onednn)
+        # (k, kh, kw, C/g) weights of the channels the numba loops recheck, row k for channel fixup[k]: a copy
+        # beside oneDNN's only as large as needed (all channels: `all_rows`, made when a plan takes the direct way)
+        self.w_rows = self._rows(self.fixup)
+        self._all_rows: np.ndarray | None = None
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
+
+    def _rows(self, chans: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(self.w[chans].transpose(0, 2, 3, 1))
+
+    @property
+    def all_rows(self) -> np.ndarray:
+        if self._all_rows is None:
+            self._all_rows = self._rows(self.all_channels)
+        return self._all_rows
 
     def _choose_way(self, onednn: bool) -> str:
         if not onednn or not exact_sums(self.w):
@@ -72,7 +85,7 @@ class QConvSpec:
         found = tie_free_scales(self.scale, self.w, self.bias, self.act, self.relu6_max, self.unsigned)
         if found is None:
             return "int32"
-        self.factors, self.fixup = found
+        self.first, self.factors, self.fixup = found
         if self.fixup.size > MAX_FIXUP_SHARE * self.w.shape[0]:
             return "int32"
         self.suspects = suspects(self.scale, self.w, self.bias, self.fixup, self.act, self.relu6_max,
@@ -100,9 +113,11 @@ class QConvSpec:
         """The requant way's post-ops and their operands, in post-op order."""
         col = D.MemoryDesc.plain((1, o, 1, 1))
         ops, operands = [("binary", "mul", col)], [self.factors]
+        if np.any(self.first != 1):  # channels whose exact rounding takes two factors (requant.py)
+            ops, operands = [("binary", "mul", col), *ops], [self.first, *operands]
         if self.act:
             ops.append(("relu", 0.0, 0.0))
-        if self.act == 2:
+        if self.act == 2 and np.any(self.relu6_max < 127):  # a ceiling of 127 is the int8 saturation already
             ops.append(("binary", "min", col))
             operands.append(self.relu6_max.astype(F32))
         return ops, operands
@@ -217,7 +232,7 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
                                   f"{max_shape} its workspace was planned for")
             plan = plans[x.shape] = Plan(spec, x.shape)
         if plan.way == "direct":
-            _channels(spec, plan, x, z, out, spec.all_channels)
+            _direct(spec, plan, x, z, out)
             return
         base, size = D.workspace_base(workspace)
         if size < plan.nbytes:
@@ -227,15 +242,19 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
             if spec.fixup.size:
                 n, oh = out.shape[0], out.shape[1]
                 parallel_for(loops.fix_suspects, n * oh, out.size * spec.fixup.size // out.shape[-1], x,
-                             spec.w_nhwc, spec.bias, spec.scale, spec.relu6_max, spec.act, spec.fixup,
+                             spec.w_rows, spec.bias, spec.scale, spec.relu6_max, spec.act, spec.fixup,
                              spec.suspects, plan.geo_array, out)
             return
         plan.execute(D.address(x), base + plan.pad_bytes, base)
         p, o = out.size // out.shape[-1], out.shape[-1]
         at = base + plan.pad_bytes - D.address(workspace)  # the int32 sums follow the scratchpad
         acc = workspace.reshape(-1).view(np.uint8)[at:at + p * o * 4].view(np.int32).reshape(p, o)
-        parallel_for(loops.epilogue, p, out.size * 4, acc, spec.bias, spec.scale, z.reshape(p, o), spec.add_scale,
-                     *spec.terms, out.reshape(p, o))
+        if spec.fusion == 1 and spec.act == 0:
+            parallel_for(loops.epilogue_add, p, out.size, acc, spec.bias, spec.scale, z.reshape(p, o),
+                         spec.add_scale, out.reshape(p, o))
+        else:
+            parallel_for(loops.epilogue, p, out.size, acc, spec.bias, spec.scale, z.reshape(p, o), spec.add_scale,
+                         *spec.terms, out.reshape(p, o))
 
     first = plans[max_shape]
     run.impl = f"onednn:{first.impl}/{first.way}" if first.way != "direct" else "numba:direct"  # type: ignore
@@ -244,8 +263,7 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
     return run
 
 
-def _channels(spec: QConvSpec, plan: Plan, x, z, out, chans) -> None:
+def _direct(spec: QConvSpec, plan: Plan, x, z, out) -> None:
     n, oh = out.shape[0], out.shape[1]
-    work = out.size * spec.w[0].size * chans.size // max(out.shape[-1], 1)
-    parallel_for(loops.conv_channels, n * oh, work, x, spec.w_nhwc, spec.bias, spec.scale, z, spec.add_scale,
-                 spec.relu6_max, spec.act, spec.fusion, chans, plan.geo_array, out)
+    parallel_for(loops.conv_channels, n * oh, out.size * spec.w[0].size, x, spec.all_rows, spec.bias, spec.scale, z,
+                 spec.add_scale, spec.relu6_max, spec.act, spec.fusion, spec.all_channels, plan.geo_array, out)

@@ -12,11 +12,12 @@ float32 quirk fl(0.49999997 + 0.5) = 1.
 round_half_even(fl(N * s')) equals TNN's rounding of fl(N * s) (after the activation) for every N the layer can
 produce (`sum_range`: the bias plus the least and most the products can sum to, inputs in [-128, 127], or in
 [0, 127] when unsigned). Both are monotone step functions of N, so comparing them on windows around every step
-(N near (k + 0.5) / s for each int8 boundary k) proves them equal everywhere. A channel left without such a
-factor (a tie and a value an ulp below another tie in its range: 0.4% of TNN's MobileNetV2, 5% of one we
-quantized with per-channel activation scales) keeps s, and `suspects` lists the int8 outputs oneDNN can give
-there where TNN gives another (a tie's even neighbour, after the activation); the kernel recomputes exactly the
-elements that came out as one of them (conv.py), a few in a hundred of those channels'.
+(N near (k + 0.5) / s for each int8 boundary k) proves them equal everywhere. Where no single factor fits (a tie
+and a value an ulp below another tie in the range: 0.4% of TNN's MobileNetV2's channels, 5% of one we quantized
+with per-channel activation scales), two chained factors fl(fl(N * s1) * s2) with s1 = 1 +- j * 2**-21 round
+differently and fit 90% of those (a second binary-mul post-op). A channel left over keeps s, and `suspects`
+lists the int8 outputs oneDNN can give there where TNN gives another (a tie's even neighbour, after the
+activation); the kernel recomputes exactly the elements that came out as one of them (conv.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from numba import njit
 
 F32 = np.float32
 EXACT_LIMIT = 1 << 24  # below this every integer is a float32, so oneDNN's int -> float steps are exact
-MAX_STEPS = 8  # ulps tried above s
+MAX_STEPS = 8  # ulps tried above s (and above s / s1)
+PAIR_STEPS = 32  # first factors 1 +- j * 2**-21 tried
 WINDOW = 2  # N within this of a step's real-valued position: fl() moves a product by far less than one s
 
 
@@ -91,21 +93,35 @@ def _activate(q, act, top):
     return q
 
 
+OK = np.iinfo(np.int64).max  # `first_mismatch` found none
+
+
 @njit(nogil=True, cache=True)
-def agrees(s, c, n_lo, n_hi, act, top):
-    """Whether round_onednn(fl(N * c)) == round_tnn(fl(N * s)) after the activation (act 0 none / 1 relu /
-    2 relu6 up to `top`) for every integer N in [n_lo, n_hi] (s, c > 0)."""
-    inv_s, inv_c = 1.0 / np.float64(s), 1.0 / np.float64(c)
+def _mismatch(n, s, s1, s2, act, top):
+    nf = F32(n)
+    return _activate(round_tnn(nf * s), act, top) != _activate(round_onednn((nf * s1) * s2), act, top)
+
+
+@njit(nogil=True, cache=True)
+def first_mismatch(s, s1, s2, n_lo, n_hi, act, top):
+    """The first N in [n_lo, n_hi] where oneDNN's rounding of fl(fl(N * s1) * s2) differs from TNN's of fl(N * s)
+    after the activation (act 0 none / 1 relu / 2 relu6 up to `top`), or OK (s, s1, s2 > 0)."""
+    inv_s, inv_c = 1.0 / np.float64(s), 1.0 / (np.float64(s1) * np.float64(s2))
     for k in range(-128, 127):
         t, tc = (k + 0.5) * inv_s, (k + 0.5) * inv_c
         lo, hi = int(np.floor(min(t, tc))) - WINDOW, int(np.ceil(max(t, tc))) + WINDOW
         if hi < n_lo or lo > n_hi:
             continue
         for n in range(max(lo, n_lo), min(hi, n_hi) + 1):
-            nf = F32(n)
-            if _activate(round_tnn(nf * s), act, top) != _activate(round_onednn(nf * c), act, top):
-                return False
-    return True
+            if _mismatch(n, s, s1, s2, act, top):
+                return n
+    return OK
+
+
+@njit(nogil=True, cache=True)
+def agrees(s, c, n_lo, n_hi, act, top):
+    """Whether the single factor c gives TNN's rounding of fl(N * s) for every N in [n_lo, n_hi]."""
+    return first_mismatch(s, F32(1.0), c, n_lo, n_hi, act, top) == OK
 
 
 @njit(nogil=True, cache=True)
@@ -138,29 +154,55 @@ def suspects(scale: np.ndarray, weight: np.ndarray, bias: np.ndarray, channels: 
 
 
 @njit(nogil=True, cache=True)
-def _search(scale, n_lo, n_hi, act, tops, out, unsolved):
-    """out[c] = the first of s, nextafter(s), ... (MAX_STEPS ulps up) that agrees; unsolved[c] when none."""
+def _solve(s, n_lo, n_hi, act, top, hot):
+    """(s1, s2) with oneDNN's fl(fl(N * s1) * s2) rounded as TNN's fl(N * s), or (0, 0): first s1 = 1 and s2 a
+    few ulps above s, then s1 = 1 +- j * 2**-21 with s2 around s / s1. Each pair is tried on the N where earlier
+    pairs failed (`hot`) before the full windows, which rejects most pairs at once."""
+    n_hot = 0
+    for j in range(PAIR_STEPS + 1):
+        for sign in (1.0, -1.0):
+            if j == 0 and sign < 0:
+                continue
+            s1 = F32(1.0 + sign * j * 2.0 ** -21)
+            s2 = s if j == 0 else F32(np.float64(s) / np.float64(s1))
+            if j > 0:
+                for _ in range(2):
+                    s2 = np.nextafter(s2, F32(0.0))
+            for _ in range(MAX_STEPS + 1):
+                bad = False
+                for i in range(n_hot):
+                    if _mismatch(hot[i], s, s1, s2, act, top):
+                        bad = True
+                        break
+                if not bad:
+                    n = first_mismatch(s, s1, s2, n_lo, n_hi, act, top)
+                    if n == OK:
+                        return s1, s2
+                    if n_hot < hot.shape[0]:
+                        hot[n_hot] = n
+                        n_hot += 1
+                s2 = np.nextafter(s2, F32(np.inf))
+    return F32(0.0), F32(0.0)
+
+
+@njit(nogil=True, cache=True)
+def _search(scale, n_lo, n_hi, act, tops, first, second):
+    hot = np.empty(16, np.int64)
     for ch in range(scale.shape[0]):
         s = scale[ch]
-        out[ch], unsolved[ch] = s, False
+        first[ch], second[ch] = F32(1.0), s
         if s == F32(0.0):
             continue  # 0 both ways
-        c = s
-        for _ in range(MAX_STEPS + 1):
-            if agrees(s, c, n_lo[ch], n_hi[ch], act, tops[ch]):
-                out[ch] = c
-                break
-            c = np.nextafter(c, F32(np.inf))
-        else:
-            unsolved[ch] = True
+        first[ch], second[ch] = _solve(s, n_lo[ch], n_hi[ch], act, tops[ch], hot)
 
 
 def tie_free_scales(scale: np.ndarray, weight: np.ndarray, bias: np.ndarray, act: int = 0,
                     relu6_max: np.ndarray | None = None, unsigned: bool = False) \
-        -> tuple[np.ndarray, np.ndarray] | None:
-    """(factors for oneDNN's binary-mul post-op, channels no factor makes exact), or None when a factor is
-    negative or not finite, or a product could leave int32. Outputs the activation (act 0 none / 1 relu /
-    2 relu6 up to relu6_max) makes equal need not agree. The caller checks exact_sums and exact_bias."""
+        -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(first factors, second factors, channels no pair makes exact) for oneDNN's two binary-mul post-ops
+    (first is all 1 when one factor does everywhere), or None when a factor is negative or not finite, or a
+    product could leave int32. Outputs the activation (act 0 none / 1 relu / 2 relu6 up to relu6_max) makes
+    equal need not agree. The caller checks exact_sums and exact_bias."""
     scale = np.ascontiguousarray(scale, F32).reshape(-1)
     if not np.all(np.isfinite(scale)) or np.any(scale < 0):
         return None
@@ -168,6 +210,8 @@ def tie_free_scales(scale: np.ndarray, weight: np.ndarray, bias: np.ndarray, act
         return None
     n_lo, n_hi = sum_range(weight, bias, unsigned)
     tops = np.full(scale.size, 127, np.int64) if relu6_max is None else np.asarray(relu6_max, np.int64)
-    out, unsolved = np.empty_like(scale), np.zeros(scale.size, np.bool_)
-    _search(scale, n_lo, n_hi, act, tops, out, unsolved)
-    return out, np.flatnonzero(unsolved)
+    first, second = np.empty_like(scale), np.empty_like(scale)
+    _search(scale, n_lo, n_hi, act, tops, first, second)
+    unsolved = np.flatnonzero((first == 0) & (scale > 0))
+    first[unsolved], second[unsolved] = 1.0, scale[unsolved]  # as TNN's factor: suspects() lists what to recheck
+    return first, second, unsolved

@@ -106,21 +106,29 @@ def test_ties_round_away_from_zero_as_tnn(activation):
 
 
 def test_channels_without_factor_are_recomputed():
-    # 0.0026698774 (a factor of TNN's MobileNetV2) reaches a tie and a value an ulp below another tie with
-    # sums this large: no factor a few ulps up fits both, so the channel is recomputed after the primitive
-    hard = np.float32(0.0026698774)
+    # Factor 0.0008107082 over sums 93 + 127 * (0 .. 64 * 127) reaches the tie 86961 * s = 70.5 and values an ulp
+    # below other ties (found by searching random factors): neither one factor nor two chained ones fit it, so the
+    # outputs oneDNN may round otherwise than TNN are recomputed after the primitive
     o, c = 16, 64
     w = _i8(o, c, 1, 1)
     w[3] = 127
     scale = RNG.uniform(0.0005, 0.003, o).astype(np.float32)
-    scale[3] = hard
+    scale[3] = 0.0008107082
     bias = RNG.integers(-3000, 3000, o).astype(np.int32)
-    assert 3 in tie_free_scales(scale, w, bias)[1]
-    node = _qconv(o, c, 1, activation="relu", scale=scale, weight=w)
+    bias[3] = 93
+    assert 3 in tie_free_scales(scale, w, bias, 1, None, True)[2]
+    node = _qconv(o, c, 1, activation="relu", scale=scale, weight=w, unsigned=True)
     node.attrs["bias"] = bias
     x = _i8(2, 12, 12, c, lo=0)
+    x[0, 0, 0] = 0
+    x[0, 0, 0, :5], x[0, 0, 0, 5] = 127, 49  # inputs summing to 684: 93 + 127 * 684 = 86961, the tie
+    assert np.float32(86961) * scale[3] == np.float32(70.5)
+    assert reference(node, [x])[0][0, 0, 0, 3] == 71  # away from zero, where half to even gives 70
     _check(node, [x])
     assert _impl(node, [x]).endswith("/requant")
+    spec = int8_kernels._SPECS[node]
+    spec.fixup = spec.fixup[:0]  # without the recheck, oneDNN's own rounding shows
+    assert run_kernel(node, [x])[0][0, 0, 0, 3] == 70
 
 
 def test_sums_beyond_float_exactness_take_the_direct_loop():
@@ -131,10 +139,10 @@ def test_sums_beyond_float_exactness_take_the_direct_loop():
     assert _impl(node, [x]) == "numba:direct"
 
 
-def _brute_force_agrees(scale: float, factor: float, lo: int, hi: int) -> bool:
+def _brute_force_agrees(scale: float, first: float, second: float, lo: int, hi: int) -> bool:
     n = np.arange(lo, hi + 1, dtype=np.int64).astype(np.float32)
     want = float2int8(n * np.float32(scale)).astype(np.int32)
-    got = np.rint(np.clip(n * np.float32(factor), -128, 127)).astype(np.int32)
+    got = np.rint(np.clip((n * np.float32(first)) * np.float32(second), -128, 127)).astype(np.int32)
     return bool(np.array_equal(want, got))
 
 
@@ -143,14 +151,14 @@ def test_tie_free_factors_hold_for_every_reachable_sum():
     scale = _tie_scales(o, 1) / np.float32(7.0)
     w = RNG.integers(-3, 4, (o, 2, 1, 1)).astype(np.int8)
     bias = RNG.integers(-50, 50, o).astype(np.int32)
-    factors, unsolved = tie_free_scales(scale, w, bias)
+    first, factors, unsolved = tie_free_scales(scale, w, bias)
     lo, hi = sum_range(w, bias)
     assert unsolved.size < o // 4  # those are recomputed by the kernel (test above)
     for c in set(range(o)) - set(unsolved.tolist()):
-        assert _brute_force_agrees(scale[c], factors[c], int(lo[c]), int(hi[c])), c
-    moved = np.flatnonzero(factors != scale)
+        assert _brute_force_agrees(scale[c], first[c], factors[c], int(lo[c]), int(hi[c])), c
+    moved = np.flatnonzero((factors != scale) | (first != 1))
     assert moved.size  # the tie factors needed moving: unmoved, half to even would differ from TNN
-    assert not any(_brute_force_agrees(scale[c], scale[c], int(lo[c]), int(hi[c])) for c in moved)
+    assert not any(_brute_force_agrees(scale[c], 1.0, scale[c], int(lo[c]), int(hi[c])) for c in moved)
 
 
 def test_quantize_and_dequantize_nhwc():
