@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=NAMES, choices=NAMES)
+    parser.add_argument("names", nargs="*", metavar="name", help=f"{', '.join(NAMES)} (default: all)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--iters", type=int, default=5)
@@ -271,10 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ultraface-onnx", type=Path, default=SHARED_ULTRAFACE,
                         help="UltraFace's ONNX release (MIT), rebuilt in PyTorch for the dynamic-batch exports")
     args = parser.parse_args(argv)
+    unknown = set(args.names) - set(NAMES)
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(sorted(unknown))}; choose from {', '.join(NAMES)}")
     tmp = ROOT / ".fixture-work" / "bench-int8" / "outputs"
     tmp.mkdir(parents=True, exist_ok=True)
     results = []
-    for name in args.names:
+    for name in args.names or NAMES:
         folder = prepare(name, args.batches, args.ultraface_onnx)
         for b in args.batches:
             print(f"{name} batch {b}", flush=True)
