@@ -135,14 +135,14 @@ class Plan:
         (n, o, oh, ow), (kh, kw), stride, dil, (t, left), g = conv_geometry(spec.node, (n, c, h, w))
         self.geo, self.out_shape = (stride[0], stride[1], dil[0], dil[1], t, left, g), (n, oh, ow, o)
         self.geo_array = np.array(self.geo, np.int64)
-        self.pads = (t, left, (oh - 1) * stride[0] + (kh - 1) * dil[0] + 1 - h - t,
-                     (ow - 1) * stride[1] + (kw - 1) * dil[1] + 1 - w - left)
+        # End pads the output needs; one below zero (rows a strided conv never reads, as a 1x1 stride-2
+        # downsample of an even size) becomes 0: oneDNN sizes the output with an integer division, which drops them
+        self.pads = (t, left, max((oh - 1) * stride[0] + (kh - 1) * dil[0] + 1 - h - t, 0),
+                     max((ow - 1) * stride[1] + (kw - 1) * dil[1] + 1 - w - left, 0))
         self.way, self.impl = spec.way, "numba"
         self.pad_bytes = self.acc_bytes = 0
         macs = n * oh * ow * o * spec.w[0].size
         self.threads = 1 if macs < SERIAL_MACS else get_threads()
-        if min(self.pads) < 0:  # rows or columns the conv never reads: oneDNN wants them cropped
-            self.way = "direct"
         if self.way == "direct":
             return
         D.use_threads(self.threads)  # the primitive is laid out for the team it is created with

@@ -86,6 +86,14 @@ def _impl(node, arrays):
     return fn.impl
 
 
+def test_strided_conv_that_skips_the_last_rows_stays_on_onednn():
+    # a residual block's 1x1 stride-2 downsample of an even size never reads the last row and column
+    node = _qconv(16, 8, 1, stride=2, unsigned=True)
+    x = _i8(2, 10, 12, 8, lo=0)
+    _check(node, [x])
+    assert _impl(node, [x]).startswith("onednn:")
+
+
 def _tie_scales(o: int, k: int) -> np.ndarray:
     """Factors s = (m + 0.5) / N with small N: many sums land exactly on a tie k + 0.5."""
     n = RNG.integers(3, 40, o)
