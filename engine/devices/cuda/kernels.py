@@ -6,8 +6,8 @@ parameters (Reshape/Expand shapes, Resize sizes) keep it on the host.
 
 Not here, so a model using them is refused on CUDA with UnsupportedOpError naming the node: `Expression` (only
 reaches the runtime when lowering could not turn it into elementwise ops) and the TNN int8 ops (`TnnQuantize`,
-`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`) and `TnnLSTM` (a sequential
-recurrence; it would need its own kernel). `Shape` is always a host value.
+`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`) and `TnnLSTM`
+(a sequential recurrence; it would need its own kernel). `Shape` is always a host value.
 """
 
 from __future__ import annotations
