@@ -24,7 +24,7 @@ from engine.errors import KernelError
 SONAME = "libdnnl.so.3"
 
 # Enum values of the v3 C API (dnnl_types.h, dnnl_common_types.h); each one used is checked by a numeric test.
-F32 = 3
+S32, F32, S8, U8 = 4, 3, 5, 6  # dnnl_data_type_t
 FORMAT_ANY = 1
 FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT = 1
@@ -46,6 +46,15 @@ def ARG_POST_OP_SRC1(index: int) -> int:  # noqa: N802 (DNNL_ARG_ATTR_MULTIPLE_P
 ELTWISE = {"relu": 0x20, "tanh": 0x21, "elu": 0x22, "hardsigmoid": 0x28, "logistic": 0x29, "gelu_tanh": 0x2B,
            "swish": 0x2C, "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
+BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "min": 0x1FFF3}  # dnnl_binary_*
+ARG_SRC_1 = 2
+ARG_ATTR_MULTIPLE_POST_OP_BASE = 32768
+
+
+def post_op_arg(index: int, arg: int = ARG_SRC_1) -> int:
+    """DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | arg: the execution argument of post-op `index`'s operand."""
+    return ARG_ATTR_MULTIPLE_POST_OP_BASE * (index + 1) | arg
+
 
 vp = ctypes.c_void_p
 Dims = ctypes.c_int64 * 12

@@ -60,6 +60,14 @@ def engine() -> _vp:
     return _Engine.get()
 
 
+def use_threads(n: int) -> None:
+    """This thread's OpenMP team is `n` from now on, for a primitive that chose its own count (the int8 convs:
+    created and run with it; a primitive must never run with more threads than it was created with); parks our
+    pool's spinning workers, as sync_threads does."""
+    park()
+    _omp_threads(n)
+
+
 def _omp_threads(n: int) -> None:
     if getattr(_local, "threads", None) != n:
         L.LIB.omp_set_num_threads(n)  # an OpenMP setting is per calling thread
@@ -115,26 +123,34 @@ class MemoryDesc(_Handle):
     _destroy = "dnnl_memory_desc_destroy"
 
     @classmethod
-    def any(cls, shape: Sequence[int]) -> MemoryDesc:
-        """float32 of `shape`, layout left to the primitive."""
+    def any(cls, shape: Sequence[int], dt: int = L.F32) -> MemoryDesc:
+        """Data type `dt` (float32 unless given) of `shape`, layout left to the primitive."""
         h = _vp()
-        L.call("dnnl_memory_desc_create_with_tag", ctypes.byref(h), len(shape), L.dims(shape), L.F32, L.FORMAT_ANY)
+        L.call("dnnl_memory_desc_create_with_tag", ctypes.byref(h), len(shape), L.dims(shape), dt, L.FORMAT_ANY)
         return cls(h)
 
     @classmethod
-    def plain(cls, shape: Sequence[int]) -> MemoryDesc:
-        """float32 of `shape`, C-contiguous (NCHW, OIHW, ...)."""
+    def plain(cls, shape: Sequence[int], dt: int = L.F32) -> MemoryDesc:
+        """Data type `dt` of `shape`, C-contiguous (NCHW, OIHW, ...)."""
         strides = [1] * len(shape)
         for i in range(len(shape) - 2, -1, -1):
             strides[i] = strides[i + 1] * int(shape[i + 1])
-        return cls.strided(shape, strides)
+        return cls.strided(shape, strides, dt)
 
     @classmethod
-    def strided(cls, shape: Sequence[int], strides: Sequence[int]) -> MemoryDesc:
-        """float32 of `shape` with element `strides`."""
+    def strided(cls, shape: Sequence[int], strides: Sequence[int], dt: int = L.F32) -> MemoryDesc:
+        """Data type `dt` of `shape` with element `strides`."""
         h = _vp()
-        L.call("dnnl_memory_desc_create_with_strides", ctypes.byref(h), len(shape), L.dims(shape), L.F32,
+        L.call("dnnl_memory_desc_create_with_strides", ctypes.byref(h), len(shape), L.dims(shape), dt,
                L.dims(strides))
+        return cls(h)
+
+    @classmethod
+    def tagged(cls, shape: Sequence[int], tag: str, dt: int = L.F32) -> MemoryDesc:
+        """Data type `dt` of logical `shape` in the layout of oneDNN's string tag (NHWC is "acdb")."""
+        h = _vp()
+        L.call("dnnl_memory_desc_create_with_string_tag", ctypes.byref(h), len(shape), L.dims(shape), dt,
+               tag.encode())
         return cls(h)
 
     @classmethod
@@ -155,7 +171,8 @@ class MemoryDesc(_Handle):
 
 class Attr(_Handle):
     """Primitive attributes: user scratchpad (so a run never allocates) and post-ops: ("sum",), an eltwise
-    (name, alpha, beta) or ("binary_add", MemoryDesc of the second operand)."""
+    (name, alpha, beta), ("binary_add", MemoryDesc of the second operand), or ("binary", name, operand MemoryDesc)
+    whose operand is passed as L.post_op_arg(index)."""
     _destroy = "dnnl_primitive_attr_destroy"
 
     def __init__(self, post_ops: Sequence[tuple] = ()):
@@ -172,6 +189,8 @@ class Attr(_Handle):
                         L.call("dnnl_post_ops_append_sum", po, 1.0, 0, 0)  # data type undef: dst's
                     elif op[0] == "binary_add":
                         L.call("dnnl_post_ops_append_binary", po, L.BINARY_ADD, op[1].h)
+                    elif op[0] == "binary":
+                        L.call("dnnl_post_ops_append_binary", po, L.BINARY[op[1]], op[2].h)
                     else:
                         L.call("dnnl_post_ops_append_eltwise", po, L.ELTWISE[op[0]], op[1], op[2])
                 L.call("dnnl_primitive_attr_set_post_ops", h, po)
