@@ -15,7 +15,7 @@ from server.errors import InvalidArgumentError
 from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
 from server.protocol.grpc import pb2
 from server.protocol.grpc_wire import InferMessage, response_parts
-from server.protocol.raw_tensors import tensor_from_raw, tensor_raw_view, tensor_to_raw
+from server.raw_tensors import tensor_from_raw, tensor_raw_view, tensor_to_raw
 from server.request_limits import MAX_NAME_BYTES, check_label, element_count
 
 # Which typed InferTensorContents field carries each datatype (FP16/BF16 have none: raw only).

@@ -15,7 +15,7 @@ import numpy as np
 from server.datatypes import element_size, numpy_to_wire, wire_to_numpy
 from server.errors import InvalidArgumentError, UnsupportedError
 from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
-from server.protocol.raw_tensors import tensor_from_raw, tensor_to_raw
+from server.raw_tensors import tensor_from_raw, tensor_to_raw
 from server.request_limits import check_label, element_count, quoted
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

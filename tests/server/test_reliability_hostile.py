@@ -19,7 +19,7 @@ from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repo
 
 from server.errors import InvalidArgumentError
 from server.protocol.grpc import pb2, pb2_grpc
-from server.protocol.raw_tensors import decode_bytes_tensor
+from server.raw_tensors import decode_bytes_tensor
 
 pytestmark = pytest.mark.slow  # its own server
 
