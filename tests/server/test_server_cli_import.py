@@ -41,8 +41,8 @@ def imported(capsys: pytest.CaptureFixture, model: Path, repo: Path, name: str, 
 def server_reading(model_dir: Path) -> tuple:
     """The config as a load completes it from the written config.pbtxt (server/config.py), and the model."""
     config, has_max_batch = cfg.read_config(model_dir)
-    backend = cfg.detect_backend(model_dir / "1")
-    model = engine.load(cfg.model_path(model_dir / "1", backend))
+    backend, graph, _ = cfg.model_files(model_dir / "1", config, model_dir.name)
+    model = engine.load(graph)
     cfg.auto_complete(config, model_dir.name, backend, model, has_max_batch=has_max_batch, default_max_batch_size=4)
     cfg.validate(config, model_dir.name, model)
     return config, model
