@@ -22,6 +22,7 @@ from server.model_config import model_config_pb2 as mc
 from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
 from server.repository_files import check_regular
 from server.security import check_model_name, escaping_paths
+from server.tensor_names import bind_names
 
 log = logging.getLogger("nnserve.repository")
 UNLOADED_REASON = "unloaded"
@@ -221,6 +222,7 @@ class ModelRepository:
     def _load_one(self, entry: ModelEntry, read: tuple[BackendModel, str, float], version_dir: Path) -> None:
         model, _, read_seconds = read
         name, v = entry.name, version_dir.name
+        model = bind_names(entry.config, name, model)  # a PNNX model's in0/out0 under the config's names
         cfg.validate(entry.config, name, model)
         mv = load_version(model, entry.config, name, v, version_dir, self.metrics)
         mv.load_seconds += read_seconds
