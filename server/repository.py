@@ -16,7 +16,14 @@ import engine
 from server import config as cfg
 from server.backend import BackendModel
 from server.config_fields import check_supported
-from server.errors import ModelControlError, ModelLoadError, ModelNotFoundError, ModelNotReadyError, UnknownModelError
+from server.errors import (
+    ModelControlError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    RepositoryPollError,
+    UnknownModelError,
+)
 from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
 from server.model_version import LOADING, READY, UNAVAILABLE, ModelVersion, load_version
@@ -137,16 +144,18 @@ class ModelRepository:
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
-    async def load(self, name: str, config_json: str | None = None) -> None:
+    async def load(self, name: str, config_json: str | None = None, model_dir: Path | None = None) -> None:
         """Load or reload `name`. The old versions keep serving until the new ones are READY, then swap; a failed
         reload leaves them serving, with the reason in the index. A caller that goes away (a client disconnecting
-        from the load API) does not stop the load: it runs to its end, so no model is left LOADING."""
+        from the load API) does not stop the load: it runs to its end, so no model is left LOADING. `model_dir`
+        replaces the repository's directory for this load (model files sent with the request)."""
         problem = check_model_name(name)
         if problem:
             raise ModelLoadError(f"failed to load: {problem}")
-        if not (self.root / name).is_dir():  # nothing is recorded for a name the repository does not have
-            raise ModelLoadError(f"failed to load '{name}': no model directory '{name}' in the repository")
-        task = asyncio.create_task(self._load_locked(name, config_json), name=f"nnserve-load-{name}")
+        if model_dir is None and not (self.root / name).is_dir():  # nothing is recorded for a name it lacks
+            raise RepositoryPollError(f"failed to load '{name}', failed to poll from model repository")  # Triton's
+        task = asyncio.create_task(self._load_locked(name, config_json, model_dir or self.root / name),
+                                   name=f"nnserve-load-{name}")
         self._loads.add(task)
         task.add_done_callback(self._load_done)
         await asyncio.shield(task)
@@ -156,7 +165,7 @@ class ModelRepository:
         if not task.cancelled():
             task.exception()  # retrieved here too, for a load whose caller went away
 
-    async def _load_locked(self, name: str, config_json: str | None) -> None:
+    async def _load_locked(self, name: str, config_json: str | None, model_dir: Path) -> None:
         async with self._lock(name):
             old = self._models.get(name)
             serving = old if old is not None and old.versions else None
@@ -164,7 +173,7 @@ class ModelRepository:
                 self._models[name] = ModelEntry(name, state=LOADING)
             log.info("loading model '%s'", name)
             try:
-                entry = await asyncio.to_thread(self._build, name, self.root / name, config_json)
+                entry = await asyncio.to_thread(self._build, name, model_dir, config_json)
             except Exception as exc:  # any failure is this model's alone
                 message = _load_failure(name, exc)
                 if serving is not None:
@@ -185,8 +194,8 @@ class ModelRepository:
 
     def _build(self, name: str, model_dir: Path, config_json: str | None) -> ModelEntry:
         if not model_dir.is_dir():
-            raise ModelLoadError(f"failed to load '{name}': no model directory '{name}' in the repository")
-        outside = escaping_paths(self.root, model_dir)
+            raise RepositoryPollError(f"failed to load '{name}', failed to poll from model repository")  # Triton's
+        outside = escaping_paths(model_dir.parent, model_dir)
         if outside:  # a symlink out of the repository: the load API must not read arbitrary files
             raise ModelLoadError(f"failed to load '{name}': {', '.join(sorted(outside)[:5])} resolves outside the "
                                  "model repository")
@@ -251,10 +260,7 @@ class ModelRepository:
     async def unload(self, name: str) -> None:
         async with self._lock(name):
             entry = self._models.get(name)
-            if entry is None:
-                if name not in self.names_on_disk():
-                    raise UnknownModelError(f"failed to unload '{name}': Request for unknown model: '{name}' "
-                                            "is not found")
+            if entry is None:  # Triton 2.51: unloading a model that is not loaded (or not known) succeeds
                 return
             self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=UNLOADED_REASON)
             await self._retire(entry, keep=set())
@@ -287,7 +293,7 @@ class ModelRepository:
         for name in names:
             try:
                 await self.load(name)
-            except ModelLoadError:
+            except (ModelLoadError, RepositoryPollError):  # --load-model of a name the repository lacks
                 failed.append(name)
         log.info("models:\n%s", self.status_table())
         return failed
