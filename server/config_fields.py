@@ -31,7 +31,7 @@ HONOURED: dict[str, frozenset[str]] = {
                               "dynamic_batching", "instance_group", "default_model_filename", "parameters",
                               "model_warmup", "model_transaction_policy", "response_cache"}),
     "ModelInput": frozenset({"name", "data_type", "format", "dims", "reshape"}),
-    "ModelOutput": frozenset({"name", "data_type", "dims", "reshape"}),
+    "ModelOutput": frozenset({"name", "data_type", "dims", "reshape", "label_filename"}),
     "ModelInstanceGroup": frozenset({"name", "kind", "count", "gpus"}),
     "ModelDynamicBatching": frozenset({"preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
                                        "priority_levels", "default_priority_level", "default_queue_policy"}),
@@ -45,9 +45,9 @@ HONOURED: dict[str, frozenset[str]] = {
     "ModelWarmup": frozenset({"name", "batch_size", "inputs", "count"}),
     "ModelWarmup.Input": frozenset({"data_type", "dims", "zero_data", "random_data", "input_data_file"}),
     "ModelParameter": frozenset({"string_value"}),
-    # Only their default values are honoured: `decoupled: false`, `enable: false` (proto3 lists neither as set).
+    # Only its default value is honoured: `decoupled: false` (proto3 does not list it as set).
     "ModelTransactionPolicy": frozenset(),
-    "ModelResponseCache": frozenset(),
+    "ModelResponseCache": frozenset({"enable"}),  # with the server's --cache-config (server/response_cache.py)
 }
 
 _ENGINE_OWN = ("not supported: the engine plans and optimises every model itself (see the NNSERVE_* environment "
@@ -70,11 +70,9 @@ REASONS: dict[tuple[str, str] | str, str] = {
     ("ModelConfig", "model_repository_agents"): "repository agents are not supported",
     ("ModelConfig", "model_metrics"): "per-model metric settings are not supported",
     ("ModelTransactionPolicy", "decoupled"): "decoupled models (several responses per request) are not supported",
-    ("ModelResponseCache", "enable"): "the response cache is not implemented (every request runs the model)",
     ("ModelInput", "optional"): "optional inputs are not supported: every model input is required",
     ("ModelInput", "allow_ragged_batch"): "ragged batching is not supported: requests batch when their shapes "
                                           "agree",
-    ("ModelOutput", "label_filename"): "the classification extension (labels, class_count) is not implemented",
     ("ModelInstanceGroup", "rate_limiter"): "the rate limiter is not implemented",
     ("ModelInstanceGroup", "passive"): "passive instances are not supported: every instance takes requests",
     ("ModelInstanceGroup", "host_policy"): "host policies are not supported",

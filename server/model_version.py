@@ -11,6 +11,7 @@ import numpy as np
 
 from server import config as cfg
 from server.backend import BackendInstance, BackendModel
+from server.classification import read_labels
 from server.errors import ModelLoadError
 from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
@@ -36,6 +37,7 @@ class ModelVersion:
     inputs: list[cfg.TensorConfig] = field(default_factory=list)
     outputs: list[cfg.TensorConfig] = field(default_factory=list)
     max_shapes: dict[str, list[int]] = field(default_factory=dict)
+    labels: dict[str, list[str]] = field(default_factory=dict)  # output -> its label_filename's lines
 
     # Looked up on every request: computed once (a loaded version's config does not change; a reload makes a new
     # ModelVersion), not read from the protobuf each time.
@@ -193,5 +195,7 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
         metrics.instances_placed(name, version, instances)
     scheduler = Scheduler(scheduler_config(config), instances, metrics=VersionMetrics(stats, metrics, name, version))
     ins, outs = cfg.tensor_configs(config)
+    labels = {o.name: read_labels(version_dir.parent, o.label_filename, o.name, name) for o in config.output
+              if o.label_filename}
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
-                        inputs=ins, outputs=outs, max_shapes=shapes)
+                        inputs=ins, outputs=outs, max_shapes=shapes, labels=labels)
