@@ -183,7 +183,7 @@ class ModelRepository:
                 else:
                     self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=message)
                     log.error("model '%s' UNAVAILABLE: %s", name, message)
-                raise ModelLoadError(message) from None
+                raise ModelLoadError(_api_failure(name, message)) from None
             for mv in entry.versions.values():
                 await mv.scheduler.start()
             self._models[name] = entry  # the swap: new requests go to the new versions from here on
@@ -357,6 +357,11 @@ class ModelRepository:
         for name in list(self._models):
             entry = self._models[name]
             await self._retire(entry, keep=set(), drain=drain)
+
+
+def _api_failure(name: str, message: str) -> str:
+    """The load API's answer: Triton's clients (simple_*_model_control) match "failed to load" in it."""
+    return message if message.startswith("failed to load") else f"failed to load '{name}': {message}"
 
 
 def _load_failure(name: str, exc: BaseException) -> str:

@@ -62,6 +62,11 @@ def test_loading_and_unloading_names_the_repository_lacks(srv):
     assert info.value.details() == "failed to load 'ghost', failed to poll from model repository"
     with pytest.raises(InferenceServerException, match="failed to load"):  # what simple_*_model_control match
         grpcclient.InferenceServerClient(srv.grpc_url).load_model("wrong_model_name")
+    # a malformed override: simple_*_model_control match "failed to load" in the answer
+    with pytest.raises(InferenceServerException, match="failed to load 'affine': config parameter: invalid model "
+                                                        "config JSON"):
+        http.load_model("affine", config='"parameters": {"config": {{"max_batch_size": "16"}}}')
+    assert http.is_model_ready("affine")  # still serving
     http.unload_model("ghost")  # Triton 2.51: succeeds
     grpcclient.InferenceServerClient(srv.grpc_url).unload_model("ghost")
     http.unload_model("unbatched")
