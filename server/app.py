@@ -85,7 +85,7 @@ class NNServer:
         self.metrics = ServerMetrics()
         self.repository = ModelRepository(s.model_repository, control_mode=s.model_control_mode,
                                           default_max_batch_size=s.default_max_batch_size, metrics=self.metrics)
-        self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness,
+        self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness, name=s.server_name,
                             log_tensors=s.log_verbose >= 2,
                             shared_memory=SystemSharedMemory(allowed=s.allow_client_shm),
                             tracer=Tracer(parse_trace_config(s.trace_config)),

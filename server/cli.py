@@ -71,6 +71,8 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
                    help="exit if a model fails to load at start")
     p.add_argument("--strict-readiness", type=str2bool, default=True, metavar="BOOL",
                    help="/v2/health/ready needs every model ready (false: the server alone)")
+    p.add_argument("--server-name", default=defaults.SERVER_NAME, metavar="NAME",
+                   help="the name the server metadata gives (clients written for Triton may check for 'triton')")
     p.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE",
                    help="<backend>,default-max-batch-size=<n>: the max_batch_size auto-complete gives a batchable "
                    f"model without one (default: {defaults.DEFAULT_MAX_BATCH_SIZE})")
@@ -137,7 +139,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         model_control_mode=args.model_control_mode, load_models=list(args.load_model),
         repository_poll_secs=args.repository_poll_secs, exit_timeout_secs=args.exit_timeout_secs,
-        exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, server_name=args.server_name,
         default_max_batch_size=max_batch, http_max_input_bytes=args.http_max_input_size,
         grpc_max_message_bytes=args.grpc_max_message_size, drain_delay_secs=args.drain_delay_secs,
         http_max_body_bytes=args.http_max_body_size, http_max_header_bytes=args.http_max_header_size,

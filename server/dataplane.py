@@ -24,6 +24,7 @@ from server.errors import (
     InferenceError,
     InvalidArgumentError,
     ModelLoadError,
+    ModelNotReadyError,
     NotFoundError,
     ServerError,
     UnavailableError,
@@ -52,13 +53,14 @@ GRPC_ENDPOINT = "ModelInfer RPC"
 
 class DataPlane:
     def __init__(self, repository: ModelRepository, metrics: ServerMetrics | None = None, *,
-                 strict_readiness: bool = True, log_tensors: bool = False,
+                 strict_readiness: bool = True, log_tensors: bool = False, name: str = defaults.SERVER_NAME,
                  shared_memory: SystemSharedMemory | None = None, tracer: Tracer | None = None,
                  cache: ResponseCache | None = None, log_control: LogControl | None = None,
                  max_load_file_bytes: int = defaults.MODEL_LOAD_MAX_FILE_BYTES):
         self.repository = repository
         self.metrics = metrics
         self.strict_readiness = strict_readiness
+        self.name = name
         self.draining = False  # SIGTERM: readiness fails at once, requests still in flight finish
         self.exiting = False  # drain window over: new requests are refused
         self.inflight = 0  # requests between arrival and answer, what a graceful shutdown waits for
@@ -85,11 +87,15 @@ class DataPlane:
         return self.repository.all_ready() if self.strict_readiness else True
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        """Triton's answer: True, or the lookup's error (unknown model 404, version loading 503, ...); before the
-        initial loads are done and from SIGTERM on, 503 "Server not ready"."""
+        """Triton's answer (InferenceServer::ModelIsReady): whether that version serves; an unknown, unloaded or
+        loading model, or a version it lacks, is simply not ready (gRPC ready=false, HTTP 400), not an error.
+        Before the initial loads are done and from SIGTERM on, 503 "Server not ready"; a malformed name is 400."""
         if not self.started or self.draining or self.exiting:
             raise UnavailableError("Server not ready")
-        self.get(name, version)
+        try:
+            self.get(name, version)
+        except (NotFoundError, ModelNotReadyError):
+            return False
         return True
 
     def get(self, name: str, version: str = "") -> ModelVersion:
@@ -100,7 +106,7 @@ class DataPlane:
         return self.repository.get(name, version)
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": defaults.SERVER_NAME, "version": defaults.SERVER_VERSION,
+        return {"name": self.name, "version": defaults.SERVER_VERSION,
                 "extensions": list(defaults.EXTENSIONS)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:

@@ -114,6 +114,7 @@ class ServerSettings:
     repository_poll_secs: float = REPOSITORY_POLL_SECS
     exit_timeout_secs: float = EXIT_TIMEOUT_SECS
     strict_readiness: bool = True
+    server_name: str = SERVER_NAME  # the server metadata's name
     exit_on_error: bool = True
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES

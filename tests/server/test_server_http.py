@@ -28,8 +28,10 @@ def test_health_and_server_metadata(server):
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("affine") and client.is_model_ready("affine", "1")
     assert not client.is_model_ready("affine", "7")
-    r = httpx.get(url(server, "/v2/models/nope/ready"))  # Triton 2.51: the lookup's error, 404
-    assert r.status_code == 404 and r.json()["error"] == "Request for unknown model: 'nope' is not found"
+    # Triton's HTTP front end: a model that is not ready (unknown here: the core's ModelIsReady says not ready, no
+    # error) is 400 "Model version not ready"
+    r = httpx.get(url(server, "/v2/models/nope/ready"))
+    assert r.status_code == 400 and r.json()["error"] == "Model version not ready"
 
 
 def test_model_metadata_and_config(server):

@@ -131,10 +131,16 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
     for path in both(""):
         app.add_api_route(path, lambda model, version="": dp.model_metadata(model, version), methods=["GET"],
                           responses=lookup)
-    for path in both("/ready"):  # Triton's answers: 200, or the lookup's error (unknown 404, loading 503, ...)
-        app.add_api_route(path, lambda model, version="": Response(status_code=200 if dp.model_ready(model, version)
-                                                                    else 400), methods=["GET"],
-                          response_class=Response, responses={**errors(400, 403, 404, 503), 200: EMPTY_OK})
+    def model_ready(model: str, version: str = "") -> Response:
+        """Triton's answer: 200 when ready; 400 "Model version not ready" for an unknown, unloaded or loading
+        model or a version it lacks; 503 while the server is not ready."""
+        if dp.model_ready(model, version):
+            return Response(status_code=200)
+        return JSONResponse({"error": "Model version not ready"}, status_code=400)
+
+    for path in both("/ready"):
+        app.add_api_route(path, model_ready, methods=["GET"], response_class=Response,
+                          responses={**errors(400, 403, 503), 200: EMPTY_OK})
     for path in both("/config"):
         app.add_api_route(path, lambda model, version="": dp.model_config_dict(model, version), methods=["GET"],
                           responses=lookup)
