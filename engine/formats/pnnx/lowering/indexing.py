@@ -14,6 +14,7 @@ from engine.formats.pnnx.lowering.registry import handles
 from engine.formats.pnnx.lowering.torch_params import axes_list
 from engine.ir import Value
 from engine.ops.expression import Expr, ExpressionError, Input, ListExpr, Lit, parse
+from engine.ops.tensor import index_shape
 
 INT_MAX = 2147483647  # pnnx clamps "to the end" (INT64_MAX) to this
 
@@ -252,13 +253,9 @@ def _check_inline(ctx: Ctx, x: Value, dims: list[int], indices: list[Value]) -> 
     lengths = {len(v.const) for v in indices} - {1}
     if len(lengths) > 1:
         raise ctx.fail(f"inline index lists of lengths {sorted(lengths)} do not broadcast")
-    lead = (max(lengths, default=1),)
-    rank = len(x.shape)
-    if dims[-1] >= rank:
-        raise ctx.fail(f"{len(dims)} indexed dims for a rank-{rank} input")
-    rest = [d for a, d in enumerate(x.shape) if a not in dims]
-    adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
-    want = (list(x.shape[:dims[0]]) + list(lead) + list(x.shape[dims[-1] + 1:])) if adjacent else list(lead) + rest
+    if dims[-1] >= len(x.shape):
+        raise ctx.fail(f"{len(dims)} indexed dims for a rank-{len(x.shape)} input")
+    want = index_shape(tuple(x.shape), dims, (max(lengths, default=1),))
     got = list(out.shape)
     if len(got) != len(want) or any(g >= 0 and w >= 0 and g != w for g, w in zip(got, want, strict=False)):
         raise ctx.unsupported(f"inline indices {ctx.p('expr')} for an output of shape {tuple(got)} "
