@@ -337,6 +337,15 @@ class IndexConstant(nn.Module):  # constant 1-D index tensors: pnnx writes them 
         return x[self.rows, self.cols], x[self.rows] * 2.0
 
 
+class RepeatQueries(nn.Module):  # DETR's object queries: a parameter repeated to the run-time batch
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Parameter(torch.randn(1, 4, 3))
+
+    def forward(self, x):
+        return x + self.q.repeat(x.shape[0], 1, 1), self.q.repeat(x.shape[0], 2, 1)
+
+
 CASES: dict[str, Case] = {
     "tied_embedding_head": Case(TiedEmbeddingHead, [("i64", (2, 5), 11)]),
     "tied_head_owns": Case(TiedHeadOwns, [("i64", (2, 5), 11)]),
@@ -376,4 +385,5 @@ CASES: dict[str, Case] = {
                            ("i64", (5, 5), 50)]),
     "index_mask": Case(IndexMask, [(2, 6, 4), ("i64", (2, 6), 2)], [(3, 5, 4), ("i64", (3, 5), 2)]),
     "index_constant": Case(IndexConstant, [(4, 5, 2)]),
+    "repeat_runtime": Case(RepeatQueries, [(2, 4, 3)], [(3, 4, 3)]),
 }
