@@ -36,6 +36,19 @@ def fixture_id(path: Path) -> str:
     return str(path.parent.relative_to(ROOT))
 
 
+# Committed real-world models the engine refuses by design, whatever the config (tests/engine/test_realworld_models.py,
+# KNOWN and PNNX_BROKEN): static exports whose index tensors pnnx lost, and one that pnnx exports wrongly. Strict
+# xfails: one that starts loading fails here until it is taken off this list.
+REFUSED = {f"tests/fixtures/realworld/{n}" for n in ("bert", "detr", "gpt2", "llama", "t5_encoder", "wav2vec2_dynamic")}
+
+
+def fixture_params() -> list:
+    refused = pytest.mark.xfail(strict=True, raises=(engine.EngineError, ModelLoadError),
+                                reason="the engine refuses this model at load")
+    return [pytest.param(p, id=fixture_id(p), marks=[refused] if fixture_id(p) in REFUSED else [])
+            for p in fixture_models()]
+
+
 def copy_as_model(graph: Path, repo: Path, name: str) -> Path:
     """`graph` and its weights as <repo>/<name>/1/model.*, with no config.pbtxt."""
     fmt = next(f for f in engine.FORMATS.values() if graph.name.endswith(f.graph_suffix))
@@ -65,7 +78,7 @@ def build(repo: Path, name: str) -> None:
     ModelRepository(repo)._build(name, repo / name, None)
 
 
-@pytest.mark.parametrize("graph", fixture_models(), ids=fixture_id)
+@pytest.mark.parametrize("graph", fixture_params())
 def test_every_fixture_model_loads_without_a_config(tmp_path, graph):
     model_dir = copy_as_model(graph, tmp_path, "m")
     model = engine.load(graph)
