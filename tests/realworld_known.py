@@ -25,20 +25,17 @@ def unsupported(*ops: str) -> Known:
     return Known(engine.UnsupportedOpError, "(" + ", ".join(f"pnnx:{op}" for op in ops) + ")")
 
 
+# A static export (no inputshape2) of transformers' padding mask `mask[batch_idx, kv_idx]` has pnnx write the
+# constant index tensors inline with all but their first dim's elements dropped (`expr=[[0],[0]]`): the indices
+# are lost, and the engine refuses the model asking for a dynamic export (engine/formats/pnnx/lowering/indexing.py).
+LOST_INDICES = Known(engine.UnsupportedOpError, "export with dynamic shapes (pnnx inputshape2=...)")
+
 KNOWN: dict[str, Known] = {
-    "albert_dynamic": unsupported("Tensor.index"),
-    "bert": unsupported("Tensor.index"),
-    "bert_dynamic": unsupported("Tensor.index"),
-    "clip_text_dynamic": unsupported("Tensor.index"),
-    "detr": unsupported("Tensor.index"),
-    "distilbert_dynamic": unsupported("Tensor.index"),
-    "gpt2": unsupported("Tensor.index"),
-    "gpt2_dynamic": unsupported("Tensor.index"),
-    "llama": unsupported("Tensor.index"),
-    "llama_dynamic": unsupported("Tensor.index"),
-    "roberta_dynamic": unsupported("Tensor.index"),
-    "t5_encoder": unsupported("Tensor.index"),
-    "t5_encoder_dynamic": unsupported("Tensor.index"),
+    "bert": LOST_INDICES,
+    "detr": LOST_INDICES,
+    "gpt2": LOST_INDICES,
+    "llama": LOST_INDICES,
+    "t5_encoder": LOST_INDICES,
 }
 
 # pnnx drops wav2vec2's `[:, :, :-1]` after its even-kernel positional conv when the length is dynamic (its own

@@ -312,6 +312,40 @@ class Narrows(nn.Module):  # narrow, unflatten, mv, bitwise ops
                 torch.bitwise_and(ids, 6), ids.bitwise_or(ids.flip(0)), torch.bitwise_xor(m, m.flip(1)))
 
 
+class IndexTensors(nn.Module):  # advanced indexing by run-time index tensors (pnnx Tensor.index with $expr)
+    def forward(self, x, a, b, c, m, ids):
+        rows = a.view(-1, 1)
+        return (x[a], x[rows, b], x[a, c % 5, c], x[a - 4], x[a.int(), rows.int() % 5], m[rows, b], ids[a, c % 5],
+                x[-1 - a, :, c], x[:, b], x[:, rows, b])
+
+
+class IndexMask(nn.Module):  # transformers' padding mask: mask[batch_idx, kv_idx] with broadcast arange views
+    def forward(self, x, mask):
+        batch = torch.arange(mask.shape[0]).view(-1, 1, 1, 1)
+        kv = torch.arange(mask.shape[1]).view(1, 1, 1, -1)
+        last = x[torch.arange(x.shape[0]), mask.long().sum(1) - 1]  # CLIP's pooled token
+        return mask.bool()[batch, kv], last
+
+
+class IndexConstant(nn.Module):  # constant 1-D index tensors: pnnx writes them inline (expr=[[2,0],[1,-1]])
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rows", torch.tensor([2, 0, -1]))
+        self.register_buffer("cols", torch.tensor([1, -1, 3]))
+
+    def forward(self, x):
+        return x[self.rows, self.cols], x[self.rows] * 2.0
+
+
+class RepeatQueries(nn.Module):  # DETR's object queries: a parameter repeated to the run-time batch
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Parameter(torch.randn(1, 4, 3))
+
+    def forward(self, x):
+        return x + self.q.repeat(x.shape[0], 1, 1), self.q.repeat(x.shape[0], 2, 1)
+
+
 CASES: dict[str, Case] = {
     "tied_embedding_head": Case(TiedEmbeddingHead, [("i64", (2, 5), 11)]),
     "tied_head_owns": Case(TiedHeadOwns, [("i64", (2, 5), 11)]),
@@ -345,4 +379,11 @@ CASES: dict[str, Case] = {
     "more_activations": Case(MoreActivations, [(2, 3, 4, 5)]),
     "pads": Case(Pads, [(2, 3, 6), (1, 2, 3, 4, 5)]),
     "narrows": Case(Narrows, [(6, 6), ("i64", (6, 6), 16), ("bool", (6, 6))]),
+    "index_tensors": Case(IndexTensors, [(4, 5, 6), ("i64", (3,), 4), ("i64", (2,), 5), ("i64", (3,), 6),
+                                         ("bool", (4, 5)), ("i64", (4, 5), 50)],
+                          [(5, 5, 7), ("i64", (6,), 5), ("i64", (4,), 5), ("i64", (6,), 7), ("bool", (5, 5)),
+                           ("i64", (5, 5), 50)]),
+    "index_mask": Case(IndexMask, [(2, 6, 4), ("i64", (2, 6), 2)], [(3, 5, 4), ("i64", (3, 5), 2)]),
+    "index_constant": Case(IndexConstant, [(4, 5, 2)]),
+    "repeat_runtime": Case(RepeatQueries, [(2, 4, 3)], [(3, 4, 3)]),
 }

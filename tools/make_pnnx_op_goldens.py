@@ -25,7 +25,7 @@ from _op_golden_cases import CASES, Case, Spec  # noqa: E402
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "pnnx_ops"
 PNNX = Path(sys.executable).parent / "pnnx"
 CODES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int64): "i64",
-         np.dtype(np.bool_): "bool"}
+         np.dtype(np.int32): "i32", np.dtype(np.bool_): "bool"}
 
 
 def make_input(spec: Spec, rng: np.random.Generator) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from model_fixtures import ModelFixture, fixture_names
+from model_fixtures import fixture_names
 from realworld_known import KNOWN, PNNX_BROKEN
 
 import engine
@@ -43,7 +43,7 @@ def check_outputs(got: dict[str, np.ndarray], want: dict[str, np.ndarray], where
         assert err <= REL_TOL * scale, f"{where}/{name}: max abs error {err:.3e} > {REL_TOL} x {scale:.3e}"
 
 
-def run_fixture(fx: ModelFixture) -> None:
+def run_fixture(fx) -> None:  # fx: the load_fixture fixture's ModelFixture
     inst = engine.load(fx.param).instance("cpu", max_shapes=fx.max_shapes)
     if not fx.cases:
         check_outputs(inst.run(fx.inputs), fx.expected, fx.name)

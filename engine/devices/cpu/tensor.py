@@ -1,5 +1,5 @@
-"""CPU kernels of Concat, Stack, Split, Slice and Gather (engine/ops/tensor.py): copies of slices into or out of
-the output views; Gather (an embedding lookup) copies only the rows it picks, straight from the weight table
+"""CPU kernels of Concat, Stack, Split, Slice, Gather and Index (engine/ops/tensor.py): copies of slices into or out
+of the output views; Gather (an embedding lookup) copies only the rows it picks, straight from the weight table
 (numba, loops/rows.py); and ChannelShuffle's (engine/ops/resize.py) numba row copy."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from engine.ir import Node
 from engine.ops.registry import TensorInfo
 from engine.ops.resize import channel_reference
 from engine.ops.rules import norm_axis
-from engine.ops.tensor import check_indices, slice_bounds, slice_index, split_sizes
+from engine.ops.tensor import check_indices, index_dims, index_tuple, slice_bounds, slice_index, split_sizes
 
 
 def _cuts(shape: tuple[int, ...], axis: int, widths: list[int]) -> tuple[int, int, list[tuple[int, int]]]:
@@ -117,9 +117,31 @@ def _gather_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
                      outputs[0].reshape(outer, flat.size, inner))
     return run
 
+def _index_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    """x[..., idx0, ..., idxk-1] as one np.take into the output: the checked indices folded into one linear index
+    over the indexed dims, taken on axis 1 of x viewed as (before, indexed dims, after). Indexed dims apart are
+    moved to the front first (numpy's and torch's rule puts the indices' shape first then)."""
+    k = len(ins) - 1
+    dims = index_dims(node, len(ins[0].shape), k)
+    adjacent = dims == list(range(dims[0], dims[0] + k))
+
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        index = [index_tuple(node, x.shape, inputs[1:])[d] for d in dims]  # checked; negatives still negative
+        if not adjacent:
+            x = np.moveaxis(x, dims, range(k))
+        axis = dims[0] if adjacent else 0
+        x = np.ascontiguousarray(x)
+        linear = np.asarray(np.ravel_multi_index(np.broadcast_arrays(*index), x.shape[axis:axis + k], mode="wrap"))
+        pre, rest = math.prod(x.shape[:axis]), math.prod(x.shape[axis + k:])
+        rows = x.reshape(pre, math.prod(x.shape[axis:axis + k]), rest)
+        np.take(rows, linear.reshape(-1), axis=1, out=outputs[0].reshape(pre, linear.size, rest))
+    return run
+
 
 KERNELS = {
     "Concat": CpuKernel(_join_kernel), "Stack": CpuKernel(_join_kernel), "Split": CpuKernel(_split_kernel),
     "Slice": CpuKernel(_slice_kernel), "Gather": CpuKernel(_gather_kernel),
+    "Index": CpuKernel(_index_kernel),
     "ChannelShuffle": CpuKernel(channel_shuffle_kernel),
 }

@@ -8,7 +8,7 @@ Not here, so a model using them is refused on CUDA with UnsupportedOpError namin
 reaches the runtime when lowering could not turn it into elementwise ops), the TNN int8 ops (`TnnQuantize`,
 `TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`), `TnnLSTM` (a
 sequential recurrence; it would need its own kernel), the ops added for issue 18 that have no CUDA kernel yet
-(`SliceAssign`, `IndexPut`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`, `ReduceVar`,
+(`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`, `ReduceVar`,
 `DetectionOutput`), and `Full` and `Range` when their result is too large to be a host value. `Shape` is always a
 host value.
 """

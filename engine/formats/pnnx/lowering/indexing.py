@@ -1,5 +1,6 @@
 """pnnx ops that pick elements by index: Tensor.select and nn.Embedding -> Gather, Tensor.slice -> Slice (known
-bounds as params, run-time bounds as inputs), pnnx.SliceIndexes -> a list Expression."""
+bounds as params, run-time bounds as inputs), pnnx.SliceIndexes -> a list Expression, Tensor.index (torch's
+advanced indexing `x[rows, cols]`) -> Index."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.formats.pnnx.lowering.context import Ctx
+from engine.formats.pnnx.lowering.expression import expr_text
 from engine.formats.pnnx.lowering.registry import handles
 from engine.formats.pnnx.lowering.torch_params import axes_list
 from engine.ir import Value
+from engine.ops.expression import Expr, ExpressionError, Input, ListExpr, Lit, parse
+from engine.ops.tensor import index_shape
 
 INT_MAX = 2147483647  # pnnx clamps "to the end" (INT64_MAX) to this
 
@@ -149,3 +153,110 @@ def slice_indexes(ctx: Ctx) -> None:
         if isinstance(it, str) and not (it.startswith("@") and it[1:].isdigit() and int(it[1:]) < len(ctx.node.inputs)):
             raise ctx.fail(f"index {it!r} is neither an int nor an operand @0..@{len(ctx.node.inputs) - 1}")
     ctx.become("Expression", {"expr": "[" + ",".join(str(it) for it in items) + "]"})
+
+
+# -- Tensor.index --------------------------------------------------------------------------------------------------
+# pnnx writes `x[rows, cols]` (aten::index: a list of index tensors, None for a dim taken whole) in one of two forms:
+#   - `$input` and `$expr` operands: `$expr` is a list pnnx.Expression over the index tensors (`[@0,@1]`,
+#     `[None,@0]`), its items sometimes with the arithmetic that made an index fused in (`[sub(@0,4)]`);
+#   - one operand and an inline `expr=[[2,0],[1,-1]]`, where every index tensor was a constant
+#     (pass_level3/fuse_index_expression.cpp). pnnx writes each constant as its first dim's worth of elements
+#     only (attr.shape[0] values, the rest of its shape dropped), so the list is exact only when every index
+#     tensor was 1-D; a static export of transformers' padding mask (`mask[batch_idx, kv_idx]`, arange views of
+#     shapes (B,1,1,1) and (1,1,1,S)) reads `expr=[[0],[0]]` and has lost its indices.
+LOSSY_INLINE = ("pnnx wrote constant index tensors inline and kept only their first dim's elements (a static "
+                "export of index tensors of rank 2 or more, such as transformers' attention-mask indexing): the "
+                "indices are lost; export with dynamic shapes (pnnx inputshape2=...) so they stay operands")
+
+
+@handles("Tensor.index")
+def tensor_index(ctx: Ctx) -> None:
+    """-> Index(x, index tensors) on the dims the list's tensors stand at (`None` items: dims taken whole). Items
+    computed in the list become Expressions; inline constants become constants when the annotated output shows
+    they were 1-D, else the model is refused (LOSSY_INLINE). Bool masks and non-integer indices are refused."""
+    x = ctx.x()
+    expr = ctx.arg("expr")
+    if expr is not None:
+        node = expr.producer
+        if node is None or node.op_type != "Expression" or len(ctx.node.inputs) != 2:
+            raise ctx.unsupported(f"an index list {expr.name!r} that is not a pnnx list expression")
+        tree, operands = _index_tree(ctx, node.params.get("expr")), node.inputs
+    elif len(ctx.node.inputs) == 1 and ctx.has("expr"):
+        tree, operands = _index_tree(ctx, ctx.p("expr")), []
+    else:
+        raise ctx.fail("needs an $input and an $expr operand, or one operand and an expr param")
+    dims, indices, inline = [], [], False
+    for dim, item in enumerate(tree.items):
+        if isinstance(item, Lit) and item.value is None:
+            continue  # a dim taken whole (`x[:, idx]`)
+        dims.append(dim)
+        if isinstance(item, ListExpr):
+            inline = True
+            indices.append(_inline_index(ctx, item))
+        elif expr is None:  # pnnx leaves `@k` in the list for a constant of a type it cannot print (int32)
+            raise ctx.unsupported(f"an inline index item {expr_text(item)} that is not a list of integers")
+        else:
+            indices.append(_index_operand(ctx, item, operands))
+    if not indices:
+        raise ctx.unsupported(f"an index list {tree} without index tensors")
+    for v in indices:
+        if v.dtype is not None and np.dtype(v.dtype) not in (np.dtype(np.int64), np.dtype(np.int32)):
+            what = "a bool mask" if np.dtype(v.dtype).kind in "bu" else f"a {np.dtype(v.dtype)} index"
+            raise ctx.unsupported(f"{what} ({v.name!r}); only int64 and int32 index tensors are read")
+    if inline:
+        _check_inline(ctx, x, dims, indices)
+    if expr is not None:
+        ctx.folded.append(expr)
+    ctx.become("Index", {"dims": dims}, inputs=[x, *indices])
+    if expr is not None and not expr.consumers and expr not in ctx.graph.outputs:
+        ctx.graph.remove_node(expr.producer)  # a list of tensors has no value shape inference could give
+
+
+def _index_tree(ctx: Ctx, text) -> ListExpr:
+    try:
+        tree = parse(text) if isinstance(text, str) else None
+    except ExpressionError as e:
+        raise ctx.fail(str(e)) from None
+    if not isinstance(tree, ListExpr):
+        raise ctx.unsupported(f"an index {text!r} that is not a list")
+    return tree
+
+
+def _inline_index(ctx: Ctx, item: ListExpr) -> Value:
+    values = [it.value if isinstance(it, Lit) else it for it in item.items]
+    if values and all(isinstance(v, bool) for v in values):
+        raise ctx.unsupported(f"a bool mask {expr_text(item)} (its result's size depends on the data)")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ctx.unsupported(f"an inline index {expr_text(item)} that is not a list of integers")
+    return ctx.const(np.array(values, np.int64))
+
+
+def _index_operand(ctx: Ctx, item: Expr, operands: list[Value]) -> Value:
+    """An index tensor of the `$expr` list: an operand as it is, or the arithmetic pnnx fused into the list
+    (`sub(@0,4)`) as an Expression of its own."""
+    if isinstance(item, Input):
+        if item.index >= len(operands):
+            raise ctx.fail(f"index list reads @{item.index} but has {len(operands)} operands")
+        return operands[item.index]
+    if isinstance(item, Lit):
+        raise ctx.unsupported(f"an index item {expr_text(item)} that is not a tensor")
+    return ctx.emit("Expression", list(operands), {"expr": expr_text(item)})[0]
+
+
+def _check_inline(ctx: Ctx, x: Value, dims: list[int], indices: list[Value]) -> None:
+    """The inline form is exact only for 1-D index tensors: the output the file annotates must then be what 1-D
+    lists give (the broadcast length in place of the indexed dims); anything else lost its indices."""
+    out = ctx.node.outputs[0]
+    if x.shape is None or out.shape is None:
+        raise ctx.unsupported("inline constant indices and no annotated shapes to check them against "
+                              "(" + LOSSY_INLINE + ")")
+    lengths = {len(v.const) for v in indices} - {1}
+    if len(lengths) > 1:
+        raise ctx.fail(f"inline index lists of lengths {sorted(lengths)} do not broadcast")
+    if dims[-1] >= len(x.shape):
+        raise ctx.fail(f"{len(dims)} indexed dims for a rank-{len(x.shape)} input")
+    want = index_shape(tuple(x.shape), dims, (max(lengths, default=1),))
+    got = list(out.shape)
+    if len(got) != len(want) or any(g >= 0 and w >= 0 and g != w for g, w in zip(got, want, strict=False)):
+        raise ctx.unsupported(f"inline indices {ctx.p('expr')} for an output of shape {tuple(got)} "
+                              f"({LOSSY_INLINE})")

@@ -5,8 +5,11 @@ shuffles, and the identities (dropout, contiguous, clone, detach), which leave t
 from __future__ import annotations
 
 from engine.formats.pnnx.lowering.context import Ctx
+from engine.formats.pnnx.lowering.expression import expr_text
 from engine.formats.pnnx.lowering.registry import handles
 from engine.formats.pnnx.lowering.torch_params import axes_list
+from engine.ir import Value
+from engine.ops.expression import ListExpr, Lit, parse
 
 INT_MIN = -2147483648
 
@@ -105,7 +108,35 @@ def repeat_interleave(ctx: Ctx) -> None:
 
 @handles("Tensor.repeat", "torch.tile")
 def repeat(ctx: Ctx) -> None:
+    sizes = ctx.arg("sizes") or ctx.arg("dims")
+    if sizes is not None:
+        _runtime_repeat(ctx, sizes)
+        return
     ctx.become("Tile", {"repeats": axes_list(ctx.p("sizes", ctx.p("dims")))}, inputs=[ctx.x()])
+
+
+def _runtime_repeat(ctx: Ctx, sizes: Value) -> None:
+    """Repeats computed at run time (`query.repeat(batch, 1, 1)`, DETR's queries, exported with inputshape2): a
+    list Expression whose items are literals or run-time sizes. A run-time count on a dim of static size 1 tiles
+    the same as an Expand to it, so the literal counts become a Tile and the run-time ones an Expand (-1 keeps the
+    others); a run-time count on any other dim is refused."""
+    x, node = ctx.x(), sizes.producer
+    tree = parse(node.params["expr"]) if node is not None and node.op_type == "Expression" else None
+    if not isinstance(tree, ListExpr) or x.shape is None or len(tree.items) != len(x.shape):
+        raise ctx.unsupported(f"run-time repeats {sizes.name!r} that are not a list of one count per dim")
+    literal = [t.value if isinstance(t, Lit) and isinstance(t.value, int) and not isinstance(t.value, bool)
+               else None for t in tree.items]
+    if any(r is None and d != 1 for r, d in zip(literal, x.shape, strict=True)):
+        raise ctx.unsupported(f"run-time repeats {expr_text(tree)} of dims not of static size 1 (input {x.shape})")
+    tiled = x
+    if any(r not in (None, 1) for r in literal):
+        (tiled,) = ctx.emit("Tile", [x], {"repeats": [1 if r is None else r for r in literal]})
+    target = ListExpr(tuple(Lit(-1) if r is not None else t for r, t in zip(literal, tree.items, strict=True)))
+    (shape,) = ctx.emit("Expression", list(node.inputs), {"expr": expr_text(target)})
+    ctx.folded.append(sizes)
+    ctx.become("Expand", {"shape": None, "torch": True}, inputs=[tiled, shape])
+    if not sizes.consumers and sizes not in ctx.graph.outputs:
+        ctx.graph.remove_node(node)
 
 
 @handles("nn.PixelShuffle", "F.pixel_shuffle")

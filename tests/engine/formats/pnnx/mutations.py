@@ -28,7 +28,7 @@ def _renote(line: Line, operand: str, note: str) -> Line:
     return replace(line, items=items)
 
 
-def _with_note(sample: Sample, operand: str, shape: tuple[int, ...], code: str) -> Sample:
+def with_note(sample: Sample, operand: str, shape: tuple[int, ...], code: str) -> Sample:
     """The sample with `operand` annotated (and, for a graph input or a weight, made) of this shape and dtype."""
     note = _note(shape, code)
     out = replace(sample, op=_renote(sample.op, operand, note), inputs=dict(sample.inputs),
@@ -68,13 +68,13 @@ def mutations(sample: Sample) -> Iterator[tuple[Mutation, Sample]]:
     for operand, (shape, code) in _typed_operands(sample).items():
         r = (role(op, operand),)
         if code in OTHER_DTYPE:
-            yield Mutation("dtype", r, f"{operand} as {OTHER_DTYPE[code]}"), _with_note(sample, operand, shape,
+            yield Mutation("dtype", r, f"{operand} as {OTHER_DTYPE[code]}"), with_note(sample, operand, shape,
                                                                                      OTHER_DTYPE[code])
             if code != "bool":
-                yield Mutation("dtype", r, f"{operand} as bool"), _with_note(sample, operand, shape, "bool")
-        yield Mutation("rank+", r, f"{operand} with a leading dim"), _with_note(sample, operand, (2, *shape), code)
+                yield Mutation("dtype", r, f"{operand} as bool"), with_note(sample, operand, shape, "bool")
+        yield Mutation("rank+", r, f"{operand} with a leading dim"), with_note(sample, operand, (2, *shape), code)
         if shape:
-            yield Mutation("rank-", r, f"{operand} without its first dim"), _with_note(sample, operand, shape[1:],
+            yield Mutation("rank-", r, f"{operand} without its first dim"), with_note(sample, operand, shape[1:],
                                                                                     code)
     first = next(iter(sample.inputs.values()), "(2,3)f32")
     extra = replace(sample, op=replace(op, ins=[*op.ins, "extra_operand"],

@@ -15,12 +15,14 @@ import re
 
 import numpy as np
 import pytest
-from mutations import Mutation, mutations
+from mutations import Mutation, mutations, with_note
 from op_corpus import samples
 
 import engine
 from engine.errors import EngineError, KernelError, ModelFormatError, ShapeError, UnsupportedOpError
 from engine.formats.pnnx.lowering.lower import HANDLERS
+from engine.formats.pnnx.param_values import parse_annotation
+from engine.ops.expression import Input, parse
 
 SAMPLES = samples()
 LOAD_ERRORS = (ShapeError, UnsupportedOpError, ModelFormatError)
@@ -119,3 +121,24 @@ def test_mistyped_operands_are_refused_at_load(op_type, tmp_path):
                 raise AssertionError(f"{what}: {type(e).__name__} instead of a load error: {e}") from e
             assert _valid(op_type, m), f"{what}: loaded instead of being refused"
             inst.run(_feeds(loaded))  # listed valid: it runs
+
+
+@pytest.mark.parametrize("code", ["f32", "bool", "rank+"])
+def test_mistyped_index_tensors_of_tensor_index_are_refused_at_load(code, tmp_path):
+    """Tensor.index reads its index tensors through its `$expr` list (operands of the list, not of the op, so the
+    mutations above leave them alone): each one as a float, as a bool mask, or with a leading dim is refused. (An
+    int32 index is valid, and so is a 0-d one, which broadcasts; an item computed in the list, `sub(@1,1)`, is the
+    list expression's arithmetic, which promotes as torch does.)"""
+    sample = next(s for s in SAMPLES["Tensor.index"] if len(s.op.ins) == 2)
+    (listed,) = [f for f in sample.feeders if f.outs[0] in sample.op.ins]
+    items = parse(next(i for i in listed.items if i.startswith("expr=")).split("=", 1)[1]).items
+    direct = [listed.ins[t.index] for t in items if isinstance(t, Input)]
+    assert direct, listed.text()
+    for operand in direct:
+        shape, dtype = parse_annotation(sample.inputs[operand])
+        mutated = (with_note(sample, operand, (2, *shape), dtype) if code == "rank+" else
+                   with_note(sample, operand, shape, code))
+        path = mutated.write(tmp_path / f"{operand}.pnnx.param")
+        with pytest.raises(LOAD_ERRORS) as info:
+            engine.load(path).instance("cpu")
+        assert re.search(rf"{re.escape(path.name)}:\d+", str(info.value)), f"no file:line in the error: {info.value}"
