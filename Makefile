@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SERVE_STAMP := $(VENV)/.installed-server
 
-.PHONY: serve test walk lint fixtures clean tools fuzz fuzz-server
+.PHONY: serve test walk lint fixtures clean tools fuzz fuzz-server realworld
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,22 @@ fixtures:
 	$(PYTHON) -m venv .venv-dev
 	.venv-dev/bin/pip install -q -e '.[dev]'
 	.venv-dev/bin/python tools/make_fixtures.py
+
+# The real-world model suite (not part of `make test`: too big). tools/make_realworld.py exports every model into
+# bench/realworld/ once with the dev extra (DEV_PY=... uses another interpreter that has it; delete a model's folder
+# to export it again), then tools/check_realworld.py runs each on nnserve and writes docs/MODELS.md.
+DEV_VENV := .venv-dev
+DEV_PY ?= $(DEV_VENV)/bin/python
+
+$(DEV_VENV)/.installed-dev: pyproject.toml
+	$(PYTHON) -m venv $(DEV_VENV)
+	$(DEV_VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+realworld: $(STAMP)
+	@if [ "$(DEV_PY)" = "$(DEV_VENV)/bin/python" ]; then $(MAKE) --no-print-directory $(DEV_VENV)/.installed-dev; fi
+	$(DEV_PY) tools/make_realworld.py --missing
+	$(PY) tools/check_realworld.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""Engine commands for the command line: run, inspect and convert a model.
+"""Engine commands for the command line: run, inspect, convert and quantize a model.
 
 `add_engine_commands(subparsers)` adds them to any argparse parser (the `nnserve` script uses it);
 `python -m engine.cli` runs them on their own. Each command returns an exit code; an EngineError becomes
@@ -57,8 +57,8 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
 
 def add_engine_commands(subparsers, options: EngineOptions | None = None) -> None:
-    """Adds `run`, `inspect` and `convert` to an argparse subparsers object; they run with `options` (default: the
-    environment's, read now)."""
+    """Adds `run`, `inspect`, `convert` and `quantize` to an argparse subparsers object; they run with `options`
+    (default: the environment's, read now)."""
     options = options if options is not None else environment_options()
     graph_files = " or ".join(sorted(f"MODEL{f.graph_suffix}" for f in FORMATS.values()))
     p = subparsers.add_parser("run", help="run a model on .npy inputs and write .npy outputs",
@@ -72,6 +72,11 @@ def add_engine_commands(subparsers, options: EngineOptions | None = None) -> Non
     p.add_argument("--warmup", type=_count(0), default=0, metavar="N",
                    help="untimed runs first (the first run includes JIT compilation)")
     p.add_argument("--repeat", type=_count(1), default=1, metavar="N", help="timed runs; the median is reported")
+    p.add_argument("--profile", action="store_true",
+                   help="time every node over the timed runs; print the time per op kind and the slowest nodes, "
+                        "with the kernel that ran each (a numpy reference fallback is marked)")
+    p.add_argument("--profile-nodes", type=_count(0), default=25, metavar="N",
+                   help="how many of the slowest nodes --profile lists (0: every node)")
     p.set_defaults(func=_guarded(cmd_run, options.debug), engine_options=options)
 
     p = subparsers.add_parser("inspect", help="show a model's inputs, outputs, ops and memory plan",
@@ -94,6 +99,54 @@ def add_engine_commands(subparsers, options: EngineOptions | None = None) -> Non
     p.add_argument("--tnn-version", type=int, choices=[1, 2], default=None,
                    help="TNN proto version to write (default: the writer's)")
     p.set_defaults(func=_guarded(cmd_convert, options.debug), engine_options=options)
+    _add_quantize(subparsers, graph_files, options)
+
+
+def _add_quantize(subparsers, graph_files: str, options: EngineOptions) -> None:
+    p = subparsers.add_parser(
+        "quantize", help="post-training int8 quantization to a TNN int8 model, from calibration inputs",
+        formatter_class=DefaultsHelpFormatter,
+        description="Calibrates a float model on sample inputs and writes TNN's int8 format (as TNN's quantization "
+                    "tool does: per-channel weights, blob scales, Quantized* layers), then prints how far each int8 "
+                    "layer is from the float model. Images are read as RGB pixels 0..255, resized to the input's "
+                    "size, and fed as (pixel - mean) * scale.")
+    p.add_argument("model", help=f"{graph_files} (weights beside it), float")
+    p.add_argument("--calibration", "-c", required=True, metavar="DIR",
+                   help="a folder of .npy (one input), .npz (one array per input name) or image files, or one file")
+    p.add_argument("--output", "-o", required=True, metavar="PREFIX", help="writes PREFIX.tnnproto and PREFIX.tnnmodel")
+    p.add_argument("--method", choices=["minmax", "kl", "percentile"], default="minmax",
+                   help="how blob scales are chosen from the calibration statistics")
+    p.add_argument("--percentile", type=float, default=99.99, help="with --method percentile: share of |x| kept")
+    p.add_argument("--per-tensor-activations", action="store_true",
+                   help="one scale per blob instead of one per channel (TNN's -c)")
+    p.add_argument("--per-tensor-weights", action="store_true", help="one weight scale per layer, not per channel")
+    p.add_argument("--max-samples", type=_count(1), default=None, metavar="N", help="calibrate on the first N files")
+    p.add_argument("--mean", type=_floats, default="0", metavar="M[,M,M]", help="images: per-channel mean")
+    p.add_argument("--scale", type=_floats, default="1", metavar="S[,S,S]", help="images: per-channel scale")
+    p.add_argument("--size", type=_size, default=None, metavar="HxW", help="images: size (default: the input's)")
+    p.add_argument("--channels", choices=["rgb", "bgr"], default="rgb", help="images: channel order")
+    p.add_argument("--layout", choices=["nchw", "nhwc"], default="nchw", help="images: the input's layout")
+    p.add_argument("--batch", type=_count(1), default=1, metavar="N",
+                   help="the batch size the TNN file records (TNN files fix their input shapes)")
+    p.add_argument("--report", metavar="FILE.json", help="also write the per-layer errors as JSON")
+    p.add_argument("--report-samples", type=_count(0), default=4, metavar="N",
+                   help="calibration inputs the per-layer comparison runs (0: no comparison)")
+    p.set_defaults(func=_guarded(cmd_quantize, options.debug), engine_options=options)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(t) for t in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HxW (e.g. 224x224), got {text!r}") from None
+    return h, w
 
 
 def _add_max_shape(p: argparse.ArgumentParser) -> None:
@@ -157,10 +210,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     inst = model.instance(device=args.device, max_shapes=max_shapes or None, options=args.engine_options)
     for _ in range(args.warmup):
         inst.run(feeds)
+    if args.profile:
+        inst.start_profile()
     timings = []
     for _ in range(args.repeat):
         outputs = inst.run(feeds)
         timings.append(inst.last_timings)
+    profile = inst.stop_profile()
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, array in outputs.items():
@@ -170,6 +226,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     compute, total = (float(np.median([t[k] for t in timings])) * 1e3 for k in ("compute_s", "total_s"))
     runs = f" (median of {args.repeat} runs after {args.warmup} warm-up)" if args.repeat > 1 or args.warmup else ""
     print(f"time: compute {compute:.3f} ms, total {total:.3f} ms{runs}")
+    if profile is not None:
+        print()
+        print(profile.table(top=args.profile_nodes or None))
     return 0
 
 
@@ -205,6 +264,32 @@ def cmd_convert(args: argparse.Namespace) -> int:
     written = write(model.graph, args.output, input_shapes=shapes or None, **options)
     for path in written or []:
         print(f"wrote {path}")
+    return 0
+
+
+# -- quantize ---------------------------------------------------------------------------------------
+def cmd_quantize(args: argparse.Namespace) -> int:
+    import json
+
+    from engine.quantize import QuantizeOptions, format_report, quantize
+    from engine.quantize.data import Preprocess, load_samples
+    from engine.quantize.loading import float_graph
+    from engine.quantize.progress import progress_bar
+    from engine.runtime.model import spec_of
+
+    inputs = [spec_of(v) for v in float_graph(args.model).inputs]
+    pre = Preprocess(args.mean, args.scale, args.size, args.channels, args.layout)
+    samples = load_samples(args.calibration, inputs, pre, args.max_samples)
+    options = QuantizeOptions(args.method, args.percentile, not args.per_tensor_activations,
+                              not args.per_tensor_weights, report_samples=args.report_samples, batch=args.batch)
+    print(f"calibrating {args.model} on {len(samples)} input(s), {args.method} scales", file=sys.stderr)
+    result = quantize(args.model, samples, args.output, options, progress_bar(), args.engine_options)
+    print(format_report(result))
+    if args.report:
+        rows = {"layers": [vars(e) for e in result.layers], "outputs": [vars(o) for o in result.outputs],
+                "model": str(result.proto)}
+        Path(args.report).write_text(json.dumps(rows, indent=1, default=list))
+        print(f"wrote {args.report}")
     return 0
 
 

@@ -24,6 +24,7 @@ from fastapi.responses import Response
 from server import settings as defaults
 from server.dataplane import DataPlane
 from server.errors import ListenError
+from server.logging_setup import LogControl
 from server.metrics import ServerMetrics
 from server.plugins import load_plugins
 from server.protocol.grpc import servicer
@@ -32,8 +33,11 @@ from server.protocol.rest import create_app
 from server.protocol.rest.body_limit import BodyLimitMiddleware
 from server.protocol.rest.transport import HttpLimits, protocol_class
 from server.repository import ModelRepository
+from server.response_cache import ResponseCache
 from server.security import parse_restrictions
 from server.settings import ServerSettings
+from server.shared_memory import SystemSharedMemory
+from server.tracing import Tracer, parse_trace_config
 
 log = logging.getLogger("nnserve")
 
@@ -81,8 +85,13 @@ class NNServer:
         self.metrics = ServerMetrics()
         self.repository = ModelRepository(s.model_repository, control_mode=s.model_control_mode,
                                           default_max_batch_size=s.default_max_batch_size, metrics=self.metrics)
-        self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness,
-                            log_tensors=s.log_verbose >= 2)
+        self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness, name=s.server_name,
+                            log_tensors=s.log_verbose >= 2,
+                            shared_memory=SystemSharedMemory(allowed=s.allow_client_shm),
+                            tracer=Tracer(parse_trace_config(s.trace_config)),
+                            cache=ResponseCache(s.cache_bytes) if s.cache_bytes else None,
+                            log_control=LogControl(s.log_verbose, s.log_format),
+                            max_load_file_bytes=s.model_load_max_file_bytes)
         self.ports: dict[str, int] = {}
         self._http: list[tuple[_Uvicorn, asyncio.Task]] = []  # the API servers
         self._metrics_http: list[tuple[_Uvicorn, asyncio.Task]] = []  # scraped until the very end
@@ -93,7 +102,8 @@ class NNServer:
         s = self.settings
         if s.allow_http:
             app = create_app(self.dp, s.http_max_input_bytes, self.http_restrictions,
-                             max_body_bytes=s.http_max_body_bytes, decode_in_thread_bytes=s.http_decode_in_thread_bytes)
+                             max_body_bytes=s.http_max_body_bytes, decode_in_thread_bytes=s.http_decode_in_thread_bytes,
+                             max_load_file_bytes=s.model_load_max_file_bytes)
             self.ports["http"] = self._start_http(app, s.http_address, s.http_port, self._http, s.http_max_connections)
         if s.allow_grpc:
             self.ports["grpc"] = await self._start_grpc(s.grpc_address, s.grpc_port)
@@ -128,7 +138,8 @@ class NNServer:
         interceptors = [RestrictedProtocolInterceptor(self.grpc_restrictions)] if self.grpc_restrictions else None
         self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
         servicer.add_to_server(self._grpc, self.dp, servicer.StreamLimits(
-            per_stream=self.settings.grpc_stream_max_inflight, per_server=self.settings.grpc_streams_max_inflight))
+            per_stream=self.settings.grpc_stream_max_inflight, per_server=self.settings.grpc_streams_max_inflight),
+            max_input_bytes=size)
         if port:  # a taken port: grpc would print its own C++ error before raising; say it in our one line instead
             bind(address, port, "gRPC").close()
         target = f"[{address}]:{port}" if ":" in address and not address.startswith("[") else f"{address}:{port}"
@@ -202,6 +213,8 @@ class NNServer:
         except TimeoutError:
             log.warning("exit timeout reached: dropping the requests still queued")
             await self.repository.shutdown(drain=False)
+        self.dp.tracer.close()  # buffered traces are written
+        self.dp.shared_memory.close()
         log.info("nnserve stopped")
 
     async def _close_endpoints(self) -> None:

@@ -63,6 +63,10 @@ class BackendInstance(Protocol):
     def run_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunTimings]:
         """Runs the model on `inputs`; the outputs are the caller's (nothing of them is reused by a later run)."""
 
+    # Optional (the engine's Instance has them; the data plane refuses profiling for a backend without them):
+    # start_profile() -> Profile, stop_profile() -> Profile | None and the `profile` being collected
+    # (engine/runtime/profile.py: merge, as_dict, table).
+
 
 class BackendModel(Protocol):
     """A loaded model: its declared tensors, and instances made from it."""

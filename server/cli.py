@@ -22,6 +22,7 @@ from server import settings as defaults
 from server.logging_setup import LOG_FORMATS, setup_logging
 from server.security import RestrictionSpecError, parse_restrictions
 from server.settings import ServerSettings
+from server.tracing import parse_trace_config
 
 # The top-level modules the `server` extra installs (pyproject.toml).
 SERVER_EXTRA_MODULES = frozenset({"fastapi", "starlette", "uvicorn", "grpc", "google", "prometheus_client",
@@ -70,6 +71,8 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
                    help="exit if a model fails to load at start")
     p.add_argument("--strict-readiness", type=str2bool, default=True, metavar="BOOL",
                    help="/v2/health/ready needs every model ready (false: the server alone)")
+    p.add_argument("--server-name", default=defaults.SERVER_NAME, metavar="NAME",
+                   help="the name the server metadata gives (clients written for Triton may check for 'triton')")
     p.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE",
                    help="<backend>,default-max-batch-size=<n>: the max_batch_size auto-complete gives a batchable "
                    f"model without one (default: {defaults.DEFAULT_MAX_BATCH_SIZE})")
@@ -106,6 +109,15 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
                    help="1: debug logging; 2 and above: also tensor contents of requests")
     p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                    help="text lines, or one JSON object per line (time, level, logger, message)")
+    p.add_argument("--allow-client-shm", type=str2bool, default=False, metavar="BOOL",
+                   help="let clients register system shared-memory regions (/dev/shm objects) for their tensors")
+    p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+                   help="the response cache (models with response_cache { enable: true }): its size in bytes")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]SETTING=VALUE",
+                   help="tracing: file=PATH, level=OFF|TIMESTAMPS, rate=N, count=N, log_frequency=N (repeatable)")
+    p.add_argument("--model-load-max-file-size", type=int, default=defaults.MODEL_LOAD_MAX_FILE_BYTES,
+                   metavar="BYTES", help="model files one load request may carry in total ('file:' parameters); "
+                   "0 refuses them")
     p.set_defaults(func=run_serve)
 
 
@@ -127,7 +139,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         allow_http=args.allow_http, allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         model_control_mode=args.model_control_mode, load_models=list(args.load_model),
         repository_poll_secs=args.repository_poll_secs, exit_timeout_secs=args.exit_timeout_secs,
-        exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, server_name=args.server_name,
         default_max_batch_size=max_batch, http_max_input_bytes=args.http_max_input_size,
         grpc_max_message_bytes=args.grpc_max_message_size, drain_delay_secs=args.drain_delay_secs,
         http_max_body_bytes=args.http_max_body_size, http_max_header_bytes=args.http_max_header_size,
@@ -139,7 +151,28 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         grpc_streams_max_inflight=args.grpc_streams_max_inflight,
         http_restricted_api=list(args.http_restricted_api),
         grpc_restricted_protocol=list(args.grpc_restricted_protocol), log_verbose=args.log_verbose,
-        log_format=args.log_format, plugins=defaults.plugins_from(environ))
+        log_format=args.log_format, plugins=defaults.plugins_from(environ), allow_client_shm=args.allow_client_shm,
+        cache_bytes=cache_size(args.cache_config), trace_config=list(args.trace_config),
+        model_load_max_file_bytes=args.model_load_max_file_size)
+
+
+def cache_size(specs: list[str]) -> int:
+    """Triton's --cache-config <cache>,<key>=<value>: the local cache's size in bytes (0: no cache)."""
+    size = 0
+    for spec in specs:
+        cache, _, kv = spec.partition(",")
+        key, eq, value = kv.partition("=")
+        if cache != "local":
+            raise SystemExit(f"nnserve serve: --cache-config '{spec}': only the 'local' cache is implemented")
+        if key != "size" or not eq:
+            raise SystemExit(f"nnserve serve: --cache-config '{spec}': expected local,size=BYTES")
+        try:
+            size = int(value)
+        except ValueError:
+            raise SystemExit(f"nnserve serve: --cache-config '{spec}': the size must be an integer") from None
+        if size <= 0:
+            raise SystemExit(f"nnserve serve: --cache-config '{spec}': the size must be positive")
+    return size
 
 
 def open_files_limit() -> int:
@@ -158,6 +191,13 @@ def check_limits(s: ServerSettings) -> None:
     for flag, value in positive.items():
         if value <= 0:
             raise SystemExit(f"nnserve serve: {flag} must be positive, got {value}")
+    if s.model_load_max_file_bytes < 0:
+        raise SystemExit(f"nnserve serve: --model-load-max-file-size must not be negative, got "
+                         f"{s.model_load_max_file_bytes}")
+    try:
+        parse_trace_config(s.trace_config)
+    except ValueError as exc:
+        raise SystemExit(f"nnserve serve: {exc}") from None
 
 
 def check_restrictions(s: ServerSettings) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 import engine
 from server.backend import BackendModel, TensorSpec
@@ -111,22 +113,44 @@ def _named_files(config: mc.ModelConfig, name: str) -> tuple[str, str, str]:
 
 
 def config_to_dict(config: mc.ModelConfig) -> dict[str, Any]:
-    """ModelConfig as Triton prints it: proto field names, int64 as JSON numbers (protobuf would quote them)."""
-    return _unquote_ints(json_format.MessageToDict(config, preserving_proto_field_name=True))
+    """ModelConfig as Triton prints it: proto field names, every field without presence printed even at its
+    default (`"max_batch_size": 0`, `"format": "FORMAT_NONE"`, empty lists; clients such as image_client read
+    them), and 64-bit integers as JSON numbers where protobuf would quote them."""
+    doc = json_format.MessageToDict(config, preserving_proto_field_name=True,
+                                    always_print_fields_with_no_presence=True)
+    return _unquote_ints(config, doc)
 
 
 def config_to_json(config: mc.ModelConfig) -> str:
     return json.dumps(config_to_dict(config))
 
 
-def _unquote_ints(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _unquote_ints(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_unquote_ints(v) for v in obj]
-    if isinstance(obj, str) and re.fullmatch(r"-?\d+", obj):
-        return int(obj)
-    return obj
+_INT64_TYPES = frozenset({FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64})
+
+
+def _unquote_ints(message: Message, doc: dict[str, Any]) -> dict[str, Any]:
+    """The 64-bit integer fields of `doc` (the JSON of `message`) as numbers, found through the descriptors: a
+    string value that merely looks like a number (a parameter's string_value "16") stays a string."""
+    fields = message.DESCRIPTOR.fields_by_name
+    for key, value in doc.items():
+        field = fields.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            for k, v in value.items():
+                if value_field.message_type is not None:
+                    _unquote_ints(getattr(message, key)[k], v)
+                elif value_field.cpp_type in _INT64_TYPES:
+                    value[k] = int(v)
+        elif field.message_type is not None:
+            items = zip(getattr(message, key), value, strict=True) if field.is_repeated else [(getattr(message, key),
+                                                                                                value)]
+            for sub, sub_doc in items:
+                _unquote_ints(sub, sub_doc)
+        elif field.cpp_type in _INT64_TYPES:
+            doc[key] = [int(v) for v in value] if field.is_repeated else int(value)
+    return doc
 
 
 @dataclass

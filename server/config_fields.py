@@ -48,7 +48,7 @@ HONOURED: dict[str, frozenset[str]] = {
     "ModelEnsembling": frozenset({"step"}),
     "ModelEnsembling.Step": frozenset({"model_name", "model_version", "input_map", "output_map"}),
     "ModelInput": frozenset({"name", "data_type", "format", "dims", "reshape"}),
-    "ModelOutput": frozenset({"name", "data_type", "dims", "reshape"}),
+    "ModelOutput": frozenset({"name", "data_type", "dims", "reshape", "label_filename"}),
     "ModelInstanceGroup": frozenset({"name", "kind", "count", "gpus"}),
     "ModelDynamicBatching": frozenset({"preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
                                        "priority_levels", "default_priority_level", "default_queue_policy"}),
@@ -62,10 +62,9 @@ HONOURED: dict[str, frozenset[str]] = {
     "ModelWarmup": frozenset({"name", "batch_size", "inputs", "count"}),
     "ModelWarmup.Input": frozenset({"data_type", "dims", "zero_data", "random_data", "input_data_file"}),
     "ModelParameter": frozenset({"string_value"}),
-    # `decoupled: true` for a Python-backend model only (check_backend); the cache only off (`enable: false`, which
-    # proto3 does not list as set).
+    # `decoupled: true` for a Python-backend model only (check_backend)
     "ModelTransactionPolicy": frozenset({"decoupled"}),
-    "ModelResponseCache": frozenset(),
+    "ModelResponseCache": frozenset({"enable"}),  # with the server's --cache-config (server/response_cache.py)
 }
 
 _ENGINE_OWN = ("not supported: the engine plans and optimises every model itself (see the NNSERVE_* environment "
@@ -93,11 +92,9 @@ REASONS: dict[tuple[str, str] | str, str] = {
     ("ModelConfig", "model_repository_agents"): "repository agents are not supported",
     ("ModelConfig", "model_metrics"): "per-model metric settings are not supported",
     ("ModelEnsembling.Step", "model_namespace"): "model namespaces are not supported: name the model alone",
-    ("ModelResponseCache", "enable"): "the response cache is not implemented (every request runs the model)",
     ("ModelInput", "optional"): "optional inputs are not supported: every model input is required",
     ("ModelInput", "allow_ragged_batch"): "ragged batching is not supported: requests batch when their shapes "
                                           "agree",
-    ("ModelOutput", "label_filename"): "the classification extension (labels, class_count) is not implemented",
     ("ModelInstanceGroup", "rate_limiter"): "the rate limiter is not implemented",
     ("ModelInstanceGroup", "passive"): "passive instances are not supported: every instance takes requests",
     ("ModelInstanceGroup", "host_policy"): "host policies are not supported",

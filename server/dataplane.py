@@ -15,18 +15,35 @@ from typing import Any
 import numpy as np
 
 from engine import EngineError, ShapeError
+from server import request_extensions as rx
 from server import settings as defaults
 from server.backend import RequestContext
 from server.config import config_to_dict
 from server.datatypes import numpy_to_wire
-from server.errors import InferenceError, InvalidArgumentError, ServerError, UnavailableError, UnsupportedError
+from server.errors import (
+    InferenceError,
+    InvalidArgumentError,
+    ModelLoadError,
+    ModelNotReadyError,
+    NotFoundError,
+    ServerError,
+    UnavailableError,
+    UnsupportedError,
+)
 from server.inference import InferRequest, InferResponse, OutputTensor, StreamResponse
+from server.logging_setup import LogControl
 from server.metrics import ServerMetrics
 from server.model_config import model_config_pb2 as mc
+from server.model_upload import poll_failure, remove_directory, write_model_directory
 from server.model_version import ModelVersion
 from server.repository import ModelRepository
-from server.request_limits import check_json, check_model_name, check_version
+from server.request_limits import check_json, check_model_name, check_version, quoted
+from server.response_cache import ResponseCache, request_key
 from server.scheduling import Execution, InferResult
+from server.security import check_model_name as path_problem
+from server.shared_memory import Lease, SystemSharedMemory, cuda_unsupported
+from server.tracing import Trace, Tracer
+from server.tracing import parse_update as parse_trace_update
 
 log = logging.getLogger("nnserve.dataplane")
 # Which front end refuses a decoupled model, in Triton's words (a decoupled model answers on streams only).
@@ -36,10 +53,14 @@ GRPC_ENDPOINT = "ModelInfer RPC"
 
 class DataPlane:
     def __init__(self, repository: ModelRepository, metrics: ServerMetrics | None = None, *,
-                 strict_readiness: bool = True, log_tensors: bool = False):
+                 strict_readiness: bool = True, log_tensors: bool = False, name: str = defaults.SERVER_NAME,
+                 shared_memory: SystemSharedMemory | None = None, tracer: Tracer | None = None,
+                 cache: ResponseCache | None = None, log_control: LogControl | None = None,
+                 max_load_file_bytes: int = defaults.MODEL_LOAD_MAX_FILE_BYTES):
         self.repository = repository
         self.metrics = metrics
         self.strict_readiness = strict_readiness
+        self.name = name
         self.draining = False  # SIGTERM: readiness fails at once, requests still in flight finish
         self.exiting = False  # drain window over: new requests are refused
         self.inflight = 0  # requests between arrival and answer, what a graceful shutdown waits for
@@ -47,6 +68,14 @@ class DataPlane:
         # Tensor contents reach the log only when asked for (--log-verbose >= 2): they may be private data.
         self.log_tensors = log_tensors
         repository.calls.bind(self)  # models calling models (BLS, ensembles) go through here
+        # Triton's extensions: client shared memory (off unless --allow-client-shm), tracing, the response cache
+        # (None unless --cache-config), the logging settings
+        self.shared_memory = shared_memory or SystemSharedMemory(allowed=False)
+        self.tracer = tracer or Tracer()
+        self.cache = cache
+        self.log_control = log_control or LogControl(log_format="text")
+        self.max_load_file_bytes = max_load_file_bytes
+        self._cache_warned: set[str] = set()
 
     # ---- health & metadata -----------------------------------------------------------------------------------
     def live(self) -> bool:
@@ -58,11 +87,15 @@ class DataPlane:
         return self.repository.all_ready() if self.strict_readiness else True
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        """Triton's answer: True, or the lookup's error (unknown model 404, version loading 503, ...); before the
-        initial loads are done and from SIGTERM on, 503 "Server not ready"."""
+        """Triton's answer (InferenceServer::ModelIsReady): whether that version serves; an unknown, unloaded or
+        loading model, or a version it lacks, is simply not ready (gRPC ready=false, HTTP 400), not an error.
+        Before the initial loads are done and from SIGTERM on, 503 "Server not ready"; a malformed name is 400."""
         if not self.started or self.draining or self.exiting:
             raise UnavailableError("Server not ready")
-        self.get(name, version)
+        try:
+            self.get(name, version)
+        except (NotFoundError, ModelNotReadyError):
+            return False
         return True
 
     def get(self, name: str, version: str = "") -> ModelVersion:
@@ -73,7 +106,7 @@ class DataPlane:
         return self.repository.get(name, version)
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": defaults.SERVER_NAME, "version": defaults.SERVER_VERSION,
+        return {"name": self.name, "version": defaults.SERVER_VERSION,
                 "extensions": list(defaults.EXTENSIONS)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
@@ -105,21 +138,103 @@ class DataPlane:
             return [mv.stats.as_dict() for _, mv in sorted(entry.versions.items(), key=lambda kv: int(kv[0]))]
         return [mv.stats.as_dict() for mv in self.repository.loaded()]
 
+    # ---- profiling -------------------------------------------------------------------------------------------
+    def model_profile(self, name: str, version: str = "", action: str = "") -> dict[str, Any]:
+        """The per-op profile of a model's instances (engine/runtime/profile.py), over the requests run since
+        profiling was started: `action` "start" (re)starts collecting on every instance, "stop" stops and answers
+        what was collected, "" answers what is being collected so far."""
+        mv = self.repository.get(name, version)
+        if action not in ("", "start", "stop"):
+            raise InvalidArgumentError(f"profile action must be 'start' or 'stop', got {action!r}")
+        if not all(hasattr(i, "start_profile") for i in mv.instances):
+            raise InvalidArgumentError(f"model '{name}' runs on a backend without per-op profiling")
+        if action == "start":
+            profiles = [i.start_profile() for i in mv.instances]
+        elif action == "stop":
+            profiles = [i.stop_profile() for i in mv.instances]
+        else:
+            profiles = [i.profile for i in mv.instances]
+        collected = [p for p in profiles if p is not None]
+        profiling = action != "stop" and bool(collected)
+        doc: dict[str, Any] = {"name": mv.name, "version": mv.version, "profiling": profiling}
+        if collected:
+            merged = collected[0]
+            for p in collected[1:]:
+                merged = merged.merge(p)
+            doc.update(merged.as_dict(), table=merged.table(top=None))
+        return doc
+
     # ---- repository ------------------------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.repository.index(ready_only)
 
-    async def load_model(self, name: str, config_json: str | None = None) -> None:
+    async def load_model(self, name: str, config_json: str | None = None,
+                         files: dict[str, bytes] | None = None) -> None:
+        """Load or reload `name`; with `files` (Triton's `file:<path>` parameters) the model's directory for this
+        load is made of them and the `config` override (server/model_upload.py)."""
         self.repository.check_api_allowed("load")
         check_model_name(name)
         if config_json is not None:
             check_json(config_json, "the 'config' parameter")
-        await self.repository.load(name, config_json)
+        if not files:
+            await self.repository.load(name, config_json)
+            return
+        problem = path_problem(name)
+        if problem:
+            raise ModelLoadError(f"failed to load: {problem}")
+        if config_json is None:
+            raise poll_failure(name, "Load parameter 'config' must be specified for model file override")
+        root = await asyncio.to_thread(write_model_directory, name, files, self.max_load_file_bytes)
+        try:
+            await self.repository.load(name, config_json, model_dir=root / name)
+        finally:
+            await asyncio.to_thread(remove_directory, root)
 
     async def unload_model(self, name: str) -> None:
         self.repository.check_api_allowed("unload")
         check_model_name(name)
         await self.repository.unload(name)
+
+    # ---- shared memory, trace, logging (Triton's extensions) -------------------------------------------------
+    def shm_register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        self.shared_memory.register(name, key, offset, byte_size)
+
+    def shm_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self.shared_memory.status(name)
+
+    def shm_unregister(self, name: str = "") -> None:
+        self.shared_memory.unregister(name)
+
+    def cuda_shm_register(self, name: str) -> None:
+        self.shared_memory.check_allowed()
+        if not name:
+            raise InvalidArgumentError("'region name' is necessary to register cuda shared memory region")
+        raise cuda_unsupported(name)
+
+    def cuda_shm_status(self, name: str = "") -> list[dict[str, Any]]:
+        if name in self.shared_memory:  # Triton's words
+            raise NotFoundError(f"The region named '{quoted(name)}' is registered as system shared memory, not CUDA "
+                                "shared memory")
+        if name:  # no CUDA region can exist
+            raise NotFoundError(f"Unable to find cuda shared memory region: '{quoted(name)}'")
+        return []
+
+    def cuda_shm_unregister(self, name: str = "") -> None:
+        self.shared_memory.check_allowed()  # nothing registered: unregistering is a no-op, as for system regions
+
+    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace settings (of `model`, else global), after applying `update` (a request's settings)."""
+        if model:
+            self.get(model)  # Triton's errors for unknown or unloaded models
+        if update:
+            self.tracer.update(parse_trace_update(update), model)
+        return self.tracer.settings(model)
+
+    def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
+        if update:
+            self.log_control.update(update)
+            self.log_tensors = self.log_control.verbose >= 2
+        return self.log_control.settings()
 
     # ---- inference -------------------------------------------------------------------------------------------
     async def infer(self, req: InferRequest, endpoint: str = HTTP_ENDPOINT) -> InferResponse:
@@ -133,7 +248,8 @@ class DataPlane:
         self.inflight += 1
         if self.log_tensors:
             log.debug("infer %s/%s id=%r inputs: %s", req.model_name, req.model_version or "-", req.id,
-                      {t.name: t.data.tolist() for t in req.inputs})
+                      {t.name: t.data.tolist() if t.data is not None else f"<shared memory {t.shm}>"
+                       for t in req.inputs})
         try:
             return await self._infer(req, endpoint)
         finally:
@@ -163,11 +279,42 @@ class DataPlane:
         mv = self.get(req.model_name, req.model_version)
         if mv.decoupled:
             raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
+        trace = self.tracer.sample(mv.name, mv.version, req.id)
+        if trace is not None:
+            trace.stamp("REQUEST_START", t0)
+        leases: list[Lease] = []
         try:
+            return await self._run(mv, req, t0, leases, trace)
+        finally:
+            for lease in leases:
+                self.shared_memory.release(lease)
+            if trace is not None:
+                trace.stamp("REQUEST_END", time.perf_counter_ns())
+                trace.finish()
+
+    async def _run(self, mv: ModelVersion, req: InferRequest, t0: int, leases: list[Lease],
+                   trace: Trace | None) -> tuple[InferResponse, Execution]:
+        """The request's inputs (from its body or shared memory), its outputs from the response cache or a run, then
+        classified and written where the client asked; with the execution it ran in (none ran for a cache hit)."""
+        cached: dict[str, np.ndarray] | None = None
+        key, lookup_ns = b"", 0
+        try:
+            options = rx.output_options(req)
+            await rx.read_inputs(req, rx.lease_inputs(self.shared_memory, req, leases), req.max_shm_input_bytes)
+            out_leases = rx.lease_outputs(self.shared_memory, options, leases)
             feed, batch = validate_inputs(mv, req)
             wanted = requested_outputs(mv, req)
-            result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
-                                               context=request_context(mv, req))
+            if self._caches(mv):
+                t_lookup = time.perf_counter_ns()
+                key = request_key(mv.name, mv.version, feed)
+                cached = self.cache.get(key) if self.cache is not None else None
+                lookup_ns = time.perf_counter_ns() - t_lookup
+            if cached is None:
+                queued = time.perf_counter_ns()
+                result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
+                                                   context=request_context(mv, req))
+                if trace is not None:
+                    _stamp_execution(trace, queued, result)
         except asyncio.CancelledError:  # the client went away (gRPC deadline, HTTP disconnect): dropped
             self._record_failure(mv, "CANCELED", time.perf_counter_ns() - t0)
             raise
@@ -181,12 +328,29 @@ class DataPlane:
             # traceback) and the frame the error: a cycle again
             raise self._failed(mv, exc, t0) from exc
         try:
-            outputs = api_outputs(mv, result.outputs, wanted)
+            if cached is None and key and self.cache is not None:
+                t_insert = time.perf_counter_ns()
+                self.cache.put(key, result.outputs)
+                lookup_ns += time.perf_counter_ns() - t_insert
+            outputs = api_outputs(mv, result.outputs if cached is None else cached, wanted)
+            outputs = rx.classify(outputs, options, mv.batching, mv.labels)
+            await rx.write_outputs(outputs, out_leases)
         except ServerError as err:
             self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
             raise
-        self._record_success(mv, result, batch, time.perf_counter_ns() - t0)
-        return InferResponse(mv.name, mv.version, req.id, outputs), result.execution
+        total = time.perf_counter_ns() - t0
+        response = InferResponse(mv.name, mv.version, req.id, outputs)
+        if cached is not None:
+            mv.stats.record_cache_hit(total_ns=total, lookup_ns=lookup_ns)
+            if self.metrics:
+                self.metrics.cache_hit(mv.name, mv.version, total_ns=total, lookup_ns=lookup_ns)
+            return response, Execution(batch, 1, 0, 0, 0)  # nothing ran
+        self._record_success(mv, result, batch, total)
+        if key:
+            mv.stats.record_cache_miss(lookup_ns)
+            if self.metrics:
+                self.metrics.cache_miss(mv.name, mv.version, miss_ns=lookup_ns)
+        return response, result.execution
 
     async def _infer_decoupled(self, mv: ModelVersion, req: InferRequest) -> AsyncIterator[StreamResponse]:
         """The model's responses as they come (its sink feeds a queue from the worker's thread); the execution's
@@ -235,6 +399,18 @@ class DataPlane:
         mv.stats.record_success(**phases)
         if self.metrics:
             self.metrics.request_ok(mv.name, mv.version, **phases)
+
+    def _caches(self, mv: ModelVersion) -> bool:
+        """Whether this model's responses are cached: its config asks (response_cache { enable: true }) and the
+        server has a cache (--cache-config); asked without one, Triton runs every request, and so does nnserve,
+        saying so once per model in the log."""
+        if not mv.config.response_cache.enable:
+            return False
+        if self.cache is None and mv.name not in self._cache_warned:
+            self._cache_warned.add(mv.name)
+            log.warning("model '%s' enables response_cache, but the server has no cache (start it with "
+                        "--cache-config local,size=BYTES): every request runs the model", mv.name)
+        return self.cache is not None
 
     def _failed(self, mv: ModelVersion, exc: Exception, t0: int) -> ServerError:
         err = as_server_error(exc, mv)
@@ -286,6 +462,17 @@ def request_context(mv: ModelVersion, req: InferRequest) -> RequestContext | Non
     if not mv.takes_requests and not mv.sequence:
         return None
     return RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), sequence=req.sequence)
+
+
+def _stamp_execution(trace: Trace, queued: int, result: InferResult) -> None:
+    """Triton's activity timestamps of a request that ran, from when it was queued and its execution's phases."""
+    run = result.execution
+    start = queued + result.queue_ns
+    trace.stamp("QUEUE_START", queued)
+    trace.stamp("COMPUTE_START", start)
+    trace.stamp("COMPUTE_INPUT_END", start + run.compute_input_ns)
+    trace.stamp("COMPUTE_OUTPUT_START", start + run.compute_input_ns + run.compute_infer_ns)
+    trace.stamp("COMPUTE_END", start + run.compute_ns)
 
 
 def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:

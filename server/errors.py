@@ -27,12 +27,16 @@ class InvalidArgumentError(ServerError):
     reason = "REJECTED"
 
 
-class ModelNotFoundError(ServerError):
-    """The model is known but not loaded, or the version is absent (Triton: NOT_FOUND / 404)."""
+class NotFoundError(ServerError):
+    """What the request names does not exist (Triton: NOT_FOUND / 404): a model, a shared-memory region."""
 
     http_status = 404
     grpc_code = "NOT_FOUND"
     reason = "REJECTED"
+
+
+class ModelNotFoundError(NotFoundError):
+    """The model is known but not loaded, or the version is absent (Triton: NOT_FOUND / 404)."""
 
 
 class UnknownModelError(ModelNotFoundError):
@@ -60,6 +64,22 @@ class ModelLoadError(InvalidArgumentError):
     """Loading a model failed; the message names the model and why (Triton answers 400 / INVALID_ARGUMENT)."""
 
     reason = "OTHER"
+
+
+class RepositoryPollError(ServerError):
+    """A load whose model directory cannot be read: a name the repository does not have, or model files sent
+    through the load API that cannot be written. Triton 2.51 answers INTERNAL / 500 "failed to load 'NAME', failed
+    to poll from model repository", and clients match that text and code."""
+
+    reason = "OTHER"
+
+
+class AlreadyExistsError(ServerError):
+    """A name already taken, e.g. a shared-memory region registered twice (Triton: ALREADY_EXISTS, HTTP 400)."""
+
+    http_status = 400
+    grpc_code = "ALREADY_EXISTS"
+    reason = "REJECTED"
 
 
 class ModelControlError(InvalidArgumentError):

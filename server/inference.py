@@ -12,12 +12,53 @@ from server.backend import SequenceFlags
 from server.errors import InvalidArgumentError, ServerError
 
 
+@dataclass(frozen=True)
+class ShmRef:
+    """A tensor in a registered shared-memory region (Triton's shared-memory extension): the window
+    [offset, offset + byte_size) of region `region`."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+SHM_REGION, SHM_OFFSET, SHM_BYTE_SIZE = "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"
+
+
+def shm_ref(params: dict[str, Any], tensor: str) -> ShmRef | None:
+    """The shared-memory window a tensor's parameters name, or None; Triton's rules: the region is a string, the
+    byte size is required with it, the offset optional (0), neither without a region."""
+    region = params.get(SHM_REGION)
+    if region is None:
+        for key in (SHM_OFFSET, SHM_BYTE_SIZE):
+            if key in params:
+                raise InvalidArgumentError(f"'{key}' can not be specified without '{SHM_REGION}' parameter for "
+                                           f"tensor '{tensor}'")
+        return None
+    if not isinstance(region, str):
+        raise InvalidArgumentError(f"invalid value type for '{SHM_REGION}' parameter for tensor '{tensor}', expected "
+                                   "a string")
+    if SHM_BYTE_SIZE not in params:
+        raise InvalidArgumentError(f"'{SHM_BYTE_SIZE}' must be specified along with '{SHM_REGION}' parameter for "
+                                   f"tensor '{tensor}'")
+    return ShmRef(region, _size_param(params, SHM_OFFSET, tensor), _size_param(params, SHM_BYTE_SIZE, tensor))
+
+
+def _size_param(params: dict[str, Any], key: str, tensor: str) -> int:
+    value = params.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InvalidArgumentError(f"invalid value for '{key}' parameter for tensor '{tensor}', expected a "
+                                   "non-negative integer")
+    return value
+
+
 @dataclass
 class InferInput:
     name: str
     datatype: str
     shape: list[int]
-    data: np.ndarray
+    data: np.ndarray | None  # None until a shared-memory input is read (DataPlane.infer)
+    shm: ShmRef | None = None
 
 
 @dataclass
@@ -34,6 +75,9 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     inputs: list[InferInput] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)
+    # The most bytes its shared-memory inputs may hold: the transport's limit on a request's tensors, set by the
+    # transport (None: unlimited, as for requests made inside the server)
+    max_shm_input_bytes: int | None = None
 
     @property
     def priority(self) -> int:
@@ -94,6 +138,7 @@ class OutputTensor:
     shape: list[int]
     data: np.ndarray
     parameters: dict[str, Any] = field(default_factory=dict)
+    in_shared_memory: bool = False  # written to the region the request named: the response carries no data
 
 
 @dataclass

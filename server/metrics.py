@@ -34,6 +34,13 @@ TRITON_COUNTERS = {
     "nv_inference_compute_infer_duration_us": "Cumulative compute inference duration in microseconds",
     "nv_inference_compute_output_duration_us": "Cumulative inference compute output duration in microseconds",
 }
+# Triton's response cache counters, per model that caches (durations in microseconds).
+CACHE_COUNTERS = {
+    "nv_cache_num_hits_per_model": "Number of cache hits per model",
+    "nv_cache_hit_duration_per_model": "Total cache hit duration per model, in microseconds",
+    "nv_cache_num_misses_per_model": "Number of cache misses per model",
+    "nv_cache_miss_duration_per_model": "Total cache miss (insert+lookup) duration per model, in microseconds",
+}
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0)
@@ -69,7 +76,7 @@ class _TritonCounters:
     def collect(self):  # noqa: ANN201 - prometheus-client's collector protocol
         with self._lock:
             snapshot = {n: dict(s) for n, s in self._values.items()}
-        for name, doc in TRITON_COUNTERS.items():
+        for name, doc in (TRITON_COUNTERS | CACHE_COUNTERS).items():
             metric = Metric(name, doc, "counter")
             for key, value in snapshot.get(name, {}).items():
                 metric.add_sample(name, dict(key), value)
@@ -216,7 +223,7 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         text = generate_latest(self.registry)
-        for name in TRITON_COUNTERS:  # the exposition appends `_total` to counter headers; Triton does not
+        for name in TRITON_COUNTERS | CACHE_COUNTERS:  # the exposition appends `_total` to headers; Triton does not
             text = text.replace(f" {name}_total ".encode(), f" {name} ".encode())
         return text
 
@@ -242,6 +249,22 @@ class ServerMetrics:
         })
         self.histograms.observe((request_hist, total_ns / 1e9), (queue_hist, queue_ns / 1e9),
                                 (compute_hist, (input_ns + infer_ns + output_ns) / 1e9))
+
+    def cache_hit(self, model: str, version: str, *, total_ns: int, lookup_ns: int) -> None:
+        """Triton's accounting of a response cache hit: a success, with its time and no inference or queue time."""
+        key, request_hist, queue_hist, _, _ = self._hot_series(model, version)
+        self.counters.add_all(key, {
+            "nv_inference_request_success": 1,
+            "nv_inference_request_duration_us": total_ns / 1e3,
+            "nv_cache_num_hits_per_model": 1,
+            "nv_cache_hit_duration_per_model": lookup_ns / 1e3,
+        })
+        self.histograms.observe((request_hist, total_ns / 1e9), (queue_hist, 0.0))
+
+    def cache_miss(self, model: str, version: str, *, miss_ns: int) -> None:
+        key = self._hot_series(model, version)[0]
+        self.counters.add_all(key, {"nv_cache_num_misses_per_model": 1,
+                                    "nv_cache_miss_duration_per_model": miss_ns / 1e3})
 
     def request_failed(self, model: str, version: str, reason: str, total_ns: int) -> None:
         labels = {"model": model, "version": version}

@@ -13,6 +13,7 @@ import numpy as np
 
 from server import config as cfg
 from server.backend import BackendInstance, BackendModel, ClosableInstance, RequestContext
+from server.classification import read_labels
 from server.config_fields import ENSEMBLE_PLATFORM, PYTHON_BACKEND
 from server.ensemble.graph import Step
 from server.ensemble.scheduler import EnsembleScheduler
@@ -56,6 +57,7 @@ class ModelVersion:
     inputs: list[cfg.TensorConfig] = field(default_factory=list)
     outputs: list[cfg.TensorConfig] = field(default_factory=list)
     max_shapes: dict[str, list[int]] = field(default_factory=dict)
+    labels: dict[str, list[str]] = field(default_factory=dict)  # output -> its label_filename's lines
 
     # Looked up on every request: computed once (a loaded version's config does not change; a reload makes a new
     # ModelVersion), not read from the protobuf each time.
@@ -259,8 +261,11 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
     else:
         scheduler = Scheduler(scheduler_config(config), instances, metrics=hooks)
     ins, outs = cfg.tensor_configs(config)
+    labels = {o.name: read_labels(version_dir.parent, o.label_filename, o.name, name) for o in config.output
+              if o.label_filename}
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
-                        inputs=ins, outputs=outs, max_shapes=shapes)
+                        inputs=ins, outputs=outs, max_shapes=shapes, labels=labels)
+
 
 
 def load_ensemble_version(config: mc.ModelConfig, name: str, version: str, steps: list[Step], calls: ModelCalls,

@@ -22,6 +22,7 @@ from server.errors import (
     ModelLoadError,
     ModelNotFoundError,
     ModelNotReadyError,
+    RepositoryPollError,
     ServerError,
     UnknownModelError,
 )
@@ -40,6 +41,7 @@ from server.model_version import (
 from server.python_backend.model import PythonModel, model_file
 from server.repository_files import check_regular
 from server.security import check_model_name, escaping_paths
+from server.tensor_names import bind_names
 
 log = logging.getLogger("nnserve.repository")
 UNLOADED_REASON = "unloaded"
@@ -155,17 +157,19 @@ class ModelRepository:
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
 
-    async def load(self, name: str, config_json: str | None = None) -> None:
+    async def load(self, name: str, config_json: str | None = None, model_dir: Path | None = None) -> None:
         """Load or reload `name`. The old versions keep serving until the new ones are READY, then swap; a failed
         reload leaves them serving, with the reason in the index. A caller that goes away (a client disconnecting
-        from the load API) does not stop the load: it runs to its end, so no model is left LOADING."""
+        from the load API) does not stop the load: it runs to its end, so no model is left LOADING. `model_dir`
+        replaces the repository's directory for this load (model files sent with the request)."""
         problem = check_model_name(name)
         if problem:
             raise ModelLoadError(f"failed to load: {problem}")
-        if not (self.root / name).is_dir():  # nothing is recorded for a name the repository does not have
-            raise ModelLoadError(f"failed to load '{name}': no model directory '{name}' in the repository")
+        if model_dir is None and not (self.root / name).is_dir():  # nothing is recorded for a name it lacks
+            raise RepositoryPollError(f"failed to load '{name}', failed to poll from model repository")  # Triton's
         self.calls.attach_loop()
-        task = asyncio.create_task(self._load_locked(name, config_json), name=f"nnserve-load-{name}")
+        task = asyncio.create_task(self._load_locked(name, config_json, model_dir or self.root / name),
+                                   name=f"nnserve-load-{name}")
         self._loads.add(task)
         task.add_done_callback(self._load_done)
         await asyncio.shield(task)
@@ -175,7 +179,7 @@ class ModelRepository:
         if not task.cancelled():
             task.exception()  # retrieved here too, for a load whose caller went away
 
-    async def _load_locked(self, name: str, config_json: str | None) -> None:
+    async def _load_locked(self, name: str, config_json: str | None, model_dir: Path) -> None:
         async with self._lock(name):
             old = self._models.get(name)
             serving = old if old is not None and old.versions else None
@@ -184,7 +188,7 @@ class ModelRepository:
             log.info("loading model '%s'", name)
             try:
                 await self._load_dependencies(name, config_json)
-                entry = await asyncio.to_thread(self._build, name, self.root / name, config_json)
+                entry = await asyncio.to_thread(self._build, name, model_dir, config_json)
             except Exception as exc:  # any failure is this model's alone
                 message = _load_failure(name, exc)
                 if serving is not None:
@@ -194,7 +198,7 @@ class ModelRepository:
                 else:
                     self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=message)
                     log.error("model '%s' UNAVAILABLE: %s", name, message)
-                raise ModelLoadError(message) from None
+                raise ModelLoadError(_api_failure(name, message)) from None
             for mv in entry.versions.values():
                 await mv.scheduler.start()
             self._models[name] = entry  # the swap: new requests go to the new versions from here on
@@ -205,8 +209,8 @@ class ModelRepository:
 
     def _build(self, name: str, model_dir: Path, config_json: str | None) -> ModelEntry:
         if not model_dir.is_dir():
-            raise ModelLoadError(f"failed to load '{name}': no model directory '{name}' in the repository")
-        outside = escaping_paths(self.root, model_dir)
+            raise RepositoryPollError(f"failed to load '{name}', failed to poll from model repository")  # Triton's
+        outside = escaping_paths(model_dir.parent, model_dir)
         if outside:  # a symlink out of the repository: the load API must not read arbitrary files
             raise ModelLoadError(f"failed to load '{name}': {', '.join(sorted(outside)[:5])} resolves outside the "
                                  "model repository")
@@ -321,6 +325,8 @@ class ModelRepository:
         name, v = entry.name, version_dir.name
         if isinstance(model, PythonModel):  # described by its config: validation then checks the config alone
             model.configure(entry.config)
+        else:
+            model = bind_names(entry.config, name, model)  # a PNNX model's in0/out0 under the config's names
         cfg.validate(entry.config, name, model)
         mv = load_version(model, entry.config, name, v, version_dir, self.metrics)
         mv.load_seconds += read_seconds
@@ -353,10 +359,7 @@ class ModelRepository:
     async def unload(self, name: str) -> None:
         async with self._lock(name):
             entry = self._models.get(name)
-            if entry is None:
-                if name not in self.names_on_disk():
-                    raise UnknownModelError(f"failed to unload '{name}': Request for unknown model: '{name}' "
-                                            "is not found")
+            if entry is None:  # Triton 2.51: unloading a model that is not loaded (or not known) succeeds
                 return
             self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=UNLOADED_REASON)
             await self._retire(entry, keep=set())
@@ -397,7 +400,7 @@ class ModelRepository:
                 continue
             try:
                 await self.load(name)
-            except ModelLoadError:
+            except (ModelLoadError, RepositoryPollError):  # --load-model of a name the repository lacks
                 failed.append(name)
         log.info("models:\n%s", self.status_table())
         return failed
@@ -461,6 +464,11 @@ class ModelRepository:
         for name in list(self._models):
             entry = self._models[name]
             await self._retire(entry, keep=set(), drain=drain)
+
+
+def _api_failure(name: str, message: str) -> str:
+    """The load API's answer: Triton's clients (simple_*_model_control) match "failed to load" in it."""
+    return message if message.startswith("failed to load") else f"failed to load '{name}': {message}"
 
 
 def _load_failure(name: str, exc: BaseException) -> str:

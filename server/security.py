@@ -82,8 +82,8 @@ def http_api_group(method: str, path: str) -> str | None:
     if last == "setting" and "trace" in parts:
         return "trace"
     if head == "models":
-        return {"infer": "inference", "ready": "health", "config": "model-config", "stats": "statistics"}.get(
-            last, "metadata")
+        return {"infer": "inference", "ready": "health", "config": "model-config", "stats": "statistics",
+                "profile": "trace"}.get(last, "metadata")
     return None
 
 

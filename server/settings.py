@@ -60,14 +60,22 @@ HTTP_DECODE_IN_THREAD_BYTES = 256 * 2**10
 STREAM_MAX_INFLIGHT = 64  # ModelStreamInfer: requests read and not yet answered, per stream
 STREAMS_MAX_INFLIGHT = 1024  # the same over all streams of the server
 
-# What /v2 and ServerMetadata advertise: only extensions we actually implement.
+# Model files one load request may carry (Triton's `file:` parameters), in total: 0 refuses them.
+MODEL_LOAD_MAX_FILE_BYTES = 64 * 2**20
+
+# What /v2 and ServerMetadata advertise: only extensions we actually implement, in Triton's order. CUDA shared
+# memory is not among them (its endpoints answer Triton's error for a server without GPU support).
 EXTENSIONS = (
+    "classification",
     "model_repository",
+    "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
-    "schedule_policy",
+    "trace",
+    "logging",
 )
 
 CONTROL_MODES = ("none", "poll", "explicit")
@@ -106,6 +114,7 @@ class ServerSettings:
     repository_poll_secs: float = REPOSITORY_POLL_SECS
     exit_timeout_secs: float = EXIT_TIMEOUT_SECS
     strict_readiness: bool = True
+    server_name: str = SERVER_NAME  # the server metadata's name
     exit_on_error: bool = True
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES
@@ -125,3 +134,7 @@ class ServerSettings:
     log_verbose: int = 0
     log_format: str = "text"  # or "json": one JSON object per line
     plugins: list[str] = field(default_factory=list)  # NNSERVE_PLUGINS
+    allow_client_shm: bool = False  # Triton's --allow-client-shm (off by default since Triton 2.6x)
+    cache_bytes: int = 0  # --cache-config local,size=N: the response cache's size; 0 = no cache
+    trace_config: list[str] = field(default_factory=list)  # Triton's --trace-config values
+    model_load_max_file_bytes: int = MODEL_LOAD_MAX_FILE_BYTES

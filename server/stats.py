@@ -53,6 +53,21 @@ class ModelStats:
             phases["compute_infer"].add(infer_ns)
             phases["compute_output"].add(output_ns)
 
+    def record_cache_hit(self, *, total_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache: a success that ran nothing (Triton counts no inference
+        and no execution, and the queue as empty)."""
+        now_ms = int(time.time() * 1000)
+        with self._lock:
+            self.last_inference_ms = now_ms
+            self.phases["success"].add(total_ns)
+            self.phases["queue"].add(0)
+            self.phases["cache_hit"].add(lookup_ns)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """The cache's share of a request that ran: its lookup and the insertion of its outputs."""
+        with self._lock:
+            self.phases["cache_miss"].add(miss_ns)
+
     def record_failure(self, total_ns: int) -> None:
         with self._lock:
             self.last_inference_ms = int(time.time() * 1000)

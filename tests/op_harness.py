@@ -43,7 +43,7 @@ def make_node(op: str, n_in: int, n_out: int = 1, params: dict | None = None, at
 
 
 # Inputs that are host int lists (a target shape or size): the runtime always knows their values.
-HOST_INPUTS = {"Reshape": 1, "Expand": 1, "Resize": 1}
+HOST_INPUTS = {"Reshape": 1, "Expand": 1, "Resize": 1, "Full": 0, "Range": 0}
 
 
 def infos_of(arrays: list[np.ndarray], values: bool = False, node: Node | None = None) -> list[TensorInfo]:

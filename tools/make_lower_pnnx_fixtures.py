@@ -8,6 +8,7 @@ Each case folder holds model.pnnx.param, model.pnnx.bin and io.npz (in0.., out0.
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
@@ -158,6 +159,52 @@ class Encoder(nn.Module):  # eval-mode fast path: traced as aten::_transformer_e
         return self.enc(x)
 
 
+class TimmAttention(nn.Module):  # timm's Attention with fused_attn off: q scaled first, q @ k.transpose(-2, -1)
+    def __init__(self, dim: int = 16, heads: int = 2):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv, self.proj = nn.Linear(dim, dim * 3), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class HfSelfAttention(nn.Module):  # Hugging Face BERT's eager attention: / sqrt(d), + extended mask, softmax, dropout
+    def __init__(self, dim: int = 16, heads: int = 4):
+        super().__init__()
+        self.heads, self.d = heads, dim // heads
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.drop = nn.Dropout(0.1)
+
+    def split(self, x):
+        return x.view(x.shape[0], x.shape[1], self.heads, self.d).permute(0, 2, 1, 3)
+
+    def forward(self, x, mask):
+        q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(self.v(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.d)
+        scores = scores + (1.0 - mask[:, None, None, :]) * torch.finfo(torch.float32).min
+        probs = self.drop(F.softmax(scores, dim=-1))
+        ctx = torch.matmul(probs, v).permute(0, 2, 1, 3).contiguous()
+        return ctx.view(x.shape[0], x.shape[1], -1)
+
+
+class WindowAttention(nn.Module):  # Swin's windows: a learned relative position bias (heads, N, N) on the scores
+    def __init__(self, dim: int = 8, heads: int = 2, tokens: int = 9):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv, self.bias = nn.Linear(dim, dim * 3), nn.Parameter(torch.randn(heads, tokens, tokens))
+
+    def forward(self, x):
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = (q * self.scale) @ k.transpose(-2, -1) + self.bias.unsqueeze(0)
+        return (attn.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, c)
+
+
 CASES = {
     "mha_self": (MhaSelf(), [(5, 2, 16)]),
     "mha_cross": (MhaCross(), [(2, 5, 16), (2, 7, 8), (2, 7, 12), (5, 7)]),
@@ -186,10 +233,16 @@ ADDED = {
     "mha_key_padding_bool": (MhaKeyPadding(True), [(3, 5, 8), (3, 6, 8), "bool(3,6)"]),
     "mha_key_padding_float": (MhaKeyPadding(False), [(4, 2, 8), (6, 2, 8), (2, 6)]),
     "resizes_nearest_exact": (ResizesExact(), [(1, 2, 9, 11)]),
+    "attention_timm": (TimmAttention(), [(2, 7, 16)]),
+    "attention_hf_eager": (HfSelfAttention(), [(2, 6, 16), "padding(2,6)"]),
+    "attention_windows": (WindowAttention(), [(4, 9, 8)]),
 }
 
 
 def make_input(spec, rng) -> np.ndarray:
+    if isinstance(spec, str) and spec.startswith("padding"):  # Hugging Face's attention_mask: 1 keep, 0 padding
+        n, s = (int(v) for v in spec[8:-1].split(","))
+        return (np.arange(s)[None, :] < rng.integers(2, s + 1, size=(n, 1))).astype(np.float32)
     if isinstance(spec, str):  # a bool mask that never masks a whole row
         shape = tuple(int(s) for s in spec[5:-1].split(","))
         m = rng.random(shape) > 0.6

@@ -36,6 +36,7 @@ from engine.ops.registry import all_ops
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "OPERATORS.md"
+PNNX_BUGS = REPO / "docs" / "pnnx_export_bugs.md"  # hand-written: included as it is
 VOCABULARY = REPO / "docs" / "vocabulary"
 EXPR_PREFIX = "pnnx.Expression:"
 LIST_CAP = 4  # names shown in a table cell before "(+N)"
@@ -358,7 +359,9 @@ def render(reg: Registries | None = None, tests_root: Path = REPO / "tests") -> 
            "### pnnx operators not handled, by group", "",
            *_unsupported_by_group(pnnx, pnnx_voc, lambda g: f"{g}: {pnnx_voc.groups[g]}"), "",
            "### TNN layer types not handled, by group", "",
-           *_unsupported_by_group(list(tnn.values()), tnn_voc, lambda g: f"{g}: {tnn_voc.groups[g]}"), ""]
+           *_unsupported_by_group(list(tnn.values()), tnn_voc, lambda g: f"{g}: {tnn_voc.groups[g]}"), "",
+           "### Where pnnx exports wrongly", "", f"From `{PNNX_BUGS.relative_to(REPO)}`:", "",
+           PNNX_BUGS.read_text().rstrip(), ""]
     out += ["## pnnx operators", "", *(f"> {n}" for n in pnnx_voc.notes), ""]
     for group, note in pnnx_voc.groups.items():
         rows = [r for r, e in zip(pnnx, pnnx_voc.entries, strict=True) if e.group == group]

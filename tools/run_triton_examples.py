@@ -137,7 +137,11 @@ class Server:
             [*command, "serve", "--model-repository", str(repository), "--http-port", "0", "--grpc-port", "0",
              "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
              "--model-control-mode", "explicit", "--load-model", "*", "--exit-on-error", "false",
-             "--strict-readiness", "false"], stderr=subprocess.PIPE, stdout=self.log, text=True, cwd=ROOT)
+             "--strict-readiness", "false",
+             # what the examples check or use beyond the defaults: the server metadata's name is 'triton' in their
+             # health_metadata checks, and client shared memory (off by default) in the shm examples
+             "--server-name", "triton", "--allow-client-shm", "true"],
+            stderr=subprocess.PIPE, stdout=self.log, text=True, cwd=ROOT)
         self.ports: dict[str, int] = {}
         self.ready = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()

@@ -67,6 +67,11 @@ REFERENCES: dict[str, Callable[[Node, np.ndarray], np.ndarray]] = {
 def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if len(ins) != 1:
         raise ShapeError(f"{node.where()}: {node.op_type} takes 1 input, got {len(ins)}")
+    if ins[0].dtype == np.bool_ or (node.op_type == "Clip" and np.dtype(ins[0].dtype).kind in "iu"
+                                    and not all(float(b).is_integer() for b in clip_bounds(node) if np.isfinite(b))):
+        # torch: no relu / clamp of bools; an integer tensor clamped to fractional bounds becomes float
+        raise ShapeError(f"{node.where()}: {node.op_type} of {np.dtype(ins[0].dtype)} with bounds "
+                         f"{clip_bounds(node)}")
     if node.op_type == "PRelu":
         if "slope" not in node.attrs:
             raise ShapeError(f"{node.where()}: PRelu needs a 'slope' attr")
@@ -81,4 +86,7 @@ def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(y).astype(x.dtype)]
 
 
-register(*[OpDef(name, _infer, reference, inplace=True) for name in REFERENCES])
+# Relu and Clip take integers too (torch.relu / clamp keep them integers); the others are floating point only.
+INTEGER_OK = {"Relu", "Clip"}
+register(*[OpDef(name, _infer, reference, inplace=True, arity=(1, 1),
+                 float_inputs=() if name in INTEGER_OK else (0,)) for name in REFERENCES])

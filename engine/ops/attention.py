@@ -1,8 +1,9 @@
 """Scaled dot-product attention: softmax(q·kᵀ·scale + mask)·v over (…, L, E) tensors, torch semantics.
 
 A bool mask means "may attend"; a float mask is added to the scores; is_causal keeps the lower triangle
-(top-left aligned, as torch). Rows with nothing to attend to give zeros, as torch's scaled_dot_product_attention
-does."""
+(top-left aligned, as torch). A row with nothing to attend to gives zeros, as torch's
+scaled_dot_product_attention does, or NaN with masked_rows="nan", as torch's nn.MultiheadAttention and an explicit
+softmax(q·kᵀ)·v give it (the softmax of a row of -inf)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,17 @@ def scale(node: Node, e: int) -> float:
     return 1.0 / math.sqrt(e) if s is None else float(s)
 
 
+def nan_rows(node: Node) -> bool:
+    """Whether a row with nothing to attend to is NaN (masked_rows="nan") rather than zeros (the default)."""
+    mode = node.params.get("masked_rows") or "zero"
+    if mode not in ("zero", "nan"):
+        raise ShapeError(f"{node.where()}: Attention masked_rows must be 'zero' or 'nan', got {mode!r}")
+    return mode == "nan"
+
+
 def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     _, out = shapes(node, ins)
+    nan_rows(node)
     return [TensorInfo(out, float_of(ins[0].dtype))]
 
 
@@ -71,8 +81,8 @@ def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     m = np.max(scores, axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(m), m, 0))
     total = np.sum(e, axis=-1, keepdims=True)
-    p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    p = np.divide(e, total, out=np.full_like(e, np.nan if nan_rows(node) else 0.0), where=total > 0)
     return [np.matmul(p, v.astype(np.float64)).astype(ot)]
 
 
-register(OpDef("Attention", _infer, reference))
+register(OpDef("Attention", _infer, reference, arity=(3, 4), float_inputs=(0, 1, 2)))

@@ -100,4 +100,5 @@ def tconv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [_finish(node, tconv_sums(node, arrays), arrays[0].dtype)]
 
 
-register(OpDef("Conv", infer_conv, conv_reference), OpDef("ConvTranspose", infer_tconv, tconv_reference))
+register(OpDef("Conv", infer_conv, conv_reference, arity=(1, 2), float_inputs=(0, 1)),
+         OpDef("ConvTranspose", infer_tconv, tconv_reference, arity=(1, 1), float_inputs=(0,)))

@@ -66,6 +66,8 @@ def binary_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 def _where_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if len(ins) != 3:
         raise ShapeError(f"{node.where()}: Where takes (cond, a, b), got {len(ins)} inputs")
+    if ins[0].dtype != BOOL:  # torch.where / masked_fill take a bool condition, never a number read as one
+        raise ShapeError(f"{node.where()}: Where condition must be bool, got {np.dtype(ins[0].dtype)}")
     shape = broadcast(node, [i.shape for i in ins])
     return with_value(node, ins, [TensorInfo(shape, promote(ins[1:]))], _where_reference)
 
@@ -136,9 +138,9 @@ def unary_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _defs() -> list[OpDef]:
-    defs = [OpDef(name, _binary_infer, binary_reference, inplace=True) for name in BINARY]
-    defs.append(OpDef("Where", _where_infer, _where_reference))
-    defs += [OpDef(name, _unary_infer, unary_reference, inplace=True) for name in UNARY]
+    defs = [OpDef(name, _binary_infer, binary_reference, inplace=True, arity=(2, 2)) for name in BINARY]
+    defs.append(OpDef("Where", _where_infer, _where_reference, arity=(3, 3)))
+    defs += [OpDef(name, _unary_infer, unary_reference, inplace=True, arity=(1, 1)) for name in UNARY]
     return defs
 
 

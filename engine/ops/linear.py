@@ -1,4 +1,5 @@
-"""Gemm (torch Linear: y = x @ weight.T + bias over the last axis, fused activation) and MatMul (numpy matmul)."""
+"""Gemm (torch Linear: y = act(x @ weight.T + bias + z) over the last axis, with the optional residual input z of the
+output's shape and the fused activation of SPEC.md's epilogue) and MatMul (numpy matmul)."""
 
 from __future__ import annotations
 
@@ -29,15 +30,21 @@ def infer_gemm(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     act = node.params.get("activation")
     if act is not None and act not in EPILOGUES:
         raise UnsupportedOpError(f"Gemm with fused activation {act!r}", node.name, node.where())
-    return [TensorInfo(shape[:-1] + (w.shape[0],), ins[0].dtype)]
+    out = shape[:-1] + (w.shape[0],)
+    if len(ins) > 2 or (len(ins) == 2 and tuple(ins[1].shape) != out):
+        raise ShapeError(f"{node.where()}: Gemm takes x and an optional residual of the output's shape {out}, got "
+                         f"{[tuple(i.shape) for i in ins]}")
+    return [TensorInfo(out, ins[0].dtype)]
 
 
 def gemm_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     x = arrays[0]
-    infer_gemm(node, [TensorInfo(x.shape, x.dtype)])
+    infer_gemm(node, [TensorInfo(np.shape(a), np.asarray(a).dtype) for a in arrays])
     y = x.astype(np.float64) @ gemm_weight(node).astype(np.float64).T
     if node.attrs.get("bias") is not None:
         y += node.attrs["bias"].astype(np.float64).ravel()
+    if len(arrays) > 1:
+        y += np.asarray(arrays[1], np.float64)
     apply_activation(node.params.get("activation"), node.params.get("activation_params"), y)
     return [y.astype(x.dtype)]
 
@@ -63,6 +70,8 @@ def matmul_shape(node: Node, a: tuple, b: tuple) -> tuple[int, ...]:
 
 
 def infer_matmul(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if any(i.dtype == np.bool_ for i in ins[:2]):
+        raise ShapeError(f"{node.where()}: MatMul of bool (torch has no bool matmul)")
     shape = matmul_shape(node, tuple(ins[0].shape), tuple(ins[1].shape))
     return [TensorInfo(shape, np.result_type(ins[0].dtype, ins[1].dtype))]
 
@@ -77,6 +86,6 @@ def matmul_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 register(
-    OpDef("Gemm", infer_gemm, gemm_reference),
-    OpDef("MatMul", infer_matmul, matmul_reference),
+    OpDef("Gemm", infer_gemm, gemm_reference, arity=(1, 2), float_inputs=(0, 1)),  # x [, residual]
+    OpDef("MatMul", infer_matmul, matmul_reference, arity=(2, 2)),
 )

@@ -117,9 +117,9 @@ def _lp_normalize(node: Node, x: np.ndarray) -> np.ndarray:
 
 
 register(
-    OpDef("BatchNorm", _infer, reference, inplace=True),
-    OpDef("LayerNorm", _infer, reference),
-    OpDef("GroupNorm", _infer, reference),
-    OpDef("InstanceNorm", _infer, reference),
-    OpDef("LpNormalize", _infer, reference),
+    OpDef("BatchNorm", _infer, reference, inplace=True, arity=(1, 1), float_inputs=(0,)),
+    OpDef("LayerNorm", _infer, reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("GroupNorm", _infer, reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("InstanceNorm", _infer, reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("LpNormalize", _infer, reference, arity=(1, 1), float_inputs=(0,)),
 )

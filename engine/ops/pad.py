@@ -65,4 +65,4 @@ def pad_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.pad(src, widths, mode=_NP_MODE[mode])]
 
 
-register(OpDef("Pad", infer_pad, pad_reference))
+register(OpDef("Pad", infer_pad, pad_reference, arity=(1, 1)))

@@ -149,10 +149,10 @@ def adaptive_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]
 
 
 register(
-    OpDef("MaxPool", infer_pool, maxpool_reference),
-    OpDef("AvgPool", infer_pool, avgpool_reference),
-    OpDef("GlobalAvgPool", infer_global, global_reference),
-    OpDef("GlobalMaxPool", infer_global, global_reference),
-    OpDef("AdaptiveAvgPool", infer_adaptive, adaptive_reference),
-    OpDef("AdaptiveMaxPool", infer_adaptive, adaptive_reference),
+    OpDef("MaxPool", infer_pool, maxpool_reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("AvgPool", infer_pool, avgpool_reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("GlobalAvgPool", infer_global, global_reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("GlobalMaxPool", infer_global, global_reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("AdaptiveAvgPool", infer_adaptive, adaptive_reference, arity=(1, 1), float_inputs=(0,)),
+    OpDef("AdaptiveMaxPool", infer_adaptive, adaptive_reference, arity=(1, 1), float_inputs=(0,)),
 )

@@ -8,6 +8,9 @@ everywhere is TNN's `float2int8`: add +-0.5 in float32, clamp to [-128, 127], tr
   requantization factor (weight scale / output scale, float32), then ReLU or the ReLU6 clamp, then float2int8.
   With `fusion` it also adds a second int8 input times `add_scale` (TNN fuses a 1x1 conv into the int8 Add
   that consumes it, rounding once instead of twice).
+- `TnnQInnerProduct`: TNN's quantized InnerProduct (axis 1): the input flattened to (N, K), int8 x int8 sums
+  exact in int32 plus the int32 bias, times the per-channel factor, float2int8; the output keeps the input's rank
+  (N, O, 1, 1 for a 4-D input), as TNN's.
 - `TnnQAdd`: scale_a * a + scale_b * b in float32, divided by the output scale, float2int8.
 - `TnnQPool`: int8 max or average pooling with an int32 sum and truncating division, as TNN's naive pooling.
 - `TnnQConcat`: byte-wise when any scale is per channel; with per-tensor scales each input is requantized
@@ -134,6 +137,30 @@ def qconv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [float2int8(val)]
 
 
+def _linear_geometry(node: Node, shape) -> tuple[int, int, tuple[int, ...]]:
+    w = node.attrs["weight"]
+    if len(shape) < 2:
+        raise ShapeError(f"{node.where()}: {node.op_type} needs an input of rank >= 2, got {tuple(shape)}")
+    k = int(np.prod(shape[1:], dtype=np.int64))
+    if w.ndim != 2 or w.shape[1] != k:
+        raise ShapeError(f"{node.where()}: input {tuple(shape)} flattens to {k} values, the weight is {w.shape}")
+    o = int(w.shape[0])
+    return k, o, (int(shape[0]), o) + (1,) * (len(shape) - 2)
+
+
+def qlinear_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    return [TensorInfo(_linear_geometry(node, ins[0].shape)[2], I8)]
+
+
+def qlinear_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x = arrays[0]
+    k, o, out_shape = _linear_geometry(node, x.shape)
+    acc = x.reshape(x.shape[0], k).astype(np.float64) @ node.attrs["weight"].astype(np.float64).T  # exact
+    acc = acc.astype(np.int64) + node.attrs["bias"].astype(np.int64).reshape(1, o)
+    val = acc.astype(F32) * np.asarray(node.attrs["scale"], F32).reshape(1, o)
+    return [float2int8(val).reshape(out_shape)]
+
+
 # -- add, pooling, concat, relu -----------------------------------------------------------------------------------
 def qadd_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if tuple(ins[0].shape) != tuple(ins[1].shape):
@@ -201,6 +228,7 @@ register(
     OpDef("TnnQuantize", _same_shape(I8), quantize_reference),
     OpDef("TnnDequantize", _same_shape(F32), dequantize_reference),
     OpDef("TnnQConv", qconv_infer, qconv_reference),
+    OpDef("TnnQInnerProduct", qlinear_infer, qlinear_reference),
     OpDef("TnnQAdd", qadd_infer, qadd_reference),
     OpDef("TnnQPool", qpool_infer, qpool_reference),
     OpDef("TnnQConcat", qconcat_infer, qconcat_reference),

@@ -1,4 +1,5 @@
-"""Reductions over a list of axes (None or [] = all; negative axes; keepdims) and ArgMax/ArgMin (int64 out)."""
+"""Reductions over a list of axes (None or [] = all; negative axes; keepdims), ReduceVar (torch.var / std with
+their correction), ArgMax/ArgMin (int64 out) and CumSum (a running sum along one axis)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ def _arg_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
 def _arg_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if len(ins) != 1:
         raise ShapeError(f"{node.where()}: {node.op_type} takes 1 input, got {len(ins)}")
+    if ins[0].dtype == np.bool_:
+        raise ShapeError(f"{node.where()}: {node.op_type} of bool (torch has no argmax of bools)")
     shape, axis = ins[0].shape, arg_axis(node, len(ins[0].shape))
     if (shape[axis] if axis is not None and shape else math.prod(shape)) == 0:
         raise ShapeError(f"{node.where()}: {node.op_type} over an empty axis of {shape}")
@@ -105,5 +108,50 @@ def arg_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(y, dtype=np.int64).reshape(_arg_shape(node, x.shape))]
 
 
-register(*[OpDef(name, _reduce_infer, reduce_reference) for name in REDUCERS])
-register(*[OpDef(name, _arg_infer, arg_reference) for name in ("ArgMax", "ArgMin")])
+# -- ReduceVar ------------------------------------------------------------------------------------------------
+def _var_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 1:
+        raise ShapeError(f"{node.where()}: ReduceVar takes 1 input, got {len(ins)}")
+    if np.dtype(ins[0].dtype).kind != "f":
+        raise ShapeError(f"{node.where()}: ReduceVar of {np.dtype(ins[0].dtype)} (torch.var takes floats only)")
+    shape = ins[0].shape
+    out = out_shape(shape, axes_of(node, len(shape)), bool(node.params.get("keepdims", False)))
+    return with_value(node, ins, [TensorInfo(out, ins[0].dtype)], var_reference)
+
+
+def var_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x = np.asarray(arrays[0])
+    axes = axes_of(node, x.ndim)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.var(x.astype(np.float64), axis=axes, ddof=float(node.params.get("correction", 1)))
+    return [np.asarray(y).astype(x.dtype).reshape(out_shape(x.shape, axes, bool(node.params.get("keepdims"))))]
+
+
+# -- CumSum ------------------------------------------------------------------------------------------------------
+def cumsum_dtype(dt: np.dtype) -> np.dtype:
+    return np.dtype(dt) if np.dtype(dt).kind == "f" else INT64  # torch sums integers and bools as int64
+
+
+def _cumsum_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 1:
+        raise ShapeError(f"{node.where()}: CumSum takes 1 input, got {len(ins)}")
+    norm_axis(node, int(node.params.get("axis", 0)), len(ins[0].shape))
+    return with_value(node, ins, [TensorInfo(ins[0].shape, cumsum_dtype(ins[0].dtype))], cumsum_reference)
+
+
+def cumsum_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x = np.asarray(arrays[0])
+    ot = cumsum_dtype(x.dtype)
+    if x.ndim == 0:
+        return [x.astype(ot)]
+    axis = norm_axis(node, int(node.params.get("axis", 0)), x.ndim)
+    return [np.cumsum(x.astype(np.float64 if ot.kind == "f" else ot), axis=axis).astype(ot)]
+
+
+# torch.mean, norm(p=2) and log(sum) refuse integers; sum, prod, amax, amin, logsumexp and L1 take them.
+FLOAT_ONLY = {"ReduceMean", "ReduceL2", "ReduceLogSum"}
+register(*[OpDef(name, _reduce_infer, reduce_reference, arity=(1, 1), float_inputs=(0,) if name in FLOAT_ONLY else ())
+           for name in REDUCERS])
+register(OpDef("ReduceVar", _var_infer, var_reference, arity=(1, 1), float_inputs=(0,)),
+         OpDef("CumSum", _cumsum_infer, cumsum_reference, arity=(1, 1)))
+register(*[OpDef(name, _arg_infer, arg_reference, arity=(1, 1)) for name in ("ArgMax", "ArgMin")])

@@ -8,6 +8,9 @@ Contract (see engine/ops/SPEC.md for every op's inputs, params and attrs):
   and what a device runs (copying into the outputs) for an op its kernel table lacks.
 - `inplace`: output 0 may take input 0's buffer when input 0 dies at this node (same shape and dtype).
 - `alias`: output 0 is a reshaped view of input 0 (reshape family): it gets no storage of its own.
+- `arity` (min, max inputs) and `float_inputs` (positions that must be floating point): checked by `check_inputs`
+  before `infer` runs, so no op computes on operands it does not take (torch refuses integer data where these ops
+  take floats; an op reading an integer tensor as a float one would answer wrongly).
 
 An op says what it computes, never how a device computes it: kernels live in each device's kernel table
 (engine/devices/<device>/kernels.py). A plugin adds an op with `register` and its CPU kernel with
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.errors import UnsupportedOpError
+from engine.errors import ShapeError, UnsupportedOpError
 from engine.ir import Node
 
 
@@ -46,6 +49,21 @@ class OpDef:
     reference: Callable[[Node, list[np.ndarray]], list[np.ndarray]]
     inplace: bool = False
     alias: bool = False
+    arity: tuple[int, int] | None = None
+    float_inputs: tuple[int, ...] = ()
+
+
+def check_inputs(op: OpDef, node: Node, ins: list[TensorInfo]) -> None:
+    """ShapeError naming the node when it has an input count outside `op.arity` or a non-float input where the
+    op takes floating point."""
+    if op.arity is not None and not op.arity[0] <= len(ins) <= op.arity[1]:
+        lo, hi = op.arity
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise ShapeError(f"{node.where()}: {node.op_type} node {node.name!r} takes {want} inputs, got {len(ins)}")
+    for i in op.float_inputs:
+        if i < len(ins) and np.dtype(ins[i].dtype).kind != "f":
+            raise ShapeError(f"{node.where()}: {node.op_type} node {node.name!r} takes floating-point input {i}, "
+                             f"got {np.dtype(ins[i].dtype)}")
 
 
 OPS: dict[str, OpDef] = {}

@@ -192,7 +192,7 @@ def channel_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 register(
-    OpDef("Resize", infer_resize, resize_reference),
-    OpDef("PixelShuffle", infer_pixel, pixel_reference),
-    OpDef("ChannelShuffle", infer_channel, channel_reference),
+    OpDef("Resize", infer_resize, resize_reference, arity=(1, 2), float_inputs=(0,)),
+    OpDef("PixelShuffle", infer_pixel, pixel_reference, arity=(1, 1)),
+    OpDef("ChannelShuffle", infer_channel, channel_reference, arity=(1, 1)),
 )

@@ -86,7 +86,12 @@ def transpose_perm(node: Node, rank: int) -> list[int]:
 
 
 def expand_shape(node: Node, shape: tuple[int, ...], target: list[int]) -> tuple[int, ...]:
-    """torch `expand` (-1 keeps a dim) combined with ONNX Expand's two-way broadcasting."""
+    """torch `expand` (-1 keeps a dim) combined with ONNX Expand's two-way broadcasting; with `torch` set, torch's
+    one-way rule alone (the target has at least the input's rank and only size-1 dims grow)."""
+    if node.params.get("torch") and (len(target) < len(shape) or any(
+            t not in (-1, x) and x != 1 for x, t in zip(reversed(shape), reversed(target), strict=False))):
+        raise ShapeError(f"{node.where()}: cannot expand {shape} to {target} (torch's expand grows size-1 dims "
+                         "only)")
     rank = max(len(shape), len(target))
     xs = (1,) * (rank - len(shape)) + tuple(shape)
     ts = [1] * (rank - len(target)) + list(target)
@@ -174,6 +179,12 @@ def _shape_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.array(shape_slice(node, np.shape(arrays[0])), dtype=np.int64)]
 
 
-register(*[OpDef(op, _infer, _reference, alias=True) for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")])
-register(*[OpDef(op, _infer, _reference) for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")])
-register(OpDef("Shape", _shape_infer, _shape_reference))
+def _arity(op: str) -> tuple[int, int]:
+    return (1, 2) if op in ("Reshape", "Expand") else (1, 1)
+
+
+register(*[OpDef(op, _infer, _reference, alias=True, arity=_arity(op))
+           for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")])
+register(*[OpDef(op, _infer, _reference, arity=_arity(op))
+           for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")])
+register(OpDef("Shape", _shape_infer, _shape_reference, arity=(1, 1)))

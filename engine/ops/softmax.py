@@ -31,4 +31,5 @@ def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [y.astype(float_of(x.dtype))]
 
 
-register(OpDef("Softmax", _infer, reference), OpDef("LogSoftmax", _infer, reference))
+register(OpDef("Softmax", _infer, reference, arity=(1, 1), float_inputs=(0,)),
+         OpDef("LogSoftmax", _infer, reference, arity=(1, 1), float_inputs=(0,)))

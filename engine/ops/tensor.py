@@ -1,4 +1,6 @@
-"""Joining and cutting: Concat, Stack, Split, Slice (ONNX clamping, negative steps), Gather (negative indices).
+"""Joining and cutting: Concat, Stack, Split, Slice (ONNX clamping, negative steps), Gather (negative indices),
+Index (torch's advanced indexing by integer tensors, `x[rows, cols]`), GatherElements (torch.gather),
+RepeatInterleave, and Trilu (the lower or upper triangle of the last two dims).
 
 Shape arithmetic on known values is done at infer time."""
 
@@ -141,9 +143,10 @@ def _gather_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return with_value(node, ins, [TensorInfo(shape, data.dtype)], _gather_reference)
 
 
-def check_indices(node: Node, idx: np.ndarray, dim: int) -> None:
+def check_indices(node: Node, idx: np.ndarray, dim: int, axis: int | None = None) -> None:
     if idx.size and (idx.min() < -dim or idx.max() >= dim):
-        raise ShapeError(f"{node.where()}: Gather index out of range [{-dim}, {dim}) "
+        on = "" if axis is None else f" on dim {axis}"
+        raise ShapeError(f"{node.where()}: {node.op_type} index out of range [{-dim}, {dim}){on} "
                          f"(got {int(idx.min())}..{int(idx.max())})")
 
 
@@ -154,8 +157,141 @@ def _gather_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.take(data, idx.astype(np.int64), axis=axis)]
 
 
-register(OpDef("Concat", _join_infer, _join_reference),
-         OpDef("Stack", _join_infer, _join_reference),
-         OpDef("Split", _split_infer, _split_reference),
-         OpDef("Slice", _slice_infer, _slice_reference),
-         OpDef("Gather", _gather_infer, _gather_reference))
+# -- Index ---------------------------------------------------------------------------------------------------
+def index_dims(node: Node, rank: int, k: int) -> list[int]:
+    """The dims the k index tensors index (param `dims`, default the leading k): distinct and ascending, as the
+    positions of torch's index list (`x[:, rows, cols]` indexes dims 1 and 2)."""
+    dims = [int(d) for d in node.params.get("dims") or range(k)]
+    if len(dims) != k or any(not 0 <= d < rank for d in dims) or dims != sorted(set(dims)):
+        raise ShapeError(f"{node.where()}: Index dims {dims} do not fit {k} indices of a rank-{rank} tensor")
+    return dims
+
+
+def index_shape(shape: tuple[int, ...], dims: list[int], lead: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy's (and torch's) rule: indexed dims next to each other are replaced in place by the indices'
+    broadcast shape; indexed dims apart put it first."""
+    rest = tuple(d for a, d in enumerate(shape) if a not in dims)
+    if dims == list(range(dims[0], dims[0] + len(dims))):
+        return shape[:dims[0]] + lead + shape[dims[-1] + 1:]
+    return lead + rest
+
+
+def _index_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) < 2:
+        raise ShapeError(f"{node.where()}: Index takes (data, index, ...), got {len(ins)} inputs")
+    data, indices = ins[0], ins[1:]
+    for i in indices:
+        # torch indexes with int64 or int32; a bool (or uint8) mask picks a run-time number of elements: not here
+        if np.dtype(i.dtype) not in (np.dtype(np.int64), np.dtype(np.int32)):
+            raise ShapeError(f"{node.where()}: Index indices must be int64 or int32 tensors, got "
+                             f"{', '.join(str(np.dtype(i.dtype)) for i in indices)}")
+    dims = index_dims(node, len(data.shape), len(indices))
+    for d, i in zip(dims, indices, strict=True):
+        if i.value is not None:
+            check_indices(node, np.asarray(i.value), data.shape[d], d)
+    try:
+        lead = tuple(np.broadcast_shapes(*[tuple(i.shape) for i in indices]))
+    except ValueError:
+        raise ShapeError(f"{node.where()}: Index index shapes {', '.join(str(i.shape) for i in indices)} "
+                         "do not broadcast") from None
+    return with_value(node, ins, [TensorInfo(index_shape(data.shape, dims, lead), data.dtype)], index_reference)
+
+
+def index_tuple(node: Node, shape: tuple[int, ...], indices: list[np.ndarray]) -> tuple:
+    """The numpy index of torch's `x[..., idx0, ..., idx1]`: full slices but on `dims`, the indices checked against
+    the actual dims (negative ones count from the end, as in torch)."""
+    dims = index_dims(node, len(shape), len(indices))
+    index: list = [slice(None)] * (dims[-1] + 1)
+    for d, idx in zip(dims, indices, strict=True):
+        check_indices(node, idx, shape[d], d)
+        index[d] = np.asarray(idx).astype(np.int64, copy=False)
+    return tuple(index)
+
+
+def index_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    data = np.asarray(arrays[0])
+    return [np.array(data[index_tuple(node, data.shape, [np.asarray(a) for a in arrays[1:]])])]
+
+
+# -- GatherElements ------------------------------------------------------------------------------------------
+def _gather_elements_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 2:
+        raise ShapeError(f"{node.where()}: GatherElements takes (data, index), got {len(ins)} inputs")
+    data, idx = ins
+    if np.dtype(idx.dtype).kind not in "iu":
+        raise ShapeError(f"{node.where()}: GatherElements index must be integers, got {np.dtype(idx.dtype)}")
+    if len(idx.shape) != len(data.shape):
+        raise ShapeError(f"{node.where()}: GatherElements index {idx.shape} and data {data.shape} differ in rank")
+    axis = norm_axis(node, int(node.params.get("axis", 0)), len(data.shape))
+    if any(i > d for a, (i, d) in enumerate(zip(idx.shape, data.shape, strict=True)) if a != axis):
+        raise ShapeError(f"{node.where()}: GatherElements index {idx.shape} is larger than data {data.shape} "
+                         f"off axis {axis}")
+    if idx.value is not None:
+        _check_gather_elements(node, np.asarray(idx.value), data.shape[axis])
+    return with_value(node, ins, [TensorInfo(tuple(idx.shape), data.dtype)], _gather_elements_reference)
+
+
+def _check_gather_elements(node: Node, idx: np.ndarray, dim: int) -> None:
+    if idx.size and (idx.min() < 0 or idx.max() >= dim):  # torch.gather takes no negative index
+        raise ShapeError(f"{node.where()}: GatherElements index out of range [0, {dim}) "
+                         f"(got {int(idx.min())}..{int(idx.max())})")
+
+
+def _gather_elements_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    data, idx = np.asarray(arrays[0]), np.asarray(arrays[1])
+    axis = norm_axis(node, int(node.params.get("axis", 0)), data.ndim)
+    _check_gather_elements(node, idx, data.shape[axis])
+    idx = idx.astype(np.int64)
+    # torch.gather reads data at the index's extent off the axis (smaller than data's is allowed)
+    view = data[tuple(slice(0, n) if a != axis else slice(None) for a, n in enumerate(idx.shape))]
+    return [np.take_along_axis(view, idx, axis=axis)]
+
+
+# -- RepeatInterleave ----------------------------------------------------------------------------------------
+def _repeats(node: Node, dim: int) -> np.ndarray:
+    reps = np.asarray(node.params.get("repeats"))
+    if reps.dtype.kind not in "iu" or reps.ndim > 1 or (reps.ndim == 1 and reps.size not in (1, dim)) \
+            or (reps < 0).any():
+        raise ShapeError(f"{node.where()}: RepeatInterleave repeats {node.params.get('repeats')!r} do not fit "
+                         f"a dim of {dim}")
+    return reps.reshape(-1) if reps.ndim == 1 and reps.size == dim else np.full(dim, int(reps.reshape(-1)[0]))
+
+
+def _repeat_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 1:
+        raise ShapeError(f"{node.where()}: RepeatInterleave takes 1 input, got {len(ins)}")
+    shape = list(ins[0].shape)
+    axis = norm_axis(node, int(node.params.get("axis", 0)), len(shape))
+    shape[axis] = int(_repeats(node, shape[axis]).sum())
+    return with_value(node, ins, [TensorInfo(tuple(shape), ins[0].dtype)], _repeat_reference)
+
+
+def _repeat_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    x = np.asarray(arrays[0])
+    axis = norm_axis(node, int(node.params.get("axis", 0)), x.ndim)
+    return [np.repeat(x, _repeats(node, x.shape[axis]), axis=axis)]
+
+
+# -- Trilu -----------------------------------------------------------------------------------------------------
+def _trilu_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 1:
+        raise ShapeError(f"{node.where()}: Trilu takes 1 input, got {len(ins)}")
+    if len(ins[0].shape) < 2:
+        raise ShapeError(f"{node.where()}: Trilu of a {len(ins[0].shape)}-D tensor (needs at least 2 dims)")
+    return with_value(node, ins, [TensorInfo(ins[0].shape, ins[0].dtype)], _trilu_reference)
+
+
+def _trilu_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    fn = np.triu if node.params.get("upper") else np.tril
+    return [fn(np.asarray(arrays[0]), int(node.params.get("k", 0)))]
+
+
+register(OpDef("Index", _index_infer, index_reference, arity=(2, 64)),
+         OpDef("GatherElements", _gather_elements_infer, _gather_elements_reference, arity=(2, 2)),
+         OpDef("RepeatInterleave", _repeat_infer, _repeat_reference, arity=(1, 1)),
+         OpDef("Trilu", _trilu_infer, _trilu_reference, arity=(1, 1)))
+register(OpDef("Concat", _join_infer, _join_reference, arity=(1, 1 << 16)),
+         OpDef("Stack", _join_infer, _join_reference, arity=(1, 1 << 16)),
+         OpDef("Split", _split_infer, _split_reference, arity=(1, 1)),
+         OpDef("Slice", _slice_infer, _slice_reference, arity=(1, 4)),
+         OpDef("Gather", _gather_infer, _gather_reference, arity=(2, 2)))

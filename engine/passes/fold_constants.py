@@ -1,4 +1,7 @@
-"""fold_constants: a node whose inputs are all constants becomes constant values (its numpy reference, once)."""
+"""fold_constants: a node whose inputs are all constants becomes constant values (its numpy reference, once).
+
+The op's shape inference runs first, so a node its op refuses (integer math on a float operand, indices of the
+wrong dtype) is an error at load, as it would be with run-time inputs, never a folded wrong constant."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import numpy as np
 
 from engine.ir import Graph, Node
 from engine.passes.graph_edit import op_of
+from engine.passes.infer_shapes import const_info, infer_node
 
 # Folding must not blow weights up: an Expand of a scalar to a huge tensor stays a node.
 MAX_GROWTH = 4
@@ -23,6 +27,7 @@ def _fold(graph: Graph, node: Node) -> None:
     op = op_of(node)
     if op is None:
         return
+    infer_node(node, [const_info(v) for v in node.inputs])
     try:
         results = [np.asarray(r) for r in op.reference(node, [v.const for v in node.inputs])]
     except Exception:  # leave it to run-time, where a failure gets a proper KernelError

@@ -1,5 +1,6 @@
 """fuse_epilogue: Conv / ConvTranspose / Gemm absorb a following activation into their `activation` param, and
-a Conv absorbs a following Add of a same-shape tensor as its residual input (then maybe an activation).
+a Conv or Gemm absorbs a following Add of a same-shape tensor as its residual input (then maybe an activation):
+the transformer's `x + proj(h)` becomes one matmul whose epilogue adds x.
 
 Only when the intermediate has one consumer and is not a graph output; the fused node keeps the last
 node's output value, so output names do not change.
@@ -31,7 +32,7 @@ def fuse_epilogue(graph: Graph) -> Graph:
     for node in list(graph.nodes):
         if node.op_type not in _ANCHORS or node not in graph.nodes:
             continue
-        if node.op_type == "Conv":
+        if node.op_type in ("Conv", "Gemm"):
             _fuse_residual(graph, node)
         _fuse_activation(graph, node)
     return graph

@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.errors import EngineError, ShapeError
 from engine.ir import Graph, Node, Value
-from engine.ops.registry import OPS, OpDef, TensorInfo, get_op
+from engine.ops.registry import OPS, OpDef, TensorInfo, check_inputs, get_op
 
 # Nodes whose inputs are all known are evaluated on the host when they are this small (shape arithmetic).
 HOST_EVAL_MAX_ELEMENTS = 4096
@@ -52,6 +52,7 @@ def infer_infos(graph: Graph, inputs: Mapping[Value, TensorInfo], strict: bool =
 
 def infer_node(node: Node, ins: list[TensorInfo], ops: Mapping[str, OpDef] = OPS) -> list[TensorInfo]:
     op = get_op(node.op_type, node.name, node.where(), ops)
+    check_inputs(op, node, ins)
     try:
         outs = list(op.infer(node, ins))
     except EngineError:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from engine.ir import Graph
 from engine.passes.eliminate_noops import eliminate_noops
 from engine.passes.fold_constants import fold_constants
+from engine.passes.fuse_attention import fuse_attention
 from engine.passes.fuse_conv_bn import fuse_conv_bn
 from engine.passes.fuse_epilogue import fuse_epilogue
 from engine.passes.infer_shapes import infer_shapes
@@ -20,6 +21,7 @@ PIPELINE: list[Pass] = [
     infer_shapes,
     fold_constants,
     eliminate_noops,
+    fuse_attention,
     fuse_conv_bn,
     fuse_epilogue,
     infer_shapes,  # fusions moved outputs between nodes; refresh for `inspect` and the model's specs

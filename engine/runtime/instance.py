@@ -26,6 +26,7 @@ from engine.runtime.bind import Bound, bind
 from engine.runtime.compile import compile_graph
 from engine.runtime.inputs import check_inputs, host_input, resolve_max_shapes
 from engine.runtime.options import EngineOptions, environment_options
+from engine.runtime.profile import Profile, kernel_label
 
 log = logging.getLogger("engine.runtime")
 
@@ -51,7 +52,7 @@ class Instance:
         self.graph = graph
         # Kernel/BLAS threads are process-wide: an instance with its own count applies it before each run.
         self.threads = None if threads is None else max(1, int(threads))
-        _apply_threads(self.threads, self.options.cpu.threads)
+        _apply_threads(self.threads, self.options.cpu.threads, self.options.cpu.spin_us)
         self.device = get_device(device, self.options.cpu)
         graph = self.graph = self.device.prepare(graph)
         self.max_shapes = resolve_max_shapes(graph, max_shapes)
@@ -64,6 +65,19 @@ class Instance:
         self._bound: OrderedDict[tuple, Bound] = OrderedDict()
         self._lock = threading.Lock()
         self.last_timings: dict[str, object] = {}
+        self.profile: Profile | None = None  # per-node times of every run while profiling is on
+
+    # -- profiling ------------------------------------------------------------------------------------
+    def start_profile(self) -> Profile:
+        """From now on every run adds its per-node times to a fresh `profile` (until stop_profile)."""
+        self.profile = Profile.for_nodes((c.node.name, c.node.op_type, kernel_label(c.kernel))
+                                         for c in self._compiled.nodes if not c.alias)
+        return self.profile
+
+    def stop_profile(self) -> Profile | None:
+        """Ends profiling; returns what was collected."""
+        profile, self.profile = self.profile, None
+        return profile
 
     # -- public ---------------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, np.ndarray], timings: bool = False) -> dict[str, np.ndarray]:
@@ -125,7 +139,10 @@ class Instance:
             bound.attach([host_input(a) for a in arrays])
         try:
             t1 = time.perf_counter()
-            node_times = execute(bound, self.workspace, timings, self.debug)
+            profile = self.profile
+            node_times = execute(bound, self.workspace, timings or profile is not None, self.debug)
+            if profile is not None:
+                profile.add_run(node_times)
             t2 = time.perf_counter()
             out = {name: self.device.copy_out(a) for name, a in bound.outputs}
             t3 = time.perf_counter()
@@ -205,9 +222,9 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
                        f"{type(e).__name__}: {e}")
 
 
-def _apply_threads(threads: int | None, setting: int | None) -> None:
-    """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows),
-    BLAS one thread; threads= then wins."""
-    _threads.configure(setting)
+def _apply_threads(threads: int | None, setting: int | None, spin_us: int) -> None:
+    """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows;
+    its wait policy, NNSERVE_SPIN_US), BLAS one thread; threads= then wins."""
+    _threads.configure(setting, spin_us)
     if threads is not None:
         _threads.set_threads(threads)

@@ -12,10 +12,10 @@ import numpy as np
 
 from server.datatypes import wire_to_numpy
 from server.errors import InvalidArgumentError
-from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput, StreamResponse
+from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput, ShmRef, StreamResponse, shm_ref
 from server.protocol.grpc import pb2
 from server.protocol.grpc_wire import InferMessage, response_parts
-from server.protocol.raw_tensors import tensor_from_raw, tensor_raw_view, tensor_to_raw
+from server.raw_tensors import tensor_from_raw, tensor_raw_view, tensor_to_raw
 from server.request_limits import MAX_NAME_BYTES, check_label, element_count
 
 # Stream responses carry whether they are their request's last; a client asks for the final flag alone (a decoupled
@@ -66,18 +66,30 @@ def decode_request(request: Any) -> InferRequest:
     req = InferRequest(model_name=msg.model_name, model_version=msg.model_version, id=msg.id,
                        parameters=params_from_grpc(params) if params else {})
     inputs = msg.inputs
-    if raw and len(raw) != len(inputs):
-        raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for {len(inputs)} inputs")
-    for i, t in enumerate(inputs):
+    # raw_input_contents holds, in order, the inputs that are not in shared memory (Triton's rule)
+    refs = [_input_shm(t) for t in inputs]
+    if raw and len(raw) != refs.count(None):
+        raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for {refs.count(None)} inputs")
+    next_raw = 0
+    for t, shm in zip(inputs, refs, strict=True):
         name, datatype, shape = t.name, t.datatype, list(t.shape)
         check_label(name, "input name")
         if shape and min(shape) < 0:
             raise InvalidArgumentError(f"input '{name}': shape {shape[:8]} has a negative dim")
+        model = msg.model_name[:MAX_NAME_BYTES]
+        if shm is not None:
+            if t.HasField("contents"):  # Triton's words
+                raise InvalidArgumentError(f"unexpected 'content' provided when using shared memory for input tensor "
+                                           f"'{name}' for model '{model}'")
+            element_count(shape, name)
+            req.inputs.append(InferInput(name, datatype, shape, None, shm))
+            continue
         if raw:
             if t.HasField("contents"):
                 raise InvalidArgumentError(f"contents field must not be specified when using raw_input_contents for "
-                                           f"'{name}' for model '{msg.model_name[:MAX_NAME_BYTES]}'")  # Triton's
-            data = tensor_from_raw(raw[i], datatype, shape, name)
+                                           f"'{name}' for model '{model}'")  # Triton's words
+            data = tensor_from_raw(raw[next_raw], datatype, shape, name)
+            next_raw += 1
         else:
             data = _typed_contents(t, shape)
         req.inputs.append(InferInput(name, datatype, shape, data))
@@ -86,6 +98,11 @@ def decode_request(request: Any) -> InferRequest:
         out_params = o.parameters
         req.outputs.append(RequestedOutput(o.name, params_from_grpc(out_params) if out_params else {}))
     return req
+
+
+def _input_shm(t: Any) -> ShmRef | None:
+    params = t.parameters
+    return shm_ref(params_from_grpc(params), t.name) if params else None
 
 
 def _typed_contents(t: Any, shape: list[int]) -> np.ndarray:
@@ -107,7 +124,7 @@ def encode_response(resp: InferResponse) -> Any:
     params_to_grpc(resp.parameters, msg.parameters)
     for out in resp.outputs:
         msg.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.shape))
-        msg.raw_output_contents.append(tensor_to_raw(out.data))
+        msg.raw_output_contents.append(b"" if out.in_shared_memory else tensor_to_raw(out.data))
     return msg
 
 
@@ -117,7 +134,8 @@ def encode_response_parts(resp: InferResponse, extra_params: dict[str, Any] | No
     params_to_grpc({**resp.parameters, **(extra_params or {})}, msg.parameters)
     for out in resp.outputs:
         msg.outputs.add(name=out.name, datatype=out.datatype, shape=list(out.shape))
-    return response_parts(msg, [tensor_raw_view(out.data) for out in resp.outputs])
+    # an output written to shared memory keeps its (empty) place: raw outputs pair with outputs by position
+    return response_parts(msg, [b"" if out.in_shared_memory else tensor_raw_view(out.data) for out in resp.outputs])
 
 
 def encode_stream_response(item: StreamResponse, request: Any) -> Any:

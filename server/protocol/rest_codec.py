@@ -14,8 +14,8 @@ import numpy as np
 
 from server.datatypes import element_size, numpy_to_wire, wire_to_numpy
 from server.errors import InvalidArgumentError, UnsupportedError
-from server.inference import InferInput, InferRequest, InferResponse, RequestedOutput
-from server.protocol.raw_tensors import tensor_from_raw, tensor_to_raw
+from server.inference import SHM_REGION, InferInput, InferRequest, InferResponse, RequestedOutput, shm_ref
+from server.raw_tensors import tensor_from_raw, tensor_to_raw
 from server.request_limits import check_label, element_count, quoted
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -135,7 +135,13 @@ def _decode_input(item: Any, binary: memoryview, pos: int, yielding: bool) -> tu
         raise InvalidArgumentError("an input's 'name' and 'datatype' must be strings")
     check_label(name, "input name")
     shape = _shape(item["shape"], name)
-    size = _params(item.get("parameters"), f"input '{name}'").get("binary_data_size")
+    params = _params(item.get("parameters"), f"input '{name}'")
+    _check_one_source(item, params)
+    shm = shm_ref(params, name)
+    if shm is not None:  # read by the data plane, which holds the regions
+        element_count(shape, name)
+        return InferInput(name, datatype, shape, None, shm), pos
+    size = params.get("binary_data_size")
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InvalidArgumentError(f"input '{name}': binary_data_size must be a non-negative integer")
@@ -143,9 +149,18 @@ def _decode_input(item: Any, binary: memoryview, pos: int, yielding: bool) -> tu
             raise InvalidArgumentError(f"input '{name}': binary_data_size {size} runs past the end of the body")
         data = tensor_from_raw(binary[pos : pos + int(size)], datatype, shape, name)
         return InferInput(name, datatype, shape, data), pos + int(size)
-    if "data" not in item:
-        raise InvalidArgumentError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
     return InferInput(name, datatype, shape, _json_tensor(item["data"], datatype, shape, name, yielding)), pos
+
+
+def _check_one_source(item: dict[str, Any], params: dict[str, Any]) -> None:
+    """Triton's rule and words: an input's bytes come from exactly one of data, the binary extension or shared
+    memory."""
+    sources = [s for s, given in (("data", "data" in item), ("binary_data_size", "binary_data_size" in params),
+                                  (SHM_REGION, SHM_REGION in params)) if given]
+    if len(sources) != 1:
+        found = " no field is set" if not sources else " set " + " ".join(f"'{s}'" for s in sources)
+        raise InvalidArgumentError("Input must set only one of the following fields: 'data', 'binary_data_size' in "
+                                   f"'parameters', 'shared_memory_region' in 'parameters'. But{found}")
 
 
 def _shape(value: Any, name: str) -> list[int]:
@@ -220,7 +235,9 @@ def encode_response(resp: InferResponse, req: InferRequest) -> tuple[bytes, int 
     outputs, chunks = [], []
     for out in resp.outputs:
         entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
-        if wanted.get(out.name, {}).get("binary_data", default_binary):
+        if out.in_shared_memory:  # as Triton: the tensor is in the region, the response only describes it
+            pass
+        elif wanted.get(out.name, {}).get("binary_data", default_binary):
             raw = tensor_to_raw(out.data)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

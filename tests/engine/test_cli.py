@@ -57,6 +57,23 @@ def test_run_writes_outputs_matching_numpy(model, tmp_path):
     assert "time: compute" in r.stdout and f"{name}: float32 [5, 3]" in r.stdout
 
 
+def test_run_profile_prints_time_per_op_kind_and_node(tmp_path):
+    model = write_model(tmp_path, "nn.Hardswish")
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = cli("run", model, "--input", f"in0={tmp_path / 'x.npy'}", "--output-dir", tmp_path / "out", "--repeat", "4",
+            "--profile", "--profile-nodes", "0")
+    assert r.returncode == 0, r.stderr
+    report = r.stdout.split("profile: ", 1)[1]
+    assert report.startswith("4 run(s),")
+    kinds, nodes = report.split("\n\n")[1:3]
+    assert kinds.splitlines()[0].split()[:4] == ["op", "nodes", "ms/run", "share"]
+    assert kinds.splitlines()[1].split()[0] == "Gemm"  # the activation is fused into it: one node
+    assert nodes.splitlines()[1].split()[:2] == ["fc", "Gemm"]
+    assert nodes.splitlines()[1].split()[-1].startswith(("onednn:", "cpu/linear"))  # the kernel that ran it
+    assert "fallback (numpy reference" not in r.stdout
+
+
 def test_inspect_shows_specs_ops_and_memory_plan(model):
     r = cli("inspect", model, "--max-shape", "in0=16x4")
     assert r.returncode == 0, r.stderr

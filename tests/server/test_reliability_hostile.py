@@ -19,7 +19,7 @@ from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repo
 
 from server.errors import InvalidArgumentError
 from server.protocol.grpc import pb2, pb2_grpc
-from server.protocol.raw_tensors import decode_bytes_tensor
+from server.raw_tensors import decode_bytes_tensor
 
 pytestmark = pytest.mark.slow  # its own server
 
@@ -31,7 +31,10 @@ X = np.array([[0.5, -1.0, 2.0, 3.5]], np.float32)
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     repo = make_repository(tmp_path_factory.mktemp("hostile"), {"affine": AFFINE_CONFIG})
-    srv = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "affine")
+    # model files through the load API raise that route's body limit by their own (base64): kept small here, so
+    # that the load route's limit too is passed by the 2 MiB the body-limit test sends
+    srv = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "affine",
+                        "--model-load-max-file-size", "65536")
     yield srv
     assert srv.stop() == 0, srv.log_text
     assert "Traceback" not in srv.log_text, srv.log_text
@@ -264,10 +267,8 @@ def test_a_gigabyte_to_the_index_costs_nothing(hostile: ServerProcess) -> None:
 # ---- issue 22 item 8: Triton's answers -------------------------------------------------------------------------
 @pytest.mark.parametrize(("path", "status", "message"), [
     ("/v2/models/nope", 404, "Request for unknown model: 'nope' is not found"),
-    ("/v2/models/nope/ready", 404, "Request for unknown model: 'nope' is not found"),
     ("/v2/models/nope/config", 404, "Request for unknown model: 'nope' is not found"),
     ("/v2/models/affine/versions/9", 404, "Request for unknown model: 'affine' version 9 is not found"),
-    ("/v2/models/affine/versions/9/ready", 404, "Request for unknown model: 'affine' version 9 is not found"),
     ("/v2/models/affine/versions/x/ready", 400, "failed to get model version from specified version string 'x'"),
 ])
 def test_unknown_models_and_versions_answer_as_triton(hostile: ServerProcess, path: str, status: int,
@@ -282,8 +283,12 @@ def test_readiness_codes(hostile: ServerProcess, stub) -> None:
     assert httpx.get(f"{base}/v2/models/affine/ready", timeout=10).status_code == 200
     assert httpx.get(f"{base}/v2/models/affine/versions/1/ready", timeout=10).status_code == 200
     assert stub.ModelReady(pb2.ModelReadyRequest(name="affine"), timeout=10).ready
-    err = grpc_error(stub.ModelReady, pb2.ModelReadyRequest(name="nope"))
-    assert err.code() == grpc.StatusCode.NOT_FOUND and err.details() == "Request for unknown model: 'nope' is not found"
+    # Triton's InferenceServer::ModelIsReady: an unknown model or version is not ready, which is no error (gRPC
+    # ready=false; HTTP 400 with no body, as Triton's HTTP front end answers "not ready")
+    assert not stub.ModelReady(pb2.ModelReadyRequest(name="nope"), timeout=10).ready
+    assert not stub.ModelReady(pb2.ModelReadyRequest(name="affine", version="9"), timeout=10).ready
+    for path in ("/v2/models/nope/ready", "/v2/models/affine/versions/9/ready"):
+        assert httpx.get(f"{base}{path}", timeout=10).status_code == 400
 
 
 def test_docs_are_served_with_the_schema_they_show(hostile: ServerProcess) -> None:

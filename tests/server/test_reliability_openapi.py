@@ -7,6 +7,8 @@ get a 5xx either. Bounded examples per route keep it within a minute or two; `ma
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +20,15 @@ from schemathesis.generation import GenerationMode
 from serverproc import ServerProcess
 
 EXAMPLES = max(25, int(os.environ.get("NNSERVE_FUZZ_EXAMPLES", "150")) // 6)
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path) -> Iterator[ServerProcess]:
+    """The session's server, with client shared memory on: the fuzzer then reaches the shared-memory routes'
+    checks, not only their 'disabled' answer (Triton's 501)."""
+    srv = ServerProcess(repo, "--allow-client-shm", "true")
+    yield srv
+    assert srv.stop() == 0, srv.log_text
 
 
 @schemathesis.check

@@ -147,12 +147,15 @@ def explicit(tmp_path_factory: pytest.TempPathFactory):
 def test_loading_a_name_the_repository_does_not_have(explicit):
     for _ in range(2):
         r = httpx.post(f"http://{explicit.http_url}/v2/repository/models/ghost/load", timeout=60)
-        assert r.status_code == 400 and "no model directory 'ghost'" in r.json()["error"], r.text
+        # Triton 2.51's answer, which clients match
+        assert r.status_code == 500 and r.json()["error"] == "failed to load 'ghost', failed to poll from model " \
+            "repository", r.text
     with pytest.raises(grpc.RpcError) as info:
         with grpc.insecure_channel(explicit.grpc_url) as channel:
             pb2_grpc.GRPCInferenceServiceStub(channel).RepositoryModelLoad(
                 pb2.RepositoryModelLoadRequest(model_name="ghost"), timeout=60)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert info.value.details() == "failed to load 'ghost', failed to poll from model repository"
     assert "ghost" not in index(explicit)  # no trace: not in the index, not counted by readiness
     assert ready(explicit)
     assert_serves(explicit)

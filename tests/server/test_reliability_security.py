@@ -146,9 +146,10 @@ def test_load_refuses_symlinks_out_of_the_root(restricted: ServerProcess, model:
 
 def test_load_refuses_file_overrides_and_warmup_files_outside(restricted: ServerProcess, outside: Path) -> None:
     load = url(restricted, "/v2/repository/models/plain/load")
-    r = httpx.post(load, headers=dict([ADMIN]), json={"parameters": {
-        "config": "{}", "file:1/model.pnnx.bin": "AAAA"}}, timeout=30)
-    assert r.status_code == 400 and "'file:'" in r.json()["error"]
+    for key in ("file:../../escaped", "file:/tmp/escaped", "file:1/../../../escaped"):  # files stay in their directory
+        r = httpx.post(load, headers=dict([ADMIN]), json={"parameters": {"config": "{}", key: "AAAA"}}, timeout=30)
+        assert r.status_code == 500 and "must stay within the model directory" in r.json()["error"], r.text
+        assert not (outside / "escaped").exists() and not Path("/tmp/escaped").exists()
     warmup = {"name": "plain", "max_batch_size": 2, "model_warmup": [{"name": "w", "batch_size": 1, "inputs": {
         "in0": {"data_type": "TYPE_FP32", "dims": [4], "input_data_file": str(outside / "secret.txt")}}}]}
     for path in (str(outside / "secret.txt"), "../../secret.txt"):

@@ -42,6 +42,7 @@ def test_parse_restrictions_follows_tritons_syntax() -> None:
     ("GET", "/v2/models/m/versions/1/stats", "statistics"), ("POST", "/v2/repository/index", "model-repository"),
     ("POST", "/v2/repository/models/m/load", "model-repository"), ("GET", "/v2/logging", "logging"),
     ("GET", "/v2/trace/setting", "trace"), ("GET", "/v2/systemsharedmemory/status", "shared-memory"),
+    ("GET", "/v2/models/m/profile", "trace"), ("POST", "/v2/models/m/versions/1/profile", "trace"),
     ("GET", "/openapi.json", None), ("GET", "/metrics", None),
 ])
 def test_http_api_groups(method: str, path: str, group: str | None) -> None:

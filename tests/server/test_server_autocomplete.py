@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from realworld_known import KNOWN, PNNX_BROKEN
 
 import engine
 from server import config as cfg
@@ -34,6 +35,19 @@ def fixture_models() -> list[Path]:
 
 def fixture_id(path: Path) -> str:
     return str(path.parent.relative_to(ROOT))
+
+
+# Committed real-world models the engine refuses, whatever the config (tests/realworld_known.py: static exports whose
+# index tensors pnnx lost, and one that pnnx exports wrongly). Strict xfails: one that starts loading fails here
+# until it is taken off that list.
+REFUSED = {f"tests/fixtures/realworld/{n}" for n in (*KNOWN, *PNNX_BROKEN)}
+
+
+def fixture_params() -> list:
+    refused = pytest.mark.xfail(strict=True, raises=(engine.EngineError, ModelLoadError),
+                                reason="the engine refuses this model at load")
+    return [pytest.param(p, id=fixture_id(p), marks=[refused] if fixture_id(p) in REFUSED else [])
+            for p in fixture_models()]
 
 
 def copy_as_model(graph: Path, repo: Path, name: str) -> Path:
@@ -65,7 +79,7 @@ def build(repo: Path, name: str) -> None:
     ModelRepository(repo)._build(name, repo / name, None)
 
 
-@pytest.mark.parametrize("graph", fixture_models(), ids=fixture_id)
+@pytest.mark.parametrize("graph", fixture_params())
 def test_every_fixture_model_loads_without_a_config(tmp_path, graph):
     model_dir = copy_as_model(graph, tmp_path, "m")
     model = engine.load(graph)

@@ -15,7 +15,7 @@ from server.errors import InvalidArgumentError
 from server.inference import InferResponse, OutputTensor
 from server.protocol import grpc_codec, rest_codec
 from server.protocol.grpc import pb2
-from server.protocol.raw_tensors import decode_bytes_tensor, encode_bytes_tensor, tensor_from_raw
+from server.raw_tensors import decode_bytes_tensor, encode_bytes_tensor, tensor_from_raw
 
 STRINGS = np.array([b"alpha", b"", b"\x00\xffbin", "ünï".encode()], dtype=object)
 

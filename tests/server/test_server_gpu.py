@@ -89,7 +89,10 @@ def test_kind_gpu_places_instances_on_cuda0_under_the_simulator(tmp_path):
     srv = ServerProcess(repo, env=SIMULATED_GPU)
     try:
         config = httpx.get(f"http://{srv.http_url}/v2/models/gpu/config").json()
-        assert config["instance_group"] == [{"count": 1, "kind": "KIND_GPU", "gpus": [0]}]
+        # every field printed, at its default too, as Triton does (issue 21 item 9)
+        assert [{k: g[k] for k in ("count", "kind", "gpus")} for g in config["instance_group"]] == [
+            {"count": 1, "kind": "KIND_GPU", "gpus": [0]}]
+        assert config["instance_group"][0]["passive"] is False
         auto = httpx.get(f"http://{srv.http_url}/v2/models/auto/config").json()["instance_group"]
         assert [(g["kind"], g["gpus"]) for g in auto] == [("KIND_GPU", [0])]  # KIND_AUTO finds the device
         for model in ("gpu", "auto"):

@@ -28,8 +28,10 @@ def test_health_and_server_metadata(server):
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("affine") and client.is_model_ready("affine", "1")
     assert not client.is_model_ready("affine", "7")
-    r = httpx.get(url(server, "/v2/models/nope/ready"))  # Triton 2.51: the lookup's error, 404
-    assert r.status_code == 404 and r.json()["error"] == "Request for unknown model: 'nope' is not found"
+    # Triton's HTTP front end: a model that is not ready (unknown here: the core's ModelIsReady says not ready, no
+    # error) is 400 "Model version not ready"
+    r = httpx.get(url(server, "/v2/models/nope/ready"))
+    assert r.status_code == 400 and r.json()["error"] == "Model version not ready"
 
 
 def test_model_metadata_and_config(server):
@@ -190,3 +192,28 @@ def test_unknown_routes_and_methods_answer_kserve_errors(server, method, path, s
     assert words in r.json()["error"]
     if status == 405:
         assert "GET" in r.headers["allow"] or "POST" in r.headers["allow"]
+
+
+def test_per_op_profile_of_a_served_model(server):
+    """POST .../profile {"action": "start"} times every node of the model's instances over the requests that follow;
+    GET answers the table so far (per op kind and per node, with the kernel that ran each), "stop" ends it."""
+    base = url(server, "/v2/models/affine/profile")
+    assert httpx.get(base).json()["profiling"] is False
+    started = httpx.post(base, json={"action": "start"})
+    assert started.status_code == 200 and started.json()["runs"] == 0
+    body = {"inputs": [{"name": "in0", "shape": [3, 4], "datatype": "FP32", "data": X.tolist()}]}
+    for _ in range(3):  # one after the other: three executions
+        assert httpx.post(url(server, "/v2/models/affine/infer"), json=body).status_code == 200
+    doc = httpx.get(url(server, "/v2/models/affine/versions/1/profile")).json()
+    assert doc["profiling"] is True and doc["runs"] == 3 and doc["fallback_nodes"] == []
+    assert {o["op"] for o in doc["ops"]} and all(o["ms_per_run"] >= 0 for o in doc["ops"])
+    assert all(n["calls"] == 3 and n["kernel"] for n in doc["nodes"])
+    assert sum(o["nodes"] for o in doc["ops"]) == len(doc["nodes"])
+    assert doc["table"].startswith("profile: 3 run(s)")
+    stopped = httpx.post(base, json={"action": "stop"}).json()
+    assert stopped["profiling"] is False and stopped["runs"] == 3
+    assert httpx.get(base).json() == {"name": "affine", "version": "1", "profiling": False}
+    bad = httpx.post(base, json={"action": "pause"})
+    assert bad.status_code == 400 and "start" in bad.json()["error"]
+    assert httpx.post(base, content=b"[1]").status_code == 400
+    assert httpx.get(url(server, "/v2/models/nope/profile")).status_code in (400, 404)

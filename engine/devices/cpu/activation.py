@@ -1,5 +1,7 @@
 """CPU kernels of the activations (engine/ops/activation.py): numba loops or ufunc chains that may run with the
-output sharing the input's buffer; integer activations (rare) run the reference."""
+output sharing the input's buffer; integer activations (rare) run the reference. With oneDNN, large float32
+tensors of the transcendental ones (GELU, SiLU, sigmoid, tanh, ELU, hard-swish, ...) run its eltwise primitive
+(onednn/unary.py: vectorised, threaded), the loops the rest."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import numpy as np
 
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, reference_fallback
 from engine.devices.cpu.loops import pointwise as mk
+from engine.devices.cpu.onednn import unary
+from engine.devices.cpu.onednn.eltwise import eltwise
 from engine.ir import Node
 from engine.ops import activation
 from engine.ops.activation import clip_bounds, param, prelu_slope
@@ -41,7 +45,24 @@ def _prelu_kernel(node: Node, ins: list[TensorInfo]):
     return run
 
 
+# op -> (the fused-epilogue name oneDNN's eltwise mapping knows, its params)
+_EPILOGUE = {"Gelu": ("gelu", ("approximate",)), "Silu": ("silu", ()), "Sigmoid": ("sigmoid", ()),
+             "Tanh": ("tanh", ()), "Elu": ("elu", ("alpha",)), "HardSwish": ("hardswish", ("alpha", "beta")),
+             "HardSigmoid": ("hardsigmoid", ("alpha", "beta")), "LeakyRelu": ("leaky_relu", ("alpha",))}
+
+
 def build(backends: Backends, node: Node, ins: list[TensorInfo]):
+    loop = _build_loop(node, ins)
+    if backends.onednn and np.dtype(ins[0].dtype) == np.float32 and node.op_type in _EPILOGUE:
+        name, keys = _EPILOGUE[node.op_type]
+        elt = eltwise(name, {k: node.params[k] for k in keys if node.params.get(k) is not None})
+        if elt is not None:
+            return unary.build(unary.eltwise_desc(*elt), lambda shape: (int(np.prod(shape)),), loop,
+                               f"eltwise_{elt[0]}", tuple(ins[0].shape))
+    return loop
+
+
+def _build_loop(node: Node, ins: list[TensorInfo]):
     op, dt = node.op_type, np.dtype(ins[0].dtype)
     if dt not in (np.float32, np.float64):
         return reference_fallback(node, activation.reference)  # integer activations are rare

@@ -1,33 +1,237 @@
-"""CPU kernel of Attention (engine/ops/attention.py): two matmuls around a numba softmax, the (…, L, S) scores kept
-in the workspace."""
+"""CPU kernel of Attention (engine/ops/attention.py): one fused pass over query blocks that never holds the
+(…, L, S) scores, only one tile of them per thread (flash-attention's scheme).
+
+float32: the work items are (batch and head, block of query rows); thread t takes items t, t + T, … (causal
+blocks grow along the diagonal, so interleaving balances them). Per item, up to MAX_ONE_BLOCK keys the scores
+of the block are one tile: s = q_blk @ kᵀ (BLAS), softmax in place with scale and mask (loops/attention.py),
+out_blk = s @ v straight into the output. Beyond that the keys go by KEY_BLOCK with the online softmax: a
+running row max and sum, the accumulated p @ v rescaled when the max grows, the output written once at the end.
+A tile stays within TILE_BYTES (L2) so the two GEMMs and the softmax between them read it from cache; causal
+items skip the key blocks past their last row. q, k, v and the output are read in place through their strides
+(heads and batch may broadcast); the tiles live in the instance workspace, one slot per thread.
+Other float dtypes numba takes run the unfused path (the whole scores in the workspace); the rest (float16),
+the reference.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
+from engine.devices.cpu.loops import attention as A
 from engine.devices.cpu.loops.normalize import softmax_loop
+from engine.devices.cpu.threads import get_threads, parallel_for
 from engine.ir import Node
 from engine.ops import attention
-from engine.ops.attention import causal_block, masked_fill, scale, shapes
+from engine.ops.attention import causal_block, masked_fill, nan_rows, scale, shapes
 from engine.ops.registry import TensorInfo
 from engine.ops.rules import float_of
 
+TILE_BYTES = 256 << 10  # scores per thread: in L2 on the machines measured (512 KiB-2 MiB per core)
+MAX_ONE_BLOCK = 1024  # up to this many keys a query block's softmax is exact in one tile
+KEY_BLOCK = 512  # keys per tile beyond that (online softmax)
+MIN_ROWS, MAX_ROWS = 16, 128  # query rows per block: GEMMs large enough, tile within TILE_BYTES
+LANES = 32  # partial maxima of a row (loops/attention.py's _max)
+_ALIGN = 64
+_F32 = np.dtype(np.float32)
+
+
+@dataclass(frozen=True)
+class Blocking:
+    rows: int  # query rows per block
+    keys: int  # keys per tile
+    e: int  # query / key width
+    dv: int  # value width
+
+    @property
+    def slot_bytes(self) -> int:
+        """One thread's buffers: the tile, its exponent scratch, partial maxima, the scaled query block, row max
+        and sum, accumulator and block product."""
+        parts = [self.rows * self.keys, self.keys, LANES, self.rows * self.e, self.rows, self.rows,
+                 self.rows * self.dv, self.rows * self.dv]
+        return sum(_aligned(4 * p) for p in parts)
+
+
+def blocking(L: int, S: int, e: int, dv: int) -> Blocking:
+    keys = max(1, S if S <= MAX_ONE_BLOCK else KEY_BLOCK)
+    rows = min(MAX_ROWS, max(MIN_ROWS, TILE_BYTES // (4 * keys)))
+    return Blocking(max(1, min(rows, L)), keys, e, dv)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class _Slot:
+    """One thread's buffers, carved from a workspace."""
+
+    def __init__(self, buf: np.ndarray, b: Blocking):
+        def take(count: int) -> np.ndarray:
+            nonlocal off
+            a = buf[off:off + 4 * count].view(np.float32)
+            off += _aligned(4 * count)
+            return a
+        off = -buf.ctypes.data % _ALIGN
+        self.s = take(b.rows * b.keys)
+        self.two_f = take(b.keys)
+        self.two_n = self.two_f.view(np.int32)
+        self.lanes = take(LANES)
+        self.q = take(b.rows * b.e).reshape(b.rows, b.e)
+        self.m, self.l = take(b.rows), take(b.rows)
+        self.acc, self.pv = take(b.rows * b.dv).reshape(b.rows, b.dv), take(b.rows * b.dv).reshape(b.rows, b.dv)
+
+
+def _fused_workspace(b: Blocking) -> int:
+    return get_threads() * b.slot_bytes + _ALIGN
+
 
 def _workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
-    scores, _ = shapes(node, ins)
+    scores, out = shapes(node, ins)
+    if _fused(ins):
+        return _fused_workspace(blocking(scores[-2], scores[-1], ins[0].shape[-1], out[-1]))
     return math.prod(scores) * float_of(ins[0].dtype).itemsize
+
+
+def _fused(ins: list[TensorInfo]) -> bool:
+    return all(np.dtype(i.dtype) == _F32 for i in ins[:3])
 
 
 def build(backends: Backends, node: Node, ins: list[TensorInfo]):
     dt = float_of(ins[0].dtype)
+    if _fused(ins):
+        return _build_fused(node, ins)
     if not numba_ok(dt):
         return reference_fallback(node, attention.reference)
+    return _build_unfused(node, ins, dt)
+
+
+class _Call:
+    """One run's operands, as the items read them."""
+
+    def __init__(self, node: Node, inputs, out: np.ndarray, b: Blocking, slots: list[_Slot]):
+        q, k, v = (_last_axis_unit(a) for a in inputs[:3])
+        self.batch = out.shape[:-2]
+        self.L, self.S = q.shape[-2], k.shape[-2]
+        self.q, self.k, self.v = (np.broadcast_to(a, self.batch + a.shape[-2:]) for a in (q, k, v))
+        self.out, self.b, self.slots = out, b, slots
+        self.scale = np.float32(scale(node, q.shape[-1]))
+        self.causal = bool(node.params.get("is_causal", False))
+        self.nan_rows = nan_rows(node)
+        mask = inputs[3] if len(inputs) > 3 else None
+        if mask is None:
+            self.mask_kind, self.mask = A.MASK_NONE, None
+        else:
+            if mask.dtype != np.bool_ and mask.dtype not in (np.float32, np.float64):
+                mask = mask.astype(np.float32)
+            self.mask_kind = A.MASK_BOOL if mask.dtype == np.bool_ else A.MASK_ADD
+            self.mask = np.broadcast_to(mask, self.batch + (self.L, self.S))
+        self.blocks = -(-self.L // b.rows)
+        self.items = math.prod(self.batch) * self.blocks
+
+    def run_slots(self, lo: int, hi: int) -> None:
+        step = len(self.slots)
+        for t in range(lo, hi):
+            for item in range(t, self.items, step):
+                self.item(self.slots[t], item)
+
+    def item(self, slot: _Slot, item: int) -> None:
+        bi, qb = divmod(item, self.blocks)
+        idx = np.unravel_index(bi, self.batch) if self.batch else ()
+        q, k, v, out = self.q[idx], self.k[idx], self.v[idx], self.out[idx]
+        mask = self.mask[idx] if self.mask is not None else _NO_MASK
+        l0 = qb * self.b.rows
+        l1 = min(self.L, l0 + self.b.rows)
+        r = l1 - l0
+        kend = min(self.S, l1) if self.causal else self.S  # no row of the block sees a key past its last row
+        qs = q[l0:l1]
+        if self.scale != 1:
+            qs = np.multiply(qs, self.scale, out=slot.q[:r])
+        if kend <= self.b.keys:
+            s = slot.s[:r * kend].reshape(r, kend)
+            np.matmul(qs, k[:kend].T, out=s)
+            A.tile_softmax(s, slot.two_n, slot.two_f, slot.lanes, mask[l0:l1, :kend], self.mask_kind, self.causal,
+                           l0, 0, slot.m, slot.l, slot.acc, slot.pv, False, True)
+            o = out[l0:l1]
+            np.matmul(s, v[:kend], out=o)
+            A.scale_rows(o, slot.l, self.nan_rows)
+            return
+        A.reset(slot.m, slot.l, slot.acc)
+        pv = slot.pv[:r]
+        for s0 in range(0, kend, self.b.keys):
+            s1 = min(kend, s0 + self.b.keys)
+            n = s1 - s0
+            s = slot.s[:r * n].reshape(r, n)
+            np.matmul(qs, k[s0:s1].T, out=s)
+            A.tile_softmax(s, slot.two_n, slot.two_f, slot.lanes, mask[l0:l1, s0:s1], self.mask_kind, self.causal,
+                           l0, s0, slot.m, slot.l, slot.acc, pv, s0 > 0, False)
+            np.matmul(s, v[s0:s1], out=pv)
+        A.finish(slot.acc[:r], pv, slot.l, out[l0:l1], self.nan_rows)
+
+
+# MASK_NONE's stand-in: indexed by row only, never read; a broadcast view (read-only, strided) like real masks
+_NO_MASK = np.broadcast_to(np.zeros((1, 1), np.float32), (1 << 40, 2))[:, :1]
+
+
+def _last_axis_unit(a: np.ndarray) -> np.ndarray:
+    """`a` with unit stride along its last axis (what BLAS reads in place); a copy only when it has not."""
+    return a if a.strides[-1] == a.itemsize or a.shape[-1] <= 1 else np.ascontiguousarray(a)
+
+
+def _build_fused(node: Node, ins: list[TensorInfo]):
+    scores_max, out_max = shapes(node, ins)
+    b = blocking(scores_max[-2], scores_max[-1], ins[0].shape[-1], out_max[-1])
+    _compile(b)
+    cache: dict[int, tuple[np.ndarray, list[_Slot]]] = {}  # workspace address -> its slots
+    private: list[np.ndarray] = []
+
+    def slots_in(workspace: np.ndarray | None) -> list[_Slot]:
+        need = _fused_workspace(b)
+        if workspace is None or workspace.nbytes < need:  # direct use outside the runtime
+            if not private:
+                private.append(np.empty(need, np.uint8))
+            workspace = private[0]
+        buf = workspace.reshape(-1).view(np.uint8)
+        hit = cache.get(buf.ctypes.data)
+        if hit is None or hit[0].nbytes != buf.nbytes:
+            count = (buf.nbytes - _ALIGN) // b.slot_bytes
+            hit = cache[buf.ctypes.data] = (buf, [_Slot(buf[i * b.slot_bytes:], b) for i in range(count)])
+        return hit[1]
+
+    def run(inputs, outputs, workspace):
+        out = outputs[0]
+        slots = slots_in(workspace)[:max(1, get_threads())]
+        call = _Call(node, inputs, out, b, slots)
+        if call.S == 0 or call.items == 0:
+            out.fill(np.nan if call.nan_rows else 0.0)
+            return
+        work = call.items * b.rows * call.S * (inputs[0].shape[-1] + out.shape[-1])
+        parallel_for(call.run_slots, len(slots), work)
+
+    run.impl = "fused-attention"  # type: ignore[attr-defined]
+    return run
+
+
+def _compile(b: Blocking) -> None:
+    """Compiles (or loads) the tile loops now, not on the first request."""
+    slot = _Slot(np.empty(b.slot_bytes + _ALIGN, np.uint8), b)
+    s = slot.s[:0].reshape(0, 1)
+    for mask, kind in ((_NO_MASK[:0], A.MASK_NONE), (_NO_MASK[:0], A.MASK_ADD)):
+        A.tile_softmax(s, slot.two_n, slot.two_f, slot.lanes, mask, kind, False, 0, 0, slot.m, slot.l, slot.acc,
+                       slot.pv, False, True)
+    A.finish(slot.acc[:0], slot.pv[:0], slot.l, slot.acc[:0], False)
+    A.scale_rows(slot.acc[:0], slot.l, False)
+    A.reset(slot.m[:0], slot.l[:0], slot.acc[:0])
+
+
+def _build_unfused(node: Node, ins: list[TensorInfo], dt: np.dtype):
+    """Two matmuls around a numba softmax, the (…, L, S) scores in the workspace (float64 and integer inputs)."""
     scores_max, _ = shapes(node, ins)
     blocked = causal_block(*scores_max[-2:]) if node.params.get("is_causal") else None
     softmax_loop(empty(3, dt), empty(3, dt), False, True)
+    empty_is_zero = not nan_rows(node)
 
     def run(inputs, outputs, workspace):
         q, k, v = inputs[:3]
@@ -39,7 +243,7 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]):
         scores *= dt.type(scale(node, q.shape[-1]))
         masked_fill(scores, mask, blocked)
         view = (-1, shape[-1], 1)
-        softmax_loop(scores.reshape(view), scores.reshape(view), False, True)
+        softmax_loop(scores.reshape(view), scores.reshape(view), False, empty_is_zero)
         np.matmul(scores, v, out=outputs[0], casting="unsafe")
     return run
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import ChainMap
 
 from engine.devices.base import Device, Kernel
+from engine.devices.cpu.int8 import ops as int8_ops
+from engine.devices.cpu.int8.rewrite import decide as int8_layout
 from engine.devices.cpu.kernel import Backends, reference_kernel
 from engine.devices.cpu.kernels import KERNELS
 from engine.devices.cpu.layout import blocked_ops, conv_blocked, regroup
@@ -18,8 +20,9 @@ from engine.memory.arena import Arena
 from engine.ops import OPS
 from engine.ops.registry import OpDef, TensorInfo
 
-# The ops only this device runs: the blocked layout's, inserted by `prepare` (engine/devices/cpu/layout/).
-PRIVATE_OPS: dict[str, OpDef] = {**blocked_ops.OPS, **conv_blocked.OPS, **regroup.OPS}
+# The ops only this device runs, inserted by `prepare`: the blocked layout's (engine/devices/cpu/layout/) and the
+# NHWC int8 ops (engine/devices/cpu/int8/).
+PRIVATE_OPS: dict[str, OpDef] = {**blocked_ops.OPS, **conv_blocked.OPS, **regroup.OPS, **int8_ops.OPS}
 
 
 class CpuDevice(Device):
@@ -32,9 +35,13 @@ class CpuDevice(Device):
         self.kernels = KERNELS
 
     def prepare(self, graph: Graph) -> Graph:
-        """With oneDNN, a copy with activations blocked between convolutions (layout/rewrite.py) unless
-        NNSERVE_LAYOUT=nchw or it would not pay; else the graph itself."""
-        if not self.backends.onednn or self.options.layout == "nchw":
+        """With oneDNN, a copy with int8 activations in NHWC between TNN's int8 ops (int8/rewrite.py) and float
+        ones blocked between convolutions (layout/rewrite.py) unless NNSERVE_LAYOUT=nchw or it would not pay;
+        else the graph itself."""
+        if not self.backends.onednn:
+            return graph
+        graph = int8_layout(graph)
+        if self.options.layout == "nchw":
             return graph
         block = native_block()
         return decide(graph, block) if block else graph

@@ -33,7 +33,7 @@ class Backends:
 
     @classmethod
     def from_options(cls, options: CpuOptions) -> Backends:
-        onednn = options.onednn and binding.load() is not None  # never loads libdnnl when switched off
+        onednn = options.onednn and binding.load(options.spin_us) is not None  # never loaded when switched off
         return cls(onednn, options.winograd, blas.for_choice(options.blas))
 
 

@@ -1,8 +1,11 @@
 """The CPU kernel table: op type -> CpuKernel(build, workspace) (see kernel.py), one module per op family.
 
-An op without an entry runs its numpy reference (CpuDevice.build_kernel marks it a fallback): today TnnQRelu,
-TnnLSTM, Expression (only reaches the runtime when lowering could not turn it into elementwise ops) and the
-alias ops (Reshape and co.) on the rare occasion their output cannot be a view. A plugin adds a kernel with
+An op without an entry runs its numpy reference (CpuDevice.build_kernel marks it a fallback): today TnnLSTM,
+ Expression (only reaches the runtime when lowering could not turn it into elementwise ops), the alias
+ops (Reshape and co.) on the rare occasion their output cannot be a view, and the cheap ops whose vectorised
+numpy reference is their kernel for now (one extra copy of the output): GatherElements, RepeatInterleave, Trilu,
+TopK, CumSum, ReduceVar, Range (usually computed at infer time) and DetectionOutput (a sequential NMS over a few
+hundred boxes per class). A plugin adds a kernel with
 `register_kernel`.
 """
 
@@ -19,18 +22,20 @@ from engine.devices.cpu import (
     quant,
     reduce,
     resize,
+    scatter,
     shape,
     softmax,
     tensor,
 )
 from engine.devices.cpu.conv import kernels as conv
+from engine.devices.cpu.int8 import kernels as int8
 from engine.devices.cpu.kernel import Builder, CpuKernel, Sizer
 from engine.devices.cpu.layout import kernels as layout
 
 KERNELS: dict[str, CpuKernel] = {
-    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **layout.KERNELS,
+    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **int8.KERNELS, **layout.KERNELS,
     **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **reduce.KERNELS,
-    **resize.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS,
+    **resize.KERNELS, **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS,
 }
 
 

@@ -1,5 +1,9 @@
-"""CPU kernels of Gemm and MatMul (engine/ops/linear.py): the BLAS GEMM (blas.py), then Gemm's bias and activation
-fused into one numba pass over the output."""
+"""CPU kernels of Gemm and MatMul (engine/ops/linear.py).
+
+float32 with oneDNN on (the default install): oneDNN's matmul primitive (onednn/matmul.py), the weight packed once
+at build, bias, residual and activation fused into the primitive. Otherwise the BLAS GEMM (blas.py), then Gemm's
+bias, residual and activation in one numba pass over the output.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,30 @@ from engine.devices.base import Kernel
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, CpuKernel, packed
 from engine.devices.cpu.loops import fused_epilogue as E
+from engine.devices.cpu.onednn import matmul as dnn
+from engine.devices.cpu.onednn.eltwise import eltwise
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
-from engine.ops.linear import gemm_weight
+from engine.ops.linear import gemm_weight, matmul_shape
 from engine.ops.registry import TensorInfo
+
+_F32 = np.dtype(np.float32)
+
+
+def _on_onednn(backends: Backends, ins: list[TensorInfo]) -> bool:
+    return backends.onednn and all(np.dtype(i.dtype) == _F32 for i in ins)
+
+
+def _gemm_onednn(node: Node, ins: list[TensorInfo]) -> tuple[dnn.Gemm, tuple | None]:
+    act, params = node.params.get("activation"), node.params.get("activation_params")
+    elt = eltwise(act, params)
+    late = (act, params) if elt is None and act is not None else None
+    return dnn.Gemm(gemm_weight(node), node.attrs.get("bias"), elt, residual=len(ins) > 1), late
 
 
 def build_gemm(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
+    if _on_onednn(backends, ins):
+        return _build_gemm_onednn(node, ins)
     w = gemm_weight(node)
     matmul = backends.blas.matmul
     dtype = np.dtype(ins[0].dtype)
@@ -28,11 +49,14 @@ def build_gemm(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     c, *p = code or (E.ACT_NONE, 0.0, 0.0, 0.0)
     p = [dtype.type(v) for v in p]
     k, n = wt.shape
+    residual = len(ins) > 1
 
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
         out = outputs[0].reshape(-1, n)
         matmul(x.reshape(-1, k), wt, out)
+        if residual:  # act(x W^T + b + z): z joins before the activation
+            out += inputs[1].reshape(-1, n)
         if has_bias or c:
             parallel_for(E.epilogue_cols, out.shape[0], out.size, out, bias, has_bias, c, *p)
         if code is None:
@@ -40,7 +64,44 @@ def build_gemm(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     return run
 
 
+def _build_gemm_onednn(node: Node, ins: list[TensorInfo]) -> Kernel:
+    gemm, late = _gemm_onednn(node, ins)
+    first = gemm.plan(int(np.prod(ins[0].shape[:-1])))
+    residual = len(ins) > 1
+
+    def run(inputs, outputs, workspace):
+        out = outputs[0]
+        gemm.run(np.ascontiguousarray(inputs[0]), np.ascontiguousarray(inputs[1]) if residual else None, out,
+                 workspace)
+        if late is not None:
+            apply_activation(late[0], late[1], out)
+    run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
+    return run
+
+
+def gemm_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
+    if not _on_onednn(backends, ins):
+        return 0
+    gemm, _ = _gemm_onednn(node, ins)
+    return dnn.scratchpad_bytes(gemm.plan(int(np.prod(ins[0].shape[:-1]))))
+
+
+def _onednn_matmul_ok(backends: Backends, ins: list[TensorInfo]) -> bool:
+    return _on_onednn(backends, ins) and all(len(i.shape) >= 2 for i in ins[:2])
+
+
 def build_matmul(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
+    if _onednn_matmul_ok(backends, ins):
+        mm = dnn.MatMul(ins[1].value if ins[1].value is not None else None)
+        b_const = mm.b_const
+        a_const = None if ins[0].value is None else np.ascontiguousarray(ins[0].value, np.float32)
+
+        def run_onednn(inputs, outputs, workspace):
+            a = a_const if a_const is not None else inputs[0]
+            b = b_const if b_const is not None else inputs[1]
+            mm.run(a, b, outputs[0], workspace)
+        run_onednn.impl = "onednn:matmul"  # type: ignore[attr-defined]
+        return run_onednn
     matmul = backends.blas.matmul
     # A constant operand (a weight) is packed once: file-backed data may be unaligned, which costs a copy per call.
     consts = [None if i.value is None or i.dtype.kind != "f" else packed(i.value, i.dtype) for i in ins[:2]]
@@ -51,4 +112,13 @@ def build_matmul(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
     return run
 
 
-KERNELS = {"Gemm": CpuKernel(build_gemm), "MatMul": CpuKernel(build_matmul)}
+def matmul_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
+    if not _onednn_matmul_ok(backends, ins):
+        return 0
+    a, b = tuple(ins[0].shape), tuple(ins[1].shape)
+    out = matmul_shape(node, a, b)
+    mm = dnn.MatMul(None if ins[1].value is None else np.asarray(ins[1].value, np.float32))
+    return dnn.scratchpad_bytes(mm.plan_for(a, b, out))
+
+
+KERNELS = {"Gemm": CpuKernel(build_gemm, gemm_workspace), "MatMul": CpuKernel(build_matmul, matmul_workspace)}

@@ -1,12 +1,13 @@
 """CPU kernels of the pooling ops (engine/ops/pool.py): numba loops over N*C planes, AvgPool on oneDNN's NCHW
-pooling where it is exact, numba row sums for GlobalAvgPool; other dtypes than float32 run the reference."""
+pooling where it is exact, numba row sums for GlobalAvgPool; other dtypes than float32 run the reference (marked
+a fallback). Each kernel names its path (`impl`, shown by the per-op profile)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.kernel import Backends, CpuKernel
+from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback
 from engine.devices.cpu.loops import pool as PK
 from engine.devices.cpu.loops import rows as PL
 from engine.devices.cpu.onednn import pool as onednn_pool
@@ -16,19 +17,13 @@ from engine.ops.pool import adaptive_reference, avgpool_reference, global_refere
 from engine.ops.registry import TensorInfo
 
 
-def _fallback(node: Node, ref) -> Kernel:
-    def run(inputs, outputs, workspace):
-        np.copyto(outputs[0], ref(node, list(inputs))[0])
-    return run
-
-
 def _is_f32(ins: list[TensorInfo]) -> bool:
     return np.dtype(ins[0].dtype) == np.float32
 
 
 def build_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     if not _is_f32(ins):
-        return _fallback(node, maxpool_reference)
+        return reference_fallback(node, maxpool_reference)
 
     geoms: dict[tuple[int, ...], tuple] = {}  # per input shape: (planes, work, kernel args); no per-call geometry
 
@@ -41,12 +36,13 @@ def build_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
             work = g.n * g.c * g.oh * (g.w * g.kernel[0] + g.ow * g.kernel[1])
             args = geoms[x.shape] = (g.n * g.c, work, (*g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1]))
         parallel_for(PK.max_pool, args[0], args[1], x, outputs[0], *args[2])
+    run.impl = "numba:max_pool"  # type: ignore[attr-defined]
     return run
 
 
 def build_avgpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     if not _is_f32(ins):
-        return _fallback(node, avgpool_reference)
+        return reference_fallback(node, avgpool_reference)
     include = bool(node.params.get("count_include_pad", True))
     divisor = int(node.params.get("divisor_override") or 0)
 
@@ -56,6 +52,7 @@ def build_avgpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
         out = outputs[0]
         parallel_for(PK.avg_pool, g.n * g.c, out.size * g.kernel[0] * g.kernel[1], x, out, *g.kernel, *g.stride,
                      *g.pads, include, divisor)
+    run.impl = "numba:avg_pool"  # type: ignore[attr-defined]
     # oneDNN's NCHW average pooling: 2x2 s2 64ch@56 0.18 vs 0.79 ms b1 (MaxPool measured no faster there: stays)
     if backends.onednn and onednn_pool.supported(node, ins, pool_geom):
         return onednn_pool.build(node, ins, pool_geom, run)
@@ -67,10 +64,11 @@ def build_global(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
         def run_max(inputs, outputs, workspace):
             x = inputs[0]
             np.max(x.reshape(x.shape[0], x.shape[1], -1), axis=2, out=outputs[0].reshape(x.shape[0], x.shape[1]))
+        run_max.impl = "numpy:max"  # type: ignore[attr-defined]
         return run_max
     dtype = np.dtype(ins[0].dtype)
     if dtype not in (np.float32, np.float64):
-        return _fallback(node, global_reference)
+        return reference_fallback(node, global_reference)
     PL.row_sums(np.zeros((0, 1), dtype), np.zeros(0, dtype), 1.0, 0, 0)  # compile at build
 
     def run(inputs, outputs, workspace):
@@ -83,17 +81,19 @@ def build_global(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
         # a sum is ~1 op per element: only large maps are worth a pool hop
         parallel_for(PL.row_sums, planes, x.size // 4, x.reshape(planes, hw), outputs[0].reshape(planes),
                      1.0 / hw)
+    run.impl = "numba:row_sums"  # type: ignore[attr-defined]
     return run
 
 
 def build_adaptive(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     if not _is_f32(ins):
-        return _fallback(node, adaptive_reference)
+        return reference_fallback(node, adaptive_reference)
     is_max = node.op_type == "AdaptiveMaxPool"
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         parallel_for(PK.adaptive_pool, x.shape[0] * x.shape[1], x.size, x, out, is_max)
+    run.impl = "numba:adaptive_pool"  # type: ignore[attr-defined]
     return run
 
 

@@ -1,10 +1,14 @@
-"""CPU kernels of TNN's int8 ops (engine/ops/quant.py): numba loops bit-exact with the references. TnnQRelu has
-none (its reference is one maximum)."""
+"""CPU kernels of TNN's int8 ops (engine/ops/quant.py) on NCHW values: numba loops bit-exact with the references,
+and TnnQInnerProduct on the int8 conv kernel of int8/conv.py. With oneDNN, the device's int8 rewrite moves most of
+these ops to their NHWC twins (int8/kernels.py, TnnQRelu's kernel included)."""
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
+from engine.devices.cpu.int8 import kernels as int8_kernels
 from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.devices.cpu.loops import quant as QK
 from engine.devices.cpu.threads import parallel_for
@@ -118,6 +122,46 @@ def build_qconv(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 
+def _as_pointwise(node: Node) -> Node:
+    """TnnQInnerProduct as the 1x1 int8 conv it is on its input viewed (N, 1, 1, K): the NHWC conv kernel's node."""
+    w = node.attrs["weight"]
+    attrs = {"weight": w.reshape(w.shape[0], w.shape[1], 1, 1), "bias": node.attrs["bias"],
+             "scale": node.attrs["scale"]}
+    params = {"groups": 1, "stride": (1, 1), "pads": (0, 0, 0, 0), "dilation": (1, 1), "activation": None}
+    return Node("Int8ConvNhwc", node.name, params=params, attrs=attrs, source=node.source)
+
+
+_POINTWISE: weakref.WeakKeyDictionary[Node, Node] = weakref.WeakKeyDictionary()
+
+
+def _pointwise(node: Node) -> Node:
+    """One conv node per inner product: the workspace sizer and the builder then share its kernel spec."""
+    conv = _POINTWISE.get(node)
+    if conv is None:
+        conv = _POINTWISE[node] = _as_pointwise(node)
+    return conv
+
+
+def _rows_info(ins: list[TensorInfo]) -> list[TensorInfo]:
+    shape = ins[0].shape
+    return [TensorInfo((shape[0], 1, 1, int(np.prod(shape[1:], dtype=np.int64))), I8)]
+
+
+def build_qinner_product(backends: Backends, node: Node, ins: list[TensorInfo]):
+    """Runs on the NHWC int8 conv kernel (oneDNN where exact, engine/devices/cpu/int8/conv.py)."""
+    inner = int8_kernels.build_conv(backends, _pointwise(node), _rows_info(ins))
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        inner([x.reshape(x.shape[0], 1, 1, -1)], [out.reshape(out.shape[0], 1, 1, -1)], workspace)
+    run.impl = inner.impl  # type: ignore[attr-defined]
+    return run
+
+
+def qinner_product_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
+    return int8_kernels.conv_workspace(backends, _pointwise(node), _rows_info(ins))
+
+
 def _int32_scratch(workspace: np.ndarray | None, node: Node, count: int) -> np.ndarray:
     if workspace is None or workspace.nbytes < count * 4:
         raise KernelError(f"{node.where()}: {node.op_type} needs {count * 4} bytes of workspace")
@@ -128,6 +172,7 @@ KERNELS = {
     "TnnQuantize": CpuKernel(_scale_kernel(QK.quantize, "scale")),
     "TnnDequantize": CpuKernel(_scale_kernel(QK.dequantize, "scale")),
     "TnnQConv": CpuKernel(build_qconv, qconv_workspace),
+    "TnnQInnerProduct": CpuKernel(build_qinner_product, qinner_product_workspace),
     "TnnQAdd": CpuKernel(build_qadd),
     "TnnQPool": CpuKernel(build_qpool),
     "TnnQConcat": CpuKernel(build_qconcat),

@@ -1,5 +1,6 @@
-"""CPU kernels of Concat, Stack, Split, Slice and Gather (engine/ops/tensor.py): copies of slices into or out of
-the output views; and ChannelShuffle's (engine/ops/resize.py) numba row copy."""
+"""CPU kernels of Concat, Stack, Split, Slice, Gather and Index (engine/ops/tensor.py): copies of slices into or out
+of the output views; Gather (an embedding lookup) copies only the rows it picks, straight from the weight table
+(numba, loops/rows.py); and ChannelShuffle's (engine/ops/resize.py) numba row copy."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import math
 import numpy as np
 
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
-from engine.devices.cpu.loops.rows import shuffle_rows
+from engine.devices.cpu.loops.rows import gather_rows, shuffle_rows
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
 from engine.ops.resize import channel_reference
 from engine.ops.rules import norm_axis
-from engine.ops.tensor import check_indices, slice_bounds, slice_index, split_sizes
+from engine.ops.tensor import check_indices, index_dims, index_tuple, slice_bounds, slice_index, split_sizes
 
 
 def _cuts(shape: tuple[int, ...], axis: int, widths: list[int]) -> tuple[int, int, list[tuple[int, int]]]:
@@ -89,17 +90,58 @@ def _slice_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 def _gather_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    dt, it = np.dtype(ins[0].dtype), np.dtype(ins[1].dtype)
+    if not (numba_ok(dt) and it.kind in "iu" and ins[0].shape):
+        def run_take(inputs, outputs, workspace):
+            data, idx = inputs
+            axis = norm_axis(node, int(node.params.get("axis", 0)), data.ndim)
+            check_indices(node, idx, data.shape[axis])
+            # in range, so mode="wrap" only maps negatives python-style, unbuffered, into `out`
+            np.take(data, idx, axis=axis, out=outputs[0], mode="wrap")
+        return run_take
+    # compile at build, for the table itself when it is a weight (read-only: a type of its own to numba)
+    table = empty(3, dt) if ins[0].value is None else np.asarray(ins[0].value).reshape(1, 1, -1)
+    gather_rows(table, empty(1, it), empty(3, dt), 0, 0)
+
     def run(inputs, outputs, workspace):
         data, idx = inputs
         axis = norm_axis(node, int(node.params.get("axis", 0)), data.ndim)
-        check_indices(node, idx, data.shape[axis])
-        # indices are in range, so mode="wrap" only maps negatives python-style, unbuffered, into `out`
-        np.take(data, idx, axis=axis, out=outputs[0], mode="wrap")
+        dim = data.shape[axis]
+        check_indices(node, idx, dim)
+        outer, inner = math.prod(data.shape[:axis]), math.prod(data.shape[axis + 1:])
+        flat = np.ascontiguousarray(idx).reshape(-1)
+        items = outer * flat.size
+        if items == 0 or inner == 0:
+            return
+        parallel_for(gather_rows, items, items * inner, np.ascontiguousarray(data).reshape(outer, dim, inner), flat,
+                     outputs[0].reshape(outer, flat.size, inner))
+    return run
+
+def _index_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    """x[..., idx0, ..., idxk-1] as one np.take into the output: the checked indices folded into one linear index
+    over the indexed dims, taken on axis 1 of x viewed as (before, indexed dims, after). Indexed dims apart are
+    moved to the front first (numpy's and torch's rule puts the indices' shape first then)."""
+    k = len(ins) - 1
+    dims = index_dims(node, len(ins[0].shape), k)
+    adjacent = dims == list(range(dims[0], dims[0] + k))
+
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        index = [index_tuple(node, x.shape, inputs[1:])[d] for d in dims]  # checked; negatives still negative
+        if not adjacent:
+            x = np.moveaxis(x, dims, range(k))
+        axis = dims[0] if adjacent else 0
+        x = np.ascontiguousarray(x)
+        linear = np.asarray(np.ravel_multi_index(np.broadcast_arrays(*index), x.shape[axis:axis + k], mode="wrap"))
+        pre, rest = math.prod(x.shape[:axis]), math.prod(x.shape[axis + k:])
+        rows = x.reshape(pre, math.prod(x.shape[axis:axis + k]), rest)
+        np.take(rows, linear.reshape(-1), axis=1, out=outputs[0].reshape(pre, linear.size, rest))
     return run
 
 
 KERNELS = {
     "Concat": CpuKernel(_join_kernel), "Stack": CpuKernel(_join_kernel), "Split": CpuKernel(_split_kernel),
     "Slice": CpuKernel(_slice_kernel), "Gather": CpuKernel(_gather_kernel),
+    "Index": CpuKernel(_index_kernel),
     "ChannelShuffle": CpuKernel(channel_shuffle_kernel),
 }

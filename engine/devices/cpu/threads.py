@@ -1,30 +1,57 @@
-"""The engine's thread count: one knob for BLAS and for the nogil numba kernels split over a small pool.
+"""The engine's threads: one count for the kernel pool and OpenMP (oneDNN), BLAS kept to one thread, and one wait
+policy for every pool we run: spin a while, then sleep.
 
-Why not numba's parallel=True: its OpenMP workers spin between calls and fight OpenBLAS's own threads for the
-cores (on a busy 2-core machine a tiny parallel epilogue took 20 ms instead of 0.05 ms), and every prange
-kernel costs seconds to compile. Plain nogil kernels on Python threads compile fast, run serially when the
-work is small, and the thread count is one knob (`set_threads`) for the performance work.
+Why our own pool and not numba's parallel=True: its OpenMP workers spin between calls and fight the BLAS and
+oneDNN threads for the cores (on a busy 2-core machine a tiny parallel epilogue took 20 ms instead of 0.05 ms),
+and every prange kernel costs seconds to compile. Plain nogil kernels on our threads compile fast, run serially
+when the work is small, and the thread count is one knob (`set_threads`).
 
-The count is process-wide (the pool is). Its default is the CPUs the process may really use: the
-NNSERVE_NUM_THREADS setting (CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU
-quota (a container limited to 2 CPUs on a 64-core node must not start 64 BLAS threads); the first instance
-applies it (`configure`). BLAS libraries get one thread (threadpoolctl): blas.py splits large GEMMs over this
-pool instead, so the engine never runs more threads than the count and no library thread busy-waits beside it.
+Wait policy (NNSERVE_SPIN_US, CpuOptions.spin_us): a worker that finished its chunk polls for the next one for
+that long (a nogil loop on the CPU's spin-wait hint, loops/spin.py), then sleeps on a condition variable. The ops
+of one request follow each other within microseconds, so they find the workers awake (a futex wake-up costs
+20-100 us on a VM, more than many ops take); an idle server's workers are all asleep well under a millisecond after
+its last request. OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, counted in the same
+spin-wait polls (`gomp_spincount`), set before libgomp loads (onednn/binding.py). 0 sleeps at once (what
+OMP_WAIT_POLICY=PASSIVE does). ONNX Runtime's pool and libgomp's default do the same: a bounded spin, then sleep.
+Our workers stop spinning when a oneDNN primitive starts (`park`), so they never compete with OpenMP's team.
+
+The bound is short on purpose. The gaps between the ops of one request are tens of microseconds, so 200 us
+covers them; a longer spin only pays between requests, and costs dearly on an oversubscribed host, where a
+thread spinning at a barrier burns its time slice waiting for a partner that is not running (a 2-core VM at load
+9-22: GhostNet at batch 1 took 1087 ms a run with a 2 ms OpenMP spin and 24 ms sleeping at once; a tiny ViT 20-120
+ms with 2 ms, 0.6 ms with 50 us, 0.3 ms sleeping). Small kernels never fork at all (`threads_for`: a oneDNN
+primitive of little work is created for one thread), which also keeps them clear of a busy host's stalls.
+
+The count is process-wide (the pool is). Its default is the CPUs the process may really use: NNSERVE_NUM_THREADS
+(CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU quota (a container limited to 2
+CPUs on a 64-core node must not start 64 threads); the first instance applies it (`configure`). BLAS libraries
+get one thread (threadpoolctl): blas.py splits large GEMMs over this pool instead, so no library thread
+busy-waits beside it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from threadpoolctl import threadpool_limits
 
-# Below this much work (elements x taps) a kernel runs on the calling thread: a pool hop costs ~20-50 us.
+from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal
+from engine.devices.cpu.options import DEFAULT_SPIN_US
+
+# Below this much work (elements x taps) a kernel runs on the calling thread: handing a chunk over costs ~5-50 us.
 MIN_WORK = 1 << 18
+# Below this many multiply-adds a oneDNN primitive runs on one thread (`threads_for`): ~20 us of work, what an
+# OpenMP fork-join costs on a VM when a thread has to be woken, and all a busy host's stall can cost.
+FORK_WORK = 1 << 20
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+_PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 
 
 def cgroup_cpus(path: Path = CGROUP_CPU_MAX) -> int | None:
@@ -48,10 +75,131 @@ def default_threads(setting: int | None = None) -> int:
     return setting if setting else available_cpus()
 
 
+@functools.cache
+def poll_ns() -> float:
+    """Nanoseconds one spin-wait poll takes here (the hint's latency: ~15 ns on recent Intel cores, more on older
+    ones); the least of a few timed runs, so a preemption does not inflate it."""
+    word = np.zeros(_PAD, np.int64)
+    spin_while_equal(word, 0, word[1:], 1)  # compiled (or loaded from numba's cache) before timing
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter_ns()
+        spin_while_equal(word, 0, word[1:], 20_000)  # the word never changes: all 20000 polls
+        best = min(best, (time.perf_counter_ns() - t) / 20_000)
+    return max(best, 0.5)
+
+
+def spin_polls(spin_us: int) -> int:
+    """How many polls last `spin_us` microseconds."""
+    return 0 if spin_us <= 0 else max(1, int(spin_us * 1000 / poll_ns()))
+
+
+def gomp_spincount(spin_us: int) -> int:
+    """GOMP_SPINCOUNT for the same bound: libgomp counts the same polls (a relaxed load and the spin-wait hint)."""
+    return spin_polls(spin_us)
+
+
+class SpinPool:
+    """`workers` threads, each with its own go/done words: parallel_for sets a worker's task and bumps its go word;
+    the worker, spinning or woken from sleep, runs it and copies go into done. The caller runs the first chunk
+    itself, then spins (and at worst sleeps) until every helper it used is done."""
+
+    def __init__(self, workers: int, spin_us: int):
+        self.workers = workers
+        self.polls = spin_polls(spin_us)
+        self.go = np.zeros(workers * _PAD, np.int64)
+        self.done = np.zeros(workers * _PAD, np.int64)
+        self.park = np.zeros(_PAD, np.int64)  # set while oneDNN runs: spinning workers go to sleep
+        self.tasks: list[tuple | None] = [None] * workers
+        self.errors: list[BaseException | None] = [None] * workers
+        self.wake = [threading.Condition() for _ in range(workers)]
+        self.asleep = [False] * workers
+        self.finished = threading.Condition()
+        self.waiting = False
+        self.stopped = False
+        self.busy = threading.Lock()  # one parallel_for at a time; a concurrent caller runs its loop alone
+        self.threads = [threading.Thread(target=self._work, args=(w,), name=f"nnserve-kernel-{w}", daemon=True)
+                        for w in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    # Every flag below is read and written by Python code holding the GIL, so a store before a load in one thread
+    # is seen by the load after it in another (the GIL hand-over orders them): no wake-up is lost.
+    def _work(self, w: int) -> None:
+        slot, seen = w * _PAD, 0
+        go = self.go[slot:slot + 1]
+        while True:
+            if not spin_while_equal(go, seen, self.park, self.polls):
+                with self.wake[w]:
+                    self.asleep[w] = True  # before reading go: the caller bumps go, then reads asleep
+                    while go[0] == seen and not self.stopped:
+                        self.wake[w].wait()
+                    self.asleep[w] = False
+            if self.stopped:
+                return
+            seen = int(go[0])
+            task = self.tasks[w]
+            try:
+                if task is not None:
+                    task[0](*task[1])
+            except BaseException as e:  # handed to the caller, which raises it
+                self.errors[w] = e
+            self.done[slot] = seen
+            if self.waiting:
+                with self.finished:
+                    self.finished.notify()
+
+    def run(self, fn: Callable[..., None], args: tuple, bounds: list[tuple[int, int]]) -> bool:
+        """fn(*args, lo, hi) for every (lo, hi) in bounds, the first on this thread; False (nothing run) when
+        another thread is using the pool."""
+        if not self.busy.acquire(blocking=False):
+            return False
+        try:
+            self.park[0] = 0
+            helpers = min(len(bounds) - 1, self.workers)
+            for w in range(helpers):
+                self.tasks[w] = (fn, (*args, *bounds[w + 1]))
+                self.go[w * _PAD] += 1
+                if self.asleep[w]:
+                    with self.wake[w]:
+                        self.wake[w].notify()
+            try:
+                for lo, hi in bounds[0:1] + bounds[helpers + 1:]:
+                    fn(*args, lo, hi)
+            finally:
+                self._wait(helpers)
+            errors = [e for e in self.errors[:helpers] if e is not None]
+            self.errors[:helpers] = [None] * helpers
+            if errors:
+                raise errors[0]
+        finally:
+            self.busy.release()
+        return True
+
+    def _wait(self, helpers: int) -> None:
+        if spin_until_done(self.done, self.go, _PAD, helpers, self.polls + 1):
+            return
+        with self.finished:
+            self.waiting = True
+            try:
+                while not all(self.done[w * _PAD] == self.go[w * _PAD] for w in range(helpers)):
+                    self.finished.wait()
+            finally:
+                self.waiting = False
+
+    def close(self) -> None:
+        self.stopped = True
+        for w in range(self.workers):
+            with self.wake[w]:
+                self.wake[w].notify()
+
+
 _threads = available_cpus()  # until the first instance applies its setting (configure) or set_threads is called
+_spin_us = DEFAULT_SPIN_US
 _configured = False
+_spin_configured = False
 _blas_threads: int | None = None
-_pool: ThreadPoolExecutor | None = None
+_pool: SpinPool | None = None
 
 
 def set_blas_threads(n: int) -> None:
@@ -63,37 +211,82 @@ def set_blas_threads(n: int) -> None:
     _blas_threads = n
 
 
+def _drop_pool() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.close()
+        _pool = None
+
+
 def set_threads(n: int) -> None:
     """How many threads (the caller included) a large kernel or GEMM is split over."""
-    global _threads, _pool, _configured
+    global _threads, _configured
     n = max(1, int(n))
     _configured = True
     set_blas_threads(1)
     if n == _threads:
         return
     _threads = n
-    if _pool is not None:
-        _pool.shutdown(wait=False)
-        _pool = None
+    _drop_pool()
+
+
+def set_spin(spin_us: int) -> None:
+    """How long (microseconds) idle pool workers poll for work before sleeping; 0 sleeps at once."""
+    global _spin_us, _spin_configured
+    spin_us = max(0, int(spin_us))
+    _spin_configured = True
+    if spin_us != _spin_us:
+        _spin_us = spin_us
+        _drop_pool()
 
 
 def get_threads() -> int:
     return _threads
 
 
-def configure(setting: int | None) -> None:
+def threads_for(work: int | None) -> int:
+    """The threads a oneDNN primitive of `work` (multiply-adds, or elements x taps) may use: one below FORK_WORK,
+    where the fork-join would cost more than the split saves (and, on a busy host, waits for a descheduled thread);
+    the count otherwise, or when the work is not known (None)."""
+    if work is not None and work < FORK_WORK:
+        return 1
+    return _threads
+
+
+def park() -> None:
+    """A oneDNN primitive is about to run on OpenMP's threads: our spinning workers go to sleep."""
+    if _pool is not None:
+        _pool.park[0] = 1
+
+
+def get_spin() -> int:
+    return _spin_us
+
+
+def configure(setting: int | None, spin_us: int = DEFAULT_SPIN_US) -> None:
     """Called when an instance is built: the first one gives the pool its default count (`setting`, else the
-    CPUs); every one limits BLAS to one thread, the pool doing the splitting."""
+    CPUs) and the wait policy; every one limits BLAS to one thread, the pool doing the splitting."""
     if not _configured:
         set_threads(default_threads(setting))
+    if not _spin_configured:
+        set_spin(spin_us)
     set_blas_threads(1)
 
 
-def _get_pool() -> ThreadPoolExecutor:
+def _get_pool() -> SpinPool:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(1, _threads - 1), thread_name_prefix="nnserve-kernel")
+        _pool = SpinPool(max(1, _threads - 1), _spin_us)
     return _pool
+
+
+def _after_fork() -> None:
+    global _pool
+    _pool = None  # the child has none of the parent's threads; it starts its own pool when it needs one
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def parallel_for(fn: Callable[..., None], n_items: int, work: int, *args) -> None:
@@ -103,8 +296,5 @@ def parallel_for(fn: Callable[..., None], n_items: int, work: int, *args) -> Non
         fn(*args, 0, n_items)
         return
     bounds = [(i * n_items // k, (i + 1) * n_items // k) for i in range(k)]
-    pool = _get_pool()
-    futures = [pool.submit(fn, *args, lo, hi) for lo, hi in bounds[1:]]
-    fn(*args, *bounds[0])
-    for f in futures:
-        f.result()
+    if not _get_pool().run(fn, args, bounds):
+        fn(*args, 0, n_items)  # another thread holds the pool: this caller's cores are busy anyway

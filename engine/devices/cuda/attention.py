@@ -14,6 +14,7 @@ from numba import cuda
 
 from engine.devices.cuda._launch import at_least_1d, broadcast_strides, by_shapes, flat, grid
 from engine.ir import Node
+from engine.ops.attention import nan_rows
 from engine.ops.registry import TensorInfo
 
 
@@ -33,7 +34,7 @@ def _score(q, k, mask, qo, ko, mo, j, E, ks, scale, mode, causal, i):
 
 
 @cuda.jit
-def _attention(q, k, v, mask, y, bshape, qs, ks_, vs, ms, L, S, E, Ev, mrs, mcs, scale, mode, causal):
+def _attention(q, k, v, mask, y, bshape, qs, ks_, vs, ms, L, S, E, Ev, mrs, mcs, scale, mode, causal, nan_rows):
     start, step = cuda.grid(1), cuda.gridsize(1)
     for r in range(start, y.size // Ev, step):
         i, b = r % L, r // L
@@ -53,8 +54,11 @@ def _attention(q, k, v, mask, y, bshape, qs, ks_, vs, ms, L, S, E, Ev, mrs, mcs,
         out = r * Ev
         for e in range(Ev):
             y[out + e] = 0.0
-        if not math.isfinite(m):
-            continue  # every key blocked: the reference writes zeros
+        if not math.isfinite(m):  # every key blocked: zeros, or NaN as the node says (masked_rows)
+            if nan_rows:
+                for e in range(Ev):
+                    y[out + e] = math.nan
+            continue
         total = 0.0
         for j in range(S):
             p = math.exp(_score(q, k, mask, qo, ko, mo, j, E, mcs, scale, mode, causal, i) - m)
@@ -84,6 +88,7 @@ def _plan(node: Node, ins, outs):
 
 def build_attention(dev, node: Node, ins: list[TensorInfo]):
     causal, stream = bool(node.params.get("is_causal", False)), dev.stream
+    empty_rows_nan = nan_rows(node)
     plan = by_shapes(lambda i, o: _plan(node, i, o))
 
     def run(inputs, outputs, workspace):
@@ -91,7 +96,7 @@ def build_attention(dev, node: Node, ins: list[TensorInfo]):
         mask = flat(inputs[3]) if len(inputs) > 3 else y
         args = plan(inputs, outputs)
         rows = max(1, y.size // args[8])
-        _attention[grid(rows) + (stream,)](*(flat(a) for a in inputs[:3]), mask, y, *args, causal)
+        _attention[grid(rows) + (stream,)](*(flat(a) for a in inputs[:3]), mask, y, *args, causal, empty_rows_nan)
 
     return run
 

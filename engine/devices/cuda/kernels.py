@@ -5,9 +5,12 @@ the host (rare: shape arithmetic that feeds data) are uploaded per call. Ops tha
 parameters (Reshape/Expand shapes, Resize sizes) keep it on the host.
 
 Not here, so a model using them is refused on CUDA with UnsupportedOpError naming the node: `Expression` (only
-reaches the runtime when lowering could not turn it into elementwise ops) and the TNN int8 ops (`TnnQuantize`,
-`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`) and `TnnLSTM` (a sequential
-recurrence; it would need its own kernel). `Shape` is always a host value.
+reaches the runtime when lowering could not turn it into elementwise ops), the TNN int8 ops (`TnnQuantize`,
+`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`), `TnnLSTM` (a
+sequential recurrence; it would need its own kernel), the ops added for issue 18 that have no CUDA kernel yet
+(`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`, `ReduceVar`,
+`DetectionOutput`), and `Full` and `Range` when their result is too large to be a host value. `Shape` is always a
+host value.
 """
 
 from __future__ import annotations

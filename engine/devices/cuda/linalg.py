@@ -137,8 +137,9 @@ def build_gemm(dev, node: Node, ins: list[TensorInfo]):
     def run(inputs, outputs, workspace):
         x, y = flat(inputs[0]), flat(outputs[0])
         rows = x.size // k
+        z = flat(inputs[1]) if len(inputs) > 1 else None  # the residual fuse_epilogue folded in
         launch_matmul(stream, x, d_w, y, rows, n_out, k, a_rs=k, a_cs=1, b_rs=1, b_cs=k, bias=d_b,
-                      bias_mode=2 if d_b is not None else 0, act=act)
+                      bias_mode=2 if d_b is not None else 0, z=z, act=act)
 
     return run
 

@@ -15,10 +15,11 @@ from google.protobuf import json_format
 from server.dataplane import GRPC_ENDPOINT, DataPlane
 from server.errors import InvalidArgumentError, ServerError
 from server.inference import InferRequest, StreamResponse
+from server.model_upload import file_parameters
 from server.protocol import grpc_codec, grpc_wire
 from server.protocol.grpc import health_pb2, health_pb2_grpc, pb2, pb2_grpc
 from server.protocol.grpc.interceptors import Codec, add_guarded
-from server.settings import STREAM_MAX_INFLIGHT, STREAMS_MAX_INFLIGHT
+from server.settings import GRPC_MAX_MESSAGE_BYTES, STREAM_MAX_INFLIGHT, STREAMS_MAX_INFLIGHT
 
 log = logging.getLogger("nnserve.grpc")
 
@@ -65,12 +66,16 @@ def _guard(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any
     return wrapper
 
 
-async def decoded(request: Any) -> InferRequest:
+async def decoded(request: Any, max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> InferRequest:
     """A large message (grpc_wire scanned it) is decoded in a worker thread: BYTES elements are unpacked one by one
-    in Python, and the event loop keeps serving meanwhile."""
+    in Python, and the event loop keeps serving meanwhile. Its shared-memory inputs may hold `max_input_bytes`, as
+    many as a message may carry."""
     if isinstance(request, grpc_wire.InferMessage):
-        return await asyncio.to_thread(grpc_codec.decode_request, request)
-    return grpc_codec.decode_request(request)
+        req = await asyncio.to_thread(grpc_codec.decode_request, request)
+    else:
+        req = grpc_codec.decode_request(request)
+    req.max_shm_input_bytes = max_input_bytes
+    return req
 
 
 _READ_FAILED = object()  # on a stream's answer queue: reading its requests raised
@@ -88,9 +93,11 @@ class StreamLimits:
 
 
 class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dp: DataPlane, stream_limits: StreamLimits | None = None):
+    def __init__(self, dp: DataPlane, stream_limits: StreamLimits | None = None,
+                 max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES):
         self.dp = dp
         self.stream_limits = stream_limits or StreamLimits()
+        self.max_input_bytes = max_input_bytes  # a request's shared-memory inputs count like a message's bytes
         self._stream_slots: asyncio.Semaphore | None = None  # made on first use, inside the server's event loop
 
     @_guard
@@ -125,7 +132,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
 
     @_guard
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        resp = await self.dp.infer(await decoded(request), GRPC_ENDPOINT)
+        resp = await self.dp.infer(await decoded(request, self.max_input_bytes), GRPC_ENDPOINT)
         return grpc_codec.encode_response_parts(resp)  # joined by grpc_wire.serialize_response
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
@@ -186,7 +193,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
         marks it; the final flag alone goes out only to a client that asked for it. _REQUEST_DONE follows the last:
         the request's stream slots are held until then, whatever number of responses it had."""
         try:
-            req = await decoded(request)
+            req = await decoded(request, self.max_input_bytes)
             empty_final = req.parameters.pop(grpc_codec.EMPTY_FINAL_PARAM, False) is True
             async for one in self.dp.infer_stream(req):
                 if one.response is not None or one.error is not None or empty_final:
@@ -207,16 +214,71 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
     @_guard
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
         params = request.parameters
-        if any(k.startswith("file:") for k in params):
-            raise InvalidArgumentError("loading model files through the API ('file:' parameters) is not supported")
         config = params["config"].string_param if "config" in params else None
-        await self.dp.load_model(request.model_name, config)
+        files = {}
+        for key in file_parameters(params):
+            if params[key].WhichOneof("parameter_choice") != "bytes_param":  # Triton's words
+                raise InvalidArgumentError(f"File parameter '{key}' must have bytes type for its value")
+            files[key] = params[key].bytes_param
+        await self.dp.load_model(request.model_name, config, files)
         return pb2.RepositoryModelLoadResponse()
 
     @_guard
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
         await self.dp.unload_model(request.model_name)
         return pb2.RepositoryModelUnloadResponse()
+
+
+    # ---- shared memory, trace, logging ---------------------------------------------------------------------
+    @_guard
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        regions = {r["name"]: r for r in self.dp.shm_status(request.name)}
+        return json_format.ParseDict({"regions": regions}, pb2.SystemSharedMemoryStatusResponse())
+
+    @_guard
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.dp.shm_register(request.name, request.key, request.offset, request.byte_size)
+        return pb2.SystemSharedMemoryRegisterResponse()
+
+    @_guard
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.dp.shm_unregister(request.name)
+        return pb2.SystemSharedMemoryUnregisterResponse()
+
+    @_guard
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.dp.cuda_shm_status(request.name)  # no CUDA region is ever registered
+        return pb2.CudaSharedMemoryStatusResponse()
+
+    @_guard
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.dp.cuda_shm_register(request.name)
+        return pb2.CudaSharedMemoryRegisterResponse()
+
+    @_guard
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.dp.cuda_shm_unregister(request.name)
+        return pb2.CudaSharedMemoryUnregisterResponse()
+
+    @_guard
+    async def TraceSetting(self, request: Any, context: Any) -> Any:  # noqa: N802
+        update = {key: list(value.value) for key, value in request.settings.items()}  # [] clears a setting
+        settings = self.dp.trace_settings(request.model_name, update)
+        response = pb2.TraceSettingResponse()
+        for key, value in settings.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    @_guard
+    async def LogSettings(self, request: Any, context: Any) -> Any:  # noqa: N802
+        update = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                  for key, value in request.settings.items()}
+        response = pb2.LogSettingsResponse()
+        for key, value in self.dp.log_settings(update).items():
+            field = "bool_param" if isinstance(value, bool) else "uint32_param" if isinstance(value, int) else \
+                "string_param"
+            setattr(response.settings[key], field, value)
+        return response
 
 
 def _stream_error(message: str, request: Any) -> Any:
@@ -252,8 +314,9 @@ INFER_CODECS = {
 }
 
 
-def add_to_server(server: Any, dp: DataPlane, stream_limits: StreamLimits | None = None) -> None:
+def add_to_server(server: Any, dp: DataPlane, stream_limits: StreamLimits | None = None, *,
+                  max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
     """GRPCInferenceService and grpc.health.v1.Health over `dp` on `server`, each handler decode-guarded."""
-    add_guarded(pb2_grpc.add_GRPCInferenceServiceServicer_to_server, InferenceServicer(dp, stream_limits), server,
-                INFER_CODECS)
+    add_guarded(pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
+                InferenceServicer(dp, stream_limits, max_input_bytes), server, INFER_CODECS)
     add_guarded(health_pb2_grpc.add_HealthServicer_to_server, HealthServicer(dp), server)

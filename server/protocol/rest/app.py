@@ -5,8 +5,12 @@ the fast path in front of the FastAPI app (server/protocol/rest/infer.py).
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import json
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,7 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from server import settings
 from server.dataplane import DataPlane
 from server.errors import InvalidArgumentError, ServerError, UnavailableError
-from server.protocol.rest.body_limit import BodyLimitMiddleware
+from server.model_upload import file_parameters
+from server.protocol.rest.body_limit import BodyLimitMiddleware, RouteLimit
+from server.protocol.rest.extension_routes import add_extension_routes, json_body, parse_json_object
 from server.protocol.rest.infer import Answer, InferFastPath, error_answer, infer_answer
 from server.protocol.rest.openapi import (
     EMPTY_OK,
@@ -29,17 +35,20 @@ from server.protocol.rest.openapi import (
     errors,
 )
 from server.protocol.rest.restrict import RestrictedApiMiddleware
+from server.request_limits import quoted
 from server.security import Restriction
 
 log = logging.getLogger("nnserve.http")
+LOAD_PATH = re.compile(r"/v2/repository/models/[^/]+/load")
 
 
 def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYTES,
                restrictions: dict[str, Restriction] | None = None, *,
                max_body_bytes: int = settings.HTTP_MAX_BODY_BYTES,
-               decode_in_thread_bytes: int = settings.HTTP_DECODE_IN_THREAD_BYTES) -> Any:
+               decode_in_thread_bytes: int = settings.HTTP_DECODE_IN_THREAD_BYTES,
+               max_load_file_bytes: int = settings.MODEL_LOAD_MAX_FILE_BYTES) -> Any:
     """The ASGI app: the infer fast path (server/protocol/rest/infer.py) in front of the FastAPI app, whose routes
-    take bodies of at most `max_body_bytes`."""
+    take bodies of at most `max_body_bytes` (the load API: also its model files, base64)."""
     # The schema is served (at /openapi.json) so clients and fuzzers can check the routes against it, and FastAPI's
     # UI for it at /docs (its script and style come from a CDN to the browser; the server serves only the page).
     app = FastAPI(title="nnserve", version=settings.SERVER_VERSION, docs_url="/docs", redoc_url=None,
@@ -66,8 +75,12 @@ def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYT
 
     _health_routes(app, dp)
     _model_routes(app, dp, max_input_bytes)
-    _repository_routes(app, dp)
-    served: Any = InferFastPath(BodyLimitMiddleware(app, max_body_bytes), dp, max_input_bytes, decode_in_thread_bytes)
+    _repository_routes(app, dp, decode_in_thread_bytes)
+    add_extension_routes(app, dp)
+    load_limit = RouteLimit(LOAD_PATH, max_body_bytes + 4 * -(-max_load_file_bytes // 3), "--http-max-body-size + "
+                            "--model-load-max-file-size in base64")
+    limited = BodyLimitMiddleware(app, max_body_bytes, routes=(load_limit,))
+    served: Any = InferFastPath(limited, dp, max_input_bytes, decode_in_thread_bytes)
     # outermost: a restricted call is refused before any route, fast or not, reads its body
     return RestrictedApiMiddleware(served, restrictions=restrictions) if restrictions else served
 
@@ -118,16 +131,32 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
     for path in both(""):
         app.add_api_route(path, lambda model, version="": dp.model_metadata(model, version), methods=["GET"],
                           responses=lookup)
-    for path in both("/ready"):  # Triton's answers: 200, or the lookup's error (unknown 404, loading 503, ...)
-        app.add_api_route(path, lambda model, version="": Response(status_code=200 if dp.model_ready(model, version)
-                                                                    else 400), methods=["GET"],
-                          response_class=Response, responses={**errors(400, 403, 404, 503), 200: EMPTY_OK})
+    def model_ready(model: str, version: str = "") -> Response:
+        """Triton's answer: 200 when ready; 400 "Model version not ready" for an unknown, unloaded or loading
+        model or a version it lacks; 503 while the server is not ready."""
+        if dp.model_ready(model, version):
+            return Response(status_code=200)
+        return JSONResponse({"error": "Model version not ready"}, status_code=400)
+
+    for path in both("/ready"):
+        app.add_api_route(path, model_ready, methods=["GET"], response_class=Response,
+                          responses={**errors(400, 403, 503), 200: EMPTY_OK})
     for path in both("/config"):
         app.add_api_route(path, lambda model, version="": dp.model_config_dict(model, version), methods=["GET"],
                           responses=lookup)
     for path in both("/stats"):
         app.add_api_route(path, lambda model, version="": {"model_stats": dp.statistics(model, version)},
                           methods=["GET"], responses=lookup)
+
+    async def profile(request: Request, model: str, version: str = "") -> dict[str, Any]:
+        # GET: the per-op profile so far; POST {"action": "start" | "stop"}: (re)start or stop collecting
+        action = str((await json_body(request)).get("action", "")) if request.method == "POST" else ""
+        if request.method == "POST" and not action:
+            raise InvalidArgumentError("POST .../profile takes {\"action\": \"start\"} or {\"action\": \"stop\"}")
+        return dp.model_profile(model, version, action)
+
+    for path in both("/profile"):
+        app.add_api_route(path, profile, methods=["GET", "POST"], responses=lookup)
 
     async def infer(request: Request, model: str, version: str = "") -> Response:
         # served by InferFastPath in front of this app; this route gives the schema and the same answers
@@ -138,10 +167,10 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
         app.add_api_route(path, infer, methods=["POST"], openapi_extra=INFER_EXTRA, responses=INFER_RESPONSES)
 
 
-def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
+def _repository_routes(app: FastAPI, dp: DataPlane, decode_in_thread_bytes: int) -> None:
     @app.post("/v2/repository/index", openapi_extra=INDEX_EXTRA, responses=errors(400, 403, 413))
     async def index(request: Request) -> list[dict[str, str]]:
-        ready = (await _json_body(request)).get("ready", False)
+        ready = (await json_body(request)).get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgumentError("Invalid value for 'ready': expected a boolean")  # Triton's words
         return dp.repository_index(ready)
@@ -149,32 +178,35 @@ def _repository_routes(app: FastAPI, dp: DataPlane) -> None:
     @app.post("/v2/repository/models/{model}/load", openapi_extra=LOAD_EXTRA,
               responses=errors(400, 403, 413, 500, 503))
     async def load(model: str, request: Request) -> Response:
-        params = (await _json_body(request)).get("parameters") or {}
-        if not isinstance(params, dict):
-            raise InvalidArgumentError("'parameters' must be an object")
-        if any(k.startswith("file:") for k in params):
-            raise InvalidArgumentError("loading model files through the API ('file:' parameters) is not supported")
-        config = params.get("config")
-        await dp.load_model(model, config if isinstance(config, str) or config is None else json.dumps(config))
+        body = await request.body()
+        if len(body) >= decode_in_thread_bytes:  # model files (base64): parsed and decoded off the event loop
+            config, files = await asyncio.to_thread(load_parameters, body)
+        else:
+            config, files = load_parameters(body)
+        del body
+        await dp.load_model(model, config, files)
         return Response(status_code=200)
 
     @app.post("/v2/repository/models/{model}/unload", responses=errors(400, 403, 413, 503))
     async def unload(model: str, request: Request) -> Response:
-        await _json_body(request)  # read (and so limited) like the others; unload_dependents: nothing depends
+        await json_body(request)  # read (and so limited) like the others; unload_dependents: nothing depends
         await dp.unload_model(model)
         return Response(status_code=200)
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    if not body.strip():
-        return {}
-    try:
-        doc = json.loads(body)
-    except ValueError as exc:  # JSONDecodeError, invalid UTF-8 (UnicodeDecodeError), digits past Python's limit
-        raise InvalidArgumentError(f"failed to parse the request JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidArgumentError("failed to parse the request JSON: nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgumentError("the request JSON must be an object")
-    return doc
+def load_parameters(body: bytes) -> tuple[str | None, dict[str, bytes]]:
+    """(config JSON, model files) of a load request: Triton's `config` and `file:<path>` parameters (base64)."""
+    params = parse_json_object(body).get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidArgumentError("'parameters' must be an object")
+    config = params.get("config")
+    files = {}
+    for key in file_parameters(params):
+        value = params[key]
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"Unable to parse '{quoted(key)}': a file's content must be a base64 string")
+        try:
+            files[key] = base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise InvalidArgumentError(f"Unable to parse '{quoted(key)}': invalid base64") from None
+    return (config if isinstance(config, str) or config is None else json.dumps(config)), files

@@ -5,22 +5,41 @@ and the route that reads past the limit gets PayloadTooLargeError (413 through t
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from server.errors import PayloadTooLargeError
 
 
+@dataclass(frozen=True)
+class RouteLimit:
+    """A larger limit for the POST routes whose path matches `path` (the load API, which may carry model files)."""
+
+    path: re.Pattern[str]
+    limit: int
+    flag: str
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app: Any, limit: int, flag: str = "--http-max-body-size"):
-        self.app, self.limit, self.flag = app, limit, flag
+    def __init__(self, app: Any, limit: int, flag: str = "--http-max-body-size", routes: tuple[RouteLimit, ...] = ()):
+        self.app, self.limit, self.flag, self.routes = app, limit, flag, routes
+
+    def _limit_of(self, scope: dict[str, Any]) -> tuple[int, str]:
+        if scope.get("method") == "POST":
+            for route in self.routes:
+                if route.path.fullmatch(scope.get("path", "")):
+                    return max(route.limit, self.limit), route.flag
+        return self.limit, self.flag
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, flag = self._limit_of(scope)
         declared = _content_length(scope)
-        if declared is not None and declared > self.limit:
-            await _too_large(send, f"request of {declared} bytes exceeds the {self.limit}-byte limit ({self.flag})")
+        if declared is not None and declared > limit:
+            await _too_large(send, f"request of {declared} bytes exceeds the {limit}-byte limit ({flag})")
             return
         size = 0
 
@@ -28,8 +47,8 @@ class BodyLimitMiddleware:
             nonlocal size
             message = await receive()
             size += len(message.get("body", b""))
-            if size > self.limit:
-                raise PayloadTooLargeError(f"request exceeds the {self.limit}-byte limit ({self.flag})")
+            if size > limit:
+                raise PayloadTooLargeError(f"request exceeds the {limit}-byte limit ({flag})")
             return message
 
         await self.app(scope, counted, send)

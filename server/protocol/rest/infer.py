@@ -75,6 +75,7 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
         else:
             req = _decode(model, version, body, encoding, header, max_input_bytes, False)
         del body  # the request holds what it needs: views of the body for binary tensors, or arrays
+        req.max_shm_input_bytes = max_input_bytes  # its shared-memory inputs count like a body's tensors
         return _encoded(await unless_disconnected(receive, dp.infer(req)), req, headers)
     finally:
         heap.after_request(size)

@@ -75,4 +75,24 @@ INDEX_EXTRA = {"requestBody": {"required": False, "content": {"application/json"
     "type": "object", "properties": {"ready": {"type": "boolean"}}}}}}}
 LOAD_EXTRA = {"requestBody": {"required": False, "content": {"application/json": {"schema": {
     "type": "object", "properties": {"parameters": {"type": "object", "properties": {
-        "config": {"type": "string", "description": "model configuration as JSON"}}}}}}}}}
+        "config": {"type": "string", "description": "model configuration as JSON"}},
+        "additionalProperties": {"type": "string", "description": "'file:<version>/<name>': a model file, base64"},
+    }}}}}}}
+
+SHM_REGISTER_EXTRA = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["key", "byte_size"], "properties": {
+        "key": {"type": "string", "description": "the shared-memory object's name in /dev/shm"},
+        "offset": {"type": "integer", "minimum": 0}, "byte_size": {"type": "integer", "minimum": 1},
+        "raw_handle": {"type": "object", "description": "CUDA regions: the cudaIpcMemHandle_t, base64"},
+        "device_id": {"type": "integer", "minimum": 0}}}}}}}
+SHM_STATUS_OK = {"description": "Registered regions", "content": {"application/json": {"schema": {
+    "type": "array", "items": {"type": "object"}}}}}
+_SETTING = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
+TRACE_EXTRA = {"requestBody": {"required": False, "content": {"application/json": {"schema": {
+    "type": "object", "properties": {k: _SETTING for k in ("trace_level", "trace_rate", "trace_count",
+                                                           "log_frequency")}}}}}}
+LOGGING_EXTRA = {"requestBody": {"required": False, "content": {"application/json": {"schema": {
+    "type": "object", "properties": {
+        "log_info": {"type": "boolean"}, "log_warning": {"type": "boolean"}, "log_error": {"type": "boolean"},
+        "log_verbose_level": {"type": "integer", "minimum": 0},
+        "log_format": {"type": "string", "enum": ["default", "ISO8601", "json"]}}}}}}}

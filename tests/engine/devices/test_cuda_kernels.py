@@ -23,7 +23,9 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ops"
 CASES = [c for f in ("misc.npz", "spatial.npz") for c in load_cases(FIXTURES / f)]
 # ops that never reach a device kernel: Shape is a host value; the others are refused on CUDA (see kernels.py)
 NOT_ON_CUDA = {"Shape", "Expression", "TnnQuantize", "TnnDequantize", "TnnQConv", "TnnQAdd", "TnnQConcat",
-               "TnnQPool", "TnnQRelu", "TnnLSTM"}
+               "TnnQPool", "TnnQRelu", "TnnQInnerProduct", "TnnLSTM", "SliceAssign", "IndexPut", "Index",
+               "GatherElements", "RepeatInterleave", "Trilu", "TopK", "CumSum", "ReduceVar", "Full", "Range",
+               "DetectionOutput"}
 # the blocked-layout ops are the CPU device's own (engine/devices/cpu/layout/), never in the shared registry
 NOT_ON_CUDA |= {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                 "RegroupBlocked"}
@@ -119,6 +121,15 @@ def test_conv_fused_epilogue_residual_and_pad_modes():
     check(make_node("Conv", 1, params={}, attrs={"weight": w1, "bias": b[:5]}), [x])
 
 
+def test_gemm_fused_residual_and_activation():
+    x = RNG.standard_normal((2, 5, 7)).astype(np.float32)
+    z = RNG.standard_normal((2, 5, 6)).astype(np.float32)
+    attrs = {"weight": RNG.standard_normal((6, 7)).astype(np.float32),
+             "bias": RNG.standard_normal(6).astype(np.float32)}
+    for act, ap in ((None, {}), ("gelu", {"approximate": "tanh"}), ("silu", {})):
+        check(make_node("Gemm", 2, params={"activation": act, "activation_params": ap}, attrs=attrs), [x, z])
+
+
 def test_matmul_broadcast_and_vectors():
     a = RNG.standard_normal((3, 1, 5, 19)).astype(np.float32)
     b = RNG.standard_normal((4, 19, 6)).astype(np.float32)
@@ -139,3 +150,12 @@ def test_float64_matmul_is_refused_not_miscomputed():
     dev = CudaDevice("cuda")
     with pytest.raises(UnsupportedOpError, match="float64"):
         dev.build_kernel(make_node("MatMul", 2), get_op("MatMul"), infos_of([a, a.T]))
+
+
+@pytest.mark.parametrize("masked_rows", ["zero", "nan"])
+def test_attention_rows_with_nothing_to_attend_to(masked_rows):
+    """zeros as torch's scaled_dot_product_attention, NaN as its MultiheadAttention (masked_rows)."""
+    q, k, v = (RNG.standard_normal((1, 2, n, 4)).astype(np.float32) for n in (3, 5, 5))
+    mask = RNG.random((1, 1, 3, 5)) > 0.3
+    mask[0, 0, 1] = False
+    check(make_node("Attention", 4, params={"masked_rows": masked_rows}), [q, k, v, mask])

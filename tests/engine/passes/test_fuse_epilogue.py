@@ -1,4 +1,4 @@
-"""fuse_epilogue: activations and residual adds folded into Conv, checked against plain numpy."""
+"""fuse_epilogue: activations and residual adds folded into Conv and Gemm, checked against plain numpy."""
 
 from __future__ import annotations
 
@@ -128,3 +128,52 @@ def test_no_residual_after_activation_or_for_broadcasting_add():
     finish(g, g.add_node("Add", [c, z]).outputs[0])
     fuse_epilogue(g)
     assert [n.op_type for n in g.nodes] == ["Conv", "Add"]  # unknown shape: not provably same-shape
+
+
+def gemm_graph(x_shape=(2, 5, 6), n=4):
+    g = Graph()
+    x = g.value("x", x_shape, np.float32)
+    z = g.value("z", x_shape[:-1] + (n,), np.float32)
+    g.inputs = [x, z]
+    w, b = rng.standard_normal((n, x_shape[-1])).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    y = g.add_node("Gemm", [x], name="proj", params={"activation": None, "activation_params": {}},
+                   attrs={"weight": w, "bias": b}).outputs[0]
+    y.shape, y.dtype = x_shape[:-1] + (n,), np.dtype(np.float32)
+    return g, x, z, y, w, b
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_transformer_residual_fused_into_gemm(left):
+    g, x, z, y, w, b = gemm_graph()
+    s = g.add_node("Add", [z, y] if left else [y, z]).outputs[0]
+    s.shape = y.shape
+    finish(g, s)
+    fuse_epilogue(g)
+    g.validate()
+    (gemm,) = g.nodes
+    assert gemm.op_type == "Gemm" and gemm.inputs == [x, z] and gemm.outputs[0].name == "y"
+    xv, zv = (rng.standard_normal(v.shape).astype(np.float32) for v in (x, z))
+    np.testing.assert_allclose(run(g, x=xv, z=zv), xv @ w.T + b + zv, rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_residual_then_activation():
+    g, x, z, y, w, b = gemm_graph()
+    s = g.add_node("Add", [y, z]).outputs[0]
+    s.shape = y.shape
+    finish(g, g.add_node("Relu", [s]).outputs[0])
+    fuse_epilogue(g)
+    (gemm,) = g.nodes
+    assert gemm.params["activation"] == "relu" and len(gemm.inputs) == 2
+    xv, zv = (rng.standard_normal(v.shape).astype(np.float32) for v in (x, z))
+    np.testing.assert_allclose(run(g, x=xv, z=zv), np.maximum(xv @ w.T + b + zv, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_no_gemm_residual_after_its_activation():
+    g, x, z, y, w, b = gemm_graph()
+    r = g.add_node("Gelu", [y], params={"approximate": "none"}).outputs[0]
+    r.shape = y.shape
+    s = g.add_node("Add", [r, z]).outputs[0]
+    s.shape = y.shape
+    finish(g, s)
+    fuse_epilogue(g)
+    assert [n.op_type for n in g.nodes] == ["Gemm", "Add"] and g.nodes[0].params["activation"] == "gelu"

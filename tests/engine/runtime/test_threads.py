@@ -58,3 +58,111 @@ def test_instance_threads_applied_per_run(restore_threads):
     feeds, want = cases(name)[0]
     assert_close_to_torch(one.run(feeds), want)
     assert _threads.get_threads() == 1 and _blas_threads() == {1}  # the instance's own count while it runs
+
+
+# -- wait policy: spin a while, then sleep ------------------------------------------------------------
+def test_spin_setting_read_from_the_environment():
+    assert CpuOptions.from_env({}).spin_us == 200
+    assert CpuOptions.from_env({"NNSERVE_SPIN_US": "0"}).spin_us == 0
+    assert CpuOptions.from_env({"NNSERVE_SPIN_US": " 500 "}).spin_us == 500
+    assert CpuOptions.from_env({"NNSERVE_SPIN_US": "-3"}).spin_us == 200
+
+
+def test_openmp_gets_the_same_bound_unless_the_user_chose_one():
+    from engine.devices.cpu.onednn.binding import openmp_wait_policy
+
+    assert openmp_wait_policy(0, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    spin = openmp_wait_policy(200, {})
+    assert list(spin) == ["GOMP_SPINCOUNT"] and int(spin["GOMP_SPINCOUNT"]) == _threads.spin_polls(200) > 0
+    assert openmp_wait_policy(200, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
+    assert openmp_wait_policy(0, {"GOMP_SPINCOUNT": "10"}) == {}
+
+
+def _fill(out, value, lo, hi):
+    out[lo:hi] = value
+
+
+def _fail(lo, hi):
+    if lo > 0:
+        raise ValueError(f"chunk {lo}")
+
+
+@pytest.mark.parametrize("spin_us", [0, 200, 5000])
+def test_pool_runs_every_chunk_once_then_sleeps(restore_threads, spin_us):
+    import numpy as np
+
+    _threads.set_threads(3)
+    before = _threads.get_spin()
+    _threads.set_spin(spin_us)
+    try:
+        out = np.zeros(1000, np.int64)
+        for i in range(200):  # back to back: the workers are caught spinning (or woken, with spin 0)
+            _threads.parallel_for(_fill, out.size, 1 << 20, out, i)
+            assert (out == i).all()
+        with pytest.raises(ValueError, match="chunk"):
+            _threads.parallel_for(_fail, 9, 1 << 20)
+        _threads.parallel_for(_fill, out.size, 1 << 20, out, -1)  # still usable after a failed chunk
+        assert (out == -1).all()
+    finally:
+        _threads.set_spin(before)
+
+
+def test_concurrent_callers_share_the_pool_without_mixing_chunks(restore_threads):
+    import threading
+
+    import numpy as np
+
+    _threads.set_threads(2)
+    outs = [np.zeros(4096, np.int64) for _ in range(4)]
+    errors = []
+
+    def caller(k):
+        try:
+            for i in range(100):
+                _threads.parallel_for(_fill, outs[k].size, 1 << 20, outs[k], i * 10 + k)
+                assert (outs[k] == i * 10 + k).all()
+        except Exception as e:
+            errors.append(e)
+
+    ts = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+
+
+IDLE_SCRIPT = """
+import os, sys, time
+import numpy as np
+import engine
+from fixture_models import cases, max_shapes, model_path
+model = engine.load(model_path("resnet"))
+inst = model.instance(max_shapes=max_shapes("resnet"))
+feeds, _ = cases("resnet")[0]
+for _ in range(5):
+    inst.run(feeds)
+time.sleep(0.5)  # the spin bound is milliseconds: every thread is asleep by now
+t0, c0 = time.monotonic(), time.process_time()
+time.sleep(2.0)
+print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"), time.process_time() - c0)
+"""
+
+
+def test_a_loaded_idle_instance_burns_no_cpu(tmp_path):
+    """After its requests an instance's threads (the pool's and oneDNN's OpenMP team) all sleep: the process uses
+    (almost) no CPU while idle. Its own process, so that libgomp reads the wait policy the engine sets."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "NNSERVE_SPIN_US")}
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2])])
+    done = subprocess.run([sys.executable, "-c", IDLE_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=240, cwd=here.parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    spincount, policy, idle_cpu = done.stdout.split()[-3:]
+    assert policy == "None" and int(spincount) > 0  # bounded spin, not PASSIVE, not ACTIVE
+    assert float(idle_cpu) < 0.05, f"{idle_cpu} s of CPU in 2 s of idling"

@@ -155,14 +155,17 @@ def build_conv(blas: Blas, node: Node, ins: list[TensorInfo]) -> Kernel:
     epi = _Epilogue(node, geo_max.o)
     w = np.asarray(weight_of(node), np.float32)
     if path == "depthwise":
-        wd = packed(w.reshape(geo_max.c, geo_max.kh, geo_max.kw))
-        return _depthwise_run(node, geom, wd, epi)
-    wg = packed(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
-    if path == "gemm":
-        return _gemm_run(matmul, geom, wg, epi)
-    if path == "winograd":
-        return _winograd_run(matmul, node, geom, W.transform_weights(w), epi)
-    return _im2col_run(matmul, node, geom, wg, epi)
+        run = _depthwise_run(node, geom, packed(w.reshape(geo_max.c, geo_max.kh, geo_max.kw)), epi)
+    else:
+        wg = packed(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
+        if path == "gemm":
+            run = _gemm_run(matmul, geom, wg, epi)
+        elif path == "winograd":
+            run = _winograd_run(matmul, node, geom, W.transform_weights(w), epi)
+        else:
+            run = _im2col_run(matmul, node, geom, wg, epi)
+    run.impl = f"direct:{path}"  # type: ignore[attr-defined]
+    return run
 
 
 def _finish_image(epi: _Epilogue, out: np.ndarray, z: np.ndarray | None, n: int, geo: ConvGeom) -> None:
@@ -299,4 +302,5 @@ def build_tconv(blas: Blas, node: Node, ins: list[TensorInfo]) -> Kernel:
                     parallel_for(K.col2im_add, og, cols.size, cols, yg, h0, r, geo.w, geo.kh, geo.kw, sh, sw, dh, dw,
                                  pt, pl)
             _finish_image(epi, out, None, n, geo)
+    run.impl = "direct:gemm+col2im"  # type: ignore[attr-defined]
     return run

@@ -1,7 +1,8 @@
 """The CPU's Conv, ConvTranspose and ConvBlocked kernels: which path a convolution takes.
 
-Float32 convolutions run on oneDNN (onednn.py, transposed.py) when it is on and computes them, except plain 1x1
-convs, which stay one GEMM on the direct path; the rest take the direct paths (direct.py). Other dtypes run the
+Float32 convolutions run on oneDNN (onednn.py, transposed.py) when it is on and has an optimized kernel for them,
+except plain 1x1 convs, which stay one GEMM on the direct path; the rest take the direct paths (direct.py), never
+oneDNN's reference implementation (scalar loops, see onednn.is_reference). Other dtypes run the
 float64 reference, with the epilogue applied as the CPU applies it. ConvBlocked is blocked.py's.
 """
 
@@ -26,11 +27,18 @@ def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
     if not (backends.onednn and onednn.supported(node, ins)):
         return False
     geo = conv_geom(node, ins[0].shape)
-    return not (geo.groups == 1 and direct.kind(geo) == "gemm")
+    if geo.groups == 1 and direct.kind(geo) == "gemm":
+        return False
+    return _optimized(onednn.ConvSpec(node, len(ins) > 1), ins)
 
 
 def _use_onednn_tconv(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
-    return backends.onednn and transposed.supported(node, ins)
+    return backends.onednn and transposed.supported(node, ins) and _optimized(transposed.DeconvSpec(node), ins)
+
+
+def _optimized(spec: onednn.ConvSpec, ins: list[TensorInfo]) -> bool:
+    """Whether oneDNN has more than its reference implementation for this conv at the max shape."""
+    return not onednn.is_reference(onednn.primitive_impl(spec, tuple(ins[0].shape)))
 
 
 def _fallback(node: Node, sums) -> Kernel:
@@ -42,6 +50,8 @@ def _fallback(node: Node, sums) -> Kernel:
         acc = sums(node, list(inputs))
         apply_activation(act, params, acc)
         np.copyto(outputs[0], acc.astype(inputs[0].dtype))
+    run.is_fallback = True  # type: ignore[attr-defined]  # the reference's sums (allocating), listed as such
+    run.impl = "reference"  # type: ignore[attr-defined]
     return run
 
 

@@ -3,11 +3,12 @@ are NCHW (Conv, ConvTranspose: deconvolution, see transposed.py) or blocked nChw
 
 A `ConvSpec` holds what does not depend on the input shape: the geometry, which sides are blocked, the weights
 (reordered once into each layout a primitive asks for), bias and post-ops. A `Plan` holds the primitives for one
-input shape. A blocked side uses the nChw{B}c descriptor itself; a plain side is left to the primitive
-(`format_tag_any`: an order of magnitude faster than forcing NCHW) and reordered through the instance workspace
-when the primitive picks another layout. Bias is the primitive's; SPEC.md's epilogue `y = act(conv + bias + z)`
-is a `sum` post-op (z copied or reordered into dst first) then an eltwise post-op when oneDNN has the same
-function, else our apply_activation on the output (elementwise, so layout-agnostic). Workspace layout (each part
+input shape. A blocked side uses the nChw{B}c descriptor itself (unless oneDNN has only its reference kernel
+for it, see Plan); a plain side is left to the primitive (`format_tag_any`: an order of magnitude faster than
+forcing NCHW) and reordered through the instance workspace when the primitive picks another layout. Bias is the
+primitive's; SPEC.md's epilogue `y = act(conv + bias + z)` is a `sum` post-op (z copied or reordered into dst
+first) then an eltwise post-op when oneDNN has the same function, else our apply_activation on the output
+(elementwise, so layout-agnostic). Workspace layout (each part
 64-byte aligned): reordered src | reordered dst | scratchpad. Primitives depend on the shape: the max-shape one is
 built with the kernel, smaller shapes get theirs on first use (cached).
 """
@@ -24,13 +25,13 @@ from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
+from engine.devices.cpu.onednn.eltwise import eltwise
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
 from engine.ops.registry import TensorInfo
 
 log = logging.getLogger("engine.onednn")
-_F32_MAX = float(np.finfo(np.float32).max)
 Geometry = Callable[[Node, tuple], ConvGeom]
 
 
@@ -39,37 +40,6 @@ def supported(node: Node, ins: list[TensorInfo]) -> bool:
     if np.dtype(ins[0].dtype) != np.float32 or len(ins[0].shape) != 4:
         return False
     return (node.params.get("pad_mode") or "zeros") == "zeros"
-
-
-def eltwise(name: str | None, params: dict | None) -> tuple[str, float, float] | None:
-    """The oneDNN eltwise post-op (alg, alpha, beta) computing the same function as our activation `name`."""
-    p = params or {}
-
-    def get(key: str, default: float) -> float:
-        v = p.get(key)
-        return default if v is None else float(v)
-
-    if name == "relu":
-        return "relu", 0.0, 0.0
-    if name == "leaky_relu":
-        return "relu", get("alpha", 0.01), 0.0
-    if name == "relu6":
-        return "clip", 0.0, 6.0
-    if name == "clip":
-        return "clip", get("min", -_F32_MAX), get("max", _F32_MAX)
-    if name == "sigmoid":
-        return "logistic", 0.0, 0.0
-    if name == "silu":
-        return "swish", 1.0, 0.0
-    if name == "tanh":
-        return "tanh", 0.0, 0.0
-    if name == "elu":
-        return "elu", get("alpha", 1.0), 0.0
-    if name in ("hardswish", "hardsigmoid"):
-        return name, get("alpha", 1 / 6), get("beta", 0.5)
-    if name == "gelu":
-        return ("gelu_tanh" if p.get("approximate", "none") == "tanh" else "gelu_erf"), 0.0, 0.0
-    return None
 
 
 class ConvSpec:
@@ -99,7 +69,12 @@ class ConvSpec:
         return D.MemoryDesc.plain(self.wshape(geo))
 
     def side(self, shape: tuple[int, ...], blocked: bool) -> D.MemoryDesc:
+        """What the primitive is asked to take on one side: the blocked layout itself, else its own choice."""
         return blocked_md(shape, self.block) if blocked else D.MemoryDesc.any(shape)
+
+    def given(self, shape: tuple[int, ...], blocked: bool) -> D.MemoryDesc:
+        """How the kernel's array on one side is laid out: nChw{B}c or NCHW."""
+        return blocked_md(shape, self.block) if blocked else D.MemoryDesc.plain(shape)
 
     def primitive_desc(self, geo: ConvGeom, x_md: D.MemoryDesc, w_md: D.MemoryDesc, b_md: D.MemoryDesc | None,
                        y_md: D.MemoryDesc, attr: D.Attr) -> D.PrimitiveDesc:
@@ -117,19 +92,34 @@ class ConvSpec:
         return buf
 
 
+def is_reference(impl: str) -> bool:
+    """Whether oneDNN fell back on its reference implementation (scalar loops, 100-1000x slower than its jit
+    kernels: a dilated 3x3 conv on nChw16c sides took 180 s instead of 30 ms)."""
+    return impl.startswith("ref")
+
+
 class Plan:
-    """The primitives for one physical input shape, and where their buffers sit in the workspace."""
+    """The primitives for one physical input shape, and where their buffers sit in the workspace.
+
+    A blocked side is asked of the primitive first; oneDNN has no optimized kernel for some convs on
+    nChw{B}c (dilated ones, inputs of fewer channels than a block, depthwise ones with one side plain), and
+    gives those its reference implementation, so such a plan asks again with every side left to the primitive
+    and reorders the blocked sides into and out of its choice (the reorders cost a fraction of a conv).
+    """
 
     def __init__(self, spec: ConvSpec, shape: tuple[int, ...]):
         geo = spec.geometry(spec.node, shape)
         self.geo = geo
+        # multiply-adds: a small conv is created for, and runs on, one thread (D.creating), so it never forks
+        self.work = geo.n * geo.o * geo.oh * geo.ow * (geo.c // geo.groups) * geo.kh * geo.kw
+        with D.creating(self.work):
+            self._create(spec, geo)
+
+    def _create(self, spec: ConvSpec, geo) -> None:
         x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
-        # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
-        x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
-        w_any = D.MemoryDesc.any(spec.wshape(geo))
         b_md = D.MemoryDesc.plain((geo.o,)) if spec.bias is not None else None
         attr = D.Attr(spec.post_ops)
-        self.pd = spec.primitive_desc(geo, x_req, w_any, b_md, y_req, attr)
+        self.pd = _primitive_desc(spec, geo, b_md, attr)
         src, wts, dst, pad = (self.pd.md(q) for q in (L.QUERY_SRC_MD, L.QUERY_WEIGHTS_MD, L.QUERY_DST_MD,
                                                        L.QUERY_SCRATCHPAD_MD))
         self.weights, self.bias = spec.weights_in(wts, geo), spec.bias
@@ -137,10 +127,10 @@ class Plan:
         if b_md is not None:
             args[L.ARG_BIAS] = b_md
         self.conv = D.Step(D.Primitive(self.pd), args)
-        x_plain, y_plain = D.MemoryDesc.plain(x_log), D.MemoryDesc.plain(y_log)
-        self.src_in = None if spec.src_blocked or src == x_plain else D.reorder_step(x_plain, src)
-        self.dst_out = None if spec.dst_blocked or dst == y_plain else D.reorder_step(dst, y_plain)
-        self.z_in = D.reorder_step(y_plain, dst) if self.dst_out is not None and spec.residual else None
+        x_given, y_given = spec.given(x_log, spec.src_blocked), spec.given(y_log, spec.dst_blocked)
+        self.src_in = None if src == x_given else D.reorder_step(x_given, src)
+        self.dst_out = None if dst == y_given else D.reorder_step(dst, y_given)
+        self.z_in = D.reorder_step(y_given, dst) if self.dst_out is not None and spec.residual else None
         self.src_bytes = D.aligned(src.nbytes) if self.src_in is not None else 0
         self.dst_bytes = D.aligned(dst.nbytes) if self.dst_out is not None else 0
         self.pad_bytes = D.aligned(pad.nbytes)
@@ -178,20 +168,50 @@ class Plan:
             else:
                 np.copyto(out, z)
         scratch = base + self.src_bytes + self.dst_bytes
-        if (src, dst, scratch) == self._bound:
-            # The same arena views as last time (the usual case: bound once per input shape): only execute.
-            L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args),
-                                                 self.conv.args), "dnnl_primitive_execute")
-        else:
-            ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
-                    L.ARG_SCRATCHPAD: scratch}
-            if self.bias is not None:
-                ptrs[L.ARG_BIAS] = self.bias.ctypes.data
-            self.conv.run(ptrs)
-            self._bound = (src, dst, scratch)
+        D.sync_threads(self.work)  # never more threads than it was created for
+        try:
+            if (src, dst, scratch) == self._bound:
+                # The same arena views as last time (the usual case: bound once per input shape): only execute.
+                L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args),
+                                                     self.conv.args), "dnnl_primitive_execute")
+            else:
+                ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
+                        L.ARG_SCRATCHPAD: scratch}
+                if self.bias is not None:
+                    ptrs[L.ARG_BIAS] = self.bias.ctypes.data
+                self.conv.run(ptrs)
+                self._bound = (src, dst, scratch)
+        finally:
+            D.restore_threads()
         if self.dst_out is not None:
             self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()
+
+
+def _primitive_desc(spec: ConvSpec, geo: ConvGeom, b_md: D.MemoryDesc | None, attr: D.Attr) -> D.PrimitiveDesc:
+    """The conv's primitive on the blocked sides asked for, or on sides of its own choice where oneDNN has only
+    its reference implementation for those (see Plan)."""
+    x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
+    w_any = D.MemoryDesc.any(spec.wshape(geo))
+    # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
+    x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
+    pd = spec.primitive_desc(geo, x_req, w_any, b_md, y_req, attr)
+    if (spec.src_blocked or spec.dst_blocked) and is_reference(pd.impl):
+        x_any, y_any = D.MemoryDesc.any(x_log), D.MemoryDesc.any(y_log)
+        free = spec.primitive_desc(geo, x_any, w_any, b_md, y_any, attr)
+        log.debug("%s: oneDNN has %s on the blocked sides, %s on its own layouts (reordered)", spec.node.where(),
+                  pd.impl, free.impl)
+        if not is_reference(free.impl):
+            return free
+    return pd
+
+
+def primitive_impl(spec: ConvSpec, shape: tuple[int, ...]) -> str:
+    """The implementation oneDNN runs this conv with at this input shape (no weights reordered)."""
+    D.sync_threads()
+    geo = spec.geometry(spec.node, shape)
+    b_md = D.MemoryDesc.plain((geo.o,)) if spec.bias is not None else None
+    return _primitive_desc(spec, geo, b_md, D.Attr(spec.post_ops)).impl
 
 
 def workspace(spec: ConvSpec, ins: list[TensorInfo]) -> int:

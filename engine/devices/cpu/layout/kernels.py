@@ -105,6 +105,7 @@ def _kernel_global(backends: Backends, node: Node, ins: list[TensorInfo]):
         n, cb, h, w, b = x.shape
         parallel_for(global_pool, n * cb, x.size, x.reshape(n * cb, h * w, b), outputs[0].reshape(n * cb, b),
                      is_max)
+    run.impl = "numba:global_pool_blocked"  # type: ignore[attr-defined]
     if backends.onednn:  # oneDNN's jit pooling, the window the whole plane: ~3x the loop
         pool = Node("MaxPool" if is_max else "AvgPool", node.name, source=node.source)
 
@@ -130,6 +131,7 @@ def _kernel_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]):
             g = geoms[x.shape] = pool_geom(plain, (n, cb * b, h, w))
         parallel_for(max_pool, n * cb, out.size * g.kernel[0] * g.kernel[1], x.reshape(n * cb, h, w, b),
                      out.reshape(n * cb, g.oh, g.ow, b), *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1])
+    run.impl = "numba:max_pool_blocked"  # type: ignore[attr-defined]
     if backends.onednn:  # oneDNN's jit pooling on nChw{B}c: 64ch@111 b1 0.57 -> 0.10 ms
         block = int(ins[0].shape[4])
         return onednn_pool.build(plain, ins, lambda _, shape: pool_geom(plain, lanes_as_channels(shape)), run,

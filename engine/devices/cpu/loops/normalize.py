@@ -10,6 +10,9 @@ import math
 from numba import njit
 
 _JIT = {"nogil": True, "cache": True}
+# Reassociation lets LLVM keep the float64 sums in vector lanes (the statistics stay float64, two-pass); no
+# nnan/ninf: a NaN or inf in a row still propagates.
+_FAST = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract", "nsz"}}
 
 
 @njit(**_JIT)
@@ -44,27 +47,40 @@ def softmax_loop(x, out, log, empty_is_zero):
                     out[o, j, i] *= inv
 
 
-@njit(**_JIT)
-def layernorm_loop(x, out, weight, bias, eps, affine_w, affine_b):
-    # x, out: (rows, n); weight/bias: (n,) when used.
+@njit(**_FAST)
+def layernorm_rows(x, z, has_z, out, weight, bias, eps, affine_w, affine_b, lo, hi):
+    """Rows [lo, hi) of x, out: (rows, n), normalised over n: out = LN(x (+ z)) with weight/bias (n,) float64 when
+    used. With has_z the row is first x + z in x's own type (what the Add it replaces computes), kept in out's row
+    until the last pass overwrites it. Mean and variance in float64, two passes."""
     n = x.shape[1]
-    for r in range(x.shape[0]):
+    for r in range(lo, hi):
+        src = out[r] if has_z else x[r]
+        if has_z:
+            xr, zr, orow = x[r], z[r], out[r]
+            for j in range(n):
+                orow[j] = xr[j] + zr[j]
         s = 0.0
         for j in range(n):
-            s += x[r, j]
+            s += src[j]
         mean = s / n
-        v = 0.0
+        q = 0.0
         for j in range(n):
-            d = x[r, j] - mean
-            v += d * d
-        rstd = 1.0 / math.sqrt(v / n + eps)
-        for j in range(n):
-            y = (x[r, j] - mean) * rstd
-            if affine_w:
-                y = y * weight[j]
-            if affine_b:
-                y = y + bias[j]
-            out[r, j] = y
+            d = src[j] - mean
+            q += d * d
+        rstd = 1.0 / math.sqrt(q / n + eps)
+        orow = out[r]
+        if affine_w and affine_b:
+            for j in range(n):
+                orow[j] = (src[j] - mean) * rstd * weight[j] + bias[j]
+        elif affine_w:
+            for j in range(n):
+                orow[j] = (src[j] - mean) * rstd * weight[j]
+        elif affine_b:
+            for j in range(n):
+                orow[j] = (src[j] - mean) * rstd + bias[j]
+        else:
+            for j in range(n):
+                orow[j] = (src[j] - mean) * rstd
 
 
 @njit(**_JIT)

@@ -1,7 +1,7 @@
 """numba kernels for TNN's int8 ops, bit-exact with the numpy references in quant.py.
 
 Every float step is float32 in the same order as the reference (no fastmath, so no reassociation or fused
-multiply-add), and `_f2i8` is TNN's float2int8: add +-0.5 in float32, clamp to [-128, 127], truncate.
+multiply-add), and `f2i8` is TNN's float2int8: add +-0.5 in float32, clamp to [-128, 127], truncate.
 Work is split over items [lo, hi) by threads.parallel_for; int32 sums live in the caller's workspace.
 """
 
@@ -15,13 +15,10 @@ ZERO = np.float32(0.0)
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _f2i8(v):
+def f2i8(v):
     v = v + (HALF if v >= ZERO else -HALF)
-    if v > np.float32(127.0):
-        v = np.float32(127.0)
-    elif v < np.float32(-128.0):
-        v = np.float32(-128.0)
-    return np.int8(np.int32(v))  # int conversion truncates toward zero
+    # the clamp as min/max, not branches, so that loops calling this vectorize (an int8 Add: 2.5x faster)
+    return np.int8(np.int32(min(max(v, np.float32(-128.0)), np.float32(127.0))))  # truncates toward zero
 
 
 @njit(nogil=True, cache=True)
@@ -33,7 +30,7 @@ def quantize(x, scale, out, lo, hi):
         s = scale[c]
         xr, orow = x[b, c], out[b, c]
         for k in range(xr.shape[0]):
-            orow[k] = _f2i8(xr[k] / s) if s != ZERO else np.int8(0)
+            orow[k] = f2i8(xr[k] / s) if s != ZERO else np.int8(0)
 
 
 @njit(nogil=True, cache=True)
@@ -56,14 +53,14 @@ def add(a, b, sa, sb, so, out, lo, hi):
         ar, br, orow = a[n, c], b[n, c], out[n, c]
         s_a, s_b, s_o = sa[c], sb[c], so[c]
         for k in range(ar.shape[0]):
-            orow[k] = _f2i8((s_a * np.float32(ar[k]) + s_b * np.float32(br[k])) / s_o)
+            orow[k] = f2i8((s_a * np.float32(ar[k]) + s_b * np.float32(br[k])) / s_o)
 
 
 @njit(nogil=True, cache=True)
 def requantize(x, factor, s_out, out):
     """float2int8(x * factor / s_out) elementwise over flat arrays (per-tensor concat inputs)."""
     for k in range(x.shape[0]):
-        out[k] = _f2i8(np.float32(x[k]) * factor / s_out)
+        out[k] = f2i8(np.float32(x[k]) * factor / s_out)
 
 
 @njit(nogil=True, cache=True)
@@ -151,15 +148,21 @@ def conv_epilogue(acc_ws, scale, z, add_scale, relu6_max, act, fusion, out, lo, 
         acc, orow = acc_ws[item], out[n, oc]
         s, s_add, top = scale[oc], add_scale[oc], relu6_max[oc]
         for k in range(hw):
-            val = np.float32(acc[k]) * s
-            if fusion == 1:
-                val = val + np.float32(z[n, oc, k]) * s_add
-            if act == 1:
-                val = max(val, ZERO)
-            elif act == 2:
-                q = _f2i8(val)
-                orow[k] = max(min(q, top), np.int8(0))
-                continue
-            if fusion == 2:
-                val = val + np.float32(z[n, oc, k]) * s_add
-            orow[k] = _f2i8(val)
+            zk = z[n, oc, k] if fusion else np.int8(0)
+            orow[k] = requantize_one(acc[k], s, zk, s_add, top, act, fusion)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def requantize_one(acc, s, z, s_add, top, act, fusion):
+    """One int32 sum (bias included) to int8 as qconv_reference: act 0 none / 1 relu / 2 relu6 (top: the int8
+    ceiling); fusion 0 none / 1 add_then_act / 2 act_then_add of the int8 z times s_add."""
+    val = np.float32(acc) * s
+    if fusion == 1:
+        val = val + np.float32(z) * s_add
+    if act == 1:
+        val = max(val, ZERO)
+    elif act == 2:
+        return max(min(f2i8(val), top), np.int8(0))
+    if fusion == 2:
+        val = val + np.float32(z) * s_add
+    return f2i8(val)

@@ -143,3 +143,19 @@ def shuffle_rows(x, out, channels, groups, lo, hi):
             s, d = base + i * per_group + j, base + j * groups + i
             for k in range(hw):
                 out[d, k] = x[s, k]
+
+
+@njit(nogil=True, cache=True)
+def gather_rows(data, idx, out, lo, hi):
+    """Gather along the middle axis: out[o, i, :] = data[o, idx[i], :] for items o * m + i in [lo, hi), with data
+    (outer, dim, inner), idx (m,) already checked to lie in [-dim, dim) (negative ones count from the end), out
+    (outer, m, inner). Reads only the rows it copies: the table is never copied whole."""
+    m, dim = idx.shape[0], data.shape[1]
+    for it in range(lo, hi):
+        o, i = it // m, it % m
+        k = idx[i]
+        if k < 0:
+            k += dim
+        src, dst = data[o, k], out[o, i]
+        for j in range(src.shape[0]):
+            dst[j] = src[j]

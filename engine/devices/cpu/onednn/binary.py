@@ -28,7 +28,8 @@ class _Plan:
         attr = D.Attr()
         self.pd = D.PrimitiveDesc.create("dnnl_binary_primitive_desc_create", D.engine(), ALGORITHMS[op], full.h,
                                          small.h, full.h, attr.h)
-        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: full, ARG_SRC_1: small, L.ARG_DST: full})
+        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: full, ARG_SRC_1: small, L.ARG_DST: full},
+                           n * cb * h * w * b)  # it splits by OpenMP's count when it runs
 
 
 def build(op: str, small_first: bool, fallback: Kernel) -> Kernel:

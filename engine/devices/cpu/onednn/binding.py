@@ -3,7 +3,9 @@ status checks. The object wrappers the kernels use are in objects.py.
 
 The library is looked up in `<sys.prefix>/lib` (where the wheel installs it), then on the loader path, when a
 CPU device whose options allow oneDNN first asks for it (`load`); with NNSERVE_ONEDNN=0 it is never loaded and
-the numpy/numba kernels run instead.
+the numpy/numba kernels run instead. Loading it loads libgomp, which reads its wait policy from the environment
+then, once: `load` first sets GOMP_SPINCOUNT to the spin bound of NNSERVE_SPIN_US (threads.py), or
+OMP_WAIT_POLICY=PASSIVE for 0, unless the user set either.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import sys
 import threading
 from pathlib import Path
 
+from engine.devices.cpu.options import DEFAULT_SPIN_US
+from engine.devices.cpu.threads import gomp_spincount
 from engine.errors import KernelError
 
 SONAME = "libdnnl.so.3"
 
 # Enum values of the v3 C API (dnnl_types.h, dnnl_common_types.h); each one used is checked by a numeric test.
-F32 = 3
+S32, F32, S8, U8 = 4, 3, 5, 6  # dnnl_data_type_t
 FORMAT_ANY = 1
 FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT = 1
@@ -30,9 +34,27 @@ SCRATCHPAD_USER = 1
 QUERY_IMPL_INFO_STR = 8
 QUERY_SRC_MD, QUERY_WEIGHTS_MD, QUERY_DST_MD, QUERY_SCRATCHPAD_MD = 129, 131, 133, 136
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+ARG_SRC_1 = 2
+ARG_ATTR_MULTIPLE_POST_OP_BASE = 32768  # oneDNN v3 (v2: 16384)
+BINARY_ADD = 0x1FFF0
+
+
+def ARG_POST_OP_SRC1(index: int) -> int:  # noqa: N802 (DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1)
+    return ARG_ATTR_MULTIPLE_POST_OP_BASE * (index + 1) | ARG_SRC_1
+
+
 ELTWISE = {"relu": 0x20, "tanh": 0x21, "elu": 0x22, "hardsigmoid": 0x28, "logistic": 0x29, "gelu_tanh": 0x2B,
            "swish": 0x2C, "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
+BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "min": 0x1FFF3}  # dnnl_binary_*
+ARG_SRC_1 = 2
+ARG_ATTR_MULTIPLE_POST_OP_BASE = 32768
+
+
+def post_op_arg(index: int, arg: int = ARG_SRC_1) -> int:
+    """DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | arg: the execution argument of post-op `index`'s operand."""
+    return ARG_ATTR_MULTIPLE_POST_OP_BASE * (index + 1) | arg
+
 
 vp = ctypes.c_void_p
 Dims = ctypes.c_int64 * 12
@@ -49,6 +71,7 @@ _SIGNATURES = {
     "dnnl_memory_desc_equal": (ctypes.c_int, [vp, vp]),
     "dnnl_post_ops_append_eltwise": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_float, ctypes.c_float]),
     "dnnl_post_ops_append_sum": (ctypes.c_int, [vp, ctypes.c_float, ctypes.c_int32, ctypes.c_int]),
+    "dnnl_post_ops_append_binary": (ctypes.c_int, [vp, ctypes.c_int, vp]),
     "dnnl_memory_set_data_handle": (ctypes.c_int, [vp, vp]),
     "dnnl_primitive_execute": (ctypes.c_int, [vp, vp, ctypes.c_int, ctypes.POINTER(ExecArg)]),
     "dnnl_stream_wait": (ctypes.c_int, [vp]),
@@ -64,10 +87,20 @@ def _candidates() -> list[str]:
     return found + ([name] if name else []) + [SONAME]
 
 
-def _open() -> ctypes.CDLL | None:
-    # Idle OpenMP workers must sleep, not spin against the engine's own thread pool and numba kernels;
-    # libgomp reads this once, when it is loaded (with libdnnl, below).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def openmp_wait_policy(spin_us: int, environ) -> dict[str, str]:
+    """The variables to set so that libgomp's idle threads spin `spin_us` then sleep, as the pool's do; none when
+    the user chose OpenMP's policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT in `environ`)."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return {}
+    if spin_us <= 0:
+        return {"OMP_WAIT_POLICY": "PASSIVE"}
+    return {"GOMP_SPINCOUNT": str(gomp_spincount(spin_us))}
+
+
+def _open(spin_us: int) -> ctypes.CDLL | None:
+    # libgomp reads its wait policy once, when it is loaded (with libdnnl, below); the process environment is
+    # what it reads, so that is where the setting goes.
+    os.environ.update(openmp_wait_policy(spin_us, os.environ))
     for path in _candidates():
         if path.startswith("/") and not Path(path).exists():
             continue
@@ -78,6 +111,12 @@ def _open() -> ctypes.CDLL | None:
         for name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(lib, name)  # omp_* resolve through libdnnl's own libgomp dependency
             fn.restype, fn.argtypes = restype, argtypes
+        # oneDNN's primitive cache hands back a primitive made for another OpenMP thread count: a primitive is
+        # created for the threads its work is worth (objects.creating), and with the cache on, a conv built after
+        # the engine's thread count changed gave wrong outputs (tests/engine/devices/cpu/conv/test_onednn_conv.py,
+        # test_threads_setting_reaches_openmp). Each kernel keeps its own primitives per shape, so the cache only
+        # saved creation time at load.
+        check(lib.dnnl_set_primitive_cache_capacity(0), "dnnl_set_primitive_cache_capacity")
         return lib
     return None
 
@@ -87,12 +126,13 @@ _loaded = False
 _lock = threading.Lock()
 
 
-def load() -> ctypes.CDLL | None:
-    """libdnnl, loaded on the first call; None when it is not installed."""
+def load(spin_us: int = DEFAULT_SPIN_US) -> ctypes.CDLL | None:
+    """libdnnl, loaded on the first call (with OpenMP's wait policy for `spin_us`, NNSERVE_SPIN_US); None when it
+    is not installed."""
     global LIB, _loaded
     with _lock:
         if not _loaded:
-            LIB, _loaded = _open(), True
+            LIB, _loaded = _open(spin_us), True
     return LIB
 
 

@@ -8,6 +8,7 @@ faster than forcing NCHW), reordering at the edges (`Step` + `Plan` below run a 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.devices.cpu.onednn import binding as L
-from engine.devices.cpu.threads import get_threads
+from engine.devices.cpu.threads import get_threads, park, threads_for
 
 log = logging.getLogger("engine.onednn")
 _vp = ctypes.c_void_p
@@ -59,12 +60,47 @@ def engine() -> _vp:
     return _Engine.get()
 
 
-def sync_threads() -> None:
-    """Gives this thread's OpenMP team the engine's thread count (an OpenMP setting is per calling thread)."""
-    n = get_threads()
+def use_threads(n: int) -> None:
+    """This thread's OpenMP team is `n` from now on, for a primitive that chose its own count (the int8 convs:
+    created and run with it; a primitive must never run with more threads than it was created with); parks our
+    pool's spinning workers, as sync_threads does."""
+    park()
+    _omp_threads(n)
+
+
+def _omp_threads(n: int) -> None:
     if getattr(_local, "threads", None) != n:
-        L.LIB.omp_set_num_threads(n)
+        L.LIB.omp_set_num_threads(n)  # an OpenMP setting is per calling thread
         _local.threads = n
+
+
+def sync_threads(work: int | None = None) -> None:
+    """Gives this thread's OpenMP team the thread count for a primitive of `work` about to run
+    (threads.threads_for: one for small work, else the engine's count; never more than it was created with, see
+    `creating`), and parks our pool's spinning workers: the primitive uses OpenMP's threads."""
+    park()
+    _omp_threads(threads_for(work))
+
+
+def restore_threads() -> None:
+    """OpenMP's count back to the engine's after a primitive that ran on fewer."""
+    _omp_threads(get_threads())
+
+
+@contextlib.contextmanager
+def creating(work: int | None = None):
+    """Around a primitive's creation (descriptor and primitive): oneDNN sizes a primitive for OpenMP's count at
+    that moment, and it must never run with more threads than that (its scratchpad and split are per thread). A
+    primitive of small `work` (threads.threads_for: a fork-join would cost more than it saves) is created for one
+    thread, and run after sync_threads(work) with the same `work`, so it never forks. The count is back to the
+    engine's afterwards."""
+    park()
+    before = getattr(_local, "threads", None) or get_threads()
+    _omp_threads(threads_for(work))
+    try:
+        yield
+    finally:
+        _omp_threads(before)  # nested (a reorder made inside a conv's creation): the outer count again
 
 
 class _Handle:
@@ -75,6 +111,8 @@ class _Handle:
         self.h = handle
 
     def __del__(self):
+        if L is None:  # interpreter shutdown: the module is gone, and so is the process
+            return
         h, lib = getattr(self, "h", None), L.LIB
         if h is not None and h.value and lib is not None:
             getattr(lib, self._destroy)(h)
@@ -85,26 +123,34 @@ class MemoryDesc(_Handle):
     _destroy = "dnnl_memory_desc_destroy"
 
     @classmethod
-    def any(cls, shape: Sequence[int]) -> MemoryDesc:
-        """float32 of `shape`, layout left to the primitive."""
+    def any(cls, shape: Sequence[int], dt: int = L.F32) -> MemoryDesc:
+        """Data type `dt` (float32 unless given) of `shape`, layout left to the primitive."""
         h = _vp()
-        L.call("dnnl_memory_desc_create_with_tag", ctypes.byref(h), len(shape), L.dims(shape), L.F32, L.FORMAT_ANY)
+        L.call("dnnl_memory_desc_create_with_tag", ctypes.byref(h), len(shape), L.dims(shape), dt, L.FORMAT_ANY)
         return cls(h)
 
     @classmethod
-    def plain(cls, shape: Sequence[int]) -> MemoryDesc:
-        """float32 of `shape`, C-contiguous (NCHW, OIHW, ...)."""
+    def plain(cls, shape: Sequence[int], dt: int = L.F32) -> MemoryDesc:
+        """Data type `dt` of `shape`, C-contiguous (NCHW, OIHW, ...)."""
         strides = [1] * len(shape)
         for i in range(len(shape) - 2, -1, -1):
             strides[i] = strides[i + 1] * int(shape[i + 1])
-        return cls.strided(shape, strides)
+        return cls.strided(shape, strides, dt)
 
     @classmethod
-    def strided(cls, shape: Sequence[int], strides: Sequence[int]) -> MemoryDesc:
-        """float32 of `shape` with element `strides`."""
+    def strided(cls, shape: Sequence[int], strides: Sequence[int], dt: int = L.F32) -> MemoryDesc:
+        """Data type `dt` of `shape` with element `strides`."""
         h = _vp()
-        L.call("dnnl_memory_desc_create_with_strides", ctypes.byref(h), len(shape), L.dims(shape), L.F32,
+        L.call("dnnl_memory_desc_create_with_strides", ctypes.byref(h), len(shape), L.dims(shape), dt,
                L.dims(strides))
+        return cls(h)
+
+    @classmethod
+    def tagged(cls, shape: Sequence[int], tag: str, dt: int = L.F32) -> MemoryDesc:
+        """Data type `dt` of logical `shape` in the layout of oneDNN's string tag (NHWC is "acdb")."""
+        h = _vp()
+        L.call("dnnl_memory_desc_create_with_string_tag", ctypes.byref(h), len(shape), L.dims(shape), dt,
+               tag.encode())
         return cls(h)
 
     @classmethod
@@ -124,7 +170,9 @@ class MemoryDesc(_Handle):
 
 
 class Attr(_Handle):
-    """Primitive attributes: user scratchpad (so a run never allocates) and post-ops."""
+    """Primitive attributes: user scratchpad (so a run never allocates) and post-ops: ("sum",), an eltwise
+    (name, alpha, beta), ("binary_add", MemoryDesc of the second operand), or ("binary", name, operand MemoryDesc)
+    whose operand is passed as L.post_op_arg(index)."""
     _destroy = "dnnl_primitive_attr_destroy"
 
     def __init__(self, post_ops: Sequence[tuple] = ()):
@@ -139,6 +187,10 @@ class Attr(_Handle):
                 for op in post_ops:
                     if op[0] == "sum":
                         L.call("dnnl_post_ops_append_sum", po, 1.0, 0, 0)  # data type undef: dst's
+                    elif op[0] == "binary_add":
+                        L.call("dnnl_post_ops_append_binary", po, L.BINARY_ADD, op[1].h)
+                    elif op[0] == "binary":
+                        L.call("dnnl_post_ops_append_binary", po, L.BINARY[op[1]], op[2].h)
                     else:
                         L.call("dnnl_post_ops_append_eltwise", po, L.ELTWISE[op[0]], op[1], op[2])
                 L.call("dnnl_primitive_attr_set_post_ops", h, po)
@@ -197,20 +249,29 @@ class Memory(_Handle):
 class Step:
     """One primitive with its argument memories; `run({arg: pointer})` points them and executes."""
 
-    def __init__(self, prim: Primitive, args: dict[int, MemoryDesc]):
-        self.prim = prim
+    def __init__(self, prim: Primitive, args: dict[int, MemoryDesc], work: int | None = None):
+        self.prim, self.work = prim, work
         self.mems = {a: Memory(md) for a, md in args.items()}
         self.args = (L.ExecArg * len(args))(*(L.ExecArg(a, m.h) for a, m in self.mems.items()))
 
     def run(self, ptrs: dict[int, int]) -> None:
+        if self.work is not None:
+            _omp_threads(threads_for(self.work))
         for a, p in ptrs.items():
             self.mems[a].set(p)
-        L.check(L.LIB.dnnl_primitive_execute(self.prim.h, stream(), len(self.args), self.args),
-                "dnnl_primitive_execute")
+        try:
+            L.check(L.LIB.dnnl_primitive_execute(self.prim.h, stream(), len(self.args), self.args),
+                    "dnnl_primitive_execute")
+        finally:
+            if self.work is not None:
+                restore_threads()
 
 
 def reorder_step(src: MemoryDesc, dst: MemoryDesc) -> Step:
-    return Step(Primitive(reorder_pd(src, dst)), {L.ARG_SRC: src, L.ARG_DST: dst})
+    """A reorder, created and run on as many threads as its size is worth."""
+    work = dst.nbytes // 4
+    with creating(work):
+        return Step(Primitive(reorder_pd(src, dst)), {L.ARG_SRC: src, L.ARG_DST: dst}, work=work)
 
 
 def wait() -> None:

@@ -69,7 +69,8 @@ class _Plan:
             L.dims(_end_pads(geo)), attr.h)
         pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
         self.scratch = D.aligned_buffer(pad.nbytes) if pad.nbytes else None  # weights-like: once per shape
-        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad})
+        work = geo.n * geo.c * geo.oh * geo.ow * geo.kernel[0] * geo.kernel[1]  # it splits by OpenMP's count
+        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}, work)
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
@@ -82,9 +83,13 @@ class _Plan:
 def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0) -> Kernel:
     """`geom(node, shape)` is engine.ops.pool's pool_geom or, for blocked values
     (`block` > 0), the geometry with the lanes counted as channels; `fallback` runs the shapes oneDNN cannot do
-    exactly (count_include_pad windows that ceil_mode widens only at some sizes)."""
+    exactly (count_include_pad windows that ceil_mode widens only at some sizes), and the whole node when oneDNN
+    has only its reference implementation for it."""
     D.sync_threads()
     first = _Plan(node, geom(node, ins[0].shape), block)
+    if first.pd.impl.startswith("ref"):  # oneDNN's scalar reference: the numba loop is the faster path
+        log.debug("%s: oneDNN has only %s for %s, numba kernel", node.where(), first.pd.impl, node.op_type)
+        return fallback
     plans: dict[tuple, _Plan | None] = {tuple(ins[0].shape): first}
 
     def run(inputs, outputs, workspace):

@@ -3,7 +3,9 @@ Reshape / Transpose / Attention / Flatten / Gemm (output).
 
 pnnx gives nn.MultiheadAttention 1 input when query, key and value are one tensor, else 2 (key = value) or 3,
 plus an optional mask. torch's MHA mask is additive when float and means "masked out" when bool, the opposite of
-the canonical Attention's bool mask ("may attend"), so a bool mask goes through Not.
+the canonical Attention's bool mask ("may attend"), so a bool mask goes through Not. A query row with every key
+masked is NaN in torch's MHA (its softmax of a row of -inf), zeros in F.scaled_dot_product_attention: the
+Attention node's masked_rows says which.
 
 pnnx writes a key_padding_mask (N, S) like an attn_mask (L, S): untagged when bool, tagged `$attn_mask` when
 float (and its own generated Python then passes it as attn_mask, or as the query). The shapes tell them apart
@@ -100,6 +102,11 @@ def is_key_padding(ctx: Ctx, mask: Value, batch: int, length: int) -> bool:
 
 
 def _mask(ctx: Ctx, mask: Value, heads: int, key_padding: bool) -> Value:
+    # torch takes bool and float masks only, 2-D (L, S) / (N, S) or 3-D (N*H, L, S)
+    if mask.dtype is not None and mask.dtype != np.bool_ and np.dtype(mask.dtype).kind != "f":
+        raise ctx.fail(f"mask {mask.name!r} is {np.dtype(mask.dtype)} (torch takes bool and float masks)")
+    if mask.shape is not None and len(mask.shape) not in (2, 3):
+        raise ctx.fail(f"mask {mask.name!r} is {len(mask.shape)}-D (torch takes 2-D and 3-D masks)")
     if mask.dtype == np.bool_:
         mask = ctx.emit("Not", [mask])[0]
     if key_padding:  # (N, S) -> (N, 1, 1, S): the same keys hidden from every head and query of a sequence
@@ -121,7 +128,8 @@ def split_heads(ctx: Ctx, x: Value, dims: tuple[int, int], heads: int, embed: in
 def attend_and_project(ctx: Ctx, heads_qkv: list[Value], w_out: np.ndarray, b_out: np.ndarray | None,
                        out: Value | None = None) -> Value:
     """Attention over (N, H, L, D) heads (+ mask), heads merged back to (N, L, E), then the output Gemm."""
-    att = ctx.emit("Attention", heads_qkv, {"scale": None, "is_causal": False})[0]
+    # torch's MHA softmaxes each row: a row whose every key is masked is NaN there, not zeros as in F.sdpa
+    att = ctx.emit("Attention", heads_qkv, {"scale": None, "is_causal": False, "masked_rows": "nan"})[0]
     merged = ctx.emit("Transpose", [att], {"perm": [0, 2, 1, 3]})[0]
     flat = ctx.emit("Flatten", [merged], {"start_dim": 2, "end_dim": -1})[0]
     attrs = {"weight": w_out} | ({} if b_out is None else {"bias": b_out})

@@ -16,6 +16,7 @@ from engine.ir import Graph, Node, Value
 from engine.ops.expression import ExpressionError, Lit, evaluate, parse
 
 PREFIX = "pnnx:"
+DATA_TAGS = ("input", "self", "tensor")  # the `$` names pnnx gives the operand an op works on
 
 
 class Ctx:
@@ -26,6 +27,9 @@ class Ctx:
         self.type = node.op_type[len(PREFIX) :]
         self.arg_names: list[str | None] = list(node.params.get("$inputs") or [None] * len(node.inputs))
         self._emitted = 0
+        self.emitted: list[Node] = []  # canonical nodes the handler inserted (`emit`)
+        self.folded: list[Value] = []  # inputs the handler read as literals into params (`literal`)
+        self.passed: Value | None = None  # the input an identity-like node was replaced by (`bypass`)
 
     # -- reading ----------------------------------------------------------------------------------------
     def p(self, name: str, default: Any = None) -> Any:
@@ -36,17 +40,25 @@ class Ctx:
         return self.node.params.get(name) is not None
 
     def arg(self, name: str, position: int | None = None) -> Value | None:
-        """The input tagged `$name`, else the one at `position` (untagged module inputs), else None."""
+        """The input tagged `$name`, else the one at `position` when the line tags none of its inputs (module
+        ops), else None. pnnx tags every named argument of a functional op, so an untagged operand there fills
+        no role and is never taken by position."""
         for v, n in zip(self.node.inputs, self.arg_names, strict=False):
             if n == name:
                 return v
-        if position is not None and position < len(self.node.inputs) and self.arg_names[position] is None:
+        if position is not None and position < len(self.node.inputs) and not any(self.arg_names):
             return self.node.inputs[position]
         return None
 
     def x(self) -> Value:
+        """The data input: the one tagged `$input` (or `$self`, `$tensor`, pnnx's other names for it) where the
+        line tags its inputs, else the first."""
         if not self.node.inputs:
             raise self.fail("has no input")
+        for name in DATA_TAGS:
+            v = self.arg(name)
+            if v is not None:
+                return v
         return self.node.inputs[0]
 
     def rank(self, v: Value) -> int:
@@ -63,8 +75,26 @@ class Ctx:
             return None
         return np.asarray(w, np.float32)
 
+    def const_array(self, v: Value, what: str) -> np.ndarray:
+        """A weight given as an operand (a pnnx.Attribute), as float32, taken into the op's attrs; a run-time
+        operand, or one that is not floating point, is refused."""
+        if not v.is_const:
+            raise self.unsupported(f"a run-time {what} (operand {v.name!r})")
+        if v.const.dtype.kind != "f":
+            raise self.fail(f"{what} {v.name!r} is {v.const.dtype}, not floating point")
+        self.folded.append(v)
+        return np.asarray(v.const, np.float32)
+
+    def floats(self, *values: Value) -> None:
+        """Refuses operands the file types as integers or bools where torch's op takes floating point only (for
+        ops lowered to element-wise ops that would compute on them anyway)."""
+        for v in values:
+            if v.dtype is not None and np.dtype(v.dtype).kind != "f":
+                raise self.fail(f"operand {v.name!r} is {np.dtype(v.dtype)}; {self.type} takes floating point")
+
     def literal(self, v: Value, what: str = "") -> Any:
         """The python value of a scalar argument: a constant, or an input-less expression such as `expr=32`."""
+        self.folded.append(v)
         if v.is_const:
             return v.const.item() if v.const.size == 1 else v.const.tolist()
         node = v.producer
@@ -75,6 +105,36 @@ class Ctx:
             except ExpressionError as e:
                 raise self.fail(f"argument {v.name!r}: {e}") from None
         raise self.unsupported(f"a run-time {what or 'value'} (operand {v.name!r})")
+
+    # -- checks around a handler ---------------------------------------------------------------------
+    def drop_shared_parameters(self) -> None:
+        """A module op (`nn.*`) whose parameter is shared with another op (tied weights: an embedding and an LM
+        head) gets that parameter from pnnx twice: as its own `@attr`, and as an extra untagged operand from a
+        pnnx.Attribute, listed among its data inputs. The operand is dropped when it holds exactly one of the
+        op's attrs; any other constant operand stays an input, and the handler must account for it."""
+        if not self.type.startswith("nn."):
+            return
+        attrs = [a for a in self.node.attrs.values() if a is not None and a.size]
+        keep = [(v, n) for v, n in zip(self.node.inputs, self.arg_names, strict=True)
+                if not (v.is_const and n is None and any(_same(a, v.const) for a in attrs))]
+        if len(keep) == len(self.node.inputs):
+            return
+        for v in self.node.inputs:
+            v.consumers.remove(self.node)
+        self.node.inputs = [v for v, _ in keep]
+        self.arg_names = [n for _, n in keep]
+        for v in self.node.inputs:
+            v.consumers.append(self.node)
+
+    def unused_inputs(self, originals: list[Value]) -> list[Value]:
+        """The node's inputs (before the handler ran) that no lowered node reads and no param took in: an operand
+        the handler did not understand, which would otherwise be dropped without a word."""
+        used = {id(v) for n in self.emitted for v in n.inputs} | {id(v) for v in self.folded}
+        if self.node in self.graph.nodes:
+            used |= {id(v) for v in self.node.inputs}
+        if self.passed is not None:
+            used.add(id(self.passed))
+        return [v for v in originals if id(v) not in used]
 
     # -- errors -----------------------------------------------------------------------------------------
     def line(self) -> int | None:
@@ -109,8 +169,8 @@ class Ctx:
         if isinstance(outputs, int):
             outputs = [self.graph.value(f"{tag}:{i}" if outputs > 1 else tag) for i in range(outputs)]
         index = self.graph.nodes.index(self.node)
-        self.graph.add_node(op_type, inputs, outputs, name=tag, params=params, attrs=attrs,
-                            source=self.node.source, index=index)
+        self.emitted.append(self.graph.add_node(op_type, inputs, outputs, name=tag, params=params, attrs=attrs,
+                                                source=self.node.source, index=index))
         return list(outputs)
 
     def const(self, data: Any, dtype: Any = None, name: str | None = None) -> Value:
@@ -132,7 +192,9 @@ class Ctx:
         self.graph.nodes.remove(node)
 
     def drop_outputs(self, keep: int, what: str) -> None:
-        """Detaches outputs past the first `keep` (e.g. pooling indices); they must be unused."""
+        """Detaches outputs past the first `keep` (e.g. pooling indices); they must be unused. (pnnx writes
+        return_indices=True even when nothing reads them: that param is settled here.)"""
+        self.p("return_indices")
         extra = self.node.outputs[keep:]
         if any(v.consumers or v in self.graph.outputs for v in extra):
             raise self.unsupported(what)
@@ -142,7 +204,8 @@ class Ctx:
 
     def bypass(self) -> None:
         """Removes an identity-like node (Dropout, Identity, contiguous), keeping graph output names."""
-        node, out, src = self.node, self.node.outputs[0], self.node.inputs[0]
+        node, out, src = self.node, self.node.outputs[0], self.x()
+        self.passed = src
         if out in self.graph.outputs and (src in self.graph.inputs or src in self.graph.outputs or src.is_const):
             self.become("Identity", {})
             return
@@ -154,3 +217,7 @@ class Ctx:
             while node in v.consumers:
                 v.consumers.remove(node)
         self.graph.nodes.remove(node)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a, b)

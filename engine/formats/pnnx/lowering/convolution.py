@@ -1,5 +1,6 @@
-"""pnnx convolutions -> Conv / ConvTranspose: nn.Conv2d and F.conv2d, nn.Conv1d and nn.ConvTranspose1d (as 2-D ops on
-an (N, C, 1, L) view), nn.ConvTranspose2d. Param names on the pnnx side are torch's (pnnx-format.md §7)."""
+"""pnnx convolutions -> Conv / ConvTranspose: nn.Conv2d, nn.Conv1d and nn.ConvTranspose1d (as 2-D ops on an
+(N, C, 1, L) view), nn.ConvTranspose2d, and their functional forms with constant weight operands. Param names on
+the pnnx side are torch's (pnnx-format.md §7)."""
 
 from __future__ import annotations
 
@@ -31,24 +32,32 @@ def _conv_params(ctx: Ctx, kernel: list[int]) -> dict:
             "activation": None, "activation_params": {}}
 
 
-@handles("nn.Conv2d", "F.conv2d")
-def conv2d(ctx: Ctx) -> None:
-    if ctx.type == "F.conv2d":
+def _weights(ctx: Ctx, ndim: int):
+    """(weight, bias): the module's attrs, or the functional form's constant `$weight` / `$bias` operands (a
+    weight computed at run time is refused: the canonical convolutions hold their filters as attrs)."""
+    if ctx.type.startswith("F."):
         w, b = const_input(ctx, "weight", 1), const_input(ctx, "bias", 2)
     else:
         w, b = ctx.weight("weight"), ctx.weight("bias", required=False)
-    if w is None or w.ndim != 4:
-        raise ctx.fail("needs a 4-D weight")
+    if w is None or w.ndim != ndim:
+        raise ctx.fail(f"needs a {ndim}-D weight")
+    return w, b
+
+
+@handles("nn.Conv2d", "F.conv2d")
+def conv2d(ctx: Ctx) -> None:
+    w, b = _weights(ctx, 4)
     attrs = {"weight": w} if b is None else {"weight": w, "bias": b}
     ctx.become("Conv", _conv_params(ctx, list(w.shape[2:])), attrs, inputs=[ctx.x()])
 
 
-@handles("nn.Conv1d")
+@handles("nn.Conv1d", "F.conv1d")
 def conv1d(ctx: Ctx) -> None:
     # (N, C, L) -> (N, C, 1, L): a 1-D conv is a 2-D conv with a 1-row kernel.
-    w, b = ctx.weight("weight"), ctx.weight("bias", required=False)
+    w, b = _weights(ctx, 3)
     one = {k: [1, int(ctx.p(k, [d])[0])] for k, d in (("stride", 1), ("dilation", 1))}
     padding = ctx.p("padding", [0])
+    padding = [padding] if isinstance(padding, int) else padding
     k = int(w.shape[2])
     if padding == "same":
         total = one["dilation"][1] * (k - 1)
@@ -64,18 +73,18 @@ def conv1d(ctx: Ctx) -> None:
     ctx.done()
 
 
-@handles("nn.ConvTranspose2d")
+@handles("nn.ConvTranspose2d", "F.conv_transpose2d")
 def conv_transpose2d(ctx: Ctx) -> None:
-    w, b = ctx.weight("weight"), ctx.weight("bias", required=False)
+    w, b = _weights(ctx, 4)
     params = {"stride": pair(ctx.p("stride"), 1), "pads": symmetric_pads(ctx.p("padding", 0)),
               "output_padding": pair(ctx.p("output_padding"), 0), "dilation": pair(ctx.p("dilation"), 1),
               "groups": int(ctx.p("groups", 1)), "activation": None, "activation_params": {}}
     ctx.become("ConvTranspose", params, {"weight": w} | ({} if b is None else {"bias": b}), inputs=[ctx.x()])
 
 
-@handles("nn.ConvTranspose1d")
+@handles("nn.ConvTranspose1d", "F.conv_transpose1d")
 def conv_transpose1d(ctx: Ctx) -> None:
-    w, b = ctx.weight("weight"), ctx.weight("bias", required=False)
+    w, b = _weights(ctx, 3)
 
     def one(key: str, default: int) -> list[int]:
         v = ctx.p(key, [default])

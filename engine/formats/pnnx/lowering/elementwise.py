@@ -1,5 +1,5 @@
 """pnnx element-wise ops other than arithmetic (pnnx.Expression, expression.py) and activations: comparisons,
-logical ops, where / masked_fill, clamp, and casts (Tensor.to)."""
+logical ops, where / masked_fill, clamp, addcmul, and casts (Tensor.to, Tensor.type_as)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 
 from engine.formats.pnnx.lowering.context import Ctx
 from engine.formats.pnnx.lowering.registry import handles
+from engine.formats.pnnx.lowering.torch_params import TORCH_DTYPES
 from engine.ir import Value
 
 
@@ -37,11 +38,23 @@ def compare(ctx: Ctx) -> None:
 
 
 _LOGICAL = {"torch.logical_and": "And", "torch.logical_or": "Or", "torch.logical_xor": "Xor"}
+_BITWISE = {"torch.bitwise_and": "And", "torch.bitwise_or": "Or", "torch.bitwise_xor": "Xor"}
 
 
 @handles(*_LOGICAL)
 def logical(ctx: Ctx) -> None:
     ctx.become(_LOGICAL[ctx.type], {}, inputs=list(ctx.node.inputs[:2]))
+
+
+@handles(*_BITWISE)
+def bitwise(ctx: Ctx) -> None:
+    """And / Or / Xor are bitwise on integers and logical on bools, as torch's bitwise ops; floats are refused."""
+    x = ctx.x()
+    other = _operand(ctx, "other", 1, x)
+    for v in (x, other):
+        if v.dtype is not None and np.dtype(v.dtype).kind not in "biu":
+            raise ctx.fail(f"operand {v.name!r} is {np.dtype(v.dtype)} (bitwise ops take integers and bools)")
+    ctx.become(_BITWISE[ctx.type], {}, inputs=[x, other])
 
 
 @handles("torch.logical_not")
@@ -76,15 +89,53 @@ def clamp(ctx: Ctx) -> None:
                inputs=[ctx.x()])
 
 
-_DTYPES = {"torch.float": "float32", "torch.float32": "float32", "torch.float16": "float16",
-           "torch.half": "float16", "torch.float64": "float64", "torch.double": "float64", "torch.int": "int32",
-           "torch.int32": "int32", "torch.long": "int64", "torch.int64": "int64", "torch.bool": "bool",
-           "torch.uint8": "uint8", "torch.int8": "int8"}
-
-
 @handles("Tensor.to", "Tensor.type")
 def cast(ctx: Ctx) -> None:
     dtype = ctx.p("dtype")
-    if dtype not in _DTYPES:
+    if dtype not in TORCH_DTYPES:
         raise ctx.unsupported(f"dtype={dtype}")
-    ctx.become("Cast", {"to": _DTYPES[dtype]}, inputs=[ctx.x()])
+    ctx.become("Cast", {"to": TORCH_DTYPES[dtype]}, inputs=[ctx.x()])
+
+
+@handles("Tensor.type_as")
+def type_as(ctx: Ctx) -> None:
+    other = ctx.arg("other", 1)
+    if other is None:
+        raise ctx.fail("has no $other input")
+    if other.dtype is None:
+        raise ctx.unsupported(f"an $other operand {other.name!r} of unknown dtype")
+    ctx.folded.append(other)  # only its dtype is read
+    ctx.become("Cast", {"to": str(np.dtype(other.dtype))}, inputs=[ctx.x()])
+
+
+@handles("aten::addcmul")
+def addcmul(ctx: Ctx) -> None:
+    """input + value * tensor1 * tensor2 (ConvNeXt-V2's GRN), torch's positional operands: value arrives as a
+    scalar operand."""
+    if len(ctx.node.inputs) != 4:
+        raise ctx.fail(f"expects (input, tensor1, tensor2, value), has {len(ctx.node.inputs)} inputs")
+    x, t1, t2, v = ctx.node.inputs
+    if any(o.dtype == np.bool_ for o in (x, t1, t2)):
+        raise ctx.fail("has a bool operand (torch's addcmul takes numbers)")
+    value = ctx.literal(v, "value")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ctx.unsupported(f"value={value!r}")
+    (y,) = ctx.emit("Mul", [t1, t2])
+    if value != 1:
+        like = x.dtype if x.dtype is not None and np.dtype(x.dtype).kind == "f" else np.float32
+        (y,) = ctx.emit("Mul", [y, ctx.const(np.array(value, like))])
+    ctx.emit("Add", [x, y], outputs=[ctx.node.outputs[0]])
+    ctx.done()
+
+
+@handles("aten::tril", "aten::triu", "torch.tril", "torch.triu")
+def trilu(ctx: Ctx) -> None:
+    """The lower (tril) or upper (triu) triangle of the last two dims, from `diagonal` on; the aten forms keep
+    torch's positional (input, diagonal)."""
+    if ctx.type.startswith("aten::"):
+        if len(ctx.node.inputs) != 2:
+            raise ctx.fail(f"expects (input, diagonal), has {len(ctx.node.inputs)} inputs")
+        diagonal = ctx.literal(ctx.node.inputs[1], "diagonal")
+    else:
+        diagonal = ctx.p("diagonal", 0)
+    ctx.become("Trilu", {"upper": ctx.type.endswith("triu"), "k": int(diagonal)}, inputs=[ctx.x()])

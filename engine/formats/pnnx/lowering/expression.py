@@ -83,3 +83,15 @@ def _emit(ctx: Ctx, tree: Expr, dtype: np.dtype, out: Value | None = None) -> Va
     args = [_emit(ctx, a, dtype) for a in tree.args]
     op = BINARY.get(tree.name) or UNARY[tree.name]
     return ctx.emit(op, args, {}, outputs=[out] if out is not None else 1)[0]
+
+
+def expr_text(tree: Expr) -> str:
+    """The pnnx text of a parsed expression (what `parse` read): a part of one (an item of a list) as an
+    expression of its own."""
+    if isinstance(tree, Input):
+        return f"@{tree.index}"
+    if isinstance(tree, Lit):
+        return repr(tree.value) if isinstance(tree.value, float) else str(tree.value)
+    if isinstance(tree, ListExpr):
+        return "[" + ",".join(expr_text(t) for t in tree.items) + "]"
+    return f"{tree.name}(" + ",".join(expr_text(t) for t in tree.args) + ")"

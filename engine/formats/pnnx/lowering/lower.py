@@ -8,8 +8,10 @@ from __future__ import annotations
 from engine.errors import EngineError, UnsupportedOpError
 from engine.formats.pnnx.lowering import (  # noqa: F401  (each registers its handlers)
     activations,
+    annotated_shapes,
     attention,
     convolution,
+    creation,
     cut_join,
     elementwise,
     expression,
@@ -20,10 +22,13 @@ from engine.formats.pnnx.lowering import (  # noqa: F401  (each registers its ha
     pooling,
     reduce,
     resize_pad,
+    scatter,
     transformer_encoder,
+    unread_params,
 )
 from engine.formats.pnnx.lowering.context import PREFIX, Ctx
 from engine.formats.pnnx.lowering.registry import HANDLERS
+from engine.formats.pnnx.lowering.unread_params import TrackedParams
 from engine.ir import Graph
 
 # The pnnx types (without prefix) lower_pnnx handles.
@@ -32,23 +37,35 @@ HANDLED_TYPES: frozenset[str] = frozenset(HANDLERS)
 
 def lower_pnnx(graph: Graph) -> Graph:
     """Replaces every `pnnx:*` node by canonical ops; unknown types raise UnsupportedOpError with file:line,
-    parameters a handler cannot use ModelFormatError with file:line."""
+    parameters or operands a handler cannot use ModelFormatError with file:line, and a lowered graph whose shapes or
+    dtypes contradict the file's annotations ModelFormatError."""
+    notes = annotated_shapes.snapshot(graph)
     for node in list(graph.nodes):
         if not node.op_type.startswith(PREFIX):
             continue
+        params = node.params = TrackedParams(node.params)
+        attrs = set(node.attrs)
         ctx = Ctx(graph, node)
         handler = HANDLERS.get(ctx.type)
         if handler is None:
             raise UnsupportedOpError(ctx.type, node.name, node.where(), sorted(HANDLERS))
+        ctx.drop_shared_parameters()
+        originals = list(node.inputs)
         try:
             handler(ctx)
         except EngineError:
             raise
-        except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError) as e:
-            # parameters that parse but make no sense for the op (a size of 'N', an axis out of range)
-            raise ctx.fail(f"inconsistent parameters or weights: {type(e).__name__}: {e}") from None
+        except Exception as e:  # a handler tripping over operands it did not expect: the file is not what it read
+            raise ctx.fail(f"cannot be lowered from these operands and params ({type(e).__name__}: {e})") from e
+        unread_params.check(ctx, params, attrs)
+        unused = ctx.unused_inputs(originals)
+        if unused:
+            tags = dict(zip(map(id, originals), ctx.arg_names, strict=False))
+            names = ", ".join(f"{v.name!r}" + (f" (${tags[id(v)]})" if tags.get(id(v)) else "") for v in unused)
+            raise ctx.unsupported(f"operand(s) {names} the lowering does not use")
     _drop_unused_scalars(graph)
     graph.validate()
+    annotated_shapes.check(graph, notes)
     return graph
 
 

@@ -1,5 +1,5 @@
 """pnnx normalizations -> BatchNorm (running statistics folded into scale and bias), LayerNorm, GroupNorm,
-InstanceNorm, and F.normalize -> LpNormalize."""
+InstanceNorm, F.normalize -> LpNormalize, and RMSNorm as the element-wise ops of its definition."""
 
 from __future__ import annotations
 
@@ -78,3 +78,31 @@ def normalize(ctx: Ctx) -> None:
         raise ctx.unsupported(f"p={p}")
     ctx.become("LpNormalize", {"axis": int(ctx.p("dim", 1)), "p": int(p), "eps": float(ctx.p("eps", 1e-12))},
                inputs=[ctx.x()])
+
+
+@handles("nn.RMSNorm", "F.rms_norm")
+def rms_norm(ctx: Ctx) -> None:
+    """x * rsqrt(mean(x², last k dims) + eps) * weight, as torch.nn.functional.rms_norm computes it, in the
+    element-wise and reduce ops every device has. eps=None is the input dtype's machine epsilon, torch's
+    default."""
+    shape = ctx.p("normalized_shape", [])
+    k = 1 if isinstance(shape, int) else len(shape)
+    x = ctx.x()
+    ctx.floats(x)
+    dtype = np.dtype(x.dtype) if x.dtype is not None and np.dtype(x.dtype).kind == "f" else np.dtype(np.float32)
+    eps = ctx.p("eps")
+    eps = float(np.finfo(dtype).eps) if eps is None else float(eps)
+    weight = _affine(ctx).get("weight")
+    if weight is not None and weight.shape != tuple(np.atleast_1d(shape)):
+        raise ctx.fail(f"weight {weight.shape} does not match normalized_shape {shape}")
+    (sq,) = ctx.emit("Mul", [x, x])
+    (ms,) = ctx.emit("ReduceMean", [sq], {"axes": list(range(-k, 0)), "keepdims": True})
+    (den,) = ctx.emit("Add", [ms, ctx.const(np.array(eps, dtype))])
+    (inv,) = ctx.emit("Rsqrt", [den])
+    out = ctx.node.outputs[0]
+    if weight is None:
+        ctx.emit("Mul", [x, inv], outputs=[out])
+    else:
+        (y,) = ctx.emit("Mul", [x, inv])
+        ctx.emit("Mul", [y, ctx.const(weight.astype(dtype), name=f"{ctx.node.name}.weight")], outputs=[out])
+    ctx.done()

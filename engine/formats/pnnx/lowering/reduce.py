@@ -1,10 +1,11 @@
-"""pnnx reductions -> Reduce* (mean, sum, amax, amin, prod, logsumexp, max / min, norm) and ArgMax / ArgMin."""
+"""pnnx reductions -> Reduce* (mean, sum, amax, amin, prod, logsumexp, max / min, norm), ReduceVar (var, std with
+a Sqrt), ArgMax / ArgMin, CumSum and TopK."""
 
 from __future__ import annotations
 
 from engine.formats.pnnx.lowering.context import Ctx
 from engine.formats.pnnx.lowering.registry import handles
-from engine.formats.pnnx.lowering.torch_params import axes_list
+from engine.formats.pnnx.lowering.torch_params import axes_list, dtype_param
 
 _REDUCE = {"torch.mean": "ReduceMean", "torch.sum": "ReduceSum", "torch.amax": "ReduceMax",
            "torch.amin": "ReduceMin", "torch.prod": "ReduceProd", "torch.logsumexp": "ReduceLogSumExp"}
@@ -47,3 +48,41 @@ def norm(ctx: Ctx) -> None:
     dims = ctx.p("dim")
     axes = None if dims is None else ([int(dims)] if isinstance(dims, int) else [int(d) for d in dims])
     ctx.become(op, {"axes": axes, "keepdims": bool(ctx.p("keepdim", False))}, inputs=[ctx.x()])
+
+
+@handles("torch.var", "torch.std", "Tensor.var", "Tensor.std", "aten::var", "aten::std")
+def var_std(ctx: Ctx) -> None:
+    """torch.var / std over `dim` (None: all) with `unbiased` (bool) or `correction` (int; pnnx may write it as
+    `unbiased=0`). The aten forms keep torch's positional (input, unbiased) of a reduction over everything."""
+    if ctx.type.startswith("aten::"):
+        if len(ctx.node.inputs) != 2:
+            raise ctx.unsupported(f"{len(ctx.node.inputs)} operands (only (input, unbiased) is lowered)")
+        correction, axes, keep = int(bool(ctx.literal(ctx.node.inputs[1], "unbiased"))), None, False
+    else:
+        unbiased = ctx.p("correction", ctx.p("unbiased", True))
+        correction = int(unbiased) if not isinstance(unbiased, float) else unbiased
+        axes, keep = axes_list(ctx.p("dim")), bool(ctx.p("keepdim", False))
+    params = {"axes": axes, "keepdims": keep, "correction": correction}
+    if "var" in ctx.type:
+        ctx.become("ReduceVar", params, inputs=[ctx.x()])
+        return
+    (v,) = ctx.emit("ReduceVar", [ctx.x()], params)
+    ctx.emit("Sqrt", [v], outputs=[ctx.node.outputs[0]])
+    ctx.done()
+
+
+@handles("torch.cumsum", "Tensor.cumsum")
+def cumsum(ctx: Ctx) -> None:
+    x = ctx.x()
+    if ctx.p("dtype") is not None:
+        (x,) = ctx.emit("Cast", [x], {"to": dtype_param(ctx)})
+    ctx.become("CumSum", {"axis": int(ctx.p("dim"))}, inputs=[x])
+
+
+@handles("torch.topk", "Tensor.topk")
+def topk(ctx: Ctx) -> None:
+    k = ctx.arg("k")
+    k = ctx.literal(k, "k") if k is not None else ctx.p("k")
+    params = {"k": int(k), "axis": int(ctx.p("dim", -1)), "largest": bool(ctx.p("largest", True)),
+              "sorted": bool(ctx.p("sorted", True))}
+    ctx.become("TopK", params, inputs=[ctx.x()])

@@ -19,6 +19,9 @@ def resize(ctx: Ctx) -> None:
     # upsample_bilinear / UpsamplingBilinear2d always align corners
     align = bool(ctx.p("align_corners", "ilinear" in ctx.type)) and not mode.startswith("nearest")
     size, scale = ctx.p("size"), ctx.p("scale_factor")
+    recompute = bool(ctx.p("recompute_scale_factor", False))  # only changes anything with a scale_factor
+    if ctx.p("antialias", False):
+        raise ctx.unsupported("antialias=True")
     params = {"mode": _RESIZE_MODES[mode], "align_corners": align, "coordinate": "torch",
               "size": None if size is None else pair(size), "scale": None}
     if scale is not None:
@@ -33,7 +36,7 @@ def resize(ctx: Ctx) -> None:
         params["size"] = None
     elif params["size"] is None and params["scale"] is None:
         raise ctx.fail("has neither size nor scale_factor")
-    elif params["scale"] is not None and ctx.p("recompute_scale_factor", False):
+    elif params["scale"] is not None and recompute:
         # torch: out = floor(in * scale), then sample as if that size had been asked for
         sh, sw = params["scale"]
         expr = f"[int(floor(mul(size(@0,2),{sh!r}))),int(floor(mul(size(@0,3),{sw!r})))]"
@@ -42,10 +45,14 @@ def resize(ctx: Ctx) -> None:
     ctx.become("Resize", params, inputs=inputs)
 
 
-@handles("F.pad", "nn.ZeroPad2d", "nn.ConstantPad2d", "nn.ReflectionPad2d", "nn.ReplicationPad2d")
+_PAD_MODULES = {"nn.ReflectionPad1d": "reflect", "nn.ReflectionPad2d": "reflect", "nn.ReplicationPad1d": "replicate",
+                "nn.ReplicationPad2d": "replicate", "nn.ReplicationPad3d": "replicate"}
+
+
+@handles("F.pad", "nn.ZeroPad2d", "nn.ConstantPad1d", "nn.ConstantPad2d", "nn.ConstantPad3d", *_PAD_MODULES)
 def pad(ctx: Ctx) -> None:
     modes = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "circular"}
-    module_modes = {"nn.ReflectionPad2d": "reflect", "nn.ReplicationPad2d": "replicate"}
+    module_modes = _PAD_MODULES
     mode = module_modes.get(ctx.type) or ctx.p("mode", "constant")
     if mode not in modes:
         raise ctx.unsupported(f"mode={mode}")

@@ -21,9 +21,7 @@ from engine.ir import Value
 
 
 def _const(ctx: Ctx, v: Value) -> np.ndarray:
-    if not v.is_const:
-        raise ctx.unsupported(f"a run-time weight {v.name!r}")
-    return np.asarray(v.const, np.float32)
+    return ctx.const_array(v, "weight")
 
 
 @handles("aten::_transformer_encoder_layer_fwd")

@@ -45,6 +45,23 @@ def lower_qconv(c: Ctx) -> None:
     c.out("TnnQConv", [c.inputs[0]], params, attrs)
 
 
+@handles_quantized("QuantizedInnerProduct")
+def lower_qinner_product(c: Ctx) -> None:
+    n, transpose, axis = c.i(0), c.i(2, 0), c.i(3, 1)
+    if axis != 1:
+        c.unsupported(f"int8 on axis {axis}")
+    w = c.attr("weight")
+    if w.dtype != np.int8 or n <= 0 or w.size % n:
+        c.fail(f"int8 weight with a multiple of num_output {n} values expected, got {w.dtype} x {w.size}")
+    w = w.reshape(n, -1) if not transpose else w.reshape(-1, n).T
+    bias = c.attr("bias", required=False)
+    bias = np.zeros(n, np.int32) if bias is None or bias.size == 0 or not c.i(1, 1) else bias.reshape(n)
+    w_scale = np.broadcast_to(np.asarray(c.attr("scale"), F32).reshape(-1), (n,))
+    attrs = {"weight": np.ascontiguousarray(w), "bias": bias.astype(np.int32), "weight_scale": np.array(w_scale),
+             "scale": _requant(w_scale, _out_scale(c, n))[0], "out_scale": c.low.blob_scale(c.outputs[0], c.node)}
+    c.out("TnnQInnerProduct", [c.inputs[0]], {}, attrs)
+
+
 def _requant(w_scale: np.ndarray, o_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(w_scale / o_scale, 0 where o_scale is denormal) and the int8 ReLU6 ceiling, as TNN's conv setup."""
     ok = o_scale >= FLT_MIN

@@ -1,4 +1,4 @@
-"""TNN's Caffe-SSD layers.
+"""TNN's Caffe-SSD layers: PriorBox (a constant) and DetectionOutput (the canonical op of engine/ops/detection.py).
 
 `PriorBox` depends only on shapes (the feature map's H, W and the image's), so it lowers to a constant of TNN's
 layout: (1, 2, H*W*num_priors*4, 1), the boxes (xmin, ymin, xmax, ymax, normalised, per cell then per prior:
@@ -78,3 +78,24 @@ def lower_prior_box(c: Ctx) -> None:
         c.unsupported("whose feature map or image shape is not known before running")
     priors = prior_boxes(prior_box_params(c), shapes[0][2:], shapes[1][2:])
     c.alias(c.const(priors, "priors"))
+
+
+@handles("DetectionOutput")
+def lower_detection_output(c: Ctx) -> None:
+    """Proto params (TNN's DetectionOutputLayerInterpreter): num_classes, share_location, background_label_id,
+    variance_encoded_in_target, code_type, keep_top_k, confidence_threshold, nms_threshold, top_k, eta. TNN reads
+    the fourth one inverted (0 means the variance is encoded in the target); its runtime is the reference, so it
+    is read as TNN reads it."""
+    if len(c.inputs) != 3:
+        c.unsupported(f"with {len(c.inputs)} inputs (RefineDet's ARM inputs are not lowered; loc, conf, priors)")
+    if len(c.args) > 10:
+        c.fail(f"has {len(c.args)} parameters, DetectionOutput takes 10")
+    params = {"num_classes": c.i(0), "share_location": bool(c.i(1)), "background_label_id": c.i(2),
+              "variance_encoded_in_target": c.i(3) == 0, "code_type": c.i(4), "keep_top_k": c.i(5),
+              "confidence_threshold": c.f(6), "nms_threshold": c.f(7), "top_k": c.i(8), "eta": c.f(9)}
+    if params["num_classes"] <= 0 or params["keep_top_k"] <= 0:
+        c.unsupported(f"num_classes={params['num_classes']}, keep_top_k={params['keep_top_k']} (the output's "
+                      "rows are keep_top_k per image)")
+    if params["code_type"] not in (1, 2, 3):
+        c.fail(f"code_type {params['code_type']} (1 corner, 2 center-size, 3 corner-size)")
+    c.out("DetectionOutput", list(c.inputs), params)

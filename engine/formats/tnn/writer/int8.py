@@ -4,6 +4,8 @@ TNN keeps one blob per tensor and its scale in a `<blob>_scale_data_` BlobScale 
 versions of a tensor (our TnnQuantize / TnnDequantize pairs) are the same blob there. So quantize and
 dequantize nodes write no layer: their two sides share a name and the scale is recorded for the blob.
 A 1x1 conv fused with the Add it fed is written as the two layers it came from (the reader fuses them again).
+As TNN's quantization tool (ModelPacker) does, a layer's resource header names its float type (`Convolution`,
+`InnerProduct`); the proto line says `Quantized...`.
 """
 
 from __future__ import annotations
@@ -49,11 +51,28 @@ def qconv(w: Writer, node: Node) -> None:
     params = [p["groups"], icg, oc, kh, kw, sh, sw, pads[0], pads[1], 1, -1, dh, dh, ACT_CODES[p["activation"]]]
     res = [("name",), ("int", 1), w.raw(weight, False), w.raw(node.attrs["bias"], False),
            w.raw(np.asarray(node.attrs["weight_scale"], F32), False)]
-    w.layer("QuantizedConvolution", [w.name(node.inputs[0])], [conv_out], params, res)
+    _resource_type(w, w.layer("QuantizedConvolution", [w.name(node.inputs[0])], [conv_out], params, res),
+                   "Convolution")
     if fusion:
         _scale(w, conv_out, node.attrs["unfused_out_scale"])
         w.layer("QuantizedAdd", [conv_out, w.name(node.inputs[1])], [out], [-1], name=f"{node.name}/add")
     _scale(w, out, node.attrs["out_scale"])
+
+
+def qinner_product(w: Writer, node: Node) -> None:
+    weight = node.attrs["weight"]
+    out = w.name(node.outputs[0])
+    res = [("name",), w.raw(weight, False), w.raw(node.attrs["bias"], False),
+           w.raw(np.asarray(node.attrs["weight_scale"], F32), False)]
+    _resource_type(w, w.layer("QuantizedInnerProduct", [w.name(node.inputs[0])], [out], [weight.shape[0], 1, 0, 1],
+                              res), "InnerProduct")
+    _scale(w, out, node.attrs["out_scale"])
+
+
+def _resource_type(w: Writer, layer: str, float_type: str) -> None:
+    ltype, name, items = w.resources[-1]
+    assert name == layer, (name, layer)
+    w.resources[-1] = (float_type, name, items)
 
 
 def _simple(ltype: str, params: Callable[[Node], list]) -> Callable[[Writer, Node], None]:
@@ -72,7 +91,7 @@ def _pool_params(node: Node) -> list:
 
 
 register({
-    "TnnQuantize": quantize, "TnnDequantize": quantize, "TnnQConv": qconv,
+    "TnnQuantize": quantize, "TnnDequantize": quantize, "TnnQConv": qconv, "TnnQInnerProduct": qinner_product,
     "TnnQAdd": _simple("QuantizedAdd", lambda n: [-1]),
     "TnnQPool": _simple("QuantizedPooling", _pool_params),
     "TnnQConcat": _simple("QuantizedConcat", lambda n: [int(n.params.get("axis", 1))]),

@@ -89,3 +89,24 @@ def test_kernel_allocates_no_temporaries(op):
     x = RNG.standard_normal((4, 16, 32, 32)).astype(np.float32)  # 256 KiB
     attrs = {"slope": np.full(16, 0.1, np.float32)} if op == "PRelu" else None
     assert kernel_peak_bytes(make_node(op, 1, params=PARAMS.get(op, {}), attrs=attrs), [x]) < 16 * 1024
+
+
+@pytest.mark.parametrize("op,params", [("Gelu", {"approximate": "none"}), ("Gelu", {"approximate": "tanh"}),
+                                       ("Silu", {}), ("Sigmoid", {}), ("Tanh", {}), ("Elu", {"alpha": 0.7}),
+                                       ("HardSwish", {}), ("HardSigmoid", {"alpha": 0.2, "beta": 0.4}),
+                                       ("LeakyRelu", {"alpha": 0.1})])
+def test_large_float32_activations_on_both_paths(op, params):
+    """Large float32 tensors run oneDNN's eltwise primitive where it is installed, small ones and the
+    NNSERVE_ONEDNN=0 device the numba loops: both match the reference, also in place and below the max shape."""
+    from op_harness import build_kernel, cpu_device, infos_of
+
+    from engine.devices.cpu.onednn import unary
+
+    x = (np.random.default_rng(2).standard_normal((3, 40, 300)) * 4).astype(np.float32)
+    assert x[:1].size >= unary.MIN_ELEMENTS
+    node = make_node(op, 1, params=params)
+    for device in (cpu_device(), cpu_device(onednn=False)):
+        check_kernel(node, [x], device=device, rtol=1e-5, atol=2e-6)
+        check_kernel(node, [x[:1].copy()], [x], device=device, inplace=True, rtol=1e-5, atol=2e-6)
+    fn, _ = build_kernel(node, infos_of([x], node=node))
+    assert fn.impl.startswith("onednn:eltwise") or not cpu_device().backends.onednn

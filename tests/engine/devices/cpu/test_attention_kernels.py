@@ -1,10 +1,27 @@
-"""Attention's CPU kernel vs the reference, with its workspace (and without), float16 through the reference."""
+"""Attention's CPU kernel vs the reference, with its workspace (and without), float16 through the reference; the fused
+float32 kernel on long sequences (several key blocks: the online softmax), masks with fully masked rows (zeros
+or NaN as the node says), broadcast heads, odd block remainders, smaller shapes after the max."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
-from op_harness import build_kernel, check_kernel, get_op, infos_of, kernel_peak_bytes, kernel_workspace, make_node
+from op_harness import (
+    build_kernel,
+    check_golden,
+    check_kernel,
+    get_op,
+    infos_of,
+    kernel_peak_bytes,
+    kernel_workspace,
+    load_cases,
+    make_node,
+    run_kernel,
+)
+
+from engine.devices.cpu import attention as fused
 
 RNG = np.random.default_rng(8)
 
@@ -32,10 +49,20 @@ def test_kernel_matches_reference(mask, causal):
     check_kernel(node, small, inputs)
 
 
-def test_workspace_holds_the_scores():
-    q, k, v = _x(2, 4, 6, 8), _x(2, 4, 10, 8), _x(2, 4, 10, 8)
+def test_unfused_workspace_holds_the_scores():
+    q, k, v = (a.astype(np.float64) for a in (_x(2, 4, 6, 8), _x(2, 4, 10, 8), _x(2, 4, 10, 8)))
     node = make_node("Attention", 3)
-    assert kernel_workspace(node, infos_of([q, k, v])) == 2 * 4 * 6 * 10 * 4
+    assert kernel_workspace(node, infos_of([q, k, v])) == 2 * 4 * 6 * 10 * 8
+    check_kernel(node, [q, k, v], rtol=1e-10, atol=1e-12)
+
+
+def test_fused_workspace_is_one_tile_per_thread():
+    """4096 tokens: the scores of every head would take 512 MiB; the fused kernel holds a tile per thread."""
+    info = [fused.TensorInfo((2, 8, 4096, 64), np.float32)] * 3
+    node = make_node("Attention", 3)
+    ws = kernel_workspace(node, info)
+    assert ws == kernel_workspace(node, [fused.TensorInfo((1, 1, 4096, 64), np.float32)] * 3)  # not per head
+    assert ws <= fused.get_threads() * (fused.TILE_BYTES + 128 * 1024) + 64
 
 
 def test_kernel_without_workspace_still_runs():
@@ -56,3 +83,105 @@ def test_kernel_keeps_scores_in_the_workspace():
 def test_float16_runs_through_the_reference_path():
     q = _x(2, 5, 4).astype(np.float16)
     check_kernel(make_node("Attention", 3), [q, q, q], rtol=1e-2, atol=1e-2)
+
+
+def _mask(kind: str | None, batch: tuple, L: int, S: int, dead_rows=(), nan_rows=False):
+    if kind is None:
+        return None
+    if kind == "bool":
+        m = RNG.random((*batch, L, S)) > 0.2
+        m[..., list(dead_rows), :] = False
+        return m
+    m = np.where(RNG.random((*batch, L, S)) > 0.2, RNG.standard_normal((*batch, L, S)), -np.inf).astype(np.float32)
+    m[..., list(dead_rows), :] = -np.inf
+    return m
+
+
+@pytest.mark.parametrize("L,S", [(70, 1030), (1100, 1300), (33, 2600), (1025, 17)])
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_long_sequences_match_the_reference(L, S, mask, causal):
+    """Beyond MAX_ONE_BLOCK keys the softmax runs online over key blocks; masked rows fall in several blocks."""
+    q, k, v = _x(1, 2, L, 8), _x(1, 2, S, 8), _x(1, 2, S, 5)
+    inputs = [q, k, v]
+    m = _mask(mask, (1, 1), L, S, dead_rows=(0, L // 2, L - 1))
+    if m is not None:
+        inputs.append(m)
+    node = make_node("Attention", len(inputs), params={"is_causal": causal})
+    check_kernel(node, inputs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("masked_rows", ["zero", "nan"])
+@pytest.mark.parametrize("S", [40, 1500])
+def test_fully_masked_rows_follow_the_node(masked_rows, S):
+    """A row with nothing to attend to: zeros (torch's scaled_dot_product_attention) or NaN (nn.MultiheadAttention,
+    an explicit softmax), whether its keys are in one tile or several."""
+    q, k, v = _x(2, 3, 20, 8), _x(2, 3, S, 8), _x(2, 3, S, 8)
+    m = RNG.random((2, 1, 20, S)) > 0.5
+    m[0, 0, 3] = False
+    m[1, 0, 19] = False
+    node = make_node("Attention", 4, params={"masked_rows": masked_rows})
+    out = run_kernel(node, [q, k, v, m])[0]
+    dead = out[0, :, 3], out[1, :, 19]
+    for row in dead:
+        assert (np.isnan(row).all() if masked_rows == "nan" else (row == 0).all())
+    assert np.isfinite(np.delete(out[0], 3, axis=1)).all()
+    check_kernel(node, [q, k, v, m], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_broadcast_heads_and_smaller_shapes():
+    """k and v shared by every head (multi-query), an additive (N, 1, 1, S) padding mask; a smaller request after
+    the max runs in the same workspace."""
+    q, k, v = _x(2, 4, 300, 16), _x(2, 1, 1200, 16), _x(2, 1, 1200, 24)
+    pad = np.zeros((2, 1, 1, 1200), np.float32)
+    pad[1, ..., 900:] = np.finfo(np.float32).min
+    node = make_node("Attention", 4, params={"scale": 0.2})
+    check_kernel(node, [q, k, v, pad], rtol=1e-4, atol=1e-5)
+    small = [q[:1, :, :77].copy(), k[:1, :, :1100].copy(), v[:1, :, :1100].copy(), pad[:1, ..., :1100].copy()]
+    check_kernel(node, small, [q, k, v, pad], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_reads_strided_heads_in_place():
+    """q, k, v as (N, H, L, D) views of (N, L, H, D) projections (a Transpose the runtime aliases)."""
+    q, k, v = (_x(1, 500, 4, 16).transpose(0, 2, 1, 3) for _ in range(3))
+    node = make_node("Attention", 3)
+    fn, ws = build_kernel(node, infos_of([q, k, v]))
+    out = np.empty((1, 4, 500, 16), np.float32)
+    fn([q, k, v], [out], ws)
+    np.testing.assert_allclose(out, get_op("Attention").reference(node, [q, k, v])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_kernel_allocates_no_tiles():
+    q = _x(1, 2, 1500, 16)
+    node = make_node("Attention", 3, params={"is_causal": True})
+    assert kernel_peak_bytes(node, [q, q, q]) < 64 * 1024  # one tile alone is 256 KiB
+
+
+def test_nan_in_the_scores_stays_nan():
+    q, k, v = _x(1, 1, 4, 8), _x(1, 1, 6, 8), _x(1, 1, 6, 8)
+    k[0, 0, 2, 0] = np.nan
+    out = run_kernel(make_node("Attention", 3), [q, k, v])[0]
+    assert np.isnan(out).all()
+
+
+LONG_GOLDENS = load_cases(Path(__file__).resolve().parents[3] / "fixtures" / "ops" / "attention.npz")
+
+
+@pytest.mark.parametrize("case", LONG_GOLDENS, ids=lambda c: c.name)
+def test_fused_kernel_matches_torch_on_long_sequences(case):
+    """torch's outputs (tools/make_attention_goldens.py): rel err < 1e-3, NaN and zero rows where torch has them."""
+    assert case.inputs[1].shape[-2] > fused.MAX_ONE_BLOCK  # the keys span several tiles
+    got = run_kernel(case.node(), case.inputs)[0]
+    want = case.outputs[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.abs(got[finite] - want[finite]).max() < 1e-3 * np.abs(want[finite]).max()
+    check_golden(case, rtol=1e-4, atol=1e-4)  # the numpy reference too
+
+
+def test_long_goldens_present():
+    names = {c.name for c in LONG_GOLDENS}
+    assert {"long_causal", "long_bool_dead_rows_sdpa", "long_bool_dead_rows_softmax"} <= names
+    out = {c.name: c.outputs[0] for c in LONG_GOLDENS}
+    assert (out["long_bool_dead_rows_sdpa"][0, 0, 117] == 0).all()  # torch's sdpa: zeros
+    assert np.isnan(out["long_bool_dead_rows_softmax"][0, 0, 117]).all()  # an explicit softmax: NaN

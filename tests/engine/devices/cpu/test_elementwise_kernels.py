@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from op_harness import check_kernel, infer, kernel_peak_bytes, make_node
 
 from engine.devices.cpu import elementwise as cpu_elementwise
+from engine.errors import ShapeError
 from engine.ops import elementwise
 
 RNG = np.random.default_rng(2)
@@ -77,7 +78,9 @@ def test_where_kernel_broadcasts():
     node = make_node("Where", 3)
     cond = RNG.random((3, 1)) > 0.5
     check_kernel(node, [cond, RNG.standard_normal((2, 3, 4)).astype(np.float32), np.array(0.0, np.float32)])
-    check_kernel(node, [cond.astype(np.int64), np.arange(4, dtype=np.int64), np.array(-1, np.int64)])
+    check_kernel(node, [cond, np.arange(4, dtype=np.int64), np.array(-1, np.int64)])
+    with pytest.raises(ShapeError, match="condition must be bool"):  # a number is never read as a truth value
+        check_kernel(node, [cond.astype(np.int64), np.arange(4, dtype=np.int64), np.array(-1, np.int64)])
     big = [np.ones((4, 1), bool), np.ones((3, 4, 6), np.float32), np.ones((), np.float32)]
     check_kernel(node, [cond, RNG.standard_normal((2, 3, 4)).astype(np.float32), np.array(0.0, np.float32)], big)
 

@@ -1,5 +1,6 @@
 """The CPU kernel table: which ops have a kernel (every one but the documented reference fallbacks), the CPU's
-private blocked-layout ops, and the registration a plugin uses (engine.ops.register + register_kernel)."""
+private blocked-layout and NHWC int8 ops, and the registration a plugin uses (engine.ops.register +
+register_kernel)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,27 @@ from engine.ir import Graph
 from engine.ops import OPS, OpDef, TensorInfo, register
 from engine.runtime.model import Model
 
-# Ops that run their numpy reference on the CPU (kernels.py says why): rare, or aliases that are views.
-REFERENCE_ONLY = {"TnnQRelu", "TnnLSTM", "Expression", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+# Ops that run their numpy reference on the CPU (kernels.py says why): rare, aliases that are views, or cheap ops
+# whose vectorised numpy reference is their kernel for now.
+REFERENCE_ONLY = {"TnnLSTM", "Expression", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                  "GatherElements", "RepeatInterleave", "Trilu", "TopK", "CumSum", "ReduceVar", "Range",
+                  "DetectionOutput"}
 BLOCKED_LAYOUT = {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                   "RegroupBlocked"}
+INT8_NHWC = {"Int8ConvNhwc", "Int8QuantizeNhwc", "Int8DequantizeNhwc", "Int8AddNhwc", "Int8PoolNhwc",
+             "Int8ConcatNhwc", "Int8ToNhwc", "Int8ToNchw"}
 
 
 def test_every_shared_op_has_a_kernel_or_is_a_documented_fallback():
     assert set(OPS) - set(KERNELS) == REFERENCE_ONLY
 
 
-def test_the_blocked_layout_ops_are_the_cpus_own():
-    assert set(PRIVATE_OPS) == BLOCKED_LAYOUT and not BLOCKED_LAYOUT & set(OPS)
-    assert BLOCKED_LAYOUT <= set(KERNELS)
+def test_the_blocked_layout_and_int8_layout_ops_are_the_cpus_own():
+    private = BLOCKED_LAYOUT | INT8_NHWC
+    assert set(PRIVATE_OPS) == private and not private & set(OPS)
+    assert private <= set(KERNELS)
     device = CpuDevice()
-    assert all(device.ops[op] is PRIVATE_OPS[op] for op in BLOCKED_LAYOUT)
+    assert all(device.ops[op] is PRIVATE_OPS[op] for op in private)
     assert device.ops["Conv"] is OPS["Conv"]
 
 

@@ -44,3 +44,23 @@ def test_kernel_allocates_no_temporaries(axis):
 def test_float16_runs_through_the_reference_path():
     x = RNG.standard_normal((3, 8)).astype(np.float16)
     check_kernel(make_node("Softmax", 1, params={"axis": -1}), [x], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_large_last_axis_softmax_on_onednn_matches_reference_with_masked_rows(op):
+    """Attention-sized rows (oneDNN's softmax primitive where installed): -inf entries give 0 (log: -inf), an
+    all -inf row NaN, as torch."""
+    from op_harness import build_kernel, cpu_device, infos_of, reference, run_kernel
+
+    x = (np.random.default_rng(4).standard_normal((2, 12, 40, 77)) * 5).astype(np.float32)
+    x[0, 0, 0] = -np.inf
+    x[0, 1, 3, :5] = -np.inf
+    node = make_node(op, 1, params={"axis": -1})
+    for device in (cpu_device(), cpu_device(onednn=False)):
+        got, want = run_kernel(node, [x], device=device)[0], reference(node, [x])[0]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(np.isfinite(got), finite)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+    fn, _ = build_kernel(node, infos_of([x], node=node))
+    assert fn.impl.endswith("softmax") or not cpu_device().backends.onednn

@@ -151,3 +151,21 @@ def test_channel_shuffle_row_kernel(shape, groups, dtype):
     check_kernel(node, [x], rtol=0, atol=0)
     if shape[0] > 1:  # built for the batch, run on one image
         check_kernel(node, [x[:1].copy()], [x], rtol=0, atol=0)
+
+
+def test_embedding_gather_reads_only_the_rows_it_picks():
+    """An embedding table is a read-only weight: the lookup copies the picked rows, never the table (numpy's take
+    copies an operand that is not aligned and contiguous)."""
+    from op_harness import build_kernel, kernel_peak_bytes
+
+    from engine.ops.registry import TensorInfo
+
+    table = np.random.default_rng(0).standard_normal((20000, 96)).astype(np.float32)
+    table.flags.writeable = False
+    ids = np.array([[3, -1, 19999, 0, 7]], np.int64)
+    node = make_node("Gather", 2, params={"axis": 0})
+    fn, ws = build_kernel(node, [TensorInfo(table.shape, table.dtype, table), TensorInfo(ids.shape, ids.dtype)])
+    out = np.empty((1, 5, 96), np.float32)
+    fn([table, ids], [out], ws)
+    np.testing.assert_array_equal(out, table[ids % 20000])
+    assert kernel_peak_bytes(node, [table, ids]) < table.nbytes // 100

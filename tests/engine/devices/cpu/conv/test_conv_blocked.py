@@ -82,6 +82,11 @@ CASES = [
     pytest.param(16, 24, 1, 2, 1, 1, "gelu", {"approximate": "none"}, id="1x1-s2-gelu"),
     pytest.param(32, 16, 5, 2, 1, 1, "elu", {"alpha": 1.0}, id="5x5-s2-elu"),
     pytest.param(16, 16, 3, 1, 1, 1, "tanh", None, id="tanh"),
+    # oneDNN has only its reference kernel for these on nChw{B}c sides: the plan reorders into its own layouts
+    pytest.param(32, 32, 3, 1, 1, 12, "relu", None, id="aspp-dilation-12"),
+    pytest.param(32, 32, 3, 1, 32, 6, None, None, id="depthwise-dilation-6"),
+    pytest.param(8, 16, 3, 1, 1, 1, "relu", None, id="8-channels"),
+    pytest.param(3, 16, 3, 2, 1, 1, None, None, id="3-channels-blocked"),
 ]
 
 
@@ -103,6 +108,19 @@ def test_one_plain_side(src_blocked, dst_blocked):
     c = 3 if not src_blocked else 32
     node, plain = make(c, 24, 3, stride=2, act="relu", src_blocked=src_blocked, dst_blocked=dst_blocked)
     run_case(node, plain, [(2, c, 16, 16), (1, c, 16, 16)], residual=False)
+
+
+@pytest.mark.parametrize("src_blocked,dst_blocked", [(True, False), (False, True)])
+def test_depthwise_with_one_plain_side(src_blocked, dst_blocked):
+    node, plain = make(48, 48, 7, groups=48, act="relu", src_blocked=src_blocked, dst_blocked=dst_blocked)
+    run_case(node, plain, [(2, 48, 12, 12), (1, 48, 12, 12)], residual=False)
+
+
+@pytest.mark.parametrize("dst_blocked", [True, False])
+def test_residual_through_reordered_sides(dst_blocked):
+    """A dilated conv runs on oneDNN's own layouts: the blocked residual is reordered into its dst first."""
+    node, plain = make(32, 32, 3, dilation=12, act="relu", dst_blocked=dst_blocked)
+    run_case(node, plain, [(2, 32, 13, 13), (1, 32, 13, 13)], residual=True)
 
 
 def test_without_bias():

@@ -134,7 +134,8 @@ def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn):
     info = op.infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
     assert info.shape == (2, -(-20 // block)) + want.shape[2:] + (block,)
     kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
-    assert getattr(kernel, "impl", "numba").startswith("onednn") == onednn
+    # oneDNN has only its reference kernel for dilated pooling: the numba loop runs those
+    assert getattr(kernel, "impl", "numba").startswith("onednn") == (onednn and "dilation" not in params)
     out = np.full(info.shape, np.nan, np.float32)
     kernel([xb], [out], None)
     np.testing.assert_array_equal(to_plain(out, 20), want)

@@ -62,7 +62,10 @@ def test_maxpool_module_is_exact(name):
     for x in (big, rand(1, 4, 10, 9)):
         fn, out = run_direct(node, x, big)
         np.testing.assert_array_equal(out, reference(node, [x])[0])
-    assert all(p is not None for p in fn.plans.values())
+    if "dilation" in MAX[name]:  # oneDNN has only its reference kernel for dilated pooling: the numba one runs
+        assert fn.impl == "numba:max_pool"
+    else:
+        assert all(p is not None for p in fn.plans.values())
 
 
 def test_include_pad_with_ceil_padding_keeps_the_numba_kernel():
@@ -70,7 +73,7 @@ def test_include_pad_with_ceil_padding_keeps_the_numba_kernel():
     node = make_node("AvgPool", 1, params=dict(kernel=(3, 3), stride=(2, 2), pads=(1, 1, 1, 1), ceil_mode=True))
     x = rand(1, 3, 8, 8)  # (8 + 2 - 3) / 2 rounds up: the last window reaches past the pad
     assert not _pool_onednn.supported(node, infos_of([x], node=node), pool.pool_geom)
-    assert not hasattr(build_kernel(node, infos_of([x], node=node))[0], "impl")
+    assert build_kernel(node, infos_of([x], node=node))[0].impl == "numba:avg_pool"
     check_kernel(node, [x], rtol=1e-5, atol=1e-6)
 
 

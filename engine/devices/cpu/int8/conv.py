@@ -1,0 +1,269 @@
+"""Int8ConvNhwc's kernel: TNN's int8 convolution on oneDNN's u8s8 / s8s8 primitives, NHWC on both sides, exact.
+
+Three ways, chosen once per node at build:
+- `requant`: the primitive writes int8 itself. Bias as float, per-channel factors as a binary-mul post-op
+  (requant.py makes their rounding TNN's), ReLU as an eltwise post-op, ReLU6's per-channel int8 ceiling as a
+  binary-min one. In the channels no factor makes exact, the outputs oneDNN may have rounded otherwise than TNN
+  (requant.suspects) are recomputed after it (loops.fix_suspects).
+- `int32`: the primitive writes the int32 sums (no bias, no post-ops) into the workspace and loops.epilogue
+  requantizes: for a conv with a fused add (TNN adds the other input before rounding, which no post-op chain
+  rounds the same way), a bias that is no float32 exactly (its float add would round twice), too many channels
+  without a factor, or where oneDNN offers only its reference kernel for the fused form.
+- `direct`: loops.conv_channels for every channel, where oneDNN cannot be exact: sums that can reach 2**24 (its
+  s8-input kernels round them through float) or a signed input on a CPU without VNNI (oneDNN halves the weights
+  there to keep vpmaddubsw from saturating). Unsigned inputs (0..127) never saturate it, so they stay on oneDNN.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from engine.devices.base import Kernel
+from engine.devices.cpu.int8 import loops
+from engine.devices.cpu.int8.requant import exact_bias, exact_sums, suspects, tie_free_scales
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.threads import get_threads, parallel_for
+from engine.errors import KernelError
+from engine.ir import Node
+from engine.ops.quant import F32, I8, conv_geometry
+from engine.ops.registry import TensorInfo
+
+log = logging.getLogger("engine.onednn")
+NHWC = "acdb"
+ACTS, FUSIONS = {None: 0, "relu": 1, "relu6": 2}, {None: 0, "add_then_act": 1, "act_then_add": 2}
+MAX_FIXUP_SHARE = 0.5  # beyond this share of channels to check, the int32 way is cheaper
+# Below this many multiply-adds a conv runs on one OpenMP thread: waking the team costs more than it saves
+# (measured here: a 1.2K-MAC conv 9.7 -> 4.7 us, an 8M-MAC one 151 -> 113 us on a busy 2-core machine).
+SERIAL_MACS = 1 << 22
+
+
+class QConvSpec:
+    """What does not depend on the input shape: weights (int8, in every layout a primitive asks for), bias,
+    factors, the way, and the operands of the numba loops."""
+
+    def __init__(self, node: Node, onednn: bool):
+        self.node = node
+        w = np.ascontiguousarray(node.attrs["weight"], I8)
+        self.w, o = w, w.shape[0]
+        self.groups = int(node.params.get("groups", 1))
+        self.bias = _per_channel(node.attrs["bias"], o, np.int32)
+        self.scale = _per_channel(node.attrs["scale"], o, F32)
+        self.add_scale = _per_channel(node.attrs.get("add_scale", 0), o, F32)
+        self.relu6_max = _per_channel(node.attrs.get("relu6_max", 127), o, I8)
+        self.act, self.fusion = ACTS[node.params.get("activation")], FUSIONS[node.params.get("fusion")]
+        self.terms = loops.epilogue_terms(o, self.act, self.fusion, self.relu6_max)
+        self.unsigned = bool(node.params.get("src_unsigned"))
+        self.all_channels = np.arange(o, dtype=np.int64)
+        self.fixup = np.zeros(0, np.int64)
+        self.suspects = np.zeros((0, 256), np.bool_)
+        self.first = np.ones(o, F32)
+        self.factors = self.scale
+        self.way = self._choose_way(onednn)
+        # (k, kh, kw, C/g) weights of the channels the numba loops recheck, row k for channel fixup[k]: a copy
+        # beside oneDNN's only as large as needed (all channels: `all_rows`, made when a plan takes the direct way)
+        self.w_rows = self._rows(self.fixup)
+        self._all_rows: np.ndarray | None = None
+        self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
+
+    def _rows(self, chans: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(self.w[chans].transpose(0, 2, 3, 1))
+
+    @property
+    def all_rows(self) -> np.ndarray:
+        if self._all_rows is None:
+            self._all_rows = self._rows(self.all_channels)
+        return self._all_rows
+
+    def _choose_way(self, onednn: bool) -> str:
+        if not onednn or not exact_sums(self.w):
+            return "direct"
+        if self.fusion or not exact_bias(self.bias):
+            return "int32"
+        found = tie_free_scales(self.scale, self.w, self.bias, self.act, self.relu6_max, self.unsigned)
+        if found is None:
+            return "int32"
+        self.first, self.factors, self.fixup = found
+        if self.fixup.size > MAX_FIXUP_SHARE * self.w.shape[0]:
+            return "int32"
+        self.suspects = suspects(self.scale, self.w, self.bias, self.fixup, self.act, self.relu6_max,
+                                 self.unsigned)
+        return "requant"
+
+    def wshape(self) -> tuple[int, ...]:
+        o, icg, kh, kw = self.w.shape
+        g = self.groups
+        return (o, icg, kh, kw) if g == 1 else (g, o // g, icg, kh, kw)
+
+    def weights_in(self, md: D.MemoryDesc) -> np.ndarray:
+        for have, buf in self._weights:
+            if have == md:
+                return buf
+        buf = D.aligned_buffer(md.nbytes)
+        D.sync_threads()
+        D.reorder_step(D.MemoryDesc.plain(self.wshape(), L.S8), md).run(
+            {L.ARG_SRC: self.w.ctypes.data, L.ARG_DST: buf.ctypes.data})
+        D.wait()
+        self._weights.append((md, buf))
+        return buf
+
+    def post_ops(self, o: int) -> tuple[list, list[np.ndarray]]:
+        """The requant way's post-ops and their operands, in post-op order."""
+        col = D.MemoryDesc.plain((1, o, 1, 1))
+        ops, operands = [("binary", "mul", col)], [self.factors]
+        if np.any(self.first != 1):  # channels whose exact rounding takes two factors (requant.py)
+            ops, operands = [("binary", "mul", col), *ops], [self.first, *operands]
+        if self.act:
+            ops.append(("relu", 0.0, 0.0))
+        if self.act == 2 and np.any(self.relu6_max < 127):  # a ceiling of 127 is the int8 saturation already
+            ops.append(("binary", "min", col))
+            operands.append(self.relu6_max.astype(F32))
+        return ops, operands
+
+
+def _per_channel(a, o: int, dtype) -> np.ndarray:
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(a, dtype).reshape(-1), (o,)))
+
+
+class Plan:
+    """The primitive for one NHWC input shape, its bound arguments and its workspace share."""
+
+    def __init__(self, spec: QConvSpec, shape: tuple[int, ...]):
+        n, h, w, c = shape
+        (n, o, oh, ow), (kh, kw), stride, dil, (t, left), g = conv_geometry(spec.node, (n, c, h, w))
+        self.geo, self.out_shape = (stride[0], stride[1], dil[0], dil[1], t, left, g), (n, oh, ow, o)
+        self.geo_array = np.array(self.geo, np.int64)
+        # End pads the output needs; one below zero (rows a strided conv never reads, as a 1x1 stride-2
+        # downsample of an even size) becomes 0: oneDNN sizes the output with an integer division, which drops them
+        self.pads = (t, left, max((oh - 1) * stride[0] + (kh - 1) * dil[0] + 1 - h - t, 0),
+                     max((ow - 1) * stride[1] + (kw - 1) * dil[1] + 1 - w - left, 0))
+        self.way, self.impl = spec.way, "numba"
+        self.pad_bytes = self.acc_bytes = 0
+        macs = n * oh * ow * o * spec.w[0].size
+        self.threads = 1 if macs < SERIAL_MACS else get_threads()
+        if self.way == "direct":
+            return
+        D.use_threads(self.threads)  # the primitive is laid out for the team it is created with
+        pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
+        if self.way == "requant" and pd.impl.startswith("ref"):  # no fast kernel takes the post-ops
+            self.way = spec.way = "int32"
+            pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
+        self.impl = pd.impl
+        if not spec.unsigned and not _exact_signed(self.impl):
+            log.debug("%s: oneDNN %s halves weights for s8 input; exact loops instead", spec.node.where(), self.impl)
+            self.way = spec.way = "direct"
+            return
+        requant = self.way == "requant"
+        src, dst, wts, pad = (pd.md(q) for q in (L.QUERY_SRC_MD, L.QUERY_DST_MD, L.QUERY_WEIGHTS_MD,
+                                                  L.QUERY_SCRATCHPAD_MD))
+        args = {L.ARG_SRC: src, L.ARG_WEIGHTS: wts, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}
+        self.post_args = [L.post_op_arg(i) for i, op in enumerate(self.post) if op[0] == "binary"]
+        for a in self.post_args:
+            args[a] = D.MemoryDesc.plain((1, o, 1, 1))
+        if requant:
+            args[L.ARG_BIAS] = D.MemoryDesc.plain((o,))
+        self.step = D.Step(D.Primitive(pd), args)
+        self.weights = spec.weights_in(wts)
+        self.bias_f = spec.bias.astype(F32) if requant else None
+        self.pad_bytes = D.aligned(pad.nbytes)
+        self.acc_bytes = 0 if requant else D.aligned(n * oh * ow * o * 4)
+        self._bound: tuple[int, int, int] | None = None
+
+    def _primitive_desc(self, spec: QConvSpec, x_shape, y_shape, stride, dil) -> D.PrimitiveDesc:
+        requant, o = self.way == "requant", y_shape[1]
+        # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
+        src = D.MemoryDesc.tagged(x_shape, NHWC, L.U8 if spec.unsigned else L.S8)
+        dst = D.MemoryDesc.tagged(y_shape, NHWC, L.S8 if requant else L.S32)
+        w_any = D.MemoryDesc.any(spec.wshape(), L.S8)
+        bias = D.MemoryDesc.plain((o,)) if requant else None
+        self.post, self.operands = spec.post_ops(o) if requant else ([], [])
+        attr = D.Attr(self.post)
+        return D.PrimitiveDesc.create(
+            "dnnl_convolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE, L.CONVOLUTION_DIRECT,
+            src.h, w_any.h, None if bias is None else bias.h, dst.h, L.dims(stride), L.dims(d - 1 for d in dil),
+            L.dims(self.pads[:2]), L.dims(self.pads[2:]), attr.h)
+
+    @property
+    def nbytes(self) -> int:
+        return self.pad_bytes + self.acc_bytes
+
+    def execute(self, src: int, dst: int, scratch: int) -> None:
+        D.use_threads(self.threads)
+        if (src, dst, scratch) == self._bound:
+            # The same arena views as last time (bound once per input shape): only execute.
+            L.check(L.LIB.dnnl_primitive_execute(self.step.prim.h, D.stream(), len(self.step.args), self.step.args),
+                    "dnnl_primitive_execute")
+        else:
+            ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst, L.ARG_SCRATCHPAD: scratch}
+            if self.bias_f is not None:
+                ptrs[L.ARG_BIAS] = self.bias_f.ctypes.data
+            for a, operand in zip(self.post_args, self.operands, strict=True):
+                ptrs[a] = operand.ctypes.data
+            self.step.run(ptrs)
+            self._bound = (src, dst, scratch)
+        D.wait()
+
+
+def _exact_signed(impl: str) -> bool:
+    """Whether this implementation sums s8 x s8 exactly: with VNNI / AMX (vpdpbusd), or oneDNN's reference."""
+    return "vnni" in impl or "amx" in impl or impl.startswith("ref")
+
+
+def workspace(spec: QConvSpec, ins: list[TensorInfo]) -> int:
+    if spec.way == "direct":
+        return 0
+    return Plan(spec, tuple(ins[0].shape)).nbytes + D.ALIGN
+
+
+def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
+    node = spec.node
+    max_shape = tuple(ins[0].shape)
+    plans = {max_shape: Plan(spec, max_shape)}
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        z = inputs[1] if spec.fusion else out
+        plan = plans.get(x.shape)
+        if plan is None:
+            if any(a > b for a, b in zip(x.shape, max_shape, strict=True)):
+                raise KernelError(f"{node.where()}: {node.op_type} input {x.shape} is beyond the max shape "
+                                  f"{max_shape} its workspace was planned for")
+            plan = plans[x.shape] = Plan(spec, x.shape)
+        if plan.way == "direct":
+            _direct(spec, plan, x, z, out)
+            return
+        base, size = D.workspace_base(workspace)
+        if size < plan.nbytes:
+            raise KernelError(f"{node.where()}: {node.op_type} needs {plan.nbytes} bytes of workspace, has {size}")
+        if plan.way == "requant":
+            plan.execute(D.address(x), D.address(out), base)
+            if spec.fixup.size:
+                n, oh = out.shape[0], out.shape[1]
+                parallel_for(loops.fix_suspects, n * oh, out.size * spec.fixup.size // out.shape[-1], x,
+                             spec.w_rows, spec.bias, spec.scale, spec.relu6_max, spec.act, spec.fixup,
+                             spec.suspects, plan.geo_array, out)
+            return
+        plan.execute(D.address(x), base + plan.pad_bytes, base)
+        p, o = out.size // out.shape[-1], out.shape[-1]
+        at = base + plan.pad_bytes - D.address(workspace)  # the int32 sums follow the scratchpad
+        acc = workspace.reshape(-1).view(np.uint8)[at:at + p * o * 4].view(np.int32).reshape(p, o)
+        if spec.fusion == 1 and spec.act == 0:
+            parallel_for(loops.epilogue_add, p, out.size, acc, spec.bias, spec.scale, z.reshape(p, o),
+                         spec.add_scale, out.reshape(p, o))
+        else:
+            parallel_for(loops.epilogue, p, out.size, acc, spec.bias, spec.scale, z.reshape(p, o), spec.add_scale,
+                         *spec.terms, out.reshape(p, o))
+
+    first = plans[max_shape]
+    run.impl = f"onednn:{first.impl}/{first.way}" if first.way != "direct" else "numba:direct"  # type: ignore
+    run.plans = plans  # type: ignore[attr-defined]
+    log.debug("%s: int8 conv %s", node.where(), run.impl)  # type: ignore[attr-defined]
+    return run
+
+
+def _direct(spec: QConvSpec, plan: Plan, x, z, out) -> None:
+    n, oh = out.shape[0], out.shape[1]
+    parallel_for(loops.conv_channels, n * oh, out.size * spec.w[0].size, x, spec.all_rows, spec.bias, spec.scale, z,
+                 spec.add_scale, spec.relu6_max, spec.act, spec.fusion, spec.all_channels, plan.geo_array, out)

@@ -1,0 +1,124 @@
+"""CPU kernels of the NHWC int8 ops (ops.py): the convolution on oneDNN (conv.py), the rest numba loops
+(loops.py) over channels-last rows, and TnnQRelu's max(x, 0) in place of its allocating reference."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from engine.devices.cpu.int8 import conv, loops
+from engine.devices.cpu.kernel import Backends, CpuKernel
+from engine.devices.cpu.threads import parallel_for
+from engine.ir import Node
+from engine.ops.quant import F32, pool_geometry
+from engine.ops.registry import TensorInfo
+
+_SPECS: weakref.WeakKeyDictionary[Node, conv.QConvSpec] = weakref.WeakKeyDictionary()
+
+
+def _spec(backends: Backends, node: Node) -> conv.QConvSpec:
+    """One spec per node: the workspace sizer and the builder share its weights and factors."""
+    spec = _SPECS.get(node)
+    if spec is None:
+        spec = _SPECS[node] = conv.QConvSpec(node, backends.onednn)
+    return spec
+
+
+def build_conv(backends: Backends, node: Node, ins: list[TensorInfo]):
+    return conv.build(_spec(backends, node), ins)
+
+
+def conv_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
+    return conv.workspace(_spec(backends, node), ins)
+
+
+def _channels(node: Node, key: str, c: int) -> np.ndarray:
+    s = np.asarray(node.attrs[key], F32).reshape(-1)
+    return np.ascontiguousarray(np.broadcast_to(s if s.size == c else s[:1], (c,)))
+
+
+def _pixels(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1, a.shape[-1])
+
+
+def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
+    scale = _channels(node, "scale", ins[0].shape[1])
+
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        parallel_for(loops.quantize, x.shape[0] * x.shape[2], x.size, x, scale, outputs[0])
+    return run
+
+
+def build_dequantize(backends: Backends, node: Node, ins: list[TensorInfo]):
+    scale = _channels(node, "scale", ins[0].shape[3])
+
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        parallel_for(loops.dequantize, x.shape[0] * x.shape[1], x.size, x, scale, outputs[0])
+    return run
+
+
+def build_add(backends: Backends, node: Node, ins: list[TensorInfo]):
+    c = ins[0].shape[3]
+    sa, sb, so = (_channels(node, k, c) for k in ("scale_a", "scale_b", "scale_out"))
+
+    def run(inputs, outputs, workspace):
+        a, b = (_pixels(x) for x in inputs)
+        parallel_for(loops.add, a.shape[0], a.size, a, b, sa, sb, so, _pixels(outputs[0]))
+    return run
+
+
+def build_pool(backends: Backends, node: Node, ins: list[TensorInfo]):
+    is_max = node.params.get("mode", "max") == "max"
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        n, h, w, c = x.shape
+        _, (kh, kw), (sh, sw), (ph, pw) = pool_geometry(node, (n, c, h, w))
+        parallel_for(loops.pool, n * out.shape[1], out.size * kh * kw, x, out, kh, kw, sh, sw, ph, pw, is_max)
+    return run
+
+
+def build_concat(backends: Backends, node: Node, ins: list[TensorInfo]):
+    factors = [F32.type(s) for s in node.attrs["scales"]] if "scales" in node.attrs else None
+    s_out = F32.type(node.attrs["scale_out"].reshape(-1)[0]) if factors else F32.type(1)
+
+    def run(inputs, outputs, workspace):
+        out = _pixels(outputs[0])
+        at = 0
+        for i, a in enumerate(inputs):
+            a = _pixels(a)
+            f = factors[i] if factors else F32.type(1)
+            parallel_for(loops.concat_part, a.shape[0], a.size, a, f, s_out, factors is not None, at, out)
+            at += a.shape[1]
+    return run
+
+
+def _transpose(to_nhwc: bool):
+    def build(backends: Backends, node: Node, ins: list[TensorInfo]):
+        def run(inputs, outputs, workspace):
+            x = inputs[0]
+            np.copyto(outputs[0], x.transpose(0, 2, 3, 1) if to_nhwc else x.transpose(0, 3, 1, 2))
+        return run
+    return build
+
+
+def build_relu(backends: Backends, node: Node, ins: list[TensorInfo]):
+    def run(inputs, outputs, workspace):
+        np.maximum(inputs[0], np.int8(0), out=outputs[0])
+    return run
+
+
+KERNELS = {
+    "Int8ConvNhwc": CpuKernel(build_conv, conv_workspace),
+    "Int8QuantizeNhwc": CpuKernel(build_quantize),
+    "Int8DequantizeNhwc": CpuKernel(build_dequantize),
+    "Int8AddNhwc": CpuKernel(build_add),
+    "Int8PoolNhwc": CpuKernel(build_pool),
+    "Int8ConcatNhwc": CpuKernel(build_concat),
+    "Int8ToNhwc": CpuKernel(_transpose(True)),
+    "Int8ToNchw": CpuKernel(_transpose(False)),
+    "TnnQRelu": CpuKernel(build_relu),
+}

@@ -1,0 +1,201 @@
+"""numba loops of the NHWC int8 ops, bit-exact with the references (engine/ops/quant.py) like loops/quant.py,
+whose float2int8 (`f2i8`) and conv requantization (`requantize_one`) they share. Channels are the innermost
+axis, so the per-channel loops run over contiguous memory. Work is split over items [lo, hi) by
+threads.parallel_for (items are rows: (n, y) pairs or pixels, as each loop says).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from engine.devices.cpu.loops.quant import f2i8, requantize_one
+
+ZERO = np.float32(0.0)
+
+
+@njit(nogil=True, cache=True)
+def quantize(x, scale, out, lo, hi):
+    """x (N, C, H, W) float32 -> out (N, H, W, C) int8, float2int8(x / scale[c]); items (n, y). Each row is
+    quantized contiguously first (vectorized; saturating values made the strided version branch), then
+    interleaved."""
+    c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
+    rows = np.empty((c_n, w_n), np.int8)
+    for item in range(lo, hi):
+        n, y = item // h_n, item % h_n
+        for c in range(c_n):
+            s = scale[c]
+            if s == ZERO:
+                rows[c, :] = 0
+                continue
+            xr, row = x[n, c, y], rows[c]
+            for xx in range(w_n):
+                row[xx] = f2i8(xr[xx] / s)
+        for xx in range(w_n):
+            for c in range(c_n):
+                out[n, y, xx, c] = rows[c, xx]
+
+
+@njit(nogil=True, cache=True)
+def dequantize(x, scale, out, lo, hi):
+    """x (N, H, W, C) int8 -> out (N, C, H, W) float32, scale[c] * x; items (n, y)."""
+    h_n, w_n, c_n = x.shape[1], x.shape[2], x.shape[3]
+    for item in range(lo, hi):
+        n, y = item // h_n, item % h_n
+        for c in range(c_n):
+            s = scale[c]
+            for xx in range(w_n):
+                out[n, c, y, xx] = s * np.float32(x[n, y, xx, c])
+
+
+@njit(nogil=True, cache=True)
+def add(a, b, sa, sb, so, out, lo, hi):
+    """(sa * a + sb * b) / so per channel over (P, C) pixels; items are pixels (row views: the inner loop
+    vectorizes)."""
+    c_n = a.shape[1]
+    for p in range(lo, hi):
+        ap, bp, op = a[p], b[p], out[p]
+        for c in range(c_n):
+            op[c] = f2i8((sa[c] * np.float32(ap[c]) + sb[c] * np.float32(bp[c])) / so[c])
+
+
+@njit(nogil=True, cache=True)
+def pool(x, out, kh, kw, sh, sw, ph, pw, is_max, lo, hi):
+    """TNN's naive int8 pooling on (N, H, W, C): max starting at -127, or an int32 sum divided with truncation;
+    items (n, oy)."""
+    h_n, w_n, c_n = x.shape[1], x.shape[2], x.shape[3]
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    acc = np.empty(c_n, np.int32)
+    for item in range(lo, hi):
+        n, i = item // oh_n, item % oh_n
+        h0, h1 = max(i * sh - ph, 0), min(i * sh - ph + kh, h_n)
+        for j in range(ow_n):
+            w0, w1 = max(j * sw - pw, 0), min(j * sw - pw + kw, w_n)
+            acc[:] = -127 if is_max else 0
+            for y in range(h0, h1):
+                for z in range(w0, w1):
+                    for c in range(c_n):
+                        v = np.int32(x[n, y, z, c])
+                        if is_max:
+                            acc[c] = max(acc[c], v)
+                        else:
+                            acc[c] += v
+            count = max((h1 - h0) * (w1 - w0), 1)
+            for c in range(c_n):
+                if is_max:
+                    out[n, i, j, c] = np.int8(acc[c])
+                else:
+                    q = abs(acc[c]) // count
+                    out[n, i, j, c] = np.int8(q if acc[c] >= 0 else -q)
+
+
+@njit(nogil=True, cache=True)
+def concat_part(x, factor, s_out, requant, at, out, lo, hi):
+    """Copies (P, Ci) x into out[:, at:at + Ci] (P, C), requantizing by factor / s_out when asked; items pixels."""
+    c_n = x.shape[1]
+    for p in range(lo, hi):
+        for c in range(c_n):
+            out[p, at + c] = f2i8(np.float32(x[p, c]) * factor / s_out) if requant else x[p, c]
+
+
+@njit(nogil=True, cache=True)
+def epilogue(acc, bias, scale, z, add_scale, low, top, relu_floor, add1, add2, out, lo, hi):
+    """acc (P, O) int32 sums without bias -> out (P, O) int8 as qconv_reference, without branches (so that the
+    loop vectorizes): the caller turns the activation and fusion into per-channel terms (epilogue_terms).
+    z (P, O) int8 is the fused add's input (any int8 array when there is none: add1 = add2 = 0); items pixels."""
+    o_n = acc.shape[1]
+    for p in range(lo, hi):
+        ap, zp, op = acc[p], z[p], out[p]
+        for o in range(o_n):
+            zs = np.float32(zp[o]) * add_scale[o]
+            val = np.float32(np.int64(ap[o]) + bias[o]) * scale[o]
+            val = max(val + zs * add1[o], relu_floor[o]) + zs * add2[o]
+            op[o] = min(max(f2i8(val), low[o]), top[o])
+
+
+@njit(nogil=True, cache=True)
+def epilogue_add(acc, bias, scale, z, add_scale, out, lo, hi):
+    """`epilogue` for the common fused case, an add before no activation (a residual block's 1x1 projection): the
+    same arithmetic, 40% faster without the activation's terms."""
+    o_n = acc.shape[1]
+    for p in range(lo, hi):
+        ap, zp, op = acc[p], z[p], out[p]
+        for o in range(o_n):
+            op[o] = f2i8(np.float32(np.int64(ap[o]) + bias[o]) * scale[o] + np.float32(zp[o]) * add_scale[o])
+
+
+def epilogue_terms(o: int, act: int, fusion: int, relu6_max: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(low, top, relu_floor, add1, add2) per channel for `epilogue`: the int8 clamp (ReLU6: 0..ceiling), the
+    float floor (ReLU: 0, else -inf), and where the fused add goes: before the activation, or after it (but not
+    after a ReLU6, which TNN's kernels return from before that add)."""
+    low = np.full(o, 0 if act == 2 else -128, np.int8)
+    top = relu6_max.astype(np.int8) if act == 2 else np.full(o, 127, np.int8)
+    floor = np.full(o, 0.0 if act == 1 else -np.inf, np.float32)
+    add1 = np.full(o, 1.0 if fusion == 1 else 0.0, np.float32)
+    add2 = np.full(o, 1.0 if fusion == 2 and act != 2 else 0.0, np.float32)
+    return low, top, floor, add1, add2
+
+
+@njit(nogil=True, cache=True)
+def conv_channels(x, w, bias, scale, z, add_scale, relu6_max, act, fusion, chans, geo, out, lo, hi):
+    """Direct int8 convolution of the output channels `chans` only, on NHWC: x (N, H, W, C), w (len(chans), kh,
+    kw, C/g) their weights, out (N, OH, OW, O), z like out when fused; geo = (sh, sw, dh, dw, pt, pl, groups).
+    Exact int32 sums and the reference's requantization; items (n, oy)."""
+    h_n, w_n = x.shape[1], x.shape[2]
+    _, kh, kw, icg = w.shape
+    o_n = out.shape[3]
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    sh, sw, dh, dw, pt, pl, groups = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
+    opg = o_n // groups
+    for item in range(lo, hi):
+        n, oy = item // oh_n, item % oh_n
+        for ox in range(ow_n):
+            for k in range(chans.shape[0]):
+                o = chans[k]
+                c0 = (o // opg) * icg
+                acc = np.int32(bias[o])
+                for i in range(kh):
+                    iy = oy * sh - pt + i * dh
+                    if iy < 0 or iy >= h_n:
+                        continue
+                    for j in range(kw):
+                        ix = ox * sw - pl + j * dw
+                        if ix < 0 or ix >= w_n:
+                            continue
+                        for c in range(icg):
+                            acc += np.int32(w[k, i, j, c]) * np.int32(x[n, iy, ix, c0 + c])
+                zv = z[n, oy, ox, o] if fusion else np.int8(0)
+                out[n, oy, ox, o] = requantize_one(acc, scale[o], zv, add_scale[o], relu6_max[o], act, fusion)
+
+
+@njit(nogil=True, cache=True)
+def fix_suspects(x, w, bias, scale, relu6_max, act, chans, table, geo, out, lo, hi):
+    """Recomputes exactly (as conv_channels, w the rows of `chans`) the outputs of channels `chans` whose int8
+    value oneDNN wrote is marked in their row of `table` (q + 128): where its rounding may differ from TNN's;
+    items (n, oy)."""
+    h_n, w_n = x.shape[1], x.shape[2]
+    _, kh, kw, icg = w.shape
+    o_n = out.shape[3]
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    sh, sw, dh, dw, pt, pl, groups = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
+    opg = o_n // groups
+    for item in range(lo, hi):
+        n, oy = item // oh_n, item % oh_n
+        for ox in range(ow_n):
+            for k in range(chans.shape[0]):
+                o = chans[k]
+                if not table[k, np.int32(out[n, oy, ox, o]) + 128]:
+                    continue
+                c0 = (o // opg) * icg
+                acc = np.int32(bias[o])
+                for i in range(kh):
+                    iy = oy * sh - pt + i * dh
+                    if iy < 0 or iy >= h_n:
+                        continue
+                    for j in range(kw):
+                        ix = ox * sw - pl + j * dw
+                        if ix < 0 or ix >= w_n:
+                            continue
+                        for c in range(icg):
+                            acc += np.int32(w[k, i, j, c]) * np.int32(x[n, iy, ix, c0 + c])
+                out[n, oy, ox, o] = requantize_one(acc, scale[o], np.int8(0), ZERO, relu6_max[o], act, 0)

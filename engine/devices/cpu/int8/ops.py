@@ -1,0 +1,98 @@
+"""The NHWC twins of TNN's int8 ops (engine/ops/quant.py): the same meaning, on values laid out (N, H, W, C).
+
+Each twin names its base op and which of its sides are NHWC; params and attrs are the base op's (axis params stay
+logical: a Concat on axis 1 joins channels). `Int8ConvNhwc` adds `src_unsigned` (its input is never negative, so
+oneDNN may read it as u8). `Int8ToNhwc` / `Int8ToNchw` move an int8 value between the layouts. These ops are
+the CPU device's own: its int8 rewrite (rewrite.py) inserts them, their kernels are in kernels.py, and each
+reference transposes to NCHW, runs the base op's reference and transposes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.errors import ShapeError
+from engine.ir import Node
+from engine.ops import OPS as SHARED
+from engine.ops.registry import OpDef, TensorInfo
+
+
+def nhwc_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return n, h, w, c
+
+
+def nchw_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    n, h, w, c = shape
+    return n, c, h, w
+
+
+def to_nhwc(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1))
+
+
+def to_nchw(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x).transpose(0, 3, 1, 2))
+
+
+def _check4(node: Node, shape) -> None:
+    if len(shape) != 4:
+        raise ShapeError(f"{node.where()}: {node.op_type} takes 4-D values, got {tuple(shape)}")
+
+
+def twin(op_type: str, base: str, nhwc_in: Sequence[bool] | None, nhwc_out: bool) -> OpDef:
+    """The OpDef of `base` with the inputs flagged in `nhwc_in` (all when None) and its output in NHWC."""
+    base_def = SHARED[base]
+
+    def is_nhwc(k: int) -> bool:
+        return nhwc_in is None or (k < len(nhwc_in) and nhwc_in[k])
+
+    def infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+        logical = []
+        for k, i in enumerate(ins):
+            if is_nhwc(k):
+                _check4(node, i.shape)
+                i = TensorInfo(nchw_shape(i.shape), i.dtype)
+            logical.append(i)
+        outs = base_def.infer(node, logical)
+        if nhwc_out:
+            for o in outs:
+                _check4(node, o.shape)
+        return [TensorInfo(nhwc_shape(o.shape), o.dtype) if nhwc_out else o for o in outs]
+
+    def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        logical = [to_nchw(a) if is_nhwc(k) else a for k, a in enumerate(arrays)]
+        outs = base_def.reference(node, logical)
+        return [to_nhwc(o) if nhwc_out else o for o in outs]
+
+    return OpDef(op_type, infer, reference)
+
+
+def _transpose(op_type: str, to: str) -> OpDef:
+    def infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+        _check4(node, ins[0].shape)
+        shape = nhwc_shape(ins[0].shape) if to == "nhwc" else nchw_shape(ins[0].shape)
+        return [TensorInfo(shape, ins[0].dtype)]
+
+    def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return [to_nhwc(arrays[0]) if to == "nhwc" else to_nchw(arrays[0])]
+
+    return OpDef(op_type, infer, reference)
+
+
+# base op -> its twin's op type (the rewrite's table)
+TWINS = {"TnnQConv": "Int8ConvNhwc", "TnnQAdd": "Int8AddNhwc", "TnnQPool": "Int8PoolNhwc",
+         "TnnQConcat": "Int8ConcatNhwc", "TnnQuantize": "Int8QuantizeNhwc", "TnnDequantize": "Int8DequantizeNhwc"}
+
+OPS: dict[str, OpDef] = {
+    "Int8ConvNhwc": twin("Int8ConvNhwc", "TnnQConv", None, True),
+    "Int8AddNhwc": twin("Int8AddNhwc", "TnnQAdd", None, True),
+    "Int8PoolNhwc": twin("Int8PoolNhwc", "TnnQPool", None, True),
+    "Int8ConcatNhwc": twin("Int8ConcatNhwc", "TnnQConcat", None, True),
+    "Int8QuantizeNhwc": twin("Int8QuantizeNhwc", "TnnQuantize", [False], True),
+    "Int8DequantizeNhwc": twin("Int8DequantizeNhwc", "TnnDequantize", [True], False),
+    "Int8ToNhwc": _transpose("Int8ToNhwc", "nhwc"),
+    "Int8ToNchw": _transpose("Int8ToNchw", "nchw"),
+}

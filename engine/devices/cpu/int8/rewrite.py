@@ -1,0 +1,168 @@
+"""The int8 layout rewrite: TNN's int8 ops on NHWC values (the CPU device's `prepare`, with oneDNN on).
+
+A pure graph -> graph function; the input graph is left untouched (it is the Model's). In the copy,
+- every 4-D TnnQConv / TnnQAdd / TnnQPool / TnnQConcat (on channels) becomes its NHWC twin (ops.py), and its
+  int8 output is NHWC;
+- a TnnQuantize feeding one of them quantizes straight into NHWC (Int8QuantizeNhwc), a TnnDequantize of an
+  NHWC value reads it as such (Int8DequantizeNhwc): the float side stays NCHW;
+- TnnQRelu is elementwise: it keeps its input's layout;
+- any other reader of an NHWC value (and a graph output) gets an Int8ToNchw copy, one per value; an NCHW int8
+  value entering a twin gets an Int8ToNhwc copy.
+Int8ConvNhwc also learns whether its input can be negative (`src_unsigned`): values out of a ReLU (fused or
+not), and pools and concats of such values, never are, and oneDNN then reads them as u8 (exact on every ISA).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.devices.cpu.int8.ops import TWINS, nhwc_shape
+from engine.ir import Graph, Node, Value
+
+log = logging.getLogger("engine.passes")
+
+NHWC, NCHW = "nhwc", "nchw"
+LAYOUT_FREE = {"TnnQRelu"}
+
+
+@dataclass
+class Int8LayoutStats:
+    twins: int = 0
+    to_nhwc: int = 0
+    to_nchw: int = 0
+    unsigned_convs: int = 0
+
+
+def _int8_4d(v: Value) -> bool:
+    return (v.shape is not None and len(v.shape) == 4 and v.shape[1] is not None and v.shape[1] >= 0
+            and v.dtype is not None and np.dtype(v.dtype) == np.int8)
+
+
+def _twin_of(node: Node) -> str | None:
+    """The NHWC twin this node becomes, if any (structurally)."""
+    op = node.op_type
+    if op not in TWINS or op in ("TnnQuantize", "TnnDequantize"):
+        return None
+    if not all(_int8_4d(v) for v in [*node.inputs, *node.outputs]):
+        return None
+    if op == "TnnQConcat" and node.params.get("axis", 1) not in (1, -3):
+        return None
+    return TWINS[op]
+
+
+def _reads_nhwc(node: Node) -> bool:
+    return _twin_of(node) is not None or node.op_type in LAYOUT_FREE
+
+
+def nonnegative_values(graph: Graph) -> set[Value]:
+    """int8 values that can never be negative, whatever the input: a ReLU's output (fused into a conv unless an
+    add follows it), and what max/avg pools and concats make of such values."""
+    out: set[Value] = set()
+    for node in graph.nodes:
+        op, p = node.op_type, node.params
+        if op == "TnnQConv":
+            ok = p.get("activation") in ("relu", "relu6") and p.get("fusion") in (None, "add_then_act")
+        elif op == "TnnQRelu":
+            ok = True
+        elif op in ("TnnQPool", "TnnQConcat"):
+            ok = all(v in out for v in node.inputs)
+        else:
+            ok = False
+        if ok:
+            out.update(node.outputs)
+    return out
+
+
+def layout_nhwc(graph: Graph) -> tuple[Graph, Int8LayoutStats]:
+    """The rewritten copy and its figures."""
+    return _Rewrite(graph).run()
+
+
+def decide(graph: Graph) -> Graph:
+    """The rewritten copy when the graph has int8 ops to run in NHWC, else `graph` itself; logs what it did."""
+    if not any(_twin_of(n) for n in graph.nodes):
+        return graph
+    new, stats = layout_nhwc(graph)
+    log.info("%s: int8 NHWC layout: %d ops (%d convs on unsigned input), %d Int8ToNhwc, %d Int8ToNchw",
+             graph.path or "graph", stats.twins, stats.unsigned_convs, stats.to_nhwc, stats.to_nchw)
+    return new
+
+
+class _Rewrite:
+    def __init__(self, graph: Graph):
+        self.src = graph
+        self.new = Graph(path=graph.path, meta=dict(graph.meta), _names=graph._names)
+        self.native: dict[Value, Value] = {}  # original value -> its copy, in the layout it is produced in
+        self.layout: dict[Value, str] = {}
+        self.other: dict[Value, Value] = {}  # original value -> its converted copy
+        self.nonneg = nonnegative_values(graph)
+        self.stats = Int8LayoutStats()
+
+    def run(self) -> tuple[Graph, Int8LayoutStats]:
+        self.new.inputs = [self._produce(v, NCHW) for v in self.src.inputs]
+        for node in self.src.nodes:
+            self._node(node)
+        self.new.outputs = [self._read(v, NCHW) for v in self.src.outputs]
+        self.new.validate()
+        return self.new, self.stats
+
+    def _produce(self, v: Value, layout: str) -> Value:
+        if v.is_const:
+            copy = self.new.value(v.name, const=v.const)
+        elif layout == NHWC:
+            name = f"{v.name}.nhwc" if v in self.src.outputs else v.name
+            copy = self.new.value(name, nhwc_shape(v.shape), v.dtype)
+        else:
+            copy = self.new.value(v.name, v.shape, v.dtype)
+        self.native[v], self.layout[v] = copy, layout
+        return copy
+
+    def _read(self, v: Value, want: str) -> Value:
+        if v not in self.native:  # a constant, or a value without producer
+            self._produce(v, NCHW)
+        if v.is_const or self.layout[v] == want:
+            return self.native[v]
+        if v not in self.other:
+            self.other[v] = self._convert(v, want)
+        return self.other[v]
+
+    def _convert(self, v: Value, want: str) -> Value:
+        if want == NCHW:
+            out = self.new.value(v.name if v in self.src.outputs else f"{v.name}.nchw", v.shape, v.dtype)
+            op = "Int8ToNchw"
+            self.stats.to_nchw += 1
+        else:
+            out = self.new.value(f"{v.name}.nhwc", nhwc_shape(v.shape), v.dtype)
+            op = "Int8ToNhwc"
+            self.stats.to_nhwc += 1
+        self.new.add_node(op, [self.native[v]], [out], name=f"{v.name}.to_{want}")
+        return out
+
+    def _node(self, node: Node) -> None:
+        op, params = node.op_type, dict(node.params)
+        twin = _twin_of(node)
+        out_layout = NCHW
+        if twin is not None:
+            inputs = [self._read(v, NHWC) for v in node.inputs]
+            op, out_layout = twin, NHWC
+            self.stats.twins += 1
+            if twin == "Int8ConvNhwc":
+                params["src_unsigned"] = node.inputs[0] in self.nonneg
+                self.stats.unsigned_convs += params["src_unsigned"]
+        elif op == "TnnQuantize" and _int8_4d(node.outputs[0]) and any(
+                _reads_nhwc(c) for c in node.outputs[0].consumers):
+            inputs, op, out_layout = [self._read(node.inputs[0], NCHW)], "Int8QuantizeNhwc", NHWC
+            self.stats.twins += 1
+        elif op == "TnnDequantize" and node.inputs[0] in self.layout and self.layout[node.inputs[0]] == NHWC:
+            inputs, op = [self.native[node.inputs[0]]], "Int8DequantizeNhwc"
+            self.stats.twins += 1
+        elif op in LAYOUT_FREE and node.inputs[0] in self.layout and self.layout[node.inputs[0]] == NHWC:
+            inputs, out_layout = [self.native[node.inputs[0]]], NHWC
+        else:
+            inputs = [self._read(v, NCHW) for v in node.inputs]
+        outputs = [self._produce(v, out_layout) for v in node.outputs]
+        self.new.add_node(op, inputs, outputs, name=node.name, params=params, attrs=dict(node.attrs),
+                          source=node.source)

@@ -1,0 +1,157 @@
+"""numba loops of the fused attention kernel (engine/devices/cpu/attention.py): the online softmax of one tile of
+scores, and the last step of a query block. float32 throughout; nothing is allocated.
+
+A tile is s (rows, cols) = (scale * q_block) @ k_blockᵀ for query rows row0.. and keys col0..; `tile_softmax`
+turns it in place into exp(s + mask - m) with m the running row max over every key block so far, rescales the
+running sums l and the accumulator acc (the earlier blocks' p @ v) by exp(m_old - m_new), and folds the
+previous block's product `pv` into acc first (so each block costs one call here and two GEMMs). `finish` then
+writes (acc + pv) / l. A tile that holds every key (one block, `last`) is left unnormalised: its GEMM writes
+the output directly and `scale_rows` divides the output rows by their sums (fewer elements than the tile).
+
+exp is a float32 polynomial (Cody-Waite reduction, degree-6 Taylor on [-ln2/2, ln2/2], 2^n built as exponent bits
+in an int32 scratch row): LLVM vectorises it, where math.exp is a scalar call per element (numba has no SVML
+here): 0.8 ns against 17 ns per element; error below 7e-7 relative.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+_JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
+_FAST = {"reassoc", "nsz", "contract", "afn"}  # no nnan/ninf: -inf scores and NaN rows must stay what they are
+_F = np.float32
+LOG2E, LN2_HI, LN2_LO = _F(1.4426950408889634), _F(0.693359375), _F(-2.12194440e-4)
+EXP_MIN = _F(-87.0)  # below this exp is 0 (and 2^n stays a normal float)
+C2, C3, C4, C5, C6 = _F(1 / 2), _F(1 / 6), _F(1 / 24), _F(1 / 120), _F(1 / 720)
+MASK_NONE, MASK_ADD, MASK_BOOL = 0, 1, 2
+NEG_INF = _F(-np.inf)
+
+
+@njit(fastmath=_FAST, **_JIT)
+def _exp_row(x, two_n, two_f, n, shift):
+    """x[:n] = exp(x[:n] - shift) in place; returns the sum. two_n (int32) and two_f (its float32 view) are one
+    scratch row: 2^n goes there as exponent bits, then multiplies x in a second loop (x and the scratch never
+    alias, so both loops vectorise)."""
+    for j in range(n):
+        v = x[j] - shift
+        f = np.floor(v * LOG2E + _F(0.5))
+        r = v - f * LN2_HI - f * LN2_LO
+        p = _F(1.0) + r * (_F(1.0) + r * (C2 + r * (C3 + r * (C4 + r * (C5 + r * C6)))))
+        x[j] = _F(0.0) if v < EXP_MIN else p  # a NaN score stays NaN (and so does its row's sum)
+        two_n[j] = ((np.int32(f) + np.int32(127)) << 23) if v >= EXP_MIN else np.int32(0)
+    s = _F(0.0)
+    for j in range(n):
+        y = x[j] * two_f[j]
+        x[j] = y
+        s += y
+    return s
+
+
+@njit(fastmath=_FAST, **_JIT)
+def _add_mask(x, mask, mask_kind, n):
+    """x[:n] += mask in place, or -inf where a bool mask forbids."""
+    if mask_kind == MASK_ADD:
+        for j in range(n):
+            x[j] += _F(mask[j])
+    elif mask_kind == MASK_BOOL:
+        for j in range(n):
+            x[j] = x[j] if mask[j] else NEG_INF
+
+
+@njit(fastmath=_FAST, **_JIT)
+def _max(x, n, lanes):
+    """max(x[:n]) (-inf for n = 0) through `lanes` partial maxima, chunk by chunk: LLVM vectorises that
+    element-wise max but not a scalar max reduction."""
+    w = lanes.shape[0]
+    for t in range(w):
+        lanes[t] = NEG_INF
+    for j0 in range(0, n - w + 1, w):
+        for t in range(w):
+            v = x[j0 + t]
+            lanes[t] = v if v > lanes[t] else lanes[t]
+    m = NEG_INF
+    for t in range(w):
+        m = lanes[t] if lanes[t] > m else m
+    for j in range(n - n % w, n):
+        m = x[j] if x[j] > m else m
+    return m
+
+
+@njit(fastmath=_FAST, **_JIT)
+def tile_softmax(s, two_n, two_f, lanes, mask, mask_kind, causal, row0, col0, m, l, acc, pv, has_pv, last):
+    """One key block of the online softmax over tile s, already scaled (see the module doc). `causal` forbids keys
+    past the query (key index > query index, top-left aligned as torch). With `last` (the only block) the tile
+    becomes exp(s - rowmax) and l its row sums, which `scale_rows` divides the product by."""
+    rows, cols = s.shape
+    for i in range(rows):
+        n = cols
+        if causal:
+            n = min(cols, max(0, row0 + i - col0 + 1))
+            for j in range(n, cols):
+                s[i, j] = _F(0.0)
+        _add_mask(s[i], mask[i], mask_kind, n)
+        mx = _max(s[i], n, lanes)
+        m_old = NEG_INF if last else m[i]  # one block: no running state (m holds an earlier item's)
+        m_new = max(m_old, mx)
+        if m_new == NEG_INF:  # nothing to attend to so far
+            for j in range(n):
+                s[i, j] = _F(0.0)
+            if last:
+                l[i] = _F(0.0)
+            elif has_pv:
+                for d in range(acc.shape[1]):
+                    acc[i, d] += pv[i, d]
+            continue
+        total = _exp_row(s[i], two_n, two_f, n, m_new)
+        if last:
+            l[i] = total
+            continue
+        alpha = _F(math.exp(m_old - m_new)) if m_old != NEG_INF else _F(0.0)
+        l[i] = l[i] * alpha + total
+        m[i] = m_new
+        if has_pv:
+            for d in range(acc.shape[1]):
+                acc[i, d] = (acc[i, d] + pv[i, d]) * alpha
+        else:
+            for d in range(acc.shape[1]):
+                acc[i, d] *= alpha
+
+
+@njit(fastmath=_FAST, **_JIT)
+def finish(acc, pv, l, out, nan_rows):
+    """out = (acc + pv) / l per row; a row that attended to nothing is NaN (`nan_rows`) or zeros."""
+    for i in range(out.shape[0]):
+        if l[i] == _F(0.0):
+            fill = _F(np.nan) if nan_rows else _F(0.0)
+            for d in range(out.shape[1]):
+                out[i, d] = fill
+        else:  # a NaN sum (a NaN score) makes the row NaN
+            inv = _F(1.0) / l[i]
+            for d in range(out.shape[1]):
+                out[i, d] = (acc[i, d] + pv[i, d]) * inv
+
+
+@njit(fastmath=_FAST, **_JIT)
+def scale_rows(out, l, nan_rows):
+    """out /= l per row (one key block: the product of the unnormalised tile); rows with l = 0 as `finish`."""
+    for i in range(out.shape[0]):
+        if l[i] == _F(0.0):
+            fill = _F(np.nan) if nan_rows else _F(0.0)
+            for d in range(out.shape[1]):
+                out[i, d] = fill
+        else:
+            inv = _F(1.0) / l[i]
+            for d in range(out.shape[1]):
+                out[i, d] *= inv
+
+
+@njit(**_JIT)
+def reset(m, l, acc):
+    for i in range(m.shape[0]):
+        m[i] = NEG_INF
+        l[i] = _F(0.0)
+        for d in range(acc.shape[1]):
+            acc[i, d] = _F(0.0)

@@ -1,0 +1,228 @@
+"""Gemm and MatMul on oneDNN's matmul primitive.
+
+Gemm (y = act(x @ W^T + bias + z) over the last axis): W is reordered once, at build, into the layout the
+primitive picks (`format_tag_any`: the packed panels its brgemm kernels stream), bias is the primitive's, the
+residual z a binary-add post-op and the activation an eltwise post-op when oneDNN has the same function (else
+our apply_activation afterwards). MatMul of two activations: batched, broadcast and strided operands described as
+they lie (a transposed operand is a stride pattern, not a copy); a constant operand is packed like a weight.
+
+A plan holds the primitive for one input shape (the max shape's is built with the kernel, smaller ones on first
+use and cached); its scratchpad sits in the instance workspace.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.devices.cpu.onednn import binding as L
+from engine.devices.cpu.onednn import objects as D
+
+log = logging.getLogger("engine.onednn")
+
+
+class PackedWeights:
+    """A constant right-hand operand (K, N) as a strided view of its source array, reordered into each layout a
+    primitive asks for (normally one), once."""
+
+    def __init__(self, source: np.ndarray, md: D.MemoryDesc):
+        self.source, self.md = source, md
+        self._packed: list[tuple[D.MemoryDesc, np.ndarray]] = []
+
+    def into(self, md: D.MemoryDesc) -> np.ndarray:
+        for have, buf in self._packed:
+            if have == md:
+                return buf
+        out = D.aligned_buffer(md.nbytes)
+        D.sync_threads()
+        D.reorder_step(self.md, md).run({L.ARG_SRC: self.source.ctypes.data, L.ARG_DST: out.ctypes.data})
+        D.wait()
+        self._packed.append((md, out))
+        return out
+
+
+def weight_md(w: np.ndarray) -> D.MemoryDesc:
+    """The descriptor of a float32 array as it lies in memory (any strides, in elements)."""
+    return D.MemoryDesc.strided(w.shape, [s // 4 for s in w.strides])
+
+
+class Plan:
+    """One matmul primitive: src (…, M, K) and dst (…, M, N) described by their strides, weights either packed
+    (`packed`) or strided like src, optional bias (…, 1, N) and residual (dst's shape) post-op."""
+
+    def __init__(self, src: D.MemoryDesc, wts: D.MemoryDesc, dst: D.MemoryDesc, bias: D.MemoryDesc | None,
+                 residual: D.MemoryDesc | None, eltwise: tuple | None, packed: PackedWeights | None, work: int):
+        post_ops: list[tuple] = []
+        if residual is not None:
+            post_ops.append(("binary_add", residual))
+        if eltwise is not None:
+            post_ops.append(eltwise)
+        attr = D.Attr(post_ops)
+        self.work = work  # multiply-adds: a small matmul is created, and runs, on one thread
+        with D.creating(work):
+            self.pd = D.PrimitiveDesc.create("dnnl_matmul_primitive_desc_create", D.engine(), src.h, wts.h,
+                                             None if bias is None else bias.h, dst.h, attr.h)
+            chosen = self.pd.md(L.QUERY_WEIGHTS_MD)
+            self._chosen, self._packed = chosen, packed  # packed on the first run (sizing a workspace packs none)
+            self.weights: np.ndarray | None = None
+            pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
+            self.pad_bytes = D.aligned(pad.nbytes)
+            args = {L.ARG_SRC: src, L.ARG_WEIGHTS: chosen, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}
+            if bias is not None:
+                args[L.ARG_BIAS] = bias
+            if residual is not None:
+                args[L.ARG_POST_OP_SRC1(0)] = residual
+            self.step = D.Step(D.Primitive(self.pd), args)
+        self.private: np.ndarray | None = None
+        self._bound: tuple | None = None
+
+    @property
+    def impl(self) -> str:
+        return self.pd.impl
+
+    def scratch(self, workspace: np.ndarray | None) -> int:
+        ptr, size = D.workspace_base(workspace)
+        if size >= self.pad_bytes:
+            return ptr
+        if self.private is None:  # a shape whose scratchpad outgrows the max shape's (rare)
+            self.private = D.aligned_buffer(max(self.pad_bytes, D.ALIGN))
+        return self.private.ctypes.data
+
+    def run(self, src: int, wts: int | None, dst: int, bias: int | None, residual: int | None,
+            workspace: np.ndarray | None) -> None:
+        if self._packed is not None and self.weights is None:
+            self.weights = self._packed.into(self._chosen)
+        D.sync_threads(self.work)
+        w = self.weights.ctypes.data if self.weights is not None else wts
+        key = (src, w, dst, bias, residual, self.scratch(workspace))
+        if key != self._bound:
+            ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: w, L.ARG_DST: dst, L.ARG_SCRATCHPAD: key[5]}
+            if bias is not None:
+                ptrs[L.ARG_BIAS] = bias
+            if residual is not None:
+                ptrs[L.ARG_POST_OP_SRC1(0)] = residual
+            for a, p in ptrs.items():
+                self.step.mems[a].set(p)
+            self._bound = key
+        try:
+            L.check(L.LIB.dnnl_primitive_execute(self.step.prim.h, D.stream(), len(self.step.args),
+                                                 self.step.args), "dnnl_primitive_execute")
+            D.wait()
+        finally:
+            D.restore_threads()
+
+
+class Gemm:
+    """y (M, N) = act(x (M, K) @ W^T + bias + z) with W (N, K) packed once; plans per M."""
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, eltwise: tuple | None, residual: bool):
+        self.w = np.ascontiguousarray(w, np.float32)
+        n, k = self.w.shape
+        self.n, self.k = n, k
+        # W^T as it lies: (K, N) with strides (1, K); the reorder packs it without a transposed copy first.
+        self.packed = PackedWeights(self.w, D.MemoryDesc.strided((k, n), (1, k)))
+        self.bias = None if bias is None else np.ascontiguousarray(np.ravel(bias), np.float32)
+        self.eltwise, self.residual = eltwise, residual
+        self.plans: dict[int, Plan] = {}
+
+    def plan(self, m: int) -> Plan:
+        plan = self.plans.get(m)
+        if plan is None:
+            D.sync_threads()
+            src, dst = D.MemoryDesc.plain((m, self.k)), D.MemoryDesc.plain((m, self.n))
+            wts = D.MemoryDesc.any((self.k, self.n))
+            bias = D.MemoryDesc.plain((1, self.n)) if self.bias is not None else None
+            res = D.MemoryDesc.plain((m, self.n)) if self.residual else None
+            plan = self.plans[m] = Plan(src, wts, dst, bias, res, self.eltwise, self.packed, m * self.k * self.n)
+            log.debug("oneDNN matmul %dx%dx%d: %s", m, self.k, self.n, plan.impl)
+        return plan
+
+    def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
+        m = x.size // self.k
+        if m == 0:
+            return
+        D.sync_threads()
+        self.plan(m).run(D.address(x), None, D.address(out),
+                         None if self.bias is None else self.bias.ctypes.data,
+                         None if z is None else D.address(z), workspace)
+
+
+def _expand(shape: Sequence[int], strides: Sequence[int], rank: int) -> tuple[list[int], list[int]]:
+    """shape/strides (bytes) padded with leading broadcast dims to `rank`, strides in elements."""
+    pad = rank - len(shape)
+    dims = [1] * pad + [int(d) for d in shape]
+    el = [0] * pad + [int(s) // 4 for s in strides]
+    # A size-1 dim's stride is irrelevant to the data; give it the next dim's extent so oneDNN sees a dense desc.
+    for i in range(rank - 1, -1, -1):
+        if dims[i] == 1:
+            el[i] = el[i + 1] * dims[i + 1] if i + 1 < rank else 1
+    return dims, el
+
+
+class MatMul:
+    """out = a @ b for float32 operands of rank >= 2 with numpy's batch broadcasting; `b_const` packs a constant
+    right operand once (a 2-D one turns a contiguous (…, M, K) @ (K, N) into one (…·M, K) GEMM). Plans per operand
+    shapes and strides."""
+
+    def __init__(self, b_const: np.ndarray | None):
+        self.b_const = None if b_const is None else np.ascontiguousarray(b_const, np.float32)
+        self.packed = None if self.b_const is None else PackedWeights(self.b_const, weight_md(self.b_const))
+        self.plans: dict[tuple, Plan] = {}
+
+    def flat(self, a_shape: tuple, out_shape: tuple) -> bool:
+        return self.b_const is not None and self.b_const.ndim == 2 and len(a_shape) >= 2
+
+    def plan(self, a_shape: tuple, a_strides: tuple, b_shape: tuple, b_strides: tuple, out_shape: tuple,
+             out_strides: tuple) -> Plan:
+        key = (a_shape, a_strides, b_shape, b_strides, out_shape, out_strides)
+        plan = self.plans.get(key)
+        if plan is None:
+            D.sync_threads()
+            rank = len(out_shape)
+            sa, sb = _expand(a_shape, a_strides, rank), _expand(b_shape, b_strides, rank)
+            so = _expand(out_shape, out_strides, rank)
+            src, dst = D.MemoryDesc.strided(*sa), D.MemoryDesc.strided(*so)
+            if self.packed is not None and rank == 2:
+                wts, packed = D.MemoryDesc.any(sb[0]), self.packed
+            else:
+                wts, packed = D.MemoryDesc.strided(*sb), None
+            work = math.prod(out_shape) * int(a_shape[-1])
+            plan = self.plans[key] = Plan(src, wts, dst, None, None, None, packed, work)
+            log.debug("oneDNN matmul %s @ %s: %s", a_shape, b_shape, plan.impl)
+        return plan
+
+    def plan_for(self, a_shape: tuple, b_shape: tuple, out_shape: tuple) -> Plan:
+        """The plan for C-contiguous operands of these shapes (what the arena holds)."""
+        if self.flat(a_shape, out_shape):
+            m, k, n = math.prod(a_shape[:-1]), a_shape[-1], b_shape[-1]
+            return self.plan((m, k), (4 * k, 4), (k, n), (4 * n, 4), (m, n), (4 * n, 4))
+        return self.plan(a_shape, _dense(a_shape), b_shape, _dense(b_shape), out_shape, _dense(out_shape))
+
+    def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, workspace: np.ndarray | None) -> None:
+        if out.size == 0:
+            return
+        if a.size == 0 or b.size == 0:
+            out[...] = 0
+            return
+        D.sync_threads()
+        if self.flat(a.shape, out.shape) and a.flags.c_contiguous:
+            plan = self.plan_for(a.shape, b.shape, out.shape)
+        else:
+            plan = self.plan(a.shape, a.strides, b.shape, b.strides, out.shape, out.strides)
+        plan.run(D.address(a), D.address(b), D.address(out), None, None, workspace)
+
+
+def _dense(shape: tuple) -> tuple:
+    """C-contiguous float32 strides in bytes."""
+    strides, step = [], 4
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(strides))
+
+
+def scratchpad_bytes(plan: Plan) -> int:
+    return plan.pad_bytes + D.ALIGN

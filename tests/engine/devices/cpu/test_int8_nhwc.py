@@ -1,0 +1,209 @@
+"""The NHWC int8 kernels (engine/devices/cpu/int8/) match the numpy references of engine/ops/quant.py bit for bit.
+
+The oneDNN convolution is run on every way it has (int8 out with tie-free factors, int32 sums plus the numba
+epilogue, the numba direct loop), on adversarial factors that make exact ties k + 0.5 reachable, and on shapes
+below the max shapes it was built for. The factor search itself is checked by enumerating every reachable sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from op_harness import build_kernel, infos_of, make_node, reference, run_kernel
+
+from engine.devices.cpu.int8 import kernels as int8_kernels
+from engine.devices.cpu.int8.ops import to_nhwc
+from engine.devices.cpu.int8.requant import sum_range, tie_free_scales
+from engine.devices.cpu.onednn.objects import available
+from engine.ops.quant import float2int8
+
+RNG = np.random.default_rng(20)
+pytestmark = pytest.mark.skipif(not available(), reason="oneDNN is not installed")
+
+
+def _i8(*shape, lo=-128):
+    return RNG.integers(lo, 128, shape, dtype=np.int8)
+
+
+def _check(node, arrays, max_arrays=None):
+    want = reference(node, arrays)
+    got = run_kernel(node, arrays, max_arrays)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def _qconv(o, c, k, groups=1, stride=1, pads=0, dilation=1, activation=None, fusion=None, unsigned=False,
+           scale=None, weight=None):
+    weight = _i8(o, c // groups, k, k) if weight is None else weight
+    attrs = {"weight": weight, "bias": RNG.integers(-3000, 3000, o).astype(np.int32),
+             "scale": RNG.uniform(0.0005, 0.003, o).astype(np.float32) if scale is None else scale,
+             "relu6_max": RNG.integers(20, 120, o).astype(np.int8)}
+    if fusion:
+        attrs["add_scale"] = RNG.uniform(0.2, 1.5, o).astype(np.float32)
+    params = {"groups": groups, "stride": [stride, stride], "pads": [pads, pads], "dilation": [dilation, dilation],
+              "activation": activation, "fusion": fusion, "src_unsigned": unsigned}
+    return make_node("Int8ConvNhwc", 2 if fusion else 1, params=params, attrs=attrs)
+
+
+def _conv_inputs(node, n, c, h, w):
+    x = _i8(n, h, w, c, lo=0 if node.params["src_unsigned"] else -128)
+    if not node.params.get("fusion"):
+        return [x]
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (node.attrs["weight"].shape[2:], node.params["stride"],
+                                              node.params["pads"], node.params["dilation"])
+    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return [x, _i8(n, oh, ow, node.attrs["weight"].shape[0])]
+
+
+CONVS = [
+    dict(o=5, c=3, k=3, stride=2, pads=1),                      # first-layer conv, odd sizes, signed input
+    dict(o=6, c=4, k=3, groups=2, dilation=2, pads=2, activation="relu", unsigned=True),
+    dict(o=7, c=7, k=3, groups=7, stride=2, pads=1, activation="relu6", unsigned=True),   # depthwise
+    dict(o=24, c=24, k=3, groups=24, pads=1, activation="relu"),                         # depthwise, signed
+    dict(o=9, c=6, k=1, activation="relu"),                      # pointwise
+    dict(o=4, c=6, k=1, groups=2),                               # grouped pointwise
+    dict(o=3, c=5, k=2, stride=3),                               # kernel narrower than the stride
+    dict(o=5, c=4, k=1, fusion="add_then_act", activation="relu"),
+    dict(o=5, c=4, k=1, fusion="act_then_add", activation="relu", unsigned=True),
+    dict(o=5, c=4, k=1, fusion="add_then_act", activation="relu6"),
+    dict(o=5, c=4, k=3, pads=1, fusion="add_then_act"),
+    dict(o=40, c=33, k=3, pads=1, activation="relu6", unsigned=True),
+]
+
+
+@pytest.mark.parametrize("cfg", CONVS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_conv_is_bit_exact(cfg):
+    node = _qconv(**cfg)
+    big = _conv_inputs(node, 2, cfg["c"], 9, 8)
+    small = _conv_inputs(node, 1, cfg["c"], 6, 7)
+    _check(node, big)
+    _check(node, small, big)  # below the max shape: a second primitive
+
+
+def _impl(node, arrays):
+    fn, _ = build_kernel(node, infos_of(arrays, node=node))
+    return fn.impl
+
+
+def test_strided_conv_that_skips_the_last_rows_stays_on_onednn():
+    # a residual block's 1x1 stride-2 downsample of an even size never reads the last row and column
+    node = _qconv(16, 8, 1, stride=2, unsigned=True)
+    x = _i8(2, 10, 12, 8, lo=0)
+    _check(node, [x])
+    assert _impl(node, [x]).startswith("onednn:")
+
+
+def _tie_scales(o: int, k: int) -> np.ndarray:
+    """Factors s = (m + 0.5) / N with small N: many sums land exactly on a tie k + 0.5."""
+    n = RNG.integers(3, 40, o)
+    return ((RNG.integers(0, 60, o) + 0.5) / n).astype(np.float32)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "relu6"])
+def test_ties_round_away_from_zero_as_tnn(activation):
+    node = _qconv(32, 16, 1, activation=activation, scale=_tie_scales(32, 16),
+                  weight=RNG.integers(-2, 3, (32, 16, 1, 1)).astype(np.int8))
+    node.attrs["bias"] = RNG.integers(-40, 40, 32).astype(np.int32)
+    x = np.clip(_i8(1, 10, 10, 16), -3, 3)
+    sums = np.einsum("nhwc,oc->nhwo", x.astype(np.int64), node.attrs["weight"][:, :, 0, 0].astype(np.int64))
+    v = (sums + node.attrs["bias"]).astype(np.float32) * node.attrs["scale"]
+    assert np.count_nonzero(np.abs(v - np.trunc(v)) == 0.5) > 50  # ties are there to be rounded
+    _check(node, [x])
+    assert _impl(node, [x]).endswith("/requant")
+
+
+def test_channels_without_factor_are_recomputed():
+    # Factor 0.0008107082 over sums 93 + 127 * (0 .. 64 * 127) reaches the tie 86961 * s = 70.5 and values an ulp
+    # below other ties (found by searching random factors): neither one factor nor two chained ones fit it, so the
+    # outputs oneDNN may round otherwise than TNN are recomputed after the primitive
+    o, c = 16, 64
+    w = _i8(o, c, 1, 1)
+    w[3] = 127
+    scale = RNG.uniform(0.0005, 0.003, o).astype(np.float32)
+    scale[3] = 0.0008107082
+    bias = RNG.integers(-3000, 3000, o).astype(np.int32)
+    bias[3] = 93
+    assert 3 in tie_free_scales(scale, w, bias, 1, None, True)[2]
+    node = _qconv(o, c, 1, activation="relu", scale=scale, weight=w, unsigned=True)
+    node.attrs["bias"] = bias
+    x = _i8(2, 12, 12, c, lo=0)
+    x[0, 0, 0] = 0
+    x[0, 0, 0, :5], x[0, 0, 0, 5] = 127, 49  # inputs summing to 684: 93 + 127 * 684 = 86961, the tie
+    assert np.float32(86961) * scale[3] == np.float32(70.5)
+    assert reference(node, [x])[0][0, 0, 0, 3] == 71  # away from zero, where half to even gives 70
+    _check(node, [x])
+    assert _impl(node, [x]).endswith("/requant")
+    spec = int8_kernels._SPECS[node]
+    spec.fixup = spec.fixup[:0]  # without the recheck, oneDNN's own rounding shows
+    assert run_kernel(node, [x])[0][0, 0, 0, 3] == 70
+
+
+def test_sums_beyond_float_exactness_take_the_direct_loop():
+    w = np.full((3, 1100, 1, 1), 127, np.int8)  # 128 * 1100 * 127 > 2**24
+    node = _qconv(3, 1100, 1, weight=w, scale=np.full(3, 1e-6, np.float32))
+    x = _i8(1, 2, 3, 1100)
+    _check(node, [x])
+    assert _impl(node, [x]) == "numba:direct"
+
+
+def _brute_force_agrees(scale: float, first: float, second: float, lo: int, hi: int) -> bool:
+    n = np.arange(lo, hi + 1, dtype=np.int64).astype(np.float32)
+    want = float2int8(n * np.float32(scale)).astype(np.int32)
+    got = np.rint(np.clip((n * np.float32(first)) * np.float32(second), -128, 127)).astype(np.int32)
+    return bool(np.array_equal(want, got))
+
+
+def test_tie_free_factors_hold_for_every_reachable_sum():
+    o = 40
+    scale = _tie_scales(o, 1) / np.float32(7.0)
+    w = RNG.integers(-3, 4, (o, 2, 1, 1)).astype(np.int8)
+    bias = RNG.integers(-50, 50, o).astype(np.int32)
+    first, factors, unsolved = tie_free_scales(scale, w, bias)
+    lo, hi = sum_range(w, bias)
+    assert unsolved.size < o // 4  # those are recomputed by the kernel (test above)
+    for c in set(range(o)) - set(unsolved.tolist()):
+        assert _brute_force_agrees(scale[c], first[c], factors[c], int(lo[c]), int(hi[c])), c
+    moved = np.flatnonzero((factors != scale) | (first != 1))
+    assert moved.size  # the tie factors needed moving: unmoved, half to even would differ from TNN
+    assert not any(_brute_force_agrees(scale[c], 1.0, scale[c], int(lo[c]), int(hi[c])) for c in moved)
+
+
+def test_quantize_and_dequantize_nhwc():
+    x = (RNG.standard_normal((2, 5, 6, 7)) * 4).astype(np.float32)
+    scale = RNG.uniform(0.01, 0.05, 5).astype(np.float32)
+    scale[2] = 0
+    _check(make_node("Int8QuantizeNhwc", 1, attrs={"scale": scale}), [x])
+    _check(make_node("Int8QuantizeNhwc", 1, attrs={"scale": scale[:1]}), [x])
+    q = _i8(2, 6, 7, 5)
+    _check(make_node("Int8DequantizeNhwc", 1, attrs={"scale": scale}), [q], [_i8(3, 6, 7, 5)])
+
+
+def test_add_pool_concat_relu_nhwc():
+    a, b = _i8(2, 5, 6, 7), _i8(2, 5, 6, 7)
+    s = {k: RNG.uniform(0.01, 0.05, 7).astype(np.float32) for k in ("scale_a", "scale_b", "scale_out")}
+    _check(make_node("Int8AddNhwc", 2, attrs=s), [a, b])
+    for mode, ceil in (("max", False), ("avg", True), ("max", True)):
+        node = make_node("Int8PoolNhwc", 1, params={"mode": mode, "kernel": (3, 3), "stride": (2, 2), "pads": (1, 1),
+                                                     "ceil_mode": ceil})
+        _check(node, [a])
+    big = np.full((1, 4, 4, 3), -128, np.int8)
+    _check(make_node("Int8PoolNhwc", 1, params={"mode": "max", "kernel": (2, 2), "stride": (2, 2)}), [big])
+    c = _i8(2, 5, 6, 3)
+    _check(make_node("Int8ConcatNhwc", 2, params={"axis": 1}), [a, c])
+    per_tensor = {"scales": np.float32([0.03, 0.05]), "scale_out": np.float32([0.04])}
+    _check(make_node("Int8ConcatNhwc", 2, params={"axis": 1}, attrs=per_tensor), [a, c])
+    _check(make_node("TnnQRelu", 1), [a])
+
+
+def test_layout_copies():
+    x = _i8(2, 3, 4, 5)
+    _check(make_node("Int8ToNhwc", 1), [x])
+    _check(make_node("Int8ToNchw", 1), [to_nhwc(x)])
+
+
+def test_one_spec_per_node():
+    node = _qconv(8, 8, 1)
+    ins = infos_of([_i8(1, 4, 4, 8)], node=node)
+    build_kernel(node, ins)
+    assert node in int8_kernels._SPECS

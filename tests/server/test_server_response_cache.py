@@ -1,0 +1,136 @@
+"""The response cache (`response_cache { enable: true }` with --cache-config local,size=N): a repeated request is
+answered without running the model, with Triton's statistics (cache_hit / cache_miss) and metrics (nv_cache_*);
+the cache's key and its size limit directly."""
+
+from __future__ import annotations
+
+import subprocess
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repository, nnserve_command
+
+from server.response_cache import ResponseCache, request_key
+
+X = np.array([[0.5, -1.0, 2.0, 1.5], [1.0, 0.0, -0.5, 3.0]], np.float32)
+CACHED = AFFINE_CONFIG + "response_cache { enable: true }\n"
+
+
+def infer(srv: ServerProcess, model: str, x: np.ndarray) -> dict:
+    body = {"inputs": [{"name": "in0", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    r = httpx.post(f"http://{srv.http_url}/v2/models/{model}/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return {o["name"]: np.array(o["data"], np.float32).reshape(o["shape"]) for o in r.json()["outputs"]}
+
+
+def stats(srv: ServerProcess, model: str) -> dict:
+    return httpx.get(f"http://{srv.http_url}/v2/models/{model}/stats", timeout=10).json()["model_stats"][0]
+
+
+def metric(srv: ServerProcess, name: str, model: str) -> float:
+    for line in httpx.get(srv.metrics_url, timeout=10).text.splitlines():
+        if line.startswith(f'{name}{{model="{model}",version="1"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory):
+    repo = make_repository(tmp_path_factory.mktemp("cacherepo"), {"cached": CACHED, "plain": AFFINE_CONFIG})
+    server = ServerProcess(repo, "--cache-config", "local,size=1048576")
+    yield server
+    assert server.stop() == 0, server.log_text
+
+
+def test_a_repeated_request_is_answered_from_the_cache(srv):
+    expected = affine_reference(X)
+    for _ in range(3):
+        got = infer(srv, "cached", X)
+        for name in ("out0", "out1"):
+            np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6)
+    s = stats(srv, "cached")
+    phases = s["inference_stats"]
+    assert phases["cache_miss"]["count"] == 1 and phases["cache_hit"]["count"] == 2
+    assert phases["success"]["count"] == 3 and phases["cache_hit"]["ns"] > 0
+    assert s["execution_count"] == 1 and s["inference_count"] == 2  # the model ran once, for the miss
+    assert metric(srv, "nv_cache_num_hits_per_model", "cached") == 2
+    assert metric(srv, "nv_cache_num_misses_per_model", "cached") == 1
+    assert metric(srv, "nv_inference_request_success", "cached") == 3
+    assert metric(srv, "nv_inference_exec_count", "cached") == 1
+
+    # other inputs are another entry; a model without response_cache never uses the cache
+    other = X + 1
+    np.testing.assert_allclose(infer(srv, "cached", other)["out0"], affine_reference(other)["out0"], rtol=1e-5,
+                               atol=1e-6)
+    assert stats(srv, "cached")["inference_stats"]["cache_miss"]["count"] == 2
+    for _ in range(2):
+        infer(srv, "plain", X)
+    plain = stats(srv, "plain")
+    assert plain["execution_count"] >= 1 and plain["inference_stats"]["cache_hit"]["count"] == 0
+    assert plain["inference_stats"]["cache_miss"]["count"] == 0
+
+
+def test_grpc_hits_the_same_entries(srv):
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    x = X * 3
+    inp = grpcclient.InferInput("in0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    before = stats(srv, "cached")["inference_stats"]["cache_hit"]["count"]
+    first = client.infer("cached", [inp]).as_numpy("out1")
+    second = client.infer("cached", [inp]).as_numpy("out1")
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(second, affine_reference(x)["out1"], rtol=1e-5, atol=1e-6)
+    assert stats(srv, "cached")["inference_stats"]["cache_hit"]["count"] == before + 1
+    assert infer(srv, "cached", x)["out1"].shape == (2, 3)  # and HTTP finds gRPC's entry
+    assert stats(srv, "cached")["inference_stats"]["cache_hit"]["count"] == before + 2
+
+
+def test_without_a_server_cache_every_request_runs(tmp_path):
+    repo = make_repository(tmp_path / "repo", {"cached": CACHED})
+    srv = ServerProcess(repo)
+    try:
+        for _ in range(2):
+            infer(srv, "cached", X)
+        s = stats(srv, "cached")
+        assert s["inference_stats"]["cache_hit"]["count"] == 0 and s["inference_count"] == 4
+    finally:
+        assert srv.stop() == 0, srv.log_text
+    assert "model 'cached' enables response_cache, but the server has no cache" in srv.log_text
+
+
+@pytest.mark.parametrize(("flag", "words"), [("redis,host=x", "only the 'local' cache"),
+                                             ("local,size=0", "must be positive"),
+                                             ("local,bytes=10", "expected local,size=BYTES")])
+def test_cache_config_errors(tmp_path, flag, words):
+    proc = subprocess.run([*nnserve_command(), "serve", "--model-repository", str(tmp_path), "--cache-config",
+                           flag], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and words in proc.stderr
+
+
+# ---- the cache itself ------------------------------------------------------------------------------------------
+def test_keys_cover_names_datatypes_shapes_and_bytes():
+    a = {"x": np.arange(4, dtype=np.float32)}
+    key = request_key("m", "1", a)
+    assert key == request_key("m", "1", {"x": np.arange(4, dtype=np.float32)})
+    assert key != request_key("m", "2", a)
+    assert key != request_key("n", "1", a)
+    assert key != request_key("m", "1", {"y": a["x"]})
+    assert key != request_key("m", "1", {"x": a["x"].reshape(2, 2)})
+    assert key != request_key("m", "1", {"x": a["x"].view(np.int32)})
+    words = {"s": np.array([b"ab", b"c"], np.object_)}
+    assert request_key("m", "1", words) != request_key("m", "1", {"s": np.array([b"a", b"bc"], np.object_)})
+
+
+def test_least_recently_used_entries_go_first():
+    cache = ResponseCache(max_bytes=100)
+    entry = {"y": np.zeros(10, np.float32)}  # 40 bytes
+    assert cache.put(b"a", entry) and cache.put(b"b", entry)
+    assert cache.get(b"a") is not None  # a is now the most recent
+    assert cache.put(b"c", entry)
+    assert cache.get(b"b") is None and cache.get(b"a") is not None and cache.get(b"c") is not None
+    assert cache.used_bytes == 80 and cache.evictions == 1
+    assert not cache.put(b"big", {"y": np.zeros(26, np.float32)})  # larger than the whole cache
+    stored = cache.get(b"a")["y"]
+    assert not stored.flags.writeable
