@@ -141,6 +141,8 @@ def test_load_refuses_symlinks_out_of_the_root(restricted: ServerProcess, model:
     r = httpx.post(url(restricted, f"/v2/repository/models/{model}/load"), headers=dict([ADMIN]), timeout=30)
     assert r.status_code == 400 and words in r.json()["error"], r.text
     r = httpx.get(url(restricted, f"/v2/models/{model}/ready"), timeout=10)
+    assert r.status_code == 400 and r.json()["error"] == "Model version not ready"  # Triton's answer
+    r = httpx.get(url(restricted, f"/v2/models/{model}"), timeout=10)
     assert r.status_code == 404 and "has no available versions" in r.json()["error"]  # Triton's answer
 
 

@@ -129,7 +129,8 @@ def test_the_restricted_api_refuses_before_reading(srv):
     with pytest.raises(InferenceServerException, match="This protocol is restricted"):
         grpcclient.InferenceServerClient(srv.grpc_url).load_model("anon", config=config("anon"), files=FILES)
     r = httpx.get(f"http://{srv.http_url}/v2/models/anon/ready", timeout=10)
-    assert r.status_code == 404
+    assert r.status_code == 400  # not ready: nothing was loaded
+    assert httpx.get(f"http://{srv.http_url}/v2/models/anon", timeout=10).status_code == 404
 
 
 def test_uploaded_files_replace_a_repository_model_for_that_load_only(srv, tmp):
