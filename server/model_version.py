@@ -261,18 +261,23 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
     else:
         scheduler = Scheduler(scheduler_config(config), instances, metrics=hooks)
     ins, outs = cfg.tensor_configs(config)
-    labels = {o.name: read_labels(version_dir.parent, o.label_filename, o.name, name) for o in config.output
-              if o.label_filename}
+    labels = output_labels(config, version_dir.parent, name)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
                         inputs=ins, outputs=outs, max_shapes=shapes, labels=labels)
 
 
 
+def output_labels(config: mc.ModelConfig, model_dir: Path, name: str) -> dict[str, list[str]]:
+    """The label file of each output that names one (the classification extension's labels)."""
+    return {o.name: read_labels(model_dir, o.label_filename, o.name, name) for o in config.output if o.label_filename}
+
+
 def load_ensemble_version(config: mc.ModelConfig, name: str, version: str, steps: list[Step], calls: ModelCalls,
-                          metrics: ServerMetrics | None) -> ModelVersion:
+                          metrics: ServerMetrics | None, model_dir: Path) -> ModelVersion:
     """An ensemble's version: no instances, its steps run by an EnsembleScheduler (started by the repository)."""
     stats = ModelStats(name, version)
     ins, outs = cfg.tensor_configs(config)
     scheduler = EnsembleScheduler(name, steps, [t.name for t in outs], config.max_batch_size > 0, calls,
                                   metrics=VersionMetrics(stats, metrics, name, version))
-    return ModelVersion(name, version, config, [], scheduler, stats, [], 0.0, inputs=ins, outputs=outs)
+    return ModelVersion(name, version, config, [], scheduler, stats, [], 0.0, inputs=ins, outputs=outs,
+                        labels=output_labels(config, model_dir, name))

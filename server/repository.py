@@ -270,7 +270,7 @@ class ModelRepository:
             config.version_policy.latest.num_versions = 1
         entry = ModelEntry(name, config=config, fingerprint=fingerprint(model_dir))
         for v in selected:
-            mv = load_ensemble_version(config, name, str(v), steps, self.calls, self.metrics)
+            mv = load_ensemble_version(config, name, str(v), steps, self.calls, self.metrics, model_dir)
             entry.versions[str(v)] = mv
             if self.metrics is not None:
                 self.metrics.model_loaded(name, str(v), mv.load_seconds, [])

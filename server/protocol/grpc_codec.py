@@ -68,8 +68,14 @@ def decode_request(request: Any) -> InferRequest:
     inputs = msg.inputs
     # raw_input_contents holds, in order, the inputs that are not in shared memory (Triton's rule)
     refs = [_input_shm(t) for t in inputs]
-    if raw and len(raw) != refs.count(None):
-        raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for {refs.count(None)} inputs")
+    if raw:  # Triton checks each input for contents mixed with raw contents before it counts the raw entries
+        mixed = next((t.name for t, shm in zip(inputs, refs, strict=True) if shm is None and t.HasField("contents")),
+                     None)
+        if mixed is not None:
+            raise InvalidArgumentError(f"contents field must not be specified when using raw_input_contents for "
+                                       f"'{mixed}' for model '{msg.model_name[:MAX_NAME_BYTES]}'")  # Triton's words
+        if len(raw) != refs.count(None):
+            raise InvalidArgumentError(f"raw_input_contents has {len(raw)} entries for {refs.count(None)} inputs")
     next_raw = 0
     for t, shm in zip(inputs, refs, strict=True):
         name, datatype, shape = t.name, t.datatype, list(t.shape)
@@ -84,10 +90,7 @@ def decode_request(request: Any) -> InferRequest:
             element_count(shape, name)
             req.inputs.append(InferInput(name, datatype, shape, None, shm))
             continue
-        if raw:
-            if t.HasField("contents"):
-                raise InvalidArgumentError(f"contents field must not be specified when using raw_input_contents for "
-                                           f"'{name}' for model '{model}'")  # Triton's words
+        if raw:  # no input here has contents (checked above)
             data = tensor_from_raw(raw[next_raw], datatype, shape, name)
             next_raw += 1
         else:
