@@ -70,7 +70,7 @@ fixtures:
 
 # The real-world model suite (not part of `make test`: too big). tools/make_realworld.py exports every model into
 # bench/realworld/ once with the dev extra (DEV_PY=... uses another interpreter that has it; delete a model's folder
-# to export it again), then tools/check_realworld.py runs each on nnserve and writes docs/MODELS.md.
+# to export it again), then tools/check_realworld.py runs each on nnserve and writes docs/realworld.md.
 DEV_VENV := .venv-dev
 DEV_PY ?= $(DEV_VENV)/bin/python
 

@@ -26,12 +26,14 @@ if TYPE_CHECKING:  # the names the lazy loader below gives, for type checkers
     from engine.ir.dtypes import DTYPES
     from engine.runtime.instance import Instance, RunTimings
     from engine.runtime.model import Model, TensorSpec, load
+    from engine.runtime.options import EngineOptions
 
 _RUNTIME = {"Instance": "engine.runtime.instance", "RunTimings": "engine.runtime.instance",
             "Model": "engine.runtime.model", "TensorSpec": "engine.runtime.model", "load": "engine.runtime.model",
             "FORMATS": "engine.formats.registry", "Format": "engine.formats.registry",
             "format_of": "engine.formats.registry", "DTYPES": "engine.ir.dtypes",
-            "cuda_device_count": "engine.devices"}
+            "cuda_device_count": "engine.devices",
+            "EngineOptions": "engine.runtime.options"}
 
 
 def __getattr__(name: str):
@@ -45,6 +47,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "DTYPES",
+    "EngineOptions",
     "FORMATS",
     "ArenaOverflowError",
     "EngineError",

@@ -8,6 +8,7 @@ one `error: ...` line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -18,8 +19,12 @@ import numpy as np
 
 from engine.errors import EngineError
 from engine.formats.registry import FORMATS
+from engine.quantize import QuantizeOptions, format_report, quantize
+from engine.quantize.data import Preprocess, load_samples
+from engine.quantize.loading import float_graph
+from engine.quantize.progress import progress_bar
 from engine.runtime.inspect import describe, describe_graph
-from engine.runtime.model import load
+from engine.runtime.model import load, spec_of
 from engine.runtime.options import EngineOptions, environment_options
 
 
@@ -269,14 +274,6 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 # -- quantize ---------------------------------------------------------------------------------------
 def cmd_quantize(args: argparse.Namespace) -> int:
-    import json
-
-    from engine.quantize import QuantizeOptions, format_report, quantize
-    from engine.quantize.data import Preprocess, load_samples
-    from engine.quantize.loading import float_graph
-    from engine.quantize.progress import progress_bar
-    from engine.runtime.model import spec_of
-
     inputs = [spec_of(v) for v in float_graph(args.model).inputs]
     pre = Preprocess(args.mean, args.scale, args.size, args.channels, args.layout)
     samples = load_samples(args.calibration, inputs, pre, args.max_samples)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
@@ -21,6 +22,7 @@ import uvloop
 from fastapi import FastAPI
 from fastapi.responses import Response
 
+import engine
 from server import settings as defaults
 from server.dataplane import DataPlane
 from server.errors import ListenError
@@ -84,7 +86,8 @@ class NNServer:
         self.grpc_restrictions = parse_restrictions(s.grpc_restricted_protocol, "--grpc-restricted-protocol")
         self.metrics = ServerMetrics()
         self.repository = ModelRepository(s.model_repository, control_mode=s.model_control_mode,
-                                          default_max_batch_size=s.default_max_batch_size, metrics=self.metrics)
+                                          default_max_batch_size=s.default_max_batch_size, metrics=self.metrics,
+                                          load_fn=functools.partial(engine.load, options=s.engine_options))
         self.dp = DataPlane(self.repository, self.metrics, strict_readiness=s.strict_readiness, name=s.server_name,
                             log_tensors=s.log_verbose >= 2,
                             shared_memory=SystemSharedMemory(allowed=s.allow_client_shm),

@@ -22,8 +22,8 @@ import numpy as np
 
 from engine import RunTimings
 
-__all__ = ["BackendInstance", "BackendModel", "ClosableInstance", "RequestContext", "RequestsInstance", "ResponseSink",
-           "RunTimings", "SequenceFlags", "TensorSpec"]
+__all__ = ["BackendInstance", "BackendModel", "ClosableInstance", "OpProfile", "ProfilingInstance", "RequestContext",
+           "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags", "TensorSpec"]
 
 
 class TensorSpec(Protocol):
@@ -63,9 +63,6 @@ class BackendInstance(Protocol):
     def run_timed(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunTimings]:
         """Runs the model on `inputs`; the outputs are the caller's (nothing of them is reused by a later run)."""
 
-    # Optional (the engine's Instance has them; the data plane refuses profiling for a backend without them):
-    # start_profile() -> Profile, stop_profile() -> Profile | None and the `profile` being collected
-    # (engine/runtime/profile.py: merge, as_dict, table).
 
 
 class BackendModel(Protocol):
@@ -124,6 +121,29 @@ class RequestsInstance(BackendInstance, Protocol):
                      ) -> tuple[list[dict[str, np.ndarray] | Exception], RunTimings]:
         """Each request's outputs (or the error that fails that request alone), in order, and the run's phases. A
         decoupled model's outputs go to its requests' ResponseSinks instead (the lists are then empty)."""
+
+
+class OpProfile(Protocol):
+    """Time per node and per op kind over the runs of a profiling window (the engine's, engine/runtime/profile.py)."""
+
+    def merge(self, other: OpProfile) -> OpProfile: ...
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+    def table(self, top: int | None = 20) -> str: ...
+
+
+@runtime_checkable
+class ProfilingInstance(Protocol):
+    """An instance that can time each node of the runs that follow (the engine's; the data plane refuses profiling
+    for one that cannot)."""
+
+    @property
+    def profile(self) -> OpProfile | None: ...
+
+    def start_profile(self) -> OpProfile: ...
+
+    def stop_profile(self) -> OpProfile | None: ...
 
 
 @runtime_checkable

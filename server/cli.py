@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
+import engine
 from engine.cli import DefaultsHelpFormatter, add_engine_commands, exit_quietly_on_broken_pipe, parse_shape
 from server import settings as defaults
 from server.logging_setup import LOG_FORMATS, setup_logging
@@ -140,6 +141,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         model_control_mode=args.model_control_mode, load_models=list(args.load_model),
         repository_poll_secs=args.repository_poll_secs, exit_timeout_secs=args.exit_timeout_secs,
         exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, server_name=args.server_name,
+        engine_options=engine.EngineOptions.from_env(environ),
         default_max_batch_size=max_batch, http_max_input_bytes=args.http_max_input_size,
         grpc_max_message_bytes=args.grpc_max_message_size, drain_delay_secs=args.drain_delay_secs,
         http_max_body_bytes=args.http_max_body_size, http_max_header_bytes=args.http_max_header_size,

@@ -17,7 +17,7 @@ import numpy as np
 from engine import EngineError, ShapeError
 from server import request_extensions as rx
 from server import settings as defaults
-from server.backend import RequestContext
+from server.backend import OpProfile, ProfilingInstance, RequestContext
 from server.config import config_to_dict
 from server.datatypes import numpy_to_wire
 from server.errors import (
@@ -146,14 +146,16 @@ class DataPlane:
         mv = self.repository.get(name, version)
         if action not in ("", "start", "stop"):
             raise InvalidArgumentError(f"profile action must be 'start' or 'stop', got {action!r}")
-        if not all(hasattr(i, "start_profile") for i in mv.instances):
+        instances = [i for i in mv.instances if isinstance(i, ProfilingInstance)]
+        if len(instances) != len(mv.instances):
             raise InvalidArgumentError(f"model '{name}' runs on a backend without per-op profiling")
+        profiles: list[OpProfile | None]
         if action == "start":
-            profiles = [i.start_profile() for i in mv.instances]
+            profiles = [i.start_profile() for i in instances]
         elif action == "stop":
-            profiles = [i.stop_profile() for i in mv.instances]
+            profiles = [i.stop_profile() for i in instances]
         else:
-            profiles = [i.profile for i in mv.instances]
+            profiles = [i.profile for i in instances]
         collected = [p for p in profiles if p is not None]
         profiling = action != "stop" and bool(collected)
         doc: dict[str, Any] = {"name": mv.name, "version": mv.version, "profiling": profiling}

@@ -8,6 +8,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine import EngineOptions
 
 SERVER_NAME = "nnserve"
 SERVER_VERSION = "0.1.0"
@@ -115,6 +119,8 @@ class ServerSettings:
     exit_timeout_secs: float = EXIT_TIMEOUT_SECS
     strict_readiness: bool = True
     server_name: str = SERVER_NAME  # the server metadata's name
+    engine_options: EngineOptions | None = None  # the engine's NNSERVE_* settings, read with the rest (None: the
+    # engine reads the environment when it makes an instance; for settings built without the CLI, in tests)
     exit_on_error: bool = True
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     http_max_input_bytes: int = HTTP_MAX_INPUT_BYTES

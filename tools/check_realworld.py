@@ -1,11 +1,11 @@
-"""Run the real-world model suite (tools/make_realworld.py's exports) on nnserve and write docs/MODELS.md.
+"""Run the real-world model suite (tools/make_realworld.py's exports) on nnserve and write docs/realworld.md.
 
 Every model is loaded and run in its own process (a crash or a hang is recorded, not fatal), at its export
 shape, and a dynamic variant at each of its cases on one instance sized once for its max shapes (the arena must be
 the same buffer after every case). Outputs are compared with torch's: max abs error and max rel error (abs error
 over the output's largest magnitude); rel err <= 1e-3 is `ok`. Time per run is the median over repeated runs.
 
-    python tools/check_realworld.py                          # bench/realworld/ -> docs/MODELS.md
+    python tools/check_realworld.py                          # bench/realworld/ -> docs/realworld.md
     python tools/check_realworld.py --root DIR --doc FILE bert swin
 """
 
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="only these models")
     parser.add_argument("--root", type=Path, default=REPO / "bench" / "realworld", help="the suite's exports")
-    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "MODELS.md", help="the report to write")
+    parser.add_argument("--doc", type=Path, default=REPO / "docs" / "realworld.md", help="the report to write")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per model")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child process: one folder, JSON out
     args = parser.parse_args(argv)

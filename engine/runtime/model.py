@@ -28,9 +28,10 @@ class TensorSpec:
 
 
 class Model:
-    def __init__(self, graph: Graph, path: str | Path | None = None):
+    def __init__(self, graph: Graph, path: str | Path | None = None, options: EngineOptions | None = None):
         self.graph = graph
         self.path = str(path or graph.path)
+        self.options = options  # its instances' settings unless one is given its own (None: the environment's)
         self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs]
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
 
@@ -47,9 +48,11 @@ class Model:
 
         `threads` sets the CPU kernel and BLAS thread count while this instance runs (default: the
         NNSERVE_NUM_THREADS setting, else the CPUs the process's affinity and cgroup quota allow). `options`
-        are the engine's settings (default: the environment's, engine/runtime/options.py).
+        are the engine's settings (default: the model's, from `load`, else the environment's,
+        engine/runtime/options.py).
         """
-        return Instance(self.graph, device=device, max_shapes=max_shapes, threads=threads, options=options)
+        return Instance(self.graph, device=device, max_shapes=max_shapes, threads=threads,
+                        options=options if options is not None else self.options)
 
     def __repr__(self) -> str:
         return f"Model({self.path!r}, inputs={self.inputs}, outputs={self.outputs})"
@@ -60,10 +63,12 @@ def spec_of(v: Value) -> TensorSpec:
     return TensorSpec(v.name, np.dtype(v.dtype if v.dtype is not None else np.float32), shape)
 
 
-def load(path: str | Path) -> Model:
-    """Reads a .pnnx.param or .tnnproto model (weights beside it), lowers and optimizes it."""
+def load(path: str | Path, options: EngineOptions | None = None) -> Model:
+    """Reads a .pnnx.param or .tnnproto model (weights beside it), lowers and optimizes it. `options`: the
+    settings its instances take (None: the environment's, read when an instance is made); a caller that reads
+    its settings once (the server) passes them here."""
     graph = read_graph(path)
     check_supported(graph)  # every unknown format op at once, before lowering stops at the first
     graph = prepare(graph)
     check_supported(graph)
-    return Model(graph, path)
+    return Model(graph, path, options)

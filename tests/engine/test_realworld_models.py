@@ -7,7 +7,7 @@ A model nnserve cannot run today is listed in KNOWN with the error it gets; its 
 only while that error is raised, so fixing the op turns the test red until its entry here is removed. A model that
 pnnx itself exports wrongly is listed in PNNX_BROKEN: refusing it at load is the right answer, and its test
 expects that refusal.
-`make realworld` runs the whole suite, large models included, and writes docs/MODELS.md.
+`make realworld` runs the whole suite, large models included, and writes docs/realworld.md.
 """
 
 from __future__ import annotations

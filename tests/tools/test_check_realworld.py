@@ -1,6 +1,6 @@
 """tools/check_realworld.py (what `make realworld` runs) tells the statuses apart and reports them: a model that
 matches torch is `ok`, a changed golden is `wrong`, an unknown op is `refused` under that op's name, an export
-pnnx could not make is `export failed`; docs/MODELS.md's table and groups say so."""
+pnnx could not make is `export failed`; docs/realworld.md's table and groups say so."""
 
 from __future__ import annotations
 
