@@ -10,8 +10,10 @@ from typing import TextIO
 WIDTH = 30
 
 
-def progress_bar(stream: TextIO = sys.stderr) -> Callable[[str, int], Callable[[], None]]:
-    """progress(label, total) -> step(): call step() after each item."""
+def progress_bar(stream: TextIO | None = None) -> Callable[[str, int], Callable[[], None]]:
+    """progress(label, total) -> step(): call step() after each item. `stream`: sys.stderr as it is when called
+    (not when this module was imported: a redirected stderr is the one written to)."""
+    stream = sys.stderr if stream is None else stream
     tty = stream.isatty()
 
     def start(label: str, total: int) -> Callable[[], None]:
