@@ -100,7 +100,7 @@ def _named_files(config: mc.ModelConfig, name: str) -> tuple[str, str, str]:
     if Path(filename).name != filename or filename in (".", ".."):
         raise ModelLoadError(f"model '{name}': default_model_filename '{filename}' must be a file name in the version "
                              "directory, without a path")
-    fmt = next((f for f in engine.FORMATS.values() if filename.endswith(f.graph_suffix)), None)
+    fmt = engine.format_of(filename)
     if fmt is None:
         suffixes = ", ".join(f.graph_suffix for f in engine.FORMATS.values())
         raise ModelLoadError(f"model '{name}': default_model_filename '{filename}' must end in one of {suffixes} "

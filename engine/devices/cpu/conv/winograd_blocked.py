@@ -1,7 +1,7 @@
 """Winograd F(4x4, 3x3) and F(2x2, 3x3) for ConvBlocked: dense 3x3 stride-1 convolutions with both sides blocked.
 
-Per chunk of output tiles: the input transform (_winograd_simd's vector code, or the scalar numba kernels of
-_winograd_blocked_kernels for blocks that are not a multiple of 8 lanes) writes v (36, tiles, C), one
+Per chunk of output tiles: the input transform (winograd_simd's vector code, or the scalar numba kernels of
+winograd_blocked_loops for blocks that are not a multiple of 8 lanes) writes v (36, tiles, C), one
 oneDNN matmul with a batch of 36 multiplies it by the transformed filters U (36, C, K) into m (36, tiles, K),
 and the output transform writes act(A^T m A + bias + z) into the blocked output. 36 * C * K multiply-adds per
 16 outputs instead of 144 * C * K: 4x fewer than the direct kernel, for transforms that cost memory traffic.
@@ -32,7 +32,7 @@ from engine.devices.cpu.threads import get_threads, parallel_for
 from engine.ops.conv_geometry import ConvGeom
 
 CHUNK_BYTES = 4 << 20
-VECTOR_TRANSFORMS = True  # _winograd_simd where the block allows; False keeps the scalar kernels (tests both)
+VECTOR_TRANSFORMS = True  # winograd_simd where the block allows; False keeps the scalar kernels (tests both)
 MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
 SMALL_MIN_CHANNELS = 256  # F(2x2) for maps too small for F(4x4)'s tiles (see choose)
 _G = {4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],

@@ -1,4 +1,4 @@
-"""numba transforms of Winograd F(4x4, 3x3) on blocked values (nChw{B}c), for _conv_winograd_blocked.
+"""numba transforms of Winograd F(4x4, 3x3) on blocked values (nChw{B}c), for winograd_blocked.
 
 With d a 6x6 input patch and g a 3x3 filter, one 4x4 output tile is  A^T [(G g G^T) * (B^T d B)] A  (Lavin &
 Gray, 2015) with

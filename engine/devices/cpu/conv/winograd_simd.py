@@ -1,7 +1,7 @@
 """Winograd F(4x4, 3x3) and F(2x2, 3x3) transforms of whole tiles as 8-float vector code, for
-_conv_winograd_blocked.
+winograd_blocked.
 
-numba compiles the lane loops of _winograd_blocked_kernels to mostly scalar code (its input transform held 154
+numba compiles the lane loops of winograd_blocked_loops to mostly scalar code (its input transform held 154
 scalar and 35 vector float instructions): it cannot prove the patch buffers, x and v apart, so LLVM does not
 vectorise the 8 lanes of a blocked pixel. The two intrinsics here emit one tile's transform directly as LLVM
 <8 x float> loads, arithmetic and stores: 36 vectors in, 36 (input side) or 16 (output side) out, each lane an
@@ -203,7 +203,7 @@ def _corner(tile, tiles_h, tiles_w, m):
 
 @njit(nogil=True, cache=True)
 def input_transform(x, v, tile, t0, t1, tiles_h, tiles_w, pt, pl, slices, lo, hi):
-    """As _winograd_blocked_kernels.input_transform, for output tiles of `tile` x `tile` (4 or 2) and blocks that are a
+    """As winograd_blocked_loops.input_transform, for output tiles of `tile` x `tile` (4 or 2) and blocks that are a
     multiple of 8 lanes: v (alpha^2, tiles, C) with alpha = tile + 2."""
     cbs, h_n, w_n, b = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
     v_step, chans, alpha = v.shape[1] * v.shape[2], v.shape[2], tile + 2
@@ -237,7 +237,7 @@ def input_transform(x, v, tile, t0, t1, tiles_h, tiles_w, pt, pl, slices, lo, hi
 
 @njit(nogil=True, cache=True)
 def output_transform(m, y, z, has_z, bias, act, lo_clip, hi_clip, tile, t0, t1, tiles_h, tiles_w, slices, lo, hi):
-    """As _winograd_blocked_kernels.output_transform, for output tiles of `tile` x `tile` (4 or 2) and blocks
+    """As winograd_blocked_loops.output_transform, for output tiles of `tile` x `tile` (4 or 2) and blocks
     that are a multiple of 8 lanes."""
     kbs, oh, ow, b = y.shape[1], y.shape[2], y.shape[3], y.shape[4]
     m_step, chans = m.shape[1] * m.shape[2], m.shape[2]

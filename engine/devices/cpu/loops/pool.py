@@ -10,7 +10,7 @@ from numba import njit
 
 
 # Row-at-a-time loops over range() counters and separate unit-stride / strided slices, so numba vectorises
-# them (see the note in _conv_kernels.py).
+# them (see the note in conv/loops.py).
 @njit(nogil=True, cache=True, inline="always")
 def _add_into(dst, src_row, lo, hi, step, off):
     if step == 1:

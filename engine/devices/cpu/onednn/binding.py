@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import sys
 import threading
@@ -20,6 +21,8 @@ from pathlib import Path
 from engine.devices.cpu.options import DEFAULT_SPIN_US
 from engine.devices.cpu.threads import gomp_spincount
 from engine.errors import KernelError
+
+log = logging.getLogger("engine.devices.cpu")
 
 SONAME = "libdnnl.so.3"
 
@@ -133,6 +136,9 @@ def load(spin_us: int = DEFAULT_SPIN_US) -> ctypes.CDLL | None:
     with _lock:
         if not _loaded:
             LIB, _loaded = _open(spin_us), True
+            if LIB is None:  # said once: every convolution, matmul and pool then takes the slower numba paths
+                log.warning("oneDNN (%s) was not found: the CPU kernels run without it, slower (install the onednn "
+                            "wheel nnserve depends on, or set NNSERVE_ONEDNN=0 to choose this)", SONAME)
     return LIB
 
 
