@@ -75,7 +75,8 @@ def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if node.op_type == "PRelu":
         if "slope" not in node.attrs:
             raise ShapeError(f"{node.where()}: PRelu needs a 'slope' attr")
-        prelu_slope(node, np.empty(ins[0].shape, np.uint8))
+        # a view of the input's shape that holds no memory: the shape comes from the file and may be huge
+        prelu_slope(node, np.broadcast_to(np.uint8(0), ins[0].shape))
     return [TensorInfo(ins[0].shape, ins[0].dtype)]
 
 

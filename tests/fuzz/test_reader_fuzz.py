@@ -139,3 +139,11 @@ SEPARATOR = b"\n#--weights--#\n"  # as in fuzz_readers.py
 def test_fuzzer_findings(tmp_path, path):
     graph, _, weights = path.read_bytes().partition(SEPARATOR)
     assert bounded_check(path.parent.name, tmp_path, graph, weights) != "ok"
+
+
+def test_a_huge_declared_input_allocates_nothing(tmp_path):
+    """Found by the fuzzer: a TNN input declared with batch 2**31-1 made PRelu's shape check allocate an array of the
+    input's shape (2.2 TiB, which only overcommit let pass). A shape from a file is checked, never allocated."""
+    line = b'"in0 4 1 8 12 12 0 ,"'
+    graph, weights = next((g, w) for _, g, w in SEEDS["tnn"] if line in g and b"PReLU" in g)
+    bounded_check("tnn", tmp_path, graph.replace(line, b'"in0 4 2147483647 8 12 12 0 ,"'), weights)
