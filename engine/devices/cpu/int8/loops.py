@@ -136,34 +136,39 @@ def epilogue_terms(o: int, act: int, fusion: int, relu6_max: np.ndarray) -> tupl
     return low, top, floor, add1, add2
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _accumulate(x, w, acc, k, c0, n, oy, ox, geo):
+    """`acc` plus output (n, oy, ox)'s int32 sum over weight row k, input channels from c0 (padding skipped)."""
+    h_n, w_n = x.shape[1], x.shape[2]
+    _, kh, kw, icg = w.shape
+    sh, sw, dh, dw, pt, pl = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    for i in range(kh):
+        iy = oy * sh - pt + i * dh
+        if iy < 0 or iy >= h_n:
+            continue
+        for j in range(kw):
+            ix = ox * sw - pl + j * dw
+            if ix < 0 or ix >= w_n:
+                continue
+            for c in range(icg):
+                acc += np.int32(w[k, i, j, c]) * np.int32(x[n, iy, ix, c0 + c])
+    return acc
+
+
 @njit(nogil=True, cache=True)
 def conv_channels(x, w, bias, scale, z, add_scale, relu6_max, act, fusion, chans, geo, out, lo, hi):
     """Direct int8 convolution of the output channels `chans` only, on NHWC: x (N, H, W, C), w (len(chans), kh,
     kw, C/g) their weights, out (N, OH, OW, O), z like out when fused; geo = (sh, sw, dh, dw, pt, pl, groups).
     Exact int32 sums and the reference's requantization; items (n, oy)."""
-    h_n, w_n = x.shape[1], x.shape[2]
-    _, kh, kw, icg = w.shape
-    o_n = out.shape[3]
+    icg = w.shape[3]
     oh_n, ow_n = out.shape[1], out.shape[2]
-    sh, sw, dh, dw, pt, pl, groups = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
-    opg = o_n // groups
+    opg = out.shape[3] // geo[6]  # output channels per group
     for item in range(lo, hi):
         n, oy = item // oh_n, item % oh_n
         for ox in range(ow_n):
             for k in range(chans.shape[0]):
                 o = chans[k]
-                c0 = (o // opg) * icg
-                acc = np.int32(bias[o])
-                for i in range(kh):
-                    iy = oy * sh - pt + i * dh
-                    if iy < 0 or iy >= h_n:
-                        continue
-                    for j in range(kw):
-                        ix = ox * sw - pl + j * dw
-                        if ix < 0 or ix >= w_n:
-                            continue
-                        for c in range(icg):
-                            acc += np.int32(w[k, i, j, c]) * np.int32(x[n, iy, ix, c0 + c])
+                acc = _accumulate(x, w, np.int32(bias[o]), k, (o // opg) * icg, n, oy, ox, geo)
                 zv = z[n, oy, ox, o] if fusion else np.int8(0)
                 out[n, oy, ox, o] = requantize_one(acc, scale[o], zv, add_scale[o], relu6_max[o], act, fusion)
 
@@ -173,12 +178,9 @@ def fix_suspects(x, w, bias, scale, relu6_max, act, chans, table, geo, out, lo, 
     """Recomputes exactly (as conv_channels, w the rows of `chans`) the outputs of channels `chans` whose int8
     value oneDNN wrote is marked in their row of `table` (q + 128): where its rounding may differ from TNN's;
     items (n, oy)."""
-    h_n, w_n = x.shape[1], x.shape[2]
-    _, kh, kw, icg = w.shape
-    o_n = out.shape[3]
+    icg = w.shape[3]
     oh_n, ow_n = out.shape[1], out.shape[2]
-    sh, sw, dh, dw, pt, pl, groups = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
-    opg = o_n // groups
+    opg = out.shape[3] // geo[6]  # output channels per group
     for item in range(lo, hi):
         n, oy = item // oh_n, item % oh_n
         for ox in range(ow_n):
@@ -186,16 +188,5 @@ def fix_suspects(x, w, bias, scale, relu6_max, act, chans, table, geo, out, lo, 
                 o = chans[k]
                 if not table[k, np.int32(out[n, oy, ox, o]) + 128]:
                     continue
-                c0 = (o // opg) * icg
-                acc = np.int32(bias[o])
-                for i in range(kh):
-                    iy = oy * sh - pt + i * dh
-                    if iy < 0 or iy >= h_n:
-                        continue
-                    for j in range(kw):
-                        ix = ox * sw - pl + j * dw
-                        if ix < 0 or ix >= w_n:
-                            continue
-                        for c in range(icg):
-                            acc += np.int32(w[k, i, j, c]) * np.int32(x[n, iy, ix, c0 + c])
+                acc = _accumulate(x, w, np.int32(bias[o]), k, (o // opg) * icg, n, oy, ox, geo)
                 out[n, oy, ox, o] = requantize_one(acc, scale[o], np.int8(0), ZERO, relu6_max[o], act, 0)
