@@ -33,7 +33,11 @@ HONOURED: dict[str, frozenset[str]] = {
     "ModelConfig": frozenset({"name", "platform", "backend", "version_policy", "max_batch_size", "input", "output",
                               "dynamic_batching", "instance_group", "default_model_filename", "parameters",
                               "model_warmup", "model_transaction_policy", "response_cache", "ensemble_scheduling",
-                              "sequence_batching"}),
+                              "sequence_batching", "optimization"}),
+    # Pinned host buffers are a GPU-copy setting with no effect on results; Triton's own config answer holds them
+    # (enable: true), so a config saved from Triton loads. Every other optimization field is the engine's own.
+    "ModelOptimizationPolicy": frozenset({"input_pinned_memory", "output_pinned_memory"}),
+    "ModelOptimizationPolicy.PinnedMemoryBuffer": frozenset({"enable"}),
     # Triton's sequence batcher (server/sequence_batching.py, server/scheduling/sequence.py).
     "ModelSequenceBatching": frozenset({"direct", "oldest", "max_sequence_idle_microseconds", "control_input",
                                         "state"}),
@@ -81,7 +85,8 @@ REASONS: dict[tuple[str, str] | str, str] = {
     ("ModelSequenceBatching.State", "use_same_buffer_for_input_output"): "not supported: a state is copied between "
                                                                          "requests",
     ("ModelSequenceBatching.State", "use_growable_memory"): "not supported: a state is copied between requests",
-    ("ModelConfig", "optimization"): _ENGINE_OWN,
+    **{("ModelOptimizationPolicy", f): _ENGINE_OWN for f in ("graph", "priority", "cuda", "execution_accelerators",
+                                                             "gather_kernel_buffer_threshold", "eager_batching")},
     ("ModelConfig", "batch_input"): "ragged batching is not supported",
     ("ModelConfig", "batch_output"): "ragged batching is not supported",
     ("ModelConfig", "cc_model_filenames"): "not supported: there are no per-compute-capability model files; use "

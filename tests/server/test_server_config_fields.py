@@ -46,7 +46,9 @@ REFUSED = [
      "parameters['EXECUTION_ENV_PATH']: custom execution environments are not supported"),
     ("optimization { execution_accelerators { cpu_execution_accelerator [ { name: \"openvino\" } ] } }",
      "optimization.execution_accelerators.cpu_execution_accelerator: not supported: the engine plans"),
-    ("optimization { input_pinned_memory { enable: true } }", "optimization.input_pinned_memory.enable"),
+    ("optimization { cuda { graphs: true } }", "optimization.cuda.graphs: not supported: the engine plans"),
+    ("optimization { priority: PRIORITY_MAX }", "optimization.priority: not supported: the engine plans"),
+    ("optimization { eager_batching: true }", "optimization.eager_batching"),
     ("optimization { graph { level: 1 } }", "optimization.graph.level"),
     ("model_transaction_policy { decoupled: true }", "model_transaction_policy.decoupled: decoupled models"),
     ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "x" } ]',
@@ -80,6 +82,8 @@ ACCEPTED = [
     'output [ { name: "out0" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "labels.txt" } ]',  # classification
     "model_transaction_policy { decoupled: false }",
     "optimization { }",
+    # Triton's own config answer holds these (its defaults): a config saved from a Triton server loads
+    "optimization { input_pinned_memory { enable: true } output_pinned_memory { enable: true } }",
     'instance_group [ { name: "cpu_pool" count: 2 kind: KIND_CPU } ]',
     "version_policy { all { } }",
     'parameters { key: "max_shape:in0" value { string_value: "4" } }',
@@ -250,7 +254,7 @@ def test_triton_configs_on_a_running_server(tmp_path):
                "cached": AFFINE_CONFIG + "response_cache { enable: true }\n",
                "stateful": AFFINE_CONFIG.replace("dynamic_batching { max_queue_delay_microseconds: 20000 }",
                                                  "sequence_batching { iterative_sequence: true }"),
-               "tuned": AFFINE_CONFIG + "optimization { input_pinned_memory { enable: true } }\n",
+               "tuned": AFFINE_CONFIG + "optimization { graph { level: 1 } }\n",
                "named": AFFINE_CONFIG + 'default_model_filename: "affine_v7.pnnx.param"\n'}
     repo = make_repository(tmp_path / "repo", configs)
     for f in (repo / "named" / "1").iterdir():
@@ -260,7 +264,7 @@ def test_triton_configs_on_a_running_server(tmp_path):
     try:
         for model, words in (("onnx", 'backend "onnxruntime" is not a backend nnserve has'),
                              ("stateful", "sequence_batching.iterative_sequence: iterative sequences"),
-                             ("tuned", "optimization.input_pinned_memory.enable")):
+                             ("tuned", "optimization.graph.level")):
             r = httpx.post(f"{url}/v2/repository/models/{model}/load", timeout=60)
             assert r.status_code == 400 and words in r.json()["error"], r.text
             assert f"model '{model}'" in r.json()["error"]
