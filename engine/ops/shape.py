@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -151,6 +152,13 @@ def _infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return with_value(node, ins, [out], _reference)
 
 
+def float_to_int_cast(x_dtype: np.dtype, node: Node) -> bool:
+    """A float-to-integer Cast: NaN, infinities and out-of-range values become what the CPU's conversion gives
+    (INT64_MIN on x86), as in torch, without numpy's warning. Exports rely on it: T5's relative-position buckets
+    take log(0) = -inf to int64 and then mask those entries out with a where."""
+    return np.dtype(x_dtype).kind == "f" and _dtype(node, x_dtype).kind in "iu"
+
+
 def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     x, op = np.asarray(arrays[0]), node.op_type
     infos = [TensorInfo(tuple(a.shape), a.dtype, np.asarray(a)) for a in arrays]
@@ -161,7 +169,8 @@ def _reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     elif op == "Tile":
         y = np.tile(x, tile_reps(node, x.ndim))
     elif op == "Cast":
-        y = x.astype(_dtype(node, x.dtype))
+        with np.errstate(invalid="ignore") if float_to_int_cast(x.dtype, node) else nullcontext():
+            y = x.astype(_dtype(node, x.dtype))
     else:
         y = x.reshape(_SHAPES[op](node, infos))
     return [np.array(y, copy=True)]

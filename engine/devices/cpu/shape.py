@@ -9,12 +9,13 @@ import numpy as np
 from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
-from engine.ops.shape import shape_slice, tile_reps, transpose_perm
+from engine.ops.shape import float_to_int_cast, shape_slice, tile_reps, transpose_perm
 
 
 def _copy_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     op = node.op_type
     perm = transpose_perm(node, len(ins[0].shape)) if op == "Transpose" else None  # the rank is fixed for an instance
+    float_to_int = op == "Cast" and float_to_int_cast(ins[0].dtype, node)
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
@@ -26,6 +27,9 @@ def _copy_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
             # out viewed as (r0, d0, r1, d1, ...) receives x broadcast over the repeat axes: no temporary
             np.copyto(out.reshape([v for r, d in zip(reps, xs, strict=True) for v in (r, d)]),
                       x.reshape([v for d in xs for v in (1, d)]))
+        elif float_to_int:
+            with np.errstate(invalid="ignore"):  # see float_to_int_cast
+                np.copyto(out, x, casting="unsafe")
         else:  # Expand broadcasts x into out; Cast and Identity convert or copy
             np.copyto(out, x, casting="unsafe")
     return run
