@@ -38,6 +38,8 @@ PRIM_KEPT = ["prim::ListConstruct", "prim::ListUnpack", "prim::TupleConstruct", 
 ATEN_KEPT = {
     "aten::_transformer_encoder_layer_fwd": "torch's fused nn.TransformerEncoderLayer (eval fast path)",
     "aten::addcmul": "ConvNeXt-V2's GRN (issue 18)",
+    "aten::meshgrid": "the anchor grids of ultralytics' YOLO heads in a dynamic export (issue 18)",
+    "aten::new_full": "the stride tensors of ultralytics' YOLO heads in a dynamic export (issue 18)",
 }
 PNNX_GROUPS = [
     ("nn", "nn modules: pass_level1/nn_*.cpp (a traced module kept whole), pass_level5 fusions"),
