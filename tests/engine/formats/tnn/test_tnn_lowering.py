@@ -231,3 +231,43 @@ def test_topk_with_k_0_is_a_format_error_with_line(tmp_path):
     with pytest.raises(ModelFormatError, match="k=0") as e:
         tnn_model(tmp_path, IN4, ["TopK t 1 2 x v i 1 1 1 0"], "v i")
     assert e.value.line == 6
+
+
+def naive_reorg(x: np.ndarray, stride: int, forward: int, mode: int) -> np.ndarray:
+    """TNN's NaiveReorg (utils/naive_compute.cc), loop for loop: (width, height, channel) are the input's dims when
+    forward, the output's otherwise."""
+    n, c, h, w = x.shape
+    if forward:
+        out = np.zeros((n, c // stride**2, h * stride, w * stride), x.dtype)
+        dims = (c, h, w)
+    else:
+        out = np.zeros((n, c * stride**2, h // stride, w // stride), x.dtype)
+        dims = out.shape[1:]
+    channel, height, width = dims
+    out_c = channel // (stride * stride)
+    big, small = (out, x) if forward else (x, out)
+    for b, ch, hh, ww in np.ndindex(n, channel, height, width):
+        c2, offset = (ch % out_c, ch // out_c) if mode == 0 else (ch // (stride * stride), ch % (stride * stride))
+        h2, w2 = hh * stride + offset // stride, ww * stride + offset % stride
+        if forward:
+            big[b, c2, h2, w2] = small[b, ch, hh, ww]
+        else:
+            small[b, ch, hh, ww] = big[b, c2, h2, w2]
+    return out
+
+
+@pytest.mark.parametrize("forward", [1, 0])
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("stride", [2, 3])
+def test_reorg_matches_tnns_naive_loops(tmp_path, forward, mode, stride):
+    shape = (2, 2 * stride * stride, 2, 3) if forward else (2, 2, 2 * stride, 3 * stride)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    model = tnn_model(tmp_path, "x 4 " + " ".join(map(str, shape)) + " 0", [f"Reorg r 1 1 x y {stride} {forward} 0 "
+                                                                          f"{mode}"], "y")
+    np.testing.assert_array_equal(run1(model, x), naive_reorg(x, stride, forward, mode))
+
+
+def test_reorg_with_an_unknown_mode_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="mode=2") as e:
+        tnn_model(tmp_path, IN4, ["Reorg r 1 1 x y 2 1 0 2"], "y")
+    assert e.value.line == 6
