@@ -127,8 +127,8 @@ def test_reshape_shape_from_constant_map_and_inner_product_keeps_rank(tmp_path):
 
 def test_layer_without_lowering_names_type_and_line(tmp_path):
     with pytest.raises(UnsupportedOpError) as e:
-        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "LRN l 1 1 t y 1 0.75 1 5"], "y")
-    assert "LRN" in str(e.value) and "m.tnnproto:7" in str(e.value)
+        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "Einsum l 1 1 t y"], "y")
+    assert "Einsum" in str(e.value) and "m.tnnproto:7" in str(e.value)
 
 
 def test_missing_resource_is_a_format_error_with_line(tmp_path):
@@ -270,4 +270,28 @@ def test_reorg_matches_tnns_naive_loops(tmp_path, forward, mode, stride):
 def test_reorg_with_an_unknown_mode_is_a_format_error_with_line(tmp_path):
     with pytest.raises(ModelFormatError, match="mode=2") as e:
         tnn_model(tmp_path, IN4, ["Reorg r 1 1 x y 2 1 0 2"], "y")
+    assert e.value.line == 6
+
+
+def naive_lrn(x: np.ndarray, alpha: float, beta: float, bias: float, size: int) -> np.ndarray:
+    """TNN's CpuLRNLayerAcc, loop for loop (its integer (size - 1) / 2 included)."""
+    x = x.astype(np.float64)
+    square = np.zeros_like(x)
+    n, channel = x.shape[:2]
+    for b, ch in np.ndindex(n, channel):
+        for i in range(max(0, ch - (size - 1) // 2), min(channel, ch + (size - 1) // 2 + 1)):
+            square[b, ch] += x[b, i] ** 2
+    return x / (bias + (alpha / size) * square) ** beta
+
+
+@pytest.mark.parametrize("alpha, beta, bias, size", [(1e-4, 0.75, 1.0, 5), (0.5, 0.5, 2.0, 3), (2.0, 1.0, 1.0, 1)])
+def test_lrn_matches_tnns_loops(tmp_path, alpha, beta, bias, size):
+    x = X4 * 3
+    model = tnn_model(tmp_path, IN4, [f"LRN l 1 1 x y {alpha} {beta} {bias} {size}"], "y")
+    np.testing.assert_allclose(run1(model, x), naive_lrn(x, alpha, beta, bias, size), rtol=1e-5, atol=1e-6)
+
+
+def test_lrn_of_an_even_size_is_refused_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="even size") as e:
+        tnn_model(tmp_path, IN4, ["LRN l 1 1 x y 0.0001 0.75 1 4"], "y")
     assert e.value.line == 6
