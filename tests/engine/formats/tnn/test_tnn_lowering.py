@@ -295,3 +295,12 @@ def test_lrn_of_an_even_size_is_refused_with_line(tmp_path):
     with pytest.raises(ModelFormatError, match="even size") as e:
         tnn_model(tmp_path, IN4, ["LRN l 1 1 x y 0.0001 0.75 1 4"], "y")
     assert e.value.line == 6
+
+
+def test_size_is_the_element_count_as_one_int32(tmp_path):
+    layers = ["Size s 1 1 x n", "Cast c 1 1 n f 0", "Add a 2 1 x f y"]  # the count, as a float, added to x
+    got = run1(tnn_model(tmp_path, IN4, layers, "y"), X4)
+    np.testing.assert_allclose(got, X4 + X4.size, rtol=1e-6)
+    model = tnn_model(tmp_path, IN4, ["Size s 1 1 x y"], "y")
+    out = run1(model, X4)
+    assert out.dtype == np.int32 and out.tolist() == [X4.size]
