@@ -346,6 +346,26 @@ class RepeatQueries(nn.Module):  # DETR's object queries: a parameter repeated t
         return x + self.q.repeat(x.shape[0], 1, 1), self.q.repeat(x.shape[0], 2, 1)
 
 
+class Meshgrids(nn.Module):  # torch.meshgrid in a dynamic export: aten::meshgrid + prim::ListUnpack (2 to 4 items)
+    def forward(self, x, a, b, c):
+        h, w = x.shape[2], x.shape[3]
+        gy, gx = torch.meshgrid(torch.arange(h).type_as(x) + 0.5, torch.arange(w).type_as(x) + 0.5, indexing="ij")
+        p, q = torch.meshgrid(a, b, indexing="xy")
+        r, s, t = torch.meshgrid(a, b * 2.0, c, indexing="xy")
+        u, v, w3 = torch.meshgrid(a, b, c, indexing="ij")
+        k0, k1, k2, k3 = torch.meshgrid(c, a, b, c - 1.0, indexing="ij")
+        return (torch.stack((gx, gy), -1).view(-1, 2), p - q, r, s, t, u, v, w3, k0 + k1, k2 * k3,
+                torch.meshgrid(torch.arange(w), torch.arange(h), indexing="xy")[1])
+
+
+class AtenNewFull(nn.Module):  # x.new_full with a size from the input's shape: aten::new_full in a dynamic export
+    def forward(self, x):
+        n, h, w = x.shape[0], x.shape[2], x.shape[3]
+        return (x.new_full((h * w, 1), 8.0), x.new_full((h, w + 1), 3, dtype=torch.int64),
+                x.new_full((n, h), 1, dtype=torch.bool), x.new_full((w, n * 2), 5, dtype=torch.float32) + x[0, 0, 0, 0],
+                x.new_full((n, 2, w), -1.5))
+
+
 CASES: dict[str, Case] = {
     "tied_embedding_head": Case(TiedEmbeddingHead, [("i64", (2, 5), 11)]),
     "tied_head_owns": Case(TiedHeadOwns, [("i64", (2, 5), 11)]),
@@ -365,6 +385,8 @@ CASES: dict[str, Case] = {
     "scatters": Case(Scatters, [(3, 6), (3, 6), ("i64", (3, 6), 50)]),
     "index_puts": Case(IndexPuts, [(3, 4), (3, 4), ("i64", (2,), 3), ("bool", (3, 4))]),
     "masked_fills": Case(MaskedFills, [(3, 4), ("bool", (3, 4)), ("i64", (3, 4), 9)]),
+    "meshgrids": Case(Meshgrids, [(2, 3, 4, 6), (4,), (5,), (3,)], [(1, 3, 5, 7), (6,), (2,), (4,)]),
+    "aten_new_full": Case(AtenNewFull, [(2, 3, 4, 6)], [(1, 3, 5, 7)]),
     "creation": Case(Creation, [(3, 4), ("i64", (3, 4), 5)], [(2, 6), ("i64", (2, 6), 5)]),
     "gathers": Case(Gathers, [(3, 5), ("i64", (3, 2), 3), ("i64", (4,), 5)]),
     "scans": Case(Scans, [(3, 5), ("i64", (3, 5), 7), ("bool", (3, 5))]),

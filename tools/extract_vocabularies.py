@@ -2,7 +2,7 @@
 sources, so that tools/make_operators_doc.py needs no network.
 
     python tools/extract_vocabularies.py --ncnn <ncnn checkout> --ncnn-rev <commit> \
-        --tnn <TNN checkout> --tnn-rev <commit>
+        --tnn <TNN checkout> --tnn-rev <commit>          # either pair alone writes that file only
 
 pnnx (Tencent/ncnn, tools/pnnx/src): the op types its passes write, read from `type_str()` (pass_level1 nn.*,
 pass_level2 F.* / Tensor.* / torch.*), from the replacement graphs of its rewrite passes, and from the types passes
@@ -10,7 +10,10 @@ assign (`op->type = "..."`, `new_operator("...")`); the pnnx.Expression function
 expands (ir.cpp, expand_expression). Types that only exist between two passes are left out (INTERMEDIATE).
 
 TNN (Tencent/TNN): every type string of its layer type map (source/tnn/core/layer_type.cc), each with the LayerType
-it maps to and the registries that implement that LayerType (layer, x86, arm, cpu).
+it maps to and the registries that implement that LayerType (layer, x86, arm, cpu), and `onnx2tnn` on the ones its
+ONNX converter writes (tools/onnx2tnn/src/core/layer: the TNN types of its REGISTER_OP_CONVERTER_NoParamNoWeight /
+REGISTER_OP_CONVERTER_REDUCE lines and the strings its TNNOpType functions return). A type the converter writes
+that the layer type map lacks (TNN itself cannot load it) is listed too, with LayerType `-`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ PRIM_KEPT = ["prim::ListConstruct", "prim::ListUnpack", "prim::TupleConstruct", 
 ATEN_KEPT = {
     "aten::_transformer_encoder_layer_fwd": "torch's fused nn.TransformerEncoderLayer (eval fast path)",
     "aten::addcmul": "ConvNeXt-V2's GRN (issue 18)",
+    "aten::meshgrid": "the anchor grids of ultralytics' YOLO heads in a dynamic export (issue 18)",
+    "aten::new_full": "the stride tensors of ultralytics' YOLO heads in a dynamic export (issue 18)",
 }
 PNNX_GROUPS = [
     ("nn", "nn modules: pass_level1/nn_*.cpp (a traced module kept whole), pass_level5 fusions"),
@@ -149,6 +154,28 @@ def _tnn_registered(root: Path, folder: str) -> set[str]:
     return out
 
 
+ONNX2TNN_LAYERS = "tools/onnx2tnn/src/core/layer"
+_CONVERTER_MACRO = re.compile(r"REGISTER_OP_CONVERTER_(?:NoParamNoWeight|REDUCE)\(\s*(\w+)\s*,\s*\w+\s*\)")
+
+
+def _onnx2tnn_types(root: Path) -> set[str]:
+    """The TNN type strings onnx2tnn writes: its converters' registrations, and the literals its TNNOpType
+    functions return or assign (`return kernel_shape.size() == 3 ? "Deconvolution3D" : "Deconvolution";`)."""
+    out: set[str] = set()
+    for f in sorted((root / ONNX2TNN_LAYERS).glob("*.cc")):
+        text = f.read_text(errors="replace")
+        out.update(_CONVERTER_MACRO.findall(text))
+        for m in re.finditer(r"TNNOpType\([^)]*\)\s*\{", text):
+            end, depth = m.end(), 1
+            while depth and end < len(text):
+                depth += {"{": 1, "}": -1}.get(text[end], 0)
+                end += 1
+            for line in text[m.end():end].splitlines():
+                if "return" in line or re.search(r'\w\s*=\s*"', line):
+                    out.update(re.findall(r'"([A-Za-z][A-Za-z0-9]*)"', line))
+    return out
+
+
 def _tnn_group(name: str, tags: list[str]) -> str:
     if name in SSD:
         return "ssd"
@@ -163,6 +190,8 @@ def write_tnn(root: Path, rev: str) -> Path:
     pairs = [m.groups() for line in table.splitlines() if not line.strip().startswith("//")
              for m in [re.match(r'\s*\{"([^"]+)",\s*(LAYER_[A-Z0-9_]+)\}', line)] if m]
     registered = {tag: _tnn_registered(root, folder) for tag, folder in TNN_REGISTRIES.items()}
+    emitted = _onnx2tnn_types(root)
+    pairs += [(name, "-") for name in sorted(emitted - {p[0] for p in pairs})]
     lines = [
         "# Every layer type string TNN reads from a .tnnproto: its layer type map, with the LayerType each maps to",
         "# and the registries implementing that LayerType: layer = source/tnn/layer (shape inference; TNN cannot",
@@ -170,6 +199,7 @@ def write_tnn(root: Path, rev: str) -> Path:
         "# source/tnn/device/cpu/acc (TNN's naive device, which x86_device.cc falls back to through X86CpuAdapterAcc).",
         f"# Source: Tencent/TNN, commit {rev}, source/tnn/core/layer_type.cc (global_layer_type_map) and the",
         "# REGISTER_* / *TypeLayerAccRegister lines of those folders (read by tools/extract_vocabularies.py).",
+        f"# onnx2tnn = written by TNN's ONNX converter ({ONNX2TNN_LAYERS}); LayerType - = not in the layer type map.",
         "# One type string per line: name, LayerType, registries; `## group: note` starts a group.",
     ]
     by_group: dict[str, list[str]] = defaultdict(list)
@@ -179,6 +209,7 @@ def write_tnn(root: Path, rev: str) -> Path:
             continue
         seen.add(name)
         tags = [tag for tag in TNN_REGISTRIES if layer_type in registered[tag]]
+        tags += ["onnx2tnn"] if name in emitted else []
         by_group[_tnn_group(name, tags)].append(f"{name}  {layer_type}  {' '.join(tags) or '-'}")
     for key, note in TNN_GROUPS:
         lines += ["", f"## {key}: {note}", *by_group[key]]
@@ -189,14 +220,19 @@ def write_tnn(root: Path, rev: str) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ncnn", type=Path, required=True, help="a Tencent/ncnn source tree")
-    ap.add_argument("--ncnn-rev", required=True, help="its commit, for the source note")
-    ap.add_argument("--tnn", type=Path, required=True, help="a Tencent/TNN source tree")
-    ap.add_argument("--tnn-rev", required=True, help="its commit, for the source note")
+    ap.add_argument("--ncnn", type=Path, help="a Tencent/ncnn source tree (pnnx_ops.txt is written when given)")
+    ap.add_argument("--ncnn-rev", help="its commit, for the source note")
+    ap.add_argument("--tnn", type=Path, help="a Tencent/TNN source tree (tnn_layers.txt is written when given)")
+    ap.add_argument("--tnn-rev", help="its commit, for the source note")
     args = ap.parse_args()
+    for tree, rev in ((args.ncnn, args.ncnn_rev), (args.tnn, args.tnn_rev)):
+        if tree is not None and rev is None:
+            ap.error(f"{tree}: give its commit too (--ncnn-rev / --tnn-rev)")
     DOCS.mkdir(parents=True, exist_ok=True)
-    print(write_pnnx(args.ncnn / "tools" / "pnnx" / "src", args.ncnn_rev))
-    print(write_tnn(args.tnn, args.tnn_rev))
+    if args.ncnn is not None:
+        print(write_pnnx(args.ncnn / "tools" / "pnnx" / "src", args.ncnn_rev))
+    if args.tnn is not None:
+        print(write_tnn(args.tnn, args.tnn_rev))
 
 
 if __name__ == "__main__":

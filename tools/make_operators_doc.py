@@ -234,6 +234,8 @@ def _summary(pnnx: list[Row], tnn: dict[str, Row], tnn_voc: Vocabulary) -> list[
         ("TNN x86 device: an x86 acc or TNN's CPU fallback", [r for n, r in tnn.items() if tags[n] & {"x86", "cpu"}]),
         ("TNN ARM registry", [r for n, r in tnn.items() if "arm" in tags[n]]),
         ("TNN quantized type strings", [r for n, r in tnn.items() if n in quantized]),
+        ("TNN layer types onnx2tnn writes (`onnx2tnn` in `tnn_layers.txt`)",
+         [r for n, r in tnn.items() if "onnx2tnn" in tags[n]]),
     ):
         total, supported = _counts(rows)
         lines.append(f"| {label} | {total} | {supported} | {total - supported} |")
@@ -246,6 +248,17 @@ def _issue_18(by_name: dict[str, Row]) -> list[str]:
         row = by_name.get(name)
         lines.append(f"| `{name}` | {where} | {row.status if row else 'not in the vocabulary'} |")
     return lines
+
+
+def _onnx2tnn_refused(tnn: dict[str, Row], voc: Vocabulary) -> list[str]:
+    """The converter's types without a handler: a model using one is refused at load (UnsupportedOpError naming the
+    layer type, the layer and the .tnnproto line; tests/engine/formats/tnn/test_tnn_lowering.py loads each)."""
+    names = [e.name for e in voc.entries if "onnx2tnn" in e.fields[1:] and tnn[e.name].status == NOT_HANDLED]
+    no_tnn = [n for n in names if not set(next(e for e in voc.entries if e.name == n).fields[1:]) - {"onnx2tnn"}]
+    return [f"Refused at load with an error naming the layer type, the layer and the .tnnproto line ({len(names)}): "
+            + ", ".join(f"`{n}`" for n in sorted(names, key=str.lower)) + ".",
+            "", "Of these, TNN itself has no layer for " + (", ".join(f"`{n}`" for n in no_tnn) or "none")
+            + " (its converter writes them, its runtime cannot load them)."]
 
 
 def _unsupported_by_group(rows: list[Row], voc: Vocabulary, label: Callable[[str], str]) -> list[str]:
@@ -360,6 +373,8 @@ def render(reg: Registries | None = None, tests_root: Path = REPO / "tests") -> 
            *_unsupported_by_group(pnnx, pnnx_voc, lambda g: f"{g}: {pnnx_voc.groups[g]}"), "",
            "### TNN layer types not handled, by group", "",
            *_unsupported_by_group(list(tnn.values()), tnn_voc, lambda g: f"{g}: {tnn_voc.groups[g]}"), "",
+           "### TNN layer types onnx2tnn writes that the engine refuses", "",
+           *_onnx2tnn_refused(tnn, tnn_voc), "",
            "### Where pnnx exports wrongly", "", f"From `{PNNX_BUGS.relative_to(REPO)}`:", "",
            PNNX_BUGS.read_text().rstrip(), ""]
     out += ["## pnnx operators", "", *(f"> {n}" for n in pnnx_voc.notes), ""]

@@ -1,4 +1,4 @@
-"""Normalisations: BatchNorm (folded scale/bias, inplace), LayerNorm, GroupNorm, InstanceNorm, LpNormalize.
+"""Normalisations: BatchNorm (folded scale/bias, inplace), LayerNorm, GroupNorm, InstanceNorm, LpNormalize, LRN.
 
 References use biased variance in float64."""
 
@@ -116,6 +116,39 @@ def _lp_normalize(node: Node, x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norm, float(node.params.get("eps", 1e-12)))
 
 
+# -- LRN (ONNX LocalResponseNormalization, across channels) ------------------------------------------------------
+def lrn_window(node: Node, shape: tuple[int, ...]) -> tuple[int, int, float, float, float]:
+    """(channels before c, channels after c, alpha, beta, bias): ONNX's window [c - floor((size-1)/2),
+    c + ceil((size-1)/2)], clipped to the channels."""
+    if len(shape) < 3:
+        raise ShapeError(f"{node.where()}: LRN of a {len(shape)}-D tensor (takes N, C, spatial...)")
+    size = int(node.params.get("size", 0))
+    if size <= 0:
+        raise ShapeError(f"{node.where()}: LRN size={size}")
+    return ((size - 1) // 2, size // 2, float(node.params.get("alpha", 1e-4)), float(node.params.get("beta", 0.75)),
+            float(node.params.get("bias", 1.0)))
+
+
+def _lrn_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    lrn_window(node, ins[0].shape)
+    return [TensorInfo(ins[0].shape, ins[0].dtype)]
+
+
+def lrn_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """y[c] = x[c] / (bias + alpha / size * sum of x[i]^2 over the window of c) ** beta, in float64."""
+    x0 = np.asarray(arrays[0])
+    x = x0.astype(np.float64)
+    before, after, alpha, beta, bias = lrn_window(node, x.shape)
+    square = np.zeros_like(x)
+    for c in range(x.shape[1]):
+        square[:, c] = (x[:, max(0, c - before):c + after + 1] ** 2).sum(axis=1)
+    size = before + after + 1
+    return [(x / (bias + alpha / size * square) ** beta).astype(x0.dtype)]
+
+
+register(
+    OpDef("LRN", _lrn_infer, lrn_reference, arity=(1, 1), float_inputs=(0,)),
+)
 register(
     OpDef("BatchNorm", _infer, reference, inplace=True, arity=(1, 1), float_inputs=(0,)),
     OpDef("LayerNorm", _infer, reference, arity=(1, 1), float_inputs=(0,)),

@@ -1,4 +1,4 @@
-"""Resize (nearest / nearest_exact / bilinear / bicubic, NCHW), PixelShuffle and ChannelShuffle.
+"""Resize (nearest / nearest_exact / bilinear / bicubic, NCHW), PixelShuffle, PixelUnshuffle and ChannelShuffle.
 
 Resize follows torch's CPU `F.interpolate` to the bit where it can: source coordinates are computed in float32
 as torch does, nearest is floor(dst * scale) (with torch's same-size and 2x shortcuts), nearest_exact (torch's
@@ -176,6 +176,32 @@ def pixel_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [pixel_view(node, arrays[0]).reshape(n, c // (r * r), h * r, w * r).copy()]
 
 
+def unshuffle_view(node: Node, x: np.ndarray) -> np.ndarray:
+    """torch.pixel_unshuffle as a view of x: (n, c, h/r, w/r, r, r) laid out as (n, c, r, r, h/r, w/r)."""
+    r = _unshuffle_factor(node, x.shape)
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // r, r, w // r, r).transpose(0, 1, 3, 5, 2, 4)
+
+
+def _unshuffle_factor(node: Node, shape) -> int:
+    r = _factor(node, "downscale", shape, lambda f: 1)
+    if shape[2] % r or shape[3] % r:
+        raise ShapeError(f"{node.where()}: PixelUnshuffle downscale={r} does not divide {tuple(shape[2:])}")
+    return r
+
+
+def infer_unshuffle(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    r = _unshuffle_factor(node, ins[0].shape)
+    n, c, h, w = ins[0].shape
+    return [TensorInfo((n, c * r * r, h // r, w // r), ins[0].dtype)]
+
+
+def unshuffle_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    n, c, h, w = arrays[0].shape
+    r = _unshuffle_factor(node, arrays[0].shape)
+    return [unshuffle_view(node, arrays[0]).reshape(n, c * r * r, h // r, w // r).copy()]
+
+
 def _channel_view(node: Node, x: np.ndarray) -> np.ndarray:
     g = _factor(node, "groups", x.shape, lambda f: f)
     n, c, h, w = x.shape
@@ -194,5 +220,6 @@ def channel_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 register(
     OpDef("Resize", infer_resize, resize_reference, arity=(1, 2), float_inputs=(0,)),
     OpDef("PixelShuffle", infer_pixel, pixel_reference, arity=(1, 1)),
+    OpDef("PixelUnshuffle", infer_unshuffle, unshuffle_reference, arity=(1, 1)),
     OpDef("ChannelShuffle", infer_channel, channel_reference, arity=(1, 1)),
 )

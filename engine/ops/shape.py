@@ -1,6 +1,7 @@
 """Layout-only ops. Reshape/Flatten/Squeeze/Unsqueeze are aliases (the runtime makes the view, no kernel);
-Transpose/Expand/Tile/Cast/Identity copy into the output. Every op here propagates known values, so shape
-arithmetic (Shape -> Gather -> Concat -> Reshape) is done at infer time and never scheduled."""
+Transpose/Expand/Tile/Cast/Identity copy into the output, and Meshgrid broadcasts each of its 1-D inputs into
+one grid. Every op here propagates known values, so shape arithmetic (Shape -> Gather -> Concat -> Reshape) is
+done at infer time and never scheduled."""
 
 from __future__ import annotations
 
@@ -197,3 +198,45 @@ register(*[OpDef(op, _infer, _reference, alias=True, arity=_arity(op))
 register(*[OpDef(op, _infer, _reference, arity=_arity(op))
            for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")])
 register(OpDef("Shape", _shape_infer, _shape_reference, arity=(1, 1)))
+
+
+# -- Meshgrid ---------------------------------------------------------------------------------------------------
+MESHGRID_INDEXING = ("ij", "xy")
+
+
+def meshgrid_views(node: Node, shapes: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """torch.meshgrid: (the grid shape, the shape each input is viewed as to broadcast into it). Input i (0-d or
+    1-D, n_i elements) varies along dim i of an (n_0, ..., n_k) grid; `xy` swaps the first two dims (cartesian
+    indexing), so input 0 varies along dim 1 and input 1 along dim 0."""
+    indexing = node.params.get("indexing", "ij")
+    if indexing not in MESHGRID_INDEXING:
+        raise ShapeError(f"{node.where()}: Meshgrid indexing {indexing!r} (takes 'ij' or 'xy')")
+    if any(len(s) > 1 for s in shapes):
+        raise ShapeError(f"{node.where()}: Meshgrid takes 0-d or 1-D inputs, got shapes {shapes}")
+    sizes = [math.prod(s) for s in shapes]
+    dims = list(range(len(sizes)))
+    if indexing == "xy" and len(sizes) > 1:
+        dims[0], dims[1] = 1, 0
+    grid = [0] * len(sizes)
+    for i, d in enumerate(dims):
+        grid[d] = sizes[i]
+    views = [tuple(n if j == d else 1 for j in range(len(sizes))) for n, d in zip(sizes, dims, strict=True)]
+    return tuple(grid), views
+
+
+def _meshgrid_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len({np.dtype(i.dtype) for i in ins}) != 1:
+        raise ShapeError(f"{node.where()}: Meshgrid inputs differ in dtype: {[str(i.dtype) for i in ins]}")
+    if len(node.outputs) != len(ins):
+        raise ShapeError(f"{node.where()}: Meshgrid has {len(ins)} inputs but {len(node.outputs)} outputs")
+    grid, _ = meshgrid_views(node, [i.shape for i in ins])
+    return with_value(node, ins, [TensorInfo(grid, ins[0].dtype) for _ in ins], _meshgrid_reference)
+
+
+def _meshgrid_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    xs = [np.asarray(a) for a in arrays]
+    grid, views = meshgrid_views(node, [x.shape for x in xs])
+    return [np.array(np.broadcast_to(x.reshape(v), grid), copy=True) for x, v in zip(xs, views, strict=True)]
+
+
+register(OpDef("Meshgrid", _meshgrid_infer, _meshgrid_reference, arity=(1, 64)))

@@ -11,7 +11,7 @@ from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, refe
 from engine.devices.cpu.loops.normalize import groupnorm_loop, layernorm_rows
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
-from engine.ops.norm import attr, channel_shape, eps_of, groups_of, reference
+from engine.ops.norm import attr, channel_shape, eps_of, groups_of, lrn_window, reference
 from engine.ops.registry import TensorInfo
 from engine.ops.rules import float_of, norm_axis
 
@@ -87,7 +87,24 @@ def _lp_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 
+def _lrn_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    # Window sums as differences of a running sum over the channels (float64), not a loop per channel.
+    def run(inputs, outputs, workspace):
+        x = inputs[0]
+        before, after, alpha, beta, bias = lrn_window(node, x.shape)
+        c = x.shape[1]
+        sq = np.square(x, dtype=np.float64)
+        csum = np.zeros((x.shape[0], c + 1, *x.shape[2:]))
+        np.cumsum(sq, axis=1, out=csum[:, 1:])
+        hi = np.minimum(np.arange(c) + after + 1, c)
+        lo = np.maximum(np.arange(c) - before, 0)
+        window = csum[:, hi] - csum[:, lo]
+        np.divide(x, (bias + alpha / (before + after + 1) * window) ** beta, out=outputs[0], casting="unsafe")
+    return run
+
+
 KERNELS = {
+    "LRN": CpuKernel(_lrn_kernel),
     "BatchNorm": CpuKernel(_batchnorm_kernel),
     "LayerNorm": CpuKernel(_layernorm_kernel),
     "GroupNorm": CpuKernel(_groupnorm_kernel),

@@ -1,5 +1,5 @@
-"""CPU kernels of Resize and PixelShuffle (engine/ops/resize.py): a numba separable gather over the reference's own
-source taps (float32; other dtypes run the reference), and a strided copy."""
+"""CPU kernels of Resize, PixelShuffle and PixelUnshuffle (engine/ops/resize.py): a numba separable gather over the
+reference's own source taps (float32; other dtypes run the reference), and a strided copy."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from engine.devices.cpu.loops import resize as RK
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
-from engine.ops.resize import has_size, pixel_view, resize_reference, size_input, taps
+from engine.ops.resize import has_size, pixel_view, resize_reference, size_input, taps, unshuffle_view
 
 
 def build_resize(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
@@ -43,4 +43,5 @@ def _copy_kernel(view):
     return build
 
 
-KERNELS = {"Resize": CpuKernel(build_resize), "PixelShuffle": CpuKernel(_copy_kernel(pixel_view))}
+KERNELS = {"Resize": CpuKernel(build_resize), "PixelShuffle": CpuKernel(_copy_kernel(pixel_view)),
+           "PixelUnshuffle": CpuKernel(_copy_kernel(unshuffle_view))}

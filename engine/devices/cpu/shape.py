@@ -1,5 +1,6 @@
 """CPU kernels of the copying layout ops (engine/ops/shape.py): Transpose, Expand, Tile, Cast and Identity copy
-into the output view; Shape writes the dims. The alias ops (Reshape and co.) need none: the runtime makes the view.
+into the output view; Meshgrid broadcasts each input into its output; Shape writes the dims. The alias ops
+(Reshape and co.) need none: the runtime makes the view.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import numpy as np
 from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
-from engine.ops.shape import float_to_int_cast, shape_slice, tile_reps, transpose_perm
+from engine.ops.shape import float_to_int_cast, meshgrid_views, shape_slice, tile_reps, transpose_perm
 
 
 def _copy_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
@@ -41,5 +42,13 @@ def _shape_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 
+def _meshgrid_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    def run(inputs, outputs, workspace):
+        _, views = meshgrid_views(node, [x.shape for x in inputs])  # the run's sizes, within the instance's max
+        for x, view, out in zip(inputs, views, outputs, strict=True):
+            np.copyto(out, x.reshape(view))
+    return run
+
+
 KERNELS = {**{op: CpuKernel(_copy_kernel) for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")},
-           "Shape": CpuKernel(_shape_kernel)}
+           "Shape": CpuKernel(_shape_kernel), "Meshgrid": CpuKernel(_meshgrid_kernel)}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-from op_harness import check_golden, infer, load_cases, make_node
+from op_harness import check_golden, infer, load_cases, make_node, reference
 
 from engine.errors import ShapeError
 
@@ -41,3 +42,24 @@ def test_errors_name_the_node():
         infer(make_node("LayerNorm", 1, params={"normalized_ndim": 4}), [x])
     with pytest.raises(ShapeError, match="p must be 1 or 2"):
         infer(make_node("LpNormalize", 1, params={"p": 3}), [x])
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+def test_lrn_reference_is_onnxs_formula(size):
+    """ONNX LRN, element by element: the window of channel c is [c - floor((size-1)/2), c + ceil((size-1)/2)]."""
+    x = np.random.default_rng(size).standard_normal((2, 5, 3)).astype(np.float32)
+    alpha, beta, bias = 0.4, 0.6, 1.2
+    (y,) = reference(make_node("LRN", 1, params={"size": size, "alpha": alpha, "beta": beta, "bias": bias}), [x])
+    want = np.empty_like(x)
+    for n, c, i in np.ndindex(*x.shape):
+        lo, hi = max(0, c - math.floor((size - 1) / 2)), min(4, c + math.ceil((size - 1) / 2))
+        s = sum(float(x[n, j, i]) ** 2 for j in range(lo, hi + 1))
+        want[n, c, i] = x[n, c, i] / (bias + alpha / size * s) ** beta
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
+
+
+def test_lrn_errors_name_the_node():
+    with pytest.raises(ShapeError, match="size=0"):
+        infer(make_node("LRN", 1, params={}), [np.zeros((1, 3, 2), np.float32)])
+    with pytest.raises(ShapeError, match="2-D"):
+        infer(make_node("LRN", 1, params={"size": 3}), [np.zeros((1, 3), np.float32)])

@@ -84,6 +84,9 @@ def test_tnn_coordinate_rounds_the_size_and_ignores_the_scale_for_coordinates():
     ("PixelShuffle", {"upscale": 2}, (1, 6, 2, 2), "does not divide"),
     ("ChannelShuffle", {"groups": 4}, (1, 6, 2, 2), "does not divide"),
     ("ChannelShuffle", {}, (1, 6, 2, 2), "groups=0"),
+    ("PixelUnshuffle", {"downscale": 2}, (1, 6, 4, 3), "does not divide"),
+    ("PixelUnshuffle", {}, (1, 6, 4, 4), "downscale=0"),
+    ("PixelUnshuffle", {"downscale": 2}, (6, 4, 4), "NCHW"),
 ])
 def test_errors_name_the_node(op, params, shape, match):
     with pytest.raises(ShapeError, match=match) as err:
@@ -94,3 +97,17 @@ def test_errors_name_the_node(op, params, shape, match):
 def test_unknown_mode_is_unsupported():
     with pytest.raises(UnsupportedOpError, match="area"):
         infer(make_node("Resize", 1, params={"mode": "area", "size": [3, 3]}), [rand(1, 1, 4, 4)])
+
+
+@pytest.mark.parametrize("r,shape", [(2, (2, 3, 4, 6)), (3, (1, 2, 6, 3)), (1, (1, 2, 3, 4))])
+def test_pixel_unshuffle_reference_is_torchs_index_rule(r, shape):
+    """out[n, c*r*r + dh*r + dw, h, w] = x[n, c, h*r + dh, w*r + dw] (torch.pixel_unshuffle), element by element;
+    and PixelShuffle undoes it."""
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    (y,) = reference(make_node("PixelUnshuffle", 1, params={"downscale": r}), [x])
+    n, c, h, w = shape
+    want = np.empty((n, c * r * r, h // r, w // r), np.float32)
+    for ci, dh, dw in np.ndindex(c, r, r):
+        want[:, ci * r * r + dh * r + dw] = x[:, ci, dh::r, dw::r]
+    np.testing.assert_array_equal(y, want)
+    np.testing.assert_array_equal(reference(make_node("PixelShuffle", 1, params={"upscale": r}), [y])[0], x)

@@ -74,3 +74,20 @@ def test_unknown_shape_input_is_an_error():
     ins = [TensorInfo((2, 3), np.dtype(np.float32)), TensorInfo((2,), np.dtype(np.int64))]
     with pytest.raises(ShapeError, match="not known before running"):
         get_op("Reshape").infer(make_node("Reshape", 2), ins)
+
+
+@pytest.mark.parametrize("params,shapes,match", [
+    ({"indexing": "ji"}, [(3,), (4,)], "indexing"),
+    ({"indexing": "ij"}, [(3, 1), (4,)], "0-d or 1-D"),
+])
+def test_meshgrid_errors_name_the_node(params, shapes, match):
+    node = make_node("Meshgrid", len(shapes), len(shapes), params=params)
+    with pytest.raises(ShapeError, match=match):
+        infer(node, [np.zeros(s, np.float32) for s in shapes])
+
+
+def test_meshgrid_refuses_mixed_dtypes_and_a_wrong_output_count():
+    with pytest.raises(ShapeError, match="dtype"):
+        infer(make_node("Meshgrid", 2, 2), [np.zeros(3, np.float32), np.zeros(4, np.int64)])
+    with pytest.raises(ShapeError, match="outputs"):
+        infer(make_node("Meshgrid", 2, 1), [np.zeros(3, np.float32), np.zeros(4, np.float32)])

@@ -84,3 +84,35 @@ def new_full(ctx: Ctx) -> None:
     dtype = dtype_param(ctx, None if x.dtype is None else str(x.dtype))
     ctx.folded.append(x)  # only its dtype matters
     ctx.become("Full", {"value": _fill_value(ctx), "dtype": dtype}, inputs=_shape_input(ctx))
+
+
+# c10::ScalarType codes: how a traced aten op's `dtype` argument reaches the file (`expr=6`)
+SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16", 6: "float32",
+                7: "float64", 11: "bool"}
+
+
+@handles("aten::new_full")
+def aten_new_full(ctx: Ctx) -> None:
+    # aten::new_full(self, size, fill_value, dtype, layout, device, pin_memory), all positional (pnnx keeps the
+    # traced op where the size is computed at run time); the last four are literals
+    if len(ctx.node.inputs) != 7:
+        raise ctx.fail(f"has {len(ctx.node.inputs)} inputs; aten::new_full takes 7")
+    x, size, fill, dtype, layout, device, pin = ctx.node.inputs
+    value = ctx.literal(fill, "fill_value")
+    if not isinstance(value, (bool, int, float)):
+        raise ctx.unsupported(f"fill_value={value!r}")
+    code = ctx.literal(dtype, "dtype")
+    if isinstance(code, bool):
+        raise ctx.unsupported(f"dtype={code!r}")
+    if code is None and x.dtype is None:
+        raise ctx.unsupported("dtype=None and an input of unknown dtype")
+    if code is not None and code not in SCALAR_TYPES:
+        raise ctx.unsupported(f"dtype={code!r} (a c10::ScalarType code the engine has no dtype for)")
+    for what, v, ok in (("layout", layout, (None, 0)), ("device", device, (None, "cpu")),
+                        ("pin_memory", pin, (None, False))):
+        given = ctx.literal(v, what)  # where torch keeps the tensor (strided, on the CPU), never what it holds
+        if not any(given is o or (type(given) is type(o) and given == o) for o in ok):
+            raise ctx.unsupported(f"{what}={given!r}")
+    ctx.folded.append(x)  # only its dtype matters
+    out_dtype = str(x.dtype) if code is None else SCALAR_TYPES[code]
+    ctx.become("Full", {"value": value, "dtype": out_dtype}, inputs=[size])

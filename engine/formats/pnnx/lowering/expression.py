@@ -37,11 +37,11 @@ def _calls_are_elementwise(tree: Expr) -> bool:
     return len(tree.args) == arity and all(_calls_are_elementwise(a) for a in tree.args)
 
 
-def _float_dtype(ctx: Ctx, used: set[int]) -> np.dtype | None:
+def _float_dtype(inputs: list[Value], used: set[int]) -> np.dtype | None:
     """The one floating dtype all referenced tensors share, else None (lists, ints, mixed, unknown)."""
     dtypes = set()
     for i in used:
-        v = ctx.node.inputs[i]
+        v = inputs[i]
         if (v.shape is None and not v.is_const) or v.dtype is None:
             return None  # a list operand or an operand of unknown type
         dtypes.add(np.dtype(v.dtype))
@@ -63,26 +63,41 @@ def expression(ctx: Ctx) -> None:
     used = inputs_used(tree)
     if used and max(used) >= len(ctx.node.inputs):
         raise ctx.fail(f"expr {expr!r} reads @{max(used)} but the operator has {len(ctx.node.inputs)} inputs")
-    dtype = _float_dtype(ctx, used) if used and _calls_are_elementwise(tree) else None
+    dtype = _float_dtype(ctx.node.inputs, used) if used and _calls_are_elementwise(tree) else None
     if dtype is None:
         ctx.become("Expression", {"expr": expr})
         return
     if isinstance(tree, Input):
         ctx.become("Identity", {}, inputs=[ctx.node.inputs[tree.index]])
         return
-    _emit(ctx, tree, dtype, out=ctx.node.outputs[0])
+    _emit(ctx, tree, dtype, ctx.node.inputs, out=ctx.node.outputs[0])
     ctx.done()
 
 
-def _emit(ctx: Ctx, tree: Expr, dtype: np.dtype, out: Value | None = None) -> Value:
+def _emit(ctx: Ctx, tree: Expr, dtype: np.dtype, inputs: list[Value], out: Value | None = None) -> Value:
     if isinstance(tree, Input):
-        return ctx.node.inputs[tree.index]
+        return inputs[tree.index]
     if isinstance(tree, Lit):
         return ctx.const(np.array(tree.value, dtype))
     assert isinstance(tree, Call)
-    args = [_emit(ctx, a, dtype) for a in tree.args]
+    args = [_emit(ctx, a, dtype, inputs) for a in tree.args]
     op = BINARY.get(tree.name) or UNARY[tree.name]
     return ctx.emit(op, args, {}, outputs=[out] if out is not None else 1)[0]
+
+
+def lower_item(ctx: Ctx, tree: Expr, inputs: list[Value], out: Value | None = None) -> Value:
+    """One item of a list expression (`[add(@0,0.5),@1]`, its operands `inputs`) as a value of its own, emitted
+    before ctx's node: the operand itself, elementwise ops for float arithmetic, else an Expression of the item
+    alone. `out`, when given, is the value the item must land in (an Identity where the item is an operand)."""
+    used = inputs_used(tree)
+    dtype = _float_dtype(inputs, used) if used and _calls_are_elementwise(tree) else None
+    if isinstance(tree, Input) or dtype is None:
+        if isinstance(tree, Input) and out is None:
+            return inputs[tree.index]
+        op, params, ins = (("Identity", {}, [inputs[tree.index]]) if isinstance(tree, Input)
+                           else ("Expression", {"expr": expr_text(tree)}, list(inputs)))
+        return ctx.emit(op, ins, params, outputs=[out] if out is not None else 1)[0]
+    return _emit(ctx, tree, dtype, inputs, out=out)
 
 
 def expr_text(tree: Expr) -> str:

@@ -18,6 +18,7 @@ from engine.formats.pnnx.lowering import (  # noqa: F401  (each registers its ha
     indexing,
     layout,
     linear,
+    lists,
     normalization,
     pooling,
     reduce,

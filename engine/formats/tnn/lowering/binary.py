@@ -1,6 +1,7 @@
 """TNN two-operand element-wise layers (Add, Mul, Maximum, Equal, ..., SquaredDifference) -> canonical ops. The
 second operand is a second input or a constant stored in the layer's resource, placed the way TNN broadcasts it
-(`place_element`, which the writer also uses to refuse constants a v1 file cannot express)."""
+(`place_element`, which the writer also uses to refuse constants a v1 file cannot express). Where, the one
+three-operand layer, is here too."""
 
 from __future__ import annotations
 
@@ -77,3 +78,19 @@ register({t: _binary(op) for t, op in (("Add", "Add"), ("Sub", "Sub"), ("Mul", "
                                        ("Maximum", "Maximum"), ("Minimum", "Minimum"), ("Pow", "Pow"),
                                        ("And", "And"), ("Or", "Or"), ("Xor", "Xor"), ("Equal", "Equal"),
                                        ("Greater", "Greater"), ("Less", "Less"))})
+
+
+@handles("Where")
+def lower_where(c: Ctx) -> None:
+    # TNN's order is (x, y, condition), the condition read as `c != 0` (cpu_where_layer_acc.cc): a bool or an
+    # integer condition; a float one TNN would read byte by byte, so it is refused
+    if len(c.inputs) != 3:
+        c.fail(f"takes (x, y, condition), has {len(c.inputs)} inputs")
+    x, y, cond = c.inputs
+    info = c.low.info(cond)  # the dtype shape inference gave it so far (the file types only the inputs)
+    dtype = None if info is None else np.dtype(info.dtype)
+    if dtype is None or dtype.kind not in "biu":
+        c.fail(f"condition {cond.name!r} is {dtype}; TNN's Where reads a bool or integer condition")
+    if dtype.kind != "b":
+        cond = c.tmp("Cast", [cond], {"to": "bool"})
+    c.out("Where", [cond, x, y])

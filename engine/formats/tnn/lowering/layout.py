@@ -1,6 +1,6 @@
 """TNN layers that move, cut or join data without computing -> Reshape, Flatten, Transpose (Permute),
-ChannelShuffle, PixelShuffle, Squeeze, Unsqueeze, Concat, Split (SplitV; Caffe's Split copies), Slice
-(StridedSlice, StridedSliceV2)."""
+ChannelShuffle, PixelShuffle, Reorg (PixelShuffle / PixelUnshuffle), Squeeze, Unsqueeze, Concat, Split (SplitV;
+Caffe's Split copies), Slice (StridedSlice, StridedSliceV2)."""
 
 from __future__ import annotations
 
@@ -110,6 +110,28 @@ def lower_strided_slice_v2(c: Ctx) -> None:
 
 def _axes_op(op: str) -> Handler:
     return lambda c: c.out(op, [c.inputs[0]], {"axes": c.counted(0)[0] or None})
+
+
+@handles("Reorg")
+def lower_reorg(c: Ctx) -> None:
+    """Params stride, forward, run_with_output_dims (unused by TNN), mode (0 DCR, 1 CRD), as NaiveReorg reads them:
+    forward is DepthToSpace, else SpaceToDepth. CRD is PixelShuffle / PixelUnshuffle's channel order; DCR's is that
+    order with the channels regrouped, a ChannelShuffle before the shuffle (by r*r groups) or after the unshuffle
+    (by the input's channel count)."""
+    stride, forward, mode = c.i(0), c.i(1), c.i(3, 0)
+    if stride <= 0 or mode not in (0, 1):
+        c.fail(f"stride={stride}, mode={mode} (takes a positive stride, mode 0 (DCR) or 1 (CRD))")
+    x = c.inputs[0]
+    if forward:
+        if mode == 0:
+            x = c.tmp("ChannelShuffle", [x], {"groups": stride * stride})
+        return c.out("PixelShuffle", [x], {"upscale": stride})
+    if mode == 1:
+        return c.out("PixelUnshuffle", [x], {"downscale": stride})
+    shape = c.shape(x)
+    if shape is None or len(shape) != 4:
+        c.fail(f"SpaceToDepth (DCR) of an input of shape {shape}; takes NCHW with a known channel count")
+    c.out("ChannelShuffle", [c.tmp("PixelUnshuffle", [x], {"downscale": stride})], {"groups": shape[1]})
 
 
 register({

@@ -1,5 +1,5 @@
 """TNN normalization layers -> BatchNorm (BatchNormCxx and Scale, which arrive folded), InstanceNorm, LayerNorm,
-GroupNorm, LpNormalize (Normalize)."""
+GroupNorm, LpNormalize (Normalize), LRN."""
 
 from __future__ import annotations
 
@@ -59,3 +59,14 @@ def lower_normalize(c: Ctx) -> None:
     if c.i(0, 0) or c.i(2, 0) or c.i(3, 1) != 1 or c.i(4, 2) not in (1, 2):
         c.unsupported("across spatial dims, with a shared channel, another axis or a p other than 1 or 2")
     c.out("LpNormalize", [c.inputs[0]], {"eps": c.f(1, 1e-12), "axis": c.i(3, 1), "p": c.i(4, 2)})
+
+
+@handles("LRN")
+def lower_lrn(c: Ctx) -> None:
+    """Params alpha, beta, bias, size. TNN's CPU and x86 accs compute the window as c -/+ (size - 1) / 2 in integer
+    arithmetic, which for an even size spans size - 1 channels where ONNX's LRN (what onnx2tnn converted) spans size:
+    an even size is refused rather than answered one way or the other."""
+    alpha, beta, bias, size = c.f(0), c.f(1), c.f(2), c.i(3)
+    if size <= 0 or size % 2 == 0:
+        c.fail(f"size={size}: TNN's LRN window and ONNX's differ for an even size (and a size must be positive)")
+    c.out("LRN", [c.inputs[0]], {"size": size, "alpha": alpha, "beta": beta, "bias": bias})

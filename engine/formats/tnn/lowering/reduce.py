@@ -1,5 +1,5 @@
 """TNN reductions and softmax -> Reduce* (ReduceMean, ..., ReduceLogSumExp), ArgMax / ArgMin (ArgMaxOrMin),
-Softmax (Softmax, SoftmaxCaffe) and LogSoftmax."""
+TopK, Softmax (Softmax, SoftmaxCaffe) and LogSoftmax."""
 
 from __future__ import annotations
 
@@ -12,6 +12,25 @@ def _reduce(op: str) -> Handler:
         axes = [c.i(k) for k in range(1, len(c.args))]
         c.out(op, [c.inputs[0]], {"axes": axes or None, "keepdims": bool(c.i(0, 1))})
     return run
+
+
+@handles("TopK")
+def lower_topk(c: Ctx) -> None:
+    # params axis (-1), largest (1), sorted (1), k (-1); TNN takes min(k, dim) and answers int32 indices
+    # (cpu_topk_layer_acc.cc). Unsorted output may come in any order: sorted is one of them.
+    if len(c.inputs) != 1 or len(c.outputs) != 2:
+        c.fail(f"takes one input and gives (values, indices), has {len(c.inputs)} and {len(c.outputs)}")
+    axis, largest, k = c.i(0, -1), c.i(1, 1), c.i(3, -1)
+    c.i(2, 1)
+    if k <= 0:
+        c.fail(f"k={k}; TNN's TopK needs k > 0")
+    shape = c.shape(c.inputs[0])
+    if shape is not None and -len(shape) <= axis < len(shape):
+        k = min(k, shape[axis])
+    values, indices = c.outputs
+    (index64,) = c.emit("TopK", [c.inputs[0]], {"k": k, "axis": axis, "largest": bool(largest), "sorted": True},
+                        outputs=[values, c.graph.value(f"{c.node.name}/indices")])[1:]
+    c.emit("Cast", [index64], {"to": "int32"}, outputs=[indices])
 
 
 @handles("ArgMaxOrMin")

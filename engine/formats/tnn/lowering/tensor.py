@@ -1,5 +1,5 @@
 """TNN layers that make, cast, index or repeat tensors -> Gather, constants (Const, ConstantOfShape), Cast, Expand,
-Shape, Tile."""
+Shape, Size, Tile."""
 
 from __future__ import annotations
 
@@ -48,6 +48,16 @@ def lower_expand(c: Ctx) -> None:
         return c.out("Expand", c.inputs[:2])
     shape, _ = c.counted(0)
     c.out("Expand", [c.inputs[0]], {"shape": shape})
+
+
+@handles("Size")
+def lower_size(c: Ctx) -> None:
+    # the element count as a 1-element int32 tensor (size_layer.cc), known before running like Shape
+    if len(c.inputs) != 1:
+        c.fail(f"takes one input, has {len(c.inputs)}")
+    count = c.tmp("ReduceProd", [c.tmp("Shape", [c.inputs[0]], {"start": 0, "end": None})],
+                  {"axes": [0], "keepdims": True})
+    c.out("Cast", [count], {"to": "int32"})
 
 
 register({

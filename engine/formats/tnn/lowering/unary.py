@@ -1,5 +1,5 @@
-"""TNN one-input element-wise layers -> canonical ops: activations (ReLU, PReLU, Clip, HardSwish, GELU, ...), math
-functions (Abs, Exp, Sqrt, ...), Power, and the identities (Dropout, Identity)."""
+"""TNN one-input element-wise layers -> canonical ops: activations (ReLU, PReLU, Clip, HardSwish, GELU, Selu,
+Softsign, LogSigmoid, ...), math functions (Abs, Exp, Sqrt, ...), Power, and the identities (Dropout, Identity)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,35 @@ def lower_hardswish(c: Ctx) -> None:
     # two inputs: y = x0 * hardsigmoid(x1)
     gate = c.tmp("HardSigmoid", [c.inputs[1]], {"alpha": alpha, "beta": beta})
     c.out("Mul", [c.inputs[0], gate])
+
+
+def _one_input(c: Ctx) -> None:
+    if len(c.inputs) != 1:
+        c.fail(f"takes one input, has {len(c.inputs)}")
+
+
+@handles("Selu")
+def lower_selu(c: Ctx) -> None:
+    # gamma * (x > 0 ? x : alpha * (exp(x) - 1)) (cpu_selu_layer_acc.cc); onnx2tnn writes both, TNN has no defaults
+    _one_input(c)
+    alpha, gamma = c.f(0), c.f(1)
+    e = c.tmp("Elu", [c.inputs[0]], {"alpha": alpha})
+    c.out("Mul", [e, c.const(F32(gamma), "gamma")])
+
+
+@handles("Softsign")
+def lower_softsign(c: Ctx) -> None:
+    _one_input(c)  # x / (1 + |x|)
+    den = c.tmp("Add", [c.tmp("Abs", [c.inputs[0]]), c.const(F32(1.0), "one")])
+    c.out("Div", [c.inputs[0], den])
+
+
+@handles("LogSigmoid")
+def lower_logsigmoid(c: Ctx) -> None:
+    # -softplus(-x): softplus's threshold keeps it exact for large |x|, where log(sigmoid(x)) loses it
+    _one_input(c)
+    sp = c.tmp("Softplus", [c.tmp("Neg", [c.inputs[0]])], {"beta": 1.0, "threshold": 20.0})
+    c.out("Neg", [sp])
 
 
 def _unary(op: str, **params) -> Handler:

@@ -76,3 +76,11 @@ def test_float16_runs_through_the_reference_path():
     x = _x(2, 4, 5).astype(np.float16)
     check_kernel(make_node("LayerNorm", 1, params={"normalized_ndim": 1}), [x], rtol=1e-2, atol=1e-2)
     check_kernel(make_node("GroupNorm", 1, params={"num_groups": 2}), [x], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 9])
+def test_lrn_kernel_at_and_below_max_shape(size):
+    x = np.random.default_rng(size).standard_normal((2, 6, 3, 4)).astype(np.float32) * 3
+    node = make_node("LRN", 1, params={"size": size, "alpha": 0.3, "beta": 0.75, "bias": 1.5})
+    check_kernel(node, [x])
+    check_kernel(node, [x[:1, :, :2].copy()], [x])

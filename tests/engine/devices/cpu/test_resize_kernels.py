@@ -102,6 +102,13 @@ def test_shuffles_below_max_shape(op, params, shape):
     check_kernel(node, [rand(1, 8, 2, 3)], [rand(*shape)])
 
 
+@pytest.mark.parametrize("r", [2, 3])
+def test_pixel_unshuffle_at_and_below_max_shape(r):
+    node = make_node("PixelUnshuffle", 1, params={"downscale": r})
+    check_kernel(node, [rand(2, 3, 4 * r, 2 * r)])
+    check_kernel(node, [rand(1, 3, 2 * r, r)], [rand(2, 3, 4 * r, 2 * r)])
+
+
 @pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
 def test_kernel_split_over_threads(monkeypatch, mode):
     from engine.devices.cpu import threads as _threads

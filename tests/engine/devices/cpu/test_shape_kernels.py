@@ -74,3 +74,21 @@ def test_float_to_int_cast_of_non_finite_values_is_the_cpu_conversion_without_a_
         (ref,) = reference(node, [x])
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(ref, want)
+
+
+@pytest.mark.parametrize("indexing", ["ij", "xy"])
+@pytest.mark.parametrize("sizes", [(4, 6), (3, 5, 2), (2, 3, 4, 5), (1, 7)])
+def test_meshgrid_kernel_at_and_below_max_shape(indexing, sizes):
+    xs = [np.random.default_rng(n).standard_normal(n).astype(np.float32) for n in sizes]
+    node = make_node("Meshgrid", len(xs), len(xs), params={"indexing": indexing})
+    check_kernel(node, xs)
+    check_kernel(node, [x[: max(1, len(x) - 1)].copy() for x in xs], xs)
+
+
+@pytest.mark.parametrize("indexing", ["ij", "xy"])
+def test_meshgrid_reference_is_numpys_meshgrid(indexing):
+    # numpy's meshgrid takes torch's indexing names with torch's meaning (xy: the first two dims swapped)
+    xs = [np.arange(n, dtype=np.int64) * (i + 1) for i, n in enumerate((3, 4, 2))]
+    node = make_node("Meshgrid", 3, 3, params={"indexing": indexing})
+    for got, want in zip(reference(node, xs), np.meshgrid(*xs, indexing=indexing), strict=True):
+        np.testing.assert_array_equal(got, want)

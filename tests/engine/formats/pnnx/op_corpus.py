@@ -62,12 +62,13 @@ class Sample:
     feeders: list[Line] = field(default_factory=list)
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     source: str = ""
-    graph_outputs: list[str] | None = None  # default: all of the operator's outputs
+    graph_outputs: list[str] | None = None  # default: all of the operator's outputs (else the followers')
+    followers: list[Line] = field(default_factory=list)  # lines reading a list the operator makes (ListUnpack)
 
     def text(self) -> str:
         lines = [f"pnnx.Input in_{i} 0 1 {op} #{op}={note}" for i, (op, note) in enumerate(self.inputs.items())]
-        lines += [f.text() for f in self.feeders] + [self.op.text()]
-        outs = self.graph_outputs or self.op.outs
+        lines += [f.text() for f in self.feeders] + [self.op.text()] + [f.text() for f in self.followers]
+        outs = self.graph_outputs or (self.followers[-1].outs if self.followers else self.op.outs)
         lines.append(f"pnnx.Output out {len(outs)} 0 {' '.join(outs)}")
         return f"7767517\n{len(lines)} {len(lines)}\n" + "\n".join(lines) + "\n"
 
@@ -122,7 +123,13 @@ def _cut(path: Path, lines: list[Line], index: int) -> Sample | None:
                 sample.weights[f"{op.name}.{item[1:].split('=', 1)[0]}"] = _entry(z, op, item[1:].split("=", 1)[0])
     if any(d == 0 for note in sample.inputs.values() for d in parse_annotation(note)[0]):
         return None  # the runtime takes no empty inputs (an empty value inside a graph is fine)
+    if op.type in LIST_MAKERS:  # a list is no graph output: the prim::ListUnpack reading it comes along
+        sample.followers = [ln for ln in lines[index + 1:] if ln.type == "prim::ListUnpack" and ln.ins == op.outs]
+        sample.graph_outputs = None
     return sample
+
+
+LIST_MAKERS = ("aten::meshgrid", "prim::ListConstruct")
 
 
 def _entry(z: zipfile.ZipFile, line: Line, attr: str) -> np.ndarray:
@@ -200,7 +207,15 @@ SAMPLES: dict[str, tuple[str, dict[str, str], dict[str, tuple[int, ...]]]] = {
     "Tensor.new_full": ("Tensor.new_full op 2 1 x s y dtype=None fill_value=2.5 $input=x $size=s #x=(2,3)f32 "
                         "#y=(?,3)f32", {"x": "(2,3)f32"}, {}),
 }
+SAMPLES |= {
+    "prim::ListUnpack": ("prim::ListUnpack op 1 2 l y0 y1 #y0=(2,3)f32 #y1=(2,3)f32",
+                         {"a": "(2,3)f32", "b": "(2,3)f32"}, {}),
+    "prim::ListConstruct": ("prim::ListConstruct op 2 1 a b l #a=(2,3)f32 #b=(3)f32", {"a": "(2,3)f32", "b": "(3)f32"},
+                            {}),
+}
 SIZE_FEEDER = "pnnx.Expression size_expr 1 1 x s expr=[size(@0,0),3] #x=(2,3)f32"
+LIST_FEEDER = "pnnx.Expression list_expr 2 1 a b l expr=[@0,mul(@1,2.0)] #a=(2,3)f32 #b=(2,3)f32"
+LIST_FOLLOWER = "prim::ListUnpack unpack 1 2 l y0 y1 #y0=(2,3)f32 #y1=(3)f32"
 
 
 def written_sample(op_type: str) -> Sample:
@@ -213,6 +228,10 @@ def written_sample(op_type: str) -> Sample:
         sample.weights[f"{operand}.data"] = RNG.standard_normal(shape).astype(np.float32)
     if "s" in op.ins:
         sample.feeders.insert(0, Line.parse(SIZE_FEEDER))
+    if "l" in op.ins:
+        sample.feeders.insert(0, Line.parse(LIST_FEEDER))
+    if op.type in LIST_MAKERS:
+        sample.followers.append(Line.parse(LIST_FOLLOWER))
     return sample
 
 

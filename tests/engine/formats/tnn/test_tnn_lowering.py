@@ -9,6 +9,7 @@ import pytest
 
 import engine
 from engine.errors import ModelFormatError, UnsupportedOpError
+from engine.formats.tnn.lowering.lower import HANDLED_TYPES
 from engine.formats.tnn.serializer import Serializer
 
 RNG = np.random.default_rng(3)
@@ -126,8 +127,8 @@ def test_reshape_shape_from_constant_map_and_inner_product_keeps_rank(tmp_path):
 
 def test_layer_without_lowering_names_type_and_line(tmp_path):
     with pytest.raises(UnsupportedOpError) as e:
-        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "LRN l 1 1 t y 1 0.75 1 5"], "y")
-    assert "LRN" in str(e.value) and "m.tnnproto:7" in str(e.value)
+        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "Einsum l 1 1 t y"], "y")
+    assert "Einsum" in str(e.value) and "m.tnnproto:7" in str(e.value)
 
 
 def test_missing_resource_is_a_format_error_with_line(tmp_path):
@@ -158,3 +159,148 @@ def test_lstm_matches_torch(tmp_path, case, direction):
     out = model.instance().run({"x": g[f"{case}/x"]})
     for mine, torch_name in (("y", "y"), ("yh", "hn"), ("yc", "cn")):
         np.testing.assert_allclose(out[mine], g[f"{case}/{torch_name}"], rtol=1e-5, atol=1e-6)
+
+
+SELU_ALPHA, SELU_GAMMA = 1.6732632, 1.0507009
+
+
+@pytest.mark.parametrize("layer, expect", [
+    (f"Selu s 1 1 x y {SELU_ALPHA} {SELU_GAMMA}",
+     lambda x: SELU_GAMMA * np.where(x > 0, x, SELU_ALPHA * (np.exp(x) - 1))),
+    ("Softsign s 1 1 x y", lambda x: x / (1 + np.abs(x))),
+    ("LogSigmoid s 1 1 x y", lambda x: -np.log1p(np.exp(-x))),
+])
+def test_onnx2tnn_activations(tmp_path, layer, expect):
+    x = (X4 * 8).astype(np.float32)  # reaches softplus's threshold both ways
+    np.testing.assert_allclose(run1(tnn_model(tmp_path, IN4, [layer], "y"), x), expect(x.astype(np.float64)),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_selu_without_its_params_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="parameter 1") as e:
+        tnn_model(tmp_path, IN4, ["Selu s 1 1 x y 1.67"], "y")
+    assert e.value.line == 6
+
+
+def test_where_takes_x_y_condition_in_tnns_order(tmp_path):
+    a, b = X4, RNG.standard_normal((1, 4, 6, 8)).astype(np.float32)
+    layers = ["Greater g 2 1 a b c", "Where w 3 1 a b c y"]
+    model = tnn_model(tmp_path, "a 4 1 4 6 8 0 : b 4 1 4 6 8 0", layers, "y")
+    np.testing.assert_array_equal(run1(model, a, b), np.maximum(a, b))
+
+
+def test_where_refuses_a_float_condition(tmp_path):
+    with pytest.raises(ModelFormatError, match="condition") as e:
+        tnn_model(tmp_path, "a 4 1 4 6 8 0 : b 4 1 4 6 8 0", ["Where w 3 1 a b b y"], "y")
+    assert e.value.line == 6
+
+
+VOCABULARY = Path(__file__).resolve().parents[4] / "docs" / "vocabulary" / "tnn_layers.txt"
+ONNX2TNN = sorted(line.split()[0] for line in VOCABULARY.read_text().splitlines()
+                  if not line.startswith("#") and line.split()[-1:] == ["onnx2tnn"])
+ONNX2TNN_REFUSED = [t for t in ONNX2TNN if t not in HANDLED_TYPES]
+
+
+def test_the_onnx2tnn_vocabulary_is_read():
+    assert len(ONNX2TNN) > 100 and {"Convolution", "Selu", "Where", "LRN"} <= set(ONNX2TNN)
+
+
+@pytest.mark.parametrize("ltype", ONNX2TNN_REFUSED)
+def test_every_onnx2tnn_layer_without_lowering_is_refused_with_type_and_line(tmp_path, ltype):
+    """A layer type TNN's ONNX converter writes that the engine does not lower is refused at load, naming the
+    layer type, the layer and the file:line; never a silent result."""
+    with pytest.raises((UnsupportedOpError, ModelFormatError)) as e:
+        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", f"{ltype} odd 1 1 t y"], "y")
+    assert ltype in str(e.value) and "m.tnnproto:7" in str(e.value) and "odd" in str(e.value)
+
+
+@pytest.mark.parametrize("params, k, largest", [("1 1 1 2", 2, True), ("-1 0 1 3", 3, False), ("3 1 1 50", 8, True)])
+def test_topk_gives_values_and_int32_indices_with_k_capped_at_the_dim(tmp_path, params, k, largest):
+    axis = int(params.split()[0])
+    x = np.random.default_rng(5).permutation(X4.size).reshape(X4.shape).astype(np.float32)  # no ties
+    model = tnn_model(tmp_path, IN4, [f"TopK t 1 2 x v i {params}"], "v i")
+    out = model.instance().run({"x": x})
+    order = np.argsort(-x if largest else x, axis=axis, kind="stable")
+    want = np.take(order, range(k), axis=axis)
+    assert out["i"].dtype == np.int32
+    np.testing.assert_array_equal(out["i"], want)
+    np.testing.assert_array_equal(out["v"], np.take_along_axis(x, want, axis=axis))
+
+
+def test_topk_with_k_0_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="k=0") as e:
+        tnn_model(tmp_path, IN4, ["TopK t 1 2 x v i 1 1 1 0"], "v i")
+    assert e.value.line == 6
+
+
+def naive_reorg(x: np.ndarray, stride: int, forward: int, mode: int) -> np.ndarray:
+    """TNN's NaiveReorg (utils/naive_compute.cc), loop for loop: (width, height, channel) are the input's dims when
+    forward, the output's otherwise."""
+    n, c, h, w = x.shape
+    if forward:
+        out = np.zeros((n, c // stride**2, h * stride, w * stride), x.dtype)
+        dims = (c, h, w)
+    else:
+        out = np.zeros((n, c * stride**2, h // stride, w // stride), x.dtype)
+        dims = out.shape[1:]
+    channel, height, width = dims
+    out_c = channel // (stride * stride)
+    big, small = (out, x) if forward else (x, out)
+    for b, ch, hh, ww in np.ndindex(n, channel, height, width):
+        c2, offset = (ch % out_c, ch // out_c) if mode == 0 else (ch // (stride * stride), ch % (stride * stride))
+        h2, w2 = hh * stride + offset // stride, ww * stride + offset % stride
+        if forward:
+            big[b, c2, h2, w2] = small[b, ch, hh, ww]
+        else:
+            small[b, ch, hh, ww] = big[b, c2, h2, w2]
+    return out
+
+
+@pytest.mark.parametrize("forward", [1, 0])
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("stride", [2, 3])
+def test_reorg_matches_tnns_naive_loops(tmp_path, forward, mode, stride):
+    shape = (2, 2 * stride * stride, 2, 3) if forward else (2, 2, 2 * stride, 3 * stride)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    model = tnn_model(tmp_path, "x 4 " + " ".join(map(str, shape)) + " 0", [f"Reorg r 1 1 x y {stride} {forward} 0 "
+                                                                          f"{mode}"], "y")
+    np.testing.assert_array_equal(run1(model, x), naive_reorg(x, stride, forward, mode))
+
+
+def test_reorg_with_an_unknown_mode_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="mode=2") as e:
+        tnn_model(tmp_path, IN4, ["Reorg r 1 1 x y 2 1 0 2"], "y")
+    assert e.value.line == 6
+
+
+def naive_lrn(x: np.ndarray, alpha: float, beta: float, bias: float, size: int) -> np.ndarray:
+    """TNN's CpuLRNLayerAcc, loop for loop (its integer (size - 1) / 2 included)."""
+    x = x.astype(np.float64)
+    square = np.zeros_like(x)
+    n, channel = x.shape[:2]
+    for b, ch in np.ndindex(n, channel):
+        for i in range(max(0, ch - (size - 1) // 2), min(channel, ch + (size - 1) // 2 + 1)):
+            square[b, ch] += x[b, i] ** 2
+    return x / (bias + (alpha / size) * square) ** beta
+
+
+@pytest.mark.parametrize("alpha, beta, bias, size", [(1e-4, 0.75, 1.0, 5), (0.5, 0.5, 2.0, 3), (2.0, 1.0, 1.0, 1)])
+def test_lrn_matches_tnns_loops(tmp_path, alpha, beta, bias, size):
+    x = X4 * 3
+    model = tnn_model(tmp_path, IN4, [f"LRN l 1 1 x y {alpha} {beta} {bias} {size}"], "y")
+    np.testing.assert_allclose(run1(model, x), naive_lrn(x, alpha, beta, bias, size), rtol=1e-5, atol=1e-6)
+
+
+def test_lrn_of_an_even_size_is_refused_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="even size") as e:
+        tnn_model(tmp_path, IN4, ["LRN l 1 1 x y 0.0001 0.75 1 4"], "y")
+    assert e.value.line == 6
+
+
+def test_size_is_the_element_count_as_one_int32(tmp_path):
+    layers = ["Size s 1 1 x n", "Cast c 1 1 n f 0", "Add a 2 1 x f y"]  # the count, as a float, added to x
+    got = run1(tnn_model(tmp_path, IN4, layers, "y"), X4)
+    np.testing.assert_allclose(got, X4 + X4.size, rtol=1e-6)
+    model = tnn_model(tmp_path, IN4, ["Size s 1 1 x y"], "y")
+    out = run1(model, X4)
+    assert out.dtype == np.int32 and out.tolist() == [X4.size]
