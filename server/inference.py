@@ -78,6 +78,10 @@ class InferRequest:
     # The most bytes its shared-memory inputs may hold: the transport's limit on a request's tensors, set by the
     # transport (None: unlimited, as for requests made inside the server)
     max_shm_input_bytes: int | None = None
+    # When the front end got the request (time.perf_counter_ns), before decoding it: where its time in the server
+    # (the statistics' success and fail durations) starts; 0 for requests made inside the server (they start when
+    # the data plane gets them)
+    arrival_ns: int = 0
 
     @property
     def priority(self) -> int:

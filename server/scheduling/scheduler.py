@@ -232,6 +232,8 @@ class Scheduler:
 
     def _run_in_worker(self, loop: asyncio.AbstractEventLoop, instance: BackendInstance, entries: list[Entry],
                        rows: list[int], started: int) -> None:
+        # The queue ends when the execution starts (Triton's compute start): the hand-over to this thread counts.
+        started = self._clock()
         outcome = _attempt(instance, entries, rows)
         loop.call_soon_threadsafe(self._finish, instance, entries, started, outcome)
 

@@ -272,6 +272,7 @@ class SequenceScheduler:
     def _run_in_worker(self, loop: asyncio.AbstractEventLoop, index: int, seqs: list[_Sequence],
                        requests: list[_Request], feeds: list[dict[str, np.ndarray]],
                        contexts: list[RequestContext | None], started: int) -> None:
+        started = self._clock()  # the queue ends when the execution starts (Triton's compute start), not at dispatch
         try:
             outcome: Any = run_batch(self._instances[index], feeds, [1] * len(feeds), contexts)
         except Exception as exc:  # handed to the event loop, which fails these requests with it
