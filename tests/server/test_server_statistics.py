@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from pymodels import python_model
+from pymodels import ensemble, python_model
 from serverproc import AFFINE_CONFIG, ServerProcess, make_repository
 
 # OUT = IN; every execution says it started (the file <gate>/held) and waits until the file <gate>/open exists.
@@ -53,6 +53,16 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
 """
+# Two steps, one after the other, through gated_direct.
+TWICE_CONFIG = """
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "gated_direct" input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "mid" } },
+  { model_name: "gated_direct" input_map { key: "IN" value: "mid" } output_map { key: "OUT" value: "OUT" } }
+] }
+"""
 CLIENTS = {"http": httpclient, "grpc": grpcclient}
 
 
@@ -63,6 +73,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     for name, config in (("gated_direct", DIRECT_CONFIG), ("gated_batched", BATCHED_CONFIG)):
         (gates / name).mkdir()
         python_model(root, name, config, GATED_SOURCE.format(gate=str(gates / name / "open")))
+    ensemble(root, "twice_gated", TWICE_CONFIG)
     server = ServerProcess(root)
     server.gates = gates
     yield server
@@ -113,7 +124,7 @@ def wait_for(predicate, what: str) -> None:  # noqa: ANN001
 def infer(srv: ServerProcess, protocol: str, model: str, value: int) -> int:
     """One request; the client's wall time around it, in ns."""
     mod, c = client(srv, protocol)
-    inp = mod.InferInput("IN", [1] if model.startswith("gated_direct") else [1, 1], "INT32")
+    inp = mod.InferInput("IN", [1, 1] if model == "gated_batched" else [1], "INT32")
     inp.set_data_from_numpy(np.full(inp.shape(), value, np.int32))
     t0 = time.perf_counter_ns()
     result = c.infer(model, [inp])
@@ -241,3 +252,20 @@ def test_a_failed_request_counts_its_duration_in_fail_and_not_in_the_request_dur
     assert 0 < ns(after, "fail") - ns(before, "fail") <= wall
     assert metric(srv, "nv_inference_request_failure", "affine") == failures + 1
     assert metric(srv, "nv_inference_request_duration_us", "affine") == us_before  # Triton: successes only
+
+
+def test_an_ensemble_counts_its_steps_compute_and_spans_their_requests(srv: ServerProcess) -> None:
+    (srv.gates / "gated_direct" / "open").touch()
+    before_ens, before_step = stats(srv, "twice_gated"), stats(srv, "gated_direct")
+    wall = infer(srv, "grpc", "twice_gated", 9)
+    ens, step = stats(srv, "twice_gated"), stats(srv, "gated_direct")
+    assert count(ens, "success") - count(before_ens, "success") == 1
+    assert ens["execution_count"] - before_ens["execution_count"] == 1
+    assert count(step, "success") - count(before_step, "success") == 2
+    # the ensemble's compute phases are its steps' (Triton adds up the composing models' phases), its queue nil
+    for phase in ("compute_input", "compute_infer", "compute_output"):
+        assert ns(ens, phase) - ns(before_ens, phase) == ns(step, phase) - ns(before_step, phase)
+    # its steps ran one after the other inside its own time, which its client saw whole
+    assert wall >= ns(ens, "success") - ns(before_ens, "success") >= ns(step, "success") - ns(before_step, "success")
+    check_consistent(ens)
+    check_metrics_agree(srv, "twice_gated", ens)

@@ -147,11 +147,21 @@ def test_a_decoupled_request_reads_its_inputs_from_system_shared_memory(srv: Ser
             delay.set_data_from_numpy(np.zeros(3, np.uint32))
             wait.set_data_from_numpy(np.zeros(1, np.uint32))
             inputs = [inp, delay, wait]
+            before = model_stats(srv, "repeat_int32")
             stream.client.async_stream_infer("repeat_int32", inputs)
             results = stream.take(3)
             assert not any(isinstance(r, Exception) for r in results), results
             got = sorted((int(r.as_numpy("IDX")[0]), int(r.as_numpy("OUT")[0])) for r in results)
             assert got == [(0, 11), (1, 22), (2, 33)]
+            # counted once its final response is in (which the client does not ask for, so poll the statistics)
+            for _ in range(12000):
+                if phase(model_stats(srv, "repeat_int32"), "success")[0] > phase(before, "success")[0]:
+                    break
+                time.sleep(0.01)
+            after = model_stats(srv, "repeat_int32")
+            assert phase(after, "success")[0] == phase(before, "success")[0] + 1
+            assert phase(after, "success")[1] >= sum(phase(after, p)[1] for p in
+                                                     ("queue", "compute_input", "compute_infer", "compute_output"))
         finally:
             stream.close()
         client.unregister_system_shared_memory(name)
@@ -159,9 +169,17 @@ def test_a_decoupled_request_reads_its_inputs_from_system_shared_memory(srv: Ser
         shm.destroy_shared_memory_region(handle)
 
 
+def model_stats(srv: ServerProcess, model: str) -> dict:
+    return httpx.get(f"http://{srv.http_url}/v2/models/{model}/stats", timeout=30).json()["model_stats"][0]
+
+
+def phase(entry: dict, name: str) -> tuple[int, int]:
+    figures = entry["inference_stats"][name]
+    return int(figures.get("count", 0)), int(figures.get("ns", 0))
+
+
 def failures(srv: ServerProcess, model: str) -> int:
-    body = httpx.get(f"http://{srv.http_url}/v2/models/{model}/stats", timeout=30).json()
-    return int(body["model_stats"][0]["inference_stats"]["fail"].get("count", 0))
+    return phase(model_stats(srv, model), "fail")[0]
 
 
 def test_a_client_that_does_not_read_a_flood_of_responses_gets_its_request_cancelled(srv: ServerProcess) -> None:
