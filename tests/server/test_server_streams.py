@@ -115,6 +115,7 @@ def strings(n: int) -> grpcclient.InferInput:
 
 
 def test_a_small_request_does_not_overtake_a_large_one_of_its_sequence(srv: ServerProcess) -> None:
+    before = model_stats(srv, "accumulate")
     stream = Stream(srv)
     try:
         for round_ in range(3):
@@ -129,6 +130,11 @@ def test_a_small_request_does_not_overtake_a_large_one_of_its_sequence(srv: Serv
             assert totals == {f"large{round_}": 300_000, f"small{round_}": 300_005}
     finally:
         stream.close()
+    after = model_stats(srv, "accumulate")  # the sequence batcher's requests count as any others
+    assert phase(after, "success")[0] - phase(before, "success")[0] == 6
+    assert after["execution_count"] - before["execution_count"] == 6
+    assert phase(after, "success")[1] >= sum(phase(after, p)[1] for p in
+                                             ("queue", "compute_input", "compute_infer", "compute_output"))
 
 
 def test_a_decoupled_request_reads_its_inputs_from_system_shared_memory(srv: ServerProcess) -> None:
