@@ -95,7 +95,8 @@ _REQUEST_DONE = object()  # on a stream's answer queue: a request's responses ar
 class _Unwritten:
     """How many responses of a stream are on its answer queue, not yet written."""
 
-    count = 0
+    def __init__(self) -> None:
+        self.count = 0
 
 
 @dataclass(frozen=True)
