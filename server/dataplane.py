@@ -313,6 +313,7 @@ class DataPlane:
                 lookup_ns = time.perf_counter_ns() - t_lookup
             if cached is None:
                 queued = time.perf_counter_ns()
+                scheduled(req)
                 result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
                                                    context=request_context(mv, req))
                 if trace is not None:
@@ -388,7 +389,8 @@ class DataPlane:
                 sink.put(StreamResponse(None, as_server_error(exc, mv)))
                 return None
 
-        task = asyncio.create_task(submit())
+        task = asyncio.create_task(submit())  # tasks start in creation order: the scheduler gets them in order
+        scheduled(req)
         failed, finished = None, False
         try:
             while True:
@@ -472,6 +474,12 @@ class StreamSink:
             return
         self.closed = item.final
         self.queue.put_nowait(item)
+
+
+def scheduled(req: InferRequest) -> None:
+    """Tell whoever waits for it that `req` is being handed to its scheduler (which queues it before suspending)."""
+    if req.on_scheduled is not None:
+        req.on_scheduled()
 
 
 def request_context(mv: ModelVersion, req: InferRequest) -> RequestContext | None:

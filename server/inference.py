@@ -3,6 +3,7 @@ and gRPC codecs (server/protocol/) convert to and from these."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,9 @@ class InferRequest:
     # (the statistics' success and fail durations) starts; 0 for requests made inside the server (they start when
     # the data plane gets them)
     arrival_ns: int = 0
+    # Called as the request is handed to its model's scheduler (a stream hands its next request on only then, so
+    # that a stream's requests reach their model in order); None when nobody waits for that
+    on_scheduled: Callable[[], None] | None = None
 
     @property
     def priority(self) -> int:

@@ -92,6 +92,11 @@ _READ_FAILED = object()  # on a stream's answer queue: reading its requests rais
 _REQUEST_DONE = object()  # on a stream's answer queue: a request's responses are all there
 
 
+def _take_turn(turn: asyncio.Future[None]) -> None:
+    if not turn.done():
+        turn.set_result(None)
+
+
 class _Unwritten:
     """How many responses of a stream are on its answer queue, not yet written."""
 
@@ -224,11 +229,11 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
         marks it; the final flag alone goes out only to a client that asked for it. _REQUEST_DONE follows the last:
         the request's stream slots are held until then, whatever number of responses it had.
 
-        Requests reach the data plane in the stream's order (a sequence's requests must reach its model in order),
-        though a large one is decoded in a worker thread: each waits for `previous` (its predecessor's turn) before
-        it goes on, and sets `turn` as it goes. The data plane queues a request with its scheduler before its first
-        suspension (unless it reads large shared-memory inputs in a thread), so the successor, woken by `turn`, runs
-        only once this one is queued."""
+        Requests reach their scheduler in the stream's order (a sequence's requests must reach its model in order),
+        though a large one is decoded (or its shared-memory inputs read) in a worker thread: each waits for
+        `previous` (its predecessor's turn) before it goes on to the data plane, and sets `turn` as the data plane
+        hands it to its scheduler (or as it ends, if it never gets there). The scheduler queues it before anything
+        suspends, so the successor, woken by `turn`, runs only once this one is queued."""
         try:
             try:
                 req = await decoded(request, self.max_input_bytes, arrival_ns)
@@ -236,7 +241,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
                 if previous is not None:  # decoded or not, this request's turn comes after its predecessor's
                     await asyncio.shield(previous)
             empty_final = req.parameters.pop(grpc_codec.EMPTY_FINAL_PARAM, False) is True
-            turn.set_result(None)
+            req.on_scheduled = functools.partial(_take_turn, turn)
             async with contextlib.aclosing(self.dp.infer_stream(req)) as responses:
                 async for one in responses:
                     if not (one.response is not None or one.error is not None or empty_final):
@@ -257,8 +262,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
             log.exception("ModelStreamInfer request failed")
             done.put_nowait(_stream_error(f"internal error: {type(exc).__name__}: {exc}", request))
         finally:
-            if not turn.done():
-                turn.set_result(None)
+            _take_turn(turn)
             done.put_nowait(_REQUEST_DONE)
 
     @_guard
