@@ -141,7 +141,8 @@ class NNServer:
         interceptors = [RestrictedProtocolInterceptor(self.grpc_restrictions)] if self.grpc_restrictions else None
         self._grpc = grpc.aio.server(options=opts, interceptors=interceptors)
         servicer.add_to_server(self._grpc, self.dp, servicer.StreamLimits(
-            per_stream=self.settings.grpc_stream_max_inflight, per_server=self.settings.grpc_streams_max_inflight),
+            per_stream=self.settings.grpc_stream_max_inflight, per_server=self.settings.grpc_streams_max_inflight,
+            pending_responses=self.settings.grpc_stream_max_pending_responses),
             max_input_bytes=size)
         if port:  # a taken port: grpc would print its own C++ error before raising; say it in our one line instead
             bind(address, port, "gRPC").close()

@@ -101,6 +101,9 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
                         "not read (backpressure)")
     p.add_argument("--grpc-streams-max-inflight", type=int, default=defaults.STREAMS_MAX_INFLIGHT,
                    help="the same, over all streams of the server")
+    p.add_argument("--grpc-stream-max-pending-responses", type=int, default=defaults.STREAM_MAX_PENDING_RESPONSES,
+                   help="ModelStreamInfer: responses made but not yet written per stream (a decoupled model's, to a "
+                        "client that does not read); past it the request making one more fails and is cancelled")
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
                    help="e.g. model-repository,statistics:admin-key=secret: those APIs need header KEY: VALUE "
                    "(repeatable)")
@@ -151,6 +154,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         http_decode_in_thread_bytes=args.http_decode_in_thread_size,
         grpc_stream_max_inflight=args.grpc_stream_max_inflight,
         grpc_streams_max_inflight=args.grpc_streams_max_inflight,
+        grpc_stream_max_pending_responses=args.grpc_stream_max_pending_responses,
         http_restricted_api=list(args.http_restricted_api),
         grpc_restricted_protocol=list(args.grpc_restricted_protocol), log_verbose=args.log_verbose,
         log_format=args.log_format, plugins=defaults.plugins_from(environ), allow_client_shm=args.allow_client_shm,
@@ -189,7 +193,8 @@ def check_limits(s: ServerSettings) -> None:
                 "--http-body-timeout-secs": s.http_body_timeout_secs,
                 "--http-idle-timeout-secs": s.http_idle_timeout_secs,
                 "--grpc-stream-max-inflight": s.grpc_stream_max_inflight,
-                "--grpc-streams-max-inflight": s.grpc_streams_max_inflight}
+                "--grpc-streams-max-inflight": s.grpc_streams_max_inflight,
+                "--grpc-stream-max-pending-responses": s.grpc_stream_max_pending_responses}
     for flag, value in positive.items():
         if value <= 0:
             raise SystemExit(f"nnserve serve: {flag} must be positive, got {value}")

@@ -277,7 +277,7 @@ class DataPlane:
             self.inflight -= 1
 
     async def _infer(self, req: InferRequest, endpoint: str) -> tuple[InferResponse, Execution]:
-        t0 = time.perf_counter_ns()
+        t0 = req.arrival_ns or time.perf_counter_ns()  # the request's time in the server starts at its arrival
         mv = self.get(req.model_name, req.model_version)
         if mv.decoupled:
             raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
@@ -313,6 +313,7 @@ class DataPlane:
                 lookup_ns = time.perf_counter_ns() - t_lookup
             if cached is None:
                 queued = time.perf_counter_ns()
+                scheduled(req)
                 result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
                                                    context=request_context(mv, req))
                 if trace is not None:
@@ -356,14 +357,26 @@ class DataPlane:
 
     async def _infer_decoupled(self, mv: ModelVersion, req: InferRequest) -> AsyncIterator[StreamResponse]:
         """The model's responses as they come (its sink feeds a queue from the worker's thread); the execution's
-        figures count once the final response is in."""
-        t0 = time.perf_counter_ns()
+        figures count once the final response is in. Shared-memory inputs are read as for any request (and their
+        regions held until the final response)."""
+        t0 = req.arrival_ns or time.perf_counter_ns()
+        leases: list[Lease] = []
         try:
-            feed, batch = validate_inputs(mv, req)
-            wanted = requested_outputs(mv, req)
-        except ServerError as err:
-            self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
-            raise
+            try:
+                await rx.read_inputs(req, rx.lease_inputs(self.shared_memory, req, leases), req.max_shm_input_bytes)
+                feed, batch = validate_inputs(mv, req)
+                wanted = requested_outputs(mv, req)
+            except ServerError as err:
+                self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
+                raise
+            async for item in self._decoupled_responses(mv, req, feed, batch, wanted, t0):
+                yield item
+        finally:
+            for lease in leases:
+                self.shared_memory.release(lease)
+
+    async def _decoupled_responses(self, mv: ModelVersion, req: InferRequest, feed: dict[str, np.ndarray],
+                                   batch: int, wanted: AbstractSet[str], t0: int) -> AsyncIterator[StreamResponse]:
         sink = StreamSink(mv, req.id, wanted)
         context = RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), responses=sink,
                                  sequence=req.sequence)
@@ -376,8 +389,9 @@ class DataPlane:
                 sink.put(StreamResponse(None, as_server_error(exc, mv)))
                 return None
 
-        task = asyncio.create_task(submit())
-        failed = None
+        task = asyncio.create_task(submit())  # tasks start in creation order: the scheduler gets them in order
+        scheduled(req)
+        failed, finished = None, False
         try:
             while True:
                 item = await sink.queue.get()
@@ -386,9 +400,13 @@ class DataPlane:
                 if item.final:
                     break
             result = await task
+            finished = True
         finally:
+            sink.closed = True  # responses the model still sends are dropped: nobody reads them
             if not task.done():  # the client went away: a request still queued is dropped
                 task.cancel()
+            if not finished:  # the stream stopped reading before the final response (cancelled)
+                self._record_failure(mv, "CANCELED", time.perf_counter_ns() - t0)
         if failed is not None or result is None:
             self._record_failure(mv, failed.reason if failed else "BACKEND", time.perf_counter_ns() - t0)
         else:
@@ -456,6 +474,12 @@ class StreamSink:
             return
         self.closed = item.final
         self.queue.put_nowait(item)
+
+
+def scheduled(req: InferRequest) -> None:
+    """Tell whoever waits for it that `req` is being handed to its scheduler (which queues it before suspending)."""
+    if req.on_scheduled is not None:
+        req.on_scheduled()
 
 
 def request_context(mv: ModelVersion, req: InferRequest) -> RequestContext | None:

@@ -3,6 +3,7 @@ and gRPC codecs (server/protocol/) convert to and from these."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,13 @@ class InferRequest:
     # The most bytes its shared-memory inputs may hold: the transport's limit on a request's tensors, set by the
     # transport (None: unlimited, as for requests made inside the server)
     max_shm_input_bytes: int | None = None
+    # When the front end got the request (time.perf_counter_ns), before decoding it: where its time in the server
+    # (the statistics' success and fail durations) starts; 0 for requests made inside the server (they start when
+    # the data plane gets them)
+    arrival_ns: int = 0
+    # Called as the request is handed to its model's scheduler (a stream hands its next request on only then, so
+    # that a stream's requests reach their model in order); None when nobody waits for that
+    on_scheduled: Callable[[], None] | None = None
 
     @property
     def priority(self) -> int:

@@ -238,14 +238,15 @@ class ServerMetrics:
     def request_ok(self, model: str, version: str, *, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
                    output_ns: int, batch: int) -> None:
         key, request_hist, queue_hist, compute_hist, _ = self._hot_series(model, version)
+        # Triton adds each request's durations in whole microseconds (ns // 1000), from the same figures as /stats
         self.counters.add_all(key, {
             "nv_inference_request_success": 1,
             "nv_inference_count": batch,
-            "nv_inference_request_duration_us": total_ns / 1e3,
-            "nv_inference_queue_duration_us": queue_ns / 1e3,
-            "nv_inference_compute_input_duration_us": input_ns / 1e3,
-            "nv_inference_compute_infer_duration_us": infer_ns / 1e3,
-            "nv_inference_compute_output_duration_us": output_ns / 1e3,
+            "nv_inference_request_duration_us": total_ns // 1000,
+            "nv_inference_queue_duration_us": queue_ns // 1000,
+            "nv_inference_compute_input_duration_us": input_ns // 1000,
+            "nv_inference_compute_infer_duration_us": infer_ns // 1000,
+            "nv_inference_compute_output_duration_us": output_ns // 1000,
         })
         self.histograms.observe((request_hist, total_ns / 1e9), (queue_hist, queue_ns / 1e9),
                                 (compute_hist, (input_ns + infer_ns + output_ns) / 1e9))
@@ -255,21 +256,22 @@ class ServerMetrics:
         key, request_hist, queue_hist, _, _ = self._hot_series(model, version)
         self.counters.add_all(key, {
             "nv_inference_request_success": 1,
-            "nv_inference_request_duration_us": total_ns / 1e3,
+            "nv_inference_request_duration_us": total_ns // 1000,
             "nv_cache_num_hits_per_model": 1,
-            "nv_cache_hit_duration_per_model": lookup_ns / 1e3,
+            "nv_cache_hit_duration_per_model": lookup_ns // 1000,
         })
         self.histograms.observe((request_hist, total_ns / 1e9), (queue_hist, 0.0))
 
     def cache_miss(self, model: str, version: str, *, miss_ns: int) -> None:
         key = self._hot_series(model, version)[0]
         self.counters.add_all(key, {"nv_cache_num_misses_per_model": 1,
-                                    "nv_cache_miss_duration_per_model": miss_ns / 1e3})
+                                    "nv_cache_miss_duration_per_model": miss_ns // 1000})
 
     def request_failed(self, model: str, version: str, reason: str, total_ns: int) -> None:
+        """A failure counts under its reason only: as in Triton, nv_inference_request_duration_us adds up the
+        successes (a failure's duration is in the statistics' `fail`)."""
         labels = {"model": model, "version": version}
         self.counters.add("nv_inference_request_failure", {**labels, "reason": reason}, 1)
-        self.counters.add("nv_inference_request_duration_us", labels, total_ns / 1e3)
 
     def execution(self, model: str, version: str, batch_size: int) -> None:
         key, *_, batch_hist = self._hot_series(model, version)

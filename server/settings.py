@@ -63,6 +63,9 @@ HTTP_MAX_CONNECTIONS = 0  # 0: half the process's open-file limit, resolved by t
 HTTP_DECODE_IN_THREAD_BYTES = 256 * 2**10
 STREAM_MAX_INFLIGHT = 64  # ModelStreamInfer: requests read and not yet answered, per stream
 STREAMS_MAX_INFLIGHT = 1024  # the same over all streams of the server
+# ModelStreamInfer: a stream's responses made but not yet written (a decoupled model's responses to a client that
+# does not read them); past it the request that makes one more fails and is cancelled
+STREAM_MAX_PENDING_RESPONSES = 1024
 
 # Model files one load request may carry (Triton's `file:` parameters), in total: 0 refuses them.
 MODEL_LOAD_MAX_FILE_BYTES = 64 * 2**20
@@ -134,6 +137,7 @@ class ServerSettings:
     http_decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES
     grpc_stream_max_inflight: int = STREAM_MAX_INFLIGHT
     grpc_streams_max_inflight: int = STREAMS_MAX_INFLIGHT
+    grpc_stream_max_pending_responses: int = STREAM_MAX_PENDING_RESPONSES
     drain_delay_secs: float = DRAIN_DELAY_SECS
     http_restricted_api: list[str] = field(default_factory=list)  # Triton's "<apis>:<key>=<value>" specs
     grpc_restricted_protocol: list[str] = field(default_factory=list)

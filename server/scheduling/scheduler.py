@@ -215,23 +215,26 @@ class Scheduler:
     # ---- executions ------------------------------------------------------------------------------------------
     def _dispatch(self, entries: list[Entry], waited: bool = True) -> None:
         """Run `entries` as one execution on a free instance: inline when its policy allows, else on a worker.
-        `waited` False: a request that found an instance idle at once (no queue time, the queue depth unchanged)."""
+        `waited` False: a request that found an instance idle at once (the queue depth unchanged; run inline, no queue
+        time; on a worker, its queue time is the hand-over to the worker)."""
         assert self._executor is not None and self._loop is not None
         instance = self._free.pop()
         rows = [e.pending.rows for e in entries]
         self._executing_rows += sum(rows)
         if waited:
             self._report_depth()
-        started = self._clock() if waited else entries[0].pending.enqueue_ns
         inline = self._inline.get(id(instance))
         if inline is not None and inline.allows(_input_bytes(entries)):
             self.inline_runs += 1
+            started = self._clock() if waited else entries[0].pending.enqueue_ns
             self._finish(instance, entries, started, _attempt(instance, entries, rows))
         else:
-            self._executor.submit(self._run_in_worker, self._loop, instance, entries, rows, started)
+            self._executor.submit(self._run_in_worker, self._loop, instance, entries, rows)
 
     def _run_in_worker(self, loop: asyncio.AbstractEventLoop, instance: BackendInstance, entries: list[Entry],
-                       rows: list[int], started: int) -> None:
+                       rows: list[int]) -> None:
+        # The queue ends when the execution starts (Triton's compute start): the hand-over to this thread counts.
+        started = self._clock()
         outcome = _attempt(instance, entries, rows)
         loop.call_soon_threadsafe(self._finish, instance, entries, started, outcome)
 

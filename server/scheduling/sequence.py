@@ -249,7 +249,6 @@ class SequenceScheduler:
     # ---- executions --------------------------------------------------------------------------------------------
     def _dispatch(self, index: int, seqs: list[_Sequence]) -> None:
         assert self._executor is not None and self._loop is not None
-        started = self._clock()
         requests = []
         for seq in seqs:
             seq.running = True
@@ -258,7 +257,7 @@ class SequenceScheduler:
         self._busy.add(index)
         self._report_depth()
         contexts = [r.context for r in requests]
-        self._executor.submit(self._run_in_worker, self._loop, index, seqs, requests, feeds, contexts, started)
+        self._executor.submit(self._run_in_worker, self._loop, index, seqs, requests, feeds, contexts)
 
     def _feed(self, seq: _Sequence, request: _Request) -> dict[str, np.ndarray]:
         """The request's inputs with the control tensors and the sequence's state (reset by a START)."""
@@ -271,7 +270,8 @@ class SequenceScheduler:
 
     def _run_in_worker(self, loop: asyncio.AbstractEventLoop, index: int, seqs: list[_Sequence],
                        requests: list[_Request], feeds: list[dict[str, np.ndarray]],
-                       contexts: list[RequestContext | None], started: int) -> None:
+                       contexts: list[RequestContext | None]) -> None:
+        started = self._clock()  # the queue ends when the execution starts (Triton's compute start), not at dispatch
         try:
             outcome: Any = run_batch(self._instances[index], feeds, [1] * len(feeds), contexts)
         except Exception as exc:  # handed to the event loop, which fails these requests with it

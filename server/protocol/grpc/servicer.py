@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -13,13 +15,18 @@ import grpc
 from google.protobuf import json_format
 
 from server.dataplane import GRPC_ENDPOINT, DataPlane
-from server.errors import InvalidArgumentError, ServerError
+from server.errors import InvalidArgumentError, ServerError, UnavailableError
 from server.inference import InferRequest, StreamResponse
 from server.model_upload import file_parameters
 from server.protocol import grpc_codec, grpc_wire
 from server.protocol.grpc import health_pb2, health_pb2_grpc, pb2, pb2_grpc
 from server.protocol.grpc.interceptors import Codec, add_guarded
-from server.settings import GRPC_MAX_MESSAGE_BYTES, STREAM_MAX_INFLIGHT, STREAMS_MAX_INFLIGHT
+from server.settings import (
+    GRPC_MAX_MESSAGE_BYTES,
+    STREAM_MAX_INFLIGHT,
+    STREAM_MAX_PENDING_RESPONSES,
+    STREAMS_MAX_INFLIGHT,
+)
 
 log = logging.getLogger("nnserve.grpc")
 
@@ -66,15 +73,18 @@ def _guard(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any
     return wrapper
 
 
-async def decoded(request: Any, max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> InferRequest:
+async def decoded(request: Any, max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES, arrival_ns: int = 0) -> InferRequest:
     """A large message (grpc_wire scanned it) is decoded in a worker thread: BYTES elements are unpacked one by one
     in Python, and the event loop keeps serving meanwhile. Its shared-memory inputs may hold `max_input_bytes`, as
-    many as a message may carry."""
+    many as a message may carry. The request's time in the server starts at `arrival_ns` (a stream's read), else
+    now, before decoding."""
+    arrival = arrival_ns or time.perf_counter_ns()
     if isinstance(request, grpc_wire.InferMessage):
         req = await asyncio.to_thread(grpc_codec.decode_request, request)
     else:
         req = grpc_codec.decode_request(request)
     req.max_shm_input_bytes = max_input_bytes
+    req.arrival_ns = arrival
     return req
 
 
@@ -82,14 +92,33 @@ _READ_FAILED = object()  # on a stream's answer queue: reading its requests rais
 _REQUEST_DONE = object()  # on a stream's answer queue: a request's responses are all there
 
 
+def _take_turn(turn: asyncio.Future[None]) -> None:
+    if not turn.done():
+        turn.set_result(None)
+
+
+class _Unwritten:
+    """How many responses of a stream are on its answer queue, not yet written."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 @dataclass(frozen=True)
 class StreamLimits:
     """ModelStreamInfer backpressure: requests read but not yet answered (their response not yet written), per
     stream and over all streams of the server. At a limit the server stops reading the stream, so HTTP/2 flow
-    control holds the client back."""
+    control holds the client back.
+
+    A decoupled request makes any number of responses, which the reading limits above do not bound: at most
+    `pending_responses` may wait to be written per stream. The request whose response would be one more gets an
+    error as its final response and is cancelled (its later responses are dropped). An error rather than holding
+    the model's response sender back: the sender is the model's own thread (a Python model's worker process), and
+    blocking it on a client that never reads would hold the instance, and every other client of it, for good."""
 
     per_stream: int = STREAM_MAX_INFLIGHT
     per_server: int = STREAMS_MAX_INFLIGHT
+    pending_responses: int = STREAM_MAX_PENDING_RESPONSES
 
 
 class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
@@ -145,10 +174,12 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
         done: asyncio.Queue[Any] = asyncio.Queue()
         held = 0  # server slots this stream holds
         tasks: set[asyncio.Task] = set()
+        unwritten = _Unwritten()
 
         async def read_all() -> None:
             nonlocal held
             iterator = aiter(request_iterator)
+            turn: asyncio.Future[None] | None = None  # set once the previous request went to the data plane
             while True:
                 await own_slots.acquire()
                 await server_slots.acquire()
@@ -157,7 +188,9 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
                     request = await anext(iterator)
                 except StopAsyncIteration:
                     break
-                task = asyncio.create_task(self._stream_one(request, done))
+                arrival = time.perf_counter_ns()
+                previous, turn = turn, asyncio.get_running_loop().create_future()
+                task = asyncio.create_task(self._stream_one(request, done, arrival, previous, turn, unwritten))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 del request, task
@@ -177,6 +210,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
                 if entry is not _REQUEST_DONE:
                     yield entry
                     del entry
+                    unwritten.count -= 1
                     continue
                 held -= 1  # a request's responses are all written: its slots go to the next one
                 server_slots.release()
@@ -188,22 +222,47 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
             for _ in range(held):  # the answers never written: their slots go back to the other streams
                 server_slots.release()
 
-    async def _stream_one(self, request: Any, done: asyncio.Queue[Any]) -> None:
+    async def _stream_one(self, request: Any, done: asyncio.Queue[Any], arrival_ns: int,
+                          previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
+                          unwritten: _Unwritten) -> None:
         """Every response of one request (a decoupled model's 0..n), each marked triton_final_response as Triton
         marks it; the final flag alone goes out only to a client that asked for it. _REQUEST_DONE follows the last:
-        the request's stream slots are held until then, whatever number of responses it had."""
+        the request's stream slots are held until then, whatever number of responses it had.
+
+        Requests reach their scheduler in the stream's order (a sequence's requests must reach its model in order),
+        though a large one is decoded (or its shared-memory inputs read) in a worker thread: each waits for
+        `previous` (its predecessor's turn) before it goes on to the data plane, and sets `turn` as the data plane
+        hands it to its scheduler (or as it ends, if it never gets there). The scheduler queues it before anything
+        suspends, so the successor, woken by `turn`, runs only once this one is queued."""
         try:
-            req = await decoded(request, self.max_input_bytes)
+            try:
+                req = await decoded(request, self.max_input_bytes, arrival_ns)
+            finally:
+                if previous is not None:  # decoded or not, this request's turn comes after its predecessor's
+                    await asyncio.shield(previous)
             empty_final = req.parameters.pop(grpc_codec.EMPTY_FINAL_PARAM, False) is True
-            async for one in self.dp.infer_stream(req):
-                if one.response is not None or one.error is not None or empty_final:
+            req.on_scheduled = functools.partial(_take_turn, turn)
+            async with contextlib.aclosing(self.dp.infer_stream(req)) as responses:
+                async for one in responses:
+                    if not (one.response is not None or one.error is not None or empty_final):
+                        continue
+                    if not one.final and unwritten.count >= self.stream_limits.pending_responses:
+                        # leaving the generator cancels the request; its model's later responses are dropped
+                        raise UnavailableError(
+                            f"more than {self.stream_limits.pending_responses} responses of this stream wait to be "
+                            "written (the client does not read them): the request is cancelled "
+                            "(--grpc-stream-max-pending-responses)")
+                    unwritten.count += 1
                     done.put_nowait(grpc_codec.encode_stream_response(one, request))
         except ServerError as err:
+            unwritten.count += 1
             done.put_nowait(grpc_codec.encode_stream_response(StreamResponse(None, err), request))
         except Exception as exc:  # a bug: the stream still answers this request and stays open for the others
+            unwritten.count += 1
             log.exception("ModelStreamInfer request failed")
             done.put_nowait(_stream_error(f"internal error: {type(exc).__name__}: {exc}", request))
         finally:
+            _take_turn(turn)
             done.put_nowait(_REQUEST_DONE)
 
     @_guard

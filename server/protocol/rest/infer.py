@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -65,6 +66,7 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
     """One inference request; `headers` is looked up by lower-case name. Bodies of at least
     `decode_in_thread_bytes` are decompressed and decoded in a worker thread (rest_codec.decode_request)."""
     body = await read_body(headers, receive, max_input_bytes)
+    arrival = time.perf_counter_ns()  # the whole request is in: its time in the server starts, before decoding
     size = len(body)
     try:
         encoding, header = headers.get("content-encoding"), int_header(headers.get(HEADER_LENGTH))
@@ -76,6 +78,7 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
             req = _decode(model, version, body, encoding, header, max_input_bytes, False)
         del body  # the request holds what it needs: views of the body for binary tensors, or arrays
         req.max_shm_input_bytes = max_input_bytes  # its shared-memory inputs count like a body's tensors
+        req.arrival_ns = arrival
         return _encoded(await unless_disconnected(receive, dp.infer(req)), req, headers)
     finally:
         heap.after_request(size)
