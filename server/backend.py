@@ -14,7 +14,7 @@ the repository calls when the model is unloaded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -85,6 +85,10 @@ class ResponseSink(Protocol):
     def send(self, outputs: dict[str, np.ndarray] | None, error: Exception | None, final: bool,
              parameters: Mapping[str, Any]) -> None:
         """`outputs` None: no response, the final flag alone (or an error)."""
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """`callback` runs once (on any thread) when the request is cancelled before its final response: its client
+        went away or stopped reading; at once when it already was."""
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -402,7 +403,7 @@ class DataPlane:
             result = await task
             finished = True
         finally:
-            sink.closed = True  # responses the model still sends are dropped: nobody reads them
+            sink.close(cancelled=not finished)  # responses the model still sends are dropped: nobody reads them
             if not task.done():  # the client went away: a request still queued is dropped
                 task.cancel()
             if not finished:  # the stream stopped reading before the final response (cancelled)
@@ -452,6 +453,26 @@ class StreamSink:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[StreamResponse] = asyncio.Queue()
         self.closed = False
+        self._cancelled = False
+        self._cancel_hooks: list[Callable[[], None]] = []
+        self._hooks_lock = threading.Lock()  # hooks come from the instance's thread, the cancel from the loop
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        with self._hooks_lock:
+            if not self._cancelled:
+                self._cancel_hooks.append(callback)
+                return
+        callback()
+
+    def close(self, cancelled: bool) -> None:
+        """No more responses are read; `cancelled`: before the final one, so the model is told (on_cancel)."""
+        self.closed = True
+        if not cancelled:
+            return
+        with self._hooks_lock:
+            self._cancelled, hooks, self._cancel_hooks = True, self._cancel_hooks, []
+        for hook in hooks:
+            hook()
 
     def send(self, outputs: dict[str, np.ndarray] | None, error: Exception | None, final: bool,
              parameters: Mapping[str, Any]) -> None:

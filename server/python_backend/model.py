@@ -13,6 +13,7 @@ and is started again (initialize runs again) for the next execution.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -293,6 +294,15 @@ class PythonInstance:
                     raise InferenceError(f"{self.label}: a decoupled model's request has nowhere to send its "
                                          "responses (use the streaming API)")
                 self._open[token] = sink
+        for token, sink in zip(tokens, sinks, strict=True):
+            sink.on_cancel(functools.partial(self._cancel, token))
+
+    def _cancel(self, token: int) -> None:
+        """The request's client is gone: its model sees request.is_cancelled() (and its sender's) become True."""
+        with self._open_lock:
+            if token not in self._open:
+                return
+        self.worker.send({"kind": "cancel", "token": token})
 
     def _on_response(self, header: Header, tensors: list[Tensor]) -> None:
         token, final = int(header.get("token", -1)), bool(header.get("final"))

@@ -51,6 +51,8 @@ class _Worker(Protocol):
 
     def log(self, level: str, message: str) -> None: ...
 
+    def is_cancelled(self, token: int) -> bool: ...
+
 
 _worker: _Worker | None = None  # set by stub.py
 
@@ -188,7 +190,7 @@ class InferenceResponseSender:
             self.collected = response
 
     def is_cancelled(self) -> bool:
-        return False
+        return self._request.is_cancelled()
 
     @property
     def closed(self) -> bool:
@@ -241,7 +243,9 @@ class InferenceRequest:
         return self._parameters
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the server cancelled this request (a decoupled request whose client went away or stopped
+        reading); a request of the default mode, or one this model builds (BLS), is never cancelled."""
+        return self.token >= 0 and _link().is_cancelled(self.token)
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:

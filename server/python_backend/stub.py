@@ -46,6 +46,14 @@ class Worker:
         self._bls_ids = itertools.count(1)
         self._bls_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None  # runs an `async def execute`
+        # Cancellation of decoupled requests (the server sends "cancel" when a client goes away). The server's
+        # tokens grow, and its frames arrive in order: a cancel for a token above any executed one is for a request
+        # still on its way (kept); one for a token neither open nor on its way is late (its final response already
+        # went) and is dropped, so the set holds only open requests' tokens.
+        self._tokens_lock = threading.Lock()
+        self._open_tokens: set[int] = set()  # decoupled requests whose final response has not been sent
+        self._cancelled: set[int] = set()
+        self._last_token = 0  # the highest token of an execute frame read
 
     # ---- the main thread: frames in ---------------------------------------------------------------------------
     def read_forever(self) -> None:
@@ -57,11 +65,29 @@ class Worker:
                         waiting = self._bls.get(int(header.get("call", -1)))
                     if waiting is not None:
                         waiting.put((header, tensors))
+                elif header.get("kind") == "cancel":
+                    self._cancel(int(header.get("token", -1)))
                 else:
+                    if header.get("kind") == "execute":
+                        self._opened([int(r["token"]) for r in header.get("requests", [])])
                     self.calls.put((header, tensors))
         except (OSError, IpcError) as exc:
             print(f"nnserve Python worker for '{self.name}': link to the server failed: {exc}", file=sys.stderr)
         os._exit(0)  # the server is gone: nothing this process does matters any more
+
+    def _opened(self, tokens: list[int]) -> None:
+        with self._tokens_lock:
+            if self.decoupled:
+                self._open_tokens.update(tokens)
+            self._last_token = max([self._last_token, *tokens])
+
+    def _cancel(self, token: int) -> None:
+        with self._tokens_lock:
+            if token in self._open_tokens or token > self._last_token:
+                self._cancelled.add(token)
+
+    def is_cancelled(self, token: int) -> bool:
+        return token in self._cancelled
 
     # ---- the call thread --------------------------------------------------------------------------------------
     def serve_calls(self) -> None:
@@ -192,6 +218,10 @@ class Worker:
         tensors = [({"name": t.name()}, t.as_numpy()) for t in response.output_tensors()] if response else []
         self.link.send({"kind": "response", "token": request.token, "final": final, "empty": response is None,
                         **info}, tensors)
+        if final:
+            with self._tokens_lock:
+                self._open_tokens.discard(request.token)
+                self._cancelled.discard(request.token)
 
     def call_model(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Iterator[pb_utils.InferenceResponse]:
         """Sends a BLS request; its responses come back on the main thread into a queue of this call's own."""

@@ -5,8 +5,11 @@ non-streaming ModelInfer a decoupled model is refused with Triton's words."""
 
 from __future__ import annotations
 
+import json
 import queue
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -44,10 +47,52 @@ class TritonPythonModel:
 """
 
 
+# Streams responses until its request is cancelled (or a bound is reached), then writes what it saw to the file
+# named by its "marker" parameter.
+UNTIL_CANCELLED_CONFIG = CRASH_CONFIG + 'parameters { key: "marker" value { string_value: "%s" } }\n'
+UNTIL_CANCELLED_SOURCE = """
+import json
+import os
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+BOUND = 20000
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.marker = config["parameters"]["marker"]["string_value"]
+
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.stream, args=(request,)).start()
+
+    def stream(self, request):
+        sender = request.get_response_sender()
+        before = request.is_cancelled()
+        sent = 0
+        while not sender.is_cancelled() and sent < BOUND:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([sent], np.int32))]))
+            sent += 1
+            threading.Event().wait(0.002)
+        seen = {"before": before, "request": request.is_cancelled(), "sender": sender.is_cancelled(),
+                "sent": sent}
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        with open(self.marker + ".tmp", "w") as f:
+            json.dump(seen, f)
+        os.replace(self.marker + ".tmp", self.marker)
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     root = copy_models(tmp_path_factory.mktemp("decoupled"), "repeat_int32", "simple")
     python_model(root, "crash_after_one", CRASH_CONFIG, CRASH_SOURCE)
+    marker = tmp_path_factory.mktemp("marker") / "seen.json"
+    python_model(root, "until_cancelled", UNTIL_CANCELLED_CONFIG % marker, UNTIL_CANCELLED_SOURCE)
     srv = ServerProcess(root)
     yield srv
     assert srv.stop() == 0, srv.log_text
@@ -173,6 +218,30 @@ def test_http_and_model_infer_refuse_a_decoupled_model(server):
     answer = httpx.post(f"http://{server.http_url}/v2/models/repeat_int32/infer", timeout=30, json={"inputs": [
         {"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]})
     assert answer.status_code == 501 and "decoupled transaction policy" in answer.json()["error"]
+
+
+def test_a_client_that_cancels_its_stream_cancels_the_models_request(server):
+    """Triton's request.is_cancelled() and response_sender.is_cancelled(): False while the client reads, True once
+    it cancels its stream, so a generating model can stop instead of running for nobody."""
+    config = httpx.get(f"http://{server.http_url}/v2/models/until_cancelled/config", timeout=30).json()
+    marker = Path(config["parameters"]["marker"]["string_value"])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put(error or result))
+    try:
+        client.async_stream_infer("until_cancelled", [_int32("IN", [1])])
+        got = [results.get(timeout=60) for _ in range(3)]
+        assert [int(r.as_numpy("OUT")[0]) for r in got] == [0, 1, 2]
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the model never saw its request cancelled"
+        time.sleep(0.05)
+    seen = json.loads(marker.read_text())
+    assert seen["before"] is False and seen["request"] is True and seen["sender"] is True
+    assert 3 <= seen["sent"] < 20000
 
 
 def test_decoupled_requests_count_in_the_statistics(server):
