@@ -117,8 +117,11 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
                    help="let clients register system shared-memory regions (/dev/shm objects) for their tensors")
     p.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                    help="the response cache (models with response_cache { enable: true }): its size in bytes")
-    p.add_argument("--trace-config", action="append", default=[], metavar="[triton,]SETTING=VALUE",
-                   help="tracing: file=PATH, level=OFF|TIMESTAMPS, rate=N, count=N, log_frequency=N (repeatable)")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="tracing: file=PATH, level=OFF|TIMESTAMPS, rate=N, count=N, log_frequency=N, "
+                   "mode=triton|opentelemetry; opentelemetry,url=HOST:PORT/v1/traces, opentelemetry,resource=K=V, "
+                   "opentelemetry,bsp_max_queue_size=N|bsp_schedule_delay=MS|bsp_max_export_batch_size=N "
+                   "(repeatable)")
     p.add_argument("--model-load-max-file-size", type=int, default=defaults.MODEL_LOAD_MAX_FILE_BYTES,
                    metavar="BYTES", help="model files one load request may carry in total ('file:' parameters); "
                    "0 refuses them")

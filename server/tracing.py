@@ -10,7 +10,8 @@ The file, its format and the settings follow Triton's tracer (server src/tracer.
   REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END.
 - The trace file is set when the server starts (--trace-config triton,file=PATH) and cannot be changed over the
   network (Triton's rule); settings per model mirror the global ones for every field they do not set.
-OpenTelemetry export (Triton's other mode) is not implemented: --trace-config mode=opentelemetry is refused.
+Triton's other mode, `--trace-config mode=opentelemetry`, sends the same activities as OTLP spans to a collector
+instead (server/otlp_export.py); sampling and the settings API are the same, the file settings do not apply.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from server.errors import InvalidArgumentError, UnsupportedError
+from server.otlp_export import OtelConfig, OtlpExporter, collector_url, model_spans
 
 log = logging.getLogger("nnserve.trace")
 
@@ -31,6 +33,7 @@ FIELDS = ("trace_level", "trace_rate", "trace_count", "log_frequency")
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 MIN_COUNT = -1
 UINT32_MAX, INT32_MAX = 2**32 - 1, 2**31 - 1
+TRITON_MODE, OTEL_MODE = "triton", "opentelemetry"
 ACTIVITIES = ("REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
               "COMPUTE_END", "REQUEST_END")
 
@@ -44,18 +47,20 @@ class TraceConfig:
     count: int = -1
     log_frequency: int = 0
     file: str = ""
+    mode: str = TRITON_MODE  # or OTEL_MODE
+    otel: OtelConfig = field(default_factory=OtelConfig)
 
     def as_settings(self) -> dict[str, Any]:
         """Triton's response: trace_level a list, every other value a string."""
         return {"trace_level": [self.level], "trace_rate": str(self.rate), "trace_count": str(self.count),
-                "log_frequency": str(self.log_frequency), "trace_file": self.file, "trace_mode": "triton"}
+                "log_frequency": str(self.log_frequency), "trace_file": self.file, "trace_mode": self.mode}
 
     def invalid_reason(self) -> str:
         if self.level == "OFF":
             return "tracing is disabled"
         if self.rate == 0:
             return "sample rate must be non-zero"
-        if not self.file:
+        if not self.file and self.mode == TRITON_MODE:
             return "trace file name is not given"
         return ""
 
@@ -161,6 +166,7 @@ class Setting:
     config: TraceConfig
     specified: frozenset[str] = frozenset()
     file: TraceFile | None = None
+    exporter: OtlpExporter | None = None  # OpenTelemetry mode: traces go there as spans
     seen: int = 0  # requests that asked to be sampled
     remaining: int = -1  # traces still to take (-1: no limit)
     pending: int = 0  # sampled traces not yet finished
@@ -198,6 +204,14 @@ class Setting:
         if flush and self.file is not None:
             self.file.save(flush, indexed=bool(full) or bool(freq))
 
+    def finish_spans(self, spans: list[dict[str, Any]]) -> None:
+        """A sampled trace is done, in OpenTelemetry mode: its spans go to the exporter's queue."""
+        with self._lock:
+            self.pending -= 1
+            self.collected += 1
+        if self.exporter is not None:
+            self.exporter.add(spans)
+
     def retire(self) -> None:
         """Replaced by an update, or the server stops: what is buffered is saved (to an indexed file when
         log_frequency is set, else with the shutdown write)."""
@@ -225,6 +239,10 @@ class Trace:
         self.stamps.append((activity, ns))
 
     def finish(self) -> None:
+        exporter = self.setting.exporter
+        if exporter is not None:
+            self.setting.finish_spans(model_spans(self.head, self.stamps, exporter.clock_offset_ns))
+            return
         objects = [json.dumps(self.head, separators=(",", ":"))]
         objects += [json.dumps({"id": self.id, "timestamps": [{"name": name, "ns": ns}]}, separators=(",", ":"))
                     for name, ns in self.stamps]
@@ -237,6 +255,7 @@ class Tracer:
     def __init__(self, initial: TraceConfig | None = None):
         self.default = initial or TraceConfig()
         self._files: dict[str, TraceFile] = {}
+        self.exporter = OtlpExporter(self.default.otel) if self.default.mode == OTEL_MODE else None
         self.global_setting = self._setting(self.default, frozenset())
         self.models: dict[str, Setting] = {}
         self._lock = threading.Lock()
@@ -244,9 +263,9 @@ class Tracer:
 
     def _setting(self, config: TraceConfig, specified: frozenset[str]) -> Setting:
         file = None
-        if config.file:
+        if config.file and self.exporter is None:
             file = self._files.setdefault(config.file, TraceFile(config.file))
-        return Setting(config, specified, file)
+        return Setting(config, specified, file, self.exporter)
 
     def _any_enabled(self) -> bool:
         return self.global_setting.config.level != "OFF" or any(s.config.level != "OFF" for s in self.models.values())
@@ -317,28 +336,36 @@ class Tracer:
                 setting.retire()
             for file in self._files.values():
                 file.close()
+        if self.exporter is not None:
+            self.exporter.shutdown()
 
 
 def parse_trace_config(specs: list[str]) -> TraceConfig:
     """--trace-config values, Triton's forms: `[triton,]file=PATH`, `level=TIMESTAMPS`, `rate=N`, `count=N`,
-    `log_frequency=N` (also `log-frequency`), `mode=triton`. Raises ValueError with the reason."""
+    `log_frequency=N` (also `log-frequency`), `mode=triton|opentelemetry`, and OpenTelemetry's
+    `opentelemetry,url=HOST:PORT/PATH`, `opentelemetry,resource=KEY=VALUE` (repeatable),
+    `opentelemetry,bsp_max_queue_size=N`, `bsp_schedule_delay=MS`, `bsp_max_export_batch_size=N`. Raises ValueError
+    with the reason."""
     values: dict[str, Any] = {}
+    otel: dict[str, Any] = {}
+    resource = dict(OtelConfig().resource)
     for spec in specs:
         scope, sep, kv = spec.partition(",")
         if not sep:
             scope, kv = "", spec
-        if scope not in ("", "triton", "opentelemetry"):
-            raise ValueError(f"--trace-config '{spec}': unknown mode '{scope}' (expected triton)")
+        if scope not in ("", TRITON_MODE, OTEL_MODE):
+            raise ValueError(f"--trace-config '{spec}': unknown mode '{scope}' (expected triton or opentelemetry)")
         key, eq, value = kv.partition("=")
         key = key.strip().replace("-", "_")
         if not eq:
-            raise ValueError(f"--trace-config '{spec}': expected [triton,]<setting>=<value>")
-        if scope == "opentelemetry" or (key == "mode" and value != "triton"):
-            raise ValueError(f"--trace-config '{spec}': OpenTelemetry export is not implemented; traces are written "
-                             "in Triton's JSON trace file (mode=triton)")
-        if key == "mode":
-            continue
-        if key == "file":
+            raise ValueError(f"--trace-config '{spec}': expected [triton,|opentelemetry,]<setting>=<value>")
+        if scope == OTEL_MODE:
+            _otel_setting(spec, key, value, otel, resource)
+        elif key == "mode":
+            if value not in (TRITON_MODE, OTEL_MODE):
+                raise ValueError(f"--trace-config '{spec}': unknown mode '{value}' (triton or opentelemetry)")
+            values["mode"] = value
+        elif key == "file":
             values["file"] = value
         elif key == "level":
             try:
@@ -353,8 +380,31 @@ def parse_trace_config(specs: list[str]) -> TraceConfig:
         else:
             raise ValueError(f"--trace-config '{spec}': unknown setting '{key}' (file, level, rate, count, "
                              "log_frequency, mode)")
-    config = TraceConfig(**values)
+    config = TraceConfig(**values, otel=OtelConfig(resource=resource, **otel))
+    config.otel.check()
     reason = config.invalid_reason()
     if reason and config.level != "OFF":
         raise ValueError(f"--trace-config: invalid trace setting: {reason}")
     return config
+
+
+_OTEL_NUMBERS = {"bsp_max_queue_size": "max_queue_size", "bsp_schedule_delay": "schedule_delay_ms",
+                 "bsp_max_export_batch_size": "max_export_batch_size"}
+
+
+def _otel_setting(spec: str, key: str, value: str, otel: dict[str, Any], resource: dict[str, str]) -> None:
+    if key == "url":
+        otel["url"] = collector_url(value.strip())
+    elif key == "resource":
+        name, eq, attr = value.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"--trace-config '{spec}': expected opentelemetry,resource=<key>=<value>")
+        resource[name.strip()] = attr
+    elif key in _OTEL_NUMBERS:
+        try:
+            otel[_OTEL_NUMBERS[key]] = int(value)
+        except ValueError:
+            raise ValueError(f"--trace-config '{spec}': {key} must be an integer") from None
+    else:
+        raise ValueError(f"--trace-config '{spec}': unknown OpenTelemetry setting '{key}' (url, resource, "
+                         "bsp_max_queue_size, bsp_schedule_delay, bsp_max_export_batch_size)")

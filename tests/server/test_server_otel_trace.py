@@ -1,0 +1,151 @@
+"""Triton's OpenTelemetry trace mode on the real server: sampled requests reach an OTLP/HTTP collector (a plain
+HTTP server here, reading the JSON encoding as the OTLP specification defines it) as Triton's three spans per
+request: InferRequest, the model span with its attributes, and compute, linked parent to child, with the
+activities as events on the real-time clock. A collector that is absent costs requests nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from serverproc import AFFINE_CONFIG, ServerProcess, make_repository
+
+X = np.array([[0.5, -1.0, 2.0, 1.5]], np.float32)
+HEX32, HEX16 = re.compile(r"^[0-9a-f]{32}$"), re.compile(r"^[0-9a-f]{16}$")
+
+
+class Collector:
+    """Records every POSTed export body; answers as an OTLP/HTTP receiver does (200, an empty JSON response)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        self.paths: list[str] = []
+        self.content_types: list[str] = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                size = int(self.headers["Content-Length"])
+                collector.paths.append(self.path)
+                collector.content_types.append(self.headers["Content-Type"])
+                collector.bodies.append(json.loads(self.rfile.read(size)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.http.server_address[1]
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def spans(self) -> list[tuple[dict, dict]]:
+        """(resource, span) of everything received."""
+        return [(rs["resource"], span) for body in self.bodies for rs in body["resourceSpans"]
+                for ss in rs["scopeSpans"] for span in ss["spans"]]
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    c = Collector()
+    yield c
+    c.close()
+
+
+def _attributes(span: dict) -> dict:
+    out = {}
+    for a in span["attributes"]:
+        (kind, value), = a["value"].items()
+        out[a["key"]] = int(value) if kind == "intValue" else value
+    return out
+
+
+def test_spans_reach_the_collector_as_triton_makes_them(tmp_path, collector):
+    repo = make_repository(tmp_path / "repo", {"affine": AFFINE_CONFIG})
+    srv = ServerProcess(repo, "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+                        "--trace-config", "rate=1", "--trace-config",
+                        f"opentelemetry,url=127.0.0.1:{collector.port}/v1/traces", "--trace-config",
+                        "opentelemetry,resource=service.name=nnserve-test", "--trace-config",
+                        "opentelemetry,resource=deployment=ci", "--trace-config", "opentelemetry,bsp_schedule_delay=50")
+    t_before = time.time_ns()
+    try:
+        setting = httpx.get(f"http://{srv.http_url}/v2/trace/setting", timeout=30).json()
+        assert setting["trace_mode"] == "opentelemetry" and setting["trace_level"] == ["TIMESTAMPS"]
+        body = {"id": "r-http", "inputs": [{"name": "in0", "shape": [1, 4], "datatype": "FP32",
+                                            "data": X.ravel().tolist()}]}
+        assert httpx.post(f"http://{srv.http_url}/v2/models/affine/infer", json=body, timeout=30).status_code == 200
+        inp = grpcclient.InferInput("in0", [1, 4], "FP32")
+        inp.set_data_from_numpy(X)
+        grpcclient.InferenceServerClient(srv.grpc_url).infer("affine", [inp], request_id="r-grpc")
+        deadline = time.monotonic() + 60
+        while len(collector.spans()) < 6:
+            assert time.monotonic() < deadline, f"spans received: {collector.spans()}"
+            time.sleep(0.05)
+    finally:
+        assert srv.stop() == 0, srv.log_text
+    t_after = time.time_ns()
+    assert set(collector.paths) == {"/v1/traces"} and set(collector.content_types) == {"application/json"}
+    by_trace: dict[str, list[tuple[dict, dict]]] = {}
+    for resource, span in collector.spans():
+        by_trace.setdefault(span["traceId"], []).append((resource, span))
+    assert len(by_trace) == 2
+    request_ids = set()
+    for trace_id, items in by_trace.items():
+        assert HEX32.match(trace_id)
+        resource = _attributes(items[0][0])
+        assert resource == {"service.name": "nnserve-test", "deployment": "ci"}
+        spans = {span["name"]: span for _, span in items}
+        assert set(spans) == {"InferRequest", "affine", "compute"}
+        root, model, compute = spans["InferRequest"], spans["affine"], spans["compute"]
+        for span in spans.values():
+            assert HEX16.match(span["spanId"])
+            start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
+            assert t_before - 10**9 <= start <= end <= t_after + 10**9  # the real-time clock
+            times = [int(e["timeUnixNano"]) for e in span["events"]]
+            assert times == sorted(times) and all(start <= t <= end for t in times)
+        assert "parentSpanId" not in root
+        assert model["parentSpanId"] == root["spanId"] and compute["parentSpanId"] == model["spanId"]
+        assert [e["name"] for e in model["events"]] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+        assert [e["name"] for e in compute["events"]] == ["COMPUTE_START", "COMPUTE_INPUT_END",
+                                                          "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+        attributes = _attributes(model)
+        assert attributes["triton.model_name"] == "affine" and attributes["triton.model_version"] == 1
+        assert attributes["triton.trace_id"] > 0
+        request_ids.add(attributes["triton.request_id"])
+    assert request_ids == {"r-http", "r-grpc"}
+
+
+def test_an_absent_collector_costs_requests_nothing(tmp_path):
+    repo = make_repository(tmp_path / "repo", {"affine": AFFINE_CONFIG})
+    probe = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    port = probe.server_address[1]
+    probe.server_close()  # a port nothing listens on
+    srv = ServerProcess(repo, "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+                        "--trace-config", "rate=1", "--trace-config", f"opentelemetry,url=127.0.0.1:{port}",
+                        "--trace-config", "opentelemetry,bsp_schedule_delay=20")
+    try:
+        body = {"inputs": [{"name": "in0", "shape": [1, 4], "datatype": "FP32", "data": X.ravel().tolist()}]}
+        for _ in range(20):
+            r = httpx.post(f"http://{srv.http_url}/v2/models/affine/infer", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 60
+        while "OpenTelemetry export of" not in srv.log_text:
+            assert time.monotonic() < deadline, srv.log_text
+            time.sleep(0.05)
+    finally:
+        assert srv.stop() == 0, srv.log_text
