@@ -99,10 +99,17 @@ def _yielding_int(text: str) -> int:
     return int(text)
 
 
+# json.loads with any keyword argument builds a decoder per call: this one is json.loads(..., parse_constant=...)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _parse_json(head: bytes, yielding: bool = False) -> dict[str, Any]:
-    hooks = {"parse_float": _yielding_float, "parse_int": _yielding_int} if yielding else {}
     try:
-        doc = json.loads(head, parse_constant=_reject_constant, **hooks)
+        if yielding:
+            doc = json.loads(head, parse_constant=_reject_constant, parse_float=_yielding_float,
+                             parse_int=_yielding_int)
+        else:  # what json.loads does with bytes
+            doc = _DECODER.decode(head.decode(json.detect_encoding(head), "surrogatepass"))
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise InvalidArgumentError(f"failed to parse the request JSON: {exc}") from None
     except RecursionError:

@@ -41,7 +41,7 @@ def run_batch(instance: BackendInstance, requests: Sequence[dict[str, np.ndarray
               ) -> tuple[list[dict[str, np.ndarray] | Exception], Execution]:
     """Run `requests` (with `rows` rows each) as one execution: each request's outputs, in order, and its figures.
     A single request goes through unchanged; an instance that takes requests one by one gets them unmerged."""
-    if isinstance(instance, RequestsInstance):
+    if _takes_requests(type(instance), instance):
         return _run_requests(instance, requests, rows, contexts or [None] * len(requests))
     t0 = time.perf_counter_ns()
     inputs = requests[0] if len(requests) == 1 else concat_inputs(requests)
@@ -57,6 +57,18 @@ def run_batch(instance: BackendInstance, requests: Sequence[dict[str, np.ndarray
     copy_in, copy_out = timings.copy_in_ns, timings.copy_out_ns
     return per_request, Execution(sum(rows), len(requests), t1 - t0 + copy_in, max(t2 - t1 - copy_in - copy_out, 0),
                                   copy_out + t3 - t2)
+
+
+_TAKES_REQUESTS: dict[type, bool] = {}
+
+
+def _takes_requests(kind: type, instance: BackendInstance) -> bool:
+    """isinstance(instance, RequestsInstance), once per class: a runtime-checkable Protocol's isinstance looks up
+    every member of the protocol, each time (several per cent of a small model's request)."""
+    known = _TAKES_REQUESTS.get(kind)
+    if known is None:
+        known = _TAKES_REQUESTS[kind] = isinstance(instance, RequestsInstance)
+    return known
 
 
 def _run_requests(instance: RequestsInstance, requests: Sequence[dict[str, np.ndarray]], rows: Sequence[int],

@@ -101,6 +101,50 @@ def test_a_stalled_body_answers_408(guarded: ServerProcess) -> None:
     assert health_ok(guarded) < 10
 
 
+def read_response(sock: socket.socket) -> bytes:
+    """One response with a Content-Length body (the health routes' are empty)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+def test_a_busy_keep_alive_connection_outlives_the_timeouts(guarded: ServerProcess) -> None:
+    """Each request moves the connection's deadlines (head, body, idle) on: one that keeps sending requests for
+    longer than any timeout is never closed."""
+    with connect(guarded) as sock:
+        t0 = time.monotonic()
+        served = 0
+        while time.monotonic() - t0 < 2.5 * TIMEOUT:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock).startswith(b"HTTP/1.1 200"), served
+            served += 1
+            time.sleep(0.01)
+        assert served > 10
+
+
+def test_a_stalled_body_after_served_requests_answers_408(guarded: ServerProcess) -> None:
+    """The body deadline of a connection's later request counts from that request's headers, not from an earlier
+    deadline's."""
+    with connect(guarded) as sock:
+        for _ in range(3):
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_response(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(TIMEOUT * 0.75)  # most of the idle timeout: an earlier deadline still pending would fire soon
+        sock.sendall(b"POST /v2/models/affine/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        t0 = time.monotonic()
+        closed, data = closed_within(sock, 10 * TIMEOUT)
+        assert closed and data.startswith(b"HTTP/1.1 408"), data[:200]
+        assert time.monotonic() - t0 >= TIMEOUT * 0.5
+
+
 def test_slowloris_does_not_lock_others_out(guarded: ServerProcess) -> None:
     """More half-sent requests than the connection limit, and than the server has descriptors, each kept open:
     every new client still gets its answer, and the half-sent ones are closed by the timeout."""

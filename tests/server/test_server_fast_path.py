@@ -21,8 +21,8 @@ from server.backend import RunTimings
 from server.errors import ClientDisconnectedError, InvalidArgumentError
 from server.inference import InferResponse, OutputTensor
 from server.protocol.grpc import pb2, pb2_grpc
-from server.protocol.rest.infer import InferFastPath, unless_disconnected
-from server.protocol.rest.transport import HeadHoldingTransport
+from server.protocol.rest.infer import InferFastPath, unless_disconnected, unless_lost
+from server.protocol.rest.transport import DisconnectWatch, HeadHoldingTransport
 from server.scheduling import Scheduler, SchedulerConfig
 from server.scheduling.execution import run_batch
 from server.scheduling.inline import InlinePolicy
@@ -235,6 +235,35 @@ def test_a_client_hanging_up_cancels_the_work():
             await unless_disconnected(receive, work())
         assert cancelled.is_set()
         return await unless_disconnected(receive, asyncio.sleep(0, result=5))  # finished first: no disconnect
+
+    assert asyncio.run(main()) == 5
+
+
+def test_a_lost_connection_cancels_the_work_through_its_watch():
+    """The server's own protocol cancels the registered task when the connection is lost (no watcher task)."""
+    cancelled = asyncio.Event()
+
+    async def work():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def main():
+        watch = DisconnectWatch()
+        asyncio.get_running_loop().call_later(0.01, watch.connection_lost)
+        with pytest.raises(ClientDisconnectedError):
+            await unless_lost(watch, work())
+        assert cancelled.is_set() and not watch.tasks
+        cancelled.clear()
+        with pytest.raises(ClientDisconnectedError):  # lost before: cancelled where the work first waits
+            await unless_lost(watch, work())
+        assert cancelled.is_set()
+        fresh = DisconnectWatch()
+        result = await unless_lost(fresh, asyncio.sleep(0, result=5))  # finished first: no disconnect
+        fresh.connection_lost()  # after the answer: cancels nothing
+        return result
 
     assert asyncio.run(main()) == 5
 

@@ -23,6 +23,7 @@ from server.errors import ClientDisconnectedError, InvalidArgumentError, Payload
 from server.inference import InferRequest, InferResponse
 from server.protocol import heap, rest_codec
 from server.protocol.rest import compression
+from server.protocol.rest.transport import DISCONNECT_WATCH, DisconnectWatch
 from server.settings import HTTP_DECODE_IN_THREAD_BYTES
 
 log = logging.getLogger("nnserve.http")
@@ -62,9 +63,11 @@ def error_answer(exc: Exception, method: str, path: str) -> Answer:
 
 
 async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping[str, str], receive: Receive,
-                       max_input_bytes: int, decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES) -> Answer:
+                       max_input_bytes: int, decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES,
+                       watch: DisconnectWatch | None = None) -> Answer:
     """One inference request; `headers` is looked up by lower-case name. Bodies of at least
-    `decode_in_thread_bytes` are decompressed and decoded in a worker thread (rest_codec.decode_request)."""
+    `decode_in_thread_bytes` are decompressed and decoded in a worker thread (rest_codec.decode_request). `watch`:
+    the connection's, when the server's protocol gives one (else a task per request waits for http.disconnect)."""
     body = await read_body(headers, receive, max_input_bytes)
     arrival = time.perf_counter_ns()  # the whole request is in: its time in the server starts, before decoding
     size = len(body)
@@ -79,7 +82,9 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
         del body  # the request holds what it needs: views of the body for binary tensors, or arrays
         req.max_shm_input_bytes = max_input_bytes  # its shared-memory inputs count like a body's tensors
         req.arrival_ns = arrival
-        return _encoded(await unless_disconnected(receive, dp.infer(req)), req, headers)
+        work = dp.infer(req)
+        resp = await (unless_disconnected(receive, work) if watch is None else unless_lost(watch, work))
+        return _encoded(resp, req, headers)
     finally:
         heap.after_request(size)
 
@@ -165,6 +170,24 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
         watcher.cancel()
 
 
+async def unless_lost(watch: DisconnectWatch, work: Awaitable[T]) -> T:
+    """unless_disconnected for a connection whose protocol cancels the registered task when it is lost."""
+    task = asyncio.current_task()
+    assert task is not None
+    watch.tasks.add(task)
+    if watch.lost:  # gone already: the work starts and is cancelled where it first waits, as a watcher task would
+        task.cancel()
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if not watch.lost:
+            raise
+        task.uncancel()
+        raise ClientDisconnectedError("client disconnected") from None
+    finally:
+        watch.tasks.discard(task)
+
+
 class InferFastPath:
     """ASGI: infer requests answered here, everything else passed to `app` (the FastAPI app)."""
 
@@ -183,7 +206,8 @@ class InferFastPath:
             headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
         try:
             answer = await infer_answer(self.dp, match["model"], match["version"] or "", headers, receive,
-                                        self.max_input_bytes, self.decode_in_thread_bytes)
+                                        self.max_input_bytes, self.decode_in_thread_bytes,
+                                        scope.get(DISCONNECT_WATCH))
         except Exception as exc:
             answer = error_answer(exc, "POST", scope["path"])
         await send({"type": "http.response.start", "status": answer.status, "headers": answer.raw_headers()})

@@ -5,6 +5,10 @@ uvicorn writes the head when the app sends http.response.start and the body on h
 calls, two TCP segments and two wake-ups of the client for every small response. An app sends both from the same
 coroutine without yielding in between, so the transport here holds a write until the next one (or until the loop's
 next turn, for a head with nothing after it) and passes both on in one writelines.
+
+Each request's scope carries its connection's DisconnectWatch (under DISCONNECT_WATCH): the infer fast path registers
+its task there and is cancelled when the connection is lost, instead of running a task per request that waits for
+http.disconnect.
 """
 
 from __future__ import annotations
@@ -62,6 +66,24 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
 log = logging.getLogger("nnserve.http")
 
+DISCONNECT_WATCH = "nnserve.disconnect_watch"  # the scope key of a request's DisconnectWatch
+
+
+class DisconnectWatch:
+    """One per connection: the tasks to cancel when it is lost (a request's app task, while it waits for its
+    answer), and whether it was."""
+
+    __slots__ = ("lost", "tasks")
+
+    def __init__(self) -> None:
+        self.lost = False
+        self.tasks: set[asyncio.Task] = set()
+
+    def connection_lost(self) -> None:
+        self.lost = True
+        for task in self.tasks:
+            task.cancel()
+
 
 @dataclass(frozen=True)
 class HttpLimits:
@@ -104,7 +126,12 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
         self._quiet_since = time.monotonic()
         self._head_bytes = 0  # bytes received since the current request's head began
         self._in_head = True  # the bytes that come next are a request's line and headers
+        # One timer handle serves every deadline (see _arm): _deadline/_on_expiry are the current one, if any.
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._deadline = 0.0
+        self._on_expiry: Any = None
+        self._watch = DisconnectWatch()
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections and not self._evict_one():
             log.warning("HTTP connection limit (%d) reached with every connection busy: refusing one",
@@ -128,17 +155,41 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
         return (self.cycle is None or self.cycle.response_complete) and not self.pipeline
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_timer()
-        super().connection_lost(exc)
-
-    def _arm(self, seconds: float, on_expiry: Any) -> None:
-        self._cancel_timer()
-        self._timer = self.loop.call_later(seconds, on_expiry)
-
-    def _cancel_timer(self) -> None:
+        self._on_expiry = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        super().connection_lost(exc)
+        self._watch.connection_lost()  # after uvicorn marked the request disconnected, as receive() would report
+
+    # A request arms a deadline twice (head, then body) and clears it once: a timer scheduled and cancelled for
+    # each cost more than the rest of the protocol's work. Arming only moves the deadline; the one handle, when it
+    # fires, does nothing (cleared), waits on (moved later) or expires. A new handle is made only for a deadline
+    # earlier than the pending one's, or when none is pending: about once per timeout period.
+    def _arm(self, seconds: float, on_expiry: Any) -> None:
+        deadline = self.loop.time() + seconds
+        self._deadline, self._on_expiry = deadline, on_expiry
+        if self._timer is None or self._timer_at > deadline:
+            self._schedule(deadline)
+
+    def _schedule(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = self.loop.call_at(at, self._fire), at
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._on_expiry is None:
+            return
+        if self.loop.time() + 0.001 < self._deadline:  # moved later since this handle was made (the loop's clock
+            # has ms steps: a handle may fire a little before its time, which is no reason to wait on)
+            self._schedule(self._deadline)
+            return
+        on_expiry, self._on_expiry = self._on_expiry, None
+        on_expiry()
+
+    def _cancel_timer(self) -> None:
+        self._on_expiry = None
 
     # ---- the head: first byte to the end of the headers ----------------------------------------------------
     # Counted on the raw bytes: httptools accumulates a header's value until the header ends, so a value without
@@ -146,6 +197,7 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
     # limit (it may carry the start of the body), so the head may exceed it by one read at most.
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope[DISCONNECT_WATCH] = self._watch  # type: ignore[literal-required]
         self._arm(self.limits.header_timeout, self._head_too_slow)
 
     def data_received(self, data: bytes) -> None:
@@ -173,12 +225,10 @@ class GuardedHttpToolsProtocol(CoalescingHttpToolsProtocol):
         super().on_response_complete()
 
     def _head_too_slow(self) -> None:
-        self._timer = None
         log.debug("closing an HTTP connection whose request headers took over %.1f s", self.limits.header_timeout)
         self.transport.close()
 
     def _body_too_slow(self) -> None:
-        self._timer = None
         if self.cycle is not None and not self.cycle.response_started:
             self._refuse(408, "Request Timeout", f"request body not received within {self.limits.body_timeout:g} s "
                          "of its headers (--http-body-timeout-secs)")
