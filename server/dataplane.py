@@ -282,7 +282,7 @@ class DataPlane:
         mv = self.get(req.model_name, req.model_version)
         if mv.decoupled:
             raise UnsupportedError(f"{endpoint} doesn't support models with decoupled transaction policy")
-        trace = self.tracer.sample(mv.name, mv.version, req.id)
+        trace = self.tracer.sample(mv.name, mv.version, req.id, req.traceparent)
         if trace is not None:
             trace.stamp("REQUEST_START", t0)
         leases: list[Lease] = []

@@ -83,6 +83,8 @@ class InferRequest:
     # (the statistics' success and fail durations) starts; 0 for requests made inside the server (they start when
     # the data plane gets them)
     arrival_ns: int = 0
+    # The client's W3C trace context (traceparent header or gRPC metadata), read only in OpenTelemetry trace mode
+    traceparent: str = ""
     # Called as the request is handed to its model's scheduler (a stream hands its next request on only then, so
     # that a stream's requests reach their model in order); None when nobody waits for that
     on_scheduled: Callable[[], None] | None = None

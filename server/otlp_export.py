@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -65,16 +66,41 @@ def collector_url(value: str) -> str:
     return value if "://" in value else f"http://{value}"
 
 
-def model_spans(head: dict[str, Any], stamps: list[tuple[str, int]], clock_offset_ns: int) -> list[dict[str, Any]]:
-    """One request's three spans (OTLP JSON), from its activities on the monotonic clock."""
+@dataclass(frozen=True)
+class SpanContext:
+    """A client's span, from its W3C `traceparent` header: the request's spans join its trace, under it."""
+
+    trace_id: str
+    span_id: str
+
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+
+
+def parse_traceparent(value: str) -> SpanContext | None:
+    """W3C Trace Context's traceparent (version-traceid-parentid-flags); None for anything invalid (the request is
+    then sampled as any other, as the specification says a receiver does)."""
+    m = _TRACEPARENT.match(value.strip().lower()) if len(value) <= 512 else None
+    if m is None or m[1] == "ff" or (m[1] == "00" and m[5]):
+        return None
+    if m[2] == "0" * 32 or m[3] == "0" * 16:
+        return None
+    return SpanContext(m[2], m[3])
+
+
+def model_spans(head: dict[str, Any], stamps: list[tuple[str, int]], clock_offset_ns: int,
+                parent: SpanContext | None = None) -> list[dict[str, Any]]:
+    """One request's three spans (OTLP JSON), from its activities on the monotonic clock; under the client's span
+    when it sent one."""
     at = {name: ns + clock_offset_ns for name, ns in stamps}
-    trace_id, root_id, model_id, compute_id = os.urandom(16).hex(), *(os.urandom(8).hex() for _ in range(3))
+    root_id, model_id, compute_id = (os.urandom(8).hex() for _ in range(3))
+    trace_id = parent.trace_id if parent else os.urandom(16).hex()
     start, end = at.get("REQUEST_START", 0), at.get("REQUEST_END", 0)
     attributes = {"triton.model_name": head["model_name"], "triton.model_version": head["model_version"],
                   "triton.trace_id": head["id"], "triton.trace_parent_id": 0}
     if head.get("request_id"):
         attributes["triton.request_id"] = head["request_id"]
-    spans = [_span(trace_id, root_id, "", "InferRequest", start, end, {}, []),
+    spans = [_span(trace_id, root_id, parent.span_id if parent else "", "InferRequest", start, end, {}, []),
              _span(trace_id, model_id, root_id, head["model_name"], start, end, attributes,
                    [(n, at[n]) for n in ("REQUEST_START", "QUEUE_START", "REQUEST_END") if n in at])]
     if "COMPUTE_START" in at:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from server.errors import InvalidArgumentError, UnsupportedError
-from server.otlp_export import OtelConfig, OtlpExporter, collector_url, model_spans
+from server.otlp_export import OtelConfig, OtlpExporter, SpanContext, collector_url, model_spans, parse_traceparent
 
 log = logging.getLogger("nnserve.trace")
 
@@ -58,7 +58,7 @@ class TraceConfig:
     def invalid_reason(self) -> str:
         if self.level == "OFF":
             return "tracing is disabled"
-        if self.rate == 0:
+        if self.rate == 0 and self.mode == TRITON_MODE:  # OpenTelemetry's rate 0: only propagated contexts
             return "sample rate must be non-zero"
         if not self.file and self.mode == TRITON_MODE:
             return "trace file name is not given"
@@ -178,15 +178,20 @@ class Setting:
     def __post_init__(self) -> None:
         self.remaining = self.config.count
 
-    def sample(self) -> bool:
+    def sample(self, propagated: bool = False) -> bool:
+        """Whether to trace the next request; one that brings a trace context (OpenTelemetry mode) is traced
+        whatever the rate and count, as Triton does."""
         with self._lock:
-            if self.config.invalid_reason() or self.remaining == 0:
+            if self.config.invalid_reason():
                 return False
-            self.seen += 1
-            if self.seen % self.config.rate:
-                return False
-            if self.remaining > 0:
-                self.remaining -= 1
+            if not propagated:
+                if self.remaining == 0 or self.config.rate == 0:
+                    return False
+                self.seen += 1
+                if self.seen % self.config.rate:
+                    return False
+                if self.remaining > 0:
+                    self.remaining -= 1
             self.pending += 1
             return True
 
@@ -227,9 +232,11 @@ class Trace:
 
     _ids = itertools.count(1)
 
-    def __init__(self, setting: Setting, model: str, version: str, request_id: str):
+    def __init__(self, setting: Setting, model: str, version: str, request_id: str,
+                 parent: SpanContext | None = None):
         self.id = next(Trace._ids)
         self.setting = setting
+        self.parent = parent  # the client's span (OpenTelemetry's propagated context)
         self.head: dict[str, Any] = {"id": self.id, "model_name": model, "model_version": int(version or 0)}
         if request_id:
             self.head["request_id"] = request_id
@@ -241,7 +248,7 @@ class Trace:
     def finish(self) -> None:
         exporter = self.setting.exporter
         if exporter is not None:
-            self.setting.finish_spans(model_spans(self.head, self.stamps, exporter.clock_offset_ns))
+            self.setting.finish_spans(model_spans(self.head, self.stamps, exporter.clock_offset_ns, self.parent))
             return
         objects = [json.dumps(self.head, separators=(",", ":"))]
         objects += [json.dumps({"id": self.id, "timestamps": [{"name": name, "ns": ns}]}, separators=(",", ":"))
@@ -322,12 +329,18 @@ class Tracer:
         if old is not None:
             old.retire()
 
-    def sample(self, model: str, version: str, request_id: str) -> Trace | None:
+    @property
+    def propagates(self) -> bool:
+        """Whether requests' trace contexts (W3C traceparent) matter: in OpenTelemetry mode."""
+        return self.exporter is not None
+
+    def sample(self, model: str, version: str, request_id: str, traceparent: str = "") -> Trace | None:
         """A Trace when this request is sampled. The common case, tracing off everywhere, is one attribute read."""
         if not self.active:
             return None
         setting = self.models.get(model, self.global_setting)
-        return Trace(setting, model, version, request_id) if setting.sample() else None
+        parent = parse_traceparent(traceparent) if traceparent and self.exporter is not None else None
+        return Trace(setting, model, version, request_id, parent) if setting.sample(parent is not None) else None
 
     def close(self) -> None:
         """Shutdown: buffered traces are written."""

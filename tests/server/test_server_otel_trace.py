@@ -18,6 +18,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from serverproc import AFFINE_CONFIG, ServerProcess, make_repository
 
+from server.otlp_export import parse_traceparent
+
 X = np.array([[0.5, -1.0, 2.0, 1.5]], np.float32)
 HEX32, HEX16 = re.compile(r"^[0-9a-f]{32}$"), re.compile(r"^[0-9a-f]{16}$")
 
@@ -149,3 +151,52 @@ def test_an_absent_collector_costs_requests_nothing(tmp_path):
             time.sleep(0.05)
     finally:
         assert srv.stop() == 0, srv.log_text
+
+
+def test_a_clients_trace_context_is_propagated_and_traced_whatever_the_rate(tmp_path, collector):
+    """Triton's context propagation: a request with a W3C traceparent (HTTP header, gRPC metadata) is traced even
+    at rate 0, its spans in the client's trace under the client's span; one without is not traced at rate 0."""
+    repo = make_repository(tmp_path / "repo", {"affine": AFFINE_CONFIG})
+    srv = ServerProcess(repo, "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+                        "--trace-config", "rate=0", "--trace-config",
+                        f"opentelemetry,url=127.0.0.1:{collector.port}/v1/traces", "--trace-config",
+                        "opentelemetry,bsp_schedule_delay=50")
+    trace_http, span_http = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    trace_grpc, span_grpc = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    body = {"inputs": [{"name": "in0", "shape": [1, 4], "datatype": "FP32", "data": X.ravel().tolist()}]}
+    try:
+        url = f"http://{srv.http_url}/v2/models/affine/infer"
+        assert httpx.post(url, json=body, timeout=30).status_code == 200  # no context: not traced at rate 0
+        assert httpx.post(url, json=body, timeout=30, headers={"traceparent": "00-zz-11-01"}).status_code == 200
+        r = httpx.post(url, json=body, timeout=30, headers={"traceparent": f"00-{trace_http}-{span_http}-01"})
+        assert r.status_code == 200
+        inp = grpcclient.InferInput("in0", [1, 4], "FP32")
+        inp.set_data_from_numpy(X)
+        grpcclient.InferenceServerClient(srv.grpc_url).infer(
+            "affine", [inp], headers={"traceparent": f"00-{trace_grpc}-{span_grpc}-01"})
+        deadline = time.monotonic() + 60
+        while len(collector.spans()) < 6:
+            assert time.monotonic() < deadline, f"spans received: {collector.spans()}"
+            time.sleep(0.05)
+    finally:
+        assert srv.stop() == 0, srv.log_text
+    spans = [span for _, span in collector.spans()]
+    assert len(spans) == 6  # the two requests without a valid context were not traced
+    assert {s["traceId"] for s in spans} == {trace_http, trace_grpc}
+    roots = {s["traceId"]: s for s in spans if s["name"] == "InferRequest"}
+    assert roots[trace_http]["parentSpanId"] == span_http and roots[trace_grpc]["parentSpanId"] == span_grpc
+
+
+@pytest.mark.parametrize("value,valid", [
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", True),
+    ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-00", True),  # case is not significant
+    ("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future", True),  # a later version may add fields
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", False),  # version 00 has four fields
+    ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", False),
+    ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", False),
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", False),
+    ("00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01", False),
+    ("", False), ("00-" + "a" * 5000, False),
+])
+def test_traceparent_parsing_follows_w3c_trace_context(value, valid):
+    assert (parse_traceparent(value) is not None) == valid

@@ -88,6 +88,11 @@ async def decoded(request: Any, max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES, a
     return req
 
 
+def metadata_value(context: Any, key: str) -> str:
+    """A request metadata entry's value ('' when absent)."""
+    return next((str(v) for k, v in (context.invocation_metadata() or ()) if k == key), "")
+
+
 _READ_FAILED = object()  # on a stream's answer queue: reading its requests raised
 _REQUEST_DONE = object()  # on a stream's answer queue: a request's responses are all there
 
@@ -161,7 +166,10 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
 
     @_guard
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        resp = await self.dp.infer(await decoded(request, self.max_input_bytes), GRPC_ENDPOINT)
+        req = await decoded(request, self.max_input_bytes)
+        if self.dp.tracer.propagates:
+            req.traceparent = metadata_value(context, "traceparent")
+        resp = await self.dp.infer(req, GRPC_ENDPOINT)
         return grpc_codec.encode_response_parts(resp)  # joined by grpc_wire.serialize_response
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
@@ -175,6 +183,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
         held = 0  # server slots this stream holds
         tasks: set[asyncio.Task] = set()
         unwritten = _Unwritten()
+        traceparent = metadata_value(context, "traceparent") if self.dp.tracer.propagates else ""
 
         async def read_all() -> None:
             nonlocal held
@@ -190,7 +199,8 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
                     break
                 arrival = time.perf_counter_ns()
                 previous, turn = turn, asyncio.get_running_loop().create_future()
-                task = asyncio.create_task(self._stream_one(request, done, arrival, previous, turn, unwritten))
+                task = asyncio.create_task(self._stream_one(request, done, arrival, previous, turn, unwritten,
+                                                            traceparent))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 del request, task
@@ -224,7 +234,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_one(self, request: Any, done: asyncio.Queue[Any], arrival_ns: int,
                           previous: asyncio.Future[None] | None, turn: asyncio.Future[None],
-                          unwritten: _Unwritten) -> None:
+                          unwritten: _Unwritten, traceparent: str = "") -> None:
         """Every response of one request (a decoupled model's 0..n), each marked triton_final_response as Triton
         marks it; the final flag alone goes out only to a client that asked for it. _REQUEST_DONE follows the last:
         the request's stream slots are held until then, whatever number of responses it had.
@@ -241,6 +251,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
                 if previous is not None:  # decoded or not, this request's turn comes after its predecessor's
                     await asyncio.shield(previous)
             empty_final = req.parameters.pop(grpc_codec.EMPTY_FINAL_PARAM, False) is True
+            req.traceparent = traceparent  # the stream's: its metadata comes once, with the call
             req.on_scheduled = functools.partial(_take_turn, turn)
             async with contextlib.aclosing(self.dp.infer_stream(req)) as responses:
                 async for one in responses:
