@@ -195,7 +195,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the known cliffs only (a few minutes)")
     ap.add_argument("--rounds", type=int, default=3, help="processes per engine, alternating")
     ap.add_argument("--budget", type=float, default=0.4, help="seconds of timed calls per point and round")
-    ap.add_argument("--only", default="", help="only points whose name contains this")
+    ap.add_argument("--only", action="append", default=[],
+                    help="only points whose name contains this (repeatable: any of them)")
     ap.add_argument("--threads", type=int, default=None,
                     help="both engines' thread count (not their defaults: never the headline figure)")
     ap.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
@@ -208,9 +209,10 @@ def main() -> None:
         points = json.loads(args.spec.read_text())
         print(json.dumps(worker(args.worker, points, args.out_dir, args.save, args.budget, args.threads)))
         return
-    points = [p for p in (P.quick_points() if args.quick else P.full_points()) if args.only in P.name_of(p)]
+    points = [p for p in (P.quick_points() if args.quick else P.full_points())
+              if not args.only or any(s in P.name_of(p) for s in args.only)]
     if not points:
-        raise SystemExit(f"no point's name contains {args.only!r}")
+        raise SystemExit(f"no point's name contains any of {args.only!r}")
     rows = sweep(points, args.rounds, args.budget, args.threads)
     settings = ("each engine with its default settings" if args.threads is None else
                 f"both engines at {args.threads} thread(s), not their defaults: not the headline figure")

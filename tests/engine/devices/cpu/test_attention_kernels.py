@@ -62,7 +62,8 @@ def test_fused_workspace_is_one_tile_per_thread():
     node = make_node("Attention", 3)
     ws = kernel_workspace(node, info)
     assert ws == kernel_workspace(node, [fused.TensorInfo((1, 1, 4096, 64), np.float32)] * 3)  # not per head
-    assert ws <= fused.get_threads() * (fused.TILE_BYTES + 128 * 1024) + 64
+    # per thread: the long-sequence tile; the query block, accumulator and product of its 256 rows x 64; small rows
+    assert ws <= fused.get_threads() * (fused.LONG_TILE_BYTES + 3 * 256 * 64 * 4 + 8192) + 64
 
 
 def test_kernel_without_workspace_still_runs():

@@ -67,6 +67,7 @@ GEOMETRIES = {
     "1x1_s2": (16, 8, (1, 1), (1, 16, 9, 9), dict(stride=(2, 2))),
     "depthwise_s1": (32, 32, (3, 3), (2, 32, 11, 12), dict(groups=32, pads=(1, 1, 1, 1))),
     "depthwise_s2": (24, 24, (3, 3), (1, 24, 13, 13), dict(groups=24, stride=(2, 2), pads=(1, 1, 1, 1))),
+    "depthwise_7x7_odd": (20, 20, (7, 7), (2, 20, 15, 13), dict(groups=20, pads=(3, 3, 3, 3))),
     "depthwise_5x5_mult2": (8, 16, (5, 5), (1, 8, 9, 9), dict(groups=8, pads=(2, 2, 2, 2))),
     "grouped_dilated_asym": (6, 9, (3, 3), (2, 6, 11, 10), dict(groups=3, dilation=(2, 1), pads=(2, 0, 1, 2))),
     "first_7x7_s2": (3, 16, (7, 7), (1, 3, 32, 30), dict(stride=(2, 2), pads=(3, 3, 3, 3))),
