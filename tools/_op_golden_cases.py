@@ -375,11 +375,12 @@ FEW_CONFIGS = [(False, 1, False, True), (True, 2, True, False), (True, 1, False,
 class Recurrents(nn.Module):
     """One module per config and state use, each fed time-major `xt` (T, B, I) or batch-first `xb` (B, T, I);
     states are sliced from `h0` / `c0` (4, B, Hout). Without a state every output is returned (out, h_n[, c_n]);
-    with one, alternately all of them and `out` alone (pnnx then writes one output)."""
+    with one, alternately all of them and `out` alone (pnnx then writes one output). An LSTM without a projection
+    returns `out` alone: its h_n and c_n cannot be told apart in the file."""
 
     def __init__(self, kind: str, configs, proj: int = 0, nonlinearity: str = "tanh"):
         super().__init__()
-        self.kind, self.configs = kind, list(configs)
+        self.kind, self.configs, self.proj = kind, list(configs), proj
         extra = {"proj_size": proj} if proj else ({"nonlinearity": nonlinearity} if kind == "RNN" else {})
         self.mods = nn.ModuleList(getattr(nn, kind)(3, 4, num_layers=layers, bidirectional=bi, batch_first=bf,
                                                     **extra)
@@ -396,11 +397,29 @@ class Recurrents(nn.Module):
             else:
                 res = mod(x, h0[:rows])
             out, hn = res
-            if state and (k // 2) % 2:
+            if state and (k // 2) % 2 or (self.kind == "LSTM" and not self.proj):  # h_n, c_n: same shape, and
+                # pnnx lists the outputs in the order they are read: the engine refuses them (pnnx_export_bugs.md)
                 outs.append(out)
             else:
                 outs += [out, *(hn if self.kind == "LSTM" else (hn,))]
         return tuple(outs)
+
+
+class RecurrentForms(nn.Module):
+    """Forms beside the configs: no bias, dropout between layers (eval: none), only h_n read (pnnx then writes
+    h_n as the line's one output), a GRU over an LSTM's output, the state passed as a keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, num_layers=2, bias=False, dropout=0.3)
+        self.gru = nn.GRU(4, 5, bias=False, batch_first=True, bidirectional=True)
+        self.rnn = nn.RNN(3, 4, num_layers=2, dropout=0.5, nonlinearity="relu")
+
+    def forward(self, x, h0):
+        y = self.lstm(x)[0]
+        _, hg = self.gru(y.transpose(0, 1), hx=h0)
+        _, hr = self.rnn(x)
+        return y, hg, hr
 
 
 def _recurrents(kind: str, proj: int = 0, nonlinearity: str = "tanh", configs=None):
@@ -460,6 +479,7 @@ CASES: dict[str, Case] = {
     "rnn_tanh": Case(_recurrents("RNN"), _rnn_inputs(5, 2), _rnn_inputs(8, 3)),
     "rnn_relu": Case(_recurrents("RNN", nonlinearity="relu", configs=FEW_CONFIGS), _rnn_inputs(5, 2),
                      _rnn_inputs(8, 3)),
+    "recurrent_forms": Case(RecurrentForms, [(5, 2, 3), (2, 2, 5)], [(7, 3, 3), (2, 3, 5)]),
     "lstm_proj": Case(_recurrents("LSTM", proj=2, configs=FEW_CONFIGS), _rnn_inputs(5, 2, hout=2),
                       _rnn_inputs(8, 3, hout=2)),
 }

@@ -73,4 +73,47 @@ def recurrent(ctx: Ctx) -> None:
     ctx.floats(*ctx.node.inputs)
     params = {"mode": mode, "hidden_size": hidden, "num_layers": layers, "bidirectional": dirs == 2,
               "batch_first": bool(ctx.p("batch_first", False)), "proj_size": proj}
-    ctx.become("RNN", params, _weights(ctx, mode, layers, dirs, hidden, proj), inputs=list(ctx.node.inputs))
+    attrs = _weights(ctx, mode, layers, dirs, hidden, proj)
+    roles = _roles(ctx, x, params, proj or hidden)
+    if roles == list(ROLES[:len(roles)]):
+        ctx.become("RNN", params, attrs, inputs=list(ctx.node.inputs))
+        return
+    by_role = dict(zip(roles, ctx.node.outputs, strict=True))
+    last = max(map(ROLES.index, roles))
+    outs = [by_role.get(r) or ctx.graph.value(f"{ctx.node.name}/{r}") for r in ROLES[:last + 1]]
+    ctx.emit("RNN", list(ctx.node.inputs), params, attrs, outputs=outs)
+    ctx.done()
+
+
+ROLES = ("out", "h_n", "c_n")
+
+
+def _fits(annotated: int, expected: int) -> bool:
+    return annotated == expected or -1 in (annotated, expected)
+
+
+def _roles(ctx: Ctx, x, params: dict, hout: int) -> list[str]:
+    """Which of out, h_n, c_n each output of the line is, told by its annotated shape: pnnx lists a recurrent
+    module's outputs in the order the graph goes on to read them, not in the module's order, and writes a single
+    output for out, h_n or c_n alike (docs/pnnx_export_bugs.md). A state's first dim is the constant L·D; out's
+    is T (or B), which a dynamic export annotates as unknown. An output that fits no role, or more than one (an
+    LSTM's h_n and c_n without a projection have one shape), is refused rather than guessed."""
+    d, rows = 2 if params["bidirectional"] else 1, params["num_layers"] * (2 if params["bidirectional"] else 1)
+    t, b = (x.shape[1], x.shape[0]) if params["batch_first"] else (x.shape[0], x.shape[1])
+    states = {"h_n": hout} | ({"c_n": params["hidden_size"]} if params["mode"] == "LSTM" else {})
+    out_shape = (b, t, d * hout) if params["batch_first"] else (t, b, d * hout)
+    roles: list[str] = []
+    for v in ctx.node.outputs:
+        shape = v.shape
+        if shape is None or len(shape) != 3:
+            raise ctx.unsupported(f"output {v.name!r} without a 3-D annotation (its role cannot be told)")
+        fit = [r for r, w in states.items() if shape[0] == rows and shape[2] == w and _fits(shape[1], b)]
+        if shape[2] == d * hout and _fits(shape[0], out_shape[0]) and _fits(shape[1], out_shape[1]) \
+                and not (fit and out_shape[0] == -1):  # a dynamic out's first dim is annotated unknown, not L·D
+            fit.append("out")
+        if len(fit) != 1 or fit[0] in roles:
+            raise ctx.unsupported(f"output {v.name!r} annotated {tuple(shape)}, which could be "
+                                  f"{' or '.join(fit) or 'none of out, h_n, c_n'} (pnnx does not list these "
+                                  f"outputs in a fixed order; see docs/pnnx_export_bugs.md)")
+        roles.append(fit[0])
+    return roles
