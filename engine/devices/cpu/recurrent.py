@@ -105,11 +105,13 @@ def _pack(node: Node, d: _Dims) -> list[_Weights]:
     return packs
 
 
-def _step(d: _Dims, w: _Weights, xg: np.ndarray, hg: np.ndarray, h: np.ndarray, c: np.ndarray, tmp: np.ndarray,
-          matmul) -> None:
-    """One time step in place: xg (B, G·H) the input gates of this step, h and c the state."""
+def _step(d: _Dims, w: _Weights, xg: np.ndarray, hg: np.ndarray, h: np.ndarray, c: np.ndarray,
+          tmp: np.ndarray) -> None:
+    """One time step in place: xg (B, G·H) the input gates of this step, h and c the state. The step's GEMMs have
+    B rows: one BLAS call each (np.matmul), not blas.py's thread-pool split, whose hand-off costs more than the
+    product at this size."""
     hid = d.hid
-    matmul(h, w.w_hh, hg)
+    np.matmul(h, w.w_hh, out=hg)
     if d.mode == "GRU":
         r, z, n = hg[:, :hid], hg[:, hid:2 * hid], hg[:, 2 * hid:]
         E.epilogue_cols(n, w.b_hn, True, E.ACT_NONE, 0.0, 0.0, 0.0, 0, n.shape[0])  # numpy would buffer
@@ -144,7 +146,7 @@ def _step(d: _Dims, w: _Weights, xg: np.ndarray, hg: np.ndarray, h: np.ndarray, 
         np.multiply(o, tmp, out=h)
     else:
         tmp *= o
-        matmul(tmp, w.w_hr, h)
+        np.matmul(tmp, w.w_hr, out=h)
 
 
 def _build(backends: Backends, node: Node, ins: list[TensorInfo]):
@@ -185,7 +187,7 @@ def _build(backends: Backends, node: Node, ins: list[TensorInfo]):
                     c[...] = inputs[2][row] if len(inputs) > 2 else 0.0
                 for step in range(t):
                     k = t - 1 - step if dr else step
-                    _step(d, w, xg[k], hg, h, c, tmp, matmul)
+                    _step(d, w, xg[k], hg, h, c, tmp)
                     y[k, :, dr * d.hout:(dr + 1) * d.hout] = h
                 if len(outputs) > 1:
                     outputs[1][row] = h
