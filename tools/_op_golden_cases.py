@@ -422,6 +422,18 @@ class RecurrentForms(nn.Module):
         return y, hg, hr
 
 
+class CrnnHead(nn.Module):  # an OCR model's sequence head: conv features -> (T, N, C) -> 2-layer BiLSTM -> classes
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.rnn = nn.LSTM(8, 6, num_layers=2, bidirectional=True)
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, img):
+        f = torch.relu(self.conv(img)).mean(2).permute(2, 0, 1)
+        return F.log_softmax(self.fc(self.rnn(f)[0]), dim=-1)
+
+
 def _recurrents(kind: str, proj: int = 0, nonlinearity: str = "tanh", configs=None):
     configs = configs or [(*c, state) for c in RNN_CONFIGS for state in (True, False)]  # stateful lines first:
     # the input-check corpus samples the first line of each param set
@@ -479,6 +491,7 @@ CASES: dict[str, Case] = {
     "rnn_tanh": Case(_recurrents("RNN"), _rnn_inputs(5, 2), _rnn_inputs(8, 3)),
     "rnn_relu": Case(_recurrents("RNN", nonlinearity="relu", configs=FEW_CONFIGS), _rnn_inputs(5, 2),
                      _rnn_inputs(8, 3)),
+    "crnn_head": Case(CrnnHead, [(2, 3, 4, 9)], [(1, 3, 4, 13)]),
     "recurrent_forms": Case(RecurrentForms, [(5, 2, 3), (2, 2, 5)], [(7, 3, 3), (2, 3, 5)]),
     "lstm_proj": Case(_recurrents("LSTM", proj=2, configs=FEW_CONFIGS), _rnn_inputs(5, 2, hout=2),
                       _rnn_inputs(8, 3, hout=2)),
