@@ -366,6 +366,84 @@ class AtenNewFull(nn.Module):  # x.new_full with a size from the input's shape: 
                 x.new_full((n, 2, w), -1.5))
 
 
+# -- recurrent layers: every (directions, layers, batch_first) with and without an initial state -------------------
+RNN_CONFIGS = [(bi, layers, bf) for bi in (False, True) for layers in (1, 2) for bf in (False, True)]
+FEW_CONFIGS = [(False, 1, False, True), (True, 2, True, False), (True, 1, False, True), (False, 2, True, False),
+               (True, 2, False, True), (True, 2, True, True)]  # (bidirectional, layers, batch_first, state)
+
+
+class Recurrents(nn.Module):
+    """One module per config and state use, each fed time-major `xt` (T, B, I) or batch-first `xb` (B, T, I);
+    states are sliced from `h0` / `c0` (4, B, Hout). Without a state every output is returned (out, h_n[, c_n]);
+    with one, alternately all of them and `out` alone (pnnx then writes one output). An LSTM without a projection
+    returns `out` alone: its h_n and c_n cannot be told apart in the file."""
+
+    def __init__(self, kind: str, configs, proj: int = 0, nonlinearity: str = "tanh"):
+        super().__init__()
+        self.kind, self.configs, self.proj = kind, list(configs), proj
+        extra = {"proj_size": proj} if proj else ({"nonlinearity": nonlinearity} if kind == "RNN" else {})
+        self.mods = nn.ModuleList(getattr(nn, kind)(3, 4, num_layers=layers, bidirectional=bi, batch_first=bf,
+                                                    **extra)
+                                  for bi, layers, bf, _ in self.configs)
+
+    def forward(self, xt, xb, h0, c0):
+        outs = []
+        for k, (mod, (bi, layers, bf, state)) in enumerate(zip(self.mods, self.configs, strict=True)):
+            x, rows = (xb if bf else xt), layers * (2 if bi else 1)
+            if not state:
+                res = mod(x)
+            elif self.kind == "LSTM":
+                res = mod(x, (h0[:rows], c0[:rows]))
+            else:
+                res = mod(x, h0[:rows])
+            out, hn = res
+            if state and (k // 2) % 2 or (self.kind == "LSTM" and not self.proj):  # h_n, c_n: same shape, and
+                # pnnx lists the outputs in the order they are read: the engine refuses them (pnnx_export_bugs.md)
+                outs.append(out)
+            else:
+                outs += [out, *(hn if self.kind == "LSTM" else (hn,))]
+        return tuple(outs)
+
+
+class RecurrentForms(nn.Module):
+    """Forms beside the configs: no bias, dropout between layers (eval: none), only h_n read (pnnx then writes
+    h_n as the line's one output), a GRU over an LSTM's output, the state passed as a keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, num_layers=2, bias=False, dropout=0.3)
+        self.gru = nn.GRU(4, 5, bias=False, batch_first=True, bidirectional=True)
+        self.rnn = nn.RNN(3, 4, num_layers=2, dropout=0.5, nonlinearity="relu")
+
+    def forward(self, x, h0):
+        y = self.lstm(x)[0]
+        _, hg = self.gru(y.transpose(0, 1), hx=h0)
+        _, hr = self.rnn(x)
+        return y, hg, hr
+
+
+class CrnnHead(nn.Module):  # an OCR model's sequence head: conv features -> (T, N, C) -> 2-layer BiLSTM -> classes
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.rnn = nn.LSTM(8, 6, num_layers=2, bidirectional=True)
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, img):
+        f = torch.relu(self.conv(img)).mean(2).permute(2, 0, 1)
+        return F.log_softmax(self.fc(self.rnn(f)[0]), dim=-1)
+
+
+def _recurrents(kind: str, proj: int = 0, nonlinearity: str = "tanh", configs=None):
+    configs = configs or [(*c, state) for c in RNN_CONFIGS for state in (True, False)]  # stateful lines first:
+    # the input-check corpus samples the first line of each param set
+    return lambda: Recurrents(kind, configs, proj, nonlinearity)
+
+
+def _rnn_inputs(t: int, b: int, hout: int = 4) -> list[Spec]:
+    return [(t, b, 3), (b, t, 3), (4, b, hout), (4, b, 4)]
+
+
 CASES: dict[str, Case] = {
     "tied_embedding_head": Case(TiedEmbeddingHead, [("i64", (2, 5), 11)]),
     "tied_head_owns": Case(TiedHeadOwns, [("i64", (2, 5), 11)]),
@@ -408,4 +486,13 @@ CASES: dict[str, Case] = {
     "index_mask": Case(IndexMask, [(2, 6, 4), ("i64", (2, 6), 2)], [(3, 5, 4), ("i64", (3, 5), 2)]),
     "index_constant": Case(IndexConstant, [(4, 5, 2)]),
     "repeat_runtime": Case(RepeatQueries, [(2, 4, 3)], [(3, 4, 3)]),
+    "lstm": Case(_recurrents("LSTM"), _rnn_inputs(5, 2), _rnn_inputs(8, 3)),
+    "gru": Case(_recurrents("GRU"), _rnn_inputs(5, 2), _rnn_inputs(8, 3)),
+    "rnn_tanh": Case(_recurrents("RNN"), _rnn_inputs(5, 2), _rnn_inputs(8, 3)),
+    "rnn_relu": Case(_recurrents("RNN", nonlinearity="relu", configs=FEW_CONFIGS), _rnn_inputs(5, 2),
+                     _rnn_inputs(8, 3)),
+    "crnn_head": Case(CrnnHead, [(2, 3, 4, 9)], [(1, 3, 4, 13)]),
+    "recurrent_forms": Case(RecurrentForms, [(5, 2, 3), (2, 2, 5)], [(7, 3, 3), (2, 3, 5)]),
+    "lstm_proj": Case(_recurrents("LSTM", proj=2, configs=FEW_CONFIGS), _rnn_inputs(5, 2, hout=2),
+                      _rnn_inputs(8, 3, hout=2)),
 }

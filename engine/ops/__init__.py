@@ -17,6 +17,7 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     pad,
     pool,
     quant,
+    recurrent,
     reduce,
     resize,
     scatter,

@@ -3,7 +3,8 @@
 `TnnLSTM` is TNN's LSTMONNX: ONNX LSTM weights (gates in i, o, f, c order; W [dirs, 4H, I], R [dirs, 4H, H],
 B [dirs, 8H] = input and recurrence biases), but TNN's layouts: X is [T, batch, I] and Y is
 [T, batch, dirs * H] (directions side by side, as torch gives it); Y_h and Y_c are [dirs, batch, H].
-Inputs: X, W, R, B, [h0, c0]; params: hidden_size, direction (0 forward, 1 reverse, 2 both).
+Inputs: X, W, R, B, [h0, c0]; params: hidden_size, direction (0 forward, 1 reverse, 2 both). The time loop and
+the cell are recurrent.py's (the `RNN` op's), on the gates reordered to torch's.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 
 from engine.errors import ShapeError
 from engine.ir import Node
+from engine.ops.recurrent import run_direction
 from engine.ops.registry import OpDef, TensorInfo, register
 
 F32 = np.dtype(np.float32)
@@ -32,22 +34,15 @@ def lstm_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     return outs[:len(node.outputs)]
 
 
-def _sigmoid(v: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-v))
+def _torch_gates(m: np.ndarray, hid: int) -> np.ndarray:
+    """ONNX's gate blocks (i, o, f, c) in torch's order (i, f, g, o), the order recurrent.cell takes."""
+    return np.concatenate([m[k * hid:(k + 1) * hid] for k in (0, 2, 3, 1)])
 
 
-def _run_direction(x, w, r, b, h, c, reverse: bool) -> np.ndarray:
-    t_len, hid = x.shape[0], h.shape[-1]
-    y = np.empty((t_len, x.shape[1], hid), np.float64)
-    bias = b[:4 * hid] + b[4 * hid:]
-    for step in range(t_len):
-        t = t_len - 1 - step if reverse else step
-        gates = x[t] @ w.T + h @ r.T + bias  # [batch, 4H] in i, o, f, c order
-        i, o, f, g = (gates[:, k * hid:(k + 1) * hid] for k in range(4))
-        c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
-        h = _sigmoid(o) * np.tanh(c)
-        y[t] = h
-    return y, h, c
+def _run_direction(x, w, r, b, h, c, reverse: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    hid = h.shape[-1]
+    return run_direction("LSTM", x, _torch_gates(w, hid), _torch_gates(b[:4 * hid], hid), _torch_gates(r, hid),
+                         _torch_gates(b[4 * hid:], hid), h, c, reverse)
 
 
 def lstm_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -20,6 +20,7 @@ from engine.devices.cpu import (
     pad,
     pool,
     quant,
+    recurrent,
     reduce,
     resize,
     scatter,
@@ -34,8 +35,8 @@ from engine.devices.cpu.layout import kernels as layout
 
 KERNELS: dict[str, CpuKernel] = {
     **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **int8.KERNELS, **layout.KERNELS,
-    **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **reduce.KERNELS,
-    **resize.KERNELS, **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS,
+    **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS,
+    **reduce.KERNELS, **resize.KERNELS, **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS,
 }
 
 

@@ -21,6 +21,7 @@ from engine.formats.pnnx.lowering import (  # noqa: F401  (each registers its ha
     lists,
     normalization,
     pooling,
+    recurrent,
     reduce,
     resize_pad,
     scatter,

@@ -77,13 +77,13 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
 
 def check(ctx: Ctx, params: TrackedParams, attrs: set[str]) -> None:
     """Refuses the first unread param HARMLESS does not cover, and a module whose bias flag has no @bias
-    (`attrs`: the node's attribute names before lowering)."""
+    (`attrs`: the node's attribute names before lowering; recurrent modules name theirs bias_ih_l0 ...)."""
     for key, value in dict.items(params):  # dict's own items: reading them here is not the handler's reading
         if key.startswith("$") or key in params.read:
             continue
         ok = HARMLESS.get(key)
         if ok is None or not ok(value):
             raise ctx.unsupported(f"param {key}={value!r} that the lowering does not read")
-    biases = [a for a in attrs if a == "bias" or a.endswith(("_bias", ".bias"))]
+    biases = [a for a in attrs if a == "bias" or a.endswith(("_bias", ".bias")) or a.startswith("bias_")]
     if ctx.type.startswith("nn.") and dict.get(params, "bias") is True and not biases:
         raise ctx.fail("says bias=True but has no bias weight")
