@@ -143,7 +143,7 @@ class NNServer:
         servicer.add_to_server(self._grpc, self.dp, servicer.StreamLimits(
             per_stream=self.settings.grpc_stream_max_inflight, per_server=self.settings.grpc_streams_max_inflight,
             pending_responses=self.settings.grpc_stream_max_pending_responses),
-            max_input_bytes=size)
+            max_input_bytes=size, trace_context=self.dp.tracer.propagates)
         if port:  # a taken port: grpc would print its own C++ error before raising; say it in our one line instead
             bind(address, port, "gRPC").close()
         target = f"[{address}]:{port}" if ":" in address and not address.startswith("[") else f"{address}:{port}"

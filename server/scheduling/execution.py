@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def run_batch(instance: BackendInstance, requests: Sequence[dict[str, np.ndarray
               ) -> tuple[list[dict[str, np.ndarray] | Exception], Execution]:
     """Run `requests` (with `rows` rows each) as one execution: each request's outputs, in order, and its figures.
     A single request goes through unchanged; an instance that takes requests one by one gets them unmerged."""
-    if _takes_requests(type(instance), instance):
+    if _takes_requests(instance):
         return _run_requests(instance, requests, rows, contexts or [None] * len(requests))
     t0 = time.perf_counter_ns()
     inputs = requests[0] if len(requests) == 1 else concat_inputs(requests)
@@ -62,9 +63,10 @@ def run_batch(instance: BackendInstance, requests: Sequence[dict[str, np.ndarray
 _TAKES_REQUESTS: dict[type, bool] = {}
 
 
-def _takes_requests(kind: type, instance: BackendInstance) -> bool:
+def _takes_requests(instance: BackendInstance) -> TypeGuard[RequestsInstance]:
     """isinstance(instance, RequestsInstance), once per class: a runtime-checkable Protocol's isinstance looks up
     every member of the protocol, each time (several per cent of a small model's request)."""
+    kind = type(instance)
     known = _TAKES_REQUESTS.get(kind)
     if known is None:
         known = _TAKES_REQUESTS[kind] = isinstance(instance, RequestsInstance)

@@ -128,8 +128,9 @@ class StreamLimits:
 
 class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dp: DataPlane, stream_limits: StreamLimits | None = None,
-                 max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES):
+                 max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES, trace_context: bool = False):
         self.dp = dp
+        self.trace_context = trace_context  # a request's metadata is read only for it (a cost per request)
         self.stream_limits = stream_limits or StreamLimits()
         self.max_input_bytes = max_input_bytes  # a request's shared-memory inputs count like a message's bytes
         self._stream_slots: asyncio.Semaphore | None = None  # made on first use, inside the server's event loop
@@ -167,7 +168,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
     @_guard
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
         req = await decoded(request, self.max_input_bytes)
-        if self.dp.tracer.propagates:
+        if self.trace_context:
             req.traceparent = metadata_value(context, "traceparent")
         resp = await self.dp.infer(req, GRPC_ENDPOINT)
         return grpc_codec.encode_response_parts(resp)  # joined by grpc_wire.serialize_response
@@ -183,7 +184,7 @@ class InferenceServicer(pb2_grpc.GRPCInferenceServiceServicer):
         held = 0  # server slots this stream holds
         tasks: set[asyncio.Task] = set()
         unwritten = _Unwritten()
-        traceparent = metadata_value(context, "traceparent") if self.dp.tracer.propagates else ""
+        traceparent = metadata_value(context, "traceparent") if self.trace_context else ""
 
         async def read_all() -> None:
             nonlocal held
@@ -385,8 +386,9 @@ INFER_CODECS = {
 
 
 def add_to_server(server: Any, dp: DataPlane, stream_limits: StreamLimits | None = None, *,
-                  max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES) -> None:
-    """GRPCInferenceService and grpc.health.v1.Health over `dp` on `server`, each handler decode-guarded."""
+                  max_input_bytes: int = GRPC_MAX_MESSAGE_BYTES, trace_context: bool = False) -> None:
+    """GRPCInferenceService and grpc.health.v1.Health over `dp` on `server`, each handler decode-guarded.
+    `trace_context`: read requests' traceparent metadata (OpenTelemetry tracing is on)."""
     add_guarded(pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
-                InferenceServicer(dp, stream_limits, max_input_bytes), server, INFER_CODECS)
+                InferenceServicer(dp, stream_limits, max_input_bytes, trace_context), server, INFER_CODECS)
     add_guarded(health_pb2_grpc.add_HealthServicer_to_server, HealthServicer(dp), server)

@@ -82,8 +82,7 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
         del body  # the request holds what it needs: views of the body for binary tensors, or arrays
         req.max_shm_input_bytes = max_input_bytes  # its shared-memory inputs count like a body's tensors
         req.arrival_ns = arrival
-        if dp.tracer.propagates:
-            req.traceparent = headers.get("traceparent", "")
+        req.traceparent = headers.get("traceparent", "")  # used in OpenTelemetry tracing only
         work = dp.infer(req)
         resp = await (unless_disconnected(receive, work) if watch is None else unless_lost(watch, work))
         return _encoded(resp, req, headers)
