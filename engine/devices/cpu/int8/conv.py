@@ -6,9 +6,10 @@ Three ways, chosen once per node at build:
   binary-min one. In the channels no factor makes exact, the outputs oneDNN may have rounded otherwise than TNN
   (requant.suspects) are recomputed after it (loops.fix_suspects).
 - `int32`: the primitive writes the int32 sums (no bias, no post-ops) into the workspace and loops.epilogue
-  requantizes: for a conv with a fused add (TNN adds the other input before rounding, which no post-op chain
-  rounds the same way), a bias that is no float32 exactly (its float add would round twice), too many channels
-  without a factor, or where oneDNN offers only its reference kernel for the fused form.
+  requantizes (a pointwise conv tile by tile of pixels, see TILE_BYTES): for a conv with a fused add (TNN adds
+  the other input before rounding, which no post-op chain rounds the same way), a bias that is no float32 exactly
+  (its float add would round twice), too many channels without a factor, or where oneDNN offers only its
+  reference kernel for the fused form.
 - `direct`: loops.conv_channels for every channel, where oneDNN cannot be exact: sums that can reach 2**24 (its
   s8-input kernels round them through float) or a signed input on a CPU without VNNI (oneDNN halves the weights
   there to keep vpmaddubsw from saturating). Unsigned inputs (0..127) never saturate it, so they stay on oneDNN.
@@ -41,9 +42,8 @@ SERIAL_MACS = 1 << 22
 # The int32 way of a pointwise conv (1x1, stride 1, no pad: every fused conv + add) runs over tiles of pixels of
 # about this many bytes of int32 sums: the epilogue reads them back from L2 instead of from memory, and the
 # workspace holds one tile, not the whole output's sums (MobileNetV2's 56x56x24 fused conv: 301 KB -> 128 KB).
-# Tiles run on one thread: a tile is ~20-50 us of work, less than an OpenMP fork-join costs on a busy host
-# (measured here at load 5 on 2 cores: a 1365-pixel tile 0.21 ms on two threads, a 518-pixel one 0.015 ms on one;
-# the whole conv at batch 1: 0.156 ms untiled, 0.105 ms in serial tiles).
+# A tile forks over the threads as any conv of its work would (SERIAL_MACS). Serial tiles were measured too: faster
+# on a saturated host (batch 1: 0.156 -> 0.105 ms), but they made a batch-8 MobileNetV2 1.6x slower with a core free.
 TILE_BYTES = 1 << 17
 
 
@@ -137,7 +137,7 @@ def _per_channel(a, o: int, dtype) -> np.ndarray:
 class Plan:
     """The primitive for one NHWC input shape, its bound arguments and its workspace share."""
 
-    def __init__(self, spec: QConvSpec, shape: tuple[int, ...], serial: bool = False):
+    def __init__(self, spec: QConvSpec, shape: tuple[int, ...]):
         n, h, w, c = shape
         (n, o, oh, ow), (kh, kw), stride, dil, (t, left), g = conv_geometry(spec.node, (n, c, h, w))
         self.geo, self.out_shape = (stride[0], stride[1], dil[0], dil[1], t, left, g), (n, oh, ow, o)
@@ -149,7 +149,7 @@ class Plan:
         self.way, self.impl = spec.way, "numba"
         self.pad_bytes = self.acc_bytes = 0
         macs = n * oh * ow * o * spec.w[0].size
-        self.threads = 1 if serial or macs < SERIAL_MACS else get_threads()
+        self.threads = 1 if macs < SERIAL_MACS else get_threads()
         if self.way == "direct":
             return
         D.use_threads(self.threads)  # the primitive is laid out for the team it is created with
@@ -193,7 +193,7 @@ class Plan:
         way = spec.way
         # a plan per tile, not per size: each stays bound to its own pointers (rebinding costs ~5 us a call)
         tiles = [(i * per, min(per, pixels - i * per)) for i in range(count)]
-        plans = [Plan(spec, (1, k, 1, c), serial=True) for _, k in tiles]
+        plans = [Plan(spec, (1, k, 1, c)) for _, k in tiles]
         if any(t.way != "int32" for t in plans):  # a tile's kernel is not exact: one pass, as before
             spec.way = way
             return
