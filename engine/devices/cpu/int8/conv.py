@@ -6,9 +6,10 @@ Three ways, chosen once per node at build:
   binary-min one. In the channels no factor makes exact, the outputs oneDNN may have rounded otherwise than TNN
   (requant.suspects) are recomputed after it (loops.fix_suspects).
 - `int32`: the primitive writes the int32 sums (no bias, no post-ops) into the workspace and loops.epilogue
-  requantizes: for a conv with a fused add (TNN adds the other input before rounding, which no post-op chain
-  rounds the same way), a bias that is no float32 exactly (its float add would round twice), too many channels
-  without a factor, or where oneDNN offers only its reference kernel for the fused form.
+  requantizes (a pointwise conv tile by tile of pixels, see TILE_BYTES): for a conv with a fused add (TNN adds
+  the other input before rounding, which no post-op chain rounds the same way), a bias that is no float32 exactly
+  (its float add would round twice), too many channels without a factor, or where oneDNN offers only its
+  reference kernel for the fused form.
 - `direct`: loops.conv_channels for every channel, where oneDNN cannot be exact: sums that can reach 2**24 (its
   s8-input kernels round them through float) or a signed input on a CPU without VNNI (oneDNN halves the weights
   there to keep vpmaddubsw from saturating). Unsigned inputs (0..127) never saturate it, so they stay on oneDNN.
@@ -38,6 +39,12 @@ MAX_FIXUP_SHARE = 0.5  # beyond this share of channels to check, the int32 way i
 # Below this many multiply-adds a conv runs on one OpenMP thread: waking the team costs more than it saves
 # (measured here: a 1.2K-MAC conv 9.7 -> 4.7 us, an 8M-MAC one 151 -> 113 us on a busy 2-core machine).
 SERIAL_MACS = 1 << 22
+# The int32 way of a pointwise conv (1x1, stride 1, no pad: every fused conv + add) runs over tiles of pixels of
+# about this many bytes of int32 sums: the epilogue reads them back from L2 instead of from memory, and the
+# workspace holds one tile, not the whole output's sums (MobileNetV2's 56x56x24 fused conv: 301 KB -> 128 KB).
+# A tile forks over the threads as any conv of its work would (SERIAL_MACS). Serial tiles were measured too: faster
+# on a saturated host (batch 1: 0.156 -> 0.105 ms), but they made a batch-8 MobileNetV2 1.6x slower with a core free.
+TILE_BYTES = 1 << 17
 
 
 class QConvSpec:
@@ -170,6 +177,29 @@ class Plan:
         self.pad_bytes = D.aligned(pad.nbytes)
         self.acc_bytes = 0 if requant else D.aligned(n * oh * ow * o * 4)
         self._bound: tuple[int, int, int] | None = None
+        # (first pixel, pixels, plan) of the int32 way's tiles; empty: one pass over the whole output
+        self.tiles: list[tuple[int, int, Plan]] = []
+        if not requant and _pointwise(spec, stride, dil, self.pads):
+            self._tile(spec, n * oh * ow, c, o)
+
+    def _tile(self, spec: QConvSpec, pixels: int, c: int, o: int) -> None:
+        """Splits a pointwise conv's pixels into tiles, each a (1, k, 1, C) conv of its own: full tiles of the same
+        size whatever the input's shape (so a smaller input never needs more workspace than the largest), and the
+        rest."""
+        per = max(TILE_BYTES // (4 * o), 1)
+        if pixels <= per:
+            return
+        count = -(-pixels // per)
+        way = spec.way
+        # a plan per tile, not per size: each stays bound to its own pointers (rebinding costs ~5 us a call)
+        tiles = [(i * per, min(per, pixels - i * per)) for i in range(count)]
+        plans = [Plan(spec, (1, k, 1, c)) for _, k in tiles]
+        if any(t.way != "int32" for t in plans):  # a tile's kernel is not exact: one pass, as before
+            spec.way = way
+            return
+        self.tiles = [(first, k, t) for (first, k), t in zip(tiles, plans, strict=True)]
+        self.pad_bytes = max(t.pad_bytes for t in plans)
+        self.acc_bytes = max(t.acc_bytes for t in plans)
 
     def _primitive_desc(self, spec: QConvSpec, x_shape, y_shape, stride, dil) -> D.PrimitiveDesc:
         requant, o = self.way == "requant", y_shape[1]
@@ -204,6 +234,12 @@ class Plan:
             self.step.run(ptrs)
             self._bound = (src, dst, scratch)
         D.wait()
+
+
+def _pointwise(spec: QConvSpec, stride, dil, pads) -> bool:
+    """A 1x1 conv, stride 1, no pad, one group: each output pixel reads only its own input pixel."""
+    return (spec.w.shape[2:] == (1, 1) and spec.groups == 1 and tuple(stride) == (1, 1)
+            and tuple(dil) == (1, 1) and not any(pads))
 
 
 def _exact_signed(impl: str) -> bool:
@@ -245,22 +281,33 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
                              spec.w_rows, spec.bias, spec.scale, spec.relu6_max, spec.act, spec.fixup,
                              spec.suspects, plan.geo_array, out)
             return
-        plan.execute(D.address(x), base + plan.pad_bytes, base)
         p, o = out.size // out.shape[-1], out.shape[-1]
         at = base + plan.pad_bytes - D.address(workspace)  # the int32 sums follow the scratchpad
-        acc = workspace.reshape(-1).view(np.uint8)[at:at + p * o * 4].view(np.int32).reshape(p, o)
-        if spec.fusion == 1 and spec.act == 0:
-            parallel_for(loops.epilogue_add, p, out.size, acc, spec.bias, spec.scale, z.reshape(p, o),
-                         spec.add_scale, out.reshape(p, o))
-        else:
-            parallel_for(loops.epilogue, p, out.size, acc, spec.bias, spec.scale, z.reshape(p, o), spec.add_scale,
-                         *spec.terms, out.reshape(p, o))
+        sums = workspace.reshape(-1).view(np.uint8)[at:].view(np.int32)
+        z, out = z.reshape(p, o), out.reshape(p, o)
+        if not plan.tiles:
+            plan.execute(D.address(x), base + plan.pad_bytes, base)
+            _epilogue(spec, sums[:p * o].reshape(p, o), z, out)
+            return
+        x_at, c = D.address(x), x.shape[-1]
+        for first, k, tile in plan.tiles:
+            tile.execute(x_at + first * c, base + plan.pad_bytes, base)
+            _epilogue(spec, sums[:k * o].reshape(k, o), z[first:first + k], out[first:first + k])
 
     first = plans[max_shape]
     run.impl = f"onednn:{first.impl}/{first.way}" if first.way != "direct" else "numba:direct"  # type: ignore
     run.plans = plans  # type: ignore[attr-defined]
     log.debug("%s: int8 conv %s", node.where(), run.impl)  # type: ignore[attr-defined]
     return run
+
+
+def _epilogue(spec: QConvSpec, acc: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
+    """TNN's requantization of (P, O) int32 sums into out (P, O), adding z (P, O) where the conv is fused."""
+    p = acc.shape[0]
+    if spec.fusion == 1 and spec.act == 0:
+        parallel_for(loops.epilogue_add, p, out.size, acc, spec.bias, spec.scale, z, spec.add_scale, out)
+    else:
+        parallel_for(loops.epilogue, p, out.size, acc, spec.bias, spec.scale, z, spec.add_scale, *spec.terms, out)
 
 
 def _direct(spec: QConvSpec, plan: Plan, x, z, out) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 from engine.devices.cpu.int8 import conv, loops
 from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.devices.cpu.threads import parallel_for
+from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.quant import F32, pool_geometry
 from engine.ops.registry import TensorInfo
@@ -46,8 +47,11 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
     scale = _channels(node, "scale", ins[0].shape[1])
 
     def run(inputs, outputs, workspace):
-        x = inputs[0]
-        parallel_for(loops.quantize, x.shape[0] * x.shape[2], x.size, x, scale, outputs[0])
+        x, out = inputs[0], outputs[0]
+        if not out.flags.c_contiguous:  # reshape would write into a copy
+            raise KernelError(f"{node.where()}: {node.op_type} needs a contiguous output")
+        rows = out.reshape(out.shape[0], out.shape[1], -1)  # (N, H, W * C), a view
+        parallel_for(loops.quantize, x.shape[0] * x.shape[2], x.size, x, scale, rows)
     return run
 
 

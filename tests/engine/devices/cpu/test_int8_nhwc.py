@@ -81,6 +81,20 @@ def test_conv_is_bit_exact(cfg):
     _check(node, small, big)  # below the max shape: a second primitive
 
 
+@pytest.mark.parametrize("fusion,activation", [("add_then_act", None), ("act_then_add", "relu6")])
+def test_fused_pointwise_conv_runs_in_tiles_of_pixels(fusion, activation):
+    # 2 x 53 x 51 pixels of 40 channels' int32 sums are beyond TILE_BYTES: full tiles and a rest, each its own
+    # primitive, the sums of one tile at a time in the workspace
+    node = _qconv(40, 24, 1, fusion=fusion, activation=activation)
+    big = _conv_inputs(node, 2, 24, 53, 51)
+    fn, _ = build_kernel(node, infos_of(big, node=node))
+    plan = next(iter(fn.plans.values()))
+    assert plan.way == "int32" and len({k for _, k, _ in plan.tiles}) == 2
+    assert plan.acc_bytes < 2 * 53 * 51 * 40 * 4
+    _check(node, big)
+    _check(node, _conv_inputs(node, 1, 24, 50, 47), big)
+
+
 def _impl(node, arrays):
     fn, _ = build_kernel(node, infos_of(arrays, node=node))
     return fn.impl
