@@ -304,3 +304,101 @@ def test_size_is_the_element_count_as_one_int32(tmp_path):
     model = tnn_model(tmp_path, IN4, ["Size s 1 1 x y"], "y")
     out = run1(model, X4)
     assert out.dtype == np.int32 and out.tolist() == [X4.size]
+
+
+IN3 = "x 3 2 4 11 0"
+X3 = RNG.standard_normal((2, 4, 11)).astype(np.float32)
+
+
+def naive_conv1d(x, w, bias, stride, pad, group, dilation, out_len):
+    """TNN's NaiveConv1D, loop for loop (w: out * in/group * kernel, flat)."""
+    n, ic, length = x.shape
+    oc, k = bias.size, w.size // (bias.size * (ic // group))
+    icg, ocg = ic // group, oc // group
+    w = w.reshape(oc, icg, k)
+    y = np.zeros((n, oc, out_len))
+    for b, o, h in np.ndindex(n, oc, out_len):
+        g = o // ocg
+        for kh in range(k):
+            ih = h * stride - pad + kh * dilation
+            if 0 <= ih < length:
+                for i in range(g * icg, g * icg + icg):
+                    y[b, o, h] += float(x[b, i, ih]) * float(w[o, i - g * icg, kh])
+        y[b, o, h] += bias[o]
+    return y
+
+
+@pytest.mark.parametrize("group, k, stride, right, left, pad_type, dil, act", [
+    (1, 3, 1, 1, 1, -1, 1, 0), (2, 3, 2, 2, 0, -1, 2, 1), (4, 1, 3, 0, 0, -1, 1, 0), (1, 4, 2, 0, 0, 0, 1, 0),
+    (2, 3, 2, 0, 0, 1, 1, 0)])
+def test_convolution1d_matches_tnns_loops(tmp_path, group, k, stride, right, left, pad_type, dil, act):
+    oc = 8
+    w = RNG.standard_normal(oc * (4 // group) * k).astype(np.float32)
+    bias = RNG.standard_normal(oc).astype(np.float32)
+    layer = f"Convolution1D c 1 1 x y {group} 4 {oc} {k} {stride} {right} {left} 1 {pad_type} {dil} {act}"
+    model = tnn_model(tmp_path, IN3, [layer], "y", resources=[("Convolution1D", "c", ["c", 1, w, bias])])
+    if pad_type == 0:  # TNN's SAME: out = ceil(L / stride), pad_top = pad_along / 2
+        out_len = -(-11 // stride)
+        left = max((out_len - 1) * stride + k - 11, 0) // 2
+    elif pad_type == 1:
+        out_len = -(-(11 - k + 1) // stride)
+    else:
+        out_len = (11 + left + right - dil * (k - 1) - 1) // stride + 1
+    want = naive_conv1d(X3, w, bias, stride, left, group, dil, out_len)
+    want = np.maximum(want, 0) if act == 1 else want
+    np.testing.assert_allclose(run1(model, X3), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", ["Convolution1D c 1 1 x y 1 4 6 3 2 0 0 1 0 2 0",
+                                   "Convolution1D c 1 1 x y 1 4 6 3 3 0 0 1 1 1 0",
+                                   "Convolution1D c 1 1 x y 1 4 6 3 1 0 0 1 -1 1 3"])
+def test_convolution1d_variants_tnn_computes_otherwise_are_refused(tmp_path, layer):
+    w, bias = np.zeros(72, np.float32), np.zeros(6, np.float32)
+    with pytest.raises(UnsupportedOpError, match="Convolution1D") as e:
+        tnn_model(tmp_path, IN3, [layer], "y", resources=[("Convolution1D", "c", ["c", 1, w, bias])])
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def test_convolution1d_with_a_wrong_filter_size_is_a_format_error_with_line(tmp_path):
+    w, bias = np.zeros(70, np.float32), np.zeros(6, np.float32)
+    with pytest.raises(ModelFormatError, match="filter") as e:
+        tnn_model(tmp_path, IN3, ["Convolution1D c 1 1 x y 1 4 6 3 1 0 0 1 -1 1 0"], "y",
+                  resources=[("Convolution1D", "c", ["c", 1, w, bias])])
+    assert e.value.line == 6
+
+
+def naive_pool1d(x, pool_type, k, stride, pad, out_len):
+    """TNN's NaivePooling on the (N, C, L, 1) view, loop for loop: the window clipped to the input."""
+    n, ch, length = x.shape
+    y = np.zeros((n, ch, out_len))
+    for b, c, h in np.ndindex(n, ch, out_len):
+        start, end = h * stride - pad, min(h * stride - pad + k, length)
+        window = x[b, c, max(start, 0):end].astype(np.float64)
+        y[b, c, h] = window.max() if pool_type == 0 else window.sum() / window.size
+    return y
+
+
+@pytest.mark.parametrize("pool_type, k, stride, pad, pad_type, ceil", [
+    (0, 3, 2, 1, -1, 0), (1, 3, 2, 1, -1, 0), (1, 4, 3, 1, -1, 1), (0, 2, 2, 0, -1, 1), (1, 3, 1, 0, 0, 0),
+    (0, 3, 1, 0, 0, 1), (1, 3, 2, 0, 1, 0), (0, 0, 1, 0, -1, 0), (1, 0, 1, 0, -1, 0)])
+def test_pooling1d_matches_tnns_loops(tmp_path, pool_type, k, stride, pad, pad_type, ceil):
+    model = tnn_model(tmp_path, IN3, [f"Pooling1D p 1 1 x y {pool_type} {k} {stride} {pad} -1 -1 {pad_type} {ceil}"],
+                      "y")
+    length, kk = 11, k or 11
+    if pad_type == 0:  # SAME, stride 1: out = L, pad_top = ceil((k - 1) / 1)
+        out_len, pad = length, kk - 1
+    elif pad_type == 1:
+        out_len = -(-(length - kk + 1) // stride)
+    else:
+        rounding = np.ceil if ceil else np.floor
+        out_len = int(rounding((length + 2 * pad - kk) / stride + 1))
+    want = naive_pool1d(X3, pool_type, kk, stride, pad, out_len)
+    np.testing.assert_allclose(run1(model, X3), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer", ["Pooling1D p 1 1 x y 0 3 2 0 -1 -1 0 0", "Pooling1D p 1 1 x y 0 3 1 0 -1 2 -1 0",
+                                   "Pooling1D p 1 1 x y 2 3 1 0 -1 -1 -1 0", "Pooling1D p 1 1 x y 0 0 1 1 -1 -1 -1 0"])
+def test_pooling1d_variants_tnn_computes_otherwise_are_refused(tmp_path, layer):
+    with pytest.raises(UnsupportedOpError, match="Pooling1D") as e:
+        tnn_model(tmp_path, IN3, [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
