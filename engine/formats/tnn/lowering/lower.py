@@ -11,6 +11,7 @@ from engine.errors import EngineError, UnsupportedOpError
 from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its handlers)
     binary,
     conv_pool,
+    indexing,
     layout,
     linear,
     normalization,

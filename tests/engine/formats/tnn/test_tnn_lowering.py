@@ -17,7 +17,8 @@ RNG = np.random.default_rng(3)
 
 def tnn_model(tmp_path: Path, inputs: str, layers: list[str], outputs: str, resources=(), consts=(),
               version: int = 2) -> engine.Model:
-    """Writes a .tnnproto/.tnnmodel pair. resources: (type, name, [items]); items are arrays or ints/strs."""
+    """Writes a .tnnproto/.tnnmodel pair. resources: (type, name, [items]); items are arrays, ints, strs or bools
+    (one-byte flags)."""
     magic = 4206624772 if version == 2 else 4206624770
     records = [f"1 0 1 {magic}", inputs, " ", outputs, f" {len(layers)}", *layers]
     (tmp_path / "m.tnnproto").write_text("".join(f'"{r} ,"\n' for r in records))
@@ -27,7 +28,10 @@ def tnn_model(tmp_path: Path, inputs: str, layers: list[str], outputs: str, reso
     for ltype, name, items in resources:
         s.i32(0), s.string(ltype), s.string(name)
         for item in items:
-            s.string(item) if isinstance(item, str) else s.i32(item) if isinstance(item, int) else s.raw(item)
+            if isinstance(item, bool):  # a one-byte flag (Deserializer::GetBool)
+                s.parts.append(bytes([item]))
+            else:
+                s.string(item) if isinstance(item, str) else s.i32(item) if isinstance(item, int) else s.raw(item)
     if consts:
         s.u32(s.magic), s.i32(len(consts))
         for name, data in consts:
@@ -401,4 +405,110 @@ def test_pooling1d_matches_tnns_loops(tmp_path, pool_type, k, stride, pad, pad_t
 def test_pooling1d_variants_tnn_computes_otherwise_are_refused(tmp_path, layer):
     with pytest.raises(UnsupportedOpError, match="Pooling1D") as e:
         tnn_model(tmp_path, IN3, [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def naive_gather_nd(data, indices):
+    """TNN's X86GatherNDLayerAcc: one element per index row, offset = sum of index * stride."""
+    flat, strides = data.reshape(-1), [int(np.prod(data.shape[i + 1:])) for i in range(data.ndim)]
+    rows = indices.reshape(-1, indices.shape[-1])
+    out = [flat[sum(int(i) * st for i, st in zip(row, strides, strict=True))] for row in rows]
+    return np.array(out, data.dtype).reshape(indices.shape[:-1])
+
+
+def test_gather_nd_matches_tnns_loop_with_run_time_and_constant_indices(tmp_path):
+    idx = np.stack([RNG.integers(0, d, (3, 5)) for d in X4.shape], -1).astype(np.int32)
+    model = tnn_model(tmp_path, f"{IN4} : i 3 3 5 4 3", ["GatherND g 2 1 x i y 0"], "y")
+    np.testing.assert_array_equal(run1(model, X4, idx), naive_gather_nd(X4, idx))
+    (tmp_path / "c").mkdir()
+    model = tnn_model(tmp_path / "c", IN4, ["GatherND g 2 1 x i y"], "y", consts=[("i", idx)])
+    np.testing.assert_array_equal(run1(model, X4), naive_gather_nd(X4, idx))
+
+
+@pytest.mark.parametrize("layer, consts, match", [
+    ("GatherND g 2 1 x i y 1", [("i", np.zeros((2, 4), np.int32))], "batch_dims"),
+    ("GatherND g 2 1 x i y 0", [("i", np.zeros((2, 2), np.int32))], "single elements")])
+def test_gather_nd_variants_tnns_x86_acc_refuses_are_refused(tmp_path, layer, consts, match):
+    with pytest.raises(UnsupportedOpError, match=match) as e:
+        tnn_model(tmp_path, IN4, [layer], "y", consts=consts)
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def test_gather_nd_constant_index_out_of_range_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="out of") as e:
+        tnn_model(tmp_path, IN4, ["GatherND g 2 1 x i y 0"], "y", consts=[("i", np.array([[0, 4, 0, 0]], np.int32))])
+    assert e.value.line == 6
+
+
+def naive_scatter_nd(data, indices, updates):
+    """TNN's X86ScatterNDLayerAcc: copy, then memcpy each update slice to the offset its index row gives."""
+    out, k = data.copy().reshape(-1), indices.shape[-1]
+    counts = [int(np.prod(data.shape[i + 1:])) for i in range(k)]
+    size = int(np.prod(data.shape[k:]))
+    upd = updates.reshape(-1)
+    for i, row in enumerate(indices.reshape(-1, k)):
+        offset = sum(int(v) * c for v, c in zip(row, counts, strict=True))
+        out[offset:offset + size] = upd[i * size:(i + 1) * size]
+    return out.reshape(data.shape)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_scatter_nd_matches_tnns_loop(tmp_path, k):
+    idx = np.stack([RNG.integers(0, d, (2, 3)) for d in X4.shape[:k]], -1).astype(np.int32)
+    idx[1, 2] = idx[0, 0]  # a repeated index: the later write stays
+    upd = RNG.standard_normal((2, 3, *X4.shape[k:])).astype(np.float32)
+    inputs = f"{IN4} : u {len(upd.shape)} {' '.join(map(str, upd.shape))} 0"
+    model = tnn_model(tmp_path, inputs, ["ScatterND s 2 1 x u y"], "y",
+                      resources=[("ScatterND", "s", [True, idx, False])])
+    np.testing.assert_array_equal(run1(model, X4, upd), naive_scatter_nd(X4, idx, upd))
+    (tmp_path / "three").mkdir()
+    model = tnn_model(tmp_path / "three", f"{inputs} : i {idx.ndim} {' '.join(map(str, idx.shape))} 3",
+                      ["ScatterND s 3 1 x i u y"], "y")
+    np.testing.assert_array_equal(run1(model, X4, upd, idx), naive_scatter_nd(X4, idx, upd))
+
+
+def test_scatter_nd_negative_constant_index_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="out of") as e:
+        tnn_model(tmp_path, f"{IN4} : u 1 1 0", ["ScatterND s 2 1 x u y"], "y",
+                  resources=[("ScatterND", "s", [True, np.array([[0, -1, 0, 0]], np.int32), False])])
+    assert e.value.line == 6
+
+
+def naive_scatter(data, indices, updates, axis, add):
+    """TNN's CpuScatterLayerAcc / CpuScatterElementsLayerAcc: walk the updates' positions in order, the axis
+    coordinate replaced by the index (negative ones wrapped), assign or add."""
+    out = data.copy()
+    for pos in np.ndindex(*indices.shape):
+        at = list(pos)
+        i = int(indices[pos])
+        at[axis] = i + data.shape[axis] if i < 0 else i
+        out[tuple(at)] = out[tuple(at)] + updates[pos] if add else updates[pos]
+    return out
+
+
+@pytest.mark.parametrize("axis", [0, 1, 3, -2])
+def test_scatter_matches_tnns_loop(tmp_path, axis):
+    dim = X4.shape[axis]
+    idx = RNG.integers(-dim, dim, (1, 3, 2, 5)).astype(np.int32)
+    upd = RNG.standard_normal(idx.shape).astype(np.float32)
+    model = tnn_model(tmp_path, f"{IN4} : u 4 1 3 2 5 0", [f"Scatter s 2 1 x u y {axis}"], "y",
+                      resources=[("Scatter", "s", [True, idx, False])])
+    np.testing.assert_array_equal(run1(model, X4, upd), naive_scatter(X4, idx, upd, axis, False))
+
+
+@pytest.mark.parametrize("axis, op", [(0, 0), (2, 0), (3, 1), (1, 1)])
+def test_scatter_elements_matches_tnns_loop(tmp_path, axis, op):
+    dim = X4.shape[axis]
+    idx = RNG.integers(-dim, dim, (1, 3, 2, 5)).astype(np.int32)
+    upd = RNG.standard_normal(idx.shape).astype(np.float32)
+    inputs = f"{IN4} : i 4 1 3 2 5 3 : u 4 1 3 2 5 0"
+    model = tnn_model(tmp_path, inputs, [f"ScatterElements s 3 1 x i u y {axis} {op}"], "y")
+    want = naive_scatter(X4, idx, upd, axis, op == 1)
+    np.testing.assert_allclose(run1(model, X4, idx, upd), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer", ["ScatterElements s 3 1 x i u y -1 0", "ScatterElements s 3 1 x i u y 0 2"])
+def test_scatter_elements_variants_tnn_computes_otherwise_are_refused(tmp_path, layer):
+    with pytest.raises(UnsupportedOpError, match="ScatterElements") as e:
+        tnn_model(tmp_path, f"{IN4} : i 4 1 3 2 5 3 : u 4 1 3 2 5 0", [layer], "y")
     assert "m.tnnproto:6" in str(e.value)
