@@ -512,3 +512,69 @@ def test_scatter_elements_variants_tnn_computes_otherwise_are_refused(tmp_path, 
     with pytest.raises(UnsupportedOpError, match="ScatterElements") as e:
         tnn_model(tmp_path, f"{IN4} : i 4 1 3 2 5 3 : u 4 1 3 2 5 0", [layer], "y")
     assert "m.tnnproto:6" in str(e.value)
+
+
+def naive_one_hot(indices, depth, axis, off, on, dtype):
+    """TNN's X86OneHotLayerAcc: fill with off, then for each index insert it at `axis` and write on (only in-range
+    indices here: TNN writes out-of-range ones outside the output)."""
+    axis = axis + indices.ndim + 1 if axis < 0 else axis
+    shape = list(indices.shape)
+    shape.insert(axis, depth)
+    out = np.full(shape, off, dtype)
+    for pos in np.ndindex(*indices.shape):
+        at = list(pos)
+        at.insert(axis, int(indices[pos]))
+        out[tuple(at)] = on
+    return out
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, 2, -3])
+def test_one_hot_matches_tnns_loop(tmp_path, axis):
+    idx = RNG.integers(0, 5, (3, 4)).astype(np.int32)
+    values = np.array([-0.5, 2.0], np.float32)
+    model = tnn_model(tmp_path, "i 2 3 4 3", [f"OneHot o 3 1 i d v y {axis} 5 -0.5 2"], "y",
+                      consts=[("d", np.array([5], np.int32)), ("v", values)])
+    out = run1(model, idx)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, naive_one_hot(idx, 5, axis, -0.5, 2.0, np.float32))
+
+
+def test_one_hot_without_values_is_int32_and_wraps_negative_indices(tmp_path):
+    idx = np.array([[0, -1, 2], [3, -4, 1]], np.int32)
+    model = tnn_model(tmp_path, "i 2 2 3 3", ["OneHot o 1 1 i y -1 4"], "y")
+    out = run1(model, idx)
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, naive_one_hot(idx % 4, 4, -1, 0, 1, np.int32))
+
+
+@pytest.mark.parametrize("layer, consts", [
+    ("OneHot o 1 1 i y -1 -1", []),
+    ("OneHot o 3 1 i d v y -1 5", [("d", np.array([5], np.int32)), ("v", np.array([-1, 1], np.float32))])])
+def test_one_hot_variants_tnn_computes_otherwise_are_refused(tmp_path, layer, consts):
+    with pytest.raises(UnsupportedOpError, match="OneHot") as e:
+        tnn_model(tmp_path, "i 2 3 4 3", [layer], "y", consts=consts)
+    assert "m.tnnproto:6" in str(e.value)
+
+
+@pytest.mark.parametrize("start, limit, delta", [(0.5, 3.2, 0.7), (2.0, -1.0, -0.5), (1, 13, 3), (5, 5, 1)])
+def test_range_matches_tnns_loop(tmp_path, start, limit, delta):
+    dtype = np.float32 if isinstance(start, float) else np.int32
+    consts = [(n, np.array([v], dtype)) for n, v in (("s", start), ("l", limit), ("d", delta))]
+    model = tnn_model(tmp_path, IN4, ["Range r 3 1 s l d y", "Add a 2 1 x x z"], "y z", consts=consts)
+    out = model.instance().run({"x": X4})["y"]
+    # TNN: count = ceil((limit - start) / delta) (float32 or int32 arithmetic), y[i] = start + i * delta
+    s, lim, d = (dtype(v) for v in (start, limit, delta))
+    count = max(int(np.ceil(np.float32((lim - s) / d))) if dtype is np.float32 else int((lim - s) / d), 0)
+    want = np.array([s + dtype(i) * d for i in range(count)], dtype)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("consts, inputs", [
+    ([("s", np.array([0], np.int32)), ("l", np.array([5], np.int32)), ("d", np.array([2], np.int32))], IN4),
+    ([("s", np.array([0], np.int32)), ("l", np.array([5.0], np.float32)), ("d", np.array([1], np.int32))], IN4),
+    ([("s", np.array([0], np.int32)), ("d", np.array([1], np.int32))], f"{IN4} : l 1 1 3")])
+def test_range_variants_tnn_computes_otherwise_or_unbounded_are_refused(tmp_path, consts, inputs):
+    with pytest.raises(UnsupportedOpError, match="Range") as e:
+        tnn_model(tmp_path, inputs, ["Range r 3 1 s l d y", "Add a 2 1 x x z"], "y z", consts=consts)
+    assert "m.tnnproto:6" in str(e.value)
