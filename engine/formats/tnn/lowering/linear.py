@@ -1,5 +1,5 @@
 """TNN matrix layers -> canonical ops: InnerProduct -> Gemm, MatMul (a stored weight as a constant operand), and
-LSTMONNX -> TnnLSTM."""
+LSTMONNX -> TnnLSTM, Inverse (of 2x2 matrices, by the adjugate)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,24 @@ def lower_lstm(c: Ctx) -> None:
     if clip or direction not in (0, 1, 2) or not 4 <= len(c.inputs) <= 6:
         c.unsupported("with a clip threshold, an unknown direction or missing weights")
     c.emit("TnnLSTM", list(c.inputs), {"hidden_size": hidden, "direction": direction}, outputs=list(c.outputs))
+
+
+@handles("Inverse")
+def lower_inverse(c: Ctx) -> None:
+    """No params. CpuInverseLayerAcc inverts (..., 2, 2) matrices only: [[d, -b], [-c, a]] * (1 / (a*d - b*c)), in
+    float32 as written there (a singular matrix gives infinities or NaN, as in TNN)."""
+    if len(c.inputs) != 1:
+        c.fail(f"takes one input, has {len(c.inputs)}")
+    shape = c.shape(c.inputs[0])
+    if shape is None or len(shape) < 2 or tuple(shape[-2:]) != (2, 2):
+        c.unsupported(f"of a {shape} input (TNN's acc inverts (..., 2, 2) matrices only)")
+    r = len(shape)
+
+    def entry(i: int, j: int):
+        return c.tmp("Slice", [c.inputs[0]], {"starts": [i, j], "ends": [i + 1, j + 1], "axes": [r - 2, r - 1],
+                                              "steps": [1, 1]})
+    a, b, cc, d = entry(0, 0), entry(0, 1), entry(1, 0), entry(1, 1)
+    det_inv = c.tmp("Reciprocal", [c.tmp("Sub", [c.tmp("Mul", [a, d]), c.tmp("Mul", [b, cc])])])
+    top = c.tmp("Concat", [d, c.tmp("Neg", [b])], {"axis": r - 1})
+    bottom = c.tmp("Concat", [c.tmp("Neg", [cc]), a], {"axis": r - 1})
+    c.out("Mul", [c.tmp("Concat", [top, bottom], {"axis": r - 2}), det_inv])

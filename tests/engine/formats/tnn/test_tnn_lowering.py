@@ -578,3 +578,71 @@ def test_range_variants_tnn_computes_otherwise_or_unbounded_are_refused(tmp_path
     with pytest.raises(UnsupportedOpError, match="Range") as e:
         tnn_model(tmp_path, inputs, ["Range r 3 1 s l d y", "Add a 2 1 x x z"], "y z", consts=consts)
     assert "m.tnnproto:6" in str(e.value)
+
+
+@pytest.mark.parametrize("direction, bits", [(0, 0), (0, 3), (1, 5), (0, 31), (1, 31)])
+@pytest.mark.parametrize("code, dtype", [(3, np.int32), (6, np.uint32)])
+def test_bit_shift_matches_tnns_unsigned_loop(tmp_path, direction, bits, code, dtype):
+    x = np.array([[0, 1, -1, 7, 2 ** 31 - 1, -(2 ** 31), 12345, -98765]]).astype(dtype)
+    model = tnn_model(tmp_path, f"x 2 1 8 {code}", [f"BitShift b 1 1 x y {direction} {bits}"], "y")
+    # TNN: output_data[i] = (unsigned int) input_data[i] >> bits (or << bits), one element at a time
+    want = np.array([((int(v) & 0xFFFFFFFF) >> bits if direction == 0 else (int(v) << bits) & 0xFFFFFFFF)
+                     for v in x.reshape(-1).astype(np.int64)], np.uint32).view(dtype).reshape(x.shape)
+    out = run1(model, x)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("layer, inputs", [("BitShift b 1 1 x y 0 32", "x 2 1 8 3"),
+                                           ("BitShift b 1 1 x y 0 1", "x 2 1 8 0")])
+def test_bit_shift_variants_are_refused(tmp_path, layer, inputs):
+    with pytest.raises(UnsupportedOpError, match="BitShift") as e:
+        tnn_model(tmp_path, inputs, [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def naive_signed_mul(x, alpha, beta, gamma):
+    """TNN's X86SignedMulLayerAcc, loop for loop, in float32."""
+    x = x.astype(np.float32)
+    n, ch = x.shape[:2]
+    t = x.reshape(n, ch, -1).copy()
+    gamma_inv = np.float32(1.0) / np.float32(gamma)
+    for b, c, i in np.ndindex(*t.shape):
+        temp = t[b, c, i] - np.float32(alpha)
+        temp = np.float32(1) if temp > 0 else np.float32(-1) if temp < 0 else temp
+        t[b, c, i] = (temp + np.float32(beta)) * gamma_inv
+    for b in range(n):
+        for c in range(ch - 1, -1, -1):
+            t[b, c] *= t[b, 0]
+    return t.reshape(x.shape)
+
+
+@pytest.mark.parametrize("alpha, beta, gamma", [(0.0, 1.0, 2.0), (0.3, -0.5, 0.7), (-1.0, 0.0, 1.0)])
+def test_signed_mul_matches_tnns_loop(tmp_path, alpha, beta, gamma):
+    x = X4.copy()
+    x[0, :, 0, 0] = alpha  # sign(0) stays 0
+    model = tnn_model(tmp_path, IN4, [f"SignedMul s 1 1 x y {alpha} {beta} {gamma}"], "y")
+    np.testing.assert_allclose(run1(model, x), naive_signed_mul(x, alpha, beta, gamma), rtol=1e-6, atol=1e-7)
+
+
+def naive_inverse(x):
+    """TNN's CpuInverseLayerAcc: per 2x2 matrix, det in float32, its inverse times the adjugate."""
+    out = np.empty_like(x).reshape(-1, 4)
+    for k, (a, b, c, d) in enumerate(x.reshape(-1, 4).astype(np.float32)):
+        det_inv = np.float32(1.0) / (a * d - b * c)
+        out[k] = [d * det_inv, -b * det_inv, -c * det_inv, a * det_inv]
+    return out.reshape(x.shape)
+
+
+def test_inverse_matches_tnns_loop_and_numpys_inverse(tmp_path):
+    x = RNG.standard_normal((3, 4, 2, 2)).astype(np.float32)
+    model = tnn_model(tmp_path, "x 4 3 4 2 2 0", ["Inverse i 1 1 x y"], "y")
+    out = run1(model, x)
+    np.testing.assert_allclose(out, naive_inverse(x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out, np.linalg.inv(x), rtol=1e-3, atol=1e-3)
+
+
+def test_inverse_of_other_than_2x2_is_refused(tmp_path):
+    with pytest.raises(UnsupportedOpError, match="Inverse") as e:
+        tnn_model(tmp_path, "x 3 2 3 3 0", ["Inverse i 1 1 x y"], "y")
+    assert "m.tnnproto:6" in str(e.value)
