@@ -560,3 +560,23 @@ def test_real_export_with_run_time_slices_runs_at_both_shapes():
         assert len(got) == 3
         for i, a in enumerate(got):
             np.testing.assert_array_equal(a, io[f"out{i}"])
+
+
+@pytest.mark.parametrize("mode, padding, align", [("bilinear", "zeros", "False"), ("nearest", "border", "True")])
+def test_grid_sample_maps_to_the_grid_sample_op(tmp_path, mode, padding, align):
+    g = lower(tmp_path, f"""
+pnnx.Input in0 0 1 x #x=(1,2,4,5)f32
+pnnx.Input in1 0 1 g #g=(1,3,3,2)f32
+F.grid_sample op 2 1 x g y align_corners={align} mode={mode} padding_mode={padding} $input=x $grid=g #y=(1,2,3,3)f32
+pnnx.Output out 1 0 y""")
+    (node,) = [n for n in g.nodes if n.op_type == "GridSample"]
+    assert node.params == {"mode": mode, "padding_mode": padding, "align_corners": align == "True"}
+
+
+def test_grid_sample_with_reflection_padding_is_refused(tmp_path):
+    with pytest.raises(UnsupportedOpError, match="reflection"):
+        lower(tmp_path, """
+pnnx.Input in0 0 1 x #x=(1,2,4,5)f32
+pnnx.Input in1 0 1 g #g=(1,3,3,2)f32
+F.grid_sample op 2 1 x g y align_corners=False mode=bilinear padding_mode=reflection $input=x $grid=g #y=(1,2,3,3)f32
+pnnx.Output out 1 0 y""")

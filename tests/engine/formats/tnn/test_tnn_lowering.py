@@ -646,3 +646,35 @@ def test_inverse_of_other_than_2x2_is_refused(tmp_path):
     with pytest.raises(UnsupportedOpError, match="Inverse") as e:
         tnn_model(tmp_path, "x 3 2 3 3 0", ["Inverse i 1 1 x y"], "y")
     assert "m.tnnproto:6" in str(e.value)
+
+
+def naive_grid_sample(x, grid):
+    """TNN's CpuGridSampleLayerAcc (bilinear, zeros, align_corners 0), loop for loop in float32."""
+    n, ch, ih, iw = x.shape
+    _, oh, ow, _ = grid.shape
+    out = np.zeros((n, ch, oh, ow), np.float32)
+    f32 = np.float32
+    for b, h, w in np.ndindex(n, oh, ow):
+        gx, gy = grid[b, h, w]
+        ix = f32((f32(gx) + 1) * iw * 0.5 - 0.5)
+        iy = f32((f32(gy) + 1) * ih * 0.5 - 0.5)
+        x0, y0 = int(np.floor(ix)), int(np.floor(iy))
+        taps = [(y0, x0, (x0 + 1 - ix) * (y0 + 1 - iy)), (y0, x0 + 1, (ix - x0) * (y0 + 1 - iy)),
+                (y0 + 1, x0, (x0 + 1 - ix) * (iy - y0)), (y0 + 1, x0 + 1, (ix - x0) * (iy - y0))]
+        for yy, xx, weight in taps:
+            if 0 <= yy < ih and 0 <= xx < iw:
+                out[b, :, h, w] += x[b, :, yy, xx] * f32(weight)
+    return out
+
+
+def test_grid_sample_matches_tnns_loop(tmp_path):
+    grid = RNG.uniform(-1.3, 1.3, (1, 5, 7, 2)).astype(np.float32)  # some samples fall outside the input
+    model = tnn_model(tmp_path, f"{IN4} : g 4 1 5 7 2 0", ["GridSample s 2 1 x g y 2 0 0"], "y")
+    np.testing.assert_allclose(run1(model, X4, grid), naive_grid_sample(X4, grid), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("params", ["1 0 0", "2 1 0", "2 0 1"])
+def test_grid_sample_variants_tnns_acc_refuses_are_refused(tmp_path, params):
+    with pytest.raises(UnsupportedOpError, match="GridSample") as e:
+        tnn_model(tmp_path, f"{IN4} : g 4 1 5 7 2 0", [f"GridSample s 2 1 x g y {params}"], "y")
+    assert "m.tnnproto:6" in str(e.value)
