@@ -131,8 +131,8 @@ def test_reshape_shape_from_constant_map_and_inner_product_keeps_rank(tmp_path):
 
 def test_layer_without_lowering_names_type_and_line(tmp_path):
     with pytest.raises(UnsupportedOpError) as e:
-        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "Einsum l 1 1 t y"], "y")
-    assert "Einsum" in str(e.value) and "m.tnnproto:7" in str(e.value)
+        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "NonZero l 1 1 t y"], "y")
+    assert "NonZero" in str(e.value) and "m.tnnproto:7" in str(e.value)
 
 
 def test_missing_resource_is_a_format_error_with_line(tmp_path):
@@ -677,4 +677,44 @@ def test_grid_sample_matches_tnns_loop(tmp_path):
 def test_grid_sample_variants_tnns_acc_refuses_are_refused(tmp_path, params):
     with pytest.raises(UnsupportedOpError, match="GridSample") as e:
         tnn_model(tmp_path, f"{IN4} : g 4 1 5 7 2 0", [f"GridSample s 2 1 x g y {params}"], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def brute_einsum(equation, a, b):
+    """Two-operand einsum by its definition: for every assignment of the labels, out[out labels] += a * b."""
+    lhs, rhs = equation.split("->")
+    ta, tb = lhs.split(",")
+    sizes = dict(zip(ta, a.shape, strict=True)) | dict(zip(tb, b.shape, strict=True))
+    labels = sorted(sizes)
+    out = np.zeros([sizes[label] for label in rhs])
+    for values in np.ndindex(*[sizes[label] for label in labels]):
+        at = dict(zip(labels, values, strict=True))
+        out[tuple(at[label] for label in rhs)] += (float(a[tuple(at[label] for label in ta)])
+                                                   * float(b[tuple(at[label] for label in tb)]))
+    return out
+
+
+@pytest.mark.parametrize("equation, sa, sb", [
+    ("bij,bjk->bik", (2, 3, 4), (2, 4, 5)), ("bhqd,bhkd->bhqk", (1, 2, 3, 4), (1, 2, 5, 4)),
+    ("i,j->ij", (3,), (4,)), ("ij,jk->ki", (3, 4), (4, 2)), ("bi,bi->b", (3, 4), (3, 4))])
+def test_einsum_matches_the_definition(tmp_path, equation, sa, sb):
+    a, b = RNG.standard_normal(sa).astype(np.float32), RNG.standard_normal(sb).astype(np.float32)
+    inputs = f"a {len(sa)} {' '.join(map(str, sa))} 0 : b {len(sb)} {' '.join(map(str, sb))} 0"
+    model = tnn_model(tmp_path, inputs, [f"Einsum e 2 1 a b y {equation.replace(',', ';')}"], "y")
+    np.testing.assert_allclose(run1(model, a, b), brute_einsum(equation, a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_full_contraction_is_tnns_dot_of_shape_1(tmp_path):
+    a, b = RNG.standard_normal((3, 4)).astype(np.float32), RNG.standard_normal((3, 4)).astype(np.float32)
+    model = tnn_model(tmp_path, "a 2 3 4 0 : b 2 3 4 0", ["Einsum e 2 1 a b y ij;ij->"], "y")
+    out = run1(model, a, b)
+    assert out.shape == (1,)
+    np.testing.assert_allclose(out, [float((a.astype(np.float64) * b).sum())], rtol=1e-5)
+
+
+@pytest.mark.parametrize("layer", ["Einsum e 2 1 a b y ijk;ijk->i", "Einsum e 2 1 a b y ii;ij->j",
+                                   "Einsum e 2 1 a b y iJ;Jk->ik", "Einsum e 1 1 a y ijk->kji"])
+def test_einsum_variants_tnns_acc_computes_otherwise_are_refused(tmp_path, layer):
+    with pytest.raises(UnsupportedOpError, match="Einsum") as e:
+        tnn_model(tmp_path, "a 3 3 3 3 0 : b 3 3 3 3 0", [layer], "y")
     assert "m.tnnproto:6" in str(e.value)
