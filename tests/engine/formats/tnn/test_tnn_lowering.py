@@ -718,3 +718,37 @@ def test_einsum_variants_tnns_acc_computes_otherwise_are_refused(tmp_path, layer
     with pytest.raises(UnsupportedOpError, match="Einsum") as e:
         tnn_model(tmp_path, "a 3 3 3 3 0 : b 3 3 3 3 0", [layer], "y")
     assert "m.tnnproto:6" in str(e.value)
+
+
+@pytest.mark.parametrize("alias, base", [
+    ("Pooling_nhwc p 1 1 x y 0 2 2 2 2 0 0 -1 -1 -1 0 0", "Pooling p 1 1 x y 0 2 2 2 2 0 0 -1 -1 -1 0 0"),
+    ("Pooling_split_CC p 1 1 x y 1 3 3 1 1 1 1 -1 -1 -1 0 0", "Pooling p 1 1 x y 1 3 3 1 1 1 1 -1 -1 -1 0 0"),
+    ("Softmax_nhwc s 1 1 x y 1", "Softmax s 1 1 x y 1"), ("Flatten_nhwc f 1 1 x y 1", "Flatten f 1 1 x y 1"),
+    ("Concat_nhwc c 2 1 x x y 1", "Concat c 2 1 x x y 1"), ("Reduce_Sum r 1 1 x y 0 1", "ReduceSum r 1 1 x y 0 1"),
+    ("StridedSlice_nhwc s 1 1 x y 4 0 1 0 0 4 0 3 0 -1 4 1 1 1 2",
+     "StridedSlice s 1 1 x y 4 0 1 0 0 4 0 3 0 -1 4 1 1 1 2")])
+def test_tnns_other_spellings_of_a_type_run_as_that_type(tmp_path, alias, base):
+    """TNN maps both strings to one LayerType (layer_type.cc) and reads and runs the layer by that alone."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    want = run1(tnn_model(tmp_path / "b", IN4, [base], "y"), X4)
+    np.testing.assert_array_equal(run1(tnn_model(tmp_path / "a", IN4, [alias], "y"), X4), want)
+
+
+def test_tnns_other_spellings_read_their_resources(tmp_path):
+    w, bias, slope = (RNG.standard_normal(n).astype(np.float32) for n in (4 * 4 * 9, 4, 4))
+    layers = ["Convolution_nhwc c 1 1 x t 1 4 4 3 3 1 1 1 1 1 -1 1 1", "PReLU_nhwc p 1 1 t y 0 0"]
+    model = tnn_model(tmp_path, IN4, layers, "y", resources=[("Convolution_nhwc", "c", ["c", 1, w, bias]),
+                                                             ("PReLU_nhwc", "p", ["p", slope])])
+    (tmp_path / "b").mkdir()
+    base = tnn_model(tmp_path / "b", IN4, [layer.replace("_nhwc", "") for layer in layers], "y",
+                     resources=[("Convolution", "c", ["c", 1, w, bias]), ("PReLU", "p", ["p", slope])])
+    np.testing.assert_array_equal(run1(model, X4), run1(base, X4))
+
+
+@pytest.mark.parametrize("layer, reason", [("NonZero n 1 1 x y", "depends on the input's values"),
+                                           ("Reformat r 1 1 x y 0 1", "TNN's runtime inserts")])
+def test_types_refused_on_purpose_say_why(tmp_path, layer, reason):
+    with pytest.raises(UnsupportedOpError, match=reason) as e:
+        tnn_model(tmp_path, IN4, [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
