@@ -77,7 +77,7 @@ TYPE_ALIASES: dict[str, str] = {
     "Convolution_nhwc": "Convolution", "BatchNormCxx_nhwc": "BatchNormCxx", "Pooling_nhwc": "Pooling",
     "Pooling_split_CC": "Pooling", "Softmax_nhwc": "Softmax", "Concat_nhwc": "Concat", "Flatten_nhwc": "Flatten",
     "InnerProduct_nhwc": "InnerProduct", "PReLU_nhwc": "PReLU", "StridedSlice_nhwc": "StridedSlice",
-    "Reduce_Sum": "ReduceSum",
+    "Reduce_Sum": "ReduceSum", "QuantizedConvolution_nhwc": "QuantizedConvolution",
 }
 LAYER_TYPES |= {alias: LAYER_TYPES.get(base, 0) for alias, base in TYPE_ALIASES.items() if alias not in LAYER_TYPES}
 

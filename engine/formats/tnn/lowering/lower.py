@@ -30,6 +30,7 @@ from engine.ir import Graph, Node
 
 # TNN reads an alias exactly as the type it stands for (constants.TYPE_ALIASES)
 register({alias: HANDLERS[base] for alias, base in TYPE_ALIASES.items() if base in HANDLERS})
+register({alias: QUANTIZED[base] for alias, base in TYPE_ALIASES.items() if base in QUANTIZED}, quantized=True)
 
 # Types refused on purpose, with the reason the error gives.
 REFUSED: dict[str, str] = {
