@@ -157,4 +157,11 @@ def lower_pooling1d(c: Ctx) -> None:
         params.update(pads=(0, k - 1, 0, 0), ceil_mode=False)
     elif pad_type != -1:
         c.unsupported(f"with pad_type {pad_type} and stride {stride} (TNN's SAME puts ceil(pad / stride) first)")
+    shape = c.shape(c.inputs[0])
+    if pad_type == -1 and ceil and shape is not None and len(shape) == 3:
+        # TNN keeps a last window that starts in the end padding (it reads no element there); torch's ceil_mode,
+        # the pool ops', drops it: one output element fewer
+        out = -(-(shape[2] + 2 * pad - k) // stride) + 1
+        if (out - 1) * stride >= shape[2] + pad:
+            c.unsupported(f"with ceil_mode where the last window starts in the padding (length {shape[2]})")
     _back_to_3d(c, op, _unit_dim(c), params)

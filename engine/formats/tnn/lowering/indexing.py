@@ -74,13 +74,22 @@ def lower_scatter_nd(c: Ctx) -> None:
     else:
         c.fail(f"takes (data, updates) with an indices resource, or (data, indices, updates); got "
                f"{len(c.inputs)} inputs")
+    _float_data(c, data)
     shape = c.shape(data)
     k = _index_rank(c, idx, None if shape is None else len(shape), "indices")
     _check_known(c, idx, shape)
     c.out("IndexPut", [data, updates, *_split_last(c, idx, k)])
 
 
+def _float_data(c: Ctx, data: Value) -> None:
+    """TNN's scatter accs write float32 data only (ScatterElements reads any data as float32)."""
+    info = c.low.info(data)
+    if info is not None and np.dtype(info.dtype) != np.dtype(np.float32):
+        c.unsupported(f"of {np.dtype(info.dtype)} data (TNN's acc writes float32 only)")
+
+
 def _scatter(c: Ctx, axis: int, reduction: str, data: Value, idx: Value, updates: Value) -> None:
+    _float_data(c, data)
     known = c.value_of(idx)
     shape = c.shape(data)
     if known is not None and shape is not None and -len(shape) <= axis < len(shape):

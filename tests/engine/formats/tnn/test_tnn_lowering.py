@@ -400,8 +400,10 @@ def test_pooling1d_matches_tnns_loops(tmp_path, pool_type, k, stride, pad, pad_t
     np.testing.assert_allclose(run1(model, X3), want, rtol=1e-5, atol=1e-6)
 
 
+# the last: ceil_mode gives (11 + 2 - 2) / 3 -> 5 windows, the 5th starting at 12, in the end padding
 @pytest.mark.parametrize("layer", ["Pooling1D p 1 1 x y 0 3 2 0 -1 -1 0 0", "Pooling1D p 1 1 x y 0 3 1 0 -1 2 -1 0",
-                                   "Pooling1D p 1 1 x y 2 3 1 0 -1 -1 -1 0", "Pooling1D p 1 1 x y 0 0 1 1 -1 -1 -1 0"])
+                                   "Pooling1D p 1 1 x y 2 3 1 0 -1 -1 -1 0", "Pooling1D p 1 1 x y 0 0 1 1 -1 -1 -1 0",
+                                   "Pooling1D p 1 1 x y 1 2 3 1 -1 -1 -1 1"])
 def test_pooling1d_variants_tnn_computes_otherwise_are_refused(tmp_path, layer):
     with pytest.raises(UnsupportedOpError, match="Pooling1D") as e:
         tnn_model(tmp_path, IN3, [layer], "y")
@@ -751,4 +753,10 @@ def test_tnns_other_spellings_read_their_resources(tmp_path):
 def test_types_refused_on_purpose_say_why(tmp_path, layer, reason):
     with pytest.raises(UnsupportedOpError, match=reason) as e:
         tnn_model(tmp_path, IN4, [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def test_scatters_of_other_than_float32_data_are_refused(tmp_path):
+    with pytest.raises(UnsupportedOpError, match="int32 data") as e:
+        tnn_model(tmp_path, "x 2 3 4 3 : i 2 3 4 3 : u 2 3 4 3", ["ScatterElements s 3 1 x i u y 0 0"], "y")
     assert "m.tnnproto:6" in str(e.value)
