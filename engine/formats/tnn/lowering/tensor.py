@@ -89,6 +89,11 @@ def lower_range(c: Ctx) -> None:
     if arrays[0].dtype.kind == "i" and (limit - start) % delta and limit != start:
         c.unsupported(f"int32 ({start}, {limit}, {delta}): TNN's count truncates (limit - start) / delta where "
                       "ONNX's rounds it up")
+    if arrays[0].dtype.kind == "f":
+        f32 = np.float32
+        tnn_count = max(int(np.ceil((f32(limit) - f32(start)) / f32(delta))), 0)  # DimsFunctionUtils::Range
+        if tnn_count != max(int(np.ceil((limit - start) / delta)), 0):
+            c.unsupported(f"({start}, {limit}, {delta}): TNN's float32 count differs from the exact one")
     c.out("Range", list(c.inputs), {"dtype": arrays[0].dtype.name})
 
 
