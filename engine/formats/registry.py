@@ -4,8 +4,8 @@ format means adding its folder beside this file and one entry below."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from engine.formats.pnnx.lowering.lower import HANDLED_TYPES as PNNX_TYPES
 from engine.formats.pnnx.lowering.lower import lower_pnnx
 from engine.formats.pnnx.reader import load_graph as read_pnnx
 from engine.formats.tnn.lowering.lower import HANDLED_TYPES as TNN_TYPES
+from engine.formats.tnn.lowering.lower import REFUSED as TNN_REFUSED
 from engine.formats.tnn.lowering.lower import lower_tnn
 from engine.formats.tnn.reader import load_graph as read_tnn
 from engine.formats.tnn.writer.write import write_tnn
@@ -31,6 +32,7 @@ class Format:
     lowered_types: frozenset[str]  # the format op types (without prefix) `lower` handles
     read_without_weights: Callable[[str | Path], Graph] | None = None  # the graph file alone, where the format can
     write: Callable[..., tuple[Path, ...]] | None = None  # canonical Graph -> files at a path prefix
+    refused: Mapping[str, str] = field(default_factory=dict)  # format op types refused on purpose -> why
 
     @property
     def files(self) -> tuple[str, str]:
@@ -41,7 +43,7 @@ class Format:
 # In the order a version folder is searched for a model (TNN first, when a folder holds both).
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("tnn", ".tnnproto", ".tnnmodel", read_tnn, lower_tnn, TNN_TYPES,
-           read_without_weights=partial(read_tnn, weights=False), write=write_tnn),
+           read_without_weights=partial(read_tnn, weights=False), write=write_tnn, refused=TNN_REFUSED),
     Format("pnnx", ".pnnx.param", ".pnnx.bin", read_pnnx, lower_pnnx, PNNX_TYPES),
 )}
 

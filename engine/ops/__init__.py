@@ -12,6 +12,7 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     elementwise,
     expression,
     generate,
+    grid_sample,
     linear,
     norm,
     pad,

@@ -1,4 +1,5 @@
-"""Elementwise binaries, `Where` and unaries, with numpy broadcasting and torch type promotion."""
+"""Elementwise binaries, `Where` and unaries, with numpy broadcasting and torch type promotion; BitShift (a logical
+shift by a constant number of bits, ONNX's on unsigned ints, TNN's on int32 read as unsigned)."""
 
 from __future__ import annotations
 
@@ -137,10 +138,40 @@ def unary_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(fn(x.astype(ot, copy=False))).astype(ot, copy=False)]
 
 
+# -- BitShift ----------------------------------------------------------------------------------------------------
+SHIFTABLE = (np.dtype(np.int32), np.dtype(np.uint32))
+
+
+def shift_params(node: Node) -> tuple[str, int]:
+    direction, bits = node.params.get("direction"), int(node.params.get("bits", -1))
+    if direction not in ("left", "right") or not 0 <= bits < 32:
+        raise ShapeError(f"{node.where()}: BitShift direction {direction!r} bits {bits} (left or right, 0 to 31)")
+    return direction, bits
+
+
+def _bit_shift_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 1:
+        raise ShapeError(f"{node.where()}: BitShift takes 1 input, got {len(ins)}")
+    shift_params(node)
+    if np.dtype(ins[0].dtype) not in SHIFTABLE:
+        raise ShapeError(f"{node.where()}: BitShift shifts int32 or uint32, got {np.dtype(ins[0].dtype)}")
+    return with_value(node, ins, [TensorInfo(ins[0].shape, ins[0].dtype)], bit_shift_reference)
+
+
+def bit_shift_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The 32 bits as unsigned, shifted (zeros come in at either end), read back in the input's type."""
+    direction, bits = shift_params(node)
+    x = np.ascontiguousarray(arrays[0])
+    u = x.view(np.uint32)
+    out = (u << np.uint32(bits)) if direction == "left" else (u >> np.uint32(bits))
+    return [out.astype(np.uint32).view(x.dtype)]
+
+
 def _defs() -> list[OpDef]:
     defs = [OpDef(name, _binary_infer, binary_reference, inplace=True, arity=(2, 2)) for name in BINARY]
     defs.append(OpDef("Where", _where_infer, _where_reference, arity=(3, 3)))
     defs += [OpDef(name, _unary_infer, unary_reference, inplace=True, arity=(1, 1)) for name in UNARY]
+    defs.append(OpDef("BitShift", _bit_shift_infer, bit_shift_reference, inplace=True, arity=(1, 1)))
     return defs
 
 

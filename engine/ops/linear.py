@@ -1,5 +1,6 @@
 """Gemm (torch Linear: y = act(x @ weight.T + bias + z) over the last axis, with the optional residual input z of the
-output's shape and the fused activation of SPEC.md's epilogue) and MatMul (numpy matmul)."""
+output's shape and the fused activation of SPEC.md's epilogue), MatMul (numpy matmul) and Einsum (numpy's einsum:
+letters, one ellipsis per term, an explicit or implicit output)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,69 @@ def matmul_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.matmul(a, b)]
 
 
+# -- Einsum ------------------------------------------------------------------------------------------------------
+def _term(node: Node, term: str, shape: tuple[int, ...] | None) -> tuple[str, str, int]:
+    """(labels before the ellipsis, labels after it, the ellipsis' dim count; -1 without one)."""
+    letters = term.replace("...", "")
+    if term.count("...") > 1 or (letters and not letters.isalpha()):
+        raise ShapeError(f"{node.where()}: Einsum term {term!r} (letters and at most one ellipsis)")
+    pre, _, post = term.partition("...")
+    if "..." not in term:
+        return pre, "", -1
+    return pre, post, -1 if shape is None else len(shape) - len(pre) - len(post)
+
+
+def einsum_shape(node: Node, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    eq = str(node.params.get("equation", "")).replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise ShapeError(f"{node.where()}: Einsum {eq!r} names {len(terms)} operands, got {len(shapes)}")
+    sizes: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    ellipses = []
+    for term, shape in zip(terms, shapes, strict=True):
+        pre, post, n_ell = _term(node, term, shape)
+        if n_ell < -1 or (n_ell == -1 and len(pre) != len(shape)):
+            raise ShapeError(f"{node.where()}: Einsum term {term!r} does not fit a rank-{len(shape)} operand")
+        dims = shape[:len(pre)] + (shape[len(shape) - len(post):] if post else ())
+        if n_ell >= 0:
+            ellipses.append(shape[len(pre):len(pre) + n_ell])
+        for label, d in zip(pre + post, dims, strict=True):
+            if sizes.setdefault(label, d) != d:
+                raise ShapeError(f"{node.where()}: Einsum label {label!r} is {sizes[label]} and {d} in {eq!r}")
+            counts[label] = counts.get(label, 0) + 1
+    try:
+        ell = tuple(np.broadcast_shapes(*ellipses)) if ellipses else ()
+    except ValueError:
+        raise ShapeError(f"{node.where()}: Einsum ellipsis dims {ellipses} do not broadcast") from None
+    if not arrow:
+        return ell + tuple(sizes[label] for label in sorted(label for label, n in counts.items() if n == 1))
+    pre, post, _ = _term(node, rhs, None)
+    if len(set(pre + post)) != len(pre + post) or set(pre + post) - set(sizes):
+        raise ShapeError(f"{node.where()}: Einsum output {rhs!r} repeats a label or names one no operand has")
+    return (tuple(sizes[label] for label in pre) + (ell if "..." in rhs else ()) +
+            tuple(sizes[label] for label in post))
+
+
+def _einsum_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if any(np.dtype(i.dtype).kind != "f" for i in ins) or len({np.dtype(i.dtype) for i in ins}) != 1:
+        raise ShapeError(f"{node.where()}: Einsum takes floating-point operands of one type, got "
+                         f"{', '.join(str(np.dtype(i.dtype)) for i in ins)}")
+    return [TensorInfo(einsum_shape(node, [tuple(i.shape) for i in ins]), ins[0].dtype)]
+
+
+def einsum_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """numpy's einsum in float64."""
+    xs = [np.asarray(a) for a in arrays]
+    einsum_shape(node, [x.shape for x in xs])
+    out = np.einsum(str(node.params["equation"]).replace(" ", ""), *[x.astype(np.float64) for x in xs])
+    return [np.asarray(out).astype(xs[0].dtype)]
+
+
+register(
+    OpDef("Einsum", _einsum_infer, einsum_reference, arity=(1, 8)),
+)
 register(
     OpDef("Gemm", infer_gemm, gemm_reference, arity=(1, 2), float_inputs=(0, 1)),  # x [, residual]
     OpDef("MatMul", infer_matmul, matmul_reference, arity=(2, 2)),

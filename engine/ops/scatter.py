@@ -1,5 +1,6 @@
 """Writes into a copy of a tensor: SliceAssign (`x[1:3, ::2] = src`, torch's slice_scatter / select_scatter /
-copy_ and pnnx's Tensor.slice_copy) and IndexPut (`x[idx] = v`, `x[mask] = v`, index_put with accumulate).
+copy_ and pnnx's Tensor.slice_copy), IndexPut (`x[idx] = v`, `x[mask] = v`, index_put with accumulate) and
+ScatterElements (ONNX's, torch.scatter: an index of updates' shape giving each update's coordinate on one axis).
 
 Both are functional: the output is a new tensor and input 0 is never changed, so a value read before the write
 keeps its old contents however the graph orders its readers. `inplace` lets the planner give the output input
@@ -149,5 +150,61 @@ def _index(node: Node, shape: tuple[int, ...], indices: list[np.ndarray]) -> tup
     return tuple(idx.astype(np.int64) for idx in indices)
 
 
+# -- ScatterElements -------------------------------------------------------------------------------------------
+REDUCTIONS = ("none", "add")
+
+
+def _scatter_elements_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+    if len(ins) != 3:
+        raise ShapeError(f"{node.where()}: ScatterElements takes (x, index, updates), got {len(ins)} inputs")
+    x, idx, upd = ins
+    if np.dtype(idx.dtype).kind not in "iu":
+        raise ShapeError(f"{node.where()}: ScatterElements index must be integers, got {np.dtype(idx.dtype)}")
+    if node.params.get("reduction", "none") not in REDUCTIONS:
+        raise ShapeError(f"{node.where()}: ScatterElements reduction {node.params.get('reduction')!r}")
+    if tuple(idx.shape) != tuple(upd.shape) or len(idx.shape) != len(x.shape):
+        raise ShapeError(f"{node.where()}: ScatterElements index {idx.shape} and updates {upd.shape} must have "
+                         f"one shape, of x's rank ({x.shape})")
+    axis = norm_axis(node, int(node.params.get("axis", 0)), len(x.shape))
+    if any(i > d for a, (i, d) in enumerate(zip(idx.shape, x.shape, strict=True)) if a != axis):
+        raise ShapeError(f"{node.where()}: ScatterElements index {idx.shape} is larger than x {x.shape} off "
+                         f"axis {axis}")
+    if idx.value is not None:
+        _scatter_positions(node, np.asarray(idx.value), x.shape)
+    return [TensorInfo(x.shape, x.dtype)]
+
+
+def _scatter_positions(node: Node, idx: np.ndarray, shape: tuple[int, ...]) -> tuple:
+    """The numpy index of every written element: index[i, j, ...] replaces the axis coordinate of (i, j, ...);
+    negative indices count from the end, out of range is an error."""
+    axis = norm_axis(node, int(node.params.get("axis", 0)), len(shape))
+    dim = shape[axis]
+    if idx.size and (idx.min() < -dim or idx.max() >= dim):
+        raise ShapeError(f"{node.where()}: ScatterElements index out of range [{-dim}, {dim}) on dim {axis} "
+                         f"(got {int(idx.min())}..{int(idx.max())})")
+    grid = list(np.indices(idx.shape, sparse=True))
+    grid[axis] = np.where(idx < 0, idx + dim, idx).astype(np.int64)
+    return tuple(grid)
+
+
+def scatter_elements_into(node: Node, out: np.ndarray, idx: np.ndarray, updates: np.ndarray) -> None:
+    """out[position of each index element] = (or, reduction add, +=) the matching update, in index order: with
+    repeated positions the last write wins, or every one adds up."""
+    where = _scatter_positions(node, np.asarray(idx), out.shape)
+    values = np.asarray(updates).astype(out.dtype, copy=False)
+    if node.params.get("reduction", "none") == "add":
+        np.add.at(out, where, values)
+    else:
+        out[where] = values
+
+
+def scatter_elements_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    out = np.asarray(arrays[0]).copy()
+    scatter_elements_into(node, out, arrays[1], arrays[2])
+    return [out]
+
+
+register(OpDef("ScatterElements", _scatter_elements_infer, scatter_elements_reference, inplace=True,
+               arity=(3, 3)))
 register(OpDef("SliceAssign", _slice_assign_infer, slice_assign_reference, inplace=True, arity=(2, 5)),
          OpDef("IndexPut", _index_put_infer, index_put_reference, inplace=True, arity=(3, 64)))

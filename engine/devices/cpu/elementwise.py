@@ -13,7 +13,7 @@ from engine.devices.cpu.loops import rows as PL
 from engine.devices.cpu.loops.pointwise import erf_loop
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
-from engine.ops.elementwise import BINARY, UNARY, binary_dtypes, unary_dtype, unary_reference
+from engine.ops.elementwise import BINARY, UNARY, binary_dtypes, shift_params, unary_dtype, unary_reference
 from engine.ops.registry import TensorInfo
 from engine.ops.rules import float_of
 
@@ -125,7 +125,17 @@ def _unary_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 
+def _bit_shift_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    direction, bits = shift_params(node)
+    shift = np.left_shift if direction == "left" else np.right_shift
+
+    def run(inputs, outputs, workspace):
+        shift(inputs[0].view(np.uint32), np.uint32(bits), out=outputs[0].view(np.uint32))
+    return run
+
+
 KERNELS = {
+    "BitShift": CpuKernel(_bit_shift_kernel),
     **{name: CpuKernel(_binary_kernel) for name in BINARY},
     "Where": CpuKernel(_where_kernel),
     **{name: CpuKernel(_unary_kernel) for name in UNARY},

@@ -17,7 +17,7 @@ from engine.devices.cpu.onednn import matmul as dnn
 from engine.devices.cpu.onednn.eltwise import eltwise
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
-from engine.ops.linear import gemm_weight, matmul_shape
+from engine.ops.linear import einsum_shape, gemm_weight, matmul_shape
 from engine.ops.registry import TensorInfo
 
 _F32 = np.dtype(np.float32)
@@ -121,4 +121,15 @@ def matmul_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> i
     return dnn.scratchpad_bytes(mm.plan_for(a, b, out))
 
 
-KERNELS = {"Gemm": CpuKernel(build_gemm, gemm_workspace), "MatMul": CpuKernel(build_matmul, matmul_workspace)}
+def _einsum_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    # numpy's einsum with its contraction order search (it hands pairwise products to BLAS), in the operands' type
+    equation = str(node.params["equation"]).replace(" ", "")
+
+    def run(inputs, outputs, workspace):
+        einsum_shape(node, [x.shape for x in inputs])
+        np.copyto(outputs[0], np.einsum(equation, *inputs, optimize=True), casting="unsafe")
+    return run
+
+
+KERNELS = {"Gemm": CpuKernel(build_gemm, gemm_workspace), "MatMul": CpuKernel(build_matmul, matmul_workspace),
+           "Einsum": CpuKernel(_einsum_kernel)}

@@ -1,5 +1,6 @@
 """CPU kernels of Resize, PixelShuffle and PixelUnshuffle (engine/ops/resize.py): a numba separable gather over the
-reference's own source taps (float32; other dtypes run the reference), and a strided copy."""
+reference's own source taps (float32; other dtypes run the reference), and a strided copy; GridSample
+(engine/ops/grid_sample.py): numpy gathers of the taps in float32."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback
 from engine.devices.cpu.loops import resize as RK
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
+from engine.ops.grid_sample import sample
 from engine.ops.registry import TensorInfo
 from engine.ops.resize import has_size, pixel_view, resize_reference, size_input, taps, unshuffle_view
 
@@ -43,5 +45,15 @@ def _copy_kernel(view):
     return build
 
 
-KERNELS = {"Resize": CpuKernel(build_resize), "PixelShuffle": CpuKernel(_copy_kernel(pixel_view)),
+def _grid_sample_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    # vectorised gathers of the four taps, in float32 for float32 data (torch's CPU kernel computes in the
+    # data's type too)
+    def run(inputs, outputs, workspace):
+        compute = np.dtype(np.float64) if inputs[0].dtype == np.float64 else np.dtype(np.float32)
+        np.copyto(outputs[0], sample(node, inputs[0], inputs[1], compute), casting="unsafe")
+    return run
+
+
+KERNELS = {"Resize": CpuKernel(build_resize), "GridSample": CpuKernel(_grid_sample_kernel),
+           "PixelShuffle": CpuKernel(_copy_kernel(pixel_view)),
            "PixelUnshuffle": CpuKernel(_copy_kernel(unshuffle_view))}

@@ -1,8 +1,9 @@
 """CPU kernels of the writes into a copy (engine/ops/scatter.py) and of Full (engine/ops/generate.py).
 
-SliceAssign and IndexPut copy input 0 into the output unless the planner gave the output input 0's own buffer
-(their in-place case: nothing reads input 0 afterwards), then write the region. A source that shares memory with
-the output (a view of the same tensor) is copied first, so the write never reads what it has overwritten.
+SliceAssign, IndexPut and ScatterElements copy input 0 into the output unless the planner gave the output input
+0's own buffer (their in-place case: nothing reads input 0 afterwards), then write the region. A source that
+shares memory with the output (a view of the same tensor) is copied first, so the write never reads what it has
+overwritten.
 Numpy does the strided writes; these ops are memory-bound copies, so that is the kernel, not a fallback.
 """
 
@@ -14,7 +15,7 @@ from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.ir import Node
 from engine.ir.dtypes import to_dtype
 from engine.ops.registry import TensorInfo
-from engine.ops.scatter import index_put_into, region_index
+from engine.ops.scatter import index_put_into, region_index, scatter_elements_into
 from engine.ops.tensor import slice_bounds
 
 
@@ -48,6 +49,15 @@ def _index_put_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 
+def _scatter_elements_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
+    def run(inputs, outputs, workspace):
+        out = outputs[0]
+        idx, updates = _source(inputs[1], out), _source(inputs[2], out)
+        _into(out, inputs[0])
+        scatter_elements_into(node, out, idx, updates)
+    return run
+
+
 def _full_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     value = np.array(node.params["value"]).astype(to_dtype(node.params["dtype"]))
 
@@ -57,4 +67,4 @@ def _full_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
 
 
 KERNELS = {"SliceAssign": CpuKernel(_slice_assign_kernel), "IndexPut": CpuKernel(_index_put_kernel),
-           "Full": CpuKernel(_full_kernel)}
+           "ScatterElements": CpuKernel(_scatter_elements_kernel), "Full": CpuKernel(_full_kernel)}

@@ -9,9 +9,9 @@ reaches the runtime when lowering could not turn it into elementwise ops), the T
 `TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`), `TnnLSTM` and `RNN`
 (sequential recurrences; they would need their own kernel), the ops added for issue 18 that have no CUDA kernel yet
 (`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`, `ReduceVar`,
-`DetectionOutput`, `PixelUnshuffle`, `LRN`), `Meshgrid` when its inputs are not known before running (a YOLO
-head's grids are: aranges of the input's size), and `Full` and `Range` when their result is too large to be a host
-value. `Shape` is always a host value.
+`DetectionOutput`, `PixelUnshuffle`, `LRN`, `ScatterElements`, `BitShift`, `GridSample`, `Einsum`), `Meshgrid`
+when its inputs are not known before running (a YOLO head's grids are: aranges of the input's size), and `Full` and
+`Range` when their result is too large to be a host value. `Shape` is always a host value.
 """
 
 from __future__ import annotations

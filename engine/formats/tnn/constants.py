@@ -69,6 +69,18 @@ InstanceNorm Lstm Gru Unpack Fill Interp RealDiv Mish Roll Trilu Mod Pow Mean Su
 
 LAYER_TYPES: dict[str, int] = {**dict.fromkeys(_OTHER_NAMES, 0), **_ENUMS}
 
+# Other spellings of a type in TNN's layer type map (source/tnn/core/layer_type.cc): TNN turns the string into its
+# LayerType on reading and keys the interpreter, the resource reader and every acc on that, so a
+# `Convolution_nhwc` layer is read and run exactly as a `Convolution` one (the suffix names no layout: TNN's
+# runtime blobs are NCHW either way).
+TYPE_ALIASES: dict[str, str] = {
+    "Convolution_nhwc": "Convolution", "BatchNormCxx_nhwc": "BatchNormCxx", "Pooling_nhwc": "Pooling",
+    "Pooling_split_CC": "Pooling", "Softmax_nhwc": "Softmax", "Concat_nhwc": "Concat", "Flatten_nhwc": "Flatten",
+    "InnerProduct_nhwc": "InnerProduct", "PReLU_nhwc": "PReLU", "StridedSlice_nhwc": "StridedSlice",
+    "Reduce_Sum": "ReduceSum", "QuantizedConvolution_nhwc": "QuantizedConvolution",
+}
+LAYER_TYPES |= {alias: LAYER_TYPES.get(base, 0) for alias, base in TYPE_ALIASES.items() if alias not in LAYER_TYPES}
+
 
 def is_known_type(name: str) -> bool:
     return name in LAYER_TYPES

@@ -21,7 +21,17 @@ import numpy as np
 
 from engine.errors import ModelFormatError
 from engine.formats.model_files import empty_array, file_size, open_model_file, read_array, read_exact, read_float32
-from engine.formats.tnn.constants import DATA_TYPES, DT_BF16, DT_FLOAT, DT_HALF, DT_INT8, LAYER_TYPES, MAGIC_V2, MAGICS
+from engine.formats.tnn.constants import (
+    DATA_TYPES,
+    DT_BF16,
+    DT_FLOAT,
+    DT_HALF,
+    DT_INT8,
+    LAYER_TYPES,
+    MAGIC_V2,
+    MAGICS,
+    TYPE_ALIASES,
+)
 
 MAX_RESOURCES = 1 << 20
 MAX_NAME = 1 << 16
@@ -260,6 +270,7 @@ BODIES = {
     "HdrGuide": _fixed("ccm_weight", "ccm_bias", "shifts", "slopes", "projection_weight", "projection_bias"),
 }
 BODIES["HDRGuide"] = BODIES["HdrGuide"]
+BODIES |= {alias: BODIES[base] for alias, base in TYPE_ALIASES.items() if base in BODIES}
 _BY_ENUM = {num: name for name, num in reversed(list(LAYER_TYPES.items())) if num}
 
 

@@ -25,7 +25,8 @@ CASES = [c for f in ("misc.npz", "spatial.npz") for c in load_cases(FIXTURES / f
 NOT_ON_CUDA = {"Shape", "Expression", "TnnQuantize", "TnnDequantize", "TnnQConv", "TnnQAdd", "TnnQConcat",
                "TnnQPool", "TnnQRelu", "TnnQInnerProduct", "TnnLSTM", "RNN", "SliceAssign", "IndexPut", "Index",
                "GatherElements", "RepeatInterleave", "Trilu", "TopK", "CumSum", "ReduceVar", "Full", "Range",
-               "DetectionOutput", "Meshgrid", "PixelUnshuffle", "LRN"}
+               "DetectionOutput", "Meshgrid", "PixelUnshuffle", "LRN", "ScatterElements", "BitShift", "GridSample",
+               "Einsum"}
 # the blocked-layout ops are the CPU device's own (engine/devices/cpu/layout/), never in the shared registry
 NOT_ON_CUDA |= {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                 "RegroupBlocked"}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from op_harness import check_golden, infer, load_cases, make_node, reference
+from op_harness import check_golden, check_kernel, infer, load_cases, make_node, reference
 
 from engine.errors import ShapeError
 from engine.ops import elementwise
@@ -73,3 +73,22 @@ def test_promotion_matches_torch_result_type():
     for a, da, b, db, want in rows:
         ins = [np.zeros((2,) * int(da), a), np.zeros((2,) * int(db), b)]
         assert infer(make_node("Add", 2), ins)[0].dtype == np.dtype(want), (a, da, b, db)
+
+
+@pytest.mark.parametrize("direction", ["left", "right"])
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32])
+def test_bit_shift_is_logical_on_the_32_bits(direction, dtype):
+    x = np.array([0, 1, -1, 2 ** 31 - 1, -(2 ** 31), -12345]).astype(dtype)
+    node = make_node("BitShift", 1, params={"direction": direction, "bits": 4})
+    (out,) = reference(node, [x])
+    u = [int(v) & 0xFFFFFFFF for v in x.astype(np.int64)]
+    want = [(v << 4) & 0xFFFFFFFF if direction == "left" else v >> 4 for v in u]
+    np.testing.assert_array_equal(out, np.array(want, np.uint32).view(dtype))
+    check_kernel(node, [x])
+
+
+def test_bit_shift_refusals_name_the_node():
+    with pytest.raises(ShapeError, match="int32 or uint32"):
+        infer(make_node("BitShift", 1, params={"direction": "left", "bits": 1}), [np.zeros(3, np.int64)])
+    with pytest.raises(ShapeError, match="bits 32"):
+        infer(make_node("BitShift", 1, params={"direction": "left", "bits": 32}), [np.zeros(3, np.int32)])

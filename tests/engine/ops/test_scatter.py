@@ -153,3 +153,52 @@ def test_a_write_is_in_place_when_nothing_reads_its_target_afterwards():
     np.testing.assert_array_equal(inst.run({"x": x})["c"], want)
     (target,) = [n.inputs[0] for n in g.nodes if n.op_type == "SliceAssign"]
     assert [(k.name, v) for k, v in inst.memory_plan.inplace.items()] == [("c", target)]
+
+
+def _scatter_elements_loops(x, idx, upd, axis, add):
+    """ONNX ScatterElements, element by element in index order."""
+    out = x.copy()
+    for pos in np.ndindex(*idx.shape):
+        at = list(pos)
+        at[axis] = int(idx[pos]) % x.shape[axis]
+        if add:
+            out[tuple(at)] += upd[pos]
+        else:
+            out[tuple(at)] = upd[pos]
+    return out
+
+
+@pytest.mark.parametrize("axis, reduction", [(0, "none"), (1, "none"), (-1, "add"), (0, "add")])
+def test_scatter_elements_reference_and_kernel_follow_onnxs_loops(axis, reduction):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4, 5, 3)).astype(np.float32)
+    idx = rng.integers(-x.shape[axis], x.shape[axis], (3, 4, 2)).astype(np.int32)  # repeats included
+    upd = rng.standard_normal(idx.shape).astype(np.float32)
+    node = make_node("ScatterElements", 3, params={"axis": axis, "reduction": reduction})
+    (out,) = reference(node, [x, idx, upd])
+    want = _scatter_elements_loops(x, idx, upd, axis, reduction == "add")
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)  # repeated positions: the last write (TNN's loop)
+    check_kernel(node, [x, idx, upd])
+
+
+def test_scatter_elements_repeated_positions_keep_the_last_write():
+    x = np.zeros((3,), np.float32)
+    node = make_node("ScatterElements", 3, params={"axis": 0})
+    (out,) = reference(node, [x, np.array([1, 1, 1], np.int32), np.array([1, 2, 3], np.float32)])
+    np.testing.assert_array_equal(out, [0, 3, 0])
+
+
+def test_scatter_elements_refusals_name_the_node():
+    x = np.zeros((3, 4), np.float32)
+    node = make_node("ScatterElements", 3, params={"axis": 1})
+    with pytest.raises(ShapeError, match="one shape"):
+        infer(node, [x, np.zeros((2, 2), np.int32), np.zeros((2, 3), np.float32)])
+    with pytest.raises(ShapeError, match="larger than x"):
+        infer(node, [x, np.zeros((4, 2), np.int32), np.zeros((4, 2), np.float32)])
+    with pytest.raises(ShapeError, match="integers"):
+        infer(node, [x, np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32)])
+    with pytest.raises(ShapeError, match="out of range"):
+        reference(node, [x, np.full((2, 2), 4, np.int32), np.zeros((2, 2), np.float32)])
+    with pytest.raises(ShapeError, match="reduction"):
+        infer(make_node("ScatterElements", 3, params={"reduction": "mul"}),
+              [x, np.zeros((2, 2), np.int32), np.zeros((2, 2), np.float32)])

@@ -1,5 +1,6 @@
 """pnnx normalizations -> BatchNorm (running statistics folded into scale and bias), LayerNorm, GroupNorm,
-InstanceNorm, F.normalize -> LpNormalize, and RMSNorm as the element-wise ops of its definition."""
+InstanceNorm, F.normalize -> LpNormalize, RMSNorm as the element-wise ops of its definition, and
+LocalResponseNorm -> LRN."""
 
 from __future__ import annotations
 
@@ -106,3 +107,17 @@ def rms_norm(ctx: Ctx) -> None:
         (y,) = ctx.emit("Mul", [x, inv])
         ctx.emit("Mul", [y, ctx.const(weight.astype(dtype), name=f"{ctx.node.name}.weight")], outputs=[out])
     ctx.done()
+
+
+@handles("nn.LocalResponseNorm", "F.local_response_norm")
+def local_response_norm(ctx: Ctx) -> None:
+    """torch: x / (k + alpha / size * sum of x^2 over channels [c - size // 2, c + (size - 1) // 2]) ** beta (it
+    pads size // 2 channels before and (size - 1) // 2 after, then averages over size). The LRN op's window is
+    ONNX's, [c - (size - 1) // 2, c + size // 2]: the same for an odd size, mirrored for an even one, refused."""
+    size = int(ctx.p("size", 0))
+    if size <= 0 or size % 2 == 0:
+        raise ctx.unsupported(f"size={size} (torch's window for an even size is not the LRN op's)")
+    if ctx.rank(ctx.x()) < 3:
+        raise ctx.unsupported(f"of a {ctx.rank(ctx.x())}-D input (torch takes 3-D and more)")
+    ctx.become("LRN", {"size": size, "alpha": float(ctx.p("alpha", 1e-4)), "beta": float(ctx.p("beta", 0.75)),
+                       "bias": float(ctx.p("k", 1.0))}, inputs=[ctx.x()])

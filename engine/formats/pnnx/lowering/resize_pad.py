@@ -1,4 +1,5 @@
-"""pnnx resizing and padding -> Resize (nn.Upsample, F.interpolate, ...) and Pad (F.pad, nn.*Pad2d)."""
+"""pnnx resizing and padding -> Resize (nn.Upsample, F.interpolate, ...), Pad (F.pad, nn.*Pad2d) and GridSample
+(F.grid_sample)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,19 @@ def pad(ctx: Ctx) -> None:
         begin[rank - 1 - i], end[rank - 1 - i] = torch_pad[2 * i], torch_pad[2 * i + 1]
     value = float(ctx.p("value", 0.0))
     ctx.become("Pad", {"pads": begin + end, "mode": modes[mode], "value": value}, inputs=[ctx.x()])
+
+
+@handles("F.grid_sample")
+def grid_sample(ctx: Ctx) -> None:
+    """torch's F.grid_sample(input, grid, mode, padding_mode, align_corners) on 4-D inputs; reflection padding and
+    bicubic mode are refused."""
+    mode, padding = ctx.p("mode", "bilinear"), ctx.p("padding_mode", "zeros")
+    if mode not in ("bilinear", "nearest") or padding not in ("zeros", "border"):
+        raise ctx.unsupported(f"mode={mode} padding_mode={padding}")
+    x, grid = ctx.arg("input", 0) or ctx.x(), ctx.arg("grid", 1)
+    if grid is None:
+        raise ctx.fail("has no grid operand")
+    if ctx.rank(x) != 4:
+        raise ctx.unsupported(f"of a {ctx.rank(x)}-D input (4-D only)")
+    ctx.become("GridSample", {"mode": mode, "padding_mode": padding,
+                              "align_corners": bool(ctx.p("align_corners", False))}, inputs=[x, grid])

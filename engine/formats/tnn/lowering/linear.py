@@ -1,5 +1,5 @@
 """TNN matrix layers -> canonical ops: InnerProduct -> Gemm, MatMul (a stored weight as a constant operand), and
-LSTMONNX -> TnnLSTM."""
+LSTMONNX -> TnnLSTM, Inverse (of 2x2 matrices, by the adjugate)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,78 @@ def lower_lstm(c: Ctx) -> None:
     if clip or direction not in (0, 1, 2) or not 4 <= len(c.inputs) <= 6:
         c.unsupported("with a clip threshold, an unknown direction or missing weights")
     c.emit("TnnLSTM", list(c.inputs), {"hidden_size": hidden, "direction": direction}, outputs=list(c.outputs))
+
+
+@handles("Inverse")
+def lower_inverse(c: Ctx) -> None:
+    """No params. CpuInverseLayerAcc inverts (..., 2, 2) matrices only: [[d, -b], [-c, a]] * (1 / (a*d - b*c)), in
+    float32 as written there (a singular matrix gives infinities or NaN, as in TNN)."""
+    if len(c.inputs) != 1:
+        c.fail(f"takes one input, has {len(c.inputs)}")
+    shape = c.shape(c.inputs[0])
+    if shape is None or len(shape) < 2 or tuple(shape[-2:]) != (2, 2):
+        c.unsupported(f"of a {shape} input (TNN's acc inverts (..., 2, 2) matrices only)")
+    r = len(shape)
+
+    def entry(i: int, j: int):
+        return c.tmp("Slice", [c.inputs[0]], {"starts": [i, j], "ends": [i + 1, j + 1], "axes": [r - 2, r - 1],
+                                              "steps": [1, 1]})
+    a, b, cc, d = entry(0, 0), entry(0, 1), entry(1, 0), entry(1, 1)
+    det_inv = c.tmp("Reciprocal", [c.tmp("Sub", [c.tmp("Mul", [a, d]), c.tmp("Mul", [b, cc])])])
+    top = c.tmp("Concat", [d, c.tmp("Neg", [b])], {"axis": r - 1})
+    bottom = c.tmp("Concat", [c.tmp("Neg", [cc]), a], {"axis": r - 1})
+    c.out("Mul", [c.tmp("Concat", [top, bottom], {"axis": r - 2}), det_inv])
+
+
+def _labels(c: Ctx, term: str) -> tuple[str, str, bool]:
+    pre, ell, post = term.partition("...")
+    for label in pre + post:
+        if not "a" <= label <= "z":
+            c.unsupported(f"with subscript {label!r} (TNN's layer maps a..z only)")
+    if len(set(pre + post)) != len(pre + post):
+        c.unsupported(f"with a repeated subscript in {term!r} (a diagonal: TNN's layer refuses it)")
+    return pre, post, bool(ell)
+
+
+@handles("Einsum")
+def lower_einsum(c: Ctx) -> None:
+    """Param: the equation (operands split by ';'). TNN's only Einsum acc (CpuEinsumLayerAcc, torch's einsum
+    ported) multiplies exactly two operands, then sums the contracted dims one by one at their original positions:
+    with two or more contracted dims (of size > 1 in the first operand) and an output of rank > 0, the later sums
+    land on the wrong axes, so that case is refused; a full contraction (`ij;ij->`) is its Dot, of shape (1,)."""
+    if not c.args:
+        c.fail("has no equation")
+    # onnx2tnn writes ONNX's equation with its operands split by ';' (',' separates .tnnproto records)
+    eq = c.args[0].replace(" ", "").replace(";", ",")
+    if len(c.inputs) != 2:
+        c.unsupported(f"of {len(c.inputs)} operands (TNN's acc multiplies two)")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        c.fail(f"equation {eq!r} names {len(terms)} operands for 2 inputs")
+    (p0, q0, e0), (p1, q1, e1) = (_labels(c, t) for t in terms)
+    labels0, labels1 = p0 + q0, p1 + q1
+    if arrow:
+        out_pre, out_post, out_ell = _labels(c, rhs)
+        out = out_pre + out_post
+    else:
+        out = "".join(sorted(label for label in set(labels0 + labels1) if (labels0 + labels1).count(label) == 1))
+        out_ell = e0 or e1
+    shape0 = c.shape(c.inputs[0])
+    if shape0 is None:
+        c.unsupported("of an operand of unknown shape")
+    dims0 = dict(zip(p0, shape0[:len(p0)], strict=False)) | dict(zip(q0[::-1], shape0[::-1], strict=False))
+    summed = [label for label in set(labels0) & set(labels1) if label not in out and dims0.get(label, 1) != 1]
+    shape1 = c.shape(c.inputs[1])
+    if shape1 is None:
+        c.unsupported("of an operand of unknown shape")
+    ell_dims = max(len(shape0) - len(labels0) if e0 else 0, len(shape1) - len(labels1) if e1 else 0)
+    out_rank = len(out) + (ell_dims if out_ell else 0)
+    if out_rank and len(summed) > 1:
+        c.unsupported(f"{eq!r}: {len(summed)} contracted dims (TNN's acc sums all but the first at shifted axes)")
+    if not out_rank and not summed:
+        c.unsupported(f"{eq!r}: a scalar output without a contraction")
+    if not out_rank:
+        y = c.tmp("Einsum", list(c.inputs), {"equation": eq})
+        return c.out("Reshape", [y], {"shape": [1]})
+    c.out("Einsum", list(c.inputs), {"equation": eq})

@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import EngineError, UnsupportedOpError
+from engine.formats.tnn.constants import TYPE_ALIASES
 from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its handlers)
     binary,
     conv_pool,
+    indexing,
     layout,
     linear,
     normalization,
@@ -22,9 +24,21 @@ from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its han
     unary,
 )
 from engine.formats.tnn.lowering.context import PREFIX, Ctx
-from engine.formats.tnn.lowering.registry import HANDLERS, QUANTIZED
+from engine.formats.tnn.lowering.registry import HANDLERS, QUANTIZED, register
 from engine.formats.tnn.lowering.state import LoweringState
 from engine.ir import Graph, Node
+
+# TNN reads an alias exactly as the type it stands for (constants.TYPE_ALIASES)
+register({alias: HANDLERS[base] for alias, base in TYPE_ALIASES.items() if base in HANDLERS})
+register({alias: QUANTIZED[base] for alias, base in TYPE_ALIASES.items() if base in QUANTIZED}, quantized=True)
+
+# Types refused on purpose, with the reason the error gives.
+REFUSED: dict[str, str] = {
+    "NonZero": "(its output's size depends on the input's values: the engine plans every tensor's size at load)",
+    "NonMaxSuppression": "(the number of boxes kept depends on the input's values: the engine plans every "
+                         "tensor's size at load)",
+    "Reformat": "(a data type / layout conversion TNN's runtime inserts between devices, not a model layer)",
+}
 
 # The TNN layer types lower_tnn handles, float and quantized.
 HANDLED_TYPES: frozenset[str] = frozenset(HANDLERS) | frozenset(QUANTIZED)
@@ -72,7 +86,8 @@ def _dispatch(low: LoweringState, ctx: Ctx, node: Node) -> None:
         return
     handler = HANDLERS.get(ltype)
     if handler is None:
-        raise UnsupportedOpError(node.op_type, node.name, node.where())
+        reason = REFUSED.get(ltype)
+        raise UnsupportedOpError(node.op_type + (f" {reason}" if reason else ""), node.name, node.where())
     node.inputs = [low.as_float(v, node) for v in node.inputs]
     handler(ctx)
 

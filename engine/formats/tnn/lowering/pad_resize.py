@@ -1,4 +1,4 @@
-"""TNN Pad, PadV2 and Upsample layers -> Pad and Resize."""
+"""TNN Pad, PadV2, Upsample and GridSample layers -> Pad, Resize and GridSample."""
 
 from __future__ import annotations
 
@@ -47,3 +47,16 @@ def lower_upsample(c: Ctx) -> None:
     else:
         c.fail("neither an output size nor scales")
     c.out("Resize", [c.inputs[0]], params)
+
+
+@handles("GridSample")
+def lower_grid_sample(c: Ctx) -> None:
+    """Params mode (2), pad_type (0), align_corners (0). TNN's only GridSample acc (CpuGridSampleLayerAcc) refuses
+    all but mode 2 (bilinear), pad_type 0 (zeros), align_corners 0, on 4-D inputs: torch's grid_sample defaults."""
+    mode, pad_type, align = c.i(0, 2), c.i(1, 0), c.i(2, 0)
+    if (mode, pad_type, align) != (2, 0, 0):
+        c.unsupported(f"with mode {mode}, pad_type {pad_type}, align_corners {align} (TNN's acc computes mode 2, "
+                      "pad_type 0, align_corners 0 only)")
+    if len(c.inputs) != 2:
+        c.fail(f"takes (input, grid), got {len(c.inputs)} inputs")
+    c.out("GridSample", list(c.inputs), {"mode": "bilinear", "padding_mode": "zeros", "align_corners": False})

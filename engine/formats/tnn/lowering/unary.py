@@ -1,5 +1,6 @@
 """TNN one-input element-wise layers -> canonical ops: activations (ReLU, PReLU, Clip, HardSwish, GELU, Selu,
-Softsign, LogSigmoid, ...), math functions (Abs, Exp, Sqrt, ...), Power, and the identities (Dropout, Identity)."""
+Softsign, LogSigmoid, ...), math functions (Abs, Exp, Sqrt, ...), Power, BitShift, SignedMul, and the identities
+(Dropout, Identity)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,37 @@ def lower_logsigmoid(c: Ctx) -> None:
     _one_input(c)
     sp = c.tmp("Softplus", [c.tmp("Neg", [c.inputs[0]])], {"beta": 1.0, "threshold": 20.0})
     c.out("Neg", [sp])
+
+
+@handles("BitShift")
+def lower_bit_shift(c: Ctx) -> None:
+    """Params direction (0 right, else left), bits. CpuBitShiftLayerAcc shifts int32 and uint32 data as unsigned
+    ints (a logical shift: zeros come in, for negative int32 too); a shift of 32 bits or more is undefined in C."""
+    _one_input(c)
+    direction, bits = c.i(0, 0), c.i(1, 0)
+    if not 0 <= bits < 32:
+        c.unsupported(f"by {bits} bits (C leaves a shift outside 0..31 undefined)")
+    info = c.low.info(c.inputs[0])
+    if info is not None and np.dtype(info.dtype) not in (np.dtype(np.int32), np.dtype(np.uint32)):
+        c.unsupported(f"of {np.dtype(info.dtype)} data (TNN's acc shifts int32 and uint32 only)")
+    c.out("BitShift", [c.inputs[0]], {"direction": "right" if direction == 0 else "left", "bits": bits})
+
+
+@handles("SignedMul")
+def lower_signed_mul(c: Ctx) -> None:
+    """Params alpha, beta, gamma (X86SignedMulLayerAcc): t = (sign(x - alpha) + beta) * (1 / gamma) per element,
+    then every channel times channel 0 of t (channel 0 itself squared): out[:, k] = t[:, k] * t[:, 0]."""
+    _one_input(c)
+    alpha, beta, gamma = c.f(0), c.f(1), c.f(2)
+    if gamma == 0:
+        c.fail("gamma is 0")
+    shape = c.shape(c.inputs[0])
+    if shape is not None and len(shape) < 2:
+        c.fail(f"takes an (N, C, ...) input, got {shape}")
+    sign = c.tmp("Sign", [c.tmp("Sub", [c.inputs[0], c.const(F32(alpha), "alpha")])])
+    t = c.tmp("Mul", [c.tmp("Add", [sign, c.const(F32(beta), "beta")]), c.const(F32(1.0) / F32(gamma), "gamma_inv")])
+    t0 = c.tmp("Slice", [t], {"starts": [0], "ends": [1], "axes": [1], "steps": [1]})
+    c.out("Mul", [t, t0])
 
 
 def _unary(op: str, **params) -> Handler:

@@ -198,6 +198,13 @@ SAMPLES: dict[str, tuple[str, dict[str, str], dict[str, tuple[int, ...]]]] = {
     "Tensor.view_as": ("Tensor.view_as op 2 1 x o y $input=x $other=o #x=(2,6)f32 #o=(3,4)f32 #y=(3,4)f32",
                        {"x": "(2,6)f32", "o": "(3,4)f32"}, {}),
     "torch.tril": ("torch.tril op 1 1 x y diagonal=1 $input=x #x=(3,4)f32 #y=(3,4)f32", {"x": "(3,4)f32"}, {}),
+    "nn.LocalResponseNorm": ("nn.LocalResponseNorm op 1 1 x y alpha=0.0001 beta=0.75 k=1.0 size=3 #x=(1,4,3,3)f32 "
+                             "#y=(1,4,3,3)f32", {"x": "(1,4,3,3)f32"}, {}),
+    "F.local_response_norm": ("F.local_response_norm op 1 1 x y alpha=0.0001 beta=0.75 k=1.0 size=3 $input=x "
+                              "#x=(1,4,3,3)f32 #y=(1,4,3,3)f32", {"x": "(1,4,3,3)f32"}, {}),
+    "F.grid_sample": ("F.grid_sample op 2 1 x g y align_corners=False mode=bilinear padding_mode=zeros $input=x "
+                      "$grid=g #x=(1,2,4,5)f32 #g=(1,3,3,2)f32 #y=(1,2,3,3)f32",
+                      {"x": "(1,2,4,5)f32", "g": "(1,3,3,2)f32"}, {}),
     "torch.zeros": ("torch.zeros op 1 1 s y dtype=torch.float $size=s #y=(?,3)f32", {"x": "(2,3)f32"}, {}),
     "torch.empty": ("torch.empty op 1 1 s y dtype=None $size=s #y=(?,3)f32", {"x": "(2,3)f32"}, {}),
     "torch.empty_like": ("torch.empty_like op 1 1 x y dtype=None $input=x #x=(2,3)f32 #y=(2,3)f32",

@@ -560,3 +560,54 @@ def test_real_export_with_run_time_slices_runs_at_both_shapes():
         assert len(got) == 3
         for i, a in enumerate(got):
             np.testing.assert_array_equal(a, io[f"out{i}"])
+
+
+@pytest.mark.parametrize("mode, padding, align", [("bilinear", "zeros", "False"), ("nearest", "border", "True")])
+def test_grid_sample_maps_to_the_grid_sample_op(tmp_path, mode, padding, align):
+    g = lower(tmp_path, f"""
+pnnx.Input in0 0 1 x #x=(1,2,4,5)f32
+pnnx.Input in1 0 1 g #g=(1,3,3,2)f32
+F.grid_sample op 2 1 x g y align_corners={align} mode={mode} padding_mode={padding} $input=x $grid=g #y=(1,2,3,3)f32
+pnnx.Output out 1 0 y""")
+    (node,) = [n for n in g.nodes if n.op_type == "GridSample"]
+    assert node.params == {"mode": mode, "padding_mode": padding, "align_corners": align == "True"}
+
+
+def test_grid_sample_with_reflection_padding_is_refused(tmp_path):
+    with pytest.raises(UnsupportedOpError, match="reflection"):
+        lower(tmp_path, """
+pnnx.Input in0 0 1 x #x=(1,2,4,5)f32
+pnnx.Input in1 0 1 g #g=(1,3,3,2)f32
+F.grid_sample op 2 1 x g y align_corners=False mode=bilinear padding_mode=reflection $input=x $grid=g #y=(1,2,3,3)f32
+pnnx.Output out 1 0 y""")
+
+
+def torch_local_response_norm(x, size, alpha, beta, k):
+    """torch.nn.functional.local_response_norm's formula: square, pad size // 2 channels before and
+    (size - 1) // 2 after with zeros, average over size channels, then x / (k + alpha * avg) ** beta."""
+    sq = np.pad(x.astype(np.float64) ** 2, [(0, 0), (size // 2, (size - 1) // 2)] + [(0, 0)] * (x.ndim - 2))
+    avg = np.stack([sq[:, c:c + size].sum(1) / size for c in range(x.shape[1])], 1)
+    return x / (k + alpha * avg) ** beta
+
+
+@pytest.mark.parametrize("line, size, alpha, beta, k", [
+    ("nn.LocalResponseNorm op 1 1 x y alpha=0.3 beta=0.6 k=1.5 size=3", 3, 0.3, 0.6, 1.5),
+    ("F.local_response_norm op 1 1 x y alpha=0.0001 beta=0.75 k=1.0 size=5 $input=x", 5, 1e-4, 0.75, 1.0),
+    ("nn.LocalResponseNorm op 1 1 x y alpha=2.0 beta=1.0 k=1.0 size=1", 1, 2.0, 1.0, 1.0)])
+def test_local_response_norm_is_torchs_formula(tmp_path, line, size, alpha, beta, k):
+    g = lower(tmp_path, f"""
+pnnx.Input in0 0 1 x #x=(2,6,3,4)f32
+{line} #x=(2,6,3,4)f32 #y=(2,6,3,4)f32
+pnnx.Output out 1 0 y""")
+    assert ops(g) == ["LRN"]
+    x = RNG.standard_normal((2, 6, 3, 4)).astype(np.float32) * 3
+    (y,) = run(g, x)
+    np.testing.assert_allclose(y, torch_local_response_norm(x, size, alpha, beta, k), rtol=1e-5, atol=1e-6)
+
+
+def test_local_response_norm_of_an_even_size_is_refused(tmp_path):
+    with pytest.raises(UnsupportedOpError, match="size=4"):
+        lower(tmp_path, """
+pnnx.Input in0 0 1 x #x=(2,6,3,4)f32
+nn.LocalResponseNorm op 1 1 x y alpha=0.0001 beta=0.75 k=1.0 size=4 #x=(2,6,3,4)f32 #y=(2,6,3,4)f32
+pnnx.Output out 1 0 y""")

@@ -161,3 +161,19 @@ def test_concat_requantizes_per_tensor_inputs(tmp_path):
     parts = [round_away(q.astype(F32) * s_x / s_y), round_away(np.maximum(q, 0).astype(F32) * s_a / s_y)]
     expected = np.concatenate(parts, axis=1).astype(F32) * s_y
     np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
+
+
+def test_quantized_convolution_nhwc_is_tnns_other_spelling_of_quantized_convolution(tmp_path):
+    """layer_type.cc maps both strings to LAYER_CONVOLUTION, the `Quantized` prefix marking it int8 in both."""
+    w = RNG.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8)
+    bias = RNG.integers(-500, 500, 4).astype(np.int32)
+    w_scale, s_out, s_in = F32([0.011, 0.02, 0.005, 0.03]), F32([0.2, 0.3, 0.25, 0.1]), F32([0.05, 0.04, 0.03])
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
+    outs = []
+    for ltype in ("QuantizedConvolution", "QuantizedConvolution_nhwc"):
+        (tmp_path / ltype).mkdir()
+        layer = f"{ltype} c 1 1 x y 1 3 4 3 3 1 1 1 1 1 -1 1 1 1"
+        model = quantized_model(tmp_path / ltype, [layer], [("Convolution", "c", ["c", 1, w, bias, w_scale])],
+                                {"x": s_in, "y": s_out})
+        outs.append(model.instance().run({"x": x})["y"])
+    np.testing.assert_array_equal(outs[1], outs[0])

@@ -17,7 +17,8 @@ RNG = np.random.default_rng(3)
 
 def tnn_model(tmp_path: Path, inputs: str, layers: list[str], outputs: str, resources=(), consts=(),
               version: int = 2) -> engine.Model:
-    """Writes a .tnnproto/.tnnmodel pair. resources: (type, name, [items]); items are arrays or ints/strs."""
+    """Writes a .tnnproto/.tnnmodel pair. resources: (type, name, [items]); items are arrays, ints, strs or bools
+    (one-byte flags)."""
     magic = 4206624772 if version == 2 else 4206624770
     records = [f"1 0 1 {magic}", inputs, " ", outputs, f" {len(layers)}", *layers]
     (tmp_path / "m.tnnproto").write_text("".join(f'"{r} ,"\n' for r in records))
@@ -27,7 +28,10 @@ def tnn_model(tmp_path: Path, inputs: str, layers: list[str], outputs: str, reso
     for ltype, name, items in resources:
         s.i32(0), s.string(ltype), s.string(name)
         for item in items:
-            s.string(item) if isinstance(item, str) else s.i32(item) if isinstance(item, int) else s.raw(item)
+            if isinstance(item, bool):  # a one-byte flag (Deserializer::GetBool)
+                s.parts.append(bytes([item]))
+            else:
+                s.string(item) if isinstance(item, str) else s.i32(item) if isinstance(item, int) else s.raw(item)
     if consts:
         s.u32(s.magic), s.i32(len(consts))
         for name, data in consts:
@@ -127,8 +131,8 @@ def test_reshape_shape_from_constant_map_and_inner_product_keeps_rank(tmp_path):
 
 def test_layer_without_lowering_names_type_and_line(tmp_path):
     with pytest.raises(UnsupportedOpError) as e:
-        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "Einsum l 1 1 t y"], "y")
-    assert "Einsum" in str(e.value) and "m.tnnproto:7" in str(e.value)
+        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "NonZero l 1 1 t y"], "y")
+    assert "NonZero" in str(e.value) and "m.tnnproto:7" in str(e.value)
 
 
 def test_missing_resource_is_a_format_error_with_line(tmp_path):
@@ -304,3 +308,455 @@ def test_size_is_the_element_count_as_one_int32(tmp_path):
     model = tnn_model(tmp_path, IN4, ["Size s 1 1 x y"], "y")
     out = run1(model, X4)
     assert out.dtype == np.int32 and out.tolist() == [X4.size]
+
+
+IN3 = "x 3 2 4 11 0"
+X3 = RNG.standard_normal((2, 4, 11)).astype(np.float32)
+
+
+def naive_conv1d(x, w, bias, stride, pad, group, dilation, out_len):
+    """TNN's NaiveConv1D, loop for loop (w: out * in/group * kernel, flat)."""
+    n, ic, length = x.shape
+    oc, k = bias.size, w.size // (bias.size * (ic // group))
+    icg, ocg = ic // group, oc // group
+    w = w.reshape(oc, icg, k)
+    y = np.zeros((n, oc, out_len))
+    for b, o, h in np.ndindex(n, oc, out_len):
+        g = o // ocg
+        for kh in range(k):
+            ih = h * stride - pad + kh * dilation
+            if 0 <= ih < length:
+                for i in range(g * icg, g * icg + icg):
+                    y[b, o, h] += float(x[b, i, ih]) * float(w[o, i - g * icg, kh])
+        y[b, o, h] += bias[o]
+    return y
+
+
+@pytest.mark.parametrize("group, k, stride, right, left, pad_type, dil, act", [
+    (1, 3, 1, 1, 1, -1, 1, 0), (2, 3, 2, 2, 0, -1, 2, 1), (4, 1, 3, 0, 0, -1, 1, 0), (1, 4, 2, 0, 0, 0, 1, 0),
+    (2, 3, 2, 0, 0, 1, 1, 0)])
+def test_convolution1d_matches_tnns_loops(tmp_path, group, k, stride, right, left, pad_type, dil, act):
+    oc = 8
+    w = RNG.standard_normal(oc * (4 // group) * k).astype(np.float32)
+    bias = RNG.standard_normal(oc).astype(np.float32)
+    layer = f"Convolution1D c 1 1 x y {group} 4 {oc} {k} {stride} {right} {left} 1 {pad_type} {dil} {act}"
+    model = tnn_model(tmp_path, IN3, [layer], "y", resources=[("Convolution1D", "c", ["c", 1, w, bias])])
+    if pad_type == 0:  # TNN's SAME: out = ceil(L / stride), pad_top = pad_along / 2
+        out_len = -(-11 // stride)
+        left = max((out_len - 1) * stride + k - 11, 0) // 2
+    elif pad_type == 1:
+        out_len = -(-(11 - k + 1) // stride)
+    else:
+        out_len = (11 + left + right - dil * (k - 1) - 1) // stride + 1
+    want = naive_conv1d(X3, w, bias, stride, left, group, dil, out_len)
+    want = np.maximum(want, 0) if act == 1 else want
+    np.testing.assert_allclose(run1(model, X3), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", ["Convolution1D c 1 1 x y 1 4 6 3 2 0 0 1 0 2 0",
+                                   "Convolution1D c 1 1 x y 1 4 6 3 3 0 0 1 1 1 0",
+                                   "Convolution1D c 1 1 x y 1 4 6 3 1 0 0 1 -1 1 3"])
+def test_convolution1d_variants_tnn_computes_otherwise_are_refused(tmp_path, layer):
+    w, bias = np.zeros(72, np.float32), np.zeros(6, np.float32)
+    with pytest.raises(UnsupportedOpError, match="Convolution1D") as e:
+        tnn_model(tmp_path, IN3, [layer], "y", resources=[("Convolution1D", "c", ["c", 1, w, bias])])
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def test_convolution1d_with_a_wrong_filter_size_is_a_format_error_with_line(tmp_path):
+    w, bias = np.zeros(70, np.float32), np.zeros(6, np.float32)
+    with pytest.raises(ModelFormatError, match="filter") as e:
+        tnn_model(tmp_path, IN3, ["Convolution1D c 1 1 x y 1 4 6 3 1 0 0 1 -1 1 0"], "y",
+                  resources=[("Convolution1D", "c", ["c", 1, w, bias])])
+    assert e.value.line == 6
+
+
+def naive_pool1d(x, pool_type, k, stride, pad, out_len):
+    """TNN's NaivePooling on the (N, C, L, 1) view, loop for loop: the window clipped to the input."""
+    n, ch, length = x.shape
+    y = np.zeros((n, ch, out_len))
+    for b, c, h in np.ndindex(n, ch, out_len):
+        start, end = h * stride - pad, min(h * stride - pad + k, length)
+        window = x[b, c, max(start, 0):end].astype(np.float64)
+        y[b, c, h] = window.max() if pool_type == 0 else window.sum() / window.size
+    return y
+
+
+@pytest.mark.parametrize("pool_type, k, stride, pad, pad_type, ceil", [
+    (0, 3, 2, 1, -1, 0), (1, 3, 2, 1, -1, 0), (1, 4, 3, 1, -1, 1), (0, 2, 2, 0, -1, 1), (1, 3, 1, 0, 0, 0),
+    (0, 3, 1, 0, 0, 1), (1, 3, 2, 0, 1, 0), (0, 0, 1, 0, -1, 0), (1, 0, 1, 0, -1, 0)])
+def test_pooling1d_matches_tnns_loops(tmp_path, pool_type, k, stride, pad, pad_type, ceil):
+    model = tnn_model(tmp_path, IN3, [f"Pooling1D p 1 1 x y {pool_type} {k} {stride} {pad} -1 -1 {pad_type} {ceil}"],
+                      "y")
+    length, kk = 11, k or 11
+    if pad_type == 0:  # SAME, stride 1: out = L, pad_top = ceil((k - 1) / 1)
+        out_len, pad = length, kk - 1
+    elif pad_type == 1:
+        out_len = -(-(length - kk + 1) // stride)
+    else:
+        rounding = np.ceil if ceil else np.floor
+        out_len = int(rounding((length + 2 * pad - kk) / stride + 1))
+    want = naive_pool1d(X3, pool_type, kk, stride, pad, out_len)
+    np.testing.assert_allclose(run1(model, X3), want, rtol=1e-5, atol=1e-6)
+
+
+# the last: ceil_mode gives (11 + 2 - 2) / 3 -> 5 windows, the 5th starting at 12, in the end padding
+@pytest.mark.parametrize("layer", ["Pooling1D p 1 1 x y 0 3 2 0 -1 -1 0 0", "Pooling1D p 1 1 x y 0 3 1 0 -1 2 -1 0",
+                                   "Pooling1D p 1 1 x y 2 3 1 0 -1 -1 -1 0", "Pooling1D p 1 1 x y 0 0 1 1 -1 -1 -1 0",
+                                   "Pooling1D p 1 1 x y 1 2 3 1 -1 -1 -1 1"])
+def test_pooling1d_variants_tnn_computes_otherwise_are_refused(tmp_path, layer):
+    with pytest.raises(UnsupportedOpError, match="Pooling1D") as e:
+        tnn_model(tmp_path, IN3, [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def naive_gather_nd(data, indices):
+    """TNN's X86GatherNDLayerAcc: one element per index row, offset = sum of index * stride."""
+    flat, strides = data.reshape(-1), [int(np.prod(data.shape[i + 1:])) for i in range(data.ndim)]
+    rows = indices.reshape(-1, indices.shape[-1])
+    out = [flat[sum(int(i) * st for i, st in zip(row, strides, strict=True))] for row in rows]
+    return np.array(out, data.dtype).reshape(indices.shape[:-1])
+
+
+def test_gather_nd_matches_tnns_loop_with_run_time_and_constant_indices(tmp_path):
+    idx = np.stack([RNG.integers(0, d, (3, 5)) for d in X4.shape], -1).astype(np.int32)
+    model = tnn_model(tmp_path, f"{IN4} : i 3 3 5 4 3", ["GatherND g 2 1 x i y 0"], "y")
+    np.testing.assert_array_equal(run1(model, X4, idx), naive_gather_nd(X4, idx))
+    (tmp_path / "c").mkdir()
+    model = tnn_model(tmp_path / "c", IN4, ["GatherND g 2 1 x i y"], "y", consts=[("i", idx)])
+    np.testing.assert_array_equal(run1(model, X4), naive_gather_nd(X4, idx))
+
+
+@pytest.mark.parametrize("layer, consts, match", [
+    ("GatherND g 2 1 x i y 1", [("i", np.zeros((2, 4), np.int32))], "batch_dims"),
+    ("GatherND g 2 1 x i y 0", [("i", np.zeros((2, 2), np.int32))], "single elements")])
+def test_gather_nd_variants_tnns_x86_acc_refuses_are_refused(tmp_path, layer, consts, match):
+    with pytest.raises(UnsupportedOpError, match=match) as e:
+        tnn_model(tmp_path, IN4, [layer], "y", consts=consts)
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def test_gather_nd_constant_index_out_of_range_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="out of") as e:
+        tnn_model(tmp_path, IN4, ["GatherND g 2 1 x i y 0"], "y", consts=[("i", np.array([[0, 4, 0, 0]], np.int32))])
+    assert e.value.line == 6
+
+
+def naive_scatter_nd(data, indices, updates):
+    """TNN's X86ScatterNDLayerAcc: copy, then memcpy each update slice to the offset its index row gives."""
+    out, k = data.copy().reshape(-1), indices.shape[-1]
+    counts = [int(np.prod(data.shape[i + 1:])) for i in range(k)]
+    size = int(np.prod(data.shape[k:]))
+    upd = updates.reshape(-1)
+    for i, row in enumerate(indices.reshape(-1, k)):
+        offset = sum(int(v) * c for v, c in zip(row, counts, strict=True))
+        out[offset:offset + size] = upd[i * size:(i + 1) * size]
+    return out.reshape(data.shape)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_scatter_nd_matches_tnns_loop(tmp_path, k):
+    idx = np.stack([RNG.integers(0, d, (2, 3)) for d in X4.shape[:k]], -1).astype(np.int32)
+    idx[1, 2] = idx[0, 0]  # a repeated index: the later write stays
+    upd = RNG.standard_normal((2, 3, *X4.shape[k:])).astype(np.float32)
+    inputs = f"{IN4} : u {len(upd.shape)} {' '.join(map(str, upd.shape))} 0"
+    model = tnn_model(tmp_path, inputs, ["ScatterND s 2 1 x u y"], "y",
+                      resources=[("ScatterND", "s", [True, idx, False])])
+    np.testing.assert_array_equal(run1(model, X4, upd), naive_scatter_nd(X4, idx, upd))
+    (tmp_path / "three").mkdir()
+    model = tnn_model(tmp_path / "three", f"{inputs} : i {idx.ndim} {' '.join(map(str, idx.shape))} 3",
+                      ["ScatterND s 3 1 x i u y"], "y")
+    np.testing.assert_array_equal(run1(model, X4, upd, idx), naive_scatter_nd(X4, idx, upd))
+
+
+def test_scatter_nd_negative_constant_index_is_a_format_error_with_line(tmp_path):
+    with pytest.raises(ModelFormatError, match="out of") as e:
+        tnn_model(tmp_path, f"{IN4} : u 1 1 0", ["ScatterND s 2 1 x u y"], "y",
+                  resources=[("ScatterND", "s", [True, np.array([[0, -1, 0, 0]], np.int32), False])])
+    assert e.value.line == 6
+
+
+def naive_scatter(data, indices, updates, axis, add):
+    """TNN's CpuScatterLayerAcc / CpuScatterElementsLayerAcc: walk the updates' positions in order, the axis
+    coordinate replaced by the index (negative ones wrapped), assign or add."""
+    out = data.copy()
+    for pos in np.ndindex(*indices.shape):
+        at = list(pos)
+        i = int(indices[pos])
+        at[axis] = i + data.shape[axis] if i < 0 else i
+        out[tuple(at)] = out[tuple(at)] + updates[pos] if add else updates[pos]
+    return out
+
+
+@pytest.mark.parametrize("axis", [0, 1, 3, -2])
+def test_scatter_matches_tnns_loop(tmp_path, axis):
+    dim = X4.shape[axis]
+    idx = RNG.integers(-dim, dim, (1, 3, 2, 5)).astype(np.int32)
+    upd = RNG.standard_normal(idx.shape).astype(np.float32)
+    model = tnn_model(tmp_path, f"{IN4} : u 4 1 3 2 5 0", [f"Scatter s 2 1 x u y {axis}"], "y",
+                      resources=[("Scatter", "s", [True, idx, False])])
+    np.testing.assert_array_equal(run1(model, X4, upd), naive_scatter(X4, idx, upd, axis, False))
+
+
+@pytest.mark.parametrize("axis, op", [(0, 0), (2, 0), (3, 1), (1, 1)])
+def test_scatter_elements_matches_tnns_loop(tmp_path, axis, op):
+    dim = X4.shape[axis]
+    idx = RNG.integers(-dim, dim, (1, 3, 2, 5)).astype(np.int32)
+    upd = RNG.standard_normal(idx.shape).astype(np.float32)
+    inputs = f"{IN4} : i 4 1 3 2 5 3 : u 4 1 3 2 5 0"
+    model = tnn_model(tmp_path, inputs, [f"ScatterElements s 3 1 x i u y {axis} {op}"], "y")
+    want = naive_scatter(X4, idx, upd, axis, op == 1)
+    np.testing.assert_allclose(run1(model, X4, idx, upd), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer", ["ScatterElements s 3 1 x i u y -1 0", "ScatterElements s 3 1 x i u y 0 2"])
+def test_scatter_elements_variants_tnn_computes_otherwise_are_refused(tmp_path, layer):
+    with pytest.raises(UnsupportedOpError, match="ScatterElements") as e:
+        tnn_model(tmp_path, f"{IN4} : i 4 1 3 2 5 3 : u 4 1 3 2 5 0", [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def naive_one_hot(indices, depth, axis, off, on, dtype):
+    """TNN's X86OneHotLayerAcc: fill with off, then for each index insert it at `axis` and write on (only in-range
+    indices here: TNN writes out-of-range ones outside the output)."""
+    axis = axis + indices.ndim + 1 if axis < 0 else axis
+    shape = list(indices.shape)
+    shape.insert(axis, depth)
+    out = np.full(shape, off, dtype)
+    for pos in np.ndindex(*indices.shape):
+        at = list(pos)
+        at.insert(axis, int(indices[pos]))
+        out[tuple(at)] = on
+    return out
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, 2, -3])
+def test_one_hot_matches_tnns_loop(tmp_path, axis):
+    idx = RNG.integers(0, 5, (3, 4)).astype(np.int32)
+    values = np.array([-0.5, 2.0], np.float32)
+    model = tnn_model(tmp_path, "i 2 3 4 3", [f"OneHot o 3 1 i d v y {axis} 5 -0.5 2"], "y",
+                      consts=[("d", np.array([5], np.int32)), ("v", values)])
+    out = run1(model, idx)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, naive_one_hot(idx, 5, axis, -0.5, 2.0, np.float32))
+
+
+def test_one_hot_without_values_is_int32_and_wraps_negative_indices(tmp_path):
+    idx = np.array([[0, -1, 2], [3, -4, 1]], np.int32)
+    model = tnn_model(tmp_path, "i 2 2 3 3", ["OneHot o 1 1 i y -1 4"], "y")
+    out = run1(model, idx)
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, naive_one_hot(idx % 4, 4, -1, 0, 1, np.int32))
+
+
+@pytest.mark.parametrize("layer, consts", [
+    ("OneHot o 1 1 i y -1 -1", []),
+    ("OneHot o 3 1 i d v y -1 5", [("d", np.array([5], np.int32)), ("v", np.array([-1, 1], np.float32))])])
+def test_one_hot_variants_tnn_computes_otherwise_are_refused(tmp_path, layer, consts):
+    with pytest.raises(UnsupportedOpError, match="OneHot") as e:
+        tnn_model(tmp_path, "i 2 3 4 3", [layer], "y", consts=consts)
+    assert "m.tnnproto:6" in str(e.value)
+
+
+@pytest.mark.parametrize("start, limit, delta", [(0.5, 3.2, 0.7), (2.0, -1.0, -0.5), (1, 13, 3), (5, 5, 1)])
+def test_range_matches_tnns_loop(tmp_path, start, limit, delta):
+    dtype = np.float32 if isinstance(start, float) else np.int32
+    consts = [(n, np.array([v], dtype)) for n, v in (("s", start), ("l", limit), ("d", delta))]
+    model = tnn_model(tmp_path, IN4, ["Range r 3 1 s l d y", "Add a 2 1 x x z"], "y z", consts=consts)
+    out = model.instance().run({"x": X4})["y"]
+    # TNN: count = ceil((limit - start) / delta) (float32 or int32 arithmetic), y[i] = start + i * delta
+    s, lim, d = (dtype(v) for v in (start, limit, delta))
+    count = max(int(np.ceil(np.float32((lim - s) / d))) if dtype is np.float32 else int((lim - s) / d), 0)
+    want = np.array([s + dtype(i) * d for i in range(count)], dtype)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("consts, inputs", [
+    ([("s", np.array([0], np.int32)), ("l", np.array([5], np.int32)), ("d", np.array([2], np.int32))], IN4),
+    ([("s", np.array([0], np.int32)), ("l", np.array([5.0], np.float32)), ("d", np.array([1], np.int32))], IN4),
+    ([("s", np.array([0], np.int32)), ("d", np.array([1], np.int32))], f"{IN4} : l 1 1 3")])
+def test_range_variants_tnn_computes_otherwise_or_unbounded_are_refused(tmp_path, consts, inputs):
+    with pytest.raises(UnsupportedOpError, match="Range") as e:
+        tnn_model(tmp_path, inputs, ["Range r 3 1 s l d y", "Add a 2 1 x x z"], "y z", consts=consts)
+    assert "m.tnnproto:6" in str(e.value)
+
+
+@pytest.mark.parametrize("direction, bits", [(0, 0), (0, 3), (1, 5), (0, 31), (1, 31)])
+@pytest.mark.parametrize("code, dtype", [(3, np.int32), (6, np.uint32)])
+def test_bit_shift_matches_tnns_unsigned_loop(tmp_path, direction, bits, code, dtype):
+    x = np.array([[0, 1, -1, 7, 2 ** 31 - 1, -(2 ** 31), 12345, -98765]]).astype(dtype)
+    model = tnn_model(tmp_path, f"x 2 1 8 {code}", [f"BitShift b 1 1 x y {direction} {bits}"], "y")
+    # TNN: output_data[i] = (unsigned int) input_data[i] >> bits (or << bits), one element at a time
+    want = np.array([((int(v) & 0xFFFFFFFF) >> bits if direction == 0 else (int(v) << bits) & 0xFFFFFFFF)
+                     for v in x.reshape(-1).astype(np.int64)], np.uint32).view(dtype).reshape(x.shape)
+    out = run1(model, x)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("layer, inputs", [("BitShift b 1 1 x y 0 32", "x 2 1 8 3"),
+                                           ("BitShift b 1 1 x y 0 1", "x 2 1 8 0")])
+def test_bit_shift_variants_are_refused(tmp_path, layer, inputs):
+    with pytest.raises(UnsupportedOpError, match="BitShift") as e:
+        tnn_model(tmp_path, inputs, [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def naive_signed_mul(x, alpha, beta, gamma):
+    """TNN's X86SignedMulLayerAcc, loop for loop, in float32."""
+    x = x.astype(np.float32)
+    n, ch = x.shape[:2]
+    t = x.reshape(n, ch, -1).copy()
+    gamma_inv = np.float32(1.0) / np.float32(gamma)
+    for b, c, i in np.ndindex(*t.shape):
+        temp = t[b, c, i] - np.float32(alpha)
+        temp = np.float32(1) if temp > 0 else np.float32(-1) if temp < 0 else temp
+        t[b, c, i] = (temp + np.float32(beta)) * gamma_inv
+    for b in range(n):
+        for c in range(ch - 1, -1, -1):
+            t[b, c] *= t[b, 0]
+    return t.reshape(x.shape)
+
+
+@pytest.mark.parametrize("alpha, beta, gamma", [(0.0, 1.0, 2.0), (0.3, -0.5, 0.7), (-1.0, 0.0, 1.0)])
+def test_signed_mul_matches_tnns_loop(tmp_path, alpha, beta, gamma):
+    x = X4.copy()
+    x[0, :, 0, 0] = alpha  # sign(0) stays 0
+    model = tnn_model(tmp_path, IN4, [f"SignedMul s 1 1 x y {alpha} {beta} {gamma}"], "y")
+    np.testing.assert_allclose(run1(model, x), naive_signed_mul(x, alpha, beta, gamma), rtol=1e-6, atol=1e-7)
+
+
+def naive_inverse(x):
+    """TNN's CpuInverseLayerAcc: per 2x2 matrix, det in float32, its inverse times the adjugate."""
+    out = np.empty_like(x).reshape(-1, 4)
+    for k, (a, b, c, d) in enumerate(x.reshape(-1, 4).astype(np.float32)):
+        det_inv = np.float32(1.0) / (a * d - b * c)
+        out[k] = [d * det_inv, -b * det_inv, -c * det_inv, a * det_inv]
+    return out.reshape(x.shape)
+
+
+def test_inverse_matches_tnns_loop_and_numpys_inverse(tmp_path):
+    x = RNG.standard_normal((3, 4, 2, 2)).astype(np.float32)
+    model = tnn_model(tmp_path, "x 4 3 4 2 2 0", ["Inverse i 1 1 x y"], "y")
+    out = run1(model, x)
+    np.testing.assert_allclose(out, naive_inverse(x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out, np.linalg.inv(x), rtol=1e-3, atol=1e-3)
+
+
+def test_inverse_of_other_than_2x2_is_refused(tmp_path):
+    with pytest.raises(UnsupportedOpError, match="Inverse") as e:
+        tnn_model(tmp_path, "x 3 2 3 3 0", ["Inverse i 1 1 x y"], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def naive_grid_sample(x, grid):
+    """TNN's CpuGridSampleLayerAcc (bilinear, zeros, align_corners 0), loop for loop in float32."""
+    n, ch, ih, iw = x.shape
+    _, oh, ow, _ = grid.shape
+    out = np.zeros((n, ch, oh, ow), np.float32)
+    f32 = np.float32
+    for b, h, w in np.ndindex(n, oh, ow):
+        gx, gy = grid[b, h, w]
+        ix = f32((f32(gx) + 1) * iw * 0.5 - 0.5)
+        iy = f32((f32(gy) + 1) * ih * 0.5 - 0.5)
+        x0, y0 = int(np.floor(ix)), int(np.floor(iy))
+        taps = [(y0, x0, (x0 + 1 - ix) * (y0 + 1 - iy)), (y0, x0 + 1, (ix - x0) * (y0 + 1 - iy)),
+                (y0 + 1, x0, (x0 + 1 - ix) * (iy - y0)), (y0 + 1, x0 + 1, (ix - x0) * (iy - y0))]
+        for yy, xx, weight in taps:
+            if 0 <= yy < ih and 0 <= xx < iw:
+                out[b, :, h, w] += x[b, :, yy, xx] * f32(weight)
+    return out
+
+
+def test_grid_sample_matches_tnns_loop(tmp_path):
+    grid = RNG.uniform(-1.3, 1.3, (1, 5, 7, 2)).astype(np.float32)  # some samples fall outside the input
+    model = tnn_model(tmp_path, f"{IN4} : g 4 1 5 7 2 0", ["GridSample s 2 1 x g y 2 0 0"], "y")
+    np.testing.assert_allclose(run1(model, X4, grid), naive_grid_sample(X4, grid), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("params", ["1 0 0", "2 1 0", "2 0 1"])
+def test_grid_sample_variants_tnns_acc_refuses_are_refused(tmp_path, params):
+    with pytest.raises(UnsupportedOpError, match="GridSample") as e:
+        tnn_model(tmp_path, f"{IN4} : g 4 1 5 7 2 0", [f"GridSample s 2 1 x g y {params}"], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def brute_einsum(equation, a, b):
+    """Two-operand einsum by its definition: for every assignment of the labels, out[out labels] += a * b."""
+    lhs, rhs = equation.split("->")
+    ta, tb = lhs.split(",")
+    sizes = dict(zip(ta, a.shape, strict=True)) | dict(zip(tb, b.shape, strict=True))
+    labels = sorted(sizes)
+    out = np.zeros([sizes[label] for label in rhs])
+    for values in np.ndindex(*[sizes[label] for label in labels]):
+        at = dict(zip(labels, values, strict=True))
+        out[tuple(at[label] for label in rhs)] += (float(a[tuple(at[label] for label in ta)])
+                                                   * float(b[tuple(at[label] for label in tb)]))
+    return out
+
+
+@pytest.mark.parametrize("equation, sa, sb", [
+    ("bij,bjk->bik", (2, 3, 4), (2, 4, 5)), ("bhqd,bhkd->bhqk", (1, 2, 3, 4), (1, 2, 5, 4)),
+    ("i,j->ij", (3,), (4,)), ("ij,jk->ki", (3, 4), (4, 2)), ("bi,bi->b", (3, 4), (3, 4))])
+def test_einsum_matches_the_definition(tmp_path, equation, sa, sb):
+    a, b = RNG.standard_normal(sa).astype(np.float32), RNG.standard_normal(sb).astype(np.float32)
+    inputs = f"a {len(sa)} {' '.join(map(str, sa))} 0 : b {len(sb)} {' '.join(map(str, sb))} 0"
+    model = tnn_model(tmp_path, inputs, [f"Einsum e 2 1 a b y {equation.replace(',', ';')}"], "y")
+    np.testing.assert_allclose(run1(model, a, b), brute_einsum(equation, a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_einsum_full_contraction_is_tnns_dot_of_shape_1(tmp_path):
+    a, b = RNG.standard_normal((3, 4)).astype(np.float32), RNG.standard_normal((3, 4)).astype(np.float32)
+    model = tnn_model(tmp_path, "a 2 3 4 0 : b 2 3 4 0", ["Einsum e 2 1 a b y ij;ij->"], "y")
+    out = run1(model, a, b)
+    assert out.shape == (1,)
+    np.testing.assert_allclose(out, [float((a.astype(np.float64) * b).sum())], rtol=1e-5)
+
+
+@pytest.mark.parametrize("layer", ["Einsum e 2 1 a b y ijk;ijk->i", "Einsum e 2 1 a b y ii;ij->j",
+                                   "Einsum e 2 1 a b y iJ;Jk->ik", "Einsum e 1 1 a y ijk->kji"])
+def test_einsum_variants_tnns_acc_computes_otherwise_are_refused(tmp_path, layer):
+    with pytest.raises(UnsupportedOpError, match="Einsum") as e:
+        tnn_model(tmp_path, "a 3 3 3 3 0 : b 3 3 3 3 0", [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+@pytest.mark.parametrize("alias, base", [
+    ("Pooling_nhwc p 1 1 x y 0 2 2 2 2 0 0 -1 -1 -1 0 0", "Pooling p 1 1 x y 0 2 2 2 2 0 0 -1 -1 -1 0 0"),
+    ("Pooling_split_CC p 1 1 x y 1 3 3 1 1 1 1 -1 -1 -1 0 0", "Pooling p 1 1 x y 1 3 3 1 1 1 1 -1 -1 -1 0 0"),
+    ("Softmax_nhwc s 1 1 x y 1", "Softmax s 1 1 x y 1"), ("Flatten_nhwc f 1 1 x y 1", "Flatten f 1 1 x y 1"),
+    ("Concat_nhwc c 2 1 x x y 1", "Concat c 2 1 x x y 1"), ("Reduce_Sum r 1 1 x y 0 1", "ReduceSum r 1 1 x y 0 1"),
+    ("StridedSlice_nhwc s 1 1 x y 4 0 1 0 0 4 0 3 0 -1 4 1 1 1 2",
+     "StridedSlice s 1 1 x y 4 0 1 0 0 4 0 3 0 -1 4 1 1 1 2")])
+def test_tnns_other_spellings_of_a_type_run_as_that_type(tmp_path, alias, base):
+    """TNN maps both strings to one LayerType (layer_type.cc) and reads and runs the layer by that alone."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    want = run1(tnn_model(tmp_path / "b", IN4, [base], "y"), X4)
+    np.testing.assert_array_equal(run1(tnn_model(tmp_path / "a", IN4, [alias], "y"), X4), want)
+
+
+def test_tnns_other_spellings_read_their_resources(tmp_path):
+    w, bias, slope = (RNG.standard_normal(n).astype(np.float32) for n in (4 * 4 * 9, 4, 4))
+    layers = ["Convolution_nhwc c 1 1 x t 1 4 4 3 3 1 1 1 1 1 -1 1 1", "PReLU_nhwc p 1 1 t y 0 0"]
+    model = tnn_model(tmp_path, IN4, layers, "y", resources=[("Convolution_nhwc", "c", ["c", 1, w, bias]),
+                                                             ("PReLU_nhwc", "p", ["p", slope])])
+    (tmp_path / "b").mkdir()
+    base = tnn_model(tmp_path / "b", IN4, [layer.replace("_nhwc", "") for layer in layers], "y",
+                     resources=[("Convolution", "c", ["c", 1, w, bias]), ("PReLU", "p", ["p", slope])])
+    np.testing.assert_array_equal(run1(model, X4), run1(base, X4))
+
+
+@pytest.mark.parametrize("layer, reason", [("NonZero n 1 1 x y", "depends on the input's values"),
+                                           ("Reformat r 1 1 x y 0 1", "TNN's runtime inserts")])
+def test_types_refused_on_purpose_say_why(tmp_path, layer, reason):
+    with pytest.raises(UnsupportedOpError, match=reason) as e:
+        tnn_model(tmp_path, IN4, [layer], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
+def test_scatters_of_other_than_float32_data_are_refused(tmp_path):
+    with pytest.raises(UnsupportedOpError, match="int32 data") as e:
+        tnn_model(tmp_path, "x 2 3 4 3 : i 2 3 4 3 : u 2 3 4 3", ["ScatterElements s 3 1 x i u y 0 0"], "y")
+    assert "m.tnnproto:6" in str(e.value)
