@@ -366,6 +366,15 @@ class AtenNewFull(nn.Module):  # x.new_full with a size from the input's shape: 
                 x.new_full((n, 2, w), -1.5))
 
 
+class AdaptivePoolNone(nn.Module):  # output_size with None (keep that dim), which pnnx writes as 0: CRNN heads
+    def __init__(self):
+        super().__init__()
+        self.avg, self.max = nn.AdaptiveAvgPool2d((1, None)), nn.AdaptiveMaxPool2d((None, 3))
+
+    def forward(self, x):
+        return self.avg(x), F.adaptive_avg_pool2d(x, (None, 2)), self.max(x), F.adaptive_max_pool2d(x, (2, None))
+
+
 # -- recurrent layers: every (directions, layers, batch_first) with and without an initial state -------------------
 RNN_CONFIGS = [(bi, layers, bf) for bi in (False, True) for layers in (1, 2) for bf in (False, True)]
 FEW_CONFIGS = [(False, 1, False, True), (True, 2, True, False), (True, 1, False, True), (False, 2, True, False),
@@ -465,6 +474,7 @@ CASES: dict[str, Case] = {
     "masked_fills": Case(MaskedFills, [(3, 4), ("bool", (3, 4)), ("i64", (3, 4), 9)]),
     "meshgrids": Case(Meshgrids, [(2, 3, 4, 6), (4,), (5,), (3,)], [(1, 3, 5, 7), (6,), (2,), (4,)]),
     "aten_new_full": Case(AtenNewFull, [(2, 3, 4, 6)], [(1, 3, 5, 7)]),
+    "adaptive_pool_none": Case(AdaptivePoolNone, [(2, 3, 6, 8)], [(1, 3, 5, 7)]),
     "creation": Case(Creation, [(3, 4), ("i64", (3, 4), 5)], [(2, 6), ("i64", (2, 6), 5)]),
     "gathers": Case(Gathers, [(3, 5), ("i64", (3, 2), 3), ("i64", (4,), 5)]),
     "scans": Case(Scans, [(3, 5), ("i64", (3, 5), 7), ("bool", (3, 5))]),

@@ -30,6 +30,9 @@ def adaptive_pool2d(ctx: Ctx) -> None:
     ctx.drop_outputs(1, "the pooling indices output")
     size = ctx.node.params.get("output_size")
     size = [size, size] if isinstance(size, int) or size is None else list(size)
+    # pnnx writes torch's None (keep that dim, as in CRNN heads' (1, None)) as 0; a real 0 would give an empty
+    # output, which no export means
+    size = [None if s == 0 else s for s in size]
     kind = "Max" if "max" in ctx.type.lower() else "Avg"
     if size == [1, 1]:
         ctx.become(f"Global{kind}Pool", {}, inputs=[ctx.x()])
