@@ -57,6 +57,12 @@ class Collector:
         return [(rs["resource"], span) for body in self.bodies for rs in body["resourceSpans"]
                 for ss in rs["scopeSpans"] for span in ss["spans"]]
 
+    def wait_for(self, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.spans()) < count:
+            assert time.monotonic() < deadline, f"spans received: {self.spans()}"
+            time.sleep(0.05)
+
     def close(self) -> None:
         self.http.shutdown()
         self.http.server_close()
@@ -94,10 +100,7 @@ def test_spans_reach_the_collector_as_triton_makes_them(tmp_path, collector):
         inp = grpcclient.InferInput("in0", [1, 4], "FP32")
         inp.set_data_from_numpy(X)
         grpcclient.InferenceServerClient(srv.grpc_url).infer("affine", [inp], request_id="r-grpc")
-        deadline = time.monotonic() + 60
-        while len(collector.spans()) < 6:
-            assert time.monotonic() < deadline, f"spans received: {collector.spans()}"
-            time.sleep(0.05)
+        collector.wait_for(6)
     finally:
         assert srv.stop() == 0, srv.log_text
     t_after = time.time_ns()
@@ -174,10 +177,7 @@ def test_a_clients_trace_context_is_propagated_and_traced_whatever_the_rate(tmp_
         inp.set_data_from_numpy(X)
         grpcclient.InferenceServerClient(srv.grpc_url).infer(
             "affine", [inp], headers={"traceparent": f"00-{trace_grpc}-{span_grpc}-01"})
-        deadline = time.monotonic() + 60
-        while len(collector.spans()) < 6:
-            assert time.monotonic() < deadline, f"spans received: {collector.spans()}"
-            time.sleep(0.05)
+        collector.wait_for(6)
     finally:
         assert srv.stop() == 0, srv.log_text
     spans = [span for _, span in collector.spans()]

@@ -66,19 +66,24 @@ def lower_gather_nd(c: Ctx) -> None:
 def lower_scatter_nd(c: Ctx) -> None:
     """(data, updates) with the indices a resource, or (data, indices, updates): output = data with the slices
     data[indices[i..., :]] replaced by updates[i...], in index order (a repeated index: the last write wins)."""
-    if len(c.inputs) == 3:
-        data, idx, updates = c.inputs
-    elif len(c.inputs) == 2 and c.attr("indices", required=False) is not None:
-        data, updates = c.inputs
-        idx = c.const(c.attr("indices"), "indices")
-    else:
-        c.fail(f"takes (data, updates) with an indices resource, or (data, indices, updates); got "
-               f"{len(c.inputs)} inputs")
+    data, idx, updates = _scatter_operands(c)
     _float_data(c, data)
     shape = c.shape(data)
     k = _index_rank(c, idx, None if shape is None else len(shape), "indices")
     _check_known(c, idx, shape)
     c.out("IndexPut", [data, updates, *_split_last(c, idx, k)])
+
+
+def _scatter_operands(c: Ctx) -> tuple[Value, Value, Value]:
+    """(data, indices, updates): from three inputs, or two with the indices a resource."""
+    if len(c.inputs) == 3:
+        data, idx, updates = c.inputs
+        return data, idx, updates
+    if len(c.inputs) == 2 and c.attr("indices", required=False) is not None:
+        data, updates = c.inputs
+        return data, c.const(c.attr("indices"), "indices"), updates
+    c.fail(f"takes (data, updates) with an indices resource, or (data, indices, updates); got {len(c.inputs)} "
+           "inputs")
 
 
 def _float_data(c: Ctx, data: Value) -> None:
@@ -105,14 +110,7 @@ def lower_scatter(c: Ctx) -> None:
     """Param axis; (data, updates) with the indices a resource, or (data, indices, updates). CpuScatterLayerAcc:
     ONNX's Scatter (ScatterElements without reduction), negative indices counting from the end."""
     axis = c.i(0, 0)
-    if len(c.inputs) == 3:
-        data, idx, updates = c.inputs
-    elif len(c.inputs) == 2 and c.attr("indices", required=False) is not None:
-        data, updates = c.inputs
-        idx = c.const(c.attr("indices"), "indices")
-    else:
-        c.fail(f"takes (data, updates) with an indices resource, or (data, indices, updates); got "
-               f"{len(c.inputs)} inputs")
+    data, idx, updates = _scatter_operands(c)
     _scatter(c, axis, "none", data, idx, updates)
 
 
