@@ -211,12 +211,18 @@ def cosine(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
 
 
+# The engines' processes live side by side; a pool that spins after its work (ORT's, OpenMP's, ours) would still
+# hold a core when the next engine's turn starts (2 cores here), so each turn waits its spin-down out.
+SETTLE_S = 0.5
+
+
 def measure(name: str, folder: Path, batch: int, rounds: int, iters: int, tmp: Path) -> dict:
     workers = [Worker(e, folder, batch, tmp) for e in ENGINES]
     times: dict[str, list[float]] = {w.name: [] for w in workers}
     try:
         for r in range(rounds):
             for w in workers[r % len(workers):] + workers[:r % len(workers)]:
+                time.sleep(SETTLE_S)  # the last engine's pool stops spinning before this one's turn
                 times[w.name] += w.run(iters)
         ref = {"nnserve": workers[0].outputs(), "ort": workers[2].outputs()}
         cos = {w.name: cosine(w.outputs(), ref[w.name.split("-")[0]]) for w in workers}
