@@ -216,15 +216,17 @@ def test_fast_path_maps_errors_as_the_fastapi_app_does(error, status, message):
     assert start["status"] == status and body.decode() == message
 
 
+async def _wait_to_be_cancelled(cancelled: asyncio.Event) -> None:
+    """Work that only ends by being cancelled, and says so through `cancelled`."""
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
 def test_a_client_hanging_up_cancels_the_work():
     cancelled = asyncio.Event()
-
-    async def work():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
 
     async def receive():
         await asyncio.sleep(0.01)
@@ -232,7 +234,7 @@ def test_a_client_hanging_up_cancels_the_work():
 
     async def main():
         with pytest.raises(ClientDisconnectedError):
-            await unless_disconnected(receive, work())
+            await unless_disconnected(receive, _wait_to_be_cancelled(cancelled))
         assert cancelled.is_set()
         return await unless_disconnected(receive, asyncio.sleep(0, result=5))  # finished first: no disconnect
 
@@ -243,22 +245,15 @@ def test_a_lost_connection_cancels_the_work_through_its_watch():
     """The server's own protocol cancels the registered task when the connection is lost (no watcher task)."""
     cancelled = asyncio.Event()
 
-    async def work():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
     async def main():
         watch = DisconnectWatch()
         asyncio.get_running_loop().call_later(0.01, watch.connection_lost)
         with pytest.raises(ClientDisconnectedError):
-            await unless_lost(watch, work())
+            await unless_lost(watch, _wait_to_be_cancelled(cancelled))
         assert cancelled.is_set() and not watch.tasks
         cancelled.clear()
         with pytest.raises(ClientDisconnectedError):  # lost before: cancelled where the work first waits
-            await unless_lost(watch, work())
+            await unless_lost(watch, _wait_to_be_cancelled(cancelled))
         assert cancelled.is_set()
         fresh = DisconnectWatch()
         result = await unless_lost(fresh, asyncio.sleep(0, result=5))  # finished first: no disconnect
