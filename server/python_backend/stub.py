@@ -80,6 +80,8 @@ class Worker:
             if self.decoupled:
                 self._open_tokens.update(tokens)
             self._last_token = max([self._last_token, *tokens])
+            # a cancel kept for a request that never came (the server failed it before sending it) goes now
+            self._cancelled = {t for t in self._cancelled if t in self._open_tokens or t > self._last_token}
 
     def _cancel(self, token: int) -> None:
         with self._tokens_lock:
@@ -87,7 +89,8 @@ class Worker:
                 self._cancelled.add(token)
 
     def is_cancelled(self, token: int) -> bool:
-        return token in self._cancelled
+        with self._tokens_lock:
+            return token in self._cancelled
 
     # ---- the call thread --------------------------------------------------------------------------------------
     def serve_calls(self) -> None:
