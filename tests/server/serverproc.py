@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -56,6 +55,11 @@ def nnserve_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "server.cli"]
 
 
+# sets the open-file limit in a process of its own, then becomes the server
+_LIMIT_FILES_THEN_EXEC = ("import os, resource, sys; n = int(sys.argv[1]); "
+                          "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])")
+
+
 class ServerProcess:
     def __init__(self, repository: Path, *extra: str, expect_ready: bool = True, env: dict[str, str] | None = None,
                  open_files: int | None = None):
@@ -63,12 +67,13 @@ class ServerProcess:
         cmd = [*nnserve_command(), "serve", "--model-repository", str(repository),
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
                "--grpc-address", "127.0.0.1", *extra]
-        def limit_files() -> None:
-            if open_files is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
-
+        if open_files is not None:
+            cmd = [sys.executable, "-c", _LIMIT_FILES_THEN_EXEC, str(open_files), *cmd]
+        # No preexec_fn: it makes subprocess fork() instead of vfork(), and grpcio >= 1.80 (grpc issue 43055)
+        # restarts its poller in the forked child, which aborts (epoll_wait: EBADF) once the fds are closed and before
+        # exec, whenever this process has used a gRPC channel.
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, **env} if env else None, preexec_fn=limit_files)
+                                     env={**os.environ, **env} if env else None)
         self.log: list[str] = []
         self.ports: dict[str, int] = {}
         self._found = threading.Event()
