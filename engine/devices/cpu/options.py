@@ -7,9 +7,9 @@
 - NNSERVE_BLAS (default: MKL's sgemm when the `mkl` wheel is installed): `numpy` or `openblas` runs GEMMs on
   numpy's matmul.
 - NNSERVE_NUM_THREADS (default: the CPUs the affinity mask and cgroup quota allow): the kernel thread pool's size.
-- NNSERVE_SPIN_US (default 200): how long idle kernel threads, ours and OpenMP's (oneDNN), spin-wait for the next
-  op before sleeping (threads.py); `0` sleeps at once (OMP_WAIT_POLICY=PASSIVE). Set OMP_WAIT_POLICY or
-  GOMP_SPINCOUNT yourself and OpenMP keeps yours.
+- NNSERVE_SPIN_US (default 2): how long idle kernel threads, ours and OpenMP's (oneDNN), spin-wait for the next
+  op before sleeping (threads.py says why so short); `0` sleeps at once (OMP_WAIT_POLICY=PASSIVE). Set
+  OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself and OpenMP keeps yours.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-DEFAULT_SPIN_US = 200
+DEFAULT_SPIN_US = 2
 
 
 @dataclass(frozen=True)

@@ -7,20 +7,25 @@ and every prange kernel costs seconds to compile. Plain nogil kernels on our thr
 when the work is small, and the thread count is one knob (`set_threads`).
 
 Wait policy (NNSERVE_SPIN_US, CpuOptions.spin_us): a worker that finished its chunk polls for the next one for
-that long (a nogil loop on the CPU's spin-wait hint, loops/spin.py), then sleeps on a condition variable. The ops
-of one request follow each other within microseconds, so they find the workers awake (a futex wake-up costs
-20-100 us on a VM, more than many ops take); an idle server's workers are all asleep well under a millisecond after
-its last request. OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, counted in the same
-spin-wait polls (`gomp_spincount`), set before libgomp loads (onednn/binding.py). 0 sleeps at once (what
-OMP_WAIT_POLICY=PASSIVE does). ONNX Runtime's pool and libgomp's default do the same: a bounded spin, then sleep.
-Our workers stop spinning when a oneDNN primitive starts (`park`), so they never compete with OpenMP's team.
+that long (a nogil loop on the CPU's spin-wait hint, loops/spin.py), then sleeps on a condition variable.
+OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, counted in the same spin-wait polls
+(`gomp_spincount`), set before libgomp loads (onednn/binding.py); 0 sleeps at once (OMP_WAIT_POLICY=PASSIVE). Our
+workers stop spinning when a oneDNN primitive starts (`park`), so they never compete with OpenMP's team.
 
-The bound is short on purpose. The gaps between the ops of one request are tens of microseconds, so 200 us
-covers them; a longer spin only pays between requests, and costs dearly on an oversubscribed host, where a
-thread spinning at a barrier burns its time slice waiting for a partner that is not running (a 2-core VM at load
-9-22: GhostNet at batch 1 took 1087 ms a run with a 2 ms OpenMP spin and 24 ms sleeping at once; a tiny ViT 20-120
-ms with 2 ms, 0.6 ms with 50 us, 0.3 ms sleeping). Small kernels never fork at all (`threads_for`: a oneDNN
-primitive of little work is created for one thread), which also keeps them clear of a busy host's stalls.
+The bound is a couple of microseconds, on purpose: long enough for the partner of a balanced split to reach the
+end-of-op barrier (the two halves of one op finish within microseconds of each other), shorter than the gaps
+between ops (10-50 us of Python dispatch), so a thread sleeps between ops and is woken for the next one. A longer
+spin loses in the two places a server lives (bench/wait_policy.py, bench/RESULTS.md "Wait policy"):
+- on a shared or busy host a spinning thread burns the time slice of the thread it waits for (2 cores at load 2-5:
+  GhostNet at batch 1 took 20-62 ms a call with a 200 us spin, 11-12 ms with 2-5 us; ResNet-18 35-42 vs 25-35);
+- on a virtual machine (KVM here), after an idle pause the two threads of an instance fell into a regime where
+  most hand-overs took hundreds of microseconds and stayed there while the calls ran back to back (UltraFace at
+  batch 1: 1.7 ms a call, then ~10 ms after one or two 0.5 s pauses, with a 200 us spin; 2.2 ms steadily with
+  2 us, and no such regime). The likely cause: a pause loop longer than the hypervisor's pause-loop window (KVM's
+  default: 4096 cycles, ~1.5 us) traps to the host, which may run something else on that core meanwhile.
+On dedicated bare-metal cores a longer spin saves the wake-ups between ops (10-50 us each on a VM); set
+NNSERVE_SPIN_US for that host (README). Small kernels never fork at all (`threads_for`: a oneDNN primitive of
+little work is created for one thread), so they pay no hand-over either way.
 
 The count is process-wide (the pool is). Its default is the CPUs the process may really use: NNSERVE_NUM_THREADS
 (CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU quota (a container limited to 2

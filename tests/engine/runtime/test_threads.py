@@ -9,7 +9,7 @@ from threadpoolctl import threadpool_info
 
 import engine
 from engine.devices.cpu import threads as _threads
-from engine.devices.cpu.options import CpuOptions
+from engine.devices.cpu.options import DEFAULT_SPIN_US, CpuOptions
 
 
 @pytest.fixture
@@ -62,10 +62,19 @@ def test_instance_threads_applied_per_run(restore_threads):
 
 # -- wait policy: spin a while, then sleep ------------------------------------------------------------
 def test_spin_setting_read_from_the_environment():
-    assert CpuOptions.from_env({}).spin_us == 200
+    assert CpuOptions.from_env({}).spin_us == DEFAULT_SPIN_US
     assert CpuOptions.from_env({"NNSERVE_SPIN_US": "0"}).spin_us == 0
     assert CpuOptions.from_env({"NNSERVE_SPIN_US": " 500 "}).spin_us == 500
-    assert CpuOptions.from_env({"NNSERVE_SPIN_US": "-3"}).spin_us == 200
+    assert CpuOptions.from_env({"NNSERVE_SPIN_US": "-3"}).spin_us == DEFAULT_SPIN_US
+
+
+def test_default_spin_is_a_few_microseconds():
+    """The default spin stays within a few microseconds: a longer one made an instance on a VM fall into a lasting
+    slow regime after an idle pause, and loses on a busy host (threads.py, bench/RESULTS.md "Wait policy"). The
+    bound in OpenMP's polls is what libgomp gets."""
+    assert 1 <= DEFAULT_SPIN_US <= 5
+    polls = _threads.gomp_spincount(DEFAULT_SPIN_US)
+    assert 0 < polls * _threads.poll_ns() <= 5_000 * 1.01
 
 
 def test_openmp_gets_the_same_bound_unless_the_user_chose_one():
