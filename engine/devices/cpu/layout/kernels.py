@@ -159,28 +159,39 @@ def _kernel_broadcast(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 
+_REGROUP_CHUNK = 1024  # pixels per work item of copy_lanes: 64 KiB of a 16-lane block
+
+
 class _Copy:
-    """One (output, input) pair's lane map for copy_lanes, in flat offsets of one image's input."""
+    """One (output, input) pair's lane map for copy_lanes, as runs of consecutive lanes (consecutive in the
+    destination block and in the source's flat offsets), in flat offsets of one image's input."""
 
     def __init__(self, chans: list[tuple[int, int]], i: int, block: int, hw: int):
         dst_blocks = -(-len(chans) // block)
         self.count = np.zeros(dst_blocks, np.int64)
-        self.dst_lane = np.zeros((dst_blocks, block), np.int64)
-        self.src_off = np.zeros((dst_blocks, block), np.int64)
+        self.run_dst = np.zeros((dst_blocks, block), np.int64)
+        self.run_src = np.zeros((dst_blocks, block), np.int64)
+        self.run_len = np.zeros((dst_blocks, block), np.int64)
         self.aligned = np.full(dst_blocks, -1, np.int64)
+        lanes: list[list[tuple[int, int]]] = [[] for _ in range(dst_blocks)]  # (dst lane, flat source offset)
         for k, (j, c) in enumerate(chans):
-            if j != i:
-                continue
-            db, lane = divmod(k, block)
-            sb, sl = divmod(c, block)
-            n = self.count[db]
-            self.dst_lane[db, n], self.src_off[db, n] = lane, sb * hw * block + sl
-            self.count[db] += 1
-        for db in range(dst_blocks):
-            lanes, offs = self.dst_lane[db], self.src_off[db]
-            if self.count[db] == block and (lanes == np.arange(block)).all() and (np.diff(offs) == 1).all() \
-                    and offs[0] % block == 0:
-                self.aligned[db] = offs[0]
+            if j == i:
+                db, lane = divmod(k, block)
+                sb, sl = divmod(c, block)
+                lanes[db].append((lane, sb * hw * block + sl))
+        for db, pairs in enumerate(lanes):
+            for lane, off in pairs:
+                n = self.count[db]
+                last = n - 1
+                if n and self.run_dst[db, last] + self.run_len[db, last] == lane \
+                        and self.run_src[db, last] + self.run_len[db, last] == off:
+                    self.run_len[db, last] += 1
+                    continue
+                self.run_dst[db, n], self.run_src[db, n], self.run_len[db, n] = lane, off, 1
+                self.count[db] += 1
+            if self.count[db] == 1 and self.run_dst[db, 0] == 0 and self.run_len[db, 0] == block \
+                    and self.run_src[db, 0] % block == 0:
+                self.aligned[db] = self.run_src[db, 0]
 
 
 def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
@@ -188,7 +199,7 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
         return reference_fallback(node, regroup_reference)
     block, chans, sources = regroup_params(node)
     z, k = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1), np.int64)
-    copy_lanes(z.reshape(1, 1), z, k[0], k, k, k[0], 0, 0)  # compile at build
+    copy_lanes(z.reshape(1, 1), z, k[0], k, k, k, k[0], 1, 0, 0)  # compile at build
     zero_lanes(z, 1, 0, 0)
     plans: dict[tuple, list] = {}  # per H*W: the copies of each output (offsets depend on the plane size)
 
@@ -205,8 +216,9 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
                 zero_lanes(dst, len(chans_out) % b, 0, n)
             for i, c in copies:
                 x = inputs[i]
-                parallel_for(copy_lanes, n * dst.shape[1], dst.size, x.reshape(n, -1), dst, c.count, c.dst_lane,
-                             c.src_off, c.aligned)
+                chunks = -(-h * w // _REGROUP_CHUNK)
+                parallel_for(copy_lanes, n * dst.shape[1] * chunks, dst.size, x.reshape(n, -1), dst, c.count,
+                             c.run_dst, c.run_src, c.run_len, c.aligned, _REGROUP_CHUNK)
     return run
 
 

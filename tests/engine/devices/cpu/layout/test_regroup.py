@@ -50,6 +50,14 @@ def check(node: Node, plain_inputs: list[np.ndarray], want: list[np.ndarray], bl
         np.testing.assert_array_equal(g, e[:1, :, :2, :1])
 
 
+@pytest.mark.parametrize("chans", [(8, 8), (24, 24), (5, 16, 7)])
+def test_concat_of_a_plane_larger_than_one_work_item(chans):
+    """A plane of more pixels than one work item of the lane copy (its items are chunks of a block's pixels, split
+    over the threads), with runs of lanes from two sources in one block (GhostNet's ghost concats)."""
+    xs = [rng.standard_normal((2, c, 45, 50)).astype(np.float32) for c in chans]
+    check(regroup(16, list(chans), concat_sources(list(chans))), xs, [np.concatenate(xs, axis=1)], 16)
+
+
 @pytest.mark.parametrize("block", [8, 16])
 @pytest.mark.parametrize("chans", [(58, 58), (16, 24), (3, 5, 16), (24, 8)])
 def test_concat(block, chans):
