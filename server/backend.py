@@ -14,6 +14,7 @@ the repository calls when the model is unloaded.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -22,8 +23,8 @@ import numpy as np
 
 from engine import RunTimings
 
-__all__ = ["BackendInstance", "BackendModel", "ClosableInstance", "OpProfile", "ProfilingInstance", "RequestContext",
-           "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags", "TensorSpec"]
+__all__ = ["BackendInstance", "BackendModel", "Cancellation", "ClosableInstance", "OpProfile", "ProfilingInstance",
+           "RequestContext", "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags", "TensorSpec"]
 
 
 class TensorSpec(Protocol):
@@ -91,6 +92,36 @@ class ResponseSink(Protocol):
         went away or stopped reading; at once when it already was."""
 
 
+class Cancellation:
+    """One request's cancellation: hooks a backend registers (from any thread) run once when the request's client
+    goes away before its answer (an HTTP disconnect, a gRPC cancel or deadline, a stream that stops reading)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._hooks: list[Callable[[], None]] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """`callback` runs once when the request is cancelled; at once when it already was."""
+        with self._lock:
+            if not self._cancelled:
+                self._hooks.append(callback)
+                return
+        callback()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._cancelled:
+                return
+            self._cancelled, hooks, self._hooks = True, self._hooks, []
+        for hook in hooks:
+            hook()
+
+
 @dataclass(frozen=True)
 class SequenceFlags:
     """A request's place in its sequence (a stateful model's): Triton's correlation id (a non-zero uint64 or a
@@ -115,6 +146,8 @@ class RequestContext:
     requested_outputs: tuple[str, ...] = ()  # empty: every output
     responses: ResponseSink | None = None  # a decoupled model's responses go there, not into the run's result
     sequence: SequenceFlags | None = None  # the request's sequence, when it names one
+    # set when the client goes away while the request waits or runs (a decoupled one's: through its sink)
+    cancellation: Cancellation = field(default_factory=Cancellation)
 
 
 @runtime_checkable

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from collections.abc import Set as AbstractSet
@@ -18,7 +17,7 @@ import numpy as np
 from engine import EngineError, ShapeError
 from server import request_extensions as rx
 from server import settings as defaults
-from server.backend import OpProfile, ProfilingInstance, RequestContext
+from server.backend import Cancellation, OpProfile, ProfilingInstance, RequestContext
 from server.config import config_to_dict
 from server.datatypes import numpy_to_wire
 from server.errors import (
@@ -380,7 +379,7 @@ class DataPlane:
                                    batch: int, wanted: AbstractSet[str], t0: int) -> AsyncIterator[StreamResponse]:
         sink = StreamSink(mv, req.id, wanted)
         context = RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), responses=sink,
-                                 sequence=req.sequence)
+                                 sequence=req.sequence, cancellation=sink.cancellation)
 
         async def submit() -> InferResult | None:
             try:
@@ -453,26 +452,16 @@ class StreamSink:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[StreamResponse] = asyncio.Queue()
         self.closed = False
-        self._cancelled = False
-        self._cancel_hooks: list[Callable[[], None]] = []
-        self._hooks_lock = threading.Lock()  # hooks come from the instance's thread, the cancel from the loop
+        self.cancellation = Cancellation()  # hooks come from the instance's thread, the cancel from the loop
 
     def on_cancel(self, callback: Callable[[], None]) -> None:
-        with self._hooks_lock:
-            if not self._cancelled:
-                self._cancel_hooks.append(callback)
-                return
-        callback()
+        self.cancellation.on_cancel(callback)
 
     def close(self, cancelled: bool) -> None:
         """No more responses are read; `cancelled`: before the final one, so the model is told (on_cancel)."""
         self.closed = True
-        if not cancelled:
-            return
-        with self._hooks_lock:
-            self._cancelled, hooks, self._cancel_hooks = True, self._cancel_hooks, []
-        for hook in hooks:
-            hook()
+        if cancelled:
+            self.cancellation.cancel()
 
     def send(self, outputs: dict[str, np.ndarray] | None, error: Exception | None, final: bool,
              parameters: Mapping[str, Any]) -> None:

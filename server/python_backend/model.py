@@ -219,6 +219,7 @@ class PythonInstance:
         self.worker = worker
         self._tokens = itertools.count(1)
         self._open: dict[int, ResponseSink] = {}  # decoupled requests still waiting for their final response
+        self._running: set[int] = set()  # default-mode requests of the execute in progress
         self._open_lock = threading.Lock()
         self._start()
 
@@ -259,6 +260,8 @@ class PythonInstance:
                                  for i, (inputs, _) in enumerate(requests) for name, array in inputs.items()]
         if self.model.decoupled:
             self._register(tokens, [context.responses for _, context in requests])
+        else:
+            self._watch(tokens, [context for _, context in requests])
         try:
             if not self.worker.running:
                 log.warning("%s: starting a new Python process (the last one %s)", self.label, self.worker.gone)
@@ -269,6 +272,10 @@ class PythonInstance:
             error = InferenceError(str(exc))
             self._close_open(tokens, error)
             raise error from None
+        finally:
+            if not self.model.decoupled:
+                with self._open_lock:
+                    self._running.difference_update(tokens)
         t2 = time.perf_counter_ns()
         results = [{} for _ in requests] if self.model.decoupled else self._results(reply, outputs, len(requests))
         return results, RunTimings(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
@@ -297,10 +304,17 @@ class PythonInstance:
         for token, sink in zip(tokens, sinks, strict=True):
             sink.on_cancel(functools.partial(self._cancel, token))
 
+    def _watch(self, tokens: list[int], contexts: list[RequestContext]) -> None:
+        """Default-mode requests: a client that goes away while the execute runs makes is_cancelled() True."""
+        with self._open_lock:
+            self._running.update(tokens)
+        for token, context in zip(tokens, contexts, strict=True):
+            context.cancellation.on_cancel(functools.partial(self._cancel, token))
+
     def _cancel(self, token: int) -> None:
         """The request's client is gone: its model sees request.is_cancelled() (and its sender's) become True."""
         with self._open_lock:
-            if token not in self._open:
+            if token not in self._open and token not in self._running:
                 return
         self.worker.send({"kind": "cancel", "token": token})
 

@@ -243,8 +243,9 @@ class InferenceRequest:
         return self._parameters
 
     def is_cancelled(self) -> bool:
-        """True once the server cancelled this request (a decoupled request whose client went away or stopped
-        reading); a request of the default mode, or one this model builds (BLS), is never cancelled."""
+        """True once the server cancelled this request: its client went away (an HTTP disconnect, a gRPC cancel or
+        deadline) while execute ran, or, decoupled, before the final response or by no longer reading. A request
+        this model builds (BLS) is never cancelled."""
         return self.token >= 0 and _link().is_cancelled(self.token)
 
     def get_response_sender(self) -> InferenceResponseSender:

@@ -46,12 +46,12 @@ class Worker:
         self._bls_ids = itertools.count(1)
         self._bls_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None  # runs an `async def execute`
-        # Cancellation of decoupled requests (the server sends "cancel" when a client goes away). The server's
-        # tokens grow, and its frames arrive in order: a cancel for a token above any executed one is for a request
-        # still on its way (kept); one for a token neither open nor on its way is late (its final response already
-        # went) and is dropped, so the set holds only open requests' tokens.
+        # Cancellation (the server sends "cancel" when a client goes away). The server's tokens grow, and its frames
+        # arrive in order: a cancel for a token above any executed one is for a request still on its way (kept); one
+        # for a token neither open nor on its way is late (its final response already went, or its execute
+        # returned) and is dropped, so the set holds only open requests' tokens.
         self._tokens_lock = threading.Lock()
-        self._open_tokens: set[int] = set()  # decoupled requests whose final response has not been sent
+        self._open_tokens: set[int] = set()  # decoupled: until the final response; default mode: until execute ends
         self._cancelled: set[int] = set()
         self._last_token = 0  # the highest token of an execute frame read
 
@@ -77,11 +77,15 @@ class Worker:
 
     def _opened(self, tokens: list[int]) -> None:
         with self._tokens_lock:
-            if self.decoupled:
-                self._open_tokens.update(tokens)
+            self._open_tokens.update(tokens)
             self._last_token = max([self._last_token, *tokens])
             # a cancel kept for a request that never came (the server failed it before sending it) goes now
             self._cancelled = {t for t in self._cancelled if t in self._open_tokens or t > self._last_token}
+
+    def _closed(self, tokens: list[int]) -> None:
+        with self._tokens_lock:
+            self._open_tokens.difference_update(tokens)
+            self._cancelled.difference_update(tokens)
 
     def _cancel(self, token: int) -> None:
         with self._tokens_lock:
@@ -115,7 +119,11 @@ class Worker:
             self.initialize(header)
             return {"kind": "done"}, []
         if kind == "execute":
-            return self.execute(header, tensors)
+            try:
+                return self.execute(header, tensors)
+            finally:
+                if not self.decoupled:  # its requests are answered: a later cancel for them is late
+                    self._closed([int(r["token"]) for r in header.get("requests", [])])
         if kind == "finalize":
             if self.model is not None and hasattr(self.model, "finalize"):
                 self.model.finalize()
@@ -221,10 +229,8 @@ class Worker:
         tensors = [({"name": t.name()}, t.as_numpy()) for t in response.output_tensors()] if response else []
         self.link.send({"kind": "response", "token": request.token, "final": final, "empty": response is None,
                         **info}, tensors)
-        if final:
-            with self._tokens_lock:
-                self._open_tokens.discard(request.token)
-                self._cancelled.discard(request.token)
+        if final and self.decoupled:
+            self._closed([request.token])
 
     def call_model(self, request: pb_utils.InferenceRequest, decoupled: bool) -> Iterator[pb_utils.InferenceResponse]:
         """Sends a BLS request; its responses come back on the main thread into a queue of this call's own."""

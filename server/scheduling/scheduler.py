@@ -143,6 +143,8 @@ class Scheduler:
         except asyncio.CancelledError:
             if self._queue.remove(entry.req_id) is not None:
                 self._forget_cancelled(entry)
+            elif context is not None:  # already running: a backend that can stop early is told (Cancellation)
+                context.cancellation.cancel()
             raise
 
     def _make_entry(self, inputs: dict[str, np.ndarray], priority: int, timeout_us: int | None) -> Entry:
