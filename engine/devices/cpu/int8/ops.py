@@ -4,9 +4,9 @@ Each twin names its base op and which of its sides are NHWC; params and attrs ar
 logical: a Concat on axis 1 joins channels). `Int8ConvNhwc` adds `src_unsigned` (its input is never negative, so
 oneDNN may read it as u8). `Int8DequantizeToNhwc` is a dequantize whose float output is NHWC too (it stands for a
 dequantize and the Transpose to channels-last that read it, as detection heads do). `Int8ToNhwc` / `Int8ToNchw`
-move an int8 value between the layouts. These ops are
-the CPU device's own: its int8 rewrite (rewrite.py) inserts them, their kernels are in kernels.py, and each
-reference transposes to NCHW, runs the base op's reference and transposes back.
+move an int8 value between the layouts. These ops are the CPU device's own: its int8 rewrite (rewrite.py) inserts
+them, their kernels are in kernels.py, and each reference transposes to NCHW, runs the base op's reference and
+transposes back.
 """
 
 from __future__ import annotations
