@@ -117,8 +117,8 @@ def test_dequantize_read_by_a_permute_to_channels_last_writes_channels_last(tmp_
     model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, bias, w_scale])],
                             {"x": s_in, "t": s_out})
     inst = model.instance()
-    ops = [n.op_type for n in inst.graph.nodes]
-    assert "Int8DequantizeToNhwc" in ops and "Transpose" not in ops
+    # quantize, conv, and the dequantize writing channels-last: nothing else runs (no transpose)
+    assert [n.op_type for n in inst.graph.nodes] == ["Int8QuantizeNhwc", "Int8ConvNhwc", "Int8DequantizeToNhwc"]
     x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
     q = round_away(x / s_in.reshape(1, 3, 1, 1))
     val = np.maximum(_conv_reference(q, w, bias, 1).astype(F32) * (w_scale / s_out).reshape(1, 4, 1, 1), 0)
