@@ -6,6 +6,9 @@ everywhere is TNN's `float2int8`: add +-0.5 in float32, clamp to [-128, 127], tr
   stand where TNN inserts reformat layers.
 - `TnnQConv`: int8 x int8 products accumulated exactly in int32, plus the int32 bias, times the per-channel
   requantization factor (weight scale / output scale, float32), then ReLU or the ReLU6 clamp, then float2int8.
+  The factors and the int8 ReLU6 ceilings are attrs `scale` / `relu6_max`, or, where those are absent (a layer
+  loaded from a TNN file), derived from its `weight_scale` and `out_scale` as TNN's layer setup does
+  (qconv_factors): the file's scales are kept to write the model again, so storing both would double them.
   With `fusion` it also adds a second int8 input times `add_scale` (TNN fuses a 1x1 conv into the int8 Add
   that consumes it, rounding once instead of twice).
 - `TnnQInnerProduct`: TNN's quantized InnerProduct (axis 1): the input flattened to (N, K), int8 x int8 sums
@@ -22,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine.errors import ShapeError
+from engine.errors import EngineError, ShapeError
 from engine.ir import Node
 from engine.ops.registry import OpDef, TensorInfo, register
 from engine.ops.rules import norm_axis
@@ -31,10 +34,43 @@ I8 = np.dtype(np.int8)
 F32 = np.dtype(np.float32)
 
 
+FLT_MIN = np.finfo(F32).tiny
+
+
 def float2int8(val: np.ndarray) -> np.ndarray:
     val = np.asarray(val, dtype=F32)
     half = np.where(val >= 0, F32.type(0.5), F32.type(-0.5))
     return np.trunc(np.clip(val + half, -128.0, 127.0)).astype(I8)
+
+
+def requant_factors(w_scale: np.ndarray, o_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(w_scale / o_scale, 0 where o_scale is denormal) and the int8 ReLU6 ceiling float2int8(6 / o_scale), as
+    TNN's conv layer setup computes them."""
+    o_scale = np.asarray(o_scale, F32)
+    ok = o_scale >= FLT_MIN
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(ok, np.asarray(w_scale, F32) / np.where(ok, o_scale, 1), 0).astype(F32)
+        relu6_max = float2int8(F32.type(6.0) / o_scale)
+    return scale, relu6_max
+
+
+def qconv_factors(node: Node) -> tuple[np.ndarray, np.ndarray]:
+    """A TnnQConv's or TnnQInnerProduct's per-channel (O,) factors (float32) and int8 ReLU6 ceilings: the attrs
+    `scale` / `relu6_max` where present, else derived from `weight_scale` and `out_scale` (requant_factors); a
+    ceiling with neither is 127, the int8 saturation."""
+    o = node.attrs["weight"].shape[0]
+    scale, top = node.attrs.get("scale"), node.attrs.get("relu6_max")
+    if (scale is None or top is None) and "weight_scale" in node.attrs:
+        derived = requant_factors(_per_channel(node.attrs["weight_scale"], o, F32),
+                                  _per_channel(node.attrs["out_scale"], o, F32))
+        scale, top = derived[0] if scale is None else scale, derived[1] if top is None else top
+    if scale is None:
+        raise EngineError(f"{node.where()}: {node.op_type} has neither scale nor weight_scale / out_scale")
+    return _per_channel(scale, o, F32), _per_channel(127 if top is None else top, o, I8)
+
+
+def _per_channel(a, o: int, dtype) -> np.ndarray:
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(a, dtype).reshape(-1), (o,)))
 
 
 def _channel_scale(node: Node, key: str, x: np.ndarray) -> np.ndarray:
@@ -121,7 +157,8 @@ def qconv_accumulate(node: Node, x: np.ndarray) -> np.ndarray:
 def qconv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     acc = qconv_accumulate(node, arrays[0])
     o = acc.shape[1]
-    val = acc.astype(F32) * np.asarray(node.attrs["scale"], F32).reshape(1, o, 1, 1)
+    scale, relu6_max = qconv_factors(node)
+    val = acc.astype(F32) * scale.reshape(1, o, 1, 1)
     act, fusion = node.params.get("activation"), node.params.get("fusion")
     if fusion is not None:  # a following int8 Add folded in (TNN fuses 1x1 convs with the Add they feed)
         z = arrays[1].astype(F32) * np.asarray(node.attrs["add_scale"], F32).reshape(1, o, 1, 1)
@@ -131,7 +168,7 @@ def qconv_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
         val = np.maximum(val, F32.type(0))
     elif act == "relu6":  # TNN clamps in int8 and, like TNN, skips a fused add here
         q = float2int8(val)
-        return [np.maximum(np.minimum(q, node.attrs["relu6_max"].reshape(1, o, 1, 1)), 0).astype(I8)]
+        return [np.maximum(np.minimum(q, relu6_max.reshape(1, o, 1, 1)), 0).astype(I8)]
     if fusion == "act_then_add":
         val = val + z
     return [float2int8(val)]
@@ -157,7 +194,7 @@ def qlinear_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     k, o, out_shape = _linear_geometry(node, x.shape)
     acc = x.reshape(x.shape[0], k).astype(np.float64) @ node.attrs["weight"].astype(np.float64).T  # exact
     acc = acc.astype(np.int64) + node.attrs["bias"].astype(np.int64).reshape(1, o)
-    val = acc.astype(F32) * np.asarray(node.attrs["scale"], F32).reshape(1, o)
+    val = acc.astype(F32) * qconv_factors(node)[0].reshape(1, o)
     return [float2int8(val).reshape(out_shape)]
 
 

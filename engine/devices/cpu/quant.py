@@ -14,7 +14,7 @@ from engine.devices.cpu.loops import quant as QK
 from engine.devices.cpu.threads import parallel_for
 from engine.errors import KernelError, ShapeError
 from engine.ir import Node
-from engine.ops.quant import F32, I8, conv_geometry, pool_geometry
+from engine.ops.quant import F32, I8, conv_geometry, pool_geometry, qconv_factors
 from engine.ops.registry import TensorInfo
 
 
@@ -99,11 +99,9 @@ def build_qconv(backends: Backends, node: Node, ins: list[TensorInfo]):
     w = np.ascontiguousarray(node.attrs["weight"], dtype=I8)
     o = w.shape[0]
     bias = np.ascontiguousarray(np.broadcast_to(np.asarray(node.attrs["bias"], np.int32).reshape(-1), (o,)))
-    scale = np.ascontiguousarray(np.broadcast_to(np.asarray(node.attrs["scale"], F32).reshape(-1), (o,)))
+    scale, top = qconv_factors(node)
     add_scale = np.ascontiguousarray(np.broadcast_to(
         np.asarray(node.attrs.get("add_scale", 0), F32).reshape(-1), (o,)))
-    top = np.ascontiguousarray(np.broadcast_to(
-        np.asarray(node.attrs.get("relu6_max", 127), np.int8).reshape(-1), (o,)))
     act, fusion = _ACTS[node.params.get("activation")], _FUSIONS[node.params.get("fusion")]
     w2 = w.reshape(o, -1)
 
@@ -126,7 +124,7 @@ def _as_pointwise(node: Node) -> Node:
     """TnnQInnerProduct as the 1x1 int8 conv it is on its input viewed (N, 1, 1, K): the NHWC conv kernel's node."""
     w = node.attrs["weight"]
     attrs = {"weight": w.reshape(w.shape[0], w.shape[1], 1, 1), "bias": node.attrs["bias"],
-             "scale": node.attrs["scale"]}
+             "scale": qconv_factors(node)[0]}
     params = {"groups": 1, "stride": (1, 1), "pads": (0, 0, 0, 0), "dilation": (1, 1), "activation": None}
     return Node("Int8ConvNhwc", node.name, params=params, attrs=attrs, source=node.source)
 

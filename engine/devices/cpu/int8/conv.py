@@ -29,7 +29,7 @@ from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import get_threads, parallel_for
 from engine.errors import KernelError
 from engine.ir import Node
-from engine.ops.quant import F32, I8, conv_geometry
+from engine.ops.quant import F32, I8, conv_geometry, qconv_factors
 from engine.ops.registry import TensorInfo
 
 log = logging.getLogger("engine.onednn")
@@ -57,9 +57,8 @@ class QConvSpec:
         self.w, o = w, w.shape[0]
         self.groups = int(node.params.get("groups", 1))
         self.bias = _per_channel(node.attrs["bias"], o, np.int32)
-        self.scale = _per_channel(node.attrs["scale"], o, F32)
+        self.scale, self.relu6_max = qconv_factors(node)
         self.add_scale = _per_channel(node.attrs.get("add_scale", 0), o, F32)
-        self.relu6_max = _per_channel(node.attrs.get("relu6_max", 127), o, I8)
         self.act, self.fusion = ACTS[node.params.get("activation")], FUSIONS[node.params.get("fusion")]
         self.terms = loops.epilogue_terms(o, self.act, self.fusion, self.relu6_max)
         self.unsigned = bool(node.params.get("src_unsigned"))

@@ -64,6 +64,18 @@ def build_dequantize(backends: Backends, node: Node, ins: list[TensorInfo]):
     return run
 
 
+def build_dequantize_to_nhwc(backends: Backends, node: Node, ins: list[TensorInfo]):
+    scale = _channels(node, "scale", ins[0].shape[3])
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if not out.flags.c_contiguous:  # reshape would write into a copy
+            raise KernelError(f"{node.where()}: {node.op_type} needs a contiguous output")
+        x = _pixels(x)
+        parallel_for(loops.dequantize_pixels, x.shape[0], x.size, x, scale, _pixels(out))
+    return run
+
+
 def build_add(backends: Backends, node: Node, ins: list[TensorInfo]):
     c = ins[0].shape[3]
     sa, sb, so = (_channels(node, k, c) for k in ("scale_a", "scale_b", "scale_out"))
@@ -119,6 +131,7 @@ KERNELS = {
     "Int8ConvNhwc": CpuKernel(build_conv, conv_workspace),
     "Int8QuantizeNhwc": CpuKernel(build_quantize),
     "Int8DequantizeNhwc": CpuKernel(build_dequantize),
+    "Int8DequantizeToNhwc": CpuKernel(build_dequantize_to_nhwc),
     "Int8AddNhwc": CpuKernel(build_add),
     "Int8PoolNhwc": CpuKernel(build_pool),
     "Int8ConcatNhwc": CpuKernel(build_concat),

@@ -52,6 +52,16 @@ def dequantize(x, scale, out, lo, hi):
 
 
 @njit(nogil=True, cache=True)
+def dequantize_pixels(x, scale, out, lo, hi):
+    """x (P, C) int8 -> out (P, C) float32, scale[c] * x; items pixels (the inner loop vectorizes)."""
+    c_n = x.shape[1]
+    for p in range(lo, hi):
+        xp, op = x[p], out[p]
+        for c in range(c_n):
+            op[c] = scale[c] * np.float32(xp[c])
+
+
+@njit(nogil=True, cache=True)
 def add(a, b, sa, sb, so, out, lo, hi):
     """(sa * a + sb * b) / so per channel over (P, C) pixels; items are pixels (row views: the inner loop
     vectorizes)."""

@@ -2,9 +2,11 @@
 
 Each twin names its base op and which of its sides are NHWC; params and attrs are the base op's (axis params stay
 logical: a Concat on axis 1 joins channels). `Int8ConvNhwc` adds `src_unsigned` (its input is never negative, so
-oneDNN may read it as u8). `Int8ToNhwc` / `Int8ToNchw` move an int8 value between the layouts. These ops are
-the CPU device's own: its int8 rewrite (rewrite.py) inserts them, their kernels are in kernels.py, and each
-reference transposes to NCHW, runs the base op's reference and transposes back.
+oneDNN may read it as u8). `Int8DequantizeToNhwc` is a dequantize whose float output is NHWC too (it stands for a
+dequantize and the Transpose to channels-last that read it, as detection heads do). `Int8ToNhwc` / `Int8ToNchw`
+move an int8 value between the layouts. These ops are the CPU device's own: its int8 rewrite (rewrite.py) inserts
+them, their kernels are in kernels.py, and each reference transposes to NCHW, runs the base op's reference and
+transposes back.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ OPS: dict[str, OpDef] = {
     "Int8ConcatNhwc": twin("Int8ConcatNhwc", "TnnQConcat", None, True),
     "Int8QuantizeNhwc": twin("Int8QuantizeNhwc", "TnnQuantize", [False], True),
     "Int8DequantizeNhwc": twin("Int8DequantizeNhwc", "TnnDequantize", [True], False),
+    # a dequantize whose only reader was a Transpose to channels-last: the float value stays NHWC, no transpose
+    "Int8DequantizeToNhwc": twin("Int8DequantizeToNhwc", "TnnDequantize", [True], True),
     "Int8ToNhwc": _transpose("Int8ToNhwc", "nhwc"),
     "Int8ToNchw": _transpose("Int8ToNchw", "nchw"),
 }

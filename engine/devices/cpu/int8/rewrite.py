@@ -4,7 +4,9 @@ A pure graph -> graph function; the input graph is left untouched (it is the Mod
 - every 4-D TnnQConv / TnnQAdd / TnnQPool / TnnQConcat (on channels) becomes its NHWC twin (ops.py), and its
   int8 output is NHWC;
 - a TnnQuantize feeding one of them quantizes straight into NHWC (Int8QuantizeNhwc), a TnnDequantize of an
-  NHWC value reads it as such (Int8DequantizeNhwc): the float side stays NCHW;
+  NHWC value reads it as such (Int8DequantizeNhwc): the float side stays NCHW, but where the dequantized value's
+  only reader is a Transpose to channels-last (perm 0, 2, 3, 1: a detection head's), the two become one
+  Int8DequantizeToNhwc writing the Transpose's output, and neither the NCHW float value nor the transpose is made;
 - TnnQRelu is elementwise: it keeps its input's layout;
 - any other reader of an NHWC value (and a graph output) gets an Int8ToNchw copy, one per value; an NCHW int8
   value entering a twin gets an Int8ToNhwc copy.
@@ -21,6 +23,7 @@ import numpy as np
 
 from engine.devices.cpu.int8.ops import TWINS, nhwc_shape
 from engine.ir import Graph, Node, Value
+from engine.ops.shape import transpose_perm
 
 log = logging.getLogger("engine.passes")
 
@@ -51,6 +54,17 @@ def _twin_of(node: Node) -> str | None:
     if op == "TnnQConcat" and node.params.get("axis", 1) not in (1, -3):
         return None
     return TWINS[op]
+
+
+def _to_channels_last(node: Node, graph: Graph) -> Node | None:
+    """The Transpose (0, 2, 3, 1) that is the only reader of this TnnDequantize's output, if so."""
+    out = node.outputs[0]
+    if out in graph.outputs or len(out.consumers) != 1 or out.shape is None or len(out.shape) != 4:
+        return None
+    t = out.consumers[0]
+    if t.op_type != "Transpose" or t.inputs != [out] or transpose_perm(t, 4) != [0, 2, 3, 1]:
+        return None
+    return t
 
 
 def _reads_nhwc(node: Node) -> bool:
@@ -99,6 +113,7 @@ class _Rewrite:
         self.layout: dict[Value, str] = {}
         self.other: dict[Value, Value] = {}  # original value -> its converted copy
         self.nonneg = nonnegative_values(graph)
+        self.absorbed: set[int] = set()  # ids of the Transposes an Int8DequantizeToNhwc does
         self.stats = Int8LayoutStats()
 
     def run(self) -> tuple[Graph, Int8LayoutStats]:
@@ -142,6 +157,8 @@ class _Rewrite:
         return out
 
     def _node(self, node: Node) -> None:
+        if id(node) in self.absorbed:
+            return
         op, params = node.op_type, dict(node.params)
         twin = _twin_of(node)
         out_layout = NCHW
@@ -159,6 +176,12 @@ class _Rewrite:
         elif op == "TnnDequantize" and node.inputs[0] in self.layout and self.layout[node.inputs[0]] == NHWC:
             inputs, op = [self.native[node.inputs[0]]], "Int8DequantizeNhwc"
             self.stats.twins += 1
+            t = _to_channels_last(node, self.src)
+            if t is not None:
+                self.absorbed.add(id(t))
+                self.new.add_node("Int8DequantizeToNhwc", inputs, [self._produce(t.outputs[0], NCHW)],
+                                  name=node.name, params=params, attrs=dict(node.attrs), source=node.source)
+                return
         elif op in LAYOUT_FREE and node.inputs[0] in self.layout and self.layout[node.inputs[0]] == NHWC:
             inputs, out_layout = [self.native[node.inputs[0]]], NHWC
         else:

@@ -10,17 +10,9 @@ import numpy as np
 
 from engine.formats.tnn.lowering.context import Ctx
 from engine.formats.tnn.lowering.registry import handles_quantized, register
-from engine.ops.quant import float2int8
+from engine.ops.quant import requant_factors
 
 F32 = np.float32
-
-
-FLT_MIN = np.finfo(F32).tiny
-
-
-def _out_scale(c: Ctx, channels: int) -> np.ndarray:
-    s = c.low.blob_scale(c.outputs[0], c.node)
-    return np.broadcast_to(s, (channels,)) if s.size == 1 else s
 
 
 @handles_quantized("QuantizedConvolution")
@@ -35,11 +27,10 @@ def lower_qconv(c: Ctx) -> None:
     bias = c.attr("bias", required=False)
     bias = np.zeros(oc, np.int32) if bias is None or bias.size == 0 else bias.reshape(oc).astype(np.int32)
     w_scale = np.broadcast_to(np.asarray(c.attr("scale"), F32).reshape(-1), (oc,))
-    scale, relu6_max = _requant(w_scale, _out_scale(c, oc))
-    # weight_scale and out_scale are kept so that the writer can store the layer again
-    attrs = {"weight": np.ascontiguousarray(w.reshape(oc, ic, kh, kw)), "bias": bias, "scale": scale,
-             "relu6_max": relu6_max, "weight_scale": np.ascontiguousarray(w_scale),
-             "out_scale": c.low.blob_scale(c.outputs[0], c.node)}
+    # The file's scales only (the writer stores the layer again from them); the requantization factors and the
+    # ReLU6 ceilings are derived from them where a kernel is built (ops.quant.qconv_factors), not stored twice
+    attrs = {"weight": np.ascontiguousarray(w.reshape(oc, ic, kh, kw)), "bias": bias,
+             "weight_scale": np.ascontiguousarray(w_scale), "out_scale": c.low.blob_scale(c.outputs[0], c.node)}
     params = {"stride": (c.i(5), c.i(6)), "pads": (ph, pw, ph, pw), "dilation": (c.i(12, 1), c.i(12, 1)),
               "groups": g, "activation": {0: None, 1: "relu", 2: "relu6"}[act]}
     c.out("TnnQConv", [c.inputs[0]], params, attrs)
@@ -58,17 +49,8 @@ def lower_qinner_product(c: Ctx) -> None:
     bias = np.zeros(n, np.int32) if bias is None or bias.size == 0 or not c.i(1, 1) else bias.reshape(n)
     w_scale = np.broadcast_to(np.asarray(c.attr("scale"), F32).reshape(-1), (n,))
     attrs = {"weight": np.ascontiguousarray(w), "bias": bias.astype(np.int32), "weight_scale": np.array(w_scale),
-             "scale": _requant(w_scale, _out_scale(c, n))[0], "out_scale": c.low.blob_scale(c.outputs[0], c.node)}
+             "out_scale": c.low.blob_scale(c.outputs[0], c.node)}
     c.out("TnnQInnerProduct", [c.inputs[0]], {}, attrs)
-
-
-def _requant(w_scale: np.ndarray, o_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(w_scale / o_scale, 0 where o_scale is denormal) and the int8 ReLU6 ceiling, as TNN's conv setup."""
-    ok = o_scale >= FLT_MIN
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(ok, w_scale / np.where(ok, o_scale, 1), 0).astype(F32)
-        relu6_max = float2int8(F32(6.0) / o_scale.astype(F32))
-    return scale, relu6_max
 
 
 def _fusable_conv(c: Ctx, v):
@@ -86,9 +68,8 @@ def _fuse_conv_add(c: Ctx, conv, other) -> None:
     out = c.outputs[0]
     conv.attrs["unfused_out_scale"], conv.attrs["out_scale"] = conv.attrs["out_scale"], c.low.blob_scale(out, c.node)
     o_scale = np.broadcast_to(conv.attrs["out_scale"], (conv.attrs["weight"].shape[0],))
-    conv.attrs["scale"], conv.attrs["relu6_max"] = _requant(conv.attrs["weight_scale"], o_scale)
     i_scale = np.broadcast_to(c.low.blob_scale(other, c.node), o_scale.shape)
-    conv.attrs["add_scale"] = _requant(i_scale, o_scale)[0]
+    conv.attrs["add_scale"] = requant_factors(i_scale, o_scale)[0]
     conv.params["fusion"] = "add_then_act" if conv.params["activation"] is None else "act_then_add"
     conv.inputs.append(other)
     other.consumers.append(conv)

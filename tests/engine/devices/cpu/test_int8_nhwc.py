@@ -191,6 +191,8 @@ def test_quantize_and_dequantize_nhwc():
     _check(make_node("Int8QuantizeNhwc", 1, attrs={"scale": scale[:1]}), [x])
     q = _i8(2, 6, 7, 5)
     _check(make_node("Int8DequantizeNhwc", 1, attrs={"scale": scale}), [q], [_i8(3, 6, 7, 5)])
+    for s in (scale, scale[:1]):  # per channel, per tensor
+        _check(make_node("Int8DequantizeToNhwc", 1, attrs={"scale": s}), [q], [_i8(3, 6, 7, 5)])
 
 
 def test_add_pool_concat_relu_nhwc():

@@ -20,8 +20,8 @@ REFERENCE_ONLY = {"TnnLSTM", "Expression", "Reshape", "Flatten", "Squeeze", "Uns
                   "DetectionOutput"}
 BLOCKED_LAYOUT = {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                   "RegroupBlocked"}
-INT8_NHWC = {"Int8ConvNhwc", "Int8QuantizeNhwc", "Int8DequantizeNhwc", "Int8AddNhwc", "Int8PoolNhwc",
-             "Int8ConcatNhwc", "Int8ToNhwc", "Int8ToNchw"}
+INT8_NHWC = {"Int8ConvNhwc", "Int8QuantizeNhwc", "Int8DequantizeNhwc", "Int8DequantizeToNhwc", "Int8AddNhwc",
+             "Int8PoolNhwc", "Int8ConcatNhwc", "Int8ToNhwc", "Int8ToNchw"}
 
 
 def test_every_shared_op_has_a_kernel_or_is_a_documented_fallback():

@@ -88,6 +88,46 @@ def test_quantized_conv_with_relu(tmp_path, groups):
     np.testing.assert_array_equal(got, expected)
 
 
+def test_quantized_conv_relu6_ceiling_comes_from_the_output_scale(tmp_path):
+    """A loaded layer stores only the file's scales; its factors (w_scale / s_out) and int8 ReLU6 ceilings
+    (round(6 / s_out)) are derived from them as TNN's layer setup does."""
+    w = RNG.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8)
+    bias = RNG.integers(-500, 500, 4).astype(np.int32)
+    w_scale, s_out, s_in = F32([0.011, 0.02, 0.005, 0.03]), F32([0.2, 0.07, 0.025, 0.1]), F32([0.05, 0.04, 0.03])
+    layer = "QuantizedConvolution c 1 1 x y 1 3 4 3 3 1 1 1 1 1 -1 1 1 2"
+    model = quantized_model(tmp_path, [layer], [("Convolution", "c", ["c", 1, w, bias, w_scale])],
+                            {"x": s_in, "y": s_out})
+    conv = next(n for n in model.graph.nodes if n.op_type == "TnnQConv")
+    assert "scale" not in conv.attrs and "relu6_max" not in conv.attrs  # not stored beside the file's scales
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
+    q = round_away(x / s_in.reshape(1, 3, 1, 1))
+    val = _conv_reference(q, w, bias, 1).astype(F32) * (w_scale / s_out).reshape(1, 4, 1, 1)
+    top = round_away(F32(6) / s_out).reshape(1, 4, 1, 1)  # 30, 86, 127 (saturated), 60
+    expected = np.clip(round_away(val), 0, top).astype(F32) * s_out.reshape(1, 4, 1, 1)
+    np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
+
+
+def test_dequantize_read_by_a_permute_to_channels_last_writes_channels_last(tmp_path):
+    """A detection head's int8 conv -> dequantize -> Permute (0, 2, 3, 1): on the CPU the dequantize writes the
+    NHWC float value itself (no transpose runs), with the same values."""
+    w = RNG.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8)
+    bias = RNG.integers(-500, 500, 4).astype(np.int32)
+    w_scale, s_out, s_in = F32([0.011, 0.02, 0.005, 0.03]), F32([0.2, 0.3, 0.25, 0.1]), F32([0.05, 0.04, 0.03])
+    layers = ["QuantizedConvolution c 1 1 x t 1 3 4 3 3 1 1 1 1 1 -1 1 1 1", "Permute p 1 1 t y 4 0 2 3 1"]
+    model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, bias, w_scale])],
+                            {"x": s_in, "t": s_out})
+    inst = model.instance()
+    # quantize, conv, and the dequantize writing channels-last: nothing else runs (no transpose)
+    assert [n.op_type for n in inst.graph.nodes] == ["Int8QuantizeNhwc", "Int8ConvNhwc", "Int8DequantizeToNhwc"]
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
+    q = round_away(x / s_in.reshape(1, 3, 1, 1))
+    val = np.maximum(_conv_reference(q, w, bias, 1).astype(F32) * (w_scale / s_out).reshape(1, 4, 1, 1), 0)
+    expected = (round_away(val).astype(F32) * s_out.reshape(1, 4, 1, 1)).transpose(0, 2, 3, 1)
+    got = inst.run({"x": x})["y"]
+    assert got.shape == (1, 5, 5, 4)
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_one_by_one_conv_fused_into_the_add_rounds_once(tmp_path):
     w = RNG.integers(-127, 128, (3, 3, 1, 1), dtype=np.int8)
     bias = RNG.integers(-50, 50, 3).astype(np.int32)
