@@ -12,7 +12,8 @@ value a kernel writes plus alias views of it (no in-place partner, no other grap
 into a fresh array the caller then owns: `attach_outputs` puts that array (and the alias views of it) into the
 producer's output list and the consumers' input lists for one run, `detach` puts the arena views back. This
 saves the copy out of the arena, which for a large output costs as much as the op that makes it (a 512 x 3199
-conv1d output: 0.5 ms of either).
+conv1d output: 0.5 ms of either). Below DIRECT_MIN_BYTES the copy is cheaper than what a fresh array costs the
+kernels that remember their buffers' addresses (a oneDNN primitive re-binds its memories, ~5 us a run).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from engine.ir import Graph, Node, Value
 from engine.memory.arena import Arena
 from engine.ops.registry import TensorInfo
 from engine.runtime.compile import Compiled
+
+DIRECT_MIN_BYTES = 1 << 18  # smaller graph outputs are copied out of the arena (see above)
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ def _direct_outputs(graph: Graph, compiled: Compiled, views: dict, calls) -> lis
     kernel_written = {v for c in compiled.nodes if not c.alias for v in c.node.outputs}
     direct = []
     for j, v in enumerate(graph.outputs):
-        if v not in storage or v not in views:
+        if v not in storage or v not in views or views[v].nbytes < DIRECT_MIN_BYTES:
             continue
         group = groups[storage[v]]
         written = [m for m in group if m not in alias_outputs]

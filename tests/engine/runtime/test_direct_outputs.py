@@ -7,9 +7,16 @@ import numpy as np
 import pytest
 
 from engine.ir import Graph
+from engine.runtime import bind
 from engine.runtime.model import Model
 
 pytestmark = pytest.mark.usefixtures("toys")
+
+
+@pytest.fixture(autouse=True)
+def any_size(monkeypatch):
+    """The toy graphs' outputs are small: every size takes the direct path here (but in the last test)."""
+    monkeypatch.setattr(bind, "DIRECT_MIN_BYTES", 0)
 
 
 def x_in(g: Graph, k: int = 32):
@@ -106,3 +113,19 @@ def test_outputs_sharing_storage_are_copied_out():
     np.testing.assert_array_equal(first["r"], tile(xv).reshape(2, 4, -1))
     np.testing.assert_array_equal(second["t"], tile(-3 * xv))
     np.testing.assert_array_equal(second["y"], -6 * xv)
+
+
+def test_small_outputs_are_copied_out(monkeypatch):
+    """Below DIRECT_MIN_BYTES an output is copied (cheaper than a fresh array for kernels that remember their
+    buffers' addresses)."""
+    g = Graph()
+    x = x_in(g)
+    t = g.add_node("T_Tile4", [x], name="tile").outputs[0]  # 2 x 128 floats: 1 KiB
+    y = g.add_node("T_Add", [x, x], name="add").outputs[0]  # 256 bytes
+    t.name, y.name = "t", "y"
+    g.outputs = [t, y]
+    monkeypatch.setattr(bind, "DIRECT_MIN_BYTES", 1024)
+    xv, first, second, bound = run_twice(g, ["t", "y"])
+    assert direct_names(g, bound) == ["t"]
+    np.testing.assert_array_equal(first["y"], 2 * xv)
+    np.testing.assert_array_equal(second["t"], tile(-3 * xv))
