@@ -33,6 +33,7 @@ class Device(ABC):
     kernels: Mapping[str, object] = {}
     options: object = None
     host_inputs: bool = True  # kernels read the caller's input arrays in place: no arena slot, no copy-in
+    host_outputs: bool = True  # kernels may write a graph output straight into a fresh host array: no copy-out
 
     def prepare(self, graph: Graph) -> Graph:
         """The graph this device compiles: `graph` itself, or a rewritten copy (never changed in place)."""

@@ -84,15 +84,16 @@ class Blas:
         for i in range(lo, hi):
             self._cols(a[i], b[i], out[i], 0, b.shape[2])
 
-    def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        """out = a @ b for 2-D operands, a 2-D a with a 3-D batch b, or 3-D stacks of equal batch (as np.matmul)."""
+    def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, split: bool = True) -> None:
+        """out = a @ b for 2-D operands, a 2-D a with a 3-D batch b, or 3-D stacks of equal batch (as np.matmul).
+        `split=False` keeps a 2-D one on the calling thread."""
         if min(a.shape[-2:] + b.shape[-1:]) == 0:
             np.matmul(a, b, out=out)
             return
         if a.ndim == b.ndim == out.ndim == 2 and _rows_ok(a) and _rows_ok(b) and _rows_ok(out):
             work = a.shape[0] * a.shape[1] * b.shape[1]
             n = b.shape[1]
-            if work < SPLIT_WORK or n < 64:
+            if work < SPLIT_WORK or n < 64 or not split:
                 self._cols(a, b, out, 0, n)
                 return
             # Column blocks in multiples of 16 floats keep each thread's stores on its own cache lines.

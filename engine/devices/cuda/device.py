@@ -68,6 +68,7 @@ def _address(a) -> int:
 
 class CudaDevice(Device):
     host_inputs = False  # kernels read device memory: the inputs are copied into the arena
+    host_outputs = False  # and write it: the outputs are copied out
 
     def __init__(self, name: str = "cuda"):
         self.index = parse_index(name)

@@ -21,13 +21,13 @@ from engine.ops.registry import TensorInfo
 
 
 def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
-    """oneDNN for every supported conv but plain 1x1s: on NCHW those are one GEMM here, which beat oneDNN's
-    blocked kernel plus its two reorders (24->144 @56 relu6: 0.60 vs 0.94 ms b1) and its NCHW GEMM with an
-    eltwise post-op (10 ms) in 7 of 10 MobileNet-V2 layer shapes at 2 threads."""
+    """oneDNN for every supported conv but plain 1x1s and stems (direct.is_stem): on NCHW those are one GEMM
+    here, which beat oneDNN's blocked kernel plus its two reorders (24->144 @56 relu6: 0.60 vs 0.94 ms b1) and
+    its NCHW GEMM with an eltwise post-op (10 ms) in 7 of 10 MobileNet-V2 layer shapes at 2 threads."""
     if not (backends.onednn and onednn.supported(node, ins)):
         return False
     geo = conv_geom(node, ins[0].shape)
-    if geo.groups == 1 and direct.kind(geo) == "gemm":
+    if geo.groups == 1 and direct.kind(geo) == "gemm" or direct.kind(geo) == "im2col" and direct.is_stem(geo):
         return False
     return _optimized(onednn.ConvSpec(node, len(ins) > 1), ins)
 

@@ -276,3 +276,43 @@ def test_small_maps_take_winograd_only_in_a_batch():
     node = conv_node(32, 32, pads=(1, 1, 1, 1))
     assert direct.kind(conv_geom(node, (1, 32, 7, 7))) == "im2col"  # 16 tiles: too few for one GEMM
     assert direct.kind(conv_geom(node, (8, 32, 7, 7))) == "winograd"  # 128 tiles across the batch
+
+
+# Stems (direct.is_stem): few inputs per output into many channels, the bias a row of ones in the GEMM; taken
+# with oneDNN on or off. Every attribute variant against the reference.
+STEM_CONFIGS = {
+    "conv1d_k10_s5": dict(c=1, k=(1, 10), stride=(1, 5)),
+    "conv1d_k10_s5_no_bias": dict(c=1, k=(1, 10), stride=(1, 5), bias=False),
+    "conv1d_k3_pad_dil": dict(c=2, k=(1, 3), pads=(0, 2, 0, 1), dilation=(1, 2)),
+    "gray_3x3_s2_relu": dict(c=1, stride=(2, 2), pads=(1, 1, 1, 1), activation="relu"),
+    "gray_3x3_gelu": dict(c=1, pads=(1, 1, 1, 1), activation="gelu", activation_params={"approximate": "none"}),
+    "gray_4x4_reflect_silu": dict(c=1, k=(4, 4), pads=(1, 2, 2, 1), pad_mode="reflect", activation="silu"),
+    "conv1d_16_taps_hswish": dict(c=4, k=(1, 4), stride=(1, 2), activation="hardswish"),
+}
+
+
+@pytest.mark.parametrize("device", [None, DIRECT], ids=["onednn_on", "onednn_off"])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("name", sorted(STEM_CONFIGS))
+def test_stem_matches_reference(name, residual, device):
+    cfg = dict(STEM_CONFIGS[name])
+    c = cfg.pop("c")
+    node = conv_node(c, 64, cfg.pop("k", (3, 3)), bias=cfg.pop("bias", True), residual=residual, **cfg)
+    big, small = rand(2, c, 9, 40), rand(1, c, 5, 23)
+    assert direct.is_stem(conv_geom(node, big.shape))
+    maxes, ins = [big], [small]
+    if residual:
+        maxes.append(rand(*infer(node, [big])[0].shape))
+        ins.append(rand(*infer(node, [small])[0].shape))
+    kernel, _ = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in maxes], device)
+    assert kernel.impl == "direct:stem"
+    check_kernel(node, ins, maxes, rtol=1e-4, atol=1e-5, device=device)
+    check_kernel(node, maxes, maxes, rtol=1e-4, atol=1e-5, device=device)
+
+
+def test_stem_bounds():
+    """More than STEM_MAX_TAPS inputs per output, fewer than STEM_MIN_CHANNELS outputs, or groups: no stem."""
+    assert direct.is_stem(conv_geom(conv_node(1, 64, (1, 16)), (1, 1, 1, 40)))
+    assert not direct.is_stem(conv_geom(conv_node(1, 64, (1, 17)), (1, 1, 1, 40)))
+    assert not direct.is_stem(conv_geom(conv_node(1, 63, (1, 10)), (1, 1, 1, 40)))
+    assert not direct.is_stem(conv_geom(conv_node(2, 64, (1, 3), groups=2), (1, 2, 1, 40)))
