@@ -26,7 +26,6 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     softmax,
     sort,
     tensor,
-    tnn_lstm,
 )
 from engine.ops.registry import OPS, OpDef, TensorInfo, all_ops, get_op, register
 

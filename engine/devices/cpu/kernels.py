@@ -1,7 +1,7 @@
 """The CPU kernel table: op type -> CpuKernel(build, workspace) (see kernel.py), one module per op family.
 
-An op without an entry runs its numpy reference (CpuDevice.build_kernel marks it a fallback): today TnnLSTM,
- Expression (only reaches the runtime when lowering could not turn it into elementwise ops), the alias
+An op without an entry runs its numpy reference (CpuDevice.build_kernel marks it a fallback): today
+Expression (only reaches the runtime when lowering could not turn it into elementwise ops), the alias
 ops (Reshape and co.) on the rare occasion their output cannot be a view, and the cheap ops whose vectorised
 numpy reference is their kernel for now (one extra copy of the output): GatherElements, RepeatInterleave, Trilu,
 TopK, CumSum, ReduceVar, Range (usually computed at infer time) and DetectionOutput (a sequential NMS over a few

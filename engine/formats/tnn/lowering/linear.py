@@ -1,5 +1,5 @@
-"""TNN matrix layers -> canonical ops: InnerProduct -> Gemm, MatMul (a stored weight as a constant operand), and
-LSTMONNX -> TnnLSTM, Inverse (of 2x2 matrices, by the adjugate)."""
+"""TNN matrix layers -> canonical ops: InnerProduct -> Gemm, MatMul (a stored weight as a constant operand), Inverse
+(of 2x2 matrices, by the adjugate), Einsum."""
 
 from __future__ import annotations
 
@@ -44,14 +44,6 @@ def lower_matmul(c: Ctx) -> None:
         const = c.const(np.ascontiguousarray(w, dtype=F32), "weight")
         ins = [const, ins[0]] if pos == 0 else [ins[0], const]
     c.out("MatMul", ins[:2])
-
-
-@handles("LSTMONNX")
-def lower_lstm(c: Ctx) -> None:
-    clip, hidden, direction = c.f(0, 0.0), c.i(1), c.i(2, 0)
-    if clip or direction not in (0, 1, 2) or not 4 <= len(c.inputs) <= 6:
-        c.unsupported("with a clip threshold, an unknown direction or missing weights")
-    c.emit("TnnLSTM", list(c.inputs), {"hidden_size": hidden, "direction": direction}, outputs=list(c.outputs))
 
 
 @handles("Inverse")

@@ -18,6 +18,7 @@ from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its han
     normalization,
     pad_resize,
     quantized,
+    recurrent,
     reduce,
     ssd,
     tensor,
