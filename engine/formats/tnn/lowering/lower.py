@@ -18,6 +18,8 @@ from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its han
     normalization,
     pad_resize,
     quantized,
+    quantized_activation,
+    quantized_layout,
     recurrent,
     reduce,
     ssd,
@@ -38,6 +40,8 @@ REFUSED: dict[str, str] = {
     "NonZero": "(its output's size depends on the input's values: the engine plans every tensor's size at load)",
     "NonMaxSuppression": "(the number of boxes kept depends on the input's values: the engine plans every "
                          "tensor's size at load)",
+    "QuantizedUpsample": "(TNN's int8 upsample acc (CpuUpsampleLayerAcc, which x86 falls back to) quantizes its "
+                         "result into its float workspace, never into the output blob: TNN's output is not defined)",
     "Reformat": "(a data type / layout conversion TNN's runtime inserts between devices, not a model layer)",
 }
 
