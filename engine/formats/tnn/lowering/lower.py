@@ -12,6 +12,7 @@ from engine.formats.tnn.constants import TYPE_ALIASES
 from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its handlers)
     binary,
     conv_pool,
+    dynamic_range,
     indexing,
     layout,
     linear,
