@@ -26,6 +26,7 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     softmax,
     sort,
     tensor,
+    volume,
 )
 from engine.ops.registry import OPS, OpDef, TensorInfo, all_ops, get_op, register
 

@@ -27,6 +27,7 @@ from engine.devices.cpu import (
     shape,
     softmax,
     tensor,
+    volume,
 )
 from engine.devices.cpu.conv import kernels as conv
 from engine.devices.cpu.int8 import kernels as int8
@@ -37,6 +38,7 @@ KERNELS: dict[str, CpuKernel] = {
     **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **int8.KERNELS, **layout.KERNELS,
     **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS,
     **reduce.KERNELS, **resize.KERNELS, **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS,
+    **volume.KERNELS,
 }
 
 

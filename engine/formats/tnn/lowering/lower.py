@@ -26,6 +26,7 @@ from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its han
     ssd,
     tensor,
     unary,
+    volume,
 )
 from engine.formats.tnn.lowering.context import PREFIX, Ctx
 from engine.formats.tnn.lowering.registry import HANDLERS, QUANTIZED, register
@@ -43,6 +44,7 @@ REFUSED: dict[str, str] = {
                          "tensor's size at load)",
     "QuantizedUpsample": "(TNN's int8 upsample acc (CpuUpsampleLayerAcc, which x86 falls back to) quantizes its "
                          "result into its float workspace, never into the output blob: TNN's output is not defined)",
+    "Deconvolution3D": "(onnx2tnn writes it, but TNN's layer type map has no Deconvolution3D: TNN cannot load it)",
     "Reformat": "(a data type / layout conversion TNN's runtime inserts between devices, not a model layer)",
 }
 
