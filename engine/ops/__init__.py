@@ -21,6 +21,7 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     recurrent,
     reduce,
     resize,
+    roi_align,
     scatter,
     shape,
     softmax,

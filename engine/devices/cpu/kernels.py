@@ -23,6 +23,7 @@ from engine.devices.cpu import (
     recurrent,
     reduce,
     resize,
+    roi_align,
     scatter,
     shape,
     softmax,
@@ -37,8 +38,8 @@ from engine.devices.cpu.layout import kernels as layout
 KERNELS: dict[str, CpuKernel] = {
     **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **int8.KERNELS, **layout.KERNELS,
     **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS,
-    **reduce.KERNELS, **resize.KERNELS, **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS,
-    **volume.KERNELS,
+    **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS, **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS,
+    **tensor.KERNELS, **volume.KERNELS,
 }
 
 

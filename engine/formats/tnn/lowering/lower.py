@@ -23,6 +23,7 @@ from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its han
     quantized_layout,
     recurrent,
     reduce,
+    roi,
     ssd,
     tensor,
     unary,
