@@ -13,6 +13,7 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     expression,
     generate,
     grid_sample,
+    histogram,
     linear,
     norm,
     pad,

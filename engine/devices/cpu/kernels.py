@@ -15,6 +15,7 @@ from engine.devices.cpu import (
     activation,
     attention,
     elementwise,
+    histogram,
     linear,
     norm,
     pad,
@@ -36,10 +37,10 @@ from engine.devices.cpu.kernel import Builder, CpuKernel, Sizer
 from engine.devices.cpu.layout import kernels as layout
 
 KERNELS: dict[str, CpuKernel] = {
-    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **int8.KERNELS, **layout.KERNELS,
-    **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS,
-    **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS, **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS,
-    **tensor.KERNELS, **volume.KERNELS,
+    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **histogram.KERNELS,
+    **int8.KERNELS, **layout.KERNELS, **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS,
+    **quant.KERNELS, **recurrent.KERNELS, **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS,
+    **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS, **volume.KERNELS,
 }
 
 

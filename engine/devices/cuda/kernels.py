@@ -10,7 +10,8 @@ reaches the runtime when lowering could not turn it into elementwise ops), the T
 TNN's LSTMONNX; a sequential recurrence, it would need its own kernel), the ops added for issue 18 that have no CUDA
 kernel yet (`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`,
 `ReduceVar`, `DetectionOutput`, `PixelUnshuffle`, `LRN`, `ScatterElements`, `BitShift`, `GridSample`, `Einsum`, the
-volumetric `Conv3d` and `Pool3d`, `RoiAlign`), `Meshgrid`
+volumetric `Conv3d` and `Pool3d`, `RoiAlign`,
+`Histogram`), `Meshgrid`
 when its inputs are not known before running (a YOLO head's grids are: aranges of the input's size), and `Full` and
 `Range` when their result is too large to be a host value. `Shape` is always a host value.
 """

@@ -13,6 +13,8 @@ from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its han
     binary,
     conv_pool,
     dynamic_range,
+    hdr_guide,
+    histogram,
     indexing,
     layout,
     linear,
