@@ -12,7 +12,7 @@ from engine.formats.tnn.lowering.registry import handles
 @handles("InnerProduct")
 def lower_inner_product(c: Ctx) -> None:
     n, has_bias, transpose, axis = c.i(0), c.i(1, 0), c.i(2, 0), c.i(3, 1)
-    w = c.attr("weight")
+    w = c.weight("weight")
     if w.size % max(n, 1):
         c.fail(f"weight has {w.size} values, not a multiple of num_output {n}")
     w = w.reshape(n, -1) if not transpose else w.reshape(-1, n).T
@@ -35,7 +35,7 @@ def lower_inner_product(c: Ctx) -> None:
 def lower_matmul(c: Ctx) -> None:
     ins = list(c.inputs)
     if len(ins) == 1:
-        w, pos = c.attr("weight"), c.i(0, 1)
+        w, pos = c.weight("weight"), c.i(0, 1)
         if not c.node.params.get("resource_dims", {}).get("weight"):  # v1: only the count is stored
             shape = c.shape(ins[0])
             if shape is None or len(shape) < 2:

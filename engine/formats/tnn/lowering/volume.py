@@ -40,7 +40,7 @@ def lower_conv3d(c: Ctx) -> None:
     if min(g, ic, oc, *k, *s, *dil) <= 0 or min(p) < 0 or oc % g:
         c.fail(f"group={g} in={ic} out={oc} kernel={k} stride={s} pads={p} dilation={dil}")
     _five_d(c)
-    w = c.attr("filter")
+    w = c.weight("filter")
     if w.size != oc * ic * int(np.prod(k)):
         c.fail(f"filter has {w.size} values, the parameters need {(oc, ic, *k)}")
     attrs = {"weight": f32(w.reshape(oc, ic, *k))}

@@ -129,3 +129,18 @@ def test_one_dimensional_int8_gather_data_is_refused(tmp_path):
         tnn_model(tmp_path, "x 2 2 3 3", ["Abs a 1 1 x x1", layer], "y", res)
     assert "DynamicRangeQuantizedGather" in str(e.value) and "m.tnnproto:7" in str(e.value)
     assert "1-D int8 data" in str(e.value)
+
+
+@pytest.mark.parametrize("layer, resources, inputs", [
+    ("Convolution odd 1 1 x1 y 1 4 5 3 3 1 1 0 0 0 -1 1 1", [("Convolution", "odd", ["odd", 0, _q((5, 4, 3, 3)),
+                                                                                F32([0.1] * 5)])], IN4),
+    ("InnerProduct odd 1 1 x1 y 5 0 0 1", [("InnerProduct", "odd", ["odd", _q((5, 192)), np.zeros(0, F32),
+                                                                         F32([0.1])])], IN4),
+    ("MatMul odd 1 1 x1 y 1", [("MatMul", "odd", [_q((8, 3)), F32([0.1])])], IN4),
+    ("Gather odd 1 1 x1 y 0 1 0", [("Gather", "odd", [1, _q((6, 4)), 0, F32([0.1] * 6)])], "x 2 2 3 3"),
+])
+def test_int8_weights_of_a_float_layer_are_refused(tmp_path, layer, resources, inputs):
+    """Only Quantized* and DynamicRangeQuantized* layers give int8 weights their scales."""
+    with pytest.raises(UnsupportedOpError) as e:
+        tnn_model(tmp_path, inputs, ["Abs a 1 1 x x1", layer], "y", resources)
+    assert layer.split()[0] in str(e.value) and "m.tnnproto:7" in str(e.value) and "int8" in str(e.value)
