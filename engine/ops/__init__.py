@@ -13,6 +13,7 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     expression,
     generate,
     grid_sample,
+    histogram,
     linear,
     norm,
     pad,
@@ -21,12 +22,13 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     recurrent,
     reduce,
     resize,
+    roi_align,
     scatter,
     shape,
     softmax,
     sort,
     tensor,
-    tnn_lstm,
+    volume,
 )
 from engine.ops.registry import OPS, OpDef, TensorInfo, all_ops, get_op, register
 

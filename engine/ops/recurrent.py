@@ -1,5 +1,5 @@
-"""Recurrent layers: `RNN`, torch's nn.LSTM / nn.GRU / nn.RNN in one op, and the cell equations TNN's LSTM
-(`TnnLSTM`, tnn_lstm.py) shares.
+"""Recurrent layers: `RNN`, torch's nn.LSTM / nn.GRU / nn.RNN in one op (TNN's LSTMONNX
+lowers to it as well).
 
 Inputs: x, [h0], [c0 (LSTM)]; outputs: out, [h_n], [c_n (LSTM)]. x is (T, B, I), or (B, T, I) with batch_first;
 out is (T, B, D·Hout) (or batch first), directions side by side; h_n is (L·D, B, Hout) and c_n (L·D, B, H), layer

@@ -1,7 +1,7 @@
 """The CPU kernel table: op type -> CpuKernel(build, workspace) (see kernel.py), one module per op family.
 
-An op without an entry runs its numpy reference (CpuDevice.build_kernel marks it a fallback): today TnnLSTM,
- Expression (only reaches the runtime when lowering could not turn it into elementwise ops), the alias
+An op without an entry runs its numpy reference (CpuDevice.build_kernel marks it a fallback): today
+Expression (only reaches the runtime when lowering could not turn it into elementwise ops), the alias
 ops (Reshape and co.) on the rare occasion their output cannot be a view, and the cheap ops whose vectorised
 numpy reference is their kernel for now (one extra copy of the output): GatherElements, RepeatInterleave, Trilu,
 TopK, CumSum, ReduceVar, Range (usually computed at infer time) and DetectionOutput (a sequential NMS over a few
@@ -15,6 +15,7 @@ from engine.devices.cpu import (
     activation,
     attention,
     elementwise,
+    histogram,
     linear,
     norm,
     pad,
@@ -23,10 +24,12 @@ from engine.devices.cpu import (
     recurrent,
     reduce,
     resize,
+    roi_align,
     scatter,
     shape,
     softmax,
     tensor,
+    volume,
 )
 from engine.devices.cpu.conv import kernels as conv
 from engine.devices.cpu.int8 import kernels as int8
@@ -34,9 +37,10 @@ from engine.devices.cpu.kernel import Builder, CpuKernel, Sizer
 from engine.devices.cpu.layout import kernels as layout
 
 KERNELS: dict[str, CpuKernel] = {
-    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **int8.KERNELS, **layout.KERNELS,
-    **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS,
-    **reduce.KERNELS, **resize.KERNELS, **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS,
+    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **histogram.KERNELS,
+    **int8.KERNELS, **layout.KERNELS, **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS,
+    **quant.KERNELS, **recurrent.KERNELS, **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS,
+    **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS, **volume.KERNELS,
 }
 
 

@@ -6,10 +6,12 @@ parameters (Reshape/Expand shapes, Resize sizes) keep it on the host.
 
 Not here, so a model using them is refused on CUDA with UnsupportedOpError naming the node: `Expression` (only
 reaches the runtime when lowering could not turn it into elementwise ops), the TNN int8 ops (`TnnQuantize`,
-`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`), `TnnLSTM` and `RNN`
-(sequential recurrences; they would need their own kernel), the ops added for issue 18 that have no CUDA kernel yet
-(`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`, `ReduceVar`,
-`DetectionOutput`, `PixelUnshuffle`, `LRN`, `ScatterElements`, `BitShift`, `GridSample`, `Einsum`), `Meshgrid`
+`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`), `RNN` (also
+TNN's LSTMONNX; a sequential recurrence, it would need its own kernel), the ops added for issue 18 that have no CUDA
+kernel yet (`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`,
+`ReduceVar`, `DetectionOutput`, `PixelUnshuffle`, `LRN`, `ScatterElements`, `BitShift`, `GridSample`, `Einsum`, the
+volumetric `Conv3d` and `Pool3d`, `RoiAlign`,
+`Histogram`), `Meshgrid`
 when its inputs are not known before running (a YOLO head's grids are: aranges of the input's size), and `Full` and
 `Range` when their result is too large to be a host value. `Shape` is always a host value.
 """

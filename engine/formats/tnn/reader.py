@@ -3,7 +3,8 @@
 Each node keeps the layer's positional parameter tokens in `params["args"]` and its resource buffers in
 `attrs`. Ints of the resource (such as `has_bias`) go to `params["resource"]`, the stored TNN data type codes
 and dims (None for v1 buffers) to `params["resource_types"]` and `params["resource_dims"]`. Constant-map
-entries become const values. Blob scales of quantized models are kept in `graph.meta["tnn_blob_scales"]`
+entries become const values; a DynamicRangeQuantized* layer also gets the stored scale of each int8 constant
+operand k as `attrs["input{k}_scale"]`. Blob scales of quantized models are kept in `graph.meta["tnn_blob_scales"]`
 for the lowering (lowering/ beside this file), which turns all of this into canonical ops.
 """
 
@@ -16,6 +17,9 @@ from engine.formats.tnn.constants import INPUT_DTYPES
 from engine.formats.tnn.tnnmodel import RawBuffer, TnnModelData, TnnResource, read_model
 from engine.formats.tnn.tnnproto import TnnLayer, TnnProto, parse_proto
 from engine.ir import Graph, Value
+
+DYNAMIC_RANGE_PREFIX = "DynamicRangeQuantized"
+DYNAMIC_RANGE_SCALE_SUFFIX = "_dynamic_range_quant_scale"
 
 
 def weights_path(proto_path: str | Path) -> Path:
@@ -85,6 +89,12 @@ def _add_layer(g: Graph, proto: TnnProto, layer: TnnLayer, blobs: dict[str, Valu
         params["resource_types"] = {k: f.code for k, f in res.fields.items() if isinstance(f, RawBuffer)}
         params["resource_dims"] = {k: f.dims for k, f in res.fields.items() if isinstance(f, RawBuffer)}
         params["resource_type"] = res.type
+    if layer.type.startswith(DYNAMIC_RANGE_PREFIX):
+        # TNN keeps the scale of an int8 constant operand in the constant map as `<name>_dynamic_range_quant_scale`
+        for k, name in enumerate(layer.inputs):
+            scale = consts.get(name + DYNAMIC_RANGE_SCALE_SUFFIX)
+            if scale is not None:
+                attrs[f"input{k}_scale"] = scale.data
     g.add_node(f"tnn:{layer.type}", ins, outs, name=layer.name, params=params, attrs=attrs,
                source=f"{Path(proto.path).name}:{layer.line}")
     for v in outs:

@@ -261,7 +261,7 @@ BODIES = {
     "PReLU": _with_name("slope"),
     "Const": _fixed("weight"),
     "ConstantOfShape": _fixed("value"),
-    "Gather": _body_gather,
+    **dict.fromkeys(("Gather", "DynamicRangeQuantizedGather"), _body_gather),
     "ScatterND": _body_scatter,
     "Scatter": _body_scatter,
     "BiasAdd": _fixed("bias"),

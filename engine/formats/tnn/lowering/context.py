@@ -67,6 +67,15 @@ class Ctx:
             self.fail(f"resource '{key}' is missing from the .tnnmodel")
         return a
 
+    def weight(self, key: str) -> np.ndarray:
+        """A float layer's weight resource. An int8 one is refused: only TNN's Quantized* and
+        DynamicRangeQuantized* layers give int8 weights a meaning (their handlers dequantize before coming here)."""
+        a = self.attr(key)
+        if a.dtype == np.int8:
+            self.unsupported(f"with an int8 {key} (only Quantized* / DynamicRangeQuantized* layers carry int8 "
+                             "weights with their scales)")
+        return a
+
     # -- values and emitting ----------------------------------------------------------------------------------
     @property
     def inputs(self) -> list[Value]:

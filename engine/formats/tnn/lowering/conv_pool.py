@@ -29,7 +29,7 @@ def conv_params(c: Ctx) -> dict:
 
 
 def conv_weight(c: Ctx, shape: tuple[int, ...]) -> np.ndarray:
-    w = c.attr("filter")
+    w = c.weight("filter")
     if w.size != int(np.prod(shape)):
         c.fail(f"filter has {w.size} values, the parameters need {shape}")
     return w.reshape(shape)
@@ -117,7 +117,7 @@ def lower_conv1d(c: Ctx) -> None:
         params["auto_pad"] = "valid"
     elif pad_type != -1:
         c.unsupported(f"with pad_type {pad_type}, dilation {dil} and stride {stride}")
-    w = c.attr("filter")
+    w = c.weight("filter")
     if w.size == 0 or w.size % (oc * k):
         c.fail(f"filter has {w.size} values, not a multiple of out * kernel = {oc * k}")
     attrs = {"weight": f32(w.reshape(oc, w.size // (oc * k), 1, k))}

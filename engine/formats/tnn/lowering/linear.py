@@ -1,5 +1,5 @@
-"""TNN matrix layers -> canonical ops: InnerProduct -> Gemm, MatMul (a stored weight as a constant operand), and
-LSTMONNX -> TnnLSTM, Inverse (of 2x2 matrices, by the adjugate)."""
+"""TNN matrix layers -> canonical ops: InnerProduct -> Gemm, MatMul (a stored weight as a constant operand), Inverse
+(of 2x2 matrices, by the adjugate), Einsum."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from engine.formats.tnn.lowering.registry import handles
 @handles("InnerProduct")
 def lower_inner_product(c: Ctx) -> None:
     n, has_bias, transpose, axis = c.i(0), c.i(1, 0), c.i(2, 0), c.i(3, 1)
-    w = c.attr("weight")
+    w = c.weight("weight")
     if w.size % max(n, 1):
         c.fail(f"weight has {w.size} values, not a multiple of num_output {n}")
     w = w.reshape(n, -1) if not transpose else w.reshape(-1, n).T
@@ -35,7 +35,7 @@ def lower_inner_product(c: Ctx) -> None:
 def lower_matmul(c: Ctx) -> None:
     ins = list(c.inputs)
     if len(ins) == 1:
-        w, pos = c.attr("weight"), c.i(0, 1)
+        w, pos = c.weight("weight"), c.i(0, 1)
         if not c.node.params.get("resource_dims", {}).get("weight"):  # v1: only the count is stored
             shape = c.shape(ins[0])
             if shape is None or len(shape) < 2:
@@ -44,14 +44,6 @@ def lower_matmul(c: Ctx) -> None:
         const = c.const(np.ascontiguousarray(w, dtype=F32), "weight")
         ins = [const, ins[0]] if pos == 0 else [ins[0], const]
     c.out("MatMul", ins[:2])
-
-
-@handles("LSTMONNX")
-def lower_lstm(c: Ctx) -> None:
-    clip, hidden, direction = c.f(0, 0.0), c.i(1), c.i(2, 0)
-    if clip or direction not in (0, 1, 2) or not 4 <= len(c.inputs) <= 6:
-        c.unsupported("with a clip threshold, an unknown direction or missing weights")
-    c.emit("TnnLSTM", list(c.inputs), {"hidden_size": hidden, "direction": direction}, outputs=list(c.outputs))
 
 
 @handles("Inverse")

@@ -12,16 +12,24 @@ from engine.formats.tnn.constants import TYPE_ALIASES
 from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its handlers)
     binary,
     conv_pool,
+    dynamic_range,
+    hdr_guide,
+    histogram,
     indexing,
     layout,
     linear,
     normalization,
     pad_resize,
     quantized,
+    quantized_activation,
+    quantized_layout,
+    recurrent,
     reduce,
+    roi,
     ssd,
     tensor,
     unary,
+    volume,
 )
 from engine.formats.tnn.lowering.context import PREFIX, Ctx
 from engine.formats.tnn.lowering.registry import HANDLERS, QUANTIZED, register
@@ -37,6 +45,9 @@ REFUSED: dict[str, str] = {
     "NonZero": "(its output's size depends on the input's values: the engine plans every tensor's size at load)",
     "NonMaxSuppression": "(the number of boxes kept depends on the input's values: the engine plans every "
                          "tensor's size at load)",
+    "QuantizedUpsample": "(TNN's int8 upsample acc (CpuUpsampleLayerAcc, which x86 falls back to) quantizes its "
+                         "result into its float workspace, never into the output blob: TNN's output is not defined)",
+    "Deconvolution3D": "(onnx2tnn writes it, but TNN's layer type map has no Deconvolution3D: TNN cannot load it)",
     "Reformat": "(a data type / layout conversion TNN's runtime inserts between devices, not a model layer)",
 }
 

@@ -14,7 +14,7 @@ from engine.formats.tnn.lowering.registry import handles, register
 def lower_gather(c: Ctx) -> None:
     axis, data_res, idx_res = c.i(0, 0), c.i(1, 0), c.i(2, 0)
     ins = list(c.inputs)
-    data = c.const(c.attr("data"), "data") if data_res else ins.pop(0)
+    data = c.const(c.weight("data"), "data") if data_res else ins.pop(0)
     indices = c.const(c.attr("indices").astype(np.int64), "indices") if idx_res else ins.pop(0)
     c.out("Gather", [data, indices], {"axis": axis})
 
