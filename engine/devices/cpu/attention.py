@@ -83,11 +83,11 @@ class Grouping:
 
 def grouping(batch: tuple[int, ...], L: int, S: int, e: int) -> Grouping | None:
     """Heads per item when one head's scores fit a tile, as many as fit (else None: the blocked path)."""
-    one = 4 * L * max(1, S)
+    one = 4 * max(1, L) * max(1, S)
     if S > MAX_ONE_BLOCK or one > TILE_BYTES:
         return None
     heads = batch[-1] if batch else 1
-    return Grouping(max(1, min(heads, TILE_BYTES // one)), L, max(1, S), e)
+    return Grouping(max(1, min(heads, TILE_BYTES // one)), max(1, L), max(1, S), e)
 
 
 def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
@@ -347,7 +347,7 @@ def _build_fused(node: Node, ins: list[TensorInfo]):
         if call.S == 0 or call.items == 0:
             out.fill(np.nan if call.nan_rows else 0.0)
             return
-        rows = call.L if grouped else b.rows
+        rows = max(1, call.L) if grouped else b.rows
         work = math.prod(call.batch) * -(-call.L // rows) * rows * call.S * (inputs[0].shape[-1] + out.shape[-1])
         parallel_for(call.run_slots, len(slots), work)
 

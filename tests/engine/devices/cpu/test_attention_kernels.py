@@ -233,3 +233,11 @@ def test_grouped_path_nan_and_no_allocation():
     out = run_kernel(make_node("Attention", 3), [q, k, v])[0]
     assert np.isnan(out[0, 1]).all() and np.isfinite(np.delete(out[0], 1, axis=0)).all()
     assert kernel_peak_bytes(make_node("Attention", 3), [q, k, v]) < 4 * 1024  # the scores alone are 4 KiB
+
+
+def test_grouped_path_with_no_queries():
+    """A max shape without queries (or keys) sizes no tile and writes nothing (or zeros)."""
+    q, k, v = _x(1, 2, 0, 4), _x(1, 2, 3, 4), _x(1, 2, 3, 4)
+    assert run_kernel(make_node("Attention", 3), [q, k, v])[0].shape == (1, 2, 0, 4)
+    out = run_kernel(make_node("Attention", 3), [_x(1, 2, 3, 4), _x(1, 2, 0, 4), _x(1, 2, 0, 4)])[0]
+    assert (out == 0).all()
