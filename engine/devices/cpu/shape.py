@@ -37,14 +37,15 @@ def _copy_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
 
 
 def _transpose(x: np.ndarray, perm: tuple[int, ...], out: np.ndarray) -> None:
-    """out = x.transpose(perm). When the last axis stays last and holds a multiple of 8 bytes (MobileViT's 2x2
-    patches: two floats), both sides are viewed as int64 rows first: numpy's copy costs per innermost run, and
-    runs of 2 floats made it 3 ns an element (3-8x slower than the same bytes in 8-byte elements)."""
-    last = x.ndim - 1
-    width = x.shape[-1] * x.itemsize if x.ndim else 0
-    if (x.ndim >= 2 and perm[-1] == last and x.itemsize < 8 and width and width % 8 == 0 and x.size
+    """out = x.transpose(perm). When the last axis stays last and holds 8 or 16 bytes (MobileViT's 2x2 patches:
+    two floats), both sides are viewed as one element of that many bytes per row: numpy's copy costs per innermost
+    run, and runs of 2-4 floats cost 3 ns an element, 3-4x the same bytes as whole elements (which numpy copies
+    with its 8- and 16-byte loops; other widths gain little or lose)."""
+    width = x.shape[-1] * x.itemsize if x.ndim >= 2 else 0
+    if (width in (8, 16) and x.itemsize < width and perm[-1] == x.ndim - 1 and x.size
             and x.strides[-1] == x.itemsize and out.flags.c_contiguous):
-        x, out = x.view(np.int64), out.view(np.int64)
+        whole = np.dtype(f"V{width}")
+        x, out = x.view(whole), out.view(whole)
     np.copyto(out, x.transpose(perm))
 
 
