@@ -8,6 +8,9 @@ previous block's product `pv` into acc first (so each block costs one call here 
 writes (acc + pv) / l. A tile that holds every key (one block, `last`) is left unnormalised: its GEMM writes
 the output directly and `scale_rows` divides the output rows by their sums (fewer elements than the tile).
 
+The grouped path (short sequences, every key in one tile) holds sᵀ instead, keys by queries: `group_softmax_t`
+normalises its columns for a whole group of heads in one call, `group_scale_rows` divides the product's rows.
+
 exp is a float32 polynomial (Cody-Waite reduction, degree-6 Taylor on [-ln2/2, ln2/2], 2^n built as exponent bits
 in an int32 scratch row): LLVM vectorises it, where math.exp is a scalar call per element (numba has no SVML
 here): 0.8 ns against 17 ns per element; error below 7e-7 relative.
