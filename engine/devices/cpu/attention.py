@@ -9,12 +9,18 @@ running row max and sum, the accumulated p @ v rescaled when the max grows, the 
 A tile stays within TILE_BYTES (L2) so the two GEMMs and the softmax between them read it from cache; causal
 items skip the key blocks past their last row. q, k, v and the output are read in place through their strides
 (heads and batch may broadcast); the tiles live in the instance workspace, one slot per thread.
+Short sequences (one head's (L, S) scores within TILE_BYTES, as the small-headed attention of MobileViT and
+EfficientFormer) take the grouped path instead: an item is a group of heads whose scores fit one tile together,
+computed transposed (sᵀ = k @ qᵀ, one batched GEMM), softmax'd along its columns in one numba call (the max and
+sum over keys then run along contiguous rows: vectorised), then out = s @ v; a few calls per group rather than
+eight per block of every head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before).
 Other float dtypes numba takes run the unfused path (the whole scores in the workspace); the rest (float16),
 the reference.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -59,6 +65,39 @@ class Blocking:
         return sum(_aligned(4 * p) for p in parts)
 
 
+@dataclass(frozen=True)
+class Grouping:
+    """Short sequences: an item is a group of `heads` whole (L, S) score matrices in one tile (see the module doc)."""
+    heads: int
+    L: int
+    S: int
+    e: int
+
+    @property
+    def slot_bytes(self) -> int:
+        """One thread's buffers: the group's scores, its qᵀ, query sums, the exponent scratch and the column
+        maxima."""
+        parts = [self.heads * self.L * self.S, self.heads * self.e * self.L, self.heads * self.L, self.L, self.L]
+        return sum(_aligned(4 * p) for p in parts)
+
+
+def grouping(batch: tuple[int, ...], L: int, S: int, e: int) -> Grouping | None:
+    """Heads per item when one head's scores fit a tile, as many as fit (else None: the blocked path)."""
+    one = 4 * max(1, L) * max(1, S)
+    if S > MAX_ONE_BLOCK or one > TILE_BYTES:
+        return None
+    heads = batch[-1] if batch else 1
+    return Grouping(max(1, min(heads, TILE_BYTES // one)), max(1, L), max(1, S), e)
+
+
+def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
+    """Up to `most` heads per item, fewer while that leaves a thread without an item."""
+    g = max(1, min(most, heads))
+    while g > 1 and outer * -(-heads // g) < threads:
+        g = -(-g // 2)
+    return g
+
+
 def blocking(L: int, S: int, e: int, dv: int) -> Blocking:
     if S <= MAX_ONE_BLOCK:
         keys, tile, most = max(1, S), TILE_BYTES, MAX_ROWS
@@ -91,15 +130,39 @@ class _Slot:
         self.acc, self.pv = take(b.rows * b.dv).reshape(b.rows, b.dv), take(b.rows * b.dv).reshape(b.rows, b.dv)
 
 
-def _fused_workspace(b: Blocking) -> int:
+class _GroupSlot:
+    """One thread's buffers for a group of heads, carved from a workspace."""
+
+    def __init__(self, buf: np.ndarray, g: Grouping):
+        def take(count: int) -> np.ndarray:
+            nonlocal off
+            a = buf[off:off + 4 * count].view(np.float32)
+            off += _aligned(4 * count)
+            return a
+        off = -buf.ctypes.data % _ALIGN
+        self.s = take(g.heads * g.L * g.S)
+        self.qt = take(g.heads * g.e * g.L)
+        self.l = take(g.heads * g.L)
+        self.two_f = take(g.L)
+        self.two_n = self.two_f.view(np.int32)
+        self.m = take(g.L)
+
+
+def _fused_workspace(b: Blocking | Grouping) -> int:
     return get_threads() * b.slot_bytes + _ALIGN
 
 
 def _workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     scores, out = shapes(node, ins)
     if _fused(ins):
-        return _fused_workspace(blocking(scores[-2], scores[-1], ins[0].shape[-1], out[-1]))
+        return _fused_workspace(_layout(scores, ins[0].shape[-1], out[-1]))
     return math.prod(scores) * float_of(ins[0].dtype).itemsize
+
+
+def _layout(scores: tuple[int, ...], e: int, dv: int) -> Blocking | Grouping:
+    """Heads grouped in one tile when their scores fit, else blocks of query rows."""
+    L, S = scores[-2:]
+    return grouping(tuple(scores[:-2]), L, S, e) or blocking(L, S, e, dv)
 
 
 def _fused(ins: list[TensorInfo]) -> bool:
@@ -115,15 +178,15 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]):
     return _build_unfused(node, ins, dt)
 
 
-class _Call:
-    """One run's operands, as the items read them."""
+class _Operands:
+    """One run's q, k, v, mask and output, broadcast to the output's batch; its scale, causality and mask kind."""
 
-    def __init__(self, node: Node, inputs, out: np.ndarray, b: Blocking, slots: list[_Slot]):
+    def __init__(self, node: Node, inputs, out: np.ndarray):
         q, k, v = (_last_axis_unit(a) for a in inputs[:3])
         self.batch = out.shape[:-2]
         self.L, self.S = q.shape[-2], k.shape[-2]
-        self.q, self.k, self.v = (np.broadcast_to(a, self.batch + a.shape[-2:]) for a in (q, k, v))
-        self.out, self.b, self.slots = out, b, slots
+        self.q, self.k, self.v = (_broadcast(a, self.batch) for a in (q, k, v))
+        self.out = out
         self.scale = np.float32(scale(node, q.shape[-1]))
         self.causal = bool(node.params.get("is_causal", False))
         self.nan_rows = nan_rows(node)
@@ -135,6 +198,14 @@ class _Call:
                 mask = mask.astype(np.float32)
             self.mask_kind = A.MASK_BOOL if mask.dtype == np.bool_ else A.MASK_ADD
             self.mask = np.broadcast_to(mask, self.batch + (self.L, self.S))
+
+
+class _Call(_Operands):
+    """One run of the blocked path: items are (batch and head, block of query rows)."""
+
+    def __init__(self, node: Node, inputs, out: np.ndarray, b: Blocking, slots: list[_Slot]):
+        super().__init__(node, inputs, out)
+        self.b, self.slots = b, slots
         self.blocks = -(-self.L // b.rows)
         self.items = math.prod(self.batch) * self.blocks
 
@@ -178,8 +249,72 @@ class _Call:
         A.finish(slot.acc[:r], pv, slot.l, out[l0:l1], self.nan_rows)
 
 
+class _GroupCall(_Operands):
+    """One run of the grouped path: items are (batch, group of heads), every key of a head in one tile. Per item:
+    qᵀ copied into the slot, sᵀ = k @ qᵀ (one batched GEMM), the softmax over its columns (one call, scale and
+    mask included), out = (sᵀ)ᵀ @ v and the division by the sums: four calls for the group, none per head."""
+
+    def __init__(self, node: Node, inputs, out: np.ndarray, g: Grouping, slots: list[_GroupSlot]):
+        super().__init__(node, inputs, out)
+        if not self.batch:  # one matrix: a batch of one head
+            self.batch = (1,)
+            self.q, self.k, self.v, self.out = (a[None] for a in (self.q, self.k, self.v, self.out))
+            self.mask = self.mask[None] if self.mask is not None else None
+        if self.mask is None:
+            self.mask = _no_mask(self.batch, max(1, self.L))
+        self.slots = slots
+        self.outer, self.heads = self.batch[:-1], self.batch[-1]
+        outer = math.prod(self.outer)
+        self.g = heads_per_item(g.heads, outer, self.heads, len(slots))
+        self.groups = -(-self.heads // self.g)
+        self.items = outer * self.groups
+
+    def run_slots(self, lo: int, hi: int) -> None:
+        step = len(self.slots)
+        for t in range(lo, hi):
+            for item in range(t, self.items, step):
+                self.item(self.slots[t], item)
+
+    def item(self, slot: _GroupSlot, item: int) -> None:
+        oi, gi = divmod(item, self.groups)
+        h0 = gi * self.g
+        h1 = min(self.heads, h0 + self.g)
+        n, L, S, e = h1 - h0, self.L, self.S, self.q.shape[-1]
+        at = (*np.unravel_index(oi, self.outer), slice(h0, h1)) if len(self.outer) != 1 else (oi, slice(h0, h1))
+        qt = slot.qt[:n * e * L].reshape(n, e, L)
+        np.copyto(qt.swapaxes(-1, -2), self.q[at])
+        st = slot.s[:n * S * L].reshape(n, S, L)
+        kind, scale = self.mask_kind, self.scale
+        # An additive mask: the scale on qᵀ and the mask added by numpy (the softmax reading it transposed, one
+        # strided element at a time, was 4x slower: EfficientFormerV2's attention bias).
+        if kind == A.MASK_ADD:
+            if scale != 1:
+                np.multiply(qt, scale, out=qt)
+            np.matmul(self.k[at], qt, out=st)
+            np.add(st, self.mask[at].swapaxes(-1, -2), out=st, casting="unsafe")
+            kind, scale = A.MASK_NONE, np.float32(1)
+        else:
+            np.matmul(self.k[at], qt, out=st)
+        l = slot.l[:n * L].reshape(n, L)
+        A.group_softmax_t(st, slot.two_n, slot.two_f, self.mask[at], kind, self.causal, scale, slot.m, l)
+        o = self.out[at]
+        np.matmul(st.swapaxes(-1, -2), self.v[at], out=o)
+        A.group_scale_rows(o, l, self.nan_rows)
+
+
 # MASK_NONE's stand-in: indexed by row only, never read; a broadcast view (read-only, strided) like real masks
 _NO_MASK = np.broadcast_to(np.zeros((1, 1), np.float32), (1 << 40, 2))[:, :1]
+
+
+def _broadcast(a: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
+    """`a` over the output's batch (a view; np.broadcast_to only when it differs: it costs ~4 us a call)."""
+    return a if a.shape[:-2] == batch else np.broadcast_to(a, batch + a.shape[-2:])
+
+
+@functools.lru_cache(maxsize=64)
+def _no_mask(batch: tuple[int, ...], L: int) -> np.ndarray:
+    """The grouped path's MASK_NONE stand-in for this batch and query count (never read), made once."""
+    return np.broadcast_to(_NO_MASK[:1, :1], batch + (L, 1))
 
 
 def _last_axis_unit(a: np.ndarray) -> np.ndarray:
@@ -189,12 +324,18 @@ def _last_axis_unit(a: np.ndarray) -> np.ndarray:
 
 def _build_fused(node: Node, ins: list[TensorInfo]):
     scores_max, out_max = shapes(node, ins)
-    b = blocking(scores_max[-2], scores_max[-1], ins[0].shape[-1], out_max[-1])
-    _compile(b)
-    cache: dict[int, tuple[np.ndarray, list[_Slot]]] = {}  # workspace address -> its slots
+    b = _layout(scores_max, ins[0].shape[-1], out_max[-1])
+    grouped = isinstance(b, Grouping)
+    slot_of = _GroupSlot if grouped else _Slot
+    _compile_group(b) if grouped else _compile(b)
+    cache: dict[int, tuple[np.ndarray, list]] = {}  # workspace address -> its slots
+    last: list = [None, None]  # the last workspace object and its slots: the runtime passes the same one each run
     private: list[np.ndarray] = []
 
-    def slots_in(workspace: np.ndarray | None) -> list[_Slot]:
+    def slots_in(workspace: np.ndarray | None) -> list:
+        if workspace is not None and workspace is last[0]:
+            return last[1]
+        given = workspace
         need = _fused_workspace(b)
         if workspace is None or workspace.nbytes < need:  # direct use outside the runtime
             if not private:
@@ -204,17 +345,19 @@ def _build_fused(node: Node, ins: list[TensorInfo]):
         hit = cache.get(buf.ctypes.data)
         if hit is None or hit[0].nbytes != buf.nbytes:
             count = (buf.nbytes - _ALIGN) // b.slot_bytes
-            hit = cache[buf.ctypes.data] = (buf, [_Slot(buf[i * b.slot_bytes:], b) for i in range(count)])
+            hit = cache[buf.ctypes.data] = (buf, [slot_of(buf[i * b.slot_bytes:], b) for i in range(count)])
+        last[:] = given, hit[1]
         return hit[1]
 
     def run(inputs, outputs, workspace):
         out = outputs[0]
         slots = slots_in(workspace)[:max(1, get_threads())]
-        call = _Call(node, inputs, out, b, slots)
+        call = (_GroupCall if grouped else _Call)(node, inputs, out, b, slots)
         if call.S == 0 or call.items == 0:
             out.fill(np.nan if call.nan_rows else 0.0)
             return
-        work = call.items * b.rows * call.S * (inputs[0].shape[-1] + out.shape[-1])
+        rows = max(1, call.L) if grouped else b.rows
+        work = math.prod(call.batch) * -(-call.L // rows) * rows * call.S * (inputs[0].shape[-1] + out.shape[-1])
         parallel_for(call.run_slots, len(slots), work)
 
     run.impl = "fused-attention"  # type: ignore[attr-defined]
@@ -231,6 +374,17 @@ def _compile(b: Blocking) -> None:
     A.finish(slot.acc[:0], slot.pv[:0], slot.l, slot.acc[:0], False)
     A.scale_rows(slot.acc[:0], slot.l, False)
     A.reset(slot.m[:0], slot.l[:0], slot.acc[:0])
+
+
+def _compile_group(g: Grouping) -> None:
+    """The grouped path's loops, as `_compile`, for the types a run passes: a broadcast (strided) mask, a
+    contiguous output."""
+    slot = _GroupSlot(np.empty(g.slot_bytes + _ALIGN, np.uint8), g)
+    s, l = slot.s[:0].reshape(1, 0, 1), slot.l[:0].reshape(1, 0)
+    mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 2, 1))
+    for kind in (A.MASK_NONE, A.MASK_ADD):
+        A.group_softmax_t(s, slot.two_n, slot.two_f, mask, kind, False, np.float32(1), slot.m, l)
+    A.group_scale_rows(s, l, False)
 
 
 def _build_unfused(node: Node, ins: list[TensorInfo], dt: np.dtype):

@@ -68,6 +68,7 @@ class Plan:
             chosen = self.pd.md(L.QUERY_WEIGHTS_MD)
             self._chosen, self._packed = chosen, packed  # packed on the first run (sizing a workspace packs none)
             self.weights: np.ndarray | None = None
+            self.weights_ptr = 0  # its address (ndarray.ctypes.data costs ~2 us a call)
             pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
             self.pad_bytes = D.aligned(pad.nbytes)
             args = {L.ARG_SRC: src, L.ARG_WEIGHTS: chosen, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}
@@ -95,8 +96,9 @@ class Plan:
             workspace: np.ndarray | None) -> None:
         if self._packed is not None and self.weights is None:
             self.weights = self._packed.into(self._chosen)
+            self.weights_ptr = self.weights.ctypes.data
         D.sync_threads(self.work)
-        w = self.weights.ctypes.data if self.weights is not None else wts
+        w = self.weights_ptr if self.weights is not None else wts
         key = (src, w, dst, bias, residual, self.scratch(workspace))
         if key != self._bound:
             ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: w, L.ARG_DST: dst, L.ARG_SCRATCHPAD: key[5]}
@@ -125,6 +127,7 @@ class Gemm:
         # W^T as it lies: (K, N) with strides (1, K); the reorder packs it without a transposed copy first.
         self.packed = PackedWeights(self.w, D.MemoryDesc.strided((k, n), (1, k)))
         self.bias = None if bias is None else np.ascontiguousarray(np.ravel(bias), np.float32)
+        self.bias_ptr = None if self.bias is None else self.bias.ctypes.data  # once: ctypes.data costs ~2 us
         self.eltwise, self.residual = eltwise, residual
         self.plans: dict[int, Plan] = {}
 
@@ -145,9 +148,8 @@ class Gemm:
         if m == 0:
             return
         D.sync_threads()
-        self.plan(m).run(D.address(x), None, D.address(out),
-                         None if self.bias is None else self.bias.ctypes.data,
-                         None if z is None else D.address(z), workspace)
+        self.plan(m).run(D.address(x), None, D.address(out), self.bias_ptr, None if z is None else D.address(z),
+                         workspace)
 
 
 def _expand(shape: Sequence[int], strides: Sequence[int], rank: int) -> tuple[list[int], list[int]]:

@@ -186,3 +186,58 @@ def test_long_goldens_present():
     out = {c.name: c.outputs[0] for c in LONG_GOLDENS}
     assert (out["long_bool_dead_rows_sdpa"][0, 0, 117] == 0).all()  # torch's sdpa: zeros
     assert np.isnan(out["long_bool_dead_rows_softmax"][0, 0, 117]).all()  # an explicit softmax: NaN
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 256, 16), (4, 4, 64, 20), (4, 4, 16, 24), (1, 3, 5, 7), (2, 9, 33, 8)])
+def test_grouped_path_takes_whole_short_sequences(shape):
+    """Heads whose (L, S) scores fit a tile run grouped (MobileViT-XXS's shapes, odd sizes); longer ones blocked."""
+    *batch, L, e = shape
+    g = fused.grouping(tuple(batch), L, L, e)
+    assert g is not None and g.heads * 4 * L * L <= fused.TILE_BYTES
+    q, k, v = _x(*shape), _x(*shape), _x(*shape)
+    check_kernel(make_node("Attention", 3), [q, k, v], rtol=1e-4, atol=1e-5)
+    assert fused.grouping((1, 8), 300, 300, 16) is None and fused.grouping((1, 8), 8, 1100, 16) is None
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L,S", [(16, 16), (20, 64), (64, 9)])
+def test_grouped_path_masks_causal_and_dead_rows(L, S, mask, causal):
+    """The column-wise softmax: every mask kind broadcast over heads, causal with L != S (queries past the keys,
+    keys past the queries), rows with nothing to attend to, an explicit scale."""
+    q, k, v = _x(2, 5, L, 12), _x(2, 5, S, 12), _x(2, 5, S, 7)
+    inputs = [q, k, v]
+    m = _mask(mask, (2, 1), L, S, dead_rows=(0, L - 1))
+    if m is not None:
+        inputs.append(m)
+    for masked_rows in ("zero", "nan"):
+        node = make_node("Attention", len(inputs), params={"is_causal": causal, "scale": 0.3,
+                                                           "masked_rows": masked_rows})
+        check_kernel(node, inputs, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_path_broadcast_heads_strided_views_and_smaller_shapes():
+    """k and v shared by the heads, q a transposed view, a 3-D call without heads; a smaller request after the max."""
+    q = _x(2, 40, 6, 16).transpose(0, 2, 1, 3)
+    k, v = _x(2, 1, 50, 16), _x(2, 1, 50, 24)
+    node = make_node("Attention", 3)
+    check_kernel(node, [q, k, v], rtol=1e-4, atol=1e-5)
+    check_kernel(node, [q[:1, :, :7].copy(), k[:1, :, :11].copy(), v[:1, :, :11].copy()], [q, k, v], rtol=1e-4,
+                 atol=1e-5)
+    check_kernel(node, [_x(30, 8), _x(20, 8), _x(20, 4)], rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_path_nan_and_no_allocation():
+    q, k, v = _x(1, 4, 16, 8), _x(1, 4, 16, 8), _x(1, 4, 16, 8)
+    k[0, 1, 3, 0] = np.nan
+    out = run_kernel(make_node("Attention", 3), [q, k, v])[0]
+    assert np.isnan(out[0, 1]).all() and np.isfinite(np.delete(out[0], 1, axis=0)).all()
+    assert kernel_peak_bytes(make_node("Attention", 3), [q, k, v]) < 4 * 1024  # the scores alone are 4 KiB
+
+
+def test_grouped_path_with_no_queries():
+    """A max shape without queries (or keys) sizes no tile and writes nothing (or zeros)."""
+    q, k, v = _x(1, 2, 0, 4), _x(1, 2, 3, 4), _x(1, 2, 3, 4)
+    assert run_kernel(make_node("Attention", 3), [q, k, v])[0].shape == (1, 2, 0, 4)
+    out = run_kernel(make_node("Attention", 3), [_x(1, 2, 3, 4), _x(1, 2, 0, 4), _x(1, 2, 0, 4)])[0]
+    assert (out == 0).all()

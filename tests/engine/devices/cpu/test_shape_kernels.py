@@ -41,6 +41,24 @@ def test_kernel_matches_reference(op, params, max_shape, shape):
     check_kernel(node, [small], [big])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8, np.bool_, np.float64])
+@pytest.mark.parametrize("shape,perm", [
+    ((6, 2, 5, 2), [0, 2, 1, 3]),  # MobileViT's unfold: runs of 2 floats (8 bytes)
+    ((3, 5, 2, 4), [2, 0, 1, 3]),  # 16 bytes of float32, 8 of float16
+    ((4, 3, 8), [1, 0, 2]),  # 32 bytes of float32, 16 of float16, 8 of int8
+    ((4, 3, 5), [1, 0, 2]),  # 20 bytes: copied as is
+    ((2, 8), [0, 1]),
+])
+def test_transpose_keeping_the_last_axis_matches_numpy(dtype, shape, perm):
+    """The last axis kept: copied as whole 8- or 16-byte rows where it holds that many, on contiguous and strided
+    inputs, every dtype bit for bit."""
+    x = (RNG.standard_normal(shape) * 3).astype(dtype)
+    node = make_node("Transpose", 1, params={"perm": perm})
+    for a in (x, np.flip(x, axis=0), np.concatenate([x, x], axis=-2)[..., ::2, :]):
+        got = run_kernel(node, [a])[0]
+        np.testing.assert_array_equal(got, np.transpose(a, perm))
+
+
 def test_expand_and_reshape_take_target_from_input_value():
     x = np.zeros((3, 1), np.float32)
     target = np.array([2, 3, 5], np.int64)
