@@ -52,9 +52,11 @@ from engine.devices.cpu.options import DEFAULT_SPIN_US
 
 # Below this much work (elements x taps) a kernel runs on the calling thread: handing a chunk over costs ~5-50 us.
 MIN_WORK = 1 << 18
-# Below this many multiply-adds a oneDNN primitive runs on one thread (`threads_for`): ~20 us of work, what an
-# OpenMP fork-join costs on a VM when a thread has to be woken, and all a busy host's stall can cost.
-FORK_WORK = 1 << 20
+# Below this many multiply-adds a oneDNN primitive runs on one thread (`threads_for`): ~80-150 us of work. With the
+# short spin a fork wakes a sleeping OpenMP thread (20-50 us on a VM) and waits for it at the end; measured on
+# whole models at batch 1 (quiet, 2 cores, against 1 << 20): GhostNet 0.88x, MobileViT-XXS 0.93x,
+# EfficientFormerV2 0.98x, ResNet-18 1.00x (its convs are far above this); int8 convs use the same bound.
+FORK_WORK = 1 << 22
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 _PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 

@@ -26,7 +26,7 @@ from engine.devices.cpu.int8 import loops
 from engine.devices.cpu.int8.requant import exact_bias, exact_sums, suspects, tie_free_scales
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
-from engine.devices.cpu.threads import get_threads, parallel_for
+from engine.devices.cpu.threads import parallel_for, threads_for
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.quant import F32, I8, conv_geometry, qconv_factors
@@ -36,14 +36,12 @@ log = logging.getLogger("engine.onednn")
 NHWC = "acdb"
 ACTS, FUSIONS = {None: 0, "relu": 1, "relu6": 2}, {None: 0, "add_then_act": 1, "act_then_add": 2}
 MAX_FIXUP_SHARE = 0.5  # beyond this share of channels to check, the int32 way is cheaper
-# Below this many multiply-adds a conv runs on one OpenMP thread: waking the team costs more than it saves
-# (measured here: a 1.2K-MAC conv 9.7 -> 4.7 us, an 8M-MAC one 151 -> 113 us on a busy 2-core machine).
-SERIAL_MACS = 1 << 22
 # The int32 way of a pointwise conv (1x1, stride 1, no pad: every fused conv + add) runs over tiles of pixels of
 # about this many bytes of int32 sums: the epilogue reads them back from L2 instead of from memory, and the
 # workspace holds one tile, not the whole output's sums (MobileNetV2's 56x56x24 fused conv: 301 KB -> 128 KB).
-# A tile forks over the threads as any conv of its work would (SERIAL_MACS). Serial tiles were measured too: faster
-# on a saturated host (batch 1: 0.156 -> 0.105 ms), but they made a batch-8 MobileNetV2 1.6x slower with a core free.
+# A tile forks over the threads as any conv of its work would (threads.threads_for: one thread below FORK_WORK).
+# Serial tiles were measured too: faster on a saturated host (batch 1: 0.156 -> 0.105 ms), but they made a batch-8
+# MobileNetV2 1.6x slower with a core free.
 TILE_BYTES = 1 << 17
 
 
@@ -148,7 +146,9 @@ class Plan:
         self.way, self.impl = spec.way, "numba"
         self.pad_bytes = self.acc_bytes = 0
         macs = n * oh * ow * o * spec.w[0].size
-        self.threads = 1 if macs < SERIAL_MACS else get_threads()
+        # one OpenMP thread for little work (threads.FORK_WORK): waking the team costs more than it saves (a 1.2K-MAC
+        # conv 9.7 -> 4.7 us, an 8M-MAC one 151 -> 113 us on a busy 2-core machine)
+        self.threads = threads_for(macs)
         if self.way == "direct":
             return
         D.use_threads(self.threads)  # the primitive is laid out for the team it is created with
