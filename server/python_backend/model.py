@@ -316,7 +316,10 @@ class PythonInstance:
         with self._open_lock:
             if token not in self._open and token not in self._running:
                 return
-        self.worker.send({"kind": "cancel", "token": token})
+        # sent from a thread of its own: this runs on the event loop, and a worker that stopped reading (hung, with
+        # a large execute frame still going out under the link's send lock) must not stall the server with it
+        threading.Thread(target=self.worker.send, args=({"kind": "cancel", "token": token},),
+                         name=f"{self.label}: cancel", daemon=True).start()
 
     def _on_response(self, header: Header, tensors: list[Tensor]) -> None:
         token, final = int(header.get("token", -1)), bool(header.get("final"))
