@@ -111,16 +111,23 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
+class _Carver:
+    """Consecutive float32 arrays, each starting on an _ALIGN boundary, carved from a workspace buffer."""
+
+    def __init__(self, buf: np.ndarray):
+        self.buf, self.off = buf, -buf.ctypes.data % _ALIGN
+
+    def take(self, count: int) -> np.ndarray:
+        a = self.buf[self.off:self.off + 4 * count].view(np.float32)
+        self.off += _aligned(4 * count)
+        return a
+
+
 class _Slot:
     """One thread's buffers, carved from a workspace."""
 
     def __init__(self, buf: np.ndarray, b: Blocking):
-        def take(count: int) -> np.ndarray:
-            nonlocal off
-            a = buf[off:off + 4 * count].view(np.float32)
-            off += _aligned(4 * count)
-            return a
-        off = -buf.ctypes.data % _ALIGN
+        take = _Carver(buf).take
         self.s = take(b.rows * b.keys)
         self.two_f = take(b.keys)
         self.two_n = self.two_f.view(np.int32)
@@ -134,12 +141,7 @@ class _GroupSlot:
     """One thread's buffers for a group of heads, carved from a workspace."""
 
     def __init__(self, buf: np.ndarray, g: Grouping):
-        def take(count: int) -> np.ndarray:
-            nonlocal off
-            a = buf[off:off + 4 * count].view(np.float32)
-            off += _aligned(4 * count)
-            return a
-        off = -buf.ctypes.data % _ALIGN
+        take = _Carver(buf).take
         self.s = take(g.heads * g.L * g.S)
         self.qt = take(g.heads * g.e * g.L)
         self.l = take(g.heads * g.L)

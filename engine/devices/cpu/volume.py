@@ -81,11 +81,7 @@ class _Pool3dPlan:
                            int(np.prod(out)) * int(np.prod(k)))
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
-        ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
-        if self.scratch is not None:
-            ptrs[L.ARG_SCRATCHPAD] = D.address(self.scratch)
-        self.step.run(ptrs)
-        D.wait()
+        D.run_src_dst(self.step, x, out, self.scratch)
 
 
 def _planned(node: Node, ins: list[TensorInfo], make) -> Kernel:

@@ -324,3 +324,13 @@ def workspace_base(workspace: np.ndarray | None) -> tuple[int, int]:
     ptr = address(workspace)
     off = -ptr % ALIGN
     return ptr + off, max(0, workspace.nbytes - off)
+
+
+def run_src_dst(step: Step, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None) -> None:
+    """Runs a primitive of one source and one destination (a pooling) on `x` into `out`, with its scratchpad, and
+    waits for it."""
+    ptrs = {L.ARG_SRC: address(x), L.ARG_DST: address(out)}
+    if scratch is not None:
+        ptrs[L.ARG_SCRATCHPAD] = address(scratch)
+    step.run(ptrs)
+    wait()

@@ -73,11 +73,7 @@ class _Plan:
         self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}, work)
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
-        ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
-        if self.scratch is not None:
-            ptrs[L.ARG_SCRATCHPAD] = D.address(self.scratch)
-        self.step.run(ptrs)
-        D.wait()
+        D.run_src_dst(self.step, x, out, self.scratch)
 
 
 def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0) -> Kernel:
