@@ -201,6 +201,14 @@ class _Operands:
             self.mask_kind = A.MASK_BOOL if mask.dtype == np.bool_ else A.MASK_ADD
             self.mask = np.broadcast_to(mask, self.batch + (self.L, self.S))
 
+    def run_slots(self, lo: int, hi: int) -> None:
+        """Thread t of [lo, hi) runs items t, t + T, ... on its own slot (self.slots, self.items, self.item: the
+        subclass's)."""
+        step = len(self.slots)
+        for t in range(lo, hi):
+            for item in range(t, self.items, step):
+                self.item(self.slots[t], item)
+
 
 class _Call(_Operands):
     """One run of the blocked path: items are (batch and head, block of query rows)."""
@@ -210,12 +218,6 @@ class _Call(_Operands):
         self.b, self.slots = b, slots
         self.blocks = -(-self.L // b.rows)
         self.items = math.prod(self.batch) * self.blocks
-
-    def run_slots(self, lo: int, hi: int) -> None:
-        step = len(self.slots)
-        for t in range(lo, hi):
-            for item in range(t, self.items, step):
-                self.item(self.slots[t], item)
 
     def item(self, slot: _Slot, item: int) -> None:
         bi, qb = divmod(item, self.blocks)
@@ -270,12 +272,6 @@ class _GroupCall(_Operands):
         self.g = heads_per_item(g.heads, outer, self.heads, len(slots))
         self.groups = -(-self.heads // self.g)
         self.items = outer * self.groups
-
-    def run_slots(self, lo: int, hi: int) -> None:
-        step = len(self.slots)
-        for t in range(lo, hi):
-            for item in range(t, self.items, step):
-                self.item(self.slots[t], item)
 
     def item(self, slot: _GroupSlot, item: int) -> None:
         oi, gi = divmod(item, self.groups)

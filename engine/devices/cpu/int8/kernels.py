@@ -39,6 +39,13 @@ def _channels(node: Node, key: str, c: int) -> np.ndarray:
     return np.ascontiguousarray(np.broadcast_to(s if s.size == c else s[:1], (c,)))
 
 
+def _contiguous(node: Node, out: np.ndarray) -> np.ndarray:
+    """`out`, which the kernel reshapes: a non-contiguous one would have it write into a copy."""
+    if not out.flags.c_contiguous:
+        raise KernelError(f"{node.where()}: {node.op_type} needs a contiguous output")
+    return out
+
+
 def _pixels(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1])
 
@@ -47,9 +54,7 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
     scale = _channels(node, "scale", ins[0].shape[1])
 
     def run(inputs, outputs, workspace):
-        x, out = inputs[0], outputs[0]
-        if not out.flags.c_contiguous:  # reshape would write into a copy
-            raise KernelError(f"{node.where()}: {node.op_type} needs a contiguous output")
+        x, out = inputs[0], _contiguous(node, outputs[0])
         rows = out.reshape(out.shape[0], out.shape[1], -1)  # (N, H, W * C), a view
         parallel_for(loops.quantize, x.shape[0] * x.shape[2], x.size, x, scale, rows)
     return run
@@ -68,9 +73,7 @@ def build_dequantize_to_nhwc(backends: Backends, node: Node, ins: list[TensorInf
     scale = _channels(node, "scale", ins[0].shape[3])
 
     def run(inputs, outputs, workspace):
-        x, out = inputs[0], outputs[0]
-        if not out.flags.c_contiguous:  # reshape would write into a copy
-            raise KernelError(f"{node.where()}: {node.op_type} needs a contiguous output")
+        x, out = inputs[0], _contiguous(node, outputs[0])
         x = _pixels(x)
         parallel_for(loops.dequantize_pixels, x.shape[0], x.size, x, scale, _pixels(out))
     return run
