@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,9 @@ REPLIES = ("done", "failed", "executed")
 # How long a process that closed its socket (or was killed) gets to be reaped before it is killed outright.
 REAP_SECONDS = 5.0
 CLOSED = "was stopped (its model was unloaded)"
+# How long a message that is not a call (a BLS answer, a cancel) may take to be written before the process is
+# killed as one that stopped reading.
+SEND_SECONDS = 60.0
 
 
 class WorkerGone(Exception):
@@ -86,13 +90,17 @@ class WorkerProcess:
         with self._call_lock:
             if self.gone is not None or self._link is None:
                 raise WorkerGone(f"{self.label}: the Python process is not running ({self.gone})")
-            replies = self._replies
+            replies, started = self._replies, time.monotonic()
             try:
-                self._link.send(header, tensors)
+                self._send_within(self._link, header, tensors, timeout)
             except OSError as exc:
+                if self.gone is not None:  # killed for not reading within the timeout: reaped, then said so
+                    self.kill(self.gone)
+                    raise WorkerGone(f"{self.label}: the Python process {self.gone}") from None
                 raise WorkerGone(f"{self.label}: the Python process does not take calls any more ({exc})") from None
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
             try:
-                reply = replies.get(timeout=timeout)
+                reply = replies.get(timeout=left)
             except queue.Empty:
                 self.kill(f"it did not answer '{header.get('kind')}' within {timeout:g} s (the model hangs?); "
                           "killed")
@@ -109,9 +117,24 @@ class WorkerProcess:
         if link is None or self.gone is not None:
             return
         try:
-            link.send(header, tensors)
+            self._send_within(link, header, tensors, SEND_SECONDS)
         except OSError:
             pass  # the reader sees the process go and says why
+
+    def _send_within(self, link: Link, header: Header, tensors: Iterable[Tensor], timeout: float | None) -> None:
+        """link.send, bounded: a process that stops reading (stopped, or stuck holding the GIL in C code) fills the
+        socket's buffer and would block the sender forever, so past `timeout` it is killed, which fails the send."""
+        if timeout is None:
+            link.send(header, tensors)
+            return
+        why = (f"did not take '{header.get('kind')}' within {timeout:g} s (it stopped reading its link); killed")
+        timer = threading.Timer(timeout, self.kill, args=(why,))
+        timer.daemon = True
+        timer.start()
+        try:
+            link.send(header, tensors)
+        finally:
+            timer.cancel()
 
     def kill(self, why: str) -> None:
         """Stop the process now (SIGKILL) and reap it; the reader then reports it gone with `why`."""

@@ -77,6 +77,43 @@ class TritonPythonModel:
         return responses
 """
 
+# A model that stops its own process (SIGSTOP, a moment after answering) when IN is 1: the process then reads nothing,
+# so a request larger than the socket's buffer cannot be written to it. PAD is any bytes, to make a request large.
+STOPPER_CONFIG = """
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "PAD" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+parameters { key: "nnserve_python_timeout_secs" value { string_value: "4" } }
+"""
+
+STOPPER_SOURCE = """
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _stop_soon():
+    time.sleep(0.2)  # after the answer is written
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            if value == 1:
+                threading.Thread(target=_stop_soon, daemon=True).start()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", np.array([value], np.int32)),
+                pb_utils.Tensor("PID", np.array([os.getpid()], np.int64))]))
+        return responses
+"""
+
 # BLS: OUTPUT0/OUTPUT1 from "simple" (a TNN model) called from execute; with MODE 1, a call to a model that does not
 # exist, whose error the model returns as its own; with MODE 2 the decoupled "repeat_int32" called with IN, its
 # responses' OUT gathered into one output; with MODE 3, "simple" called twice through async_exec.

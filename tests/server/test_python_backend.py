@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from pymodels import (
     BLS_SOURCE,
     FAULTY_CONFIG,
     FAULTY_SOURCE,
+    STOPPER_CONFIG,
+    STOPPER_SOURCE,
     copy_models,
     python_model,
 )
@@ -39,6 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     python_model(root, "faulty", FAULTY_CONFIG, FAULTY_SOURCE)
     python_model(root, "bls", BLS_CONFIG, BLS_SOURCE)
     python_model(root, "auto", AUTO_CONFIG, AUTO_SOURCE)
+    python_model(root, "stopper", STOPPER_CONFIG, STOPPER_SOURCE)
     srv = ServerProcess(root)
     yield srv
     assert srv.stop() == 0, srv.log_text
@@ -145,6 +149,37 @@ def test_a_hung_worker_is_killed_after_its_timeout(server):
         os.kill(pid, 0)
     assert int(faulty(server, 60).as_numpy("OUT")[0]) == 61
     assert "faulty_0_0: starting a new Python process" in server.log_text
+
+
+def stopper(srv: ServerProcess, value: int, pad_bytes: int = 1):  # noqa: ANN201
+    return infer(srv, "http", "stopper", {"IN": np.array([value], np.int32), "PAD": np.zeros(pad_bytes, np.uint8)},
+                 {"IN": "INT32", "PAD": "UINT8"})
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until the process is in state T (stopped); the model stops itself a moment after answering."""
+    stat = Path(f"/proc/{pid}/stat")
+    for _ in range(600):
+        if stat.read_text().rsplit(")", 1)[1].split()[0] == "T":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not stop")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_worker_that_stops_reading_is_killed_not_waited_for(server):
+    """A request too large for the socket's buffer, to a worker that reads nothing any more, fails after the model's
+    timeout (the process is killed) instead of blocking the server's call thread forever; the next request gets a
+    fresh worker."""
+    pid = int(stopper(server, 1).as_numpy("PID")[0])
+    _wait_stopped(pid)
+    with pytest.raises(InferenceServerException) as info:
+        stopper(server, 0, pad_bytes=32 * 2**20)
+    assert "did not take 'execute' within 4 s (it stopped reading its link); killed" in info.value.message()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    again = stopper(server, 7)
+    assert int(again.as_numpy("OUT")[0]) == 7 and int(again.as_numpy("PID")[0]) != pid
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
