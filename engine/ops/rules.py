@@ -14,6 +14,9 @@ from engine.ops.registry import TensorInfo
 F32 = np.dtype(np.float32)
 BOOL = np.dtype(np.bool_)
 INT64 = np.dtype(np.int64)
+# Values known before running are computed on the host only this small (shape arithmetic, index lists): a size
+# read from a file (a Full or Expand to a huge shape) must never be allocated at load.
+HOST_EVAL_MAX_ELEMENTS = 4096
 
 
 def broadcast(node: Node, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
@@ -83,11 +86,18 @@ def all_values(ins: Sequence[TensorInfo]) -> bool:
 def with_value(node: Node, ins: Sequence[TensorInfo], outs: list[TensorInfo],
                reference: Callable[[Node, list[np.ndarray]], list[np.ndarray]]) -> list[TensorInfo]:
     """Fills `value` in on `outs` by running `reference` when every input is known (shape arithmetic)."""
-    if not all_values(ins):
+    if not all_values(ins) or sum(_elements(o.shape) for o in outs) > HOST_EVAL_MAX_ELEMENTS:
         return outs
     vals = reference(node, [np.asarray(i.value) for i in ins])
     return [TensorInfo(o.shape, o.dtype, np.asarray(v, dtype=o.dtype).reshape(o.shape))
             for o, v in zip(outs, vals, strict=True)]
+
+
+def _elements(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)  # Python ints: a product of huge dims must not wrap around
+    return n
 
 
 def ints(node: Node, what: str, value) -> list[int]:

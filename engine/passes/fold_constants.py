@@ -5,6 +5,8 @@ wrong dtype) is an error at load, as it would be with run-time inputs, never a f
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from engine.ir import Graph, Node
@@ -27,14 +29,15 @@ def _fold(graph: Graph, node: Node) -> None:
     op = op_of(node)
     if op is None:
         return
-    infer_node(node, [const_info(v) for v in node.inputs])
+    outs = infer_node(node, [const_info(v) for v in node.inputs])
+    in_bytes = sum(v.const.nbytes for v in node.inputs) + sum(getattr(a, "nbytes", 0) for a in node.attrs.values())
+    if _too_big(sum(math.prod(int(d) for d in o.shape) * o.dtype.itemsize for o in outs), in_bytes):
+        return  # decided from the inferred shapes, before anything of that size is allocated
     try:
         results = [np.asarray(r) for r in op.reference(node, [v.const for v in node.inputs])]
     except Exception:  # leave it to run-time, where a failure gets a proper KernelError
         return
-    in_bytes = sum(v.const.nbytes for v in node.inputs) + sum(getattr(a, "nbytes", 0) for a in node.attrs.values())
-    out_bytes = sum(r.nbytes for r in results)
-    if out_bytes > MAX_UNCHECKED_BYTES and out_bytes > MAX_GROWTH * in_bytes:
+    if _too_big(sum(r.nbytes for r in results), in_bytes):
         return
     if len(results) != len(node.outputs):
         return
@@ -44,3 +47,7 @@ def _fold(graph: Graph, node: Node) -> None:
         while node in v.consumers:
             v.consumers.remove(node)
     graph.nodes.remove(node)
+
+
+def _too_big(out_bytes: int, in_bytes: int) -> bool:
+    return out_bytes > MAX_UNCHECKED_BYTES and out_bytes > MAX_GROWTH * in_bytes

@@ -147,3 +147,14 @@ def test_a_huge_declared_input_allocates_nothing(tmp_path):
     line = b'"in0 4 1 8 12 12 0 ,"'
     graph, weights = next((g, w) for _, g, w in SEEDS["tnn"] if line in g and b"PReLU" in g)
     bounded_check("tnn", tmp_path, graph.replace(line, b'"in0 4 2147483647 8 12 12 0 ,"'), weights)
+
+
+@pytest.mark.parametrize("size", ["65536", "1073741824"])
+def test_a_huge_full_is_not_computed_at_load(tmp_path, size):
+    """Found by the fuzzer: a pnnx aten::new_full whose size expression held a huge number was evaluated at load as
+    a value known before running (shape arithmetic), allocating the whole tensor. Only small values are."""
+    graph, weights = next((g, w) for name, g, w in SEEDS["pnnx"] if b"aten::new_full" in g)
+    mutated = graph.replace(b"expr=[mul(size(@0,2),size(@0,3)),1]", b"expr=[mul(size(@0,2),size(@0,3))," +
+                            size.encode() + b"]")
+    assert mutated != graph
+    bounded_check("pnnx", tmp_path, mutated, weights)
