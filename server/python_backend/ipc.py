@@ -176,6 +176,8 @@ def _decode(raw: memoryview, code: str, shape: Sequence[int], name: str) -> np.n
         if len(raw) != count * dtype.itemsize:
             raise IpcError(f"tensor '{name}': {len(raw)} bytes for shape {list(shape)} of {dtype}")
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    if count * _LENGTH.size > len(raw):  # before allocating: each element holds at least its 4-byte length
+        raise IpcError(f"tensor '{name}': {len(raw)} bytes cannot hold {count} BYTES elements")
     out = np.empty(count, dtype=object)
     pos = 0
     for i in range(count):

@@ -78,6 +78,9 @@ def raw_frame(header: dict, body: bytes = b"") -> bytes:
     (raw_frame({"tensors": [{"name": "t", "dtype": "V8", "shape": [1], "nbytes": 8}]}, b"\0" * 8),
      "malformed description"),
     (raw_frame({"tensors": [{"name": "t", "dtype": "i4", "shape": [-1], "nbytes": 0}]}), "malformed description"),
+    # a BYTES shape of 2^40 elements in 8 bytes: refused before an array of that many is allocated
+    (raw_frame({"tensors": [{"name": "t", "dtype": "O", "shape": [1 << 20, 1 << 20], "nbytes": 8}]}, b"\0" * 8),
+     "8 bytes cannot hold 1099511627776 BYTES elements"),
 ])
 def test_a_malformed_frame_is_refused(pair, frame, words):
     out, into = pair
