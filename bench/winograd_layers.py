@@ -24,6 +24,7 @@ from engine.devices.cpu import CpuDevice, CpuOptions  # noqa: E402
 from engine.devices.cpu.conv import winograd_blocked as W  # noqa: E402
 from engine.devices.cpu.onednn import objects as onednn  # noqa: E402
 from engine.devices.cpu.onednn.blocked import native_block  # noqa: E402
+from engine.devices.cpu.threads import get_threads  # noqa: E402
 from engine.ir import Node  # noqa: E402
 from engine.ops.conv_geometry import conv_geom  # noqa: E402
 from engine.ops.registry import TensorInfo  # noqa: E402
@@ -63,7 +64,7 @@ def time_layer(c: int, o: int, hw: int, batch: int, tile: int | None, repeat: in
     infos = [TensorInfo(x.shape, x.dtype)]
     out = np.empty(op.infer(node, infos)[0].shape, np.float32)
     saved_rule = W.choose
-    W.choose = lambda geo, block: tile
+    W.choose = lambda geo, block, threads=1: tile
     try:
         kernel = device.build_kernel(node, op, infos)
         ws = np.zeros(device.workspace_bytes(node, op, infos), np.uint8)
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for batch in (int(b) for b in args.batches.split(",")):
         for name, c, o, hw in LAYERS:
             direct, f4, f2 = (time_layer(c, o, hw, batch, tile, args.repeat)[0] for tile in (None, 4, 2))
-            tile = W.choose(conv_geom(_node(c, o, block), (batch, c, hw, hw)), block)
+            tile = W.choose(conv_geom(_node(c, o, block), (batch, c, hw, hw)), block, get_threads())
             pick = "direct" if tile is None else f"F({tile}x{tile})"
             print(f"| {name} {c}->{o}@{hw} | {batch} | {direct:.2f} | {f4:.2f} | {f2:.2f} | {direct / f4:.2f} | "
                   f"{direct / f2:.2f} | {pick} |", flush=True)

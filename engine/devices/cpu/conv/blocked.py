@@ -18,6 +18,7 @@ from engine.devices.cpu.kernel import Backends, reference_fallback
 from engine.devices.cpu.layout import conv_blocked
 from engine.devices.cpu.layout.conv_blocked import geometry
 from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.threads import get_threads
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom
 from engine.ops.registry import TensorInfo
@@ -42,7 +43,7 @@ class _Winograds:
 
     def pick(self, geo: ConvGeom) -> tuple[W.WinogradConv, int] | None:
         """(the conv for this shape's tile size, its workspace bytes), or None for the direct kernel."""
-        m = W.choose(geo, self.spec.block) if self.eligible else None
+        m = W.choose(geo, self.spec.block, get_threads()) if self.eligible else None
         if m is None:
             return None
         conv = self._convs.get(m)

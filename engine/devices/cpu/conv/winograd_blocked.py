@@ -35,6 +35,7 @@ CHUNK_BYTES = 4 << 20
 VECTOR_TRANSFORMS = True  # winograd_simd where the block allows; False keeps the scalar kernels (tests both)
 MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
 SMALL_MIN_CHANNELS = 256  # F(2x2) for maps too small for F(4x4)'s tiles (see choose)
+WIDE_BLOCK, WIDE_MIN_MACS = 16, 1 << 26  # AVX-512 blocks, and the work per thread from which Winograd pays there
 _G = {4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                    [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
       2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]])}
@@ -60,13 +61,29 @@ def worth_it(geo: ConvGeom) -> bool:
     return n_tiles >= MIN_TILES and min(geo.c, geo.o) >= MIN_CHANNELS and geo.c * geo.o * n_tiles >= MIN_WORK
 
 
-def choose(geo: ConvGeom, block: int) -> int | None:
-    """The output tile size (4 or 2) a conv runs Winograd with at this shape, None for the direct kernel.
+def pays_on_wide_vectors(geo: ConvGeom, threads: int) -> bool:
+    """Whether F(4x4) beats the AVX-512 direct kernel: from WIDE_MIN_MACS direct multiply-adds per thread. The
+    direct kernel scales with the threads better than Winograd's three stages (transforms on the engine's pool, the
+    matmul on OpenMP's): ResNet-18 at batch 1 on a 2-core AVX-512 machine (every 3x3 conv 116M multiply-adds),
+    F(4x4)/F(2x2) against all direct: 16.3 against 14.5 ms on 2 threads, 21.6 against 25.1 on one; at batch 8
+    (925M) F(4x4) stays 1.3-1.9x faster on 2 threads (bench/winograd_layers.py)."""
+    return geo.n * geo.oh * geo.ow * geo.c * geo.o * 9 >= WIDE_MIN_MACS * max(1, threads)
+
+
+def choose(geo: ConvGeom, block: int, threads: int = 1) -> int | None:
+    """The output tile size (4 or 2) a conv runs Winograd with at this shape on `threads` threads, None for the
+    direct kernel.
 
     F(2x2) (16 products per 4 outputs, 2.25x fewer than direct; U 16 * C * K floats) takes wide layers whose
     maps are too small for F(4x4)'s tiles: ResNet-18's 512ch@7 at batch 1, 4 F(4x4) tiles or 16 F(2x2) ones,
     1.64 -> 1.55 ms (bench/winograd_layers.py; reading U, 16.8 MB, bounds it). It needs the vector transforms
-    (there are no scalar F(2x2) kernels)."""
+    (there are no scalar F(2x2) kernels).
+
+    16-lane blocks mean oneDNN's AVX-512 direct kernel, twice the AVX2 one's multiply-adds per cycle, against
+    transforms whose vectors stay 8 lanes wide (winograd_simd): there Winograd pays only on convs big for their
+    threads (`pays_on_wide_vectors`) and F(2x2) never."""
+    if block >= WIDE_BLOCK:
+        return 4 if worth_it(geo) and pays_on_wide_vectors(geo, threads) else None
     if worth_it(geo):
         return 4
     th, tw = tiles(geo, 2)

@@ -12,10 +12,11 @@ other devices). The result is a copy (nodes and values new, weight arrays shared
 - graph inputs and outputs stay plain and keep their names.
 Layout-agnostic ops: the activations (not PRelu: its slope runs along axis 1), Add/Sub/Mul/Maximum/Minimum on
 blocked operands that share N and C (H, W may broadcast from 1) or scalar constants, and Concat on axis 1 when
-every input but the last fills whole blocks; GlobalAvgPool / GlobalMaxPool / MaxPool become GlobalPoolBlocked /
-MaxPoolBlocked (pooling per lane), a binary op broadcasting an (N, C, 1, 1) operand becomes BroadcastBlocked, and
-Concat / Split on axis 1 and ChannelShuffle with other channel counts become RegroupBlocked (lane copies; a
-Split's outputs are all blocked or all plain), chains of which are composed into one node.
+every input but the last fills whole blocks; GlobalAvgPool / GlobalMaxPool / MaxPool (and ReduceMean over H and W
+keeping dims) become GlobalPoolBlocked / MaxPoolBlocked (pooling per lane), a binary op broadcasting an
+(N, C, 1, 1) operand becomes BroadcastBlocked, and Concat / Split on axis 1 and ChannelShuffle with other channel
+counts become RegroupBlocked (lane copies; a Split's outputs are all blocked or all plain), chains of which are
+composed into one node.
 Values are physically (N, ceil(C/B), H, W, B), so the planner, binding and the agnostic ops' kernels work
 unchanged.
 
@@ -46,6 +47,9 @@ TWINS = {"GlobalAvgPool": ("GlobalPoolBlocked", {"mode": "avg"}),
 # Global pools run blocked whenever their input is: a ToPlain of their (N, C, 1, 1) output is nearly free, while
 # a plain input would make the conv before them write NCHW (ResNet-18's last conv: 7.4 -> 13 ms at batch 8).
 SINKS = {"GlobalAvgPool", "GlobalMaxPool"}
+# A ReduceMean over H and W that keeps dims (a squeeze-excite's torch.mean(x, (2, 3), keepdim=True)) is a global
+# average pool: as GlobalPoolBlocked it spares a ToPlain before it and a ToBlocked after (GhostNet's seven SE blocks).
+HW_MEANS = {"ReduceMean"}
 CHANNEL_OPS = {"Concat", "Split", "ChannelShuffle"}  # become RegroupBlocked (regroup.py)
 BLOCKED, PLAIN = "blocked", "plain"
 
@@ -97,6 +101,18 @@ def convertible_conv(node: Node, block: int) -> bool:
     return g == 1 or (cpg == 1 and o == g) or (cpg % block == 0 and (o // g) % block == 0)
 
 
+def _hw_mean(node: Node) -> bool:
+    """A ReduceMean of a 4-D value over axes 2 and 3 (negative or not) with keepdims."""
+    if node.op_type not in HW_MEANS or len(node.inputs) != 1 or not node.params.get("keepdims", False):
+        return False
+    shape, axes = node.inputs[0].shape, node.params.get("axes")
+    return shape is not None and len(shape) == 4 and bool(axes) and sorted(int(a) % 4 for a in axes) == [2, 3]
+
+
+def _global_pool(node: Node) -> bool:
+    return node.op_type in SINKS or _hw_mean(node)
+
+
 def _tensor_inputs(node: Node) -> list[Value]:
     return [v for v in node.inputs if not (v.is_const and v.const.size == 1)]
 
@@ -110,7 +126,7 @@ def _agnostic(node: Node, block: int) -> bool:
     tensors = _tensor_inputs(node)
     if not tensors or not all(_f32_4d(v) and not v.is_const for v in tensors):
         return False
-    if node.op_type in UNARY or node.op_type in TWINS:
+    if node.op_type in UNARY or node.op_type in TWINS or _hw_mean(node):
         return len(node.inputs) == 1
     if node.op_type in BINARY:
         out = node.outputs[0].shape
@@ -153,7 +169,7 @@ def _wants_blocked(consumer: Node, v: Value, blocked: set[Value], convs: set[Nod
 def _wanted(v: Value, blocked: set[Value], convs: set[Node]) -> bool:
     """Some consumer of `v` (or of a sibling output: a Split's outputs share one layout) wants it blocked; a
     global pool's output is wanted as such (see SINKS)."""
-    if v.producer is not None and v.producer.op_type in SINKS:
+    if v.producer is not None and _global_pool(v.producer):
         return True
     siblings = v.producer.outputs if v.producer is not None else [v]
     return any(_wants_blocked(c, s, blocked, convs) for s in siblings for c in s.consumers)
@@ -305,6 +321,8 @@ class _Rewrite:
             if op in TWINS:
                 op, twin_params = TWINS[op]
                 params = dict(twin_params) if twin_params is not None else params
+            elif _hw_mean(node):
+                op, params = "GlobalPoolBlocked", {"mode": "avg"}
             elif op in BINARY and _spatial_broadcast(node):
                 op, params = "BroadcastBlocked", {"op": op}
         else:

@@ -63,14 +63,17 @@ class _Plan:
         src = _md((geo.n, geo.c, geo.h, geo.w), block)
         dst = _md((geo.n, geo.c, geo.oh, geo.ow), block)
         attr = D.Attr()
-        self.pd = D.PrimitiveDesc.create(
-            "dnnl_pooling_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE, alg, src.h, dst.h,
-            L.dims(geo.stride), L.dims(geo.kernel), L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]),
-            L.dims(_end_pads(geo)), attr.h)
-        pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
+        work = geo.n * geo.c * geo.oh * geo.ow * geo.kernel[0] * geo.kernel[1]
+        # Created for the threads its work is worth, as convolutions are: a pooling created for two threads forks
+        # both even when it runs under a count of one (GhostNet's squeeze-excite means: 7 -> 15 us at 2 threads).
+        with D.creating(work):
+            self.pd = D.PrimitiveDesc.create(
+                "dnnl_pooling_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE, alg, src.h, dst.h,
+                L.dims(geo.stride), L.dims(geo.kernel), L.dims(d - 1 for d in geo.dilation), L.dims(geo.pads[:2]),
+                L.dims(_end_pads(geo)), attr.h)
+            pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
+            self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}, work)
         self.scratch = D.aligned_buffer(pad.nbytes) if pad.nbytes else None  # weights-like: once per shape
-        work = geo.n * geo.c * geo.oh * geo.ow * geo.kernel[0] * geo.kernel[1]  # it splits by OpenMP's count
-        self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}, work)
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         D.run_src_dst(self.step, x, out, self.scratch)

@@ -124,3 +124,33 @@ def test_global_avgpool_row_sums(shape):
     check_kernel(node, [x.astype(np.float64)], rtol=1e-12, atol=1e-12)
     x.reshape(-1)[0] = np.nan
     assert np.isnan(run_kernel(node, [x])[0].reshape(-1)[0])
+
+
+def test_onednn_pooling_is_created_for_the_threads_its_work_is_worth(monkeypatch):
+    """A pooling of little work is created for one OpenMP thread (created for two it forks both even when run
+    under a count of one); a large one for the engine's count. Both still match the reference."""
+    from op_harness import build_kernel, infos_of
+
+    from engine.devices.cpu import threads as _threads
+    from engine.devices.cpu.onednn import objects as D
+    if not D.available():
+        pytest.skip("oneDNN is not installed")
+    counts: list[int] = []
+    create = D.PrimitiveDesc.create
+
+    def spy(cls, name, *args):
+        if name.startswith("dnnl_pooling"):
+            counts.append(D._local.threads)
+        return create(name, *args)
+    monkeypatch.setattr(D.PrimitiveDesc, "create", classmethod(spy))
+    before = _threads.get_threads()
+    _threads.set_threads(2)
+    try:
+        node = make_node("AvgPool", 1, params={"kernel": [3, 3], "stride": [1, 1], "pads": [1, 1, 1, 1]})
+        small, large = rand(1, 8, 6, 6), rand(1, 64, 96, 96)  # 2.6K and 5.3M window reads (FORK_WORK: 4M)
+        for x in (small, large):
+            build_kernel(node, infos_of([x], node=node))
+            check_kernel(node, [x], rtol=1e-5, atol=1e-5)
+    finally:
+        _threads.set_threads(before)
+    assert counts and counts[0] == 1 and counts[-1] == 2, counts

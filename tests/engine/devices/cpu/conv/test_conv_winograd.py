@@ -23,9 +23,11 @@ C = 96
 
 @pytest.fixture(autouse=True, params=["vector", "scalar"])
 def transforms(request, monkeypatch):
-    """Both transform kernels; the work floor is lowered so tile counts alone decide in these small cases."""
+    """Both transform kernels; the work floor is lowered so tile counts alone decide in these small cases, and
+    the rule for AVX-512's 16-lane blocks (big convs only, no F(2x2)) is off so both tile sizes run on any block."""
     monkeypatch.setattr(W, "VECTOR_TRANSFORMS", request.param == "vector")
     monkeypatch.setattr(W, "MIN_WORK", C * C * W.MIN_TILES)
+    monkeypatch.setattr(W, "WIDE_BLOCK", 1 << 30)
     return request.param
 
 
@@ -104,6 +106,21 @@ def test_rule_picks_the_faster_path_measured_in_bench(monkeypatch, c, o, hw, bat
         assert W.choose(geo, 8) is None
         monkeypatch.undo()
         assert W.choose(geo, 4) is None
+
+
+@pytest.mark.parametrize("c,o,hw,batch,threads,want", [
+    (64, 64, 56, 1, 2, None), (128, 128, 28, 1, 2, None), (256, 256, 14, 1, 2, None),  # ResNet-18 b1, 2 threads
+    (512, 512, 7, 1, 2, None), (64, 64, 56, 1, 1, 4), (512, 512, 7, 1, 1, None),  # one thread (4 tiles: direct)
+    (64, 64, 56, 8, 2, 4), (512, 512, 7, 8, 2, 4), (64, 64, 224, 1, 2, 4),  # ResNet-18 b8, VGG's 64ch@224
+    (48, 192, 13, 8, 2, None),  # SqueezeNet's fire6 at b8: 112M multiply-adds, 56M a thread
+])
+def test_rule_on_avx512_blocks_takes_winograd_only_for_big_convs(monkeypatch, c, o, hw, batch, threads, want):
+    """16-lane blocks (oneDNN's AVX-512 kernels): F(4x4) from WIDE_MIN_MACS multiply-adds per thread, F(2x2)
+    never."""
+    monkeypatch.undo()
+    node, plain = make(c, o, 3)
+    geo = conv_geom(plain, (batch, c, hw, hw))
+    assert W.choose(geo, 16, threads) == want
 
 
 SMALL = 256  # F(2x2) takes maps too small for F(4x4) at W.SMALL_MIN_CHANNELS channels

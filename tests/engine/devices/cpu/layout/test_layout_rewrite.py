@@ -155,6 +155,32 @@ def test_agnostic_ops_broadcast_and_concat_stay_blocked():
     check_same(g, new, (1, 32, 8, 8))
 
 
+@pytest.mark.parametrize("axes", [[2, 3], [-1, -2]])
+def test_squeeze_excite_mean_over_h_w_runs_as_a_blocked_global_pool(axes):
+    """torch.mean(x, (2, 3), keepdim=True) becomes GlobalPoolBlocked: no ToPlain before it nor ToBlocked after."""
+    g, x = graph_with_input((2, 24, 7, 5))
+    y = conv(g, x, 24, name="c1")
+    s = op(g, "HardSigmoid", [conv(g, op(g, "ReduceMean", [y], axes=axes, keepdims=True), 24, k=1, name="se")])
+    g.outputs = [conv(g, op(g, "Mul", [y, s]), 16, name="c2")]
+    new, _ = layout_blocked(g, B)
+    pools = [n for n in new.nodes if n.op_type == "GlobalPoolBlocked"]
+    assert len(pools) == 1 and pools[0].params == {"mode": "avg"} and pools[0].outputs[0].shape == (2, 2, 1, 1, 16)
+    assert "ReduceMean" not in types(new)
+    # only the input's reorder: c2 writes its output plain
+    assert [n.op_type for n in new.nodes if n.op_type.startswith("To")] == ["ToBlocked"]
+    check_same(g, new, (2, 24, 7, 5))
+
+
+@pytest.mark.parametrize("axes,keepdims", [([2, 3], False), ([1, 2, 3], True), ([3], True)])
+def test_other_reductions_stay_plain(axes, keepdims):
+    g, x = graph_with_input((1, 32, 6, 6))
+    mean = op(g, "ReduceMean", [conv(g, x, 32, name="c1")], axes=axes, keepdims=keepdims)
+    g.outputs = [mean]
+    new, _ = layout_blocked(g, B)
+    assert "GlobalPoolBlocked" not in types(new) and "ReduceMean" in types(new)
+    check_same(g, new, (1, 32, 6, 6))
+
+
 def test_concat_with_a_partial_block_first_runs_as_concat_blocked():
     g, x = graph_with_input((1, 3, 4, 4))
     cat = op(g, "Concat", [conv(g, x, 8, name="a"), conv(g, x, 16, name="b")], axis=1)

@@ -59,7 +59,7 @@ def test_concat_of_a_plane_larger_than_one_work_item(chans):
 
 
 @pytest.mark.parametrize("block", [8, 16])
-@pytest.mark.parametrize("chans", [(58, 58), (16, 24), (3, 5, 16), (24, 8)])
+@pytest.mark.parametrize("chans", [(58, 58), (16, 24), (3, 5, 16), (24, 8), (12, 13, 7)])  # runs of 1-16 lanes
 def test_concat(block, chans):
     xs = [rng.standard_normal((2, c, 5, 3)).astype(np.float32) for c in chans]
     check(regroup(block, list(chans), concat_sources(list(chans))), xs, [np.concatenate(xs, axis=1)], block)
