@@ -38,11 +38,13 @@ ACTS, FUSIONS = {None: 0, "relu": 1, "relu6": 2}, {None: 0, "add_then_act": 1, "
 MAX_FIXUP_SHARE = 0.5  # beyond this share of channels to check, the int32 way is cheaper
 # The int32 way of a pointwise conv (1x1, stride 1, no pad: every fused conv + add) runs over tiles of pixels of
 # about this many bytes of int32 sums: the epilogue reads them back from L2 instead of from memory, and the
-# workspace holds one tile, not the whole output's sums (MobileNetV2's 56x56x24 fused conv: 301 KB -> 128 KB).
+# workspace holds one tile, not the whole output's sums (MobileNetV2's 56x56x24 fused conv: 301 KB -> 256 KB).
 # A tile forks over the threads as any conv of its work would (threads.threads_for: one thread below FORK_WORK).
 # Serial tiles were measured too: faster on a saturated host (batch 1: 0.156 -> 0.105 ms), but they made a batch-8
-# MobileNetV2 1.6x slower with a core free.
-TILE_BYTES = 1 << 17
+# MobileNetV2 1.6x slower with a core free. 256 KB rather than 128 KB: half the primitive calls and forks per conv
+# (MobileNetV2's ten fused convs at batch 8: 4.0 -> 3.4 ms), still well within L2 (1-2 MB per core), and the arena
+# of a batch-1 MobileNetV2 stays within 0.3x of its float32 one's (512 KB would not: 0.302x).
+TILE_BYTES = 1 << 18
 
 
 class QConvSpec:

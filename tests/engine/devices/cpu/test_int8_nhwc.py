@@ -195,6 +195,20 @@ def test_quantize_and_dequantize_nhwc():
         _check(make_node("Int8DequantizeToNhwc", 1, attrs={"scale": s}), [q], [_i8(3, 6, 7, 5)])
 
 
+@pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.01, 0.0, 0.03), (0.015,)])
+def test_quantize_of_three_channels_nhwc(scales):
+    """An image's three channels (a loop of their own where no scale is 0): odd sizes, saturation both ways, ties
+    k + 0.5 (rounded away from zero), zeros of both signs."""
+    x = (RNG.standard_normal((2, 3, 5, 7)) * 2).astype(np.float32)
+    edges = [0.0, -0.0, 1e30, -1e30, np.inf, -np.inf, 127.4, -128.6, 0.5, -0.5, 1.5, -2.5, 126.5, -127.5]
+    for c, s in enumerate(np.broadcast_to(np.asarray(scales, np.float32), (3,))):
+        s = s if s else np.float32(1)  # a channel of scale 0 quantizes everything to 0
+        x[0, c, 0, :7] = np.float32(edges[:7]) * s
+        x[1, c, 4, :7] = np.float32(edges[7:]) * s
+    _check(make_node("Int8QuantizeNhwc", 1, attrs={"scale": np.asarray(scales, np.float32)}), [x],
+           [np.zeros((3, 3, 6, 8), np.float32)])
+
+
 def test_add_pool_concat_relu_nhwc():
     a, b = _i8(2, 5, 6, 7), _i8(2, 5, 6, 7)
     s = {k: RNG.uniform(0.01, 0.05, 7).astype(np.float32) for k in ("scale_a", "scale_b", "scale_out")}
