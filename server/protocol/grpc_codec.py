@@ -33,6 +33,10 @@ _CONTENTS_FIELD = {
     "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
 
+# Datatypes narrower than their contents field's 32 bits: numpy's cast would wrap (INT8 1000 -> -24) where Triton
+# keeps the low bytes; a value out of range is refused instead (the REST decoder refuses it too).
+_NARROWED = frozenset({"INT8", "INT16", "UINT8", "UINT16"})
+
 
 def params_from_grpc(params: Any) -> dict[str, Any]:
     out = {}
@@ -119,7 +123,17 @@ def _typed_contents(t: Any, shape: list[int]) -> np.ndarray:
                                    f"{shape} needs {count}")
     if t.datatype == "BYTES":
         return np.array(list(values), dtype=object).reshape(shape)
-    return np.asarray(values, dtype=wire_to_numpy(t.datatype)).reshape(shape)
+    dtype = wire_to_numpy(t.datatype)
+    if t.datatype not in _NARROWED:
+        return np.asarray(values, dtype=dtype).reshape(shape)
+    wide = np.asarray(values, dtype=np.int32 if field == "int_contents" else np.uint32)
+    limits = np.iinfo(dtype)
+    outside = (wide < limits.min) | (wide > limits.max)
+    if outside.any():
+        i = int(np.argmax(outside))
+        raise InvalidArgumentError(f"input '{t.name}': contents.{field}[{i}] is {int(wide[i])}, outside the range of "
+                                   f"{t.datatype} [{limits.min}, {limits.max}]")
+    return wide.astype(dtype).reshape(shape)
 
 
 def encode_response(resp: InferResponse) -> Any:

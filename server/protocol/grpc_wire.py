@@ -22,6 +22,7 @@ RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
 RAW_OUTPUT_FIELD = 6  # ModelInferResponse.raw_output_contents
 STREAM_RESPONSE_FIELD = 2  # ModelStreamInferResponse.infer_response
 _LEN = 2  # wire type of length-delimited fields
+_START_GROUP, _END_GROUP = 3, 4  # wire types of a group's tags (proto2 groups)
 
 
 @dataclass(slots=True)
@@ -52,7 +53,9 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
             raise DecodeError("varint longer than 10 bytes")
 
 
-def _skip(data: bytes, pos: int, wire_type: int) -> int:
+def _skip(data: bytes, pos: int, tag: int) -> int:
+    """The position after the value of the field whose tag was read (may lie past the end: the caller checks)."""
+    wire_type = tag & 7
     if wire_type == 0:
         return _varint(data, pos)[1]
     if wire_type == 1:
@@ -62,7 +65,32 @@ def _skip(data: bytes, pos: int, wire_type: int) -> int:
         return pos + length
     if wire_type == 5:
         return pos + 4
-    raise DecodeError(f"wire type {wire_type} is not used by this message")
+    if wire_type == _START_GROUP:
+        return _skip_group(data, pos, tag >> 3)
+    raise DecodeError(f"wire type {wire_type} is not used by this message")  # 4 without its start, 6, 7
+
+
+def _skip_group(data: bytes, pos: int, field: int) -> int:
+    """The position after the end-group tag that closes the group of `field` started before `pos`. The message has
+    no groups, but protobuf keeps a group of a field it does not know as unknown data and parses the message, as it
+    does a message below SCAN_BYTES: so the scan steps over the group (nested ones too) and leaves the rest to it."""
+    open_groups = [field]
+    while open_groups:
+        if pos >= len(data):
+            raise DecodeError("truncated group")
+        tag, pos = _varint(data, pos)
+        if tag >> 3 == 0:
+            raise DecodeError("field number 0")
+        if tag & 7 == _END_GROUP:
+            if tag >> 3 != open_groups.pop():
+                raise DecodeError("end-group tag does not match its start-group tag")
+        elif tag & 7 == _START_GROUP:
+            open_groups.append(tag >> 3)
+        else:
+            pos = _skip(data, pos, tag)
+    if pos > len(data):
+        raise DecodeError("truncated message")
+    return pos
 
 
 def split_fields(data: bytes, field: int) -> tuple[list[memoryview], list[memoryview]]:
@@ -85,7 +113,7 @@ def split_fields(data: bytes, field: int) -> tuple[list[memoryview], list[memory
             found.append(view[pos : pos + length])
             pos = run = pos + length
             continue
-        pos = _skip(data, pos, tag & 7)
+        pos = _skip(data, pos, tag)
         if pos > end:
             raise DecodeError("truncated message")
     rest.append(view[run:end])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ def decode_request(model_name: str, version: str, body: bytes, header_length: in
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
     req = InferRequest(model_name=model_name, model_version=version, id=_request_id(doc.get("id", "")),
                        parameters=_params(doc.get("parameters"), "request"))
+    _check_bool_param(req.parameters, "binary_data_output")
     pos = 0
     for item in _list(doc, "inputs"):
         tensor, pos = _decode_input(item, binary, pos, yielding)
@@ -52,7 +54,9 @@ def decode_request(model_name: str, version: str, body: bytes, header_length: in
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgumentError("each entry of 'outputs' needs a 'name'")
         check_label(item["name"], "output name")
-        req.outputs.append(RequestedOutput(item["name"], _params(item.get("parameters"), f"output '{item['name']}'")))
+        out_params = _params(item.get("parameters"), f"output '{item['name']}'")
+        _check_bool_param(out_params, "binary_data")
+        req.outputs.append(RequestedOutput(item["name"], out_params))
     return req
 
 
@@ -127,6 +131,13 @@ def _params(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _check_bool_param(params: dict[str, Any], key: str) -> None:
+    """Triton's rule and words: binary_data / binary_data_output are JSON true or false (the string "false" would
+    otherwise count as true)."""
+    if key in params and not isinstance(params[key], bool):
+        raise InvalidArgumentError(f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean")
+
+
 def _list(doc: dict[str, Any], key: str) -> list[Any]:
     value = doc.get(key)
     if not isinstance(value, list):
@@ -189,8 +200,8 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str, yielding
         if datatype == "BYTES":
             arr = _json_bytes(np.asarray(data, dtype=object).reshape(-1), name)
         else:
-            arr = _numbers(data, wire_to_numpy(datatype), yielding).reshape(-1)
-    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: 10**400 for an INT64
+            arr = _numbers(data, datatype, name, yielding).reshape(-1)
+    except (TypeError, ValueError, OverflowError) as exc:  # ValueError: nested lists of different lengths
         raise InvalidArgumentError(f"input '{name}': data is not valid {datatype}: {quoted(str(exc), 200)}") from None
     except RecursionError:
         raise InvalidArgumentError(f"input '{name}': data is nested too deeply") from None
@@ -203,10 +214,12 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], name: str, yielding
 SLICE = 1 << 16
 
 
-def _numbers(data: list[Any], dtype: np.dtype, yielding: bool) -> np.ndarray:
-    """np.asarray(data, dtype), a slice of rows at a time when yielding (see decode_request), emptying `data`."""
+def _numbers(data: list[Any], datatype: str, name: str, yielding: bool) -> np.ndarray:
+    """`data` as an array of `datatype`, checked by _checked_numbers; a slice of rows at a time when yielding (see
+    decode_request), emptying `data`."""
+    dtype = wire_to_numpy(datatype)
     if not yielding or not data:
-        return np.asarray(data, dtype=dtype)
+        return _checked_numbers(data, dtype, datatype, name, 0)
     per_row, first = 1, data[0]
     while isinstance(first, list) and first:
         per_row, first = per_row * len(first), first[0]
@@ -216,13 +229,68 @@ def _numbers(data: list[Any], dtype: np.dtype, yielding: bool) -> np.ndarray:
     parts, end = [], len(data)
     while end > 0:
         start = max(end - rows, 0)
-        parts.append(np.asarray(data[start:end], dtype=dtype))
+        parts.append(_checked_numbers(data[start:end], dtype, datatype, name, start * per_row))
         del data[start:end]
         end = start
     parts.reverse()
     if len({p.shape[1:] for p in parts}) > 1:
         raise ValueError("the nested lists of 'data' differ in length")
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+# The JSON values each kind of datatype takes, as Triton reads them (rapidjson's AsBool / AsInt / AsUInt / AsDouble):
+# true/false for BOOL; integers for the integer types (not true/false, not 1.9 or 2.0: numpy would make 1 of each);
+# numbers for the floating-point ones (not true/false, strings or null: numpy would make 1.0, parse "nan", make NaN).
+_TAKES = {"b": ({bool}, "true or false"), "i": ({int}, "an integer"), "u": ({int}, "an integer"),
+          "f": ({int, float}, "a number")}
+
+
+def _checked_numbers(rows: list[Any], dtype: np.dtype, datatype: str, name: str, offset: int) -> np.ndarray:
+    """np.asarray(rows, dtype) for values of the JSON types `datatype` takes, each within its range (integers by
+    numpy's own check; floats finite once cast: JSON has no NaN or Infinity, so one is a value too large). The types
+    are learnt in one pass over the flattened values, so the common case has no per-element Python code; the
+    offending element is looked for only when something is wrong. `offset`: the flat index of rows[0]'s first."""
+    flat = _flattened(rows)
+    accepted, wanted = _TAKES[dtype.kind]
+    if not set(map(type, flat)) <= accepted:
+        i, value = next((i, v) for i, v in enumerate(flat) if type(v) not in accepted)
+        if isinstance(value, list):
+            raise ValueError("the nested lists of 'data' differ in length")
+        raise _bad_element(name, datatype, offset + i, value, f"not {wanted}")
+    try:
+        with np.errstate(over="ignore"):  # a float too large for the dtype: found by isfinite below
+            arr = np.asarray(rows, dtype=dtype)
+    except OverflowError:  # a Python integer outside the dtype's range
+        arr = None
+    if arr is None or (dtype.kind == "f" and not np.isfinite(arr).all()):
+        i = next(i for i, v in enumerate(flat) if not _fits(v, dtype))
+        raise _bad_element(name, datatype, offset + i, flat[i], f"outside the range of {datatype}")
+    return arr
+
+
+def _flattened(rows: list[Any]) -> list[Any]:
+    """The values of nested lists, as deep as the first element's nesting (a deeper or shallower value shows up as a
+    list among the values, or a count numpy refuses)."""
+    flat = rows
+    while flat and type(flat[0]) is list:
+        if set(map(type, flat)) != {list}:
+            raise ValueError("the nested lists of 'data' differ in length")
+        flat = list(chain.from_iterable(flat))
+    return flat
+
+
+def _fits(value: int | float, dtype: np.dtype) -> bool:
+    try:
+        with np.errstate(over="ignore"):
+            cast = np.asarray([value], dtype=dtype)
+    except OverflowError:
+        return False
+    return dtype.kind != "f" or bool(np.isfinite(cast).all())
+
+
+def _bad_element(name: str, datatype: str, index: int, value: Any, why: str) -> InvalidArgumentError:
+    shown = quoted(json.dumps(value, allow_nan=True), 40)
+    return InvalidArgumentError(f"input '{name}': data is not valid {datatype}: element {index} is {shown}, {why}")
 
 
 def _json_bytes(flat: np.ndarray, name: str) -> np.ndarray:
@@ -249,7 +317,7 @@ def encode_response(resp: InferResponse, req: InferRequest) -> tuple[bytes, int 
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            entry["data"] = _json_data(out.data)
+            entry["data"] = _json_data(out.data, out.name)
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version, "outputs": outputs}
     if resp.id:
@@ -262,7 +330,17 @@ def encode_response(resp: InferResponse, req: InferRequest) -> tuple[bytes, int 
     return head + b"".join(chunks), len(head)
 
 
-def _json_data(arr: np.ndarray) -> list[Any]:
+def _json_data(arr: np.ndarray, name: str) -> list[Any]:
     if numpy_to_wire(arr.dtype) == "BYTES":
-        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1)]
+        return [_json_string(v, name) if isinstance(v, bytes) else str(v) for v in arr.reshape(-1)]
     return arr.reshape(-1).tolist()
+
+
+def _json_string(value: bytes, name: str) -> str:
+    """A BYTES element as a JSON string, which holds text only: bytes that are not UTF-8 cannot travel in JSON
+    unaltered (Triton writes them raw, making the response invalid JSON), so the client is asked for binary."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidArgumentError(f"output '{name}' holds bytes that are not UTF-8 (at byte {exc.start} of an "
+                                   "element), which JSON cannot carry; request it with \"binary_data\": true") from None

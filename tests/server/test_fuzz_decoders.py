@@ -182,3 +182,79 @@ def test_response_parts_parse_as_the_protobuf_message() -> None:
     stream = pb2.ModelStreamInferResponse.FromString(
         grpc_wire.serialize_stream_response(grpc_wire.response_parts(msg, [out.tobytes()])))
     assert stream.infer_response.raw_output_contents[0] == out.tobytes() and not stream.error_message
+
+
+@st.composite
+def group_fields(draw: st.DrawFn) -> bytes:
+    """A group (wire types 3 and 4) on any field number, known ones too, holding fields and groups; sometimes left
+    open or closed by another field's end tag."""
+    def tag(field: int, wire_type: int) -> bytes:
+        return grpc_wire._encode_varint(field << 3 | wire_type)
+
+    field = draw(st.integers(1, 20))
+    body = b""
+    for _ in range(draw(st.integers(0, 3))):
+        inner = draw(st.integers(1, 20))
+        body += draw(st.sampled_from([tag(inner, 0) + b"\x05", tag(inner, 2) + b"\x02ab", tag(inner, 5) + bytes(4),
+                                      tag(inner, 3) + tag(inner, 4)]))
+    end = draw(st.sampled_from([tag(field, 4), tag(field, 4), tag(field + 1, 4), b""]))
+    return tag(field, 3) + body + end
+
+
+@FUZZ
+@given(req=grpc_requests(), group=group_fields(), first=st.booleans())
+def test_grpc_decoders_agree_on_group_fields(req: pb2.ModelInferRequest, group: bytes, first: bool) -> None:
+    data = req.SerializeToString()
+    decode_both_ways(group + data if first else data + group)
+
+
+NUMERIC = {"BOOL": ({bool}, None), "INT8": ({int}, np.int8), "INT16": ({int}, np.int16), "INT32": ({int}, np.int32),
+           "INT64": ({int}, np.int64), "UINT8": ({int}, np.uint8), "UINT16": ({int}, np.uint16),
+           "UINT32": ({int}, np.uint32), "UINT64": ({int}, np.uint64), "FP16": ({int, float}, np.float16),
+           "FP32": ({int, float}, np.float32), "FP64": ({int, float}, np.float64)}
+
+
+def _expected_value(value: object, datatype: str) -> object | None:
+    """What `value` must decode to as `datatype` (an independent reference: Python's own numbers), or None when
+    the decoder must refuse it."""
+    kinds, dtype = NUMERIC[datatype]
+    if type(value) not in kinds:
+        return None
+    if dtype is None:
+        return value
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return value if info.min <= value <= info.max else None
+    try:
+        as_float = float(value)
+    except OverflowError:
+        return None
+    with np.errstate(over="ignore"):  # the value rounded to the dtype: infinite when past its largest
+        rounded = float(np.float64(as_float).astype(dtype))
+    return rounded if math.isfinite(rounded) else None
+
+
+@FUZZ
+@given(datatype=st.sampled_from(sorted(NUMERIC)), yielding=st.booleans(),
+       values=st.lists(st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=4),
+                                 st.floats(allow_nan=False, allow_infinity=False), st.floats(-1e6, 1e6),
+                                 st.integers(-300, 70000), st.dictionaries(st.text(max_size=2), st.none(), max_size=1),
+                                 st.sampled_from([65504.0, 65520.0, 3.4028234e38, 3.5e38, 1e308, 10**400, 2**63,
+                                                  2**64 - 1, 2**64, -(2**63) - 1, 2.0, -0.0])),
+                       min_size=1, max_size=12))
+def test_rest_json_numbers_are_exact_or_refused(datatype: str, yielding: bool, values: list) -> None:
+    """JSON `data` decodes to exactly its values when each is of a JSON type the datatype takes and fits it, and is
+    refused (naming an offending element) otherwise: never coerced, wrapped or made infinite."""
+    body = json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": [len(values)], "data": values}]})
+    expected = [_expected_value(v, datatype) for v in values]
+    try:
+        req = rest_codec.decode_request("m", "", body.encode(), None, yielding=yielding)
+    except ServerError as exc:
+        kinds = NUMERIC[datatype][0]  # the first value of a wrong JSON type, else the first out of range
+        bad = next((i for i, v in enumerate(values) if type(v) not in kinds),
+                   next((i for i, e in enumerate(expected) if e is None), None))
+        assert bad is not None, (values, exc)
+        assert f"element {bad} is" in str(exc), (values, expected, exc)
+        return
+    assert None not in expected, (values, req.inputs[0].data)
+    assert req.inputs[0].data.tolist() == expected

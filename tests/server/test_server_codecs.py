@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import struct
+import zlib
 
 import numpy as np
 import pytest
 import tritonclient.grpc.service_pb2 as triton_pb2
 import tritonclient.http as httpclient
+from google.protobuf.message import DecodeError
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from server.errors import InvalidArgumentError
+from server.errors import InvalidArgumentError, PayloadTooLargeError
 from server.inference import InferResponse, OutputTensor
-from server.protocol import grpc_codec, rest_codec
+from server.protocol import grpc_codec, grpc_wire, rest_codec
 from server.protocol.grpc import pb2
+from server.protocol.rest.compression import decompress
 from server.raw_tensors import decode_bytes_tensor, encode_bytes_tensor, tensor_from_raw
 
 STRINGS = np.array([b"alpha", b"", b"\x00\xffbin", "ünï".encode()], dtype=object)
@@ -132,3 +136,202 @@ def test_grpc_response_parses_with_tritonclient():
     theirs = triton_pb2.ModelInferResponse.FromString(wire)
     assert theirs.outputs[0].name == "o" and list(theirs.outputs[0].shape) == [2, 2]
     np.testing.assert_array_equal(tensor_from_raw(theirs.raw_output_contents[0], "FP32", [2, 2], "o"), np.eye(2))
+
+
+def json_request(datatype: str, data: bytes, shape: list[int] | None = None) -> bytes:
+    """A request whose `data` is the JSON text `data` as given (1e400 is not something json.dumps writes)."""
+    dims = json.dumps(shape if shape is not None else [len(json.loads(data))])
+    return b'{"inputs": [{"name": "x", "datatype": "%s", "shape": %s, "data": %s}]}' % (
+        datatype.encode(), dims.encode(), data)
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+@pytest.mark.parametrize("datatype, data, words", [
+    # what numpy would have coerced: all true, false, [1, -2], [1, 42, 0], NaN and Inf, NaN
+    ("BOOL", b'["false", "0", 0.5, 2, -1]', 'element 0 is "false", not true or false'),
+    ("BOOL", b"[true, 0.5]", "element 1 is 0.5, not true or false"),
+    ("BOOL", b"[true, 1]", "element 1 is 1, not true or false"),
+    ("BOOL", b"[null, {}]", "element 0 is null, not true or false"),
+    ("INT32", b"[1.9, -2.7]", "element 0 is 1.9, not an integer"),
+    ("INT32", b"[3, 2.0]", "element 1 is 2.0, not an integer"),
+    ("INT32", b'[true, "42", false]', "element 0 is true, not an integer"),
+    ("INT64", b'[1, "42"]', 'element 1 is "42", not an integer'),
+    ("UINT8", b"[1, 1e2]", "element 1 is 100.0, not an integer"),
+    ("FP16", b'[null, "nan", "inf", 1e6]', "element 0 is null, not a number"),
+    ("FP16", b"[1, 1e6]", "element 1 is 1000000.0, outside the range of FP16"),
+    ("FP32", b'[null, "1e400", 3, 4]', "element 0 is null, not a number"),
+    ("FP32", b"[1, 2, 3, 1e400]", "element 3 is Infinity, outside the range of FP32"),
+    ("FP32", b"[1, 1e39]", r"element 1 is 1e\+39, outside the range of FP32"),
+    ("FP32", b"[1, false]", "element 1 is false, not a number"),
+    ("FP64", b"[1, 1e400]", "element 1 is Infinity, outside the range of FP64"),
+    ("FP64", b"[1, " + b"9" * 400 + b"]", "element 1 is 9999.*, outside the range of FP64"),
+    ("INT8", b"[1, 1000]", "element 1 is 1000, outside the range of INT8"),
+    ("INT8", b"[-129, 1]", "element 0 is -129, outside the range of INT8"),
+    ("UINT8", b"[255, -1]", "element 1 is -1, outside the range of UINT8"),
+    ("UINT16", b"[70000, 1]", "element 0 is 70000, outside the range of UINT16"),
+    ("INT64", b"[9223372036854775808, 1]", "element 0 is 9223372036854775808, outside the range of INT64"),
+    ("UINT64", b"[18446744073709551616, 1]", "element 0 is 18446744073709551616, outside the range of UINT64"),
+])
+def test_rest_json_data_is_strict(datatype, data, words, yielding):
+    """Each JSON value must be what its datatype takes (Triton: integers for the integer types, true/false for
+    BOOL, numbers for the floating-point ones) and within the datatype's range: never coerced or wrapped."""
+    with pytest.raises(InvalidArgumentError, match=f"input 'x': data is not valid {datatype}: {words}"):
+        rest_codec.decode_request("m", "", json_request(datatype, data), None, yielding=yielding)
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+def test_rest_json_data_strict_errors_name_the_flat_index_in_nested_and_sliced_data(yielding):
+    rows = [[float(i), float(i) + 0.5] for i in range(3 * rest_codec.SLICE)]
+    rows[2 * rest_codec.SLICE + 1][1] = None
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [len(rows), 2], "data": rows}]})
+    index = 2 * (2 * rest_codec.SLICE + 1) + 1
+    with pytest.raises(InvalidArgumentError, match=f"element {index} is null, not a number"):
+        rest_codec.decode_request("m", "", body.encode(), None, yielding=yielding)
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+@pytest.mark.parametrize("datatype, data, expected", [
+    ("BOOL", b"[true, false]", np.array([True, False])),
+    ("INT8", b"[-128, 127]", np.array([-128, 127], np.int8)),
+    ("UINT8", b"[0, 255]", np.array([0, 255], np.uint8)),
+    ("UINT64", b"[18446744073709551615, 0]", np.array([2**64 - 1, 0], np.uint64)),
+    ("INT64", b"[-9223372036854775808, 7]", np.array([-(2**63), 7], np.int64)),
+    ("FP16", b"[65504, -0.5]", np.array([65504, -0.5], np.float16)),
+    ("FP32", b"[1, 2.5]", np.array([1, 2.5], np.float32)),
+    ("FP64", b"[1e308, -3]", np.array([1e308, -3], np.float64)),
+])
+def test_rest_json_data_in_range_decodes(datatype, data, expected, yielding):
+    got = rest_codec.decode_request("m", "", json_request(datatype, data), None, yielding=yielding).inputs[0].data
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("yielding", [False, True])
+@pytest.mark.parametrize("data, words", [(b"[[1, 2], 3]", "differ in length"), (b"[[1, 2], [3]]", "not valid FP32"),
+                                         (b"[[1, 2], [3, [4]]]", "differ in length|not valid FP32")])
+def test_rest_json_ragged_data(data, words, yielding):
+    with pytest.raises(InvalidArgumentError, match=words):
+        rest_codec.decode_request("m", "", json_request("FP32", data, [4]), None, yielding=yielding)
+
+
+@pytest.mark.parametrize("where, words", [
+    ({"parameters": {"binary_data_output": "false"}}, "Unable to parse 'binary_data_output'"),
+    ({"parameters": {"binary_data_output": 1}}, "Unable to parse 'binary_data_output'"),
+    ({"outputs": [{"name": "a", "parameters": {"binary_data": "false"}}]}, "Unable to parse 'binary_data'"),
+    ({"outputs": [{"name": "a", "parameters": {"binary_data": None}}]}, "Unable to parse 'binary_data'"),
+])
+def test_rest_binary_data_parameters_must_be_booleans(where, words):
+    """Triton's words: the string "false" is not false (and must not count as true)."""
+    with pytest.raises(InvalidArgumentError, match=f"{words}: attempt to access JSON non-boolean as boolean"):
+        rest_codec.decode_request("m", "", json.dumps({"inputs": [], **where}).encode(), None)
+
+
+def test_rest_json_output_of_bytes_that_are_not_utf8_asks_for_binary():
+    out = [OutputTensor("s", "BYTES", [2], np.array([b"ok", b"\xff\xfe\x00"], dtype=object))]
+    req = rest_codec.decode_request("m", "", b'{"inputs": []}', None)
+    with pytest.raises(InvalidArgumentError, match="output 's' holds bytes that are not UTF-8 .*\"binary_data\": true"):
+        rest_codec.encode_response(InferResponse("m", "1", "", out), req)
+    req = rest_codec.decode_request("m", "", json.dumps({"inputs": [], "outputs": [
+        {"name": "s", "parameters": {"binary_data": True}}]}).encode(), None)
+    body, json_len = rest_codec.encode_response(InferResponse("m", "1", "", out), req)
+    assert list(httpclient.InferResult.from_response_body(body, header_length=json_len).as_numpy("s")) == \
+        [b"ok", b"\xff\xfe\x00"]
+    text = [OutputTensor("s", "BYTES", [2], np.array(["é".encode(), b"\x00"], dtype=object))]
+    body, _ = rest_codec.encode_response(InferResponse("m", "1", "", text),
+                                         rest_codec.decode_request("m", "", b'{"inputs": []}', None))
+    assert json.loads(body)["outputs"][0]["data"] == ["é", "\x00"]
+
+
+@pytest.mark.parametrize("datatype, field, values, words", [
+    ("INT8", "int_contents", [1, 1000], r"contents.int_contents\[1\] is 1000, outside the range of INT8 \[-128, 127\]"),
+    ("INT8", "int_contents", [-129], r"contents.int_contents\[0\] is -129, outside the range of INT8"),
+    ("INT16", "int_contents", [40000], r"contents.int_contents\[0\] is 40000, outside the range of INT16"),
+    ("UINT8", "uint_contents", [256], r"contents.uint_contents\[0\] is 256, outside the range of UINT8"),
+    ("UINT16", "uint_contents", [70000, 1], r"contents.uint_contents\[0\] is 70000, outside the range of UINT16"),
+])
+def test_grpc_typed_contents_out_of_range_are_refused(datatype, field, values, words):
+    """numpy's cast would wrap them (INT8 1000 -> -24, UINT16 70000 -> 4464)."""
+    msg = pb2.ModelInferRequest(model_name="m")
+    getattr(msg.inputs.add(name="x", datatype=datatype, shape=[len(values)]).contents, field).extend(values)
+    with pytest.raises(InvalidArgumentError, match=f"input 'x': {words}"):
+        grpc_codec.decode_request(msg)
+
+
+@pytest.mark.parametrize("datatype, field, values", [
+    ("INT8", "int_contents", [-128, 127]), ("INT16", "int_contents", [-32768, 32767]),
+    ("UINT8", "uint_contents", [0, 255]), ("UINT16", "uint_contents", [0, 65535]),
+    ("INT32", "int_contents", [-(2**31), 2**31 - 1]), ("UINT32", "uint_contents", [0, 2**32 - 1]),
+])
+def test_grpc_typed_contents_at_the_range_ends(datatype, field, values):
+    msg = pb2.ModelInferRequest(model_name="m")
+    getattr(msg.inputs.add(name="x", datatype=datatype, shape=[2]).contents, field).extend(values)
+    data = grpc_codec.decode_request(msg).inputs[0].data
+    assert data.dtype == np.dtype(datatype.lower()) and data.tolist() == values
+
+
+def test_gzip_request_bodies_of_several_members_are_read_whole():
+    """RFC 1952: a gzip file is one or more members; all are inflated, the limit counting their total."""
+    body = gzip.compress(b'{"inputs": ') + gzip.compress(b"[]}")
+    assert decompress(body, "gzip") == b'{"inputs": []}'
+    assert decompress(gzip.compress(b"a" * 50) * 2, "gzip", 100) == b"a" * 100
+    with pytest.raises(PayloadTooLargeError, match="exceeds the 100-byte limit"):
+        decompress(gzip.compress(b"a" * 60) * 2, "gzip", 100)
+
+
+@pytest.mark.parametrize("body, encoding, words", [
+    (gzip.compress(b"{}") + b"junk", "gzip", "4 bytes after member 1 are not a gzip member"),
+    (gzip.compress(b"{}") + b"\0\0", "gzip", "2 bytes after member 1 are not a gzip member"),
+    (gzip.compress(b"{}" * 100)[:-3], "gzip", "the stream is truncated"),
+    (b"", "gzip", "the stream is truncated"),
+    (zlib.compress(b"{}" * 100)[:-5], "deflate", "the stream is truncated"),
+    (zlib.compress(b"{}") + b"zz", "deflate", "2 bytes follow the end of the stream"),
+    (zlib.compress(b"{}") * 2, "deflate", "bytes follow the end of the stream"),
+    (b"not gzip", "gzip", "incorrect header check"),
+])
+def test_damaged_compressed_bodies_are_refused(body, encoding, words):
+    with pytest.raises(InvalidArgumentError, match=f"request body is not valid {encoding} data: .*{words}"):
+        decompress(body, encoding)
+
+
+def _varint(value: int) -> bytes:
+    return grpc_wire._encode_varint(value)
+
+
+GROUPS = {  # protobuf keeps a group of a field it does not know (or with another wire type) as unknown data
+    "unknown field": _varint(99 << 3 | 3) + _varint(1 << 3) + _varint(5) + _varint(99 << 3 | 4),
+    "nested": (_varint(99 << 3 | 3) + _varint(98 << 3 | 3) + _varint(2 << 3 | 2) + _varint(3) + b"abc"
+               + _varint(98 << 3 | 4) + _varint(99 << 3 | 4)),
+    "raw_input_contents inside": _varint(99 << 3 | 3) + _varint(7 << 3 | 2) + _varint(1) + b"z" + _varint(99 << 3 | 4),
+    "on field 7": _varint(7 << 3 | 3) + _varint(7 << 3 | 4),
+}
+BROKEN_GROUPS = {"unclosed": _varint(99 << 3 | 3) + _varint(1 << 3) + _varint(5),
+                 "end without start": _varint(99 << 3 | 4),
+                 "mismatched end": _varint(99 << 3 | 3) + _varint(98 << 3 | 4),
+                 "too deep for protobuf": _varint(99 << 3 | 3) * 200 + _varint(99 << 3 | 4) * 200}
+
+
+def _identity_request(size: int) -> bytes:
+    msg = pb2.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="x", datatype="UINT8", shape=[size])
+    msg.raw_input_contents.append(bytes(range(256)) * (size // 256) + bytes(size % 256))
+    return msg.SerializeToString()
+
+
+@pytest.mark.parametrize("group", GROUPS.values(), ids=GROUPS.keys())
+@pytest.mark.parametrize("size", [16, 2 * grpc_wire.SCAN_BYTES])
+def test_grpc_group_fields_parse_alike_at_every_size(group, size):
+    """Below SCAN_BYTES protobuf parses the message; above, grpc_wire scans it first: same outcome either way."""
+    data = _identity_request(size)
+    for wire in (data + group, group + data):
+        parsed = grpc_wire.parse_infer_request(wire)
+        assert isinstance(parsed, grpc_wire.InferMessage) == (len(wire) >= grpc_wire.SCAN_BYTES)
+        req = grpc_codec.decode_request(parsed)
+        assert req.model_name == "m" and req.inputs[0].data.tobytes() == pb2.ModelInferRequest.FromString(
+            data).raw_input_contents[0]
+
+
+@pytest.mark.parametrize("group", BROKEN_GROUPS.values(), ids=BROKEN_GROUPS.keys())
+@pytest.mark.parametrize("size", [16, 2 * grpc_wire.SCAN_BYTES])
+def test_grpc_broken_group_fields_are_refused_at_every_size(group, size):
+    with pytest.raises(DecodeError):
+        grpc_wire.parse_infer_request(_identity_request(size) + group)
