@@ -10,8 +10,10 @@ import contextlib
 import functools
 import gc
 import logging
+import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +36,7 @@ from server.protocol.grpc.interceptors import RestrictedProtocolInterceptor
 from server.protocol.rest import create_app
 from server.protocol.rest.body_limit import BodyLimitMiddleware
 from server.protocol.rest.transport import HttpLimits, protocol_class
+from server.python_backend import worker as python_workers
 from server.repository import ModelRepository
 from server.response_cache import ResponseCache
 from server.security import parse_restrictions
@@ -42,6 +45,9 @@ from server.shared_memory import SystemSharedMemory
 from server.tracing import Tracer, parse_trace_config
 
 log = logging.getLogger("nnserve")
+# What the orderly stop may take beyond the drain delay and the exit timeout (its own tear-down) before the process
+# is ended regardless.
+EXIT_GRACE_SECS = 5.0
 
 
 class _Uvicorn(uvicorn.Server):
@@ -161,7 +167,7 @@ class NNServer:
         """Serve until SIGTERM/SIGINT; returns the process exit code."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._stop_requested)
         load_plugins(self.settings.plugins)
         try:
             await self.start_endpoints()
@@ -170,7 +176,16 @@ class NNServer:
             await self._close_endpoints()
             return 1
         t0 = time.perf_counter()
-        failed = await self.repository.startup(self.settings.load_models)
+        startup = asyncio.create_task(self.repository.startup(self.settings.load_models))
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({startup, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not startup.done():  # stopped while models load: the loads under way are cancelled by the shutdown
+            log.info("stopping while loading models (%s)", ", ".join(self.repository.loading()) or "none left")
+            startup.cancel()
+            await self.shutdown()
+            return 0
+        stop.cancel()
+        failed = startup.result()
         # Everything alive now (modules, models) lives as long as the server: out of the collector's sight, a full
         # collection no longer walks it, which took tens of ms at a time from whichever request was running.
         gc.collect()
@@ -190,6 +205,24 @@ class NNServer:
             poller.cancel()
         await self.shutdown()
         return 0
+
+    def _stop_requested(self) -> None:
+        """SIGTERM/SIGINT: the orderly stop starts; and, once, a watchdog that ends the process should it not be
+        over in the drain delay plus the exit timeout (a model's initialize or warm-up stuck in a worker thread
+        would keep it alive: threads cannot be stopped, and the interpreter waits for them)."""
+        if not self._stop.is_set():
+            s = self.settings
+            limit = max(s.drain_delay_secs, 0.0) + max(s.exit_timeout_secs, 0.0) + EXIT_GRACE_SECS
+            threading.Thread(target=self._exit_after, args=(limit,), name="nnserve-exit-watchdog", daemon=True).start()
+        self._stop.set()
+
+    def _exit_after(self, seconds: float) -> None:
+        time.sleep(seconds)
+        log.error("exit timeout reached with model loads still running (%s): exiting without waiting for them",
+                  ", ".join(self.repository.loading()) or "none")
+        python_workers.kill_all("was killed: the server exited")
+        logging.shutdown()
+        os._exit(0)  # the code an orderly stop on SIGTERM exits with
 
     async def shutdown(self) -> None:
         """SIGTERM: not ready at once; serve on for the drain delay; close the listeners; in-flight requests get

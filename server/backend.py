@@ -23,8 +23,13 @@ import numpy as np
 
 from engine import RunTimings
 
-__all__ = ["BackendInstance", "BackendModel", "Cancellation", "ClosableInstance", "OpProfile", "ProfilingInstance",
-           "RequestContext", "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags", "TensorSpec"]
+__all__ = ["FRONT_END_PARAMETERS", "BackendInstance", "BackendModel", "Cancellation", "ClosableInstance", "OpProfile",
+           "ProfilingInstance", "RequestContext", "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags",
+           "TensorSpec"]
+
+# Request parameters the protocol front ends consume; a model never sees them (as in Triton).
+FRONT_END_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout", "triton_enable_empty_final_response",
+                                  "sequence_id", "sequence_start", "sequence_end"})
 
 
 class TensorSpec(Protocol):
@@ -148,6 +153,11 @@ class RequestContext:
     sequence: SequenceFlags | None = None  # the request's sequence, when it names one
     # set when the client goes away while the request waits or runs (a decoupled one's: through its sink)
     cancellation: Cancellation = field(default_factory=Cancellation)
+
+    def model_parameters(self) -> dict[str, bool | int | str]:
+        """The parameters the model sees: the request's, less the front end's, of the types a model can read."""
+        return {k: v for k, v in self.parameters.items()
+                if k not in FRONT_END_PARAMETERS and isinstance(v, bool | int | str)}
 
 
 @runtime_checkable

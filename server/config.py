@@ -30,6 +30,11 @@ CONFIG_MAX_BYTES = 4 * 2**20
 KIND_AUTO, KIND_GPU, KIND_CPU = (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_GPU,
                                  mc.ModelInstanceGroup.KIND_CPU)
 BATCH_WAITS = ("full", "adaptive")
+# Bounds no real deployment reaches, so that a config cannot make a load take forever or exhaust the machine: each
+# instance is a planned arena (a Python model's, a process) with its own metric series; a warm-up is a few runs of
+# one batch the model serves anyway.
+MAX_INSTANCES = 128
+MAX_WARMUP_COUNT = 1000
 IMAGE_FORMATS = (mc.ModelInput.FORMAT_NHWC, mc.ModelInput.FORMAT_NCHW)
 
 # Which files make a model version, per backend (the engine's model formats, searched in this order).
@@ -267,6 +272,37 @@ def validate(config: mc.ModelConfig, name: str, model: BackendModel) -> None:
                                  f"1..max_batch_size ({config.max_batch_size})")
     batch_wait(config, name)
     max_shapes(config, name)  # raises on a missing or malformed max_shape parameter
+    _check_bounds(config, name)
+    _check_response_cache(config, name)
+
+
+def _check_bounds(config: mc.ModelConfig, name: str) -> None:
+    """The instance count and the warm-up's size (see MAX_INSTANCES), before anything is built from them."""
+    total = sum(max(g.count, 1) * (max(len(g.gpus), 1) if g.kind == KIND_GPU else 1) for g in config.instance_group)
+    if total > MAX_INSTANCES:
+        raise ModelLoadError(f"model '{name}': instance_group asks for {total} instances; at most {MAX_INSTANCES} "
+                             "per model are allowed")
+    largest = max(config.max_batch_size, 1)
+    for warmup in config.model_warmup:
+        if warmup.count > MAX_WARMUP_COUNT:
+            raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' count {warmup.count} is above "
+                                 f"{MAX_WARMUP_COUNT}, the most runs a warm-up may take")
+        if warmup.batch_size > largest:
+            raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}' batch_size {warmup.batch_size} is "
+                                 f"above the model's max_batch_size ({config.max_batch_size})")
+
+
+def _check_response_cache(config: mc.ModelConfig, name: str) -> None:
+    """Triton refuses a cached model whose requests are not independent (a sequence's depend on its state) or
+    whose answers are streams (decoupled), in these words."""
+    if not config.response_cache.enable:
+        return
+    if config.HasField("sequence_batching"):
+        raise ModelLoadError(f"Response Cache does not currently support model {name} with sequence batching "
+                             "scheduler. Please disable the response cache.")
+    if config.model_transaction_policy.decoupled:
+        raise ModelLoadError(f"Response Cache does not currently support model {name} with 'decoupled' "
+                             "transaction policy. Please disable the response cache.")
 
 
 def batch_wait(config: mc.ModelConfig, name: str) -> str:

@@ -38,7 +38,7 @@ from server.model_upload import poll_failure, remove_directory, write_model_dire
 from server.model_version import ModelVersion
 from server.repository import ModelRepository
 from server.request_limits import check_json, check_model_name, check_version, quoted
-from server.response_cache import ResponseCache, request_key
+from server.response_cache import ResponseCache, hashing_cost, request_key
 from server.scheduling import Execution, InferResult
 from server.security import check_model_name as path_problem
 from server.shared_memory import Lease, SystemSharedMemory, cuda_unsupported
@@ -306,16 +306,17 @@ class DataPlane:
             out_leases = rx.lease_outputs(self.shared_memory, options, leases)
             feed, batch = validate_inputs(mv, req)
             wanted = requested_outputs(mv, req)
+            context = request_context(mv, req)
             if self._caches(mv):
                 t_lookup = time.perf_counter_ns()
-                key = request_key(mv.name, mv.version, feed)
+                key = await cache_key_off_loop(mv, feed, context)
                 cached = self.cache.get(key) if self.cache is not None else None
                 lookup_ns = time.perf_counter_ns() - t_lookup
             if cached is None:
                 queued = time.perf_counter_ns()
                 scheduled(req)
                 result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
-                                                   context=request_context(mv, req))
+                                                   context=context)
                 if trace is not None:
                     _stamp_execution(trace, queued, result)
         except asyncio.CancelledError:  # the client went away (gRPC deadline, HTTP disconnect): dropped
@@ -333,10 +334,13 @@ class DataPlane:
         try:
             if cached is None and key and self.cache is not None:
                 t_insert = time.perf_counter_ns()
-                self.cache.put(key, result.outputs)
+                if hashing_cost(result.outputs) >= rx.THREAD_BYTES:  # copying and weighing them too
+                    await asyncio.to_thread(self.cache.put, key, result.outputs)
+                else:
+                    self.cache.put(key, result.outputs)
                 lookup_ns += time.perf_counter_ns() - t_insert
             outputs = api_outputs(mv, result.outputs if cached is None else cached, wanted)
-            outputs = rx.classify(outputs, options, mv.batching, mv.labels)
+            outputs = await rx.classify(outputs, options, mv.batching, mv.labels)
             await rx.write_outputs(outputs, out_leases)
         except ServerError as err:
             self._record_failure(mv, err.reason, time.perf_counter_ns() - t0)
@@ -498,6 +502,23 @@ def request_context(mv: ModelVersion, req: InferRequest) -> RequestContext | Non
     if not mv.takes_requests and not mv.sequence:
         return None
     return RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), sequence=req.sequence)
+
+
+def cache_key(mv: ModelVersion, feed: Mapping[str, np.ndarray], context: RequestContext | None) -> bytes:
+    """The response cache's key: the inputs, and what else of the request the model sees (a Python model's answer
+    may depend on the outputs asked for and on the request's parameters). Classification and binary_data only
+    change how the cached outputs are answered, so they are not part of it."""
+    if context is None or not mv.takes_requests:
+        return request_key(mv.name, mv.version, feed)
+    return request_key(mv.name, mv.version, feed, context.requested_outputs, context.model_parameters())
+
+
+async def cache_key_off_loop(mv: ModelVersion, feed: Mapping[str, np.ndarray], context: RequestContext | None
+                             ) -> bytes:
+    """cache_key, in a worker thread where the inputs are large (a million BYTES elements take a second to hash)."""
+    if hashing_cost(feed) >= rx.THREAD_BYTES:
+        return await asyncio.to_thread(cache_key, mv, feed, context)
+    return cache_key(mv, feed, context)
 
 
 def _stamp_execution(trace: Trace, queued: int, result: InferResult) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,9 +124,11 @@ def close_instances(instances: list[BackendInstance]) -> None:
                 log.exception("closing an instance failed")
 
 
-def warm_up(instances: list[BackendInstance], config: mc.ModelConfig, name: str, version_dir: Path) -> None:
+def warm_up(instances: list[BackendInstance], config: mc.ModelConfig, name: str, version_dir: Path,
+            cancel: threading.Event | None = None) -> None:
     """Run every model_warmup sample on every instance; the model is not READY until this succeeds. Whatever goes
-    wrong (a missing file, a shape the model refuses, a kernel that raises) is this model's load error."""
+    wrong (a missing file, a shape the model refuses, a kernel that raises) is this model's load error; `cancel`
+    (set by an unload or the shutdown) stops it between runs, as a load error too."""
     rng = np.random.default_rng(0)
     for warmup in config.model_warmup:
         try:
@@ -136,6 +139,9 @@ def warm_up(instances: list[BackendInstance], config: mc.ModelConfig, name: str,
             raise ModelLoadError(f"model '{name}': model_warmup '{warmup.name}': {type(exc).__name__}: {exc}") from None
         for instance in instances:
             for _ in range(max(int(warmup.count), 1)):
+                if cancel is not None and cancel.is_set():
+                    raise ModelLoadError(f"model '{name}': load cancelled during model_warmup '{warmup.name}' (the "
+                                         "model is being unloaded or the server is stopping)")
                 try:
                     instance.run_timed(feed)
                 except Exception as exc:
@@ -234,8 +240,9 @@ def scheduler_config(config: mc.ModelConfig) -> SchedulerConfig:
 
 
 def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version: str, version_dir: Path,
-                 metrics: ServerMetrics | None) -> ModelVersion:
-    """Blocking: instances + warmup. The scheduler is created here and started by the repository."""
+                 metrics: ServerMetrics | None, cancel: threading.Event | None = None) -> ModelVersion:
+    """Blocking: instances + warmup (which `cancel` stops). The scheduler is created here and started by the
+    repository."""
     t0 = time.perf_counter()
     seq_config, extra_shapes = None, None
     if config.HasField("sequence_batching"):
@@ -245,7 +252,7 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
             extra_shapes = engine_input_shapes(seq_config, config, name)
     instances, shapes = build_instances(model, config, name, extra_shapes)
     try:
-        warm_up(instances, config, name, version_dir)
+        warm_up(instances, config, name, version_dir, cancel)
     except Exception:
         close_instances(instances)
         raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -104,6 +105,10 @@ class ModelRepository:
         self._models: dict[str, ModelEntry] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._loads: set[asyncio.Task[None]] = set()  # loads under way; a caller going away does not stop one
+        # per model whose load is under way: set by an unload or the shutdown, so that its warm-up stops between runs
+        self._cancels: dict[str, threading.Event] = {}
+        self._stopping = False
+        self._building: set[str] = set()  # models whose load thread runs (one per name: loads hold its lock)
         self.calls = ModelCalls()  # how models call models (BLS, ensemble steps): the data plane binds itself
 
     # ---- lookups ---------------------------------------------------------------------------------------------
@@ -186,9 +191,12 @@ class ModelRepository:
             if serving is None:  # visible as LOADING in the index; a reload keeps serving the old
                 self._models[name] = ModelEntry(name, state=LOADING)
             log.info("loading model '%s'", name)
+            cancel = self._cancels.setdefault(name, threading.Event())
+            if self._stopping:  # a load the shutdown did not see start: stopped at its warm-up
+                cancel.set()
             try:
                 await self._load_dependencies(name, config_json)
-                entry = await asyncio.to_thread(self._build, name, model_dir, config_json)
+                entry = await asyncio.to_thread(self._build_tracked, name, model_dir, config_json)
             except Exception as exc:  # any failure is this model's alone
                 message = _load_failure(name, exc)
                 if serving is not None:
@@ -199,6 +207,9 @@ class ModelRepository:
                     self._models[name] = ModelEntry(name, state=UNAVAILABLE, reason=message)
                     log.error("model '%s' UNAVAILABLE: %s", name, message)
                 raise ModelLoadError(_api_failure(name, message)) from None
+            finally:
+                if self._cancels.get(name) is cancel:
+                    del self._cancels[name]
             for mv in entry.versions.values():
                 await mv.scheduler.start()
             self._models[name] = entry  # the swap: new requests go to the new versions from here on
@@ -206,6 +217,14 @@ class ModelRepository:
                 await self._retire(old, keep=set())
             for mv in entry.versions.values():
                 self._log_loaded(mv)
+
+    def _build_tracked(self, name: str, model_dir: Path, config_json: str | None) -> ModelEntry:
+        """_build, known to loading() while its thread runs (which may outlast the task that awaits it)."""
+        self._building.add(name)
+        try:
+            return self._build(name, model_dir, config_json)
+        finally:
+            self._building.discard(name)
 
     def _build(self, name: str, model_dir: Path, config_json: str | None) -> ModelEntry:
         if not model_dir.is_dir():
@@ -328,7 +347,7 @@ class ModelRepository:
         else:
             model = bind_names(entry.config, name, model)  # a PNNX model's in0/out0 under the config's names
         cfg.validate(entry.config, name, model)
-        mv = load_version(model, entry.config, name, v, version_dir, self.metrics)
+        mv = load_version(model, entry.config, name, v, version_dir, self.metrics, self._cancels.get(name))
         mv.load_seconds += read_seconds
         entry.versions[v] = mv
         if self.metrics is not None:
@@ -357,6 +376,8 @@ class ModelRepository:
         return model, backend, time.perf_counter() - t0
 
     async def unload(self, name: str) -> None:
+        if name in self._cancels:  # a load under way (in its warm-up) stops instead of being waited for
+            self._cancels[name].set()
         async with self._lock(name):
             entry = self._models.get(name)
             if entry is None:  # Triton 2.51: unloading a model that is not loaded (or not known) succeeds
@@ -387,6 +408,10 @@ class ModelRepository:
                  mv.load_seconds)
 
     # ---- control modes ---------------------------------------------------------------------------------------
+    def loading(self) -> list[str]:
+        """The models whose load thread is running."""
+        return sorted(self._building.copy())  # copied at once: load threads change it
+
     async def startup(self, load_models: list[str]) -> list[str]:
         """Initial loads per control mode; returns the names that failed."""
         if self.control_mode == "explicit":
@@ -458,7 +483,10 @@ class ModelRepository:
     async def shutdown(self, drain: bool = True) -> None:
         """Stop every model; without drain, queued requests fail at once (the exit timeout is over). With drain, loads
         under way finish first, so none starts a model after this; without, they are not waited for (one may be stuck
-        in a warm-up, and the process is about to exit)."""
+        in a warm-up, and the process is about to exit). Warm-ups under way stop at their next run."""
+        self._stopping = True
+        for cancel in self._cancels.values():
+            cancel.set()
         if drain:
             await asyncio.gather(*self._loads, return_exceptions=True)
         for name in list(self._models):

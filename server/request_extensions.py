@@ -18,6 +18,9 @@ from server.shared_memory import Lease, SystemSharedMemory
 
 # Reads and writes of at least this many bytes run in a worker thread: the event loop keeps serving meanwhile.
 THREAD_BYTES = 1 << 20
+# Scores from which classification runs in a worker thread (sorting them and formatting k strings take ~1 s per
+# million on the loop; a few thousand, well under a millisecond).
+CLASSIFY_THREAD_ELEMENTS = 4096
 
 
 @dataclass
@@ -81,14 +84,19 @@ async def read_inputs(req: InferRequest, leases: dict[str, Lease], limit: int | 
         inp.data = tensor_from_raw(raw, inp.datatype, inp.shape, inp.name)
 
 
-def classify(outputs: list[OutputTensor], options: dict[str, OutputOptions], batching: bool,
-             labels: dict[str, list[str]]) -> list[OutputTensor]:
-    """Outputs requested with `classification: k` replaced by their top k classes (BYTES)."""
+async def classify(outputs: list[OutputTensor], options: dict[str, OutputOptions], batching: bool,
+                   labels: dict[str, list[str]]) -> list[OutputTensor]:
+    """Outputs requested with `classification: k` replaced by their top k classes (BYTES). A large tensor is
+    ranked and formatted in a worker thread: a million scores take seconds the event loop must not stall for."""
     result = []
     for out in outputs:
         opt = options.get(out.name)
         if opt is not None and opt.classes:
-            classes = top_classes(out.data, out.datatype, opt.classes, batching, labels.get(out.name, []))
+            args = (out.data, out.datatype, opt.classes, batching, labels.get(out.name, []))
+            if out.data.size >= CLASSIFY_THREAD_ELEMENTS:
+                classes = await asyncio.to_thread(top_classes, *args)
+            else:
+                classes = top_classes(*args)
             out = OutputTensor(out.name, "BYTES", list(classes.shape), classes)
         result.append(out)
     return result

@@ -1,6 +1,7 @@
 """Triton's response cache: a server-wide, size-limited cache of model outputs, keyed by a hash of the request (model
-name, version, and every input's name, datatype, shape and bytes), used by the models whose config says
-`response_cache { enable: true }`. A hit answers without running the model.
+name, version, and every input's name, datatype, shape and bytes; for a model that sees them, as a Python model does,
+also the requested outputs' names and the request's parameters but those the front end consumes), used by the
+models whose config says `response_cache { enable: true }`. A hit answers without running the model.
 
 Triton's key is a 64-bit hash of the names and bytes; here it is a 256-bit BLAKE2b digest that also covers datatypes
 and shapes, so two requests that differ only in shape never share an entry. Entries are the model's outputs (all of
@@ -12,18 +13,34 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+# The bytes a BYTES element weighs for hashing_cost.
+OBJECT_COST = 64
 
-def request_key(model: str, version: str, inputs: Mapping[str, np.ndarray]) -> bytes:
-    """The cache key of a request's inputs (in the model's shapes), in name order."""
+
+def request_key(model: str, version: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str] = (),
+                parameters: Mapping[str, bool | int | str] | None = None) -> bytes:
+    """The cache key of a request's inputs (in the model's shapes), in name order; with what else the model sees of
+    the request, where it sees more (a Python model: the requested outputs and the parameters), as its answer may
+    depend on them."""
     h = hashlib.blake2b(digest_size=32)
     for part in (model, version):
         _add(h, part.encode())
+    wanted = sorted(outputs)
+    _add(h, struct.pack("<q", len(wanted)))
+    for name in wanted:
+        _add(h, name.encode())
+    params = parameters or {}
+    _add(h, struct.pack("<q", len(params)))
+    for name in sorted(params):
+        _add(h, name.encode())
+        _add(h, repr((type(params[name]).__name__, params[name])).encode())  # True and 1 differ
     for name in sorted(inputs):
         arr = inputs[name]
         _add(h, name.encode())
@@ -43,13 +60,20 @@ def _add(h: hashlib.blake2b, data: bytes) -> None:
 
 
 def outputs_bytes(outputs: Mapping[str, np.ndarray]) -> int:
+    """What an entry costs in memory: a BYTES element is a Python object of its own (sys.getsizeof: ~33 bytes of
+    header beside its data) plus the array's pointer to it, so that --cache-config size bounds the memory held."""
     total = 0
     for arr in outputs.values():
+        total += arr.nbytes  # for BYTES, the pointers
         if arr.dtype == np.object_:
-            total += sum(len(v) if isinstance(v, bytes) else len(str(v)) for v in arr.reshape(-1)) + 8 * arr.size
-        else:
-            total += arr.nbytes
+            total += sum(sys.getsizeof(v) for v in arr.reshape(-1))
     return total
+
+
+def hashing_cost(arrays: Mapping[str, np.ndarray]) -> int:
+    """About how many bytes hashing (or copying) `arrays` walks: a BYTES element counts as an object's worth
+    (OBJECT_COST), as visiting it in Python costs that much more than its bytes."""
+    return sum(arr.size * OBJECT_COST if arr.dtype == np.object_ else arr.nbytes for arr in arrays.values())
 
 
 class ResponseCache:

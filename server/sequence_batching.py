@@ -4,6 +4,7 @@ refuses in that block is refused here at load, naming the field."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,7 @@ def _state(state: mc.ModelSequenceBatching.State, config: mc.ModelConfig, name: 
         raise ModelLoadError(f"{where}: TYPE_STRING states are not supported")
     if not state.initial_state:  # no initial value given: zeros (a variable dim starts empty)
         return StateSpec(state.input_name, state.output_name,
-                         np.zeros(batch + [max(int(d), 0) for d in state.dims], dtype))
+                         _zeros(batch + [max(int(d), 0) for d in state.dims], dtype, where))
     initial = state.initial_state[0]
     if initial.data_type != state.data_type:
         raise ModelLoadError(f"{where}: the data type used for 'initial_state' field of state '{state.input_name}' "
@@ -128,7 +129,21 @@ def _state(state: mc.ModelSequenceBatching.State, config: mc.ModelConfig, name: 
                                                                           model_dir, where))
     if initial.WhichOneof("state_data") != "zero_data":
         raise ModelLoadError(f"{where}: initial_state needs zero_data or data_file")
-    return StateSpec(state.input_name, state.output_name, np.zeros(shape, dtype))
+    return StateSpec(state.input_name, state.output_name, _zeros(shape, dtype, where))
+
+
+def _state_bytes(shape: list[int], dtype: np.dtype, where: str) -> int:
+    """A state's size, checked before anything that size is made: a config's dims may ask for exabytes."""
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if nbytes > MAX_INITIAL_STATE_BYTES:
+        raise ModelLoadError(f"{where}: a state of shape {shape} {dtype.name} takes {nbytes} bytes, above the "
+                             f"{MAX_INITIAL_STATE_BYTES} a state may hold")
+    return nbytes
+
+
+def _zeros(shape: list[int], dtype: np.dtype, where: str) -> np.ndarray:
+    _state_bytes(shape, dtype, where)
+    return np.zeros(shape, dtype)
 
 
 def _state_file(file_name: str, shape: list[int], dtype: np.dtype, model_dir: Path, where: str) -> np.ndarray:
@@ -136,7 +151,7 @@ def _state_file(file_name: str, shape: list[int], dtype: np.dtype, model_dir: Pa
     path = folder / file_name
     if not inside(folder, path):
         raise ModelLoadError(f"{where}: initial_state data_file '{file_name}' is outside {INITIAL_STATE_DIR}/")
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    nbytes = _state_bytes(shape, dtype, where)
     raw = read_regular(path, MAX_INITIAL_STATE_BYTES, f"{where}: {INITIAL_STATE_DIR}/{file_name}")
     if len(raw) < nbytes:
         raise ModelLoadError(f"{where}: initial_state setting expects {nbytes} bytes, but the data provided from "

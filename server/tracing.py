@@ -4,7 +4,9 @@
 The file, its format and the settings follow Triton's tracer (server src/tracer.cc) in "triton" mode:
 - `trace_level` OFF or TIMESTAMPS (TENSORS is accepted by Triton's API but nnserve records no tensors: refused);
   `trace_rate` N: one request in N is traced; `trace_count` how many more traces to take (-1: no limit);
-  `log_frequency` N: every N traces go to `<trace_file>.<index>`; 0: all go to `<trace_file>` at shutdown.
+  `log_frequency` N: every N traces go to `<trace_file>.<index>`; 0: all go to `<trace_file>` at shutdown, but
+  that buffer is bounded (MAX_BUFFERED_TRACES, MAX_BUFFERED_BYTES): past the bound, what is buffered goes to an
+  indexed file as with log_frequency, so an unlimited trace_count does not hold every trace in memory until then.
 - A trace is a list of JSON objects: `{"id": N, "model_name": ..., "model_version": V[, "request_id": ...]}` and
   one `{"id": N, "timestamps": [{"name": ACTIVITY, "ns": T}]}` per activity, T on the monotonic clock:
   REQUEST_START, QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END, REQUEST_END.
@@ -123,6 +125,10 @@ def _number(key: str, value: Any) -> int:
     return number
 
 
+# The most traces (and their bytes) held in memory for the shutdown write (log_frequency 0); past either, they are
+# written to the next indexed file.
+MAX_BUFFERED_TRACES = 10_000
+MAX_BUFFERED_BYTES = 16 * 2**20
 _ATTR = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
 
 
@@ -134,6 +140,7 @@ class TraceFile:
         self.path = path
         self._index = itertools.count()
         self._main: list[str] = []
+        self._main_bytes = 0
         self._lock = threading.Lock()
 
     def save(self, traces: list[str], indexed: bool) -> None:
@@ -141,9 +148,15 @@ class TraceFile:
             return
         if indexed:
             self._write(f"{self.path}.{next(self._index)}", traces)
-        else:
-            with self._lock:
-                self._main.extend(traces)
+            return
+        with self._lock:
+            self._main.extend(traces)
+            self._main_bytes += sum(len(t) for t in traces)
+            spill = over_bound(len(self._main), self._main_bytes)
+            if spill:
+                traces, self._main, self._main_bytes = self._main, [], 0
+        if spill:
+            self._write(f"{self.path}.{next(self._index)}", traces)
 
     def close(self) -> None:
         with self._lock:
@@ -156,6 +169,11 @@ class TraceFile:
             Path(path).write_text("[" + ",".join(traces) + "]")
         except OSError as exc:
             log.error("failed creating trace file %s: %s", path, exc)
+
+
+def over_bound(count: int, nbytes: int) -> bool:
+    """Whether traces held for the shutdown write have reached the bound past which they are written now."""
+    return count >= MAX_BUFFERED_TRACES or nbytes >= MAX_BUFFERED_BYTES
 
 
 @dataclass
@@ -171,6 +189,7 @@ class Setting:
     remaining: int = -1  # traces still to take (-1: no limit)
     pending: int = 0  # sampled traces not yet finished
     buffered: list[str] = field(default_factory=list)
+    buffered_bytes: int = 0
     collected: int = 0
     retired: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -200,12 +219,14 @@ class Setting:
         with self._lock:
             self.pending -= 1
             self.buffered.append(text)
+            self.buffered_bytes += len(text)
             self.collected += 1
             freq = self.config.log_frequency
-            full = (freq and len(self.buffered) >= freq) or (self.remaining == 0 and self.pending == 0)
+            full = ((freq and len(self.buffered) >= freq) or (self.remaining == 0 and self.pending == 0)
+                    or over_bound(len(self.buffered), self.buffered_bytes))
             flush = self.buffered if (full or self.retired) else None
             if flush is not None:
-                self.buffered = []
+                self.buffered, self.buffered_bytes = [], 0
         if flush and self.file is not None:
             self.file.save(flush, indexed=bool(full) or bool(freq))
 
@@ -222,7 +243,7 @@ class Setting:
         log_frequency is set, else with the shutdown write)."""
         with self._lock:
             self.retired = True
-            flush, self.buffered = self.buffered, []
+            flush, self.buffered, self.buffered_bytes = self.buffered, [], 0
         if flush and self.file is not None:
             self.file.save(flush, indexed=bool(self.config.log_frequency))
 

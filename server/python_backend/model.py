@@ -56,9 +56,6 @@ MODEL_FILE = "model.py"
 # is taken for hung and killed; a model parameter of this name overrides it.
 TIMEOUT_PARAM = "nnserve_python_timeout_secs"
 DEFAULT_TIMEOUT_SECS = 300.0
-# Request parameters the protocol front ends consume; a model never sees them (as in Triton).
-FRONT_END_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout", "triton_enable_empty_final_response",
-                                  "sequence_id", "sequence_start", "sequence_end"})
 # Triton's error codes (TritonError.code()) <-> what the server answers.
 _ERRORS_BY_CODE: dict[int, type[ServerError]] = {2: ModelNotFoundError, 3: InvalidArgumentError, 4: UnavailableError,
                                                 5: UnsupportedError, 7: ClientDisconnectedError}
@@ -382,8 +379,7 @@ class PythonInstance:
 def _request_info(token: int, version: str, context: RequestContext) -> Header:
     info: Header = {"token": token, "id": context.request_id, "version": version,
                     "outputs": list(context.requested_outputs),
-                    "parameters": {k: v for k, v in context.parameters.items()
-                                   if k not in FRONT_END_PARAMETERS and isinstance(v, bool | int | str)}}
+                    "parameters": context.model_parameters()}
     if context.sequence is not None:  # request.correlation_id() and flags(), as Triton's
         info["correlation_id"] = context.sequence.correlation_id
         info["flags"] = context.sequence.triton_flags

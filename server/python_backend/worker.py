@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,7 @@ class WorkerProcess:
         self._link = Link(ours)
         self._replies = queue.Queue()
         self.gone = None
+        _STARTED.add(self)
         threading.Thread(target=self._read, args=(self._link, self._proc, self._replies),
                          name="nnserve-python-reader", daemon=True).start()
 
@@ -222,3 +224,14 @@ _LEVELS = {"INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ER
 
 def _log_line(label: str, header: Header) -> None:
     log.log(_LEVELS.get(str(header.get("level")), logging.INFO), "%s: %s", label, header.get("message", ""))
+
+
+# Every worker started (weakly: a closed one goes with its model), for kill_all.
+_STARTED: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
+
+
+def kill_all(why: str) -> None:
+    """Kill every Python process still running: the server exits without waiting for a stuck load (its thread
+    cannot be stopped), and a process whose initialize() hangs must not outlive it."""
+    for worker in list(_STARTED):
+        worker.kill(why)

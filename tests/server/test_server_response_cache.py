@@ -5,14 +5,17 @@ the cache's key and its size limit directly."""
 from __future__ import annotations
 
 import subprocess
+import sys
+import tracemalloc
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from pymodels import python_model
 from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repository, nnserve_command
 
-from server.response_cache import ResponseCache, request_key
+from server.response_cache import ResponseCache, outputs_bytes, request_key
 
 X = np.array([[0.5, -1.0, 2.0, 1.5], [1.0, 0.0, -0.5, 3.0]], np.float32)
 CACHED = AFFINE_CONFIG + "response_cache { enable: true }\n"
@@ -134,3 +137,130 @@ def test_least_recently_used_entries_go_first():
     assert not cache.put(b"big", {"y": np.zeros(26, np.float32)})  # larger than the whole cache
     stored = cache.get(b"a")["y"]
     assert not stored.flags.writeable
+
+
+# ---- what a Python model sees besides its inputs ---------------------------------------------------------------
+# Answers only the outputs asked for (all three when none is named), P being the request's parameter `scale`.
+ECHO_CONFIG = """
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "O32" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "OF16" data_type: TYPE_FP16 dims: [ 2 ] },
+         { name: "P" data_type: TYPE_INT32 dims: [ 1 ] } ]
+response_cache { enable: true }
+"""
+ECHO_SOURCE = """
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            scale = int(json.loads(request.parameters()).get("scale", 1))
+            wanted = request.requested_output_names() or ["O32", "OF16", "P"]
+            made = {"O32": x, "OF16": x.astype(np.float16), "P": np.array([scale], np.int32)}
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(n, made[n]) for n in wanted]))
+        return responses
+"""
+
+
+def echo(srv: ServerProcess, outputs: list[str] | None = None, **parameters) -> dict:
+    body: dict = {"inputs": [{"name": "IN", "shape": [2], "datatype": "FP32", "data": [1.5, -2.0]}]}
+    if outputs is not None:
+        body["outputs"] = [{"name": n} for n in outputs]
+    if parameters:
+        body["parameters"] = parameters
+    r = httpx.post(f"http://{srv.http_url}/v2/models/echo/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return {o["name"]: o["data"] for o in r.json()["outputs"]}
+
+
+def test_a_python_models_entries_depend_on_the_outputs_asked_for_and_the_parameters(tmp_path):
+    python_model(tmp_path, "echo", ECHO_CONFIG, ECHO_SOURCE)
+    srv = ServerProcess(tmp_path, "--cache-config", "local,size=1048576")
+    try:
+        assert echo(srv, ["O32"]) == {"O32": [1.5, -2.0]}
+        assert echo(srv, ["OF16", "P"]) == {"OF16": [1.5, -2.0], "P": [1]}  # not the first one's entry
+        assert echo(srv) == {"O32": [1.5, -2.0], "OF16": [1.5, -2.0], "P": [1]}
+        assert echo(srv, ["P"], scale=1) == {"P": [1]}
+        assert echo(srv, ["P"], scale=5) == {"P": [5]}
+        assert echo(srv, ["P"], scale=5, priority=1, binary_data_output=False) == {"P": [5]}  # the front end's: a hit
+        assert echo(srv, ["O32"]) == {"O32": [1.5, -2.0]}  # a hit
+        phases = stats(srv, "echo")["inference_stats"]
+        assert phases["cache_miss"]["count"] == 5 and phases["cache_hit"]["count"] == 2
+    finally:
+        assert srv.stop() == 0, srv.log_text
+
+
+def test_keys_cover_the_outputs_and_parameters_given():
+    a = {"x": np.arange(4, dtype=np.float32)}
+    key = request_key("m", "1", a, ["o1", "o2"], {"scale": 1})
+    assert key == request_key("m", "1", a, ["o2", "o1"], {"scale": 1})
+    assert key != request_key("m", "1", a, ["o1"], {"scale": 1})
+    assert key != request_key("m", "1", a, ["o1", "o2"], {"scale": 5})
+    assert key != request_key("m", "1", a, ["o1", "o2"], {"scale": True})  # a bool is not the int 1
+    assert key != request_key("m", "1", a, ["o1", "o2"], {"scale": "1"})
+    assert request_key("m", "1", a) == request_key("m", "1", a, [], {})
+
+
+# ---- configs Triton refuses --------------------------------------------------------------------------------------
+SEQUENCE_CACHED = """
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching { }
+response_cache { enable: true }
+"""
+DECOUPLED_CACHED = """
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+response_cache { enable: true }
+"""
+IDENTITY_SOURCE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy())]) for r in requests]
+"""
+
+
+def test_a_cached_sequence_or_decoupled_model_is_refused_at_load(tmp_path):
+    python_model(tmp_path, "seq", SEQUENCE_CACHED, IDENTITY_SOURCE)
+    python_model(tmp_path, "dec", DECOUPLED_CACHED, IDENTITY_SOURCE)
+    srv = ServerProcess(tmp_path, "--cache-config", "local,size=1048576", "--exit-on-error", "false",
+                        "--strict-readiness", "false")
+    try:
+        index = {m["name"]: m for m in httpx.post(f"http://{srv.http_url}/v2/repository/index", json={},
+                                                   timeout=10).json()}
+        assert index["seq"]["state"] == "UNAVAILABLE" and index["dec"]["state"] == "UNAVAILABLE"
+        assert index["seq"]["reason"] == ("Response Cache does not currently support model seq with sequence "
+                                          "batching scheduler. Please disable the response cache.")
+        assert index["dec"]["reason"] == ("Response Cache does not currently support model dec with 'decoupled' "
+                                          "transaction policy. Please disable the response cache.")
+    finally:
+        assert srv.stop() == 0, srv.log_text
+
+
+# ---- what an entry costs ------------------------------------------------------------------------------------------
+def test_bytes_entries_are_counted_at_what_they_cost_in_memory():
+    words = np.array([b"%06d" % i for i in range(20_000)], np.object_)
+    assert outputs_bytes({"s": words}) == words.nbytes + sum(sys.getsizeof(w) for w in words)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        made = np.array([b"%06d" % i for i in range(20_000)], np.object_)  # its objects and its pointers
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert outputs_bytes({"s": made}) >= 0.9 * held  # the memory they hold, not the 14 bytes per element of text
+    cache = ResponseCache(max_bytes=outputs_bytes({"s": made}) + 100)
+    assert cache.put(b"a", {"s": made}) and not cache.put(b"b", {"s": np.concatenate([made, made])})

@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from serverproc import AFFINE_CONFIG, ServerProcess, make_repository, nnserve_command
 
+from server import tracing
 from server.tracing import ACTIVITIES
 
 X = np.array([[0.5, -1.0, 2.0, 1.5]], np.float32)
@@ -227,3 +228,55 @@ def wait_for_log(srv: ServerProcess, words: str, count: int = 1, timeout: float 
     while sum(words in line for line in srv.log) < count and time.monotonic() < deadline:
         time.sleep(0.02)
     assert sum(words in line for line in srv.log) >= count, srv.log_text[-2000:]
+
+
+# ---- the shutdown write's buffer is bounded ------------------------------------------------------------------------
+def trace_ids(path: Path) -> list[int]:
+    return sorted({o["id"] for o in json.loads(path.read_text())})
+
+
+def take_traces(tracer: tracing.Tracer, n: int) -> None:
+    for i in range(n):
+        trace = tracer.sample("m", "1", f"r{i}")
+        assert trace is not None
+        trace.stamp("REQUEST_START", i)
+        trace.finish()
+
+
+def test_unlimited_traces_written_at_shutdown_are_flushed_past_a_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracing, "MAX_BUFFERED_TRACES", 5)
+    path = tmp_path / "trace.json"
+    tracer = tracing.Tracer(tracing.TraceConfig(level="TIMESTAMPS", rate=1, count=-1, log_frequency=0,
+                                                file=str(path)))
+    take_traces(tracer, 12)
+    # two full buffers went to indexed files, as log_frequency 5 would have written them; two wait for shutdown
+    first, second = (trace_ids(tmp_path / f"trace.json.{i}") for i in (0, 1))
+    start = first[0]  # trace ids count on across the process
+    assert first == list(range(start, start + 5)) and second == list(range(start + 5, start + 10))
+    assert not path.exists() and not (tmp_path / "trace.json.2").exists()
+    tracer.close()
+    assert trace_ids(path) == [start + 10, start + 11]
+
+
+def test_the_trace_buffer_is_bounded_in_bytes_too(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracing, "MAX_BUFFERED_BYTES", 1000)
+    path = tmp_path / "trace.json"
+    tracer = tracing.Tracer(tracing.TraceConfig(level="TIMESTAMPS", rate=1, count=-1, log_frequency=0,
+                                                file=str(path)))
+    take_traces(tracer, 40)  # ~110 bytes each
+    written = sorted(tmp_path.glob("trace.json.*"))
+    assert written and all(f.stat().st_size <= 1000 + 200 for f in written)
+    tracer.close()
+    everything = sorted(i for f in [*written, path] for i in trace_ids(f))
+    assert everything == list(range(everything[0], everything[0] + 40))  # none lost, none twice
+
+
+def test_traces_kept_across_setting_updates_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracing, "MAX_BUFFERED_TRACES", 3)
+    file = tracing.TraceFile(str(tmp_path / "t.json"))
+    file.save(['{"id":1}', '{"id":2}'], indexed=False)  # a retired setting's traces, kept for shutdown
+    assert not list(tmp_path.iterdir())
+    file.save(['{"id":3}'], indexed=False)
+    assert trace_ids(tmp_path / "t.json.0") == [1, 2, 3]
+    file.close()
+    assert not (tmp_path / "t.json").exists()
