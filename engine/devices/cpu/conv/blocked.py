@@ -11,6 +11,7 @@ import logging
 import numpy as np
 
 from engine.devices.base import Kernel
+from engine.devices.cpu.conv import depthwise
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.conv.onednn import ConvSpec, Plan
 from engine.devices.cpu.epilogue import apply_activation
@@ -51,10 +52,40 @@ class _Winograds:
         return conv, conv.workspace_bytes(geo)
 
 
+def _depthwise(spec: ConvSpec, geo: ConvGeom) -> depthwise.DepthwiseConv | None:
+    """The vector depthwise kernel where it computes this conv (depthwise.eligible), else None (oneDNN's)."""
+    if not depthwise.eligible(geo, spec.block, spec.src_blocked, spec.dst_blocked):
+        return None
+    return depthwise.DepthwiseConv(spec.w, spec.bias, *spec.act, spec.block)
+
+
+def _depthwise_kernel(node: Node, conv: depthwise.DepthwiseConv) -> Kernel:
+    geometries: dict[tuple, ConvGeom] = {}
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
+        geo = geometries.get(x.shape)
+        if geo is None:
+            geo = geometries[x.shape] = geometry(node, x.shape)
+        if out.flags.c_contiguous:
+            conv.run(geo, x, z, out)
+        else:  # the kernel addresses by flat offset
+            target = np.empty(out.shape, np.float32)
+            conv.run(geo, x, z, target)
+            out[...] = target
+
+    run.impl = "numba:depthwise"  # type: ignore[attr-defined]
+    return run
+
+
 def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     """Bytes for the max shape's reordered plain sides and scratchpad (or its Winograd buffers, whichever is
-    larger), plus room to align the start."""
+    larger), plus room to align the start; none for the vector depthwise kernel."""
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
+        return 0
+    if depthwise.eligible(geometry(node, tuple(ins[0].shape)), int(node.params["block"]),
+                          bool(node.params.get("src_blocked")), bool(node.params.get("dst_blocked"))):
         return 0
     D.sync_threads()
     spec = _spec(node, len(ins) > 1)
@@ -80,6 +111,9 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return reference_fallback(node, conv_blocked.reference)
     spec = _spec(node, len(ins) > 1)
+    dw = _depthwise(spec, geometry(node, tuple(ins[0].shape)))
+    if dw is not None:
+        return _depthwise_kernel(node, dw)
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
     first = Plan(spec, max_shape)
