@@ -54,7 +54,7 @@ class _Winograds:
 
 def _depthwise(spec: ConvSpec, geo: ConvGeom) -> depthwise.DepthwiseConv | None:
     """The vector depthwise kernel where it computes this conv (depthwise.eligible), else None (oneDNN's)."""
-    if not depthwise.eligible(geo, spec.block, spec.src_blocked, spec.dst_blocked):
+    if not depthwise.eligible(geo, spec.block, spec.src_blocked, spec.dst_blocked, *spec.act):
         return None
     return depthwise.DepthwiseConv(spec.w, spec.bias, *spec.act, spec.block)
 
@@ -84,8 +84,7 @@ def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     larger), plus room to align the start; none for the vector depthwise kernel."""
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return 0
-    if depthwise.eligible(geometry(node, tuple(ins[0].shape)), int(node.params["block"]),
-                          bool(node.params.get("src_blocked")), bool(node.params.get("dst_blocked"))):
+    if _depthwise(_spec(node, len(ins) > 1), geometry(node, tuple(ins[0].shape))) is not None:
         return 0
     D.sync_threads()
     spec = _spec(node, len(ins) > 1)

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.devices.cpu import threads
 from engine.devices.cpu.conv import depthwise_simd as S
-from engine.devices.cpu.conv.winograd_blocked import _Epilogue
+from engine.devices.cpu.conv.winograd_blocked import _INLINE_ACTS, _Epilogue
 from engine.devices.cpu.conv.winograd_simd import _epilogue_params
 from engine.devices.cpu.epilogue import apply_activation
 from engine.ops.conv_geometry import ConvGeom
@@ -34,13 +34,20 @@ def computes(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) ->
             and tuple(geo.dilation) == (1, 1) and geo.kw in S.KERNEL_SIZES and geo.stride[1] in (1, 2))
 
 
-def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) -> bool:
+def fused(act: str | None, params: dict | None) -> bool:
+    """Whether the kernel applies this activation in its epilogue (the rest would be one more pass over the
+    output, where oneDNN fuses them: GELU applied after cost 2.4 ms on a 0.15 ms conv, 128ch@56)."""
+    return act in _INLINE_ACTS or act == "gelu" and (params or {}).get("approximate", "none") == "none"
+
+
+def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool, act: str | None = None,
+             params: dict | None = None) -> bool:
     """Whether ConvBlocked takes this kernel over oneDNN's jit_dw: where it computes the conv and was measured
     faster (single thread, AVX-512, CPU ms against jit_dw): stride 1 on rows of at least MIN_WIDTH (5x5 96ch@56
     0.17 vs 0.29, 7x7 32ch@112 0.37 vs 0.68, 7x7 192ch@28 0.16 vs 0.23, 3x3 96ch@56 0.11 vs 0.14). At stride 2
     jit_dw won (3x3 96ch@56 0.028 vs 0.041, 5x5 240ch@14 0.011 vs 0.021): a quarter of the outputs for the same
-    edges and strips."""
-    return (computes(geo, block, src_blocked, dst_blocked) and tuple(geo.stride) == (1, 1)
+    edges and strips. Only with an activation it fuses (`fused`)."""
+    return (computes(geo, block, src_blocked, dst_blocked) and fused(act, params) and tuple(geo.stride) == (1, 1)
             and geo.ow >= MIN_WIDTH[geo.kw])
 
 
@@ -52,7 +59,9 @@ class DepthwiseConv:
         self.block = block
         self.w = S.pack_weights(w, block)
         channels = self.w.shape[0] * block
-        self.epi = _Epilogue(act, act_params, None, channels)
+        gelu = act == "gelu" and fused(act, act_params)
+        self.epi = _Epilogue(None if gelu else act, None if gelu else act_params, None, channels)
+        self.flags = S.GELU if gelu else 0
         if bias is not None:
             self.epi.bias[:len(bias)] = bias
         slope, lo, hi = _epilogue_params(self.epi.code, self.epi.lo, self.epi.hi)
@@ -64,7 +73,8 @@ class DepthwiseConv:
         work = geo.n * geo.c * geo.oh * geo.ow * geo.kh * geo.kw
         pool = threads.threads_for(work)
         bands = min(oh, -(-ITEMS_PER_THREAD * pool // (n * cbs))) if pool > 1 else 1
-        args = (x, self.w, self.epi.bias, out if z is None else z, int(z is not None), out, geo.kh, geo.kw,
+        flags = self.flags | (S.HAS_Z if z is not None else 0)
+        args = (x, self.w, self.epi.bias, out if z is None else z, flags, out, geo.kh, geo.kw,
                 geo.stride[0], geo.stride[1], geo.pads[0], geo.pads[1], self.slope, self.lo, self.hi, bands)
         threads.parallel_for(S.depthwise, n * cbs * bands, work if pool > 1 else 0, *args)
         if self.epi.late:

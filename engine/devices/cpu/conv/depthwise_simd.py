@@ -54,6 +54,35 @@ def _loop(builder: ir.IRBuilder, start, stop, carried: list, body) -> list:
     return phis
 
 
+# flags of the epilogue
+HAS_Z, GELU = 1, 2
+# erf(x) = x P(x^2) / Q(x^2) on x clamped to [-4, 4] (erf is +-1 in float32 beyond): the rational approximation
+# of Eigen's and XLA's float erf, within 5e-7 of math.erf
+_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+          -1.42647390514189e-02)
+
+
+def _gelu(builder: ir.IRBuilder, fma, vec_t: ir.VectorType, v):
+    """0.5 v (1 + erf(v / sqrt(2))) on a vector (GELU, erf form)."""
+    def const(c: float):
+        return ir.Constant(vec_t, [float(np.float32(c))] * vec_t.count)
+
+    def poly(coefs, x2):
+        acc = const(coefs[0])
+        for c in coefs[1:]:
+            acc = builder.call(fma, [acc, x2, const(c)])
+        return acc
+
+    x = builder.fmul(v, const(0.7071067811865476))
+    x = builder.select(builder.fcmp_ordered(">", x, const(4.0)), const(4.0), x)
+    x = builder.select(builder.fcmp_ordered("<", x, const(-4.0)), const(-4.0), x)
+    x2 = builder.fmul(x, x)
+    erf = builder.fdiv(builder.fmul(x, poly(_ERF_P, x2)), poly(_ERF_Q, x2))
+    return builder.fmul(builder.fmul(v, const(0.5)), builder.fadd(erf, const(1.0)))
+
+
 def _pixels_intrinsic(lanes: int, taps: int, run: int, stride: int):
     """An intrinsic for `run` output pixels of `lanes` lanes, `taps` unrolled taps per kernel row, the pixel step
     `stride` pixels, the first `count` pixels stored. Constant steps make every load of a row one displacement
@@ -62,11 +91,11 @@ def _pixels_intrinsic(lanes: int, taps: int, run: int, stride: int):
     vec_t = ir.VectorType(_F32, lanes)
 
     @intrinsic
-    def pixels(typingctx, x, x_off, x_row, i0, i1, w, w_off, w_row, bias, b_off, z, y, y_off, count, has_z, slope,
+    def pixels(typingctx, x, x_off, x_row, i0, i1, w, w_off, w_row, bias, b_off, z, y, y_off, count, flags, slope,
                lo, hi):
-        """y[y_off + t lanes + l] = clamp(leaky(sum_{i in [i0, i1), j < taps} x[x_off + i x_row + (t stride + j)
-        lanes + l] * w[w_off + i w_row + j lanes + l] + bias[b_off + l] (+ z at y's offset)), lo, hi) for t <
-        count (<= run)."""
+        """y[y_off + t lanes + l] = clamp(leaky(gelu?(sum_{i in [i0, i1), j < taps} x[x_off + i x_row + (t stride +
+        j) lanes + l] * w[w_off + i w_row + j lanes + l] + bias[b_off + l] (+ z at y's offset))), lo, hi) for t <
+        count (<= run); flags: HAS_Z, GELU."""
         if not _c_float32(x, w, bias, z, y):
             return None
         i64, f32 = types.int64, types.float32
@@ -114,22 +143,29 @@ def _pixels_intrinsic(lanes: int, taps: int, run: int, stride: int):
 
             accs = _loop(builder, i0, i1, [zero] * run, row)
             bias_v = load(bias_p, b_off)
-            use_z = builder.icmp_signed("!=", args[14], const(0))
+            use_z = builder.icmp_signed("!=", builder.and_(args[14], const(HAS_Z)), const(0))
+            use_gelu = builder.icmp_signed("!=", builder.and_(args[14], const(GELU)), const(0))
             slope, low, high = splat(args[15]), splat(args[16]), splat(args[17])
+
+            def either(flag, then_value, value):
+                """then_value(value) where flag holds, else value (a branch: the untaken side costs nothing)."""
+                with builder.if_else(flag) as (then, otherwise):
+                    with then:
+                        changed = then_value(value)
+                        then_block = builder.block
+                    with otherwise:
+                        else_block = builder.block
+                merged = builder.phi(vec_t)
+                merged.add_incoming(changed, then_block)
+                merged.add_incoming(value, else_block)
+                return merged
+
             for t, acc in enumerate(accs):
                 where = builder.add(y_off, const(t * lanes))
                 with builder.if_then(builder.icmp_signed("<", const(t), count), likely=True):
                     value = builder.fadd(acc, bias_v)
-                    with builder.if_else(use_z) as (then, otherwise):
-                        with then:
-                            with_z = builder.fadd(value, load(z_p, where))
-                            then_block = builder.block
-                        with otherwise:
-                            else_block = builder.block
-                    merged = builder.phi(vec_t)
-                    merged.add_incoming(with_z, then_block)
-                    merged.add_incoming(value, else_block)
-                    value = merged
+                    value = either(use_z, lambda v, at_=where: builder.fadd(v, load(z_p, at_)), value)
+                    value = either(use_gelu, lambda v: _gelu(builder, fma, vec_t, v), value)
                     value = builder.select(builder.fcmp_ordered("<", value, zero), builder.fmul(value, slope), value)
                     value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
                     value = builder.select(builder.fcmp_ordered(">", value, high), high, value)
@@ -265,10 +301,10 @@ def _strip(xf, x_at, w_n, b, c0, width, strip, s_at):
 
 
 @njit(nogil=True, cache=True)
-def depthwise(x, w, bias, z, has_z, y, kh, kw, sy, sx, pt, pl, slope, lo, hi, bands, first, last):
-    """y = act(depthwise conv of x + bias (+ z)) over work items [first, last), each (image, channel block, band
-    of output rows); undilated, kw one of KERNEL_SIZES, stride 1 or 2 across. x (N, Cb, H, W, B), y and z (N, Cb,
-    OH, OW, B), w (Cb, kh, kw, B), bias (Cb * B); B is 8 or 16.
+def depthwise(x, w, bias, z, flags, y, kh, kw, sy, sx, pt, pl, slope, lo, hi, bands, first, last):
+    """y = act(depthwise conv of x + bias (+ z)) (flags: HAS_Z, GELU) over work items [first, last), each (image,
+    channel block, band of output rows); undilated, kw one of KERNEL_SIZES, stride 1 or 2 across. x (N, Cb, H, W,
+    B), y and z (N, Cb, OH, OW, B), w (Cb, kh, kw, B), bias (Cb * B); B is 8 or 16.
 
     Runs of RUN (then HALF) pixels whose taps lie inside the row read x. The others (the left edge, and from
     `right` on the right edge with the last short run) run as HALF-pixel runs on strips: copies of the input
@@ -310,16 +346,16 @@ def depthwise(x, w, bias, z, has_z, y, kh, kw, sy, sx, pt, pl, slope, lo, hi, ba
             x_at, y_at = x_plane + iy * x_row, y_plane + oy * ow * b
             for ox in range(0, ox0, HALF):
                 _half(b, kw, sx, (left, (iy - r0) * left_w * b + ox * sx * b, left_w * b, i0, i1, w, w_off, w_row,
-                                  bias, b_off, zf, yf, y_at + ox * b, min(HALF, ox0 - ox), has_z, slope, lo, hi))
+                                  bias, b_off, zf, yf, y_at + ox * b, min(HALF, ox0 - ox), flags, slope, lo, hi))
             for ox in range(ox0, mid, RUN):
                 _full(b, kw, sx, (xf, x_at + (ox * sx - pl) * b, x_row, i0, i1, w, w_off, w_row, bias, b_off, zf, yf,
-                                  y_at + ox * b, RUN, has_z, slope, lo, hi))
+                                  y_at + ox * b, RUN, flags, slope, lo, hi))
             for ox in range(mid, right, HALF):
                 _half(b, kw, sx, (xf, x_at + (ox * sx - pl) * b, x_row, i0, i1, w, w_off, w_row, bias, b_off, zf, yf,
-                                  y_at + ox * b, HALF, has_z, slope, lo, hi))
+                                  y_at + ox * b, HALF, flags, slope, lo, hi))
             for ox in range(right, ow, HALF):
                 _half(b, kw, sx, (rightside, (iy - r0) * right_w * b + (ox - right) * sx * b, right_w * b, i0, i1, w,
-                                  w_off, w_row, bias, b_off, zf, yf, y_at + ox * b, min(HALF, ow - ox), has_z, slope,
+                                  w_off, w_row, bias, b_off, zf, yf, y_at + ox * b, min(HALF, ow - ox), flags, slope,
                                   lo, hi))
 
 

@@ -68,10 +68,28 @@ def test_non_square_kernel():
 
 
 @pytest.mark.parametrize("act,act_params", [("relu", None), ("relu6", None), ("clip", {"min": -0.3, "max": 0.7}),
-                                            ("leaky_relu", {"alpha": 0.2}), ("hardswish", None), ("gelu", None),
-                                            ("sigmoid", None)])
-def test_fused_activations(act, act_params):
+                                            ("leaky_relu", {"alpha": 0.2}), ("gelu", None),
+                                            ("gelu", {"approximate": "none"}), ("hardswish", None),
+                                            ("sigmoid", None), ("gelu", {"approximate": "tanh"})])
+def test_activations(act, act_params):
+    """Fused in the epilogue (relu, relu6, clip, leaky_relu, erf GELU) or applied to the output after."""
     _case(40, 3, (12, 30), act=act, act_params=act_params)
+    _case(24, 5, (9, 21), act=act, act_params=act_params, residual=True, block=8)
+
+
+def test_gelu_over_its_whole_range():
+    """The epilogue's float32 erf (a rational approximation, clamped beyond +-4) against float64 erf: inputs from
+    -8 to 8 through a 1x1-tap identity filter."""
+    c, k = 16, 3
+    w = np.zeros((c, 1, k, k), np.float32)
+    w[:, 0, 1, 1] = 1.0
+    node = Node("Conv", "dw", params={"stride": (1, 1), "pads": (1, 1, 1, 1), "dilation": (1, 1), "groups": c,
+                                      "activation": "gelu", "activation_params": {}}, attrs={"weight": w})
+    x = np.linspace(-8, 8, c * 40 * 40, dtype=np.float32).reshape(1, c, 40, 40)
+    want = conv_reference(node, [x])[0]
+    out = np.empty(to_blocked(want, 16).shape, np.float32)
+    depthwise.DepthwiseConv(w, None, "gelu", {}, 16).run(conv_geom(node, x.shape), to_blocked(x, 16), None, out)
+    np.testing.assert_allclose(to_plain(out, c), want, rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("act", [None, "relu"])
@@ -98,9 +116,17 @@ def test_convblocked_takes_it_where_measured_faster():
     node, plain = make(32, 32, 5, groups=32, act="relu")
     run_case(node, plain, [(2, 32, 30, 30), (1, 32, 30, 30), (1, 32, 17, 29)], residual=False,
              impl="numba:depthwise" if B in (8, 16) else "onednn:")
-    node, plain = make(48, 48, 7, groups=48, act="hardswish", bias=False)
+    node, plain = make(48, 48, 7, groups=48, act="gelu", bias=False)
     run_case(node, plain, [(2, 48, 28, 28), (1, 48, 28, 28)], residual=True,
              impl="numba:depthwise" if B in (8, 16) else "onednn:")
+
+
+@pytest.mark.parametrize("act,act_params", [("hardswish", None), ("sigmoid", None),
+                                            ("gelu", {"approximate": "tanh"})])
+def test_convblocked_keeps_onednn_for_activations_it_does_not_fuse(act, act_params):
+    """oneDNN fuses these as post-ops; here they would be one more pass over the output."""
+    node, plain = make(32, 32, 5, groups=32, act=act, act_params=act_params)
+    run_case(node, plain, [(1, 32, 30, 30)], residual=False, impl="onednn:")
 
 
 @pytest.mark.parametrize("k,stride,hw,dilation", [(3, 2, 56, 1), (3, 1, 14, 1), (5, 1, 7, 1), (3, 1, 56, 2)])
