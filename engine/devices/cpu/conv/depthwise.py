@@ -25,6 +25,9 @@ ITEMS_PER_THREAD = 4
 # and edge costs; single thread, CPU ms, AVX-512: 3x3 384ch@14 0.044 vs 0.030, 5x5 960ch@7 0.046 vs 0.035;
 # 3x3 192ch@28 even).
 MIN_WIDTH = {3: 28, 5: 14, 7: 14}
+# The blocks it was measured faster on: AVX-512's 16 lanes. At 8 (AVX2's block) it computes the same sums but was
+# not timed against oneDNN's AVX2 jit_dw, so ConvBlocked keeps that there.
+MEASURED_BLOCKS = (16,)
 
 
 def computes(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) -> bool:
@@ -47,8 +50,8 @@ def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool, ac
     0.17 vs 0.29, 7x7 32ch@112 0.37 vs 0.68, 7x7 192ch@28 0.16 vs 0.23, 3x3 96ch@56 0.11 vs 0.14). At stride 2
     jit_dw won (3x3 96ch@56 0.028 vs 0.041, 5x5 240ch@14 0.011 vs 0.021): a quarter of the outputs for the same
     edges and strips. Only with an activation it fuses (`fused`)."""
-    return (computes(geo, block, src_blocked, dst_blocked) and fused(act, params) and tuple(geo.stride) == (1, 1)
-            and geo.ow >= MIN_WIDTH[geo.kw])
+    return (computes(geo, block, src_blocked, dst_blocked) and block in MEASURED_BLOCKS and fused(act, params)
+            and tuple(geo.stride) == (1, 1) and geo.ow >= MIN_WIDTH[geo.kw])
 
 
 class DepthwiseConv:

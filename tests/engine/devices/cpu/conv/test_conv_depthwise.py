@@ -115,10 +115,10 @@ def test_several_threads_and_bands(monkeypatch):
 def test_convblocked_takes_it_where_measured_faster():
     node, plain = make(32, 32, 5, groups=32, act="relu")
     run_case(node, plain, [(2, 32, 30, 30), (1, 32, 30, 30), (1, 32, 17, 29)], residual=False,
-             impl="numba:depthwise" if B in (8, 16) else "onednn:")
+             impl="numba:depthwise" if B in depthwise.MEASURED_BLOCKS else "onednn:")
     node, plain = make(48, 48, 7, groups=48, act="gelu", bias=False)
     run_case(node, plain, [(2, 48, 28, 28), (1, 48, 28, 28)], residual=True,
-             impl="numba:depthwise" if B in (8, 16) else "onednn:")
+             impl="numba:depthwise" if B in depthwise.MEASURED_BLOCKS else "onednn:")
 
 
 @pytest.mark.parametrize("act,act_params", [("hardswish", None), ("sigmoid", None),
