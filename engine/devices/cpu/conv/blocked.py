@@ -1,7 +1,8 @@
-"""CPU kernel of ConvBlocked (engine/devices/cpu/layout/conv_blocked.py): Winograd F(4x4)/F(2x2) where it pays
-(winograd_blocked.py), else oneDNN's convolution through the one plan of onednn.py, its blocked sides in
-nChw{B}c. Plans are cached per input shape: the kernel is built at the max shape and also runs smaller batches;
-the workspace holds the larger of the plan's buffers and the Winograd chunk's.
+"""CPU kernel of ConvBlocked (engine/devices/cpu/layout/conv_blocked.py): the vector depthwise kernel where it
+beat oneDNN (depthwise.py), Winograd F(4x4)/F(2x2) where it pays (winograd_blocked.py), else oneDNN's convolution
+through the one plan of onednn.py, its blocked sides in nChw{B}c. Plans are cached per input shape: the kernel is
+built at the max shape and also runs smaller batches; the workspace holds the larger of the plan's buffers and the
+Winograd chunk's.
 """
 
 from __future__ import annotations
@@ -52,11 +53,9 @@ class _Winograds:
         return conv, conv.workspace_bytes(geo)
 
 
-def _depthwise(spec: ConvSpec, geo: ConvGeom) -> depthwise.DepthwiseConv | None:
-    """The vector depthwise kernel where it computes this conv (depthwise.eligible), else None (oneDNN's)."""
-    if not depthwise.eligible(geo, spec.block, spec.src_blocked, spec.dst_blocked, *spec.act):
-        return None
-    return depthwise.DepthwiseConv(spec.w, spec.bias, *spec.act, spec.block)
+def _takes_depthwise(spec: ConvSpec, geo: ConvGeom) -> bool:
+    """Whether the vector depthwise kernel runs this conv (depthwise.eligible), not oneDNN."""
+    return depthwise.eligible(geo, spec.block, spec.src_blocked, spec.dst_blocked, *spec.act)
 
 
 def _depthwise_kernel(node: Node, conv: depthwise.DepthwiseConv) -> Kernel:
@@ -84,7 +83,7 @@ def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     larger), plus room to align the start; none for the vector depthwise kernel."""
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return 0
-    if _depthwise(_spec(node, len(ins) > 1), geometry(node, tuple(ins[0].shape))) is not None:
+    if _takes_depthwise(_spec(node, len(ins) > 1), geometry(node, tuple(ins[0].shape))):
         return 0
     D.sync_threads()
     spec = _spec(node, len(ins) > 1)
@@ -110,9 +109,8 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return reference_fallback(node, conv_blocked.reference)
     spec = _spec(node, len(ins) > 1)
-    dw = _depthwise(spec, geometry(node, tuple(ins[0].shape)))
-    if dw is not None:
-        return _depthwise_kernel(node, dw)
+    if _takes_depthwise(spec, geometry(node, tuple(ins[0].shape))):
+        return _depthwise_kernel(node, depthwise.DepthwiseConv(spec.w, spec.bias, *spec.act, spec.block))
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
     first = Plan(spec, max_shape)

@@ -1,11 +1,12 @@
 """Depthwise convolutions of ConvBlocked (both sides nChw{B}c, B = 8 or 16) on depthwise_simd's vector kernel.
 
-oneDNN's jit_dw kernel took 0.5-0.8 ms of CPU for a 5x5 or 7x7 depthwise conv of 96 channels at 56x56 where ONNX
-Runtime took 0.15-0.27 ms (bench/RESULTS.md, "Layers"); this one keeps RUN output pixels of a row in registers
-through every tap (single thread, AVX-512, ms: 5x5 0.16-0.17, 7x7 0.29). `eligible` says which convs it computes;
-blocked.py takes it for those (`worth_it`) and keeps oneDNN for the rest. Work items are (image, channel block,
-band of output rows) over the kernel pool (threads.parallel_for); a small conv runs on the calling thread, as a
-small oneDNN primitive does (threads.threads_for).
+bench/RESULTS.md's "Layers" had 5x5 and 7x7 depthwise convs of 96 channels at 56x56 at 0.5-0.8 ms of CPU (oneDNN's
+jit_dw, the layout reorders of a one-layer graph included) where ONNX Runtime took 0.15-0.27 ms. This kernel keeps
+RUN output pixels of a row in registers through every tap (single thread, AVX-512, the conv alone, ms: 5x5 0.16-0.17
+against jit_dw's 0.29, 7x7 0.28-0.32 against 0.30-0.50). `computes` says which convs it
+computes, `eligible` which of those blocked.py gives it (where it was measured faster); oneDNN keeps the rest.
+Work items are (image, channel block, band of output rows) over the kernel pool (threads.parallel_for); a small
+conv runs on the calling thread, as a small oneDNN primitive does (threads.threads_for).
 """
 
 from __future__ import annotations
