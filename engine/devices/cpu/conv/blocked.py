@@ -1,8 +1,7 @@
-"""CPU kernel of ConvBlocked (engine/devices/cpu/layout/conv_blocked.py): the vector depthwise kernel where it
-beat oneDNN (depthwise.py), Winograd F(4x4)/F(2x2) where it pays (winograd_blocked.py), else oneDNN's convolution
-through the one plan of onednn.py, its blocked sides in nChw{B}c. Plans are cached per input shape: the kernel is
-built at the max shape and also runs smaller batches; the workspace holds the larger of the plan's buffers and the
-Winograd chunk's.
+"""CPU kernel of ConvBlocked (engine/devices/cpu/layout/conv_blocked.py): Winograd F(4x4)/F(2x2) where it pays
+(winograd_blocked.py), else oneDNN's convolution through the one plan of onednn.py, its blocked sides in
+nChw{B}c. Plans are cached per input shape: the kernel is built at the max shape and also runs smaller batches;
+the workspace holds the larger of the plan's buffers and the Winograd chunk's.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import logging
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.conv import depthwise
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.conv.onednn import ConvSpec, Plan
 from engine.devices.cpu.epilogue import apply_activation
@@ -53,37 +51,10 @@ class _Winograds:
         return conv, conv.workspace_bytes(geo)
 
 
-def _takes_depthwise(spec: ConvSpec, geo: ConvGeom) -> bool:
-    """Whether the vector depthwise kernel runs this conv (depthwise.eligible), not oneDNN."""
-    return depthwise.eligible(geo, spec.block, spec.src_blocked, spec.dst_blocked, *spec.act)
-
-
-def _depthwise_kernel(node: Node, conv: depthwise.DepthwiseConv) -> Kernel:
-    geometries: dict[tuple, ConvGeom] = {}
-
-    def run(inputs, outputs, workspace):
-        x, out = np.ascontiguousarray(inputs[0]), outputs[0]
-        z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
-        geo = geometries.get(x.shape)
-        if geo is None:
-            geo = geometries[x.shape] = geometry(node, x.shape)
-        if out.flags.c_contiguous:
-            conv.run(geo, x, z, out)
-        else:  # the kernel addresses by flat offset
-            target = np.empty(out.shape, np.float32)
-            conv.run(geo, x, z, target)
-            out[...] = target
-
-    run.impl = "numba:depthwise"  # type: ignore[attr-defined]
-    return run
-
-
 def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     """Bytes for the max shape's reordered plain sides and scratchpad (or its Winograd buffers, whichever is
-    larger), plus room to align the start; none for the vector depthwise kernel."""
+    larger), plus room to align the start."""
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
-        return 0
-    if _takes_depthwise(_spec(node, len(ins) > 1), geometry(node, tuple(ins[0].shape))):
         return 0
     D.sync_threads()
     spec = _spec(node, len(ins) > 1)
@@ -109,8 +80,6 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return reference_fallback(node, conv_blocked.reference)
     spec = _spec(node, len(ins) > 1)
-    if _takes_depthwise(spec, geometry(node, tuple(ins[0].shape))):
-        return _depthwise_kernel(node, depthwise.DepthwiseConv(spec.w, spec.bias, *spec.act, spec.block))
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
     first = Plan(spec, max_shape)
