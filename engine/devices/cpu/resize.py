@@ -51,7 +51,9 @@ def build_resize(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
         work = out.size * t[0].shape[1] * t[2].shape[1]
         planes = x.shape[0] * x.shape[1]
         if t[4] and out.flags.c_contiguous:
-            parallel_for(RK.bilinear_2x, planes, work, x.reshape(planes, *x.shape[2:]),
+            # vector passes: an output costs about one gathered tap, so its work is the output's size (1024 planes
+            # of 7x7 -> 14x14 in EfficientFormerV2 ran in 0.20 ms on one thread, 0.29 ms split over two)
+            parallel_for(RK.bilinear_2x, planes, out.size, x.reshape(planes, *x.shape[2:]),
                          out.reshape(planes, *out.shape[2:]))
             return
         parallel_for(RK.separable, planes, work, x, out, *t[:4])

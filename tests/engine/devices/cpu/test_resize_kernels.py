@@ -138,9 +138,10 @@ def torch_bilinear_2x(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("shape", [(1, 1024, 7, 7), (2, 3, 1, 1), (1, 5, 1, 6), (1, 7, 5, 1), (1, 2, 2, 3),
-                                   (1, 300, 3, 9), (2, 4, 33, 17), (1, 2, 40, 41)])
+                                   (1, 300, 3, 9), (2, 4, 33, 17), (1, 2, 40, 41), (1, 4, 130, 130)])
 def test_bilinear_2x_vector_passes(shape):
-    """Bilinear upsampling by 2 takes the vector passes (RK.bilinear_2x): torch's sums, and the reference's."""
+    """Bilinear upsampling by 2 takes the vector passes (RK.bilinear_2x; the last shape split over the pool): torch's
+    sums, and the reference's."""
     node = make_node("Resize", 1, params={"mode": "bilinear", "scale": [2, 2], "align_corners": False})
     for axis, n in ((0, shape[2]), (1, shape[3])):
         assert R._is_bilinear_2x(*taps(node, axis, n, 2 * n, False), n)
