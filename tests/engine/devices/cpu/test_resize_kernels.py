@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from op_harness import check_kernel, infer, load_cases, make_node, reference
 
+from engine.devices.cpu import resize as R
 from engine.errors import ShapeError
 from engine.ops.registry import TensorInfo, get_op
+from engine.ops.resize import taps
 
 OPS = {"Resize", "PixelShuffle", "ChannelShuffle"}
 GOLDENS = Path(__file__).resolve().parents[3] / "fixtures" / "ops" / "spatial.npz"
@@ -119,3 +121,41 @@ def test_kernel_split_over_threads(monkeypatch, mode):
         check_kernel(make_node("Resize", 1, params={"mode": mode, "size": [11, 7]}), [rand(2, 5, 6, 4)])
     finally:
         _threads.set_threads(before)
+
+
+def torch_bilinear_2x(x: np.ndarray) -> np.ndarray:
+    """torch's upsample_bilinear2d by 2, align_corners=False, written out in float64: source coordinate
+    (o + 0.5) / 2 - 0.5 clamped below at 0, the upper neighbour clamped to the last pixel."""
+    def axis(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        src = np.maximum((np.arange(2 * n) + 0.5) / 2 - 0.5, 0)
+        i0 = np.floor(src).astype(int)
+        return i0, np.minimum(i0 + 1, n - 1), src - i0
+    y0, y1, ly = axis(x.shape[2])
+    x0, x1, lx = axis(x.shape[3])
+    x = x.astype(np.float64)
+    rows = x[:, :, y0] * (1 - ly)[:, None] + x[:, :, y1] * ly[:, None]
+    return rows[..., x0] * (1 - lx) + rows[..., x1] * lx
+
+
+@pytest.mark.parametrize("shape", [(1, 1024, 7, 7), (2, 3, 1, 1), (1, 5, 1, 6), (1, 7, 5, 1), (1, 2, 2, 3),
+                                   (1, 300, 3, 9), (2, 4, 33, 17), (1, 2, 40, 41), (1, 4, 130, 130)])
+def test_bilinear_2x_vector_passes(shape):
+    """Bilinear upsampling by 2 takes the vector passes (RK.bilinear_2x; the last shape split over the pool): torch's
+    sums, and the reference's."""
+    node = make_node("Resize", 1, params={"mode": "bilinear", "scale": [2, 2], "align_corners": False})
+    for axis, n in ((0, shape[2]), (1, shape[3])):
+        assert R._is_bilinear_2x(*taps(node, axis, n, 2 * n, False), n)
+    x = rand(*shape)
+    check_kernel(node, [x])
+    np.testing.assert_allclose(reference(node, [x])[0], torch_bilinear_2x(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("params", [{"mode": "bilinear", "scale": [2, 2], "align_corners": True},
+                                    {"mode": "bilinear", "scale": [3, 3]}, {"mode": "bicubic", "scale": [2, 2]},
+                                    {"mode": "nearest", "scale": [2, 2]}])
+def test_other_taps_keep_the_gather(params):
+    node = make_node("Resize", 1, params=params)
+    n = 6
+    out = int(n * params["scale"][0])
+    assert not R._is_bilinear_2x(*taps(node, 0, n, out, False), n)
+    check_kernel(node, [rand(1, 3, n, n)])
