@@ -56,6 +56,9 @@ MODEL_FILE = "model.py"
 # is taken for hung and killed; a model parameter of this name overrides it.
 TIMEOUT_PARAM = "nnserve_python_timeout_secs"
 DEFAULT_TIMEOUT_SECS = 300.0
+# The first calls of a worker (auto_complete_config, initialize) include starting Python and importing the
+# model, slower on a loaded host: they get at least this long, as Triton's stub timeout (30 s) bounds them.
+STARTUP_FLOOR_SECS = 30.0
 # Triton's error codes (TritonError.code()) <-> what the server answers.
 _ERRORS_BY_CODE: dict[int, type[ServerError]] = {2: ModelNotFoundError, 3: InvalidArgumentError, 4: UnavailableError,
                                                 5: UnsupportedError, 7: ClientDisconnectedError}
@@ -154,7 +157,7 @@ class PythonModel:
         self._spare = worker
         try:
             reply, _ = worker.call({"kind": "auto_complete", "config": config_dict(config)},
-                                   timeout=timeout_of(config, self.name))
+                                   timeout=max(timeout_of(config, self.name), STARTUP_FLOOR_SECS))
             completed = json_format.ParseDict(reply["config"], mc.ModelConfig())
         except (ModelFailed, WorkerGone) as exc:
             self.discard()
@@ -233,7 +236,7 @@ class PythonInstance:
                 "model_name": self.model.name}
         try:
             self.worker.call({"kind": "initialize", "args": args, "decoupled": self.model.decoupled},
-                             timeout=self.model.timeout)
+                             timeout=max(self.model.timeout, STARTUP_FLOOR_SECS))
         except (ModelFailed, WorkerGone) as exc:
             self.worker.kill("its initialize failed")
             raise ModelLoadError(f"{self.label}: initialize failed: {exc}") from None
