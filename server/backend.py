@@ -24,7 +24,8 @@ import numpy as np
 from engine import RunTimings
 
 __all__ = ["BackendInstance", "BackendModel", "Cancellation", "ClosableInstance", "OpProfile", "ProfilingInstance",
-           "RequestContext", "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags", "TensorSpec"]
+           "RequestContext", "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags", "TensorSpec",
+           "data_dependent_outputs"]
 
 
 class TensorSpec(Protocol):
@@ -77,6 +78,13 @@ class BackendModel(Protocol):
 
     def instance(self, device: str, max_shapes: Mapping[str, tuple[int, ...]]) -> BackendInstance:
         """An instance on `device` ("cpu", "cuda:N") planned for inputs up to `max_shapes`."""
+
+
+def data_dependent_outputs(model: BackendModel) -> list[str]:
+    """The outputs whose size depends on the input's values (an engine model's NonZero, NonMaxSuppression: the
+    engine's `Model.data_dependent_outputs`); a BackendModel declares them optionally, a model without the
+    attribute has none (its outputs' shapes follow from the inputs' alone)."""
+    return list(getattr(model, "data_dependent_outputs", ()))
 
 
 class ResponseSink(Protocol):

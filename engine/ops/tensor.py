@@ -294,4 +294,4 @@ register(OpDef("Concat", _join_infer, _join_reference, arity=(1, 1 << 16)),
          OpDef("Stack", _join_infer, _join_reference, arity=(1, 1 << 16)),
          OpDef("Split", _split_infer, _split_reference, arity=(1, 1)),
          OpDef("Slice", _slice_infer, _slice_reference, arity=(1, 4)),
-         OpDef("Gather", _gather_infer, _gather_reference, arity=(2, 2)))
+         OpDef("Gather", _gather_infer, _gather_reference, arity=(2, 2), follows_extent=True))
