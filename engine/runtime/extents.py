@@ -33,6 +33,8 @@ def bounded_nodes(nodes: list[Node], ops: Mapping[str, OpDef]) -> set[Node]:
 def dependent_outputs(graph: Graph, ops: Mapping[str, OpDef] = OPS) -> list[str]:
     """At load: the names of the graph outputs whose size depends on the data (a server cannot split those
     per request); refuses, as `dependent_values` does, a model with an op that could not follow such a size."""
+    if not any(n.op_type in ops and ops[n.op_type].extent_dims for n in graph.nodes):
+        return []  # the common case: no shape inference at load for nothing
     if any(v.shape is None or v.dtype is None for v in graph.inputs):
         return []  # nothing to infer from; the instance checks at its max shapes
     inputs = {v: TensorInfo(tuple(PROBE if d < 0 else d for d in v.shape), np.dtype(v.dtype)) for v in graph.inputs}

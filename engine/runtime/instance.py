@@ -172,6 +172,9 @@ class Instance:
             times, shapes = execute(bound, self.workspace, trace, self.debug, start, stop + 1)
             node_times += times
             node = bound.call_nodes[stop]
+            if shapes is None or len(shapes) != len(node.outputs):
+                raise KernelError(f"{node.where()}: the kernel of {node.op_type} node {node.name!r} returned "
+                                  f"{shapes!r}, not the actual shapes of its {len(node.outputs)} output(s)")
             extents.update(zip(node.outputs, (tuple(int(d) for d in s) for s in shapes), strict=True))
             bound = self._bind(signature, extents)
             if all(b is not bound for b in attached):
