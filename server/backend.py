@@ -25,7 +25,7 @@ from engine import RunTimings
 
 __all__ = ["FRONT_END_PARAMETERS", "BackendInstance", "BackendModel", "Cancellation", "ClosableInstance", "OpProfile",
            "ProfilingInstance", "RequestContext", "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags",
-           "TensorSpec"]
+           "TensorSpec", "data_dependent_outputs"]
 
 # Request parameters the protocol front ends consume; a model never sees them (as in Triton).
 FRONT_END_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout", "triton_enable_empty_final_response",
@@ -82,6 +82,13 @@ class BackendModel(Protocol):
 
     def instance(self, device: str, max_shapes: Mapping[str, tuple[int, ...]]) -> BackendInstance:
         """An instance on `device` ("cpu", "cuda:N") planned for inputs up to `max_shapes`."""
+
+
+def data_dependent_outputs(model: BackendModel) -> list[str]:
+    """The outputs whose size depends on the input's values (an engine model's NonZero, NonMaxSuppression: the
+    engine's `Model.data_dependent_outputs`); a BackendModel declares them optionally, a model without the
+    attribute has none (its outputs' shapes follow from the inputs' alone)."""
+    return list(getattr(model, "data_dependent_outputs", ()))
 
 
 class ResponseSink(Protocol):

@@ -17,7 +17,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 import engine
-from server.backend import BackendModel, TensorSpec
+from server.backend import BackendModel, TensorSpec, data_dependent_outputs
 from server.config_fields import BATCH_WAIT_PARAM, MAX_SHAPE_PARAM, PYTHON_BACKEND
 from server.datatypes import config_type_to_wire, wire_to_config_type, wire_to_numpy
 from server.errors import ModelLoadError
@@ -246,9 +246,11 @@ def sequence_tensors(config: mc.ModelConfig) -> tuple[set[str], set[str]]:
 
 def batchable(model: BackendModel) -> bool:
     """Triton's auto-complete rule: a model batches when every input and output has a variable first dim. A model
-    whose dim 0 is fixed (to 1, as a traced export fixes it) runs that shape only: max_batch_size 0."""
+    whose dim 0 is fixed (to 1, as a traced export fixes it) runs that shape only: max_batch_size 0; so does one
+    with an output whose size depends on the data (validate refuses batching it)."""
     specs = list(model.inputs) + list(model.outputs)
-    return bool(specs) and all(len(s.shape) > 0 and s.shape[0] == -1 for s in specs)
+    return (bool(specs) and all(len(s.shape) > 0 and s.shape[0] == -1 for s in specs)
+            and not data_dependent_outputs(model))
 
 
 def validate(config: mc.ModelConfig, name: str, model: BackendModel) -> None:
@@ -257,6 +259,12 @@ def validate(config: mc.ModelConfig, name: str, model: BackendModel) -> None:
         raise ModelLoadError(f"model '{name}': config.name '{config.name}' must match the directory name")
     if config.max_batch_size < 0:
         raise ModelLoadError(f"model '{name}': max_batch_size must be >= 0, got {config.max_batch_size}")
+    dependent = data_dependent_outputs(model)
+    if config.max_batch_size > 0 and dependent:
+        raise ModelLoadError(f"model '{name}': max_batch_size {config.max_batch_size} needs outputs that split per "
+                             f"request along dim 0, but the size of output(s) {', '.join(map(repr, dependent))} "
+                             "depends on the input's values (NonZero, NonMaxSuppression: rows of the whole batch); "
+                             "set max_batch_size: 0")
     _check_tensors(config, name, "input", config.input, {s.name: s for s in model.inputs})
     _check_tensors(config, name, "output", config.output, {s.name: s for s in model.outputs})
     for i, group in enumerate(config.instance_group):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import RunTimings
-from server.backend import BackendInstance, BackendModel, TensorSpec
+from server.backend import BackendInstance, BackendModel, TensorSpec, data_dependent_outputs
 from server.errors import ModelLoadError
 from server.model_config import model_config_pb2 as mc
 
@@ -98,6 +98,10 @@ class RenamedModel:
     @property
     def outputs(self) -> Sequence[TensorSpec]:
         return self._outputs
+
+    @property
+    def data_dependent_outputs(self) -> list[str]:
+        return [self.output_names.get(n, n) for n in data_dependent_outputs(self.model)]
 
     def instance(self, device: str, max_shapes: Mapping[str, tuple[int, ...]]) -> BackendInstance:
         shapes = {self.input_names.get(k, k): v for k, v in max_shapes.items()}

@@ -8,6 +8,7 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     activation,
     attention,
     conv,
+    data_dependent,
     detection,
     elementwise,
     expression,

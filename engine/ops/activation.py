@@ -89,5 +89,5 @@ def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 # Relu and Clip take integers too (torch.relu / clamp keep them integers); the others are floating point only.
 INTEGER_OK = {"Relu", "Clip"}
-register(*[OpDef(name, _infer, reference, inplace=True, arity=(1, 1),
+register(*[OpDef(name, _infer, reference, inplace=True, arity=(1, 1), follows_extent=True,
                  float_inputs=() if name in INTEGER_OK else (0,)) for name in REFERENCES])

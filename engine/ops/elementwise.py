@@ -168,9 +168,11 @@ def bit_shift_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray
 
 
 def _defs() -> list[OpDef]:
-    defs = [OpDef(name, _binary_infer, binary_reference, inplace=True, arity=(2, 2)) for name in BINARY]
-    defs.append(OpDef("Where", _where_infer, _where_reference, arity=(3, 3)))
-    defs += [OpDef(name, _unary_infer, unary_reference, inplace=True, arity=(1, 1)) for name in UNARY]
+    defs = [OpDef(name, _binary_infer, binary_reference, inplace=True, arity=(2, 2), follows_extent=True)
+            for name in BINARY]
+    defs.append(OpDef("Where", _where_infer, _where_reference, arity=(3, 3), follows_extent=True))
+    defs += [OpDef(name, _unary_infer, unary_reference, inplace=True, arity=(1, 1), follows_extent=True)
+             for name in UNARY]
     defs.append(OpDef("BitShift", _bit_shift_infer, bit_shift_reference, inplace=True, arity=(1, 1)))
     return defs
 

@@ -8,6 +8,12 @@ Contract (see engine/ops/SPEC.md for every op's inputs, params and attrs):
   and what a device runs (copying into the outputs) for an op its kernel table lacks.
 - `inplace`: output 0 may take input 0's buffer when input 0 dies at this node (same shape and dtype).
 - `alias`: output 0 is a reshaped view of input 0 (reshape family): it gets no storage of its own.
+- `extent_dims`: an op whose output size depends on its input's values (NonZero, NonMaxSuppression) names, per
+  output, the dim whose size `infer` gives as an upper bound (None for an output of fixed shape). The arena
+  reserves the bound; its kernel returns the outputs' actual shapes, and the runtime re-derives the shapes
+  downstream from them for that call (engine/runtime/extents.py).
+- `follows_extent`: the op's shape rule is a plain function of its inputs' shapes, so it may take an input whose
+  size is only known at run time (an extent above); a model where any other op would take one is refused at load.
 - `arity` (min, max inputs) and `float_inputs` (positions that must be floating point): checked by `check_inputs`
   before `infer` runs, so no op computes on operands it does not take (torch refuses integer data where these ops
   take floats; an op reading an integer tensor as a float one would answer wrongly).
@@ -51,6 +57,8 @@ class OpDef:
     alias: bool = False
     arity: tuple[int, int] | None = None
     float_inputs: tuple[int, ...] = ()
+    extent_dims: tuple[int | None, ...] = ()
+    follows_extent: bool = False
 
 
 def check_inputs(op: OpDef, node: Node, ins: list[TensorInfo]) -> None:

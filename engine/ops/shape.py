@@ -193,9 +193,12 @@ def _arity(op: str) -> tuple[int, int]:
     return (1, 2) if op in ("Reshape", "Expand") else (1, 1)
 
 
-register(*[OpDef(op, _infer, _reference, alias=True, arity=_arity(op))
+# Shape rules that take a run-time extent (registry.OpDef.follows_extent): a Reshape, Squeeze or Expand to a
+# shape fixed at load could not.
+FOLLOWS_EXTENT = {"Unsqueeze", "Transpose", "Cast", "Identity"}
+register(*[OpDef(op, _infer, _reference, alias=True, arity=_arity(op), follows_extent=op in FOLLOWS_EXTENT)
            for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")])
-register(*[OpDef(op, _infer, _reference, arity=_arity(op))
+register(*[OpDef(op, _infer, _reference, arity=_arity(op), follows_extent=op in FOLLOWS_EXTENT)
            for op in ("Transpose", "Expand", "Tile", "Cast", "Identity")])
 register(OpDef("Shape", _shape_infer, _shape_reference, arity=(1, 1)))
 

@@ -181,7 +181,8 @@ def _index_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
         raise ShapeError(f"{node.where()}: Index takes (data, index, ...), got {len(ins)} inputs")
     data, indices = ins[0], ins[1:]
     for i in indices:
-        # torch indexes with int64 or int32; a bool (or uint8) mask picks a run-time number of elements: not here
+        # torch indexes with int64 or int32; a bool mask picks a run-time number of elements: the lowering makes it
+        # NonZero rows (engine/ops/data_dependent.py), a uint8 one (deprecated in torch) is refused
         if np.dtype(i.dtype) not in (np.dtype(np.int64), np.dtype(np.int32)):
             raise ShapeError(f"{node.where()}: Index indices must be int64 or int32 tensors, got "
                              f"{', '.join(str(np.dtype(i.dtype)) for i in indices)}")
@@ -286,7 +287,7 @@ def _trilu_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [fn(np.asarray(arrays[0]), int(node.params.get("k", 0)))]
 
 
-register(OpDef("Index", _index_infer, index_reference, arity=(2, 64)),
+register(OpDef("Index", _index_infer, index_reference, arity=(2, 64), follows_extent=True),
          OpDef("GatherElements", _gather_elements_infer, _gather_elements_reference, arity=(2, 2)),
          OpDef("RepeatInterleave", _repeat_infer, _repeat_reference, arity=(1, 1)),
          OpDef("Trilu", _trilu_infer, _trilu_reference, arity=(1, 1)))
@@ -294,4 +295,4 @@ register(OpDef("Concat", _join_infer, _join_reference, arity=(1, 1 << 16)),
          OpDef("Stack", _join_infer, _join_reference, arity=(1, 1 << 16)),
          OpDef("Split", _split_infer, _split_reference, arity=(1, 1)),
          OpDef("Slice", _slice_infer, _slice_reference, arity=(1, 4)),
-         OpDef("Gather", _gather_infer, _gather_reference, arity=(2, 2)))
+         OpDef("Gather", _gather_infer, _gather_reference, arity=(2, 2), follows_extent=True))

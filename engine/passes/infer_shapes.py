@@ -25,12 +25,16 @@ def const_info(v: Value) -> TensorInfo:
 
 
 def infer_infos(graph: Graph, inputs: Mapping[Value, TensorInfo], strict: bool = True,
-                ops: Mapping[str, OpDef] = OPS) -> dict[Value, TensorInfo]:
+                ops: Mapping[str, OpDef] = OPS,
+                extents: Mapping[Value, tuple[int, ...]] | None = None) -> dict[Value, TensorInfo]:
     """TensorInfo of every value reachable from the graph inputs (consts included), the ops looked up in `ops`
     (a device's own: the shared registry and its private ops).
 
+    `extents` gives the actual shapes of outputs whose size depends on the data (`OpDef.extent_dims`: their op
+    infers an upper bound), as one run's kernels reported them: the values downstream follow from those.
     With strict=False a node that cannot be inferred (unknown op, bad shapes) is skipped with its dependents.
     """
+    extents = extents or {}
     infos: dict[Value, TensorInfo] = dict(inputs)
     for node in graph.nodes:
         if not strict and not all(v.is_const or v in infos for v in node.inputs):
@@ -43,6 +47,9 @@ def infer_infos(graph: Graph, inputs: Mapping[Value, TensorInfo], strict: bool =
                 raise
             continue
         infos.update(zip(node.outputs, outs, strict=True))
+        for v in node.outputs:
+            if v in extents:
+                infos[v] = TensorInfo(tuple(extents[v]), infos[v].dtype)
     for v in graph.outputs:
         if v.is_const:
             infos[v] = const_info(v)
@@ -98,15 +105,17 @@ _PROBES = (224, 160)
 
 def infer_shapes(graph: Graph, ops: Mapping[str, OpDef] = OPS) -> Graph:
     """Writes inferred shapes (-1 where a dim follows a dynamic input dim) and dtypes into the values."""
-    runs = []
+    runs: list[dict[Value, TensorInfo]] = []
     for probe in _PROBES:
         inputs = {}
         for v in graph.inputs:
             if v.shape is None or v.dtype is None:
                 return graph  # nothing to start from
             inputs[v] = TensorInfo(tuple(probe if d < 0 else d for d in v.shape), np.dtype(v.dtype))
-        runs.append(infer_infos(graph, inputs, strict=False, ops=ops))
-        if all(d >= 0 for v in graph.inputs for d in v.shape):
+        # the second run also shrinks every data-dependent extent, so the dims that follow it come out -1 too
+        extents = _probe_extents(graph, runs[0], ops) if runs else None
+        runs.append(infer_infos(graph, inputs, strict=False, ops=ops, extents=extents))
+        if all(d >= 0 for v in graph.inputs for d in v.shape) and not _probe_extents(graph, runs[0], ops):
             break
     for v, info in runs[0].items():
         if v.is_const or v in graph.inputs:
@@ -117,3 +126,21 @@ def infer_shapes(graph: Graph, ops: Mapping[str, OpDef] = OPS) -> Graph:
         v.shape = tuple(a if a == b else -1 for a, b in zip(info.shape, other.shape, strict=True))
         v.dtype = np.dtype(info.dtype)
     return graph
+
+
+def _probe_extents(graph: Graph, infos: Mapping[Value, TensorInfo],
+                   ops: Mapping[str, OpDef]) -> dict[Value, tuple[int, ...]]:
+    """A stand-in actual shape, other than the bound, for each output whose extent depends on the data."""
+    extents = {}
+    for node in graph.nodes:
+        op = ops.get(node.op_type)
+        if op is None or not op.extent_dims:
+            continue
+        for v, dim in zip(node.outputs, op.extent_dims, strict=False):
+            info = infos.get(v)
+            if dim is None or info is None or info.value is not None:
+                continue
+            shape = list(info.shape)
+            shape[dim] = 2 if shape[dim] == 1 else 1
+            extents[v] = tuple(shape)
+    return extents

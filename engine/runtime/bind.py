@@ -1,6 +1,7 @@
 """Binding: the flat call list for one set of input shapes, as views into the instance's arena.
 
-Built once per input-shape signature and cached by the instance. Every arena value must fit the slot the
+Built once per input-shape signature (and, after an op whose output size depends on the data, per actual size
+it reported: extents.py) and cached by the instance. Every arena value must fit the slot the
 planner gave it at the max shapes (sizes are monotone in the input shape); otherwise ArenaOverflowError.
 
 Values outside the arena (the graph inputs where the device reads host memory, and alias views of them) are
@@ -84,6 +85,7 @@ class Bound:
     views: list[ExternalView] = field(default_factory=list)  # external values after the graph inputs
     slots: list[tuple[list, int, int]] = field(default_factory=list)  # (list, index, external index) to fill
     direct: list[DirectOutput] = field(default_factory=list)  # outputs computed into fresh arrays
+    stops: list[int] = field(default_factory=list)  # calls whose kernels return data-dependent shapes (extents.py)
 
     def attach(self, arrays: Sequence[np.ndarray]) -> None:
         """Puts the caller's arrays (parallel to the graph inputs, as `inputs.host_input` made them) and the
@@ -137,7 +139,8 @@ def bind(graph: Graph, compiled: Compiled, arena: Arena, infos: dict[Value, Tens
                for v in compiled.external[n_inputs:]]
     input_views = [views[v] for v in graph.inputs if v in views]
     direct = _direct_outputs(graph, compiled, views, calls) if host_outputs else []
-    return Bound(calls, nodes, input_views, outputs, offsets, aliases, slots, direct)
+    stops = [i for i, node in enumerate(nodes) if node in compiled.bounded]
+    return Bound(calls, nodes, input_views, outputs, offsets, aliases, slots, direct, stops)
 
 
 def _direct_outputs(graph: Graph, compiled: Compiled, views: dict, calls) -> list[DirectOutput]:

@@ -11,13 +11,14 @@ intermediates and the outputs only. No op runs in place on such an external valu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from engine.devices.base import Device, Kernel
 from engine.ir import Graph, Node, Value
 from engine.memory.planner import MemoryPlan, Step, plan
 from engine.ops.registry import OpDef, TensorInfo, get_op
 from engine.passes.infer_shapes import const_info
+from engine.runtime.extents import bounded_nodes, dependent_values
 
 
 @dataclass
@@ -35,6 +36,8 @@ class Compiled:
     external: list[Value]  # in the caller's memory: graph inputs first, then alias views of them, in order
     plan: MemoryPlan
     infos: dict[Value, TensorInfo]  # at the max shapes
+    bounded: set[Node] = field(default_factory=set)  # kernels that report data-dependent extents (extents.py)
+    dependent: set[Value] = field(default_factory=set)  # values whose shape follows such an extent
 
 
 def is_host(node: Node, infos: dict[Value, TensorInfo]) -> bool:
@@ -43,6 +46,7 @@ def is_host(node: Node, infos: dict[Value, TensorInfo]) -> bool:
 
 def compile_graph(graph: Graph, infos: dict[Value, TensorInfo], device: Device) -> Compiled:
     scheduled = [n for n in graph.nodes if not is_host(n, infos)]
+    dependent = dependent_values(graph, infos, device.ops)  # refuses a consumer that cannot follow an extent
     external = list(graph.inputs) if device.host_inputs else []
     arena_values = [] if device.host_inputs else list(graph.inputs)
     outside, in_arena = set(external), set(arena_values)
@@ -73,7 +77,8 @@ def compile_graph(graph: Graph, infos: dict[Value, TensorInfo], device: Device) 
             c.kernel = device.build_kernel(c.node, c.op, input_infos(c.node, infos))
     workspace = max([_workspace(c, infos, device) for c in compiled], default=0)
     memory = replace(memory, workspace_bytes=workspace, weights_bytes=weights_bytes(graph))
-    return Compiled(compiled, arena_values, external, memory, infos)
+    return Compiled(compiled, arena_values, external, memory, infos, bounded_nodes(scheduled, device.ops),
+                    dependent)
 
 
 def input_infos(node: Node, infos: dict[Value, TensorInfo]) -> list[TensorInfo]:

@@ -131,17 +131,24 @@ class Instance:
     def _run(self, inputs, timings: bool) -> tuple[dict[str, np.ndarray], RunTimings]:
         t0 = time.perf_counter()
         arrays = check_inputs(self.graph, self.max_shapes, inputs)
-        bound = self._bind(tuple(a.shape for a in arrays))
+        signature = tuple(a.shape for a in arrays)
+        bound = self._bind(signature)
+        hosted = [] if bound.input_views else [host_input(a) for a in arrays]
         if bound.input_views:  # a device that cannot read the caller's memory: the inputs are in its arena
             for view, a in zip(bound.input_views, arrays, strict=True):
                 self.device.copy_in(view, a)
         else:
-            bound.attach([host_input(a) for a in arrays])
+            bound.attach(hosted)
+        attached = [bound]
         try:
             bound.attach_outputs()
             t1 = time.perf_counter()
             profile = self.profile
-            node_times = execute(bound, self.workspace, timings or profile is not None, self.debug)
+            trace = timings or profile is not None
+            if bound.stops:
+                node_times, bound = self._execute_extents(bound, signature, hosted, attached, trace)
+            else:
+                node_times = execute(bound, self.workspace, trace, self.debug)[0]
             if profile is not None:
                 profile.add_run(node_times)
             t2 = time.perf_counter()
@@ -149,21 +156,47 @@ class Instance:
                    for j, (name, a) in enumerate(bound.outputs)}
             t3 = time.perf_counter()
         finally:
-            bound.detach()
+            for b in attached:
+                b.detach()
         self.last_timings = {"copy_in_s": t1 - t0, "compute_s": t2 - t1, "copy_out_s": t3 - t2, "total_s": t3 - t0}
         if timings:
             self.last_timings["nodes"] = node_times
         return out, RunTimings(int((t1 - t0) * 1e9), int((t2 - t1) * 1e9), int((t3 - t2) * 1e9))
 
-    def _bind(self, signature: tuple) -> Bound:
-        bound = self._bound.get(signature)
+    def _execute_extents(self, bound: Bound, signature: tuple, hosted: list, attached: list[Bound],
+                         trace: bool) -> tuple[list, Bound]:
+        """Runs the call list up to each op whose output size depends on the data, then goes on with the binding
+        for the actual shapes its kernel returned (extents.py); returns the node times and the last binding."""
+        node_times, extents, start = [], {}, 0
+        for stop in bound.stops:
+            times, shapes = execute(bound, self.workspace, trace, self.debug, start, stop + 1)
+            node_times += times
+            node = bound.call_nodes[stop]
+            if shapes is None or len(shapes) != len(node.outputs):
+                raise KernelError(f"{node.where()}: the kernel of {node.op_type} node {node.name!r} returned "
+                                  f"{shapes!r}, not the actual shapes of its {len(node.outputs)} output(s)")
+            extents.update(zip(node.outputs, (tuple(int(d) for d in s) for s in shapes), strict=True))
+            bound = self._bind(signature, extents)
+            if all(b is not bound for b in attached):
+                if hosted:
+                    bound.attach(hosted)
+                attached.append(bound)
+            start = stop + 1
+        node_times += execute(bound, self.workspace, trace, self.debug, start)[0]
+        return node_times, bound
+
+    def _bind(self, signature: tuple, extents: Mapping[Value, tuple[int, ...]] | None = None) -> Bound:
+        key = (signature, tuple((v.name, s) for v, s in extents.items())) if extents else signature
+        bound = self._bound.get(key)
         if bound is not None:
-            self._bound.move_to_end(signature)
+            self._bound.move_to_end(key)
             return bound
         shapes = dict(zip(self.graph.inputs, signature, strict=True))
-        infos = infer_infos(self.graph, {v: TensorInfo(s, v.dtype) for v, s in shapes.items()}, ops=self.device.ops)
-        bound = bind(self.graph, self._compiled, self._arena, infos, self.device.host_outputs)
-        self._bound[signature] = bound
+        infos = infer_infos(self.graph, {v: TensorInfo(s, v.dtype) for v, s in shapes.items()}, ops=self.device.ops,
+                            extents=extents)
+        host_outputs = self.device.host_outputs and not self._compiled.bounded  # one binding's arrays per run
+        bound = bind(self.graph, self._compiled, self._arena, infos, host_outputs)
+        self._bound[key] = bound
         if len(self._bound) > BOUND_CACHE_SIZE:
             self._bound.popitem(last=False)
         return bound
@@ -172,40 +205,45 @@ class Instance:
         return {v: TensorInfo(shapes[v.name], v.dtype) for v in self.graph.inputs}
 
 
-def execute(bound: Bound, workspace: np.ndarray, timings: bool = False, debug: int = 0) -> list:
-    """The hot loop: prebuilt (fn, inputs, outputs) calls, nothing else unless tracing or timing.
+def execute(bound: Bound, workspace: np.ndarray, timings: bool = False, debug: int = 0, start: int = 0,
+            stop: int | None = None) -> tuple[list, object]:
+    """The hot loop: prebuilt (fn, inputs, outputs) calls (those from `start` to `stop`), nothing else unless
+    tracing or timing. Returns the node times (when timing) and what the last call returned (the actual shapes,
+    from a kernel whose output size depends on the data).
 
     debug 1 logs node#, op, shapes and output offsets before each call; 2 adds output stats after it.
     """
+    calls = bound.calls if start == 0 and stop is None else bound.calls[start:stop]
     if timings or debug:
-        return _execute_traced(bound, workspace, timings, debug)
-    i = 0
+        return _execute_traced(bound, workspace, timings, debug, start, calls)
+    i, result = start, None
     try:
-        for fn, ins, outs in bound.calls:
-            fn(ins, outs, workspace)
+        for fn, ins, outs in calls:
+            result = fn(ins, outs, workspace)
             i += 1
     except Exception as e:
         raise _kernel_error(bound, i, e) from e
-    return []
+    return [], result
 
 
-def _execute_traced(bound: Bound, workspace, timings: bool, debug: int) -> list:
-    node_times = []
-    for i, (fn, ins, outs) in enumerate(bound.calls):
+def _execute_traced(bound: Bound, workspace, timings: bool, debug: int, start: int,
+                    calls: list) -> tuple[list, object]:
+    node_times, result = [], None
+    for i, (fn, ins, outs) in enumerate(calls, start):
         node = bound.call_nodes[i]
         if debug:
             log.debug("#%d %s %s in=%s out=%s offset=%s", i, node.op_type, node.name,
                       [np.shape(a) for a in ins], [o.shape for o in outs], bound.offsets[i])
         t = time.perf_counter()
         try:
-            fn(ins, outs, workspace)
+            result = fn(ins, outs, workspace)
         except Exception as e:
             raise _kernel_error(bound, i, e) from e
         if timings:
             node_times.append((node.name, node.op_type, time.perf_counter() - t))
         if debug >= 2:
             log.debug("#%d %s", i, "; ".join(_stats(o) for o in outs))
-    return node_times
+    return node_times, result
 
 
 def _stats(a: np.ndarray) -> str:

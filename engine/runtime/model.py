@@ -10,6 +10,7 @@ import numpy as np
 
 from engine.ir import Graph, Value
 from engine.ir.dtypes import kserve_name
+from engine.runtime.extents import dependent_outputs
 from engine.runtime.instance import Instance
 from engine.runtime.loading import check_supported, prepare, read_graph
 from engine.runtime.options import EngineOptions
@@ -34,6 +35,8 @@ class Model:
         self.options = options  # its instances' settings unless one is given its own (None: the environment's)
         self.inputs: list[TensorSpec] = [spec_of(v) for v in graph.inputs]
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
+        # outputs whose size depends on the input's values (NonZero...): refused at load where it cannot follow
+        self.data_dependent_outputs: list[str] = dependent_outputs(graph)
 
     @property
     def format(self) -> str:

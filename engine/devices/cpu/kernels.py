@@ -14,6 +14,7 @@ from __future__ import annotations
 from engine.devices.cpu import (
     activation,
     attention,
+    data_dependent,
     elementwise,
     histogram,
     linear,
@@ -37,9 +38,9 @@ from engine.devices.cpu.kernel import Builder, CpuKernel, Sizer
 from engine.devices.cpu.layout import kernels as layout
 
 KERNELS: dict[str, CpuKernel] = {
-    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **elementwise.KERNELS, **histogram.KERNELS,
-    **int8.KERNELS, **layout.KERNELS, **linear.KERNELS, **norm.KERNELS, **pad.KERNELS, **pool.KERNELS,
-    **quant.KERNELS, **recurrent.KERNELS, **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS,
+    **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **data_dependent.KERNELS, **elementwise.KERNELS,
+    **histogram.KERNELS, **int8.KERNELS, **layout.KERNELS, **linear.KERNELS, **norm.KERNELS, **pad.KERNELS,
+    **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS, **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS,
     **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS, **volume.KERNELS,
 }
 

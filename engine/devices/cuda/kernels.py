@@ -11,7 +11,7 @@ TNN's LSTMONNX; a sequential recurrence, it would need its own kernel), the ops 
 kernel yet (`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`,
 `ReduceVar`, `DetectionOutput`, `PixelUnshuffle`, `LRN`, `ScatterElements`, `BitShift`, `GridSample`, `Einsum`, the
 volumetric `Conv3d` and `Pool3d`, `RoiAlign`,
-`Histogram`), `Meshgrid`
+`Histogram`, and `NonZero` and `NonMaxSuppression`, whose output size depends on the data), `Meshgrid`
 when its inputs are not known before running (a YOLO head's grids are: aranges of the input's size), and `Full` and
 `Range` when their result is too large to be a host value. `Shape` is always a host value.
 """

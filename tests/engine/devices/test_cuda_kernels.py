@@ -26,7 +26,7 @@ NOT_ON_CUDA = {"Shape", "Expression", "TnnQuantize", "TnnDequantize", "TnnQConv"
                "TnnQPool", "TnnQRelu", "TnnQInnerProduct", "RNN", "SliceAssign", "IndexPut", "Index",
                "GatherElements", "RepeatInterleave", "Trilu", "TopK", "CumSum", "ReduceVar", "Full", "Range",
                "DetectionOutput", "Meshgrid", "PixelUnshuffle", "LRN", "ScatterElements", "BitShift", "GridSample",
-               "Einsum", "Conv3d", "Pool3d", "RoiAlign", "Histogram"}
+               "Einsum", "Conv3d", "Pool3d", "RoiAlign", "Histogram", "NonZero", "NonMaxSuppression"}
 # the blocked-layout ops are the CPU device's own (engine/devices/cpu/layout/), never in the shared registry
 NOT_ON_CUDA |= {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                 "RegroupBlocked"}

@@ -50,6 +50,25 @@ def gather(ctx: Ctx) -> None:
     ctx.become("GatherElements", {"axis": int(ctx.p("dim"))}, inputs=[ctx.x(), index])
 
 
+@handles("torch.masked_select", "Tensor.masked_select")
+def masked_select(ctx: Ctx) -> None:
+    """The elements of x where the mask (both broadcast together) is true, in C order, as a 1-D tensor: x and the
+    mask broadcast and flattened, the flat positions the mask's NonZero gives (a size known per call), gathered."""
+    x, mask = ctx.arg("input", 0) or ctx.x(), ctx.arg("mask", 1)
+    if mask is None:
+        raise ctx.fail("has no $mask input")
+    if mask.dtype is None or np.dtype(mask.dtype) != np.dtype(np.bool_):
+        raise ctx.unsupported(f"a mask {mask.name!r} of type {mask.dtype} (torch takes a bool mask)")
+    (both,) = ctx.emit("Where", [mask, x, x])  # x broadcast against the mask
+    (shape,) = ctx.emit("Shape", [both])
+    (wide,) = ctx.emit("Expand", [mask, shape], {"shape": None, "torch": True})
+    (flat_mask,) = ctx.emit("Reshape", [wide], {"shape": [-1]})
+    (flat_x,) = ctx.emit("Reshape", [both], {"shape": [-1]})
+    (rows,) = ctx.emit("NonZero", [flat_mask], {"zero": "value", "dtype": "int64"})
+    (positions,) = ctx.emit("Gather", [rows, ctx.const(np.array(0, np.int64))], {"axis": 0})
+    ctx.become("Gather", {"axis": 0}, inputs=[flat_x, positions])
+
+
 @handles("torch.index_select", "Tensor.index_select")
 def index_select(ctx: Ctx) -> None:
     index = ctx.arg("index", 1)
@@ -185,18 +204,21 @@ def tensor_index(ctx: Ctx) -> None:
         tree, operands = _index_tree(ctx, ctx.p("expr")), []
     else:
         raise ctx.fail("needs an $input and an $expr operand, or one operand and an expr param")
-    dims, indices, inline = [], [], False
-    for dim, item in enumerate(tree.items):
+    dims, indices, inline, dim = [], [], False, 0
+    for item in tree.items:
         if isinstance(item, Lit) and item.value is None:
+            dim += 1
             continue  # a dim taken whole (`x[:, idx]`)
-        dims.append(dim)
         if isinstance(item, ListExpr):
             inline = True
-            indices.append(_inline_index(ctx, item))
+            found = [_inline_index(ctx, item)]
         elif expr is None:  # pnnx leaves `@k` in the list for a constant of a type it cannot print (int32)
             raise ctx.unsupported(f"an inline index item {expr_text(item)} that is not a list of integers")
         else:
-            indices.append(_index_operand(ctx, item, operands))
+            found = _mask_rows(ctx, x, dim, _index_operand(ctx, item, operands))
+        dims += range(dim, dim + len(found))
+        indices += found
+        dim += len(found)
     if not indices:
         raise ctx.unsupported(f"an index list {tree} without index tensors")
     for v in indices:
@@ -210,6 +232,22 @@ def tensor_index(ctx: Ctx) -> None:
     ctx.become("Index", {"dims": dims}, inputs=[x, *indices])
     if expr is not None and not expr.consumers and expr not in ctx.graph.outputs:
         ctx.graph.remove_node(expr.producer)  # a list of tensors has no value shape inference could give
+
+
+def _mask_rows(ctx: Ctx, x: Value, dim: int, v: Value) -> list[Value]:
+    """An index operand as the index tensors it stands for: itself, or for a bool mask over dims dim..dim+k-1,
+    the k rows of its NonZero (what torch does with it: `x[mask]` is `x[mask.nonzero().unbind(1)]`), whose size
+    the runtime learns per call (engine/runtime/extents.py)."""
+    if v.dtype is None or np.dtype(v.dtype) != np.dtype(np.bool_):
+        return [v]
+    k = ctx.rank(v)
+    if k == 0 or x.shape is None or dim + k > len(x.shape):
+        raise ctx.unsupported(f"a bool mask ({v.name!r}) of rank {k} at dim {dim} of an input of shape {x.shape}")
+    covered = x.shape[dim:dim + k]
+    if any(m >= 0 and d >= 0 and m != d for m, d in zip(v.shape, covered, strict=True)):
+        raise ctx.fail(f"bool mask {v.name!r} of shape {v.shape} does not match the dims {covered} it indexes")
+    (rows,) = ctx.emit("NonZero", [v], {"zero": "value", "dtype": "int64"})
+    return [ctx.emit("Gather", [rows, ctx.const(np.array(j, np.int64))], {"axis": 0})[0] for j in range(k)]
 
 
 def _index_tree(ctx: Ctx, text) -> ListExpr:

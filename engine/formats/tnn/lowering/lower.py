@@ -12,6 +12,7 @@ from engine.formats.tnn.constants import TYPE_ALIASES
 from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its handlers)
     binary,
     conv_pool,
+    data_dependent,
     dynamic_range,
     hdr_guide,
     histogram,
@@ -42,9 +43,6 @@ register({alias: QUANTIZED[base] for alias, base in TYPE_ALIASES.items() if base
 
 # Types refused on purpose, with the reason the error gives.
 REFUSED: dict[str, str] = {
-    "NonZero": "(its output's size depends on the input's values: the engine plans every tensor's size at load)",
-    "NonMaxSuppression": "(the number of boxes kept depends on the input's values: the engine plans every "
-                         "tensor's size at load)",
     "QuantizedUpsample": "(TNN's int8 upsample acc (CpuUpsampleLayerAcc, which x86 falls back to) quantizes its "
                          "result into its float workspace, never into the output blob: TNN's output is not defined)",
     "Deconvolution3D": "(onnx2tnn writes it, but TNN's layer type map has no Deconvolution3D: TNN cannot load it)",

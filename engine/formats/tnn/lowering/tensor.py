@@ -75,7 +75,8 @@ def lower_range(c: Ctx) -> None:
         c.fail(f"takes (start, limit, delta), got {len(c.inputs)} inputs")
     known = [c.value_of(v) for v in c.inputs]
     if any(k is None for k in known):
-        c.unsupported("with bounds computed at run time (its output's size would only be known then)")
+        c.unsupported("with bounds computed at run time (its output's size would only be known then, and unlike "
+                      "NonZero's no upper bound for it is known at load to plan its memory with)")
     arrays = [np.asarray(k) for k in known]
     dtypes = {a.dtype for a in arrays}
     if len(dtypes) != 1 or dtypes - {np.dtype(np.float32), np.dtype(np.int32)} or any(a.size != 1 for a in arrays):

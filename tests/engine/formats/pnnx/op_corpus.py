@@ -205,6 +205,8 @@ SAMPLES: dict[str, tuple[str, dict[str, str], dict[str, tuple[int, ...]]]] = {
     "F.grid_sample": ("F.grid_sample op 2 1 x g y align_corners=False mode=bilinear padding_mode=zeros $input=x "
                       "$grid=g #x=(1,2,4,5)f32 #g=(1,3,3,2)f32 #y=(1,2,3,3)f32",
                       {"x": "(1,2,4,5)f32", "g": "(1,3,3,2)f32"}, {}),
+    "torch.masked_select": ("torch.masked_select op 2 1 x m y $input=x $mask=m #x=(2,3)f32 #m=(3)bool #y=(?)f32",
+                            {"x": "(2,3)f32", "m": "(3)bool"}, {}),
     "torch.zeros": ("torch.zeros op 1 1 s y dtype=torch.float $size=s #y=(?,3)f32", {"x": "(2,3)f32"}, {}),
     "torch.empty": ("torch.empty op 1 1 s y dtype=None $size=s #y=(?,3)f32", {"x": "(2,3)f32"}, {}),
     "torch.empty_like": ("torch.empty_like op 1 1 x y dtype=None $input=x #x=(2,3)f32 #y=(2,3)f32",

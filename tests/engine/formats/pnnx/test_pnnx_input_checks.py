@@ -52,6 +52,9 @@ VALID: list[tuple[tuple[str, ...], str, frozenset[str] | None, str]] = [
                     "F.scaled_dot_product_attention"), "rank-", None,
      "an operand of lower rank broadcasts to the same output (matmul and attention broadcast batch dims)"),
     (("pnnx.Expression",), "rank+", None, "a leading dim broadcasts into the output's dynamic dims"),
+    (("torch.masked_select", "Tensor.masked_select"), "rank+", None,
+     "x and the mask broadcast together; the result is 1-D whatever their ranks"),
+    (("torch.masked_select", "Tensor.masked_select"), "rank-", None, "as above"),
     (("Tensor.copy", "Tensor.slice_copy", "Tensor.index_put"), "rank-", frozenset({"src", "values"}),
      "a write broadcasts a source of lower rank"),
     (("Tensor.copy", "Tensor.index_put"), "rank+", frozenset({"src", "values"}),
@@ -127,12 +130,13 @@ def test_mistyped_operands_are_refused_at_load(op_type, tmp_path):
             inst.run(_feeds(loaded))  # listed valid: it runs
 
 
-@pytest.mark.parametrize("code", ["f32", "bool", "rank+"])
+@pytest.mark.parametrize("code", ["f32", "u8", "rank+"])
 def test_mistyped_index_tensors_of_tensor_index_are_refused_at_load(code, tmp_path):
     """Tensor.index reads its index tensors through its `$expr` list (operands of the list, not of the op, so the
-    mutations above leave them alone): each one as a float, as a bool mask, or with a leading dim is refused. (An
-    int32 index is valid, and so is a 0-d one, which broadcasts; an item computed in the list, `sub(@1,1)`, is the
-    list expression's arithmetic, which promotes as torch does.)"""
+    mutations above leave them alone): each one as a float, as a uint8 mask (deprecated in torch), or with a leading
+    dim is refused. (An int32 index is valid, and so is a 0-d one, which broadcasts; an item computed in the list,
+    `sub(@1,1)`, is the list expression's arithmetic, which promotes as torch does; a bool mask runs, through
+    NonZero: test_pnnx_data_dependent.py.)"""
     sample = next(s for s in SAMPLES["Tensor.index"] if len(s.op.ins) == 2)
     (listed,) = [f for f in sample.feeders if f.outs[0] in sample.op.ins]
     items = parse(next(i for i in listed.items if i.startswith("expr=")).split("=", 1)[1]).items

@@ -131,8 +131,8 @@ def test_reshape_shape_from_constant_map_and_inner_product_keeps_rank(tmp_path):
 
 def test_layer_without_lowering_names_type_and_line(tmp_path):
     with pytest.raises(UnsupportedOpError) as e:
-        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "NonZero l 1 1 t y"], "y")
-    assert "NonZero" in str(e.value) and "m.tnnproto:7" in str(e.value)
+        tnn_model(tmp_path, IN4, ["ReLU r 1 1 x t", "Deconvolution3D l 1 1 t y"], "y")
+    assert "Deconvolution3D" in str(e.value) and "m.tnnproto:7" in str(e.value)
 
 
 def test_missing_resource_is_a_format_error_with_line(tmp_path):
@@ -748,7 +748,7 @@ def test_tnns_other_spellings_read_their_resources(tmp_path):
     np.testing.assert_array_equal(run1(model, X4), run1(base, X4))
 
 
-@pytest.mark.parametrize("layer, reason", [("NonZero n 1 1 x y", "depends on the input's values"),
+@pytest.mark.parametrize("layer, reason", [("Deconvolution3D d 1 1 x y", "TNN cannot load it"),
                                            ("Reformat r 1 1 x y 0 1", "TNN's runtime inserts")])
 def test_types_refused_on_purpose_say_why(tmp_path, layer, reason):
     with pytest.raises(UnsupportedOpError, match=reason) as e:

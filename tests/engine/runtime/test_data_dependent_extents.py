@@ -1,0 +1,89 @@
+"""Outputs whose size depends on the data (NonZero, NonMaxSuppression): the arena holds their upper bound, each
+run gives the nodes downstream the actual size, graph outputs come back at it; a consumer whose shape could not
+follow such a size is refused at load, naming the op, the node and its file and line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.errors import UnsupportedOpError
+from engine.ir import Graph
+from engine.passes.pipeline import run_pipeline
+from engine.runtime.model import Model
+
+
+def nonzero_graph() -> Graph:
+    """x (-1, 3) -> NonZero -> Transpose -> Cast float -> + 1 -> y; Gather rows of x at the row indices -> rows;
+    the NonZero indices themselves -> idx."""
+    g = Graph()
+    x = g.value("x", (-1, 3), np.float32)
+    g.inputs = [x]
+    nz = g.add_node("NonZero", [x], name="nz", source="m:1").outputs[0]
+    t = g.add_node("Transpose", [nz], name="tr", params={"perm": [1, 0]}, source="m:2").outputs[0]
+    c = g.add_node("Cast", [t], name="cast", params={"to": "float32"}, source="m:3").outputs[0]
+    y = g.add_node("Add", [c, g.const(np.float32(1))], name="add", source="m:4").outputs[0]
+    row = g.add_node("Gather", [nz, g.const(np.int64(0))], name="row", params={"axis": 0}, source="m:5").outputs[0]
+    rows = g.add_node("Gather", [x, row], name="rows", params={"axis": 0}, source="m:6").outputs[0]
+    y.name, nz.name, rows.name = "y", "idx", "rows"
+    g.outputs = [y, nz, rows]
+    return run_pipeline(g)
+
+
+def test_downstream_nodes_take_the_actual_extent_per_call():
+    model = Model(nonzero_graph(), "m")
+    assert {s.name: s.shape for s in model.outputs} == {"y": (-1, 2), "idx": (2, -1), "rows": (-1, 3)}
+    assert sorted(model.data_dependent_outputs) == ["idx", "rows", "y"]
+    inst = model.instance(max_shapes={"x": (4, 3)})
+    arena, arena_bytes = inst.arena, inst.memory_plan.arena_bytes
+    for x in (np.array([[0, 1, 0], [2, 0, 0]], np.float32), np.zeros((3, 3), np.float32),
+              np.eye(4, 3, dtype=np.float32), np.ones((4, 3), np.float32), np.array([[0, 0, 5]], np.float32)):
+        out = inst.run({"x": x})
+        want = np.stack(np.nonzero(x))
+        np.testing.assert_array_equal(out["idx"], want)
+        np.testing.assert_array_equal(out["y"], want.T.astype(np.float32) + 1)
+        np.testing.assert_array_equal(out["rows"], x[want[0]])
+    assert inst.arena is arena and inst.memory_plan.arena_bytes == arena_bytes  # never reallocated
+
+
+def test_a_second_data_dependent_op_downstream():
+    """NonZero of the NonZero indices' row 1 (the column of each non-zero element) + NMS on the side."""
+    g = Graph()
+    x = g.value("x", (3, 4), np.float32)
+    boxes, scores = g.value("boxes", (1, 5, 4), np.float32), g.value("scores", (1, 2, 5), np.float32)
+    g.inputs = [x, boxes, scores]
+    nz = g.add_node("NonZero", [x], name="nz").outputs[0]
+    col = g.add_node("Gather", [nz, g.const(np.int64(1))], name="col", params={"axis": 0}).outputs[0]
+    nz2 = g.add_node("NonZero", [col], name="nz2").outputs[0]
+    kept = g.add_node("NonMaxSuppression", [boxes, scores], name="nms",
+                      params={"max_output_boxes_per_class": 2, "iou_threshold": 0.5, "score_threshold": 0.1}).outputs[0]
+    nz2.name, kept.name = "nz2", "kept"
+    g.outputs = [nz2, kept]
+    inst = Model(run_pipeline(g), "m").instance()
+    rng = np.random.default_rng(5)
+    for density in (0.0, 0.4, 1.0):
+        xv = np.where(rng.random((3, 4)) < density, 1, 0).astype(np.float32)
+        b = np.array([[[0, 0, 1, 1], [0, 0.1, 1, 1.1], [0, 5, 1, 6], [0, 9, 1, 10], [0, 5.1, 1, 6.1]]], np.float32)
+        s = (rng.random((1, 2, 5)) * density).astype(np.float32)
+        out = inst.run({"x": xv, "boxes": b, "scores": s})
+        np.testing.assert_array_equal(out["nz2"], np.stack(np.nonzero(np.nonzero(xv)[1])))
+        assert out["kept"].shape[1] == 3 and out["kept"].shape[0] <= 4
+        for row in out["kept"]:  # every kept box scores above the threshold
+            assert s[row[0], row[1], row[2]] > np.float32(0.1)
+
+
+@pytest.mark.parametrize("op, params, why", [
+    ("Shape", {"start": 0, "end": None}, "computes at load from the upper bound"),
+    ("Softmax", {"axis": 0}, "cannot follow a size known only at run time"),
+    ("Reshape", {"shape": [-1]}, "cannot follow a size known only at run time"),
+])
+def test_a_consumer_that_cannot_follow_is_refused_at_load(op, params, why):
+    g = Graph()
+    x = g.value("x", (2, 3), np.float32)
+    g.inputs = [x]
+    nz = g.add_node("NonZero", [x], name="nz", source="m.pnnx.param:3").outputs[0]
+    c = g.add_node("Cast", [nz], name="cast", params={"to": "float32"}, source="m.pnnx.param:4").outputs[0]
+    g.outputs = [g.add_node(op, [c], name="bad", params=params, source="m.pnnx.param:5").outputs[0]]
+    with pytest.raises(UnsupportedOpError, match=why) as e:
+        Model(run_pipeline(g), "m")
+    assert f"m.pnnx.param:5: unsupported op '{op}" in str(e.value) and "node 'bad'" in str(e.value)
