@@ -44,7 +44,6 @@ MIN_ROWS, MAX_ROWS = 16, 128  # query rows per block: GEMMs large enough, tile w
 # acc rescale is per row, so 256 rows of 512 keys (512 KiB, still in L2) cost 9% less CPU than 128 rows at
 # 4096x4096 (d40); short sequences keep 128 rows, so a few heads still split into enough items for the threads.
 LONG_TILE_BYTES, LONG_MAX_ROWS = 512 << 10, 256
-MIN_CHUNK = 16  # the fewest queries of a grouped item's chunk (query_chunks)
 LANES = 32  # partial maxima of a row (loops/attention.py's _max)
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
@@ -97,16 +96,6 @@ def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
     while g > 1 and outer * -(-heads // g) < threads:
         g = -(-g // 2)
     return g
-
-
-def query_chunks(items: int, threads: int, L: int, causal: bool) -> int:
-    """Chunks the grouped path splits each head's queries into, so that the threads get even shares: sᵀ's
-    softmax runs per query column, so column ranges are independent (DeiT-tiny's 3 heads on 2 threads were 2
-    items against 1). Only for few items that the threads do not divide (more items balance themselves), and not
-    causal (its mask counts queries from 0)."""
-    if causal or threads <= 1 or items % threads == 0 or items >= 4 * threads or L < 2 * MIN_CHUNK:
-        return 1
-    return min(threads, L // MIN_CHUNK)
 
 
 def blocking(L: int, S: int, e: int, dv: int) -> Blocking:
@@ -282,22 +271,16 @@ class _GroupCall(_Operands):
         outer = math.prod(self.outer)
         self.g = heads_per_item(g.heads, outer, self.heads, len(slots))
         self.groups = -(-self.heads // self.g)
-        self.chunks = query_chunks(outer * self.groups, len(slots), self.L, self.causal)
-        self.chunk = -(-self.L // self.chunks)
-        self.items = outer * self.groups * self.chunks
+        self.items = outer * self.groups
 
     def item(self, slot: _GroupSlot, item: int) -> None:
-        item, ci = divmod(item, self.chunks)
         oi, gi = divmod(item, self.groups)
         h0 = gi * self.g
         h1 = min(self.heads, h0 + self.g)
-        q0 = ci * self.chunk
-        q1 = min(self.L, q0 + self.chunk)
-        n, L, S, e = h1 - h0, q1 - q0, self.S, self.q.shape[-1]
+        n, L, S, e = h1 - h0, self.L, self.S, self.q.shape[-1]
         at = (*np.unravel_index(oi, self.outer), slice(h0, h1)) if len(self.outer) != 1 else (oi, slice(h0, h1))
-        rows = (*at, slice(q0, q1))  # this chunk's queries (all of them unless query_chunks split the heads)
         qt = slot.qt[:n * e * L].reshape(n, e, L)
-        np.copyto(qt.swapaxes(-1, -2), self.q[rows])
+        np.copyto(qt.swapaxes(-1, -2), self.q[at])
         st = slot.s[:n * S * L].reshape(n, S, L)
         kind, scale = self.mask_kind, self.scale
         # An additive mask: the scale on qᵀ and the mask added by numpy (the softmax reading it transposed, one
@@ -306,13 +289,13 @@ class _GroupCall(_Operands):
             if scale != 1:
                 np.multiply(qt, scale, out=qt)
             np.matmul(self.k[at], qt, out=st)
-            np.add(st, self.mask[rows].swapaxes(-1, -2), out=st, casting="unsafe")
+            np.add(st, self.mask[at].swapaxes(-1, -2), out=st, casting="unsafe")
             kind, scale = A.MASK_NONE, np.float32(1)
         else:
             np.matmul(self.k[at], qt, out=st)
         l = slot.l[:n * L].reshape(n, L)
-        A.group_softmax_t(st, slot.two_n, slot.two_f, self.mask[rows], kind, self.causal, scale, slot.m, l)
-        o = self.out[rows]
+        A.group_softmax_t(st, slot.two_n, slot.two_f, self.mask[at], kind, self.causal, scale, slot.m, l)
+        o = self.out[at]
         np.matmul(st.swapaxes(-1, -2), self.v[at], out=o)
         A.group_scale_rows(o, l, self.nan_rows)
 
@@ -393,14 +376,13 @@ def _compile(b: Blocking) -> None:
 
 def _compile_group(g: Grouping) -> None:
     """The grouped path's loops, as `_compile`, for the types a run passes: a broadcast (strided) mask, a
-    contiguous output or a chunk of its rows (query_chunks)."""
+    contiguous output."""
     slot = _GroupSlot(np.empty(g.slot_bytes + _ALIGN, np.uint8), g)
     s, l = slot.s[:0].reshape(1, 0, 1), slot.l[:0].reshape(1, 0)
     mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 2, 1))
     for kind in (A.MASK_NONE, A.MASK_ADD):
         A.group_softmax_t(s, slot.two_n, slot.two_f, mask, kind, False, np.float32(1), slot.m, l)
     A.group_scale_rows(s, l, False)
-    A.group_scale_rows(np.zeros((2, 2, 1), np.float32)[:, :1], np.ones((2, 1), np.float32), False)
 
 
 def _build_unfused(node: Node, ins: list[TensorInfo], dt: np.dtype):

@@ -241,33 +241,3 @@ def test_grouped_path_with_no_queries():
     assert run_kernel(make_node("Attention", 3), [q, k, v])[0].shape == (1, 2, 0, 4)
     out = run_kernel(make_node("Attention", 3), [_x(1, 2, 3, 4), _x(1, 2, 0, 4), _x(1, 2, 0, 4)])[0]
     assert (out == 0).all()
-
-
-def test_query_chunks_even_out_few_heads():
-    """DeiT-tiny's 3 heads on 2 threads split each head's queries in 2; heads the threads divide, many items,
-    short or causal sequences stay whole."""
-    assert fused.query_chunks(3, 2, 197, False) == 2 and fused.query_chunks(1, 2, 64, False) == 2
-    assert fused.query_chunks(2, 3, 40, False) == 2  # 40 queries: two chunks of at least MIN_CHUNK
-    assert fused.query_chunks(4, 2, 197, False) == 1 and fused.query_chunks(9, 2, 197, False) == 1
-    assert fused.query_chunks(3, 2, 197, True) == 1 and fused.query_chunks(3, 2, 20, False) == 1
-    assert fused.query_chunks(3, 1, 197, False) == 1
-
-
-@pytest.mark.parametrize("threads", [2, 3])
-@pytest.mark.parametrize("mask", [None, "bool", "float"])
-@pytest.mark.parametrize("shape", [(1, 3, 190, 16), (1, 1, 50, 8), (2, 40, 12)])  # 190: one head a group
-def test_grouped_path_split_queries_match_the_reference(threads, mask, shape):
-    """Chunks of query columns (query_chunks), odd remainders, every mask kind, the output rows written per chunk."""
-    from engine.devices.cpu import threads as _threads
-    before = _threads.get_threads()
-    _threads.set_threads(threads)
-    try:
-        *batch, L, e = shape
-        q, k, v = _x(*shape), _x(*batch, L + 3, e), _x(*batch, L + 3, 5)
-        inputs = [q, k, v]
-        m = _mask(mask, tuple(batch[:1]) + (1,) * (len(batch) - 1), L, L + 3, dead_rows=(0, L - 1))
-        if m is not None:
-            inputs.append(m)
-        check_kernel(make_node("Attention", len(inputs), params={"scale": 0.2}), inputs, rtol=1e-4, atol=1e-5)
-    finally:
-        _threads.set_threads(before)
