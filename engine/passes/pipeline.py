@@ -14,12 +14,14 @@ from engine.passes.fuse_attention import fuse_attention
 from engine.passes.fuse_conv_bn import fuse_conv_bn
 from engine.passes.fuse_epilogue import fuse_epilogue
 from engine.passes.infer_shapes import infer_shapes
+from engine.passes.merge_extent_ops import merge_extent_ops
 
 Pass = Callable[[Graph], Graph]
 
 PIPELINE: list[Pass] = [
     infer_shapes,
     fold_constants,
+    merge_extent_ops,
     eliminate_noops,
     fuse_attention,
     fuse_conv_bn,

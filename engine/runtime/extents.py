@@ -45,15 +45,32 @@ def dependent_outputs(graph: Graph, ops: Mapping[str, OpDef] = OPS) -> list[str]
 def dependent_values(graph: Graph, infos: Mapping[Value, TensorInfo], ops: Mapping[str, OpDef]) -> set[Value]:
     """The values whose shape follows a data-dependent extent; raises UnsupportedOpError at the first node that
     could not take one."""
-    dependent: set[Value] = set()
+    origins: dict[Value, frozenset[Node]] = {}  # each such value: the data-dependent nodes its size comes from
     for node in graph.nodes:
         op = ops.get(node.op_type)
-        if any(v in dependent for v in node.inputs):
+        sources = {origins[v] for v in node.inputs if v in origins}
+        if sources:
             _check_follower(node, op, infos)
-            dependent.update(node.outputs)
+            if len(sources) > 1:
+                _refuse_meeting(node, sources)
+            (source,) = sources
+            if op is not None and op.extent_dims:
+                source = source | {node}
+            origins.update((v, source) for v in node.outputs)
         elif op is not None and op.extent_dims and any(infos[v].value is None for v in node.outputs if v in infos):
-            dependent.update(v for v, d in zip(node.outputs, op.extent_dims, strict=False) if d is not None)
-    return dependent
+            origins.update((v, frozenset({node})) for v, d in zip(node.outputs, op.extent_dims, strict=False)
+                           if d is not None)
+    return set(origins)
+
+
+def _refuse_meeting(node: Node, sources: set[frozenset[Node]]) -> None:
+    """Sizes reported by different data-dependent nodes can only be compared at run time, and the runtime binds
+    the graph one reported size at a time: a node that combines them is refused (one mask indexing two tensors is
+    one node after merge_extent_ops, so `boxes[keep] * scores[keep]` is not refused)."""
+    names = sorted({f"{n.op_type} {n.name!r} ({n.where()})" for s in sources for n in s})
+    raise UnsupportedOpError(f"{node.op_type} (combines values whose sizes come from different data-dependent "
+                             f"ops: {', '.join(names)}; such sizes are known only at run time)", node.name,
+                             node.where())
 
 
 def _check_follower(node: Node, op: OpDef | None, infos: Mapping[Value, TensorInfo]) -> None:

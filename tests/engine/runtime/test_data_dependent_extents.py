@@ -87,3 +87,49 @@ def test_a_consumer_that_cannot_follow_is_refused_at_load(op, params, why):
     with pytest.raises(UnsupportedOpError, match=why) as e:
         Model(run_pipeline(g), "m")
     assert f"m.pnnx.param:5: unsupported op '{op}" in str(e.value) and "node 'bad'" in str(e.value)
+
+
+def _masked_rows(g: Graph, x, keep, tag: str):
+    """x[keep] as the pnnx lowering of a bool-mask index emits it: NonZero of the mask, its row 0, Index."""
+    nz = g.add_node("NonZero", [keep], name=tag + "nz", source=f"m:{tag}1").outputs[0]
+    row = g.add_node("Gather", [nz, g.const(np.int64(0))], name=tag + "row", params={"axis": 0},
+                     source=f"m:{tag}2").outputs[0]
+    return g.add_node("Index", [x, row], name=tag + "ix", params={"dims": [0]}, source=f"m:{tag}3").outputs[0]
+
+
+def test_one_mask_indexing_two_tensors_is_one_nonzero():
+    """torch's boxes[keep] * scores[keep][:, None]: two NonZero nodes of the same mask become one, so the two
+    operands of the product have one size by construction (they reported theirs separately before)."""
+    g = Graph()
+    boxes, scores = g.value("boxes", (8, 4), np.float32), g.value("scores", (8,), np.float32)
+    g.inputs = [boxes, scores]
+    keep = g.add_node("Greater", [scores, g.const(np.float32(0.5))], name="gt").outputs[0]
+    b, s = _masked_rows(g, boxes, keep, "b"), _masked_rows(g, scores, keep, "s")
+    s1 = g.add_node("Unsqueeze", [s], name="u", params={"axes": [1]}).outputs[0]
+    y = g.add_node("Mul", [b, s1], name="mul").outputs[0]
+    y.name = "y"
+    g.outputs = [y]
+    graph = run_pipeline(g)
+    assert [n.op_type for n in graph.nodes].count("NonZero") == 1
+    inst = Model(graph, "m").instance()
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        bx, sc = rng.random((8, 4), dtype=np.float32), rng.random(8, dtype=np.float32)
+        want = bx[sc > 0.5] * sc[sc > 0.5][:, None]
+        np.testing.assert_array_equal(inst.run({"boxes": bx, "scores": sc})["y"], want)
+
+
+def test_sizes_of_two_data_dependent_ops_meeting_are_refused_at_load():
+    """Two masks: their counts can differ, which only a run would show; the Add is refused at load (it used to
+    load, then fail nearly every request)."""
+    g = Graph()
+    x, m1, m2 = g.value("x", (6,), np.float32), g.value("m1", (6,), np.bool_), g.value("m2", (6,), np.bool_)
+    g.inputs = [x, m1, m2]
+    a, b = _masked_rows(g, x, m1, "a"), _masked_rows(g, x, m2, "b")
+    y = g.add_node("Add", [a, b], name="add", source="m:9").outputs[0]
+    y.name = "y"
+    g.outputs = [y]
+    with pytest.raises(UnsupportedOpError, match="combines values whose sizes come from different") as info:
+        Model(run_pipeline(g), "m").instance()
+    assert "NonZero 'anz'" in str(info.value) and "NonZero 'bnz'" in str(info.value)
+    assert "m:9" in str(info.value)
