@@ -287,6 +287,7 @@ def test_gzip_request_bodies_of_several_members_are_read_whole():
     (zlib.compress(b"{}") + b"zz", "deflate", "2 bytes follow the end of the stream"),
     (zlib.compress(b"{}") * 2, "deflate", "bytes follow the end of the stream"),
     (b"not gzip", "gzip", "incorrect header check"),
+    (gzip.compress(b"") * 1025, "gzip", "more than 1024 gzip members"),  # each member costs a decompressor
 ])
 def test_damaged_compressed_bodies_are_refused(body, encoding, words):
     with pytest.raises(InvalidArgumentError, match=f"request body is not valid {encoding} data: .*{words}"):
@@ -335,3 +336,12 @@ def test_grpc_group_fields_parse_alike_at_every_size(group, size):
 def test_grpc_broken_group_fields_are_refused_at_every_size(group, size):
     with pytest.raises(DecodeError):
         grpc_wire.parse_infer_request(_identity_request(size) + group)
+
+
+def test_gzip_members_of_every_size_are_read_whole():
+    """Members fed in growing pieces: a member ending inside a piece, one spanning many, 1024 of them."""
+    rng = np.random.default_rng(0)
+    chunks = [rng.bytes(n) for n in (0, 1, 1023, 1024, 1025, 70_000, 300_000)]
+    body = b"".join(gzip.compress(c, compresslevel=1) for c in chunks)
+    assert decompress(body, "gzip") == b"".join(chunks)
+    assert decompress(gzip.compress(b"ab") * 1024, "gzip") == b"ab" * 1024

@@ -74,7 +74,9 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
     try:
         encoding, header = headers.get("content-encoding"), int_header(headers.get(HEADER_LENGTH))
         if header == 0:
-            req = _raw_binary(dp, model, version, compression.decompress(body, encoding, max_input_bytes))
+            if encoding and encoding.strip().lower() != "identity":  # a small body may inflate to the limit
+                body = await asyncio.to_thread(compression.decompress, body, encoding, max_input_bytes)
+            req = _raw_binary(dp, model, version, body)
         elif size >= decode_in_thread_bytes:
             req = await asyncio.to_thread(_decode, model, version, body, encoding, header, max_input_bytes, True)
         else:
