@@ -307,7 +307,9 @@ class DataPlane:
             feed, batch = validate_inputs(mv, req)
             wanted = requested_outputs(mv, req)
             context = request_context(mv, req)
-            if self._caches(mv):
+            # a request of a sequence is never answered from the cache: its answer depends on the sequence's state
+            # (an ensemble whose step keeps one), which no key holds
+            if req.sequence is None and self._caches(mv):
                 t_lookup = time.perf_counter_ns()
                 key = await cache_key_off_loop(mv, feed, context)
                 cached = self.cache.get(key) if self.cache is not None else None

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from pymodels import python_model
+from pymodels import copy_models, ensemble, python_model
 from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repository, nnserve_command
 
 from server.response_cache import ResponseCache, outputs_bytes, request_key
@@ -264,3 +264,33 @@ def test_bytes_entries_are_counted_at_what_they_cost_in_memory():
     assert outputs_bytes({"s": made}) >= 0.9 * held  # the memory they hold, not the 14 bytes per element of text
     cache = ResponseCache(max_bytes=outputs_bytes({"s": made}) + 100)
     assert cache.put(b"a", {"s": made}) and not cache.put(b"b", {"s": np.concatenate([made, made])})
+
+
+ENSEMBLE_OVER_SEQUENCE = """
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "simple_sequence" model_version: -1 input_map { key: "INPUT" value: "IN" }
+                               output_map { key: "OUTPUT" value: "OUT" } } ] }
+response_cache { enable: true }
+"""
+
+
+def test_a_request_of_a_sequence_is_never_answered_from_the_cache(tmp_path):
+    """A cached ensemble whose step keeps a sequence's state: START, then two more requests with the same input,
+    must give what the stateful model gives (6, 5, 5: START adds 1), not the first answer replayed."""
+    copy_models(tmp_path, "simple_sequence")
+    ensemble(tmp_path, "ens", ENSEMBLE_OVER_SEQUENCE)
+    srv = ServerProcess(tmp_path, "--cache-config", "local,size=1048576")
+    try:
+        answers = []
+        for params in ({"sequence_id": 11, "sequence_start": True}, {"sequence_id": 11},
+                       {"sequence_id": 11, "sequence_end": True}):
+            body = {"parameters": params,
+                    "inputs": [{"name": "IN", "datatype": "INT32", "shape": [1, 1], "data": [5]}]}
+            r = httpx.post(f"http://{srv.http_url}/v2/models/ens/infer", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+            answers.append(r.json()["outputs"][0]["data"])
+        assert answers == [[6], [5], [5]]
+    finally:
+        assert srv.stop() == 0, srv.log_text
