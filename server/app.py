@@ -106,6 +106,7 @@ class NNServer:
         self._metrics_http: list[tuple[_Uvicorn, asyncio.Task]] = []  # scraped until the very end
         self._grpc: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
+        self._stopped = threading.Event()  # the orderly stop is over (set at the end of shutdown)
 
     async def start_endpoints(self) -> None:
         s = self.settings
@@ -207,9 +208,9 @@ class NNServer:
         return 0
 
     def _stop_requested(self) -> None:
-        """SIGTERM/SIGINT: the orderly stop starts; and, once, a watchdog that ends the process should it not be
-        over in the drain delay plus the exit timeout (a model's initialize or warm-up stuck in a worker thread
-        would keep it alive: threads cannot be stopped, and the interpreter waits for them)."""
+        """SIGTERM/SIGINT: the orderly stop starts; and, once, a watchdog that ends the process should a model load
+        keep it alive past the drain delay plus the exit timeout (a model's initialize or warm-up stuck in a worker
+        thread: threads cannot be stopped, and the interpreter waits for them)."""
         if not self._stop.is_set():
             s = self.settings
             limit = max(s.drain_delay_secs, 0.0) + max(s.exit_timeout_secs, 0.0) + EXIT_GRACE_SECS
@@ -218,8 +219,19 @@ class NNServer:
 
     def _exit_after(self, seconds: float) -> None:
         time.sleep(seconds)
+        # An orderly stop still under way with no load stuck (a model's finalize, bounded by its own timeout) is
+        # left to finish: only a stuck load, or a process still alive after the stop is over, is cut short.
+        while not self.repository.loading() and not self._stopped.wait(0.5):
+            pass
+        if self._stopped.is_set():
+            time.sleep(EXIT_GRACE_SECS)  # the interpreter may still be waiting for a load's thread
         log.error("exit timeout reached with model loads still running (%s): exiting without waiting for them",
                   ", ".join(self.repository.loading()) or "none")
+        if not self._stopped.is_set():
+            try:
+                self.dp.tracer.close()  # buffered traces are written, as the orderly stop would have
+            except Exception:  # exiting regardless: say so, do not hang on it
+                log.exception("writing the buffered traces failed")
         python_workers.kill_all("was killed: the server exited")
         logging.shutdown()
         os._exit(0)  # the code an orderly stop on SIGTERM exits with
@@ -252,6 +264,7 @@ class NNServer:
             await self.repository.shutdown(drain=False)
         self.dp.tracer.close()  # buffered traces are written
         self.dp.shared_memory.close()
+        self._stopped.set()
         log.info("nnserve stopped")
 
     async def _close_endpoints(self) -> None:

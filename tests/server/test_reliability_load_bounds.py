@@ -152,3 +152,39 @@ def test_an_unload_stops_a_warm_up_under_way(tmp_path):
         assert index(srv)["slow"]["state"] == "UNAVAILABLE"
     finally:
         assert srv.stop() == 0, srv.log_text
+
+
+SLOW_FINALIZE = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy())]) for r in requests]
+
+    def finalize(self):
+        time.sleep(8)
+"""
+SLOW_FINALIZE_CONFIG = """
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+
+
+def test_a_slow_orderly_stop_is_not_cut_short_and_writes_its_traces(tmp_path):
+    """No load is stuck, only a model's finalize takes longer than the exit timeout (8 s against 1 s): the stop
+    finishes in order (the buffered traces are written) instead of the exit watchdog ending the process."""
+    python_model(tmp_path / "repo", "slowfin", SLOW_FINALIZE_CONFIG, SLOW_FINALIZE)
+    trace = tmp_path / "trace.json"
+    srv = ServerProcess(tmp_path / "repo", "--exit-timeout-secs", "1", "--drain-delay-secs", "0",
+                        "--trace-config", f"triton,file={trace}", "--trace-config", "level=TIMESTAMPS",
+                        "--trace-config", "rate=1", "--trace-config", "log_frequency=0")
+    body = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [2], "data": [1, 2]}]}
+    assert httpx.post(f"http://{srv.http_url}/v2/models/slowfin/infer", json=body, timeout=30).status_code == 200
+    assert srv.stop() == 0, srv.log_text
+    assert "nnserve stopped" in srv.log_text and "exiting without waiting" not in srv.log_text
+    assert trace.exists() and "slowfin" in trace.read_text()
