@@ -102,7 +102,10 @@ class Link:
         self._send_lock = threading.Lock()
 
     def send(self, header: Header, tensors: Iterable[Tensor] = ()) -> None:
-        pieces = encode_frame(header, tensors)
+        self.send_pieces(encode_frame(header, tensors))
+
+    def send_pieces(self, pieces: list[bytes | memoryview]) -> None:
+        """Writes one frame's pieces (encode_frame's)."""
         with self._send_lock:
             for piece in pieces:
                 self.sock.sendall(piece)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.python_backend.ipc import Header, IpcError, Link, Tensor
+from server.python_backend.ipc import Header, IpcError, Link, Tensor, encode_frame
 
 log = logging.getLogger("nnserve.python")
 REPLIES = ("done", "failed", "executed")
@@ -33,6 +33,8 @@ CLOSED = "was stopped (its model was unloaded)"
 # How long a message that is not a call (a BLS answer, a cancel) may take to be written before the process is
 # killed as one that stopped reading.
 SEND_SECONDS = 60.0
+# Frames up to this size are written without a timer (a Unix socket's buffer holds far more; see _send_within).
+UNTIMED_FRAME_BYTES = 64 * 1024
 
 
 class WorkerGone(Exception):
@@ -119,22 +121,27 @@ class WorkerProcess:
         if link is None or self.gone is not None:
             return
         try:
-            self._send_within(link, header, tensors, SEND_SECONDS)
+            self._send_within(link, header, tensors, SEND_SECONDS, call=False)
         except OSError:
             pass  # the reader sees the process go and says why
 
-    def _send_within(self, link: Link, header: Header, tensors: Iterable[Tensor], timeout: float | None) -> None:
+    def _send_within(self, link: Link, header: Header, tensors: Iterable[Tensor], timeout: float | None,
+                     call: bool = True) -> None:
         """link.send, bounded: a process that stops reading (stopped, or stuck holding the GIL in C code) fills the
-        socket's buffer and would block the sender forever, so past `timeout` it is killed, which fails the send."""
-        if timeout is None:
-            link.send(header, tensors)
+        socket's buffer and would block the sender forever, so past `timeout` it is killed, which fails the send.
+        A call's small frame needs no timer: calls go one at a time and each is read whole before its reply, so
+        the buffer holds no earlier call when one starts and a frame this small fits in it (messages outside
+        calls, which may pile up behind a process that stopped reading, are always timed)."""
+        pieces = encode_frame(header, tensors)
+        if timeout is None or (call and sum(len(p) for p in pieces) <= UNTIMED_FRAME_BYTES):
+            link.send_pieces(pieces)
             return
         why = (f"did not take '{header.get('kind')}' within {timeout:g} s (it stopped reading its link); killed")
         timer = threading.Timer(timeout, self.kill, args=(why,))
         timer.daemon = True
         timer.start()
         try:
-            link.send(header, tensors)
+            link.send_pieces(pieces)
         finally:
             timer.cancel()
 
