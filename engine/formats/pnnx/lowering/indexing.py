@@ -246,6 +246,14 @@ def _mask_rows(ctx: Ctx, x: Value, dim: int, v: Value) -> list[Value]:
     covered = x.shape[dim:dim + k]
     if any(m >= 0 and d >= 0 and m != d for m, d in zip(v.shape, covered, strict=True)):
         raise ctx.fail(f"bool mask {v.name!r} of shape {v.shape} does not match the dims {covered} it indexes")
+    if any(m < 0 or d < 0 for m, d in zip(v.shape, covered, strict=True)):
+        # Sizes known only at run time must still agree (torch raises IndexError): a smaller mask would select
+        # from the front of x. The mask reshaped to the dim it indexes fails each run whose counts differ.
+        if k > 1:
+            raise ctx.unsupported(f"a bool mask ({v.name!r}) over {k} dims whose sizes are known only at run time "
+                                  "(they could not be checked against the dims it indexes)")
+        (dims,) = ctx.emit("Shape", [x], {"start": dim, "end": dim + 1})
+        (v,) = ctx.emit("Reshape", [v, dims], {})
     (rows,) = ctx.emit("NonZero", [v], {"zero": "value", "dtype": "int64"})
     return [ctx.emit("Gather", [rows, ctx.const(np.array(j, np.int64))], {"axis": 0})[0] for j in range(k)]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine.errors import ModelFormatError
+from engine.errors import EngineError, ModelFormatError, UnsupportedOpError
 from engine.formats.pnnx.writer import write_pnnx
 
 RNG = np.random.default_rng(21)
@@ -84,3 +84,34 @@ def test_a_mask_that_does_not_fit_its_dims_is_refused_with_the_line(tmp_path):
     with pytest.raises(ModelFormatError, match="does not match the dims") as e:
         engine.load(path)
     assert "m.pnnx.param:6" in str(e.value)
+
+
+def test_a_dynamic_mask_must_match_the_dim_it_indexes(tmp_path):
+    """x[mask] with both sizes known only at run time: equal sizes select as torch does; a mask of another size is
+    an error for that run (torch's IndexError), never rows picked from the front of x."""
+    path = write(tmp_path, """
+        pnnx.Input in0 0 1 0 #0=(?,2)f32
+        pnnx.Input in1 0 1 1 #1=(?)bool
+        pnnx.Expression list 1 1 1 2 expr=[@0] #1=(?)bool
+        Tensor.index op 2 1 0 2 3 $input=0 $expr=2 #0=(?,2)f32 #3=(?,2)f32
+        pnnx.Output out 1 0 3
+    """)
+    inst = engine.load(path).instance("cpu", max_shapes={"in0": (6, 2), "in1": (6,)})
+    x = RNG.standard_normal((5, 2)).astype(np.float32)
+    for m in masks((5,)):
+        (got,) = inst.run({"in0": x, "in1": m}).values()
+        np.testing.assert_array_equal(got, x[m])
+    with pytest.raises(EngineError, match="cannot reshape"):
+        inst.run({"in0": x, "in1": np.ones(3, bool)})
+
+
+def test_a_dynamic_mask_over_two_dims_is_refused(tmp_path):
+    path = write(tmp_path, """
+        pnnx.Input in0 0 1 0 #0=(?,?,2)f32
+        pnnx.Input in1 0 1 1 #1=(?,?)bool
+        pnnx.Expression list 1 1 1 2 expr=[@0] #1=(?,?)bool
+        Tensor.index op 2 1 0 2 3 $input=0 $expr=2 #0=(?,?,2)f32 #3=(?,2)f32
+        pnnx.Output out 1 0 3
+    """)
+    with pytest.raises(UnsupportedOpError, match="m.pnnx.param:6.*over 2 dims whose sizes are known only at run time"):
+        engine.load(path)
