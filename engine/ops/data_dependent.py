@@ -26,6 +26,7 @@ import numpy as np
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.rules import HOST_EVAL_MAX_ELEMENTS
 
 INDEX_DTYPES = ("int64", "int32")
 F32 = np.float32
@@ -54,7 +55,7 @@ def _nonzero_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if not x.shape:
         raise ShapeError(f"{node.where()}: NonZero of a 0-d tensor (torch and ONNX disagree on its shape)")
     dtype = index_dtype(node)
-    if x.value is not None:  # known at load: its actual result
+    if x.value is not None and np.size(x.value) <= HOST_EVAL_MAX_ELEMENTS:  # known at load: its actual result
         value = _nonzero_reference(node, [np.asarray(x.value)])[0]
         return [TensorInfo(value.shape, dtype, value)]
     return [TensorInfo((len(x.shape), int(np.prod(x.shape))), dtype)]
