@@ -26,7 +26,7 @@ import numpy as np
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops.registry import OpDef, TensorInfo, register
-from engine.ops.rules import HOST_EVAL_MAX_ELEMENTS
+from engine.ops.rules import HOST_EVAL_MAX_ELEMENTS, elements
 
 INDEX_DTYPES = ("int64", "int32")
 F32 = np.float32
@@ -58,7 +58,7 @@ def _nonzero_infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
     if x.value is not None and np.size(x.value) <= HOST_EVAL_MAX_ELEMENTS:  # known at load: its actual result
         value = _nonzero_reference(node, [np.asarray(x.value)])[0]
         return [TensorInfo(value.shape, dtype, value)]
-    return [TensorInfo((len(x.shape), int(np.prod(x.shape))), dtype)]
+    return [TensorInfo((len(x.shape), elements(x.shape)), dtype)]
 
 
 def _nonzero_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:

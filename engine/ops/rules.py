@@ -3,6 +3,7 @@ the propagation of values known before running."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -86,18 +87,16 @@ def all_values(ins: Sequence[TensorInfo]) -> bool:
 def with_value(node: Node, ins: Sequence[TensorInfo], outs: list[TensorInfo],
                reference: Callable[[Node, list[np.ndarray]], list[np.ndarray]]) -> list[TensorInfo]:
     """Fills `value` in on `outs` by running `reference` when every input is known (shape arithmetic)."""
-    if not all_values(ins) or sum(_elements(o.shape) for o in outs) > HOST_EVAL_MAX_ELEMENTS:
+    if not all_values(ins) or sum(elements(o.shape) for o in outs) > HOST_EVAL_MAX_ELEMENTS:
         return outs
     vals = reference(node, [np.asarray(i.value) for i in ins])
     return [TensorInfo(o.shape, o.dtype, np.asarray(v, dtype=o.dtype).reshape(o.shape))
             for o, v in zip(outs, vals, strict=True)]
 
 
-def _elements(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)  # Python ints: a product of huge dims must not wrap around
-    return n
+def elements(shape: Sequence[int]) -> int:
+    """The element count of `shape`, in Python ints: a product of huge dims from a file must not wrap around."""
+    return math.prod(int(d) for d in shape)
 
 
 def ints(node: Node, what: str, value) -> list[int]:

@@ -15,7 +15,7 @@ from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ir.dtypes import to_dtype
 from engine.ops.registry import OpDef, TensorInfo, register
-from engine.ops.rules import INT64, ints, norm_axes, norm_axis, with_value
+from engine.ops.rules import INT64, elements, ints, norm_axes, norm_axis, with_value
 
 
 def _target(node: Node, ins: list[TensorInfo], arrays: list[np.ndarray] | None = None) -> list[int]:
@@ -31,22 +31,18 @@ def _target(node: Node, ins: list[TensorInfo], arrays: list[np.ndarray] | None =
     return ints(node, "shape", node.params["shape"])
 
 
-def _n(shape) -> int:
-    return math.prod(int(d) for d in shape)
-
-
 def reshape_shape(node: Node, shape: tuple[int, ...], target: list[int]) -> tuple[int, ...]:
     """ONNX/TNN reshape: 0 copies the input dim at that index, one -1 takes what is left."""
     out = [shape[i] if d == 0 and i < len(shape) else d for i, d in enumerate(target)]
     if out.count(-1) > 1 or any(d < -1 for d in out):
         raise ShapeError(f"{node.where()}: Reshape target {target} is invalid")
     if -1 in out:
-        known = _n([d for d in out if d != -1])
-        if known == 0 or _n(shape) % known:
+        known = elements([d for d in out if d != -1])
+        if known == 0 or elements(shape) % known:
             raise ShapeError(f"{node.where()}: cannot reshape {shape} to {target}")
-        out[out.index(-1)] = _n(shape) // known
-    if _n(out) != _n(shape):
-        raise ShapeError(f"{node.where()}: cannot reshape {shape} ({_n(shape)} elements) to {target}")
+        out[out.index(-1)] = elements(shape) // known
+    if elements(out) != elements(shape):
+        raise ShapeError(f"{node.where()}: cannot reshape {shape} ({elements(shape)} elements) to {target}")
     return tuple(out)
 
 
@@ -57,7 +53,7 @@ def _flatten_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:
     e = norm_axis(node, int(node.params.get("end_dim", -1)), len(shape))
     if e < s:
         raise ShapeError(f"{node.where()}: Flatten start_dim {s} is after end_dim {e}")
-    return shape[:s] + (_n(shape[s:e + 1]),) + shape[e + 1:]
+    return shape[:s] + (elements(shape[s:e + 1]),) + shape[e + 1:]
 
 
 def _squeeze_shape(node: Node, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -5,11 +5,10 @@ wrong dtype) is an error at load, as it would be with run-time inputs, never a f
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from engine.ir import Graph, Node
+from engine.ops.rules import elements
 from engine.passes.graph_edit import op_of
 from engine.passes.infer_shapes import const_info, infer_node
 
@@ -31,7 +30,7 @@ def _fold(graph: Graph, node: Node) -> None:
         return
     outs = infer_node(node, [const_info(v) for v in node.inputs])
     in_bytes = sum(v.const.nbytes for v in node.inputs) + sum(getattr(a, "nbytes", 0) for a in node.attrs.values())
-    if _too_big(sum(math.prod(int(d) for d in o.shape) * o.dtype.itemsize for o in outs), in_bytes):
+    if _too_big(sum(elements(o.shape) * o.dtype.itemsize for o in outs), in_bytes):
         return  # decided from the inferred shapes, before anything of that size is allocated
     try:
         results = [np.asarray(r) for r in op.reference(node, [v.const for v in node.inputs])]

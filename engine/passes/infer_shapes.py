@@ -9,7 +9,6 @@ Values whose data is known without running the graph (constants, shape arithmeti
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from engine.errors import EngineError, ShapeError
 from engine.ir import Graph, Node, Value
 from engine.ops.registry import OPS, OpDef, TensorInfo, check_inputs, get_op
-from engine.ops.rules import HOST_EVAL_MAX_ELEMENTS
+from engine.ops.rules import HOST_EVAL_MAX_ELEMENTS, elements
 
 
 def const_info(v: Value) -> TensorInfo:
@@ -87,7 +86,7 @@ def _input_info(node: Node, v: Value, infos: Mapping[Value, TensorInfo]) -> Tens
 
 def _host_eval(node: Node, op, ins: list[TensorInfo], outs: list[TensorInfo]) -> list[TensorInfo]:
     """Runs the reference on known small inputs so shape arithmetic never reaches the arena."""
-    sizes = [math.prod(int(d) for d in i.shape) for i in (*ins, *outs)]
+    sizes = [elements(i.shape) for i in (*ins, *outs)]
     if sum(sizes) > HOST_EVAL_MAX_ELEMENTS:  # big data stays a scheduled node (an Expand to a huge shape)
         return outs
     try:
