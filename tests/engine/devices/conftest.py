@@ -13,11 +13,25 @@ import pytest
 SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 SIM_MODULES = ["test_cuda_kernels.py", "test_cuda_device.py", "test_cuda_models.py"]
 
+
+
+def _real_gpu() -> bool:
+    """A CUDA device numba can use (never the simulator: this is asked only when the simulator is off)."""
+    try:
+        from numba import cuda
+    except ImportError:  # numba-cuda is in the test extra; without it the gpu tests skip with that reason
+        return False
+    return bool(cuda.is_available())
+
+
 if SIMULATED:
     collect_ignore = ["test_cuda_sim.py", "test_cuda_gpu.py"]
     # The simulator runs each CUDA thread as a Python thread and polls them while holding the GIL; a short
     # switch interval lets the simulated threads reach their barriers ~5x sooner. This is the child process.
     sys.setswitchinterval(0.0005)
+elif _real_gpu():
+    # On a machine with a GPU the simulator's modules run on the device itself, in this process.
+    collect_ignore = ["test_cuda_sim.py"]
 else:
     collect_ignore = list(SIM_MODULES)
 
