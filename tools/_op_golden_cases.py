@@ -272,6 +272,26 @@ class FunctionalConvs(nn.Module):  # F.conv_transpose1d / 2d and F.conv1d with p
                 F.conv_transpose2d(x2, self.wt2, stride=2, padding=1, groups=2))
 
 
+class Volumetric(nn.Module):  # a video net's 3-D convolutions and poolings (R3D / X3D / SlowFast style)
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv3d(3, 4, 3, stride=(1, 2, 2), padding=1)
+        self.temporal = nn.Conv3d(4, 4, (3, 1, 1), padding="same", dilation=(2, 1, 1), groups=2, bias=False)
+        self.w = nn.Parameter(torch.randn(2, 4, 1, 2, 2) * 0.3)
+        self.pool = nn.MaxPool3d((1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1))
+        self.gap = nn.AdaptiveAvgPool3d(1)
+
+    def forward(self, x):
+        y = self.pool(torch.relu(self.stem(x)))
+        y = y + self.temporal(y)
+        return (self.gap(y).flatten(1),
+                F.avg_pool3d(y, 2, ceil_mode=True),
+                F.avg_pool3d(y, (1, 3, 3), stride=1, padding=(0, 1, 1), count_include_pad=False),
+                F.max_pool3d(y, (2, 2, 2), stride=2, ceil_mode=True),
+                F.adaptive_max_pool3d(y, (1, 3, 1)),
+                F.conv3d(y, self.w, stride=(2, 1, 1), padding="valid"))
+
+
 class EmptyDims(nn.Module):  # a zero-size region: a write that changes nothing (a cat with an empty slice hangs
     def forward(self, x):  # pnnx's converter)
         a = x.clone()
@@ -485,6 +505,7 @@ CASES: dict[str, Case] = {
     "std_var": Case(StdVar, [(3, 4, 5)]),
     "functional_convs": Case(FunctionalConvs, [(2, 4, 7), (1, 4, 5, 5)]),
     "empty_dims": Case(EmptyDims, [(3, 4)]),
+    "volumetric": Case(Volumetric, [(1, 3, 5, 9, 11)]),
     "half_ops": Case(HalfOps, [(3, 4), ("bool", (3, 4))]),
     "more_activations": Case(MoreActivations, [(2, 3, 4, 5)]),
     "pads": Case(Pads, [(2, 3, 6), (1, 2, 3, 4, 5)]),

@@ -32,7 +32,7 @@ def _conv_params(ctx: Ctx, kernel: list[int]) -> dict:
             "activation": None, "activation_params": {}}
 
 
-def _weights(ctx: Ctx, ndim: int):
+def conv_weights(ctx: Ctx, ndim: int):
     """(weight, bias): the module's attrs, or the functional form's constant `$weight` / `$bias` operands (a
     weight computed at run time is refused: the canonical convolutions hold their filters as attrs)."""
     if ctx.type.startswith("F."):
@@ -46,7 +46,7 @@ def _weights(ctx: Ctx, ndim: int):
 
 @handles("nn.Conv2d", "F.conv2d")
 def conv2d(ctx: Ctx) -> None:
-    w, b = _weights(ctx, 4)
+    w, b = conv_weights(ctx, 4)
     attrs = {"weight": w} if b is None else {"weight": w, "bias": b}
     ctx.become("Conv", _conv_params(ctx, list(w.shape[2:])), attrs, inputs=[ctx.x()])
 
@@ -54,7 +54,7 @@ def conv2d(ctx: Ctx) -> None:
 @handles("nn.Conv1d", "F.conv1d")
 def conv1d(ctx: Ctx) -> None:
     # (N, C, L) -> (N, C, 1, L): a 1-D conv is a 2-D conv with a 1-row kernel.
-    w, b = _weights(ctx, 3)
+    w, b = conv_weights(ctx, 3)
     one = {k: [1, int(ctx.p(k, [d])[0])] for k, d in (("stride", 1), ("dilation", 1))}
     padding = ctx.p("padding", [0])
     padding = [padding] if isinstance(padding, int) else padding
@@ -75,7 +75,7 @@ def conv1d(ctx: Ctx) -> None:
 
 @handles("nn.ConvTranspose2d", "F.conv_transpose2d")
 def conv_transpose2d(ctx: Ctx) -> None:
-    w, b = _weights(ctx, 4)
+    w, b = conv_weights(ctx, 4)
     params = {"stride": pair(ctx.p("stride"), 1), "pads": symmetric_pads(ctx.p("padding", 0)),
               "output_padding": pair(ctx.p("output_padding"), 0), "dilation": pair(ctx.p("dilation"), 1),
               "groups": int(ctx.p("groups", 1)), "activation": None, "activation_params": {}}
@@ -84,7 +84,7 @@ def conv_transpose2d(ctx: Ctx) -> None:
 
 @handles("nn.ConvTranspose1d", "F.conv_transpose1d")
 def conv_transpose1d(ctx: Ctx) -> None:
-    w, b = _weights(ctx, 3)
+    w, b = conv_weights(ctx, 3)
 
     def one(key: str, default: int) -> list[int]:
         v = ctx.p(key, [default])

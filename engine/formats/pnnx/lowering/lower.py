@@ -27,6 +27,7 @@ from engine.formats.pnnx.lowering import (  # noqa: F401  (each registers its ha
     scatter,
     transformer_encoder,
     unread_params,
+    volume,
 )
 from engine.formats.pnnx.lowering.context import PREFIX, Ctx
 from engine.formats.pnnx.lowering.registry import HANDLERS

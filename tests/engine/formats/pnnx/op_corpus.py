@@ -170,6 +170,12 @@ def fixture_samples() -> dict[str, list[Sample]]:
 SAMPLES: dict[str, tuple[str, dict[str, str], dict[str, tuple[int, ...]]]] = {
     "F.conv2d": ("F.conv2d op 2 1 x w y bias=None dilation=(1,1) groups=1 padding=(1,1) stride=(1,1) $input=x "
                  "$weight=w #x=(1,2,5,5)f32 #y=(1,4,5,5)f32", {"x": "(1,2,5,5)f32"}, {"w": (4, 2, 3, 3)}),
+    "F.conv3d": ("F.conv3d op 2 1 x w y bias=None dilation=(1,1,1) groups=1 padding=(1,1,1) stride=(1,1,1) "
+                 "$input=x $weight=w #x=(1,2,3,5,5)f32 #y=(1,4,3,5,5)f32", {"x": "(1,2,3,5,5)f32"},
+                 {"w": (4, 2, 3, 3, 3)}),
+    "nn.AvgPool3d": ("nn.AvgPool3d op 1 1 x y ceil_mode=False count_include_pad=True divisor_override=None "
+                     "kernel_size=(2,2,2) padding=(0,0,0) stride=(2,2,2) #x=(1,2,4,4,4)f32 #y=(1,2,2,2,2)f32",
+                     {"x": "(1,2,4,4,4)f32"}, {}),
     "F.conv1d": ("F.conv1d op 2 1 x w y bias=None dilation=(1) groups=1 padding=(1) stride=(1) $input=x $weight=w "
                  "#x=(1,2,5)f32 #y=(1,4,5)f32", {"x": "(1,2,5)f32"}, {"w": (4, 2, 3)}),
     "F.conv_transpose1d": ("F.conv_transpose1d op 2 1 x w y bias=None dilation=(1) groups=1 output_padding=(0) "
