@@ -292,6 +292,17 @@ class Volumetric(nn.Module):  # a video net's 3-D convolutions and poolings (R3D
                 F.conv3d(y, self.w, stride=(2, 1, 1), padding="valid"))
 
 
+class Unfolds(nn.Module):  # im2col as T2T-ViT's soft split and local-attention blocks write it
+    def __init__(self):
+        super().__init__()
+        self.split = nn.Unfold(3, padding=1, stride=2)
+
+    def forward(self, x):
+        return (self.split(x).transpose(1, 2),
+                F.unfold(x, (2, 3), dilation=(2, 1), padding=(1, 0), stride=(1, 2)),
+                F.unfold(x * 2.0, 1))
+
+
 class EmptyDims(nn.Module):  # a zero-size region: a write that changes nothing (a cat with an empty slice hangs
     def forward(self, x):  # pnnx's converter)
         a = x.clone()
@@ -506,6 +517,7 @@ CASES: dict[str, Case] = {
     "functional_convs": Case(FunctionalConvs, [(2, 4, 7), (1, 4, 5, 5)]),
     "empty_dims": Case(EmptyDims, [(3, 4)]),
     "volumetric": Case(Volumetric, [(1, 3, 5, 9, 11)]),
+    "unfolds": Case(Unfolds, [(1, 3, 7, 8)], [(2, 3, 7, 8)]),
     "half_ops": Case(HalfOps, [(3, 4), ("bool", (3, 4))]),
     "more_activations": Case(MoreActivations, [(2, 3, 4, 5)]),
     "pads": Case(Pads, [(2, 3, 6), (1, 2, 3, 4, 5)]),

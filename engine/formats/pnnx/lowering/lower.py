@@ -26,6 +26,7 @@ from engine.formats.pnnx.lowering import (  # noqa: F401  (each registers its ha
     resize_pad,
     scatter,
     transformer_encoder,
+    unfold,
     unread_params,
     volume,
 )

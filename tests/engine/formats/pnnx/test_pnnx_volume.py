@@ -75,3 +75,4 @@ pnnx.Input in0 0 1 x #x=(1,2,?,?,?)f32
 {MAX_POOL} padding=(0,0,0) stride=(2,2,2) #x=(1,2,?,?,?)f32 #y=(1,2,?,?,?)f32
 pnnx.Output out 1 0 y
 """)
+
