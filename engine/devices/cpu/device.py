@@ -15,14 +15,17 @@ from engine.devices.cpu.layout import blocked_ops, conv_blocked, regroup
 from engine.devices.cpu.layout.rewrite import decide
 from engine.devices.cpu.onednn.blocked import native_block
 from engine.devices.cpu.options import CpuOptions
+from engine.devices.cpu.packed_attention import OPS as PACKED_ATTENTION_OPS
+from engine.devices.cpu.packed_attention import pack_attention
 from engine.ir import Graph, Node
 from engine.memory.arena import Arena
 from engine.ops import OPS
 from engine.ops.registry import OpDef, TensorInfo
 
-# The ops only this device runs, inserted by `prepare`: the blocked layout's (engine/devices/cpu/layout/) and the
-# NHWC int8 ops (engine/devices/cpu/int8/).
-PRIVATE_OPS: dict[str, OpDef] = {**blocked_ops.OPS, **conv_blocked.OPS, **regroup.OPS, **int8_ops.OPS}
+# The ops only this device runs, inserted by `prepare`: the blocked layout's (engine/devices/cpu/layout/), the
+# NHWC int8 ops (engine/devices/cpu/int8/) and the attention on a packed projection (packed_attention.py).
+PRIVATE_OPS: dict[str, OpDef] = {**blocked_ops.OPS, **conv_blocked.OPS, **regroup.OPS, **int8_ops.OPS,
+                                  **PACKED_ATTENTION_OPS}
 
 
 class CpuDevice(Device):
@@ -35,9 +38,11 @@ class CpuDevice(Device):
         self.kernels = KERNELS
 
     def prepare(self, graph: Graph) -> Graph:
-        """With oneDNN, a copy with int8 activations in NHWC between TNN's int8 ops (int8/rewrite.py) and float
-        ones blocked between convolutions (layout/rewrite.py) unless NNSERVE_LAYOUT=nchw or it would not pay;
-        else the graph itself."""
+        """A copy whose attentions on a packed qkv projection read it in place (packed_attention.py); with
+        oneDNN, also int8 activations in NHWC between TNN's int8 ops (int8/rewrite.py) and float ones blocked
+        between convolutions (layout/rewrite.py) unless NNSERVE_LAYOUT=nchw or it would not pay; else the graph
+        itself."""
+        graph = pack_attention(graph)
         if not self.backends.onednn:
             return graph
         graph = int8_layout(graph)
