@@ -16,6 +16,7 @@ from engine.passes.fuse_conv_scale import fuse_conv_scale
 from engine.passes.fuse_epilogue import fuse_epilogue
 from engine.passes.infer_shapes import infer_shapes
 from engine.passes.merge_extent_ops import merge_extent_ops
+from engine.passes.merge_transposes import merge_transposes
 
 Pass = Callable[[Graph], Graph]
 
@@ -24,6 +25,7 @@ PIPELINE: list[Pass] = [
     fold_constants,
     merge_extent_ops,
     eliminate_noops,
+    merge_transposes,
     fuse_attention,
     fuse_conv_bn,
     fuse_conv_scale,
