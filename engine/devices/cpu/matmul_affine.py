@@ -19,11 +19,11 @@ import numpy as np
 
 from engine.devices.cpu import linear
 from engine.devices.cpu.kernel import Backends, CpuKernel
-from engine.devices.cpu.packed_attention import copy_graph
 from engine.errors import ShapeError
 from engine.ir import Graph, Node, Value
 from engine.ops import OPS as SHARED
 from engine.ops.registry import OpDef, TensorInfo
+from engine.passes.graph_edit import copy_graph
 
 log = logging.getLogger("engine.passes")
 

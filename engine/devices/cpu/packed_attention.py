@@ -27,6 +27,7 @@ from engine.ir import Graph, Node, Value
 from engine.ops import OPS as OPS_SHARED
 from engine.ops import attention as attention_op
 from engine.ops.registry import OpDef, TensorInfo
+from engine.passes.graph_edit import copy_graph
 
 log = logging.getLogger("engine.passes")
 
@@ -172,22 +173,3 @@ def _rewrite(graph: Graph, chain: _Chain) -> None:
         graph.nodes.remove(node)
     graph.add_node("PackedAttention", [chain.x, *att.inputs[3:]], [y], name=att.name, params=att.params,
                    source=att.source, index=at)
-
-
-def copy_graph(graph: Graph) -> Graph:
-    """Values and nodes new (params copied), weight arrays and constants shared."""
-    new = Graph(path=graph.path, meta=dict(graph.meta), _names=graph._names)
-    values: dict[int, Value] = {}
-
-    def value(v: Value) -> Value:
-        c = values.get(id(v))
-        if c is None:
-            c = values[id(v)] = Value(v.name, v.shape, v.dtype, v.const)
-        return c
-
-    new.inputs = [value(v) for v in graph.inputs]
-    for n in graph.nodes:
-        new.add_node(n.op_type, [value(v) for v in n.inputs], [value(v) for v in n.outputs], name=n.name,
-                     params=dict(n.params), attrs=n.attrs, source=n.source)
-    new.outputs = [value(v) for v in graph.outputs]
-    return new
