@@ -15,7 +15,7 @@ from engine.ir import Graph, Node
 from engine.ops.shape import transpose_perm
 from engine.passes.graph_edit import is_static, single_consumer
 
-_RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 
 
 def merge_transposes(graph: Graph) -> Graph:
@@ -27,7 +27,7 @@ def merge_transposes(graph: Graph) -> Graph:
 
 def _merge(graph: Graph, first: Node) -> None:
     mid = single_consumer(graph, first.outputs[0])
-    if mid is None or mid.op_type not in _RESHAPES or mid.inputs[0] is not first.outputs[0]:
+    if mid is None or mid.op_type not in RESHAPES or mid.inputs[0] is not first.outputs[0]:
         return
     second = single_consumer(graph, mid.outputs[0])
     if second is None or second.op_type != "Transpose" or len(second.inputs) != 1 or len(first.inputs) != 1:
@@ -39,12 +39,19 @@ def _merge(graph: Graph, first: Node) -> None:
                    transpose_perm(second, len(y2.shape)))
     if plan is None:
         return
-    factors, perm = plan
-    # first: Transpose -> Reshape to the factors; mid: reshape -> Transpose(perm); second: Transpose -> Reshape.
-    for v in mid.inputs[1:]:
-        while mid in v.consumers:
-            v.consumers.remove(mid)
-    mid.inputs = mid.inputs[:1]
+    rewrite_chain(first, mid, second, *plan)
+
+
+def rewrite_chain(first: Node, mid: Node, second: Node, factors: tuple[int, ...], perm: list[int]) -> None:
+    """first -> mid -> second (first and mid single-output, each read only by the next) becomes
+    Reshape(to factors) -> Transpose(perm) -> Reshape(to second's output shape), in place: the two Reshapes are
+    views, the Transpose the one copy (a Reshape too when perm is the identity)."""
+    y1, y2, y3 = first.outputs[0], mid.outputs[0], second.outputs[0]
+    for node in (first, mid, second):
+        for v in node.inputs[1:]:
+            while node in v.consumers:
+                v.consumers.remove(node)
+        node.inputs = node.inputs[:1]
     first.op_type, first.params = "Reshape", {"shape": list(factors)}
     y1.shape = tuple(factors)
     if perm == list(range(len(perm))):  # the permutations cancel out: the chain only reshapes

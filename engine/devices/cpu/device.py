@@ -12,6 +12,7 @@ from engine.devices.cpu.int8.rewrite import decide as int8_layout
 from engine.devices.cpu.kernel import Backends, reference_kernel
 from engine.devices.cpu.kernels import KERNELS
 from engine.devices.cpu.layout import blocked_ops, conv_blocked, regroup
+from engine.devices.cpu.layout.merge_reorders import merge_reorders
 from engine.devices.cpu.layout.rewrite import decide
 from engine.devices.cpu.matmul_affine import OPS as MATMUL_AFFINE_OPS
 from engine.devices.cpu.matmul_affine import fuse_matmul_affine
@@ -44,7 +45,8 @@ class CpuDevice(Device):
         """A copy whose attentions on a packed qkv projection read it in place (packed_attention.py) and whose
         matmuls take the scale and offset after them (matmul_affine.py); with oneDNN, also int8 activations in
         NHWC between TNN's int8 ops (int8/rewrite.py) and float ones blocked between convolutions
-        (layout/rewrite.py) unless NNSERVE_LAYOUT=nchw or it would not pay; else the graph itself."""
+        (layout/rewrite.py) unless NNSERVE_LAYOUT=nchw or it would not pay, a reorder next to a transpose merged
+        into it (layout/merge_reorders.py); else the graph itself."""
         graph = fuse_matmul_affine(pack_attention(graph))
         if not self.backends.onednn:
             return graph
@@ -52,7 +54,10 @@ class CpuDevice(Device):
         if self.options.layout == "nchw":
             return graph
         block = native_block()
-        return decide(graph, block) if block else graph
+        if not block:
+            return graph
+        laid = decide(graph, block)
+        return merge_reorders(laid) if laid is not graph else graph  # the reorders are the copy's own
 
     def allocate(self, nbytes: int) -> Arena:
         return Arena(nbytes)
