@@ -38,9 +38,15 @@ def _fusable(node: Node, bn: Node) -> bool:
 
 
 def _fold(node: Node, bn: Node) -> None:
+    fold_channel_affine(node, bn.attrs["scale"], bn.attrs["bias"])
+
+
+def fold_channel_affine(node: Node, scale, shift) -> None:
+    """`node`'s output channel o becomes its output times scale[o] plus shift[o] (weights and bias rescaled in
+    float64, stored in the weight's dtype)."""
     w = np.asarray(node.attrs["weight"], dtype=np.float64)
-    scale = np.asarray(bn.attrs["scale"], dtype=np.float64).reshape(-1)
-    shift = np.asarray(bn.attrs["bias"], dtype=np.float64).reshape(-1)
+    scale = np.asarray(scale, dtype=np.float64).reshape(-1)
+    shift = np.asarray(shift, dtype=np.float64).reshape(-1)
     n_out = _out_channels(node, w)
     scale = np.broadcast_to(scale, (n_out,))
     shift = np.broadcast_to(shift, (n_out,))

@@ -1,5 +1,5 @@
 """Graph queries and edits the rewrite passes share: a node's OpDef, a value's single consumer, static shapes,
-and one node taking over another's output."""
+one node taking over another's output, and a copy of a graph for a rewrite that must not edit its input."""
 
 from __future__ import annotations
 
@@ -38,3 +38,22 @@ def absorb_output(graph: Graph, anchor: Node, follower: Node) -> None:
     anchor.outputs[0] = new
     new.producer = anchor
     old.producer = None
+
+
+def copy_graph(graph: Graph) -> Graph:
+    """Values and nodes new (params copied), weight arrays and constants shared."""
+    new = Graph(path=graph.path, meta=dict(graph.meta), _names=graph._names)
+    values: dict[int, Value] = {}
+
+    def value(v: Value) -> Value:
+        c = values.get(id(v))
+        if c is None:
+            c = values[id(v)] = Value(v.name, v.shape, v.dtype, v.const)
+        return c
+
+    new.inputs = [value(v) for v in graph.inputs]
+    for n in graph.nodes:
+        new.add_node(n.op_type, [value(v) for v in n.inputs], [value(v) for v in n.outputs], name=n.name,
+                     params=dict(n.params), attrs=n.attrs, source=n.source)
+    new.outputs = [value(v) for v in graph.outputs]
+    return new

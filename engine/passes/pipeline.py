@@ -12,9 +12,11 @@ from engine.passes.eliminate_noops import eliminate_noops
 from engine.passes.fold_constants import fold_constants
 from engine.passes.fuse_attention import fuse_attention
 from engine.passes.fuse_conv_bn import fuse_conv_bn
+from engine.passes.fuse_conv_scale import fuse_conv_scale
 from engine.passes.fuse_epilogue import fuse_epilogue
 from engine.passes.infer_shapes import infer_shapes
 from engine.passes.merge_extent_ops import merge_extent_ops
+from engine.passes.merge_transposes import merge_transposes
 
 Pass = Callable[[Graph], Graph]
 
@@ -23,8 +25,10 @@ PIPELINE: list[Pass] = [
     fold_constants,
     merge_extent_ops,
     eliminate_noops,
+    merge_transposes,
     fuse_attention,
     fuse_conv_bn,
+    fuse_conv_scale,
     fuse_epilogue,
     infer_shapes,  # fusions moved outputs between nodes; refresh for `inspect` and the model's specs
 ]

@@ -12,17 +12,24 @@ from engine.devices.cpu.int8.rewrite import decide as int8_layout
 from engine.devices.cpu.kernel import Backends, reference_kernel
 from engine.devices.cpu.kernels import KERNELS
 from engine.devices.cpu.layout import blocked_ops, conv_blocked, regroup
+from engine.devices.cpu.layout.merge_reorders import merge_reorders
 from engine.devices.cpu.layout.rewrite import decide
+from engine.devices.cpu.matmul_affine import OPS as MATMUL_AFFINE_OPS
+from engine.devices.cpu.matmul_affine import fuse_matmul_affine
 from engine.devices.cpu.onednn.blocked import native_block
 from engine.devices.cpu.options import CpuOptions
+from engine.devices.cpu.packed_attention import OPS as PACKED_ATTENTION_OPS
+from engine.devices.cpu.packed_attention import pack_attention
 from engine.ir import Graph, Node
 from engine.memory.arena import Arena
 from engine.ops import OPS
 from engine.ops.registry import OpDef, TensorInfo
 
-# The ops only this device runs, inserted by `prepare`: the blocked layout's (engine/devices/cpu/layout/) and the
-# NHWC int8 ops (engine/devices/cpu/int8/).
-PRIVATE_OPS: dict[str, OpDef] = {**blocked_ops.OPS, **conv_blocked.OPS, **regroup.OPS, **int8_ops.OPS}
+# The ops only this device runs, inserted by `prepare`: the blocked layout's (engine/devices/cpu/layout/), the
+# NHWC int8 ops (engine/devices/cpu/int8/), the attention on a packed projection (packed_attention.py) and the
+# matmul with its scale and offset (matmul_affine.py).
+PRIVATE_OPS: dict[str, OpDef] = {**blocked_ops.OPS, **conv_blocked.OPS, **regroup.OPS, **int8_ops.OPS,
+                                  **PACKED_ATTENTION_OPS, **MATMUL_AFFINE_OPS}
 
 
 class CpuDevice(Device):
@@ -35,16 +42,22 @@ class CpuDevice(Device):
         self.kernels = KERNELS
 
     def prepare(self, graph: Graph) -> Graph:
-        """With oneDNN, a copy with int8 activations in NHWC between TNN's int8 ops (int8/rewrite.py) and float
-        ones blocked between convolutions (layout/rewrite.py) unless NNSERVE_LAYOUT=nchw or it would not pay;
-        else the graph itself."""
+        """A copy whose attentions on a packed qkv projection read it in place (packed_attention.py) and whose
+        matmuls take the scale and offset after them (matmul_affine.py); with oneDNN, also int8 activations in
+        NHWC between TNN's int8 ops (int8/rewrite.py) and float ones blocked between convolutions
+        (layout/rewrite.py) unless NNSERVE_LAYOUT=nchw or it would not pay, a reorder next to a transpose merged
+        into it (layout/merge_reorders.py); else the graph itself."""
+        graph = fuse_matmul_affine(pack_attention(graph))
         if not self.backends.onednn:
             return graph
         graph = int8_layout(graph)
         if self.options.layout == "nchw":
             return graph
         block = native_block()
-        return decide(graph, block) if block else graph
+        if not block:
+            return graph
+        laid = decide(graph, block)
+        return merge_reorders(laid) if laid is not graph else graph  # the reorders are the copy's own
 
     def allocate(self, nbytes: int) -> Arena:
         return Arena(nbytes)

@@ -18,7 +18,9 @@ from engine.devices.cpu import (
     elementwise,
     histogram,
     linear,
+    matmul_affine,
     norm,
+    packed_attention,
     pad,
     pool,
     quant,
@@ -39,9 +41,10 @@ from engine.devices.cpu.layout import kernels as layout
 
 KERNELS: dict[str, CpuKernel] = {
     **activation.KERNELS, **attention.KERNELS, **conv.KERNELS, **data_dependent.KERNELS, **elementwise.KERNELS,
-    **histogram.KERNELS, **int8.KERNELS, **layout.KERNELS, **linear.KERNELS, **norm.KERNELS, **pad.KERNELS,
-    **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS, **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS,
-    **scatter.KERNELS, **shape.KERNELS, **softmax.KERNELS, **tensor.KERNELS, **volume.KERNELS,
+    **histogram.KERNELS, **int8.KERNELS, **layout.KERNELS, **linear.KERNELS, **matmul_affine.KERNELS,
+    **norm.KERNELS, **packed_attention.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS,
+    **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS, **scatter.KERNELS, **shape.KERNELS,
+    **softmax.KERNELS, **tensor.KERNELS, **volume.KERNELS,
 }
 
 

@@ -1,6 +1,6 @@
 """The CPU kernel table: which ops have a kernel (every one but the documented reference fallbacks), the CPU's
-private blocked-layout and NHWC int8 ops, and the registration a plugin uses (engine.ops.register +
-register_kernel)."""
+private blocked-layout, NHWC int8, packed-attention and matmul-affine ops, and the registration a plugin uses
+(engine.ops.register + register_kernel)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ BLOCKED_LAYOUT = {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "M
                   "RegroupBlocked"}
 INT8_NHWC = {"Int8ConvNhwc", "Int8QuantizeNhwc", "Int8DequantizeNhwc", "Int8DequantizeToNhwc", "Int8AddNhwc",
              "Int8PoolNhwc", "Int8ConcatNhwc", "Int8ToNhwc", "Int8ToNchw"}
+FUSED = {"PackedAttention", "MatMulAffine"}
 
 
 def test_every_shared_op_has_a_kernel_or_is_a_documented_fallback():
@@ -29,7 +30,7 @@ def test_every_shared_op_has_a_kernel_or_is_a_documented_fallback():
 
 
 def test_the_blocked_layout_and_int8_layout_ops_are_the_cpus_own():
-    private = BLOCKED_LAYOUT | INT8_NHWC
+    private = BLOCKED_LAYOUT | INT8_NHWC | FUSED
     assert set(PRIVATE_OPS) == private and not private & set(OPS)
     assert private <= set(KERNELS)
     device = CpuDevice()
