@@ -85,7 +85,7 @@ def round_onednn(v):
 
 
 @njit(nogil=True, cache=True)
-def _activate(q, act, top):
+def activate(q, act, top):
     if act == 1:
         return max(q, 0)
     if act == 2:
@@ -99,7 +99,7 @@ OK = np.iinfo(np.int64).max  # `first_mismatch` found none
 @njit(nogil=True, cache=True)
 def _mismatch(n, s, s1, s2, act, top):
     nf = F32(n)
-    return _activate(round_tnn(nf * s), act, top) != _activate(round_onednn((nf * s1) * s2), act, top)
+    return activate(round_tnn(nf * s), act, top) != activate(round_onednn((nf * s1) * s2), act, top)
 
 
 @njit(nogil=True, cache=True)
@@ -136,8 +136,8 @@ def _mark_suspects(s, n_lo, n_hi, act, top, row):
             continue
         for n in range(max(lo, n_lo), min(hi, n_hi) + 1):
             v = F32(n) * s
-            got = _activate(round_onednn(v), act, top)
-            if got != _activate(round_tnn(v), act, top):
+            got = activate(round_onednn(v), act, top)
+            if got != activate(round_tnn(v), act, top):
                 row[got + 128] = True
 
 
