@@ -20,6 +20,10 @@ from server.raw_tensors import tensor_from_raw, tensor_to_raw
 from server.request_limits import check_label, element_count, quoted
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# The most JSON objects a request may hold (a tensor is one, its parameters another). A decoded object costs ~30x
+# its text ('{"name":"o"}' is 12 bytes, its dict and what the request makes of it ~400): 60 MiB of outputs took 2 GB
+# before the duplicates were refused. No real request names this many tensors.
+MAX_JSON_OBJECTS = 65536
 
 
 def decode_request(model_name: str, version: str, body: bytes, header_length: int | None, *,
@@ -107,9 +111,25 @@ def _yielding_int(text: str) -> int:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
+class _TooManyObjects(Exception):
+    pass
+
+
+def _counted_dict(pairs: list[tuple[str, Any]], count: list[int]) -> dict[str, Any]:
+    count[0] += 1
+    if count[0] > MAX_JSON_OBJECTS:
+        raise _TooManyObjects
+    return dict(pairs)
+
+
 def _parse_json(head: bytes, yielding: bool = False) -> dict[str, Any]:
     try:
-        if yielding:
+        if head.count(b"{") > MAX_JSON_OBJECTS:  # braces in strings count too: the objects are counted as parsed
+            count = [0]
+            hooks = {"parse_float": _yielding_float, "parse_int": _yielding_int} if yielding else {}
+            doc = json.loads(head, parse_constant=_reject_constant, **hooks,
+                             object_pairs_hook=lambda pairs: _counted_dict(pairs, count))
+        elif yielding:
             doc = json.loads(head, parse_constant=_reject_constant, parse_float=_yielding_float,
                              parse_int=_yielding_int)
         else:  # what json.loads does with bytes
@@ -118,6 +138,9 @@ def _parse_json(head: bytes, yielding: bool = False) -> dict[str, Any]:
         raise InvalidArgumentError(f"failed to parse the request JSON: {exc}") from None
     except RecursionError:
         raise InvalidArgumentError("failed to parse the request JSON: nested too deeply") from None
+    except _TooManyObjects:
+        raise InvalidArgumentError(f"the request JSON holds more than {MAX_JSON_OBJECTS} objects (tensors, "
+                                   "parameters)") from None
     if not isinstance(doc, dict):
         raise InvalidArgumentError("the request JSON must be an object")
     return doc

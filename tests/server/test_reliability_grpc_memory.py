@@ -167,3 +167,42 @@ def test_failed_call_leaves_no_cycle_holding_its_payload() -> None:
         gc.enable()
     assert after - before < size // 2, (before, after)
 
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    """A server of its own: its peak RSS (VmHWM) is not raised by the large messages of the tests above."""
+    server = ServerProcess(make_repository(tmp_path_factory.mktemp("grpcfields"), {"affine": AFFINE_CONFIG}))
+    yield server
+    assert server.stop() == 0, server.log_text
+
+
+@pytest.mark.parametrize("fill", ["raw_input_contents", "outputs"])
+def test_a_message_of_millions_of_tiny_fields_is_refused_at_once(fresh: ServerProcess, fill: str) -> None:
+    """Millions of empty raw_input_contents entries (2 bytes each on the wire) or of outputs: every field was scanned
+    on the event loop and became a Python object (a view, a tensor); 40 MiB of empty entries held the server for
+    over two minutes and took 7.6 GB, 24 MiB of outputs 1.1 GB and 13 s. Past grpc_wire.MAX_FIELDS the message is
+    refused with INVALID_ARGUMENT, costing little, and another client is served at once meanwhile."""
+    req = pb2.ModelInferRequest(model_name="affine")
+    req.inputs.add(name="in0", datatype="FP32", shape=[1, 4])
+    if fill == "outputs":
+        for _ in range(2_000_000):
+            req.outputs.add(name="o")
+    else:
+        req.raw_input_contents.extend([b""] * 4_000_000)
+    x = np.array([[1, 2, 3, 4]], np.float32).tobytes()
+    ok = pb2.ModelInferRequest(model_name="affine", inputs=[{"name": "in0", "datatype": "FP32", "shape": [1, 4]}],
+                               raw_input_contents=[x])
+    srv = fresh
+    base = srv.memory_mib("VmHWM")
+    with grpc.insecure_channel(srv.grpc_url, options=OPTIONS) as channel:
+        stub = pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(req, timeout=120)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+        assert "more than 65536 top-level fields" in info.value.details()
+        growth = srv.memory_mib("VmHWM") - base
+        assert stub.ModelInfer(ok, timeout=30).outputs[0].name == "out0"
+    message_mib = req.ByteSize() / 2**20
+    assert growth <= 4 * message_mib + 48, (growth, message_mib)  # before: 1.1 GB for outputs, 7.6 GB for raw
+    assert srv.proc.poll() is None

@@ -73,14 +73,18 @@ def create_app(dp: DataPlane, max_input_bytes: int = settings.HTTP_MAX_INPUT_BYT
     async def _unexpected(request: Request, exc: Exception) -> Response:  # a bug: no traceback to the client
         return _as_response(error_answer(exc, request.method, request.url.path))
 
+    # Large bodies are decoded one at a time: decoding holds the GIL, so two at once take as long as one after the
+    # other, and a JSON document takes up to ~20x its size in Python objects while it is decoded ('[],' is 3 bytes,
+    # its list 64): clients sending large bodies at once must not multiply that.
+    decode_turn = asyncio.Lock()
     _health_routes(app, dp)
-    _model_routes(app, dp, max_input_bytes)
+    _model_routes(app, dp, max_input_bytes, decode_turn)
     _repository_routes(app, dp, decode_in_thread_bytes)
     add_extension_routes(app, dp)
     load_limit = RouteLimit(LOAD_PATH, max_body_bytes + 4 * -(-max_load_file_bytes // 3), "--http-max-body-size + "
                             "--model-load-max-file-size in base64")
     limited = BodyLimitMiddleware(app, max_body_bytes, routes=(load_limit,))
-    served: Any = InferFastPath(limited, dp, max_input_bytes, decode_in_thread_bytes)
+    served: Any = InferFastPath(limited, dp, max_input_bytes, decode_in_thread_bytes, decode_turn)
     # outermost: a restricted call is refused before any route, fast or not, reads its body
     return RestrictedApiMiddleware(served, restrictions=restrictions) if restrictions else served
 
@@ -118,7 +122,7 @@ def _health_routes(app: FastAPI, dp: DataPlane) -> None:
         return Response(status_code=200 if dp.ready() else 400)
 
 
-def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
+def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int, decode_turn: asyncio.Lock) -> None:
     # before /v2/models/{model}, which would otherwise take "stats" for a model name
     @app.get("/v2/models/stats", responses=errors(403))
     async def all_stats() -> dict[str, Any]:
@@ -160,7 +164,8 @@ def _model_routes(app: FastAPI, dp: DataPlane, max_input_bytes: int) -> None:
 
     async def infer(request: Request, model: str, version: str = "") -> Response:
         # served by InferFastPath in front of this app; this route gives the schema and the same answers
-        answer = await infer_answer(dp, model, version, request.headers, request.receive, max_input_bytes)
+        answer = await infer_answer(dp, model, version, request.headers, request.receive, max_input_bytes,
+                                    decode_turn=decode_turn)
         return Response(answer.body, media_type=answer.content_type, headers=answer.headers)
 
     for path in both("/infer"):

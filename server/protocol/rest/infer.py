@@ -10,6 +10,7 @@ through `error_answer`, the one ServerError -> HTTP mapping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -64,10 +65,11 @@ def error_answer(exc: Exception, method: str, path: str) -> Answer:
 
 async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping[str, str], receive: Receive,
                        max_input_bytes: int, decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES,
-                       watch: DisconnectWatch | None = None) -> Answer:
+                       watch: DisconnectWatch | None = None, decode_turn: asyncio.Lock | None = None) -> Answer:
     """One inference request; `headers` is looked up by lower-case name. Bodies of at least
-    `decode_in_thread_bytes` are decompressed and decoded in a worker thread (rest_codec.decode_request). `watch`:
-    the connection's, when the server's protocol gives one (else a task per request waits for http.disconnect)."""
+    `decode_in_thread_bytes` are decompressed and decoded in a worker thread (rest_codec.decode_request), one at a
+    time when `decode_turn` (the app's) is given. `watch`: the connection's, when the server's protocol gives one
+    (else a task per request waits for http.disconnect)."""
     body = await read_body(headers, receive, max_input_bytes)
     arrival = time.perf_counter_ns()  # the whole request is in: its time in the server starts, before decoding
     size = len(body)
@@ -78,7 +80,8 @@ async def infer_answer(dp: DataPlane, model: str, version: str, headers: Mapping
                 body = await asyncio.to_thread(compression.decompress, body, encoding, max_input_bytes)
             req = _raw_binary(dp, model, version, body)
         elif size >= decode_in_thread_bytes:
-            req = await asyncio.to_thread(_decode, model, version, body, encoding, header, max_input_bytes, True)
+            async with decode_turn or contextlib.nullcontext():
+                req = await asyncio.to_thread(_decode, model, version, body, encoding, header, max_input_bytes, True)
         else:
             req = _decode(model, version, body, encoding, header, max_input_bytes, False)
         del body  # the request holds what it needs: views of the body for binary tensors, or arrays
@@ -195,9 +198,10 @@ class InferFastPath:
     """ASGI: infer requests answered here, everything else passed to `app` (the FastAPI app)."""
 
     def __init__(self, app: Any, dp: DataPlane, max_input_bytes: int,
-                 decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES):
+                 decode_in_thread_bytes: int = HTTP_DECODE_IN_THREAD_BYTES, decode_turn: asyncio.Lock | None = None):
         self.app, self.dp, self.max_input_bytes = app, dp, max_input_bytes
         self.decode_in_thread_bytes = decode_in_thread_bytes
+        self.decode_turn = decode_turn
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
@@ -210,7 +214,7 @@ class InferFastPath:
         try:
             answer = await infer_answer(self.dp, match["model"], match["version"] or "", headers, receive,
                                         self.max_input_bytes, self.decode_in_thread_bytes,
-                                        scope.get(DISCONNECT_WATCH))
+                                        scope.get(DISCONNECT_WATCH), self.decode_turn)
         except Exception as exc:
             answer = error_answer(exc, "POST", scope["path"])
         await send({"type": "http.response.start", "status": answer.status, "headers": answer.raw_headers()})
