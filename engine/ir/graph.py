@@ -138,7 +138,8 @@ class Graph:
             if any(id(v) in live for v in node.outputs):
                 keep.append(node)
                 live.update(id(v) for v in node.inputs)
-        dead = [n for n in self.nodes if n not in keep]
+        kept = {id(n) for n in keep}  # by identity: a list membership test made this quadratic in the node count
+        dead = [n for n in self.nodes if id(n) not in kept]
         for node in reversed(dead):
             for v in node.inputs:
                 while node in v.consumers:
