@@ -34,6 +34,11 @@ def _sorted_plus_index(v):
     return values + indices.float()
 
 
+def _area(boxes):
+    x1, y1, x2, y2 = boxes.unbind(1)
+    return (x2 - x1) * (y2 - y1)
+
+
 CASES: dict[str, Callable] = {
     "cat_columns": lambda x, s: torch.cat([x[_keep(s)], s[_keep(s)].unsqueeze(1)], 1),
     "cat_rows_two_masks": lambda x, s: torch.cat([x[_keep(s)], x[s < -0.5]], 0),
@@ -61,6 +66,11 @@ CASES: dict[str, Callable] = {
     "argsort_kept": lambda x, s: torch.argsort(s[_keep(s)]),
     "order_detections": lambda x, s: torch.cat([x[_keep(s)], s[_keep(s)].unsqueeze(1)], 1)[
         s[_keep(s)].argsort(descending=True)][:2],
+    "stack_columns": lambda x, s: torch.stack([x[_keep(s)][:, 0], s[_keep(s)]], 1),
+    "unbind_columns": lambda x, s: _area(x[_keep(s)]),
+    "chunk_columns": lambda x, s: x[_keep(s)].chunk(2, 1)[1] * 2,
+    "split_columns": lambda x, s: torch.split(x[_keep(s)], [1, 3], 1)[1],
+    "chunk_rows": lambda x, s: x[_keep(s)].chunk(2, 0)[0],
     "size_query_dyn": lambda x, s: torch.arange(x[_keep(s)].size(0)),
     "softmax_kept": lambda x, s: torch.softmax(s[_keep(s)], 0),
 }

@@ -68,6 +68,7 @@ def dependent_values(graph: Graph, infos: Mapping[Value, TensorInfo], ops: Mappi
         sources = {origins[v] for v, d in zip(node.inputs, dims, strict=True) if d}
         if sources:
             _check_follower(node, op, infos, probes)
+            _check_chunks(node, dims, infos)
             if len(sources) > 1 and not _joins_along_extents(node, dims, infos):
                 _refuse_meeting(node, sources)
         source = frozenset().union(*sources)
@@ -127,6 +128,16 @@ def _joins_along_extents(node: Node, dims: list[set[int]], infos: Mapping[Value,
         return False
     axis = norm_axis(node, int(node.params.get("axis", 0)), len(infos[node.inputs[0]].shape))
     return all(d <= {axis} for d in dims)
+
+
+def _check_chunks(node: Node, dims: list[set[int]], infos: Mapping[Value, TensorInfo]) -> None:
+    """torch.chunk along the data-dependent axis gives fewer pieces when few rows are kept (a Split into a fixed
+    number of outputs cannot), so it is refused; fixed sizes along it fail the probes, other axes are fine."""
+    if node.op_type != "Split" or node.params.get("sizes") is not None or node.inputs[0] not in infos:
+        return
+    if norm_axis(node, int(node.params.get("axis", 0)), len(infos[node.inputs[0]].shape)) in dims[0]:
+        raise UnsupportedOpError(f"{node.op_type} (chunks along the axis whose size depends on the data: torch "
+                                 "gives fewer pieces when few rows are kept)", node.name, node.where())
 
 
 def _refuse_meeting(node: Node, sources: set[frozenset[Node]]) -> None:

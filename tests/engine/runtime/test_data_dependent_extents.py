@@ -176,3 +176,25 @@ def test_sizes_of_two_masks_that_must_agree_are_refused(axis, meet):
     with pytest.raises(UnsupportedOpError, match="combines values whose sizes come from different") as info:
         Model(run_pipeline(g), "m").instance()
     assert ("m:8" if meet else "m:7") in str(info.value)
+
+
+def test_chunks_of_the_kept_rows_are_refused():
+    """torch.chunk as a dynamic export lowers it (Split without sizes): torch gives fewer pieces when few rows are
+    kept, a Split its fixed number; chunks along another axis follow."""
+    for axis, refused in ((0, True), (1, False)):
+        g, a, _ = _two_masks()
+        first, second = g.add_node("Split", [a], outputs=2, name="chunk", params={"axis": axis},
+                                   source="m:5").outputs
+        first.name, second.name = "first", "second"
+        g.outputs = [first, second]
+        if refused:
+            with pytest.raises(UnsupportedOpError, match="chunks along the axis whose size depends") as info:
+                Model(run_pipeline(g), "m")
+            assert "m:5" in str(info.value)
+            continue
+        inst = Model(run_pipeline(g), "m").instance()
+        x = np.arange(12, dtype=np.float32).reshape(6, 2)
+        for m1 in (np.array([1, 0, 1, 1, 0, 0], bool), np.zeros(6, bool)):
+            out = inst.run({"x": x, "m1": m1, "m2": m1})
+            np.testing.assert_array_equal(out["first"], x[m1][:, :1])
+            np.testing.assert_array_equal(out["second"], x[m1][:, 1:])

@@ -20,6 +20,8 @@ REFUSED = {
     # torch.arange(x[keep].size(0)): a size known only at run time, read as a value
     "size_query_dyn": ("Expression", "reads the size of an input whose size depends on the data", 8),
     "softmax_kept": ("Softmax", "cannot follow a size known only at run time", 8),
+    # torch.chunk of the kept rows, pieces of the traced (3, 3) in a static export
+    "chunk_rows": ("Split", "cannot take every size it may have at run time", 8),
 }
 RUNS = ("some", "none", "all")
 # float32 sums in another order than torch's (its vectorised accumulators): equal to an ulp, not bit for bit;
