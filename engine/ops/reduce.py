@@ -150,8 +150,10 @@ def cumsum_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 # torch.mean, norm(p=2) and log(sum) refuse integers; sum, prod, amax, amin, logsumexp and L1 take them.
 FLOAT_ONLY = {"ReduceMean", "ReduceL2", "ReduceLogSum"}
-register(*[OpDef(name, _reduce_infer, reduce_reference, arity=(1, 1), float_inputs=(0,) if name in FLOAT_ONLY else ())
-           for name in REDUCERS])
+# Reductions follow a data-dependent extent (engine/runtime/extents.py): over its axis they read only the live
+# rows (an empty one: sum 0, mean NaN, prod 1, as torch; max and min raise at that run, as torch does).
+register(*[OpDef(name, _reduce_infer, reduce_reference, arity=(1, 1), float_inputs=(0,) if name in FLOAT_ONLY else (),
+                 follows_extent=True) for name in REDUCERS])
 register(OpDef("ReduceVar", _var_infer, var_reference, arity=(1, 1), float_inputs=(0,)),
          OpDef("CumSum", _cumsum_infer, cumsum_reference, arity=(1, 1)))
 register(*[OpDef(name, _arg_infer, arg_reference, arity=(1, 1)) for name in ("ArgMax", "ArgMin")])

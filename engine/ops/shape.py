@@ -189,9 +189,10 @@ def _arity(op: str) -> tuple[int, int]:
     return (1, 2) if op in ("Reshape", "Expand") else (1, 1)
 
 
-# Shape rules that take a run-time extent (registry.OpDef.follows_extent): a Reshape, Squeeze or Expand to a
-# shape fixed at load could not.
-FOLLOWS_EXTENT = {"Unsqueeze", "Transpose", "Cast", "Identity"}
+# Shape rules that take a run-time extent (registry.OpDef.follows_extent): a Reshape that infers a -1 from it, a
+# Flatten, a Squeeze of other dims; extents.py refuses one whose fixed target shape only the bound fits. An Expand
+# or Tile to a shape fixed at load could not follow.
+FOLLOWS_EXTENT = {"Unsqueeze", "Transpose", "Cast", "Identity", "Reshape", "Flatten", "Squeeze"}
 register(*[OpDef(op, _infer, _reference, alias=True, arity=_arity(op), follows_extent=op in FOLLOWS_EXTENT)
            for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")])
 register(*[OpDef(op, _infer, _reference, arity=_arity(op), follows_extent=op in FOLLOWS_EXTENT)

@@ -291,8 +291,8 @@ register(OpDef("Index", _index_infer, index_reference, arity=(2, 64), follows_ex
          OpDef("GatherElements", _gather_elements_infer, _gather_elements_reference, arity=(2, 2)),
          OpDef("RepeatInterleave", _repeat_infer, _repeat_reference, arity=(1, 1)),
          OpDef("Trilu", _trilu_infer, _trilu_reference, arity=(1, 1)))
-register(OpDef("Concat", _join_infer, _join_reference, arity=(1, 1 << 16)),
-         OpDef("Stack", _join_infer, _join_reference, arity=(1, 1 << 16)),
-         OpDef("Split", _split_infer, _split_reference, arity=(1, 1)),
-         OpDef("Slice", _slice_infer, _slice_reference, arity=(1, 4)),
+register(OpDef("Concat", _join_infer, _join_reference, arity=(1, 1 << 16), follows_extent=True),
+         OpDef("Stack", _join_infer, _join_reference, arity=(1, 1 << 16), follows_extent=True),
+         OpDef("Split", _split_infer, _split_reference, arity=(1, 1), follows_extent=True),
+         OpDef("Slice", _slice_infer, _slice_reference, arity=(1, 4), follows_extent=True),
          OpDef("Gather", _gather_infer, _gather_reference, arity=(2, 2), follows_extent=True))

@@ -37,7 +37,7 @@ class Compiled:
     plan: MemoryPlan
     infos: dict[Value, TensorInfo]  # at the max shapes
     bounded: set[Node] = field(default_factory=set)  # kernels that report data-dependent extents (extents.py)
-    dependent: set[Value] = field(default_factory=set)  # values whose shape follows such an extent
+    dependent: set[Value] = field(default_factory=set)  # values computed from such an extent (extents.py)
 
 
 def is_host(node: Node, infos: dict[Value, TensorInfo]) -> bool:

@@ -79,3 +79,51 @@ def test_batching_a_data_dependent_output_is_refused():
     cfg.auto_complete(asked, "nms", "canonical", model, has_max_batch=True, default_max_batch_size=4)
     with pytest.raises(ModelLoadError, match="max_batch_size 4 .* 'kept' depends on the input's values"):
         cfg.validate(asked, "nms", model)
+
+
+DD_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pnnx_dd"
+
+
+def detections_repository(root: Path) -> Path:
+    """<root>/repo/{detections,kept_sum}/1: pnnx exports (tools/make_dd_goldens.py) of
+    torch.cat([boxes[keep], scores[keep].unsqueeze(1)], 1) and of boxes[keep].sum(0), keep = scores > 0.5."""
+    for name, case in (("detections", "cat_columns"), ("kept_sum", "sum_rows")):
+        version = root / "repo" / name / "1"
+        version.mkdir(parents=True)
+        for suffix in (".pnnx.param", ".pnnx.bin"):
+            shutil.copy(DD_FIXTURES / case / f"model{suffix}", version / f"model{suffix}")
+    return root / "repo"
+
+
+@pytest.mark.slow
+def test_ops_after_a_mask_serve_nothing_kept_and_everything_kept(tmp_path):
+    """Concat of the kept rows along the other axis, and a sum over them: auto-complete gives -1 for the kept
+    dim (the sum's shape is fixed), and each response has the actual shape, 0 rows and all rows included."""
+    server = ServerProcess(detections_repository(tmp_path))
+    try:
+        dims = {}
+        for name in ("detections", "kept_sum"):
+            config = httpx.get(f"http://{server.http_url}/v2/models/{name}/config", timeout=30).json()
+            assert int(config.get("max_batch_size", 0)) == 0
+            dims[name] = [[int(d) for d in o["dims"]] for o in config["output"]]
+        assert dims == {"detections": [[-1, 5]], "kept_sum": [[4]]}
+        client = httpclient.InferenceServerClient(server.http_url)
+        for run, rows in (("none", 0), ("all", 6), ("some", 3)):
+            for name, case in (("detections", "cat_columns"), ("kept_sum", "sum_rows")):
+                io = np.load(DD_FIXTURES / case / f"io_{run}.npz")
+                feeds = []
+                for key, datatype in (("in0", "FP32"), ("in1", "FP32")):
+                    inp = httpclient.InferInput(key, list(io[key].shape), datatype)
+                    inp.set_data_from_numpy(io[key])
+                    feeds.append(inp)
+                result = client.infer(name, feeds)
+                got = result.as_numpy("out0")
+                assert result.get_output("out0")["shape"] == list(io["out0"].shape)
+                if name == "detections":
+                    assert got.shape == (rows, 5)
+                    np.testing.assert_array_equal(got, io["out0"])
+                else:  # float32 sums in another order than torch's: equal to an ulp
+                    np.testing.assert_allclose(got, io["out0"], rtol=1e-6, atol=0)
+        client.close()
+    finally:
+        assert server.stop() == 0, server.log_text

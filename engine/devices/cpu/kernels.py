@@ -4,7 +4,7 @@ An op without an entry runs its numpy reference (CpuDevice.build_kernel marks it
 Expression (only reaches the runtime when lowering could not turn it into elementwise ops), the alias
 ops (Reshape and co.) on the rare occasion their output cannot be a view, and the cheap ops whose vectorised
 numpy reference is their kernel for now (one extra copy of the output): GatherElements, RepeatInterleave, Trilu,
-TopK, CumSum, ReduceVar, Range (usually computed at infer time) and DetectionOutput (a sequential NMS over a few
+TopK, Sort, CumSum, ReduceVar, Range (usually computed at infer time) and DetectionOutput (a sequential NMS over a few
 hundred boxes per class). A plugin adds a kernel with
 `register_kernel`.
 """

@@ -44,8 +44,8 @@ def _reduce_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
             return
         if fast is not None:
             fast.reduce(x, axis=axes, out=out, keepdims=keepdims)
-            if op == "ReduceMean":
-                out *= out.dtype.type(out.size / max(x.size, 1))
+            if op == "ReduceMean":  # over no elements (a data-dependent extent of 0): NaN, as torch.mean
+                out *= out.dtype.type(out.size / x.size) if x.size else out.dtype.type(np.nan)
             return
         if op == "ReduceLogSum":
             np.sum(x, axis=axes, out=out, keepdims=keepdims)

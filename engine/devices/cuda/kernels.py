@@ -8,7 +8,7 @@ Not here, so a model using them is refused on CUDA with UnsupportedOpError namin
 reaches the runtime when lowering could not turn it into elementwise ops), the TNN int8 ops (`TnnQuantize`,
 `TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`), `RNN` (also
 TNN's LSTMONNX; a sequential recurrence, it would need its own kernel), the ops added for issue 18 that have no CUDA
-kernel yet (`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `CumSum`,
+kernel yet (`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `Sort`, `CumSum`,
 `ReduceVar`, `DetectionOutput`, `PixelUnshuffle`, `LRN`, `ScatterElements`, `BitShift`, `GridSample`, `Einsum`, the
 volumetric `Conv3d` and `Pool3d`, `RoiAlign`,
 `Histogram`, and `NonZero` and `NonMaxSuppression`, whose output size depends on the data), `Meshgrid`

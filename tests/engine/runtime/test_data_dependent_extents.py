@@ -75,7 +75,9 @@ def test_a_second_data_dependent_op_downstream():
 @pytest.mark.parametrize("op, params, why", [
     ("Shape", {"start": 0, "end": None}, "computes at load from the upper bound"),
     ("Softmax", {"axis": 0}, "cannot follow a size known only at run time"),
-    ("Reshape", {"shape": [-1]}, "cannot follow a size known only at run time"),
+    ("Reshape", {"shape": [12]}, "cannot take every size it may have at run time"),
+    ("Squeeze", {"axes": [1]}, "cannot take every size it may have at run time"),
+    ("Expand", {"shape": [2, 6]}, "cannot follow a size known only at run time"),
 ])
 def test_a_consumer_that_cannot_follow_is_refused_at_load(op, params, why):
     g = Graph()
@@ -133,3 +135,66 @@ def test_sizes_of_two_data_dependent_ops_meeting_are_refused_at_load():
         Model(run_pipeline(g), "m").instance()
     assert "NonZero 'anz'" in str(info.value) and "NonZero 'bnz'" in str(info.value)
     assert "m:9" in str(info.value)
+
+
+def _two_masks() -> tuple[Graph, object, object]:
+    g = Graph()
+    x, m1, m2 = g.value("x", (6, 2), np.float32), g.value("m1", (6,), np.bool_), g.value("m2", (6,), np.bool_)
+    g.inputs = [x, m1, m2]
+    return g, _masked_rows(g, x, m1, "a"), _masked_rows(g, x, m2, "b")
+
+
+def test_a_concat_along_the_kept_rows_of_two_masks_adds_their_sizes():
+    g, a, b = _two_masks()
+    y = g.add_node("Concat", [a, b], name="cat", params={"axis": 0}).outputs[0]
+    total = g.add_node("ReduceSum", [y], name="sum", params={"axes": [0], "keepdims": False}).outputs[0]
+    y.name, total.name = "y", "total"
+    g.outputs = [y, total]
+    model = Model(run_pipeline(g), "m")
+    assert {s.name: s.shape for s in model.outputs} == {"y": (-1, 2), "total": (2,)}
+    inst = model.instance()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 2)).astype(np.float32)
+    for m1, m2 in ((rng.random(6) < 0.5, rng.random(6) < 0.5), (np.zeros(6, bool), np.zeros(6, bool)),
+                   (np.ones(6, bool), np.zeros(6, bool)), (np.ones(6, bool), np.ones(6, bool))):
+        out = inst.run({"x": x, "m1": m1, "m2": m2})
+        want = np.concatenate([x[m1], x[m2]])
+        np.testing.assert_array_equal(out["y"], want)
+        np.testing.assert_allclose(out["total"], want.sum(0, dtype=np.float64), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("axis, meet", [(1, False), (0, True)])
+def test_sizes_of_two_masks_that_must_agree_are_refused(axis, meet):
+    """A Concat along the other axis needs equal counts; the sum a + b of a Concat along the rows cannot be
+    compared with a alone: both only at run time."""
+    g, a, b = _two_masks()
+    y = g.add_node("Concat", [a, b], name="cat", params={"axis": axis}, source="m:7").outputs[0]
+    if meet:
+        y = g.add_node("Add", [y, a], name="add", source="m:8").outputs[0]
+    y.name = "y"
+    g.outputs = [y]
+    with pytest.raises(UnsupportedOpError, match="combines values whose sizes come from different") as info:
+        Model(run_pipeline(g), "m").instance()
+    assert ("m:8" if meet else "m:7") in str(info.value)
+
+
+def test_chunks_of_the_kept_rows_are_refused():
+    """torch.chunk as a dynamic export lowers it (Split without sizes): torch gives fewer pieces when few rows are
+    kept, a Split its fixed number; chunks along another axis follow."""
+    for axis, refused in ((0, True), (1, False)):
+        g, a, _ = _two_masks()
+        first, second = g.add_node("Split", [a], outputs=2, name="chunk", params={"axis": axis},
+                                   source="m:5").outputs
+        first.name, second.name = "first", "second"
+        g.outputs = [first, second]
+        if refused:
+            with pytest.raises(UnsupportedOpError, match="chunks along the axis whose size depends") as info:
+                Model(run_pipeline(g), "m")
+            assert "m:5" in str(info.value)
+            continue
+        inst = Model(run_pipeline(g), "m").instance()
+        x = np.arange(12, dtype=np.float32).reshape(6, 2)
+        for m1 in (np.array([1, 0, 1, 1, 0, 0], bool), np.zeros(6, bool)):
+            out = inst.run({"x": x, "m1": m1, "m2": m1})
+            np.testing.assert_array_equal(out["first"], x[m1][:, :1])
+            np.testing.assert_array_equal(out["second"], x[m1][:, 1:])

@@ -5,8 +5,9 @@ or an op that computes something torch did not, shows up as a shape or dtype the
 is refused at load instead of answering wrongly.
 
 With static input shapes inference runs strictly, so an op that refuses its inputs stops the load there. With
-dynamic ones (`?` dims) it runs at two probe sizes (engine.passes.infer_shapes) and only the dims static in both the
-file and the inference are compared; the instance checks again, strictly, at its max shapes.
+dynamic ones (`?` dims), or where a size depends on the data (x[mask]: the file holds the traced count), it runs at
+two probe sizes (engine.passes.infer_shapes) and only the dims static in both the file and the inference are
+compared; the instance checks again, strictly, at its max shapes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from engine.errors import ModelFormatError
 from engine.ir import Graph, Value
-from engine.ops.registry import TensorInfo
+from engine.ops.registry import OPS, TensorInfo
 from engine.passes.infer_shapes import infer_infos, infer_shapes
 
 Note = tuple[tuple[int, ...], np.dtype]
@@ -49,7 +50,10 @@ def _infer(graph: Graph) -> dict[Value, Note]:
     if all(d >= 0 for v in graph.inputs for d in v.shape):
         inputs = {v: TensorInfo(tuple(v.shape), np.dtype(v.dtype)) for v in graph.inputs}
         infos = infer_infos(graph, inputs, strict=True)
-        return {v: (tuple(i.shape), np.dtype(i.dtype)) for v, i in infos.items()}
+        if not any(n.op_type in OPS and OPS[n.op_type].extent_dims for n in graph.nodes):
+            return {v: (tuple(i.shape), np.dtype(i.dtype)) for v, i in infos.items()}
+        # a size that depends on the data (x[mask]) is the traced count in the file and the bound here: the
+        # probes of infer_shapes make the dims that follow it -1, so they are not compared
     infer_shapes(graph)  # what it cannot infer keeps the file's annotation, so it is not compared
     return {v: (tuple(v.shape), np.dtype(v.dtype)) for n in graph.nodes for v in n.outputs
             if v.shape is not None and v.dtype is not None}

@@ -86,3 +86,19 @@ def topk(ctx: Ctx) -> None:
     params = {"k": int(k), "axis": int(ctx.p("dim", -1)), "largest": bool(ctx.p("largest", True)),
               "sorted": bool(ctx.p("sorted", True))}
     ctx.become("TopK", params, inputs=[ctx.x()])
+
+
+@handles("aten::sort", "aten::argsort")
+def sort(ctx: Ctx) -> None:
+    """torch.sort (values, indices) and torch.argsort (indices), which pnnx keeps as aten calls with torch's
+    positional (input, dim, descending). Stable: equal values keep their order (torch.sort's stable=True; without
+    it torch leaves the order of ties open)."""
+    if len(ctx.node.inputs) != 3:
+        raise ctx.fail(f"expects (input, dim, descending), has {len(ctx.node.inputs)} inputs")
+    dim, descending = (ctx.literal(v, what) for v, what in zip(ctx.node.inputs[1:], ("dim", "descending"), strict=True))
+    params = {"axis": int(dim), "descending": bool(descending)}
+    if ctx.type == "aten::argsort":
+        ctx.emit("Sort", [ctx.x()], params, outputs=[ctx.graph.value(f"{ctx.node.name}/values"), ctx.node.outputs[0]])
+        ctx.done()
+        return
+    ctx.become("Sort", params, inputs=[ctx.x()])

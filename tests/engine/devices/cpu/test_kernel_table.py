@@ -16,7 +16,7 @@ from engine.runtime.model import Model
 # Ops that run their numpy reference on the CPU (kernels.py says why): rare, aliases that are views, or cheap ops
 # whose vectorised numpy reference is their kernel for now.
 REFERENCE_ONLY = {"Expression", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
-                  "GatherElements", "RepeatInterleave", "Trilu", "TopK", "CumSum", "ReduceVar", "Range",
+                  "GatherElements", "RepeatInterleave", "Trilu", "TopK", "Sort", "CumSum", "ReduceVar", "Range",
                   "DetectionOutput"}
 BLOCKED_LAYOUT = {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                   "RegroupBlocked"}

@@ -41,6 +41,7 @@ VALID: list[tuple[tuple[str, ...], str, frozenset[str] | None, str]] = [
     (("aten::addcmul", "F.softsign", "nn.Softsign", "Tensor.logsumexp", "torch.logsumexp", "torch.argmax",
       "torch.argmin", "torch.cumsum"), "dtype", None,
      "torch takes integers here (and cumsum, logsumexp bools); bools are refused where torch refuses them"),
+    (("aten::argsort",), "dtype", frozenset({"@0"}), "torch sorts integers too; the indices are int64 either way"),
     (("Tensor.to", "Tensor.type", "Tensor.type_as", "torch.zeros_like"), "dtype", frozenset({"input"}),
      "a cast (or a dtype param) sets the output dtype whatever the input's"),
     (("Tensor.reshape_as", "Tensor.view_as", "Tensor.expand_as"), "dtype", frozenset({"other"}),
