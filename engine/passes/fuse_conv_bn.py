@@ -18,8 +18,7 @@ def fuse_conv_bn(graph: Graph) -> Graph:
     for node in list(graph.nodes):
         if node.op_type in _ANCHORS and node in graph.nodes:
             bn = single_consumer(graph, node.outputs[0])
-            if bn is not None and bn.op_type == "BatchNorm" and _fusable(node, bn):
-                _fold(node, bn)
+            if bn is not None and bn.op_type == "BatchNorm" and _fusable(node, bn) and _fold(node, bn):
                 absorb_output(graph, node, bn)
     return graph
 
@@ -37,19 +36,25 @@ def _fusable(node: Node, bn: Node) -> bool:
     return True
 
 
-def _fold(node: Node, bn: Node) -> None:
-    fold_channel_affine(node, bn.attrs["scale"], bn.attrs["bias"])
+def _fold(node: Node, bn: Node) -> bool:
+    return fold_channel_affine(node, bn.attrs["scale"], bn.attrs["bias"])
 
 
-def fold_channel_affine(node: Node, scale, shift) -> None:
+def fold_channel_affine(node: Node, scale, shift) -> bool:
     """`node`'s output channel o becomes its output times scale[o] plus shift[o] (weights and bias rescaled in
-    float64, stored in the weight's dtype)."""
+    float64, stored in the weight's dtype). False, and the node unchanged, where a constant or a folded value is
+    not finite in that dtype: 0 x inf in a weight (a zero tap times an infinite scale) gives NaN where the unfused
+    graph gives inf, and a product that overflows the dtype gives inf where the unfused graph stays finite."""
     w = np.asarray(node.attrs["weight"], dtype=np.float64)
     scale = np.asarray(scale, dtype=np.float64).reshape(-1)
     shift = np.asarray(shift, dtype=np.float64).reshape(-1)
     n_out = _out_channels(node, w)
     scale = np.broadcast_to(scale, (n_out,))
     shift = np.broadcast_to(shift, (n_out,))
+    bias = node.attrs.get("bias")
+    bias = np.zeros(n_out) if bias is None else np.asarray(bias, dtype=np.float64)
+    if not all(np.isfinite(a).all() for a in (w, bias, scale, shift)):
+        return False
     if node.op_type == "ConvTranspose":
         groups = int(node.params.get("groups", 1))
         g = w.reshape(groups, w.shape[0] // groups, w.shape[1], *w.shape[2:])
@@ -57,11 +62,13 @@ def fold_channel_affine(node: Node, scale, shift) -> None:
         w = g.reshape(w.shape)
     else:
         w = w * scale.reshape(-1, *([1] * (w.ndim - 1)))
-    bias = node.attrs.get("bias")
-    bias = np.zeros(n_out) if bias is None else np.asarray(bias, dtype=np.float64)
     dtype = np.asarray(node.attrs["weight"]).dtype
-    node.attrs["weight"] = w.astype(dtype)
-    node.attrs["bias"] = (bias * scale + shift).astype(dtype)
+    with np.errstate(over="ignore"):  # float64 products of finite values, then the narrowing may overflow
+        new_w, new_b = w.astype(dtype), (bias * scale + shift).astype(dtype)
+    if not (np.isfinite(new_w).all() and np.isfinite(new_b).all()):
+        return False
+    node.attrs["weight"], node.attrs["bias"] = new_w, new_b
+    return True
 
 
 def _out_channels(node: Node, w: np.ndarray) -> int:

@@ -27,8 +27,7 @@ def fuse_conv_scale(graph: Graph) -> Graph:
         if mul is None or mul.op_type != "Mul" or len(mul.inputs) != 2:
             continue
         scale = _channel_scale(node, mul)
-        if scale is not None:
-            fold_channel_affine(node, scale, np.zeros_like(scale))
+        if scale is not None and fold_channel_affine(node, scale, np.zeros_like(scale)):
             absorb_output(graph, node, mul)
     return graph
 

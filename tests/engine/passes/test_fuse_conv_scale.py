@@ -114,3 +114,16 @@ def test_refuses_activation_other_uses_variable_and_integer_factors():
     g = conv_mul_graph(w, None, np.ones((1, 6, 1, 1), np.int64), (1, 4, 5, 5))
     fuse_conv_scale(g)
     assert [n.op_type for n in g.nodes] == ["Conv", "Mul"]
+
+
+@pytest.mark.parametrize("w_val, gamma_val", [(0.0, np.inf), (1e30, 1e20), (1.0, np.nan)],
+                         ids=["zero_tap_times_inf", "overflowing_product", "nan_scale"])
+def test_non_finite_constants_or_folds_stay_a_mul(w_val, gamma_val):
+    # folded, 0 * inf would be NaN in the weight (the unfused conv gives 0 there, times inf: inf or NaN only where
+    # the input says so) and 1e30 * 1e20 overflows float32 where conv-then-mul stays finite
+    w = np.full((2, 1, 1, 1), w_val, np.float32)
+    g = conv_mul_graph(w, None, np.array([gamma_val, 1.0], np.float32).reshape(1, 2, 1, 1), (1, 1, 2, 2),
+                       params=dict(PARAMS, pads=(0, 0, 0, 0)))
+    fuse_conv_scale(g)
+    assert [n.op_type for n in g.nodes] == ["Conv", "Mul"]
+    np.testing.assert_array_equal(g.nodes[0].attrs["weight"], w)

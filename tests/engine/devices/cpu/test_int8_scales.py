@@ -211,3 +211,45 @@ def test_a_kernel_scales_py_does_not_hold_for_takes_the_factors(monkeypatch):
     assert spec.wei_scales is None and spec.way == "requant", impl
     assert any(op[0] == "binary" and op[1] == "mul" for op in spec.post_ops(24)[0])
     np.testing.assert_array_equal(run_kernel(node, [x])[0], reference(node, [x])[0])
+
+
+def test_a_smaller_input_whose_kernel_needs_more_workspace_runs_the_direct_loops(monkeypatch):
+    # Built on the scaled way at the max shape (no room for int32 sums planned); a smaller input then gets a kernel
+    # scales.py does not hold for (stand-in: none is listed), whose fallback, with a bias that is not a float32, is
+    # the int32 way and its sums: that shape runs the exact numba loops instead of failing the request.
+    node = _qconv(24, 16, 1, activation="relu", weight=RNG.integers(-3, 4, (24, 16, 1, 1)).astype(np.int8),
+                  bias=np.full(24, 2 ** 24 + 1, np.int32), scale=RNG.uniform(1e-6, 2e-6, 24).astype(F32))
+    big = _input(node, 2, 9, 11, 16)
+    fn, ws = build_kernel(node, infos_of([big], node=node))
+    spec = int8_kernels._SPECS[node]
+    assert spec.wei_scales is not None and spec.way == "requant", fn.impl
+    out = np.empty((2, 9, 11, 24), np.int8)
+    fn([big], [out], ws)
+    np.testing.assert_array_equal(out, reference(node, [big])[0])
+    monkeypatch.setattr(conv, "SCALED_IMPLS", ("none:",))
+    small = np.ascontiguousarray(big[:1, :5, :5])
+    out = np.empty((1, 5, 5, 24), np.int8)
+    fn([small], [out], ws)
+    np.testing.assert_array_equal(out, reference(node, [small])[0])
+
+
+def test_a_dilated_conv_on_a_narrow_input_runs_the_direct_loops():
+    # oneDNN's scratchpad for a dilated 3x3 at width 1 is larger than at the max shape it was planned for
+    node = _qconv(64, 64, 3, pads=2, activation="relu", unsigned=True)
+    node.params["dilation"] = [2, 2]
+    big = _input(node, 4, 24, 24, 64)
+    fn, ws = build_kernel(node, infos_of([big], node=node))
+    for n, h, w in ((4, 24, 24), (1, 5, 1), (4, 24, 1), (1, 1, 24)):
+        x = np.ascontiguousarray(big[:n, :h, :w])
+        want = reference(node, [x])[0]
+        out = np.empty(want.shape, np.int8)
+        fn([x], [out], ws)
+        np.testing.assert_array_equal(out, want, err_msg=f"input {x.shape}")
+
+
+def test_the_scaled_way_runs_only_on_kernels_and_isas_checked_bit_for_bit():
+    # stores on other instruction sets (AVX2's, AMX's) were never run against scales.py's model: the factors there
+    assert conv.scaled_kernel("brgconv_1x1:avx512_core_vnni") and conv.scaled_kernel("jit_int8:avx512_core_vnni")
+    for impl in ("jit_int8:avx2", "brgconv:avx2_vnni", "brgconv:avx512_core_amx", "gemm:any", "ref:any",
+                 "brgconv_1x1:avx512_core"):
+        assert not conv.scaled_kernel(impl), impl
