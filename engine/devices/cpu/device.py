@@ -15,6 +15,7 @@ from engine.devices.cpu.layout import blocked_ops, conv_blocked, regroup
 from engine.devices.cpu.layout.rewrite import decide
 from engine.devices.cpu.onednn.blocked import native_block
 from engine.devices.cpu.options import CpuOptions
+from engine.devices.cpu.threads import running
 from engine.ir import Graph, Node
 from engine.memory.arena import Arena
 from engine.ops import OPS
@@ -45,6 +46,10 @@ class CpuDevice(Device):
             return graph
         block = native_block()
         return decide(graph, block) if block else graph
+
+    def activate(self):
+        """Around every run: the `run` wait policy's workers spin while one is in progress (threads.running)."""
+        return running()
 
     def allocate(self, nbytes: int) -> Arena:
         return Arena(nbytes)
