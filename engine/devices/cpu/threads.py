@@ -24,7 +24,16 @@ spin loses in the two places a server lives (bench/wait_policy.py, bench/RESULTS
   2 us, and no such regime). The likely cause: a pause loop longer than the hypervisor's pause-loop window (KVM's
   default: 4096 cycles, ~1.5 us) traps to the host, which may run something else on that core meanwhile.
 On dedicated bare-metal cores a longer spin saves the wake-ups between ops (10-50 us each on a VM); set
-NNSERVE_SPIN_US for that host (README). Small kernels never fork at all (`threads_for`: a oneDNN primitive of
+NNSERVE_SPIN_US for that host (README).
+
+The `run` policy (NNSERVE_WAIT_POLICY=run, CpuOptions.wait_policy; `short`, the above, stays the default until
+measured better on a quiet host): spin through a request, sleep when idle. With oneDNN loaded our kernels' chunks
+run on OpenMP's team (openmp_pool.py: one pool, so no two sets of idle threads share the cores), whose threads
+spin NNSERVE_RUN_SPIN_US (100 us: more than the Python dispatch between two ops) after each op, then sleep; an idle
+server thus sleeps 100 us after its last op. Without oneDNN our workers spin while a run is in progress
+(`running`, entered by the CPU device around every run) and NNSERVE_RUN_SPIN_US after it, RUN_SPIN_CAP_US at most.
+
+Small kernels never fork at all (`threads_for`: a oneDNN primitive of
 little work is created for one thread), so they pay no hand-over either way.
 
 The count is process-wide (the pool is). Its default is the CPUs the process may really use: NNSERVE_NUM_THREADS
