@@ -12,8 +12,9 @@ OpenMP's team, spinning across the gaps between ops), on a quiet machine:
         --models ghostnet resnet18 deit_tiny mobilevit_xxs mobilenet_v2
 
 A setting (`--spins`) is `default` (nothing set), a number (NNSERVE_SPIN_US), a policy (`short`, `run`:
-NNSERVE_WAIT_POLICY) or `run:N` (the `run` policy with NNSERVE_RUN_SPIN_US=N). The ratio column is each
-setting's median over the first setting's, per model and traffic.
+NNSERVE_WAIT_POLICY), `run:N` (the `run` policy with NNSERVE_RUN_SPIN_US=N), `threads=N` (NNSERVE_NUM_THREADS),
+or several joined by commas (`short,threads=1`: the one-thread baseline). The ratio column is each setting's
+median over the first setting's, per model and traffic.
 
 Traffic: `steady` is back-to-back calls (a loaded server); `sporadic` is bursts of a few calls after 0.5 s idle
 (a server between requests), the case where the engine's threads have gone to sleep and each burst wakes them;
@@ -54,14 +55,21 @@ BUSY_LOOP = "while True: pass"
 
 def setting_env(setting: str) -> dict[str, str]:
     """The environment of one `--spins` setting (see the docstring)."""
-    if setting == "default":
-        return {}
-    if setting.isdigit():
-        return {"NNSERVE_SPIN_US": setting}
-    policy, _, spin = setting.partition(":")
-    if policy not in ("short", "run") or (spin and not spin.isdigit()):
-        raise SystemExit(f"unknown setting {setting!r}: default, a number, short, run or run:N")
-    return {"NNSERVE_WAIT_POLICY": policy, **({"NNSERVE_RUN_SPIN_US": spin} if spin else {})}
+    env: dict[str, str] = {}
+    for part in setting.split(","):
+        policy, _, spin = part.partition(":")
+        if part == "default":
+            continue
+        if part.isdigit():
+            env["NNSERVE_SPIN_US"] = part
+        elif part.startswith("threads=") and part.removeprefix("threads=").isdigit():
+            env["NNSERVE_NUM_THREADS"] = part.removeprefix("threads=")
+        elif policy in ("short", "run") and (not spin or spin.isdigit()):
+            env["NNSERVE_WAIT_POLICY"] = policy
+            env.update({"NNSERVE_RUN_SPIN_US": spin} if spin else {})
+        else:
+            raise SystemExit(f"unknown setting {part!r}: default, a number, short, run, run:N or threads=N")
+    return env
 
 
 def _bench_model(folder: Path, engine_name: str):
@@ -160,7 +168,8 @@ def main() -> int:
     parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
     parser.add_argument("--suite", type=Path, action="append", help="suite folder (default bench/realworld-full)")
     parser.add_argument("--spins", nargs="*", default=["default", "0", "5", "200"],
-                        help="settings to compare: default (unset), N (NNSERVE_SPIN_US), short, run, run:N")
+                        help="settings to compare: default (unset), N (NNSERVE_SPIN_US), short, run, run:N, threads=N, "
+                             "or several joined by commas")
     parser.add_argument("--traffic", nargs="*", default=list(TRAFFIC), choices=TRAFFIC)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calls", type=int, default=40, help="timed calls per process (default 40)")
