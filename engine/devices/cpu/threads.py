@@ -307,7 +307,9 @@ def get_policy() -> WaitPolicy:
 
 def _set_policy(policy: WaitPolicy) -> None:
     global _policy
-    _policy = policy
+    if policy != _policy:
+        _policy = policy
+        _drop_pool()  # the next parallel_for makes the policy's pool
     set_spin(policy.spin_us if policy.mode == "short" else policy.run_spin_us)
 
 
@@ -328,7 +330,8 @@ def use_openmp(lib: ctypes.CDLL) -> None:
     global _openmp
     if _openmp is None:
         _openmp = lib
-        _drop_pool()
+        if _policy.one_pool:  # the next parallel_for makes the OpenMP one
+            _drop_pool()
 
 
 def pool_kind(policy: WaitPolicy, openmp: bool) -> str:
