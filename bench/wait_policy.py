@@ -50,7 +50,8 @@ DEFAULT_MODELS = ["ghostnet", "mobilevit_xxs", "resnet18", "efficientformerv2_s0
 BENCH_MODELS = ROOT / "bench" / "models"  # the CNN five's folders (input.npy, one input): mobilenet_v2 and others
 IDLE_S = 0.5
 TRAFFIC = ("steady", "sporadic", "busy")
-BUSY_LOOP = "while True: pass"
+# A busy loop that ends with the worker that started it, even if that one is killed (a timeout).
+BUSY_LOOP = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass"
 
 
 def setting_env(setting: str) -> dict[str, str]:
