@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.devices import get_device
 from engine.devices.cpu import threads as _threads
+from engine.devices.cpu.options import WaitPolicy
 from engine.errors import EngineError, KernelError
 from engine.ir import Graph, Value
 from engine.memory.planner import MemoryPlan
@@ -52,7 +53,7 @@ class Instance:
         self.graph = graph
         # Kernel/BLAS threads are process-wide: an instance with its own count applies it before each run.
         self.threads = None if threads is None else max(1, int(threads))
-        _apply_threads(self.threads, self.options.cpu.threads, self.options.cpu.spin_us)
+        _apply_threads(self.threads, self.options.cpu.threads, self.options.cpu.wait_policy)
         self.device = get_device(device, self.options.cpu)
         graph = self.graph = self.device.prepare(graph)
         self.max_shapes = resolve_max_shapes(graph, max_shapes)
@@ -262,9 +263,10 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
                        f"{type(e).__name__}: {e}")
 
 
-def _apply_threads(threads: int | None, setting: int | None, spin_us: int) -> None:
+def _apply_threads(threads: int | None, setting: int | None, policy: WaitPolicy) -> None:
     """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows;
-    its wait policy, NNSERVE_SPIN_US), BLAS one thread; threads= then wins."""
-    _threads.configure(setting, spin_us)
+    its wait policy, NNSERVE_WAIT_POLICY / NNSERVE_SPIN_US / NNSERVE_RUN_SPIN_US), BLAS one thread; threads= then
+    wins."""
+    _threads.configure(setting, policy)
     if threads is not None:
         _threads.set_threads(threads)

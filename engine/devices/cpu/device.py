@@ -20,6 +20,7 @@ from engine.devices.cpu.onednn.blocked import native_block
 from engine.devices.cpu.options import CpuOptions
 from engine.devices.cpu.packed_attention import OPS as PACKED_ATTENTION_OPS
 from engine.devices.cpu.packed_attention import pack_attention
+from engine.devices.cpu.threads import running
 from engine.ir import Graph, Node
 from engine.memory.arena import Arena
 from engine.ops import OPS
@@ -58,6 +59,10 @@ class CpuDevice(Device):
             return graph
         laid = decide(graph, block)
         return merge_reorders(laid) if laid is not graph else graph  # the reorders are the copy's own
+
+    def activate(self):
+        """Around every run: the `run` wait policy's workers spin while one is in progress (threads.running)."""
+        return running()
 
     def allocate(self, nbytes: int) -> Arena:
         return Arena(nbytes)

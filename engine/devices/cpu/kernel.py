@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu import blas
+from engine.devices.cpu import blas, threads
 from engine.devices.cpu.onednn import binding
 from engine.devices.cpu.options import CpuOptions
 from engine.errors import KernelError
@@ -33,7 +33,10 @@ class Backends:
 
     @classmethod
     def from_options(cls, options: CpuOptions) -> Backends:
-        onednn = options.onednn and binding.load(options.spin_us) is not None  # never loaded when switched off
+        # never loaded when switched off; once loaded, the `run` wait policy runs our kernels on its OpenMP team
+        onednn = options.onednn and binding.load(options.wait_policy.openmp_spin_us) is not None
+        if onednn:
+            threads.use_openmp(binding.LIB)
         return cls(onednn, options.winograd, blas.for_choice(options.blas))
 
 

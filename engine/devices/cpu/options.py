@@ -10,6 +10,14 @@
 - NNSERVE_SPIN_US (default 2): how long idle kernel threads, ours and OpenMP's (oneDNN), spin-wait for the next
   op before sleeping (threads.py says why so short); `0` sleeps at once (OMP_WAIT_POLICY=PASSIVE). Set
   OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself and OpenMP keeps yours.
+- NNSERVE_WAIT_POLICY (default `short`): `short` is the policy above, two pools (ours and OpenMP's) that each spin
+  NNSERVE_SPIN_US after every op. `run` spins through a request and sleeps when idle: our kernels run on OpenMP's
+  team (the one oneDNN runs on: one pool, not two), whose threads spin NNSERVE_RUN_SPIN_US after each op, long
+  enough to bridge the Python dispatch between two ops, so that an op rarely wakes a sleeping thread; without
+  oneDNN, our pool's workers spin while a run is in progress and NNSERVE_RUN_SPIN_US after it. Work is split
+  over the threads from the same sizes as under `short` (threads.MIN_WORK, FORK_WORK): smaller splits measured
+  slower on a loaded 2-core host.
+- NNSERVE_RUN_SPIN_US (default 100): the `run` policy's spin after an op (and after a run), then sleep.
 """
 
 from __future__ import annotations
@@ -18,6 +26,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_SPIN_US = 2
+DEFAULT_RUN_SPIN_US = 100
+WAIT_POLICIES = ("short", "run")
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """How the engine's idle kernel threads wait (NNSERVE_WAIT_POLICY, NNSERVE_SPIN_US, NNSERVE_RUN_SPIN_US)."""
+    mode: str = "short"  # "short": spin spin_us after each op; "run": spin through a run, run_spin_us after it
+    spin_us: int = DEFAULT_SPIN_US
+    run_spin_us: int = DEFAULT_RUN_SPIN_US
+
+    @property
+    def openmp_spin_us(self) -> int:
+        """What OpenMP's idle threads spin (GOMP_SPINCOUNT) before sleeping."""
+        return self.run_spin_us if self.mode == "run" else self.spin_us
+
+    @property
+    def one_pool(self) -> bool:
+        """Whether our kernels run on OpenMP's team (when oneDNN loaded libgomp) instead of a pool of our own."""
+        return self.mode == "run"
 
 
 @dataclass(frozen=True)
@@ -28,11 +56,19 @@ class CpuOptions:
     blas: str = "auto"  # "auto": MKL's sgemm when the wheel is installed; "numpy": numpy's matmul
     threads: int | None = None  # None: the CPUs the process may use
     spin_us: int = DEFAULT_SPIN_US  # idle threads spin this long, then sleep
+    wait: str = "short"  # WAIT_POLICIES
+    run_spin_us: int = DEFAULT_RUN_SPIN_US
+
+    @property
+    def wait_policy(self) -> WaitPolicy:
+        return WaitPolicy(self.wait, self.spin_us, self.run_spin_us)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> CpuOptions:
         threads = environ.get("NNSERVE_NUM_THREADS", "").strip()
         spin = environ.get("NNSERVE_SPIN_US", "").strip()
+        run_spin = environ.get("NNSERVE_RUN_SPIN_US", "").strip()
+        wait = environ.get("NNSERVE_WAIT_POLICY", "").strip().lower()
         return cls(
             onednn=environ.get("NNSERVE_ONEDNN", "").strip() != "0",
             layout="nchw" if environ.get("NNSERVE_LAYOUT", "").strip().lower() == "nchw" else "blocked",
@@ -40,4 +76,20 @@ class CpuOptions:
             blas="numpy" if environ.get("NNSERVE_BLAS", "").lower() in ("numpy", "openblas") else "auto",
             threads=int(threads) if threads.isdigit() and int(threads) > 0 else None,
             spin_us=int(spin) if spin.isdigit() else DEFAULT_SPIN_US,
+            wait=_choice("NNSERVE_WAIT_POLICY", wait or "short", WAIT_POLICIES),
+            run_spin_us=_count("NNSERVE_RUN_SPIN_US", run_spin, DEFAULT_RUN_SPIN_US),
         )
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(allowed)}")
+    return value
+
+
+def _count(name: str, value: str, default: int) -> int:
+    if not value:
+        return default
+    if not value.isdigit():
+        raise ValueError(f"{name}={value!r}: expected a whole number of microseconds")
+    return int(value)

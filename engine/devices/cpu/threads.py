@@ -24,7 +24,16 @@ spin loses in the two places a server lives (bench/wait_policy.py, bench/RESULTS
   2 us, and no such regime). The likely cause: a pause loop longer than the hypervisor's pause-loop window (KVM's
   default: 4096 cycles, ~1.5 us) traps to the host, which may run something else on that core meanwhile.
 On dedicated bare-metal cores a longer spin saves the wake-ups between ops (10-50 us each on a VM); set
-NNSERVE_SPIN_US for that host (README). Small kernels never fork at all (`threads_for`: a oneDNN primitive of
+NNSERVE_SPIN_US for that host (README).
+
+The `run` policy (NNSERVE_WAIT_POLICY=run, CpuOptions.wait_policy; `short`, the above, stays the default until
+measured better on a quiet host): spin through a request, sleep when idle. With oneDNN loaded our kernels' chunks
+run on OpenMP's team (openmp_pool.py: one pool, so no two sets of idle threads share the cores), whose threads
+spin NNSERVE_RUN_SPIN_US (100 us: more than the Python dispatch between two ops) after each op, then sleep; an idle
+server thus sleeps 100 us after its last op. Without oneDNN our workers spin while a run is in progress
+(`running`, entered by the CPU device around every run) and NNSERVE_RUN_SPIN_US after it, RUN_SPIN_CAP_US at most.
+
+Small kernels never fork at all (`threads_for`: a oneDNN primitive of
 little work is created for one thread), so they pay no hand-over either way.
 
 The count is process-wide (the pool is). Its default is the CPUs the process may really use: NNSERVE_NUM_THREADS
@@ -36,6 +45,8 @@ busy-waits beside it.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import math
 import os
@@ -47,16 +58,21 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal
-from engine.devices.cpu.options import DEFAULT_SPIN_US
+from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal, spin_while_running
+from engine.devices.cpu.openmp_pool import OpenMPPool
+from engine.devices.cpu.options import WaitPolicy
 
 # Below this much work (elements x taps) a kernel runs on the calling thread: handing a chunk over costs ~5-50 us.
 MIN_WORK = 1 << 18
 # Below this many multiply-adds a oneDNN primitive runs on one thread (`threads_for`): ~80-150 us of work. With the
 # short spin a fork wakes a sleeping OpenMP thread (20-50 us on a VM) and waits for it at the end; measured on
 # whole models at batch 1 (quiet, 2 cores, against 1 << 20): GhostNet 0.88x, MobileViT-XXS 0.93x,
-# EfficientFormerV2 0.98x, ResNet-18 1.00x (its convs are far above this); int8 convs use the same bound.
+# EfficientFormerV2 0.98x, ResNet-18 1.00x (its convs are far above this); int8 convs use the same bound. The same
+# under the `run` policy: a quarter of these bounds measured 3x slower on GhostNet at batch 1 on a loaded host.
 FORK_WORK = 1 << 22
+# The `run` policy: a worker spins while a run is in progress, at most this long in one wait (a run's long serial
+# stretch, or a run that never ends, must not keep a core busy); then the grace after the run, then it sleeps.
+RUN_SPIN_CAP_US = 20_000
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 _PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 
@@ -111,9 +127,12 @@ class SpinPool:
     the worker, spinning or woken from sleep, runs it and copies go into done. The caller runs the first chunk
     itself, then spins (and at worst sleeps) until every helper it used is done."""
 
-    def __init__(self, workers: int, spin_us: int):
+    def __init__(self, workers: int, spin_us: int, through_runs: bool = False):
         self.workers = workers
         self.polls = spin_polls(spin_us)
+        # `run` policy: spin while a run is in progress (ACTIVE), then `polls` more, `cap` at most
+        self.through_runs = through_runs
+        self.cap = max(self.polls, spin_polls(RUN_SPIN_CAP_US))
         self.go = np.zeros(workers * _PAD, np.int64)
         self.done = np.zeros(workers * _PAD, np.int64)
         self.park = np.zeros(_PAD, np.int64)  # set while oneDNN runs: spinning workers go to sleep
@@ -136,7 +155,7 @@ class SpinPool:
         slot, seen = w * _PAD, 0
         go = self.go[slot:slot + 1]
         while True:
-            if not spin_while_equal(go, seen, self.park, self.polls):
+            if not self._spin(go, seen):
                 with self.wake[w]:
                     self.asleep[w] = True  # before reading go: the caller bumps go, then reads asleep
                     while go[0] == seen and not self.stopped:
@@ -155,6 +174,11 @@ class SpinPool:
             if self.waiting:
                 with self.finished:
                     self.finished.notify()
+
+    def _spin(self, go: np.ndarray, seen: int) -> bool:
+        if self.through_runs:
+            return spin_while_running(go, seen, self.park, ACTIVE, self.polls, self.cap)
+        return spin_while_equal(go, seen, self.park, self.polls)
 
     def run(self, fn: Callable[..., None], args: tuple, bounds: list[tuple[int, int]]) -> bool:
         """fn(*args, lo, hi) for every (lo, hi) in bounds, the first on this thread; False (nothing run) when
@@ -184,6 +208,8 @@ class SpinPool:
         return True
 
     def _wait(self, helpers: int) -> None:
+        # the bound, not the cap: on a busy host the helper may have lost its core, and a caller spinning on would
+        # keep it from getting one back
         if spin_until_done(self.done, self.go, _PAD, helpers, self.polls + 1):
             return
         with self.finished:
@@ -202,11 +228,16 @@ class SpinPool:
 
 
 _threads = available_cpus()  # until the first instance applies its setting (configure) or set_threads is called
-_spin_us = DEFAULT_SPIN_US
+_policy = WaitPolicy()
+_spin_us = _policy.spin_us
 _configured = False
 _spin_configured = False
 _blas_threads: int | None = None
-_pool: SpinPool | None = None
+_pool: SpinPool | OpenMPPool | None = None
+_openmp: ctypes.CDLL | None = None  # libgomp's symbols (through libdnnl) once oneDNN is loaded: see use_openmp
+# Runs in progress (word 0), read without the GIL by spinning workers under the `run` policy.
+ACTIVE = np.zeros(_PAD, np.int64)
+_active_lock = threading.Lock()
 
 
 def set_blas_threads(n: int) -> None:
@@ -270,25 +301,69 @@ def get_spin() -> int:
     return _spin_us
 
 
-def configure(setting: int | None, spin_us: int = DEFAULT_SPIN_US) -> None:
+def get_policy() -> WaitPolicy:
+    return _policy
+
+
+def _set_policy(policy: WaitPolicy) -> None:
+    global _policy
+    if policy != _policy:
+        _policy = policy
+        _drop_pool()  # the next parallel_for makes the policy's pool
+    set_spin(policy.spin_us if policy.mode == "short" else policy.run_spin_us)
+
+
+def configure(setting: int | None, policy: WaitPolicy | None = None) -> None:
     """Called when an instance is built: the first one gives the pool its default count (`setting`, else the
-    CPUs) and the wait policy; every one limits BLAS to one thread, the pool doing the splitting."""
+    CPUs) and the wait policy (CpuOptions.wait_policy); every one limits BLAS to one thread, the pool doing the
+    splitting."""
     if not _configured:
         set_threads(default_threads(setting))
     if not _spin_configured:
-        set_spin(spin_us)
+        _set_policy(policy or WaitPolicy())
     set_blas_threads(1)
 
 
-def _get_pool() -> SpinPool:
+def use_openmp(lib: ctypes.CDLL) -> None:
+    """oneDNN is loaded (`lib` resolves libgomp): under the `run` policy our kernels run on OpenMP's team from
+    now on (openmp_pool.py)."""
+    global _openmp
+    if _openmp is None:
+        _openmp = lib
+        if _policy.one_pool:  # the next parallel_for makes the OpenMP one
+            _drop_pool()
+
+
+def pool_kind(policy: WaitPolicy, openmp: bool) -> str:
+    """Which pool runs our kernels: OpenMP's team under the `run` policy once libgomp is loaded, else ours."""
+    return "openmp" if policy.one_pool and openmp else "spin"
+
+
+@contextlib.contextmanager
+def running():
+    """Around a run: while any is in progress, the `run` policy's workers keep spinning between ops."""
+    with _active_lock:
+        ACTIVE[0] += 1
+    try:
+        yield
+    finally:
+        with _active_lock:
+            ACTIVE[0] -= 1
+
+
+def _get_pool() -> SpinPool | OpenMPPool:
     global _pool
     if _pool is None:
-        _pool = SpinPool(max(1, _threads - 1), _spin_us)
+        if pool_kind(_policy, _openmp is not None) == "openmp":
+            _pool = OpenMPPool(_openmp, _threads)
+        else:
+            _pool = SpinPool(max(1, _threads - 1), _spin_us, through_runs=_policy.mode == "run")
     return _pool
 
 
 def _after_fork() -> None:
     global _pool
+    ACTIVE[0] = 0  # the child runs nothing yet
     _pool = None  # the child has none of the parent's threads; it starts its own pool when it needs one
 
 

@@ -9,7 +9,7 @@ from threadpoolctl import threadpool_info
 
 import engine
 from engine.devices.cpu import threads as _threads
-from engine.devices.cpu.options import DEFAULT_SPIN_US, CpuOptions
+from engine.devices.cpu.options import DEFAULT_RUN_SPIN_US, DEFAULT_SPIN_US, CpuOptions, WaitPolicy
 
 
 @pytest.fixture
@@ -87,6 +87,69 @@ def test_openmp_gets_the_same_bound_unless_the_user_chose_one():
     assert openmp_wait_policy(0, {"GOMP_SPINCOUNT": "10"}) == {}
 
 
+def test_wait_policy_read_from_the_environment():
+    assert CpuOptions.from_env({}).wait_policy == WaitPolicy("short", DEFAULT_SPIN_US, DEFAULT_RUN_SPIN_US)
+    assert CpuOptions.from_env({"NNSERVE_WAIT_POLICY": " Run "}).wait_policy.mode == "run"
+    assert CpuOptions.from_env({"NNSERVE_WAIT_POLICY": "spin"}).wait_policy.mode == "short"  # unknown: the default
+    policy = CpuOptions.from_env({"NNSERVE_WAIT_POLICY": "run", "NNSERVE_RUN_SPIN_US": "50", "NNSERVE_SPIN_US": "3"})
+    assert (policy.run_spin_us, policy.spin_us) == (50, 3)
+    assert CpuOptions.from_env({"NNSERVE_RUN_SPIN_US": "x"}).run_spin_us == DEFAULT_RUN_SPIN_US
+
+
+def test_openmp_spins_the_policy_bound():
+    """`short`: OpenMP's threads spin as long as ours; `run`: long enough to bridge the gap between two ops."""
+    from engine.devices.cpu.onednn.binding import openmp_wait_policy
+
+    assert WaitPolicy("short", 2, 100).openmp_spin_us == 2
+    assert WaitPolicy("run", 2, 100).openmp_spin_us == 100
+    spin = openmp_wait_policy(WaitPolicy("run", 2, 100).openmp_spin_us, {})
+    assert int(spin["GOMP_SPINCOUNT"]) == _threads.spin_polls(100) > _threads.spin_polls(2)
+    assert openmp_wait_policy(WaitPolicy("run", 2, 0).openmp_spin_us, {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@pytest.mark.parametrize("policy, openmp, kind", [
+    (WaitPolicy("run"), True, "openmp"), (WaitPolicy("run"), False, "spin"), (WaitPolicy("short"), True, "spin"),
+    (WaitPolicy(), False, "spin")])
+def test_one_pool_under_the_run_policy_once_openmp_is_loaded(policy, openmp, kind):
+    assert _threads.pool_kind(policy, openmp) == kind
+
+
+def test_every_chunk_has_one_openmp_thread():
+    from engine.devices.cpu.openmp_pool import chunk_indices
+
+    for team in range(1, 5):
+        for chunks in range(10):
+            got = sorted(i for t in range(team) for i in chunk_indices(t, team, chunks))
+            assert got == list(range(chunks))
+
+
+def test_spin_through_a_run_stops_at_the_change_the_park_the_grace_or_the_cap():
+    import numpy as np
+
+    from engine.devices.cpu.loops.spin import spin_while_running
+
+    word, park, active = np.zeros(8, np.int64), np.zeros(8, np.int64), np.zeros(8, np.int64)
+    word[0] = 1
+    assert spin_while_running(word, 0, park, active, 10, 1000)  # the word changed: work to do
+    word[0] = 0
+    assert not spin_while_running(word, 0, park, active, 10, 10**12)  # no run in progress: the grace ends it
+    active[0] = 1
+    assert not spin_while_running(word, 0, park, active, 10, 1000)  # a run in progress: the cap ends it
+    park[0] = 1
+    assert not spin_while_running(word, 0, park, active, 10, 10**12)  # parked: at once
+
+
+def test_running_counts_runs_in_progress():
+    assert _threads.ACTIVE[0] == 0
+    with _threads.running():
+        with _threads.running():
+            assert _threads.ACTIVE[0] == 2
+        assert _threads.ACTIVE[0] == 1
+    with pytest.raises(RuntimeError), _threads.running():
+        raise RuntimeError("a failed run")
+    assert _threads.ACTIVE[0] == 0
+
+
 def _fill(out, value, lo, hi):
     out[lo:hi] = value
 
@@ -114,6 +177,76 @@ def test_pool_runs_every_chunk_once_then_sleeps(restore_threads, spin_us):
         assert (out == -1).all()
     finally:
         _threads.set_spin(before)
+
+
+def _check_pool(pool) -> None:
+    import numpy as np
+
+    out = np.zeros(1000, np.int64)
+    bounds = [(i * 100, (i + 1) * 100) for i in range(10)]
+    for i in range(200):
+        assert pool.run(_fill, (out, i), bounds)
+        assert (out == i).all()
+    with pytest.raises(ValueError, match="chunk"):
+        pool.run(_fail, (), [(0, 1), (1, 2), (2, 3)])
+    assert pool.run(_fill, (out, -1), bounds)  # still usable after a failed chunk
+    assert (out == -1).all()
+
+
+def test_pool_spinning_through_runs_runs_every_chunk_once_and_then_sleeps():
+    """The `run` policy without oneDNN: our workers spin while a run is in progress, sleep after its grace."""
+    import time
+
+    pool = _threads.SpinPool(2, 100, through_runs=True)
+    try:
+        with _threads.running():
+            _check_pool(pool)
+        _check_pool(pool)
+        deadline = time.monotonic() + 60  # the grace is 100 us, the cap 20 ms: a liveness bound, not a timing one
+        while not all(pool.asleep) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(pool.asleep)
+    finally:
+        pool.close()
+
+
+def test_openmp_pool_runs_every_chunk_once_on_openmps_team():
+    from engine.devices.cpu.onednn import binding
+    from engine.devices.cpu.openmp_pool import OpenMPPool
+
+    lib = binding.load()
+    assert lib is not None  # oneDNN is a dependency
+    _check_pool(OpenMPPool(lib, 3))
+    _check_pool(OpenMPPool(lib, 1))
+
+
+def test_openmp_pool_lets_a_concurrent_caller_run_alone():
+    import threading
+
+    import numpy as np
+
+    from engine.devices.cpu.onednn import binding
+    from engine.devices.cpu.openmp_pool import OpenMPPool
+
+    pool = OpenMPPool(binding.load(), 2)
+    outs = [np.zeros(4096, np.int64) for _ in range(4)]
+    errors = []
+
+    def caller(k):
+        try:
+            for i in range(100):
+                if not pool.run(_fill, (outs[k], i * 10 + k), [(0, 2048), (2048, 4096)]):
+                    _fill(outs[k], i * 10 + k, 0, 4096)
+                assert (outs[k] == i * 10 + k).all()
+        except Exception as e:
+            errors.append(e)
+
+    ts = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
 
 
 def test_concurrent_callers_share_the_pool_without_mixing_chunks(restore_threads):
@@ -145,12 +278,15 @@ IDLE_SCRIPT = """
 import os, sys, time
 import numpy as np
 import engine
-from fixture_models import cases, max_shapes, model_path
+from engine.devices.cpu import threads
+from fixture_models import assert_close_to_torch, cases, max_shapes, model_path
 model = engine.load(model_path("resnet"))
 inst = model.instance(max_shapes=max_shapes("resnet"))
-feeds, _ = cases("resnet")[0]
+feeds, want = cases("resnet")[0]
+threads.MIN_WORK = 0  # every kernel that can split does: the pool of the policy runs them
 for _ in range(5):
-    inst.run(feeds)
+    assert_close_to_torch(inst.run(feeds), want)
+print(type(threads._get_pool()).__name__)
 time.sleep(0.5)  # the spin bound is milliseconds: every thread is asleep by now
 t0, c0 = time.monotonic(), time.process_time()
 time.sleep(2.0)
@@ -158,9 +294,11 @@ print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"), time.
 """
 
 
-def test_a_loaded_idle_instance_burns_no_cpu(tmp_path):
+@pytest.mark.parametrize("policy, pool", [("short", "SpinPool"), ("run", "OpenMPPool")])
+def test_a_loaded_idle_instance_burns_no_cpu(tmp_path, policy, pool):
     """After its requests an instance's threads (the pool's and oneDNN's OpenMP team) all sleep: the process uses
-    (almost) no CPU while idle. Its own process, so that libgomp reads the wait policy the engine sets."""
+    (almost) no CPU while idle. Its own process, so that libgomp reads the wait policy the engine sets. Under the
+    `run` policy our kernels run on OpenMP's team, outputs unchanged."""
     import os
     import subprocess
     import sys
@@ -169,9 +307,11 @@ def test_a_loaded_idle_instance_burns_no_cpu(tmp_path):
     here = Path(__file__).resolve().parent
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "NNSERVE_SPIN_US")}
     env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2])])
+    env["NNSERVE_WAIT_POLICY"] = policy
     done = subprocess.run([sys.executable, "-c", IDLE_SCRIPT], capture_output=True, text=True, env=env,
                           timeout=240, cwd=here.parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
-    spincount, policy, idle_cpu = done.stdout.split()[-3:]
-    assert policy == "None" and int(spincount) > 0  # bounded spin, not PASSIVE, not ACTIVE
+    used, spincount, omp_policy, idle_cpu = done.stdout.split()[-4:]
+    assert used == pool
+    assert omp_policy == "None" and int(spincount) > 0  # bounded spin, not PASSIVE, not ACTIVE
     assert float(idle_cpu) < 0.05, f"{idle_cpu} s of CPU in 2 s of idling"

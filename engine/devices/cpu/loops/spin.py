@@ -55,3 +55,23 @@ def spin_until_done(done, go, stride, count, polls):
             return True
         cpu_relax()
     return False
+
+
+@njit(nogil=True, cache=True)
+def spin_while_running(word, old, park, active, grace, cap):
+    """Polls word[0] while a run is in progress (active[0] > 0) and `grace` polls after it, `cap` polls at most;
+    True as soon as it differs from `old`, False when the grace or the cap is spent or park[0] is set."""
+    left = grace
+    for _ in range(cap):
+        if word[0] != old:
+            return True
+        if park[0] != 0:
+            return False
+        if active[0] > 0:
+            left = grace
+        else:
+            left -= 1
+            if left <= 0:
+                break
+        cpu_relax()
+    return word[0] != old

@@ -131,8 +131,8 @@ _lock = threading.Lock()
 
 
 def load(spin_us: int = DEFAULT_SPIN_US) -> ctypes.CDLL | None:
-    """libdnnl, loaded on the first call (with OpenMP's wait policy for `spin_us`, NNSERVE_SPIN_US); None when it
-    is not installed."""
+    """libdnnl, loaded on the first call (with OpenMP's idle threads spinning `spin_us`, the wait policy's
+    openmp_spin_us); None when it is not installed."""
     global LIB, _loaded
     with _lock:
         if not _loaded:

@@ -1,0 +1,82 @@
+"""Our kernels' chunks on OpenMP's team (the `run` wait policy, threads.py): one pool for the whole engine.
+
+oneDNN runs its primitives on libgomp's threads; with a pool of our own beside them, two sets of idle threads
+wait for the next op, and spinning ones of both would take turns on the same cores. Here a parallel_for is a
+libgomp parallel region (GOMP_PARALLEL, the entry point `#pragma omp parallel` compiles to) whose every thread
+runs a ctypes callback: the chunks for its thread number. The team is the caller's own (the one its oneDNN
+primitives use), so its threads' wait policy (GOMP_SPINCOUNT, set before libgomp loaded) is the engine's one policy.
+
+A callback runs Python, so an OpenMP thread holds the GIL to dispatch its chunk (the numba kernel releases it);
+each thread keeps the Python thread state its first callback made (one more PyGILState_Ensure, never released),
+so later regions do not create and destroy one each time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+_Callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def chunk_indices(thread: int, threads: int, chunks: int) -> range:
+    """The chunks OpenMP thread `thread` of `threads` runs: every threads-th from its own number."""
+    return range(thread, chunks, threads)
+
+
+class OpenMPPool:
+    """The SpinPool interface (run, park, close) over libgomp's team; `lib` resolves libgomp's symbols (libdnnl,
+    which links it)."""
+
+    def __init__(self, lib: ctypes.CDLL, threads: int):
+        self.threads = threads
+        self.park = np.zeros(8, np.int64)  # never read: OpenMP's threads are the ones oneDNN runs on
+        self._parallel = lib.GOMP_parallel
+        self._parallel.restype = None
+        self._parallel.argtypes = [_Callback, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        self._thread_num = lib.omp_get_thread_num
+        self._thread_num.restype = ctypes.c_int
+        self._num_threads = lib.omp_get_num_threads
+        self._num_threads.restype = ctypes.c_int
+        self._callback = _Callback(self._chunks)  # kept alive as long as the pool
+        self._job: tuple | None = None
+        self._errors: list[BaseException] = []
+        self._kept: set[int] = {threading.get_native_id()}
+        self.busy = threading.Lock()  # one region at a time; a concurrent caller runs its loop alone
+
+    def _chunks(self, _data) -> None:
+        me = threading.get_native_id()
+        if me not in self._kept:  # an OpenMP thread's first callback: its thread state stays (see the docstring)
+            ctypes.pythonapi.PyGILState_Ensure()
+            self._kept.add(me)
+        fn, args, bounds = self._job
+        try:
+            # the team OpenMP really gave (it may give fewer threads than asked): every chunk still runs
+            for i in chunk_indices(self._thread_num(), self._num_threads(), len(bounds)):
+                fn(*args, *bounds[i])
+        except BaseException as e:  # handed to the caller, which raises it (a callback cannot raise)
+            self._errors.append(e)
+
+    def run(self, fn: Callable[..., None], args: tuple, bounds: list[tuple[int, int]]) -> bool:
+        """fn(*args, lo, hi) for every (lo, hi) in bounds, over the team; False (nothing run) when another thread
+        is using the pool."""
+        if not self.busy.acquire(blocking=False):
+            return False
+        try:
+            self._job = (fn, args, bounds)
+            # ctypes lets the GIL go for the region
+            self._parallel(self._callback, None, min(len(bounds), self.threads), 0)
+            self._job = None
+            if self._errors:
+                error = self._errors[0]
+                self._errors.clear()
+                raise error
+        finally:
+            self.busy.release()
+        return True
+
+    def close(self) -> None:
+        """Nothing to stop: the threads are OpenMP's."""
