@@ -131,6 +131,10 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
 def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerSettings:
     """The flags and the environment (os.environ unless given) as ServerSettings."""
     environ = os.environ if environ is None else environ
+    try:
+        engine_options = engine.EngineOptions.from_env(environ)
+    except ValueError as exc:  # an NNSERVE_* setting out of its range
+        raise SystemExit(f"nnserve serve: {exc}") from None
     if "*" in args.load_model and len(args.load_model) > 1:
         raise SystemExit("--load-model=* must be the only --load-model")
     max_batch = defaults.DEFAULT_MAX_BATCH_SIZE
@@ -147,7 +151,7 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
         model_control_mode=args.model_control_mode, load_models=list(args.load_model),
         repository_poll_secs=args.repository_poll_secs, exit_timeout_secs=args.exit_timeout_secs,
         exit_on_error=args.exit_on_error, strict_readiness=args.strict_readiness, server_name=args.server_name,
-        engine_options=engine.EngineOptions.from_env(environ),
+        engine_options=engine_options,
         default_max_batch_size=max_batch, http_max_input_bytes=args.http_max_input_size,
         grpc_max_message_bytes=args.grpc_max_message_size, drain_delay_secs=args.drain_delay_secs,
         http_max_body_bytes=args.http_max_body_size, http_max_header_bytes=args.http_max_header_size,

@@ -4,6 +4,8 @@ options passed in win, and an instance keeps what it was made with."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from graphs import tile_sum_expected, tile_sum_graph
@@ -37,6 +39,25 @@ def test_defaults_without_any_variable():
 ])
 def test_cpu_variables(environ, want):
     assert CpuOptions.from_env(environ) == CpuOptions(**want)
+
+
+@pytest.mark.parametrize("environ, want", [
+    ({"NNSERVE_WAIT_POLICY": "run"}, {"wait": "run"}),
+    ({"NNSERVE_WAIT_POLICY": " Short "}, {}),
+    ({"NNSERVE_RUN_SPIN_US": "300"}, {"run_spin_us": 300}),
+])
+def test_wait_policy_variables(environ, want):
+    assert CpuOptions.from_env(environ) == CpuOptions(**want)
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"NNSERVE_WAIT_POLICY": "spin"}, "NNSERVE_WAIT_POLICY='spin': expected one of short, run"),
+    ({"NNSERVE_RUN_SPIN_US": "-5"}, "NNSERVE_RUN_SPIN_US='-5': expected a whole number"),
+])
+def test_wait_policy_typos_are_errors(environ, message):
+    # a policy nobody runs is worse than a refusal: the server does not start with a misspelt one
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CpuOptions.from_env(environ)
 
 
 @pytest.mark.parametrize("value, debug", [("", 0), ("0", 0), ("1", 1), ("2", 2), ("yes", 1)])

@@ -90,10 +90,12 @@ def test_openmp_gets_the_same_bound_unless_the_user_chose_one():
 def test_wait_policy_read_from_the_environment():
     assert CpuOptions.from_env({}).wait_policy == WaitPolicy("short", DEFAULT_SPIN_US, DEFAULT_RUN_SPIN_US)
     assert CpuOptions.from_env({"NNSERVE_WAIT_POLICY": " Run "}).wait_policy.mode == "run"
-    assert CpuOptions.from_env({"NNSERVE_WAIT_POLICY": "spin"}).wait_policy.mode == "short"  # unknown: the default
+    with pytest.raises(ValueError, match="NNSERVE_WAIT_POLICY"):  # unknown: an error, not a silent default
+        CpuOptions.from_env({"NNSERVE_WAIT_POLICY": "spin"})
     policy = CpuOptions.from_env({"NNSERVE_WAIT_POLICY": "run", "NNSERVE_RUN_SPIN_US": "50", "NNSERVE_SPIN_US": "3"})
     assert (policy.run_spin_us, policy.spin_us) == (50, 3)
-    assert CpuOptions.from_env({"NNSERVE_RUN_SPIN_US": "x"}).run_spin_us == DEFAULT_RUN_SPIN_US
+    with pytest.raises(ValueError, match="NNSERVE_RUN_SPIN_US"):
+        CpuOptions.from_env({"NNSERVE_RUN_SPIN_US": "x"})
 
 
 def test_openmp_spins_the_policy_bound():
