@@ -10,18 +10,17 @@ raises for that input, `raises` with its message). A case whose name ends in `_d
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pnnx_export import trace_and_convert  # noqa: E402
+
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "pnnx_dd"
-PNNX = Path(sys.executable).parent / "pnnx"
 ROWS = 6
 
 
@@ -105,18 +104,9 @@ def run_torch(model: torch.nn.Module, xs: list[np.ndarray]) -> dict[str, np.ndar
 def export(name: str, runs: dict[str, list[np.ndarray]]) -> None:
     model = Wrap(CASES[name]).eval()
     xs = runs["some"]
-    with tempfile.TemporaryDirectory() as tmp:
-        pt = Path(tmp) / "model.pt"
-        with torch.no_grad():
-            torch.jit.trace(model, tuple(torch.from_numpy(x.copy()) for x in xs), check_trace=False).save(str(pt))
-        cmd = [str(PNNX), str(pt), f"inputshape=[{ROWS},4]f32,[{ROWS}]f32"]
-        if name.endswith("_dyn"):
-            cmd.append(f"inputshape2=[{ROWS + 2},4]f32,[{ROWS + 2}]f32")
-        subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, timeout=120)  # pnnx can hang
-        dst = OUT / name
-        dst.mkdir(parents=True, exist_ok=True)
-        for suffix in (".pnnx.param", ".pnnx.bin"):
-            shutil.copy(Path(tmp) / f"model{suffix}", dst / f"model{suffix}")
+    shapes = f"[{ROWS},4]f32,[{ROWS}]f32"
+    shapes2 = f"[{ROWS + 2},4]f32,[{ROWS + 2}]f32" if name.endswith("_dyn") else None
+    trace_and_convert(model, xs, shapes, shapes2, OUT / name)
     for run, arrays in runs.items():
         np.savez_compressed(OUT / name / f"io_{run}.npz", **run_torch(model, arrays))
     print(name, "exported")

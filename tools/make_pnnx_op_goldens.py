@@ -9,10 +9,7 @@ other input shapes for cases exported with dynamic dims. Cases live in tools/_op
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -21,9 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _op_golden_cases import CASES, Case, Spec  # noqa: E402
+from pnnx_export import trace_and_convert  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "pnnx_ops"
-PNNX = Path(sys.executable).parent / "pnnx"
 CODES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int64): "i64",
          np.dtype(np.int32): "i32", np.dtype(np.bool_): "bool"}
 
@@ -60,18 +57,7 @@ def export(name: str, case: Case, rng: np.random.Generator) -> None:
     model = case.model.eval()
     xs = [make_input(s, rng) for s in case.inputs]
     xs2 = None if case.inputs2 is None else [make_input(s, rng) for s in case.inputs2]
-    with tempfile.TemporaryDirectory() as tmp:
-        pt = Path(tmp) / "model.pt"
-        with torch.no_grad():
-            torch.jit.trace(model, tuple(torch.from_numpy(x.copy()) for x in xs), check_trace=False).save(str(pt))
-        cmd = [str(PNNX), str(pt), f"inputshape={shape_arg(xs)}"]
-        if xs2 is not None:
-            cmd.append(f"inputshape2={shape_arg(xs2)}")
-        subprocess.run(cmd, cwd=tmp, check=True, capture_output=True, timeout=120)  # pnnx can hang
-        dst = OUT / name
-        dst.mkdir(parents=True, exist_ok=True)
-        for suffix in (".pnnx.param", ".pnnx.bin"):
-            shutil.copy(Path(tmp) / f"model{suffix}", dst / f"model{suffix}")
+    trace_and_convert(model, xs, shape_arg(xs), None if xs2 is None else shape_arg(xs2), OUT / name)
     np.savez_compressed(OUT / name / "io.npz", **run_torch(model, xs))
     if xs2 is not None:
         np.savez_compressed(OUT / name / "io2.npz", **run_torch(model, xs2))

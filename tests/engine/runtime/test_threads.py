@@ -222,8 +222,18 @@ def test_openmp_pool_runs_every_chunk_once_on_openmps_team():
     _check_pool(OpenMPPool(lib, 1))
 
 
-def test_openmp_pool_lets_a_concurrent_caller_run_alone():
+def _in_threads(caller, n: int) -> None:
+    """caller(0) .. caller(n - 1), each on a thread of its own, all started before any is joined."""
     import threading
+
+    ts = [threading.Thread(target=caller, args=(k,)) for k in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def test_openmp_pool_lets_a_concurrent_caller_run_alone():
 
     import numpy as np
 
@@ -243,16 +253,11 @@ def test_openmp_pool_lets_a_concurrent_caller_run_alone():
         except Exception as e:
             errors.append(e)
 
-    ts = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    _in_threads(caller, 4)
     assert not errors
 
 
 def test_concurrent_callers_share_the_pool_without_mixing_chunks(restore_threads):
-    import threading
 
     import numpy as np
 
@@ -268,11 +273,7 @@ def test_concurrent_callers_share_the_pool_without_mixing_chunks(restore_threads
         except Exception as e:
             errors.append(e)
 
-    ts = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    _in_threads(caller, 4)
     assert not errors
 
 
