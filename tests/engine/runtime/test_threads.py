@@ -234,7 +234,6 @@ def _in_threads(caller, n: int) -> None:
 
 
 def test_openmp_pool_lets_a_concurrent_caller_run_alone():
-
     import numpy as np
 
     from engine.devices.cpu.onednn import binding
@@ -258,7 +257,6 @@ def test_openmp_pool_lets_a_concurrent_caller_run_alone():
 
 
 def test_concurrent_callers_share_the_pool_without_mixing_chunks(restore_threads):
-
     import numpy as np
 
     _threads.set_threads(2)
