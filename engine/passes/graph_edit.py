@@ -57,3 +57,19 @@ def copy_graph(graph: Graph) -> Graph:
                      params=dict(n.params), attrs=n.attrs, source=n.source)
     new.outputs = [value(v) for v in graph.outputs]
     return new
+
+
+def rewrite_on_copy(graph: Graph, op_type: str, match, rewrite) -> tuple[Graph, int]:
+    """(a copy of `graph` with rewrite(copy, node, found) applied to each `op_type` node that match(copy, node)
+    finds, the count), or (`graph` itself, 0) when none matches: `graph` may be a Model's, shared by its instances,
+    so it is never edited."""
+    if not any(match(graph, n) for n in graph.nodes if n.op_type == op_type):
+        return graph, 0
+    new = copy_graph(graph)
+    count = 0
+    for node in list(new.nodes):
+        found = match(new, node) if node.op_type == op_type else None
+        if found is not None:
+            rewrite(new, node, found)
+            count += 1
+    return new, count

@@ -23,7 +23,7 @@ from engine.errors import ShapeError
 from engine.ir import Graph, Node, Value
 from engine.ops import OPS as SHARED
 from engine.ops.registry import OpDef, TensorInfo
-from engine.passes.graph_edit import copy_graph
+from engine.passes.graph_edit import rewrite_on_copy, single_consumer
 
 log = logging.getLogger("engine.passes")
 
@@ -78,23 +78,10 @@ KERNELS = {"MatMulAffine": CpuKernel(build, _workspace)}
 def fuse_matmul_affine(graph: Graph) -> Graph:
     """A copy with every matched MatMul -> Mul -> Add chain one MatMulAffine node, or `graph` itself when none
     matches (the graph is the Model's: never edited)."""
-    if not any(_match(graph, n) for n in graph.nodes if n.op_type == "MatMul"):
-        return graph
-    new = copy_graph(graph)
-    count = 0
-    for node in list(new.nodes):
-        m = _match(new, node) if node.op_type == "MatMul" else None
-        if m is not None:
-            _rewrite(new, node, *m)
-            count += 1
-    log.info("%s: %d matmul(s) with their scale and offset fused", graph.path or "graph", count)
+    new, count = rewrite_on_copy(graph, "MatMul", _match, lambda g, node, m: _rewrite(g, node, *m))
+    if count:
+        log.info("%s: %d matmul(s) with their scale and offset fused", graph.path or "graph", count)
     return new
-
-
-def _reader(graph: Graph, v: Value) -> Node | None:
-    if v in graph.outputs or len(v.consumers) != 1:
-        return None
-    return v.consumers[0]
 
 
 def _other(node: Node, v: Value) -> Value | None:
@@ -110,7 +97,7 @@ def _match(graph: Graph, mm: Node) -> tuple[float | None, Value | None, list[Nod
     if len(mm.inputs) != 2 or len(mm.outputs) != 1 or y.dtype != np.float32 or y.shape is None:
         return None
     scale, bias, after = None, None, []
-    nxt = _reader(graph, y)
+    nxt = single_consumer(graph, y)
     if nxt is not None and nxt.op_type == "Mul":
         k = _other(nxt, y)
         if k is None or not k.is_const or k.const.dtype != np.float32 or k.const.size != 1:
@@ -120,7 +107,7 @@ def _match(graph: Graph, mm: Node) -> tuple[float | None, Value | None, list[Nod
         scale = float(k.const.reshape(-1)[0])
         after.append(nxt)
         y = nxt.outputs[0]
-        nxt = _reader(graph, y)
+        nxt = single_consumer(graph, y)
     if nxt is not None and nxt.op_type == "Add":
         b = _other(nxt, y)
         if b is not None and b.is_const and b.const.dtype == np.float32 and nxt.outputs[0].shape == y.shape \

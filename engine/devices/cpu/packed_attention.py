@@ -27,7 +27,7 @@ from engine.ir import Graph, Node, Value
 from engine.ops import OPS as OPS_SHARED
 from engine.ops import attention as attention_op
 from engine.ops.registry import OpDef, TensorInfo
-from engine.passes.graph_edit import copy_graph
+from engine.passes.graph_edit import rewrite_on_copy, single_consumer
 
 log = logging.getLogger("engine.passes")
 
@@ -103,23 +103,11 @@ class _Chain:
 def pack_attention(graph: Graph) -> Graph:
     """A copy of `graph` with every matched chain one PackedAttention node, or `graph` itself when none matches
     (the graph is the Model's, shared with other instances: it is never edited)."""
-    if not any(_match(graph, n) for n in graph.nodes if n.op_type == "Attention"):
-        return graph
-    new = copy_graph(graph)
-    count = 0
-    for node in list(new.nodes):
-        chain = _match(new, node) if node.op_type == "Attention" else None
-        if chain is not None:
-            _rewrite(new, chain)
-            count += 1
-    log.info("%s: %d attention(s) read q, k, v in place from their packed projection", graph.path or "graph", count)
+    new, count = rewrite_on_copy(graph, "Attention", _match, lambda g, node, chain: _rewrite(g, chain))
+    if count:
+        log.info("%s: %d attention(s) read q, k, v in place from their packed projection", graph.path or "graph",
+                 count)
     return new
-
-
-def _only_reader(graph: Graph, v: Value) -> Node | None:
-    if v in graph.outputs or len(v.consumers) != 1:
-        return None
-    return v.consumers[0]
 
 
 def _match(graph: Graph, att: Node) -> _Chain | None:
@@ -131,7 +119,7 @@ def _match(graph: Graph, att: Node) -> _Chain | None:
         sq = v.producer
         if sq is None or sq.op_type != "Squeeze" or list(sq.params.get("axes") or []) != [0] or len(sq.inputs) != 1:
             return None
-        if _only_reader(graph, v) is not att or _only_reader(graph, sq.inputs[0]) is not sq:
+        if single_consumer(graph, v) is not att or single_consumer(graph, sq.inputs[0]) is not sq:
             return None
         s = sq.inputs[0].producer
         if s is None or s.op_type != "Split" or (split is not None and s is not split):
@@ -147,12 +135,12 @@ def _match(graph: Graph, att: Node) -> _Chain | None:
     perm = split.inputs[0].producer
     if perm is None or perm.op_type != "Transpose" or list(perm.params.get("perm") or []) != _QKV_PERM:
         return None
-    if _only_reader(graph, split.inputs[0]) is not split:
+    if single_consumer(graph, split.inputs[0]) is not split:
         return None
     x = perm.inputs[0]
     if x.shape is None or len(x.shape) != 5 or x.shape[2] != 3 or x.dtype != np.float32:
         return None
-    out = _only_reader(graph, att.outputs[0])
+    out = single_consumer(graph, att.outputs[0])
     if out is None or out.op_type != "Transpose" or list(out.params.get("perm") or []) != _OUT_PERM:
         return None
     return _Chain(x, [perm, split, *squeezes, att, out], att, out)
