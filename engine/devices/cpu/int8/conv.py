@@ -78,6 +78,8 @@ class QConvSpec:
         self.add_scale = _per_channel(node.attrs.get("add_scale", 0), o, F32)
         self.act, self.fusion = ACTS[node.params.get("activation")], FUSIONS[node.params.get("fusion")]
         self.terms = loops.epilogue_terms(o, self.act, self.fusion, self.relu6_max)
+        # the int32 way's epilogue operands, tiled over a run of pixels (loops.tiled)
+        self.epilogue_operands = loops.tiled(o, self.bias, self.scale, self.add_scale, *self.terms)
         self.unsigned = bool(node.params.get("src_unsigned"))
         self.all_channels = np.arange(o, dtype=np.int64)
         self.fixup = np.zeros(0, np.int64)
@@ -363,10 +365,11 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
 def _epilogue(spec: QConvSpec, acc: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:
     """TNN's requantization of (P, O) int32 sums into out (P, O), adding z (P, O) where the conv is fused."""
     p = acc.shape[0]
+    bias, scale, add_scale, *terms = spec.epilogue_operands
     if spec.fusion == 1 and spec.act == 0:
-        parallel_for(loops.epilogue_add, p, out.size, acc, spec.bias, spec.scale, z, spec.add_scale, out)
+        parallel_for(loops.epilogue_add, p, out.size, acc, bias, scale, z, add_scale, out)
     else:
-        parallel_for(loops.epilogue, p, out.size, acc, spec.bias, spec.scale, z, spec.add_scale, *spec.terms, out)
+        parallel_for(loops.epilogue, p, out.size, acc, bias, scale, z, add_scale, *terms, out)
 
 
 def _direct(spec: QConvSpec, plan: Plan, x, z, out) -> None:

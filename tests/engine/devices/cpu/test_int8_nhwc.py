@@ -95,6 +95,27 @@ def test_fused_pointwise_conv_runs_in_tiles_of_pixels(fusion, activation):
     _check(node, _conv_inputs(node, 1, 24, 50, 47), big)
 
 
+@pytest.mark.parametrize("fusion,activation", [("add_then_act", None), ("add_then_act", "relu"),
+                                               ("act_then_add", "relu"), ("add_then_act", "relu6")])
+def test_fused_epilogue_runs_flat_over_whole_pixels(monkeypatch, fusion, activation):
+    # the int32 way's epilogue runs flat over runs of whole pixels (loops.tiled): an odd channel count, pixels
+    # that are no multiple of a run, a batch of 3 and three threads splitting the pixels at odd places
+    from engine.devices.cpu import threads
+
+    before = threads.get_threads()
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    threads.set_threads(3)
+    try:
+        node = _qconv(37, 11, 1, fusion=fusion, activation=activation, unsigned=True)
+        x = _conv_inputs(node, 3, 11, 7, 5)
+        fn, _ = build_kernel(node, infos_of(x, node=node))
+        assert next(iter(fn.plans.values())).way == "int32"
+        _check(node, x)
+        _check(node, _conv_inputs(node, 1, 11, 3, 2), x)  # fewer pixels than one run
+    finally:
+        threads.set_threads(before)
+
+
 def _impl(node, arrays):
     fn, _ = build_kernel(node, infos_of(arrays, node=node))
     return fn.impl
