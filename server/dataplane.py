@@ -301,6 +301,7 @@ class DataPlane:
         cached: dict[str, np.ndarray] | None = None
         key, lookup_ns = b"", 0
         try:
+            priority, timeout_us = req.priority, req.timeout_us  # checked even where a cache hit needs neither
             options = rx.output_options(req)
             await rx.read_inputs(req, rx.lease_inputs(self.shared_memory, req, leases), req.max_shm_input_bytes)
             out_leases = rx.lease_outputs(self.shared_memory, options, leases)
@@ -317,8 +318,7 @@ class DataPlane:
             if cached is None:
                 queued = time.perf_counter_ns()
                 scheduled(req)
-                result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
-                                                   context=context)
+                result = await mv.scheduler.submit(feed, priority=priority, timeout_us=timeout_us, context=context)
                 if trace is not None:
                     _stamp_execution(trace, queued, result)
         except asyncio.CancelledError:  # the client went away (gRPC deadline, HTTP disconnect): dropped
@@ -369,6 +369,7 @@ class DataPlane:
         leases: list[Lease] = []
         try:
             try:
+                _ = req.priority, req.timeout_us  # checked before the model gets the request
                 await rx.read_inputs(req, rx.lease_inputs(self.shared_memory, req, leases), req.max_shm_input_bytes)
                 feed, batch = validate_inputs(mv, req)
                 wanted = requested_outputs(mv, req)

@@ -213,12 +213,20 @@ def _shape(value: Any, name: str) -> list[int]:
     return value
 
 
+# Triton reads FP16 and BF16 only as binary data (JSON numbers are doubles; it does not round them to half
+# precision), and refuses them in JSON in these words.
+BINARY_ONLY = ("FP16", "BF16")
+
+
 def _json_tensor(data: Any, datatype: str, shape: list[int], name: str, yielding: bool = False) -> np.ndarray:
     count = element_count(shape, name)
     if not isinstance(data, list):
         raise InvalidArgumentError(f"input '{name}': 'data' must be a list")
     if data and not isinstance(data[0], list) and len(data) != count:  # flat: counted before converting
         raise InvalidArgumentError(f"input '{name}': {len(data)} values in 'data', but shape {shape} needs {count}")
+    if datatype in BINARY_ONLY:
+        raise InvalidArgumentError(f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+                                   f"format for input {name}")
     try:
         if datatype == "BYTES":
             arr = _json_bytes(np.asarray(data, dtype=object).reshape(-1), name)
