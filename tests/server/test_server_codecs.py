@@ -190,6 +190,28 @@ def test_rest_json_half_precision_is_refused_as_triton_does(datatype, data, yiel
 
 
 @pytest.mark.parametrize("yielding", [False, True])
+@pytest.mark.parametrize("many", [False, True])
+def test_rest_json_nan_and_infinity_are_values(yielding, many):
+    """Triton's JSON parser takes NaN, Infinity and -Infinity (rapidjson's kParseNanAndInfFlag): values of the
+    floating-point types, whichever parser reads the document; a number too large for the datatype is still out of
+    range, and they are no integers."""
+    # braces in a string: the document is parsed by the parser that counts objects
+    extra = b', "parameters": {"pad": "%s"}' % (b"{" * (rest_codec.MAX_JSON_OBJECTS + 1)) if many else b""
+    body = (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [[NaN, -Infinity], '
+            b'[Infinity, 1.5]]}, {"name": "y", "datatype": "FP64", "shape": [1], "data": [NaN]}]%s}' % extra)
+    x, y = (t.data for t in rest_codec.decode_request("m", "", body, None, yielding=yielding).inputs)
+    assert x.dtype == np.float32 and y.dtype == np.float64
+    np.testing.assert_array_equal(x, np.array([[np.nan, -np.inf], [np.inf, 1.5]], np.float32))
+    assert np.isnan(y).all()
+    for datatype, data, words in [("FP32", b"[NaN, 1e39]", r"element 1 is 1e\+39, outside the range of FP32"),
+                                  ("FP64", b"[Infinity, 1e400]", "element 1 is Infinity, outside the range of FP64"),
+                                  ("INT64", b"[1, -Infinity]", "element 1 is -Infinity, not an integer"),
+                                  ("BOOL", b"[NaN]", "element 0 is NaN, not true or false")]:
+        with pytest.raises(InvalidArgumentError, match=f"data is not valid {datatype}: {words}"):
+            rest_codec.decode_request("m", "", json_request(datatype, data), None, yielding=yielding)
+
+
+@pytest.mark.parametrize("yielding", [False, True])
 def test_rest_json_data_strict_errors_name_the_flat_index_in_nested_and_sliced_data(yielding):
     rows = [[float(i), float(i) + 0.5] for i in range(3 * rest_codec.SLICE)]
     rows[2 * rest_codec.SLICE + 1][1] = None
