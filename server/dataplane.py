@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -301,6 +301,7 @@ class DataPlane:
         cached: dict[str, np.ndarray] | None = None
         key, lookup_ns = b"", 0
         try:
+            priority, timeout_us = req.priority, req.timeout_us  # checked even where a cache hit needs neither
             options = rx.output_options(req)
             await rx.read_inputs(req, rx.lease_inputs(self.shared_memory, req, leases), req.max_shm_input_bytes)
             out_leases = rx.lease_outputs(self.shared_memory, options, leases)
@@ -311,14 +312,13 @@ class DataPlane:
             # (an ensemble whose step keeps one), which no key holds
             if req.sequence is None and self._caches(mv):
                 t_lookup = time.perf_counter_ns()
-                key = await cache_key_off_loop(mv, feed, context)
+                key = await cache_key_off_loop(mv, feed, context, self._served_copies(mv))
                 cached = self.cache.get(key) if self.cache is not None else None
                 lookup_ns = time.perf_counter_ns() - t_lookup
             if cached is None:
                 queued = time.perf_counter_ns()
                 scheduled(req)
-                result = await mv.scheduler.submit(feed, priority=req.priority, timeout_us=req.timeout_us,
-                                                   context=context)
+                result = await mv.scheduler.submit(feed, priority=priority, timeout_us=timeout_us, context=context)
                 if trace is not None:
                     _stamp_execution(trace, queued, result)
         except asyncio.CancelledError:  # the client went away (gRPC deadline, HTTP disconnect): dropped
@@ -369,6 +369,7 @@ class DataPlane:
         leases: list[Lease] = []
         try:
             try:
+                _ = req.priority, req.timeout_us  # checked before the model gets the request
                 await rx.read_inputs(req, rx.lease_inputs(self.shared_memory, req, leases), req.max_shm_input_bytes)
                 feed, batch = validate_inputs(mv, req)
                 wanted = requested_outputs(mv, req)
@@ -425,6 +426,18 @@ class DataPlane:
         mv.stats.record_success(**phases)
         if self.metrics:
             self.metrics.request_ok(mv.name, mv.version, **phases)
+
+    def _served_copies(self, mv: ModelVersion) -> list[int]:
+        """The loaded copies whose outputs make `mv`'s answer: its own and, for an ensemble, those its steps' models
+        resolve to now (a step without a version takes the newest), through nested ensembles. A step model that is
+        not served now counts as 0: the request then fails, and nothing is stored."""
+        copies = [mv.load_id]
+        for step in mv.steps:
+            try:
+                copies += self._served_copies(self.repository.get(step.model_name, step.model_version))
+            except ServerError:
+                copies.append(0)
+        return copies
 
     def _caches(self, mv: ModelVersion) -> bool:
         """Whether this model's responses are cached: its config asks (response_cache { enable: true }) and the
@@ -506,21 +519,23 @@ def request_context(mv: ModelVersion, req: InferRequest) -> RequestContext | Non
     return RequestContext(req.id, req.parameters, tuple(o.name for o in req.outputs), sequence=req.sequence)
 
 
-def cache_key(mv: ModelVersion, feed: Mapping[str, np.ndarray], context: RequestContext | None) -> bytes:
+def cache_key(mv: ModelVersion, feed: Mapping[str, np.ndarray], context: RequestContext | None,
+              copies: Sequence[int] = ()) -> bytes:
     """The response cache's key: the inputs, and what else of the request the model sees (a Python model's answer
-    may depend on the outputs asked for and on the request's parameters). Classification and binary_data only
-    change how the cached outputs are answered, so they are not part of it."""
+    may depend on the outputs asked for and on the request's parameters), and the loaded copies that answer
+    (served_copies). Classification and binary_data only change how the cached outputs are answered, so they are
+    not part of it."""
     if context is None or not mv.takes_requests:
-        return request_key(mv.name, mv.version, feed)
-    return request_key(mv.name, mv.version, feed, context.requested_outputs, context.model_parameters())
+        return request_key(mv.name, mv.version, feed, copies=copies)
+    return request_key(mv.name, mv.version, feed, context.requested_outputs, context.model_parameters(), copies)
 
 
-async def cache_key_off_loop(mv: ModelVersion, feed: Mapping[str, np.ndarray], context: RequestContext | None
-                             ) -> bytes:
+async def cache_key_off_loop(mv: ModelVersion, feed: Mapping[str, np.ndarray], context: RequestContext | None,
+                             copies: Sequence[int] = ()) -> bytes:
     """cache_key, in a worker thread where the inputs are large (a million BYTES elements take a second to hash)."""
     if hashing_cost(feed) >= rx.THREAD_BYTES:
-        return await asyncio.to_thread(cache_key, mv, feed, context)
-    return cache_key(mv, feed, context)
+        return await asyncio.to_thread(cache_key, mv, feed, context, copies)
+    return cache_key(mv, feed, context, copies)
 
 
 def _stamp_execution(trace: Trace, queued: int, result: InferResult) -> None:

@@ -51,6 +51,12 @@ class Histograms:
                 found = by_labels[(model, version)] = Series(self._families[name][1])
             return found
 
+    def remove(self, model: str, version: str) -> None:
+        """The series of (model, version), from every family (a Series already handed out is no longer exposed)."""
+        with self._lock:
+            for by_labels in self._series.values():
+                by_labels.pop((model, version), None)
+
     def observe(self, *samples: tuple[Series, float]) -> None:
         """Several observations (of one request) under one lock."""
         with self._lock:

@@ -3,6 +3,7 @@ and gRPC codecs (server/protocol/) convert to and from these."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 
 from server.backend import SequenceFlags
 from server.errors import InvalidArgumentError, ServerError
+from server.request_limits import quoted
 
 
 @dataclass(frozen=True)
@@ -127,18 +129,16 @@ def _bool_param(params: dict[str, Any], key: str) -> bool:
 
 
 def _int_param(params: dict[str, Any], key: str) -> int | None:
+    """priority and timeout: Triton's fields are uint64 (it reads them with AsUInt over REST, int64 >= 0 or uint64
+    over gRPC), so anything but an integer in [0, 2**64) is refused, in Triton's words, rather than clamped or
+    wrapped."""
     value = params.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InvalidArgumentError(f"parameter '{key}' must be an integer, got {type(value).__name__}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise InvalidArgumentError(f"parameter '{key}' must be an integer") from None
-    if number < 0:
-        raise InvalidArgumentError(f"parameter '{key}' must not be negative")
-    return number
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+        shown = quoted(json.dumps(value) if isinstance(value, bool | float | str) else repr(value))
+        raise InvalidArgumentError(f"Unable to parse '{key}': expected an unsigned 64-bit integer, got {shown}")
+    return value
 
 
 @dataclass

@@ -69,6 +69,14 @@ class _TritonCounters:
                 series = self._values[name]
                 series[key] = series.get(key, 0.0) + amount
 
+    def remove(self, model: str, version: str) -> None:
+        """Every series of (model, version), whatever its other labels (the failures' reason)."""
+        wanted = {("model", model), ("version", version)}
+        with self._lock:
+            for series in self._values.values():
+                for key in [k for k in series if wanted <= set(k)]:
+                    del series[key]
+
     def value(self, name: str, labels: dict[str, str]) -> float:
         with self._lock:
             return self._values[name].get(tuple(sorted(labels.items())), 0.0)
@@ -218,8 +226,10 @@ class ServerMetrics:
         self._series: dict[tuple[str, str], set[tuple[Gauge, tuple[str, ...]]]] = {}
         self._placed: dict[tuple[str, str], list[BackendInstance]] = {}
         # Per (model, version): the counters' series key and the histogram series, looked up once instead of on
-        # every request (histograms are never removed, so these stay valid across reloads).
+        # every request (dropped with the series when the version is unloaded).
         self._hot: dict[tuple[str, str], tuple[Any, ...]] = {}
+        # The versions unloaded and not loaded since: what they still report is dropped
+        self._retired: set[tuple[str, str]] = set()
 
     def render(self) -> bytes:
         text = generate_latest(self.registry)
@@ -237,6 +247,8 @@ class ServerMetrics:
 
     def request_ok(self, model: str, version: str, *, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
                    output_ns: int, batch: int) -> None:
+        if (model, version) in self._retired:
+            return
         key, request_hist, queue_hist, compute_hist, _ = self._hot_series(model, version)
         # Triton adds each request's durations in whole microseconds (ns // 1000), from the same figures as /stats
         self.counters.add_all(key, {
@@ -253,6 +265,8 @@ class ServerMetrics:
 
     def cache_hit(self, model: str, version: str, *, total_ns: int, lookup_ns: int) -> None:
         """Triton's accounting of a response cache hit: a success, with its time and no inference or queue time."""
+        if (model, version) in self._retired:
+            return
         key, request_hist, queue_hist, _, _ = self._hot_series(model, version)
         self.counters.add_all(key, {
             "nv_inference_request_success": 1,
@@ -263,6 +277,8 @@ class ServerMetrics:
         self.histograms.observe((request_hist, total_ns / 1e9), (queue_hist, 0.0))
 
     def cache_miss(self, model: str, version: str, *, miss_ns: int) -> None:
+        if (model, version) in self._retired:
+            return
         key = self._hot_series(model, version)[0]
         self.counters.add_all(key, {"nv_cache_num_misses_per_model": 1,
                                     "nv_cache_miss_duration_per_model": miss_ns // 1000})
@@ -270,10 +286,14 @@ class ServerMetrics:
     def request_failed(self, model: str, version: str, reason: str, total_ns: int) -> None:
         """A failure counts under its reason only: as in Triton, nv_inference_request_duration_us adds up the
         successes (a failure's duration is in the statistics' `fail`)."""
+        if (model, version) in self._retired:
+            return
         labels = {"model": model, "version": version}
         self.counters.add("nv_inference_request_failure", {**labels, "reason": reason}, 1)
 
     def execution(self, model: str, version: str, batch_size: int) -> None:
+        if (model, version) in self._retired:
+            return
         key, *_, batch_hist = self._hot_series(model, version)
         self.counters.add_all(key, {"nv_inference_exec_count": 1})
         self.histograms.observe((batch_hist, batch_size))
@@ -285,6 +305,7 @@ class ServerMetrics:
     def model_loaded(self, model: str, version: str, seconds: float, arena_bytes: list[int]) -> None:
         key = (model, version)
         self._loads[key] += 1
+        self._retired.discard(key)
         self.load_duration.labels(model, version).set(seconds)
         self._set_instance_series(key, arena_bytes, self._placed.pop(key, []))
         for reason in FAILURE_REASONS:  # Triton shows every reason at 0 from the start
@@ -314,17 +335,23 @@ class ServerMetrics:
             self.device_memory.instances[key] = list(instances)
 
     def model_unloaded(self, model: str, version: str, instances: int = 0) -> None:
-        """Gauges describe what is loaded now, so an unloaded version's series go away (counters stay). During a
-        reload the new copy is loaded first: retiring the old one then leaves the series in place. `instances` is
-        kept for callers; the series removed are the ones model_loaded recorded."""
+        """As in Triton (a model's metric reporter removes its series when the model goes), an unloaded version's
+        series go away: gauges, counters and histograms; loaded again, it starts from 0. During a reload the new
+        copy is loaded first: retiring the old one then leaves the series in place. A request that was under way
+        and finishes after the unload records nothing (it would bring the series back). `instances` is kept for
+        callers; the gauges removed are the ones model_loaded recorded."""
         key = (model, version)
         self._loads[key] = max(self._loads[key] - 1, 0)
         if self._loads[key]:
             return
         del self._loads[key]
+        self._retired.add(key)
         series = {(self.load_duration, key), (self.pending, key)} | self._series.pop(key, set())
         for gauge, labels in series:
             _remove(gauge, labels)
+        self.counters.remove(model, version)
+        self.histograms.remove(model, version)
+        self._hot.pop(key, None)
         with self.device_memory._lock:
             self.device_memory.instances.pop(key, None)
 

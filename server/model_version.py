@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -44,6 +45,11 @@ class VersionScheduler(Protocol):
                      context: RequestContext | None = None) -> InferResult: ...
 
 
+# Each loaded copy of a version has its own number (a reload of the same version, maybe from other files, is
+# another copy): the response cache keys answers by the copies that gave them.
+_LOAD_IDS = itertools.count(1)
+
+
 @dataclass
 class ModelVersion:
     name: str
@@ -59,6 +65,7 @@ class ModelVersion:
     outputs: list[cfg.TensorConfig] = field(default_factory=list)
     max_shapes: dict[str, list[int]] = field(default_factory=dict)
     labels: dict[str, list[str]] = field(default_factory=dict)  # output -> its label_filename's lines
+    load_id: int = field(default_factory=lambda: next(_LOAD_IDS))
 
     # Looked up on every request: computed once (a loaded version's config does not change; a reload makes a new
     # ModelVersion), not read from the protobuf each time.
@@ -84,6 +91,11 @@ class ModelVersion:
     def takes_requests(self) -> bool:
         """Its scheduler takes each request with its RequestContext (id, parameters, requested outputs)."""
         return self.config.backend == PYTHON_BACKEND or self.config.platform == ENSEMBLE_PLATFORM
+
+    @property
+    def steps(self) -> list[Step]:
+        """An ensemble's steps (none for any other model)."""
+        return self.scheduler.steps if isinstance(self.scheduler, EnsembleScheduler) else []
 
     @functools.cached_property
     def input_configs(self) -> dict[str, cfg.TensorConfig]:

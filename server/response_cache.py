@@ -4,7 +4,9 @@ also the requested outputs' names and the request's parameters but those the fro
 models whose config says `response_cache { enable: true }`. A hit answers without running the model.
 
 Triton's key is a 64-bit hash of the names and bytes; here it is a 256-bit BLAKE2b digest that also covers datatypes
-and shapes, so two requests that differ only in shape never share an entry. Entries are the model's outputs (all of
+and shapes, so two requests that differ only in shape never share an entry, and the loaded copies of the models that
+answer (a reloaded model's, or an ensemble's whose step model was reloaded or got a new version, are new entries:
+Triton would answer from the old ones). Entries are the model's outputs (all of
 them: the requested subset is picked per request), read-only arrays; the least recently used go first when the
 cache is full, and an entry larger than the whole cache is not stored.
 """
@@ -16,7 +18,7 @@ import struct
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -25,13 +27,15 @@ OBJECT_COST = 64
 
 
 def request_key(model: str, version: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str] = (),
-                parameters: Mapping[str, bool | int | str] | None = None) -> bytes:
+                parameters: Mapping[str, bool | int | str] | None = None, copies: Sequence[int] = ()) -> bytes:
     """The cache key of a request's inputs (in the model's shapes), in name order; with what else the model sees of
     the request, where it sees more (a Python model: the requested outputs and the parameters), as its answer may
-    depend on them."""
+    depend on them; and the loaded copies that answer it (`copies`: the model's own, and an ensemble's steps'), as
+    a reload or a step's new version answers otherwise."""
     h = hashlib.blake2b(digest_size=32)
     for part in (model, version):
         _add(h, part.encode())
+    _add(h, struct.pack(f"<{len(copies)}q", *copies))
     wanted = sorted(outputs)
     _add(h, struct.pack("<q", len(wanted)))
     for name in wanted:

@@ -72,9 +72,17 @@ def _request_id(value: Any) -> str:
     return text
 
 
-def _reject_constant(name: str) -> Any:
-    # NaN / Infinity are not JSON (Triton's parser refuses them too); send such values in binary
-    raise ValueError(f"'{name}' is not valid JSON")
+class _NonFinite(float):
+    """A NaN, Infinity or -Infinity written as such in the request: JSON has no such values, but Triton's parser
+    takes them (rapidjson's kParseNanAndInfFlag) and its JSON answers write them, as ours do. Its own type, so that
+    an infinity from a number too large for a double (1e400) is still refused as out of range."""
+
+
+_CONSTANTS = {"NaN": _NonFinite("nan"), "Infinity": _NonFinite("inf"), "-Infinity": _NonFinite("-inf")}
+
+
+def _constant(name: str) -> float:
+    return _CONSTANTS[name]
 
 
 def raw_binary_request(model_name: str, version: str, body: bytes, name: str, datatype: str,
@@ -108,7 +116,7 @@ def _yielding_int(text: str) -> int:
 
 
 # json.loads with any keyword argument builds a decoder per call: this one is json.loads(..., parse_constant=...)
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=_constant)
 
 
 class _TooManyObjects(Exception):
@@ -127,10 +135,10 @@ def _parse_json(head: bytes, yielding: bool = False) -> dict[str, Any]:
         if head.count(b"{") > MAX_JSON_OBJECTS:  # braces in strings count too: the objects are counted as parsed
             count = [0]
             hooks = {"parse_float": _yielding_float, "parse_int": _yielding_int} if yielding else {}
-            doc = json.loads(head, parse_constant=_reject_constant, **hooks,
+            doc = json.loads(head, parse_constant=_constant, **hooks,
                              object_pairs_hook=lambda pairs: _counted_dict(pairs, count))
         elif yielding:
-            doc = json.loads(head, parse_constant=_reject_constant, parse_float=_yielding_float,
+            doc = json.loads(head, parse_constant=_constant, parse_float=_yielding_float,
                              parse_int=_yielding_int)
         else:  # what json.loads does with bytes
             doc = _DECODER.decode(head.decode(json.detect_encoding(head), "surrogatepass"))
@@ -213,12 +221,20 @@ def _shape(value: Any, name: str) -> list[int]:
     return value
 
 
+# Triton reads FP16 and BF16 only as binary data (JSON numbers are doubles; it does not round them to half
+# precision), and refuses them in JSON in these words.
+BINARY_ONLY = ("FP16", "BF16")
+
+
 def _json_tensor(data: Any, datatype: str, shape: list[int], name: str, yielding: bool = False) -> np.ndarray:
     count = element_count(shape, name)
     if not isinstance(data, list):
         raise InvalidArgumentError(f"input '{name}': 'data' must be a list")
     if data and not isinstance(data[0], list) and len(data) != count:  # flat: counted before converting
         raise InvalidArgumentError(f"input '{name}': {len(data)} values in 'data', but shape {shape} needs {count}")
+    if datatype in BINARY_ONLY:
+        raise InvalidArgumentError(f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+                                   f"format for input {name}")
     try:
         if datatype == "BYTES":
             arr = _json_bytes(np.asarray(data, dtype=object).reshape(-1), name)
@@ -265,12 +281,12 @@ def _numbers(data: list[Any], datatype: str, name: str, yielding: bool) -> np.nd
 # true/false for BOOL; integers for the integer types (not true/false, not 1.9 or 2.0: numpy would make 1 of each);
 # numbers for the floating-point ones (not true/false, strings or null: numpy would make 1.0, parse "nan", make NaN).
 _TAKES = {"b": ({bool}, "true or false"), "i": ({int}, "an integer"), "u": ({int}, "an integer"),
-          "f": ({int, float}, "a number")}
+          "f": ({int, float, _NonFinite}, "a number")}
 
 
 def _checked_numbers(rows: list[Any], dtype: np.dtype, datatype: str, name: str, offset: int) -> np.ndarray:
     """np.asarray(rows, dtype) for values of the JSON types `datatype` takes, each within its range (integers by
-    numpy's own check; floats finite once cast: JSON has no NaN or Infinity, so one is a value too large). The types
+    numpy's own check; floats finite once cast unless written NaN or Infinity: another is a value too large). The types
     are learnt in one pass over the flattened values, so the common case has no per-element Python code; the
     offending element is looked for only when something is wrong. `offset`: the flat index of rows[0]'s first."""
     flat = _flattened(rows)
@@ -285,7 +301,7 @@ def _checked_numbers(rows: list[Any], dtype: np.dtype, datatype: str, name: str,
             arr = np.asarray(rows, dtype=dtype)
     except OverflowError:  # a Python integer outside the dtype's range
         arr = None
-    if arr is None or (dtype.kind == "f" and not np.isfinite(arr).all()):
+    if arr is None or (dtype.kind == "f" and not np.isfinite(arr).all() and not _written_non_finite(arr, flat)):
         i = next(i for i, v in enumerate(flat) if not _fits(v, dtype))
         raise _bad_element(name, datatype, offset + i, flat[i], f"outside the range of {datatype}")
     return arr
@@ -302,7 +318,14 @@ def _flattened(rows: list[Any]) -> list[Any]:
     return flat
 
 
+def _written_non_finite(arr: np.ndarray, flat: list[Any]) -> bool:
+    """Whether every value of `arr` that is not finite was written NaN, Infinity or -Infinity."""
+    return all(type(flat[i]) is _NonFinite for i in np.flatnonzero(~np.isfinite(arr.reshape(-1))))
+
+
 def _fits(value: int | float, dtype: np.dtype) -> bool:
+    if type(value) is _NonFinite:
+        return dtype.kind == "f"
     try:
         with np.errstate(over="ignore"):
             cast = np.asarray([value], dtype=dtype)

@@ -26,6 +26,12 @@ def request(name: str = "in0", datatype: str = "FP32", shape: tuple = (1, 4), ra
     return req
 
 
+def with_param(key: str, kind: str, value: int | float) -> pb2.ModelInferRequest:
+    req = request()
+    setattr(req.parameters[key], kind, value)
+    return req
+
+
 def typed(values: list[float], shape: tuple = (1, 4)) -> pb2.ModelInferRequest:
     req = pb2.ModelInferRequest(model_name="affine")
     t = req.inputs.add(name="in0", datatype="FP32", shape=list(shape))
@@ -65,7 +71,16 @@ CASES = [
     ("negative_dims", request(shape=(-1, 4)), INVALID, "negative dim"),
     ("huge_batch", request(shape=(9, 4), raw=b"\0" * 144), INVALID, "batch-size"),
     ("gigantic_contents", typed([0.5] * 2_000_000), INVALID, "2000000 values"),
-    ("timeout_not_int", request(timeout="soon"), INVALID, "'timeout' must be an integer"),
+    ("timeout_not_int", request(timeout="soon"), INVALID,
+     "Unable to parse 'timeout': expected an unsigned 64-bit integer, got \"soon\""),
+    ("timeout_negative", with_param("timeout", "int64_param", -5), INVALID,
+     "Unable to parse 'timeout': expected an unsigned 64-bit integer, got -5"),
+    ("timeout_fraction", with_param("timeout", "double_param", 1.5), INVALID,
+     "Unable to parse 'timeout': expected an unsigned 64-bit integer, got 1.5"),
+    ("priority_negative", with_param("priority", "int64_param", -1), INVALID,
+     "Unable to parse 'priority': expected an unsigned 64-bit integer, got -1"),
+    ("priority_number_string", request(priority="2"), INVALID,
+     "Unable to parse 'priority': expected an unsigned 64-bit integer, got \"2\""),
     ("unknown_model", request(model="nope"), grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'nope' is not "
      "found"),  # Triton 2.51
     ("unknown_version", pb2.ModelInferRequest(model_name="affine", model_version="7"), grpc.StatusCode.NOT_FOUND,

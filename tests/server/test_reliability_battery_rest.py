@@ -43,9 +43,15 @@ CASES = [
     ("extra_input", body(GOOD, {**GOOD, "name": "extra"}), {}, 400, "unexpected inference input 'extra'"),
     ("non_numeric", body({**GOOD, "data": ["a", "b", "c", "d"]}), {}, 400, "not valid FP32"),
     ("objects_as_data", body({**GOOD, "data": [{"x": 1}] * 4}), {}, 400, "not valid FP32"),
-    ("nan", b'{"inputs":[{"name":"in0","shape":[1,4],"datatype":"FP32","data":[NaN,1,2,3]}]}', {}, 400, "NaN"),
-    ("inf", b'{"inputs":[{"name":"in0","shape":[1,4],"datatype":"FP32","data":[Infinity,1,2,3]}]}', {}, 400,
-     "Infinity"),
+    # NaN, Infinity and -Infinity are data (as in Triton: test_nan_and_infinity_are_data); other spellings are not
+    ("nan", b'{"inputs":[{"name":"in0","shape":[1,4],"datatype":"FP32","data":[nan,1,2,3]}]}', {}, 400,
+     "failed to parse the request JSON"),
+    ("inf", b'{"inputs":[{"name":"in0","shape":[1,4],"datatype":"FP32","data":[inf,1,2,3]}]}', {}, 400,
+     "failed to parse the request JSON"),
+    ("nan_string", b'{"inputs":[{"name":"in0","shape":[1,4],"datatype":"FP32","data":["NaN",1,2,3]}]}', {}, 400,
+     'element 0 is "NaN", not a number'),
+    ("nan_as_int", b'{"inputs":[{"name":"in0","shape":[1,4],"datatype":"INT32","data":[NaN,1,2,3]}]}', {}, 400,
+     "element 0 is NaN, not an integer"),
     ("truncated_binary", *binary({"inputs": [bin_input([1, 4], 16)]}, b"\0" * 8), 400, "past the end"),
     ("unclaimed_binary", *binary({"inputs": [bin_input([1, 4], 16)]}, b"\0" * 20), 400, "not claimed"),
     ("header_past_body", body(GOOD), {"Inference-Header-Content-Length": "100000"}, 400, "outside the body"),
@@ -72,8 +78,20 @@ CASES = [
     ("inputs_not_list", b'{"inputs": {"in0": 1}}', {}, 400, "list 'inputs'"),
     ("input_not_object", b'{"inputs": [42]}', {}, 400, "needs 'name'"),
     ("parameters_not_object", body(GOOD, parameters=[1, 2]), {}, 400, "must be an object"),
-    ("timeout_not_int", body(GOOD, parameters={"timeout": "soon"}), {}, 400, "'timeout' must be an integer"),
-    ("priority_negative", body(GOOD, parameters={"priority": -3}), {}, 400, "'priority' must not be negative"),
+    ("timeout_not_int", body(GOOD, parameters={"timeout": "soon"}), {}, 400,
+     "Unable to parse 'timeout': expected an unsigned 64-bit integer, got \"soon\""),
+    ("priority_negative", body(GOOD, parameters={"priority": -3}), {}, 400,
+     "Unable to parse 'priority': expected an unsigned 64-bit integer, got -3"),
+    ("priority_past_uint64", body(GOOD, parameters={"priority": 2**64}), {}, 400,
+     "Unable to parse 'priority': expected an unsigned 64-bit integer, got 18446744073709551616"),
+    ("priority_fraction", body(GOOD, parameters={"priority": 1.5}), {}, 400,
+     "Unable to parse 'priority': expected an unsigned 64-bit integer, got 1.5"),
+    ("timeout_past_uint64", body(GOOD, parameters={"timeout": 2**64}), {}, 400,
+     "Unable to parse 'timeout': expected an unsigned 64-bit integer, got 18446744073709551616"),
+    ("timeout_negative", body(GOOD, parameters={"timeout": -1}), {}, 400,
+     "Unable to parse 'timeout': expected an unsigned 64-bit integer, got -1"),
+    ("timeout_number_string", body(GOOD, parameters={"timeout": "1000"}), {}, 400,
+     "Unable to parse 'timeout': expected an unsigned 64-bit integer, got \"1000\""),
     ("outputs_not_list", body(GOOD, outputs={"name": "out0"}), {}, 400, "'outputs' must be a list"),
     ("unknown_output", body(GOOD, outputs=[{"name": "out9"}]), {}, 400, "unexpected inference output"),
     ("bad_gzip", body(GOOD), {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
@@ -112,6 +130,24 @@ def test_server_still_correct_after_the_battery(server: ServerProcess) -> None:
         np.testing.assert_allclose(outs[name], expected, rtol=1e-5, atol=1e-6)
     assert server.proc.poll() is None
     assert "Traceback" not in server.log_text, server.log_text
+
+
+def test_nan_and_infinity_are_data(server: ServerProcess) -> None:
+    """NaN, Infinity and -Infinity in a request's JSON are values, as Triton reads them (its JSON parser takes them,
+    rapidjson's kParseNanAndInfFlag) and as gRPC's typed floats carry them; the answer follows IEEE and writes them
+    the same way (Triton: kWriteNanAndInfFlag). A number too large for FP32 (1e39) is still refused."""
+    head = b'{"inputs":[{"name":"in0","shape":[2,4],"datatype":"FP32","data":[[NaN,1,2,3],[-Infinity,1,2,Infinity]]}]}'
+    r = httpx.post(f"http://{server.http_url}/v2/models/affine/infer", content=head, timeout=30)
+    assert r.status_code == 200, r.text
+    assert b"NaN" in r.content  # written as Triton writes it, which json.loads reads back
+    outs = {o["name"]: np.array(o["data"], np.float64).reshape(o["shape"]) for o in r.json()["outputs"]}
+    assert np.isnan(outs["out1"][0]).all()  # a NaN reaches every output of the linear layer
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = affine_reference(np.array([[-np.inf, 1, 2, np.inf]], np.float32))["out1"]
+    np.testing.assert_allclose(outs["out1"][1:], expected, rtol=1e-5, atol=1e-6, equal_nan=True)
+    r = httpx.post(f"http://{server.http_url}/v2/models/affine/infer", timeout=30,
+                   content=b'{"inputs":[{"name":"in0","shape":[1,4],"datatype":"FP32","data":[NaN,1e39,2,3]}]}')
+    assert r.status_code == 400 and "element 1 is 1e+39, outside the range of FP32" in r.json()["error"], r.text
 
 
 def test_raw_binary_request(server: ServerProcess) -> None:

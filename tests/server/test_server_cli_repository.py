@@ -79,8 +79,12 @@ def test_metrics_render_triton_counters_without_total_suffix():
     assert 'nnserve_arena_bytes{device="cpu",instance="0",model="m",version="1"} 1024.0' in text
     assert 'nnserve_batch_size_bucket{le="2.0",model="m",version="1"} 1.0' in text
     m.model_unloaded("m", "1", instances=1)
-    text = m.render().decode()
-    assert "nnserve_arena_bytes{" not in text and 'nv_inference_count{model="m",version="1"} 2.0' in text
+    text = m.render().decode()  # as in Triton, an unloaded version's series go: gauges, counters, histograms
+    assert "nnserve_arena_bytes{" not in text and 'model="m"' not in text
+    m.request_ok("m", "1", total_ns=3000, queue_ns=1000, input_ns=100, infer_ns=1500, output_ns=200, batch=2)
+    assert 'model="m"' not in m.render().decode()  # a request that finishes after the unload records nothing
+    m.model_loaded("m", "1", 0.5, [1024])
+    assert 'nv_inference_count{model="m",version="1"} 0.0' in m.render().decode()  # loaded again: from 0
 
 
 def test_the_environment_is_read_into_the_settings():

@@ -144,3 +144,51 @@ def test_sigterm_fails_readiness_then_drains(tmp_path):
     t.join(30)
     assert results == [200]  # the queued request still got its answer
     assert srv.proc.wait(30) == 0
+
+
+def model_series(srv: ServerProcess, model: str) -> list[str]:
+    """The /metrics sample lines labelled with `model`."""
+    text = httpx.get(srv.metrics_url, timeout=30).text
+    return [line for line in text.splitlines() if not line.startswith("#") and f'model="{model}"' in line]
+
+
+def wait_until(condition, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_an_unloaded_model_leaves_no_metric_series(tmp_path):
+    """As in Triton (a model's metric reporter removes its series when the model goes): after an unload through the
+    repository API, and after a poll finds a version or the model gone, /metrics holds none of its series (counters,
+    gauges, histograms); loaded again, its counters start from 0."""
+    repo = make_repository(tmp_path / "repo", {"affine": AFFINE_CONFIG, "other": AFFINE_CONFIG})
+    srv = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*")
+    try:
+        assert infer_http(srv).status_code == 200 and infer_http(srv, "other").status_code == 200
+        kinds = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_pending_request_count",
+                 "nv_model_load_duration_secs", "nnserve_arena_bytes", "nnserve_request_duration_seconds_count")
+        series = model_series(srv, "affine")
+        assert all(any(line.startswith(k + "{") for line in series) for k in kinds), series
+        httpclient.InferenceServerClient(srv.http_url).unload_model("affine")
+        assert model_series(srv, "affine") == []
+        assert model_series(srv, "other") != []  # the other model's series stay
+        httpclient.InferenceServerClient(srv.http_url).load_model("affine")
+        assert 'nv_inference_request_success{model="affine",version="1"} 0.0' in model_series(srv, "affine")
+    finally:
+        assert srv.stop() == 0, srv.log_text
+
+    repo = make_repository(tmp_path / "polled", {"affine": AFFINE_CONFIG})
+    srv = ServerProcess(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.5")
+    try:
+        assert infer_http(srv).status_code == 200
+        assert any('version="1"' in line for line in model_series(srv, "affine"))
+        shutil.copytree(repo / "affine" / "1", repo / "affine" / "2")  # the latest version only: 1 goes
+        wait_until(lambda: not any('version="1"' in line for line in model_series(srv, "affine")),
+                   "version 1's series removed")
+        assert infer_http(srv).json()["model_version"] == "2"
+        shutil.rmtree(repo / "affine")
+        wait_until(lambda: model_series(srv, "affine") == [], "the removed model's series removed")
+    finally:
+        assert srv.stop() == 0, srv.log_text

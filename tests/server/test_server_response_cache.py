@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 import tracemalloc
 
 import httpx
@@ -205,6 +206,9 @@ def test_keys_cover_the_outputs_and_parameters_given():
     assert key != request_key("m", "1", a, ["o1", "o2"], {"scale": True})  # a bool is not the int 1
     assert key != request_key("m", "1", a, ["o1", "o2"], {"scale": "1"})
     assert request_key("m", "1", a) == request_key("m", "1", a, [], {})
+    # the loaded copies that answer: a reload, or an ensemble step's new version, is another key
+    assert request_key("m", "1", a, copies=[3, 4]) != request_key("m", "1", a, copies=[3, 5])
+    assert request_key("m", "1", a, copies=[3, 4]) != request_key("m", "1", a, copies=[3])
 
 
 # ---- configs Triton refuses --------------------------------------------------------------------------------------
@@ -292,5 +296,63 @@ def test_a_request_of_a_sequence_is_never_answered_from_the_cache(tmp_path):
             assert r.status_code == 200, r.text
             answers.append(r.json()["outputs"][0]["data"])
         assert answers == [[6], [5], [5]]
+    finally:
+        assert srv.stop() == 0, srv.log_text
+
+
+# A Python model answering OUT = IN * FACTOR, FACTOR written into its source.
+TIMES_CONFIG = """
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+response_cache { enable: true }
+"""
+TIMES_SOURCE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                                                            .as_numpy() * FACTOR)]) for r in requests]
+"""
+ENSEMBLE_OVER_TIMES = """
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "times" model_version: -1 input_map { key: "IN" value: "IN" }
+                               output_map { key: "OUT" value: "OUT" } } ] }
+response_cache { enable: true }
+"""
+
+
+def times(srv: ServerProcess, model: str) -> list[int]:
+    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [1, 1], "data": [7]}]}
+    r = httpx.post(f"http://{srv.http_url}/v2/models/{model}/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["outputs"][0]["data"]
+
+
+def test_a_reloaded_model_or_a_steps_new_version_is_not_answered_from_old_entries(tmp_path):
+    """The cache's entries belong to the loaded copies that answered: a cached model reloaded from changed files,
+    and a cached ensemble whose step model was reloaded or got a newer version (the step asks for the newest), give
+    the new model's answers, then hit the cache again."""
+    python_model(tmp_path, "times", TIMES_CONFIG, TIMES_SOURCE.replace("FACTOR", "2"))
+    ensemble(tmp_path, "ens", ENSEMBLE_OVER_TIMES)
+    srv = ServerProcess(tmp_path, "--cache-config", "local,size=1048576", "--model-control-mode", "explicit",
+                        "--load-model", "*")
+    try:
+        assert times(srv, "times") == [14] and times(srv, "ens") == [14]
+        assert times(srv, "times") == [14] and times(srv, "ens") == [14]  # hits
+        (tmp_path / "times" / "1" / "model.py").write_text(textwrap.dedent(TIMES_SOURCE.replace("FACTOR", "3")))
+        r = httpx.post(f"http://{srv.http_url}/v2/repository/models/times/load", timeout=120)
+        assert r.status_code == 200, r.text
+        assert times(srv, "times") == [21] and times(srv, "ens") == [21]
+        python_model(tmp_path, "times", TIMES_CONFIG, TIMES_SOURCE.replace("FACTOR", "5"), version="2")
+        r = httpx.post(f"http://{srv.http_url}/v2/repository/models/times/load", timeout=120)
+        assert r.status_code == 200, r.text
+        assert times(srv, "ens") == [35] and times(srv, "ens") == [35]
+        ens = stats(srv, "ens")["inference_stats"]
+        assert ens["cache_miss"]["count"] == 3 and ens["cache_hit"]["count"] == 2
     finally:
         assert srv.stop() == 0, srv.log_text

@@ -10,6 +10,7 @@ import json
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -316,3 +317,47 @@ def test_client_shared_memory_is_off_by_default(server):
                         "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}]}
     r = httpx.post(f"http://{server.http_url}/v2/models/affine/infer", content=json.dumps(body), timeout=30)
     assert r.status_code == 404 and "Unable to find shared memory region: 'r'" in r.json()["error"]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_shared_memory_inputs_count_against_the_request_limit_under_concurrency(tmp_path, regions, protocol):
+    """A request's shared-memory inputs may hold no more bytes than its body could carry (--http-max-input-size,
+    --grpc-max-message-size), checked from the window sizes before anything is copied: several clients at once,
+    each naming a window over the limit, are each refused (413 / RESOURCE_EXHAUSTED); a window within the limit is
+    then read and answered."""
+    limit = 4096
+    repo = make_repository(tmp_path / "repo", {"affine": AFFINE_CONFIG})
+    server = ServerProcess(repo, "--allow-client-shm", "true", "--http-max-input-size", str(limit),
+                           "--grpc-max-message-size", str(limit))
+    try:
+        module, c = client(server, protocol)
+        big = np.ones((4 * limit // 16, 4), np.float32)  # 4x the limit
+        key = unique("over")
+        handle = regions.create(key, big.nbytes)
+        shm.set_shared_memory_region(handle, [big])
+        c.register_system_shared_memory("big", "/" + key, big.nbytes)
+
+        def over_the_limit(_: int) -> str:
+            own = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+            inp = module.InferInput("in0", list(big.shape), "FP32")
+            inp.set_shared_memory("big", big.nbytes)
+            with pytest.raises(InferenceServerException) as info:
+                own.infer("affine", [inp])
+            return str(info.value.status()), info.value.message()
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(over_the_limit, range(8)))
+        status = "413" if protocol == "http" else "StatusCode.RESOURCE_EXHAUSTED"
+        words = (f"the request's shared-memory inputs hold {big.nbytes} bytes, more than the {limit} a request may "
+                 "carry")
+        assert all(s == status and words in m for s, m in answers), answers
+        # a window within the limit, in the same region, is read and answered
+        inp = module.InferInput("in0", list(X.shape), "FP32")
+        shm.set_shared_memory_region(handle, [X])
+        inp.set_shared_memory("big", X.nbytes)
+        result = c.infer("affine", [inp])
+        for name, expected in affine_reference(X).items():
+            np.testing.assert_allclose(result.as_numpy(name), expected, rtol=1e-5, atol=1e-6)
+        c.unregister_system_shared_memory()
+    finally:
+        assert server.stop() == 0, server.log_text

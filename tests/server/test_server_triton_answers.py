@@ -4,8 +4,12 @@ repository API's words for loads and unloads of names the repository does not ha
 
 from __future__ import annotations
 
+import json
+import re
+
 import grpc
 import httpx
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -76,3 +80,52 @@ def test_loading_and_unloading_names_the_repository_lacks(srv):
     with pytest.raises(InferenceServerException, match="Request for unknown model: 'ghost' is not found"):
         http.get_model_metadata("ghost")
     assert srv.proc.poll() is None
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_in_json_is_refused_in_tritons_words(srv, datatype):
+    """Triton reads FP16 and BF16 only as binary data; tritonclient sends FP16 as JSON when asked (it stops BF16
+    itself), so the server's refusal is what the client sees."""
+    words = (f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input in0")
+    body = {"inputs": [{"name": "in0", "shape": [1, 4], "datatype": datatype, "data": [1, 2, 3, 4]}]}
+    r = httpx.post(f"http://{srv.http_url}/v2/models/affine/infer", json=body, timeout=60)
+    assert r.status_code == 400 and r.json() == {"error": words}, r.text
+    if datatype == "FP16":
+        inp = httpclient.InferInput("in0", [1, 4], "FP16")
+        inp.set_data_from_numpy(np.arange(4, dtype=np.float16).reshape(1, 4), binary_data=False)
+        with pytest.raises(InferenceServerException, match=f"{re.escape(words)}$"):
+            httpclient.InferenceServerClient(srv.http_url).infer("affine", [inp])
+    # the same values as binary data reach the model's checks (FP32 it takes; BF16 no model of this server takes)
+    binary = {"inputs": [{"name": "in0", "shape": [1, 4], "datatype": datatype,
+                          "parameters": {"binary_data_size": 8}}]}
+    head = json.dumps(binary).encode()
+    r = httpx.post(f"http://{srv.http_url}/v2/models/affine/infer", content=head + b"\0" * 8, timeout=60,
+                   headers={"Inference-Header-Content-Length": str(len(head))})
+    assert r.status_code == 400 and ("data-type" if datatype == "FP16" else "unsupported datatype 'BF16'") in \
+        r.json()["error"], r.text
+
+
+@pytest.mark.parametrize(("key", "value"), [("priority", 2**64), ("priority", -1), ("priority", 0.5),
+                                            ("timeout", 2**64), ("timeout", -1), ("timeout", "100")])
+def test_priority_and_timeout_outside_uint64_are_refused_naming_the_parameter(srv, key, value):
+    """Triton's priority and timeout are uint64: a value that is not one is refused (400 / INVALID_ARGUMENT) with
+    the parameter's name, over REST and gRPC alike; the largest uint64 is a value like any other."""
+    good = {"inputs": [{"name": "in0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+    r = httpx.post(f"http://{srv.http_url}/v2/models/affine/infer", json={**good, "parameters": {key: value}},
+                   timeout=60)
+    assert r.status_code == 400 and f"Unable to parse '{key}'" in r.json()["error"], r.text
+    if isinstance(value, int) and value >= 0:  # not expressible as a gRPC int64 or uint64 parameter
+        return
+    req = pb2.ModelInferRequest(model_name="affine")
+    req.inputs.add(name="in0", datatype="FP32", shape=[1, 4])
+    req.raw_input_contents.append(np.arange(4, dtype=np.float32).tobytes())
+    kind = {int: "int64_param", float: "double_param", str: "string_param"}[type(value)]
+    setattr(req.parameters[key], kind, value)
+    with grpc.insecure_channel(srv.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(req, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"Unable to parse '{key}'" in info.value.details()
+    r = httpx.post(f"http://{srv.http_url}/v2/models/affine/infer",
+                   json={**good, "parameters": {key: 2**64 - 1}}, timeout=60)
+    assert r.status_code == 200, r.text
