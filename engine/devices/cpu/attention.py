@@ -14,6 +14,9 @@ EfficientFormer) take the grouped path instead: an item is a group of heads whos
 computed transposed (sᵀ = k @ qᵀ, one batched GEMM), softmax'd along its columns in one numba call (the max and
 sum over keys then run along contiguous rows: vectorised), then out = s @ v; a few calls per group rather than
 eight per block of every head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before).
+Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
+it too, one head and a block of queries per item, where rows that short would leave the row-wise loops mostly
+per-row overhead.
 Other float dtypes numba takes run the unfused path (the whole scores in the workspace); the rest (float16),
 the reference.
 """
@@ -44,6 +47,10 @@ MIN_ROWS, MAX_ROWS = 16, 128  # query rows per block: GEMMs large enough, tile w
 # acc rescale is per row, so 256 rows of 512 keys (512 KiB, still in L2) cost 9% less CPU than 128 rows at
 # 4096x4096 (d40); short sequences keep 128 rows, so a few heads still split into enough items for the threads.
 LONG_TILE_BYTES, LONG_MAX_ROWS = 512 << 10, 256
+# Up to this many keys, queries whose scores outgrow a tile still go column-wise (the grouped path, one head and a
+# block of queries per item): a row of so few keys leaves the row-wise loops mostly per-row overhead (4x49
+# heads of 3136 queries, Swin-like windows over a feature map: 5.6 -> 3.8 ms CPU; cross-attention to 77 tokens).
+SHORT_KEYS = 256
 LANES = 32  # partial maxima of a row (loops/attention.py's _max)
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
@@ -67,9 +74,10 @@ class Blocking:
 
 @dataclass(frozen=True)
 class Grouping:
-    """Short sequences: an item is a group of `heads` whole (L, S) score matrices in one tile (see the module doc)."""
+    """Short sequences: an item is a group of `heads` (rows, S) score matrices in one tile (see the module doc):
+    every query of a head when its scores fit, else (few keys) blocks of `rows` queries of one head."""
     heads: int
-    L: int
+    rows: int  # queries per item
     S: int
     e: int
 
@@ -77,17 +85,22 @@ class Grouping:
     def slot_bytes(self) -> int:
         """One thread's buffers: the group's scores, its qᵀ, query sums, the exponent scratch and the column
         maxima."""
-        parts = [self.heads * self.L * self.S, self.heads * self.e * self.L, self.heads * self.L, self.L, self.L]
+        parts = [self.heads * self.rows * self.S, self.heads * self.e * self.rows, self.heads * self.rows,
+                 self.rows, self.rows]
         return sum(_aligned(4 * p) for p in parts)
 
 
 def grouping(batch: tuple[int, ...], L: int, S: int, e: int) -> Grouping | None:
-    """Heads per item when one head's scores fit a tile, as many as fit (else None: the blocked path)."""
-    one = 4 * max(1, L) * max(1, S)
-    if S > MAX_ONE_BLOCK or one > TILE_BYTES:
+    """Heads per item when one head's scores fit a tile, as many as fit; one head and blocks of queries when they
+    do not but the keys are few (up to SHORT_KEYS); else None: the blocked path."""
+    L, S = max(1, L), max(1, S)
+    one = 4 * L * S
+    if S > MAX_ONE_BLOCK or (one > TILE_BYTES and S > SHORT_KEYS):
         return None
+    if one > TILE_BYTES:
+        return Grouping(1, min(L, max(MIN_ROWS, TILE_BYTES // (4 * S) // MIN_ROWS * MIN_ROWS)), S, e)
     heads = batch[-1] if batch else 1
-    return Grouping(max(1, min(heads, TILE_BYTES // one)), max(1, L), max(1, S), e)
+    return Grouping(max(1, min(heads, TILE_BYTES // one)), L, S, e)
 
 
 def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
@@ -142,12 +155,12 @@ class _GroupSlot:
 
     def __init__(self, buf: np.ndarray, g: Grouping):
         take = _Carver(buf).take
-        self.s = take(g.heads * g.L * g.S)
-        self.qt = take(g.heads * g.e * g.L)
-        self.l = take(g.heads * g.L)
-        self.two_f = take(g.L)
+        self.s = take(g.heads * g.rows * g.S)
+        self.qt = take(g.heads * g.e * g.rows)
+        self.l = take(g.heads * g.rows)
+        self.two_f = take(g.rows)
         self.two_n = self.two_f.view(np.int32)
-        self.m = take(g.L)
+        self.m = take(g.rows)
 
 
 def _fused_workspace(b: Blocking | Grouping) -> int:
@@ -254,7 +267,8 @@ class _Call(_Operands):
 
 
 class _GroupCall(_Operands):
-    """One run of the grouped path: items are (batch, group of heads), every key of a head in one tile. Per item:
+    """One run of the grouped path: items are (batch, group of heads, block of queries: every query unless the
+    grouping splits them), every key of a head in one tile. Per item:
     qᵀ copied into the slot, sᵀ = k @ qᵀ (one batched GEMM), the softmax over its columns (one call, scale and
     mask included), out = (sᵀ)ᵀ @ v and the division by the sums: four calls for the group, none per head."""
 
@@ -269,18 +283,26 @@ class _GroupCall(_Operands):
         self.slots = slots
         self.outer, self.heads = self.batch[:-1], self.batch[-1]
         outer = math.prod(self.outer)
-        self.g = heads_per_item(g.heads, outer, self.heads, len(slots))
+        self.rows = g.rows
+        self.blocks = -(-self.L // g.rows)
+        self.g = heads_per_item(g.heads, outer * self.blocks, self.heads, len(slots))
         self.groups = -(-self.heads // self.g)
-        self.items = outer * self.groups
+        self.items = outer * self.groups * self.blocks
 
     def item(self, slot: _GroupSlot, item: int) -> None:
-        oi, gi = divmod(item, self.groups)
+        oi, gb = divmod(item, self.groups * self.blocks)
+        gi, qb = divmod(gb, self.blocks)
         h0 = gi * self.g
         h1 = min(self.heads, h0 + self.g)
-        n, L, S, e = h1 - h0, self.L, self.S, self.q.shape[-1]
-        at = (*np.unravel_index(oi, self.outer), slice(h0, h1)) if len(self.outer) != 1 else (oi, slice(h0, h1))
+        l0 = qb * self.rows
+        l1 = min(self.L, l0 + self.rows)
+        n, L, S, e = h1 - h0, l1 - l0, self.S, self.q.shape[-1]
+        heads = slice(h0, h1)
+        at = (*np.unravel_index(oi, self.outer), heads) if len(self.outer) != 1 else (oi, heads)
+        # q, mask and output: this block's queries (a whole head's when one block: no slice on the short path)
+        qa = (*at, slice(l0, l1)) if self.blocks > 1 else at
         qt = slot.qt[:n * e * L].reshape(n, e, L)
-        np.copyto(qt.swapaxes(-1, -2), self.q[at])
+        np.copyto(qt.swapaxes(-1, -2), self.q[qa])
         st = slot.s[:n * S * L].reshape(n, S, L)
         kind = self.mask_kind
         # The scale on qᵀ (e·L products, not S·L), so the softmax's first pass only reads sᵀ for the column
@@ -290,12 +312,12 @@ class _GroupCall(_Operands):
             np.multiply(qt, self.scale, out=qt)
         np.matmul(self.k[at], qt, out=st)
         if kind == A.MASK_ADD:
-            np.add(st, self.mask[at].swapaxes(-1, -2), out=st, casting="unsafe")
+            np.add(st, self.mask[qa].swapaxes(-1, -2), out=st, casting="unsafe")
             kind = A.MASK_NONE
         scale = np.float32(1)
         l = slot.l[:n * L].reshape(n, L)
-        A.group_softmax_t(st, slot.two_n, slot.two_f, self.mask[at], kind, self.causal, scale, slot.m, l)
-        o = self.out[at]
+        A.group_softmax_t(st, slot.two_n, slot.two_f, self.mask[qa], kind, self.causal, l0, scale, slot.m, l)
+        o = self.out[qa]
         np.matmul(st.swapaxes(-1, -2), self.v[at], out=o)
         A.group_scale_rows(o, l, self.nan_rows)
 
@@ -354,7 +376,7 @@ def _build_fused(node: Node, ins: list[TensorInfo]):
         if call.S == 0 or call.items == 0:
             out.fill(np.nan if call.nan_rows else 0.0)
             return
-        rows = max(1, call.L) if grouped else b.rows
+        rows = min(b.rows, max(1, call.L)) if grouped else b.rows
         work = math.prod(call.batch) * -(-call.L // rows) * rows * call.S * (inputs[0].shape[-1] + out.shape[-1])
         parallel_for(call.run_slots, len(slots), work)
 
@@ -381,7 +403,7 @@ def _compile_group(g: Grouping) -> None:
     s, l = slot.s[:0].reshape(1, 0, 1), slot.l[:0].reshape(1, 0)
     mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 2, 1))
     for kind in (A.MASK_NONE, A.MASK_ADD):
-        A.group_softmax_t(s, slot.two_n, slot.two_f, mask, kind, False, np.float32(1), slot.m, l)
+        A.group_softmax_t(s, slot.two_n, slot.two_f, mask, kind, False, 0, np.float32(1), slot.m, l)
     A.group_scale_rows(s, l, False)
 
 

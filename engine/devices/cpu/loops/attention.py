@@ -184,12 +184,13 @@ def _scale_mask_max(row, mask, mask_kind, scale, m):
 
 
 @njit(fastmath=_FAST, **_JIT)
-def group_softmax_t(s, two_n, two_f, mask, mask_kind, causal, scale, m, l):
+def group_softmax_t(s, two_n, two_f, mask, mask_kind, causal, row0, scale, m, l):
     """Softmax over the columns of each sᵀ[h] (keys, queries) = k @ qᵀ of a group of heads, every key in the tile:
     sᵀ becomes exp(scale * s + mask - column max), l[h] the column sums (`group_scale_rows` divides the product
     by them). Column-wise, each pass (scale and mask, max, exp, sum) runs along contiguous rows with one running
     value per query: vectorised, where a row-wise max and sum are reductions LLVM leaves scalar (3-4x slower).
-    mask is (heads, queries, keys) as the node gives it; `causal` forbids key j for queries i < j. A query with
+    mask is (heads, queries, keys) as the node gives it; `causal` forbids key j for queries row0 + i < j (the
+    queries a block of those from row0 on). A query with
     nothing to attend to gets l = 0; a NaN score makes its query's sum NaN. m is a scratch row (queries)."""
     keys, queries = s.shape[1], s.shape[2]
     for h in range(s.shape[0]):
@@ -198,7 +199,7 @@ def group_softmax_t(s, two_n, two_f, mask, mask_kind, causal, scale, m, l):
             m[i] = NEG_INF
         for j in range(keys):
             if causal:  # queries before key j do not see it
-                lo = min(j, queries)
+                lo = min(max(j - row0, 0), queries)
                 x[j, :lo] = NEG_INF
                 _scale_mask_max(x[j, lo:], mask[h, lo:, j], mask_kind, scale, m[lo:])
             elif mask_kind != MASK_NONE:

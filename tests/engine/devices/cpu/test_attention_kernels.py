@@ -241,3 +241,49 @@ def test_grouped_path_with_no_queries():
     assert run_kernel(make_node("Attention", 3), [q, k, v])[0].shape == (1, 2, 0, 4)
     out = run_kernel(make_node("Attention", 3), [_x(1, 2, 3, 4), _x(1, 2, 0, 4), _x(1, 2, 0, 4)])[0]
     assert (out == 0).all()
+
+
+@pytest.mark.parametrize("L,S", [(1500, 49), (4096, 77), (1025, 256), (5000, 17)])
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_path_splits_long_queries_over_few_keys(L, S, mask, causal):
+    """Few keys, queries whose scores outgrow a tile (windows over a feature map, cross-attention to text tokens):
+    one head and a block of queries per item, column-wise; the last block partial, causal rows past the first
+    block, dead rows in several blocks."""
+    g = fused.grouping((1, 2), L, S, 16)
+    assert g is not None and g.heads == 1 and g.rows < L and g.rows * S * 4 <= fused.TILE_BYTES
+    q, k, v = _x(1, 2, L, 16), _x(1, 2, S, 16), _x(1, 2, S, 24)
+    inputs = [q, k, v]
+    m = _mask(mask, (1, 1), L, S, dead_rows=(0, g.rows, L - 1))
+    if m is not None:
+        inputs.append(m)
+    for masked_rows in ("zero", "nan"):
+        node = make_node("Attention", len(inputs), params={"is_causal": causal, "masked_rows": masked_rows})
+        check_kernel(node, inputs, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_query_blocks_broadcast_heads_strided_views_and_smaller_shapes():
+    """The split grouped path with k and v shared by the heads, q a transposed view, an additive padding mask, and a
+    smaller request after the max (fewer blocks, a partial one)."""
+    q = _x(2, 2000, 3, 32).transpose(0, 2, 1, 3)
+    k, v = _x(2, 1, 77, 32), _x(2, 1, 77, 32)
+    pad = np.zeros((2, 1, 1, 77), np.float32)
+    pad[1, ..., 60:] = np.finfo(np.float32).min
+    node = make_node("Attention", 4)
+    assert fused.grouping((2, 3), 2000, 77, 32).rows < 2000
+    check_kernel(node, [q, k, v, pad], rtol=1e-4, atol=1e-5)
+    small = [q[:1, :, :900].copy(), k[:1, :, :50].copy(), v[:1, :, :50].copy(), pad[:1, ..., :50].copy()]
+    check_kernel(node, small, [q, k, v, pad], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("S", [1, 1023, 1024, 1025, 1500, 4096])
+@pytest.mark.parametrize("e", [32, 64, 128])
+def test_fused_key_counts_around_the_tile_boundaries(S, e):
+    """Key counts on both sides of MAX_ONE_BLOCK and the key tiles (one tile, a tile and one key, Whisper's 1500),
+    head widths 32-128, against the numpy reference; an additive mask with a padded tail."""
+    L = 300 if S > 1 else 5
+    q, k, v = _x(1, 2, L, e), _x(1, 2, S, e), _x(1, 2, S, e)
+    pad = np.zeros((1, 1, 1, S), np.float32)
+    pad[..., S - S // 5:] = np.finfo(np.float32).min
+    check_kernel(make_node("Attention", 3), [q, k, v], rtol=1e-4, atol=1e-5)
+    check_kernel(make_node("Attention", 4), [q, k, v, pad], rtol=1e-4, atol=1e-5)
