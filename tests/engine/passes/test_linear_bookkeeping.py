@@ -81,6 +81,21 @@ def chain(tmp_path: Path, n: int) -> Path:
     return path
 
 
+def pools(tmp_path: Path, n: int) -> Path:
+    """n 1-D poolings, each lowered through its 2-D form by a handler inside a handler."""
+    lines, cur, shape = ["pnnx.Input in0 0 1 v0 #v0=(1,2,8)f32"], "v0", "(1,2,8)f32"
+    for i in range(n):
+        out = f"v{i + 1}"
+        kind = ["nn.MaxPool1d", "nn.AvgPool1d"][i % 2]
+        lines.append(f"{kind} pool_{i} 1 1 {cur} {out} ceil_mode=False kernel_size=1 padding=0 stride=1 "
+                     f"#{cur}={shape} #{out}={shape}")
+        cur = out
+    lines.append(f"pnnx.Output out0 1 0 {cur}")
+    path = tmp_path / "pools.pnnx.param"
+    path.write_text(f"7767517\n{len(lines)} {n + 1}\n" + "\n".join(lines) + "\n")
+    return path
+
+
 def summary(graph: Graph) -> list[tuple]:
     return [(n.op_type, n.name, [v.name for v in n.inputs], [v.name for v in n.outputs]) for n in graph.nodes]
 
@@ -104,3 +119,10 @@ def test_a_long_chain_never_scans_the_node_list(tmp_path):
     graph = run_pipeline(lower_pnnx(load_graph(path)))
     assert len(graph.nodes) == 1500  # the Dropouts bypassed, every other op kept, in order
     assert [n.op_type for n in graph.nodes[:3]] == ["Relu", "Add", "Add"]
+
+
+def test_one_d_poolings_never_scan_the_node_list(tmp_path):
+    path = pools(tmp_path, 200)
+    lowered = lower_pnnx(load_graph(path))
+    assert [n.op_type for n in lowered.nodes[:4]] == ["Unsqueeze", "MaxPool", "Squeeze", "Unsqueeze"]
+    check_no_scans(path)

@@ -7,7 +7,7 @@ While lower_pnnx runs, `graph.nodes` is the lowered part of the graph, which it 
 handler emits is appended (so it comes before the node being lowered), the node itself is appended after its
 handler unless the handler removed it, and a node removed later (`remove`) is dropped at the end. Inserting
 before the node, or removing it from the list, one list scan per node, made a 20k-op model take minutes. A Ctx
-made without lower_pnnx's `removed` set (a handler lowering a node it emitted) edits the list in place.
+made without lower_pnnx's `removed` set edits the list in place (one scan per edit).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Ctx:
         self.rebuilding = removed is not None  # graph.nodes is being rebuilt by lower_pnnx, without the node
         self.removed = set() if removed is None else removed  # ids of nodes lower_pnnx drops from graph.nodes
         self.kept = True  # False once the handler removed the node itself (`done`, `bypass`)
+        self.after: list[Node] = []  # an `inner` node's followers, out of the list while its handler runs
         self.type = node.op_type[len(PREFIX) :]
         self.arg_names: list[str | None] = list(node.params.get("$inputs") or [None] * len(node.inputs))
         self._emitted = 0
@@ -181,6 +182,26 @@ class Ctx:
         self.emitted.append(self.graph.add_node(op_type, inputs, outputs, name=tag, params=params, attrs=attrs,
                                                 source=self.node.source, index=index))
         return list(outputs)
+
+    def inner(self, node: Node) -> Ctx:
+        """A Ctx for a pnnx node this handler emitted (`emit`) and lowers at once with that type's handler (a 1-D op
+        through its 2-D form); `place` it after that handler ran. While rebuilding, the node and what was emitted
+        after it are taken back out of the list (they are its last few entries), so that what its handler emits
+        comes before it, as lower_pnnx places a node."""
+        inner = Ctx(self.graph, node, self.removed if self.rebuilding else None)
+        if self.rebuilding:
+            nodes = self.graph.nodes
+            at = next(i for i in range(len(nodes) - 1, -1, -1) if nodes[i] is node)
+            inner.after = nodes[at + 1 :]
+            del nodes[at:]
+        return inner
+
+    def place(self, inner: Ctx) -> None:
+        """Puts an `inner` node back after its handler ran (unless the handler removed it), then what followed it."""
+        if self.rebuilding:
+            if inner.kept:
+                self.graph.nodes.append(inner.node)
+            self.graph.nodes.extend(inner.after)
 
     def const(self, data: Any, dtype: Any = None, name: str | None = None) -> Value:
         arr = np.asarray(data, dtype=dtype)
