@@ -34,7 +34,8 @@ _NUMBER_START = re.compile(r"^-?[0-9]")  # pnnx: a digit, or "-" then a digit
 # A list of plain ints, or of floats each written with '.' or an exponent, is read with int / float over the whole
 # list: the values parse_scalar gives each item, without its Python-level tests per item (a 50 MB list took
 # minutes). A list with anything else in it is read item by item.
-_INT = re.compile(r"-?[0-9]{1,4000}")  # longer: int() refuses it (sys.get_int_max_str_digits), so does parse_scalar
+_INT_CHARS = str.maketrans("", "", "0123456789,-")
+_INT_DIGITS = 4000  # longer: int() refuses it (sys.get_int_max_str_digits), and parse_scalar says so
 _FLOAT = re.compile(r"-?[0-9]+(?:\.[0-9]*(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)")
 _ANNOTATION = re.compile(r"^\((.*)\)([a-z0-9]+)$")
 _FLOAT_WORDS = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
@@ -79,12 +80,23 @@ def parse_param(text: str) -> Any:
         if "(" in inner or "[" in inner:
             raise ValueError(f"nested list {clip(text)}")
         parts = inner.split(",")
-        if all(map(_INT.fullmatch, parts)):
+        if _plain_ints(inner, parts):
             return list(map(int, parts))
         if all(map(_FLOAT.fullmatch, parts)):
             return list(map(float, parts))
         return [parse_scalar(part) for part in parts]
     return parse_scalar(text)
+
+
+def _plain_ints(inner: str, parts: list[str]) -> bool:
+    """Whether every item is `-?[0-9]+`, told by string operations over the whole list (a regex per item costs
+    more than int() itself): only digits, commas and minus signs; a minus sign only at an item's start; no empty
+    item."""
+    if inner.translate(_INT_CHARS) or max(map(len, parts)) > _INT_DIGITS:
+        return False
+    unsigned = inner.replace(",-", ",").removeprefix("-")
+    return bool(unsigned) and "-" not in unsigned and ",," not in unsigned and unsigned[0] != "," \
+        and unsigned[-1] != ","
 
 
 def clip(text: str, keep: int = 60) -> str:

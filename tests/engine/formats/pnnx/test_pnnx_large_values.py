@@ -42,7 +42,9 @@ def test_a_long_numeric_list_is_read_whole(tmp_path, scalar_calls, item, value):
 
 
 @pytest.mark.parametrize("text", ["(1,2,3)", "(-1,0,7)", "(1.0,2.5e-3,-3.)", "(1,2.0)", "(1e5,2E-3)", "(a,b)",
-                                  "(1,None)", "(+1,2)", "(1_0,2)", "(inf,1.0)", "(1.0j,2)", "[1,-2]", "(0x1,2)"])
+                                  "(1,None)", "(+1,2)", "(1_0,2)", "(inf,1.0)", "(1.0j,2)", "[1,-2]", "(0x1,2)",
+                                  "(1,-)", "(-,1)", "(--1,2)", "(1-2,3)", "(1,,2)", "(,1)", "(1,)", "(-1,-2)",
+                                  "(1," + "9" * 5000 + ")", "(١,2)"])
 def test_whole_list_reading_gives_what_each_item_gives(text):
     def outcome(read):
         try:
