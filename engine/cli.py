@@ -64,7 +64,11 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 def add_engine_commands(subparsers, options: EngineOptions | None = None) -> None:
     """Adds `run`, `inspect`, `convert` and `quantize` to an argparse subparsers object; they run with `options`
     (default: the environment's, read now)."""
-    options = options if options is not None else environment_options()
+    if options is None:
+        try:
+            options = environment_options()
+        except ValueError as e:  # an NNSERVE_* setting outside its accepted values: one line, not a traceback
+            raise SystemExit(f"nnserve: {e}") from None
     graph_files = " or ".join(sorted(f"MODEL{f.graph_suffix}" for f in FORMATS.values()))
     p = subparsers.add_parser("run", help="run a model on .npy inputs and write .npy outputs",
                               formatter_class=DefaultsHelpFormatter)

@@ -115,15 +115,23 @@ class Graph:
         value.consumers.append(node)
 
     def remove_node(self, node: Node) -> None:
-        """Unlinks a node. Its outputs must no longer be used."""
+        """Unlinks a node and drops it from the node list (a scan of the list: a pass that removes many nodes
+        unlinks each with `unlink` and drops them all at once with `drop_nodes`)."""
+        self.unlink(node)
+        self.nodes.remove(node)
+
+    def unlink(self, node: Node) -> None:
+        """Detaches a node from its values, leaving the node list alone. Its outputs must no longer be used."""
         for v in node.outputs:
             if v.consumers or v in self.outputs:
                 raise EngineError(f"cannot remove {node}: output {v.name!r} is still used")
             v.producer = None
-        for v in node.inputs:
-            while node in v.consumers:
-                v.consumers.remove(node)
-        self.nodes.remove(node)
+        drop_uses(node)
+
+    def drop_nodes(self, gone: set[int]) -> None:
+        """Drops the nodes whose id() is in `gone` from the node list, the others keeping their order."""
+        if gone:
+            self.nodes = [n for n in self.nodes if id(n) not in gone]
 
     def bypass(self, node: Node, keep_input: int = 0) -> None:
         """Removes a single-output node by wiring its output's users to one of its inputs."""
@@ -140,10 +148,10 @@ class Graph:
                 live.update(id(v) for v in node.inputs)
         kept = {id(n) for n in keep}  # by identity: a list membership test made this quadratic in the node count
         dead = [n for n in self.nodes if id(n) not in kept]
-        for node in reversed(dead):
-            for v in node.inputs:
-                while node in v.consumers:
-                    v.consumers.remove(node)
+        gone = {id(n) for n in dead}
+        # each consumer list filtered once: removing entries one at a time is quadratic in a value's fan-out
+        for v in {id(v): v for n in dead for v in n.inputs}.values():
+            v.consumers[:] = [c for c in v.consumers if id(c) not in gone]
         self.nodes = list(reversed(keep))
         return len(dead)
 
@@ -165,11 +173,15 @@ class Graph:
     def validate(self) -> None:
         """Checks topological order and link consistency; raises EngineError naming the first problem."""
         ready = {id(v) for v in self.inputs}
-        for node in self.nodes:
+        listed: dict[int, set[int]] = {}  # id(value) -> ids of its consumers: `node in v.consumers` per use was
+        for node in self.nodes:           # quadratic in a value's fan-out
             for v in node.inputs:
                 if id(v) not in ready and not v.is_const:
                     raise EngineError(f"{node.where()}: input {v.name!r} of {node} is used before it is produced")
-                if node not in v.consumers:
+                ids = listed.get(id(v))
+                if ids is None:
+                    ids = listed[id(v)] = {id(c) for c in v.consumers}
+                if id(node) not in ids:
                     raise EngineError(f"{node.where()}: {v.name!r} does not list {node.name!r} as consumer")
             for v in node.outputs:
                 if v.producer is not node:
@@ -197,3 +209,14 @@ class Graph:
                 raise EngineError(f"graph has a cycle or a missing producer at {rest[0]}")
             pending = rest
         self.nodes = order
+
+
+def drop_uses(node: Node) -> None:
+    """Removes `node` from the consumer lists of its inputs. A list holds one entry per use, so one removal per
+    input: each stops at the entry, where `while node in v.consumers` scanned the whole list again, quadratic in the
+    fan-out of a value read by thousands of nodes (a graph input every block adds back)."""
+    for v in node.inputs:
+        try:
+            v.consumers.remove(node)
+        except ValueError:  # already dropped (an edit that unlinked some uses first)
+            pass

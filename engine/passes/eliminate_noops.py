@@ -14,9 +14,11 @@ _END = 2**31 - 1
 
 
 def eliminate_noops(graph: Graph) -> Graph:
+    gone: set[int] = set()  # dropped from the list at the end (one list.remove each was quadratic)
     for node in list(graph.nodes):
-        if node.inputs and len(node.outputs) == 1 and is_noop(node):
-            _drop(graph, node)
+        if node.inputs and len(node.outputs) == 1 and is_noop(node) and _drop(graph, node):
+            gone.add(id(node))
+    graph.drop_nodes(gone)
     return graph
 
 
@@ -56,11 +58,15 @@ def _full_slice(node: Node) -> bool:
     return True
 
 
-def _drop(graph: Graph, node: Node) -> None:
+def _drop(graph: Graph, node: Node) -> bool:
+    """Wires the node's readers to its input and unlinks it (Graph.bypass without the list edit); False where it
+    stays."""
     x, y = node.inputs[0], node.outputs[0]
     if y in graph.outputs:
         # The output's name is the model's API: keep it by renaming the input, when that is safe.
         if x.is_const or x in graph.inputs or x in graph.outputs:
-            return
+            return False
         x.name = y.name
-    graph.bypass(node)
+    graph.replace_uses(y, x)
+    graph.unlink(node)
+    return True

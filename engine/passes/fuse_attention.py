@@ -16,17 +16,19 @@ NaN, and that is what the model computed.
 from __future__ import annotations
 
 from engine.ir import Graph, Node, Value
-from engine.passes.graph_edit import single_consumer
+from engine.passes.graph_edit import NodeEdits, single_consumer
 
 _SCALES = {"Mul", "Div"}
 
 
 def fuse_attention(graph: Graph) -> Graph:
+    edits = NodeEdits(graph)
     for node in list(graph.nodes):
-        if node.op_type == "Softmax" and node in graph.nodes:
+        if node.op_type == "Softmax" and edits.contains(node):
             match = _match(graph, node)
             if match is not None:
-                _rewrite(graph, match)
+                _rewrite(graph, match, edits)
+    edits.apply()
     return graph
 
 
@@ -141,20 +143,20 @@ def _ranks_ok(q: Value, kt: Value, v: Value) -> bool:
     return all(s is not None and len(s) >= 2 for s in shapes)
 
 
-def _rewrite(graph: Graph, m: _Match) -> None:
-    at = graph.nodes.index(m.pv)
-    k = _untransposed(graph, m.kt, at)
-    at = graph.nodes.index(m.pv)
+def _rewrite(graph: Graph, m: _Match, edits: NodeEdits) -> None:
+    k = _untransposed(graph, m.kt, m.pv, edits)
     inputs = [m.q, k, m.pv.inputs[1]] + ([m.mask] if m.mask is not None else [])
     out = m.pv.outputs[0]
     m.pv.outputs = [graph.value()]
-    graph.add_node("Attention", inputs, [out], name=m.pv.name, index=at, source=m.pv.source,
-                   params={"scale": m.scale, "is_causal": False, "masked_rows": "nan"})
+    att = graph.add_node("Attention", inputs, [out], name=m.pv.name, source=m.pv.source,
+                         params={"scale": m.scale, "is_causal": False, "masked_rows": "nan"})
+    edits.insert_before(att, m.pv)
     for node in [m.pv, m.softmax, *m.chain]:
-        graph.remove_node(node)
+        graph.unlink(node)
+        edits.remove(node)
 
 
-def _untransposed(graph: Graph, kt: Value, at: int) -> Value:
+def _untransposed(graph: Graph, kt: Value, pv: Node, edits: NodeEdits) -> Value:
     """k as (…, S, E) from kᵀ: the Transpose's input when it only swapped the last two axes, else one Transpose
     (composed with the one that made kᵀ, when there is one)."""
     node = kt.producer
@@ -166,6 +168,11 @@ def _untransposed(graph: Graph, kt: Value, at: int) -> Value:
         if composed == list(range(rank)):
             return node.inputs[0]
         src = node.inputs[0]
-        return graph.add_node("Transpose", [src], 1, params={"perm": composed}, index=at,
-                              source=node.source).outputs[0]
-    return graph.add_node("Transpose", [kt], 1, params={"perm": swap}, index=at).outputs[0]
+        return _before(edits, pv, graph.add_node("Transpose", [src], 1, params={"perm": composed},
+                                                 source=node.source))
+    return _before(edits, pv, graph.add_node("Transpose", [kt], 1, params={"perm": swap}))
+
+
+def _before(edits: NodeEdits, pv: Node, node: Node) -> Value:
+    edits.insert_before(node, pv)
+    return node.outputs[0]

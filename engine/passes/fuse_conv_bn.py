@@ -9,17 +9,19 @@ from __future__ import annotations
 import numpy as np
 
 from engine.ir import Graph, Node
-from engine.passes.graph_edit import absorb_output, single_consumer
+from engine.passes.graph_edit import NodeEdits, absorb_output, single_consumer
 
 _ANCHORS = {"Conv", "ConvTranspose", "Gemm"}
 
 
 def fuse_conv_bn(graph: Graph) -> Graph:
+    edits = NodeEdits(graph)
     for node in list(graph.nodes):
-        if node.op_type in _ANCHORS and node in graph.nodes:
+        if node.op_type in _ANCHORS and edits.contains(node):
             bn = single_consumer(graph, node.outputs[0])
             if bn is not None and bn.op_type == "BatchNorm" and _fusable(node, bn) and _fold(node, bn):
-                absorb_output(graph, node, bn)
+                absorb_output(graph, node, bn, edits)
+    edits.apply()
     return graph
 
 

@@ -14,12 +14,13 @@ import numpy as np
 
 from engine.ir import Graph, Node, Value
 from engine.passes.fuse_conv_bn import fold_channel_affine
-from engine.passes.graph_edit import absorb_output, single_consumer
+from engine.passes.graph_edit import NodeEdits, absorb_output, single_consumer
 
 
 def fuse_conv_scale(graph: Graph) -> Graph:
+    edits = NodeEdits(graph)
     for node in list(graph.nodes):
-        if node.op_type != "Conv" or node not in graph.nodes:
+        if node.op_type != "Conv" or not edits.contains(node):
             continue
         if node.params.get("activation") or len(node.inputs) > 1 or "weight" not in node.attrs:
             continue
@@ -28,7 +29,8 @@ def fuse_conv_scale(graph: Graph) -> Graph:
             continue
         scale = _channel_scale(node, mul)
         if scale is not None and fold_channel_affine(node, scale, np.zeros_like(scale)):
-            absorb_output(graph, node, mul)
+            absorb_output(graph, node, mul, edits)
+    edits.apply()
     return graph
 
 

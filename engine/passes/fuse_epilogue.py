@@ -9,7 +9,7 @@ node's output value, so output names do not change.
 from __future__ import annotations
 
 from engine.ir import Graph, Node
-from engine.passes.graph_edit import absorb_output, single_consumer
+from engine.passes.graph_edit import NodeEdits, absorb_output, single_consumer
 
 _ANCHORS = {"Conv", "ConvTranspose", "Gemm"}
 
@@ -29,16 +29,18 @@ ACTIVATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def fuse_epilogue(graph: Graph) -> Graph:
+    edits = NodeEdits(graph)
     for node in list(graph.nodes):
-        if node.op_type not in _ANCHORS or node not in graph.nodes:
+        if node.op_type not in _ANCHORS or not edits.contains(node):
             continue
         if node.op_type in ("Conv", "Gemm"):
-            _fuse_residual(graph, node)
-        _fuse_activation(graph, node)
+            _fuse_residual(graph, node, edits)
+        _fuse_activation(graph, node, edits)
+    edits.apply()
     return graph
 
 
-def _fuse_activation(graph: Graph, node: Node) -> None:
+def _fuse_activation(graph: Graph, node: Node, edits: NodeEdits) -> None:
     act = single_consumer(graph, node.outputs[0])
     if act is None or act.op_type not in ACTIVATIONS or node.params.get("activation"):
         return
@@ -50,10 +52,10 @@ def _fuse_activation(graph: Graph, node: Node) -> None:
         name, params = "relu6", {}
     node.params["activation"] = name
     node.params["activation_params"] = params
-    absorb_output(graph, node, act)
+    absorb_output(graph, node, act, edits)
 
 
-def _fuse_residual(graph: Graph, node: Node) -> None:
+def _fuse_residual(graph: Graph, node: Node, edits: NodeEdits) -> None:
     add = single_consumer(graph, node.outputs[0])
     if add is None or add.op_type != "Add" or len(add.inputs) != 2 or len(node.inputs) != 1:
         return
@@ -65,6 +67,6 @@ def _fuse_residual(graph: Graph, node: Node) -> None:
         return
     if other.dtype != y.dtype:
         return
-    absorb_output(graph, node, add)
+    absorb_output(graph, node, add, edits)
     node.inputs.append(other)
     other.consumers.append(node)

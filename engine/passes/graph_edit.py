@@ -1,9 +1,10 @@
 """Graph queries and edits the rewrite passes share: a node's OpDef, a value's single consumer, static shapes,
-one node taking over another's output, and a copy of a graph for a rewrite that must not edit its input."""
+one node taking over another's output, node list edits applied in one pass (NodeEdits), and a copy of a graph for
+a rewrite that must not edit its input."""
 
 from __future__ import annotations
 
-from engine.ir import Graph, Node, Value
+from engine.ir import Graph, Node, Value, drop_uses
 from engine.ops.registry import OpDef, all_ops
 
 
@@ -23,18 +24,64 @@ def is_static(shape) -> bool:
     return shape is not None and all(d is not None and d >= 0 for d in shape)
 
 
-def absorb_output(graph: Graph, anchor: Node, follower: Node) -> None:
+class NodeEdits:
+    """The node list edits a pass makes while it walks `graph.nodes` (a node removed, one moved to another's place,
+    one inserted before another), applied to the list in one pass by `apply`. Made with list.remove / index / insert
+    at each edit, one scan of the list each, they made a pass quadratic in the node count.
+
+    Each node of the list as it was when the edits began is a slot; a slot holds the nodes now at its position, in
+    order (the node itself until an edit changes that)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.start = len(graph.nodes)
+        self.slots: dict[int, list[Node]] = {}  # id of a slot's first node -> the nodes there now
+        self.home: dict[int, int] = {}  # id(node) -> its slot, for a node an edit placed
+
+    def _slot(self, node: Node) -> list[Node]:
+        key = self.home.get(id(node), id(node))
+        return self.slots.setdefault(key, [node])
+
+    def contains(self, node: Node) -> bool:
+        """Whether `node` (a node of the list, or one placed by an edit) is still in the graph."""
+        key = self.home.get(id(node), id(node))
+        return node in self.slots.get(key, (node,))
+
+    def remove(self, node: Node) -> None:
+        """Takes `node` out of the list (unlinking it is the caller's: Graph.unlink)."""
+        self._slot(node).remove(node)
+        self.home.pop(id(node), None)
+
+    def insert_before(self, new: Node, anchor: Node) -> None:
+        """Places `new` (made with Graph.add_node, which appended it) just before `anchor`."""
+        slot = self._slot(anchor)
+        slot.insert(slot.index(anchor), new)
+        self.home[id(new)] = self.home.get(id(anchor), id(anchor))
+
+    def take_place(self, node: Node, of: Node) -> None:
+        """`node` leaves its position for `of`'s, and `of` leaves the list."""
+        self.remove(node)
+        slot = self._slot(of)
+        slot[slot.index(of)] = node
+        self.home[id(node)] = self.home.pop(id(of), id(of))
+
+    def apply(self) -> None:
+        """Writes the edits into graph.nodes (nodes appended since the edits began stay last, unless placed)."""
+        nodes = self.graph.nodes
+        placed = [n for n in nodes[self.start:] if id(n) not in self.home and self.contains(n)]
+        self.graph.nodes = [n for old in nodes[: self.start] for n in self.slots.get(id(old), (old,))] + placed
+
+
+def absorb_output(graph: Graph, anchor: Node, follower: Node, edits: NodeEdits) -> None:
     """`anchor` takes over `follower`'s output value (name kept) and `follower` leaves the graph.
 
-    `anchor` moves to `follower`'s position so inputs `follower` read from later nodes are ready.
+    `anchor` moves to `follower`'s position so inputs `follower` read from later nodes are ready (in `edits`, which
+    the pass applies once at its end).
     """
     old = anchor.outputs[0]
     new = follower.outputs[0]
-    for v in follower.inputs:
-        while follower in v.consumers:
-            v.consumers.remove(follower)
-    graph.nodes.remove(anchor)
-    graph.nodes[graph.nodes.index(follower)] = anchor
+    drop_uses(follower)
+    edits.take_place(anchor, follower)
     anchor.outputs[0] = new
     new.producer = anchor
     old.producer = None

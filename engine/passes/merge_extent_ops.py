@@ -15,6 +15,7 @@ from engine.ops.registry import OPS
 
 def merge_extent_ops(graph: Graph) -> Graph:
     seen: dict[tuple, Node] = {}
+    gone: set[int] = set()  # dropped from the list at the end (one list.remove each was quadratic)
     for node in list(graph.nodes):
         op = OPS.get(node.op_type)
         if op is None or not op.extent_dims or node.attrs:
@@ -25,5 +26,7 @@ def merge_extent_ops(graph: Graph) -> Graph:
             continue  # a graph output keeps its own node: its name is the model's API
         for old, new in zip(node.outputs, first.outputs, strict=True):
             graph.replace_uses(old, new)
-        graph.remove_node(node)
+        graph.unlink(node)
+        gone.add(id(node))
+    graph.drop_nodes(gone)
     return graph

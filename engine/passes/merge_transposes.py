@@ -19,8 +19,8 @@ RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 
 
 def merge_transposes(graph: Graph) -> Graph:
-    for node in list(graph.nodes):
-        if node.op_type == "Transpose" and node in graph.nodes:
+    for node in list(graph.nodes):  # the rewrite changes nodes in place, never the list: no membership test
+        if node.op_type == "Transpose":
             _merge(graph, node)
     return graph
 

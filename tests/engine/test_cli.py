@@ -3,6 +3,7 @@ TNN fixture."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,15 @@ def test_truncated_tnnmodel_is_one_line_naming_the_byte_offset(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in r.stderr
         assert "model.tnnmodel at byte " in lines[0] and "truncated" in lines[0]
+
+
+@pytest.mark.parametrize("variable, value, accepted", [
+    ("NNSERVE_NUM_THREADS", "two", "expected a whole number of threads"),
+    ("NNSERVE_LAYOUT", "nhwc", "expected one of blocked, nchw"),
+    ("NNSERVE_WAIT_POLICY", "spin", "expected one of short, run"),
+])
+def test_an_invalid_setting_stops_the_cli_naming_it(model, variable, value, accepted):
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "inspect", str(model)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, variable: value})
+    assert r.returncode != 0 and f"{variable}={value!r}: {accepted}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not r.stdout

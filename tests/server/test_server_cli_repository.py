@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,13 @@ def test_the_readme_configuration_table_lists_every_flag_and_variable():
     flags = {a.option_strings[0] for a in subparsers.choices["serve"]._actions if a.option_strings[0] != "-h"}
     assert flags <= rows, sorted(flags - rows)
     assert settings.PLUGINS_ENV in rows
+
+
+def test_an_invalid_engine_setting_stops_the_server_at_start(tmp_path):
+    # a misspelt NNSERVE_* value must not serve on the default: `nnserve serve` exits naming it, no traceback
+    r = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--model-repository", str(tmp_path),
+                        "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "NNSERVE_NUM_THREADS": "two"})
+    assert r.returncode != 0, r.stderr
+    assert "NNSERVE_NUM_THREADS='two': expected a whole number of threads" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -1,12 +1,16 @@
 """The CPU device's settings, read from the environment in one place (`CpuOptions.from_env`) and passed down.
 
-- NNSERVE_ONEDNN (default on): `0` never loads oneDNN; convolutions, pooling and reorders run the numpy/numba
+Every variable is read as written (case and surrounding blanks aside); empty means the default, and any other value
+outside the accepted ones is an error naming the variable and them (`from_env`), never a silent default.
+
+- NNSERVE_ONEDNN (default on, `1`): `0` never loads oneDNN; convolutions, pooling and reorders run the numpy/numba
   kernels (and the blocked layout is off).
-- NNSERVE_LAYOUT (default: blocked where it pays): `nchw` keeps activations NCHW between convolutions.
-- NNSERVE_WINOGRAD (default on): `0` keeps blocked 3x3 convolutions on oneDNN's direct kernel.
-- NNSERVE_BLAS (default: MKL's sgemm when the `mkl` wheel is installed): `numpy` or `openblas` runs GEMMs on
-  numpy's matmul.
-- NNSERVE_NUM_THREADS (default: the CPUs the affinity mask and cgroup quota allow): the kernel thread pool's size.
+- NNSERVE_LAYOUT (default `blocked`: blocked where it pays): `nchw` keeps activations NCHW between convolutions.
+- NNSERVE_WINOGRAD (default on, `1`): `0` keeps blocked 3x3 convolutions on oneDNN's direct kernel.
+- NNSERVE_BLAS (default `auto`, or `mkl`: MKL's sgemm when the `mkl` wheel is installed): `numpy` or `openblas`
+  runs GEMMs on numpy's matmul.
+- NNSERVE_NUM_THREADS (default, or `0`: the CPUs the affinity mask and cgroup quota allow): the kernel thread
+  pool's size, a whole number.
 - NNSERVE_SPIN_US (default 2): how long idle kernel threads, ours and OpenMP's (oneDNN), spin-wait for the next
   op before sleeping (threads.py says why so short); `0` sleeps at once (OMP_WAIT_POLICY=PASSIVE). Set
   OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself and OpenMP keeps yours.
@@ -28,6 +32,9 @@ from dataclasses import dataclass
 DEFAULT_SPIN_US = 2
 DEFAULT_RUN_SPIN_US = 100
 WAIT_POLICIES = ("short", "run")
+LAYOUTS = ("blocked", "nchw")
+SWITCH = ("0", "1")
+BLAS_CHOICES = {"auto": "auto", "mkl": "auto", "numpy": "numpy", "openblas": "numpy"}  # value -> CpuOptions.blas
 
 
 @dataclass(frozen=True)
@@ -65,19 +72,22 @@ class CpuOptions:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> CpuOptions:
-        threads = environ.get("NNSERVE_NUM_THREADS", "").strip()
-        spin = environ.get("NNSERVE_SPIN_US", "").strip()
-        run_spin = environ.get("NNSERVE_RUN_SPIN_US", "").strip()
-        wait = environ.get("NNSERVE_WAIT_POLICY", "").strip().lower()
+        """The settings `environ` holds; an empty or unset variable means its default. A value outside a variable's
+        accepted ones raises ValueError naming the variable and them: a misspelt setting must stop the server at
+        start, not run it silently on the default."""
+        def get(name: str) -> str:
+            return environ.get(name, "").strip().lower()
+
         return cls(
-            onednn=environ.get("NNSERVE_ONEDNN", "").strip() != "0",
-            layout="nchw" if environ.get("NNSERVE_LAYOUT", "").strip().lower() == "nchw" else "blocked",
-            winograd=environ.get("NNSERVE_WINOGRAD", "").strip() != "0",
-            blas="numpy" if environ.get("NNSERVE_BLAS", "").lower() in ("numpy", "openblas") else "auto",
-            threads=int(threads) if threads.isdigit() and int(threads) > 0 else None,
-            spin_us=int(spin) if spin.isdigit() else DEFAULT_SPIN_US,
-            wait=_choice("NNSERVE_WAIT_POLICY", wait or "short", WAIT_POLICIES),
-            run_spin_us=_count("NNSERVE_RUN_SPIN_US", run_spin, DEFAULT_RUN_SPIN_US),
+            onednn=_switch("NNSERVE_ONEDNN", get("NNSERVE_ONEDNN")),
+            layout=_choice("NNSERVE_LAYOUT", get("NNSERVE_LAYOUT") or "blocked", LAYOUTS),
+            winograd=_switch("NNSERVE_WINOGRAD", get("NNSERVE_WINOGRAD")),
+            blas=BLAS_CHOICES[_choice("NNSERVE_BLAS", get("NNSERVE_BLAS") or "auto", tuple(BLAS_CHOICES))],
+            threads=_count("NNSERVE_NUM_THREADS", get("NNSERVE_NUM_THREADS"), 0,
+                           "a whole number of threads (0: the CPUs the process may use)") or None,
+            spin_us=_count("NNSERVE_SPIN_US", get("NNSERVE_SPIN_US"), DEFAULT_SPIN_US),
+            wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "short", WAIT_POLICIES),
+            run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US),
         )
 
 
@@ -87,9 +97,14 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def _count(name: str, value: str, default: int) -> int:
+def _switch(name: str, value: str) -> bool:
+    """An on/off setting whose default is on: `0` turns it off, `1` (or unset) keeps it on."""
+    return _choice(name, value or "1", SWITCH) == "1"
+
+
+def _count(name: str, value: str, default: int, what: str = "a whole number of microseconds") -> int:
     if not value:
         return default
     if not value.isdigit():
-        raise ValueError(f"{name}={value!r}: expected a whole number of microseconds")
+        raise ValueError(f"{name}={value!r}: expected {what}")
     return int(value)

@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.errors import ModelFormatError
 from engine.formats.model_files import empty_array, read_file_bytes
-from engine.formats.pnnx.param_values import annotation_dtype, parse_annotation, parse_param
+from engine.formats.pnnx.param_values import annotation_dtype, clip, parse_annotation, parse_param, size
 from engine.formats.pnnx.zip_archive import StoredZip
 from engine.ir import Graph, Value
 
@@ -92,7 +92,10 @@ class _Reader:
         counts = lines[1].split() if len(lines) > 1 else []
         if len(counts) != 2 or not all(c.isdigit() and c.isascii() for c in counts):
             raise self.fail("second line must be '<operator_count> <operand_count>'")
-        return int(counts[0]), int(counts[1])
+        try:
+            return size(counts[0], "operator count"), size(counts[1], "operand count")
+        except ValueError as e:
+            raise self.fail(str(e)) from None
 
     # -- one operator line --------------------------------------------------------------------------------
     def _operator(self, text: str) -> None:
@@ -100,7 +103,7 @@ class _Reader:
         tok = text.split()
         if len(tok) < 4 or not all(t.isdigit() and t.isascii() for t in tok[2:4]):
             raise self.fail("operator line must start with '<type> <name> <n_in> <n_out>'")
-        op_type, name, n_in, n_out = tok[0], tok[1], int(tok[2]), int(tok[3])
+        op_type, name, n_in, n_out = tok[0], tok[1], size(tok[2], "input count"), size(tok[3], "output count")
         if len(tok) < 4 + n_in + n_out:
             raise self.fail(f"{name}: expects {n_in} inputs and {n_out} outputs, line has {len(tok) - 4} fields")
         in_names, out_names = tok[4 : 4 + n_in], tok[4 + n_in : 4 + n_in + n_out]
@@ -119,7 +122,7 @@ class _Reader:
         for item in items:
             key, eq, value = item.partition("=")
             if not eq or not key or not value or (key[0] in "@$#" and len(key) == 1):
-                raise self.fail(f"malformed item {item!r}, expected key=value")
+                raise self.fail(f"malformed item {clip(item)}, expected key=value")
             if key[0] == "@":
                 attrs[key[1:]] = parse_annotation(value, allow_unknown=False)
             elif key[0] == "$":

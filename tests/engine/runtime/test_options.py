@@ -29,13 +29,15 @@ def test_defaults_without_any_variable():
     ({"NNSERVE_LAYOUT": " NCHW"}, {"layout": "nchw"}),
     ({"NNSERVE_LAYOUT": "blocked"}, {}),
     ({"NNSERVE_WINOGRAD": "0"}, {"winograd": False}),
-    ({"NNSERVE_WINOGRAD": "yes"}, {}),
+    ({"NNSERVE_WINOGRAD": "1"}, {}),
     ({"NNSERVE_BLAS": "numpy"}, {"blas": "numpy"}),
     ({"NNSERVE_BLAS": "OpenBLAS"}, {"blas": "numpy"}),
     ({"NNSERVE_BLAS": "mkl"}, {}),
     ({"NNSERVE_NUM_THREADS": "3"}, {"threads": 3}),
     ({"NNSERVE_NUM_THREADS": "0"}, {}),
-    ({"NNSERVE_NUM_THREADS": "two"}, {}),
+    ({"NNSERVE_NUM_THREADS": " "}, {}),
+    ({"NNSERVE_SPIN_US": "0"}, {"spin_us": 0}),
+    ({"NNSERVE_SPIN_US": "200"}, {"spin_us": 200}),
 ])
 def test_cpu_variables(environ, want):
     assert CpuOptions.from_env(environ) == CpuOptions(**want)
@@ -58,6 +60,23 @@ def test_wait_policy_typos_are_errors(environ, message):
     # a policy nobody runs is worse than a refusal: the server does not start with a misspelt one
     with pytest.raises(ValueError, match=re.escape(message)):
         CpuOptions.from_env(environ)
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"NNSERVE_NUM_THREADS": "two"}, "NNSERVE_NUM_THREADS='two': expected a whole number of threads"),
+    ({"NNSERVE_NUM_THREADS": "-1"}, "NNSERVE_NUM_THREADS='-1': expected a whole number of threads"),
+    ({"NNSERVE_ONEDNN": "off"}, "NNSERVE_ONEDNN='off': expected one of 0, 1"),
+    ({"NNSERVE_WINOGRAD": "yes"}, "NNSERVE_WINOGRAD='yes': expected one of 0, 1"),
+    ({"NNSERVE_LAYOUT": "nhwc"}, "NNSERVE_LAYOUT='nhwc': expected one of blocked, nchw"),
+    ({"NNSERVE_BLAS": "blis"}, "NNSERVE_BLAS='blis': expected one of auto, mkl, numpy, openblas"),
+    ({"NNSERVE_SPIN_US": "2us"}, "NNSERVE_SPIN_US='2us': expected a whole number of microseconds"),
+])
+def test_cpu_typos_are_errors(environ, message):
+    # as for the wait policy: an invalid value stops the server (and the engine) with the variable and what it takes
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CpuOptions.from_env(environ)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        EngineOptions.from_env({"ENGINE_DEBUG": "1", **environ})
 
 
 @pytest.mark.parametrize("value, debug", [("", 0), ("0", 0), ("1", 1), ("2", 2), ("yes", 1)])

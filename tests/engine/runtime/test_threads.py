@@ -38,9 +38,11 @@ def test_missing_cgroup_file_means_unlimited(tmp_path):
 def test_env_setting_wins(monkeypatch):
     setting = CpuOptions.from_env({"NNSERVE_NUM_THREADS": "3"}).threads
     assert setting == 3 and _threads.default_threads(setting) == 3
-    setting = CpuOptions.from_env({"NNSERVE_NUM_THREADS": "zero"}).threads
+    setting = CpuOptions.from_env({"NNSERVE_NUM_THREADS": "0"}).threads
     monkeypatch.setattr(_threads, "cgroup_cpus", lambda path=None: 1)
-    assert setting is None and _threads.default_threads(setting) == 1  # a bad setting: the quota-capped CPU count
+    assert setting is None and _threads.default_threads(setting) == 1  # 0 (or unset): the quota-capped CPU count
+    with pytest.raises(ValueError, match="NNSERVE_NUM_THREADS='zero'"):  # a bad setting: an error, not the default
+        CpuOptions.from_env({"NNSERVE_NUM_THREADS": "zero"})
 
 
 def test_blas_stays_single_threaded_under_the_pool(restore_threads):
@@ -65,7 +67,8 @@ def test_spin_setting_read_from_the_environment():
     assert CpuOptions.from_env({}).spin_us == DEFAULT_SPIN_US
     assert CpuOptions.from_env({"NNSERVE_SPIN_US": "0"}).spin_us == 0
     assert CpuOptions.from_env({"NNSERVE_SPIN_US": " 500 "}).spin_us == 500
-    assert CpuOptions.from_env({"NNSERVE_SPIN_US": "-3"}).spin_us == DEFAULT_SPIN_US
+    with pytest.raises(ValueError, match="NNSERVE_SPIN_US='-3': expected a whole number"):
+        CpuOptions.from_env({"NNSERVE_SPIN_US": "-3"})
 
 
 def test_default_spin_is_a_few_microseconds():

@@ -2,6 +2,12 @@
 
 A handler either turns the node into a canonical op in place (`become`), or emits several canonical nodes whose
 last ones take over the node's output values (`emit` + `done`), so the consumers stay linked.
+
+While lower_pnnx runs, `graph.nodes` is the lowered part of the graph, which it rebuilds in one pass: a node the
+handler emits is appended (so it comes before the node being lowered), the node itself is appended after its
+handler unless the handler removed it, and a node removed later (`remove`) is dropped at the end. Inserting
+before the node, or removing it from the list, one list scan per node, made a 20k-op model take minutes. A Ctx
+made without lower_pnnx's `removed` set edits the list in place (one scan per edit).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedOpError
-from engine.ir import Graph, Node, Value
+from engine.ir import Graph, Node, Value, drop_uses
 from engine.ops.expression import ExpressionError, Lit, evaluate, parse
 
 PREFIX = "pnnx:"
@@ -22,8 +28,12 @@ DATA_TAGS = ("input", "self", "tensor")  # the `$` names pnnx gives the operand 
 class Ctx:
     """One pnnx node being lowered: parameter access, input lookup by `$` name, node emission, errors."""
 
-    def __init__(self, graph: Graph, node: Node):
+    def __init__(self, graph: Graph, node: Node, removed: set[int] | None = None):
         self.graph, self.node = graph, node
+        self.rebuilding = removed is not None  # graph.nodes is being rebuilt by lower_pnnx, without the node
+        self.removed = set() if removed is None else removed  # ids of nodes lower_pnnx drops from graph.nodes
+        self.kept = True  # False once the handler removed the node itself (`done`, `bypass`)
+        self.after: list[Node] = []  # an `inner` node's followers, out of the list while its handler runs
         self.type = node.op_type[len(PREFIX) :]
         self.arg_names: list[str | None] = list(node.params.get("$inputs") or [None] * len(node.inputs))
         self._emitted = 0
@@ -130,7 +140,7 @@ class Ctx:
         """The node's inputs (before the handler ran) that no lowered node reads and no param took in: an operand
         the handler did not understand, which would otherwise be dropped without a word."""
         used = {id(v) for n in self.emitted for v in n.inputs} | {id(v) for v in self.folded}
-        if self.node in self.graph.nodes:
+        if self.kept:
             used |= {id(v) for v in self.node.inputs}
         if self.passed is not None:
             used.add(id(self.passed))
@@ -168,10 +178,30 @@ class Ctx:
         tag = f"{self.node.name}/{op_type}{self._emitted}"
         if isinstance(outputs, int):
             outputs = [self.graph.value(f"{tag}:{i}" if outputs > 1 else tag) for i in range(outputs)]
-        index = self.graph.nodes.index(self.node)
+        index = None if self.rebuilding else self.graph.nodes.index(self.node)  # None: appended, before the node
         self.emitted.append(self.graph.add_node(op_type, inputs, outputs, name=tag, params=params, attrs=attrs,
                                                 source=self.node.source, index=index))
         return list(outputs)
+
+    def inner(self, node: Node) -> Ctx:
+        """A Ctx for a pnnx node this handler emitted (`emit`) and lowers at once with that type's handler (a 1-D op
+        through its 2-D form); `place` it after that handler ran. While rebuilding, the node and what was emitted
+        after it are taken back out of the list (they are its last few entries), so that what its handler emits
+        comes before it, as lower_pnnx places a node."""
+        inner = Ctx(self.graph, node, self.removed if self.rebuilding else None)
+        if self.rebuilding:
+            nodes = self.graph.nodes
+            at = next(i for i in range(len(nodes) - 1, -1, -1) if nodes[i] is node)
+            inner.after = nodes[at + 1 :]
+            del nodes[at:]
+        return inner
+
+    def place(self, inner: Ctx) -> None:
+        """Puts an `inner` node back after its handler ran (unless the handler removed it), then what followed it."""
+        if self.rebuilding:
+            if inner.kept:
+                self.graph.nodes.append(inner.node)
+            self.graph.nodes.extend(inner.after)
 
     def const(self, data: Any, dtype: Any = None, name: str | None = None) -> Value:
         arr = np.asarray(data, dtype=dtype)
@@ -186,10 +216,19 @@ class Ctx:
                 if v.consumers or v in self.graph.outputs:
                     raise self.unsupported(f"output {v.name!r} that the lowering does not produce")
                 v.producer = None
-        for v in node.inputs:
-            while node in v.consumers:
-                v.consumers.remove(node)
-        self.graph.nodes.remove(node)
+        drop_uses(node)
+        self.kept = False
+        if not self.rebuilding:
+            self.graph.nodes.remove(node)
+
+    def remove(self, node: Node) -> None:
+        """Removes an already lowered node (a list Expression whose values the handler folded); its outputs must be
+        unused."""
+        self.graph.unlink(node)
+        if self.rebuilding:
+            self.removed.add(id(node))
+        else:
+            self.graph.nodes.remove(node)
 
     def drop_outputs(self, keep: int, what: str) -> None:
         """Detaches outputs past the first `keep` (e.g. pooling indices); they must be unused. (pnnx writes
@@ -213,10 +252,10 @@ class Ctx:
             src.name = out.name
         self.graph.replace_uses(out, src)
         out.producer = None
-        for v in node.inputs:
-            while node in v.consumers:
-                v.consumers.remove(node)
-        self.graph.nodes.remove(node)
+        drop_uses(node)
+        self.kept = False
+        if not self.rebuilding:
+            self.graph.nodes.remove(node)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

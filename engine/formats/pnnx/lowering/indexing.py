@@ -231,7 +231,7 @@ def tensor_index(ctx: Ctx) -> None:
         ctx.folded.append(expr)
     ctx.become("Index", {"dims": dims}, inputs=[x, *indices])
     if expr is not None and not expr.consumers and expr not in ctx.graph.outputs:
-        ctx.graph.remove_node(expr.producer)  # a list of tensors has no value shape inference could give
+        ctx.remove(expr.producer)  # a list of tensors has no value shape inference could give
 
 
 def _mask_rows(ctx: Ctx, x: Value, dim: int, v: Value) -> list[Value]:

@@ -136,7 +136,7 @@ def _runtime_repeat(ctx: Ctx, sizes: Value) -> None:
     ctx.folded.append(sizes)
     ctx.become("Expand", {"shape": None, "torch": True}, inputs=[tiled, shape])
     if not sizes.consumers and sizes not in ctx.graph.outputs:
-        ctx.graph.remove_node(node)
+        ctx.remove(node)
 
 
 @handles("nn.PixelShuffle", "F.pixel_shuffle")

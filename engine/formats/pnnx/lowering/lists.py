@@ -59,7 +59,7 @@ def drop_list(ctx: Ctx, v: Value) -> None:
     """Removes the list Expression making `v` once nothing reads the list itself (a list has no value that
     shape inference could give)."""
     if not v.consumers and v not in ctx.graph.outputs and v.producer is not None:
-        ctx.graph.remove_node(v.producer)
+        ctx.remove(v.producer)
 
 
 @handles("prim::ListUnpack")

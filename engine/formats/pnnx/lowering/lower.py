@@ -44,12 +44,17 @@ def lower_pnnx(graph: Graph) -> Graph:
     parameters or operands a handler cannot use ModelFormatError with file:line, and a lowered graph whose shapes or
     dtypes contradict the file's annotations ModelFormatError."""
     notes = annotated_shapes.snapshot(graph)
-    for node in list(graph.nodes):
+    removed: set[int] = set()
+    pending, graph.nodes = graph.nodes, []  # rebuilt in order as the nodes are lowered (context.py says how)
+    for node in pending:
+        if id(node) in removed:
+            continue
         if not node.op_type.startswith(PREFIX):
+            graph.nodes.append(node)
             continue
         params = node.params = TrackedParams(node.params)
         attrs = set(node.attrs)
-        ctx = Ctx(graph, node)
+        ctx = Ctx(graph, node, removed)
         handler = HANDLERS.get(ctx.type)
         if handler is None:
             raise UnsupportedOpError(ctx.type, node.name, node.where(), sorted(HANDLERS))
@@ -67,6 +72,9 @@ def lower_pnnx(graph: Graph) -> Graph:
             tags = dict(zip(map(id, originals), ctx.arg_names, strict=False))
             names = ", ".join(f"{v.name!r}" + (f" (${tags[id(v)]})" if tags.get(id(v)) else "") for v in unused)
             raise ctx.unsupported(f"operand(s) {names} the lowering does not use")
+        if ctx.kept:
+            graph.nodes.append(node)
+    graph.drop_nodes(removed)
     _drop_unused_scalars(graph)
     graph.validate()
     annotated_shapes.check(graph, notes)
@@ -76,6 +84,9 @@ def lower_pnnx(graph: Graph) -> Graph:
 def _drop_unused_scalars(graph: Graph) -> None:
     # Input-less expressions (`expr=32`, `expr=None`) feed scalar arguments that lowering folded into params;
     # `None` has no tensor value, so leaving them for shape inference would fail.
+    gone = set()
     for node in [n for n in graph.nodes if n.op_type == "Expression" and not n.inputs]:
         if not any(v.consumers or v in graph.outputs for v in node.outputs):
-            graph.remove_node(node)
+            graph.unlink(node)
+            gone.add(id(node))
+    graph.drop_nodes(gone)

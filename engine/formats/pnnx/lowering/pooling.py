@@ -56,7 +56,9 @@ def _as_2d(ctx: Ctx) -> None:
     (x4,) = ctx.emit("Unsqueeze", [ctx.x()], {"axes": [2]})
     (y4,) = ctx.emit(f"{PREFIX}{type_2d}", [x4], _params_2d(ctx.node.params))
     ctx.emit("Squeeze", [y4], {"axes": [2]}, outputs=[ctx.node.outputs[0]])
-    HANDLERS[type_2d](Ctx(ctx.graph, y4.producer))
+    inner = ctx.inner(y4.producer)
+    HANDLERS[type_2d](inner)
+    ctx.place(inner)
     ctx.done()
 
 

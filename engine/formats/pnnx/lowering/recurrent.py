@@ -41,7 +41,13 @@ def _weights(ctx: Ctx, mode: str, layers: int, dirs: int, hidden: int, proj: int
             attrs["weight_hh" + s] = ctx.weight("weight_hh" + s)
             for name in ("bias_ih", "bias_hh"):
                 b = ctx.weight(name + s, required=has_bias)
-                attrs[name + s] = b if b is not None else np.zeros(gates(mode) * hidden, np.float32)
+                if b is None:  # zeros sized by hidden_size, a number from the file: checked before allocating
+                    rows = attrs["weight_ih" + s].shape[0]
+                    if rows != gates(mode) * hidden:
+                        raise ctx.fail(f"@weight_ih{s} has {rows} rows, hidden_size={hidden} needs "
+                                       f"{gates(mode) * hidden}")
+                    b = np.zeros(rows, np.float32)
+                attrs[name + s] = b
             if proj:
                 attrs["weight_hr" + s] = ctx.weight("weight_hr" + s)
     extra = sorted(set(ctx.node.attrs) - set(attrs))

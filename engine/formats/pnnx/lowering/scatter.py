@@ -81,7 +81,7 @@ def index_put(ctx: Ctx) -> None:
     params = {"accumulate": bool(ctx.p("accumulate", False))}
     ctx.become("IndexPut", params, inputs=[x, values, *_index_list(ctx, indices)])
     if not indices.consumers and indices not in ctx.graph.outputs:
-        ctx.graph.remove_node(indices.producer)  # a list of tensors has no value shape inference could give
+        ctx.remove(indices.producer)  # a list of tensors has no value shape inference could give
 
 
 def _index_list(ctx: Ctx, v: Value) -> list[Value]:

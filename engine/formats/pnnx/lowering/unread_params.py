@@ -83,7 +83,15 @@ def check(ctx: Ctx, params: TrackedParams, attrs: set[str]) -> None:
             continue
         ok = HARMLESS.get(key)
         if ok is None or not ok(value):
-            raise ctx.unsupported(f"param {key}={value!r} that the lowering does not read")
+            raise ctx.unsupported(f"param {key}={_shown(value)} that the lowering does not read")
     biases = [a for a in attrs if a == "bias" or a.endswith(("_bias", ".bias")) or a.startswith("bias_")]
     if ctx.type.startswith("nn.") and dict.get(params, "bias") is True and not biases:
         raise ctx.fail("says bias=True but has no bias weight")
+
+
+def _shown(value) -> str:
+    """A param's value for an error message; a long list (a million items) as its start and its length."""
+    text = repr(value)
+    if len(text) <= 80:
+        return text
+    return f"{text[:60]}... ({len(value)} items)" if isinstance(value, list) else f"{text[:60]}... ({len(text)} chars)"

@@ -84,6 +84,10 @@ def test_projected_lstm_states_are_told_apart(tmp_path):
     ("nn.GRU", GRU.format(extra="").replace("input_size=3", "input_size=5"), [X], ModelFormatError,
      "input_size is 5"),
     ("nn.GRU", GRU.format(extra=""), [X, ("h0", "(2,2,4)f32")], ShapeError, "initial state"),
+    # without biases, zeros of 3 x hidden_size are made: a hidden_size the weights do not have is refused first
+    ("nn.GRU", GRU.format(extra="").replace("bias=True", "bias=False").replace("@bias_hh_l0=(12)f32 ", "")
+     .replace("@bias_ih_l0=(12)f32 ", "").replace("hidden_size=4", "hidden_size=100000000000"), [X],
+     ModelFormatError, "has 12 rows, hidden_size=100000000000 needs 300000000000"),
 ])
 def test_refused_at_load(tmp_path, op, params, ins, error, match):
     path = model(tmp_path, op, params, ins, [("o", "(5,2,4)f32")])
