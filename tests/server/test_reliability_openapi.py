@@ -50,8 +50,8 @@ def nothing_to_break(op) -> bool:  # noqa: ANN001 - a schemathesis APIOperation
     it, and hypothesis needs 3-10 s of failed draws to say so (Unsatisfiable) for each such route, sending
     nothing meanwhile."""
     def any_text(p) -> bool:  # noqa: ANN001
-        schema = p.definition.get("schema", {})
-        return set(schema) <= ANY_TEXT and schema.get("type", "string") == "string"
+        schema = p.definition.get("schema")  # a parameter described by `content` instead is fuzzed
+        return isinstance(schema, dict) and set(schema) <= ANY_TEXT and schema.get("type", "string") == "string"
     return not op.body and all(p.location == "path" and any_text(p) for p in op.iter_parameters())
 
 
