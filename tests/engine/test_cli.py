@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -102,12 +103,15 @@ def test_user_errors_are_one_line_and_exit_2(model, tmp_path):
         (("run", tmp_path / "model.onnx"), "supported: MODEL.pnnx.param, MODEL.tnnproto"),
         (("run", model, "--input", f"in0={tmp_path / 'missing.npy'}"), "cannot read input array"),
         (("run", model, "--input", f"in0={tmp_path / 'x64.npy'}"), "expected dtype float32, got float64"),
+        (("run", model, "--max-shape", "in0=axb"), "NAME=DxDx...D"),
     ]
-    for args, message in cases:
-        r = cli(*args)
+    # independent processes that read and write nothing shared: started at once, their imports overlap
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = list(pool.map(lambda case: cli(*case[0]), cases))
+    for (args, message), r in zip(cases[:-1], runs, strict=False):
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.startswith("error: ") and message in r.stderr and "Traceback" not in r.stderr
-    r = cli("run", model, "--max-shape", "in0=axb")
+    r = runs[-1]
     assert r.returncode == 2 and "NAME=DxDx...D" in r.stderr
 
 

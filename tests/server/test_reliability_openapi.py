@@ -40,6 +40,19 @@ def no_server_error_but_503(ctx, response, case) -> None:  # noqa: ANN001 - sche
 
 
 CHECKS = [no_server_error_but_503, status_code_conformance, content_type_conformance]
+# A path parameter's schema keywords that leave every string valid: the URL carries text, so negative mode has
+# nothing to break in such a parameter.
+ANY_TEXT = {"title", "description", "type"}
+
+
+def nothing_to_break(op) -> bool:  # noqa: ANN001 - a schemathesis APIOperation
+    """No body and only path parameters that take any text: schemathesis' negative mode can generate no case for
+    it, and hypothesis needs 3-10 s of failed draws to say so (Unsatisfiable) for each such route, sending
+    nothing meanwhile."""
+    def any_text(p) -> bool:  # noqa: ANN001
+        schema = p.definition.get("schema")  # a parameter described by `content` instead is fuzzed
+        return isinstance(schema, dict) and set(schema) <= ANY_TEXT and schema.get("type", "string") == "string"
+    return not op.body and all(p.location == "path" and any_text(p) for p in op.iter_parameters())
 
 
 @pytest.mark.slow
@@ -53,6 +66,10 @@ def test_api_conforms_to_its_schema(server: ServerProcess, mode: GenerationMode,
     calls: list[int] = []
     unbreakable: list[str] = []
     for op in operations:
+        if mode == GenerationMode.NEGATIVE and nothing_to_break(op):
+            unbreakable.append(op.label)
+            continue
+
         @given(op.as_strategy(generation_mode=mode))
         @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def run(case) -> None:  # noqa: ANN001

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -165,17 +166,25 @@ def _grpc_input() -> grpcclient.InferInput:
 
 def test_trace_config_errors_stop_the_server(tmp_path):
     repo = make_repository(tmp_path / "repo", {"affine": AFFINE_CONFIG})
-    for spec, words in (("mode=zipkin", "unknown mode 'zipkin'"),
-                        ("level=TIMESTAMPS", "trace file name is not given"),
-                        ("colour=blue", "unknown setting 'colour'"),
-                        ("opentelemetry,url=ftp://collector:21/v1/traces", "only http:// and https://"),
-                        ("opentelemetry,bsp_max_export_batch_size=4096", "must not exceed bsp_max_queue_size"),
-                        ("opentelemetry,bsp_schedule_delay=0", "bsp_schedule_delay must be within"),
-                        ("opentelemetry,resource=service.name", "expected opentelemetry,resource=<key>=<value>"),
-                        ("opentelemetry,headers=a", "unknown OpenTelemetry setting 'headers'")):
-        proc = subprocess.run([*nnserve_command(), "serve", "--model-repository", str(repo), "--trace-config",
-                               spec], capture_output=True, text=True, timeout=60)
-        assert proc.returncode != 0 and words in proc.stderr, proc.stderr
+    cases = (("mode=zipkin", "unknown mode 'zipkin'"),
+             ("level=TIMESTAMPS", "trace file name is not given"),
+             ("colour=blue", "unknown setting 'colour'"),
+             ("opentelemetry,url=ftp://collector:21/v1/traces", "only http:// and https://"),
+             ("opentelemetry,bsp_max_export_batch_size=4096", "must not exceed bsp_max_queue_size"),
+             ("opentelemetry,bsp_schedule_delay=0", "bsp_schedule_delay must be within"),
+             ("opentelemetry,resource=service.name", "expected opentelemetry,resource=<key>=<value>"),
+             ("opentelemetry,headers=a", "unknown OpenTelemetry setting 'headers'"))
+
+    def serve(spec: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*nnserve_command(), "serve", "--model-repository", str(repo), "--trace-config", spec],
+                              capture_output=True, text=True, timeout=60)
+
+    # Each server stops before it binds a port or loads a model: independent processes, started a few at once
+    # (each spends seconds importing the server, which is mostly waiting on the disk and the other core).
+    with ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(serve, [spec for spec, _ in cases]))
+    for (spec, words), proc in zip(cases, procs, strict=True):
+        assert proc.returncode != 0 and words in proc.stderr, (spec, proc.stderr)
 
 
 # ---- logging ---------------------------------------------------------------------------------------------------
