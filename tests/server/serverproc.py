@@ -60,13 +60,18 @@ _LIMIT_FILES_THEN_EXEC = ("import os, resource, sys; n = int(sys.argv[1]); "
                           "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])")
 
 
+# A test server stops without the drain delay (0.5 s by default, paid at each of the suite's ~85 stops): a test
+# of the SIGTERM sequence passes its own --drain-delay-secs, which comes later on the command line and wins.
+_FAST_STOP = ("--drain-delay-secs", "0")
+
+
 class ServerProcess:
     def __init__(self, repository: Path, *extra: str, expect_ready: bool = True, env: dict[str, str] | None = None,
                  open_files: int | None = None):
         """open_files: the server's open-file limit (RLIMIT_NOFILE), for tests that exhaust descriptors."""
         cmd = [*nnserve_command(), "serve", "--model-repository", str(repository),
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
-               "--grpc-address", "127.0.0.1", *extra]
+               "--grpc-address", "127.0.0.1", *_FAST_STOP, *extra]
         if open_files is not None:
             cmd = [sys.executable, "-c", _LIMIT_FILES_THEN_EXEC, str(open_files), *cmd]
         # No preexec_fn: it makes subprocess fork() instead of vfork(), and grpcio >= 1.80 (grpc issue 43055)

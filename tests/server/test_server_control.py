@@ -129,7 +129,8 @@ def test_poll_mode_reloads_new_version_without_failing_requests(tmp_path):
 def test_sigterm_fails_readiness_then_drains(tmp_path):
     config = AFFINE_CONFIG.replace("max_queue_delay_microseconds: 20000", "max_queue_delay_microseconds: 1500000")
     repo = make_repository(tmp_path / "repo", {"affine": config})
-    srv = ServerProcess(repo)
+    # a drain long enough that the readiness probe below lands inside it on a loaded machine
+    srv = ServerProcess(repo, "--drain-delay-secs", "3")
     results: list[int] = []
     t = threading.Thread(target=lambda: results.append(infer_http(srv).status_code))
     t.start()
