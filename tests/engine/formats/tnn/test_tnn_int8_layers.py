@@ -1,6 +1,6 @@
-"""TNN's int8 Permute, Reshape and Sigmoid (and the refused int8 Upsample) on hand-made quantized models, against
-references that follow TNN's naive CPU accs step by step: the input quantized with its blob scale (round half
-away from zero, saturated), bytes moved unchanged by Permute / Reshape, Sigmoid computed in float32 per channel
+"""TNN's int8 Permute, Reshape and Sigmoid (and the refused cubic int8 Upsample) on hand-made quantized models,
+against references that follow TNN's naive CPU accs step by step: the input quantized with its blob scale (round
+half away from zero, saturated), bytes moved unchanged by Permute / Reshape, Sigmoid computed in float32 per channel
 and requantized, the result read with the output blob's scale."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_quantized_sigmoid_requantizes_per_channel_in_float32(tmp_path):
     ("QuantizedReshapeTensorflow odd 1 1 x1 y 0 -1 4 1 15 5 1 1", {}, "reshape_type 1"),
     ("QuantizedSigmoid odd 1 1 x1 y", {"y": F32([0.01])}, "1 output scale(s) for 3 channels"),
     ("QuantizedSigmoid odd 1 1 x1 y", {"y": F32([0.01, 0, 0.01])}, "zero output scale"),
-    ("QuantizedUpsample odd 1 1 x1 y 1 2 2 0", {}, "never into the output blob"),
+    ("QuantizedUpsample odd 1 1 x1 y 3 2 2 0", {}, "cubic"),
     ("QuantizedReshape odd 2 1 x1 x y 0 -1 4 1 15 5 1 0", {}, "shape input"),
 ])
 def test_int8_variants_tnn_does_not_define_are_refused_with_file_and_line(tmp_path, layer, scales, words):
