@@ -2,11 +2,13 @@
 
 TNN's x86 registry has its own acc for LAYER_UPSAMPLE, int8 included (X86UpsampleLayerAcc::DoForward,
 source/tnn/device/x86/acc/x86_upsample_layer_acc.cc, with X86UpsampleNearest2D / X86UpsampleBilinear2D in
-source/tnn/device/x86/acc/compute/x86_compute_int8.cc); the naive CpuUpsampleLayerAcc (dequantize, float
-upsample, quantize) is not what x86 runs. Per channel c (input and output blob scales per tensor or per channel,
+source/tnn/device/x86/acc/compute/x86_compute_int8.cc) on its NHWC4 int8 blobs; the naive CpuUpsampleLayerAcc
+(source/tnn/device/cpu/acc/cpu_upsample_layer_acc.cc: NaiveDequant, the float upsample, NaiveQuant into the
+output blob) is not what x86 runs. Per channel c (input and output blob scales per tensor or per channel,
 `len == 1 ? s[0] : s[c]`):
 - factor[c] = in_scale[c] / out_scale[c] in float32, 0 where out_scale[c] < FLT_MIN (TNN's guard: zero,
-  denormal and negative output scales give 0); `do_scale` = any |factor[c] - 1| > 1/128 (in double);
+  denormal and negative output scales give 0; one float32 division, as GCC compiles the acc's -ffast-math loop,
+  as for TnnQConv's factors); `do_scale` = any |factor[c] - 1| > 1/128 (in double);
 - same spatial size and not do_scale: the int8 bytes are copied;
 - nearest (mode 1; align_corners is ignored): source row trunc(h * fl(ih / oh)) in float32, column alike; the
   byte itself, or float2int8(q * factor[c]) when do_scale;
@@ -14,11 +16,13 @@ upsample, quantize) is not what x86 runs. Per channel c (input and output blob s
   when oh == 1) or fl(fl(ih / oh) * (h + 0.5) - 0.5) computed in double, clamped below at 0, never above
   (half-pixel; 0 scale when oh == 1); row h1 = trunc, h1p = (h1 < ih - 1), l1 = coordinate - h1, l0 = 1 - l1;
   columns alike; then float2int8(((x00 l0w + x01 l1w) l0h + (x10 l0w + x11 l1w) l1h) [* factor[c]]).
-  TNN compiles that sum with -ffast-math (and -mfma with AVX2), so its rounding is the compiler's: only
-  coordinates whose weights are multiples of 1/128 are taken (BILINEAR_GRID), where every partial sum is exact
-  in float32 whatever the order or contraction; `exact_bilinear` tells them apart and other sizes are refused.
+  TNN compiles that sum with -ffast-math (and -mfma with AVX2: source/tnn/device/x86/CMakeLists.txt), so its
+  rounding is the compiler's: only coordinates whose weights are multiples of 1/128 are taken (BILINEAR_GRID),
+  where every partial sum is exact in float32 whatever the order or contraction; `exact_bilinear` tells them
+  apart and other sizes are refused.
 - the output size is params `size` (oh, ow), or round(in * scale) (float32 product, half away from zero) with
   params `scale` (sh, sw), as DimsFunctionUtils::Upsample computes it.
+float2int8 (source/tnn/utils/naive_compute.cc, built without -ffast-math) is quant.float2int8.
 Attrs `in_scale` / `out_scale` hold the two blob scales as the file gives them.
 """
 

@@ -11,6 +11,7 @@ import pytest
 
 from engine.devices.cpu.options import CpuOptions
 from engine.errors import ModelFormatError, UnsupportedOpError
+from engine.ops import OPS
 from engine.runtime.options import EngineOptions
 from tests.engine.formats.tnn.test_tnn_int8 import _conv_reference, quantized_model, round_away
 
@@ -172,3 +173,45 @@ def test_malformed_int8_upsample_params_name_file_and_line(tmp_path, layer, word
         _load(tmp_path, layer)
     assert "odd" in str(e.value) and "q.tnnproto" in str(e.value) and ":7" in str(e.value)
     assert words in str(e.value)
+
+
+def _random_case(rng):
+    """A random mode, size, alignment and pair of blob scales whose bilinear weights stay on TNN's exact grid."""
+    mode, align = int(rng.integers(1, 3)), int(rng.integers(0, 2))
+    while True:
+        ih, iw = (int(v) for v in rng.integers(1, 7, 2))
+        oh, ow = (int(v) for v in rng.integers(1, 13, 2))
+        if mode == 1 or all(F32(2 ** 7) * F32(lw) == np.round(F32(2 ** 7) * F32(lw)) for lw in
+                            _weights(ih, oh, align) + _weights(iw, ow, align)):
+            break
+    s_in = (rng.uniform(0.01, 0.1, int(rng.choice([1, 3])))).astype(F32)
+    s_out = (rng.uniform(0.01, 0.1, int(rng.choice([1, 3])))).astype(F32)
+    return mode, align, (int(rng.integers(1, 3)), 3, ih, iw), (oh, ow), s_in, s_out
+
+
+def _weights(n_in, n_out, align):
+    """The l1 weights of TNN's bilinear coordinates on one axis (as tnn_x86_upsample computes them)."""
+    if align:
+        r = F32(n_in - 1) / F32(n_out - 1) if n_out > 1 else F32(0)
+        coords = [F32(i) * r for i in range(n_out)]
+    else:
+        r = F32(n_in) / F32(n_out) if n_out > 1 else F32(0)
+        coords = [max(F32(float(r) * (i + 0.5) - 0.5), F32(0)) for i in range(n_out)]
+    return [c - F32(int(c)) for c in coords]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_int8_upsamples_match_tnn_x86_in_both_layouts_and_the_op_reference(tmp_path, seed):
+    rng = np.random.default_rng(100 + seed)
+    mode, align, shape, (oh, ow), s_in, s_out = _random_case(rng)
+    n, c, h, w = shape
+    layer = f"QuantizedUpsample u 1 1 x y {mode} 0 0 {align} {oh} {ow}"
+    model = quantized_model(tmp_path, [layer], [], {"x": s_in, "y": s_out}, inputs=f"x 4 {n} {c} {h} {w}")
+    x = (rng.standard_normal(shape) * 4).astype(F32)
+    q = round_away(x / np.broadcast_to(s_in, (c,)).reshape(1, c, 1, 1))
+    expected = tnn_x86_upsample(q, s_in, s_out, mode, align, oh, ow)
+    node = next(nd for nd in model.graph.nodes if nd.op_type == "TnnQUpsample")
+    np.testing.assert_array_equal(OPS["TnnQUpsample"].reference(node, [q])[0], expected)
+    for options in LAYOUTS.values():
+        got = model.instance(options=options).run({"x": x})["y"]
+        np.testing.assert_array_equal(got, _dequantized(expected, s_out))
