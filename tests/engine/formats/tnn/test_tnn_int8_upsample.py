@@ -2,15 +2,18 @@
 (X86UpsampleLayerAcc::DoForward, X86UpsampleNearest2D / X86UpsampleBilinear2D) step by step in float32 scalars:
 the factor in_scale / out_scale (0 below FLT_MIN), the byte copy when no factor is more than 1/128 from 1, the
 nearest source index trunc(i * in / out), the bilinear coordinates and weights, TNN's rounding. Exact equality,
-with oneDNN's NHWC int8 layout (Int8UpsampleNhwc) and without it (TnnQUpsample on NCHW values)."""
+with oneDNN's NHWC int8 layout (Int8UpsampleNhwc) and without it (TnnQUpsample on NCHW values); and the layer
+written back by the TNN writer reads and computes the same."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+import engine
 from engine.devices.cpu.options import CpuOptions
 from engine.errors import ModelFormatError, UnsupportedOpError
+from engine.formats.tnn.writer.write import write_tnn
 from engine.ops import OPS
 from engine.runtime.options import EngineOptions
 from tests.engine.formats.tnn.test_tnn_int8 import _conv_reference, quantized_model, round_away
@@ -215,3 +218,33 @@ def test_random_int8_upsamples_match_tnn_x86_in_both_layouts_and_the_op_referenc
     for options in LAYOUTS.values():
         got = model.instance(options=options).run({"x": x})["y"]
         np.testing.assert_array_equal(got, _dequantized(expected, s_out))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("params, s_y", [
+    ("2 2 2 0", F32([0.03])),                 # bilinear by scales, per-tensor output scale
+    ("1 2 1.5 -1", F32([0.05, 0.02, 0.04])),  # nearest, align chosen at load, per-channel
+    ("2 0 0 1 9 9", F32([0.02])),             # bilinear to a size, align_corners
+    ("2 1 1 0", F32([0.02])),                 # same size, rescaled
+])
+def test_int8_upsample_written_back_reads_and_computes_the_same(tmp_path, params, s_y, version):
+    model = quantized_model(tmp_path, [f"QuantizedUpsample u 1 1 x y {params}"], [], {"x": S_X, "y": s_y})
+    assert model.op_counts().get("TnnQUpsample") == 1
+    proto, _ = write_tnn(model.graph, tmp_path / f"again{version}", version=version)
+    assert "QuantizedUpsample u " in proto.read_text()
+    again = engine.load(proto)
+    assert again.op_counts() == model.op_counts()
+    (node,) = [n for n in again.graph.nodes if n.op_type == "TnnQUpsample"]
+    (orig,) = [n for n in model.graph.nodes if n.op_type == "TnnQUpsample"]
+    assert node.params == orig.params
+    np.testing.assert_array_equal(node.attrs["out_scale"], orig.attrs["out_scale"])
+    np.testing.assert_array_equal(node.attrs["in_scale"], orig.attrs["in_scale"])
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
+    got = again.instance().run({"x": x})["y"]
+    np.testing.assert_array_equal(got, model.instance().run({"x": x})["y"])
+    q = round_away(x / S_X.reshape(1, 3, 1, 1))
+    p = params.split()
+    oh, ow = (int(p[4]), int(p[5])) if len(p) == 6 else tuple(int(np.floor(5 * float(v) + 0.5)) for v in p[1:3])
+    align = int(p[3]) if int(p[3]) >= 0 else 0
+    expected = tnn_x86_upsample(q, S_X, s_y, int(p[0]), align, oh, ow)
+    np.testing.assert_array_equal(got, _dequantized(expected, s_y))
