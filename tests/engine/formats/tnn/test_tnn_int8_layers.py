@@ -10,12 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.devices.cpu.options import CpuOptions
 from engine.errors import UnsupportedOpError
+from engine.runtime.options import EngineOptions
 from tests.engine.formats.tnn.test_tnn_int8 import quantized_model, round_away
 
 RNG = np.random.default_rng(17)
 F32 = np.float32
 S_X = F32([0.02, 0.03, 0.05])
+LAYOUTS = {"nhwc": EngineOptions(cpu=CpuOptions(onednn=True)), "nchw": EngineOptions(cpu=CpuOptions(onednn=False))}
 S_X8 = F32([0.02, 0.03, 0.05, 0.04, 0.01, 0.06, 0.025, 0.035])
 CH8 = S_X8.reshape(1, 8, 1, 1)
 PAD = -77  # what a producer might leave in the NHWC4 padding bytes
@@ -69,26 +72,28 @@ def _input8():
     return RNG.standard_normal((1, 8, 4, 4)).astype(F32)
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("order", [(0, 2, 3, 1), (0, 1, 3, 2), (0, 3, 1, 2), (0, 1, 2, 3)])
-def test_quantized_permute_moves_the_nhwc4_bytes_as_tnn_x86_does(tmp_path, order):
+def test_quantized_permute_moves_the_nhwc4_bytes_as_tnn_x86_does(tmp_path, order, layout):
     s_y = F32([0.04])
     model = quantized_model(tmp_path, [f"QuantizedPermute p 1 1 x y 4 {' '.join(map(str, order))}"], [],
                             {"x": S_X8, "y": s_y}, inputs="x 4 1 8 4 4")
     x = _input8()
     expected = _x86_permute(round_away(x / CH8), order).astype(F32) * s_y
-    np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
+    np.testing.assert_array_equal(model.instance(options=LAYOUTS[layout]).run({"x": x})["y"], expected)
 
 
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("ltype", ["QuantizedReshape", "QuantizedReshapeTensorflow"])
 @pytest.mark.parametrize("shape, dims", [("4 1 16 2 4", (1, 16, 2, 4)), ("4 0 4 -1 8", (1, 4, 4, 8)),
                                          ("4 1 8 4 4", (1, 8, 4, 4))])
-def test_quantized_reshape_copies_the_nhwc4_bytes_as_tnn_x86_does(tmp_path, ltype, shape, dims):
+def test_quantized_reshape_copies_the_nhwc4_bytes_as_tnn_x86_does(tmp_path, ltype, shape, dims, layout):
     s_y = F32([0.03])
     model = quantized_model(tmp_path, [f"{ltype} r 1 1 x y 0 -1 {shape} 0"], [], {"x": S_X8, "y": s_y},
                             inputs="x 4 1 8 4 4")
     x = _input8()
     expected = _x86_reshape(round_away(x / CH8), dims).astype(F32) * s_y
-    out = model.instance().run({"x": x})["y"]
+    out = model.instance(options=LAYOUTS[layout]).run({"x": x})["y"]
     assert out.shape == dims
     np.testing.assert_array_equal(out, expected)
 
