@@ -20,6 +20,7 @@ from engine.ops import (  # noqa: F401  (each family module registers its ops)
     pad,
     pool,
     quant,
+    quant_upsample,
     recurrent,
     reduce,
     resize,

@@ -36,6 +36,7 @@ from engine.devices.cpu import (
 )
 from engine.devices.cpu.conv import kernels as conv
 from engine.devices.cpu.int8 import kernels as int8
+from engine.devices.cpu.int8 import upsample as int8_upsample
 from engine.devices.cpu.kernel import Builder, CpuKernel, Sizer
 from engine.devices.cpu.layout import kernels as layout
 
@@ -45,6 +46,7 @@ KERNELS: dict[str, CpuKernel] = {
     **norm.KERNELS, **packed_attention.KERNELS, **pad.KERNELS, **pool.KERNELS, **quant.KERNELS, **recurrent.KERNELS,
     **reduce.KERNELS, **resize.KERNELS, **roi_align.KERNELS, **scatter.KERNELS, **shape.KERNELS,
     **softmax.KERNELS, **tensor.KERNELS, **volume.KERNELS,
+    **int8_upsample.KERNELS,
 }
 
 

@@ -6,7 +6,8 @@ parameters (Reshape/Expand shapes, Resize sizes) keep it on the host.
 
 Not here, so a model using them is refused on CUDA with UnsupportedOpError naming the node: `Expression` (only
 reaches the runtime when lowering could not turn it into elementwise ops), the TNN int8 ops (`TnnQuantize`,
-`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`), `RNN` (also
+`TnnDequantize`, `TnnQConv`, `TnnQAdd`, `TnnQConcat`, `TnnQPool`, `TnnQRelu`, `TnnQInnerProduct`,
+`TnnQUpsample`), `RNN` (also
 TNN's LSTMONNX; a sequential recurrence, it would need its own kernel), the ops added for issue 18 that have no CUDA
 kernel yet (`SliceAssign`, `IndexPut`, `Index`, `GatherElements`, `RepeatInterleave`, `Trilu`, `TopK`, `Sort`, `CumSum`,
 `ReduceVar`, `DetectionOutput`, `PixelUnshuffle`, `LRN`, `ScatterElements`, `BitShift`, `GridSample`, `Einsum`, the

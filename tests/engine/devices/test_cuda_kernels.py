@@ -23,7 +23,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ops"
 CASES = [c for f in ("misc.npz", "spatial.npz") for c in load_cases(FIXTURES / f)]
 # ops that never reach a device kernel: Shape is a host value; the others are refused on CUDA (see kernels.py)
 NOT_ON_CUDA = {"Shape", "Expression", "TnnQuantize", "TnnDequantize", "TnnQConv", "TnnQAdd", "TnnQConcat",
-               "TnnQPool", "TnnQRelu", "TnnQInnerProduct", "RNN", "SliceAssign", "IndexPut", "Index",
+               "TnnQPool", "TnnQRelu", "TnnQInnerProduct", "TnnQUpsample", "RNN", "SliceAssign", "IndexPut", "Index",
                "GatherElements", "RepeatInterleave", "Trilu", "TopK", "Sort", "CumSum", "ReduceVar", "Full", "Range",
                "DetectionOutput", "Meshgrid", "PixelUnshuffle", "LRN", "ScatterElements", "BitShift", "GridSample",
                "Einsum", "Conv3d", "Pool3d", "RoiAlign", "Histogram", "NonZero", "NonMaxSuppression"}

@@ -86,13 +86,15 @@ def _transpose(op_type: str, to: str) -> OpDef:
 
 # base op -> its twin's op type (the rewrite's table)
 TWINS = {"TnnQConv": "Int8ConvNhwc", "TnnQAdd": "Int8AddNhwc", "TnnQPool": "Int8PoolNhwc",
-         "TnnQConcat": "Int8ConcatNhwc", "TnnQuantize": "Int8QuantizeNhwc", "TnnDequantize": "Int8DequantizeNhwc"}
+         "TnnQConcat": "Int8ConcatNhwc", "TnnQuantize": "Int8QuantizeNhwc", "TnnDequantize": "Int8DequantizeNhwc",
+         "TnnQUpsample": "Int8UpsampleNhwc"}
 
 OPS: dict[str, OpDef] = {
     "Int8ConvNhwc": twin("Int8ConvNhwc", "TnnQConv", None, True),
     "Int8AddNhwc": twin("Int8AddNhwc", "TnnQAdd", None, True),
     "Int8PoolNhwc": twin("Int8PoolNhwc", "TnnQPool", None, True),
     "Int8ConcatNhwc": twin("Int8ConcatNhwc", "TnnQConcat", None, True),
+    "Int8UpsampleNhwc": twin("Int8UpsampleNhwc", "TnnQUpsample", None, True),
     "Int8QuantizeNhwc": twin("Int8QuantizeNhwc", "TnnQuantize", [False], True),
     "Int8DequantizeNhwc": twin("Int8DequantizeNhwc", "TnnDequantize", [True], False),
     # a dequantize whose only reader was a Transpose to channels-last: the float value stays NHWC, no transpose

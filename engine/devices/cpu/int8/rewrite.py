@@ -1,8 +1,8 @@
 """The int8 layout rewrite: TNN's int8 ops on NHWC values (the CPU device's `prepare`, with oneDNN on).
 
 A pure graph -> graph function; the input graph is left untouched (it is the Model's). In the copy,
-- every 4-D TnnQConv / TnnQAdd / TnnQPool / TnnQConcat (on channels) becomes its NHWC twin (ops.py), and its
-  int8 output is NHWC;
+- every 4-D TnnQConv / TnnQAdd / TnnQPool / TnnQConcat (on channels) / TnnQUpsample becomes its NHWC twin
+  (ops.py), and its int8 output is NHWC;
 - a TnnQuantize feeding one of them quantizes straight into NHWC (Int8QuantizeNhwc), a TnnDequantize of an
   NHWC value reads it as such (Int8DequantizeNhwc): the float side stays NCHW, but where the dequantized value's
   only reader is a Transpose to channels-last (perm 0, 2, 3, 1: a detection head's), the two become one

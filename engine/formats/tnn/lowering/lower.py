@@ -24,6 +24,7 @@ from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its han
     quantized,
     quantized_activation,
     quantized_layout,
+    quantized_upsample,
     recurrent,
     reduce,
     roi,
@@ -43,8 +44,6 @@ register({alias: QUANTIZED[base] for alias, base in TYPE_ALIASES.items() if base
 
 # Types refused on purpose, with the reason the error gives.
 REFUSED: dict[str, str] = {
-    "QuantizedUpsample": "(TNN's int8 upsample acc (CpuUpsampleLayerAcc, which x86 falls back to) quantizes its "
-                         "result into its float workspace, never into the output blob: TNN's output is not defined)",
     "Deconvolution3D": "(onnx2tnn writes it, but TNN's layer type map has no Deconvolution3D: TNN cannot load it)",
     "Reformat": "(a data type / layout conversion TNN's runtime inserts between devices, not a model layer)",
 }

@@ -31,21 +31,43 @@ def lower_padv2(c: Ctx) -> None:
 
 @handles("Upsample")
 def lower_upsample(c: Ctx) -> None:
+    """Params mode (1 nearest, 2 bilinear, 3 cubic), scale_h, scale_w, align_corners (0 when absent), then, when
+    both are there, the output height and width, which win over the scales (UpsampleLayerInterpreter,
+    source/tnn/interpreter/tnn/layer_interpreter/upsample_layer_interpreter.cc). A size below 1, "0 0" included,
+    fails TNN's shape inference (DimsFunctionUtils::Upsample, source/tnn/utils/dims_function_utils.cc). A negative
+    align_corners with no output size is chosen by UpsampleLayer::InferOutputShape (source/tnn/layer/
+    upsample_layer.cc): 0 when both float32 scales are >= 1, else 1; with a size it stays negative, i.e. true
+    where the accs cast it to bool (x86's nearest ignores it: source/tnn/device/x86/acc/x86_upsample_layer_acc.cc).
+    Constant extra inputs replace the params as UpsampleLayer::FillLayerParamWithConstantResource does: the
+    scales from input 1 (2 inputs) or 2 (3 inputs), the sizes from input 3 (4 inputs), the last two values each."""
     mode = {1: "nearest", 2: "bilinear", 3: "bicubic"}.get(c.i(0)) or c.unsupported(f"mode {c.i(0)}")
-    sh, sw, align = c.f(1, 0.0), c.f(2, 0.0), c.i(3, 0)
-    oh, ow = c.i(4, 0), c.i(5, 0)
-    params = {"mode": mode, "align_corners": bool(align), "coordinate": "tnn"}
+    sh, sw, align = np.float32(c.f(1, 0.0)), np.float32(c.f(2, 0.0)), c.i(3, 0)
+    size = (c.i(4), c.i(5)) if len(c.args) >= 6 else None
+    if len(c.inputs) > 4:
+        c.fail(f"takes at most 4 inputs, has {len(c.inputs)}")
     if len(c.inputs) > 1:
         known = c.value_of(c.inputs[-1])
         if known is None:
-            c.unsupported("with a run-time size input")
-        oh, ow = (int(v) for v in np.asarray(known).reshape(-1)[-2:])
-    if oh > 0 and ow > 0:
-        params["size"] = (oh, ow)
-    elif sh > 0 and sw > 0:
-        params["scale"] = (sh, sw)
+            c.unsupported("with a run-time scale or size input")
+        known = np.asarray(known).reshape(-1)
+        if known.size and known.size < 2:
+            c.fail(f"{'sizes' if len(c.inputs) == 4 else 'scales'} input with {known.size} value(s), TNN needs 2")
+        if known.size and len(c.inputs) == 4:
+            size = tuple(int(v) for v in known[-2:])
+        elif known.size:
+            sh, sw = (np.float32(v) for v in known[-2:])
+    params = {"mode": mode, "coordinate": "tnn"}
+    if size is not None:
+        if size[0] <= 0 or size[1] <= 0:
+            c.fail(f"output size {size[0]}x{size[1]} (TNN's shape inference refuses a size below 1)")
+        params["size"] = size
     else:
-        c.fail("neither an output size nor scales")
+        if align < 0:
+            align = 0 if sh >= 1 and sw >= 1 else 1
+        if not (sh > 0 and sw > 0):
+            c.fail(f"scales {sh} x {sw} and no output size (TNN's shape inference refuses a size below 1)")
+        params["scale"] = (float(sh), float(sw))
+    params["align_corners"] = bool(align)
     c.out("Resize", [c.inputs[0]], params)
 
 

@@ -90,10 +90,21 @@ def _pool_params(node: Node) -> list:
     return [0 if p["mode"] == "max" else 1, kh, kw, sh, sw, ph, pw, -1, -1, -1, int(bool(p.get("ceil_mode")))]
 
 
+def _upsample_params(node: Node) -> list:
+    """UpsampleLayerInterpreter's order: mode, scale_h, scale_w, align_corners, then the size (h, w) when one was
+    given; align_corners as resolved at load (never -1, which TNN would choose again)."""
+    p = node.params
+    mode, align = {"nearest": 1, "bilinear": 2}[p["mode"]], int(bool(p.get("align_corners")))
+    if p.get("size") is not None:
+        return [mode, 0.0, 0.0, align, *(int(v) for v in p["size"])]
+    return [mode, *(float(F32(v)) for v in p["scale"]), align]
+
+
 register({
     "TnnQuantize": quantize, "TnnDequantize": quantize, "TnnQConv": qconv, "TnnQInnerProduct": qinner_product,
     "TnnQAdd": _simple("QuantizedAdd", lambda n: [-1]),
     "TnnQPool": _simple("QuantizedPooling", _pool_params),
     "TnnQConcat": _simple("QuantizedConcat", lambda n: [int(n.params.get("axis", 1))]),
     "TnnQRelu": _simple("QuantizedReLU", lambda n: []),
+    "TnnQUpsample": _simple("QuantizedUpsample", _upsample_params),
 })
