@@ -9,6 +9,10 @@ running row max and sum, the accumulated p @ v rescaled when the max grows, the 
 A tile stays within TILE_BYTES (L2) so the two GEMMs and the softmax between them read it from cache; causal
 items skip the key blocks past their last row. q, k, v and the output are read in place through their strides
 (heads and batch may broadcast); the tiles live in the instance workspace, one slot per thread.
+With oneDNN on, the two GEMMs of a tile run on its matmul primitive instead of BLAS (`_Tiles`: 20-25% faster
+than OpenBLAS's sgemm on these shapes, 8-20% less CPU for the whole kernel at 1024-1500 keys): one primitive
+per tile shape, created for one thread so it runs inline on whichever pool thread calls it, each slot with its own
+runner (argument memories and scratchpad). Causal runs keep BLAS (their tiles take every key count).
 Short sequences (one head's (L, S) scores within TILE_BYTES, as the small-headed attention of MobileViT and
 EfficientFormer) take the grouped path instead: an item is a group of heads whose scores fit one tile together,
 computed transposed (sᵀ = k @ qᵀ, one batched GEMM), softmax'd along its columns in one numba call (the max and
@@ -32,6 +36,7 @@ import numpy as np
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
 from engine.devices.cpu.loops import attention as A
 from engine.devices.cpu.loops.normalize import softmax_loop
+from engine.devices.cpu.onednn import matmul as dnn
 from engine.devices.cpu.threads import get_threads, parallel_for
 from engine.ir import Node
 from engine.ops import attention
@@ -148,6 +153,9 @@ class _Slot:
         self.q = take(b.rows * b.e).reshape(b.rows, b.e)
         self.m, self.l = take(b.rows), take(b.rows)
         self.acc, self.pv = take(b.rows * b.dv).reshape(b.rows, b.dv), take(b.rows * b.dv).reshape(b.rows, b.dv)
+        self.s_ptr, self.q_ptr, self.pv_ptr = (a.ctypes.data for a in (self.s, self.q, self.pv))
+        self.gemms: dict[tuple[int, int], tuple[dnn.Runner, dnn.Runner]] = {}  # this run's: (rows, keys) -> QK, PV
+        self.runners: dict[tuple, tuple[dnn.Runner, dnn.Runner]] = {}  # every one made for this slot
 
 
 class _GroupSlot:
@@ -187,7 +195,7 @@ def _fused(ins: list[TensorInfo]) -> bool:
 def build(backends: Backends, node: Node, ins: list[TensorInfo]):
     dt = float_of(ins[0].dtype)
     if _fused(ins):
-        return _build_fused(node, ins)
+        return _build_fused(node, ins, backends.onednn)
     if not numba_ok(dt):
         return reference_fallback(node, attention.reference)
     return _build_unfused(node, ins, dt)
@@ -231,6 +239,23 @@ class _Call(_Operands):
         self.b, self.slots = b, slots
         self.blocks = -(-self.L // b.rows)
         self.items = math.prod(self.batch) * self.blocks
+        # k, v, q, out: base address, batch strides and row stride in bytes (the tile GEMMs on oneDNN take
+        # addresses; ndarray.ctypes.data costs ~2 us, so once per run)
+        arrays = (self.k, self.v, self.q, self.out)
+        self.ptrs = [a.ctypes.data for a in arrays]
+        self.batch_strides = [a.strides[:-2] for a in arrays]
+        self.row_strides = [a.strides[-2] for a in arrays]
+
+    def address(self, i: int, idx: tuple) -> int:
+        """The address of k, v, q or out (i: 0-3) at batch index idx."""
+        return self.ptrs[i] + sum(int(j) * st for j, st in zip(idx, self.batch_strides[i], strict=True))
+
+    def tile_shapes(self) -> set[tuple[int, int]]:
+        """The (query rows, keys) of every tile this run computes when not causal (at most four)."""
+        rows = {min(self.b.rows, self.L), self.L % self.b.rows or self.b.rows} - {0}
+        one = self.S <= self.b.keys
+        keys = {self.S} if one else {self.b.keys, self.S % self.b.keys or self.b.keys}
+        return {(r, n) for r in rows for n in keys}
 
     def item(self, slot: _Slot, item: int) -> None:
         bi, qb = divmod(item, self.blocks)
@@ -244,13 +269,24 @@ class _Call(_Operands):
         qs = q[l0:l1]
         if self.scale != 1:
             qs = np.multiply(qs, self.scale, out=slot.q[:r])
+        gemm = slot.gemms.get if slot.gemms else None
+        if gemm:
+            k_at, v_at, q_at, out_at = (self.address(i, idx) for i in range(4))
+            q_at = slot.q_ptr if self.scale != 1 else q_at + l0 * self.row_strides[2]
         if kend <= self.b.keys:
             s = slot.s[:r * kend].reshape(r, kend)
-            np.matmul(qs, k[:kend].T, out=s)
+            tile = gemm((r, kend)) if gemm else None
+            if tile is None:
+                np.matmul(qs, k[:kend].T, out=s)
+            else:
+                tile[0].run(q_at, k_at, slot.s_ptr)
             A.tile_softmax(s, slot.two_n, slot.two_f, slot.lanes, mask[l0:l1, :kend], self.mask_kind, self.causal,
                            l0, 0, slot.m, slot.l, slot.acc, slot.pv, False, True)
             o = out[l0:l1]
-            np.matmul(s, v[:kend], out=o)
+            if tile is None:
+                np.matmul(s, v[:kend], out=o)
+            else:
+                tile[1].run(slot.s_ptr, v_at, out_at + l0 * self.row_strides[3])
             A.scale_rows(o, slot.l, self.nan_rows)
             return
         A.reset(slot.m, slot.l, slot.acc)
@@ -259,10 +295,17 @@ class _Call(_Operands):
             s1 = min(kend, s0 + self.b.keys)
             n = s1 - s0
             s = slot.s[:r * n].reshape(r, n)
-            np.matmul(qs, k[s0:s1].T, out=s)
+            tile = gemm((r, n)) if gemm else None
+            if tile is None:
+                np.matmul(qs, k[s0:s1].T, out=s)
+            else:
+                tile[0].run(q_at, k_at + s0 * self.row_strides[0], slot.s_ptr)
             A.tile_softmax(s, slot.two_n, slot.two_f, slot.lanes, mask[l0:l1, s0:s1], self.mask_kind, self.causal,
                            l0, s0, slot.m, slot.l, slot.acc, pv, s0 > 0, False)
-            np.matmul(s, v[s0:s1], out=pv)
+            if tile is None:
+                np.matmul(s, v[s0:s1], out=pv)
+            else:
+                tile[1].run(slot.s_ptr, v_at + s0 * self.row_strides[1], slot.pv_ptr)
         A.finish(slot.acc[:r], pv, slot.l, out[l0:l1], self.nan_rows)
 
 
@@ -322,6 +365,40 @@ class _GroupCall(_Operands):
         A.group_scale_rows(o, l, self.nan_rows)
 
 
+class _Tiles:
+    """The blocked path's tile GEMMs on oneDNN's matmul: one-thread primitives (dnn.ThreadPlan) made on the calling
+    thread before the items run, one Runner per slot, so each pool thread runs its own. Causal runs (tiles of
+    every key count up to the diagonal) and a strided output keep BLAS."""
+
+    def __init__(self):
+        self.plans: dict[tuple, dnn.ThreadPlan] = {}
+
+    def prepare(self, call: _Call) -> None:
+        """Points every slot's `gemms` at this run's runners (none: the slots run BLAS)."""
+        use = (not call.causal and call.out.strides[-1] == _F32.itemsize and call.S > 0 and call.L > 0
+               and min(call.row_strides) > 0)
+        shapes = call.tile_shapes() if use else set()
+        e, dv, one = call.q.shape[-1], call.out.shape[-1], call.S <= call.b.keys
+        k_row, v_row, q_row, out_row = (st // _F32.itemsize for st in call.row_strides)
+        q_row = e if call.scale != 1 else q_row  # the scaled block sits in the slot
+        for slot in call.slots:
+            slot.gemms = {}
+        for r, n in shapes:
+            key = (r, n, e, dv, q_row, k_row, v_row, out_row if one else dv)
+            qk, pv = self.plans.get(key) or self._make(key)
+            for slot in call.slots:
+                runners = slot.runners.get(key)
+                if runners is None:
+                    runners = slot.runners[key] = (qk.runner(), pv.runner())
+                slot.gemms[r, n] = runners
+
+    def _make(self, key: tuple) -> tuple[dnn.ThreadPlan, dnn.ThreadPlan]:
+        r, n, e, dv, q_row, k_row, v_row, pv_row = key
+        made = self.plans[key] = (dnn.ThreadPlan.strided(r, e, n, (q_row, 1), (1, k_row), (n, 1)),
+                                  dnn.ThreadPlan.strided(r, n, dv, (n, 1), (v_row, 1), (pv_row, 1)))
+        return made
+
+
 # MASK_NONE's stand-in: indexed by row only, never read; a broadcast view (read-only, strided) like real masks
 _NO_MASK = np.broadcast_to(np.zeros((1, 1), np.float32), (1 << 40, 2))[:, :1]
 
@@ -342,10 +419,11 @@ def _last_axis_unit(a: np.ndarray) -> np.ndarray:
     return a if a.strides[-1] == a.itemsize or a.shape[-1] <= 1 else np.ascontiguousarray(a)
 
 
-def _build_fused(node: Node, ins: list[TensorInfo]):
+def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
     scores_max, out_max = shapes(node, ins)
     b = _layout(scores_max, ins[0].shape[-1], out_max[-1])
     grouped = isinstance(b, Grouping)
+    tiles = _Tiles() if onednn and not grouped else None
     slot_of = _GroupSlot if grouped else _Slot
     _compile_group(b) if grouped else _compile(b)
     cache: dict[int, tuple[np.ndarray, list]] = {}  # workspace address -> its slots
@@ -376,6 +454,8 @@ def _build_fused(node: Node, ins: list[TensorInfo]):
         if call.S == 0 or call.items == 0:
             out.fill(np.nan if call.nan_rows else 0.0)
             return
+        if tiles is not None:
+            tiles.prepare(call)
         rows = min(b.rows, max(1, call.L)) if grouped else b.rows
         work = math.prod(call.batch) * -(-call.L // rows) * rows * call.S * (inputs[0].shape[-1] + out.shape[-1])
         parallel_for(call.run_slots, len(slots), work)
