@@ -56,7 +56,6 @@ LONG_TILE_BYTES, LONG_MAX_ROWS = 512 << 10, 256
 # block of queries per item): a row of so few keys leaves the row-wise loops mostly per-row overhead (4x49
 # heads of 3136 queries, Swin-like windows over a feature map: 5.6 -> 3.8 ms CPU; cross-attention to 77 tokens).
 SHORT_KEYS = 256
-LANES = 32  # partial maxima of a row (loops/attention.py's _max)
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
 
@@ -70,10 +69,10 @@ class Blocking:
 
     @property
     def slot_bytes(self) -> int:
-        """One thread's buffers: the tile, its exponent scratch, partial maxima, the scaled query block, row max
-        and sum, accumulator and block product."""
-        parts = [self.rows * self.keys, self.keys, LANES, self.rows * self.e, self.rows, self.rows,
-                 self.rows * self.dv, self.rows * self.dv]
+        """One thread's buffers: the tile, the scaled query block, row max and sum, accumulator and block
+        product."""
+        parts = [self.rows * self.keys, self.rows * self.e, self.rows, self.rows, self.rows * self.dv,
+                 self.rows * self.dv]
         return sum(_aligned(4 * p) for p in parts)
 
 
@@ -147,9 +146,6 @@ class _Slot:
     def __init__(self, buf: np.ndarray, b: Blocking):
         take = _Carver(buf).take
         self.s = take(b.rows * b.keys)
-        self.two_f = take(b.keys)
-        self.two_n = self.two_f.view(np.int32)
-        self.lanes = take(LANES)
         self.q = take(b.rows * b.e).reshape(b.rows, b.e)
         self.m, self.l = take(b.rows), take(b.rows)
         self.acc, self.pv = take(b.rows * b.dv).reshape(b.rows, b.dv), take(b.rows * b.dv).reshape(b.rows, b.dv)
@@ -280,8 +276,8 @@ class _Call(_Operands):
                 np.matmul(qs, k[:kend].T, out=s)
             else:
                 tile[0].run(q_at, k_at, slot.s_ptr)
-            A.tile_softmax(s, slot.two_n, slot.two_f, slot.lanes, mask[l0:l1, :kend], self.mask_kind, self.causal,
-                           l0, 0, slot.m, slot.l, slot.acc, slot.pv, False, True)
+            A.tile_softmax(s, mask[l0:l1, :kend], self.mask_kind, self.causal, l0, 0, slot.m, slot.l, slot.acc,
+                           slot.pv, False, True)
             o = out[l0:l1]
             if tile is None:
                 np.matmul(s, v[:kend], out=o)
@@ -300,8 +296,8 @@ class _Call(_Operands):
                 np.matmul(qs, k[s0:s1].T, out=s)
             else:
                 tile[0].run(q_at, k_at + s0 * self.row_strides[0], slot.s_ptr)
-            A.tile_softmax(s, slot.two_n, slot.two_f, slot.lanes, mask[l0:l1, s0:s1], self.mask_kind, self.causal,
-                           l0, s0, slot.m, slot.l, slot.acc, pv, s0 > 0, False)
+            A.tile_softmax(s, mask[l0:l1, s0:s1], self.mask_kind, self.causal, l0, s0, slot.m, slot.l, slot.acc,
+                           pv, s0 > 0, False)
             if tile is None:
                 np.matmul(s, v[s0:s1], out=pv)
             else:
@@ -469,8 +465,7 @@ def _compile(b: Blocking) -> None:
     slot = _Slot(np.empty(b.slot_bytes + _ALIGN, np.uint8), b)
     s = slot.s[:0].reshape(0, 1)
     for mask, kind in ((_NO_MASK[:0], A.MASK_NONE), (_NO_MASK[:0], A.MASK_ADD)):
-        A.tile_softmax(s, slot.two_n, slot.two_f, slot.lanes, mask, kind, False, 0, 0, slot.m, slot.l, slot.acc,
-                       slot.pv, False, True)
+        A.tile_softmax(s, mask, kind, False, 0, 0, slot.m, slot.l, slot.acc, slot.pv, False, True)
     A.finish(slot.acc[:0], slot.pv[:0], slot.l, slot.acc[:0], False)
     A.scale_rows(slot.acc[:0], slot.l, False)
     A.reset(slot.m[:0], slot.l[:0], slot.acc[:0])
