@@ -87,10 +87,8 @@ class Grouping:
 
     @property
     def slot_bytes(self) -> int:
-        """One thread's buffers: the group's scores, its qᵀ, query sums, the exponent scratch and the column
-        maxima."""
-        parts = [self.heads * self.rows * self.S, self.heads * self.e * self.rows, self.heads * self.rows,
-                 self.rows, self.rows]
+        """One thread's buffers: the group's scores, its qᵀ, query sums and the column maxima."""
+        parts = [self.heads * self.rows * self.S, self.heads * self.e * self.rows, self.heads * self.rows, self.rows]
         return sum(_aligned(4 * p) for p in parts)
 
 
@@ -162,8 +160,6 @@ class _GroupSlot:
         self.s = take(g.heads * g.rows * g.S)
         self.qt = take(g.heads * g.e * g.rows)
         self.l = take(g.heads * g.rows)
-        self.two_f = take(g.rows)
-        self.two_n = self.two_f.view(np.int32)
         self.m = take(g.rows)
 
 
@@ -355,7 +351,7 @@ class _GroupCall(_Operands):
             kind = A.MASK_NONE
         scale = np.float32(1)
         l = slot.l[:n * L].reshape(n, L)
-        A.group_softmax_t(st, slot.two_n, slot.two_f, self.mask[qa], kind, self.causal, l0, scale, slot.m, l)
+        A.group_softmax_t(st, self.mask[qa], kind, self.causal, l0, scale, slot.m, l)
         o = self.out[qa]
         np.matmul(st.swapaxes(-1, -2), self.v[at], out=o)
         A.group_scale_rows(o, l, self.nan_rows)
@@ -478,7 +474,7 @@ def _compile_group(g: Grouping) -> None:
     s, l = slot.s[:0].reshape(1, 0, 1), slot.l[:0].reshape(1, 0)
     mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 2, 1))
     for kind in (A.MASK_NONE, A.MASK_ADD):
-        A.group_softmax_t(s, slot.two_n, slot.two_f, mask, kind, False, 0, np.float32(1), slot.m, l)
+        A.group_softmax_t(s, mask, kind, False, 0, np.float32(1), slot.m, l)
     A.group_scale_rows(s, l, False)
 
 
