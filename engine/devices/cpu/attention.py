@@ -231,12 +231,12 @@ class _Call(_Operands):
         self.b, self.slots = b, slots
         self.blocks = -(-self.L // b.rows)
         self.items = math.prod(self.batch) * self.blocks
-        # k, v, q, out: base address, batch strides and row stride in bytes (the tile GEMMs on oneDNN take
-        # addresses; ndarray.ctypes.data costs ~2 us, so once per run)
-        arrays = (self.k, self.v, self.q, self.out)
-        self.ptrs = [a.ctypes.data for a in arrays]
-        self.batch_strides = [a.strides[:-2] for a in arrays]
-        self.row_strides = [a.strides[-2] for a in arrays]
+        # k, v, q, out: batch strides and row stride in bytes, and (`_Tiles.prepare`, for the tile GEMMs on
+        # oneDNN, which take addresses) base addresses: ndarray.ctypes.data costs ~2 us, so once per run
+        self.arrays = (self.k, self.v, self.q, self.out)
+        self.batch_strides = [a.strides[:-2] for a in self.arrays]
+        self.row_strides = [a.strides[-2] for a in self.arrays]
+        self.ptrs: list[int] = []
 
     def address(self, i: int, idx: tuple) -> int:
         """The address of k, v, q or out (i: 0-3) at batch index idx."""
@@ -360,19 +360,28 @@ class _GroupCall(_Operands):
 class _Tiles:
     """The blocked path's tile GEMMs on oneDNN's matmul: one-thread primitives (dnn.ThreadPlan) made on the calling
     thread before the items run, one Runner per slot, so each pool thread runs its own. Causal runs (tiles of
-    every key count up to the diagonal) and a strided output keep BLAS."""
+    every key count up to the diagonal) and an output without unit stride along its last axis keep BLAS. Plans
+    are per tile shape and strides; past MAX_PLANS (sequence lengths that keep changing) they start over."""
+
+    MAX_PLANS = 64
 
     def __init__(self):
-        self.plans: dict[tuple, dnn.ThreadPlan] = {}
+        self.plans: dict[tuple, tuple[dnn.ThreadPlan, dnn.ThreadPlan]] = {}
 
     def prepare(self, call: _Call) -> None:
         """Points every slot's `gemms` at this run's runners (none: the slots run BLAS)."""
         use = (not call.causal and call.out.strides[-1] == _F32.itemsize and call.S > 0 and call.L > 0
                and min(call.row_strides) > 0)
         shapes = call.tile_shapes() if use else set()
+        if shapes:
+            call.ptrs = [a.ctypes.data for a in call.arrays]
         e, dv, one = call.q.shape[-1], call.out.shape[-1], call.S <= call.b.keys
         k_row, v_row, q_row, out_row = (st // _F32.itemsize for st in call.row_strides)
         q_row = e if call.scale != 1 else q_row  # the scaled block sits in the slot
+        if len(self.plans) + len(shapes) > self.MAX_PLANS:
+            self.plans.clear()
+            for slot in call.slots:
+                slot.runners.clear()
         for slot in call.slots:
             slot.gemms = {}
         for r, n in shapes:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from op_harness import (
+    assert_close,
     build_kernel,
     check_golden,
     check_kernel,
@@ -19,6 +20,7 @@ from op_harness import (
     kernel_workspace,
     load_cases,
     make_node,
+    reference,
     run_kernel,
 )
 
@@ -138,6 +140,26 @@ def test_tile_gemms_on_onednn_or_blas(onednn_on, L, S, mask, strided, monkeypatc
     node = make_node("Attention", len(inputs), params={"scale": 1.0} if strided else {})
     check_kernel(node, inputs, rtol=1e-4, atol=1e-5, device=cpu_device(onednn=onednn_on))
     assert bool(runs) == onednn_on
+
+
+@pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+def test_tile_plans_start_over_past_their_cap(monkeypatch):
+    """Sequence lengths that keep changing: past MAX_PLANS the tile plans (and every slot's runners) are dropped
+    and made again; each run still matches the reference."""
+    monkeypatch.setattr(fused._Tiles, "MAX_PLANS", 4)
+    made = []
+    real = dnn.ThreadPlan.strided
+    monkeypatch.setattr(dnn.ThreadPlan, "strided", lambda *a: (made.append(1), real(*a))[1])
+    q, k, v = _x(1, 2, 700, 8), _x(1, 2, 1300, 8), _x(1, 2, 1300, 8)
+    node = make_node("Attention", 3)
+    kernel, workspace = build_kernel(node, infos_of([q, k, v]))
+    shapes = [(700, 1300), (650, 1290), (600, 1100), (700, 1300), (333, 1030), (650, 1290)]
+    for L, S in shapes:
+        inputs = [q[:, :, :L], k[:, :, :S], v[:, :, :S]]
+        out = np.empty((1, 2, L, 8), np.float32)
+        kernel(inputs, [out], workspace)
+        assert_close(out, reference(node, inputs)[0], 1e-4, 1e-5, f"L {L} S {S}")
+    assert len(made) == 2 * 4 * len(shapes)  # four tile shapes a run, each past the cap: every run makes its own
 
 
 @pytest.mark.parametrize("masked_rows", ["zero", "nan"])
