@@ -117,6 +117,56 @@ class Plan:
             D.restore_threads()
 
 
+class ThreadPlan:
+    """A matmul primitive created for one thread, run from any number of threads at once (a kernel's own pool
+    workers): each thread runs it through its own `Runner` (argument memories, scratchpad, this thread's stream),
+    so nothing mutable is shared, and a one-thread primitive runs inline (oneDNN forks no OpenMP team for it), so
+    a worker neither parks the pool nor changes any thread count. Operands are described by their strides."""
+
+    def __init__(self, src: D.MemoryDesc, wts: D.MemoryDesc, dst: D.MemoryDesc):
+        attr = D.Attr()  # a user scratchpad: each Runner holds its own
+        with D.creating(0):  # threads_for(0) is one thread
+            self.pd = D.PrimitiveDesc.create("dnnl_matmul_primitive_desc_create", D.engine(), src.h, wts.h, None,
+                                             dst.h, attr.h)
+            self.prim = D.Primitive(self.pd)
+        self.mds = {L.ARG_SRC: src, L.ARG_WEIGHTS: wts, L.ARG_DST: dst,
+                    L.ARG_SCRATCHPAD: self.pd.md(L.QUERY_SCRATCHPAD_MD)}
+
+    @classmethod
+    def strided(cls, m: int, k: int, n: int, a: tuple[int, int], b: tuple[int, int], c: tuple[int, int]
+                ) -> ThreadPlan:
+        """(m, k) @ (k, n) -> (m, n), each operand's (row, column) strides in elements."""
+        return cls(D.MemoryDesc.strided((m, k), a), D.MemoryDesc.strided((k, n), b), D.MemoryDesc.strided((m, n), c))
+
+    @property
+    def impl(self) -> str:
+        return self.pd.impl
+
+    def runner(self) -> Runner:
+        return Runner(self)
+
+
+class Runner:
+    """One thread's handle on a ThreadPlan: `run(src, wts, dst)` by address, on the calling thread only."""
+
+    def __init__(self, plan: ThreadPlan):
+        self.plan = plan
+        self.mems = {a: D.Memory(md) for a, md in plan.mds.items()}
+        pad = plan.mds[L.ARG_SCRATCHPAD].nbytes
+        self.pad = D.aligned_buffer(max(pad, D.ALIGN))
+        self.mems[L.ARG_SCRATCHPAD].set(self.pad.ctypes.data)
+        self.args = (L.ExecArg * len(self.mems))(*(L.ExecArg(a, m.h) for a, m in self.mems.items()))
+        self.src, self.wts, self.dst = (self.mems[a].h for a in (L.ARG_SRC, L.ARG_WEIGHTS, L.ARG_DST))
+
+    def run(self, src: int, wts: int, dst: int) -> None:
+        set_handle, lib = L.LIB.dnnl_memory_set_data_handle, L.LIB
+        L.check(set_handle(self.src, src) or set_handle(self.wts, wts) or set_handle(self.dst, dst),
+                "dnnl_memory_set_data_handle")
+        s = D.stream()
+        L.check(lib.dnnl_primitive_execute(self.plan.prim.h, s, len(self.args), self.args), "dnnl_primitive_execute")
+        L.check(lib.dnnl_stream_wait(s), "dnnl_stream_wait")
+
+
 class Gemm:
     """y (M, N) = act(x (M, K) @ W^T + bias + z) with W (N, K) packed once; plans per M."""
 

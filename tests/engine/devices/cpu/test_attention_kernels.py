@@ -9,19 +9,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 from op_harness import (
+    assert_close,
     build_kernel,
     check_golden,
     check_kernel,
+    cpu_device,
     get_op,
     infos_of,
     kernel_peak_bytes,
     kernel_workspace,
     load_cases,
     make_node,
+    reference,
     run_kernel,
 )
 
 from engine.devices.cpu import attention as fused
+from engine.devices.cpu.onednn import matmul as dnn
+from engine.devices.cpu.onednn import objects as onednn
 
 RNG = np.random.default_rng(8)
 
@@ -110,6 +115,51 @@ def test_fused_long_sequences_match_the_reference(L, S, mask, causal):
         inputs.append(m)
     node = make_node("Attention", len(inputs), params={"is_causal": causal})
     check_kernel(node, inputs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("onednn_on", [False, True])
+@pytest.mark.parametrize("L,S,mask,strided", [(300, 700, None, False), (600, 1300, "float", False),
+                                              (600, 1300, None, True), (70, 1030, "bool", True)])
+def test_tile_gemms_on_onednn_or_blas(onednn_on, L, S, mask, strided, monkeypatch):
+    """The blocked path's tile GEMMs on oneDNN (one plan per tile shape, a runner per thread) or BLAS, as the
+    device's options say: query-row and key-block remainders, q, k, v read through the strides of a (B, T, H, D)
+    layout with scale 1 (q read in place). (A strided output: test_packed_attention.py.)"""
+    if onednn_on and not onednn.available():
+        pytest.skip("oneDNN is not installed")
+    runs = []
+    real = dnn.Runner.run
+    monkeypatch.setattr(dnn.Runner, "run", lambda self, *a: (runs.append(1), real(self, *a))[1])
+    if strided:
+        q, k, v = (_x(1, n, 2, 8).transpose(0, 2, 1, 3) for n in (L, S, S))
+    else:
+        q, k, v = _x(1, 2, L, 8), _x(1, 2, S, 8), _x(1, 2, S, 8)
+    inputs = [q, k, v]
+    m = _mask(mask, (1, 1), L, S, dead_rows=(0, L - 1))
+    if m is not None:
+        inputs.append(m)
+    node = make_node("Attention", len(inputs), params={"scale": 1.0} if strided else {})
+    check_kernel(node, inputs, rtol=1e-4, atol=1e-5, device=cpu_device(onednn=onednn_on))
+    assert bool(runs) == onednn_on
+
+
+@pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+def test_tile_plans_start_over_past_their_cap(monkeypatch):
+    """Sequence lengths that keep changing: past MAX_PLANS the tile plans (and every slot's runners) are dropped
+    and made again; each run still matches the reference."""
+    monkeypatch.setattr(fused._Tiles, "MAX_PLANS", 4)
+    made = []
+    real = dnn.ThreadPlan.strided
+    monkeypatch.setattr(dnn.ThreadPlan, "strided", lambda *a: (made.append(1), real(*a))[1])
+    q, k, v = _x(1, 2, 700, 8), _x(1, 2, 1300, 8), _x(1, 2, 1300, 8)
+    node = make_node("Attention", 3)
+    kernel, workspace = build_kernel(node, infos_of([q, k, v]))
+    shapes = [(700, 1300), (650, 1290), (600, 1100), (700, 1300), (333, 1030), (650, 1290)]
+    for L, S in shapes:
+        inputs = [q[:, :, :L], k[:, :, :S], v[:, :, :S]]
+        out = np.empty((1, 2, L, 8), np.float32)
+        kernel(inputs, [out], workspace)
+        assert_close(out, reference(node, inputs)[0], 1e-4, 1e-5, f"L {L} S {S}")
+    assert len(made) == 2 * 4 * len(shapes)  # four tile shapes a run, each past the cap: every run makes its own
 
 
 @pytest.mark.parametrize("masked_rows", ["zero", "nan"])
