@@ -34,16 +34,11 @@ from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops.quant import F32, FLT_MIN, I8, float2int8
 from engine.ops.registry import OpDef, TensorInfo, register
+from engine.ops.resize import tnn_scaled_size
 
 # Bilinear weights on this grid keep TNN's float sums exact (|x| <= 128: products on a 1/2**14 grid below 2**8)
 BILINEAR_GRID = 128
 DO_SCALE_TOLERANCE = 0.0078125  # need_do_scale in x86_upsample_layer_acc.cc
-
-
-def scaled_size(n_in: int, scale: float) -> int:
-    """int(round(n_in * scale)): the product in float32, rounded half away from zero (C's round)."""
-    p = np.float64(F32.type(n_in) * F32.type(scale))
-    return int(np.copysign(np.floor(abs(p) + 0.5), p))
 
 
 def output_size(node: Node, shape) -> tuple[int, int]:
@@ -52,7 +47,7 @@ def output_size(node: Node, shape) -> tuple[int, int]:
     if node.params.get("size") is not None:
         oh, ow = (int(v) for v in node.params["size"])
     else:
-        oh, ow = (scaled_size(n, s) for n, s in zip(shape[2:], node.params["scale"], strict=True))
+        oh, ow = (tnn_scaled_size(n, s) for n, s in zip(shape[2:], node.params["scale"], strict=True))
     if oh <= 0 or ow <= 0:
         raise ShapeError(f"{node.where()}: {node.op_type} output size {oh}x{ow} (TNN refuses a size below 1)")
     return oh, ow

@@ -38,6 +38,14 @@ def _pair_or_none(node: Node, key: str):
     return tuple(v[-2:]) if len(v) >= 2 else (v[0], v[0])
 
 
+def tnn_scaled_size(n: int, scale: float) -> int:
+    """TNN's Upsample size, int(round(n * scale)) with an int and a float (DimsVectorUtils::Upsample): the product is
+    a float32 and round() takes halves away from zero. In float64 a product just below a half can round the other
+    way (3 x 0.8333333f: 2.4999999 in float64, 2.5f in float32, so TNN's 3 and not 2)."""
+    product = float(np.float32(n) * np.float32(scale))
+    return math.floor(product + 0.5) if product >= 0 else -math.floor(-product + 0.5)
+
+
 def resize_size(node: Node, shape, size_value=None) -> tuple[int, int]:
     """(oh, ow): the size input, else the size param, else in * scale (floored; rounded for TNN)."""
     if len(shape) != 4:
@@ -47,10 +55,11 @@ def resize_size(node: Node, shape, size_value=None) -> tuple[int, int]:
     elif _pair_or_none(node, "size") is not None:
         size = tuple(int(s) for s in _pair_or_none(node, "size"))
     elif _pair_or_none(node, "scale") is not None:
-        # torch floors in * scale; TNN's Upsample rounds it (half away from zero).
-        bias = 0.5 if node.params.get("coordinate", "torch") == "tnn" else 0.0
         scales = _pair_or_none(node, "scale")
-        size = tuple(math.floor(n * float(s) + bias) for n, s in zip(shape[2:], scales, strict=True))
+        if node.params.get("coordinate", "torch") == "tnn":
+            size = tuple(tnn_scaled_size(n, s) for n, s in zip(shape[2:], scales, strict=True))
+        else:  # torch floors in * scale
+            size = tuple(math.floor(n * float(s)) for n, s in zip(shape[2:], scales, strict=True))
     else:
         raise ShapeError(f"{node.where()}: Resize has neither a size nor a scale")
     if len(size) != 2 or min(size) <= 0:

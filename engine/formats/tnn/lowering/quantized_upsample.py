@@ -21,7 +21,8 @@ import numpy as np
 
 from engine.formats.tnn.lowering.context import Ctx
 from engine.formats.tnn.lowering.registry import handles_quantized
-from engine.ops.quant_upsample import BILINEAR_GRID, exact_bilinear, factors, scaled_size
+from engine.ops.quant_upsample import BILINEAR_GRID, exact_bilinear, factors
+from engine.ops.resize import tnn_scaled_size
 
 F32 = np.float32
 MODES = {1: "nearest", 2: "bilinear"}
@@ -72,7 +73,7 @@ def lower_qupsample(c: Ctx) -> None:
     if "size" in params:
         out = params["size"]
     else:
-        out = tuple(scaled_size(n, s) for n, s in zip(shape[2:], params["scale"], strict=True))
+        out = tuple(tnn_scaled_size(n, s) for n, s in zip(shape[2:], params["scale"], strict=True))
         if min(out) <= 0:
             c.fail(f"scales {params['scale']} make a {out[0]}x{out[1]} output (TNN refuses a size below 1)")
     if params["mode"] == "bilinear":

@@ -67,7 +67,7 @@ def test_upsample_bilinear_align_corners_as_tnn_chooses(tmp_path, params, size, 
     np.testing.assert_allclose(got, x86_bilinear(X4, oh, ow, align), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("params", ["1 2 2 -1", "1 0.5 0.5 -1", "1 0 0 -1 9 10"])
+@pytest.mark.parametrize("params", ["1 2 2 -1", "1 0.5 0.5 -1", "1 0 0 -1 9 10", "1 0.41666666 2 -1"])
 def test_upsample_nearest_ignores_align_corners(tmp_path, params):
     """x86's upsample_nearest2d takes align_corners and never reads it: source = trunc(dst * fl(in / out))."""
     model = tnn_model(tmp_path, IN4, [f"Upsample u 1 1 x y {params}"], "y")
@@ -101,3 +101,10 @@ def test_upsample_constant_sizes_input_is_the_fourth(tmp_path):
     consts = [("r", F32([0])), ("sc", F32([0])), ("sz", np.array([1, 4, 9, 5], np.int32))]
     model = tnn_model(tmp_path, IN4, ["Upsample u 4 1 x r sc sz y 2 1 1 -1"], "y", consts=consts)
     np.testing.assert_allclose(run1(model, X4), x86_bilinear(X4, 9, 5, True), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["1", "2"])
+def test_upsample_size_rounds_the_float32_product(tmp_path, mode):
+    """6 x 0.41666666f is 2.5 in float32 (2.4999999 in float64): TNN's int(round(h * scale)) gives 3 rows."""
+    model = tnn_model(tmp_path, IN4, [f"Upsample u 1 1 x y {mode} 0.41666666 1 0"], "y")
+    assert run1(model, X4).shape == (1, 4, 3, 8)
