@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.devices.cpu.threads import parallel_for
+from engine.errors import EngineError
 
 _ROW_MAJOR, _NO_TRANS, _SEQUENTIAL = 101, 111, 1
 _F32 = np.dtype(np.float32)
@@ -48,8 +49,12 @@ def _mkl() -> ctypes.CDLL | None:
 
 
 def for_choice(choice: str) -> Blas:
-    """"auto": MKL's sgemm when the wheel is installed (MKL is then loaded), else numpy; "numpy": numpy's matmul."""
+    """"auto": MKL's sgemm when the wheel is installed (MKL is then loaded), else numpy; "mkl": MKL's, or an error
+    when it is not installed (the user asked for it); "numpy": numpy's matmul."""
     mkl = _mkl() if choice != "numpy" else None
+    if choice == "mkl" and mkl is None:
+        raise EngineError("NNSERVE_BLAS=mkl asks for MKL's sgemm, but MKL (libmkl_rt) was not found: install the "
+                          "`fast` extra (pip install 'nnserve[fast]') or unset NNSERVE_BLAS")
     return Blas(mkl.cblas_sgemm if mkl is not None else None)
 
 

@@ -19,7 +19,7 @@ from engine.devices.base import Kernel
 from engine.devices.cpu import blas, threads
 from engine.devices.cpu.onednn import binding
 from engine.devices.cpu.options import CpuOptions
-from engine.errors import KernelError
+from engine.errors import EngineError, KernelError
 from engine.ir import Node
 from engine.ops.registry import OpDef, TensorInfo
 
@@ -35,6 +35,9 @@ class Backends:
     def from_options(cls, options: CpuOptions) -> Backends:
         # never loaded when switched off; once loaded, the `run` wait policy runs our kernels on its OpenMP team
         onednn = options.onednn and binding.load(options.wait_policy.openmp_spin_us) is not None
+        if options.onednn_required and not onednn:
+            raise EngineError("NNSERVE_ONEDNN=1 asks for oneDNN, which was not found (libdnnl): install the "
+                              "onednn-cpu-gomp wheel nnserve depends on, or unset NNSERVE_ONEDNN")
         if onednn:
             threads.use_openmp(binding.LIB)
         return cls(onednn, options.winograd, blas.for_choice(options.blas))

@@ -3,12 +3,14 @@
 Every variable is read as written (case and surrounding blanks aside); empty means the default, and any other value
 outside the accepted ones is an error naming the variable and them (`from_env`), never a silent default.
 
-- NNSERVE_ONEDNN (default on, `1`): `0` never loads oneDNN; convolutions, pooling and reorders run the numpy/numba
-  kernels (and the blocked layout is off).
+- NNSERVE_ONEDNN (default on): `0` never loads oneDNN; convolutions, pooling and reorders run the numpy/numba
+  kernels (and the blocked layout is off). Unset, a missing oneDNN is a warning and the slower kernels run; `1`
+  asks for it, and a missing oneDNN is then an error when the device is made.
 - NNSERVE_LAYOUT (default `blocked`: blocked where it pays): `nchw` keeps activations NCHW between convolutions.
 - NNSERVE_WINOGRAD (default on, `1`): `0` keeps blocked 3x3 convolutions on oneDNN's direct kernel.
-- NNSERVE_BLAS (default `auto`, or `mkl`: MKL's sgemm when the `mkl` wheel is installed): `numpy` or `openblas`
-  runs GEMMs on numpy's matmul.
+- NNSERVE_BLAS (default `auto`: MKL's sgemm when the `mkl` wheel is installed, else numpy's matmul): `mkl` asks
+  for MKL (an error when the device is made without it: the `fast` extra); `numpy` or `openblas` runs GEMMs on
+  numpy's matmul.
 - NNSERVE_NUM_THREADS (default, or `0`: the CPUs the affinity mask and cgroup quota allow): the kernel thread
   pool's size, a whole number.
 - NNSERVE_SPIN_US (default 2): how long idle kernel threads, ours and OpenMP's (oneDNN), spin-wait for the next
@@ -34,7 +36,11 @@ DEFAULT_RUN_SPIN_US = 100
 WAIT_POLICIES = ("short", "run")
 LAYOUTS = ("blocked", "nchw")
 SWITCH = ("0", "1")
-BLAS_CHOICES = {"auto": "auto", "mkl": "auto", "numpy": "numpy", "openblas": "numpy"}  # value -> CpuOptions.blas
+BLAS_CHOICES = {"auto": "auto", "mkl": "mkl", "numpy": "numpy", "openblas": "numpy"}  # value -> CpuOptions.blas
+# Upper bounds of the number settings: a pool of more threads, or a spin of more than a second between ops, is a
+# typo, not a setting (a huge spin would also make GOMP_SPINCOUNT a value libgomp ignores for its own default).
+MAX_THREADS = 1024
+MAX_SPIN_US = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -58,9 +64,10 @@ class WaitPolicy:
 @dataclass(frozen=True)
 class CpuOptions:
     onednn: bool = True
+    onednn_required: bool = False  # NNSERVE_ONEDNN=1 said so: a missing oneDNN is an error, not a warning
     layout: str = "blocked"  # "blocked": the blocked layout where it pays; "nchw": plain throughout
     winograd: bool = True
-    blas: str = "auto"  # "auto": MKL's sgemm when the wheel is installed; "numpy": numpy's matmul
+    blas: str = "auto"  # "auto": MKL's sgemm when the wheel is installed; "mkl": MKL or an error; "numpy"
     threads: int | None = None  # None: the CPUs the process may use
     spin_us: int = DEFAULT_SPIN_US  # idle threads spin this long, then sleep
     wait: str = "short"  # WAIT_POLICIES
@@ -80,14 +87,15 @@ class CpuOptions:
 
         return cls(
             onednn=_switch("NNSERVE_ONEDNN", get("NNSERVE_ONEDNN")),
+            onednn_required=get("NNSERVE_ONEDNN") == "1",
             layout=_choice("NNSERVE_LAYOUT", get("NNSERVE_LAYOUT") or "blocked", LAYOUTS),
             winograd=_switch("NNSERVE_WINOGRAD", get("NNSERVE_WINOGRAD")),
             blas=BLAS_CHOICES[_choice("NNSERVE_BLAS", get("NNSERVE_BLAS") or "auto", tuple(BLAS_CHOICES))],
-            threads=_count("NNSERVE_NUM_THREADS", get("NNSERVE_NUM_THREADS"), 0,
+            threads=_count("NNSERVE_NUM_THREADS", get("NNSERVE_NUM_THREADS"), 0, MAX_THREADS,
                            "a whole number of threads (0: the CPUs the process may use)") or None,
-            spin_us=_count("NNSERVE_SPIN_US", get("NNSERVE_SPIN_US"), DEFAULT_SPIN_US),
+            spin_us=_count("NNSERVE_SPIN_US", get("NNSERVE_SPIN_US"), DEFAULT_SPIN_US, MAX_SPIN_US),
             wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "short", WAIT_POLICIES),
-            run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US),
+            run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US, MAX_SPIN_US),
         )
 
 
@@ -102,9 +110,10 @@ def _switch(name: str, value: str) -> bool:
     return _choice(name, value or "1", SWITCH) == "1"
 
 
-def _count(name: str, value: str, default: int, what: str = "a whole number of microseconds") -> int:
+def _count(name: str, value: str, default: int, most: int, what: str = "a whole number of microseconds") -> int:
+    """ASCII digits only (str.isdigit also takes '²' and '٣'), at most `most`."""
     if not value:
         return default
-    if not value.isdigit():
-        raise ValueError(f"{name}={value!r}: expected {what}")
+    if not (value.isascii() and value.isdigit()) or len(value) > len(str(most)) or int(value) > most:
+        raise ValueError(f"{name}={value!r}: expected {what}, at most {most}")
     return int(value)

@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 from graphs import tile_sum_expected, tile_sum_graph
 
-from engine.devices.cpu import CpuOptions
+from engine.devices.cpu import CpuOptions, blas
 from engine.devices.cpu import threads as _threads
+from engine.devices.cpu.device import CpuDevice
+from engine.devices.cpu.onednn import binding
+from engine.errors import EngineError
 from engine.runtime.model import Model
 from engine.runtime.options import EngineOptions, environment_options
 
@@ -24,7 +27,7 @@ def test_defaults_without_any_variable():
 @pytest.mark.parametrize("environ, want", [
     ({"NNSERVE_ONEDNN": "0"}, {"onednn": False}),
     ({"NNSERVE_ONEDNN": " 0 "}, {"onednn": False}),
-    ({"NNSERVE_ONEDNN": "1"}, {}),
+    ({"NNSERVE_ONEDNN": "1"}, {"onednn_required": True}),
     ({"NNSERVE_LAYOUT": "nchw"}, {"layout": "nchw"}),
     ({"NNSERVE_LAYOUT": " NCHW"}, {"layout": "nchw"}),
     ({"NNSERVE_LAYOUT": "blocked"}, {}),
@@ -32,7 +35,9 @@ def test_defaults_without_any_variable():
     ({"NNSERVE_WINOGRAD": "1"}, {}),
     ({"NNSERVE_BLAS": "numpy"}, {"blas": "numpy"}),
     ({"NNSERVE_BLAS": "OpenBLAS"}, {"blas": "numpy"}),
-    ({"NNSERVE_BLAS": "mkl"}, {}),
+    ({"NNSERVE_BLAS": "mkl"}, {"blas": "mkl"}),
+    ({"NNSERVE_NUM_THREADS": "1024"}, {"threads": 1024}),
+    ({"NNSERVE_SPIN_US": "1000000"}, {"spin_us": 1_000_000}),
     ({"NNSERVE_NUM_THREADS": "3"}, {"threads": 3}),
     ({"NNSERVE_NUM_THREADS": "0"}, {}),
     ({"NNSERVE_NUM_THREADS": " "}, {}),
@@ -70,6 +75,14 @@ def test_wait_policy_typos_are_errors(environ, message):
     ({"NNSERVE_LAYOUT": "nhwc"}, "NNSERVE_LAYOUT='nhwc': expected one of blocked, nchw"),
     ({"NNSERVE_BLAS": "blis"}, "NNSERVE_BLAS='blis': expected one of auto, mkl, numpy, openblas"),
     ({"NNSERVE_SPIN_US": "2us"}, "NNSERVE_SPIN_US='2us': expected a whole number of microseconds"),
+    # str.isdigit takes these; int() then fails on one and reads the other as 3
+    ({"NNSERVE_NUM_THREADS": "\u00b2"}, "NNSERVE_NUM_THREADS='\u00b2': expected a whole number of threads"),
+    ({"NNSERVE_NUM_THREADS": "\u0663"}, "NNSERVE_NUM_THREADS='\u0663': expected a whole number of threads"),
+    # a pool of 100k threads, a spin libgomp refuses (it then spins its own default), a count int() cannot read
+    ({"NNSERVE_NUM_THREADS": "100000"}, "NNSERVE_NUM_THREADS='100000': expected a whole number of threads (0: the "
+                                        "CPUs the process may use), at most 1024"),
+    ({"NNSERVE_SPIN_US": "99999999999999999999999"}, "at most 1000000"),
+    ({"NNSERVE_RUN_SPIN_US": "9" * 5000}, "NNSERVE_RUN_SPIN_US="),
 ])
 def test_cpu_typos_are_errors(environ, message):
     # as for the wait policy: an invalid value stops the server (and the engine) with the variable and what it takes
@@ -108,3 +121,16 @@ def test_options_passed_in_win_over_the_environment(monkeypatch, toys):
     options = EngineOptions(debug=0, cpu=CpuOptions(onednn=False))
     inst = Model(tile_sum_graph(), "toy").instance(max_shapes={"x": (1, 256)}, options=options)
     assert inst.debug == 0 and inst.device.options is options.cpu and not inst.device.backends.onednn
+
+
+def test_asked_for_libraries_missing_are_errors(monkeypatch):
+    """NNSERVE_ONEDNN=1 and NNSERVE_BLAS=mkl ask for a library: without it the device is not made (unset, a missing
+    oneDNN is a warning and MKL is simply not used)."""
+    monkeypatch.setattr(binding, "load", lambda *a, **k: None)
+    monkeypatch.setattr(blas, "_mkl", lambda: None)
+    with pytest.raises(EngineError, match=re.escape("NNSERVE_ONEDNN=1 asks for oneDNN")):
+        CpuDevice(CpuOptions.from_env({"NNSERVE_ONEDNN": "1"}))
+    with pytest.raises(EngineError, match=re.escape("NNSERVE_BLAS=mkl asks for MKL's sgemm") + ".*`fast` extra"):
+        CpuDevice(CpuOptions.from_env({"NNSERVE_BLAS": "mkl"}))
+    device = CpuDevice(CpuOptions.from_env({}))
+    assert not device.backends.onednn and device.backends.blas.backend == "numpy"
