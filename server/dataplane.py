@@ -299,7 +299,7 @@ class DataPlane:
         """The request's inputs (from its body or shared memory), its outputs from the response cache or a run, then
         classified and written where the client asked; with the execution it ran in (none ran for a cache hit)."""
         cached: dict[str, np.ndarray] | None = None
-        key, lookup_ns = b"", 0
+        key, lookup_ns, copies = b"", 0, []
         try:
             priority, timeout_us = req.priority, req.timeout_us  # checked even where a cache hit needs neither
             options = rx.output_options(req)
@@ -312,7 +312,8 @@ class DataPlane:
             # (an ensemble whose step keeps one), which no key holds
             if req.sequence is None and self._caches(mv):
                 t_lookup = time.perf_counter_ns()
-                key = await cache_key_off_loop(mv, feed, context, self._served_copies(mv))
+                copies = self._served_copies(mv)
+                key = await cache_key_off_loop(mv, feed, context, copies)
                 cached = self.cache.get(key) if self.cache is not None else None
                 lookup_ns = time.perf_counter_ns() - t_lookup
             if cached is None:
@@ -334,7 +335,10 @@ class DataPlane:
             # traceback) and the frame the error: a cycle again
             raise self._failed(mv, exc, t0) from exc
         try:
-            if cached is None and key and self.cache is not None:
+            # stored only under the copies that answered: none missing when the key was made (a step model loaded
+            # during the run answered, not "no model", which a later request must fail on) and none changed since
+            if cached is None and key and self.cache is not None and 0 not in copies \
+                    and self._served_copies(mv) == copies:
                 t_insert = time.perf_counter_ns()
                 if hashing_cost(result.outputs) >= rx.THREAD_BYTES:  # copying and weighing them too
                     await asyncio.to_thread(self.cache.put, key, result.outputs)
