@@ -51,6 +51,8 @@ class NodeEdits:
         """Takes `node` out of the list (unlinking it is the caller's: Graph.unlink)."""
         self._slot(node).remove(node)
         self.home.pop(id(node), None)
+        # its own slot now says it is gone (an appended node without a slot would count as still there)
+        self.slots.setdefault(id(node), [])
 
     def insert_before(self, new: Node, anchor: Node) -> None:
         """Places `new` (made with Graph.add_node, which appended it) just before `anchor`."""
@@ -68,7 +70,8 @@ class NodeEdits:
     def apply(self) -> None:
         """Writes the edits into graph.nodes (nodes appended since the edits began stay last, unless placed)."""
         nodes = self.graph.nodes
-        placed = [n for n in nodes[self.start:] if id(n) not in self.home and self.contains(n)]
+        # an appended node no edit placed keeps its own slot: itself (unless removed) and what was inserted before it
+        placed = [m for n in nodes[self.start:] if id(n) not in self.home for m in self.slots.get(id(n), (n,))]
         self.graph.nodes = [n for old in nodes[: self.start] for n in self.slots.get(id(old), (old,))] + placed
 
 
