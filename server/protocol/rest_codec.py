@@ -75,7 +75,9 @@ def _request_id(value: Any) -> str:
 class _NonFinite(float):
     """A NaN, Infinity or -Infinity written as such in the request: JSON has no such values, but Triton's parser
     takes them (rapidjson's kParseNanAndInfFlag) and its JSON answers write them, as ours do. Its own type, so that
-    an infinity from a number too large for a double (1e400) is still refused as out of range."""
+    an infinity from a number too large for a double (1e400) is still refused as out of range. rapidjson's flag also
+    takes `Inf`, `-Inf` and `-NaN`, which no JSON writer we know of emits (Python's, rapidjson's own and
+    tritonclient's write the three above): those stay a parse error here (400), a difference from Triton."""
 
 
 _CONSTANTS = {"NaN": _NonFinite("nan"), "Infinity": _NonFinite("inf"), "-Infinity": _NonFinite("-inf")}
