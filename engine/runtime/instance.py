@@ -18,7 +18,7 @@ import numpy as np
 from engine.devices import get_device
 from engine.devices.cpu import threads as _threads
 from engine.devices.cpu.options import WaitPolicy
-from engine.errors import EngineError, KernelError
+from engine.errors import ArenaOverflowError, EngineError, KernelError
 from engine.ir import Graph, Value
 from engine.memory.planner import MemoryPlan
 from engine.ops.registry import TensorInfo
@@ -60,9 +60,13 @@ class Instance:
         infos = infer_infos(graph, self._input_infos(self.max_shapes), ops=self.device.ops)
         self._compiled = compile_graph(graph, infos, self.device)
         self.memory_plan: MemoryPlan = self._compiled.plan
-        self._arena = self.device.allocate(self.memory_plan.arena_bytes)
+        try:
+            self._arena = self.device.allocate(self.memory_plan.arena_bytes)
+            self.workspace = self.device.allocate(self.memory_plan.workspace_bytes).buffer
+        except ArenaOverflowError as e:
+            raise ArenaOverflowError(f"{graph.path or 'model'}: max shapes {self.max_shapes}: {e}; give the instance "
+                                     "smaller max shapes") from None
         self.arena: np.ndarray = self._arena.buffer  # the one activation buffer; never replaced
-        self.workspace = self.device.allocate(self.memory_plan.workspace_bytes).buffer
         self._bound: OrderedDict[tuple, Bound] = OrderedDict()
         self._lock = threading.Lock()
         self.last_timings: dict[str, object] = {}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import re
 import tracemalloc
+import zipfile
 
 import numpy as np
 import pytest
 from graphs import fallback_graph, tile_sum_expected, tile_sum_graph
 
+import engine
 from engine.errors import ArenaOverflowError, EngineError, KernelError, ShapeError
 from engine.ir import Graph
 from engine.runtime.model import Model
@@ -175,3 +178,19 @@ def test_one_thread_at_a_time():
             inst.run({"x": np.ones((1, 256), np.float32)})
     finally:
         inst._lock.release()
+
+
+@pytest.mark.parametrize("dim", [100_000, 4_294_967_296])
+def test_an_arena_larger_than_the_machine_is_refused_naming_the_model(tmp_path, dim):
+    """A file's annotated input shape sizes the arena: one beyond this machine's memory is an ArenaOverflowError
+    naming the file and the shapes before anything is allocated (it was a bare MemoryError, or numpy's "Maximum
+    allowed dimension exceeded")."""
+    shape = f"#0=({dim},{dim})f32"
+    param = tmp_path / "big.pnnx.param"
+    param.write_text(f"7767517\n3 3\npnnx.Input in0 0 1 0 {shape}\nnn.ReLU r 1 1 0 1 {shape} #1=({dim},{dim})f32\n"
+                     "pnnx.Output out0 1 0 1\n")
+    zipfile.ZipFile(tmp_path / "big.pnnx.bin", "w").close()
+    model = engine.load(param)
+    with pytest.raises(ArenaOverflowError, match=re.escape(f"big.pnnx.param: max shapes {{'in0': ({dim}, {dim})}}")
+                       + ".*more than this machine's memory"):
+        model.instance()
