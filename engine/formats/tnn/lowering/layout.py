@@ -59,8 +59,16 @@ def lower_permute(c: Ctx) -> None:
     order, _ = c.counted(0)
     shape = c.shape(c.inputs[0])
     rank = len(shape) if shape is not None else len(order)
-    # fewer orders than dims: the remaining dims stay where they are
-    c.out("Transpose", [c.inputs[0]], {"perm": list(order) + list(range(len(order), rank))})
+    perm = tnn_permutation(order, rank)
+    if sorted(perm) != list(range(rank)):
+        c.fail(f"orders {order} are not a permutation of {rank} axes")
+    c.out("Transpose", [c.inputs[0]], {"perm": perm})
+
+
+def tnn_permutation(order: list[int], rank: int) -> list[int]:
+    """TNN's Permute orders as PermuteLayer::InferOutputShape completes them: the axes the orders leave out are
+    appended in ascending order ([2, 0] on 4-D is [2, 0, 1, 3]); what is then not a permutation TNN refuses."""
+    return list(order) + [i for i in range(rank) if i not in order]
 
 
 @handles("Concat")

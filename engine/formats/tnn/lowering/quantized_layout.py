@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.formats.tnn.lowering.context import Ctx
+from engine.formats.tnn.lowering.layout import tnn_permutation
 from engine.formats.tnn.lowering.registry import handles_quantized
 from engine.ir import Value
 
@@ -60,7 +61,7 @@ def lower_qpermute(c: Ctx) -> None:
     if shape is None:
         c.unsupported("int8 on an input of unknown shape")
     dims = _nhwc4_dims(c, "input", shape)
-    perm = list(order) + list(range(len(order), len(dims)))
+    perm = tnn_permutation(order, len(dims))
     if sorted(perm) != list(range(len(dims))):
         c.fail(f"orders {order} are not a permutation of {len(dims)} axes")
     out = _nhwc4_dims(c, "output", [dims[k] for k in perm])

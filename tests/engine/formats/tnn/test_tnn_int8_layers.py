@@ -84,6 +84,18 @@ def test_quantized_permute_moves_the_nhwc4_bytes_as_tnn_x86_does(tmp_path, order
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("orders, order", [("2 0 2", (0, 2, 1, 3)), ("2 0 3", (0, 3, 1, 2))])
+def test_quantized_permute_completes_partial_orders_as_tnn_does(tmp_path, orders, order, layout):
+    """Fewer orders than axes: TNN appends the axes left out in ascending order (PermuteLayer::InferOutputShape)."""
+    s_y = F32([0.04])
+    model = quantized_model(tmp_path, [f"QuantizedPermute p 1 1 x y {orders}"], [], {"x": S_X8, "y": s_y},
+                            inputs="x 4 1 8 4 4")
+    x = _input8()
+    expected = _x86_permute(round_away(x / CH8), order).astype(F32) * s_y
+    np.testing.assert_array_equal(model.instance(options=LAYOUTS[layout]).run({"x": x})["y"], expected)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("ltype", ["QuantizedReshape", "QuantizedReshapeTensorflow"])
 @pytest.mark.parametrize("shape, dims", [("4 1 16 2 4", (1, 16, 2, 4)), ("4 0 4 -1 8", (1, 4, 4, 8)),
                                          ("4 1 8 4 4", (1, 8, 4, 4))])

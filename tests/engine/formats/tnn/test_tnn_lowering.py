@@ -54,6 +54,8 @@ IN4 = "x 4 1 4 6 8 0"
     ("StridedSlice s 1 1 x y 4 0 1 0 0 4 0 3 0 -1 4 1 1 1 2", lambda x: x[:, 1:3, :, 0:-1:2]),
     ("StridedSliceV2 s 1 1 x y 2 2 3 2 2147483647 7 2 2 3 2 2 1", lambda x: x[:, :, 2::2, 3:7]),
     ("Permute p 1 1 x y 3 0 2 1", lambda x: x.transpose(0, 2, 1, 3)),
+    # the axes the orders leave out follow in ascending order (PermuteLayer::InferOutputShape)
+    ("Permute p 1 1 x y 2 2 0", lambda x: x.transpose(2, 0, 1, 3)),
     ("Pad p 1 1 x y 0 0 1 2 3 0 0 1 0 0.5", lambda x: np.pad(x, ((0, 0), (0, 1), (1, 2), (3, 0)), constant_values=0.5)),
     ("Pad p 1 1 x y 0 0 1 1 2 2 0 0 1 0", lambda x: np.pad(x, ((0, 0), (0, 0), (1, 1), (2, 2)), mode="reflect")),
     ("PadV2 p 1 1 x y 4 0 0 1 0 0 0 2 1 2 0", lambda x: np.pad(x, ((0, 0), (0, 0), (1, 2), (0, 1)), mode="edge")),
