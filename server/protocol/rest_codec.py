@@ -346,7 +346,8 @@ def _json_bytes(flat: np.ndarray, name: str) -> np.ndarray:
     out = np.empty(flat.size, dtype=object)
     for i, v in enumerate(flat):
         if not isinstance(v, str):
-            raise InvalidArgumentError(f"input '{name}': BYTES data must be strings, got {type(v).__name__}")
+            kind = "float" if isinstance(v, _NonFinite) else type(v).__name__  # a JSON NaN is a number to the user
+            raise InvalidArgumentError(f"input '{name}': BYTES data must be strings, got {kind}")
         out[i] = v.encode("utf-8", "surrogatepass")
     return out
 
