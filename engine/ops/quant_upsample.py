@@ -39,6 +39,7 @@ from engine.ops.resize import tnn_scaled_size
 # Bilinear weights on this grid keep TNN's float sums exact (|x| <= 128: products on a 1/2**14 grid below 2**8)
 BILINEAR_GRID = 128
 DO_SCALE_TOLERANCE = 0.0078125  # need_do_scale in x86_upsample_layer_acc.cc
+EXACT_SAMPLE, EXACT_CHUNK = 1025, 1 << 16  # exact_bilinear's positions: a first sample, then chunks of all
 
 
 def output_size(node: Node, shape) -> tuple[int, int]:
@@ -68,13 +69,14 @@ def nearest_index(n_in: int, n_out: int) -> np.ndarray:
     return np.trunc(np.arange(n_out).astype(F32) * scale).astype(np.int64)
 
 
-def bilinear_coords(n_in: int, n_out: int, align_corners: bool) -> np.ndarray:
-    """get_bilinear_coeffs: the float32 source coordinate of every output position."""
+def bilinear_coords(n_in: int, n_out: int, align_corners: bool, at: np.ndarray | None = None) -> np.ndarray:
+    """get_bilinear_coeffs: the float32 source coordinate of every output position (or of the positions `at`)."""
+    at = np.arange(n_out) if at is None else at
     if align_corners:
         r = F32.type(n_in - 1) / F32.type(n_out - 1) if n_out > 1 else F32.type(0)
-        return np.arange(n_out).astype(F32) * r
+        return at.astype(F32) * r
     r = F32.type(n_in) / F32.type(n_out) if n_out > 1 else F32.type(0)
-    coord = (np.float64(r) * (np.arange(n_out) + 0.5) - 0.5).astype(F32)
+    coord = (np.float64(r) * (at + 0.5) - 0.5).astype(F32)
     return np.where(coord >= 0, coord, F32.type(0)).astype(F32)
 
 
@@ -87,10 +89,21 @@ def bilinear_taps(n_in: int, n_out: int, align_corners: bool) -> tuple[np.ndarra
     return first, second, np.stack([F32.type(1) - l1, l1], axis=1).astype(F32)
 
 
-def exact_bilinear(n_in: int, n_out: int, align_corners: bool) -> bool:
-    """Whether every bilinear weight on this axis is a multiple of 1/BILINEAR_GRID (TNN's sums then exact)."""
-    w = bilinear_taps(n_in, n_out, align_corners)[2].astype(np.float64) * BILINEAR_GRID
+def _on_grid(n_in: int, n_out: int, align_corners: bool, at: np.ndarray) -> bool:
+    coord = bilinear_coords(n_in, n_out, align_corners, at)
+    w = (coord - coord.astype(np.int64).astype(F32)).astype(np.float64) * BILINEAR_GRID  # l1 (l0 = 1 - l1 with it)
     return bool(np.all(w == np.round(w)))
+
+
+def exact_bilinear(n_in: int, n_out: int, align_corners: bool) -> bool:
+    """Whether every bilinear weight on this axis is a multiple of 1/BILINEAR_GRID (TNN's sums then exact).
+    A file's size may be any int: a strided sample of positions first (a size off the grid fails there), then
+    every position a chunk at a time, so the check never holds arrays of the axis's length."""
+    sample = np.unique(np.linspace(0, max(n_out - 1, 0), EXACT_SAMPLE).astype(np.int64))
+    if not _on_grid(n_in, n_out, align_corners, sample):
+        return False
+    return all(_on_grid(n_in, n_out, align_corners, np.arange(lo, min(n_out, lo + EXACT_CHUNK)))
+               for lo in range(0, n_out, EXACT_CHUNK))
 
 
 def check_exact(node: Node, shape, out_hw) -> None:

@@ -150,6 +150,7 @@ class _Slot:
         self.s_ptr, self.q_ptr, self.pv_ptr = (a.ctypes.data for a in (self.s, self.q, self.pv))
         self.gemms: dict[tuple[int, int], tuple[dnn.Runner, dnn.Runner]] = {}  # this run's: (rows, keys) -> QK, PV
         self.runners: dict[tuple, tuple[dnn.Runner, dnn.Runner]] = {}  # every one made for this slot
+        self.generation = 0  # the _Tiles generation its runners belong to (older ones are dropped)
 
 
 class _GroupSlot:
@@ -361,12 +362,15 @@ class _Tiles:
     """The blocked path's tile GEMMs on oneDNN's matmul: one-thread primitives (dnn.ThreadPlan) made on the calling
     thread before the items run, one Runner per slot, so each pool thread runs its own. Causal runs (tiles of
     every key count up to the diagonal) and an output without unit stride along its last axis keep BLAS. Plans
-    are per tile shape and strides; past MAX_PLANS (sequence lengths that keep changing) they start over."""
+    are per tile shape and strides; past MAX_PLANS (sequence lengths that keep changing) they start over: a new
+    generation, and a slot whose runners are of an older one drops them when a run next uses it (a run uses only
+    as many slots as there are threads, and a workspace of its own: the others keep theirs until then)."""
 
     MAX_PLANS = 64
 
     def __init__(self):
         self.plans: dict[tuple, tuple[dnn.ThreadPlan, dnn.ThreadPlan]] = {}
+        self.generation = 0
 
     def prepare(self, call: _Call) -> None:
         """Points every slot's `gemms` at this run's runners (none: the slots run BLAS)."""
@@ -380,10 +384,12 @@ class _Tiles:
         q_row = e if call.scale != 1 else q_row  # the scaled block sits in the slot
         if len(self.plans) + len(shapes) > self.MAX_PLANS:
             self.plans.clear()
-            for slot in call.slots:
-                slot.runners.clear()
+            self.generation += 1
         for slot in call.slots:
             slot.gemms = {}
+            if slot.generation != self.generation:
+                slot.runners.clear()
+                slot.generation = self.generation
         for r, n in shapes:
             key = (r, n, e, dv, q_row, k_row, v_row, out_row if one else dv)
             qk, pv = self.plans.get(key) or self._make(key)

@@ -120,8 +120,9 @@ class Plan:
 class ThreadPlan:
     """A matmul primitive created for one thread, run from any number of threads at once (a kernel's own pool
     workers): each thread runs it through its own `Runner` (argument memories, scratchpad, this thread's stream),
-    so nothing mutable is shared, and a one-thread primitive runs inline (oneDNN forks no OpenMP team for it), so
-    a worker neither parks the pool nor changes any thread count. Operands are described by their strides."""
+    so nothing mutable is shared, and a one-thread primitive runs inline (oneDNN forks no OpenMP team for it: the
+    runner asks OpenMP for one thread on its thread, see Runner.run), so a worker never parks the pool. Operands
+    are described by their strides."""
 
     def __init__(self, src: D.MemoryDesc, wts: D.MemoryDesc, dst: D.MemoryDesc):
         attr = D.Attr()  # a user scratchpad: each Runner holds its own
@@ -160,6 +161,13 @@ class Runner:
 
     def run(self, src: int, wts: int, dst: int) -> None:
         set_handle, lib = L.LIB.dnnl_memory_set_data_handle, L.LIB
+        if not lib.omp_in_parallel():
+            # A one-thread brgemm runs inline, but a gemm:jit impl (hosts without AVX-512) reads the calling
+            # thread's OpenMP count at run time: libgomp's default (every CPU) on our pool's workers, which would
+            # each fork a team. One thread, cached per thread (D._omp_threads); the next primitive's sync_threads
+            # sets its own. Inside a region (openmp_pool.py) a nested one forks nothing, and a count set there
+            # would end with the region, behind the cache's back.
+            D._omp_threads(1)
         L.check(set_handle(self.src, src) or set_handle(self.wts, wts) or set_handle(self.dst, dst),
                 "dnnl_memory_set_data_handle")
         s = D.stream()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.formats.tnn.lowering.context import Ctx
+from engine.formats.tnn.lowering.layout import INT_MAX
 from engine.formats.tnn.lowering.registry import handles
+from engine.ops.resize import tnn_scaled_size
 
 PAD_MODES = {0: "constant", 1: "reflect", 2: "edge"}
 
@@ -27,6 +29,23 @@ def lower_padv2(c: Ctx) -> None:
     pads = [c.i(1 + k) for k in range(2 * rank)]
     mode = PAD_MODES.get(c.i(1 + 2 * rank, 0)) or c.unsupported(f"mode {c.i(1 + 2 * rank, 0)}")
     c.out("Pad", [c.inputs[0]], {"pads": pads, "mode": mode, "value": c.f(2 + 2 * rank, 0.0)})
+
+
+def upsample_size(c: Ctx, shape: tuple[int, ...] | None, size: tuple[int, int] | None,
+                  scale: tuple[float, float] | None) -> tuple[int, int] | None:
+    """The output (height, width) of an Upsample (its size, else the input's times its scales when the shape is
+    known), refused with the layer's line past what TNN's C int dims hold: a height or width, or (shape known) the
+    output's element count, above INT_MAX (a hostile size would otherwise fail as a bare MemoryError later)."""
+    known = shape is not None and len(shape) == 4
+    if size is None and not known:
+        return None
+    out = size or tuple(tnn_scaled_size(n, s) for n, s in zip(shape[2:], scale, strict=True))
+    if max(out) > INT_MAX:
+        c.fail(f"output size {out[0]}x{out[1]} (TNN's dims are C ints: at most {INT_MAX})")
+    if known and min(out) > 0 and shape[0] * shape[1] * out[0] * out[1] > INT_MAX:
+        c.fail(f"output {shape[0]}x{shape[1]}x{out[0]}x{out[1]}: more than {INT_MAX} elements (TNN's element "
+               "counts are C ints)")
+    return out
 
 
 @handles("Upsample")
@@ -67,6 +86,7 @@ def lower_upsample(c: Ctx) -> None:
         if not (sh > 0 and sw > 0):
             c.fail(f"scales {sh} x {sw} and no output size (TNN's shape inference refuses a size below 1)")
         params["scale"] = (float(sh), float(sw))
+    upsample_size(c, c.shape(c.inputs[0]), size, params.get("scale"))
     params["align_corners"] = bool(align)
     c.out("Resize", [c.inputs[0]], params)
 

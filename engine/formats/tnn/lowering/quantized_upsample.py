@@ -10,7 +10,8 @@ blob scales per tensor or per channel and refuses cubic ("Not supported mode for
 
 Refused here, naming the layer and its line: cubic and unknown modes; scale or size inputs (the int8 layer
 would take them as int8 data); a blob other than 4-D of known shape; a blob scale with neither 1 nor one value
-per channel (TNN would read past it); a non-finite blob scale or factor in_scale / out_scale (TNN's x86 acc is
+per channel (TNN would read past it); an output height, width or element count above INT_MAX (TNN's dims are C
+ints: pad_resize.upsample_size); a non-finite blob scale or factor in_scale / out_scale (TNN's x86 acc is
 built with -ffast-math, which assumes neither); and bilinear sizes whose weights are off the 1/128 grid (TNN's
 float sums then round as its compiler chose).
 """
@@ -20,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.formats.tnn.lowering.context import Ctx
+from engine.formats.tnn.lowering.pad_resize import upsample_size
 from engine.formats.tnn.lowering.registry import handles_quantized
 from engine.ops.quant_upsample import BILINEAR_GRID, exact_bilinear, factors
-from engine.ops.resize import tnn_scaled_size
 
 F32 = np.float32
 MODES = {1: "nearest", 2: "bilinear"}
@@ -70,12 +71,9 @@ def lower_qupsample(c: Ctx) -> None:
     f, _ = factors(scales["input"], scales["output"], n_c)
     if not np.all(np.isfinite(f)):
         c.unsupported("int8 with a non-finite input / output scale factor (TNN's -ffast-math leaves it undefined)")
-    if "size" in params:
-        out = params["size"]
-    else:
-        out = tuple(tnn_scaled_size(n, s) for n, s in zip(shape[2:], params["scale"], strict=True))
-        if min(out) <= 0:
-            c.fail(f"scales {params['scale']} make a {out[0]}x{out[1]} output (TNN refuses a size below 1)")
+    out = upsample_size(c, shape, params.get("size"), params.get("scale"))
+    if min(out) <= 0:
+        c.fail(f"scales {params['scale']} make a {out[0]}x{out[1]} output (TNN refuses a size below 1)")
     if params["mode"] == "bilinear":
         for axis, n_in, n_out in (("height", shape[2], out[0]), ("width", shape[3], out[1])):
             if not exact_bilinear(n_in, n_out, params["align_corners"]):

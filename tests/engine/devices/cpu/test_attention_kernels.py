@@ -162,6 +162,35 @@ def test_tile_plans_start_over_past_their_cap(monkeypatch):
     assert len(made) == 2 * 4 * len(shapes)  # four tile shapes a run, each past the cap: every run makes its own
 
 
+@pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+def test_slots_beyond_a_runs_threads_drop_their_runners_when_plans_start_over(monkeypatch):
+    """A run uses only as many slots as there are threads: a slot left out when the plans start over drops its
+    runners (and their plans) when a later run uses it again, rather than keeping them across the reset."""
+    monkeypatch.setattr(fused._Tiles, "MAX_PLANS", 8)
+    threads = [2]
+    monkeypatch.setattr(fused, "get_threads", lambda: threads[0])
+    seen = []
+    real = fused._Tiles.prepare
+    monkeypatch.setattr(fused._Tiles, "prepare", lambda self, call: (seen.append((self, call.slots)),
+                                                                      real(self, call))[1])
+    q, k, v = _x(1, 2, 700, 8), _x(1, 2, 1300, 8), _x(1, 2, 1300, 8)
+    node = make_node("Attention", 3)
+    kernel, workspace = build_kernel(node, infos_of([q, k, v]))
+    # 2 threads; 1 thread; 1 thread, past the cap (the plans start over); 2 threads again, under the cap
+    for n, (L, S) in zip([2, 1, 1, 2], [(700, 1300), (650, 1290), (600, 1100), (600, 1100)], strict=True):
+        threads[0] = n
+        inputs = [q[:, :, :L], k[:, :, :S], v[:, :, :S]]
+        out = np.empty((1, 2, L, 8), np.float32)
+        kernel(inputs, [out], workspace)
+        assert_close(out, reference(node, inputs)[0], 1e-4, 1e-5, f"L {L} S {S} threads {n}")
+    tiles, slots = seen[-1]
+    assert len(slots) == 2
+    for slot in slots:
+        assert set(slot.runners) == set(tiles.plans)
+        for key, (qk, pv) in slot.runners.items():
+            assert (qk.plan, pv.plan) == tiles.plans[key]
+
+
 @pytest.mark.parametrize("masked_rows", ["zero", "nan"])
 @pytest.mark.parametrize("S", [40, 1500])
 def test_fully_masked_rows_follow_the_node(masked_rows, S):

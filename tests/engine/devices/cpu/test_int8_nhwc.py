@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from op_harness import build_kernel, infos_of, make_node, reference, run_kernel
 
+from engine.devices.cpu import threads
 from engine.devices.cpu.int8 import kernels as int8_kernels
 from engine.devices.cpu.int8.ops import to_nhwc
 from engine.devices.cpu.int8.requant import sum_range, tie_free_scales
@@ -100,8 +101,6 @@ def test_fused_pointwise_conv_runs_in_tiles_of_pixels(fusion, activation):
 def test_fused_epilogue_runs_flat_over_whole_pixels(monkeypatch, fusion, activation):
     # the int32 way's epilogue runs flat over runs of whole pixels (loops.tiled): an odd channel count, pixels
     # that are no multiple of a run, a batch of 3 and three threads splitting the pixels at odd places
-    from engine.devices.cpu import threads
-
     before = threads.get_threads()
     monkeypatch.setattr(threads, "MIN_WORK", 0)
     threads.set_threads(3)

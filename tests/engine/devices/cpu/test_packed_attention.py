@@ -7,10 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.devices.cpu.onednn import matmul as dnn
+from engine.devices.cpu.onednn import objects as onednn
+from engine.devices.cpu.options import CpuOptions
 from engine.devices.cpu.packed_attention import pack_attention
 from engine.ir import Graph
 from engine.passes.infer_shapes import infer_shapes
 from engine.runtime.model import Model
+from engine.runtime.options import EngineOptions
 
 RNG = np.random.default_rng(3)
 
@@ -62,6 +66,23 @@ def test_packed_chain_is_one_node_and_matches_numpy(B, T, H, D):
     ops = [n.op_type for n in inst.graph.nodes]
     assert "PackedAttention" in ops and not {"Attention", "Split", "Transpose"} & set(ops)
     assert "Attention" in [n.op_type for n in g.nodes]  # the model's own graph is not edited
+    np.testing.assert_allclose(got, numpy_attention(x, B, T, H, D), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+@pytest.mark.parametrize("B,T,H,D", [(1, 600, 2, 8), (1, 1030, 2, 8)])
+def test_packed_attention_tile_gemms_on_onednn_match_numpy(B, T, H, D, monkeypatch):
+    """Over SHORT_KEYS tokens the blocked path's tile GEMMs run on oneDNN (600: one tile of every key; 1030: key
+    blocks), reading q, k, v in place in the packed qkv and writing the output through its (B, T, H, D) strides."""
+    runs = []
+    real = dnn.Runner.run
+    monkeypatch.setattr(dnn.Runner, "run", lambda self, *a: (runs.append(1), real(self, *a))[1])
+    g = packed_graph(B, T, H, D)
+    x = RNG.standard_normal((B, T, 3 * H * D)).astype(np.float32)
+    inst = Model(g, "test").instance(options=EngineOptions(cpu=CpuOptions(onednn=True)))
+    got = inst.run({"x": x})["y"]
+    assert "PackedAttention" in [n.op_type for n in inst.graph.nodes]
+    assert runs  # the oneDNN tile path ran, not BLAS
     np.testing.assert_allclose(got, numpy_attention(x, B, T, H, D), rtol=1e-4, atol=1e-5)
 
 

@@ -178,6 +178,30 @@ def test_malformed_int8_upsample_params_name_file_and_line(tmp_path, layer, word
     assert words in str(e.value)
 
 
+@pytest.mark.parametrize("layer, words", [
+    ("QuantizedUpsample odd 1 1 x1 y 1 1000000 1000000 0", "more than 2147483647 elements"),
+    ("QuantizedUpsample odd 1 1 x1 y 2 1000000 1000000 0", "more than 2147483647 elements"),
+    ("QuantizedUpsample odd 1 1 x1 y 2 0 0 0 3000000000 1", "output size 3000000000x1 (TNN's dims are C ints"),
+    ("QuantizedUpsample odd 1 1 x1 y 1 0 0 0 200000000 8", "more than 2147483647 elements"),
+])
+def test_int8_upsample_size_past_tnn_c_ints_names_file_and_line(tmp_path, layer, words):
+    """TNN's dims and element counts are C ints: a hostile size or scale is refused at load, with its line."""
+    with pytest.raises(ModelFormatError) as e:
+        _load(tmp_path, layer, {"x": F32([0.02]), "x1": F32([0.02])}, "x 4 1 4 4 4")
+    assert "odd" in str(e.value) and "q.tnnproto" in str(e.value) and ":7" in str(e.value)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("align", [0, 1])
+def test_int8_bilinear_to_a_huge_size_is_refused_without_allocating_its_length(tmp_path, align):
+    """4 -> 400000000 rows (1.6e9 output elements, within C ints): the 1/128-grid check looks at a sample, then
+    chunks, of the coordinates, never at arrays of 400000000 float64s (a bare MemoryError before)."""
+    layer = f"QuantizedUpsample odd 1 1 x1 y 2 0 0 {align} 400000000 1"
+    with pytest.raises(UnsupportedOpError) as e:
+        _load(tmp_path, layer, {"x": F32([0.02]), "x1": F32([0.02])}, "x 4 1 4 4 4")
+    assert "odd" in str(e.value) and "q.tnnproto:7" in str(e.value) and "4 -> 400000000" in str(e.value)
+
+
 def _random_case(rng):
     """A random mode, size, alignment and pair of blob scales whose bilinear weights stay on TNN's exact grid."""
     mode, align = int(rng.integers(1, 3)), int(rng.integers(0, 2))

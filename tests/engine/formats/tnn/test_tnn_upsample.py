@@ -89,6 +89,19 @@ def test_upsample_size_tnn_refuses_names_file_and_line(tmp_path, params, words):
     assert "m.tnnproto" in str(e.value) and ":6" in str(e.value) and words in str(e.value)
 
 
+@pytest.mark.parametrize("params, words", [
+    ("2 1000000 1000000 0", "more than 2147483647 elements"),  # 6000000x8000000: a bare MemoryError before
+    ("1 1000000 100 0", "more than 2147483647 elements"),
+    ("2 0 0 0 3000000000 2", "output size 3000000000x2 (TNN's dims are C ints"),
+    ("1 0 0 0 100000 100000", "more than 2147483647 elements"),
+])
+def test_upsample_size_past_tnn_c_ints_names_file_and_line(tmp_path, params, words):
+    """TNN's dims and element counts are C ints: a hostile size or scale is refused at load, with its line."""
+    with pytest.raises(ModelFormatError) as e:
+        tnn_model(tmp_path, IN4, [f"Upsample u 1 1 x y {params}"], "y")
+    assert "m.tnnproto" in str(e.value) and ":6" in str(e.value) and words in str(e.value)
+
+
 def test_upsample_constant_scales_input_replaces_the_params(tmp_path):
     """Two inputs: the second holds scales (FillLayerParamWithConstantResource), not a size; -1 then chosen from
     them (0: both >= 1)."""
