@@ -22,7 +22,6 @@ from engine.formats.tnn.lowering import (  # noqa: F401  (each registers its han
     normalization,
     pad_resize,
     quantized,
-    quantized_activation,
     quantized_layout,
     quantized_upsample,
     recurrent,
@@ -46,6 +45,12 @@ register({alias: QUANTIZED[base] for alias, base in TYPE_ALIASES.items() if base
 REFUSED: dict[str, str] = {
     "Deconvolution3D": "(onnx2tnn writes it, but TNN's layer type map has no Deconvolution3D: TNN cannot load it)",
     "Reformat": "(a data type / layout conversion TNN's runtime inserts between devices, not a model layer)",
+    # x86 picks accs by layer type whatever the blobs' data type (X86Device::CreateLayerAcc, x86_device.cc), and its
+    # Sigmoid acc reads the input and writes the output as float32 whatever their type: on NHWC4 int8 blobs it
+    # reads four times the blob's bytes and writes float bit patterns into int8 storage.
+    "QuantizedSigmoid": "(int8: TNN's x86 acc for Sigmoid (X86Unary2LayerAcc::DoForward, "
+                        "source/tnn/device/x86/acc/x86_unary2_layer_acc.cc) reads and writes its int8 blobs as "
+                        "float32, so TNN defines no int8 result)",
 }
 
 # The TNN layer types lower_tnn handles, float and quantized.
