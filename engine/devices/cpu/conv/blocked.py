@@ -48,7 +48,8 @@ class _Winograds:
             return None
         conv = self._convs.get(m)
         if conv is None:
-            conv = self._convs[m] = W.WinogradConv(self.spec.w, self.spec.bias, *self.spec.act, m=m)
+            conv = self._convs[m] = W.WinogradConv(self.spec.w, self.spec.bias, *self.spec.act, m=m,
+                                                      block=self.spec.block)
         return conv, conv.workspace_bytes(geo)
 
 

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from engine.devices.cpu.conv import winograd_blocked_loops as K
+from engine.devices.cpu.conv import winograd_blocked_region as R
 from engine.devices.cpu.conv import winograd_simd as S
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.onednn import binding as L
@@ -35,6 +36,7 @@ CHUNK_BYTES = 4 << 20
 VECTOR_TRANSFORMS = True  # winograd_simd where the block allows; False keeps the scalar kernels (tests both)
 MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
 SMALL_MIN_CHANNELS = 256  # F(2x2) for maps too small for F(4x4)'s tiles (see choose)
+REGION_MIN_THREADS = 2  # from this many threads the vector path runs as one region (winograd_blocked_region)
 WIDE_BLOCK, WIDE_MIN_MACS = 16, 1 << 26  # AVX-512 blocks, and the work per thread from which Winograd pays there
 _G = {4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                    [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
@@ -128,10 +130,11 @@ class WinogradConv:
     workspace transforms nothing."""
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, act: str | None, act_params: dict | None,
-                 m: int = 4):
+                 m: int = 4, *, block: int):
         self.w, self.m, self.products = w, m, (m + 2) ** 2
         self.c, self.o = int(w.shape[1]), int(w.shape[0])
         self.epi = _Epilogue(act, act_params, bias, self.o)
+        self.region = R.Region(self.c, self.o, m, block, lambda: transform_weights(w, m))
         self._gemms: dict[int, tuple] = {}  # chunk tiles -> (step, its weights descriptor, scratchpad bytes)
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []  # U in each layout a primitive asked for
         self._weights_of: dict[int, np.ndarray] = {}  # chunk tiles -> U in its primitive's layout
@@ -165,7 +168,12 @@ class WinogradConv:
         return [t, rest] if rest else [t]
 
     def prepare(self, geo: ConvGeom) -> None:
-        """The matmuls and transformed filters of this shape's chunks, so its first run builds nothing."""
+        """The matmuls and transformed filters of this shape's chunks (or of its one-region items, see `_region`),
+        so its first run builds nothing."""
+        if _region(get_threads()):
+            th, tw = tiles(geo, self.m)
+            self.region.prepare(geo.n * th * tw, get_threads())
+            return
         for t in self._chunk_sizes(geo):
             self._ready_weights(t)
 
@@ -182,7 +190,9 @@ class WinogradConv:
     def workspace_bytes(self, geo: ConvGeom) -> int:
         """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul."""
         pad = max(self._gemm(size)[2] for size in self._chunk_sizes(geo))
-        return sum(self._buffer_bytes(chunk_tiles(geo, self.m))) + pad
+        th, tw = tiles(geo, self.m)
+        region = self.region.workspace_bytes(geo.n * th * tw, get_threads()) if _region(get_threads()) else 0
+        return max(sum(self._buffer_bytes(chunk_tiles(geo, self.m))) + pad, region)
 
     def run(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray) -> None:
         """out = act(conv(x) + bias + z); `buf` is ALIGN-aligned uint8 scratch of workspace_bytes(geo)."""
@@ -194,7 +204,13 @@ class WinogradConv:
             self.run(geo, np.ascontiguousarray(x), None if z is None else np.ascontiguousarray(z), target, buf)
             out[...] = target
             return
-        self._run_chunks(geo, x, z, out, buf, vector)
+        threads = get_threads()
+        th, tw = tiles(geo, self.m)
+        if (vector and _region(threads)
+                and buf.nbytes >= self.region.workspace_bytes(geo.n * th * tw, threads)):
+            self.region.run(geo, (th, tw), x, z, out, buf, threads, self.epi)
+        else:
+            self._run_chunks(geo, x, z, out, buf, vector)
         if self.epi.late:
             apply_activation(self.epi.act, self.epi.params, out)
 
@@ -235,6 +251,11 @@ class WinogradConv:
                              slices)
             else:
                 parallel_for(K.output_transform, (self.o // b) * slices, 1 << 30, *epilogue, t0, t1, th, tw, slices)
+
+
+def _region(threads: int) -> bool:
+    """Whether the vector path runs as one parallel region (winograd_blocked_region) at `threads` threads."""
+    return threads >= REGION_MIN_THREADS
 
 
 def _vector_ok(block: int, *arrays: np.ndarray) -> bool:

@@ -286,3 +286,11 @@ def _dense(shape: tuple) -> tuple:
 
 def scratchpad_bytes(plan: Plan) -> int:
     return plan.pad_bytes + D.ALIGN
+
+
+def packed_thread_plan(src: D.MemoryDesc, wts_any: D.MemoryDesc, dst: D.MemoryDesc) -> ThreadPlan:
+    """A ThreadPlan whose constant weights (`wts_any`: format_tag_any) take the layout its primitive picks; the
+    caller reorders them into plan.mds[ARG_WEIGHTS] once and passes their address to every Runner."""
+    plan = ThreadPlan(src, wts_any, dst)
+    plan.mds[L.ARG_WEIGHTS] = plan.pd.md(L.QUERY_WEIGHTS_MD)
+    return plan
