@@ -66,7 +66,8 @@ def test_wide_resnet_runs_winograd_and_matches_pytorch(load_fixture, monkeypatch
     matches PyTorch; with NNSERVE_WINOGRAD=0 none does."""
     monkeypatch.delenv("NNSERVE_LAYOUT", raising=False)
     monkeypatch.setattr(W, "MIN_WORK", 0)  # the fixture is kept small (2.9 MB): its convs are under the work floor
-    monkeypatch.setattr(W, "WIDE_MIN_MACS", 0)  # ... and under the one for AVX-512 blocks
+    monkeypatch.setattr(W, "WIDE_MIN_MACS", 0)  # ... and under the ones for AVX-512 blocks
+    monkeypatch.setattr(W, "WIDE_MIN_TILES", 0)
     fx = load_fixture("resnet_wide")
     model = engine.load(fx.param)
 

@@ -37,7 +37,8 @@ VECTOR_TRANSFORMS = True  # winograd_simd where the block allows; False keeps th
 MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
 SMALL_MIN_CHANNELS = 256  # F(2x2) for maps too small for F(4x4)'s tiles (see choose)
 REGION_MIN_THREADS = 2  # from this many threads the vector path runs as one region (winograd_blocked_region)
-WIDE_BLOCK, WIDE_MIN_MACS = 16, 1 << 26  # AVX-512 blocks, and the work per thread from which Winograd pays there
+WIDE_BLOCK, WIDE_MIN_MACS, WIDE_MIN_TILES = 16, 1 << 26, 16  # AVX-512 blocks; from what work, and how many tiles
+# a thread, Winograd pays there (pays_on_wide_vectors)
 _G = {4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                    [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]]),
       2: np.array([[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]])}
@@ -64,12 +65,16 @@ def worth_it(geo: ConvGeom) -> bool:
 
 
 def pays_on_wide_vectors(geo: ConvGeom, threads: int) -> bool:
-    """Whether F(4x4) beats the AVX-512 direct kernel: from WIDE_MIN_MACS direct multiply-adds per thread. The
-    direct kernel scales with the threads better than Winograd's three stages (transforms on the engine's pool, the
-    matmul on OpenMP's): ResNet-18 at batch 1 on a 2-core AVX-512 machine (every 3x3 conv 116M multiply-adds),
-    F(4x4)/F(2x2) against all direct: 16.3 against 14.5 ms on 2 threads, 21.6 against 25.1 on one; at batch 8
-    (925M) F(4x4) stays 1.3-1.9x faster on 2 threads (bench/winograd_layers.py)."""
-    return geo.n * geo.oh * geo.ow * geo.c * geo.o * 9 >= WIDE_MIN_MACS * max(1, threads)
+    """Whether F(4x4) beats the AVX-512 direct kernel: from WIDE_MIN_MACS direct multiply-adds and WIDE_MIN_TILES
+    tiles per thread. With few tiles a thread (ResNet-18's 256ch@14 at batch 1 on 2 threads: 8 each) the GEMMs
+    are thin and reading U (36 * C * K floats, 4x the direct filters) bounds them; the direct kernel is as fast
+    or faster there. On a 2-core AVX-512 machine (bench/winograd_layers.py, ms, direct against F(4x4) on 2
+    threads as one region, winograd_blocked_region): ResNet-18 b1 64ch@56 0.77 -> 0.53, 128ch@28 0.76 -> 0.50,
+    256ch@14 0.73 -> 0.73, 512ch@7 (4 tiles) 1.03 -> 1.45; at one thread 1.39 -> 0.69, 1.35 -> 0.64,
+    1.33 -> 0.96."""
+    th, tw = tiles(geo)
+    macs = geo.n * geo.oh * geo.ow * geo.c * geo.o * 9
+    return macs >= WIDE_MIN_MACS and geo.n * th * tw >= WIDE_MIN_TILES * max(1, threads)
 
 
 def choose(geo: ConvGeom, block: int, threads: int = 1) -> int | None:

@@ -11,13 +11,14 @@ Items split the conv by tiles where there are many (ResNet-18's 56x56 and 28x28 
 ITEM_BYTES of v and m so they stay in L2; where tiles are few (fewer than SPLIT_TILES per thread: 512ch@7 has 4
 F(4x4) or 16 F(2x2) tiles) every thread takes all tiles and a part of the output-channel blocks: each transforms
 the (small) input itself and multiplies it by its own columns of U, so U, the big operand there, is read once
-over all threads instead of once per thread. Item i runs on slot i mod threads (chunk-major, so a channel split
-gives each slot one part of every chunk). A slot's m is as wide as the output (its part's columns only written):
-the output transform addresses channels globally.
+over all threads instead of once per thread. The slots claim items in turn from a shared counter, so a thread
+that lost its core to another process (a shared host) leaves its share to the others. A slot's m is as wide as
+the output (an item's part's columns only written): the output transform addresses channels globally.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,8 +110,9 @@ class Region:
         self._packed.append(((k0, k1, md), buf))
         return buf
 
-    def _schedule(self, total: int, buf: np.ndarray, threads: int) -> list:
-        """Per slot, its items: (t0, t1, kb0, kb1, runner's run, v, m, (v, U, m column) addresses)."""
+    def _schedule(self, total: int, buf: np.ndarray, threads: int) -> tuple[list, list]:
+        """The items, (t0, t1, kb0, kb1, index of its GEMM), and per slot, per GEMM: (its runner's run, v, m,
+        (v, U, m column) addresses)."""
         key = (total, D.address(buf), buf.nbytes, threads)
         got = self._schedules.get(key)
         if got is not None:
@@ -119,36 +121,46 @@ class Region:
             self._schedules.clear()
         s = self.split(total, threads)
         size, v_bytes = self.slot_bytes(s), D.aligned(self.products * s.tiles * self.c * 4)
-        slots: list[list] = [[] for _ in range(threads)]
-        runners: dict[tuple, dnn.Runner] = {}  # (slot, plan key)
-        for i, (t0, t1, kb0, kb1) in enumerate(s.items()):
-            slot, t, k0 = i % threads, t1 - t0, kb0 * self.block
-            plan, u = self._plan(t, k0, kb1 * self.block)
-            runner = runners.get((slot, t, k0))
-            if runner is None:
-                runner = runners[(slot, t, k0)] = plan.runner()
-            base = slot * size
-            v = _view(buf, base, (self.products, t, self.c))
-            m = _view(buf, base + v_bytes, (self.products, t, self.o))
-            slots[slot].append((t0, t1, kb0, kb1, runner.run, v, m, (D.address(v), u, D.address(m) + 4 * k0)))
-        self._schedules[key] = slots
-        return slots
+        gemms: dict[tuple[int, int, int], int] = {}  # plan key -> index
+        items = []
+        for t0, t1, kb0, kb1 in s.items():
+            plan_key = (t1 - t0, kb0 * self.block, kb1 * self.block)
+            items.append((t0, t1, kb0, kb1, gemms.setdefault(plan_key, len(gemms))))
+        slots = []
+        for slot in range(threads):
+            mine = []
+            for t, k0, k1 in gemms:
+                plan, u = self._plan(t, k0, k1)
+                v = _view(buf, slot * size, (self.products, t, self.c))
+                m = _view(buf, slot * size + v_bytes, (self.products, t, self.o))
+                mine.append((plan.runner().run, v, m, (D.address(v), u, D.address(m) + 4 * k0)))
+            slots.append(mine)
+        got = self._schedules[key] = (items, slots)
+        return got
 
     def run(self, geo, tiles_hw: tuple[int, int], x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
             buf: np.ndarray, threads: int, epi) -> None:
         """out = conv(x) + bias (+ z), the inline activation applied; `buf` holds workspace_bytes(...)."""
         th, tw = tiles_hw
-        total = geo.n * th * tw
-        schedule = self._schedule(total, buf, threads)
+        items, slots = self._schedule(geo.n * th * tw, buf, threads)
         zz = out if z is None else z
-        parallel_for(_run_slots, threads, 1 << 30, schedule, x, out, zz, z is not None, epi.bias, epi.code,
-                     epi.lo, epi.hi, self.m, th, tw, geo.pads[0], geo.pads[1], self.c // self.block)
+        parallel_for(_run_slots, threads, 1 << 30, items, slots, itertools.count(), x, out, zz, z is not None,
+                     epi.bias, epi.code, epi.lo, epi.hi, self.m, th, tw, geo.pads[0], geo.pads[1],
+                     self.c // self.block)
 
 
-def _run_slots(schedule, x, out, zz, has_z, bias, code, lo_clip, hi_clip, m, th, tw, pt, pl, cbs, lo, hi):
-    """Slots [lo, hi) of a schedule, each item end to end."""
+def _run_slots(items, slots, claim, x, out, zz, has_z, bias, code, lo_clip, hi_clip, m, th, tw, pt, pl, cbs, lo,
+               hi):
+    """Slots [lo, hi), each running the items it claims (`claim`, shared by the slots: a thread that lost its core
+    to another process leaves the rest of the items to the others), each item end to end."""
+    n = len(items)
     for s in range(lo, hi):
-        for t0, t1, kb0, kb1, gemm, v, prod, ptrs in schedule[s]:
+        gemms = slots[s]
+        for i in claim:  # itertools.count's next is atomic under the GIL
+            if i >= n:
+                break
+            t0, t1, kb0, kb1, g = items[i]
+            gemm, v, prod, ptrs = gemms[g]
             S.input_transform(x, v, m, t0, t1, th, tw, pt, pl, 1, 0, cbs)
             gemm(*ptrs)
             S.output_transform(prod, out, zz, has_z, bias, code, lo_clip, hi_clip, m, t0, t1, th, tw, 1, kb0, kb1)

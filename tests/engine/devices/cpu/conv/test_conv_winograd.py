@@ -109,14 +109,16 @@ def test_rule_picks_the_faster_path_measured_in_bench(monkeypatch, c, o, hw, bat
 
 
 @pytest.mark.parametrize("c,o,hw,batch,threads,want", [
-    (64, 64, 56, 1, 2, None), (128, 128, 28, 1, 2, None), (256, 256, 14, 1, 2, None),  # ResNet-18 b1, 2 threads
-    (512, 512, 7, 1, 2, None), (64, 64, 56, 1, 1, 4), (512, 512, 7, 1, 1, None),  # one thread (4 tiles: direct)
+    (64, 64, 56, 1, 2, 4), (128, 128, 28, 1, 2, 4),  # ResNet-18 b1, 2 threads: 98 and 24 tiles a thread
+    (256, 256, 14, 1, 2, None), (512, 512, 7, 1, 2, None),  # 8 and 2 tiles a thread: U's reads bound them
+    (64, 64, 56, 1, 1, 4), (256, 256, 14, 1, 1, 4), (512, 512, 7, 1, 1, None),  # one thread (4 tiles: direct)
     (64, 64, 56, 8, 2, 4), (512, 512, 7, 8, 2, 4), (64, 64, 224, 1, 2, 4),  # ResNet-18 b8, VGG's 64ch@224
-    (48, 192, 13, 8, 2, None),  # SqueezeNet's fire6 at b8: 112M multiply-adds, 56M a thread
+    (48, 192, 13, 8, 2, 4),  # SqueezeNet's fire6 at b8: 112M multiply-adds, 64 tiles a thread
+    (32, 128, 13, 2, 2, None),  # 30M multiply-adds: under WIDE_MIN_MACS
 ])
 def test_rule_on_avx512_blocks_takes_winograd_only_for_big_convs(monkeypatch, c, o, hw, batch, threads, want):
-    """16-lane blocks (oneDNN's AVX-512 kernels): F(4x4) from WIDE_MIN_MACS multiply-adds per thread, F(2x2)
-    never."""
+    """16-lane blocks (oneDNN's AVX-512 kernels): F(4x4) from WIDE_MIN_MACS multiply-adds and WIDE_MIN_TILES
+    tiles a thread, F(2x2) never."""
     monkeypatch.undo()
     node, plain = make(c, o, 3)
     geo = conv_geom(plain, (batch, c, hw, hw))
