@@ -15,6 +15,13 @@ transforms' and the matmul's fixed costs are not repaid); those stay on the dire
 small maps, which F(2x2) takes (`choose`). F(2x2) is the same pipeline with 4x4 patches, 2x2 outputs and 16
 products (m = 2 below; alpha = m + 2 is the patch side). Chunks hold at most CHUNK_BYTES of v so v and m stay
 in cache; the workspace holds v | m | scratchpad.
+
+The vector transforms run the same three steps as ONE parallel region per conv instead (REGION,
+winograd_blocked_region.py): each thread takes whole items (its tiles, or its output channels where tiles are
+few) from input transform to output, its GEMMs on a one-thread matmul primitive, with no hand-over between our
+pool and OpenMP's team inside the conv (ResNet-18 at batch 1, one thread: 64ch@56 0.89 -> 0.71 ms, the others
+within 3%; two threads, 64ch@56 0.87 -> 0.53, 128ch@28 0.67 -> 0.50). The chunked steps above remain for the
+scalar kernels.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ CHUNK_BYTES = 4 << 20
 VECTOR_TRANSFORMS = True  # winograd_simd where the block allows; False keeps the scalar kernels (tests both)
 MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
 SMALL_MIN_CHANNELS = 256  # F(2x2) for maps too small for F(4x4)'s tiles (see choose)
-REGION_MIN_THREADS = 2  # from this many threads the vector path runs as one region (winograd_blocked_region)
+REGION = True  # the vector path as one parallel region (winograd_blocked_region); False: chunks of three stages
 WIDE_BLOCK, WIDE_MIN_MACS, WIDE_MIN_TILES = 16, 1 << 26, 16  # AVX-512 blocks; from what work, and how many tiles
 # a thread, Winograd pays there (pays_on_wide_vectors)
 _G = {4: np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
@@ -173,9 +180,9 @@ class WinogradConv:
         return [t, rest] if rest else [t]
 
     def prepare(self, geo: ConvGeom) -> None:
-        """The matmuls and transformed filters of this shape's chunks (or of its one-region items, see `_region`),
-        so its first run builds nothing."""
-        if _region(get_threads()):
+        """The matmuls and transformed filters of this shape's one-region items (or chunks, without REGION), so
+        its first run builds nothing."""
+        if REGION:
             th, tw = tiles(geo, self.m)
             self.region.prepare(geo.n * th * tw, get_threads())
             return
@@ -196,7 +203,7 @@ class WinogradConv:
         """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul."""
         pad = max(self._gemm(size)[2] for size in self._chunk_sizes(geo))
         th, tw = tiles(geo, self.m)
-        region = self.region.workspace_bytes(geo.n * th * tw, get_threads()) if _region(get_threads()) else 0
+        region = self.region.workspace_bytes(geo.n * th * tw, get_threads()) if REGION else 0
         return max(sum(self._buffer_bytes(chunk_tiles(geo, self.m))) + pad, region)
 
     def run(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, buf: np.ndarray) -> None:
@@ -211,7 +218,7 @@ class WinogradConv:
             return
         threads = get_threads()
         th, tw = tiles(geo, self.m)
-        if (vector and _region(threads)
+        if (vector and REGION
                 and buf.nbytes >= self.region.workspace_bytes(geo.n * th * tw, threads)):
             self.region.run(geo, (th, tw), x, z, out, buf, threads, self.epi)
         else:
@@ -256,11 +263,6 @@ class WinogradConv:
                              slices)
             else:
                 parallel_for(K.output_transform, (self.o // b) * slices, 1 << 30, *epilogue, t0, t1, th, tw, slices)
-
-
-def _region(threads: int) -> bool:
-    """Whether the vector path runs as one parallel region (winograd_blocked_region) at `threads` threads."""
-    return threads >= REGION_MIN_THREADS
 
 
 def _vector_ok(block: int, *arrays: np.ndarray) -> bool:

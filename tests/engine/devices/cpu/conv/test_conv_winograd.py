@@ -1,7 +1,8 @@
 """ConvBlocked's Winograd F(4x4, 3x3) path against Conv's numpy float64 reference: pads, sizes off the 4x4 tile,
 residuals, every epilogue, batches that switch between Winograd and the direct kernel on one workspace, chunks
 with a remainder, the convs it must leave alone, and the option that turns it off. Every case runs with the
-vector transforms (winograd_simd.py) and with the scalar numba kernels."""
+vector transforms (winograd_simd.py) as one parallel region (winograd_blocked_region.py) and in chunks of three
+steps, and with the scalar numba kernels."""
 
 from __future__ import annotations
 
@@ -21,11 +22,13 @@ WINO = "winograd"
 C = 96
 
 
-@pytest.fixture(autouse=True, params=["vector", "scalar"])
+@pytest.fixture(autouse=True, params=["vector", "chunks", "scalar"])
 def transforms(request, monkeypatch):
-    """Both transform kernels; the work floor is lowered so tile counts alone decide in these small cases, and
-    the rule for AVX-512's 16-lane blocks (big convs only, no F(2x2)) is off so both tile sizes run on any block."""
-    monkeypatch.setattr(W, "VECTOR_TRANSFORMS", request.param == "vector")
+    """Both transform kernels, the vector ones as one region and in chunks; the work floor is lowered so tile
+    counts alone decide in these small cases, and the rule for AVX-512's 16-lane blocks (big convs only, no
+    F(2x2)) is off so both tile sizes run on any block."""
+    monkeypatch.setattr(W, "VECTOR_TRANSFORMS", request.param != "scalar")
+    monkeypatch.setattr(W, "REGION", request.param == "vector")
     monkeypatch.setattr(W, "MIN_WORK", C * C * W.MIN_TILES)
     monkeypatch.setattr(W, "WIDE_BLOCK", 1 << 30)
     return request.param
@@ -135,7 +138,7 @@ def test_small_maps_run_f2x2(transforms, act, act_params, residual):
     """7x7 at batch 1: 4 F(4x4) tiles, so F(2x2)'s 16 (the last row and column clipped); the scalar kernels have
     no F(2x2), so without the vector transforms the direct kernel runs it."""
     node, plain = make(SMALL, SMALL, 3, act=act, act_params=act_params)
-    impl = "winograd-f2x2" if transforms == "vector" else "onednn:"
+    impl = "winograd-f2x2" if transforms != "scalar" else "onednn:"
     run_case(node, plain, [(1, SMALL, 7, 7)], residual=residual, impl=impl)
 
 
@@ -144,7 +147,7 @@ def test_f2x2_chunks_with_a_remainder(transforms, monkeypatch):
     node, plain = make(SMALL, SMALL, 3, act="relu")
     geo = conv_geom(plain, (1, SMALL, 11, 11))
     assert W.chunk_tiles(geo, 2) == 32 and W.tiles(geo, 2) == (6, 6)
-    impl = "winograd-f2x2" if transforms == "vector" else "onednn:"
+    impl = "winograd-f2x2" if transforms != "scalar" else "onednn:"
     run_case(node, plain, [(1, SMALL, 11, 11)], residual=True, impl=impl)
 
 

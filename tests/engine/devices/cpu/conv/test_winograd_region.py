@@ -24,11 +24,9 @@ O = 5 * B  # 5 output blocks: a 2-part split is 2 + 3 blocks
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
 def threads(request, monkeypatch):
-    """The region on `threads` threads (on one as well: REGION_MIN_THREADS lowered); each region's slot count
-    recorded."""
+    """The region on `threads` threads; each region's slot count recorded."""
     before = _threads.get_threads()
     _threads.set_threads(request.param)
-    monkeypatch.setattr(W, "REGION_MIN_THREADS", 1)
     calls = []
     run_slots = R._run_slots
 
