@@ -216,12 +216,8 @@ class WinogradConv:
             self.run(geo, np.ascontiguousarray(x), None if z is None else np.ascontiguousarray(z), target, buf)
             out[...] = target
             return
-        threads = get_threads()
-        th, tw = tiles(geo, self.m)
-        if (vector and REGION
-                and buf.nbytes >= self.region.workspace_bytes(geo.n * th * tw, threads)):
-            self.region.run(geo, (th, tw), x, z, out, buf, threads, self.epi)
-        else:
+        if not (vector and REGION and self.region.run(geo, tiles(geo, self.m), x, z, out, buf, get_threads(),
+                                                      self.epi)):
             self._run_chunks(geo, x, z, out, buf, vector)
         if self.epi.late:
             apply_activation(self.epi.act, self.epi.params, out)

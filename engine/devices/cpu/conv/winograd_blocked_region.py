@@ -110,17 +110,19 @@ class Region:
         self._packed.append(((k0, k1, md), buf))
         return buf
 
-    def _schedule(self, total: int, buf: np.ndarray, threads: int) -> tuple[list, list]:
+    def _schedule(self, total: int, buf: np.ndarray, threads: int) -> tuple[list, list] | None:
         """The items, (t0, t1, kb0, kb1, index of its GEMM), and per slot, per GEMM: (its runner's run, v, m,
-        (v, U, m column) addresses)."""
+        (v, U, m column) addresses); None when `buf` is too small for the slots."""
         key = (total, D.address(buf), buf.nbytes, threads)
-        got = self._schedules.get(key)
-        if got is not None:
-            return got
+        if key in self._schedules:
+            return self._schedules[key]
         if len(self._schedules) >= MAX_SCHEDULES:
             self._schedules.clear()
         s = self.split(total, threads)
         size, v_bytes = self.slot_bytes(s), D.aligned(self.products * s.tiles * self.c * 4)
+        if threads * size > buf.nbytes:
+            self._schedules[key] = None
+            return None
         gemms: dict[tuple[int, int, int], int] = {}  # plan key -> index
         items = []
         for t0, t1, kb0, kb1 in s.items():
@@ -139,14 +141,18 @@ class Region:
         return got
 
     def run(self, geo, tiles_hw: tuple[int, int], x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
-            buf: np.ndarray, threads: int, epi) -> None:
-        """out = conv(x) + bias (+ z), the inline activation applied; `buf` holds workspace_bytes(...)."""
+            buf: np.ndarray, threads: int, epi) -> bool:
+        """out = conv(x) + bias (+ z), the inline activation applied; False (nothing run) when `buf` holds less
+        than workspace_bytes(...) (the thread count grew since the workspace was sized)."""
         th, tw = tiles_hw
-        items, slots = self._schedule(geo.n * th * tw, buf, threads)
+        schedule = self._schedule(geo.n * th * tw, buf, threads)
+        if schedule is None:
+            return False
         zz = out if z is None else z
-        parallel_for(_run_slots, threads, 1 << 30, items, slots, itertools.count(), x, out, zz, z is not None,
+        parallel_for(_run_slots, threads, 1 << 30, *schedule, itertools.count(), x, out, zz, z is not None,
                      epi.bias, epi.code, epi.lo, epi.hi, self.m, th, tw, geo.pads[0], geo.pads[1],
                      self.c // self.block)
+        return True
 
 
 def _run_slots(items, slots, claim, x, out, zz, has_z, bias, code, lo_clip, hi_clip, m, th, tw, pt, pl, cbs, lo,

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_harness import build_kernel
 from test_conv_blocked import B, make, run_case
 
 from engine.devices.cpu import threads as _threads
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.conv import winograd_blocked_region as R
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.onednn import objects as onednn
+from engine.ops.conv import conv_reference
 from engine.ops.conv_geometry import conv_geom
+from engine.ops.registry import TensorInfo
 
 if not onednn.available():
     pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed", allow_module_level=True)
@@ -103,3 +107,32 @@ def test_items_cover_every_tile_and_block_once(total, kblocks, threads):
     assert (seen == 1).all()
     if s.parts == 1:  # every slot the same number of items
         assert len(s.items()) % threads == 0 or len(s.items()) == total
+
+
+def test_more_threads_than_the_workspace_was_sized_for(monkeypatch):
+    """Built (and its workspace sized) on one thread, run on two: the slots do not fit, the chunked steps run."""
+    _force(monkeypatch, 4)
+    ran = []
+    region_run = R.Region.run
+
+    def spied(self, *args):
+        ran.append(region_run(self, *args))
+        return ran[-1]
+
+    monkeypatch.setattr(R.Region, "run", spied)
+    monkeypatch.setattr(W, "CHUNK_BYTES", 1)  # the chunks' buffers smaller than the region's on two threads
+    node, plain = make(C, O, 3, act="relu")
+    x = np.random.default_rng(5).standard_normal((2, C, 25, 25)).astype(np.float32)
+    want = conv_reference(plain, [x])[0]
+    before = _threads.get_threads()
+    _threads.set_threads(1)
+    try:
+        ins = [to_blocked(x, B)]
+        kernel, workspace = build_kernel(node, [TensorInfo(ins[0].shape, ins[0].dtype)])
+        _threads.set_threads(2)
+        out = np.full((2, O // B, 25, 25, B), np.nan, np.float32)
+        kernel(ins, [out], workspace)
+    finally:
+        _threads.set_threads(before)
+    assert ran == [False]
+    np.testing.assert_allclose(to_plain(out, O), want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
