@@ -200,7 +200,8 @@ class WinogradConv:
         return D.aligned(self.products * tiles_ * self.c * 4), D.aligned(self.products * tiles_ * self.o * 4)
 
     def workspace_bytes(self, geo: ConvGeom) -> int:
-        """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul."""
+        """v and m for one chunk, and the larger scratchpad of the chunk's and the last (shorter) chunk's matmul; or
+        the one-region slots' v and m on the engine's threads, whichever is larger."""
         pad = max(self._gemm(size)[2] for size in self._chunk_sizes(geo))
         th, tw = tiles(geo, self.m)
         region = self.region.workspace_bytes(geo.n * th * tw, get_threads()) if REGION else 0

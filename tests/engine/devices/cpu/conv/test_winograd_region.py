@@ -28,7 +28,7 @@ O = 5 * B  # 5 output blocks: a 2-part split is 2 + 3 blocks
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
 def threads(request, monkeypatch):
-    """The region on `threads` threads; each region's slot count recorded."""
+    """The region on `threads` threads; the slot count of each call of the slots' loop (one per thread)."""
     before = _threads.get_threads()
     _threads.set_threads(request.param)
     calls = []
@@ -135,4 +135,24 @@ def test_more_threads_than_the_workspace_was_sized_for(monkeypatch):
     finally:
         _threads.set_threads(before)
     assert ran == [False]
+    np.testing.assert_allclose(to_plain(out, O), want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("shape", [(2, C, 25, 25), (1, C, 7, 7)], ids=["by-tiles", "by-channels"])
+def test_eight_lane_blocks(threads, monkeypatch, shape):
+    """AVX2's 8-lane blocks (winograd_simd's vectors one to a pixel), both split kinds, a residual and ReLU."""
+    n_threads, calls = threads
+    _force(monkeypatch, 4)
+    node, plain = make(C, O, 3, act="relu")
+    node.params["block"] = 8
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    z = rng.standard_normal((shape[0], O, *shape[2:])).astype(np.float32)
+    want = conv_reference(plain, [x, z])[0]
+    ins = [to_blocked(x, 8), to_blocked(z, 8)]
+    kernel, workspace = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in ins])
+    assert kernel.impl.startswith("winograd-f4x4"), kernel.impl
+    out = np.full(ins[1].shape, np.nan, np.float32)
+    kernel(ins, [out], workspace)
+    assert calls and set(calls) == {n_threads}  # one call per thread, each given every slot
     np.testing.assert_allclose(to_plain(out, O), want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
