@@ -51,8 +51,10 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
         n = math.prod(x.shape[x.ndim - k:])
         rows = x.size // n if n else 0
         x2 = np.ascontiguousarray(x).reshape(rows, n)
-        # ~10 flops an element over three passes: split rows over the pool for large inputs
-        parallel_for(layernorm_rows, rows, 4 * x.size, x2, x2, False, outputs[0].reshape(rows, n), w, b, eps,
+        # Rows split over the pool from MIN_WORK elements (~0.5 us per 1000, three vectorised passes: ~130 us):
+        # below that the hand-over to a sleeping thread (20-100 us on a VM) costs what the split saves. (Counted
+        # as 4 a element, MobileViT-XXS's 64K-element LayerNorms, ~30 us, were split and slower on 2 threads.)
+        parallel_for(layernorm_rows, rows, x.size, x2, x2, False, outputs[0].reshape(rows, n), w, b, eps,
                      has_w, has_b)
     return run
 

@@ -4,6 +4,7 @@ or NaN as the node says), broadcast heads, odd block remainders, smaller shapes 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -366,3 +367,42 @@ def test_fused_key_counts_around_the_tile_boundaries(S, e):
     pad[..., S - S // 5:] = np.finfo(np.float32).min
     check_kernel(make_node("Attention", 3), [q, k, v], rtol=1e-4, atol=1e-5)
     check_kernel(make_node("Attention", 4), [q, k, v, pad], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("items,threads,want", [(3, 2, (2, 2)), (4, 2, (4, 1)), (3, 1, (3, 1)), (7, 3, (6, 3)),
+                                                (1, 2, (0, 2)), (0, 2, (0, 1))])
+def test_tail_split_leaves_whole_items_the_threads_divide(items, threads, want):
+    assert fused.tail_split(items, threads) == want
+
+
+@pytest.mark.parametrize("batch,L,mask,causal", [((1, 3), 197, None, False), ((1, 3), 190, "float", False),
+                                                 ((2, 5), 40, None, True), ((3,), 1, None, False)])
+def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monkeypatch):
+    """Short sequences whose items the threads do not divide (3 heads on 2 threads): the remainder runs as query
+    ranges, one per thread, so both threads compute as many query rows (a single query: one range is empty);
+    masks and causality follow the queries; the output matches the reference."""
+    import threading
+
+    monkeypatch.setattr(fused, "get_threads", lambda: 2)
+    monkeypatch.setattr(fused, "MIN_WORK", 0)
+    where, rows = threading.local(), {}
+    real_item, real_softmax = fused._GroupCall.item, fused.A.group_softmax_t
+
+    def item(self, slot, i):
+        where.slot = id(slot)
+        real_item(self, slot, i)
+
+    def softmax(st, *args):
+        at = getattr(where, "slot", None)  # None: the build's compile call
+        if at is not None:
+            rows[at] = rows.get(at, 0) + st.shape[0] * st.shape[2]
+        real_softmax(st, *args)
+    monkeypatch.setattr(fused._GroupCall, "item", item)
+    monkeypatch.setattr(fused.A, "group_softmax_t", softmax)
+    q, k, v = _x(*batch, L, 16), _x(*batch, L, 16), _x(*batch, L, 8)
+    inputs = [q, k, v] + ([_x(L, L)] if mask else [])
+    check_kernel(make_node("Attention", len(inputs), params={"is_causal": causal}), inputs, rtol=1e-4, atol=1e-5)
+    counts = sorted(rows.values())
+    assert sum(counts) == math.prod(batch) * L
+    if L > 1:
+        assert len(counts) == 2 and counts[1] - counts[0] <= 1
