@@ -21,9 +21,17 @@ Traffic: `steady` is back-to-back calls (a loaded server); `sporadic` is bursts 
 `busy` is back-to-back calls while as many busy-looping processes as the CPUs run beside (a shared or overloaded
 host: more runnable threads than cores), where a spinning thread may hold a core the thread it waits for needs.
 Each (setting, model, traffic, round) is a process of its own: it loads the model, warms up, then times its calls
-and reports, per call, the wall time, the process's CPU time and the threads' voluntary sleeps (context switches
-counted by the kernel in /proc), plus the CPU the process burnt while idle between bursts. Rounds alternate the
-order of the settings, so drift of the machine hits all of them.
+and reports, per call, the wall time, the process's CPU time, the threads' voluntary sleeps (context switches
+counted by the kernel in /proc) and the time its threads waited, runnable, for a CPU (schedstat), plus the CPU the
+process burnt while idle between bursts. Rounds alternate the order of the settings, so drift of the machine hits
+all of them.
+
+The CPU wait column (summed over the process's threads) says whether a number measured the engine or the host: on a
+quiet host it stays near 0 (0.1-0.3 ms a call on EfficientFormerV2 back to back, 2 cores); beside other runnable
+work (another job, even one at nice 19) every hand-over to a partner thread waits for that thread to get a core
+back, and the wait grows to several milliseconds a call (5-15 ms on EfficientFormerV2's 12-22 ms, bursts after an
+idle pause as well as back to back). Compare settings on rows whose wait is small; where it is not, the traffic
+was `busy`, whatever the column `traffic` says.
 """
 
 from __future__ import annotations
@@ -115,6 +123,19 @@ def _sleeps() -> int:
     return total
 
 
+def _cpu_waits_ns() -> int:
+    """Nanoseconds every thread of this process has waited, runnable, for a CPU so far (the second number of
+    /proc/<tid>/schedstat): time the host's other work held the cores."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile, or no schedstat here
+            pass
+    return total
+
+
 def worker(engine_name: str, folder: Path, traffic: str, calls: int, burst: int) -> dict:
     if (folder / "input.npy").exists():
         call, _ = _bench_model(folder, engine_name)
@@ -135,20 +156,22 @@ def worker(engine_name: str, folder: Path, traffic: str, calls: int, burst: int)
 
 
 def _timed(call, traffic: str, calls: int, burst: int) -> dict:
-    wall, cpu, sleeps, idle_cpu = [], [], [], 0.0
+    wall, cpu, sleeps, waits, idle_cpu = [], [], [], [], 0.0
     while len(wall) < calls:
         if traffic == "sporadic":
             c = time.process_time()
             time.sleep(IDLE_S)
             idle_cpu += time.process_time() - c
         for _ in range(burst if traffic == "sporadic" else calls):
-            s, c, t = _sleeps(), time.process_time(), time.perf_counter()
+            s, q, c, t = _sleeps(), _cpu_waits_ns(), time.process_time(), time.perf_counter()
             call()
             wall.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)
+            waits.append(_cpu_waits_ns() - q)
             sleeps.append(_sleeps() - s)
     bursts = max(1, calls // burst) if traffic == "sporadic" else 0
     return {"wall_ms": [1e3 * w for w in wall], "cpu_ms": [1e3 * c for c in cpu], "sleeps": sleeps,
+            "wait_ms": [q / 1e6 for q in waits],
             "idle_cpu_pct": 100 * idle_cpu / (bursts * IDLE_S) if bursts else None}
 
 
@@ -202,8 +225,9 @@ def main() -> int:
                     if "error" in res:
                         print(f"round {r + 1} {name} {traffic} {eng} {spin}: {res['error']}", flush=True)
                         continue
-                    acc = results.setdefault(key, {"wall_ms": [], "cpu_ms": [], "sleeps": [], "idle": []})
-                    for k in ("wall_ms", "cpu_ms", "sleeps"):
+                    acc = results.setdefault(key, {"wall_ms": [], "cpu_ms": [], "sleeps": [], "wait_ms": [],
+                                                   "idle": []})
+                    for k in ("wall_ms", "cpu_ms", "sleeps", "wait_ms"):
                         acc[k].extend(res[k])
                     if res["idle_cpu_pct"] is not None:
                         acc["idle"].append(res["idle_cpu_pct"])
@@ -226,11 +250,12 @@ def report(results, args, load_start) -> str:
         rows.append([name, traffic, "ONNX Runtime (defaults)" if eng == "ort" else f"nnserve spin={spin}",
                      f"{statistics.median(w):.2f}", f"{np.percentile(w, 90):.2f}",
                      f"{ratio:.2f}x" if ratio else "-",
-                     f"{statistics.median(acc['cpu_ms']):.2f}", f"{statistics.mean(acc['sleeps']):.1f}",
+                     f"{statistics.median(acc['cpu_ms']):.2f}", f"{statistics.mean(acc['wait_ms']):.2f}",
+                     f"{statistics.mean(acc['sleeps']):.1f}",
                      f"{statistics.mean(acc['idle']):.1f}" if acc["idle"] else "-"])
     rows.sort(key=lambda r: (r[0], r[1], r[2]))
-    head = ["model", "traffic", "engine", "median ms", "p90 ms", f"/ spin={first}", "CPU ms/call", "sleeps/call",
-            "idle CPU %"]
+    head = ["model", "traffic", "engine", "median ms", "p90 ms", f"/ spin={first}", "CPU ms/call", "CPU wait ms/call",
+            "sleeps/call", "idle CPU %"]
     return (f"Load average before: {', '.join(f'{x:.1f}' for x in load_start)}; after: "
             f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. {args.rounds} rounds, {args.calls} timed calls per "
             f"process; sporadic: bursts of {args.burst} after {IDLE_S} s idle; busy: back to back beside "

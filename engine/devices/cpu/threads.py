@@ -36,6 +36,19 @@ server thus sleeps 100 us after its last op. Without oneDNN our workers spin whi
 Small kernels never fork at all (`threads_for`: a oneDNN primitive of
 little work is created for one thread), so they pay no hand-over either way.
 
+What the second thread costs and why a run cannot simply drop to one thread (measured 2026-11-26, 2 vCPUs, KVM):
+- the wake-up is most of what a split saves on mid-sized ops: oneDNN's matmul of DeiT-tiny's fc1 (197x192x768,
+  29M multiply-adds) took 0.35 ms on one thread, 0.30 ms on two whose team sleeps between calls, 0.19-0.26 ms on
+  two whose team spins (GOMP_SPINCOUNT 2500);
+- beside other runnable work (another job, even at nice 19) every hand-over waits for the partner to get a core
+  back: the calling thread of EfficientFormerV2 waited 3-7 ms of a 12-20 ms call runnable for a CPU (schedstat;
+  0.1 ms on a quiet host), and one thread was then the fastest setting (bench/wait_policy.py shows the wait);
+- a oneDNN primitive runs on exactly the team it was created for: its jit convolutions fork that count whatever
+  omp_set_num_threads says (seen in a debugger), and a team of one forced on a primitive
+  (omp_set_max_active_levels(0)) is wrong, not slower: the brgemm matmul splits its work by the count it was
+  created for, and the fc1 above left 75648 of its 151296 outputs unwritten. Running a busy host's requests on
+  one thread would need a second, one-thread primitive per op, made at load.
+
 The count is process-wide (the pool is). Its default is the CPUs the process may really use: NNSERVE_NUM_THREADS
 (CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU quota (a container limited to 2
 CPUs on a 64-core node must not start 64 threads); the first instance applies it (`configure`). BLAS libraries
