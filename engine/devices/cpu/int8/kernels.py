@@ -80,6 +80,30 @@ def build_dequantize_to_nhwc(backends: Backends, node: Node, ins: list[TensorInf
     return run
 
 
+def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo]):
+    """Each head dequantized straight into its place in the joined output (no per-head value, no concat copy)."""
+    patterns = [_pattern(_per_head(s, i.shape[3])) for s, i in zip(node.attrs["scales"], ins, strict=True)]
+
+    def run(inputs, outputs, workspace):
+        out = _contiguous(node, outputs[0])
+        n = out.shape[0]
+        flat, at = out.reshape(n, -1), 0
+        for x, pattern in zip(inputs, patterns, strict=True):
+            size = x.size // n
+            parallel_for(loops.dequantize_into, n, x.size, x.reshape(n, size), pattern, flat, at)
+            at += size
+    return run
+
+
+def _per_head(s, c: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(s, F32).reshape(-1), (c,))
+
+
+def _pattern(scale: np.ndarray, values: int = 256) -> np.ndarray:
+    """The channels' scales repeated over as many whole pixels as make about `values` values."""
+    return np.ascontiguousarray(np.tile(scale, max(1, values // scale.size)))
+
+
 def build_add(backends: Backends, node: Node, ins: list[TensorInfo]):
     c = ins[0].shape[3]
     sa, sb, so = (_channels(node, k, c) for k in ("scale_a", "scale_b", "scale_out"))
@@ -136,6 +160,7 @@ KERNELS = {
     "Int8QuantizeNhwc": CpuKernel(build_quantize),
     "Int8DequantizeNhwc": CpuKernel(build_dequantize),
     "Int8DequantizeToNhwc": CpuKernel(build_dequantize_to_nhwc),
+    "Int8DequantizeConcatNhwc": CpuKernel(build_dequantize_concat),
     "Int8AddNhwc": CpuKernel(build_add),
     "Int8PoolNhwc": CpuKernel(build_pool),
     "Int8ConcatNhwc": CpuKernel(build_concat),

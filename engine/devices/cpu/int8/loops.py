@@ -77,6 +77,25 @@ def dequantize_pixels(x, scale, out, lo, hi):
 
 
 @njit(nogil=True, cache=True)
+def dequantize_into(x, pattern, out, at, lo, hi):
+    """One head of a joined dequantize: x (N, F) int8, each image's NHWC values flat -> out[n, at:at + F] of out
+    (N, G) float32, scale[c] * x; `pattern` is the per-channel scales repeated over a whole number of pixels, so
+    that the inner loop runs over it with no channel index and vectorizes (a pixel-by-pixel loop over 2-12
+    channels took 2.7 ns a value); items are images."""
+    f_n, k_n = x.shape[1], pattern.shape[0]
+    full = f_n - f_n % k_n
+    for n in range(lo, hi):
+        xr, o = x[n], out[n, at:at + f_n]
+        for b in range(0, full, k_n):
+            xb, ob = xr[b:b + k_n], o[b:b + k_n]  # views: the loop's index is never negative, so it vectorizes
+            for k in range(k_n):
+                ob[k] = pattern[k] * np.float32(xb[k])
+        xb, ob = xr[full:], o[full:]
+        for k in range(f_n - full):
+            ob[k] = pattern[k] * np.float32(xb[k])
+
+
+@njit(nogil=True, cache=True)
 def add(a, b, sa, sb, so, out, lo, hi):
     """(sa * a + sb * b) / so per channel over (P, C) pixels; items are pixels (row views: the inner loop
     vectorizes)."""

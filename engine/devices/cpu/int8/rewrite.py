@@ -7,6 +7,8 @@ A pure graph -> graph function; the input graph is left untouched (it is the Mod
   NHWC value reads it as such (Int8DequantizeNhwc): the float side stays NCHW, but where the dequantized value's
   only reader is a Transpose to channels-last (perm 0, 2, 3, 1: a detection head's), the two become one
   Int8DequantizeToNhwc writing the Transpose's output, and neither the NCHW float value nor the transpose is made;
+  where such heads are each reshaped and all joined on axis 1 by one Concat (a detector's scores or boxes), the
+  lot becomes one Int8DequantizeConcatNhwc writing the Concat's output (_joined_heads);
 - TnnQRelu is elementwise: it keeps its input's layout;
 - any other reader of an NHWC value (and a graph output) gets an Int8ToNchw copy, one per value; an NCHW int8
   value entering a twin gets an Int8ToNhwc copy.
@@ -67,6 +69,53 @@ def _to_channels_last(node: Node, graph: Graph) -> Node | None:
     return t
 
 
+def _only_reader(v: Value, graph: Graph) -> Node | None:
+    if v in graph.outputs or len(v.consumers) != 1:
+        return None
+    return v.consumers[0]
+
+
+def _head(v: Value, join: Node, graph: Graph) -> tuple[Node, Node, Node] | None:
+    """(TnnDequantize, Transpose, Reshape) whose chain makes the Concat input `v`: a Reshape (N, ...) -> (N, -1,
+    *trailing) of a channels-last dequantized int8 head, each link read by the next only."""
+    r = v.producer
+    if (r is None or r.op_type != "Reshape" or len(r.inputs) != 1 or set(r.params) != {"shape"}
+            or _only_reader(v, graph) is not join):
+        return None
+    t = r.inputs[0].producer
+    if t is None or t.op_type != "Transpose" or _only_reader(r.inputs[0], graph) is not r:
+        return None
+    dq = t.inputs[0].producer
+    if dq is None or dq.op_type != "TnnDequantize" or _to_channels_last(dq, graph) is not t:
+        return None
+    src, shape = r.inputs[0].shape, list(r.params.get("shape", []))
+    if src is None or v.shape is None or join.outputs[0].shape is None or None in src:
+        return None
+    # the batch stays the first dim (0: copied, or -1 with the rest fixed), each image's values become rows of
+    # the join's trailing dims
+    trailing = list(join.outputs[0].shape[2:])
+    batch_kept = (shape[:1] == [0] and shape[1:2] != [0]) or (shape[:1] == [-1] and len(shape) > 1 and shape[1] > 0)
+    if (not batch_kept or len(shape) != len(v.shape) or shape[2:] != trailing or any(d <= 0 for d in trailing)
+            or int(np.prod(v.shape[1:])) != int(np.prod(src[1:]))):
+        return None
+    return dq, t, r
+
+
+def _joined_heads(graph: Graph) -> dict[int, list[tuple[Node, Node, Node]]]:
+    """id(Concat) -> its heads' chains, for every Concat on axis 1 whose inputs are all such heads."""
+    found = {}
+    for node in graph.nodes:
+        out = node.outputs[0].shape if node.op_type == "Concat" and node.outputs else None
+        if out is None or len(out) < 3 or node.params.get("axis") not in (1, 1 - len(out)):
+            continue
+        if len(set(map(id, node.inputs))) != len(node.inputs):
+            continue
+        heads = [_head(v, node, graph) for v in node.inputs]
+        if all(h is not None for h in heads):
+            found[id(node)] = heads
+    return found
+
+
 def _reads_nhwc(node: Node) -> bool:
     return _twin_of(node) is not None or node.op_type in LAYOUT_FREE
 
@@ -114,6 +163,8 @@ class _Rewrite:
         self.other: dict[Value, Value] = {}  # original value -> its converted copy
         self.nonneg = nonnegative_values(graph)
         self.absorbed: set[int] = set()  # ids of the Transposes an Int8DequantizeToNhwc does
+        self.joins = _joined_heads(graph)  # id(Concat) -> the heads it joins, done by one Int8DequantizeConcatNhwc
+        self.absorbed.update(id(n) for heads in self.joins.values() for head in heads for n in head)
         self.stats = Int8LayoutStats()
 
     def run(self) -> tuple[Graph, Int8LayoutStats]:
@@ -159,6 +210,8 @@ class _Rewrite:
     def _node(self, node: Node) -> None:
         if id(node) in self.absorbed:
             return
+        if id(node) in self.joins and self._join(node, self.joins[id(node)]):
+            return
         op, params = node.op_type, dict(node.params)
         twin = _twin_of(node)
         out_layout = NCHW
@@ -189,3 +242,20 @@ class _Rewrite:
         outputs = [self._produce(v, out_layout) for v in node.outputs]
         self.new.add_node(op, inputs, outputs, name=node.name, params=params, attrs=dict(node.attrs),
                           source=node.source)
+
+    def _join(self, concat: Node, heads: list[tuple[Node, Node, Node]]) -> bool:
+        """The Concat of dequantized heads as one Int8DequantizeConcatNhwc, when every head's int8 value is NHWC;
+        else the heads' nodes as they were, and False (the Concat then runs as it is)."""
+        if all(self.layout.get(dq.inputs[0]) == NHWC for dq, _, _ in heads):
+            inputs = [self.native[dq.inputs[0]] for dq, _, _ in heads]
+            self.new.add_node("Int8DequantizeConcatNhwc", inputs, [self._produce(concat.outputs[0], NCHW)],
+                              name=concat.name, params={"trailing": list(concat.outputs[0].shape[2:])},
+                              attrs={"scales": [dq.attrs["scale"] for dq, _, _ in heads]}, source=concat.source)
+            self.stats.twins += 1
+            return True
+        for head in heads:
+            self.absorbed.difference_update(map(id, head))
+        for head in heads:
+            for node in head:
+                self._node(node)
+        return False

@@ -215,6 +215,19 @@ def test_quantize_and_dequantize_nhwc():
         _check(make_node("Int8DequantizeToNhwc", 1, attrs={"scale": s}), [q], [_i8(3, 6, 7, 5)])
 
 
+
+@pytest.mark.parametrize("trailing", [(2,), (4,), (3, 2)])
+def test_dequantize_concat_joins_heads_per_image(trailing):
+    """Detection heads dequantized into one joined value: each image's values of every head in order, heads
+    whose sizes are not a whole number of the kernel's scale pattern, a per-tensor scale, a batch smaller than
+    the planned one."""
+    row = int(np.prod(trailing))
+    heads = [_i8(2, 30, 40, row), _i8(2, 3, 5, 2 * row), _i8(2, 1, 1, row)]
+    scales = [RNG.uniform(0.01, 0.05, h.shape[3]).astype(np.float32) for h in heads]
+    scales[1] = scales[1][:1]
+    node = make_node("Int8DequantizeConcatNhwc", 1, params={"trailing": list(trailing)}, attrs={"scales": scales})
+    _check(node, heads, [np.zeros((3,) + h.shape[1:], np.int8) for h in heads])
+
 @pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.01, 0.0, 0.03), (0.015,)])
 def test_quantize_of_three_channels_nhwc(scales):
     """An image's three channels (a loop of their own where no scale is 0): odd sizes, saturation both ways, ties
