@@ -53,11 +53,12 @@ def _pixels(a: np.ndarray) -> np.ndarray:
 def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
     scale = _channels(node, "scale", ins[0].shape[1])
     loop = loops.quantize3 if scale.size == 3 and np.all(scale != 0) else loops.quantize
+    zero = np.int32(node.params.get("zero_point", 0))  # the output is uint8 where it is not 0 (ops.py)
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], _contiguous(node, outputs[0])
         rows = out.reshape(out.shape[0], out.shape[1], -1)  # (N, H, W * C), a view
-        parallel_for(loop, x.shape[0] * x.shape[2], x.size, x, scale, rows)
+        parallel_for(loop, x.shape[0] * x.shape[2], x.size, x, scale, zero, rows)
     return run
 
 

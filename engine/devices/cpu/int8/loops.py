@@ -15,11 +15,12 @@ ZERO = np.float32(0.0)
 
 
 @njit(nogil=True, cache=True)
-def quantize(x, scale, out, lo, hi):
-    """x (N, C, H, W) float32 -> out (N, H, W * C) int8 (NHWC with each row flat), float2int8(x / scale[c]);
-    items (n, y). Each row is quantized contiguously first (vectorized; saturating values made the strided
-    version branch), then interleaved channel by channel: a strided store per channel over a flat row is 3.5x
-    faster than the pixel-by-pixel loop over a runtime channel count (a 3x240x320 input: 0.27 -> 0.10 ms)."""
+def quantize(x, scale, zero, out, lo, hi):
+    """x (N, C, H, W) float32 -> out (N, H, W * C) int8 (NHWC with each row flat), float2int8(x / scale[c]), plus
+    `zero` (0; 128 into a uint8 out: the zero point of a u8 conv input); items (n, y). Each row is quantized
+    contiguously first (vectorized; saturating values made the strided version branch), then interleaved channel
+    by channel: a strided store per channel over a flat row is 3.5x faster than the pixel-by-pixel loop over a
+    runtime channel count (a 3x240x320 input: 0.27 -> 0.10 ms)."""
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     rows = np.empty((c_n, w_n), np.int8)
     for item in range(lo, hi):
@@ -36,11 +37,11 @@ def quantize(x, scale, out, lo, hi):
         for c in range(c_n):
             row = rows[c]
             for xx in range(w_n):
-                o[xx * c_n + c] = row[xx]
+                o[xx * c_n + c] = row[xx] + zero
 
 
 @njit(nogil=True, cache=True)
-def quantize3(x, scale, out, lo, hi):
+def quantize3(x, scale, zero, out, lo, hi):
     """`quantize` of a 3-channel input (an image) whose scales are all non-zero: one pass writing each pixel's
     three bytes, the channel count known to the compiler (a 3x240x320 input: 0.100 -> 0.056 ms on one thread)."""
     h_n, w_n = x.shape[2], x.shape[3]
@@ -49,9 +50,9 @@ def quantize3(x, scale, out, lo, hi):
         n, y = item // h_n, item % h_n
         x0, x1, x2, o = x[n, 0, y], x[n, 1, y], x[n, 2, y], out[n, y]
         for xx in range(w_n):
-            o[3 * xx] = f2i8(x0[xx] / s0)
-            o[3 * xx + 1] = f2i8(x1[xx] / s1)
-            o[3 * xx + 2] = f2i8(x2[xx] / s2)
+            o[3 * xx] = f2i8(x0[xx] / s0) + zero
+            o[3 * xx + 1] = f2i8(x1[xx] / s1) + zero
+            o[3 * xx + 2] = f2i8(x2[xx] / s2) + zero
 
 
 @njit(nogil=True, cache=True)

@@ -2,12 +2,13 @@
 
 Each twin names its base op and which of its sides are NHWC; params and attrs are the base op's (axis params stay
 logical: a Concat on axis 1 joins channels). `Int8ConvNhwc` adds `src_unsigned` (its input is never negative, so
-oneDNN may read it as u8). `Int8DequantizeToNhwc` is a dequantize whose float output is NHWC too (it stands for a
-dequantize and the Transpose to channels-last that read it, as detection heads do); `Int8DequantizeConcatNhwc`
-stands for several such heads, each reshaped and all joined on axis 1 (a detector's scores or boxes), written
-straight into the joined float value. `Int8ToNhwc` / `Int8ToNchw`
-move an int8 value between the layouts. These ops are the CPU device's own: its int8 rewrite (rewrite.py) inserts
-them, their kernels are in kernels.py, and each reference transposes to NCHW, runs the base op's reference and
+oneDNN may read it as u8). A quantize with `zero_point` (128) writes q + zero_point as uint8, and the convs that
+read it say so in `src_zero_point`: they take it off again. `Int8DequantizeToNhwc` is a dequantize whose float
+output is NHWC too (it stands for a dequantize and the Transpose to channels-last that read it, as detection heads
+do); `Int8DequantizeConcatNhwc` stands for several such heads, each reshaped and all joined on axis 1 (a
+detector's scores or boxes), written straight into the joined float value. `Int8ToNhwc` / `Int8ToNchw` move an
+int8 value between the layouts. These ops are the CPU device's own: its int8 rewrite (rewrite.py) inserts them,
+their kernels are in kernels.py, and each reference transposes to NCHW, runs the base op's reference and
 transposes back.
 """
 
@@ -116,18 +117,44 @@ def _dequantize_concat() -> OpDef:
     return OpDef("Int8DequantizeConcatNhwc", infer, reference)
 
 
+def _zero_point(base: OpDef, key: str) -> OpDef:
+    """`base` (a twin) with the zero point of param `key`: on a quantize's output (added, as uint8), or on a
+    conv's input (taken off first)."""
+    def shifted(node: Node) -> int:
+        return int(node.params.get(key, 0))
+
+    def infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+        if key == "src_zero_point" and shifted(node):
+            ins = [TensorInfo(ins[0].shape, np.dtype(np.int8)), *ins[1:]]
+        outs = base.infer(node, ins)
+        if key == "zero_point" and shifted(node):
+            outs = [TensorInfo(outs[0].shape, np.dtype(np.uint8))]
+        return outs
+
+    def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        zp = shifted(node)
+        if key == "src_zero_point" and zp:
+            arrays = [(arrays[0].astype(np.int16) - zp).astype(np.int8), *arrays[1:]]
+        outs = base.reference(node, arrays)
+        if key == "zero_point" and zp:
+            outs = [(outs[0].astype(np.int16) + zp).astype(np.uint8)]
+        return outs
+
+    return OpDef(base.op_type, infer, reference)
+
+
 # base op -> its twin's op type (the rewrite's table)
 TWINS = {"TnnQConv": "Int8ConvNhwc", "TnnQAdd": "Int8AddNhwc", "TnnQPool": "Int8PoolNhwc",
          "TnnQConcat": "Int8ConcatNhwc", "TnnQuantize": "Int8QuantizeNhwc", "TnnDequantize": "Int8DequantizeNhwc",
          "TnnQUpsample": "Int8UpsampleNhwc"}
 
 OPS: dict[str, OpDef] = {
-    "Int8ConvNhwc": twin("Int8ConvNhwc", "TnnQConv", None, True),
+    "Int8ConvNhwc": _zero_point(twin("Int8ConvNhwc", "TnnQConv", None, True), "src_zero_point"),
     "Int8AddNhwc": twin("Int8AddNhwc", "TnnQAdd", None, True),
     "Int8PoolNhwc": twin("Int8PoolNhwc", "TnnQPool", None, True),
     "Int8ConcatNhwc": twin("Int8ConcatNhwc", "TnnQConcat", None, True),
     "Int8UpsampleNhwc": twin("Int8UpsampleNhwc", "TnnQUpsample", None, True),
-    "Int8QuantizeNhwc": twin("Int8QuantizeNhwc", "TnnQuantize", [False], True),
+    "Int8QuantizeNhwc": _zero_point(twin("Int8QuantizeNhwc", "TnnQuantize", [False], True), "zero_point"),
     "Int8DequantizeNhwc": twin("Int8DequantizeNhwc", "TnnDequantize", [True], False),
     # a dequantize whose only reader was a Transpose to channels-last: the float value stays NHWC, no transpose
     "Int8DequantizeToNhwc": twin("Int8DequantizeToNhwc", "TnnDequantize", [True], True),

@@ -14,6 +14,9 @@ A pure graph -> graph function; the input graph is left untouched (it is the Mod
   value entering a twin gets an Int8ToNhwc copy.
 Int8ConvNhwc also learns whether its input can be negative (`src_unsigned`): values out of a ReLU (fused or
 not), and pools and concats of such values, never are, and oneDNN then reads them as u8 (exact on every ISA).
+A quantize read by convs only, whose sums stay far from 2**24 even on inputs up to 255 (a first conv on the image)
+writes its values + 128 as uint8 (`zero_point`), and its convs read them as u8 with that zero point
+(`src_zero_point`, conv.py), exactly the int8 values' sums.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.devices.cpu.int8.ops import TWINS, nhwc_shape
+from engine.devices.cpu.int8.requant import exact_u8_sums
 from engine.ir import Graph, Node, Value
 from engine.ops.shape import transpose_perm
 
@@ -116,6 +120,24 @@ def _joined_heads(graph: Graph) -> dict[int, list[tuple[Node, Node, Node]]]:
     return found
 
 
+ZERO_POINT = 128
+
+
+def _zero_pointed(node: Node) -> bool:
+    """Whether this TnnQuantize's output may be written with a zero point: every reader a conv twin reading it as
+    its input only, whose sums of u8 inputs are exact on oneDNN (requant.exact_u8_sums)."""
+    out = node.outputs[0]
+    readers = out.consumers
+    if not _int8_4d(out) or not readers:
+        return False
+    for c in readers:
+        if c.op_type != "TnnQConv" or _twin_of(c) is None or c.inputs[0] is not out or out in c.inputs[1:]:
+            return False
+        if not exact_u8_sums(np.asarray(c.attrs["weight"])):
+            return False
+    return True
+
+
 def _reads_nhwc(node: Node) -> bool:
     return _twin_of(node) is not None or node.op_type in LAYOUT_FREE
 
@@ -162,6 +184,7 @@ class _Rewrite:
         self.layout: dict[Value, str] = {}
         self.other: dict[Value, Value] = {}  # original value -> its converted copy
         self.nonneg = nonnegative_values(graph)
+        self.zero_pointed: set[Value] = set()  # quantized values written with ZERO_POINT (uint8)
         self.absorbed: set[int] = set()  # ids of the Transposes an Int8DequantizeToNhwc does
         self.joins = _joined_heads(graph)  # id(Concat) -> the heads it joins, done by one Int8DequantizeConcatNhwc
         self.absorbed.update(id(n) for heads in self.joins.values() for head in heads for n in head)
@@ -222,10 +245,15 @@ class _Rewrite:
             if twin == "Int8ConvNhwc":
                 params["src_unsigned"] = node.inputs[0] in self.nonneg
                 self.stats.unsigned_convs += params["src_unsigned"]
+                if node.inputs[0] in self.zero_pointed:
+                    params["src_zero_point"] = ZERO_POINT
         elif op == "TnnQuantize" and _int8_4d(node.outputs[0]) and any(
                 _reads_nhwc(c) for c in node.outputs[0].consumers):
             inputs, op, out_layout = [self._read(node.inputs[0], NCHW)], "Int8QuantizeNhwc", NHWC
             self.stats.twins += 1
+            if _zero_pointed(node) and node.outputs[0] not in self.src.outputs:
+                params["zero_point"] = ZERO_POINT
+                self.zero_pointed.add(node.outputs[0])
         elif op == "TnnDequantize" and node.inputs[0] in self.layout and self.layout[node.inputs[0]] == NHWC:
             inputs, op = [self.native[node.inputs[0]]], "Int8DequantizeNhwc"
             self.stats.twins += 1
@@ -240,6 +268,8 @@ class _Rewrite:
         else:
             inputs = [self._read(v, NCHW) for v in node.inputs]
         outputs = [self._produce(v, out_layout) for v in node.outputs]
+        if params.get("zero_point"):
+            outputs[0].dtype = np.dtype(np.uint8)
         self.new.add_node(op, inputs, outputs, name=node.name, params=params, attrs=dict(node.attrs),
                           source=node.source)
 
