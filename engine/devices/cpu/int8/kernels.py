@@ -53,12 +53,15 @@ def _pixels(a: np.ndarray) -> np.ndarray:
 def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
     scale = _channels(node, "scale", ins[0].shape[1])
     loop = loops.quantize3 if scale.size == 3 and np.all(scale != 0) else loops.quantize
-    zero = np.int32(node.params.get("zero_point", 0))  # the output is uint8 where it is not 0 (ops.py)
+    zero = int(node.params.get("zero_point", 0))  # the output is uint8 where it is not 0 (ops.py)
+    if zero not in (0, 128):
+        raise KernelError(f"{node.where()}: Int8QuantizeNhwc writes zero point 0 or 128, not {zero}")
+    flip = np.int8(-128 if zero else 0)  # q ^ -128 has the bytes of q + 128 as uint8
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], _contiguous(node, outputs[0])
-        rows = out.reshape(out.shape[0], out.shape[1], -1)  # (N, H, W * C), a view
-        parallel_for(loop, x.shape[0] * x.shape[2], x.size, x, scale, zero, rows)
+        rows = out.reshape(out.shape[0], out.shape[1], -1).view(np.int8)  # (N, H, W * C), a view
+        parallel_for(loop, x.shape[0] * x.shape[2], x.size, x, scale, flip, rows)
     return run
 
 

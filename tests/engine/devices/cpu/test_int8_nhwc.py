@@ -16,6 +16,7 @@ from engine.devices.cpu.int8 import kernels as int8_kernels
 from engine.devices.cpu.int8.ops import to_nhwc
 from engine.devices.cpu.int8.requant import sum_range, tie_free_scales
 from engine.devices.cpu.onednn.objects import available
+from engine.errors import KernelError
 from engine.ops.quant import float2int8
 
 RNG = np.random.default_rng(20)
@@ -274,6 +275,8 @@ def test_quantize_and_dequantize_nhwc():
     _check(shifted, [x])
     np.testing.assert_array_equal(reference(shifted, [x])[0].astype(np.int16) - 128,
                                   reference(make_node("Int8QuantizeNhwc", 1, attrs={"scale": scale}), [x])[0])
+    with pytest.raises(KernelError, match="zero point 0 or 128"):
+        run_kernel(make_node("Int8QuantizeNhwc", 1, params={"zero_point": 3}, attrs={"scale": scale}), [x])
     q = _i8(2, 6, 7, 5)
     _check(make_node("Int8DequantizeNhwc", 1, attrs={"scale": scale}), [q], [_i8(3, 6, 7, 5)])
     for s in (scale, scale[:1]):  # per channel, per tensor
