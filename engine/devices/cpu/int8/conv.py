@@ -28,6 +28,7 @@ the numba loops (direct way, suspect fix-ups), the input is shifted back to int8
 from __future__ import annotations
 
 import logging
+import weakref
 
 import numpy as np
 
@@ -330,8 +331,17 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
     max_shape = tuple(ins[0].shape)
     plans = {max_shape: Plan(spec, max_shape)}
 
+    # The requant way's call on the arrays of the last run, when it needs nothing else: the runtime passes the same
+    # arena views run after run, so their lookups (plan, workspace and array addresses) are done once
+    # (weak references: a remembered view never keeps an arena alive).
+    last: list = [None]  # (x, out, workspace) weak references, x's shape, plan, (src, dst, scratch) addresses
+
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
+        hit = last[0]
+        if hit is not None and hit[0]() is x and hit[1]() is out and hit[2]() is workspace and hit[3] == x.shape:
+            hit[4].execute(*hit[5])
+            return
         z = inputs[1] if spec.fusion else out
         plan = plans.get(x.shape)
         if plan is None:
@@ -351,7 +361,10 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
             _direct(spec, plan, x, z, out)
             return
         if plan.way == "requant":
-            plan.execute(D.address(x), D.address(out), base)
+            ptrs = (D.address(x), D.address(out), base)
+            plan.execute(*ptrs)
+            if not spec.fixup.size and workspace is not None:
+                last[0] = (weakref.ref(x), weakref.ref(out), weakref.ref(workspace), x.shape, plan, ptrs)
             if spec.fixup.size:
                 n, oh = out.shape[0], out.shape[1]
                 parallel_for(loops.fix_suspects, n * oh, out.size * spec.fixup.size // out.shape[-1],

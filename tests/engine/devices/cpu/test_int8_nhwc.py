@@ -118,6 +118,26 @@ def test_fused_epilogue_runs_flat_over_whole_pixels(monkeypatch, fusion, activat
         threads.set_threads(before)
 
 
+
+def test_conv_called_again_on_the_same_arrays_reads_their_new_values():
+    """The requant way's call remembers the last run's arrays (as the runtime passes the same arena views run after
+    run): new values in them, other arrays, and another shape all give the reference's results."""
+    node = _qconv(16, 8, 3, pads=1, activation="relu", unsigned=True)
+    big = [_i8(2, 9, 8, 8, lo=0)]
+    fn, ws = build_kernel(node, infos_of(big, node=node))
+    assert next(iter(fn.plans.values())).way == "requant" and not int8_kernels._SPECS[node].fixup.size
+    x, out = big[0].copy(), np.empty((2, 9, 8, 16), np.int8)
+    for _ in range(2):
+        x[...] = _i8(2, 9, 8, 8, lo=0)
+        fn([x], [out], ws)
+        np.testing.assert_array_equal(out, reference(node, [x])[0])
+    other = np.empty_like(out)
+    fn([x], [other], ws)
+    np.testing.assert_array_equal(other, reference(node, [x])[0])
+    small = x[:1].copy()
+    fn([small], [out[:1]], ws)
+    np.testing.assert_array_equal(out[:1], reference(node, [small])[0])
+
 def _impl(node, arrays):
     fn, _ = build_kernel(node, infos_of(arrays, node=node))
     return fn.impl
