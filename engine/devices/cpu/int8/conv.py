@@ -334,13 +334,15 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
     # The requant way's call on the arrays of the last run, when it needs nothing else: the runtime passes the same
     # arena views run after run, so their lookups (plan, workspace and array addresses) are done once
     # (weak references: a remembered view never keeps an arena alive).
-    last: list = [None]  # (x, out, workspace) weak references, x's shape, plan, (src, dst, scratch) addresses
+    last: list = [None]  # (x, out, workspace) weak references, x's shape, plan, (src, dst, scratch), fix-ups
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
         hit = last[0]
         if hit is not None and hit[0]() is x and hit[1]() is out and hit[2]() is workspace and hit[3] == x.shape:
             hit[4].execute(*hit[5])
+            if hit[6]:
+                parallel_for(loops.fix_suspects, *hit[6][:2], x, *hit[6][2], out)
             return
         z = inputs[1] if spec.fusion else out
         plan = plans.get(x.shape)
@@ -363,13 +365,15 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
         if plan.way == "requant":
             ptrs = (D.address(x), D.address(out), base)
             plan.execute(*ptrs)
-            if not spec.fixup.size and workspace is not None:
-                last[0] = (weakref.ref(x), weakref.ref(out), weakref.ref(workspace), x.shape, plan, ptrs)
+            fix = ()  # (items, work, the operands between x and out) of the fix-ups
             if spec.fixup.size:
                 n, oh = out.shape[0], out.shape[1]
-                parallel_for(loops.fix_suspects, n * oh, out.size * spec.fixup.size // out.shape[-1],
-                             _int8(spec, x), spec.w_rows, spec.bias, spec.scale, spec.relu6_max, spec.act, spec.fixup,
-                             spec.suspects, plan.geo_array, out)
+                fix = (n * oh, out.size * spec.fixup.size // out.shape[-1], (spec.w_rows, spec.bias, spec.scale,
+                       spec.relu6_max, spec.act, spec.fixup, spec.suspects, plan.geo_array))
+                parallel_for(loops.fix_suspects, *fix[:2], _int8(spec, x), *fix[2], out)
+            # (an input with a zero point is shifted into a copy for the fix-ups: made again at each call)
+            if workspace is not None and not (fix and spec.zero_point[0]):
+                last[0] = (weakref.ref(x), weakref.ref(out), weakref.ref(workspace), x.shape, plan, ptrs, fix)
             return
         p, o = out.size // out.shape[-1], out.shape[-1]
         at = base + plan.pad_bytes - D.address(workspace)  # the int32 sums follow the scratchpad

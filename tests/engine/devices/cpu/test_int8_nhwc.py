@@ -119,18 +119,40 @@ def test_fused_epilogue_runs_flat_over_whole_pixels(monkeypatch, fusion, activat
 
 
 
-def test_conv_called_again_on_the_same_arrays_reads_their_new_values():
+def _tie_conv():
+    """A conv with a channel whose outputs oneDNN may round otherwise than TNN, and an input reaching that tie
+    (test_channels_without_factor_are_recomputed)."""
+    o, c = 16, 64
+    w = _i8(o, c, 1, 1)
+    w[3] = 127
+    scale = RNG.uniform(0.0005, 0.003, o).astype(np.float32)
+    scale[3] = 0.0008107082
+    node = _qconv(o, c, 1, activation="relu", scale=scale, weight=w, unsigned=True)
+    node.attrs["bias"][3] = 93
+    x = _i8(2, 9, 8, c, lo=0)
+    x[0, 0, 0] = 0
+    x[0, 0, 0, :5], x[0, 0, 0, 5] = 127, 49
+    return node, x
+
+
+@pytest.mark.parametrize("fixups", [False, True])
+def test_conv_called_again_on_the_same_arrays_reads_their_new_values(fixups):
     """The requant way's call remembers the last run's arrays (as the runtime passes the same arena views run after
-    run): new values in them, other arrays, and another shape all give the reference's results."""
-    node = _qconv(16, 8, 3, pads=1, activation="relu", unsigned=True)
-    big = [_i8(2, 9, 8, 8, lo=0)]
-    fn, ws = build_kernel(node, infos_of(big, node=node))
-    assert next(iter(fn.plans.values())).way == "requant" and not int8_kernels._SPECS[node].fixup.size
-    x, out = big[0].copy(), np.empty((2, 9, 8, 16), np.int8)
-    for _ in range(2):
-        x[...] = _i8(2, 9, 8, 8, lo=0)
+    run): new values in them, other arrays, and another shape all give the reference's results, with the channels
+    to recheck rechecked at every call."""
+    node, first = _tie_conv() if fixups else (_qconv(16, 8, 3, pads=1, activation="relu", unsigned=True),
+                                              _i8(2, 9, 8, 8, lo=0))
+    c = first.shape[3]
+    fn, ws = build_kernel(node, infos_of([first], node=node))
+    assert next(iter(fn.plans.values())).way == "requant"
+    assert bool(int8_kernels._SPECS[node].fixup.size) == fixups
+    x, out = first.copy(), np.empty((2, 9, 8, 16), np.int8)
+    for values in (first, _i8(2, 9, 8, c, lo=0), first):
+        x[...] = values
         fn([x], [out], ws)
         np.testing.assert_array_equal(out, reference(node, [x])[0])
+    if fixups:
+        assert out[0, 0, 0, 3] == 71  # the tie, rounded away from zero at the third call too
     other = np.empty_like(out)
     fn([x], [other], ws)
     np.testing.assert_array_equal(other, reference(node, [x])[0])
