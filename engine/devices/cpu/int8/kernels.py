@@ -53,11 +53,15 @@ def _pixels(a: np.ndarray) -> np.ndarray:
 def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
     scale = _channels(node, "scale", ins[0].shape[1])
     loop = loops.quantize3 if scale.size == 3 and np.all(scale != 0) else loops.quantize
+    zero = int(node.params.get("zero_point", 0))  # the output is uint8 where it is not 0 (ops.py)
+    if zero not in (0, 128):
+        raise KernelError(f"{node.where()}: Int8QuantizeNhwc writes zero point 0 or 128, not {zero}")
+    flip = np.int8(-128 if zero else 0)  # q ^ -128 has the bytes of q + 128 as uint8
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], _contiguous(node, outputs[0])
-        rows = out.reshape(out.shape[0], out.shape[1], -1)  # (N, H, W * C), a view
-        parallel_for(loop, x.shape[0] * x.shape[2], x.size, x, scale, rows)
+        rows = out.reshape(out.shape[0], out.shape[1], -1).view(np.int8)  # (N, H, W * C), a view
+        parallel_for(loop, x.shape[0] * x.shape[2], x.size, x, scale, flip, rows)
     return run
 
 
@@ -78,6 +82,30 @@ def build_dequantize_to_nhwc(backends: Backends, node: Node, ins: list[TensorInf
         x = _pixels(x)
         parallel_for(loops.dequantize_pixels, x.shape[0], x.size, x, scale, _pixels(out))
     return run
+
+
+def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo]):
+    """Each head dequantized straight into its place in the joined output (no per-head value, no concat copy)."""
+    patterns = [_pattern(_per_head(s, i.shape[3])) for s, i in zip(node.attrs["scales"], ins, strict=True)]
+
+    def run(inputs, outputs, workspace):
+        out = _contiguous(node, outputs[0])
+        n = out.shape[0]
+        flat, at = out.reshape(n, -1), 0
+        for x, pattern in zip(inputs, patterns, strict=True):
+            size = x.size // n
+            parallel_for(loops.dequantize_into, n, x.size, x.reshape(n, size), pattern, flat, at)
+            at += size
+    return run
+
+
+def _per_head(s, c: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(s, F32).reshape(-1), (c,))
+
+
+def _pattern(scale: np.ndarray, values: int = 256) -> np.ndarray:
+    """The channels' scales repeated over as many whole pixels as make about `values` values."""
+    return np.ascontiguousarray(np.tile(scale, max(1, values // scale.size)))
 
 
 def build_add(backends: Backends, node: Node, ins: list[TensorInfo]):
@@ -136,6 +164,7 @@ KERNELS = {
     "Int8QuantizeNhwc": CpuKernel(build_quantize),
     "Int8DequantizeNhwc": CpuKernel(build_dequantize),
     "Int8DequantizeToNhwc": CpuKernel(build_dequantize_to_nhwc),
+    "Int8DequantizeConcatNhwc": CpuKernel(build_dequantize_concat),
     "Int8AddNhwc": CpuKernel(build_add),
     "Int8PoolNhwc": CpuKernel(build_pool),
     "Int8ConcatNhwc": CpuKernel(build_concat),

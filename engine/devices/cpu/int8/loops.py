@@ -15,11 +15,13 @@ ZERO = np.float32(0.0)
 
 
 @njit(nogil=True, cache=True)
-def quantize(x, scale, out, lo, hi):
-    """x (N, C, H, W) float32 -> out (N, H, W * C) int8 (NHWC with each row flat), float2int8(x / scale[c]);
-    items (n, y). Each row is quantized contiguously first (vectorized; saturating values made the strided
-    version branch), then interleaved channel by channel: a strided store per channel over a flat row is 3.5x
-    faster than the pixel-by-pixel loop over a runtime channel count (a 3x240x320 input: 0.27 -> 0.10 ms)."""
+def quantize(x, scale, flip, out, lo, hi):
+    """x (N, C, H, W) float32 -> out (N, H, W * C) int8 (NHWC with each row flat), float2int8(x / scale[c]) ^ flip
+    (0, or -128: the bytes of q + 128 as uint8, a u8 conv input with zero point 128; an int8 xor keeps the loop
+    vectorized where adding 128 as an int made the 3-channel one 25% slower); items (n, y). Each row is quantized
+    contiguously first (vectorized; saturating values made the strided version branch), then interleaved channel
+    by channel: a strided store per channel over a flat row is 3.5x faster than the pixel-by-pixel loop over a
+    runtime channel count (a 3x240x320 input: 0.27 -> 0.10 ms)."""
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     rows = np.empty((c_n, w_n), np.int8)
     for item in range(lo, hi):
@@ -36,11 +38,11 @@ def quantize(x, scale, out, lo, hi):
         for c in range(c_n):
             row = rows[c]
             for xx in range(w_n):
-                o[xx * c_n + c] = row[xx]
+                o[xx * c_n + c] = row[xx] ^ flip
 
 
 @njit(nogil=True, cache=True)
-def quantize3(x, scale, out, lo, hi):
+def quantize3(x, scale, flip, out, lo, hi):
     """`quantize` of a 3-channel input (an image) whose scales are all non-zero: one pass writing each pixel's
     three bytes, the channel count known to the compiler (a 3x240x320 input: 0.100 -> 0.056 ms on one thread)."""
     h_n, w_n = x.shape[2], x.shape[3]
@@ -49,9 +51,9 @@ def quantize3(x, scale, out, lo, hi):
         n, y = item // h_n, item % h_n
         x0, x1, x2, o = x[n, 0, y], x[n, 1, y], x[n, 2, y], out[n, y]
         for xx in range(w_n):
-            o[3 * xx] = f2i8(x0[xx] / s0)
-            o[3 * xx + 1] = f2i8(x1[xx] / s1)
-            o[3 * xx + 2] = f2i8(x2[xx] / s2)
+            o[3 * xx] = f2i8(x0[xx] / s0) ^ flip
+            o[3 * xx + 1] = f2i8(x1[xx] / s1) ^ flip
+            o[3 * xx + 2] = f2i8(x2[xx] / s2) ^ flip
 
 
 @njit(nogil=True, cache=True)
@@ -74,6 +76,25 @@ def dequantize_pixels(x, scale, out, lo, hi):
         xp, op = x[p], out[p]
         for c in range(c_n):
             op[c] = scale[c] * np.float32(xp[c])
+
+
+@njit(nogil=True, cache=True)
+def dequantize_into(x, pattern, out, at, lo, hi):
+    """One head of a joined dequantize: x (N, F) int8, each image's NHWC values flat -> out[n, at:at + F] of out
+    (N, G) float32, scale[c] * x; `pattern` is the per-channel scales repeated over a whole number of pixels, so
+    that the inner loop runs over it with no channel index and vectorizes (a pixel-by-pixel loop over 2-12
+    channels took 2.7 ns a value); items are images."""
+    f_n, k_n = x.shape[1], pattern.shape[0]
+    full = f_n - f_n % k_n
+    for n in range(lo, hi):
+        xr, o = x[n], out[n, at:at + f_n]
+        for b in range(0, full, k_n):
+            xb, ob = xr[b:b + k_n], o[b:b + k_n]  # views: the loop's index is never negative, so it vectorizes
+            for k in range(k_n):
+                ob[k] = pattern[k] * np.float32(xb[k])
+        xb, ob = xr[full:], o[full:]
+        for k in range(f_n - full):
+            ob[k] = pattern[k] * np.float32(xb[k])
 
 
 @njit(nogil=True, cache=True)

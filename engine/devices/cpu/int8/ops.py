@@ -2,10 +2,13 @@
 
 Each twin names its base op and which of its sides are NHWC; params and attrs are the base op's (axis params stay
 logical: a Concat on axis 1 joins channels). `Int8ConvNhwc` adds `src_unsigned` (its input is never negative, so
-oneDNN may read it as u8). `Int8DequantizeToNhwc` is a dequantize whose float output is NHWC too (it stands for a
-dequantize and the Transpose to channels-last that read it, as detection heads do). `Int8ToNhwc` / `Int8ToNchw`
-move an int8 value between the layouts. These ops are the CPU device's own: its int8 rewrite (rewrite.py) inserts
-them, their kernels are in kernels.py, and each reference transposes to NCHW, runs the base op's reference and
+oneDNN may read it as u8). A quantize with `zero_point` (128) writes q + zero_point as uint8, and the convs that
+read it say so in `src_zero_point`: they take it off again. `Int8DequantizeToNhwc` is a dequantize whose float
+output is NHWC too (it stands for a dequantize and the Transpose to channels-last that read it, as detection heads
+do); `Int8DequantizeConcatNhwc` stands for several such heads, each reshaped and all joined on axis 1 (a
+detector's scores or boxes), written straight into the joined float value. `Int8ToNhwc` / `Int8ToNchw` move an
+int8 value between the layouts. These ops are the CPU device's own: its int8 rewrite (rewrite.py) inserts them,
+their kernels are in kernels.py, and each reference transposes to NCHW, runs the base op's reference and
 transposes back.
 """
 
@@ -84,21 +87,79 @@ def _transpose(op_type: str, to: str) -> OpDef:
     return OpDef(op_type, infer, reference)
 
 
+def _join_shape(node: Node, shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """(N, rows, *trailing) of the joined heads: every image's values of every head, in order, as rows of
+    `trailing`."""
+    trailing = tuple(int(d) for d in node.params["trailing"])
+    row = int(np.prod(trailing))
+    rows = 0
+    for shape in shapes:
+        _check4(node, shape)
+        if shape[0] != shapes[0][0] or (shape[1] * shape[2] * shape[3]) % row:
+            raise ShapeError(f"{node.where()}: {node.op_type} cannot join {[tuple(s) for s in shapes]} as rows "
+                             f"of {trailing}")
+        rows += shape[1] * shape[2] * shape[3] // row
+    return (shapes[0][0], rows, *trailing)
+
+
+def _dequantize_concat() -> OpDef:
+    """Int8DequantizeConcatNhwc: NHWC int8 heads (N, H_i, W_i, C_i), each dequantized by its scales (attr
+    `scales`, one per head, per channel or one), reshaped to (N, -1, *trailing) and all concatenated on axis 1."""
+    def infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+        return [TensorInfo(_join_shape(node, [i.shape for i in ins]), np.dtype(np.float32))]
+
+    def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        shape = _join_shape(node, [a.shape for a in arrays])
+        parts = [(np.asarray(s, np.float32).reshape(-1) * a.astype(np.float32)).astype(np.float32)
+                 .reshape(shape[0], -1, *shape[2:]) for a, s in zip(arrays, node.attrs["scales"], strict=True)]
+        return [np.concatenate(parts, axis=1)]
+
+    return OpDef("Int8DequantizeConcatNhwc", infer, reference)
+
+
+def _zero_point(base: OpDef, key: str) -> OpDef:
+    """`base` (a twin) with the zero point of param `key`: on a quantize's output (added, as uint8), or on a
+    conv's input (taken off first)."""
+    def shifted(node: Node) -> int:
+        return int(node.params.get(key, 0))
+
+    def infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+        if key == "src_zero_point" and shifted(node):
+            ins = [TensorInfo(ins[0].shape, np.dtype(np.int8)), *ins[1:]]
+        outs = base.infer(node, ins)
+        if key == "zero_point" and shifted(node):
+            outs = [TensorInfo(outs[0].shape, np.dtype(np.uint8))]
+        return outs
+
+    def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        zp = shifted(node)
+        if key == "src_zero_point" and zp:
+            arrays = [(arrays[0].astype(np.int16) - zp).astype(np.int8), *arrays[1:]]
+        outs = base.reference(node, arrays)
+        if key == "zero_point" and zp:
+            outs = [(outs[0].astype(np.int16) + zp).astype(np.uint8)]
+        return outs
+
+    return OpDef(base.op_type, infer, reference)
+
+
 # base op -> its twin's op type (the rewrite's table)
 TWINS = {"TnnQConv": "Int8ConvNhwc", "TnnQAdd": "Int8AddNhwc", "TnnQPool": "Int8PoolNhwc",
          "TnnQConcat": "Int8ConcatNhwc", "TnnQuantize": "Int8QuantizeNhwc", "TnnDequantize": "Int8DequantizeNhwc",
          "TnnQUpsample": "Int8UpsampleNhwc"}
 
 OPS: dict[str, OpDef] = {
-    "Int8ConvNhwc": twin("Int8ConvNhwc", "TnnQConv", None, True),
+    "Int8ConvNhwc": _zero_point(twin("Int8ConvNhwc", "TnnQConv", None, True), "src_zero_point"),
     "Int8AddNhwc": twin("Int8AddNhwc", "TnnQAdd", None, True),
     "Int8PoolNhwc": twin("Int8PoolNhwc", "TnnQPool", None, True),
     "Int8ConcatNhwc": twin("Int8ConcatNhwc", "TnnQConcat", None, True),
     "Int8UpsampleNhwc": twin("Int8UpsampleNhwc", "TnnQUpsample", None, True),
-    "Int8QuantizeNhwc": twin("Int8QuantizeNhwc", "TnnQuantize", [False], True),
+    "Int8QuantizeNhwc": _zero_point(twin("Int8QuantizeNhwc", "TnnQuantize", [False], True), "zero_point"),
     "Int8DequantizeNhwc": twin("Int8DequantizeNhwc", "TnnDequantize", [True], False),
     # a dequantize whose only reader was a Transpose to channels-last: the float value stays NHWC, no transpose
     "Int8DequantizeToNhwc": twin("Int8DequantizeToNhwc", "TnnDequantize", [True], True),
+    # several of those heads, each reshaped and all concatenated on axis 1
+    "Int8DequantizeConcatNhwc": _dequantize_concat(),
     "Int8ToNhwc": _transpose("Int8ToNhwc", "nhwc"),
     "Int8ToNchw": _transpose("Int8ToNchw", "nchw"),
 }

@@ -58,6 +58,12 @@ def exact_sums(weight: np.ndarray) -> bool:
     return bool(np.all(product_bound(weight) < EXACT_LIMIT))
 
 
+def exact_u8_sums(weight: np.ndarray) -> bool:
+    """exact_sums for u8 inputs (0..255: an int8 input with zero point 128, before oneDNN takes it off)."""
+    u8_bound = np.abs(weight.reshape(weight.shape[0], -1).astype(np.int64)).sum(axis=1) * 255
+    return bool(np.all(u8_bound < EXACT_LIMIT))
+
+
 def exact_bias(bias: np.ndarray) -> bool:
     """Whether every bias is a float32 exactly, so that oneDNN's float bias add rounds once, as TNN's."""
     b = np.asarray(bias, np.int64)

@@ -7,11 +7,16 @@ A pure graph -> graph function; the input graph is left untouched (it is the Mod
   NHWC value reads it as such (Int8DequantizeNhwc): the float side stays NCHW, but where the dequantized value's
   only reader is a Transpose to channels-last (perm 0, 2, 3, 1: a detection head's), the two become one
   Int8DequantizeToNhwc writing the Transpose's output, and neither the NCHW float value nor the transpose is made;
+  where such heads are each reshaped and all joined on axis 1 by one Concat (a detector's scores or boxes), the
+  lot becomes one Int8DequantizeConcatNhwc writing the Concat's output (_joined_heads);
 - TnnQRelu is elementwise: it keeps its input's layout;
 - any other reader of an NHWC value (and a graph output) gets an Int8ToNchw copy, one per value; an NCHW int8
   value entering a twin gets an Int8ToNhwc copy.
 Int8ConvNhwc also learns whether its input can be negative (`src_unsigned`): values out of a ReLU (fused or
 not), and pools and concats of such values, never are, and oneDNN then reads them as u8 (exact on every ISA).
+A quantize read by convs only, whose sums stay far from 2**24 even on inputs up to 255 (a first conv on the image)
+writes its values + 128 as uint8 (`zero_point`), and its convs read them as u8 with that zero point
+(`src_zero_point`, conv.py), exactly the int8 values' sums.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.devices.cpu.int8.ops import TWINS, nhwc_shape
+from engine.devices.cpu.int8.requant import exact_u8_sums
 from engine.ir import Graph, Node, Value
 from engine.ops.shape import transpose_perm
 
@@ -65,6 +71,71 @@ def _to_channels_last(node: Node, graph: Graph) -> Node | None:
     if t.op_type != "Transpose" or t.inputs != [out] or transpose_perm(t, 4) != [0, 2, 3, 1]:
         return None
     return t
+
+
+def _only_reader(v: Value, graph: Graph) -> Node | None:
+    if v in graph.outputs or len(v.consumers) != 1:
+        return None
+    return v.consumers[0]
+
+
+def _head(v: Value, join: Node, graph: Graph) -> tuple[Node, Node, Node] | None:
+    """(TnnDequantize, Transpose, Reshape) whose chain makes the Concat input `v`: a Reshape (N, ...) -> (N, -1,
+    *trailing) of a channels-last dequantized int8 head, each link read by the next only."""
+    r = v.producer
+    if (r is None or r.op_type != "Reshape" or len(r.inputs) != 1 or set(r.params) != {"shape"}
+            or _only_reader(v, graph) is not join):
+        return None
+    t = r.inputs[0].producer
+    if t is None or t.op_type != "Transpose" or _only_reader(r.inputs[0], graph) is not r:
+        return None
+    dq = t.inputs[0].producer
+    if dq is None or dq.op_type != "TnnDequantize" or _to_channels_last(dq, graph) is not t:
+        return None
+    src, shape = r.inputs[0].shape, list(r.params.get("shape", []))
+    if src is None or v.shape is None or join.outputs[0].shape is None or None in src:
+        return None
+    # the batch stays the first dim (0: copied, or -1 with the rest fixed), each image's values become rows of
+    # the join's trailing dims
+    trailing = list(join.outputs[0].shape[2:])
+    batch_kept = (shape[:1] == [0] and shape[1:2] != [0]) or (shape[:1] == [-1] and len(shape) > 1 and shape[1] > 0)
+    if (not batch_kept or len(shape) != len(v.shape) or shape[2:] != trailing or any(d <= 0 for d in trailing)
+            or int(np.prod(v.shape[1:])) != int(np.prod(src[1:]))):
+        return None
+    return dq, t, r
+
+
+def _joined_heads(graph: Graph) -> dict[int, list[tuple[Node, Node, Node]]]:
+    """id(Concat) -> its heads' chains, for every Concat on axis 1 whose inputs are all such heads."""
+    found = {}
+    for node in graph.nodes:
+        out = node.outputs[0].shape if node.op_type == "Concat" and node.outputs else None
+        if out is None or len(out) < 3 or node.params.get("axis") not in (1, 1 - len(out)):
+            continue
+        if len(set(map(id, node.inputs))) != len(node.inputs):
+            continue
+        heads = [_head(v, node, graph) for v in node.inputs]
+        if all(h is not None for h in heads):
+            found[id(node)] = heads
+    return found
+
+
+ZERO_POINT = 128
+
+
+def _zero_pointed(node: Node) -> bool:
+    """Whether this TnnQuantize's output may be written with a zero point: every reader a conv twin reading it as
+    its input only, whose sums of u8 inputs are exact on oneDNN (requant.exact_u8_sums)."""
+    out = node.outputs[0]
+    readers = out.consumers
+    if not _int8_4d(out) or not readers:
+        return False
+    for c in readers:
+        if c.op_type != "TnnQConv" or _twin_of(c) is None or c.inputs[0] is not out or out in c.inputs[1:]:
+            return False
+        if not exact_u8_sums(np.asarray(c.attrs["weight"])):
+            return False
+    return True
 
 
 def _reads_nhwc(node: Node) -> bool:
@@ -113,7 +184,10 @@ class _Rewrite:
         self.layout: dict[Value, str] = {}
         self.other: dict[Value, Value] = {}  # original value -> its converted copy
         self.nonneg = nonnegative_values(graph)
+        self.zero_pointed: set[Value] = set()  # quantized values written with ZERO_POINT (uint8)
         self.absorbed: set[int] = set()  # ids of the Transposes an Int8DequantizeToNhwc does
+        self.joins = _joined_heads(graph)  # id(Concat) -> the heads it joins, done by one Int8DequantizeConcatNhwc
+        self.absorbed.update(id(n) for heads in self.joins.values() for head in heads for n in head)
         self.stats = Int8LayoutStats()
 
     def run(self) -> tuple[Graph, Int8LayoutStats]:
@@ -159,6 +233,8 @@ class _Rewrite:
     def _node(self, node: Node) -> None:
         if id(node) in self.absorbed:
             return
+        if id(node) in self.joins and self._join(node, self.joins[id(node)]):
+            return
         op, params = node.op_type, dict(node.params)
         twin = _twin_of(node)
         out_layout = NCHW
@@ -169,10 +245,15 @@ class _Rewrite:
             if twin == "Int8ConvNhwc":
                 params["src_unsigned"] = node.inputs[0] in self.nonneg
                 self.stats.unsigned_convs += params["src_unsigned"]
+                if node.inputs[0] in self.zero_pointed:
+                    params["src_zero_point"] = ZERO_POINT
         elif op == "TnnQuantize" and _int8_4d(node.outputs[0]) and any(
                 _reads_nhwc(c) for c in node.outputs[0].consumers):
             inputs, op, out_layout = [self._read(node.inputs[0], NCHW)], "Int8QuantizeNhwc", NHWC
             self.stats.twins += 1
+            if _zero_pointed(node) and node.outputs[0] not in self.src.outputs:
+                params["zero_point"] = ZERO_POINT
+                self.zero_pointed.add(node.outputs[0])
         elif op == "TnnDequantize" and node.inputs[0] in self.layout and self.layout[node.inputs[0]] == NHWC:
             inputs, op = [self.native[node.inputs[0]]], "Int8DequantizeNhwc"
             self.stats.twins += 1
@@ -187,5 +268,24 @@ class _Rewrite:
         else:
             inputs = [self._read(v, NCHW) for v in node.inputs]
         outputs = [self._produce(v, out_layout) for v in node.outputs]
+        if params.get("zero_point"):
+            outputs[0].dtype = np.dtype(np.uint8)
         self.new.add_node(op, inputs, outputs, name=node.name, params=params, attrs=dict(node.attrs),
                           source=node.source)
+
+    def _join(self, concat: Node, heads: list[tuple[Node, Node, Node]]) -> bool:
+        """The Concat of dequantized heads as one Int8DequantizeConcatNhwc, when every head's int8 value is NHWC;
+        else the heads' nodes as they were, and False (the Concat then runs as it is)."""
+        if all(self.layout.get(dq.inputs[0]) == NHWC for dq, _, _ in heads):
+            inputs = [self.native[dq.inputs[0]] for dq, _, _ in heads]
+            self.new.add_node("Int8DequantizeConcatNhwc", inputs, [self._produce(concat.outputs[0], NCHW)],
+                              name=concat.name, params={"trailing": list(concat.outputs[0].shape[2:])},
+                              attrs={"scales": [dq.attrs["scale"] for dq, _, _ in heads]}, source=concat.source)
+            self.stats.twins += 1
+            return True
+        for head in heads:
+            self.absorbed.difference_update(map(id, head))
+        for head in heads:
+            for node in head:
+                self._node(node)
+        return False

@@ -39,6 +39,7 @@ QUERY_SRC_MD, QUERY_WEIGHTS_MD, QUERY_DST_MD, QUERY_SCRATCHPAD_MD = 129, 131, 13
 ARG_SRC, ARG_DST, ARG_WEIGHTS, ARG_BIAS, ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 ARG_SRC_1 = 2
 ARG_ATTR_SCALES = 4096  # | ARG_WEIGHTS: the scales set by dnnl_primitive_attr_set_scales_mask, at execution
+ARG_ATTR_ZERO_POINTS = 8192  # | ARG_SRC: the zero points set by dnnl_primitive_attr_set_zero_points_mask
 ARG_ATTR_MULTIPLE_POST_OP_BASE = 32768  # oneDNN v3 (v2: 16384)
 BINARY_ADD = 0x1FFF0
 

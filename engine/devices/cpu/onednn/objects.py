@@ -173,16 +173,20 @@ class Attr(_Handle):
     """Primitive attributes: user scratchpad (so a run never allocates) and post-ops: ("sum",), an eltwise
     (name, alpha, beta), ("binary_add", MemoryDesc of the second operand), or ("binary", name, operand MemoryDesc)
     whose operand is passed as L.post_op_arg(index); `scales` maps an argument (L.ARG_WEIGHTS) to the mask of the
-    dimensions its scales vary along, the scales themselves passed as L.ARG_ATTR_SCALES | argument."""
+    dimensions its scales vary along, the scales themselves passed as L.ARG_ATTR_SCALES | argument; `zero_points`
+    likewise for int32 zero points (L.ARG_ATTR_ZERO_POINTS | argument)."""
     _destroy = "dnnl_primitive_attr_destroy"
 
-    def __init__(self, post_ops: Sequence[tuple] = (), scales: dict[int, int] | None = None):
+    def __init__(self, post_ops: Sequence[tuple] = (), scales: dict[int, int] | None = None,
+                 zero_points: dict[int, int] | None = None):
         h = _vp()
         L.call("dnnl_primitive_attr_create", ctypes.byref(h))
         super().__init__(h)
         L.call("dnnl_primitive_attr_set_scratchpad_mode", h, L.SCRATCHPAD_USER)
         for arg, mask in (scales or {}).items():
             L.call("dnnl_primitive_attr_set_scales_mask", h, arg, mask)
+        for arg, mask in (zero_points or {}).items():
+            L.call("dnnl_primitive_attr_set_zero_points_mask", h, arg, mask)
         if post_ops:
             po = _vp()
             L.call("dnnl_post_ops_create", ctypes.byref(po))

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, infos_of, make_node, reference, run_kernel
+from op_harness import build_kernel, cpu_device, infos_of, make_node, reference, run_kernel
 
 from engine.devices.cpu import threads
 from engine.devices.cpu.int8 import kernels as int8_kernels
 from engine.devices.cpu.int8.ops import to_nhwc
 from engine.devices.cpu.int8.requant import sum_range, tie_free_scales
 from engine.devices.cpu.onednn.objects import available
+from engine.errors import KernelError
 from engine.ops.quant import float2int8
 
 RNG = np.random.default_rng(20)
@@ -35,7 +36,7 @@ def _check(node, arrays, max_arrays=None):
 
 
 def _qconv(o, c, k, groups=1, stride=1, pads=0, dilation=1, activation=None, fusion=None, unsigned=False,
-           scale=None, weight=None):
+           scale=None, weight=None, zero_point=0):
     weight = _i8(o, c // groups, k, k) if weight is None else weight
     attrs = {"weight": weight, "bias": RNG.integers(-3000, 3000, o).astype(np.int32),
              "scale": RNG.uniform(0.0005, 0.003, o).astype(np.float32) if scale is None else scale,
@@ -44,6 +45,8 @@ def _qconv(o, c, k, groups=1, stride=1, pads=0, dilation=1, activation=None, fus
         attrs["add_scale"] = RNG.uniform(0.2, 1.5, o).astype(np.float32)
     params = {"groups": groups, "stride": [stride, stride], "pads": [pads, pads], "dilation": [dilation, dilation],
               "activation": activation, "fusion": fusion, "src_unsigned": unsigned}
+    if zero_point:
+        params["src_zero_point"] = zero_point
     return make_node("Int8ConvNhwc", 2 if fusion else 1, params=params, attrs=attrs)
 
 
@@ -115,6 +118,48 @@ def test_fused_epilogue_runs_flat_over_whole_pixels(monkeypatch, fusion, activat
         threads.set_threads(before)
 
 
+
+def _tie_conv():
+    """A conv with a channel whose outputs oneDNN may round otherwise than TNN, and an input reaching that tie
+    (test_channels_without_factor_are_recomputed)."""
+    o, c = 16, 64
+    w = _i8(o, c, 1, 1)
+    w[3] = 127
+    scale = RNG.uniform(0.0005, 0.003, o).astype(np.float32)
+    scale[3] = 0.0008107082
+    node = _qconv(o, c, 1, activation="relu", scale=scale, weight=w, unsigned=True)
+    node.attrs["bias"][3] = 93
+    x = _i8(2, 9, 8, c, lo=0)
+    x[0, 0, 0] = 0
+    x[0, 0, 0, :5], x[0, 0, 0, 5] = 127, 49
+    return node, x
+
+
+@pytest.mark.parametrize("fixups", [False, True])
+def test_conv_called_again_on_the_same_arrays_reads_their_new_values(fixups):
+    """The requant way's call remembers the last run's arrays (as the runtime passes the same arena views run after
+    run): new values in them, other arrays, and another shape all give the reference's results, with the channels
+    to recheck rechecked at every call."""
+    node, first = _tie_conv() if fixups else (_qconv(16, 8, 3, pads=1, activation="relu", unsigned=True),
+                                              _i8(2, 9, 8, 8, lo=0))
+    c = first.shape[3]
+    fn, ws = build_kernel(node, infos_of([first], node=node))
+    assert next(iter(fn.plans.values())).way == "requant"
+    assert bool(int8_kernels._SPECS[node].fixup.size) == fixups
+    x, out = first.copy(), np.empty((2, 9, 8, 16), np.int8)
+    for values in (first, _i8(2, 9, 8, c, lo=0), first):
+        x[...] = values
+        fn([x], [out], ws)
+        np.testing.assert_array_equal(out, reference(node, [x])[0])
+    if fixups:
+        assert out[0, 0, 0, 3] == 71  # the tie, rounded away from zero at the third call too
+    other = np.empty_like(out)
+    fn([x], [other], ws)
+    np.testing.assert_array_equal(other, reference(node, [x])[0])
+    small = x[:1].copy()
+    fn([small], [out[:1]], ws)
+    np.testing.assert_array_equal(out[:1], reference(node, [small])[0])
+
 def _impl(node, arrays):
     fn, _ = build_kernel(node, infos_of(arrays, node=node))
     return fn.impl
@@ -173,10 +218,69 @@ def test_channels_without_factor_are_recomputed():
     assert run_kernel(node, [x])[0][0, 0, 0, 3] == 70
 
 
+ZERO_POINT_CONVS = [
+    dict(o=16, c=3, k=3, stride=2, pads=1, activation="relu"),  # the image's first conv
+    dict(o=5, c=3, k=3, stride=2, pads=1),
+    dict(o=6, c=4, k=3, groups=2, dilation=2, pads=2, activation="relu6"),
+    dict(o=8, c=8, k=3, groups=8, pads=1),                     # depthwise
+    dict(o=9, c=6, k=1),                                       # pointwise
+    dict(o=5, c=4, k=1, fusion="add_then_act", activation="relu"),
+]
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+@pytest.mark.parametrize("cfg", ZERO_POINT_CONVS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_conv_of_an_input_with_a_zero_point_is_bit_exact(cfg, onednn):
+    """u8 inputs q + 128 (0 and 255 among them) give the int8 sums of q, on oneDNN and in the numba loops."""
+    node = _qconv(**cfg, zero_point=128)
+    device = cpu_device() if onednn else cpu_device(onednn=False)
+    for n, h, w in ((2, 9, 8), (1, 6, 7)):
+        x = _conv_inputs(node, n, cfg["c"], h, w)
+        x[0] = RNG.integers(0, 256, x[0].shape).astype(np.uint8)
+        x[0][0, 0, 0, 0], x[0][0, 0, 1, 0] = 0, 255
+        for g, want in zip(run_kernel(node, x, device=device), reference(node, x), strict=True):
+            np.testing.assert_array_equal(g, want)
+    fn, _ = build_kernel(node, infos_of(x, node=node), device)
+    assert fn.impl.startswith("onednn:") == onednn
+
+
+def test_zero_point_of_a_conv_is_taken_off_its_input():
+    # the reference itself: u8 q + 128 stands for the int8 q
+    node = _qconv(4, 3, 3, pads=1, zero_point=128)
+    q = _i8(1, 5, 5, 3)
+    shifted = (q.astype(np.int16) + 128).astype(np.uint8)
+    plain = make_node("Int8ConvNhwc", 1, params={**node.params, "src_zero_point": 0}, attrs=node.attrs)
+    np.testing.assert_array_equal(reference(node, [shifted])[0], reference(plain, [q])[0])
+
+
+
+def test_channels_without_factor_are_recomputed_from_the_int8_values_of_an_input_with_a_zero_point():
+    # test_channels_without_factor_are_recomputed's tie, on u8 inputs q + 128: the recheck reads the int8 q
+    o, c = 16, 64
+    w = _i8(o, c, 1, 1)
+    w[3] = 127
+    scale = RNG.uniform(0.0005, 0.003, o).astype(np.float32)
+    scale[3] = 0.0008107082
+    node = _qconv(o, c, 1, activation="relu", scale=scale, weight=w, zero_point=128)
+    node.attrs["bias"][3] = 93
+    q = _i8(2, 12, 12, c, lo=0)
+    q[0, 0, 0] = 0
+    q[0, 0, 0, :5], q[0, 0, 0, 5] = 127, 49  # 93 + 127 * 684 = 86961, the tie
+    x = (q.astype(np.int16) + 128).astype(np.uint8)
+    assert reference(node, [x])[0][0, 0, 0, 3] == 71
+    _check(node, [x])
+    assert _impl(node, [x]).endswith("/requant") and 3 in int8_kernels._SPECS[node].fixup
+
 def test_sums_beyond_float_exactness_take_the_direct_loop():
     w = np.full((3, 1100, 1, 1), 127, np.int8)  # 128 * 1100 * 127 > 2**24
     node = _qconv(3, 1100, 1, weight=w, scale=np.full(3, 1e-6, np.float32))
     x = _i8(1, 2, 3, 1100)
+    _check(node, [x])
+    assert _impl(node, [x]) == "numba:direct"
+    # u8 inputs with a zero point: sums of up to 255 * 520 * 127 > 2**24, where int8 inputs stay below
+    node = _qconv(3, 520, 1, weight=np.full((3, 520, 1, 1), 127, np.int8), scale=np.full(3, 1e-5, np.float32),
+                  zero_point=128)
+    x = RNG.integers(0, 256, (1, 2, 3, 520)).astype(np.uint8)
     _check(node, [x])
     assert _impl(node, [x]) == "numba:direct"
 
@@ -209,11 +313,30 @@ def test_quantize_and_dequantize_nhwc():
     scale[2] = 0
     _check(make_node("Int8QuantizeNhwc", 1, attrs={"scale": scale}), [x])
     _check(make_node("Int8QuantizeNhwc", 1, attrs={"scale": scale[:1]}), [x])
+    shifted = make_node("Int8QuantizeNhwc", 1, params={"zero_point": 128}, attrs={"scale": scale})
+    _check(shifted, [x])
+    np.testing.assert_array_equal(reference(shifted, [x])[0].astype(np.int16) - 128,
+                                  reference(make_node("Int8QuantizeNhwc", 1, attrs={"scale": scale}), [x])[0])
+    with pytest.raises(KernelError, match="zero point 0 or 128"):
+        run_kernel(make_node("Int8QuantizeNhwc", 1, params={"zero_point": 3}, attrs={"scale": scale}), [x])
     q = _i8(2, 6, 7, 5)
     _check(make_node("Int8DequantizeNhwc", 1, attrs={"scale": scale}), [q], [_i8(3, 6, 7, 5)])
     for s in (scale, scale[:1]):  # per channel, per tensor
         _check(make_node("Int8DequantizeToNhwc", 1, attrs={"scale": s}), [q], [_i8(3, 6, 7, 5)])
 
+
+
+@pytest.mark.parametrize("trailing", [(2,), (4,), (3, 2)])
+def test_dequantize_concat_joins_heads_per_image(trailing):
+    """Detection heads dequantized into one joined value: each image's values of every head in order, heads
+    whose sizes are not a whole number of the kernel's scale pattern, a per-tensor scale, a batch smaller than
+    the planned one."""
+    row = int(np.prod(trailing))
+    heads = [_i8(2, 30, 40, row), _i8(2, 3, 5, 2 * row), _i8(2, 1, 1, row)]
+    scales = [RNG.uniform(0.01, 0.05, h.shape[3]).astype(np.float32) for h in heads]
+    scales[1] = scales[1][:1]
+    node = make_node("Int8DequantizeConcatNhwc", 1, params={"trailing": list(trailing)}, attrs={"scales": scales})
+    _check(node, heads, [np.zeros((3,) + h.shape[1:], np.int8) for h in heads])
 
 @pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.01, 0.0, 0.03), (0.015,)])
 def test_quantize_of_three_channels_nhwc(scales):
@@ -225,8 +348,9 @@ def test_quantize_of_three_channels_nhwc(scales):
         s = s if s else np.float32(1)  # a channel of scale 0 quantizes everything to 0
         x[0, c, 0, :7] = np.float32(edges[:7]) * s
         x[1, c, 4, :7] = np.float32(edges[7:]) * s
-    _check(make_node("Int8QuantizeNhwc", 1, attrs={"scale": np.asarray(scales, np.float32)}), [x],
-           [np.zeros((3, 3, 6, 8), np.float32)])
+    for params in ({}, {"zero_point": 128}):  # int8, or uint8 q + 128 for a first conv
+        _check(make_node("Int8QuantizeNhwc", 1, params=params, attrs={"scale": np.asarray(scales, np.float32)}), [x],
+               [np.zeros((3, 3, 6, 8), np.float32)])
 
 
 def test_add_pool_concat_relu_nhwc():

@@ -20,8 +20,9 @@ REFERENCE_ONLY = {"Expression", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
                   "DetectionOutput"}
 BLOCKED_LAYOUT = {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                   "RegroupBlocked"}
-INT8_NHWC = {"Int8ConvNhwc", "Int8QuantizeNhwc", "Int8DequantizeNhwc", "Int8DequantizeToNhwc", "Int8AddNhwc",
-             "Int8PoolNhwc", "Int8ConcatNhwc", "Int8ToNhwc", "Int8ToNchw", "Int8UpsampleNhwc"}
+INT8_NHWC = {"Int8ConvNhwc", "Int8QuantizeNhwc", "Int8DequantizeNhwc", "Int8DequantizeToNhwc",
+             "Int8DequantizeConcatNhwc", "Int8AddNhwc", "Int8PoolNhwc", "Int8ConcatNhwc", "Int8ToNhwc", "Int8ToNchw",
+             "Int8UpsampleNhwc"}
 FUSED = {"PackedAttention", "MatMulAffine"}
 
 

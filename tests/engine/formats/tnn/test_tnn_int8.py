@@ -128,6 +128,72 @@ def test_dequantize_read_by_a_permute_to_channels_last_writes_channels_last(tmp_
     np.testing.assert_array_equal(got, expected)
 
 
+
+def test_heads_dequantized_reshaped_and_joined_write_the_join(tmp_path):
+    """A detector's heads: int8 convs -> dequantize -> Permute (0, 2, 3, 1) -> Reshape (0, -1, 2) -> one Concat on
+    axis 1. On the CPU each head is dequantized straight into the joined value (no transpose, reshape or concat
+    runs), with the same values."""
+    w = RNG.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8)
+    w2 = RNG.integers(-127, 128, (6, 3, 3, 3), dtype=np.int8)
+    bias, bias2 = (RNG.integers(-500, 500, k).astype(np.int32) for k in (4, 6))
+    w_scale, w_scale2 = F32([0.011, 0.02, 0.005, 0.03]), RNG.uniform(0.005, 0.03, 6).astype(F32)
+    s_in, s_t, s_u = F32([0.05, 0.04, 0.03]), F32([0.2, 0.3, 0.25, 0.1]), F32([0.15])
+    layers = ["QuantizedConvolution c 1 1 x t 1 3 4 3 3 1 1 1 1 1 -1 1 1 1",
+              "QuantizedConvolution d 1 1 x u 1 3 6 3 3 2 2 1 1 1 -1 1 1 0",
+              "Permute p 1 1 t tp 4 0 2 3 1", "Permute q 1 1 u up 4 0 2 3 1",
+              "Reshape r 1 1 tp tr 0 3 3 0 -1 2 0", "Reshape s 1 1 up ur 0 3 3 0 -1 2 0",
+              "Concat j 2 1 tr ur y 1"]
+    model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, bias, w_scale]),
+                                               ("Convolution", "d", ["d", 1, w2, bias2, w_scale2])],
+                            {"x": s_in, "t": s_t, "u": s_u})
+    inst = model.instance()
+    assert [n.op_type for n in inst.graph.nodes] == ["Int8QuantizeNhwc", "Int8ConvNhwc", "Int8ConvNhwc",
+                                                     "Int8DequantizeConcatNhwc"]
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
+    q = round_away(x / s_in.reshape(1, 3, 1, 1))
+    t = np.maximum(_conv_reference(q, w, bias, 1).astype(F32) * (w_scale / s_t).reshape(1, 4, 1, 1), 0)
+    u = _conv_reference(q, w2, bias2, 1)[:, :, ::2, ::2].astype(F32) * (w_scale2 / s_u).reshape(1, 6, 1, 1)
+    heads = [(round_away(v).astype(F32) * s.reshape(1, -1, 1, 1)).transpose(0, 2, 3, 1).reshape(1, -1, 2)
+             for v, s in ((t, s_t), (u, s_u))]
+    got = inst.run({"x": x})["y"]
+    assert got.shape == (1, 50 + 27, 2)
+    np.testing.assert_array_equal(got, np.concatenate(heads, axis=1))
+
+
+def test_image_quantized_for_convs_only_is_read_as_u8_with_a_zero_point(tmp_path):
+    """The float input's quantize, read by convs only, writes q + 128 as uint8 and its convs take the 128 off:
+    the same values, -128 and 127 among the inputs. A quantize that anything else reads stays int8."""
+    w = RNG.integers(-127, 128, (16, 3, 3, 3), dtype=np.int8)
+    w2 = RNG.integers(-127, 128, (4, 3, 1, 1), dtype=np.int8)
+    bias, bias2 = RNG.integers(-500, 500, 16).astype(np.int32), RNG.integers(-500, 500, 4).astype(np.int32)
+    w_scale, w_scale2 = RNG.uniform(0.005, 0.03, 16).astype(F32), RNG.uniform(0.005, 0.03, 4).astype(F32)
+    s_in, s_t, s_u = F32([0.05, 0.04, 0.03]), RNG.uniform(0.1, 0.3, 16).astype(F32), F32([0.2])
+    layers = ["QuantizedConvolution c 1 1 x t 1 3 16 3 3 2 2 1 1 1 -1 1 1 1",
+              "QuantizedConvolution d 1 1 x u 1 3 4 1 1 1 1 0 0 1 -1 1 1 0"]
+    model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, bias, w_scale]),
+                                               ("Convolution", "d", ["d", 1, w2, bias2, w_scale2])],
+                            {"x": s_in, "t": s_t, "u": s_u}, inputs="x 4 1 3 9 9", outputs="t u")
+    inst = model.instance()
+    quantize = inst.graph.nodes[0]
+    convs = [n for n in inst.graph.nodes if n.op_type == "Int8ConvNhwc"]
+    assert quantize.params["zero_point"] == 128 and quantize.outputs[0].dtype == np.uint8
+    assert [c.params["src_zero_point"] for c in convs] == [128, 128]
+    x = RNG.standard_normal((1, 3, 9, 9)).astype(F32) * 4
+    x[0, :, 0, 0], x[0, :, 0, 1] = -100, 100  # beyond the int8 range both ways
+    q = round_away(x / s_in.reshape(1, 3, 1, 1))
+    assert q.min() == -128 and q.max() == 127
+    t = _conv_reference(q, w, bias, 1)[:, :, ::2, ::2].astype(F32) * (w_scale / s_t).reshape(1, 16, 1, 1)
+    u = _conv_reference(q, w2, bias2, 0).astype(F32) * (w_scale2 / s_u).reshape(1, 4, 1, 1)
+    got = inst.run({"x": x})
+    np.testing.assert_array_equal(got["t"], round_away(np.maximum(t, 0)).astype(F32) * s_t.reshape(1, 16, 1, 1))
+    np.testing.assert_array_equal(got["u"], round_away(u).astype(F32) * s_u)
+
+    layers = ["QuantizedConvolution c 1 1 x t 1 3 3 1 1 1 1 0 0 1 -1 1 1 1", "QuantizedAdd a 2 1 x t y 1"]
+    model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w2[:3], bias2[:3], w_scale2[:3]])],
+                            {"x": s_in, "t": F32([0.07, 0.06, 0.05]), "y": F32([0.09])})
+    inst = model.instance()
+    assert "zero_point" not in inst.graph.nodes[0].params and inst.graph.nodes[0].outputs[0].dtype == np.int8
+
 def test_one_by_one_conv_fused_into_the_add_rounds_once(tmp_path):
     w = RNG.integers(-127, 128, (3, 3, 1, 1), dtype=np.int8)
     bias = RNG.integers(-50, 50, 3).astype(np.int32)
