@@ -34,6 +34,7 @@ from engine.devices.cpu.threads import parallel_for
 ITEM_BYTES = 1 << 20  # v and m of one item: in L2 (1-2 MiB a core on the AVX-512 Xeons measured)
 SPLIT_TILES = 16  # tiles per thread below which the threads split output channels instead of tiles
 MAX_SCHEDULES = 8  # (shape, workspace, threads) combinations kept; a new one past this starts over
+MAX_PLANS = 64  # matmul plans kept (one per chunk length and part: dynamic maps make new ones); past this, start over
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,16 @@ def split(total: int, c: int, k: int, block: int, products: int, threads: int) -
     return Split(total, -(-total // chunks), parts, kblocks)
 
 
+def max_item_tiles(total: int, c: int, k: int, products: int) -> int:
+    """The most tiles one item of `split` holds, over every tile count up to `total`.
+
+    An item's chunk is ceil(t / chunks) tiles with chunks >= t * per_tile / budget (or one chunk, when t * per_tile
+    fits in the budget), so it never exceeds ceil(budget / per_tile), whatever the parts and the rounding of chunks
+    up to the threads (which only shortens chunks); the budget is largest with one part."""
+    per_tile = products * (c + k) * 4
+    return max(1, min(total, -(-max(ITEM_BYTES, products * c * k * 4) // per_tile)))
+
+
 class Region:
     """The one-region path of one WinogradConv: per-thread matmul plans (one per chunk length and channel part),
     U packed for each, and per (shape, workspace, threads) the slots' items with their runners and views."""
@@ -81,10 +92,15 @@ class Region:
         return split(total, self.c, self.o, self.block, self.products, threads)
 
     def slot_bytes(self, s: Split) -> int:
-        return D.aligned(self.products * s.tiles * self.c * 4) + D.aligned(self.products * s.tiles * self.o * 4)
+        return self._slot_bytes(s.tiles)
+
+    def _slot_bytes(self, tiles: int) -> int:
+        return D.aligned(self.products * tiles * self.c * 4) + D.aligned(self.products * tiles * self.o * 4)
 
     def workspace_bytes(self, total: int, threads: int) -> int:
-        return threads * self.slot_bytes(self.split(total, threads))
+        """The slots of every shape up to `total` tiles (a smaller batch or map may split by channels, each slot then
+        holding all its tiles, where the max shape split by tiles): sized from `max_item_tiles`."""
+        return threads * self._slot_bytes(max_item_tiles(total, self.c, self.o, self.products))
 
     def prepare(self, total: int, threads: int) -> None:
         """The plans and packed filters of this shape's items, so its first run builds nothing."""
@@ -94,6 +110,8 @@ class Region:
     def _plan(self, t: int, k0: int, k1: int) -> tuple[dnn.ThreadPlan, int]:
         key = (t, k0, k1)
         if key not in self._plans:
+            if len(self._plans) >= MAX_PLANS:  # the schedules keep the runners of the plans they use
+                self._plans.clear()
             p, kw = self.products, k1 - k0
             src = D.MemoryDesc.plain((p, t, self.c))
             dst = D.MemoryDesc.strided((p, t, kw), (t * self.o, self.o, 1))  # its columns of the slot's m

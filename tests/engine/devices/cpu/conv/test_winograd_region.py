@@ -11,6 +11,7 @@ from op_harness import build_kernel
 from test_conv_blocked import B, make, run_case
 
 from engine.devices.cpu import threads as _threads
+from engine.devices.cpu.conv import blocked as blocked_conv
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.conv import winograd_blocked_region as R
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
@@ -156,3 +157,66 @@ def test_eight_lane_blocks(threads, monkeypatch, shape):
     kernel(ins, [out], workspace)
     assert calls and set(calls) == {n_threads}  # one call per thread, each given every slot
     np.testing.assert_allclose(to_plain(out, O), want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("c, k, products, threads", [(128, 128, 36, 2), (512, 512, 36, 2), (64, 512, 16, 4),
+                                                     (16, 16, 36, 3), (1024, 64, 16, 2), (32, 32, 36, 8)])
+def test_workspace_holds_every_smaller_shape(c, k, products, threads):
+    """A smaller batch or map of the same conv may split by channels where the max shape split by tiles (each slot
+    then holds all its tiles): the workspace, sized at the max shape, holds the slots of every tile count below it
+    (brute force over all of them)."""
+    block = 16
+    for total in (1, 7, 31, 32, 33, 63, 64, 100, 257, 1500):
+        bound = R.max_item_tiles(total, c, k, products)
+        for t in range(1, total + 1):
+            assert R.split(t, c, k, block, products, threads).tiles <= bound, (total, t)
+
+
+def test_smaller_batch_needs_no_buffer_beyond_the_workspace(monkeypatch):
+    """Built at batch 8 of 8x8 maps (32 F(4x4) tiles: split by tiles on two threads), run at batch 7 (28 tiles: split
+    by channels, every slot holding all 28): the slots fit the planned workspace, no buffer is allocated at run
+    time, and the result is the reference's."""
+    monkeypatch.setattr(W, "choose", lambda geo, block, threads=1: 4)
+    before = _threads.get_threads()
+    _threads.set_threads(2)
+    allocated = []  # the sizes the conv asked beyond its workspace (a private buffer made at run time)
+    real = blocked_conv._aligned_workspace
+
+    def spy(workspace, nbytes, private):
+        if onednn.workspace_base(workspace)[1] < nbytes:
+            allocated.append(nbytes)
+        return real(workspace, nbytes, private)
+
+    monkeypatch.setattr(blocked_conv, "_aligned_workspace", spy)
+    try:
+        node, plain = make(8 * B, 8 * B, 3, act="relu")
+        kernel, workspace = build_kernel(node, [TensorInfo((8, 8, 8, 8, B), np.float32)])
+        rng = np.random.default_rng(5)
+        for n in (8, 7, 8, 7):
+            x = rng.standard_normal((n, 8 * B, 8, 8)).astype(np.float32)
+            out = np.full((n, 8, 8, 8, B), np.nan, np.float32)
+            kernel([to_blocked(x, B)], [out], workspace)
+            np.testing.assert_allclose(to_plain(out, 8 * B), conv_reference(plain, [x])[0], rtol=1e-4, atol=1e-4)
+        assert allocated == []
+    finally:
+        _threads.set_threads(before)
+
+
+def test_plans_stay_bounded_over_many_map_sizes(monkeypatch):
+    """Maps of many sizes within the max shape (a dynamic H, W) make a matmul plan per chunk length: the cache
+    starts over past MAX_PLANS, and every size still matches the reference."""
+    monkeypatch.setattr(W, "choose", lambda geo, block, threads=1: 4)
+    monkeypatch.setattr(R, "MAX_PLANS", 3)
+    regions = []
+    made = R.Region.__init__
+    monkeypatch.setattr(R.Region, "__init__", lambda self, *a: regions.append(self) or made(self, *a))
+    node, plain = make(2 * B, 2 * B, 3)
+    kernel, workspace = build_kernel(node, [TensorInfo((1, 2, 40, 40, B), np.float32)])
+    rng = np.random.default_rng(9)
+    for hw in (40, 9, 13, 21, 30, 17, 40, 5):
+        x = rng.standard_normal((1, 2 * B, hw, hw)).astype(np.float32)
+        out = np.full((1, 2, hw, hw, B), np.nan, np.float32)
+        kernel([to_blocked(x, B)], [out], workspace)
+        np.testing.assert_allclose(to_plain(out, 2 * B), conv_reference(plain, [x])[0], rtol=1e-4, atol=1e-4)
+    used = [r for r in regions if r._plans]  # (the harness may build a kernel it does not run)
+    assert used and all(len(r._plans) <= 3 for r in used)
