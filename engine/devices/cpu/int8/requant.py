@@ -32,9 +32,10 @@ PAIR_STEPS = 32  # first factors 1 +- j * 2**-21 tried
 WINDOW = 2  # N within this of a step's real-valued position: fl() moves a product by far less than one s
 
 
-def product_bound(weight: np.ndarray) -> np.ndarray:
-    """Per output channel, the largest |sum of products| any int8 input can give (inputs in [-128, 127])."""
-    return np.abs(weight.reshape(weight.shape[0], -1).astype(np.int64)).sum(axis=1) * 128
+def product_bound(weight: np.ndarray, largest_input: int = 128) -> np.ndarray:
+    """Per output channel, the largest |sum of products| any input of magnitude up to `largest_input` can give
+    (128: int8 inputs in [-128, 127]; 255: u8 ones)."""
+    return np.abs(weight.reshape(weight.shape[0], -1).astype(np.int64)).sum(axis=1) * largest_input
 
 
 def sum_bound(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
@@ -60,8 +61,7 @@ def exact_sums(weight: np.ndarray) -> bool:
 
 def exact_u8_sums(weight: np.ndarray) -> bool:
     """exact_sums for u8 inputs (0..255: an int8 input with zero point 128, before oneDNN takes it off)."""
-    u8_bound = np.abs(weight.reshape(weight.shape[0], -1).astype(np.int64)).sum(axis=1) * 255
-    return bool(np.all(u8_bound < EXACT_LIMIT))
+    return bool(np.all(product_bound(weight, 255) < EXACT_LIMIT))
 
 
 def exact_bias(bias: np.ndarray) -> bool:
