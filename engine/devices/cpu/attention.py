@@ -39,7 +39,7 @@ from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, refe
 from engine.devices.cpu.loops import attention as A
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import matmul as dnn
-from engine.devices.cpu.threads import MIN_WORK, get_threads, parallel_for
+from engine.devices.cpu.threads import chunks_for, get_threads, parallel_for
 from engine.ir import Node
 from engine.ops import attention
 from engine.ops.attention import causal_block, masked_fill, nan_rows, scale, shapes
@@ -483,7 +483,7 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         rows = min(b.rows, max(1, L)) if grouped else b.rows
         work = math.prod(out.shape[:-2]) * -(-L // rows) * rows * S * (inputs[0].shape[-1] + out.shape[-1])
         if grouped:  # split: whether parallel_for hands items to other threads
-            call = _GroupCall(node, inputs, out, b, slots, len(slots) > 1 and work >= MIN_WORK)
+            call = _GroupCall(node, inputs, out, b, slots, chunks_for(len(slots), work) > 1)
         else:
             call = _Call(node, inputs, out, b, slots)
         if call.S == 0 or call.items == 0:

@@ -384,9 +384,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def chunks_for(n_items: int, work: int) -> int:
+    """How many chunks parallel_for splits [0, n_items) into for `work`: one below MIN_WORK."""
+    return min(_threads, n_items) if work >= MIN_WORK else 1
+
+
 def parallel_for(fn: Callable[..., None], n_items: int, work: int, *args) -> None:
     """Runs fn(*args, lo, hi) over [0, n_items), in up to get_threads() chunks when `work` is large."""
-    k = min(_threads, n_items) if work >= MIN_WORK else 1
+    k = chunks_for(n_items, work)
     if k <= 1:
         fn(*args, 0, n_items)
         return

@@ -26,6 +26,7 @@ from op_harness import (
 )
 
 from engine.devices.cpu import attention as fused
+from engine.devices.cpu import threads as pool
 from engine.devices.cpu.onednn import matmul as dnn
 from engine.devices.cpu.onednn import objects as onednn
 
@@ -377,14 +378,17 @@ def test_tail_split_leaves_whole_items_the_threads_divide(items, threads, want):
 
 @pytest.mark.parametrize("batch,L,mask,causal", [((1, 3), 197, None, False), ((1, 3), 190, "float", False),
                                                  ((2, 5), 40, None, True), ((3,), 1, None, False)])
-def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monkeypatch):
+def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monkeypatch, request):
     """Short sequences whose items the threads do not divide (3 heads on 2 threads): the remainder runs as query
     ranges, one per thread, so both threads compute as many query rows (a single query: one range is empty);
     masks and causality follow the queries; the output matches the reference."""
     import threading
 
     monkeypatch.setattr(fused, "get_threads", lambda: 2)
-    monkeypatch.setattr(fused, "MIN_WORK", 0)
+    monkeypatch.setattr(pool, "MIN_WORK", 0)  # every size split (threads.chunks_for, parallel_for)
+    before = pool.get_threads()
+    pool.set_threads(2)
+    request.addfinalizer(lambda: pool.set_threads(before))
     where, rows = threading.local(), {}
     real_item, real_softmax = fused._GroupCall.item, fused.A.group_softmax_t
 
