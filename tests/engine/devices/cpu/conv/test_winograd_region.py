@@ -220,3 +220,12 @@ def test_plans_stay_bounded_over_many_map_sizes(monkeypatch):
         np.testing.assert_allclose(to_plain(out, 2 * B), conv_reference(plain, [x])[0], rtol=1e-4, atol=1e-4)
     used = [r for r in regions if r._plans]  # (the harness may build a kernel it does not run)
     assert used and all(len(r._plans) <= 3 for r in used)
+
+
+def test_filters_transformed_once_for_all_parts(monkeypatch):
+    """A split by output-channel parts packs each part's columns of U: U itself is made once for them all, and
+    not kept once they are packed."""
+    made = []
+    region = R.Region(4 * B, 4 * B, 4, B, lambda: made.append(1) or np.ones((36, 4 * B, 4 * B), np.float32))
+    region.prepare(4, 2)  # 4 tiles on 2 threads: by channels, 2 parts
+    assert region.split(4, 2).parts == 2 and made == [1] and region._plain is None
