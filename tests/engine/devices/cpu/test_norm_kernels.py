@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 from op_harness import check_kernel, kernel_peak_bytes, make_node
 
+from engine.devices.cpu.loops.normalize import layernorm_rows
+from engine.ops.norm import reference
+
 RNG = np.random.default_rng(5)
 
 
@@ -43,6 +46,30 @@ def test_groupnorm_kernel(op, groups):
     check_kernel(node, [x])
     check_kernel(node, [x[:1, :, :2, :1].copy()], [x])
     check_kernel(make_node(op, 1, params=params), [_x(3, 6, 7)])
+
+
+@pytest.mark.parametrize("n", [7, 64, 80, 193])
+def test_layernorm_kernel_over_row_chunks(n):
+    """Rows by chunks of LN_CHUNK, the last one partial (150 rows), at and below the max shape, in place."""
+    x = _x(3, 50, n, shift=4.0)
+    node = make_node("LayerNorm", 1, params={"normalized_ndim": 1, "eps": 1e-5},
+                     attrs={"weight": _x(n), "bias": _x(n)})
+    check_kernel(node, [x])
+    check_kernel(node, [x], inplace=True)
+    check_kernel(node, [x[:2, :33].copy()], [x])
+
+
+@pytest.mark.parametrize("rows,lo,hi", [(150, 0, 150), (150, 37, 141)])
+def test_layernorm_rows_with_residual(rows, lo, hi):
+    """layernorm_rows' x + z first (has_z) against the reference on the sum, over a range of rows only."""
+    n = 80
+    x, z, w, b = _x(rows, n), _x(rows, n), _x(n), _x(n)
+    out = np.full_like(x, np.nan)
+    layernorm_rows(x, z, True, out, w.astype(np.float64), b.astype(np.float64), 1e-5, True, True, lo, hi)
+    node = make_node("LayerNorm", 1, params={"normalized_ndim": 1, "eps": 1e-5}, attrs={"weight": w, "bias": b})
+    want = reference(node, [x + z])[0]
+    np.testing.assert_allclose(out[lo:hi], want[lo:hi], rtol=1e-5, atol=1e-5)
+    assert np.isnan(out[:lo]).all() and np.isnan(out[hi:]).all()
 
 
 def test_large_offset_keeps_precision():

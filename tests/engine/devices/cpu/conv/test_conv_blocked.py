@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 from op_harness import build_kernel, get_op
 
+from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_reference, primitive_impl
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
+from engine.devices.cpu.layout.conv_blocked import geometry
+from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import blocked as _onednn_blocked
 from engine.devices.cpu.onednn import objects as onednn
+from engine.devices.cpu.onednn.blocked import blocked_md
 from engine.ir import Node
 from engine.ops.conv import conv_reference
 from engine.ops.registry import TensorInfo
@@ -114,6 +118,27 @@ def test_one_plain_side(src_blocked, dst_blocked):
 def test_depthwise_with_one_plain_side(src_blocked, dst_blocked):
     node, plain = make(48, 48, 7, groups=48, act="relu", src_blocked=src_blocked, dst_blocked=dst_blocked)
     run_case(node, plain, [(2, 48, 12, 12), (1, 48, 12, 12)], residual=False)
+
+
+@pytest.mark.parametrize("c,stride", [(40, 1), (40, 2), (1024, 1)])
+@pytest.mark.parametrize("src_blocked,dst_blocked", [(True, False), (False, True)])
+def test_depthwise_one_plain_side_runs_blocked_with_residual(c, stride, src_blocked, dst_blocked):
+    """EfficientFormerV2's 3x3 depthwise convs with a residual before a plain consumer: both sides of the
+    primitive nChw{B}c (its jit_dw kernel; on its own layouts it picked brdgmm_dw on NHWC, whose reorders from
+    and to NCHW cost twice the conv), the plain side and the residual reordered."""
+    node, plain = make(c, c, 3, stride=stride, groups=c, src_blocked=src_blocked, dst_blocked=dst_blocked)
+    hw = 7 if c > 64 else 11
+    run_case(node, plain, [(3, c, hw, hw), (1, c, hw, hw)], residual=True)
+    blocked_in = (1, -(-c // B), hw, hw, B)
+    plan = Plan(ConvSpec(node, True, geometry, B, src_blocked, dst_blocked), blocked_in if src_blocked else
+                (1, c, hw, hw))
+    both_blocked = Node("ConvBlocked", "cb", params=dict(node.params, src_blocked=True, dst_blocked=True),
+                        attrs=node.attrs)
+    both = primitive_impl(ConvSpec(both_blocked, True, geometry, B, True, True), blocked_in)
+    if not is_reference(both):  # what oneDNN runs on nChw{B}c sides, the plain side's reorder apart
+        assert plan.impl == both
+        assert plan.pd.md(L.QUERY_SRC_MD) == blocked_md((1, c, hw, hw), B)
+        assert plan.pd.md(L.QUERY_DST_MD) == blocked_md(plan.geo.out_shape, B)
 
 
 @pytest.mark.parametrize("dst_blocked", [True, False])
