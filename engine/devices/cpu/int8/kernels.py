@@ -85,8 +85,11 @@ def build_dequantize_to_nhwc(backends: Backends, node: Node, ins: list[TensorInf
 
 
 def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo]):
-    """Each head dequantized straight into its place in the joined output (no per-head value, no concat copy)."""
+    """Each head dequantized straight into its place in the joined output (no per-head value, no concat copy),
+    then the softmax over the last axis where the node has it, on the joined value while it is in cache."""
     patterns = [_pattern(_per_head(s, i.shape[3])) for s, i in zip(node.attrs["scales"], ins, strict=True)]
+    softmax = bool(node.params.get("softmax"))
+    k = int(node.params["trailing"][-1])
 
     def run(inputs, outputs, workspace):
         out = _contiguous(node, outputs[0])
@@ -96,6 +99,9 @@ def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo
             size = x.size // n
             parallel_for(loops.dequantize_into, n, x.size, x.reshape(n, size), pattern, flat, at)
             at += size
+        if softmax:
+            rows = out.reshape(-1, k)
+            parallel_for(loops.softmax_rows, rows.shape[0], 8 * rows.size, rows)  # an exp: ~8 multiply-adds
     return run
 
 

@@ -98,6 +98,36 @@ def dequantize_into(x, pattern, out, at, lo, hi):
 
 
 @njit(nogil=True, cache=True)
+def softmax_rows(x, lo, hi):
+    """Softmax of each row of x (R, K) float32 in place, rows [lo, hi); in float32, exp(v - max) / sum. A pair (a
+    detector's two class scores) takes one exp, e = exp(-|a - b|): the larger gets 1 / (1 + e), the other
+    e / (1 + e) (UltraFace's 4420 pairs: 25 us on one thread, where oneDNN's softmax over an axis of 2 took 113)."""
+    k_n, one = x.shape[1], np.float32(1.0)
+    if k_n == 2:
+        for r in range(lo, hi):
+            a, b = x[r, 0], x[r, 1]
+            e = np.exp(-abs(a - b))
+            s = one + e
+            big, small = one / s, e / s
+            if a >= b:
+                x[r, 0], x[r, 1] = big, small
+            else:
+                x[r, 0], x[r, 1] = small, big
+        return
+    for r in range(lo, hi):
+        row = x[r]
+        m = row[0]
+        for k in range(1, k_n):
+            m = max(m, row[k])
+        s = np.float32(0.0)
+        for k in range(k_n):
+            row[k] = np.exp(row[k] - m)
+            s += row[k]
+        for k in range(k_n):
+            row[k] = row[k] / s
+
+
+@njit(nogil=True, cache=True)
 def add(a, b, sa, sb, so, out, lo, hi):
     """(sa * a + sb * b) / so per channel over (P, C) pixels; items are pixels (row views: the inner loop
     vectorizes)."""

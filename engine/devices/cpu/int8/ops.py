@@ -104,7 +104,8 @@ def _join_shape(node: Node, shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
 
 def _dequantize_concat() -> OpDef:
     """Int8DequantizeConcatNhwc: NHWC int8 heads (N, H_i, W_i, C_i), each dequantized by its scales (attr
-    `scales`, one per head, per channel or one), reshaped to (N, -1, *trailing) and all concatenated on axis 1."""
+    `scales`, one per head, per channel or one), reshaped to (N, -1, *trailing) and all concatenated on axis 1;
+    with param `softmax`, then a Softmax over the last axis (a detector's class scores)."""
     def infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
         return [TensorInfo(_join_shape(node, [i.shape for i in ins]), np.dtype(np.float32))]
 
@@ -112,7 +113,12 @@ def _dequantize_concat() -> OpDef:
         shape = _join_shape(node, [a.shape for a in arrays])
         parts = [(np.asarray(s, np.float32).reshape(-1) * a.astype(np.float32)).astype(np.float32)
                  .reshape(shape[0], -1, *shape[2:]) for a, s in zip(arrays, node.attrs["scales"], strict=True)]
-        return [np.concatenate(parts, axis=1)]
+        joined = np.concatenate(parts, axis=1)
+        if not node.params.get("softmax"):
+            return [joined]
+        shifted = joined.astype(np.float64) - np.max(joined, axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        return [(e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)]
 
     return OpDef("Int8DequantizeConcatNhwc", infer, reference)
 

@@ -8,7 +8,8 @@ A pure graph -> graph function; the input graph is left untouched (it is the Mod
   only reader is a Transpose to channels-last (perm 0, 2, 3, 1: a detection head's), the two become one
   Int8DequantizeToNhwc writing the Transpose's output, and neither the NCHW float value nor the transpose is made;
   where such heads are each reshaped and all joined on axis 1 by one Concat (a detector's scores or boxes), the
-  lot becomes one Int8DequantizeConcatNhwc writing the Concat's output (_joined_heads);
+  lot becomes one Int8DequantizeConcatNhwc writing the Concat's output (_joined_heads), or the output of a
+  Softmax over its last axis that is the Concat's only reader (a detector's class scores: `softmax`);
 - TnnQRelu is elementwise: it keeps its input's layout;
 - any other reader of an NHWC value (and a graph output) gets an Int8ToNchw copy, one per value; an NCHW int8
   value entering a twin gets an Int8ToNhwc copy.
@@ -118,6 +119,16 @@ def _joined_heads(graph: Graph) -> dict[int, list[tuple[Node, Node, Node]]]:
         if all(h is not None for h in heads):
             found[id(node)] = heads
     return found
+
+
+def _softmax_of(join: Node, graph: Graph) -> Node | None:
+    """The Softmax over the last axis that is the only reader of this Concat's output, if so."""
+    out = join.outputs[0]
+    s = _only_reader(out, graph)
+    if s is None or s.op_type != "Softmax" or s.inputs != [out] or len(s.outputs) != 1:
+        return None
+    rank = len(out.shape)
+    return s if int(s.params.get("axis", -1)) in (-1, rank - 1) else None
 
 
 ZERO_POINT = 128
@@ -278,8 +289,12 @@ class _Rewrite:
         else the heads' nodes as they were, and False (the Concat then runs as it is)."""
         if all(self.layout.get(dq.inputs[0]) == NHWC for dq, _, _ in heads):
             inputs = [self.native[dq.inputs[0]] for dq, _, _ in heads]
-            self.new.add_node("Int8DequantizeConcatNhwc", inputs, [self._produce(concat.outputs[0], NCHW)],
-                              name=concat.name, params={"trailing": list(concat.outputs[0].shape[2:])},
+            softmax = _softmax_of(concat, self.src)
+            if softmax is not None:
+                self.absorbed.add(id(softmax))
+            out = (softmax or concat).outputs[0]
+            self.new.add_node("Int8DequantizeConcatNhwc", inputs, [self._produce(out, NCHW)], name=concat.name,
+                              params={"trailing": list(concat.outputs[0].shape[2:]), "softmax": softmax is not None},
                               attrs={"scales": [dq.attrs["scale"] for dq, _, _ in heads]}, source=concat.source)
             self.stats.twins += 1
             return True

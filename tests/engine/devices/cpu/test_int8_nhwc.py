@@ -20,6 +20,7 @@ from engine.errors import KernelError
 from engine.ops.quant import float2int8
 
 RNG = np.random.default_rng(20)
+F32 = np.float32
 pytestmark = pytest.mark.skipif(not available(), reason="oneDNN is not installed")
 
 
@@ -337,6 +338,25 @@ def test_dequantize_concat_joins_heads_per_image(trailing):
     scales[1] = scales[1][:1]
     node = make_node("Int8DequantizeConcatNhwc", 1, params={"trailing": list(trailing)}, attrs={"scales": scales})
     _check(node, heads, [np.zeros((3,) + h.shape[1:], np.int8) for h in heads])
+
+@pytest.mark.parametrize("trailing", [(2,), (4,), (3, 2)])
+def test_dequantize_concat_with_a_softmax_over_the_last_axis(trailing):
+    """The join's softmax over the last axis (a pair: one exp; longer rows: exp(v - max) / sum), against the float64
+    reference within float32 rounding: equal scores, differences from 0 to 25 (exp(-25) ~ 1e-11, no underflow to
+    0), a batch smaller than the planned one."""
+    row = int(np.prod(trailing))
+    heads = [_i8(2, 30, 40, row), _i8(2, 3, 5, 2 * row)]
+    heads[0][0, 0, 0, :] = 7  # every score of the row equal
+    heads[0][0, 0, 1, :] = [127, -128] * (row // 2) if row % 2 == 0 else 127
+    scales = [F32([0.1]), RNG.uniform(0.01, 0.05, 2 * row).astype(np.float32)]
+    node = make_node("Int8DequantizeConcatNhwc", 1, params={"trailing": list(trailing), "softmax": True},
+                     attrs={"scales": scales})
+    for arrays in (heads, [h[:1] for h in heads]):
+        want, got = reference(node, arrays)[0], run_kernel(node, arrays, heads)[0]
+        assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+        assert np.all(got > 0)
+
 
 @pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.01, 0.0, 0.03), (0.015,)])
 def test_quantize_of_three_channels_nhwc(scales):
