@@ -390,6 +390,19 @@ def test_add_pool_concat_relu_nhwc():
     _check(make_node("TnnQRelu", 1), [a])
 
 
+def test_add_with_an_output_scale_of_zero_saturates_as_the_reference():
+    # the add's loop divides without numba's zero test (so that it vectorizes): a channel whose output scale is 0
+    # gives +-inf there, saturated to 127 / -128 as in the reference, and no error
+    a, b = _i8(2, 3, 4, 5, lo=1), _i8(2, 3, 4, 5, lo=1)
+    a[0, 0, 0, 2], b[0, 0, 0, 2] = -100, 1
+    s = {k: RNG.uniform(0.01, 0.05, 5).astype(np.float32) for k in ("scale_a", "scale_b", "scale_out")}
+    s["scale_out"][2] = 0
+    node = make_node("Int8AddNhwc", 2, attrs=s)
+    with np.errstate(divide="ignore"):
+        _check(node, [a, b])
+    assert run_kernel(node, [a, b])[0][0, 0, 0, 2] == -128
+
+
 def test_layout_copies():
     x = _i8(2, 3, 4, 5)
     _check(make_node("Int8ToNhwc", 1), [x])
