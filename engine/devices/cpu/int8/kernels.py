@@ -117,10 +117,11 @@ def _pattern(scale: np.ndarray, values: int = 256) -> np.ndarray:
 def build_add(backends: Backends, node: Node, ins: list[TensorInfo]):
     c = ins[0].shape[3]
     sa, sb, so = (_channels(node, k, c) for k in ("scale_a", "scale_b", "scale_out"))
+    floor = np.int8(0 if node.params.get("relu") else -128)
 
     def run(inputs, outputs, workspace):
         a, b = (_pixels(x) for x in inputs)
-        parallel_for(loops.add, a.shape[0], a.size, a, b, sa, sb, so, _pixels(outputs[0]))
+        parallel_for(loops.add, a.shape[0], a.size, a, b, sa, sb, so, floor, _pixels(outputs[0]))
     return run
 
 

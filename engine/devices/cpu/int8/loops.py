@@ -128,17 +128,17 @@ def softmax_rows(x, lo, hi):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def add(a, b, sa, sb, so, out, lo, hi):
-    """(sa * a + sb * b) / so per channel over (P, C) pixels; items are pixels (row views: the inner loop
-    vectorizes). numba's numpy error model: its Python one tests every divisor for zero (to raise
-    ZeroDivisionError), a branch that kept LLVM from vectorizing the loop (56x56x64 pixels: 430 -> 75 us on one
-    thread); a scale of 0 gives the reference's +-inf, saturated to 127 / -128. (The quantize loops and
-    concat_part, which divide too, gained nothing from it.)"""
+def add(a, b, sa, sb, so, floor, out, lo, hi):
+    """max((sa * a + sb * b) / so, floor) per channel over (P, C) pixels (floor: -128, or 0 for a fused ReLU);
+    items are pixels (row views: the inner loop vectorizes). numba's numpy error model: its Python one tests
+    every divisor for zero (to raise ZeroDivisionError), a branch that kept LLVM from vectorizing the loop
+    (56x56x64 pixels: 430 -> 75 us on one thread); a scale of 0 gives the reference's +-inf, saturated to 127 /
+    -128. (The quantize loops and concat_part, which divide too, gained nothing from it.)"""
     c_n = a.shape[1]
     for p in range(lo, hi):
         ap, bp, op = a[p], b[p], out[p]
         for c in range(c_n):
-            op[c] = f2i8((sa[c] * np.float32(ap[c]) + sb[c] * np.float32(bp[c])) / so[c])
+            op[c] = max(f2i8((sa[c] * np.float32(ap[c]) + sb[c] * np.float32(bp[c])) / so[c]), floor)
 
 
 @njit(nogil=True, cache=True)

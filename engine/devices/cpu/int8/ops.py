@@ -149,6 +149,15 @@ def _zero_point(base: OpDef, key: str) -> OpDef:
     return OpDef(base.op_type, infer, reference)
 
 
+def _relu(base: OpDef) -> OpDef:
+    """`base` followed by the TnnQRelu the rewrite folded into it (param `relu`): max(q, 0) of its int8 output."""
+    def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        outs = base.reference(node, arrays)
+        return [np.maximum(outs[0], np.int8(0))] if node.params.get("relu") else outs
+
+    return OpDef(base.op_type, base.infer, reference)
+
+
 # base op -> its twin's op type (the rewrite's table)
 TWINS = {"TnnQConv": "Int8ConvNhwc", "TnnQAdd": "Int8AddNhwc", "TnnQPool": "Int8PoolNhwc",
          "TnnQConcat": "Int8ConcatNhwc", "TnnQuantize": "Int8QuantizeNhwc", "TnnDequantize": "Int8DequantizeNhwc",
@@ -156,7 +165,7 @@ TWINS = {"TnnQConv": "Int8ConvNhwc", "TnnQAdd": "Int8AddNhwc", "TnnQPool": "Int8
 
 OPS: dict[str, OpDef] = {
     "Int8ConvNhwc": _zero_point(twin("Int8ConvNhwc", "TnnQConv", None, True), "src_zero_point"),
-    "Int8AddNhwc": twin("Int8AddNhwc", "TnnQAdd", None, True),
+    "Int8AddNhwc": _relu(twin("Int8AddNhwc", "TnnQAdd", None, True)),
     "Int8PoolNhwc": twin("Int8PoolNhwc", "TnnQPool", None, True),
     "Int8ConcatNhwc": twin("Int8ConcatNhwc", "TnnQConcat", None, True),
     "Int8UpsampleNhwc": twin("Int8UpsampleNhwc", "TnnQUpsample", None, True),

@@ -377,6 +377,7 @@ def test_add_pool_concat_relu_nhwc():
     a, b = _i8(2, 5, 6, 7), _i8(2, 5, 6, 7)
     s = {k: RNG.uniform(0.01, 0.05, 7).astype(np.float32) for k in ("scale_a", "scale_b", "scale_out")}
     _check(make_node("Int8AddNhwc", 2, attrs=s), [a, b])
+    _check(make_node("Int8AddNhwc", 2, params={"relu": True}, attrs=s), [a, b])  # a ReLU folded in: max(q, 0)
     for mode, ceil in (("max", False), ("avg", True), ("max", True)):
         node = make_node("Int8PoolNhwc", 1, params={"mode": mode, "kernel": (3, 3), "stride": (2, 2), "pads": (1, 1),
                                                      "ceil_mode": ceil})

@@ -266,6 +266,28 @@ def test_unfused_add_rescales_both_inputs(tmp_path):
     np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
 
 
+@pytest.mark.parametrize("relu_alone", [True, False])
+def test_a_relu_that_alone_reads_an_add_is_done_by_the_add(tmp_path, relu_alone):
+    """ResNet's residual: Add then ReLU. On the CPU the add's twin applies max(q, 0) to its rounded output (no
+    ReLU pass), the same values as the two ops; a ReLU whose add has another reader (a graph output) stays."""
+    layers = ["QuantizedReLU r 1 1 x t", "QuantizedAdd a 2 1 x t s 1", "QuantizedReLU b 1 1 s y"]
+    s_x, s_y = F32([0.05, 0.04, 0.03]), F32([0.06, 0.05, 0.02])
+    model = quantized_model(tmp_path, layers, [], {"x": s_x, "t": s_x, "s": s_y, "y": s_y},
+                            outputs="y" if relu_alone else "y s")
+    inst = model.instance()
+    ops = [n.op_type for n in inst.graph.nodes]
+    assert ("TnnQRelu" in ops[ops.index("Int8AddNhwc"):]) != relu_alone
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 4
+    q = round_away(x / s_x.reshape(1, 3, 1, 1))
+    acc = (s_x.reshape(1, 3, 1, 1) * q.astype(F32) + s_x.reshape(1, 3, 1, 1) * np.maximum(q, 0).astype(F32))
+    s = round_away(acc.astype(F32) / s_y.reshape(1, 3, 1, 1))
+    assert s.min() < 0 and s.max() == 127
+    got = inst.run({"x": x})
+    np.testing.assert_array_equal(got["y"], np.maximum(s, 0).astype(F32) * s_y.reshape(1, 3, 1, 1))
+    if not relu_alone:
+        np.testing.assert_array_equal(got["s"], s.astype(F32) * s_y.reshape(1, 3, 1, 1))
+
+
 def test_int8_pooling_truncates_averages_and_floors_max_at_minus_127(tmp_path):
     layers = ["QuantizedPooling p 1 1 x a 1 2 2 2 2 0 0 -1 -1 -1 0", "QuantizedPooling m 1 1 x b 0 2 2 2 2 0 0",
               "QuantizedConcat c 2 1 a b y 2"]
