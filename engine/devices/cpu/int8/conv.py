@@ -64,6 +64,12 @@ SCALED_IMPLS = ("brgconv:", "brgconv_1x1:", "brdgmm_dw:", "jit_int8:", "jit_int8
 # ... and only on the instruction sets whose stores were run against scales.py's model bit for bit
 # (test_int8_scales.py): another ISA's store (AVX2's, AMX's) may fuse the multiply and the add, which rounds once.
 SCALED_ISAS = ("avx512_core_vnni",)
+# A depthwise conv of up to this many channels asks for oneDNN's jit_int8 kernel before its first choice,
+# brdgmm_dw: with few channels it is faster (UltraFace int8 at batch 8 on one thread, in the model: its 16-64
+# channel ones 0.85-0.95x each, the whole model 8.71 -> 8.45 ms; MobileNetV2's 32 and 96), at 128 the two are
+# even and with more it is slower (MobileNetV2's 192-960 channels at 28x28 to 7x7: 1.1-1.8x). Both are among
+# SCALED_IMPLS and sum exactly: the outputs are the same bytes.
+JIT_DW_CHANNELS = 96
 
 
 def scaled_kernel(impl: str) -> bool:
@@ -279,10 +285,17 @@ class Plan:
         # per output channel: dim 0 of (O, I, kh, kw) weights, dims 0 and 1 of grouped (G, O/G, I/G, kh, kw) ones
         attr = D.Attr(self.post, {L.ARG_WEIGHTS: 1 if spec.groups == 1 else 3} if scaled else None,
                       {L.ARG_SRC: 0} if spec.zero_point[0] else None)  # one zero point for the whole input
-        return D.PrimitiveDesc.create(
-            "dnnl_convolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE, L.CONVOLUTION_DIRECT,
-            src.h, w_any.h, None if bias is None else bias.h, dst.h, L.dims(stride), L.dims(d - 1 for d in dil),
-            L.dims(self.pads[:2]), L.dims(self.pads[2:]), attr.h)
+
+        def create() -> D.PrimitiveDesc:
+            return D.PrimitiveDesc.create(
+                "dnnl_convolution_forward_primitive_desc_create", D.engine(), L.FORWARD_INFERENCE,
+                L.CONVOLUTION_DIRECT, src.h, w_any.h, None if bias is None else bias.h, dst.h, L.dims(stride),
+                L.dims(d - 1 for d in dil), L.dims(self.pads[:2]), L.dims(self.pads[2:]), attr.h)
+
+        pd = create()
+        if _depthwise(spec) and o <= JIT_DW_CHANNELS and not _next_impl_to(pd, "jit_int8:"):
+            pd = create()  # no jit_int8 kernel for it: oneDNN's first choice again
+        return pd
 
     @property
     def nbytes(self) -> int:
@@ -313,6 +326,20 @@ def _pointwise(spec: QConvSpec, stride, dil, pads) -> bool:
     """A 1x1 conv, stride 1, no pad, one group: each output pixel reads only its own input pixel."""
     return (spec.w.shape[2:] == (1, 1) and spec.groups == 1 and tuple(stride) == (1, 1)
             and tuple(dil) == (1, 1) and not any(pads))
+
+
+def _depthwise(spec: QConvSpec) -> bool:
+    """One input and one output channel per group."""
+    return spec.groups > 1 and spec.w.shape[0] == spec.groups and spec.w.shape[1] == 1
+
+
+def _next_impl_to(pd: D.PrimitiveDesc, family: str) -> bool:
+    """Moves `pd` on through oneDNN's implementations to the first of `family` ("name:"); False when there is
+    none (pd is then spent)."""
+    while not pd.impl.startswith(family):
+        if L.LIB.dnnl_primitive_desc_next_impl(pd.h) != 0:  # dnnl_last_impl_reached
+            return False
+    return True
 
 
 def _exact_signed(impl: str) -> bool:

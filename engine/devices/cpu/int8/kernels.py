@@ -85,8 +85,11 @@ def build_dequantize_to_nhwc(backends: Backends, node: Node, ins: list[TensorInf
 
 
 def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo]):
-    """Each head dequantized straight into its place in the joined output (no per-head value, no concat copy)."""
+    """Each head dequantized straight into its place in the joined output (no per-head value, no concat copy),
+    then the softmax over the last axis where the node has it, on the joined value while it is in cache."""
     patterns = [_pattern(_per_head(s, i.shape[3])) for s, i in zip(node.attrs["scales"], ins, strict=True)]
+    softmax = bool(node.params.get("softmax"))
+    k = int(node.params["trailing"][-1])
 
     def run(inputs, outputs, workspace):
         out = _contiguous(node, outputs[0])
@@ -96,6 +99,9 @@ def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo
             size = x.size // n
             parallel_for(loops.dequantize_into, n, x.size, x.reshape(n, size), pattern, flat, at)
             at += size
+        if softmax:
+            rows = out.reshape(-1, k)
+            parallel_for(loops.softmax_rows, rows.shape[0], 8 * rows.size, rows)  # an exp: ~8 multiply-adds
     return run
 
 
@@ -111,10 +117,11 @@ def _pattern(scale: np.ndarray, values: int = 256) -> np.ndarray:
 def build_add(backends: Backends, node: Node, ins: list[TensorInfo]):
     c = ins[0].shape[3]
     sa, sb, so = (_channels(node, k, c) for k in ("scale_a", "scale_b", "scale_out"))
+    floor = np.int8(0 if node.params.get("relu") else -128)
 
     def run(inputs, outputs, workspace):
         a, b = (_pixels(x) for x in inputs)
-        parallel_for(loops.add, a.shape[0], a.size, a, b, sa, sb, so, _pixels(outputs[0]))
+        parallel_for(loops.add, a.shape[0], a.size, a, b, sa, sb, so, floor, _pixels(outputs[0]))
     return run
 
 

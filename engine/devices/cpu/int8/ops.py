@@ -104,7 +104,8 @@ def _join_shape(node: Node, shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
 
 def _dequantize_concat() -> OpDef:
     """Int8DequantizeConcatNhwc: NHWC int8 heads (N, H_i, W_i, C_i), each dequantized by its scales (attr
-    `scales`, one per head, per channel or one), reshaped to (N, -1, *trailing) and all concatenated on axis 1."""
+    `scales`, one per head, per channel or one), reshaped to (N, -1, *trailing) and all concatenated on axis 1;
+    with param `softmax`, then a Softmax over the last axis (a detector's class scores)."""
     def infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
         return [TensorInfo(_join_shape(node, [i.shape for i in ins]), np.dtype(np.float32))]
 
@@ -112,7 +113,12 @@ def _dequantize_concat() -> OpDef:
         shape = _join_shape(node, [a.shape for a in arrays])
         parts = [(np.asarray(s, np.float32).reshape(-1) * a.astype(np.float32)).astype(np.float32)
                  .reshape(shape[0], -1, *shape[2:]) for a, s in zip(arrays, node.attrs["scales"], strict=True)]
-        return [np.concatenate(parts, axis=1)]
+        joined = np.concatenate(parts, axis=1)
+        if not node.params.get("softmax"):
+            return [joined]
+        shifted = joined.astype(np.float64) - np.max(joined, axis=-1, keepdims=True)
+        e = np.exp(shifted)
+        return [(e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)]
 
     return OpDef("Int8DequantizeConcatNhwc", infer, reference)
 
@@ -143,6 +149,15 @@ def _zero_point(base: OpDef, key: str) -> OpDef:
     return OpDef(base.op_type, infer, reference)
 
 
+def _relu(base: OpDef) -> OpDef:
+    """`base` followed by the TnnQRelu the rewrite folded into it (param `relu`): max(q, 0) of its int8 output."""
+    def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        outs = base.reference(node, arrays)
+        return [np.maximum(outs[0], np.int8(0))] if node.params.get("relu") else outs
+
+    return OpDef(base.op_type, base.infer, reference)
+
+
 # base op -> its twin's op type (the rewrite's table)
 TWINS = {"TnnQConv": "Int8ConvNhwc", "TnnQAdd": "Int8AddNhwc", "TnnQPool": "Int8PoolNhwc",
          "TnnQConcat": "Int8ConcatNhwc", "TnnQuantize": "Int8QuantizeNhwc", "TnnDequantize": "Int8DequantizeNhwc",
@@ -150,7 +165,7 @@ TWINS = {"TnnQConv": "Int8ConvNhwc", "TnnQAdd": "Int8AddNhwc", "TnnQPool": "Int8
 
 OPS: dict[str, OpDef] = {
     "Int8ConvNhwc": _zero_point(twin("Int8ConvNhwc", "TnnQConv", None, True), "src_zero_point"),
-    "Int8AddNhwc": twin("Int8AddNhwc", "TnnQAdd", None, True),
+    "Int8AddNhwc": _relu(twin("Int8AddNhwc", "TnnQAdd", None, True)),
     "Int8PoolNhwc": twin("Int8PoolNhwc", "TnnQPool", None, True),
     "Int8ConcatNhwc": twin("Int8ConcatNhwc", "TnnQConcat", None, True),
     "Int8UpsampleNhwc": twin("Int8UpsampleNhwc", "TnnQUpsample", None, True),

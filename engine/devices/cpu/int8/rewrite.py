@@ -8,8 +8,10 @@ A pure graph -> graph function; the input graph is left untouched (it is the Mod
   only reader is a Transpose to channels-last (perm 0, 2, 3, 1: a detection head's), the two become one
   Int8DequantizeToNhwc writing the Transpose's output, and neither the NCHW float value nor the transpose is made;
   where such heads are each reshaped and all joined on axis 1 by one Concat (a detector's scores or boxes), the
-  lot becomes one Int8DequantizeConcatNhwc writing the Concat's output (_joined_heads);
-- TnnQRelu is elementwise: it keeps its input's layout;
+  lot becomes one Int8DequantizeConcatNhwc writing the Concat's output (_joined_heads), or the output of a
+  Softmax over its last axis that is the Concat's only reader (a detector's class scores: `softmax`);
+- TnnQRelu is elementwise: it keeps its input's layout; where it alone reads a TnnQAdd's output, the add's
+  twin does it (`relu`: max(q, 0) of its rounded output, exactly the two ops; ResNet's residual adds);
 - any other reader of an NHWC value (and a graph output) gets an Int8ToNchw copy, one per value; an NCHW int8
   value entering a twin gets an Int8ToNhwc copy.
 Int8ConvNhwc also learns whether its input can be negative (`src_unsigned`): values out of a ReLU (fused or
@@ -118,6 +120,24 @@ def _joined_heads(graph: Graph) -> dict[int, list[tuple[Node, Node, Node]]]:
         if all(h is not None for h in heads):
             found[id(node)] = heads
     return found
+
+
+def _relu_of(add: Node, graph: Graph) -> Node | None:
+    """The TnnQRelu that is the only reader of this TnnQAdd's output, if so (and itself an int8 4-D value)."""
+    r = _only_reader(add.outputs[0], graph)
+    if r is None or r.op_type != "TnnQRelu" or r.inputs != [add.outputs[0]] or not _int8_4d(r.outputs[0]):
+        return None
+    return r
+
+
+def _softmax_of(join: Node, graph: Graph) -> Node | None:
+    """The Softmax over the last axis that is the only reader of this Concat's output, if so."""
+    out = join.outputs[0]
+    s = _only_reader(out, graph)
+    if s is None or s.op_type != "Softmax" or s.inputs != [out] or len(s.outputs) != 1:
+        return None
+    rank = len(out.shape)
+    return s if int(s.params.get("axis", -1)) in (-1, rank - 1) else None
 
 
 ZERO_POINT = 128
@@ -235,13 +255,18 @@ class _Rewrite:
             return
         if id(node) in self.joins and self._join(node, self.joins[id(node)]):
             return
-        op, params = node.op_type, dict(node.params)
+        op, params, node_outputs = node.op_type, dict(node.params), node.outputs
         twin = _twin_of(node)
         out_layout = NCHW
         if twin is not None:
             inputs = [self._read(v, NHWC) for v in node.inputs]
             op, out_layout = twin, NHWC
             self.stats.twins += 1
+            relu = _relu_of(node, self.src) if twin == "Int8AddNhwc" else None
+            if relu is not None:
+                self.absorbed.add(id(relu))
+                params["relu"] = True
+                node_outputs = relu.outputs
             if twin == "Int8ConvNhwc":
                 params["src_unsigned"] = node.inputs[0] in self.nonneg
                 self.stats.unsigned_convs += params["src_unsigned"]
@@ -267,7 +292,7 @@ class _Rewrite:
             inputs, out_layout = [self.native[node.inputs[0]]], NHWC
         else:
             inputs = [self._read(v, NCHW) for v in node.inputs]
-        outputs = [self._produce(v, out_layout) for v in node.outputs]
+        outputs = [self._produce(v, out_layout) for v in node_outputs]
         if params.get("zero_point"):
             outputs[0].dtype = np.dtype(np.uint8)
         self.new.add_node(op, inputs, outputs, name=node.name, params=params, attrs=dict(node.attrs),
@@ -278,8 +303,12 @@ class _Rewrite:
         else the heads' nodes as they were, and False (the Concat then runs as it is)."""
         if all(self.layout.get(dq.inputs[0]) == NHWC for dq, _, _ in heads):
             inputs = [self.native[dq.inputs[0]] for dq, _, _ in heads]
-            self.new.add_node("Int8DequantizeConcatNhwc", inputs, [self._produce(concat.outputs[0], NCHW)],
-                              name=concat.name, params={"trailing": list(concat.outputs[0].shape[2:])},
+            softmax = _softmax_of(concat, self.src)
+            if softmax is not None:
+                self.absorbed.add(id(softmax))
+            out = (softmax or concat).outputs[0]
+            self.new.add_node("Int8DequantizeConcatNhwc", inputs, [self._produce(out, NCHW)], name=concat.name,
+                              params={"trailing": list(concat.outputs[0].shape[2:]), "softmax": softmax is not None},
                               attrs={"scales": [dq.attrs["scale"] for dq, _, _ in heads]}, source=concat.source)
             self.stats.twins += 1
             return True

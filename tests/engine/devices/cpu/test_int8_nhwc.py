@@ -20,6 +20,7 @@ from engine.errors import KernelError
 from engine.ops.quant import float2int8
 
 RNG = np.random.default_rng(20)
+F32 = np.float32
 pytestmark = pytest.mark.skipif(not available(), reason="oneDNN is not installed")
 
 
@@ -338,6 +339,25 @@ def test_dequantize_concat_joins_heads_per_image(trailing):
     node = make_node("Int8DequantizeConcatNhwc", 1, params={"trailing": list(trailing)}, attrs={"scales": scales})
     _check(node, heads, [np.zeros((3,) + h.shape[1:], np.int8) for h in heads])
 
+@pytest.mark.parametrize("trailing", [(2,), (4,), (3, 2)])
+def test_dequantize_concat_with_a_softmax_over_the_last_axis(trailing):
+    """The join's softmax over the last axis (a pair: one exp; longer rows: exp(v - max) / sum), against the float64
+    reference within float32 rounding: equal scores, differences from 0 to 25 (exp(-25) ~ 1e-11, no underflow to
+    0), a batch smaller than the planned one."""
+    row = int(np.prod(trailing))
+    heads = [_i8(2, 30, 40, row), _i8(2, 3, 5, 2 * row)]
+    heads[0][0, 0, 0, :] = 7  # every score of the row equal
+    heads[0][0, 0, 1, :] = [127, -128] * (row // 2) if row % 2 == 0 else 127
+    scales = [F32([0.1]), RNG.uniform(0.01, 0.05, 2 * row).astype(np.float32)]
+    node = make_node("Int8DequantizeConcatNhwc", 1, params={"trailing": list(trailing), "softmax": True},
+                     attrs={"scales": scales})
+    for arrays in (heads, [h[:1] for h in heads]):
+        want, got = reference(node, arrays)[0], run_kernel(node, arrays, heads)[0]
+        assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
+        assert np.all(got > 0)
+
+
 @pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.01, 0.0, 0.03), (0.015,)])
 def test_quantize_of_three_channels_nhwc(scales):
     """An image's three channels (a loop of their own where no scale is 0): odd sizes, saturation both ways, ties
@@ -357,6 +377,7 @@ def test_add_pool_concat_relu_nhwc():
     a, b = _i8(2, 5, 6, 7), _i8(2, 5, 6, 7)
     s = {k: RNG.uniform(0.01, 0.05, 7).astype(np.float32) for k in ("scale_a", "scale_b", "scale_out")}
     _check(make_node("Int8AddNhwc", 2, attrs=s), [a, b])
+    _check(make_node("Int8AddNhwc", 2, params={"relu": True}, attrs=s), [a, b])  # a ReLU folded in: max(q, 0)
     for mode, ceil in (("max", False), ("avg", True), ("max", True)):
         node = make_node("Int8PoolNhwc", 1, params={"mode": mode, "kernel": (3, 3), "stride": (2, 2), "pads": (1, 1),
                                                      "ceil_mode": ceil})
@@ -368,6 +389,19 @@ def test_add_pool_concat_relu_nhwc():
     per_tensor = {"scales": np.float32([0.03, 0.05]), "scale_out": np.float32([0.04])}
     _check(make_node("Int8ConcatNhwc", 2, params={"axis": 1}, attrs=per_tensor), [a, c])
     _check(make_node("TnnQRelu", 1), [a])
+
+
+def test_add_with_an_output_scale_of_zero_saturates_as_the_reference():
+    # the add's loop divides without numba's zero test (so that it vectorizes): a channel whose output scale is 0
+    # gives +-inf there, saturated to 127 / -128 as in the reference, and no error
+    a, b = _i8(2, 3, 4, 5, lo=1), _i8(2, 3, 4, 5, lo=1)
+    a[0, 0, 0, 2], b[0, 0, 0, 2] = -100, 1
+    s = {k: RNG.uniform(0.01, 0.05, 5).astype(np.float32) for k in ("scale_a", "scale_b", "scale_out")}
+    s["scale_out"][2] = 0
+    node = make_node("Int8AddNhwc", 2, attrs=s)
+    with np.errstate(divide="ignore"):
+        _check(node, [a, b])
+    assert run_kernel(node, [a, b])[0][0, 0, 0, 2] == -128
 
 
 def test_layout_copies():

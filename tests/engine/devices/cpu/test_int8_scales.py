@@ -113,16 +113,19 @@ def _spec(node, x):
     return int8_kernels._SPECS[node], fn.impl
 
 
-KERNELS = [  # one per kernel family of oneDNN's that the scaled way runs on
-    dict(o=48, c=32, k=1),                                       # brgconv_1x1
-    dict(o=16, c=8, k=3, pads=1),                                # brgconv
-    dict(o=32, c=32, k=3, groups=32, pads=1, unsigned=True),     # brdgmm_dw
-    dict(o=16, c=3, k=3, stride=2, pads=1),                      # a first layer's: jit_int8
+KERNELS = [  # one per kernel family of oneDNN's that the scaled way runs on, and the family it must be
+    ("brgconv_1x1", dict(o=48, c=32, k=1)),
+    ("brgconv", dict(o=16, c=8, k=3, pads=1)),
+    ("brdgmm_dw", dict(o=128, c=128, k=3, groups=128, pads=1, unsigned=True)),  # depthwise, many channels
+    ("jit_int8", dict(o=32, c=32, k=3, groups=32, pads=1, unsigned=True)),  # depthwise, few (conv.JIT_DW_CHANNELS)
+    ("jit_int8", dict(o=32, c=32, k=3, groups=32, stride=2, pads=1)),  # the same, strided, on signed inputs
+    ("jit_int8", dict(o=16, c=3, k=3, stride=2, pads=1)),  # a first layer's
 ]
 
 
-@pytest.mark.parametrize("cfg", KERNELS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
-def test_onednn_rounds_scaled_sums_as_scales_py_models(cfg):
+@pytest.mark.parametrize("family,cfg", KERNELS,
+                         ids=lambda c: c if isinstance(c, str) else "-".join(f"{k}{v}" for k, v in c.items()))
+def test_onednn_rounds_scaled_sums_as_scales_py_models(family, cfg):
     # Weight scales and biases the search would never choose (ties everywhere, large biases): oneDNN's outputs are
     # still exactly rne(fl(fl(sum * c) + bias)) element by element, the model scales.py proves its pairs on, and
     # not TNN's rounding
@@ -131,7 +134,7 @@ def test_onednn_rounds_scaled_sums_as_scales_py_models(cfg):
     node = _qconv(**cfg, weight=small)  # small sums: every channel has a pair, so the layer takes the scaled way
     x = np.clip(_input(node, 2, 12, 12, cfg["c"]), -3, 3)  # small sums: results within int8, many of them ties
     spec, impl = _spec(node, x)
-    assert spec.wei_scales is not None, impl
+    assert spec.wei_scales is not None and impl.startswith(f"onednn:{family}:"), impl
     # even channels: dyadic scales and biases, so that many results are exact ties k + 0.5; odd: any floats
     spec.wei_scales[:] = np.where(np.arange(o) % 2, _tie_scales(o) / F32(64), (2 * RNG.integers(0, 4, o) + 1) / F32(16))
     spec.bias_f[:] = np.where(np.arange(o) % 2, RNG.uniform(-60, 60, o), RNG.integers(-240, 240, o) / 4 + 0.125)

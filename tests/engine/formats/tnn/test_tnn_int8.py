@@ -129,10 +129,9 @@ def test_dequantize_read_by_a_permute_to_channels_last_writes_channels_last(tmp_
 
 
 
-def test_heads_dequantized_reshaped_and_joined_write_the_join(tmp_path):
+def _heads(tmp_path: Path, after: list[str]) -> tuple[engine.Model, np.ndarray, np.ndarray]:
     """A detector's heads: int8 convs -> dequantize -> Permute (0, 2, 3, 1) -> Reshape (0, -1, 2) -> one Concat on
-    axis 1. On the CPU each head is dequantized straight into the joined value (no transpose, reshape or concat
-    runs), with the same values."""
+    axis 1 (into `y`), then the layers `after` (output `z` if any): the model, an input and the joined value."""
     w = RNG.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8)
     w2 = RNG.integers(-127, 128, (6, 3, 3, 3), dtype=np.int8)
     bias, bias2 = (RNG.integers(-500, 500, k).astype(np.int32) for k in (4, 6))
@@ -142,22 +141,50 @@ def test_heads_dequantized_reshaped_and_joined_write_the_join(tmp_path):
               "QuantizedConvolution d 1 1 x u 1 3 6 3 3 2 2 1 1 1 -1 1 1 0",
               "Permute p 1 1 t tp 4 0 2 3 1", "Permute q 1 1 u up 4 0 2 3 1",
               "Reshape r 1 1 tp tr 0 3 3 0 -1 2 0", "Reshape s 1 1 up ur 0 3 3 0 -1 2 0",
-              "Concat j 2 1 tr ur y 1"]
+              "Concat j 2 1 tr ur y 1", *after]
     model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, bias, w_scale]),
                                                ("Convolution", "d", ["d", 1, w2, bias2, w_scale2])],
-                            {"x": s_in, "t": s_t, "u": s_u})
-    inst = model.instance()
-    assert [n.op_type for n in inst.graph.nodes] == ["Int8QuantizeNhwc", "Int8ConvNhwc", "Int8ConvNhwc",
-                                                     "Int8DequantizeConcatNhwc"]
+                            {"x": s_in, "t": s_t, "u": s_u}, outputs="z" if after else "y")
     x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
     q = round_away(x / s_in.reshape(1, 3, 1, 1))
     t = np.maximum(_conv_reference(q, w, bias, 1).astype(F32) * (w_scale / s_t).reshape(1, 4, 1, 1), 0)
     u = _conv_reference(q, w2, bias2, 1)[:, :, ::2, ::2].astype(F32) * (w_scale2 / s_u).reshape(1, 6, 1, 1)
     heads = [(round_away(v).astype(F32) * s.reshape(1, -1, 1, 1)).transpose(0, 2, 3, 1).reshape(1, -1, 2)
              for v, s in ((t, s_t), (u, s_u))]
+    return model, x, np.concatenate(heads, axis=1)
+
+
+def test_heads_dequantized_reshaped_and_joined_write_the_join(tmp_path):
+    """On the CPU each head is dequantized straight into the joined value (no transpose, reshape or concat
+    runs), with the same values."""
+    model, x, joined = _heads(tmp_path, [])
+    inst = model.instance()
+    assert [n.op_type for n in inst.graph.nodes] == ["Int8QuantizeNhwc", "Int8ConvNhwc", "Int8ConvNhwc",
+                                                     "Int8DequantizeConcatNhwc"]
     got = inst.run({"x": x})["y"]
     assert got.shape == (1, 50 + 27, 2)
-    np.testing.assert_array_equal(got, np.concatenate(heads, axis=1))
+    np.testing.assert_array_equal(got, joined)
+
+
+@pytest.mark.parametrize("axis", [2, -1])
+def test_a_softmax_over_the_joined_heads_last_axis_is_done_by_the_join(tmp_path, axis):
+    """A detector's class scores: the Softmax over the last axis that alone reads the joined heads runs inside
+    the join, on the values while they are in cache; float32 results within a few ulps of the float64
+    reference's (one exp per pair, the difference of the two rounded once)."""
+    model, x, joined = _heads(tmp_path, [f"Softmax m 1 1 y z {axis}"])
+    inst = model.instance()
+    assert [n.op_type for n in inst.graph.nodes][-1] == "Int8DequantizeConcatNhwc"
+    got = inst.run({"x": x})["z"]
+    e = np.exp(joined.astype(np.float64) - joined.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=-1, keepdims=True), rtol=2e-6, atol=0)
+
+
+def test_a_softmax_over_another_axis_stays_a_softmax(tmp_path):
+    model, x, joined = _heads(tmp_path, ["Softmax m 1 1 y z 1"])
+    inst = model.instance()
+    assert [n.op_type for n in inst.graph.nodes][-2:] == ["Int8DequantizeConcatNhwc", "Softmax"]
+    e = np.exp(joined.astype(np.float64) - joined.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(inst.run({"x": x})["z"], e / e.sum(axis=1, keepdims=True), rtol=1e-5)
 
 
 def test_image_quantized_for_convs_only_is_read_as_u8_with_a_zero_point(tmp_path):
@@ -237,6 +264,28 @@ def test_unfused_add_rescales_both_inputs(tmp_path):
     acc = (s_x.reshape(1, 3, 1, 1) * q.astype(F32) + s_t.reshape(1, 3, 1, 1) * t.astype(F32)).astype(F32)
     expected = round_away(acc / s_y.reshape(1, 3, 1, 1)).astype(F32) * s_y.reshape(1, 3, 1, 1)
     np.testing.assert_array_equal(model.instance().run({"x": x})["y"], expected)
+
+
+@pytest.mark.parametrize("relu_alone", [True, False])
+def test_a_relu_that_alone_reads_an_add_is_done_by_the_add(tmp_path, relu_alone):
+    """ResNet's residual: Add then ReLU. On the CPU the add's twin applies max(q, 0) to its rounded output (no
+    ReLU pass), the same values as the two ops; a ReLU whose add has another reader (a graph output) stays."""
+    layers = ["QuantizedReLU r 1 1 x t", "QuantizedAdd a 2 1 x t s 1", "QuantizedReLU b 1 1 s y"]
+    s_x, s_y = F32([0.05, 0.04, 0.03]), F32([0.06, 0.05, 0.02])
+    model = quantized_model(tmp_path, layers, [], {"x": s_x, "t": s_x, "s": s_y, "y": s_y},
+                            outputs="y" if relu_alone else "y s")
+    inst = model.instance()
+    ops = [n.op_type for n in inst.graph.nodes]
+    assert ("TnnQRelu" in ops[ops.index("Int8AddNhwc"):]) != relu_alone
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 4
+    q = round_away(x / s_x.reshape(1, 3, 1, 1))
+    acc = (s_x.reshape(1, 3, 1, 1) * q.astype(F32) + s_x.reshape(1, 3, 1, 1) * np.maximum(q, 0).astype(F32))
+    s = round_away(acc.astype(F32) / s_y.reshape(1, 3, 1, 1))
+    assert s.min() < 0 and s.max() == 127
+    got = inst.run({"x": x})
+    np.testing.assert_array_equal(got["y"], np.maximum(s, 0).astype(F32) * s_y.reshape(1, 3, 1, 1))
+    if not relu_alone:
+        np.testing.assert_array_equal(got["s"], s.astype(F32) * s_y.reshape(1, 3, 1, 1))
 
 
 def test_int8_pooling_truncates_averages_and_floors_max_at_minus_127(tmp_path):
