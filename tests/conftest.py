@@ -14,10 +14,6 @@ from model_fixtures import FIXTURES_DIR, REPO_ROOT, ModelFixture, read_fixture  
 # slices. The engine's default wait policy (NNSERVE_SPIN_US) is tested in a process of its own,
 # tests/engine/runtime/test_threads.py.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# The split thresholds stay at their floors (threads.FORK_WORK_FLOOR, MIN_WORK_FLOOR) rather than follow a hand-over
-# cost measured on a loaded machine: which kernels split must not depend on timing luck. The measurement and the
-# thresholds it gives are tested with injected costs (tests/engine/devices/cpu/test_fork_thresholds.py).
-os.environ.setdefault("NNSERVE_FORK_US", "0")
 
 
 @pytest.fixture(scope="session")

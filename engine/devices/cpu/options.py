@@ -24,10 +24,6 @@ outside the accepted ones is an error naming the variable and them (`from_env`),
   over the threads from the same sizes as under `short` (threads.MIN_WORK, FORK_WORK): smaller splits measured
   slower on a loaded 2-core host.
 - NNSERVE_RUN_SPIN_US (default 100): the `run` policy's spin after an op (and after a run), then sleep.
-- NNSERVE_FORK_US (default: measured): what handing an op's share to another thread costs here, microseconds; the
-  work below which an op runs on one thread follows from it (threads.fork_thresholds). Unset, the first instance
-  measures it (a few milliseconds, once a process: 20-80 us on a 2-vCPU VM, a few on bare metal); `0` keeps the
-  lowest thresholds (threads.FORK_WORK_FLOOR, MIN_WORK_FLOOR), so mid-sized ops always split.
 """
 
 from __future__ import annotations
@@ -49,12 +45,10 @@ MAX_SPIN_US = 1_000_000
 
 @dataclass(frozen=True)
 class WaitPolicy:
-    """How the engine's idle kernel threads wait (NNSERVE_WAIT_POLICY, NNSERVE_SPIN_US, NNSERVE_RUN_SPIN_US), and
-    what waking one costs (NNSERVE_FORK_US)."""
+    """How the engine's idle kernel threads wait (NNSERVE_WAIT_POLICY, NNSERVE_SPIN_US, NNSERVE_RUN_SPIN_US)."""
     mode: str = "short"  # "short": spin spin_us after each op; "run": spin through a run, run_spin_us after it
     spin_us: int = DEFAULT_SPIN_US
     run_spin_us: int = DEFAULT_RUN_SPIN_US
-    fork_us: int | None = None  # the hand-over cost the split thresholds come from; None: measured
 
     @property
     def openmp_spin_us(self) -> int:
@@ -78,11 +72,10 @@ class CpuOptions:
     spin_us: int = DEFAULT_SPIN_US  # idle threads spin this long, then sleep
     wait: str = "short"  # WAIT_POLICIES
     run_spin_us: int = DEFAULT_RUN_SPIN_US
-    fork_us: int | None = None  # None: measured (threads.configure)
 
     @property
     def wait_policy(self) -> WaitPolicy:
-        return WaitPolicy(self.wait, self.spin_us, self.run_spin_us, self.fork_us)
+        return WaitPolicy(self.wait, self.spin_us, self.run_spin_us)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> CpuOptions:
@@ -103,8 +96,6 @@ class CpuOptions:
             spin_us=_count("NNSERVE_SPIN_US", get("NNSERVE_SPIN_US"), DEFAULT_SPIN_US, MAX_SPIN_US),
             wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "short", WAIT_POLICIES),
             run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US, MAX_SPIN_US),
-            fork_us=_count("NNSERVE_FORK_US", get("NNSERVE_FORK_US"), 0, MAX_SPIN_US) if get("NNSERVE_FORK_US")
-            else None,
         )
 
 

@@ -33,18 +33,8 @@ spin NNSERVE_RUN_SPIN_US (100 us: more than the Python dispatch between two ops)
 server thus sleeps 100 us after its last op. Without oneDNN our workers spin while a run is in progress
 (`running`, entered by the CPU device around every run) and NNSERVE_RUN_SPIN_US after it, RUN_SPIN_CAP_US at most.
 
-Small kernels never fork at all (`threads_for`: a oneDNN primitive of little work is created for one thread;
-`chunks_for`: our kernels), so they pay no hand-over either way. "Small" depends on the host: waking a sleeping
-thread costs a few microseconds on bare metal and 20-80 us on a VM (a halted vCPU), where EfficientFormerV2,
-MobileViT-XXS and GhostNet at batch 1 ran slower on two threads than on one with fixed bounds (14.6 ms against
-10.9, 19.4 against 14.0). So the bounds (FORK_WORK for oneDNN, MIN_WORK for our kernels) come from the hand-over
-the policy really pays, measured once a process (`measure_handover`: no-op forks on OpenMP's team and on our
-kernels' pool, each after an op's dispatch worth of busy time, whence a sleeping partner under `short` and a
-spinning one under `run`; a few milliseconds): a split pays from the work whose saved time covers a real op's
-hand-over (`fork_thresholds`: one thread's throughput, what two make of a split, and what a real op's wake-up
-costs against a no-op one, all measured), between today's bounds as the floor and a ceiling above which every op
-forks (ResNet-18's convs). NNSERVE_FORK_US gives the cost instead (0: the floors). Both are set before the first
-primitive is created (`threads_for` measures then), so a primitive runs with the count it was created for.
+Small kernels never fork at all (`threads_for`: a oneDNN primitive of
+little work is created for one thread), so they pay no hand-over either way.
 
 What the second thread costs and why a run cannot simply drop to one thread (measured 2026-11-26, 2 vCPUs, KVM):
 - the wake-up is most of what a split saves on mid-sized ops: oneDNN's matmul of DeiT-tiny's fc1 (197x192x768,
@@ -71,13 +61,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import logging
 import math
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -87,42 +75,18 @@ from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal, spi
 from engine.devices.cpu.openmp_pool import OpenMPPool
 from engine.devices.cpu.options import WaitPolicy
 
-# Below this much work (elements x taps) a kernel runs on the calling thread. Raised from the host's measured
-# hand-over cost (`fork_thresholds`) when the first instance's pool has more than one thread; this is the floor.
-MIN_WORK = MIN_WORK_FLOOR = 1 << 18
-# Below this many multiply-adds a oneDNN primitive runs on one thread (`threads_for`); the same: measured, this the
-# floor. The floor, measured on whole models at batch 1 (quiet, 2 cores, against 1 << 20): GhostNet 0.88x,
-# MobileViT-XXS 0.93x, EfficientFormerV2 0.98x, ResNet-18 1.00x; int8 convs use the same bound.
-FORK_WORK = FORK_WORK_FLOOR = 1 << 22
-# Ceilings: whatever a hand-over costs, larger ops always split (ResNet-18's 3x3 convs: 115M multiply-adds each at
-# batch 1, ~1.5 ms on one thread; a layer of ~1 ms alone gains more from a second thread than any wake-up costs).
-FORK_WORK_CEILING = 1 << 26
-MIN_WORK_CEILING = 1 << 22
-# One thread's throughput, for the split decision (measured 2026-11-26, one core of the AVX-512 Xeon, quiet):
-# oneDNN's dense conv and matmul: a 1x1 conv 384 -> 96 @14 (7.2M multiply-adds) in 86-88 us, DeiT-tiny's fc1
-# (29M) in 350 us: 80,000 a microsecond. Our numba kernels, per unit of their `work` (elements, or elements x
-# taps): LayerNorm ~0.5 us per 1000 elements (norm.py): 2,000 a microsecond.
-DENSE_MACS_PER_US = 80_000
-KERNEL_WORK_PER_US = 2_000
-# What two threads make of a split even when neither sleeps: the 1x1 conv above on a spinning team took 65 us on
-# two threads, not 44 (1.3x, an efficiency of 0.65: the second core's cold cache, oneDNN's per-thread setup and
-# imbalance of a static split). A split over n threads thus saves 1 - 1/(n * 0.65) of the one-thread time.
-SPLIT_EFFICIENCY = 0.65
-# What a real op's hand-over costs against the no-op fork measured at start: ~3x. The same conv on two threads
-# whose team sleeps between ops took 97 us, 32 more than on the spinning team, where a no-op fork took 10 us
-# (quiet: 166 us against 22); a woken core starts cold (caches, and the wide vector units' power-up after idle).
-OP_HANDOVER_FACTOR = 3
-# The hand-over measurement (`measure_handover`): this many no-op forks, each after the calling thread was busy
-# for as long as an op's Python dispatch (10-50 us). The policy's threads then behave as between two ops: under
-# `short` the partner slept (its 2 us spin is over), under `run` it still spins. A few milliseconds in all, once a
-# process.
-HANDOVER_SAMPLES = 24
-HANDOVER_GAP_US = 50
+# Below this much work (elements x taps) a kernel runs on the calling thread: handing a chunk over costs ~5-50 us.
+MIN_WORK = 1 << 18
+# Below this many multiply-adds a oneDNN primitive runs on one thread (`threads_for`): ~80-150 us of work. With the
+# short spin a fork wakes a sleeping OpenMP thread (20-50 us on a VM) and waits for it at the end; measured on
+# whole models at batch 1 (quiet, 2 cores, against 1 << 20): GhostNet 0.88x, MobileViT-XXS 0.93x,
+# EfficientFormerV2 0.98x, ResNet-18 1.00x (its convs are far above this); int8 convs use the same bound. The same
+# under the `run` policy: a quarter of these bounds measured 3x slower on GhostNet at batch 1 on a loaded host.
+FORK_WORK = 1 << 22
 # The `run` policy: a worker spins while a run is in progress, at most this long in one wait (a run's long serial
 # stretch, or a run that never ends, must not keep a core busy); then the grace after the run, then it sleeps.
 RUN_SPIN_CAP_US = 20_000
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-log = logging.getLogger("engine.threads")
 _PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 
 
@@ -169,53 +133,6 @@ def spin_polls(spin_us: int) -> int:
 def gomp_spincount(spin_us: int) -> int:
     """GOMP_SPINCOUNT for the same bound: libgomp counts the same polls (a relaxed load and the spin-wait hint)."""
     return spin_polls(spin_us)
-
-
-@dataclass(frozen=True)
-class HandOver:
-    """What one fork-join of no work costs here, microseconds: `onednn_us` on OpenMP's team, as oneDNN's
-    primitives fork it; `kernels_us` on the pool our kernels run on (ours, or OpenMP's team under the `run`
-    policy). None: not measured (that team is not used, or one thread); 0: free (the floors)."""
-    onednn_us: float | None = None
-    kernels_us: float | None = None
-
-
-def split_threshold(cost_us: float | None, per_us: float, threads: int, floor: int, ceiling: int) -> int:
-    """The work below which a split over `threads` loses: it saves 1 - 1/(threads * SPLIT_EFFICIENCY) of the
-    one-thread time (work / per_us, per_us the work one thread does a microsecond) and pays the hand-over,
-    OP_HANDOVER_FACTOR times `cost_us`; clamped to [floor, ceiling]. The floor when the cost is unknown or free."""
-    if not cost_us or threads <= 1:
-        return floor
-    saves = 1 - 1 / (threads * SPLIT_EFFICIENCY)
-    work = OP_HANDOVER_FACTOR * cost_us * per_us / saves if saves > 0 else ceiling
-    return int(min(max(work, floor), ceiling))
-
-
-def fork_thresholds(cost: HandOver, threads: int) -> tuple[int, int]:
-    """(FORK_WORK, MIN_WORK) for the measured hand-over `cost` on `threads` threads. The wait policy enters
-    through the cost: which pool it was measured on (`_fork_kernels_pool`) and whether the partner slept
-    (`measure_handover`)."""
-    return (split_threshold(cost.onednn_us, DENSE_MACS_PER_US, threads, FORK_WORK_FLOOR, FORK_WORK_CEILING),
-            split_threshold(cost.kernels_us, KERNEL_WORK_PER_US, threads, MIN_WORK_FLOOR, MIN_WORK_CEILING))
-
-
-def measure_handover(fork: Callable[[], object], samples: int = HANDOVER_SAMPLES,
-                     gap_us: int = HANDOVER_GAP_US) -> float:
-    """The upper quartile, in microseconds, of `samples` calls of `fork` (a no-op fork-join; one that returns
-    False ran nothing and is not counted), each after the calling thread was busy `gap_us`, as between two ops; 0
-    when none ran. The upper quartile, not the median: the wake-up of a sleeping vCPU is skewed (median 22 us, p90
-    79 us measured), and what a run pays is nearer its mean; not the mean: one preemption on a busy host
-    (milliseconds) would set the thresholds for the process's life."""
-    fork()  # the team exists and has run once
-    times = []
-    for _ in range(samples):
-        end = time.perf_counter_ns() + gap_us * 1000
-        while time.perf_counter_ns() < end:
-            pass
-        t = time.perf_counter_ns()
-        if fork() is not False:
-            times.append(time.perf_counter_ns() - t)
-    return float(np.percentile(times, 75)) / 1000 if times else 0.0
 
 
 class SpinPool:
@@ -334,37 +251,6 @@ _openmp: ctypes.CDLL | None = None  # libgomp's symbols (through libdnnl) once o
 # Runs in progress (word 0), read without the GIL by spinning workers under the `run` policy.
 ACTIVE = np.zeros(_PAD, np.int64)
 _active_lock = threading.Lock()
-# The split thresholds: set once, by the first instance (`configure`), from NNSERVE_FORK_US or measured on first use
-# (each pending flag until then), so that a primitive is created and run with the same values.
-_thresholds_configured = False
-_onednn_pending = False  # FORK_WORK: measured when the first oneDNN primitive is created (threads_for)
-_kernels_pending = False  # MIN_WORK: measured at the first split a kernel asks for (chunks_for)
-_handover = HandOver()
-_thresholds_lock = threading.Lock()
-
-
-def _nothing(lo: int, hi: int) -> None:
-    pass
-
-
-def _fork_kernels_pool() -> bool:
-    """A no-op parallel_for on the pool our kernels run on; False when another thread holds it."""
-    return _get_pool().run(_nothing, (), [(0, 0)] * _threads)
-
-
-@functools.cache
-def _gomp_parallel(lib: ctypes.CDLL) -> tuple[Callable[..., None], int]:
-    """GOMP_parallel (what `#pragma omp parallel` compiles to) as a prototype of its own (OpenMPPool types the
-    library's one for its callback) and libc's free, a C function of one pointer that does nothing with NULL:
-    a no-op region on OpenMP's team without the GIL, as oneDNN's primitives fork it."""
-    region = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)(
-        ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value)
-    return region, ctypes.cast(ctypes.CDLL(None).free, ctypes.c_void_p).value
-
-
-def _fork_openmp() -> None:
-    region, free = _gomp_parallel(_openmp)
-    region(free, None, _threads, 0)
 
 
 def set_blas_threads(n: int) -> None:
@@ -413,43 +299,9 @@ def threads_for(work: int | None) -> int:
     """The threads a oneDNN primitive of `work` (multiply-adds, or elements x taps) may use: one below FORK_WORK,
     where the fork-join would cost more than the split saves (and, on a busy host, waits for a descheduled thread);
     the count otherwise, or when the work is not known (None)."""
-    if _onednn_pending and _threads > 1:
-        _measure(onednn=True)
     if work is not None and work < FORK_WORK:
         return 1
     return _threads
-
-
-def get_handover() -> HandOver:
-    """The hand-over costs the thresholds came from (measured, or NNSERVE_FORK_US)."""
-    return _handover
-
-
-def set_handover(cost: HandOver) -> None:
-    """FORK_WORK and MIN_WORK from `cost` (fork_thresholds) for the current count; nothing left to measure."""
-    global FORK_WORK, MIN_WORK, _handover, _onednn_pending, _kernels_pending
-    _handover = cost
-    _onednn_pending = _kernels_pending = False
-    FORK_WORK, MIN_WORK = fork_thresholds(cost, _threads)
-
-
-def _measure(onednn: bool) -> None:
-    """Measures the pending hand-over (oneDNN's team, or our kernels' pool) and sets the thresholds from it. Under
-    the lock: a thread that asks meanwhile waits for the values rather than create a primitive with others."""
-    global FORK_WORK, MIN_WORK, _handover, _onednn_pending, _kernels_pending
-    with _thresholds_lock:
-        if onednn and _onednn_pending and _openmp is not None:
-            with running():
-                _handover = HandOver(measure_handover(_fork_openmp), _handover.kernels_us)
-            _onednn_pending = False
-        elif not onednn and _kernels_pending:
-            with running():  # the `run` policy's workers spin through a run: the hand-over it really pays
-                _handover = HandOver(_handover.onednn_us, measure_handover(_fork_kernels_pool))
-            _kernels_pending = False
-        else:
-            return
-        FORK_WORK, MIN_WORK = fork_thresholds(_handover, _threads)
-    log.info("hand-over %s on %d threads: FORK_WORK %d, MIN_WORK %d", _handover, _threads, FORK_WORK, MIN_WORK)
 
 
 def park() -> None:
@@ -476,21 +328,12 @@ def _set_policy(policy: WaitPolicy) -> None:
 
 def configure(setting: int | None, policy: WaitPolicy | None = None) -> None:
     """Called when an instance is built: the first one gives the pool its default count (`setting`, else the
-    CPUs), the wait policy (CpuOptions.wait_policy) and the split thresholds (its fork_us: NNSERVE_FORK_US, else
-    measured on first use, `threads_for` and `chunks_for`); every one limits BLAS to one thread, the pool doing
-    the splitting."""
-    global _thresholds_configured, _onednn_pending, _kernels_pending
-    policy = policy or WaitPolicy()
+    CPUs) and the wait policy (CpuOptions.wait_policy); every one limits BLAS to one thread, the pool doing the
+    splitting."""
     if not _configured:
         set_threads(default_threads(setting))
     if not _spin_configured:
-        _set_policy(policy)
-    if not _thresholds_configured:
-        _thresholds_configured = True
-        if policy.fork_us is not None:
-            set_handover(HandOver(policy.fork_us, policy.fork_us))
-        else:
-            _onednn_pending = _kernels_pending = True
+        _set_policy(policy or WaitPolicy())
     set_blas_threads(1)
 
 
@@ -543,8 +386,6 @@ if hasattr(os, "register_at_fork"):
 
 def chunks_for(n_items: int, work: int) -> int:
     """How many chunks parallel_for splits [0, n_items) into for `work`: one below MIN_WORK."""
-    if _kernels_pending and _threads > 1:
-        _measure(onednn=False)
     return min(_threads, n_items) if work >= MIN_WORK else 1
 
 

@@ -107,8 +107,7 @@ def restore_threads():
 def test_an_instance_reads_the_environment_once_when_made(monkeypatch, toys, restore_threads):
     monkeypatch.setenv("ENGINE_DEBUG", "2")
     monkeypatch.setenv("NNSERVE_NUM_THREADS", "3")
-    monkeypatch.setenv("NNSERVE_FORK_US", "0")  # as the suite sets it (tests/conftest.py): said here, not assumed
-    assert environment_options() == EngineOptions(debug=2, cpu=CpuOptions(threads=3, fork_us=0))
+    assert environment_options() == EngineOptions(debug=2, cpu=CpuOptions(threads=3))
     inst = Model(tile_sum_graph(), "toy").instance(max_shapes={"x": (1, 256)})
     assert inst.debug == 2 and inst.options.cpu.threads == 3 and inst.device.options.threads == 3
     monkeypatch.setenv("ENGINE_DEBUG", "0")  # read once: the instance keeps its setting
