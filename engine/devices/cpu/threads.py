@@ -212,8 +212,10 @@ class SpinPool:
                     fn(*args, lo, hi)
             finally:
                 self._wait(helpers)
-            errors = [e for e in self.errors[:helpers] if e is not None]
-            self.errors[:helpers] = [None] * helpers
+                # taken and cleared even when this thread's own chunk raised: a helper's error left behind would
+                # be raised by the next, valid call (of any model: the pool is the process's)
+                errors = [e for e in self.errors[:helpers] if e is not None]
+                self.errors[:helpers] = [None] * helpers
             if errors:
                 raise errors[0]
         finally:

@@ -184,6 +184,23 @@ def test_pool_runs_every_chunk_once_then_sleeps(restore_threads, spin_us):
         _threads.set_spin(before)
 
 
+def _fail_all(lo, hi):
+    raise ValueError(f"chunk {lo}")
+
+
+def test_pool_error_of_a_helper_not_raised_again_after_the_callers_own_chunk_failed(restore_threads):
+    """Every chunk fails, the caller's own first: the helpers' errors are taken with it, not left for the next,
+    valid call (of any model: the pool is the process's) to raise."""
+    import numpy as np
+
+    _threads.set_threads(3)
+    with pytest.raises(ValueError, match="chunk"):
+        _threads.parallel_for(_fail_all, 9, 1 << 20)
+    out = np.zeros(1000, np.int64)
+    _threads.parallel_for(_fill, out.size, 1 << 20, out, 7)
+    assert (out == 7).all()
+
+
 def _check_pool(pool) -> None:
     import numpy as np
 
