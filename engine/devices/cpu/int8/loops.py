@@ -106,6 +106,9 @@ def softmax_rows(x, lo, hi):
     if k_n == 2:
         for r in range(lo, hi):
             a, b = x[r, 0], x[r, 1]
+            if a == np.inf or b == np.inf:  # exp(v - max) has inf - inf = NaN there (both +inf: a - b is NaN below)
+                x[r, 0], x[r, 1] = np.nan, np.nan
+                continue
             e = np.exp(-abs(a - b))
             s = one + e
             big, small = one / s, e / s

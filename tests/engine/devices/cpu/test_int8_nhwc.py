@@ -13,6 +13,7 @@ from op_harness import build_kernel, cpu_device, infos_of, make_node, reference,
 
 from engine.devices.cpu import threads
 from engine.devices.cpu.int8 import kernels as int8_kernels
+from engine.devices.cpu.int8.loops import softmax_rows
 from engine.devices.cpu.int8.ops import to_nhwc
 from engine.devices.cpu.int8.requant import sum_range, tie_free_scales
 from engine.devices.cpu.onednn.objects import available
@@ -415,3 +416,26 @@ def test_one_spec_per_node():
     ins = infos_of([_i8(1, 4, 4, 8)], node=node)
     build_kernel(node, ins)
     assert node in int8_kernels._SPECS
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_softmax_rows_match_the_float64_softmax_with_infinities_and_nans(k):
+    """The detector join's softmax (the pair shortcut included) against exp(v - max) / sum in float64, rows with
+    +inf, -inf and NaN scores among ordinary ones: NaN exactly where the reference has NaN."""
+    rng = np.random.default_rng(k)
+    rows = [rng.normal(size=k) * 10 for _ in range(20)]
+    for special in (np.inf, -np.inf, np.nan):
+        for at in range(k):
+            row = rng.normal(size=k)
+            row[at] = special
+            rows.append(row)
+    rows += [np.full(k, np.inf), np.full(k, -np.inf), np.full(k, 80.0)]
+    x = np.asarray(rows, np.float32)
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+    got = x.copy()
+    softmax_rows(got, 0, got.shape[0])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=2e-6, atol=1e-7)
