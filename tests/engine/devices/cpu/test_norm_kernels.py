@@ -72,6 +72,15 @@ def test_layernorm_rows_with_residual(rows, lo, hi):
     assert np.isnan(out[:lo]).all() and np.isnan(out[hi:]).all()
 
 
+def test_layernorm_eps_zero_over_a_constant_row_gives_the_references_nan():
+    """0 / 0 in the kernel: NaN as the reference and torch give, not a ZeroDivisionError out of the loop."""
+    x = _x(3, 8)
+    x[1] = 2.5
+    node = make_node("LayerNorm", 1, params={"normalized_ndim": 1, "eps": 0.0})
+    with np.errstate(invalid="ignore", divide="ignore"):  # the reference's own 0 / 0
+        check_kernel(node, [x])
+
+
 def test_large_offset_keeps_precision():
     # one-pass E[x^2]-E[x]^2 would lose everything here; the kernels use two passes in float64
     x = (RNG.standard_normal((2, 4, 64)) + 1000.0).astype(np.float32)
