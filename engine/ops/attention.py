@@ -81,7 +81,8 @@ def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     m = np.max(scores, axis=-1, keepdims=True)
     e = np.exp(scores - np.where(np.isfinite(m), m, 0))
     total = np.sum(e, axis=-1, keepdims=True)
-    p = np.divide(e, total, out=np.full_like(e, np.nan if nan_rows(node) else 0.0), where=total > 0)
+    # a row with every score masked sums to 0 (nan_rows says what it gives); a NaN score makes its row NaN
+    p = np.divide(e, total, out=np.full_like(e, np.nan if nan_rows(node) else 0.0), where=total != 0)
     return [np.matmul(p, v.astype(np.float64)).astype(ot)]
 
 

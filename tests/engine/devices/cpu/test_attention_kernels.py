@@ -242,8 +242,11 @@ def test_fused_kernel_allocates_no_tiles():
 def test_nan_in_the_scores_stays_nan():
     q, k, v = _x(1, 1, 4, 8), _x(1, 1, 6, 8), _x(1, 1, 6, 8)
     k[0, 0, 2, 0] = np.nan
-    out = run_kernel(make_node("Attention", 3), [q, k, v])[0]
+    node = make_node("Attention", 3)
+    out = run_kernel(node, [q, k, v])[0]
     assert np.isnan(out).all()
+    # the reference too (as torch): a NaN row's sum is NaN, not a fully masked row's 0
+    assert np.isnan(reference(node, [q, k, v])[0]).all()
 
 
 LONG_GOLDENS = load_cases(Path(__file__).resolve().parents[3] / "fixtures" / "ops" / "attention.npz")
