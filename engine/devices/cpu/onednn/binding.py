@@ -128,16 +128,23 @@ def _open(spin_us: int) -> ctypes.CDLL | None:
 
 LIB: ctypes.CDLL | None = None  # the library once `load` found it: a shared library loads once per process
 _loaded = False
+_loaded_spin: int | None = None  # the spin the first load gave OpenMP (libgomp reads it that once)
+_spin_warned = False
 _lock = threading.Lock()
 
 
 def load(spin_us: int = DEFAULT_SPIN_US) -> ctypes.CDLL | None:
     """libdnnl, loaded on the first call (with OpenMP's idle threads spinning `spin_us`, the wait policy's
     openmp_spin_us); None when it is not installed."""
-    global LIB, _loaded
+    global LIB, _loaded, _loaded_spin, _spin_warned
     with _lock:
         if not _loaded:
-            LIB, _loaded = _open(spin_us), True
+            LIB, _loaded, _loaded_spin = _open(spin_us), True, spin_us
+        elif LIB is not None and spin_us != _loaded_spin and not _spin_warned:
+            # said once: a later instance's wait policy cannot change what OpenMP's threads already spin
+            _spin_warned = True
+            log.warning("OpenMP's idle threads spin what the first oneDNN load gave them (%s us); %d us asked "
+                        "later (another wait policy) cannot apply in this process", _loaded_spin, spin_us)
             if LIB is None:  # said once: every convolution, matmul and pool then takes the slower numba paths
                 log.warning("oneDNN (%s) was not found: the CPU kernels run without it, slower (install the onednn "
                             "wheel nnserve depends on, or set NNSERVE_ONEDNN=0 to choose this)", SONAME)
