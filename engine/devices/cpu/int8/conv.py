@@ -57,6 +57,12 @@ MAX_FIXUP_SHARE = 0.5  # beyond this share of channels to check, the int32 way i
 # (MobileNetV2's ten fused convs at batch 8: 4.0 -> 3.4 ms), still well within L2 (1-2 MB per core), and the arena
 # of a batch-1 MobileNetV2 stays within 0.3x of its float32 one's (512 KB would not: 0.302x).
 TILE_BYTES = 1 << 18
+# At most this many tiles a conv: each tile forks OpenMP's team for its conv and then our pool for its epilogue,
+# so a large output in 256 KB tiles woke the second thread 20 times (MobileNetV2 int8 at batch 8, its 56x56x24
+# projection: 10 tiles, 1.02 ms on one thread, 1.46 ms on two); tiles then grow past TILE_BYTES (two of 1.2 MB
+# there; the whole model 19.2-22.0 -> 17.0-17.4 ms on two threads, one thread unchanged). Batch 1 keeps its tiles
+# (MobileNetV2's largest sums, 301 KB, still two of 256 KB), so its arena does too.
+MAX_TILES = 2
 # The kernels whose requantization with weight scales scales.py reproduces: oneDNN 3.2's x86 int8 convolutions
 # that scale, then add the bias, in two roundings (their `store`s; gemm's post-processing and the reference
 # are not among them). Another kernel takes requant.py's factors instead.
@@ -195,7 +201,7 @@ def _per_channel(a, o: int, dtype) -> np.ndarray:
 class Plan:
     """The primitive for one NHWC input shape, its bound arguments and its workspace share."""
 
-    def __init__(self, spec: QConvSpec, shape: tuple[int, ...]):
+    def __init__(self, spec: QConvSpec, shape: tuple[int, ...], tiled: bool = True):
         n, h, w, c = shape
         (n, o, oh, ow), (kh, kw), stride, dil, (t, left), g = conv_geometry(spec.node, (n, c, h, w))
         self.geo, self.out_shape = (stride[0], stride[1], dil[0], dil[1], t, left, g), (n, oh, ow, o)
@@ -251,21 +257,22 @@ class Plan:
         self._bound: tuple[int, int, int] | None = None
         # (first pixel, pixels, plan) of the int32 way's tiles; empty: one pass over the whole output
         self.tiles: list[tuple[int, int, Plan]] = []
-        if not requant and _pointwise(spec, stride, dil, self.pads):
+        if tiled and not requant and _pointwise(spec, stride, dil, self.pads):
             self._tile(spec, n * oh * ow, c, o)
 
     def _tile(self, spec: QConvSpec, pixels: int, c: int, o: int) -> None:
-        """Splits a pointwise conv's pixels into tiles, each a (1, k, 1, C) conv of its own: full tiles of the same
-        size whatever the input's shape (so a smaller input never needs more workspace than the largest), and the
-        rest."""
-        per = max(TILE_BYTES // (4 * o), 1)
+        """Splits a pointwise conv's pixels into tiles, each a (1, k, 1, C) conv of its own: full tiles and the
+        rest, of TILE_BYTES of sums or, past MAX_TILES of those, of a MAX_TILES-th of the pixels. The size grows
+        with the pixels, never shrinks, so a smaller input never needs more workspace than the largest."""
+        per = max(TILE_BYTES // (4 * o), -(-pixels // MAX_TILES), 1)
         if pixels <= per:
             return
         count = -(-pixels // per)
         way = spec.way
         # a plan per tile, not per size: each stays bound to its own pointers (rebinding costs ~5 us a call)
         tiles = [(i * per, min(per, pixels - i * per)) for i in range(count)]
-        plans = [Plan(spec, (1, k, 1, c)) for _, k in tiles]
+        # a tile is never tiled again: it writes all its sums, and the workspace holds one tile's
+        plans = [Plan(spec, (1, k, 1, c), tiled=False) for _, k in tiles]
         if any(t.way != "int32" for t in plans):  # a tile's kernel is not exact: one pass, as before
             spec.way = way
             return

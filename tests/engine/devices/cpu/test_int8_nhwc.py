@@ -12,6 +12,7 @@ import pytest
 from op_harness import build_kernel, cpu_device, infos_of, make_node, reference, run_kernel
 
 from engine.devices.cpu import threads
+from engine.devices.cpu.int8 import conv as int8_conv
 from engine.devices.cpu.int8 import kernels as int8_kernels
 from engine.devices.cpu.int8.loops import softmax_rows
 from engine.devices.cpu.int8.ops import to_nhwc
@@ -88,9 +89,10 @@ def test_conv_is_bit_exact(cfg):
 
 
 @pytest.mark.parametrize("fusion,activation", [("add_then_act", None), ("act_then_add", "relu6")])
-def test_fused_pointwise_conv_runs_in_tiles_of_pixels(fusion, activation):
+def test_fused_pointwise_conv_runs_in_tiles_of_pixels(fusion, activation, monkeypatch):
     # 2 x 53 x 51 pixels of 40 channels' int32 sums are beyond TILE_BYTES: full tiles and a rest, each its own
-    # primitive, the sums of one tile at a time in the workspace
+    # primitive, the sums of one tile at a time in the workspace (tiles of TILE_BYTES: no cap on their count)
+    monkeypatch.setattr(int8_conv, "MAX_TILES", 1 << 30)
     node = _qconv(40, 24, 1, fusion=fusion, activation=activation)
     big = _conv_inputs(node, 2, 24, 53, 51)
     fn, _ = build_kernel(node, infos_of(big, node=node))
@@ -99,6 +101,30 @@ def test_fused_pointwise_conv_runs_in_tiles_of_pixels(fusion, activation):
     assert plan.acc_bytes < 2 * 53 * 51 * 40 * 4
     _check(node, big)
     _check(node, _conv_inputs(node, 1, 24, 50, 47), big)
+
+
+@pytest.mark.parametrize("threads_n", [1, 2])
+def test_large_fused_pointwise_conv_takes_at_most_max_tiles_each_run_whole(threads_n, monkeypatch):
+    # 2 x 97 x 89 pixels of 40 channels' sums would be 11 tiles of TILE_BYTES: MAX_TILES larger ones instead, none
+    # tiled again (a tile's primitive writes all its sums: the workspace must hold a whole one), exact at the max
+    # shape and below it
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    before = threads.get_threads()
+    threads.set_threads(threads_n)
+    try:
+        node = _qconv(40, 24, 1, fusion="add_then_act")
+        big = _conv_inputs(node, 2, 24, 97, 89)
+        fn, _ = build_kernel(node, infos_of(big, node=node))
+        plan = next(iter(fn.plans.values()))
+        pixels = 2 * 97 * 89
+        assert plan.way == "int32" and len(plan.tiles) == int8_conv.MAX_TILES
+        assert sum(k for _, k, _ in plan.tiles) == pixels
+        assert all(not tile.tiles for _, _, tile in plan.tiles)
+        assert plan.acc_bytes >= max(k for _, k, _ in plan.tiles) * 40 * 4
+        _check(node, big)
+        _check(node, _conv_inputs(node, 1, 24, 60, 71), big)
+    finally:
+        threads.set_threads(before)
 
 
 @pytest.mark.parametrize("fusion,activation", [("add_then_act", None), ("add_then_act", "relu"),
