@@ -57,12 +57,15 @@ MAX_FIXUP_SHARE = 0.5  # beyond this share of channels to check, the int32 way i
 # (MobileNetV2's ten fused convs at batch 8: 4.0 -> 3.4 ms), still well within L2 (1-2 MB per core), and the arena
 # of a batch-1 MobileNetV2 stays within 0.3x of its float32 one's (512 KB would not: 0.302x).
 TILE_BYTES = 1 << 18
-# At most this many tiles a conv: each tile forks OpenMP's team for its conv and then our pool for its epilogue,
-# so a large output in 256 KB tiles woke the second thread 20 times (MobileNetV2 int8 at batch 8, its 56x56x24
-# projection: 10 tiles, 1.02 ms on one thread, 1.46 ms on two); tiles then grow past TILE_BYTES (two of 1.2 MB
-# there; the whole model 19.2-22.0 -> 17.0-17.4 ms on two threads, one thread unchanged). Batch 1 keeps its tiles
-# (MobileNetV2's largest sums, 301 KB, still two of 256 KB), so its arena does too.
+# At most this many tiles a conv, up to MAX_TILE_BYTES each: each tile forks OpenMP's team for its conv and then
+# our pool for its epilogue, so a large output in 256 KB tiles woke the second thread 20 times (MobileNetV2 int8 at
+# batch 8, its 56x56x24 projection: 10 tiles, 1.02 ms on one thread, 1.46 ms on two); tiles then grow past
+# TILE_BYTES (three of 1 MB there; the whole model 18.2 -> 17.3-17.7 ms on two threads, one thread unchanged).
+# The ceiling keeps the workspace one tile of at most 1 MB whatever the output (two tiles of half a 1080p map's
+# sums would be 265 MB) and a tile's sums within L2. Batch 1 keeps its tiles (MobileNetV2's largest sums, 301 KB,
+# still two of 256 KB), so its arena does too.
 MAX_TILES = 2
+MAX_TILE_BYTES = 1 << 20
 # The kernels whose requantization with weight scales scales.py reproduces: oneDNN 3.2's x86 int8 convolutions
 # that scale, then add the bias, in two roundings (their `store`s; gemm's post-processing and the reference
 # are not among them). Another kernel takes requant.py's factors instead.
@@ -262,9 +265,10 @@ class Plan:
 
     def _tile(self, spec: QConvSpec, pixels: int, c: int, o: int) -> None:
         """Splits a pointwise conv's pixels into tiles, each a (1, k, 1, C) conv of its own: full tiles and the
-        rest, of TILE_BYTES of sums or, past MAX_TILES of those, of a MAX_TILES-th of the pixels. The size grows
-        with the pixels, never shrinks, so a smaller input never needs more workspace than the largest."""
-        per = max(TILE_BYTES // (4 * o), -(-pixels // MAX_TILES), 1)
+        rest, of TILE_BYTES of sums or, past MAX_TILES of those, of a MAX_TILES-th of the pixels, MAX_TILE_BYTES at
+        most. The size grows with the pixels, never shrinks, so a smaller input never needs more workspace than the
+        largest."""
+        per = max(TILE_BYTES // (4 * o), min(-(-pixels // MAX_TILES), MAX_TILE_BYTES // (4 * o)), 1)
         if pixels <= per:
             return
         count = -(-pixels // per)

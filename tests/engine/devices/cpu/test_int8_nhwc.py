@@ -109,6 +109,7 @@ def test_large_fused_pointwise_conv_takes_at_most_max_tiles_each_run_whole(threa
     # tiled again (a tile's primitive writes all its sums: the workspace must hold a whole one), exact at the max
     # shape and below it
     monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(int8_conv, "MAX_TILE_BYTES", 1 << 30)  # the count's cap alone (the size's: below)
     before = threads.get_threads()
     threads.set_threads(threads_n)
     try:
@@ -125,6 +126,21 @@ def test_large_fused_pointwise_conv_takes_at_most_max_tiles_each_run_whole(threa
         _check(node, _conv_inputs(node, 1, 24, 60, 71), big)
     finally:
         threads.set_threads(before)
+
+
+def test_tiles_of_a_large_output_stay_within_max_tile_bytes(monkeypatch):
+    # a large map's sums: tiles of MAX_TILE_BYTES (here made small), however many, so the workspace holds one of
+    # them and never half the output's sums; exact, the rest tile included
+    monkeypatch.setattr(int8_conv, "MAX_TILE_BYTES", 2 * int8_conv.TILE_BYTES)
+    node = _qconv(40, 24, 1, fusion="add_then_act")
+    big = _conv_inputs(node, 2, 24, 101, 97)
+    fn, _ = build_kernel(node, infos_of(big, node=node))
+    plan = next(iter(fn.plans.values()))
+    per = int8_conv.MAX_TILE_BYTES // (40 * 4)
+    assert plan.way == "int32" and len(plan.tiles) == -(-2 * 101 * 97 // per) > int8_conv.MAX_TILES
+    assert {k for _, k, _ in plan.tiles[:-1]} == {per} and plan.acc_bytes <= int8_conv.MAX_TILE_BYTES + 64
+    _check(node, big)
+    _check(node, _conv_inputs(node, 1, 24, 30, 29), big)
 
 
 @pytest.mark.parametrize("fusion,activation", [("add_then_act", None), ("add_then_act", "relu"),
