@@ -60,7 +60,8 @@ TILE_BYTES = 1 << 18
 # At most this many tiles a conv, up to MAX_TILE_BYTES each: each tile forks OpenMP's team for its conv and then
 # our pool for its epilogue, so a large output in 256 KB tiles woke the second thread 20 times (MobileNetV2 int8 at
 # batch 8, its 56x56x24 projection: 10 tiles, 1.02 ms on one thread, 1.46 ms on two); tiles then grow past
-# TILE_BYTES (three of 1 MB there; the whole model 18.2 -> 17.3-17.7 ms on two threads, one thread unchanged).
+# TILE_BYTES (three of 1 MB there; the whole model, two instances alternating in one process: 0.96-0.97x the
+# time on two threads, 0.975x on one, outputs identical).
 # The ceiling keeps the workspace one tile of at most 1 MB whatever the output (two tiles of half a 1080p map's
 # sums would be 265 MB) and a tile's sums within L2. Batch 1 keeps its tiles (MobileNetV2's largest sums, 301 KB,
 # still two of 256 KB), so its arena does too.
