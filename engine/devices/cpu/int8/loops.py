@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.loops.quant import f2i8, requantize_one
 
 ZERO = np.float32(0.0)
@@ -99,9 +100,10 @@ def dequantize_into(x, pattern, out, at, lo, hi):
 
 @njit(nogil=True, cache=True)
 def softmax_rows(x, lo, hi):
-    """Softmax of each row of x (R, K) float32 in place, rows [lo, hi); in float32, exp(v - max) / sum. A pair (a
-    detector's two class scores) takes one exp, e = exp(-|a - b|): the larger gets 1 / (1 + e), the other
-    e / (1 + e) (UltraFace's 4420 pairs: 25 us on one thread, where oneDNN's softmax over an axis of 2 took 113)."""
+    """Softmax of each row of x (R, K) float32 in place, rows [lo, hi). A pair (a detector's two class scores)
+    takes one exp, in float32, e = exp(-|a - b|): the larger gets 1 / (1 + e), the other e / (1 + e) (UltraFace's
+    4420 pairs: 25 us on one thread, where oneDNN's softmax over an axis of 2 took 113); other rows go through
+    the Softmax kernel's loop."""
     k_n, one = x.shape[1], np.float32(1.0)
     if k_n == 2:
         for r in range(lo, hi):
@@ -117,17 +119,8 @@ def softmax_rows(x, lo, hi):
             else:
                 x[r, 0], x[r, 1] = small, big
         return
-    for r in range(lo, hi):
-        row = x[r]
-        m = row[0]
-        for k in range(1, k_n):
-            m = max(m, row[k])
-        s = np.float32(0.0)
-        for k in range(k_n):
-            row[k] = np.exp(row[k] - m)
-            s += row[k]
-        for k in range(k_n):
-            row[k] = row[k] / s
+    rows = x[lo:hi].reshape(hi - lo, k_n, 1)
+    softmax_loop(rows, rows, False, False)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
