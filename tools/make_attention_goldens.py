@@ -4,7 +4,7 @@ F.scaled_dot_product_attention gives them (zeros) and as an explicit softmax / n
 (NaN). One head of width 4 keeps the file small.
 
 Run with the dev environment (torch): `.venv-dev/bin/python tools/make_attention_goldens.py`.
-Each case `c` is stored as `c/op`, `c/params` (JSON), `c/in<i>`, `c/out0` (the layout of make_op_goldens_misc.py).
+Each case `c` is stored as `c/op`, `c/params` (JSON), `c/in<i>`, `c/out0` (the layout of make_op_goldens_nonspatial.py).
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _fixture_blocks as blocks  # noqa: E402
-import _fixture_misc as misc  # noqa: E402
 import _fixture_nets as nets  # noqa: E402
+import _fixture_op_nets as misc  # noqa: E402
 from _fixture_io import (  # noqa: E402
     as_numpy,
     export_pnnx,

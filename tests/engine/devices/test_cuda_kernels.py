@@ -20,7 +20,7 @@ from engine.errors import UnsupportedOpError
 from engine.ops.registry import all_ops, get_op
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ops"
-CASES = [c for f in ("misc.npz", "spatial.npz") for c in load_cases(FIXTURES / f)]
+CASES = [c for f in ("nonspatial.npz", "spatial.npz") for c in load_cases(FIXTURES / f)]
 # ops that never reach a device kernel: Shape is a host value; the others are refused on CUDA (see kernels.py)
 NOT_ON_CUDA = {"Shape", "Expression", "TnnQuantize", "TnnDequantize", "TnnQConv", "TnnQAdd", "TnnQConcat",
                "TnnQPool", "TnnQRelu", "TnnQInnerProduct", "TnnQUpsample", "RNN", "SliceAssign", "IndexPut", "Index",

@@ -11,7 +11,7 @@ from op_harness import check_golden, infer, load_cases, make_node
 from engine.errors import ShapeError
 from engine.ops import activation
 
-GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "nonspatial.npz"
 CASES = load_cases(GOLDENS, set(activation.REFERENCES))
 PARAMS = {
     "Relu": {}, "Clip": {"min": -0.3, "max": 0.8}, "LeakyRelu": {"alpha": 0.05}, "Sigmoid": {}, "Tanh": {},

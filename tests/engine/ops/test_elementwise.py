@@ -11,7 +11,7 @@ from op_harness import check_golden, check_kernel, infer, load_cases, make_node,
 from engine.errors import ShapeError
 from engine.ops import elementwise
 
-GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "nonspatial.npz"
 OPS = set(elementwise.BINARY) | set(elementwise.UNARY) | {"Where"}
 CASES = load_cases(GOLDENS, OPS)
 

@@ -11,7 +11,7 @@ from op_harness import check_golden, infer, load_cases, make_node, reference
 
 from engine.errors import ShapeError
 
-GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "nonspatial.npz"
 OPS = {"BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "LpNormalize"}
 CASES = load_cases(GOLDENS, OPS)
 

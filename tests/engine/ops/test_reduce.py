@@ -11,7 +11,7 @@ from op_harness import check_golden, infer, load_cases, make_node
 from engine.errors import ShapeError
 from engine.ops import reduce
 
-GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "nonspatial.npz"
 OPS = set(reduce.REDUCERS) | {"ArgMax", "ArgMin"}
 CASES = load_cases(GOLDENS, OPS)
 

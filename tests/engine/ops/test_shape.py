@@ -12,7 +12,7 @@ from engine.errors import ShapeError
 from engine.ops import get_op
 from engine.ops.registry import TensorInfo
 
-GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "misc.npz"
+GOLDENS = Path(__file__).resolve().parents[2] / "fixtures" / "ops" / "nonspatial.npz"
 OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Cast", "Shape"}
 CASES = load_cases(GOLDENS, OPS)
 

@@ -1,4 +1,4 @@
-""" "misc" fixture networks: together they exercise every op of issue 2 the architecture fixtures leave out."""
+"""Fixture networks that together exercise every op of issue 2 the architecture fixtures leave out ("misc_*")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Writes tests/fixtures/ops/misc.npz: PyTorch outputs for the activation, elementwise, softmax, reduce, norm,
+"""Writes tests/fixtures/ops/nonspatial.npz: PyTorch outputs for the activation, elementwise, softmax, reduce, norm,
 shape, tensor and attention ops on small awkward shapes (broadcasting, negative axes, keepdim, odd sizes), plus
 ONNX Runtime outputs where the semantics are ONNX's rather than torch's (Slice clamping, Reshape 0, Expand).
 
-Run with the dev environment (torch, onnx, onnxruntime): `.venv-dev/bin/python tools/make_op_goldens_misc.py`.
+Run with the dev environment (torch, onnx, onnxruntime): `.venv-dev/bin/python tools/make_op_goldens_nonspatial.py`.
 Each case `c` is stored as `c/op`, `c/params` (JSON), `c/in<i>`, `c/attr_<name>`, `c/out<i>`.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ops" / "misc.npz"
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "ops" / "nonspatial.npz"
 RNG = np.random.default_rng(20261122)
 CASES: dict[str, np.ndarray] = {}
 
