@@ -60,12 +60,13 @@ def _expect(c: int, o: int, shape: tuple, tile: int, threads: int) -> R.Split:
                                             ("clip", {"min": -0.3, "max": 0.4}), ("silu", None)])
 @pytest.mark.parametrize("residual", [False, True])
 def test_split_by_tiles(threads, monkeypatch, tile, act, act_params, residual):
-    """3 images of 25x25: 147 F(4x4) tiles (507 F(2x2)) in items no larger than U, so chunks of two lengths run
-    on every slot; the edge tiles clipped."""
+    """3 images of 33x33: 243 F(4x4) tiles (867 F(2x2)) in items no larger than U, so chunks of two lengths run
+    on every slot (for either channel block, 8 or 16, and one or two threads: 25x25 split evenly with 8); the
+    edge tiles clipped."""
     n_threads, calls = threads
     monkeypatch.setattr(R, "ITEM_BYTES", 1)  # items as large as U's bytes
     _force(monkeypatch, tile)
-    shape = (3, C, 25, 25)
+    shape = (3, C, 33, 33)
     s = _expect(C, O, shape, tile, n_threads)
     assert s.parts == 1 and len(s.items()) >= 2 * n_threads and s.total % s.tiles
     node, plain = make(C, O, 3, act=act, act_params=act_params)
