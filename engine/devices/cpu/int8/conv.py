@@ -233,6 +233,11 @@ class Plan:
         if self.way == "requant" and pd.impl.startswith("ref"):  # no fast kernel takes the post-ops
             self.way = spec.way = "int32"
             pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
+        if self.way == "requant" and _dw_tail_miscomputed(spec, pd.impl):
+            log.debug("%s: oneDNN %s miscomputes a depthwise channel tail with post-ops; the int32 way instead",
+                      spec.node.where(), pd.impl)
+            self.way = spec.way = "int32"
+            pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
         self.impl = pd.impl
         if (not spec.unsigned or spec.zero_point[0]) and not _exact_signed(self.impl):
             log.debug("%s: oneDNN %s is not exact for this input; exact loops instead", spec.node.where(), self.impl)
@@ -345,6 +350,16 @@ def _depthwise(spec: QConvSpec) -> bool:
     return spec.groups > 1 and spec.w.shape[0] == spec.groups and spec.w.shape[1] == 1
 
 
+def _dw_tail_miscomputed(spec: QConvSpec, impl: str) -> bool:
+    """Whether oneDNN's depthwise int8 kernel for AVX2 (jit_uni_int8 on a CPU without AVX-512) would write
+    wrong int8 outputs for this conv with the requant way's post-ops: with a channel count that is no multiple of
+    its 8-channel vector, the channels after the first came out wrong (zeros, or values of other channels) for
+    every tail of 2 to 7 channels, kernel 1 or 3, stride 1 or 2 (oneDNN 3.x, AMD EPYC); its int32 sums are right,
+    and so are the other kernels' outputs (a sweep of ~500 dense, grouped and fused convs). Every count that is
+    no multiple of 8 takes the int32 way, not only the tails seen (test_int8_nhwc.py)."""
+    return _depthwise(spec) and impl.startswith("jit_uni_int8:") and "avx512" not in impl and spec.w.shape[0] % 8 != 0
+
+
 def _next_impl_to(pd: D.PrimitiveDesc, family: str) -> bool:
     """Moves `pd` on through oneDNN's implementations to the first of `family` ("name:"); False when there is
     none (pd is then spent)."""
@@ -360,9 +375,12 @@ def _exact_signed(impl: str) -> bool:
 
 
 def workspace(spec: QConvSpec, ins: list[TensorInfo]) -> int:
-    if spec.way == "direct":
-        return 0
-    return Plan(spec, tuple(ins[0].shape)).nbytes + D.ALIGN
+    """The plan's scratchpad and int32 sums, then room for a zero-point input shifted back to int8 (`_int8`)
+    where the numba loops read it (the direct way, the fix-ups; the plan may choose the direct way itself)."""
+    planned = 0 if spec.way == "direct" else Plan(spec, tuple(ins[0].shape)).nbytes
+    shifted = spec.zero_point[0] and (spec.way == "direct" or spec.fixup.size)
+    shift = D.aligned(int(np.prod(ins[0].shape))) if shifted else 0
+    return planned + shift + D.ALIGN if planned or shift else 0
 
 
 def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
@@ -390,7 +408,7 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
                 raise KernelError(f"{node.where()}: {node.op_type} input {x.shape} is beyond the max shape "
                                   f"{max_shape} its workspace was planned for")
             plan = plans[x.shape] = Plan(spec, x.shape)
-        base, size = D.workspace_base(workspace) if plan.way != "direct" else (0, 0)
+        base, size = D.workspace_base(workspace)
         if plan.way != "direct" and size < plan.nbytes:
             # A smaller input than the max shape whose primitive wants more room than the max shape's did (another
             # kernel, whose fallback way needs the int32 sums; a larger scratchpad): this shape runs the exact
@@ -399,7 +417,7 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
                       plan.nbytes, size)
             plan.way = "direct"
         if plan.way == "direct":
-            _direct(spec, plan, x, z, out)
+            _direct(spec, plan, _int8(spec, x, _room(workspace, base, size, 0, x.size)), z, out)
             return
         if plan.way == "requant":
             ptrs = (D.address(x), D.address(out), base)
@@ -409,8 +427,9 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
                 n, oh = out.shape[0], out.shape[1]
                 fix = (n * oh, out.size * spec.fixup.size // out.shape[-1], (spec.w_rows, spec.bias, spec.scale,
                        spec.relu6_max, spec.act, spec.fixup, spec.suspects, plan.geo_array))
-                parallel_for(loops.fix_suspects, *fix[:2], _int8(spec, x), *fix[2], out)
-            # (an input with a zero point is shifted into a copy for the fix-ups: made again at each call)
+                shifted = _int8(spec, x, _room(workspace, base, size, plan.nbytes, x.size))
+                parallel_for(loops.fix_suspects, *fix[:2], shifted, *fix[2], out)
+            # (an input with a zero point is shifted again for the fix-ups at each call)
             if workspace is not None and not (fix and spec.zero_point[0]):
                 last[0] = (weakref.ref(x), weakref.ref(out), weakref.ref(workspace), x.shape, plan, ptrs, fix)
             return
@@ -445,14 +464,29 @@ def _epilogue(spec: QConvSpec, acc: np.ndarray, z: np.ndarray, out: np.ndarray) 
 
 
 def _direct(spec: QConvSpec, plan: Plan, x, z, out) -> None:
+    """The exact numba loops over every channel; `x` holds int8 values (already shifted back: `_int8`)."""
     n, oh = out.shape[0], out.shape[1]
-    parallel_for(loops.conv_channels, n * oh, out.size * spec.w[0].size, _int8(spec, x), spec.all_rows, spec.bias,
+    parallel_for(loops.conv_channels, n * oh, out.size * spec.w[0].size, x, spec.all_rows, spec.bias,
                  spec.scale, z, spec.add_scale, spec.relu6_max, spec.act, spec.fusion, spec.all_channels,
                  plan.geo_array, out)
 
 
-def _int8(spec: QConvSpec, x: np.ndarray) -> np.ndarray:
-    """The input as the int8 values it stands for: a copy shifted back by the zero point, if it has one."""
+def _room(workspace: np.ndarray | None, base: int, size: int, at: int, nbytes: int) -> np.ndarray | None:
+    """`nbytes` of the workspace from `at` bytes past its aligned `base`, or None where it has no such room (a
+    smaller input whose plan outgrew the max shape's)."""
+    if workspace is None or at + nbytes > size:
+        return None
+    start = base + at - D.address(workspace)
+    return workspace.reshape(-1).view(np.uint8)[start:start + nbytes]
+
+
+def _int8(spec: QConvSpec, x: np.ndarray, room: np.ndarray | None = None) -> np.ndarray:
+    """The input as the int8 values it stands for: shifted back by the zero point, if it has one, into `room`
+    (workspace bytes, so a run allocates nothing) or else a new array. (u8 - zp) mod 256 read as int8 is the
+    int8 value for every zero point the rewrite makes (TNN's 128)."""
     if not spec.zero_point[0]:
         return x
-    return (x.view(np.uint8).astype(np.int16) - spec.zero_point[0]).astype(np.int8)
+    u8 = x.view(np.uint8)
+    out = room.reshape(x.shape) if room is not None else np.empty(x.shape, np.uint8)
+    np.subtract(u8, np.uint8(spec.zero_point[0]), out=out)
+    return out.view(np.int8)
