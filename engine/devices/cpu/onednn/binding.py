@@ -133,21 +133,24 @@ _spin_warned = False
 _lock = threading.Lock()
 
 
-def load(spin_us: int = DEFAULT_SPIN_US) -> ctypes.CDLL | None:
+def load(spin_us: int | None = None) -> ctypes.CDLL | None:
     """libdnnl, loaded on the first call (with OpenMP's idle threads spinning `spin_us`, the wait policy's
-    openmp_spin_us); None when it is not installed."""
+    openmp_spin_us); None when it is not installed. No `spin_us`: a caller with no policy of its own (a probe of
+    what oneDNN offers), which takes the loaded one (DEFAULT_SPIN_US when it loads first) and is never warned
+    about: under the `run` policy every instance's layout probe warned that 2 us could not apply."""
     global LIB, _loaded, _loaded_spin, _spin_warned
     with _lock:
         if not _loaded:
+            spin_us = DEFAULT_SPIN_US if spin_us is None else spin_us
             LIB, _loaded, _loaded_spin = _open(spin_us), True, spin_us
-        elif LIB is not None and spin_us != _loaded_spin and not _spin_warned:
+            if LIB is None:  # said once: every convolution, matmul and pool then takes the slower numba paths
+                log.warning("oneDNN (%s) was not found: the CPU kernels run without it, slower (install the onednn "
+                            "wheel nnserve depends on, or set NNSERVE_ONEDNN=0 to choose this)", SONAME)
+        elif LIB is not None and spin_us is not None and spin_us != _loaded_spin and not _spin_warned:
             # said once: a later instance's wait policy cannot change what OpenMP's threads already spin
             _spin_warned = True
             log.warning("OpenMP's idle threads spin what the first oneDNN load gave them (%s us); %d us asked "
                         "later (another wait policy) cannot apply in this process", _loaded_spin, spin_us)
-            if LIB is None:  # said once: every convolution, matmul and pool then takes the slower numba paths
-                log.warning("oneDNN (%s) was not found: the CPU kernels run without it, slower (install the onednn "
-                            "wheel nnserve depends on, or set NNSERVE_ONEDNN=0 to choose this)", SONAME)
     return LIB
 
 

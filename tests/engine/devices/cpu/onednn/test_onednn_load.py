@@ -1,4 +1,5 @@
-"""oneDNN's loading: OpenMP's wait policy is fixed by the first load, and a later, different one is said."""
+"""oneDNN's loading: OpenMP's wait policy is fixed by the first load, and a later, different one is said; a missing
+oneDNN is said once."""
 
 from __future__ import annotations
 
@@ -25,3 +26,20 @@ def test_a_later_different_spin_is_warned_once(loaded_once, caplog):
         binding.load(100)
     assert len(caplog.records) == 1
     assert "2 us" in caplog.records[0].getMessage() and "100 us" in caplog.records[0].getMessage()
+
+
+def test_a_load_with_no_spin_takes_the_loaded_one_unwarned(loaded_once, caplog):
+    with caplog.at_level(logging.WARNING, logger="engine.devices.cpu"):
+        binding._loaded_spin = 100  # as under the `run` policy; the layout probe (objects.available) asks no spin
+        assert binding.load() is binding.LIB
+    assert not caplog.records
+
+
+def test_a_missing_onednn_is_warned_at_the_first_load_only(monkeypatch, caplog):
+    monkeypatch.setattr(binding, "_loaded", False)
+    monkeypatch.setattr(binding, "LIB", None)
+    monkeypatch.setattr(binding, "_open", lambda spin_us: None)  # no libdnnl on this host
+    with caplog.at_level(logging.WARNING, logger="engine.devices.cpu"):
+        assert binding.load() is None
+        assert binding.load(100) is None
+    assert len(caplog.records) == 1 and binding.SONAME in caplog.records[0].getMessage()
