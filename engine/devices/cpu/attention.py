@@ -89,8 +89,8 @@ class Grouping:
 
     @property
     def slot_bytes(self) -> int:
-        """One thread's buffers: the group's scores, its qᵀ, query sums and the column maxima."""
-        parts = [self.heads * self.rows * self.S, self.heads * self.e * self.rows, self.heads * self.rows, self.rows]
+        """One thread's buffers: the group's scores and its query sums."""
+        parts = [self.heads * self.rows * self.S, self.heads * self.rows]
         return sum(_aligned(4 * p) for p in parts)
 
 
@@ -171,9 +171,7 @@ class _GroupSlot:
     def __init__(self, buf: np.ndarray, g: Grouping):
         take = _Carver(buf).take
         self.s = take(g.heads * g.rows * g.S)
-        self.qt = take(g.heads * g.e * g.rows)
         self.l = take(g.heads * g.rows)
-        self.m = take(g.rows)
 
 
 def _fused_workspace(b: Blocking | Grouping) -> int:
@@ -316,10 +314,9 @@ class _Call(_Operands):
 
 class _GroupCall(_Operands):
     """One run of the grouped path: items are (batch, group of heads, block of queries: every query unless the
-    grouping splits them), every key of a head in one tile. Per item:
-    sᵀ = k @ qᵀ (one batched GEMM, qᵀ read in place; scaled into the slot first under an additive mask), the
-    softmax over its columns (one call, scale and mask included), out = (sᵀ)ᵀ @ v and the division by the sums:
-    four calls for the group, none per head."""
+    grouping splits them), every key of a head in one tile. Per item: s = q @ kᵀ (one batched GEMM, kᵀ read in
+    place), the softmax along its rows (one call, scale and mask included), out = s @ v and the division by the
+    sums: four calls for the group, none per head."""
 
     def __init__(self, node: Node, inputs, out: np.ndarray, g: Grouping, slots: list[_GroupSlot], split: bool):
         super().__init__(node, inputs, out)
@@ -355,30 +352,18 @@ class _GroupCall(_Operands):
             l0, l1 = l0 + part * (l1 - l0) // self.parts, l0 + (part + 1) * (l1 - l0) // self.parts
             if l0 == l1:  # fewer queries than parts
                 return
-        n, L, S, e = h1 - h0, l1 - l0, self.S, self.q.shape[-1]
+        n, L, S = h1 - h0, l1 - l0, self.S
         heads = slice(h0, h1)
         at = (*np.unravel_index(oi, self.outer), heads) if len(self.outer) != 1 else (oi, heads)
         # q, mask and output: this item's queries (a whole head's: no slice on the short path)
         qa = (*at, slice(l0, l1)) if l1 - l0 < self.L else at
-        st = slot.s[:n * S * L].reshape(n, S, L)
-        kind = self.mask_kind
-        scale = self.scale
-        if kind == A.MASK_ADD:
-            # An additive mask is added by numpy (the softmax reading it transposed, one strided element at a time,
-            # was 4x slower: EfficientFormerV2's attention bias), after the scale: that one on a copy of qᵀ.
-            qt = slot.qt[:n * e * L].reshape(n, e, L)
-            np.multiply(self.q[qa].swapaxes(-1, -2), scale, out=qt)
-            np.matmul(self.k[at], qt, out=st)
-            np.add(st, self.mask[qa].swapaxes(-1, -2), out=st, casting="unsafe")
-            kind, scale = A.MASK_NONE, np.float32(1)
-        else:
-            # qᵀ read in place (BLAS takes the transposed operand by its strides) and the scale in the softmax's
-            # first pass: 3-4 us less per head than copying and scaling qᵀ (MobileViT-XXS 256x256, DeiT-tiny 197x197)
-            np.matmul(self.k[at], self.q[qa].swapaxes(-1, -2), out=st)
+        s = slot.s[:n * L * S].reshape(n, L, S)
+        # kᵀ read in place (BLAS takes the transposed operand by its strides), the scale and mask in the softmax
+        np.matmul(self.q[qa], self.k[at].swapaxes(-1, -2), out=s)
         l = slot.l[:n * L].reshape(n, L)
-        A.group_softmax_t(st, self.mask[qa], kind, self.causal, l0, scale, slot.m, l)
+        A.group_softmax(s, self.mask[qa], self.mask_kind, self.causal, l0, self.scale, l)
         o = self.out[qa]
-        np.matmul(st.swapaxes(-1, -2), self.v[at], out=o)
+        np.matmul(s, self.v[at], out=o)
         A.group_scale_rows(o, l, self.nan_rows)
 
 
@@ -517,7 +502,7 @@ def _compile_group(g: Grouping) -> None:
     s, l = slot.s[:0].reshape(1, 0, 1), slot.l[:0].reshape(1, 0)
     mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 2, 1))
     for kind in (A.MASK_NONE, A.MASK_ADD):
-        A.group_softmax_t(s, mask, kind, False, 0, np.float32(1), slot.m, l)
+        A.group_softmax(s, mask, kind, False, 0, np.float32(1), l)
     A.group_scale_rows(s, l, False)
 
 

@@ -285,17 +285,18 @@ def test_grouped_path_takes_whole_short_sequences(shape):
 
 @pytest.mark.parametrize("mask", [None, "bool", "float"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("L,S", [(16, 16), (20, 64), (64, 9)])
-def test_grouped_path_masks_causal_and_dead_rows(L, S, mask, causal):
-    """The column-wise softmax: every mask kind broadcast over heads, causal with L != S (queries past the keys,
-    keys past the queries), rows with nothing to attend to, an explicit scale."""
+@pytest.mark.parametrize("L,S,scale", [(16, 16, 0.3), (20, 64, 0.3), (64, 9, 0.3), (20, 64, -20.0)])
+def test_grouped_path_masks_causal_and_dead_rows(L, S, scale, mask, causal):
+    """The row-wise softmax: every mask kind broadcast over heads, causal with L != S (queries past the keys,
+    keys past the queries), rows with nothing to attend to, an explicit scale (a negative one cannot ride in the
+    exp as scale * (s - max): -20 spreads the scores past exp's range, so that would overflow)."""
     q, k, v = _x(2, 5, L, 12), _x(2, 5, S, 12), _x(2, 5, S, 7)
     inputs = [q, k, v]
     m = _mask(mask, (2, 1), L, S, dead_rows=(0, L - 1))
     if m is not None:
         inputs.append(m)
     for masked_rows in ("zero", "nan"):
-        node = make_node("Attention", len(inputs), params={"is_causal": causal, "scale": 0.3,
+        node = make_node("Attention", len(inputs), params={"is_causal": causal, "scale": scale,
                                                            "masked_rows": masked_rows})
         check_kernel(node, inputs, rtol=1e-4, atol=1e-5)
 
@@ -393,7 +394,7 @@ def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monke
     pool.set_threads(2)
     request.addfinalizer(lambda: pool.set_threads(before))
     where, rows = threading.local(), {}
-    real_item, real_softmax = fused._GroupCall.item, fused.A.group_softmax_t
+    real_item, real_softmax = fused._GroupCall.item, fused.A.group_softmax
 
     def item(self, slot, i):
         where.slot = id(slot)
@@ -402,10 +403,10 @@ def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monke
     def softmax(st, *args):
         at = getattr(where, "slot", None)  # None: the build's compile call
         if at is not None:
-            rows[at] = rows.get(at, 0) + st.shape[0] * st.shape[2]
+            rows[at] = rows.get(at, 0) + st.shape[0] * st.shape[1]
         real_softmax(st, *args)
     monkeypatch.setattr(fused._GroupCall, "item", item)
-    monkeypatch.setattr(fused.A, "group_softmax_t", softmax)
+    monkeypatch.setattr(fused.A, "group_softmax", softmax)
     q, k, v = _x(*batch, L, 16), _x(*batch, L, 16), _x(*batch, L, 8)
     inputs = [q, k, v] + ([_x(L, L)] if mask else [])
     check_kernel(make_node("Attention", len(inputs), params={"is_causal": causal}), inputs, rtol=1e-4, atol=1e-5)
