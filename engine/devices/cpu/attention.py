@@ -80,9 +80,10 @@ class Blocking:
 
 @dataclass(frozen=True)
 class Grouping:
-    """Short sequences: an item is a group of `heads` (rows, S) score matrices in one tile (see the module doc):
-    every query of a head when its scores fit, else (few keys) blocks of `rows` queries of one head."""
-    heads: int
+    """Short sequences: an item is a group of up to `heads` (rows, S) score matrices in one tile (see the module
+    doc): every query of a head when its scores fit (heads of one batch item, or every head of several), else (few
+    keys) blocks of `rows` queries of one head."""
+    heads: int  # score matrices per slot
     rows: int  # queries per item
     S: int
     e: int
@@ -95,16 +96,16 @@ class Grouping:
 
 
 def grouping(batch: tuple[int, ...], L: int, S: int, e: int) -> Grouping | None:
-    """Heads per item when one head's scores fit a tile, as many as fit; one head and blocks of queries when they
-    do not but the keys are few (up to SHORT_KEYS); else None: the blocked path."""
+    """Score matrices per item when one head's scores fit a tile, as many as fit (heads, of several batch items
+    when every head of one fits); one head and blocks of queries when they do not but the keys are few (up to
+    SHORT_KEYS); else None: the blocked path."""
     L, S = max(1, L), max(1, S)
     one = 4 * L * S
     if S > MAX_ONE_BLOCK or (one > TILE_BYTES and S > SHORT_KEYS):
         return None
     if one > TILE_BYTES:
         return Grouping(1, min(L, max(MIN_ROWS, TILE_BYTES // (4 * S) // MIN_ROWS * MIN_ROWS)), S, e)
-    heads = batch[-1] if batch else 1
-    return Grouping(max(1, min(heads, TILE_BYTES // one)), L, S, e)
+    return Grouping(max(1, min(math.prod(batch), TILE_BYTES // one)), L, S, e)
 
 
 def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
@@ -113,6 +114,14 @@ def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
     while g > 1 and outer * -(-heads // g) < threads:
         g = -(-g // 2)
     return g
+
+
+def outer_per_item(most: int, outer: int, threads: int) -> int:
+    """Up to `most` batch items (every head of each) per item, fewer while that leaves a thread without an item."""
+    n = max(1, min(most, outer))
+    while n > 1 and -(-outer // n) < threads:
+        n = -(-n // 2)
+    return n
 
 
 def tail_split(items: int, threads: int) -> tuple[int, int]:
@@ -314,9 +323,12 @@ class _Call(_Operands):
 
 class _GroupCall(_Operands):
     """One run of the grouped path: items are (batch, group of heads, block of queries: every query unless the
-    grouping splits them), every key of a head in one tile. Per item: s = q @ kᵀ (one batched GEMM, kᵀ read in
-    place), the softmax along its rows (one call, scale and mask included), out = s @ v and the division by the
-    sums: four calls for the group, none per head."""
+    grouping splits them), every key of a head in one tile; where a tile holds every head of a batch item and more
+    (and the batch is one axis), an item takes every head of several batch items. Per item: s = q @ kᵀ (one batched
+    GEMM, kᵀ read in place), the softmax along its rows (one call, scale and mask included), out = s @ v and the
+    division by the sums: four calls for the group, none per head. MobileViT-XXS's 64- and 16-token attentions ran
+    4 items of 4 heads each at batch 1 (32 at batch 8), 15-30 us of Python apiece; as one item each, against main's
+    kernel in the model (one thread): 64 tokens 0.88-0.91x (0.93-1.09x as four items), 16 tokens 0.72-0.79x."""
 
     def __init__(self, node: Node, inputs, out: np.ndarray, g: Grouping, slots: list[_GroupSlot], split: bool):
         super().__init__(node, inputs, out)
@@ -331,9 +343,12 @@ class _GroupCall(_Operands):
         outer = math.prod(self.outer)
         self.rows = g.rows
         self.blocks = -(-self.L // g.rows)
+        self.per_item = 1  # batch items per item
+        if g.heads >= 2 * self.heads and self.blocks == 1 and len(self.outer) == 1:
+            self.per_item = outer_per_item(g.heads // self.heads, outer, len(slots))
         self.g = heads_per_item(g.heads, outer * self.blocks, self.heads, len(slots))
         self.groups = -(-self.heads // self.g)
-        self.items = outer * self.groups * self.blocks
+        self.items = -(-outer // self.per_item) * self.groups * self.blocks
         self.whole, self.parts = tail_split(self.items, len(slots) if split else 1)
         self.items = self.whole + (self.items - self.whole) * self.parts
 
@@ -352,15 +367,21 @@ class _GroupCall(_Operands):
             l0, l1 = l0 + part * (l1 - l0) // self.parts, l0 + (part + 1) * (l1 - l0) // self.parts
             if l0 == l1:  # fewer queries than parts
                 return
-        n, L, S = h1 - h0, l1 - l0, self.S
         heads = slice(h0, h1)
-        at = (*np.unravel_index(oi, self.outer), heads) if len(self.outer) != 1 else (oi, heads)
+        if len(self.outer) == 1:  # batch items oi * per_item on: 4-D views
+            o0 = oi * self.per_item
+            at = (slice(o0, o0 + self.per_item), heads)
+            b = min(self.per_item, self.outer[0] - o0)
+        else:  # one batch item, seen as a batch of one (None: a new axis)
+            at = (*np.unravel_index(oi, self.outer), None, heads)
+            b = 1
+        n, L, S = h1 - h0, l1 - l0, self.S
         # q, mask and output: this item's queries (a whole head's: no slice on the short path)
         qa = (*at, slice(l0, l1)) if l1 - l0 < self.L else at
-        s = slot.s[:n * L * S].reshape(n, L, S)
+        s = slot.s[:b * n * L * S].reshape(b, n, L, S)
         # kᵀ read in place (BLAS takes the transposed operand by its strides), the scale and mask in the softmax
         np.matmul(self.q[qa], self.k[at].swapaxes(-1, -2), out=s)
-        l = slot.l[:n * L].reshape(n, L)
+        l = slot.l[:b * n * L].reshape(b, n, L)
         A.group_softmax(s, self.mask[qa], self.mask_kind, self.causal, l0, self.scale, l)
         o = self.out[qa]
         np.matmul(s, self.v[at], out=o)
@@ -499,8 +520,8 @@ def _compile_group(g: Grouping) -> None:
     """The grouped path's loops, as `_compile`, for the types a run passes: a broadcast (strided) mask, a
     contiguous output."""
     slot = _GroupSlot(np.empty(g.slot_bytes + _ALIGN, np.uint8), g)
-    s, l = slot.s[:0].reshape(1, 0, 1), slot.l[:0].reshape(1, 0)
-    mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 2, 1))
+    s, l = slot.s[:0].reshape(1, 1, 0, 1), slot.l[:0].reshape(1, 1, 0)
+    mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 1, 2, 1))
     for kind in (A.MASK_NONE, A.MASK_ADD):
         A.group_softmax(s, mask, kind, False, 0, np.float32(1), l)
     A.group_scale_rows(s, l, False)

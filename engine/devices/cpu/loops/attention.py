@@ -178,36 +178,43 @@ def reset(m, l, acc):
 
 @njit(fastmath=_FAST, **_JIT)
 def group_softmax(s, mask, mask_kind, causal, row0, scale, l):
-    """Softmax along the rows of each s[h] (queries, keys) = q @ kᵀ of a group of heads, every key in the tile: s
-    becomes exp(scale * s + mask - row max), l[h] the row sums (`group_scale_rows` divides the product by them).
+    """Softmax along the rows of each s[b, h] (queries, keys) = q @ kᵀ of a group of heads (of b batch items), every
+    key in the tile: s becomes exp(scale * s + mask - row max), l[b, h] the row sums (`group_scale_rows` divides
+    the product by them).
     Without a mask and with a positive scale the scale rides in the exp, exp(scale * (s - max)): a read-only max
     pass and the exp pass; else a first pass writes scale * s + mask. mask is (heads, queries, keys) as the node
     gives it; `causal` forbids key j for queries row0 + i < j (the queries a block of those from row0 on), whose
     scores become 0 for the product. A query with nothing to attend to gets l = 0; a NaN score makes its sum NaN.
     Row-wise, where the column-wise form (sᵀ, one running max and sum per query) read and wrote those per element:
     1.5-1.7x slower at 256 and 64 keys on an AVX2 EPYC (the max and sum vectorise here, see _max and _exp_row)."""
-    heads, rows, cols = s.shape
     fold = mask_kind == MASK_NONE and scale > 0
-    for h in range(heads):
-        for i in range(rows):
-            x = s[h, i]
-            n = min(cols, max(0, row0 + i + 1)) if causal else cols
-            for j in range(n, cols):
-                x[j] = _F(0.0)
-            if not fold:
-                _scale_mask(x, mask[h, i], mask_kind, scale, n)
-            mx = _max(x, n)
-            if mx == NEG_INF:  # nothing to attend to
-                for j in range(n):
-                    x[j] = _F(0.0)
-                l[h, i] = _F(0.0)
-                continue
-            k = scale if fold else _F(1.0)
-            l[h, i] = _exp_row(x, n, k, mx * k)
+    for b in range(s.shape[0]):
+        for h in range(s.shape[1]):
+            for i in range(s.shape[2]):
+                l[b, h, i] = _softmax_row(s[b, h, i], mask[b, h, i], mask_kind, causal, row0 + i, scale, fold)
+
+
+@njit(fastmath=_FAST, **_JIT)
+def _softmax_row(x, mask, mask_kind, causal, row, scale, fold):
+    """One row of `group_softmax` (query `row`); returns its sum."""
+    cols = x.shape[0]
+    n = min(cols, max(0, row + 1)) if causal else cols
+    for j in range(n, cols):
+        x[j] = _F(0.0)
+    if not fold:
+        _scale_mask(x, mask, mask_kind, scale, n)
+    mx = _max(x, n)
+    if mx == NEG_INF:  # nothing to attend to
+        for j in range(n):
+            x[j] = _F(0.0)
+        return _F(0.0)
+    k = scale if fold else _F(1.0)
+    return _exp_row(x, n, k, mx * k)
 
 
 @njit(fastmath=_FAST, **_JIT)
 def group_scale_rows(out, l, nan_rows):
-    """`scale_rows` over each matrix out[h] of a group of heads."""
-    for h in range(out.shape[0]):
-        scale_rows(out[h], l[h], nan_rows)
+    """`scale_rows` over each matrix out[b, h] of a group of heads (of b batch items)."""
+    for b in range(out.shape[0]):
+        for h in range(out.shape[1]):
+            scale_rows(out[b, h], l[b, h], nan_rows)
