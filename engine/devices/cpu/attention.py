@@ -14,10 +14,10 @@ than OpenBLAS's sgemm on these shapes, 8-20% less CPU for the whole kernel at 10
 per tile shape, created for one thread so it runs inline on whichever pool thread calls it, each slot with its own
 runner (argument memories and scratchpad). Causal runs keep BLAS (their tiles take every key count).
 Short sequences (one head's (L, S) scores within TILE_BYTES, as the small-headed attention of MobileViT and
-EfficientFormer) take the grouped path instead: an item is a group of heads whose scores fit one tile together,
-computed transposed (sᵀ = k @ qᵀ, one batched GEMM), softmax'd along its columns in one numba call (the max and
-sum over keys then run along contiguous rows: vectorised), then out = s @ v; a few calls per group rather than
-eight per block of every head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before).
+EfficientFormer) take the grouped path instead: an item is a group of heads whose scores fit one tile together
+(every head of several batch items when they fit), s = q @ kᵀ (one batched GEMM), softmax'd along its rows in one
+numba call (scale and mask included), then out = s @ v; a few calls per group rather than eight per block of every
+head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before).
 When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges,
 one per thread (`tail_split`), so each thread computes as many query rows.
 Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
@@ -54,9 +54,10 @@ MIN_ROWS, MAX_ROWS = 16, 128  # query rows per block: GEMMs large enough, tile w
 # acc rescale is per row, so 256 rows of 512 keys (512 KiB, still in L2) cost 9% less CPU than 128 rows at
 # 4096x4096 (d40); short sequences keep 128 rows, so a few heads still split into enough items for the threads.
 LONG_TILE_BYTES, LONG_MAX_ROWS = 512 << 10, 256
-# Up to this many keys, queries whose scores outgrow a tile still go column-wise (the grouped path, one head and a
-# block of queries per item): a row of so few keys leaves the row-wise loops mostly per-row overhead (4x49
-# heads of 3136 queries, Swin-like windows over a feature map: 5.6 -> 3.8 ms CPU; cross-attention to 77 tokens).
+# Up to this many keys, queries whose scores outgrow a tile still go grouped (one head and a block of queries per
+# item): a row of so few keys leaves the blocked path's per-block calls mostly overhead (4x49 heads of 3136 queries,
+# Swin-like windows over a feature map: 5.6 -> 3.8 ms CPU with the grouped path's softmax column-wise, as fast
+# row-wise; cross-attention to 77 tokens).
 SHORT_KEYS = 256
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
