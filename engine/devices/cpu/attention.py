@@ -14,10 +14,10 @@ than OpenBLAS's sgemm on these shapes, 8-20% less CPU for the whole kernel at 10
 per tile shape, created for one thread so it runs inline on whichever pool thread calls it, each slot with its own
 runner (argument memories and scratchpad). Causal runs keep BLAS (their tiles take every key count).
 Short sequences (one head's (L, S) scores within TILE_BYTES, as the small-headed attention of MobileViT and
-EfficientFormer) take the grouped path instead: an item is a group of heads whose scores fit one tile together,
-computed transposed (sᵀ = k @ qᵀ, one batched GEMM), softmax'd along its columns in one numba call (the max and
-sum over keys then run along contiguous rows: vectorised), then out = s @ v; a few calls per group rather than
-eight per block of every head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before).
+EfficientFormer) take the grouped path instead: an item is a group of heads whose scores fit one tile together
+(every head of several batch items when they fit), s = q @ kᵀ (one batched GEMM), softmax'd along its rows in one
+numba call (scale and mask included), then out = s @ v; a few calls per group rather than eight per block of every
+head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before).
 When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges,
 one per thread (`tail_split`), so each thread computes as many query rows.
 Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
@@ -54,9 +54,10 @@ MIN_ROWS, MAX_ROWS = 16, 128  # query rows per block: GEMMs large enough, tile w
 # acc rescale is per row, so 256 rows of 512 keys (512 KiB, still in L2) cost 9% less CPU than 128 rows at
 # 4096x4096 (d40); short sequences keep 128 rows, so a few heads still split into enough items for the threads.
 LONG_TILE_BYTES, LONG_MAX_ROWS = 512 << 10, 256
-# Up to this many keys, queries whose scores outgrow a tile still go column-wise (the grouped path, one head and a
-# block of queries per item): a row of so few keys leaves the row-wise loops mostly per-row overhead (4x49
-# heads of 3136 queries, Swin-like windows over a feature map: 5.6 -> 3.8 ms CPU; cross-attention to 77 tokens).
+# Up to this many keys, queries whose scores outgrow a tile still go grouped (one head and a block of queries per
+# item): a row of so few keys leaves the blocked path's per-block calls mostly overhead (4x49 heads of 3136 queries,
+# Swin-like windows over a feature map: 5.6 -> 3.8 ms CPU with the grouped path's softmax column-wise, as fast
+# row-wise; cross-attention to 77 tokens).
 SHORT_KEYS = 256
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
@@ -80,31 +81,32 @@ class Blocking:
 
 @dataclass(frozen=True)
 class Grouping:
-    """Short sequences: an item is a group of `heads` (rows, S) score matrices in one tile (see the module doc):
-    every query of a head when its scores fit, else (few keys) blocks of `rows` queries of one head."""
-    heads: int
+    """Short sequences: an item is a group of up to `heads` (rows, S) score matrices in one tile (see the module
+    doc): every query of a head when its scores fit (heads of one batch item, or every head of several), else (few
+    keys) blocks of `rows` queries of one head."""
+    heads: int  # score matrices per slot
     rows: int  # queries per item
     S: int
     e: int
 
     @property
     def slot_bytes(self) -> int:
-        """One thread's buffers: the group's scores, its qᵀ, query sums and the column maxima."""
-        parts = [self.heads * self.rows * self.S, self.heads * self.e * self.rows, self.heads * self.rows, self.rows]
+        """One thread's buffers: the group's scores and its query sums."""
+        parts = [self.heads * self.rows * self.S, self.heads * self.rows]
         return sum(_aligned(4 * p) for p in parts)
 
 
 def grouping(batch: tuple[int, ...], L: int, S: int, e: int) -> Grouping | None:
-    """Heads per item when one head's scores fit a tile, as many as fit; one head and blocks of queries when they
-    do not but the keys are few (up to SHORT_KEYS); else None: the blocked path."""
+    """Score matrices per item when one head's scores fit a tile, as many as fit (heads, of several batch items
+    when every head of one fits); one head and blocks of queries when they do not but the keys are few (up to
+    SHORT_KEYS); else None: the blocked path."""
     L, S = max(1, L), max(1, S)
     one = 4 * L * S
     if S > MAX_ONE_BLOCK or (one > TILE_BYTES and S > SHORT_KEYS):
         return None
     if one > TILE_BYTES:
         return Grouping(1, min(L, max(MIN_ROWS, TILE_BYTES // (4 * S) // MIN_ROWS * MIN_ROWS)), S, e)
-    heads = batch[-1] if batch else 1
-    return Grouping(max(1, min(heads, TILE_BYTES // one)), L, S, e)
+    return Grouping(max(1, min(math.prod(batch), TILE_BYTES // one)), L, S, e)
 
 
 def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
@@ -113,6 +115,14 @@ def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
     while g > 1 and outer * -(-heads // g) < threads:
         g = -(-g // 2)
     return g
+
+
+def outer_per_item(most: int, outer: int, threads: int) -> int:
+    """Up to `most` batch items (every head of each) per item, fewer while that leaves a thread without an item."""
+    n = max(1, min(most, outer))
+    while n > 1 and -(-outer // n) < threads:
+        n = -(-n // 2)
+    return n
 
 
 def tail_split(items: int, threads: int) -> tuple[int, int]:
@@ -171,9 +181,7 @@ class _GroupSlot:
     def __init__(self, buf: np.ndarray, g: Grouping):
         take = _Carver(buf).take
         self.s = take(g.heads * g.rows * g.S)
-        self.qt = take(g.heads * g.e * g.rows)
         self.l = take(g.heads * g.rows)
-        self.m = take(g.rows)
 
 
 def _fused_workspace(b: Blocking | Grouping) -> int:
@@ -316,10 +324,12 @@ class _Call(_Operands):
 
 class _GroupCall(_Operands):
     """One run of the grouped path: items are (batch, group of heads, block of queries: every query unless the
-    grouping splits them), every key of a head in one tile. Per item:
-    sᵀ = k @ qᵀ (one batched GEMM, qᵀ read in place; scaled into the slot first under an additive mask), the
-    softmax over its columns (one call, scale and mask included), out = (sᵀ)ᵀ @ v and the division by the sums:
-    four calls for the group, none per head."""
+    grouping splits them), every key of a head in one tile; where a tile holds every head of a batch item and more
+    (and the batch is one axis), an item takes every head of several batch items. Per item: s = q @ kᵀ (one batched
+    GEMM, kᵀ read in place), the softmax along its rows (one call, scale and mask included), out = s @ v and the
+    division by the sums: four calls for the group, none per head. MobileViT-XXS's 64- and 16-token attentions ran
+    4 items of 4 heads each at batch 1 (32 at batch 8), 15-30 us of Python apiece; as one item each, against main's
+    kernel in the model (one thread): 64 tokens 0.88-0.91x (0.93-1.09x as four items), 16 tokens 0.72-0.79x."""
 
     def __init__(self, node: Node, inputs, out: np.ndarray, g: Grouping, slots: list[_GroupSlot], split: bool):
         super().__init__(node, inputs, out)
@@ -334,9 +344,12 @@ class _GroupCall(_Operands):
         outer = math.prod(self.outer)
         self.rows = g.rows
         self.blocks = -(-self.L // g.rows)
+        self.per_item = 1  # batch items per item
+        if g.heads >= 2 * self.heads and self.blocks == 1 and len(self.outer) == 1:
+            self.per_item = outer_per_item(g.heads // self.heads, outer, len(slots))
         self.g = heads_per_item(g.heads, outer * self.blocks, self.heads, len(slots))
         self.groups = -(-self.heads // self.g)
-        self.items = outer * self.groups * self.blocks
+        self.items = -(-outer // self.per_item) * self.groups * self.blocks
         self.whole, self.parts = tail_split(self.items, len(slots) if split else 1)
         self.items = self.whole + (self.items - self.whole) * self.parts
 
@@ -355,30 +368,24 @@ class _GroupCall(_Operands):
             l0, l1 = l0 + part * (l1 - l0) // self.parts, l0 + (part + 1) * (l1 - l0) // self.parts
             if l0 == l1:  # fewer queries than parts
                 return
-        n, L, S, e = h1 - h0, l1 - l0, self.S, self.q.shape[-1]
         heads = slice(h0, h1)
-        at = (*np.unravel_index(oi, self.outer), heads) if len(self.outer) != 1 else (oi, heads)
+        if len(self.outer) == 1:  # batch items oi * per_item on: 4-D views
+            o0 = oi * self.per_item
+            at = (slice(o0, o0 + self.per_item), heads)
+            b = min(self.per_item, self.outer[0] - o0)
+        else:  # one batch item, seen as a batch of one (None: a new axis)
+            at = (*np.unravel_index(oi, self.outer), None, heads)
+            b = 1
+        n, L, S = h1 - h0, l1 - l0, self.S
         # q, mask and output: this item's queries (a whole head's: no slice on the short path)
         qa = (*at, slice(l0, l1)) if l1 - l0 < self.L else at
-        st = slot.s[:n * S * L].reshape(n, S, L)
-        kind = self.mask_kind
-        scale = self.scale
-        if kind == A.MASK_ADD:
-            # An additive mask is added by numpy (the softmax reading it transposed, one strided element at a time,
-            # was 4x slower: EfficientFormerV2's attention bias), after the scale: that one on a copy of qᵀ.
-            qt = slot.qt[:n * e * L].reshape(n, e, L)
-            np.multiply(self.q[qa].swapaxes(-1, -2), scale, out=qt)
-            np.matmul(self.k[at], qt, out=st)
-            np.add(st, self.mask[qa].swapaxes(-1, -2), out=st, casting="unsafe")
-            kind, scale = A.MASK_NONE, np.float32(1)
-        else:
-            # qᵀ read in place (BLAS takes the transposed operand by its strides) and the scale in the softmax's
-            # first pass: 3-4 us less per head than copying and scaling qᵀ (MobileViT-XXS 256x256, DeiT-tiny 197x197)
-            np.matmul(self.k[at], self.q[qa].swapaxes(-1, -2), out=st)
-        l = slot.l[:n * L].reshape(n, L)
-        A.group_softmax_t(st, self.mask[qa], kind, self.causal, l0, scale, slot.m, l)
+        s = slot.s[:b * n * L * S].reshape(b, n, L, S)
+        # kᵀ read in place (BLAS takes the transposed operand by its strides), the scale and mask in the softmax
+        np.matmul(self.q[qa], self.k[at].swapaxes(-1, -2), out=s)
+        l = slot.l[:b * n * L].reshape(b, n, L)
+        A.group_softmax(s, self.mask[qa], self.mask_kind, self.causal, l0, self.scale, l)
         o = self.out[qa]
-        np.matmul(st.swapaxes(-1, -2), self.v[at], out=o)
+        np.matmul(s, self.v[at], out=o)
         A.group_scale_rows(o, l, self.nan_rows)
 
 
@@ -514,10 +521,10 @@ def _compile_group(g: Grouping) -> None:
     """The grouped path's loops, as `_compile`, for the types a run passes: a broadcast (strided) mask, a
     contiguous output."""
     slot = _GroupSlot(np.empty(g.slot_bytes + _ALIGN, np.uint8), g)
-    s, l = slot.s[:0].reshape(1, 0, 1), slot.l[:0].reshape(1, 0)
-    mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 2, 1))
+    s, l = slot.s[:0].reshape(1, 1, 0, 1), slot.l[:0].reshape(1, 1, 0)
+    mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 1, 2, 1))
     for kind in (A.MASK_NONE, A.MASK_ADD):
-        A.group_softmax_t(s, mask, kind, False, 0, np.float32(1), slot.m, l)
+        A.group_softmax(s, mask, kind, False, 0, np.float32(1), l)
     A.group_scale_rows(s, l, False)
 
 

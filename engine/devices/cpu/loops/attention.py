@@ -8,8 +8,8 @@ previous block's product `pv` into acc first (so each block costs one call here 
 writes (acc + pv) / l. A tile that holds every key (one block, `last`) is left unnormalised: its GEMM writes
 the output directly and `scale_rows` divides the output rows by their sums (fewer elements than the tile).
 
-The grouped path (short sequences, every key in one tile) holds sᵀ instead, keys by queries: `group_softmax_t`
-normalises its columns for a whole group of heads in one call, `group_scale_rows` divides the product's rows.
+The grouped path (short sequences, every key in one tile): `group_softmax` normalises the rows of a whole group of
+heads in one call, the scale inside its exp, and `group_scale_rows` divides the product's rows.
 
 exp is a float32 polynomial (Cody-Waite reduction, degree-6 Taylor on [-ln2/2, ln2/2], 2^n built as exponent bits
 and reinterpreted in a register, a scalar view: one pass, where an int32 scratch row took a second): LLVM
@@ -35,12 +35,13 @@ NEG_INF = _F(-np.inf)
 
 
 @njit(fastmath=_FAST, **_JIT)
-def _exp_row(x, n, shift):
-    """x[:n] = exp(x[:n] - shift) in place; returns the sum. One loop: 2^n is built as exponent bits and
-    reinterpreted in a register (a scalar view), vectorised, where an int32 scratch row cost a second pass."""
+def _exp_row(x, n, scale, shift):
+    """x[:n] = exp(scale * x[:n] - shift) in place (one FMA: a scale rides along for free); returns the sum. One
+    loop: 2^n is built as exponent bits and reinterpreted in a register (a scalar view), vectorised, where an int32
+    scratch row cost a second pass."""
     s = _F(0.0)
     for j in range(n):
-        v = x[j] - shift
+        v = x[j] * scale - shift
         f = np.floor(v * LOG2E + _F(0.5))
         r = v - f * LN2_HI - f * LN2_LO
         p = _F(1.0) + r * (_F(1.0) + r * (C2 + r * (C3 + r * (C4 + r * (C5 + r * C6)))))
@@ -52,14 +53,18 @@ def _exp_row(x, n, shift):
 
 
 @njit(fastmath=_FAST, **_JIT)
-def _add_mask(x, mask, mask_kind, n):
-    """x[:n] += mask in place, or -inf where a bool mask forbids."""
+def _scale_mask(x, mask, mask_kind, scale, n):
+    """x[:n] = scale * x[:n] + mask in place, or -inf where a bool mask forbids (no pass at all for no mask and a
+    scale of 1)."""
     if mask_kind == MASK_ADD:
         for j in range(n):
-            x[j] += _F(mask[j])
+            x[j] = x[j] * scale + _F(mask[j])
     elif mask_kind == MASK_BOOL:
         for j in range(n):
-            x[j] = x[j] if mask[j] else NEG_INF
+            x[j] = x[j] * scale if mask[j] else NEG_INF
+    elif scale != 1:
+        for j in range(n):
+            x[j] *= scale
 
 
 @njit(fastmath=_FAST, **_JIT)
@@ -105,7 +110,7 @@ def tile_softmax(s, mask, mask_kind, causal, row0, col0, m, l, acc, pv, has_pv, 
             n = min(cols, max(0, row0 + i - col0 + 1))
             for j in range(n, cols):
                 s[i, j] = _F(0.0)
-        _add_mask(s[i], mask[i], mask_kind, n)
+        _scale_mask(s[i], mask[i], mask_kind, _F(1.0), n)
         mx = _max(s[i], n)
         m_old = NEG_INF if last else m[i]  # one block: no running state (m holds an earlier item's)
         m_new = max(m_old, mx)
@@ -118,7 +123,7 @@ def tile_softmax(s, mask, mask_kind, causal, row0, col0, m, l, acc, pv, has_pv, 
                 for d in range(acc.shape[1]):
                     acc[i, d] += pv[i, d]
             continue
-        total = _exp_row(s[i], n, m_new)
+        total = _exp_row(s[i], n, _F(1.0), m_new)
         if last:
             l[i] = total
             continue
@@ -172,77 +177,44 @@ def reset(m, l, acc):
 
 
 @njit(fastmath=_FAST, **_JIT)
-def _scale_mask_max(row, mask, mask_kind, scale, m):
-    """One key's row of sᵀ scaled and masked (one mask value per query), and the running column max m in the same
-    pass. Every loop starts at 0 (a causal row comes as a slice): LLVM left a loop from a variable start
-    unvectorised (2.5x slower)."""
-    if mask_kind == MASK_ADD:
-        for i in range(row.shape[0]):
-            v = row[i] * scale + _F(mask[i])
-            row[i] = v
-            m[i] = v if v > m[i] else m[i]
-    elif mask_kind == MASK_BOOL:
-        for i in range(row.shape[0]):
-            v = row[i] * scale if mask[i] else NEG_INF
-            row[i] = v
-            m[i] = v if v > m[i] else m[i]
-    else:
-        for i in range(row.shape[0]):
-            v = row[i] * scale
-            row[i] = v
-            m[i] = v if v > m[i] else m[i]
+def group_softmax(s, mask, mask_kind, causal, row0, scale, l):
+    """Softmax along the rows of each s[b, h] (queries, keys) = q @ kᵀ of a group of heads (of b batch items), every
+    key in the tile: s becomes exp(scale * s + mask - row max), l[b, h] the row sums (`group_scale_rows` divides
+    the product by them).
+    Without a mask and with a positive scale the scale rides in the exp, exp(scale * (s - max)): a read-only max
+    pass and the exp pass; else a first pass writes scale * s + mask. mask is (heads, queries, keys) as the node
+    gives it; `causal` forbids key j for queries row0 + i < j (the queries a block of those from row0 on), whose
+    scores become 0 for the product. A query with nothing to attend to gets l = 0; a NaN score makes its sum NaN.
+    Row-wise, where the column-wise form (sᵀ, one running max and sum per query) read and wrote those per element:
+    1.5-1.7x slower at 256 and 64 keys on an AVX2 EPYC (the max and sum vectorise here, see _max and _exp_row)."""
+    fold = mask_kind == MASK_NONE and scale > 0
+    for b in range(s.shape[0]):
+        for h in range(s.shape[1]):
+            for i in range(s.shape[2]):
+                l[b, h, i] = _softmax_row(s[b, h, i], mask[b, h, i], mask_kind, causal, row0 + i, scale, fold)
 
 
 @njit(fastmath=_FAST, **_JIT)
-def group_softmax_t(s, mask, mask_kind, causal, row0, scale, m, l):
-    """Softmax over the columns of each sᵀ[h] (keys, queries) = k @ qᵀ of a group of heads, every key in the tile:
-    sᵀ becomes exp(scale * s + mask - column max), l[h] the column sums (`group_scale_rows` divides the product
-    by them). Column-wise, each pass (scale and mask, max, exp, sum) runs along contiguous rows with one running
-    value per query: vectorised, where a row-wise max and sum are reductions LLVM leaves scalar (3-4x slower).
-    mask is (heads, queries, keys) as the node gives it; `causal` forbids key j for queries row0 + i < j (the
-    queries a block of those from row0 on). A query with
-    nothing to attend to gets l = 0; a NaN score makes its query's sum NaN. m is a scratch row (queries)."""
-    keys, queries = s.shape[1], s.shape[2]
-    for h in range(s.shape[0]):
-        x, lh = s[h], l[h]
-        for i in range(queries):
-            m[i] = NEG_INF
-        for j in range(keys):
-            if causal:  # queries before key j do not see it
-                lo = min(max(j - row0, 0), queries)
-                x[j, :lo] = NEG_INF
-                _scale_mask_max(x[j, lo:], mask[h, lo:, j], mask_kind, scale, m[lo:])
-            elif mask_kind != MASK_NONE:
-                _scale_mask_max(x[j], mask[h, :, j], mask_kind, scale, m)
-            elif scale == 1:  # the common case inline (through the call: 1.4x slower), read only
-                row = x[j]
-                for i in range(queries):
-                    m[i] = row[i] if row[i] > m[i] else m[i]
-            else:
-                row = x[j]
-                for i in range(queries):
-                    v = row[i] * scale
-                    row[i] = v
-                    m[i] = v if v > m[i] else m[i]
-        for i in range(queries):
-            lh[i] = _F(0.0)
-            if m[i] == NEG_INF:  # nothing to attend to: every score of the column -inf, exp'd to 0 below
-                m[i] = _F(0.0)
-        for j in range(keys):
-            row = x[j]
-            for i in range(queries):
-                v = row[i] - m[i]
-                f = np.floor(v * LOG2E + _F(0.5))
-                r = v - f * LN2_HI - f * LN2_LO
-                p = _F(1.0) + r * (_F(1.0) + r * (C2 + r * (C3 + r * (C4 + r * (C5 + r * C6)))))
-                bits = ((np.int32(f) + np.int32(127)) << 23) if v >= EXP_MIN else np.int32(0)
-                y = _F(0.0) if v < EXP_MIN else p * np.int32(bits).view(np.float32)  # NaN stays NaN (its sum too)
-                row[i] = y
-                lh[i] += y
+def _softmax_row(x, mask, mask_kind, causal, row, scale, fold):
+    """One row of `group_softmax` (query `row`); returns its sum."""
+    cols = x.shape[0]
+    n = min(cols, max(0, row + 1)) if causal else cols
+    for j in range(n, cols):
+        x[j] = _F(0.0)
+    if not fold:
+        _scale_mask(x, mask, mask_kind, scale, n)
+    mx = _max(x, n)
+    if mx == NEG_INF:  # nothing to attend to
+        for j in range(n):
+            x[j] = _F(0.0)
+        return _F(0.0)
+    k = scale if fold else _F(1.0)
+    return _exp_row(x, n, k, mx * k)
 
 
 @njit(fastmath=_FAST, **_JIT)
 def group_scale_rows(out, l, nan_rows):
-    """`scale_rows` over each matrix out[h] of a group of heads."""
-    for h in range(out.shape[0]):
-        scale_rows(out[h], l[h], nan_rows)
+    """`scale_rows` over each matrix out[b, h] of a group of heads (of b batch items)."""
+    for b in range(out.shape[0]):
+        for h in range(out.shape[1]):
+            scale_rows(out[b, h], l[b, h], nan_rows)

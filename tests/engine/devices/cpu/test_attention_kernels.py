@@ -285,17 +285,18 @@ def test_grouped_path_takes_whole_short_sequences(shape):
 
 @pytest.mark.parametrize("mask", [None, "bool", "float"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("L,S", [(16, 16), (20, 64), (64, 9)])
-def test_grouped_path_masks_causal_and_dead_rows(L, S, mask, causal):
-    """The column-wise softmax: every mask kind broadcast over heads, causal with L != S (queries past the keys,
-    keys past the queries), rows with nothing to attend to, an explicit scale."""
+@pytest.mark.parametrize("L,S,scale", [(16, 16, 0.3), (20, 64, 0.3), (64, 9, 0.3), (20, 64, -20.0)])
+def test_grouped_path_masks_causal_and_dead_rows(L, S, scale, mask, causal):
+    """The row-wise softmax: every mask kind broadcast over heads, causal with L != S (queries past the keys,
+    keys past the queries), rows with nothing to attend to, an explicit scale (a negative one cannot ride in the
+    exp as scale * (s - max): -20 spreads the scores past exp's range, so that would overflow)."""
     q, k, v = _x(2, 5, L, 12), _x(2, 5, S, 12), _x(2, 5, S, 7)
     inputs = [q, k, v]
     m = _mask(mask, (2, 1), L, S, dead_rows=(0, L - 1))
     if m is not None:
         inputs.append(m)
     for masked_rows in ("zero", "nan"):
-        node = make_node("Attention", len(inputs), params={"is_causal": causal, "scale": 0.3,
+        node = make_node("Attention", len(inputs), params={"is_causal": causal, "scale": scale,
                                                            "masked_rows": masked_rows})
         check_kernel(node, inputs, rtol=1e-4, atol=1e-5)
 
@@ -379,6 +380,26 @@ def test_tail_split_leaves_whole_items_the_threads_divide(items, threads, want):
     assert fused.tail_split(items, threads) == want
 
 
+@pytest.mark.parametrize("most,outer,threads,want", [(4, 4, 1, 4), (64, 32, 1, 32), (8, 32, 1, 8), (4, 4, 2, 2),
+                                                     (4, 3, 2, 2), (4, 1, 2, 1), (1, 8, 1, 1)])
+def test_outer_per_item_leaves_no_thread_idle(most, outer, threads, want):
+    assert fused.outer_per_item(most, outer, threads) == want
+
+
+@pytest.mark.parametrize("batch,L,mask", [((4, 4), 16, None), ((5, 3), 9, "float"), ((2, 3, 2), 8, None)])
+def test_grouped_items_take_every_head_of_several_batch_items(batch, L, mask, monkeypatch):
+    """Whole heads of short sequences on one thread: one softmax call for every head of as many batch items as the
+    tile holds (a (B, H) batch; one batch item per call for a batch of more axes), a broadcast mask following."""
+    monkeypatch.setattr(fused, "get_threads", lambda: 1)
+    calls = []
+    real = fused.A.group_softmax
+    monkeypatch.setattr(fused.A, "group_softmax", lambda s, *a: (calls.append(s.shape[:3]), real(s, *a))[1])
+    inputs = [_x(*batch, L, 8), _x(*batch, L, 8), _x(*batch, L, 4)] + ([_x(L, L)] if mask else [])
+    check_kernel(make_node("Attention", len(inputs)), inputs, rtol=1e-4, atol=1e-5)
+    runs = [c[:2] for c in calls if c[2]]  # not the build's compile call (no rows)
+    assert runs == ([tuple(batch)] if len(batch) == 2 else [(1, batch[-1])] * math.prod(batch[:-1]))
+
+
 @pytest.mark.parametrize("batch,L,mask,causal", [((1, 3), 197, None, False), ((1, 3), 190, "float", False),
                                                  ((2, 5), 40, None, True), ((3,), 1, None, False)])
 def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monkeypatch, request):
@@ -393,7 +414,7 @@ def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monke
     pool.set_threads(2)
     request.addfinalizer(lambda: pool.set_threads(before))
     where, rows = threading.local(), {}
-    real_item, real_softmax = fused._GroupCall.item, fused.A.group_softmax_t
+    real_item, real_softmax = fused._GroupCall.item, fused.A.group_softmax
 
     def item(self, slot, i):
         where.slot = id(slot)
@@ -402,10 +423,10 @@ def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monke
     def softmax(st, *args):
         at = getattr(where, "slot", None)  # None: the build's compile call
         if at is not None:
-            rows[at] = rows.get(at, 0) + st.shape[0] * st.shape[2]
+            rows[at] = rows.get(at, 0) + math.prod(st.shape[:-1])
         real_softmax(st, *args)
     monkeypatch.setattr(fused._GroupCall, "item", item)
-    monkeypatch.setattr(fused.A, "group_softmax_t", softmax)
+    monkeypatch.setattr(fused.A, "group_softmax", softmax)
     q, k, v = _x(*batch, L, 16), _x(*batch, L, 16), _x(*batch, L, 8)
     inputs = [q, k, v] + ([_x(L, L)] if mask else [])
     check_kernel(make_node("Attention", len(inputs), params={"is_causal": causal}), inputs, rtol=1e-4, atol=1e-5)
