@@ -114,12 +114,15 @@ def tile_softmax(s, mask, mask_kind, causal, row0, col0, m, l, acc, pv, has_pv, 
         mx = _max(s[i], n)
         m_old = NEG_INF if last else m[i]  # one block: no running state (m holds an earlier item's)
         m_new = max(m_old, mx)
-        if m_new == NEG_INF:  # nothing to attend to so far
+        if m_new == NEG_INF:  # nothing to attend to so far, or only NaN scores (_max skips NaNs)
+            nan = _F(0.0)
             for j in range(n):
+                if s[i, j] != s[i, j]:  # a NaN score: the row's sum NaN from here on, its output NaN
+                    nan = s[i, j]
                 s[i, j] = _F(0.0)
-            if last:
-                l[i] = _F(0.0)
-            elif has_pv:
+            if last or nan != nan:
+                l[i] = nan
+            if not last and has_pv:
                 for d in range(acc.shape[1]):
                     acc[i, d] += pv[i, d]
             continue
@@ -204,10 +207,13 @@ def _softmax_row(x, mask, mask_kind, causal, row, scale, fold):
     if not fold:
         _scale_mask(x, mask, mask_kind, scale, n)
     mx = _max(x, n)
-    if mx == NEG_INF:  # nothing to attend to
+    if mx == NEG_INF:  # nothing to attend to (every score -inf), or every score NaN (_max skips NaNs)
+        total = _F(0.0)
         for j in range(n):
+            if x[j] != x[j]:  # a NaN score: the row's sum, and so its output, NaN as the reference's
+                total = x[j]
             x[j] = _F(0.0)
-        return _F(0.0)
+        return total
     k = scale if fold else _F(1.0)
     return _exp_row(x, n, k, mx * k)
 

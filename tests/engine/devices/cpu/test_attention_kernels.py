@@ -434,3 +434,16 @@ def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monke
     assert sum(counts) == math.prod(batch) * L
     if L > 1:
         assert len(counts) == 2 and counts[1] - counts[0] <= 1
+
+
+@pytest.mark.parametrize("L,S", [(16, 16), (49, 1), (130, 700)])  # grouped (short), one key, blocked (3 blocks)
+def test_a_query_whose_scores_are_all_nan_gives_a_nan_row(L, S):
+    # every score of query 0 NaN: the max skips NaNs, so the kernel saw "nothing to attend to" and wrote zeros
+    q, k, v = _x(1, 2, L, 8), _x(1, 2, S, 8), _x(1, 2, S, 8)
+    q[:, :, 0, 0] = np.nan
+    mask = _x(L, S)
+    for inputs in ([q, k, v], [q, k, v, mask]):
+        node = make_node("Attention", len(inputs), params={"scale": None, "is_causal": False})
+        got, want = run_kernel(node, inputs)[0], reference(node, inputs)[0]
+        assert np.isnan(want[:, :, 0]).all() and not np.isnan(want[:, :, 1:]).any()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
