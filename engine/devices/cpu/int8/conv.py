@@ -14,15 +14,26 @@ Three ways, chosen once per node at build:
   (its float add would round twice), too many channels without a factor, or where oneDNN offers only its
   reference kernel for the fused form.
 - `direct`: loops.conv_channels for every channel, where oneDNN cannot be exact: sums that can reach 2**24 (its
-  s8-input kernels round them through float) or a signed input on a CPU without VNNI (oneDNN halves the weights
-  there to keep vpmaddubsw from saturating). Unsigned inputs (0..127) never saturate it, so they stay on oneDNN.
+  s8-input kernels round them through float), or a signed or zero-point input on a CPU without VNNI that cannot
+  be spread (below). Unsigned inputs (0..127) never saturate vpmaddubsw, so they stay on oneDNN.
+
+Spread inputs (a CPU without VNNI: AVX2): oneDNN's int8 kernels there multiply u8 inputs by s8 weights with
+vpmaddubsw, which adds the products of two neighbouring input channels into an int16 and saturates: an input of
+0..255 (an int8 input shifted by 128, oneDNN's own way for s8 inputs, or a zero-point input) times weights near
++-127 overflows it, and oneDNN halves s8-input weights to avoid that, which is not exact. A dense conv of such an
+input runs instead on a copy with each channel c at 2c and a zero at 2c + 1 (loops.spread; an int8 input as u8
+q + 128 with zero point 128), with its weights spread alike: every byte pair then holds one product, at most
+255 * 128 in magnitude, which an int16 holds, and the sums are exact. Twice the multiply-adds, but oneDNN's
+kernels instead of the numba loops: on one thread of an AVX2 EPYC, TNN's int8 MobileNetV2 (whose expansion convs
+read the signed residual sums) 245 -> 15 ms at batch 1, ResNet-18 (its first conv: 3 channels of 224x224 with a
+zero point) 317 -> 36 ms. Only the kernels whose byte pairs are neighbouring channels (SPREAD_IMPLS) take it.
 
 A conv whose input was quantized with a zero point (`src_zero_point`, the rewrite's choice for the image input of
 a first conv) reads it as u8 (q + 128) and oneDNN takes the zero point off in the int32 sums (its compensation
 of the weights' sums), so the sums, and all after them, are those of the int8 input: the s8-input kernel's own
 +128 shift of every input vector is saved (3x240x320 -> 16 channels: 0.106 -> 0.077 ms on one thread, 0.84 ->
-0.61 ms at batch 8). Where oneDNN is not exact for u8 (0..255) inputs (no VNNI: vpmaddubsw would saturate) and in
-the numba loops (direct way, suspect fix-ups), the input is shifted back to int8 first.
+0.61 ms at batch 8). Where oneDNN is not exact for u8 (0..255) inputs (no VNNI: vpmaddubsw would saturate) a dense
+conv spreads it (above); the numba loops (direct way, suspect fix-ups) read it shifted back to int8.
 """
 
 from __future__ import annotations
@@ -80,6 +91,11 @@ SCALED_ISAS = ("avx512_core_vnni",)
 # even and with more it is slower (MobileNetV2's 192-960 channels at 28x28 to 7x7: 1.1-1.8x). Both are among
 # SCALED_IMPLS and sum exactly: the outputs are the same bytes.
 JIT_DW_CHANNELS = 96
+# oneDNN's AVX2 int8 convolutions, which multiply byte pairs of neighbouring input channels (their weights blocked
+# by 4 input channels, vpmaddubsw then vpmaddwd): a spread input is summed exactly there (test_int8_nhwc.py).
+SPREAD_IMPLS = ("jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2")
+# The zero point of a signed input spread as u8 (q + 128, loops.spread's flip)
+SIGNED_ZERO_POINT = np.array([128], np.int32)
 
 
 def scaled_kernel(impl: str) -> bool:
@@ -120,6 +136,7 @@ class QConvSpec:
         self.w_rows = self._rows(self.fixup)
         self._all_rows: np.ndarray | None = None
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
+        self._spread_w: np.ndarray | None = None
 
     def _rows(self, chans: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(self.w[chans].transpose(0, 2, 3, 1))
@@ -162,19 +179,30 @@ class QConvSpec:
         self.way = self._factored_way()
         self.w_rows = self._rows(self.fixup)
 
-    def wshape(self) -> tuple[int, ...]:
+    @property
+    def spread_w(self) -> np.ndarray:
+        """The weights of a spread input: (O, 2 * C/g, kh, kw), input channel c at 2c, zeros at 2c + 1."""
+        if self._spread_w is None:
+            o, icg, kh, kw = self.w.shape
+            self._spread_w = np.zeros((o, 2 * icg, kh, kw), I8)
+            self._spread_w[:, 0::2] = self.w
+        return self._spread_w
+
+    def wshape(self, spread: bool = False) -> tuple[int, ...]:
         o, icg, kh, kw = self.w.shape
+        icg *= 2 if spread else 1
         g = self.groups
         return (o, icg, kh, kw) if g == 1 else (g, o // g, icg, kh, kw)
 
-    def weights_in(self, md: D.MemoryDesc) -> np.ndarray:
+    def weights_in(self, md: D.MemoryDesc, spread: bool = False) -> np.ndarray:
         for have, buf in self._weights:
-            if have == md:
+            if have == md:  # a spread layout has twice the input channels: never equal to a plain one
                 return buf
         buf = D.aligned_buffer(md.nbytes)
+        w = self.spread_w if spread else self.w
         D.sync_threads()
-        D.reorder_step(D.MemoryDesc.plain(self.wshape(), L.S8), md).run(
-            {L.ARG_SRC: self.w.ctypes.data, L.ARG_DST: buf.ctypes.data})
+        D.reorder_step(D.MemoryDesc.plain(self.wshape(spread), L.S8), md).run(
+            {L.ARG_SRC: w.ctypes.data, L.ARG_DST: buf.ctypes.data})
         D.wait()
         self._weights.append((md, buf))
         return buf
@@ -216,7 +244,8 @@ class Plan:
                      max((ow - 1) * stride[1] + (kw - 1) * dil[1] + 1 - w - left, 0))
         self.way, self.impl = spec.way, "numba"
         self.zero_point: np.ndarray | None = None
-        self.pad_bytes = self.acc_bytes = 0
+        self.pad_bytes = self.acc_bytes = self.spread_bytes = 0
+        self.spread = False  # the primitive reads a spread copy of the input (module docstring)
         macs = n * oh * ow * o * spec.w[0].size
         # one OpenMP thread for little work (threads.FORK_WORK): waking the team costs more than it saves (a 1.2K-MAC
         # conv 9.7 -> 4.7 us, an 8M-MAC one 151 -> 113 us on a busy 2-core machine)
@@ -224,25 +253,18 @@ class Plan:
         if self.way == "direct":
             return
         D.use_threads(self.threads)  # the primitive is laid out for the team it is created with
-        pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
-        if self.way == "requant" and spec.wei_scales is not None and not scaled_kernel(pd.impl):
-            log.debug("%s: oneDNN %s with weight scales is not one scales.py holds for", spec.node.where(), pd.impl)
-            spec.unscale()
-            self.way = spec.way
-            pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
-        if self.way == "requant" and pd.impl.startswith("ref"):  # no fast kernel takes the post-ops
-            self.way = spec.way = "int32"
-            pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
-        if self.way == "requant" and _dw_tail_miscomputed(spec, pd.impl):
-            log.debug("%s: oneDNN %s miscomputes a depthwise channel tail with post-ops; the int32 way instead",
-                      spec.node.where(), pd.impl)
-            self.way = spec.way = "int32"
-            pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
+        shapes = ((n, c, h, w), (n, o, oh, ow), stride, dil)
+        pd = self._choose_primitive(spec, shapes)
+        if (not spec.unsigned or spec.zero_point[0]) and not _exact_signed(pd.impl):
+            if _spreadable(spec, pd.impl):
+                self.spread = True
+                pd = self._choose_primitive(spec, shapes)
+            if not (self.spread and pd.impl.startswith(SPREAD_IMPLS)):
+                log.debug("%s: oneDNN %s is not exact for this input; exact loops instead", spec.node.where(),
+                          pd.impl)
+                self.way = spec.way = "direct"
+                return
         self.impl = pd.impl
-        if (not spec.unsigned or spec.zero_point[0]) and not _exact_signed(self.impl):
-            log.debug("%s: oneDNN %s is not exact for this input; exact loops instead", spec.node.where(), self.impl)
-            self.way = spec.way = "direct"
-            return
         requant = self.way == "requant"
         src, dst, wts, pad = (pd.md(q) for q in (L.QUERY_SRC_MD, L.QUERY_DST_MD, L.QUERY_WEIGHTS_MD,
                                                   L.QUERY_SCRATCHPAD_MD))
@@ -255,14 +277,16 @@ class Plan:
         self.wei_scales = spec.wei_scales if requant else None
         if self.wei_scales is not None:
             args[L.ARG_ATTR_SCALES | L.ARG_WEIGHTS] = D.MemoryDesc.plain((o,))
-        self.zero_point = spec.zero_point if spec.zero_point[0] else None
+        self.zero_point = spec.zero_point if spec.zero_point[0] else SIGNED_ZERO_POINT if self.spread else None
         if self.zero_point is not None:
             args[L.ARG_ATTR_ZERO_POINTS | L.ARG_SRC] = D.MemoryDesc.plain((1,), L.S32)
         self.step = D.Step(D.Primitive(pd), args)
-        self.weights = spec.weights_in(wts)
+        self.weights = spec.weights_in(wts, self.spread)
         self.bias_f = spec.bias_f if requant else None
         self.pad_bytes = D.aligned(pad.nbytes)
         self.acc_bytes = 0 if requant else D.aligned(n * oh * ow * o * 4)
+        self.spread_bytes = D.aligned(2 * n * h * w * c) if self.spread else 0
+        self.flip = np.uint8(0 if spec.zero_point[0] else 128)  # a signed input becomes u8 q + 128
         self._bound: tuple[int, int, int] | None = None
         # (first pixel, pixels, plan) of the int32 way's tiles; empty: one pass over the whole output
         self.tiles: list[tuple[int, int, Plan]] = []
@@ -283,25 +307,46 @@ class Plan:
         tiles = [(i * per, min(per, pixels - i * per)) for i in range(count)]
         # a tile is never tiled again: it writes all its sums, and the workspace holds one tile's
         plans = [Plan(spec, (1, k, 1, c), tiled=False) for _, k in tiles]
-        if any(t.way != "int32" for t in plans):  # a tile's kernel is not exact: one pass, as before
+        # a tile's kernel is not exact, or reads other than the whole conv's input (plain or spread): one pass
+        if any(t.way != "int32" or t.spread != self.spread for t in plans):
             spec.way = way
             return
         self.tiles = [(first, k, t) for (first, k), t in zip(tiles, plans, strict=True)]
         self.pad_bytes = max(t.pad_bytes for t in plans)
         self.acc_bytes = max(t.acc_bytes for t in plans)
 
+    def _choose_primitive(self, spec: QConvSpec, shapes) -> D.PrimitiveDesc:
+        """The primitive of the way the spec and oneDNN's kernels allow (each step may change the way)."""
+        pd = self._primitive_desc(spec, *shapes)
+        if self.way == "requant" and spec.wei_scales is not None and not scaled_kernel(pd.impl):
+            log.debug("%s: oneDNN %s with weight scales is not one scales.py holds for", spec.node.where(), pd.impl)
+            spec.unscale()
+            self.way = spec.way
+            pd = self._primitive_desc(spec, *shapes)
+        if self.way == "requant" and pd.impl.startswith("ref"):  # no fast kernel takes the post-ops
+            self.way = spec.way = "int32"
+            pd = self._primitive_desc(spec, *shapes)
+        if self.way == "requant" and _dw_tail_miscomputed(spec, pd.impl):
+            log.debug("%s: oneDNN %s miscomputes a depthwise channel tail with post-ops; the int32 way instead",
+                      spec.node.where(), pd.impl)
+            self.way = spec.way = "int32"
+            pd = self._primitive_desc(spec, *shapes)
+        return pd
+
     def _primitive_desc(self, spec: QConvSpec, x_shape, y_shape, stride, dil) -> D.PrimitiveDesc:
-        requant, o = self.way == "requant", y_shape[1]
+        requant, o, spread = self.way == "requant", y_shape[1], self.spread
+        if spread:
+            x_shape = (x_shape[0], 2 * x_shape[1], *x_shape[2:])
         # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
-        src = D.MemoryDesc.tagged(x_shape, NHWC, L.U8 if spec.unsigned or spec.zero_point[0] else L.S8)
+        src = D.MemoryDesc.tagged(x_shape, NHWC, L.U8 if spread or spec.unsigned or spec.zero_point[0] else L.S8)
         dst = D.MemoryDesc.tagged(y_shape, NHWC, L.S8 if requant else L.S32)
-        w_any = D.MemoryDesc.any(spec.wshape(), L.S8)
+        w_any = D.MemoryDesc.any(spec.wshape(spread), L.S8)
         bias = D.MemoryDesc.plain((o,)) if requant else None
         self.post, self.operands = spec.post_ops(o) if requant else ([], [])
         scaled = requant and spec.wei_scales is not None
         # per output channel: dim 0 of (O, I, kh, kw) weights, dims 0 and 1 of grouped (G, O/G, I/G, kh, kw) ones
         attr = D.Attr(self.post, {L.ARG_WEIGHTS: 1 if spec.groups == 1 else 3} if scaled else None,
-                      {L.ARG_SRC: 0} if spec.zero_point[0] else None)  # one zero point for the whole input
+                      {L.ARG_SRC: 0} if spec.zero_point[0] or spread else None)  # one for the whole input
 
         def create() -> D.PrimitiveDesc:
             return D.PrimitiveDesc.create(
@@ -316,7 +361,19 @@ class Plan:
 
     @property
     def nbytes(self) -> int:
-        return self.pad_bytes + self.acc_bytes
+        return self.pad_bytes + self.acc_bytes + self.spread_bytes
+
+    def source(self, x: np.ndarray, workspace: np.ndarray, base: int, size: int) -> int:
+        """The address the primitive reads: x's own or, for a spread input, the workspace's copy after the
+        scratchpad and the sums, spread now (loops.spread). The caller has checked that the workspace holds
+        `nbytes`."""
+        if not self.spread:
+            return D.address(x)
+        c = x.shape[-1]
+        p = x.size // c
+        room = _room(workspace, base, size, self.pad_bytes + self.acc_bytes, 2 * x.size).reshape(p, 2 * c)
+        parallel_for(loops.spread, p, 2 * x.size, x.reshape(p, c).view(np.uint8), self.flip, room)
+        return D.address(room)
 
     def execute(self, src: int, dst: int, scratch: int) -> None:
         D.use_threads(self.threads)
@@ -367,6 +424,13 @@ def _next_impl_to(pd: D.PrimitiveDesc, family: str) -> bool:
         if L.LIB.dnnl_primitive_desc_next_impl(pd.h) != 0:  # dnnl_last_impl_reached
             return False
     return True
+
+
+def _spreadable(spec: QConvSpec, impl: str) -> bool:
+    """Whether a spread input makes this conv's sums exact on oneDNN: a kernel of SPREAD_IMPLS (the spread one is
+    checked again), sums of u8 inputs below 2**24, and no depthwise conv (its own kernels; two input channels a
+    group would leave them)."""
+    return impl.startswith(SPREAD_IMPLS) and not _depthwise(spec) and exact_u8_sums(spec.w)
 
 
 def _exact_signed(impl: str) -> bool:
@@ -420,7 +484,7 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
             _direct(spec, plan, _int8(spec, x, _room(workspace, base, size, 0, x.size)), z, out)
             return
         if plan.way == "requant":
-            ptrs = (D.address(x), D.address(out), base)
+            ptrs = (plan.source(x, workspace, base, size), D.address(out), base)
             plan.execute(*ptrs)
             fix = ()  # (items, work, the operands between x and out) of the fix-ups
             if spec.fixup.size:
@@ -429,19 +493,20 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
                        spec.relu6_max, spec.act, spec.fixup, spec.suspects, plan.geo_array))
                 shifted = _int8(spec, x, _room(workspace, base, size, plan.nbytes, x.size))
                 parallel_for(loops.fix_suspects, *fix[:2], shifted, *fix[2], out)
-            # (an input with a zero point is shifted again for the fix-ups at each call)
-            if workspace is not None and not (fix and spec.zero_point[0]):
+            # (an input with a zero point is shifted again for the fix-ups at each call, a spread one spread again)
+            if workspace is not None and not (fix and spec.zero_point[0]) and not plan.spread:
                 last[0] = (weakref.ref(x), weakref.ref(out), weakref.ref(workspace), x.shape, plan, ptrs, fix)
             return
         p, o = out.size // out.shape[-1], out.shape[-1]
         at = base + plan.pad_bytes - D.address(workspace)  # the int32 sums follow the scratchpad
         sums = workspace.reshape(-1).view(np.uint8)[at:].view(np.int32)
         z, out = z.reshape(p, o), out.reshape(p, o)
+        x_at = plan.source(x, workspace, base, size)
         if not plan.tiles:
-            plan.execute(D.address(x), base + plan.pad_bytes, base)
+            plan.execute(x_at, base + plan.pad_bytes, base)
             _epilogue(spec, sums[:p * o].reshape(p, o), z, out)
             return
-        x_at, c = D.address(x), x.shape[-1]
+        c = x.shape[-1] * (2 if plan.spread else 1)  # a tile's first pixel in the input the primitive reads
         for first, k, tile in plan.tiles:
             tile.execute(x_at + first * c, base + plan.pad_bytes, base)
             _epilogue(spec, sums[:k * o].reshape(k, o), z[first:first + k], out[first:first + k])

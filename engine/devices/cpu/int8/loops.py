@@ -58,6 +58,20 @@ def quantize3(x, scale, flip, out, lo, hi):
 
 
 @njit(nogil=True, cache=True)
+def spread(x, flip, out, lo, hi):
+    """x (P, C) bytes (an int8 or u8 input viewed as uint8) -> out (P, 2C) uint8: channel c at 2c as x ^ flip
+    (128: an int8 input as u8 q + 128; 0: a u8 input kept), a zero at 2c + 1; items pixels. A u8 conv over
+    `out` (weights spread alike) sums each input by itself in vpmaddubsw's byte pairs, which never saturate then
+    (conv.py: spread inputs)."""
+    c_n = x.shape[1]
+    for p in range(lo, hi):
+        xp, op = x[p], out[p]
+        for c in range(c_n):
+            op[2 * c] = xp[c] ^ flip
+            op[2 * c + 1] = 0
+
+
+@njit(nogil=True, cache=True)
 def dequantize(x, scale, out, lo, hi):
     """x (N, H, W, C) int8 -> out (N, C, H, W) float32, scale[c] * x; items (n, y)."""
     h_n, w_n, c_n = x.shape[1], x.shape[2], x.shape[3]
