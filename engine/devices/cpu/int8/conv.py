@@ -21,12 +21,17 @@ Spread inputs (a CPU without VNNI: AVX2): oneDNN's int8 kernels there multiply u
 vpmaddubsw, which adds the products of two neighbouring input channels into an int16 and saturates: an input of
 0..255 (an int8 input shifted by 128, oneDNN's own way for s8 inputs, or a zero-point input) times weights near
 +-127 overflows it, and oneDNN halves s8-input weights to avoid that, which is not exact. A dense conv of such an
-input runs instead on a copy with each channel c at 2c and a zero at 2c + 1 (loops.spread; an int8 input as u8
-q + 128 with zero point 128), with its weights spread alike: every byte pair then holds one product, at most
-255 * 128 in magnitude, which an int16 holds, and the sums are exact. Twice the multiply-adds, but oneDNN's
-kernels instead of the numba loops: on one thread of an AVX2 EPYC, TNN's int8 MobileNetV2 (whose expansion convs
-read the signed residual sums) 245 -> 15 ms at batch 1, ResNet-18 (its first conv: 3 channels of 224x224 with a
-zero point) 317 -> 36 ms. Only the kernels whose byte pairs are neighbouring channels (SPREAD_IMPLS) take it.
+input runs instead on a u8 copy with each channel's int8 value q split in two, max(q, 0) at 2c and max(-q, 0) at
+2c + 1 (loops.spread), and weights w at 2c, -w at 2c + 1: the sums are the conv's of q, and with inputs of 0..128
+no byte pair can pass 2 * 128 * 128 in magnitude, which an int16 holds (-32768 at most: both inputs 128, both
+weights -128), so they are exact. Padding reads 0 and 0, the value 0, so no zero point is left for oneDNN to
+compensate (against a copy of q + 128 beside zeros, read with zero point 128, the conv and its copy on one
+thread: UltraFace's first conv 0.91 -> 0.83 ms, ResNet-18's 7.3 -> 5.1 ms, MobileNetV2's expansions 1-4% less).
+A weight of -128 has no negation in int8: such a conv keeps the loops (TNN's and `nnserve quantize`'s weights
+are symmetric, -127..127). Twice the multiply-adds, but oneDNN's kernels instead of the numba loops: on one
+thread of an AVX2 EPYC, TNN's int8 MobileNetV2 (whose expansion convs read the signed residual sums) 245 -> 15
+ms at batch 1, ResNet-18 (its first conv: 3 channels of 224x224 with a zero point) 317 -> 36 ms. Only the
+kernels whose byte pairs are neighbouring channels (SPREAD_IMPLS) take it.
 
 A conv whose input was quantized with a zero point (`src_zero_point`, the rewrite's choice for the image input of
 a first conv) reads it as u8 (q + 128) and oneDNN takes the zero point off in the int32 sums (its compensation
@@ -94,8 +99,6 @@ JIT_DW_CHANNELS = 96
 # oneDNN's AVX2 int8 convolutions, which multiply byte pairs of neighbouring input channels (their weights blocked
 # by 4 input channels, vpmaddubsw then vpmaddwd): a spread input is summed exactly there (test_int8_nhwc.py).
 SPREAD_IMPLS = ("jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2")
-# The zero point of a signed input spread as u8 (q + 128, loops.spread's flip)
-SIGNED_ZERO_POINT = np.array([128], np.int32)
 
 
 def scaled_kernel(impl: str) -> bool:
@@ -181,11 +184,13 @@ class QConvSpec:
 
     @property
     def spread_w(self) -> np.ndarray:
-        """The weights of a spread input: (O, 2 * C/g, kh, kw), input channel c at 2c, zeros at 2c + 1."""
+        """The weights of a spread input: (O, 2 * C/g, kh, kw), w at 2c and -w at 2c + 1 (no weight is -128:
+        _spreadable)."""
         if self._spread_w is None:
             o, icg, kh, kw = self.w.shape
-            self._spread_w = np.zeros((o, 2 * icg, kh, kw), I8)
+            self._spread_w = np.empty((o, 2 * icg, kh, kw), I8)
             self._spread_w[:, 0::2] = self.w
+            self._spread_w[:, 1::2] = -self.w
         return self._spread_w
 
     def wshape(self, spread: bool = False) -> tuple[int, ...]:
@@ -277,7 +282,7 @@ class Plan:
         self.wei_scales = spec.wei_scales if requant else None
         if self.wei_scales is not None:
             args[L.ARG_ATTR_SCALES | L.ARG_WEIGHTS] = D.MemoryDesc.plain((o,))
-        self.zero_point = spec.zero_point if spec.zero_point[0] else SIGNED_ZERO_POINT if self.spread else None
+        self.zero_point = spec.zero_point if spec.zero_point[0] and not self.spread else None  # spread: taken off
         if self.zero_point is not None:
             args[L.ARG_ATTR_ZERO_POINTS | L.ARG_SRC] = D.MemoryDesc.plain((1,), L.S32)
         self.step = D.Step(D.Primitive(pd), args)
@@ -286,7 +291,7 @@ class Plan:
         self.pad_bytes = D.aligned(pad.nbytes)
         self.acc_bytes = 0 if requant else D.aligned(n * oh * ow * o * 4)
         self.spread_bytes = D.aligned(2 * n * h * w * c) if self.spread else 0
-        self.flip = np.uint8(0 if spec.zero_point[0] else 128)  # a signed input becomes u8 q + 128
+        self.spread_table = _spread_table(int(spec.zero_point[0])) if self.spread else None
         self._bound: tuple[int, int, int] | None = None
         # (first pixel, pixels, plan) of the int32 way's tiles; empty: one pass over the whole output
         self.tiles: list[tuple[int, int, Plan]] = []
@@ -346,7 +351,7 @@ class Plan:
         scaled = requant and spec.wei_scales is not None
         # per output channel: dim 0 of (O, I, kh, kw) weights, dims 0 and 1 of grouped (G, O/G, I/G, kh, kw) ones
         attr = D.Attr(self.post, {L.ARG_WEIGHTS: 1 if spec.groups == 1 else 3} if scaled else None,
-                      {L.ARG_SRC: 0} if spec.zero_point[0] or spread else None)  # one for the whole input
+                      {L.ARG_SRC: 0} if spec.zero_point[0] and not spread else None)  # one for the whole input
 
         def create() -> D.PrimitiveDesc:
             return D.PrimitiveDesc.create(
@@ -372,7 +377,7 @@ class Plan:
         c = x.shape[-1]
         p = x.size // c
         room = _room(workspace, base, size, self.pad_bytes + self.acc_bytes, 2 * x.size).reshape(p, 2 * c)
-        parallel_for(loops.spread, p, 2 * x.size, x.reshape(p, c).view(np.uint8), self.flip, room)
+        parallel_for(loops.spread, p, 2 * x.size, x.reshape(p, c).view(np.uint8), self.spread_table, room)
         return D.address(room)
 
     def execute(self, src: int, dst: int, scratch: int) -> None:
@@ -426,11 +431,19 @@ def _next_impl_to(pd: D.PrimitiveDesc, family: str) -> bool:
     return True
 
 
+def _spread_table(zero_point: int) -> np.ndarray:
+    """loops.spread's table: for each input byte b, its int8 value q (b - zero_point for a u8 input with a zero point,
+    else b read as int8) as the bytes max(q, 0), max(-q, 0) of a little-endian uint16."""
+    b = np.arange(256)
+    q = b - zero_point if zero_point else b.astype(np.uint8).view(np.int8).astype(np.int64)
+    return (np.maximum(q, 0) | np.maximum(-q, 0) << 8).astype(np.uint16)
+
+
 def _spreadable(spec: QConvSpec, impl: str) -> bool:
     """Whether a spread input makes this conv's sums exact on oneDNN: a kernel of SPREAD_IMPLS (the spread one is
-    checked again), sums of u8 inputs below 2**24, and no depthwise conv (its own kernels; two input channels a
-    group would leave them)."""
-    return impl.startswith(SPREAD_IMPLS) and not _depthwise(spec) and exact_u8_sums(spec.w)
+    checked again), weights whose negations are int8 (no -128), and no depthwise conv (its own kernels; two input
+    channels a group would leave them). The sums are the conv's own, within 2**24 (exact_sums, _choose_way)."""
+    return impl.startswith(SPREAD_IMPLS) and not _depthwise(spec) and not np.any(spec.w == -128)
 
 
 def _exact_signed(impl: str) -> bool:

@@ -40,7 +40,8 @@ def _check(node, arrays, max_arrays=None):
 
 def _qconv(o, c, k, groups=1, stride=1, pads=0, dilation=1, activation=None, fusion=None, unsigned=False,
            scale=None, weight=None, zero_point=0):
-    weight = _i8(o, c // groups, k, k) if weight is None else weight
+    # symmetric weights, as TNN's and `nnserve quantize`'s (a -128 keeps a spread conv off oneDNN: conv._spreadable)
+    weight = _i8(o, c // groups, k, k, lo=-127) if weight is None else weight
     attrs = {"weight": weight, "bias": RNG.integers(-3000, 3000, o).astype(np.int32),
              "scale": RNG.uniform(0.0005, 0.003, o).astype(np.float32) if scale is None else scale,
              "relu6_max": RNG.integers(20, 120, o).astype(np.int8)}
@@ -325,7 +326,7 @@ def test_zero_point_of_a_conv_is_taken_off_its_input():
 def test_channels_without_factor_are_recomputed_from_the_int8_values_of_an_input_with_a_zero_point():
     # test_channels_without_factor_are_recomputed's tie, on u8 inputs q + 128: the recheck reads the int8 q
     o, c = 16, 64
-    w = _i8(o, c, 1, 1)
+    w = _i8(o, c, 1, 1, lo=-127)
     w[3] = 127
     scale = RNG.uniform(0.0005, 0.003, o).astype(np.float32)
     scale[3] = 0.0008107082
@@ -344,7 +345,7 @@ def test_dense_conv_of_inputs_that_saturate_byte_pairs_is_exact_on_onednn(zero_p
     # Extreme inputs (u8 0 / 255, int8 -128 / 127, which oneDNN shifts to 0 / 255) beside weights of +-127: a pair
     # of neighbouring channels reaches 2 * 255 * 127 > 32767, which AVX2's vpmaddubsw saturates; there the input is
     # spread (conv.py) and summed exactly on oneDNN, as VNNI's kernels sum it
-    w = RNG.choice(np.array([-128, -127, 127], np.int8), (16, 6, 3, 3))
+    w = RNG.choice(np.array([-127, 127], np.int8), (16, 6, 3, 3))
     node = _qconv(16, 6, 3, pads=1, activation="relu", weight=w, zero_point=zero_point)
     x = RNG.choice(np.array([0, 255] if zero_point else [-128, 127]), (2, 7, 9, 6)).astype(
         np.uint8 if zero_point else np.int8)
@@ -356,6 +357,12 @@ def test_dense_conv_of_inputs_that_saturate_byte_pairs_is_exact_on_onednn(zero_p
         monkeypatch.setattr(int8_conv, "_exact_signed", lambda impl: True)
         plain = make_node("Int8ConvNhwc", 1, params=node.params, attrs=node.attrs)
         assert not np.array_equal(run_kernel(plain, [x])[0], reference(plain, [x])[0])
+        monkeypatch.undo()
+        # a weight of -128 has no int8 negation for the spread: the exact loops
+        w[0, 0, 0, 0] = -128
+        odd = _qconv(16, 6, 3, pads=1, activation="relu", weight=w, zero_point=zero_point)
+        _check(odd, [x])
+        assert _impl(odd, [x]) == "numba:direct"
 
 
 def test_sums_beyond_float_exactness_take_the_direct_loop():
