@@ -85,11 +85,15 @@ MAX_TILES = 2
 MAX_TILE_BYTES = 1 << 20
 # The kernels whose requantization with weight scales scales.py reproduces: oneDNN 3.2's x86 int8 convolutions
 # that scale, then add the bias, in two roundings (their `store`s; gemm's post-processing and the reference
-# are not among them). Another kernel takes requant.py's factors instead.
-SCALED_IMPLS = ("brgconv:", "brgconv_1x1:", "brdgmm_dw:", "jit_int8:", "jit_int8_1x1:")
+# are not among them). Another kernel takes requant.py's factors instead. AVX2's jit_uni_int8 kernels were run
+# against the model too, with scales and biases chosen so that one fused multiply-add would round otherwise than
+# two roundings (test_int8_scales.py): they round twice. Their scales save the factors' binary-mul post-ops:
+# 1-11% less time per conv on one thread of an AVX2 EPYC (MobileNetV2's depthwise convs 0.89x), same bytes.
+SCALED_IMPLS = ("brgconv:", "brgconv_1x1:", "brdgmm_dw:", "jit_int8:", "jit_int8_1x1:", "jit_uni_int8:",
+                "jit_uni_int8_1x1:")
 # ... and only on the instruction sets whose stores were run against scales.py's model bit for bit
-# (test_int8_scales.py): another ISA's store (AVX2's, AMX's) may fuse the multiply and the add, which rounds once.
-SCALED_ISAS = ("avx512_core_vnni",)
+# (test_int8_scales.py); another ISA's store (AMX's) may fuse the multiply and the add, which rounds once.
+SCALED_ISAS = ("avx512_core_vnni", "avx2")
 # A depthwise conv of up to this many channels asks for oneDNN's jit_int8 kernel before its first choice,
 # brdgmm_dw: with few channels it is faster (UltraFace int8 at batch 8 on one thread, in the model: its 16-64
 # channel ones 0.85-0.95x each, the whole model 8.71 -> 8.45 ms; MobileNetV2's 32 and 96), at 128 the two are
