@@ -103,6 +103,12 @@ JIT_DW_CHANNELS = 96
 # oneDNN's AVX2 int8 convolutions, which multiply byte pairs of neighbouring input channels (their weights blocked
 # by 4 input channels, vpmaddubsw then vpmaddwd): a spread input is summed exactly there (test_int8_nhwc.py).
 SPREAD_IMPLS = ("jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2")
+# A spread copy larger than this (the requant way) is made and convolved in bands (Plan._band) of about this many
+# bytes: whole, at twice the input's size, it made the workspace the largest in the model (UltraFace's first conv:
+# 460 KB at batch 1; int8 arena and workspace 0.37x the float32 ones, MobileNetV2's 0.32x, where the issue's
+# target is 0.3x; in bands 0.28x and 0.29x). The bands cost 0.92-1.06x the time of one pass per model (two
+# instances alternating, batch 1 and 8, one and two threads): a primitive call and a fork each.
+SPREAD_BAND_BYTES = 1 << 17
 
 
 def scaled_kernel(impl: str) -> bool:
@@ -242,9 +248,12 @@ def _per_channel(a, o: int, dtype) -> np.ndarray:
 class Plan:
     """The primitive for one NHWC input shape, its bound arguments and its workspace share."""
 
-    def __init__(self, spec: QConvSpec, shape: tuple[int, ...], tiled: bool = True):
+    def __init__(self, spec: QConvSpec, shape: tuple[int, ...], tiled: bool = True,
+                 band: tuple[int, int] | None = None):
         n, h, w, c = shape
         (n, o, oh, ow), (kh, kw), stride, dil, (t, left), g = conv_geometry(spec.node, (n, c, h, w))
+        if band is not None:  # a band of a spread conv (`_band`): the input rows it reads, its top pad, its rows
+            t, oh = band
         self.geo, self.out_shape = (stride[0], stride[1], dil[0], dil[1], t, left, g), (n, oh, ow, o)
         self.geo_array = np.array(self.geo, np.int64)
         # End pads the output needs; one below zero (rows a strided conv never reads, as a 1x1 stride-2
@@ -301,6 +310,10 @@ class Plan:
         self.tiles: list[tuple[int, int, Plan]] = []
         if tiled and not requant and _pointwise(spec, stride, dil, self.pads):
             self._tile(spec, n * oh * ow, c, o)
+        # a spread requant conv's bands (`_band`); empty: one pass
+        self.bands: list[tuple[int, int, int, Plan]] = []
+        if tiled and requant and self.spread and self.spread_bytes > SPREAD_BAND_BYTES:
+            self._band(spec, shape, (kh - 1) * dil[0] + 1, stride[0], _pointwise(spec, stride, dil, self.pads))
 
     def _tile(self, spec: QConvSpec, pixels: int, c: int, o: int) -> None:
         """Splits a pointwise conv's pixels into tiles, each a (1, k, 1, C) conv of its own: full tiles and the
@@ -342,6 +355,43 @@ class Plan:
             pd = self._primitive_desc(spec, *shapes)
         return pd
 
+    def _band(self, spec: QConvSpec, shape: tuple[int, ...], reach: int, stride: int, pointwise: bool) -> None:
+        """Splits a spread conv into bands that each spread at most about SPREAD_BAND_BYTES: runs of pixels across
+        the batch (a pointwise conv), whole images, or else rows of one image, each band reading only the input
+        rows it needs with a primitive of its own rows and pads. Each band is a contiguous run of the input and
+        of the output: (first input element, end, first output element, plan), a plan per band so that each
+        stays bound to its own pointers."""
+        n, h, w, c = shape
+        _, oh, ow, o = self.out_shape
+        budget = SPREAD_BAND_BYTES // 2  # input bytes a band spreads
+        bands = []
+        if pointwise:
+            per, pixels = max(1, budget // c), n * h * w
+            for first in range(0, pixels, per):
+                k = min(per, pixels - first)
+                bands.append((first * c, (first + k) * c, first * o, Plan(spec, (1, k, 1, c), tiled=False)))
+        elif h * w * c <= budget:
+            per = budget // (h * w * c)  # images a band
+            for first in range(0, n, per):
+                k = min(per, n - first)
+                bands.append((first * h * w * c, (first + k) * h * w * c, first * oh * ow * o,
+                              Plan(spec, (k, h, w, c), tiled=False)))
+        else:
+            t = self.geo[4]
+            rows = max(1, (budget // (w * c) - reach) // stride + 1)  # output rows a band
+            for i in range(n):
+                for first in range(0, oh, rows):
+                    k = min(rows, oh - first)
+                    top = first * stride - t  # the band's first input row, before the padding
+                    r0, r1 = max(top, 0), min(top + (k - 1) * stride + reach, h)
+                    plan = Plan(spec, (1, r1 - r0, w, c), tiled=False, band=(r0 - top, k))
+                    bands.append(((i * h + r0) * w * c, (i * h + r1) * w * c, (i * oh + first) * ow * o, plan))
+        if any(b[3].way != "requant" or not b[3].spread for b in bands):  # not the same kernel: one pass
+            return
+        self.bands = bands
+        self.pad_bytes = max([self.pad_bytes] + [b[3].pad_bytes for b in bands])
+        self.spread_bytes = max(b[3].spread_bytes for b in bands)
+
     def _primitive_desc(self, spec: QConvSpec, x_shape, y_shape, stride, dil) -> D.PrimitiveDesc:
         requant, o, spread = self.way == "requant", y_shape[1], self.spread
         if spread:
@@ -371,6 +421,14 @@ class Plan:
     @property
     def nbytes(self) -> int:
         return self.pad_bytes + self.acc_bytes + self.spread_bytes
+
+    def run_bands(self, x: np.ndarray, out: np.ndarray, workspace: np.ndarray, base: int, size: int) -> None:
+        """The requant way of a banded spread conv: band by band, its input spread, then its primitive into its
+        run of the (int8) output."""
+        c, at = x.shape[-1], D.address(out)
+        flat = x.reshape(-1)
+        for start, end, first, plan in self.bands:
+            plan.execute(plan.source(flat[start:end].reshape(-1, c), workspace, base, size), at + first, base)
 
     def source(self, x: np.ndarray, workspace: np.ndarray, base: int, size: int) -> int:
         """The address the primitive reads: x's own or, for a spread input, the workspace's copy after the
@@ -501,8 +559,12 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
             _direct(spec, plan, _int8(spec, x, _room(workspace, base, size, 0, x.size)), z, out)
             return
         if plan.way == "requant":
-            ptrs = (plan.source(x, workspace, base, size), D.address(out), base)
-            plan.execute(*ptrs)
+            if plan.bands:
+                plan.run_bands(x, out, workspace, base, size)
+                ptrs = (0, 0, 0)  # never called again as they are: a spread plan is not remembered below
+            else:
+                ptrs = (plan.source(x, workspace, base, size), D.address(out), base)
+                plan.execute(*ptrs)
             fix = ()  # (items, work, the operands between x and out) of the fix-ups
             if spec.fixup.size:
                 n, oh = out.shape[0], out.shape[1]

@@ -365,6 +365,22 @@ def test_dense_conv_of_inputs_that_saturate_byte_pairs_is_exact_on_onednn(zero_p
         assert _impl(odd, [x]) == "numba:direct"
 
 
+@pytest.mark.parametrize("k,stride,pads,images", [(3, 2, 1, 2), (7, 2, 3, 2), (1, 1, 0, 2), (3, 1, 1, 5)])
+def test_spread_conv_in_bands_is_bit_exact(k, stride, pads, images, monkeypatch):
+    # bands of a few rows (the first with the top padding, the last with the bottom one, and one row less where
+    # the rows do not divide) image by image, runs of pixels (pointwise), or two whole images of five (the last
+    # band one); a host without spreads runs it whole
+    monkeypatch.setattr(int8_conv, "SPREAD_BAND_BYTES", 2 * 11 * 3 * (k + 2 * stride) if images == 2 else
+                        2 * 17 * 11 * 3 * 2)
+    node = _qconv(8, 3, k, stride=stride, pads=pads, activation="relu", zero_point=128)
+    x = RNG.integers(0, 256, (images, 17, 11, 3)).astype(np.uint8)
+    _check(node, [x])
+    _check(node, [np.ascontiguousarray(x[:1, :13])], [x])
+    fn, _ = build_kernel(node, infos_of([x], node=node))
+    plan = fn.plans[x.shape]
+    assert len(plan.bands) > 2 or not plan.spread
+
+
 def test_sums_beyond_float_exactness_take_the_direct_loop():
     w = np.full((3, 1100, 1, 1), 127, np.int8)  # 128 * 1100 * 127 > 2**24
     node = _qconv(3, 1100, 1, weight=w, scale=np.full(3, 1e-6, np.float32))
