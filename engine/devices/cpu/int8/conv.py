@@ -14,15 +14,31 @@ Three ways, chosen once per node at build:
   (its float add would round twice), too many channels without a factor, or where oneDNN offers only its
   reference kernel for the fused form.
 - `direct`: loops.conv_channels for every channel, where oneDNN cannot be exact: sums that can reach 2**24 (its
-  s8-input kernels round them through float) or a signed input on a CPU without VNNI (oneDNN halves the weights
-  there to keep vpmaddubsw from saturating). Unsigned inputs (0..127) never saturate it, so they stay on oneDNN.
+  s8-input kernels round them through float), or a signed or zero-point input on a CPU without VNNI that cannot
+  be spread (below). Unsigned inputs (0..127) never saturate vpmaddubsw, so they stay on oneDNN.
+
+Spread inputs (a CPU without VNNI: AVX2): oneDNN's int8 kernels there multiply u8 inputs by s8 weights with
+vpmaddubsw, which adds the products of two neighbouring input channels into an int16 and saturates: an input of
+0..255 (an int8 input shifted by 128, oneDNN's own way for s8 inputs, or a zero-point input) times weights near
++-127 overflows it, and oneDNN halves s8-input weights to avoid that, which is not exact. A dense conv of such an
+input runs instead on a u8 copy with each channel's int8 value q split in two, max(q, 0) at 2c and max(-q, 0) at
+2c + 1 (loops.spread), and weights w at 2c, -w at 2c + 1: the sums are the conv's of q, and with inputs of 0..128
+no byte pair can pass 2 * 128 * 128 in magnitude, which an int16 holds (-32768 at most: both inputs 128, both
+weights -128), so they are exact. Padding reads 0 and 0, the value 0, so no zero point is left for oneDNN to
+compensate (against a copy of q + 128 beside zeros, read with zero point 128, the conv and its copy on one
+thread: UltraFace's first conv 0.91 -> 0.83 ms, ResNet-18's 7.3 -> 5.1 ms, MobileNetV2's expansions 1-4% less).
+A weight of -128 has no negation in int8: such a conv keeps the loops (TNN's and `nnserve quantize`'s weights
+are symmetric, -127..127). Twice the multiply-adds, but oneDNN's kernels instead of the numba loops: on one
+thread of an AVX2 EPYC, TNN's int8 MobileNetV2 (whose expansion convs read the signed residual sums) 245 -> 15
+ms at batch 1, ResNet-18 (its first conv: 3 channels of 224x224 with a zero point) 317 -> 36 ms. Only the
+kernels whose byte pairs are neighbouring channels (SPREAD_IMPLS) take it.
 
 A conv whose input was quantized with a zero point (`src_zero_point`, the rewrite's choice for the image input of
 a first conv) reads it as u8 (q + 128) and oneDNN takes the zero point off in the int32 sums (its compensation
 of the weights' sums), so the sums, and all after them, are those of the int8 input: the s8-input kernel's own
 +128 shift of every input vector is saved (3x240x320 -> 16 channels: 0.106 -> 0.077 ms on one thread, 0.84 ->
-0.61 ms at batch 8). Where oneDNN is not exact for u8 (0..255) inputs (no VNNI: vpmaddubsw would saturate) and in
-the numba loops (direct way, suspect fix-ups), the input is shifted back to int8 first.
+0.61 ms at batch 8). Where oneDNN is not exact for u8 (0..255) inputs (no VNNI: vpmaddubsw would saturate) a dense
+conv spreads it (above); the numba loops (direct way, suspect fix-ups) read it shifted back to int8.
 """
 
 from __future__ import annotations
@@ -69,17 +85,30 @@ MAX_TILES = 2
 MAX_TILE_BYTES = 1 << 20
 # The kernels whose requantization with weight scales scales.py reproduces: oneDNN 3.2's x86 int8 convolutions
 # that scale, then add the bias, in two roundings (their `store`s; gemm's post-processing and the reference
-# are not among them). Another kernel takes requant.py's factors instead.
-SCALED_IMPLS = ("brgconv:", "brgconv_1x1:", "brdgmm_dw:", "jit_int8:", "jit_int8_1x1:")
+# are not among them). Another kernel takes requant.py's factors instead. AVX2's jit_uni_int8 kernels were run
+# against the model too, with scales and biases chosen so that one fused multiply-add would round otherwise than
+# two roundings (test_int8_scales.py): they round twice. Their scales save the factors' binary-mul post-ops:
+# 1-11% less time per conv on one thread of an AVX2 EPYC (MobileNetV2's depthwise convs 0.89x), same bytes.
+SCALED_IMPLS = ("brgconv:", "brgconv_1x1:", "brdgmm_dw:", "jit_int8:", "jit_int8_1x1:", "jit_uni_int8:",
+                "jit_uni_int8_1x1:")
 # ... and only on the instruction sets whose stores were run against scales.py's model bit for bit
-# (test_int8_scales.py): another ISA's store (AVX2's, AMX's) may fuse the multiply and the add, which rounds once.
-SCALED_ISAS = ("avx512_core_vnni",)
+# (test_int8_scales.py); another ISA's store (AMX's) may fuse the multiply and the add, which rounds once.
+SCALED_ISAS = ("avx512_core_vnni", "avx2")
 # A depthwise conv of up to this many channels asks for oneDNN's jit_int8 kernel before its first choice,
 # brdgmm_dw: with few channels it is faster (UltraFace int8 at batch 8 on one thread, in the model: its 16-64
 # channel ones 0.85-0.95x each, the whole model 8.71 -> 8.45 ms; MobileNetV2's 32 and 96), at 128 the two are
 # even and with more it is slower (MobileNetV2's 192-960 channels at 28x28 to 7x7: 1.1-1.8x). Both are among
 # SCALED_IMPLS and sum exactly: the outputs are the same bytes.
 JIT_DW_CHANNELS = 96
+# oneDNN's AVX2 int8 convolutions, which multiply byte pairs of neighbouring input channels (their weights blocked
+# by 4 input channels, vpmaddubsw then vpmaddwd): a spread input is summed exactly there (test_int8_nhwc.py).
+SPREAD_IMPLS = ("jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2")
+# A spread copy larger than this (the requant way) is made and convolved in bands (Plan._band) of about this many
+# bytes: whole, at twice the input's size, it made the workspace the largest in the model (UltraFace's first conv:
+# 460 KB at batch 1; int8 arena and workspace 0.37x the float32 ones, MobileNetV2's 0.32x, where the issue's
+# target is 0.3x; in bands 0.28x and 0.29x). The bands cost 0.92-1.06x the time of one pass per model (two
+# instances alternating, batch 1 and 8, one and two threads): a primitive call and a fork each.
+SPREAD_BAND_BYTES = 1 << 17
 
 
 def scaled_kernel(impl: str) -> bool:
@@ -120,6 +149,7 @@ class QConvSpec:
         self.w_rows = self._rows(self.fixup)
         self._all_rows: np.ndarray | None = None
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
+        self._spread_w: np.ndarray | None = None
 
     def _rows(self, chans: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(self.w[chans].transpose(0, 2, 3, 1))
@@ -162,19 +192,32 @@ class QConvSpec:
         self.way = self._factored_way()
         self.w_rows = self._rows(self.fixup)
 
-    def wshape(self) -> tuple[int, ...]:
+    @property
+    def spread_w(self) -> np.ndarray:
+        """The weights of a spread input: (O, 2 * C/g, kh, kw), w at 2c and -w at 2c + 1 (no weight is -128:
+        _spreadable)."""
+        if self._spread_w is None:
+            o, icg, kh, kw = self.w.shape
+            self._spread_w = np.empty((o, 2 * icg, kh, kw), I8)
+            self._spread_w[:, 0::2] = self.w
+            self._spread_w[:, 1::2] = -self.w
+        return self._spread_w
+
+    def wshape(self, spread: bool = False) -> tuple[int, ...]:
         o, icg, kh, kw = self.w.shape
+        icg *= 2 if spread else 1
         g = self.groups
         return (o, icg, kh, kw) if g == 1 else (g, o // g, icg, kh, kw)
 
-    def weights_in(self, md: D.MemoryDesc) -> np.ndarray:
+    def weights_in(self, md: D.MemoryDesc, spread: bool = False) -> np.ndarray:
         for have, buf in self._weights:
-            if have == md:
+            if have == md:  # a spread layout has twice the input channels: never equal to a plain one
                 return buf
         buf = D.aligned_buffer(md.nbytes)
+        w = self.spread_w if spread else self.w
         D.sync_threads()
-        D.reorder_step(D.MemoryDesc.plain(self.wshape(), L.S8), md).run(
-            {L.ARG_SRC: self.w.ctypes.data, L.ARG_DST: buf.ctypes.data})
+        D.reorder_step(D.MemoryDesc.plain(self.wshape(spread), L.S8), md).run(
+            {L.ARG_SRC: w.ctypes.data, L.ARG_DST: buf.ctypes.data})
         D.wait()
         self._weights.append((md, buf))
         return buf
@@ -205,9 +248,12 @@ def _per_channel(a, o: int, dtype) -> np.ndarray:
 class Plan:
     """The primitive for one NHWC input shape, its bound arguments and its workspace share."""
 
-    def __init__(self, spec: QConvSpec, shape: tuple[int, ...], tiled: bool = True):
+    def __init__(self, spec: QConvSpec, shape: tuple[int, ...], tiled: bool = True,
+                 band: tuple[int, int] | None = None):
         n, h, w, c = shape
         (n, o, oh, ow), (kh, kw), stride, dil, (t, left), g = conv_geometry(spec.node, (n, c, h, w))
+        if band is not None:  # a band of a spread conv (`_band`): the input rows it reads, its top pad, its rows
+            t, oh = band
         self.geo, self.out_shape = (stride[0], stride[1], dil[0], dil[1], t, left, g), (n, oh, ow, o)
         self.geo_array = np.array(self.geo, np.int64)
         # End pads the output needs; one below zero (rows a strided conv never reads, as a 1x1 stride-2
@@ -216,7 +262,8 @@ class Plan:
                      max((ow - 1) * stride[1] + (kw - 1) * dil[1] + 1 - w - left, 0))
         self.way, self.impl = spec.way, "numba"
         self.zero_point: np.ndarray | None = None
-        self.pad_bytes = self.acc_bytes = 0
+        self.pad_bytes = self.acc_bytes = self.spread_bytes = 0
+        self.spread = False  # the primitive reads a spread copy of the input (module docstring)
         macs = n * oh * ow * o * spec.w[0].size
         # one OpenMP thread for little work (threads.FORK_WORK): waking the team costs more than it saves (a 1.2K-MAC
         # conv 9.7 -> 4.7 us, an 8M-MAC one 151 -> 113 us on a busy 2-core machine)
@@ -224,25 +271,18 @@ class Plan:
         if self.way == "direct":
             return
         D.use_threads(self.threads)  # the primitive is laid out for the team it is created with
-        pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
-        if self.way == "requant" and spec.wei_scales is not None and not scaled_kernel(pd.impl):
-            log.debug("%s: oneDNN %s with weight scales is not one scales.py holds for", spec.node.where(), pd.impl)
-            spec.unscale()
-            self.way = spec.way
-            pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
-        if self.way == "requant" and pd.impl.startswith("ref"):  # no fast kernel takes the post-ops
-            self.way = spec.way = "int32"
-            pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
-        if self.way == "requant" and _dw_tail_miscomputed(spec, pd.impl):
-            log.debug("%s: oneDNN %s miscomputes a depthwise channel tail with post-ops; the int32 way instead",
-                      spec.node.where(), pd.impl)
-            self.way = spec.way = "int32"
-            pd = self._primitive_desc(spec, (n, c, h, w), (n, o, oh, ow), stride, dil)
+        shapes = ((n, c, h, w), (n, o, oh, ow), stride, dil)
+        pd = self._choose_primitive(spec, shapes)
+        if (not spec.unsigned or spec.zero_point[0]) and not _exact_signed(pd.impl):
+            if _spreadable(spec, pd.impl):
+                self.spread = True
+                pd = self._choose_primitive(spec, shapes)
+            if not (self.spread and pd.impl.startswith(SPREAD_IMPLS)):
+                log.debug("%s: oneDNN %s is not exact for this input; exact loops instead", spec.node.where(),
+                          pd.impl)
+                self.way = spec.way = "direct"
+                return
         self.impl = pd.impl
-        if (not spec.unsigned or spec.zero_point[0]) and not _exact_signed(self.impl):
-            log.debug("%s: oneDNN %s is not exact for this input; exact loops instead", spec.node.where(), self.impl)
-            self.way = spec.way = "direct"
-            return
         requant = self.way == "requant"
         src, dst, wts, pad = (pd.md(q) for q in (L.QUERY_SRC_MD, L.QUERY_DST_MD, L.QUERY_WEIGHTS_MD,
                                                   L.QUERY_SCRATCHPAD_MD))
@@ -255,19 +295,25 @@ class Plan:
         self.wei_scales = spec.wei_scales if requant else None
         if self.wei_scales is not None:
             args[L.ARG_ATTR_SCALES | L.ARG_WEIGHTS] = D.MemoryDesc.plain((o,))
-        self.zero_point = spec.zero_point if spec.zero_point[0] else None
+        self.zero_point = spec.zero_point if spec.zero_point[0] and not self.spread else None  # spread: taken off
         if self.zero_point is not None:
             args[L.ARG_ATTR_ZERO_POINTS | L.ARG_SRC] = D.MemoryDesc.plain((1,), L.S32)
         self.step = D.Step(D.Primitive(pd), args)
-        self.weights = spec.weights_in(wts)
+        self.weights = spec.weights_in(wts, self.spread)
         self.bias_f = spec.bias_f if requant else None
         self.pad_bytes = D.aligned(pad.nbytes)
         self.acc_bytes = 0 if requant else D.aligned(n * oh * ow * o * 4)
+        self.spread_bytes = D.aligned(2 * n * h * w * c) if self.spread else 0
+        self.spread_table = _spread_table(int(spec.zero_point[0])) if self.spread else None
         self._bound: tuple[int, int, int] | None = None
         # (first pixel, pixels, plan) of the int32 way's tiles; empty: one pass over the whole output
         self.tiles: list[tuple[int, int, Plan]] = []
         if tiled and not requant and _pointwise(spec, stride, dil, self.pads):
             self._tile(spec, n * oh * ow, c, o)
+        # a spread requant conv's bands (`_band`); empty: one pass
+        self.bands: list[tuple[int, int, int, Plan]] = []
+        if tiled and requant and self.spread and self.spread_bytes > SPREAD_BAND_BYTES:
+            self._band(spec, shape, (kh - 1) * dil[0] + 1, stride[0], _pointwise(spec, stride, dil, self.pads))
 
     def _tile(self, spec: QConvSpec, pixels: int, c: int, o: int) -> None:
         """Splits a pointwise conv's pixels into tiles, each a (1, k, 1, C) conv of its own: full tiles and the
@@ -283,25 +329,83 @@ class Plan:
         tiles = [(i * per, min(per, pixels - i * per)) for i in range(count)]
         # a tile is never tiled again: it writes all its sums, and the workspace holds one tile's
         plans = [Plan(spec, (1, k, 1, c), tiled=False) for _, k in tiles]
-        if any(t.way != "int32" for t in plans):  # a tile's kernel is not exact: one pass, as before
+        # a tile's kernel is not exact, or reads other than the whole conv's input (plain or spread): one pass
+        if any(t.way != "int32" or t.spread != self.spread for t in plans):
             spec.way = way
             return
         self.tiles = [(first, k, t) for (first, k), t in zip(tiles, plans, strict=True)]
         self.pad_bytes = max(t.pad_bytes for t in plans)
         self.acc_bytes = max(t.acc_bytes for t in plans)
 
+    def _choose_primitive(self, spec: QConvSpec, shapes) -> D.PrimitiveDesc:
+        """The primitive of the way the spec and oneDNN's kernels allow (each step may change the way)."""
+        pd = self._primitive_desc(spec, *shapes)
+        if self.way == "requant" and spec.wei_scales is not None and not scaled_kernel(pd.impl):
+            log.debug("%s: oneDNN %s with weight scales is not one scales.py holds for", spec.node.where(), pd.impl)
+            spec.unscale()
+            self.way = spec.way
+            pd = self._primitive_desc(spec, *shapes)
+        if self.way == "requant" and pd.impl.startswith("ref"):  # no fast kernel takes the post-ops
+            self.way = spec.way = "int32"
+            pd = self._primitive_desc(spec, *shapes)
+        if self.way == "requant" and _dw_tail_miscomputed(spec, pd.impl):
+            log.debug("%s: oneDNN %s miscomputes a depthwise channel tail with post-ops; the int32 way instead",
+                      spec.node.where(), pd.impl)
+            self.way = spec.way = "int32"
+            pd = self._primitive_desc(spec, *shapes)
+        return pd
+
+    def _band(self, spec: QConvSpec, shape: tuple[int, ...], reach: int, stride: int, pointwise: bool) -> None:
+        """Splits a spread conv into bands that each spread at most about SPREAD_BAND_BYTES: runs of pixels across
+        the batch (a pointwise conv), whole images, or else rows of one image, each band reading only the input
+        rows it needs with a primitive of its own rows and pads. Each band is a contiguous run of the input and
+        of the output: (first input element, end, first output element, plan), a plan per band so that each
+        stays bound to its own pointers."""
+        n, h, w, c = shape
+        _, oh, ow, o = self.out_shape
+        budget = SPREAD_BAND_BYTES // 2  # input bytes a band spreads
+        bands = []
+        if pointwise:
+            per, pixels = max(1, budget // c), n * h * w
+            for first in range(0, pixels, per):
+                k = min(per, pixels - first)
+                bands.append((first * c, (first + k) * c, first * o, Plan(spec, (1, k, 1, c), tiled=False)))
+        elif h * w * c <= budget:
+            per = budget // (h * w * c)  # images a band
+            for first in range(0, n, per):
+                k = min(per, n - first)
+                bands.append((first * h * w * c, (first + k) * h * w * c, first * oh * ow * o,
+                              Plan(spec, (k, h, w, c), tiled=False)))
+        else:
+            t = self.geo[4]
+            rows = max(1, (budget // (w * c) - reach) // stride + 1)  # output rows a band
+            for i in range(n):
+                for first in range(0, oh, rows):
+                    k = min(rows, oh - first)
+                    top = first * stride - t  # the band's first input row, before the padding
+                    r0, r1 = max(top, 0), min(top + (k - 1) * stride + reach, h)
+                    plan = Plan(spec, (1, r1 - r0, w, c), tiled=False, band=(r0 - top, k))
+                    bands.append(((i * h + r0) * w * c, (i * h + r1) * w * c, (i * oh + first) * ow * o, plan))
+        if any(b[3].way != "requant" or not b[3].spread for b in bands):  # not the same kernel: one pass
+            return
+        self.bands = bands
+        self.pad_bytes = max([self.pad_bytes] + [b[3].pad_bytes for b in bands])
+        self.spread_bytes = max(b[3].spread_bytes for b in bands)
+
     def _primitive_desc(self, spec: QConvSpec, x_shape, y_shape, stride, dil) -> D.PrimitiveDesc:
-        requant, o = self.way == "requant", y_shape[1]
+        requant, o, spread = self.way == "requant", y_shape[1], self.spread
+        if spread:
+            x_shape = (x_shape[0], 2 * x_shape[1], *x_shape[2:])
         # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
-        src = D.MemoryDesc.tagged(x_shape, NHWC, L.U8 if spec.unsigned or spec.zero_point[0] else L.S8)
+        src = D.MemoryDesc.tagged(x_shape, NHWC, L.U8 if spread or spec.unsigned or spec.zero_point[0] else L.S8)
         dst = D.MemoryDesc.tagged(y_shape, NHWC, L.S8 if requant else L.S32)
-        w_any = D.MemoryDesc.any(spec.wshape(), L.S8)
+        w_any = D.MemoryDesc.any(spec.wshape(spread), L.S8)
         bias = D.MemoryDesc.plain((o,)) if requant else None
         self.post, self.operands = spec.post_ops(o) if requant else ([], [])
         scaled = requant and spec.wei_scales is not None
         # per output channel: dim 0 of (O, I, kh, kw) weights, dims 0 and 1 of grouped (G, O/G, I/G, kh, kw) ones
         attr = D.Attr(self.post, {L.ARG_WEIGHTS: 1 if spec.groups == 1 else 3} if scaled else None,
-                      {L.ARG_SRC: 0} if spec.zero_point[0] else None)  # one zero point for the whole input
+                      {L.ARG_SRC: 0} if spec.zero_point[0] and not spread else None)  # one for the whole input
 
         def create() -> D.PrimitiveDesc:
             return D.PrimitiveDesc.create(
@@ -316,7 +420,27 @@ class Plan:
 
     @property
     def nbytes(self) -> int:
-        return self.pad_bytes + self.acc_bytes
+        return self.pad_bytes + self.acc_bytes + self.spread_bytes
+
+    def run_bands(self, x: np.ndarray, out: np.ndarray, workspace: np.ndarray, base: int, size: int) -> None:
+        """The requant way of a banded spread conv: band by band, its input spread, then its primitive into its
+        run of the (int8) output."""
+        c, at = x.shape[-1], D.address(out)
+        flat = x.reshape(-1)
+        for start, end, first, plan in self.bands:
+            plan.execute(plan.source(flat[start:end].reshape(-1, c), workspace, base, size), at + first, base)
+
+    def source(self, x: np.ndarray, workspace: np.ndarray, base: int, size: int) -> int:
+        """The address the primitive reads: x's own or, for a spread input, the workspace's copy after the
+        scratchpad and the sums, spread now (loops.spread). The caller has checked that the workspace holds
+        `nbytes`."""
+        if not self.spread:
+            return D.address(x)
+        c = x.shape[-1]
+        p = x.size // c
+        room = _room(workspace, base, size, self.pad_bytes + self.acc_bytes, 2 * x.size).reshape(p, 2 * c)
+        parallel_for(loops.spread, p, 2 * x.size, x.reshape(p, c).view(np.uint8), self.spread_table, room)
+        return D.address(room)
 
     def execute(self, src: int, dst: int, scratch: int) -> None:
         D.use_threads(self.threads)
@@ -367,6 +491,21 @@ def _next_impl_to(pd: D.PrimitiveDesc, family: str) -> bool:
         if L.LIB.dnnl_primitive_desc_next_impl(pd.h) != 0:  # dnnl_last_impl_reached
             return False
     return True
+
+
+def _spread_table(zero_point: int) -> np.ndarray:
+    """loops.spread's table: for each input byte b, its int8 value q (b - zero_point for a u8 input with a zero point,
+    else b read as int8) as the bytes max(q, 0), max(-q, 0) of a little-endian uint16."""
+    b = np.arange(256)
+    q = b - zero_point if zero_point else b.astype(np.uint8).view(np.int8).astype(np.int64)
+    return (np.maximum(q, 0) | np.maximum(-q, 0) << 8).astype(np.uint16)
+
+
+def _spreadable(spec: QConvSpec, impl: str) -> bool:
+    """Whether a spread input makes this conv's sums exact on oneDNN: a kernel of SPREAD_IMPLS (the spread one is
+    checked again), weights whose negations are int8 (no -128), and no depthwise conv (its own kernels; two input
+    channels a group would leave them). The sums are the conv's own, within 2**24 (exact_sums, _choose_way)."""
+    return impl.startswith(SPREAD_IMPLS) and not _depthwise(spec) and not np.any(spec.w == -128)
 
 
 def _exact_signed(impl: str) -> bool:
@@ -420,8 +559,12 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
             _direct(spec, plan, _int8(spec, x, _room(workspace, base, size, 0, x.size)), z, out)
             return
         if plan.way == "requant":
-            ptrs = (D.address(x), D.address(out), base)
-            plan.execute(*ptrs)
+            if plan.bands:
+                plan.run_bands(x, out, workspace, base, size)
+                ptrs = (0, 0, 0)  # never called again as they are: a spread plan is not remembered below
+            else:
+                ptrs = (plan.source(x, workspace, base, size), D.address(out), base)
+                plan.execute(*ptrs)
             fix = ()  # (items, work, the operands between x and out) of the fix-ups
             if spec.fixup.size:
                 n, oh = out.shape[0], out.shape[1]
@@ -429,19 +572,20 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
                        spec.relu6_max, spec.act, spec.fixup, spec.suspects, plan.geo_array))
                 shifted = _int8(spec, x, _room(workspace, base, size, plan.nbytes, x.size))
                 parallel_for(loops.fix_suspects, *fix[:2], shifted, *fix[2], out)
-            # (an input with a zero point is shifted again for the fix-ups at each call)
-            if workspace is not None and not (fix and spec.zero_point[0]):
+            # (an input with a zero point is shifted again for the fix-ups at each call, a spread one spread again)
+            if workspace is not None and not (fix and spec.zero_point[0]) and not plan.spread:
                 last[0] = (weakref.ref(x), weakref.ref(out), weakref.ref(workspace), x.shape, plan, ptrs, fix)
             return
         p, o = out.size // out.shape[-1], out.shape[-1]
         at = base + plan.pad_bytes - D.address(workspace)  # the int32 sums follow the scratchpad
         sums = workspace.reshape(-1).view(np.uint8)[at:].view(np.int32)
         z, out = z.reshape(p, o), out.reshape(p, o)
+        x_at = plan.source(x, workspace, base, size)
         if not plan.tiles:
-            plan.execute(D.address(x), base + plan.pad_bytes, base)
+            plan.execute(x_at, base + plan.pad_bytes, base)
             _epilogue(spec, sums[:p * o].reshape(p, o), z, out)
             return
-        x_at, c = D.address(x), x.shape[-1]
+        c = x.shape[-1] * (2 if plan.spread else 1)  # a tile's first pixel in the input the primitive reads
         for first, k, tile in plan.tiles:
             tile.execute(x_at + first * c, base + plan.pad_bytes, base)
             _epilogue(spec, sums[:k * o].reshape(k, o), z[first:first + k], out[first:first + k])

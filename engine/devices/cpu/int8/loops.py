@@ -58,6 +58,19 @@ def quantize3(x, scale, flip, out, lo, hi):
 
 
 @njit(nogil=True, cache=True)
+def spread(x, table, out, lo, hi):
+    """x (P, C) bytes (int8, or u8 with a zero point, viewed as uint8) -> out (P, 2C) uint8: each byte's int8 value
+    q as max(q, 0) at 2c and max(-q, 0) at 2c + 1 (0..128), both from `table`, the 256 pairs as little-endian
+    uint16 (a lookup per value: 1.5-2x faster here than computing the pair, whose byte arithmetic numba widens);
+    items pixels. A u8 conv over `out` with the weights w, -w alike sums the conv of q, and vpmaddubsw's byte
+    pairs of inputs up to 128 never saturate (conv.py: spread inputs)."""
+    c_n = x.shape[1]
+    flat, pairs = x.reshape(-1), out.reshape(-1).view(np.uint16)
+    for i in range(lo * c_n, hi * c_n):
+        pairs[i] = table[flat[i]]
+
+
+@njit(nogil=True, cache=True)
 def dequantize(x, scale, out, lo, hi):
     """x (N, H, W, C) int8 -> out (N, C, H, W) float32, scale[c] * x; items (n, y)."""
     h_n, w_n, c_n = x.shape[1], x.shape[2], x.shape[3]

@@ -40,7 +40,8 @@ def _check(node, arrays, max_arrays=None):
 
 def _qconv(o, c, k, groups=1, stride=1, pads=0, dilation=1, activation=None, fusion=None, unsigned=False,
            scale=None, weight=None, zero_point=0):
-    weight = _i8(o, c // groups, k, k) if weight is None else weight
+    # symmetric weights, as TNN's and `nnserve quantize`'s (a -128 keeps a spread conv off oneDNN: conv._spreadable)
+    weight = _i8(o, c // groups, k, k, lo=-127) if weight is None else weight
     attrs = {"weight": weight, "bias": RNG.integers(-3000, 3000, o).astype(np.int32),
              "scale": RNG.uniform(0.0005, 0.003, o).astype(np.float32) if scale is None else scale,
              "relu6_max": RNG.integers(20, 120, o).astype(np.int8)}
@@ -105,7 +106,7 @@ def test_fused_pointwise_conv_runs_in_tiles_of_pixels(fusion, activation, monkey
     # 2 x 53 x 51 pixels of 40 channels' int32 sums are beyond TILE_BYTES: full tiles and a rest, each its own
     # primitive, the sums of one tile at a time in the workspace (tiles of TILE_BYTES: no cap on their count)
     monkeypatch.setattr(int8_conv, "MAX_TILES", 1 << 30)
-    node = _qconv(40, 24, 1, fusion=fusion, activation=activation, unsigned=ANY_INPUT)
+    node = _qconv(40, 24, 1, fusion=fusion, activation=activation)
     big = _conv_inputs(node, 2, 24, 53, 51)
     fn, _ = build_kernel(node, infos_of(big, node=node))
     plan = next(iter(fn.plans.values()))
@@ -125,7 +126,7 @@ def test_large_fused_pointwise_conv_takes_at_most_max_tiles_each_run_whole(threa
     before = threads.get_threads()
     threads.set_threads(threads_n)
     try:
-        node = _qconv(40, 24, 1, fusion="add_then_act", unsigned=ANY_INPUT)
+        node = _qconv(40, 24, 1, fusion="add_then_act")
         big = _conv_inputs(node, 2, 24, 97, 89)
         fn, _ = build_kernel(node, infos_of(big, node=node))
         plan = next(iter(fn.plans.values()))
@@ -144,7 +145,7 @@ def test_tiles_of_a_large_output_stay_within_max_tile_bytes(monkeypatch):
     # a large map's sums: tiles of MAX_TILE_BYTES (here made small), however many, so the workspace holds one of
     # them and never half the output's sums; exact, the rest tile included
     monkeypatch.setattr(int8_conv, "MAX_TILE_BYTES", 2 * int8_conv.TILE_BYTES)
-    node = _qconv(40, 24, 1, fusion="add_then_act", unsigned=ANY_INPUT)
+    node = _qconv(40, 24, 1, fusion="add_then_act")
     big = _conv_inputs(node, 2, 24, 101, 97)
     fn, _ = build_kernel(node, infos_of(big, node=node))
     plan = next(iter(fn.plans.values()))
@@ -221,16 +222,15 @@ def _impl(node, arrays):
     return fn.impl
 
 
-def _signed_on_onednn() -> bool:
-    """Whether oneDNN sums int8 (and zero-point u8) inputs exactly on this CPU: with VNNI or AMX. Elsewhere such
-    inputs take the numba loops by design (conv._exact_signed: AVX2's vpmaddubsw saturates), so the tests of
-    oneDNN's ways feed such hosts ReLU outputs (0..127), which it sums exactly everywhere."""
-    node = _qconv(8, 8, 1, weight=np.ones((8, 8, 1, 1), np.int8))
+def _signed_depthwise_on_onednn() -> bool:
+    """Whether oneDNN runs a depthwise conv of int8 (and zero-point u8) inputs on this CPU: with VNNI or AMX.
+    Elsewhere they take the numba loops by design (conv._exact_signed: AVX2's vpmaddubsw saturates, and a dense
+    conv's spread input would leave the depthwise kernels); dense convs take them on oneDNN everywhere."""
+    node = _qconv(8, 8, 3, groups=8, pads=1, weight=np.ones((8, 1, 3, 3), np.int8))
     return _impl(node, [np.zeros((1, 2, 2, 8), np.int8)]).startswith("onednn:")
 
 
-SIGNED_ON_ONEDNN = available() and _signed_on_onednn()
-ANY_INPUT = not SIGNED_ON_ONEDNN  # `unsigned` for a test of oneDNN's ways: signed inputs where oneDNN takes them
+SIGNED_DEPTHWISE_ON_ONEDNN = available() and _signed_depthwise_on_onednn()
 
 
 def test_strided_conv_that_skips_the_last_rows_stays_on_onednn():
@@ -250,9 +250,9 @@ def _tie_scales(o: int, k: int) -> np.ndarray:
 @pytest.mark.parametrize("activation", [None, "relu", "relu6"])
 def test_ties_round_away_from_zero_as_tnn(activation):
     node = _qconv(32, 16, 1, activation=activation, scale=_tie_scales(32, 16),
-                  weight=RNG.integers(-2, 3, (32, 16, 1, 1)).astype(np.int8), unsigned=ANY_INPUT)
+                  weight=RNG.integers(-2, 3, (32, 16, 1, 1)).astype(np.int8))
     node.attrs["bias"] = RNG.integers(-40, 40, 32).astype(np.int32)
-    x = np.clip(_i8(1, 10, 10, 16), 0 if ANY_INPUT else -3, 3)
+    x = np.clip(_i8(1, 10, 10, 16), -3, 3)
     sums = np.einsum("nhwc,oc->nhwo", x.astype(np.int64), node.attrs["weight"][:, :, 0, 0].astype(np.int64))
     v = (sums + node.attrs["bias"]).astype(np.float32) * node.attrs["scale"]
     assert np.count_nonzero(np.abs(v - np.trunc(v)) == 0.5) > 50  # ties are there to be rounded
@@ -309,8 +309,8 @@ def test_conv_of_an_input_with_a_zero_point_is_bit_exact(cfg, onednn):
         for g, want in zip(run_kernel(node, x, device=device), reference(node, x), strict=True):
             np.testing.assert_array_equal(g, want)
     fn, _ = build_kernel(node, infos_of(x, node=node), device)
-    if onednn == SIGNED_ON_ONEDNN or not onednn:  # else oneDNN's reference or the numba loops: both exact
-        assert fn.impl.startswith("onednn:") == onednn
+    depthwise = cfg.get("groups", 1) == cfg["c"] == cfg["o"]
+    assert fn.impl.startswith("onednn:") == (onednn and (SIGNED_DEPTHWISE_ON_ONEDNN or not depthwise))
 
 
 def test_zero_point_of_a_conv_is_taken_off_its_input():
@@ -326,7 +326,7 @@ def test_zero_point_of_a_conv_is_taken_off_its_input():
 def test_channels_without_factor_are_recomputed_from_the_int8_values_of_an_input_with_a_zero_point():
     # test_channels_without_factor_are_recomputed's tie, on u8 inputs q + 128: the recheck reads the int8 q
     o, c = 16, 64
-    w = _i8(o, c, 1, 1)
+    w = _i8(o, c, 1, 1, lo=-127)
     w[3] = 127
     scale = RNG.uniform(0.0005, 0.003, o).astype(np.float32)
     scale[3] = 0.0008107082
@@ -338,8 +338,48 @@ def test_channels_without_factor_are_recomputed_from_the_int8_values_of_an_input
     x = (q.astype(np.int16) + 128).astype(np.uint8)
     assert reference(node, [x])[0][0, 0, 0, 3] == 71
     _check(node, [x])
-    if SIGNED_ON_ONEDNN:  # elsewhere the numba loops compute every channel (see _signed_on_onednn)
-        assert _impl(node, [x]).endswith("/requant") and 3 in int8_kernels._SPECS[node].fixup
+    assert _impl(node, [x]).endswith("/requant") and 3 in int8_kernels._SPECS[node].fixup
+
+@pytest.mark.parametrize("zero_point", [0, 128])
+def test_dense_conv_of_inputs_that_saturate_byte_pairs_is_exact_on_onednn(zero_point, monkeypatch):
+    # Extreme inputs (u8 0 / 255, int8 -128 / 127, which oneDNN shifts to 0 / 255) beside weights of +-127: a pair
+    # of neighbouring channels reaches 2 * 255 * 127 > 32767, which AVX2's vpmaddubsw saturates; there the input is
+    # spread (conv.py) and summed exactly on oneDNN, as VNNI's kernels sum it
+    w = RNG.choice(np.array([-127, 127], np.int8), (16, 6, 3, 3))
+    node = _qconv(16, 6, 3, pads=1, activation="relu", weight=w, zero_point=zero_point)
+    x = RNG.choice(np.array([0, 255] if zero_point else [-128, 127]), (2, 7, 9, 6)).astype(
+        np.uint8 if zero_point else np.int8)
+    _check(node, [x])
+    fn, _ = build_kernel(node, infos_of([x], node=node))
+    assert fn.impl.startswith("onednn:")
+    if any(plan.spread for plan in fn.plans.values()):  # the same conv on the plain input is not exact here
+        monkeypatch.setattr(int8_conv, "_spreadable", lambda spec, impl: False)
+        monkeypatch.setattr(int8_conv, "_exact_signed", lambda impl: True)
+        plain = make_node("Int8ConvNhwc", 1, params=node.params, attrs=node.attrs)
+        assert not np.array_equal(run_kernel(plain, [x])[0], reference(plain, [x])[0])
+        monkeypatch.undo()
+        # a weight of -128 has no int8 negation for the spread: the exact loops
+        w[0, 0, 0, 0] = -128
+        odd = _qconv(16, 6, 3, pads=1, activation="relu", weight=w, zero_point=zero_point)
+        _check(odd, [x])
+        assert _impl(odd, [x]) == "numba:direct"
+
+
+@pytest.mark.parametrize("k,stride,pads,images", [(3, 2, 1, 2), (7, 2, 3, 2), (1, 1, 0, 2), (3, 1, 1, 5)])
+def test_spread_conv_in_bands_is_bit_exact(k, stride, pads, images, monkeypatch):
+    # bands of a few rows (the first with the top padding, the last with the bottom one, and one row less where
+    # the rows do not divide) image by image, runs of pixels (pointwise), or two whole images of five (the last
+    # band one); a host without spreads runs it whole
+    monkeypatch.setattr(int8_conv, "SPREAD_BAND_BYTES", 2 * 11 * 3 * (k + 2 * stride) if images == 2 else
+                        2 * 17 * 11 * 3 * 2)
+    node = _qconv(8, 3, k, stride=stride, pads=pads, activation="relu", zero_point=128)
+    x = RNG.integers(0, 256, (images, 17, 11, 3)).astype(np.uint8)
+    _check(node, [x])
+    _check(node, [np.ascontiguousarray(x[:1, :13])], [x])
+    fn, _ = build_kernel(node, infos_of([x], node=node))
+    plan = fn.plans[x.shape]
+    assert len(plan.bands) > 2 or not plan.spread
+
 
 def test_sums_beyond_float_exactness_take_the_direct_loop():
     w = np.full((3, 1100, 1, 1), 127, np.int8)  # 128 * 1100 * 127 > 2**24

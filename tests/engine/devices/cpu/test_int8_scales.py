@@ -113,33 +113,43 @@ def _spec(node, x):
     return int8_kernels._SPECS[node], fn.impl
 
 
-def _scaled_here() -> bool:
-    """Whether this CPU's oneDNN kernels take the scaled way: only those of conv.SCALED_ISAS (AVX-512 VNNI),
-    whose stores were run against scales.py's model; elsewhere (AVX2, AMX) every layer takes requant.py's
-    factors, bit-exact all the same (the bit-exact tests here and in test_int8_nhwc.py run on every CPU)."""
+def _host_isa() -> str | None:
+    """The instruction set of this CPU's oneDNN int8 kernels ("avx512_core_vnni", "avx2", ...), None without
+    the scaled way: only those of conv.SCALED_ISAS (AVX-512 VNNI, AVX2), whose stores were run against scales.py's
+    model, take it; elsewhere (AMX) every layer takes requant.py's factors, bit-exact all the same (the bit-exact
+    tests here and in test_int8_nhwc.py run on every CPU)."""
     node = _qconv(16, 16, 1, unsigned=True, weight=np.ones((16, 16, 1, 1), np.int8))
-    _spec(node, np.zeros((1, 2, 2, 16), np.int8))
-    return int8_kernels._SPECS[node].wei_scales is not None
+    _, impl = _spec(node, np.zeros((1, 2, 2, 16), np.int8))
+    return impl.split("/")[0].partition(":")[2].partition(":")[2] if int8_kernels._SPECS[node].wei_scales is not \
+        None else None
 
 
-SCALED_HERE = available() and _scaled_here()
+HOST_ISA = _host_isa() if available() else None
+SCALED_HERE = HOST_ISA is not None
 needs_scaled = pytest.mark.skipif(not SCALED_HERE, reason="this CPU's oneDNN int8 kernels are not among "
-                                  "conv.SCALED_ISAS (AVX-512 VNNI): no layer takes weight scales here")
+                                  "conv.SCALED_ISAS (AVX-512 VNNI, AVX2): no layer takes weight scales here")
 
-KERNELS = [  # one per kernel family of oneDNN's that the scaled way runs on, and the family it must be
-    ("brgconv_1x1", dict(o=48, c=32, k=1)),
-    ("brgconv", dict(o=16, c=8, k=3, pads=1)),
-    ("brdgmm_dw", dict(o=128, c=128, k=3, groups=128, pads=1, unsigned=True)),  # depthwise, many channels
-    ("jit_int8", dict(o=32, c=32, k=3, groups=32, pads=1, unsigned=True)),  # depthwise, few (conv.JIT_DW_CHANNELS)
-    ("jit_int8", dict(o=32, c=32, k=3, groups=32, stride=2, pads=1)),  # the same, strided, on signed inputs
-    ("jit_int8", dict(o=16, c=3, k=3, stride=2, pads=1)),  # a first layer's
+KERNELS = [  # one per kernel family of oneDNN's that the scaled way runs on, its ISA, and the family it must be
+    ("avx512_core_vnni", "brgconv_1x1", dict(o=48, c=32, k=1)),
+    ("avx512_core_vnni", "brgconv", dict(o=16, c=8, k=3, pads=1)),
+    ("avx512_core_vnni", "brdgmm_dw", dict(o=128, c=128, k=3, groups=128, pads=1, unsigned=True)),  # many channels
+    ("avx512_core_vnni", "jit_int8", dict(o=32, c=32, k=3, groups=32, pads=1, unsigned=True)),  # depthwise, few
+    ("avx512_core_vnni", "jit_int8", dict(o=32, c=32, k=3, groups=32, stride=2, pads=1)),  # strided, signed inputs
+    ("avx512_core_vnni", "jit_int8", dict(o=16, c=3, k=3, stride=2, pads=1)),  # a first layer's
+    ("avx2", "jit_uni_int8_1x1", dict(o=48, c=32, k=1)),  # signed inputs: spread (conv.py)
+    ("avx2", "jit_uni_int8", dict(o=16, c=8, k=3, pads=1)),
+    ("avx2", "jit_uni_int8", dict(o=128, c=128, k=3, groups=128, pads=1, unsigned=True)),  # depthwise
+    ("avx2", "jit_uni_int8", dict(o=32, c=32, k=3, groups=32, stride=2, pads=1, unsigned=True)),
+    ("avx2", "jit_uni_int8", dict(o=16, c=3, k=3, stride=2, pads=1)),  # a first layer's, spread
 ]
 
 
 @needs_scaled
-@pytest.mark.parametrize("family,cfg", KERNELS,
+@pytest.mark.parametrize("isa,family,cfg", KERNELS,
                          ids=lambda c: c if isinstance(c, str) else "-".join(f"{k}{v}" for k, v in c.items()))
-def test_onednn_rounds_scaled_sums_as_scales_py_models(family, cfg):
+def test_onednn_rounds_scaled_sums_as_scales_py_models(isa, family, cfg):
+    if isa != HOST_ISA:
+        pytest.skip(f"a kernel of {isa}; this CPU's are {HOST_ISA}")
     # Weight scales and biases the search would never choose (ties everywhere, large biases): oneDNN's outputs are
     # still exactly rne(fl(fl(sum * c) + bias)) element by element, the model scales.py proves its pairs on, and
     # not TNN's rounding
@@ -159,6 +169,33 @@ def test_onednn_rounds_scaled_sums_as_scales_py_models(family, cfg):
     np.testing.assert_array_equal(got, want, err_msg=impl)
     away = float2int8(sums.astype(F32) * c + bb).astype(np.int32)
     assert np.count_nonzero(away != want) > 10  # ties were there, and oneDNN rounded them half to even
+
+
+@needs_scaled
+def test_onednn_rounds_the_scaled_product_before_adding_the_bias():
+    # Scales and biases where one fused multiply-add, rounding once, gives another integer than fl(fl(s * c) + b)
+    # for some sum s of 0..127 (the model scales.py proves its pairs on): oneDNN's outputs are the latter
+    sums = np.arange(128)
+    scales, biases = [], []
+    while len(scales) < 16:
+        c, b = F32(RNG.uniform(0.05, 1.0)), F32(RNG.uniform(-60, 60))
+        fused = np.rint(np.clip((sums * np.float64(c) + np.float64(b)).astype(F32), -128, 127))
+        if np.any(np.rint(np.clip(sums.astype(F32) * c + b, -128, 127)) != fused):
+            scales.append(c)
+            biases.append(b)
+    w = np.zeros((16, 8, 1, 1), np.int8)
+    w[:, 0] = 1  # the sums are input channel 0: 0..127
+    node = _qconv(16, 8, 1, unsigned=True, weight=w)
+    x = np.broadcast_to(np.arange(128, dtype=np.int8).reshape(1, 8, 16, 1), (1, 8, 16, 8)).copy()
+    spec, impl = _spec(node, x)
+    assert spec.wei_scales is not None, impl
+    spec.wei_scales[:], spec.bias_f[:] = scales, biases
+    c, bb = spec.wei_scales, spec.bias_f
+    s = x[..., :1].astype(np.int64)
+    two = np.rint(np.clip(s.astype(F32) * c + bb, -128, 127))
+    fused = np.rint(np.clip((s * c.astype(np.float64) + bb.astype(np.float64)).astype(F32), -128, 127))
+    assert np.count_nonzero(two != fused) >= 16
+    np.testing.assert_array_equal(run_kernel(node, [x])[0], two.astype(np.int8), err_msg=impl)
 
 
 SCALED = [
@@ -183,7 +220,8 @@ def test_scaled_convs_are_bit_exact(cfg, saturating):
     node = _qconv(**cfg, scale=scale, weight=weight)
     x = _input(node, 2, 9, 11, cfg["c"])
     spec, impl = _spec(node, x)
-    if SCALED_HERE:
+    # (AVX2 runs a grouped conv of signed inputs on oneDNN's reference, which takes the factors)
+    if SCALED_HERE and conv.scaled_kernel(impl.removeprefix("onednn:").split("/")[0]):
         assert spec.wei_scales is not None and spec.fixup.size == 0, impl
         assert not any(op[0] == "binary" and op[1] == "mul" for op in spec.post_ops(o)[0])
     want = reference(node, [x])[0]
@@ -268,8 +306,10 @@ def test_a_dilated_conv_on_a_narrow_input_runs_the_direct_loops():
 
 
 def test_the_scaled_way_runs_only_on_kernels_and_isas_checked_bit_for_bit():
-    # stores on other instruction sets (AVX2's, AMX's) were never run against scales.py's model: the factors there
-    assert conv.scaled_kernel("brgconv_1x1:avx512_core_vnni") and conv.scaled_kernel("jit_int8:avx512_core_vnni")
-    for impl in ("jit_int8:avx2", "brgconv:avx2_vnni", "brgconv:avx512_core_amx", "gemm:any", "ref:any",
-                 "brgconv_1x1:avx512_core"):
+    # stores on other instruction sets (AMX's, AVX2 VNNI's) were never run against scales.py's model: the factors
+    for impl in ("brgconv_1x1:avx512_core_vnni", "jit_int8:avx512_core_vnni", "jit_uni_int8:avx2",
+                 "jit_uni_int8_1x1:avx2"):
+        assert conv.scaled_kernel(impl), impl
+    for impl in ("brgconv:avx2_vnni", "jit_uni_int8:avx2_vnni", "brgconv:avx512_core_amx", "gemm:any", "ref:any",
+                 "brgconv_1x1:avx512_core", "jit_uni_int8:avx512_core"):
         assert not conv.scaled_kernel(impl), impl
