@@ -23,15 +23,15 @@ vpmaddubsw, which adds the products of two neighbouring input channels into an i
 +-127 overflows it, and oneDNN halves s8-input weights to avoid that, which is not exact. A dense conv of such an
 input runs instead on a u8 copy with each channel's int8 value q split in two, max(q, 0) at 2c and max(-q, 0) at
 2c + 1 (loops.spread), and weights w at 2c, -w at 2c + 1: the sums are the conv's of q, and with inputs of 0..128
-no byte pair can pass 2 * 128 * 128 in magnitude, which an int16 holds (-32768 at most: both inputs 128, both
-weights -128), so they are exact. Padding reads 0 and 0, the value 0, so no zero point is left for oneDNN to
-compensate (against a copy of q + 128 beside zeros, read with zero point 128, the conv and its copy on one
+no byte pair can pass 2 * 128 * 127 in magnitude (no weight is -128, below), which an int16 holds whichever two
+bytes a kernel pairs, so they are exact. Padding reads 0 and 0, the value 0, so no zero point is left for oneDNN
+to compensate (against a copy of q + 128 beside zeros, read with zero point 128, the conv and its copy on one
 thread: UltraFace's first conv 0.91 -> 0.83 ms, ResNet-18's 7.3 -> 5.1 ms, MobileNetV2's expansions 1-4% less).
 A weight of -128 has no negation in int8: such a conv keeps the loops (TNN's and `nnserve quantize`'s weights
 are symmetric, -127..127). Twice the multiply-adds, but oneDNN's kernels instead of the numba loops: on one
 thread of an AVX2 EPYC, TNN's int8 MobileNetV2 (whose expansion convs read the signed residual sums) 245 -> 15
 ms at batch 1, ResNet-18 (its first conv: 3 channels of 224x224 with a zero point) 317 -> 36 ms. Only the
-kernels whose byte pairs are neighbouring channels (SPREAD_IMPLS) take it.
+kernels it was checked on (SPREAD_IMPLS) take it.
 
 A conv whose input was quantized with a zero point (`src_zero_point`, the rewrite's choice for the image input of
 a first conv) reads it as u8 (q + 128) and oneDNN takes the zero point off in the int32 sums (its compensation
@@ -102,6 +102,7 @@ SCALED_ISAS = ("avx512_core_vnni", "avx2")
 JIT_DW_CHANNELS = 96
 # oneDNN's AVX2 int8 convolutions, which multiply byte pairs of neighbouring input channels (their weights blocked
 # by 4 input channels, vpmaddubsw then vpmaddwd): a spread input is summed exactly there (test_int8_nhwc.py).
+# (Its byte pairs stay within an int16 whatever two bytes a kernel pairs; other kernels were not run with it.)
 SPREAD_IMPLS = ("jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2")
 # A spread copy larger than this (the requant way) is made and convolved in bands (Plan._band) of about this many
 # bytes: whole, at twice the input's size, it made the workspace the largest in the model (UltraFace's first conv:
