@@ -578,8 +578,7 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
                 last[0] = (weakref.ref(x), weakref.ref(out), weakref.ref(workspace), x.shape, plan, ptrs, fix)
             return
         p, o = out.size // out.shape[-1], out.shape[-1]
-        at = base + plan.pad_bytes - D.address(workspace)  # the int32 sums follow the scratchpad
-        sums = workspace.reshape(-1).view(np.uint8)[at:].view(np.int32)
+        sums = _room(workspace, base, size, plan.pad_bytes, plan.acc_bytes).view(np.int32)  # after the scratchpad
         z, out = z.reshape(p, o), out.reshape(p, o)
         x_at = plan.source(x, workspace, base, size)
         if not plan.tiles:
