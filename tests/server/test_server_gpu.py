@@ -4,11 +4,12 @@ the device-labelled memory metrics. The GPU path runs for real under numba's CUD
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import numpy as np
 import pytest
-from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repository
-from test_server_metrics import sample
+from serverproc import AFFINE_CONFIG, ServerProcess, affine_reference, make_repository, sample
 
 from server.metrics import ServerMetrics
 
@@ -105,5 +106,38 @@ def test_kind_gpu_places_instances_on_cuda0_under_the_simulator(tmp_path):
         assert sample(text, "nnserve_arena_bytes", model="auto", instance="1", device="cuda:0") == arena
         with pytest.raises(AssertionError):  # no CPU instance anywhere
             sample(text, "nnserve_arena_bytes", device="cpu")
+    finally:
+        assert srv.stop() == 0, srv.log_text
+
+
+def _real_gpu_or_skip() -> None:
+    """numba's own answer in this process (the simulator is never enabled in the main test process)."""
+    try:
+        from numba import cuda
+    except ImportError as e:
+        pytest.skip(f"no CUDA device: numba.cuda is not importable ({e})")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not cuda.is_available():
+        pytest.skip("no CUDA device: numba.cuda.is_available() is False on this machine")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_kind_gpu_serves_from_a_real_device(tmp_path):
+    """The same server path as under the simulator, on the GPU itself: placement, numbers, and the device's own
+    memory figures in the metrics."""
+    _real_gpu_or_skip()
+    repo = make_repository(tmp_path / "repo", {"gpu": GPU_CONFIG, "auto": AUTO_CONFIG})
+    srv = ServerProcess(repo, env={"NUMBA_ENABLE_CUDASIM": "0"})
+    try:
+        auto = httpx.get(f"http://{srv.http_url}/v2/models/auto/config").json()["instance_group"]
+        assert [(g["kind"], g["gpus"]) for g in auto] == [("KIND_GPU", [0])]
+        for model in ("gpu", "auto"):
+            for _ in range(3):  # the first call compiles; later ones reuse the arena
+                assert_affine(infer(srv, model))
+        text = httpx.get(srv.metrics_url).text
+        total = sample(text, "nnserve_device_memory_total_bytes", device="cuda:0")
+        used = sample(text, "nnserve_device_memory_used_bytes", device="cuda:0")
+        assert total > 1 << 30 and 0 < used <= total  # a real card's memory, not the simulator's figure
+        assert sample(text, "nnserve_arena_bytes", model="gpu", instance="0", device="cuda:0") > 0
     finally:
         assert srv.stop() == 0, srv.log_text

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from serverproc import ServerProcess, nnserve_command
-from test_server_metrics import sample
+from serverproc import ServerProcess, nnserve_command, sample
 
 import engine
 from engine.quantize import QuantizeOptions, quantize

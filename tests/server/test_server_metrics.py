@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import tritonclient.http as httpclient
-from serverproc import FIXTURES
+from serverproc import FIXTURES, sample
 
 TRITON_NAMES = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
                 "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
@@ -24,18 +24,6 @@ def scrape(server) -> str:
     r = httpx.get(server.metrics_url)
     assert r.status_code == 200
     return r.text
-
-
-def sample(text: str, name: str, **labels: str) -> float:
-    """Value of the first sample line `name{...labels...} value` (a plain reader: sample names stay exact)."""
-    for line in text.splitlines():
-        m = re.fullmatch(r"([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)", line)
-        if not m or m.group(1) != name:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            return float(m.group(3))
-    raise AssertionError(f"no sample {name}{labels}")
 
 
 def planned_activation_bytes() -> int:

@@ -14,15 +14,23 @@ import numpy as np
 from numba import cuda
 
 
-def is_simulator() -> bool:
+def _numba_cuda_config():
     try:
         from numba.cuda.core import config  # numba-cuda >= 0.20
     except ImportError:  # pragma: no cover - the numba.cuda bundled with older numba
         from numba import config
-    return bool(config.ENABLE_CUDASIM)
+    return config
+
+
+def is_simulator() -> bool:
+    return bool(_numba_cuda_config().ENABLE_CUDASIM)
 
 
 SIM = is_simulator()
+# numba warns (NumbaPerformanceWarning) at each launch of fewer blocks than twice the multiprocessors: a batch-1
+# model's small tensors launch grids of 3-90 blocks on purpose (one grid-stride loop a node), so on an H100 every
+# model logged a dozen such lines, none of them actionable by a user.
+_numba_cuda_config().CUDA_LOW_OCCUPANCY_WARNINGS = 0
 BLOCK = 16 if SIM else 256
 MAX_GRID = 1 if SIM else 4096
 TILE = 8 if SIM else 16  # matmul tile edge (shared-memory arrays need a compile-time size)
