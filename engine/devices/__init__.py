@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from engine.devices import toolchain
 from engine.devices.base import Device
 from engine.devices.cpu import CpuDevice, CpuOptions
 from engine.errors import EngineError
@@ -18,6 +19,7 @@ def get_device(name: str = "cpu", cpu_options: CpuOptions | None = None) -> Devi
     key = _ALIASES.get(str(name).lower().split(":")[0])
     if key is None:
         raise EngineError(f"unknown device {name!r}; supported devices: cpu, cuda (gpu)")
+    toolchain.check()  # before any kernel of the device is compiled
     if key == "cpu":
         return CpuDevice(cpu_options)
     try:
