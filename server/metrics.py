@@ -11,7 +11,7 @@ memory (nv_cpu_*), and prometheus-client's process_* (CPU seconds, resident memo
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,11 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# Unloaded versions remembered so that a request finishing after the unload records nothing (ServerMetrics._retired):
+# the oldest are forgotten past this many, so a client that loads and unloads ever new model names (uploads, explicit
+# control) cannot grow the set without bound. A request would have to outlast this many later unloads to bring a
+# forgotten version's series back.
+MAX_RETIRED = 4096
 # name, help, buckets; _hot_series relies on this order
 HISTOGRAMS = (
     ("nnserve_request_duration_seconds", "End-to-end request latency", LATENCY_BUCKETS),
@@ -229,7 +234,7 @@ class ServerMetrics:
         # every request (dropped with the series when the version is unloaded).
         self._hot: dict[tuple[str, str], tuple[Any, ...]] = {}
         # The versions unloaded and not loaded since: what they still report is dropped
-        self._retired: set[tuple[str, str]] = set()
+        self._retired: OrderedDict[tuple[str, str], None] = OrderedDict()  # oldest first, MAX_RETIRED at most
 
     def render(self) -> bytes:
         text = generate_latest(self.registry)
@@ -305,7 +310,7 @@ class ServerMetrics:
     def model_loaded(self, model: str, version: str, seconds: float, arena_bytes: list[int]) -> None:
         key = (model, version)
         self._loads[key] += 1
-        self._retired.discard(key)
+        self._retired.pop(key, None)
         self.load_duration.labels(model, version).set(seconds)
         self._set_instance_series(key, arena_bytes, self._placed.pop(key, []))
         for reason in FAILURE_REASONS:  # Triton shows every reason at 0 from the start
@@ -345,7 +350,10 @@ class ServerMetrics:
         if self._loads[key]:
             return
         del self._loads[key]
-        self._retired.add(key)
+        self._retired[key] = None
+        self._retired.move_to_end(key)
+        while len(self._retired) > MAX_RETIRED:
+            self._retired.popitem(last=False)
         series = {(self.load_duration, key), (self.pending, key)} | self._series.pop(key, set())
         for gauge, labels in series:
             _remove(gauge, labels)

@@ -13,7 +13,7 @@ from server import settings
 from server.cli import build_parser, settings_from_args
 from server.config import parse_config_text
 from server.errors import ModelLoadError
-from server.metrics import ServerMetrics
+from server.metrics import MAX_RETIRED, ServerMetrics
 from server.repository import select_versions, version_dirs
 
 
@@ -68,6 +68,19 @@ def test_specific_version_without_directory_is_a_load_error():
     config = parse_config_text('name: "m" version_policy { specific { versions: [4] } }')
     with pytest.raises(ModelLoadError, match=r"versions \[4\]"):
         select_versions(config, [1, 3])
+
+
+def test_unloaded_versions_remembered_are_bounded():
+    """A client loading and unloading ever new model names must not grow the metrics' memory of them for ever; the
+    versions unloaded last still drop a late request's figures."""
+    m = ServerMetrics()
+    for i in range(MAX_RETIRED + 50):
+        m.model_loaded(f"m{i}", "1", 0.1, [64])
+        m.model_unloaded(f"m{i}", "1", instances=1)
+    assert len(m._retired) == MAX_RETIRED
+    last = f"m{MAX_RETIRED + 49}"
+    m.request_ok(last, "1", total_ns=3000, queue_ns=1000, input_ns=100, infer_ns=1500, output_ns=200, batch=1)
+    assert f'model="{last}"' not in m.render().decode()
 
 
 def test_metrics_render_triton_counters_without_total_suffix():
