@@ -18,6 +18,9 @@ EfficientFormer) take the grouped path instead: an item is a group of heads whos
 (every head of several batch items when they fit), s = q @ kᵀ (one batched GEMM), softmax'd along its rows in one
 numba call (scale and mask included), then out = s @ v; a few calls per group rather than eight per block of every
 head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before).
+With oneDNN on, heads of 256x256 scores and more (MobileViT-XXS's 256 tokens) run the group's two GEMMs as
+oneDNN batched matmuls (`_GroupGemms`, 4 heads a call) instead of numpy's matmul, which calls OpenBLAS's sgemm head
+by head (DNN_MIN_SCORES has the measurements); smaller heads keep numpy, where oneDNN's per-call cost loses.
 When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges,
 one per thread (`tail_split`), so each thread computes as many query rows.
 Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
@@ -39,6 +42,7 @@ from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, refe
 from engine.devices.cpu.loops import attention as A
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import matmul as dnn
+from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import chunks_for, get_threads, parallel_for
 from engine.ir import Node
 from engine.ops import attention
@@ -59,6 +63,15 @@ LONG_TILE_BYTES, LONG_MAX_ROWS = 512 << 10, 256
 # Swin-like windows over a feature map: 5.6 -> 3.8 ms CPU with the grouped path's softmax column-wise, as fast
 # row-wise; cross-attention to 77 tokens).
 SHORT_KEYS = 256
+# The grouped path's GEMMs on oneDNN (`_GroupGemms`) where a head's scores hold at least DNN_MIN_SCORES, in groups
+# of up to DNN_TILE_BYTES. In-process A/B on an AVX2 EPYC (2 vCPUs, loaded; bench/attention_ab.py, CPU time,
+# medians of 11 alternating rounds): MobileViT-XXS's 256-token attention (16 heads of 256x256, head dim 16) 0.83-0.87x
+# of numpy's (OpenBLAS's) time at 1 and 2 threads, batch 1 and 8, with 4 heads (1 MiB of scores) a call; one head a
+# call (the 256 KiB tile) 1.00-1.09x: oneDNN's gemm:jit is no faster than OpenBLAS per head on these shapes, the
+# gain is fewer calls. Smaller heads lose to oneDNN's per-call cost: MobileViT's 16-token attention 1.8-2.1x, its
+# 64-token one 0.97-1.13x; DeiT-tiny's 197 tokens (head dim 64) 0.91-1.05x, inside the noise. So only 256x256 up.
+DNN_MIN_SCORES = 256 * 256
+DNN_TILE_BYTES = 1 << 20
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
 
@@ -96,17 +109,17 @@ class Grouping:
         return sum(_aligned(4 * p) for p in parts)
 
 
-def grouping(batch: tuple[int, ...], L: int, S: int, e: int) -> Grouping | None:
-    """Score matrices per item when one head's scores fit a tile, as many as fit (heads, of several batch items
-    when every head of one fits); one head and blocks of queries when they do not but the keys are few (up to
-    SHORT_KEYS); else None: the blocked path."""
+def grouping(batch: tuple[int, ...], L: int, S: int, e: int, tile: int = TILE_BYTES) -> Grouping | None:
+    """Score matrices per item when one head's scores fit a tile, as many as fit in `tile` bytes (heads, of several
+    batch items when every head of one fits); one head and blocks of queries when they do not but the keys are few
+    (up to SHORT_KEYS); else None: the blocked path. Which path is TILE_BYTES' choice whatever `tile` is."""
     L, S = max(1, L), max(1, S)
     one = 4 * L * S
     if S > MAX_ONE_BLOCK or (one > TILE_BYTES and S > SHORT_KEYS):
         return None
     if one > TILE_BYTES:
         return Grouping(1, min(L, max(MIN_ROWS, TILE_BYTES // (4 * S) // MIN_ROWS * MIN_ROWS)), S, e)
-    return Grouping(max(1, min(math.prod(batch), TILE_BYTES // one)), L, S, e)
+    return Grouping(max(1, min(math.prod(batch), tile // one)), L, S, e)
 
 
 def heads_per_item(most: int, outer: int, heads: int, threads: int) -> int:
@@ -182,6 +195,10 @@ class _GroupSlot:
         take = _Carver(buf).take
         self.s = take(g.heads * g.rows * g.S)
         self.l = take(g.heads * g.rows)
+        self.s_ptr = self.s.ctypes.data
+        self.gemms: dict[tuple[int, int, int], tuple[dnn.Runner, dnn.Runner]] | None = None  # this run's
+        self.runners: dict[tuple, tuple[dnn.Runner, dnn.Runner]] = {}  # every one made for this slot
+        self.generation = 0  # the _GroupGemms generation its runners belong to
 
 
 def _fused_workspace(b: Blocking | Grouping) -> int:
@@ -191,14 +208,21 @@ def _fused_workspace(b: Blocking | Grouping) -> int:
 def _workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     scores, out = shapes(node, ins)
     if _fused(ins):
-        return _fused_workspace(_layout(scores, ins[0].shape[-1], out[-1]))
+        return _fused_workspace(_layout(scores, ins[0].shape[-1], out[-1], backends.onednn))
     return math.prod(scores) * float_of(ins[0].dtype).itemsize
 
 
-def _layout(scores: tuple[int, ...], e: int, dv: int) -> Blocking | Grouping:
-    """Heads grouped in one tile when their scores fit, else blocks of query rows."""
+def _layout(scores: tuple[int, ...], e: int, dv: int, onednn: bool) -> Blocking | Grouping:
+    """Heads grouped in one tile when their scores fit (larger groups when their GEMMs go to oneDNN), else blocks
+    of query rows."""
     L, S = scores[-2:]
-    return grouping(tuple(scores[:-2]), L, S, e) or blocking(L, S, e, dv)
+    tile = DNN_TILE_BYTES if onednn and group_on_onednn(L, S) else TILE_BYTES
+    return grouping(tuple(scores[:-2]), L, S, e, tile) or blocking(L, S, e, dv)
+
+
+def group_on_onednn(L: int, S: int) -> bool:
+    """Whether the grouped path's GEMMs of these (max) sizes go to oneDNN when it is on (DNN_MIN_SCORES)."""
+    return L * S >= DNN_MIN_SCORES
 
 
 def _fused(ins: list[TensorInfo]) -> bool:
@@ -352,8 +376,12 @@ class _GroupCall(_Operands):
         self.items = -(-outer // self.per_item) * self.groups * self.blocks
         self.whole, self.parts = tail_split(self.items, len(slots) if split else 1)
         self.items = self.whole + (self.items - self.whole) * self.parts
+        self.strides: list[tuple[int, ...]] = []  # q, k, v, out: byte strides and base addresses, when on oneDNN
+        self.ptrs: list[int] = []
 
-    def item(self, slot: _GroupSlot, item: int) -> None:
+    def span(self, item: int) -> tuple[int, int, int, int, int, int] | None:
+        """Item `item`'s (first batch item, batch items, first head, heads, first query, queries); None for a tail
+        part that gets no query (fewer queries than parts)."""
         part = None
         if item >= self.whole:  # one of the `parts` query ranges of a tail item
             item, part = divmod(item - self.whole, self.parts)
@@ -361,32 +389,127 @@ class _GroupCall(_Operands):
         oi, gb = divmod(item, self.groups * self.blocks)
         gi, qb = divmod(gb, self.blocks)
         h0 = gi * self.g
-        h1 = min(self.heads, h0 + self.g)
         l0 = qb * self.rows
         l1 = min(self.L, l0 + self.rows)
         if part is not None:
             l0, l1 = l0 + part * (l1 - l0) // self.parts, l0 + (part + 1) * (l1 - l0) // self.parts
             if l0 == l1:  # fewer queries than parts
-                return
-        heads = slice(h0, h1)
-        if len(self.outer) == 1:  # batch items oi * per_item on: 4-D views
-            o0 = oi * self.per_item
-            at = (slice(o0, o0 + self.per_item), heads)
-            b = min(self.per_item, self.outer[0] - o0)
-        else:  # one batch item, seen as a batch of one (None: a new axis)
-            at = (*np.unravel_index(oi, self.outer), None, heads)
-            b = 1
-        n, L, S = h1 - h0, l1 - l0, self.S
-        # q, mask and output: this item's queries (a whole head's: no slice on the short path)
-        qa = (*at, slice(l0, l1)) if l1 - l0 < self.L else at
+                return None
+        o0 = oi * self.per_item if len(self.outer) == 1 else oi
+        b = min(self.per_item, self.outer[0] - o0) if len(self.outer) == 1 else 1
+        return o0, b, h0, min(self.heads, h0 + self.g) - h0, l0, l1 - l0
+
+    def item(self, slot: _GroupSlot, item: int) -> None:
+        span = self.span(item)
+        if span is None:
+            return
+        o0, b, h0, n, l0, L = span
+        S = self.S
         s = slot.s[:b * n * L * S].reshape(b, n, L, S)
-        # kᵀ read in place (BLAS takes the transposed operand by its strides), the scale and mask in the softmax
-        np.matmul(self.q[qa], self.k[at].swapaxes(-1, -2), out=s)
         l = slot.l[:b * n * L].reshape(b, n, L)
+        gemms = slot.gemms.get((b, n, L)) if slot.gemms else None
+        heads = slice(h0, h0 + n)
+        if len(self.outer) == 1:  # batch items o0 on: 4-D views
+            at = (slice(o0, o0 + b), heads)
+        else:  # one batch item, seen as a batch of one (None: a new axis)
+            at = (*np.unravel_index(o0, self.outer), None, heads)
+        # q, mask and output: this item's queries (a whole head's: no slice on the short path)
+        qa = (*at, slice(l0, l0 + L)) if L < self.L else at
+        if gemms is None:  # kᵀ read in place (BLAS takes the transposed operand by its strides)
+            np.matmul(self.q[qa], self.k[at].swapaxes(-1, -2), out=s)
+        else:
+            k_at = self.address(1, o0, h0, 0)
+            gemms[0].run(self.address(0, o0, h0, l0), k_at, slot.s_ptr)
+        # the scale and mask in the softmax
         A.group_softmax(s, self.mask[qa], self.mask_kind, self.causal, l0, self.scale, l)
         o = self.out[qa]
-        np.matmul(s, self.v[at], out=o)
+        if gemms is None:
+            np.matmul(s, self.v[at], out=o)
+        else:
+            gemms[1].run(slot.s_ptr, self.address(2, o0, h0, 0), self.address(3, o0, h0, l0))
         A.group_scale_rows(o, l, self.nan_rows)
+
+    def address(self, i: int, o: int, h: int, row: int) -> int:
+        """The address of q, k, v or out (i: 0-3) at batch item o, head h, row `row` (4-D operands)."""
+        st = self.strides[i]
+        return self.ptrs[i] + o * st[0] + h * st[1] + row * st[2]
+
+    def shapes(self) -> set[tuple[int, int, int]]:
+        """The (batch items, heads, queries) of every item of this run."""
+        return {s[1:4:2] + (s[5],) for s in map(self.span, range(self.items)) if s is not None}
+
+
+class _GroupGemms:
+    """The grouped path's two GEMMs (s = q @ kᵀ, out = s @ v over an item's batch items and heads) on oneDNN's
+    batched matmul instead of numpy's matmul, which loops over the heads calling OpenBLAS's sgemm for each: one
+    one-thread primitive (dnn.ThreadPlan) per item shape and operand strides, q, k, v and the output read and
+    written in place through their strides (kᵀ a stride pattern), each slot with its own Runners (as `_Tiles`).
+    Only 4-D operands with no broadcast (zero-stride) axis; anything else keeps numpy. Plans are made on the calling
+    thread before the items run; past MAX_PLANS (shapes that keep changing) they start over, as `_Tiles`'."""
+
+    MAX_PLANS = 64
+
+    def __init__(self):
+        self.plans: dict[tuple, tuple[dnn.ThreadPlan, dnn.ThreadPlan]] = {}
+        self.shapes: dict[tuple, tuple[tuple, ...]] = {}  # a run's signature -> its plan keys (item shapes)
+        self.generation = 0
+
+    def prepare(self, call: _GroupCall) -> None:
+        """Points every slot's `gemms` at this run's runners, by (batch items, heads, queries); none: numpy."""
+        for slot in call.slots:
+            slot.gemms = None
+        arrays = (call.q, call.k, call.v, call.out)
+        if len(call.outer) != 1 or not all(_strided_ok(a) for a in arrays) or call.L == 0:
+            return
+        call.strides = [a.strides for a in arrays]
+        sig = (call.batch, call.L, call.S, call.q.shape[-1], call.out.shape[-1], *call.strides, call.items,
+               call.whole, call.parts, len(call.slots))
+        keys = self.shapes.get(sig)
+        if keys is None:
+            st = tuple(tuple(s // _F32.itemsize for s in strides) for strides in call.strides)
+            keys = tuple((b, n, L, call.S, call.q.shape[-1], call.out.shape[-1], *st) for b, n, L in call.shapes())
+            if len(self.plans) + len(keys) > self.MAX_PLANS:
+                self.plans.clear()
+                self.shapes.clear()
+                self.generation += 1
+            self.shapes[sig] = keys
+        call.ptrs = [a.ctypes.data for a in arrays]
+        for slot in call.slots:
+            if slot.generation != self.generation:
+                slot.runners.clear()
+                slot.generation = self.generation
+        for key in keys:
+            qk, pv = self.plans.get(key) or self._make(key)
+            for slot in call.slots:
+                runners = slot.runners.get(key)
+                if runners is None:
+                    runners = slot.runners[key] = (qk.runner(), pv.runner())
+                slot.gemms = slot.gemms if slot.gemms is not None else {}
+                slot.gemms[key[:3]] = runners
+
+    def _make(self, key: tuple) -> tuple[dnn.ThreadPlan, dnn.ThreadPlan]:
+        b, n, L, S, e, dv, q, k, v, out = key
+        s = (n * L * S, L * S, S, 1)
+        made = self.plans[key] = (
+            dnn.ThreadPlan(_md((b, n, L, e), q), _md((b, n, e, S), (k[0], k[1], 1, k[2])), _md((b, n, L, S), s)),
+            dnn.ThreadPlan(_md((b, n, L, S), s), _md((b, n, S, dv), v), _md((b, n, L, dv), out)))
+        return made
+
+
+def _strided_ok(a: np.ndarray) -> bool:
+    """4-D float32, unit stride along the last axis, no broadcast (zero-stride) or negative stride elsewhere."""
+    return (a.ndim == 4 and a.strides[-1] == _F32.itemsize
+            and all(st > 0 and st % _F32.itemsize == 0 or d == 1 for d, st in zip(a.shape, a.strides, strict=True)))
+
+
+def _md(shape: tuple[int, ...], strides: tuple[int, ...]) -> D.MemoryDesc:
+    """A descriptor of `shape` with element `strides`, a size-1 axis given the dense stride (its stride does not
+    matter to the data; oneDNN then sees the dense layout it has kernels for)."""
+    st = list(strides)
+    for i in range(len(shape) - 2, -1, -1):
+        if shape[i] == 1:
+            st[i] = st[i + 1] * shape[i + 1]
+    return D.MemoryDesc.strided(shape, st)
 
 
 class _Tiles:
@@ -459,9 +582,11 @@ def _last_axis_unit(a: np.ndarray) -> np.ndarray:
 
 def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
     scores_max, out_max = shapes(node, ins)
-    b = _layout(scores_max, ins[0].shape[-1], out_max[-1])
+    b = _layout(scores_max, ins[0].shape[-1], out_max[-1], onednn)
     grouped = isinstance(b, Grouping)
-    tiles = _Tiles() if onednn and not grouped else None
+    tiles: _Tiles | _GroupGemms | None = None
+    if onednn:
+        tiles = _Tiles() if not grouped else _GroupGemms() if group_on_onednn(*scores_max[-2:]) else None
     slot_of = _GroupSlot if grouped else _Slot
     _compile_group(b) if grouped else _compile(b)
     cache: dict[int, tuple[np.ndarray, list]] = {}  # workspace address -> its slots

@@ -128,9 +128,7 @@ def test_tile_gemms_on_onednn_or_blas(onednn_on, L, S, mask, strided, monkeypatc
     layout with scale 1 (q read in place). (A strided output: test_packed_attention.py.)"""
     if onednn_on and not onednn.available():
         pytest.skip("oneDNN is not installed")
-    runs = []
-    real = dnn.Runner.run
-    monkeypatch.setattr(dnn.Runner, "run", lambda self, *a: (runs.append(1), real(self, *a))[1])
+    runs = _count_runs(monkeypatch)
     if strided:
         q, k, v = (_x(1, n, 2, 8).transpose(0, 2, 1, 3) for n in (L, S, S))
     else:
@@ -164,6 +162,22 @@ def test_tile_plans_start_over_past_their_cap(monkeypatch):
     assert len(made) == 2 * 4 * len(shapes)  # four tile shapes a run, each past the cap: every run makes its own
 
 
+def _count_runs(monkeypatch) -> list:
+    """One entry per oneDNN Runner.run call from now on."""
+    runs: list = []
+    real = dnn.Runner.run
+    monkeypatch.setattr(dnn.Runner, "run", lambda self, *a: (runs.append(1), real(self, *a))[1])
+    return runs
+
+
+def _spy_prepare(monkeypatch, cls) -> list:
+    """(plans object, the run's slots) of every `cls.prepare` call from now on."""
+    seen: list = []
+    real = cls.prepare
+    monkeypatch.setattr(cls, "prepare", lambda self, call: (seen.append((self, call.slots)), real(self, call))[1])
+    return seen
+
+
 @pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
 def test_slots_beyond_a_runs_threads_drop_their_runners_when_plans_start_over(monkeypatch):
     """A run uses only as many slots as there are threads: a slot left out when the plans start over drops its
@@ -171,10 +185,7 @@ def test_slots_beyond_a_runs_threads_drop_their_runners_when_plans_start_over(mo
     monkeypatch.setattr(fused._Tiles, "MAX_PLANS", 8)
     threads = [2]
     monkeypatch.setattr(fused, "get_threads", lambda: threads[0])
-    seen = []
-    real = fused._Tiles.prepare
-    monkeypatch.setattr(fused._Tiles, "prepare", lambda self, call: (seen.append((self, call.slots)),
-                                                                      real(self, call))[1])
+    seen = _spy_prepare(monkeypatch, fused._Tiles)
     q, k, v = _x(1, 2, 700, 8), _x(1, 2, 1300, 8), _x(1, 2, 1300, 8)
     node = make_node("Attention", 3)
     kernel, workspace = build_kernel(node, infos_of([q, k, v]))
@@ -447,3 +458,91 @@ def test_a_query_whose_scores_are_all_nan_gives_a_nan_row(L, S):
         got, want = run_kernel(node, inputs)[0], reference(node, inputs)[0]
         assert np.isnan(want[:, :, 0]).all() and not np.isnan(want[:, :, 1:]).any()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_gemms_on_onednn_for_mobilevit_256_tokens(threads, monkeypatch):
+    """MobileViT-XXS's 256-token attention (heads of 256x256 scores) runs the grouped path's GEMMs on oneDNN, four
+    heads a call (a larger tile than numpy's one head), read through the packed (B, T, 3, H, D) strides; its
+    64-token attention keeps numpy (oneDNN's per-call cost loses there)."""
+    monkeypatch.setattr(fused, "get_threads", lambda: threads)
+    runs = _count_runs(monkeypatch)
+    g = fused._layout((4, 4, 256, 256), 16, 16, True)
+    assert isinstance(g, fused.Grouping) and g.heads == fused.DNN_TILE_BYTES // (4 * 256 * 256) == 4
+    assert fused._layout((4, 4, 256, 256), 16, 16, False).heads == 1
+    x = _x(4, 256, 3, 4, 16)
+    q, k, v = (x[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    node = make_node("Attention", 3)
+    kernel, workspace = build_kernel(node, infos_of([q, k, v]))
+    out = np.empty((4, 256, 4, 16), np.float32).transpose(0, 2, 1, 3)
+    kernel([q, k, v], [out], workspace)
+    assert_close(out, reference(node, [q, k, v])[0], 1e-4, 1e-5, "256 tokens")
+    assert runs
+    runs.clear()
+    check_kernel(node, [_x(4, 4, 64, 20) for _ in range(3)], rtol=1e-4, atol=1e-5)
+    assert not runs
+
+
+@pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+@pytest.mark.parametrize("seed", range(24))
+def test_grouped_gemms_on_onednn_fuzz(seed, monkeypatch):
+    """The grouped path's GEMMs on oneDNN (every size let through) against the reference on random cases: batch
+    items and heads, odd sizes, query blocks over few keys, every mask kind with rows that attend to nothing (zeros
+    or NaN as the node says), causal, a scale, a NaN score, q/k/v/out read and written through a (B, T, H, D)
+    layout's strides, heads shared (broadcast: numpy's way), one or two threads, a smaller run after the max."""
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(fused, "DNN_MIN_SCORES", 1)
+    threads = int(rng.integers(1, 3))
+    monkeypatch.setattr(fused, "get_threads", lambda: threads)
+    runs = _count_runs(monkeypatch)
+    b, h = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    L = int(rng.choice([1, 7, 16, 33, 64, 100, 600]))
+    S = int(rng.choice([1, 5, 17, 64, 130, 256])) if L < 600 else int(rng.choice([40, 200]))
+    e, dv = int(rng.choice([4, 8, 16, 20, 24, 64])), int(rng.choice([4, 16, 24]))
+    strided, shared = bool(rng.random() < 0.4), bool(rng.random() < 0.2)
+    mask_kind = [None, "bool", "float"][int(rng.integers(0, 3))]
+    params = {"is_causal": bool(rng.random() < 0.3), "masked_rows": "nan" if rng.random() < 0.5 else "zero",
+              "scale": None if rng.random() < 0.5 else float(rng.choice([0.1, 1.0, -3.0]))}
+    if strided:  # (B, T, H, D) as it lies, seen as (B, H, T, D)
+        q = _x(b, L, h, e).transpose(0, 2, 1, 3)
+        k, v = (_x(b, S, 1 if shared else h, d).transpose(0, 2, 1, 3) for d in (e, dv))
+    else:
+        q, k, v = _x(b, h, L, e), _x(b, 1 if shared else h, S, e), _x(b, 1 if shared else h, S, dv)
+    if rng.random() < 0.3:
+        k[0, 0, int(rng.integers(0, S)), 0] = np.nan
+    inputs = [q, k, v]
+    m = _mask(mask_kind, (b, 1), L, S, dead_rows=(0, L - 1))
+    if m is not None:
+        inputs.append(m)
+    node = make_node("Attention", len(inputs), params=params)
+    kernel, workspace = build_kernel(node, infos_of(inputs))
+    for sub in (inputs, [a[..., :max(1, a.shape[-2] * 2 // 3), :] if i < 3 else a for i, a in enumerate(inputs)]):
+        if len(sub) > 3:  # the mask of the smaller run: its queries and keys
+            sub[3] = sub[3][..., :sub[0].shape[-2], :sub[1].shape[-2]]
+        out = np.empty((b, sub[0].shape[-2], h, dv), np.float32).transpose(0, 2, 1, 3)
+        kernel(sub, [out], workspace)
+        assert_close(out, reference(node, sub)[0], 1e-4, 1e-5, f"seed {seed} shapes {[a.shape for a in sub]}")
+    assert bool(runs) == (not shared)
+
+
+@pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+def test_grouped_gemm_plans_start_over_past_their_cap(monkeypatch):
+    """Query counts that keep changing: past MAX_PLANS the grouped path's plans (and the slots' runners) start over,
+    and every run still matches the reference."""
+    monkeypatch.setattr(fused, "DNN_MIN_SCORES", 1)
+    monkeypatch.setattr(fused._GroupGemms, "MAX_PLANS", 2)
+    seen = _spy_prepare(monkeypatch, fused._GroupGemms)
+    q, k, v = _x(2, 3, 64, 8), _x(2, 3, 40, 8), _x(2, 3, 40, 8)
+    node = make_node("Attention", 3)
+    kernel, workspace = build_kernel(node, infos_of([q, k, v]))
+    for L in (64, 50, 33, 64, 20, 50):
+        inputs = [q[:, :, :L], k, v]
+        out = np.empty((2, 3, L, 8), np.float32)
+        kernel(inputs, [out], workspace)
+        assert_close(out, reference(node, inputs)[0], 1e-4, 1e-5, f"L {L}")
+    gemms, slots = seen[-1]
+    assert gemms.generation > 0 and len(gemms.plans) <= 2
+    for slot in slots:
+        if slot.gemms:
+            assert all(r[0].plan is gemms.plans[key][0] for key, r in slot.runners.items())
