@@ -5,9 +5,10 @@ docs/models.md tell a user to run, run as they say it, with the committed photo 
 Each command block of the two documents carries a marker (tools/docsteps.py): run here, started here as the server,
 run by tools/make_models_example.py (PyTorch and pnnx, which the suite does not install), or not run with the reason
 written beside it. The README's `make serve` really installs into the clone's own .venv (from pip's cache where it
-has the wheels: ~1 min here), as a user's first command does; the servers get ephemeral ports instead of
-8000-8002, and the blocks' `localhost:800N` are pointed at those ports. A step fails the walk when it exits non-zero,
-does not print what its marker says it prints, or the server logs a traceback.
+has the wheels: ~1 min here; without pip's byte-compiling of every installed file), as a user's first command does;
+the servers get ephemeral ports instead of 8000-8002, and the blocks' `localhost:800N` are pointed at those ports. A
+step fails the walk when it exits non-zero, does not print what its marker says it prints, or the server logs a
+traceback.
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def make_commands(target: str, cwd: Path, env: dict[str, str]) -> list[str]:
 
 def run_install(commands: list[str], cwd: Path, env: dict[str, str], step: docsteps.Step) -> None:
     script = "\n".join(commands)
+    # PIP_NO_COMPILE: pip byte-compiles every file it installs (numpy, numba, grpc, ...: over half of this install
+    # here); the walk's steps then compile only the modules they import, once (user_env keeps byte-code writing on).
+    env = {**env, "PIP_NO_COMPILE": "1"}
     proc = subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, f"{step.where}: `make serve`'s install failed:\n{script}\n{proc.stdout[-3000:]}" \
                                  f"{proc.stderr[-3000:]}"
@@ -172,8 +176,10 @@ def user_env(home: Path) -> dict[str, str]:
     suite_bin = str(Path(sys.executable).parent)
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != suite_bin]
     # `make test` runs the suite: a user's shell has none of make's variables (MAKELEVEL would make make -n print
-    # "Entering directory" lines, as a sub-make does).
-    drop = {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES"}
+    # "Entering directory" lines, as a sub-make does). Nor PYTHONDONTWRITEBYTECODE (set on some CI hosts): the first
+    # step writes the byte-code of what it imports and the later steps reuse it.
+    drop = {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES",
+            "PYTHONDONTWRITEBYTECODE"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     return {**env, "PATH": os.pathsep.join(path), "NUMBA_CACHE_DIR": str(home / "numba"), "PYTHONUNBUFFERED": "1"}
 
