@@ -10,6 +10,7 @@ made (the model's load), naming the fix, instead of failing each request.
 from __future__ import annotations
 
 import functools
+import re
 from importlib import metadata
 
 import numpy as np
@@ -21,11 +22,8 @@ BROKEN_PAIRS = (((0, 68, 0), (2, 5)),)
 
 
 def _version(text: str, parts: int) -> tuple[int, ...]:
-    out = []
-    for piece in text.split(".")[:parts]:
-        digits = "".join(ch for ch in piece if ch.isdigit()) if not piece.isdigit() else piece
-        out.append(int(digits or 0))
-    return tuple(out)
+    """The first `parts` numbers of a version string, each from its leading digits ("0rc1" is 0)."""
+    return tuple(int(re.match(r"\d*", piece).group() or 0) for piece in text.split(".")[:parts])
 
 
 def incompatibility(numba_version: str, numpy_version: str) -> str | None:
