@@ -2,7 +2,7 @@
 
 numba 0.68.0 registers an overload of `np.row_stack` when it first types a function, and numpy 2.5 removed that
 name: every compilation then fails with "module 'numpy' has no attribute 'row_stack'" deep inside numba, on the
-first inference of every model (seen on a machine whose image shipped numba 0.68.0 beside numpy 2.5.2: 316 of the
+first inference of every model (seen on a machine whose image shipped numba 0.68.0 beside numpy 2.5.2: 313 of the
 CUDA suite's tests failed so); numba 0.68.1 registers it only where numpy has it. The pair is refused when a device is
 made (the model's load), naming the fix, instead of failing each request.
 """
