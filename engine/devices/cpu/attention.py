@@ -439,20 +439,55 @@ class _GroupCall(_Operands):
         return {s[1:4:2] + (s[5],) for s in map(self.span, range(self.items)) if s is not None}
 
 
-class _GroupGemms:
-    """The grouped path's two GEMMs (s = q @ kᵀ, out = s @ v over an item's batch items and heads) on oneDNN's
-    batched matmul instead of numpy's matmul, which loops over the heads calling OpenBLAS's sgemm for each: one
-    one-thread primitive (dnn.ThreadPlan) per item shape and operand strides, q, k, v and the output read and
-    written in place through their strides (kᵀ a stride pattern), each slot with its own Runners (as `_Tiles`).
-    Only 4-D operands with no broadcast (zero-stride) axis; anything else keeps numpy. Plans are made on the calling
-    thread before the items run; past MAX_PLANS (shapes that keep changing) they start over, as `_Tiles`'."""
+class _Plans:
+    """One-thread oneDNN matmul plans (dnn.ThreadPlan pairs) by key, made on the calling thread before the items run,
+    and each slot's own Runners of them, so each pool thread runs its own. Past MAX_PLANS (shapes that keep
+    changing) they start over: a new generation, and a slot whose runners are of an older one drops them when a run
+    next uses it (a run uses only as many slots as there are threads, and a workspace of its own: the others keep
+    theirs until then). Subclasses make a key's pair (`_make`, which stores it in `plans`)."""
 
     MAX_PLANS = 64
 
     def __init__(self):
         self.plans: dict[tuple, tuple[dnn.ThreadPlan, dnn.ThreadPlan]] = {}
-        self.shapes: dict[tuple, tuple[tuple, ...]] = {}  # a run's signature -> its plan keys (item shapes)
         self.generation = 0
+
+    def _room_for(self, count: int) -> bool:
+        """Starts over when `count` more plans would pass MAX_PLANS; whether it did."""
+        if len(self.plans) + count <= self.MAX_PLANS:
+            return False
+        self.plans.clear()
+        self.generation += 1
+        return True
+
+    def _renew(self, slots: list) -> None:
+        """Drops the runners of slots made in an older generation."""
+        for slot in slots:
+            if slot.generation != self.generation:
+                slot.runners.clear()
+                slot.generation = self.generation
+
+    def _runners(self, slot, key: tuple) -> tuple[dnn.Runner, dnn.Runner]:
+        runners = slot.runners.get(key)
+        if runners is None:
+            qk, pv = self.plans.get(key) or self._make(key)
+            runners = slot.runners[key] = (qk.runner(), pv.runner())
+        return runners
+
+    def _make(self, key: tuple) -> tuple[dnn.ThreadPlan, dnn.ThreadPlan]:
+        raise NotImplementedError
+
+
+class _GroupGemms(_Plans):
+    """The grouped path's two GEMMs (s = q @ kᵀ, out = s @ v over an item's batch items and heads) on oneDNN's
+    batched matmul instead of numpy's matmul, which loops over the heads calling OpenBLAS's sgemm for each: one
+    one-thread primitive (dnn.ThreadPlan) per item shape and operand strides, q, k, v and the output read and
+    written in place through their strides (kᵀ a stride pattern). Only 4-D operands with no broadcast
+    (zero-stride) axis; anything else keeps numpy."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: dict[tuple, tuple[tuple, ...]] = {}  # a run's signature -> its plan keys (item shapes)
 
     def prepare(self, call: _GroupCall) -> None:
         """Points every slot's `gemms` at this run's runners, by (batch items, heads, queries); none: numpy."""
@@ -468,24 +503,13 @@ class _GroupGemms:
         if keys is None:
             st = tuple(tuple(s // _F32.itemsize for s in strides) for strides in call.strides)
             keys = tuple((b, n, L, call.S, call.q.shape[-1], call.out.shape[-1], *st) for b, n, L in call.shapes())
-            if len(self.plans) + len(keys) > self.MAX_PLANS:
-                self.plans.clear()
+            if self._room_for(len(keys)):
                 self.shapes.clear()
-                self.generation += 1
             self.shapes[sig] = keys
         call.ptrs = [a.ctypes.data for a in arrays]
+        self._renew(call.slots)
         for slot in call.slots:
-            if slot.generation != self.generation:
-                slot.runners.clear()
-                slot.generation = self.generation
-        for key in keys:
-            qk, pv = self.plans.get(key) or self._make(key)
-            for slot in call.slots:
-                runners = slot.runners.get(key)
-                if runners is None:
-                    runners = slot.runners[key] = (qk.runner(), pv.runner())
-                slot.gemms = slot.gemms if slot.gemms is not None else {}
-                slot.gemms[key[:3]] = runners
+            slot.gemms = {key[:3]: self._runners(slot, key) for key in keys}
 
     def _make(self, key: tuple) -> tuple[dnn.ThreadPlan, dnn.ThreadPlan]:
         b, n, L, S, e, dv, q, k, v, out = key
@@ -512,19 +536,10 @@ def _md(shape: tuple[int, ...], strides: tuple[int, ...]) -> D.MemoryDesc:
     return D.MemoryDesc.strided(shape, st)
 
 
-class _Tiles:
-    """The blocked path's tile GEMMs on oneDNN's matmul: one-thread primitives (dnn.ThreadPlan) made on the calling
-    thread before the items run, one Runner per slot, so each pool thread runs its own. Causal runs (tiles of
-    every key count up to the diagonal) and an output without unit stride along its last axis keep BLAS. Plans
-    are per tile shape and strides; past MAX_PLANS (sequence lengths that keep changing) they start over: a new
-    generation, and a slot whose runners are of an older one drops them when a run next uses it (a run uses only
-    as many slots as there are threads, and a workspace of its own: the others keep theirs until then)."""
-
-    MAX_PLANS = 64
-
-    def __init__(self):
-        self.plans: dict[tuple, tuple[dnn.ThreadPlan, dnn.ThreadPlan]] = {}
-        self.generation = 0
+class _Tiles(_Plans):
+    """The blocked path's tile GEMMs on oneDNN's matmul (plans per tile shape and strides, `_Plans`). Causal runs
+    (tiles of every key count up to the diagonal) and an output without unit stride along its last axis keep
+    BLAS."""
 
     def prepare(self, call: _Call) -> None:
         """Points every slot's `gemms` at this run's runners (none: the slots run BLAS)."""
@@ -536,22 +551,11 @@ class _Tiles:
         e, dv, one = call.q.shape[-1], call.out.shape[-1], call.S <= call.b.keys
         k_row, v_row, q_row, out_row = (st // _F32.itemsize for st in call.row_strides)
         q_row = e if call.scale != 1 else q_row  # the scaled block sits in the slot
-        if len(self.plans) + len(shapes) > self.MAX_PLANS:
-            self.plans.clear()
-            self.generation += 1
+        self._room_for(len(shapes))
+        self._renew(call.slots)
+        keys = {(r, n): (r, n, e, dv, q_row, k_row, v_row, out_row if one else dv) for r, n in shapes}
         for slot in call.slots:
-            slot.gemms = {}
-            if slot.generation != self.generation:
-                slot.runners.clear()
-                slot.generation = self.generation
-        for r, n in shapes:
-            key = (r, n, e, dv, q_row, k_row, v_row, out_row if one else dv)
-            qk, pv = self.plans.get(key) or self._make(key)
-            for slot in call.slots:
-                runners = slot.runners.get(key)
-                if runners is None:
-                    runners = slot.runners[key] = (qk.runner(), pv.runner())
-                slot.gemms[r, n] = runners
+            slot.gemms = {rn: self._runners(slot, key) for rn, key in keys.items()}
 
     def _make(self, key: tuple) -> tuple[dnn.ThreadPlan, dnn.ThreadPlan]:
         r, n, e, dv, q_row, k_row, v_row, pv_row = key
