@@ -13,8 +13,7 @@ OpenMP's team, spinning across the gaps between ops), on a quiet machine:
 
 A setting (`--spins`) is `default` (nothing set), a number (NNSERVE_SPIN_US), a policy (`short`, `run`:
 NNSERVE_WAIT_POLICY), `run:N` (the `run` policy with NNSERVE_RUN_SPIN_US=N), `threads=N` (NNSERVE_NUM_THREADS),
-`warm=auto|0|1` (NNSERVE_KEEP_WARM: the keep-warm threads), or several joined by commas (`short,threads=1`: the
-one-thread baseline). The ratio column is each setting's
+or several joined by commas (`short,threads=1`: the one-thread baseline). The ratio column is each setting's
 median over the first setting's, per model and traffic.
 
 Traffic: `steady` is back-to-back calls (a loaded server); `sporadic` is bursts of a few calls after 0.5 s idle
@@ -74,13 +73,11 @@ def setting_env(setting: str) -> dict[str, str]:
             env["NNSERVE_SPIN_US"] = part
         elif part.startswith("threads=") and part.removeprefix("threads=").isdigit():
             env["NNSERVE_NUM_THREADS"] = part.removeprefix("threads=")
-        elif part.startswith("warm=") and part.removeprefix("warm=") in ("auto", "0", "1"):
-            env["NNSERVE_KEEP_WARM"] = part.removeprefix("warm=")
         elif policy in ("short", "run") and (not spin or spin.isdigit()):
             env["NNSERVE_WAIT_POLICY"] = policy
             env.update({"NNSERVE_RUN_SPIN_US": spin} if spin else {})
         else:
-            raise SystemExit(f"unknown setting {part!r}: default, a number, short, run, run:N, threads=N or warm=X")
+            raise SystemExit(f"unknown setting {part!r}: default, a number, short, run, run:N or threads=N")
     return env
 
 
@@ -196,7 +193,7 @@ def main() -> int:
     parser.add_argument("--suite", type=Path, action="append", help="suite folder (default bench/realworld-full)")
     parser.add_argument("--spins", nargs="*", default=["default", "0", "5", "200"],
                         help="settings to compare: default (unset), N (NNSERVE_SPIN_US), short, run, run:N, threads=N, "
-                             "warm=X, or several joined by commas")
+                             "or several joined by commas")
     parser.add_argument("--traffic", nargs="*", default=list(TRAFFIC), choices=TRAFFIC)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calls", type=int, default=40, help="timed calls per process (default 40)")

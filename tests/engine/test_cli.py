@@ -187,7 +187,6 @@ def test_truncated_tnnmodel_is_one_line_naming_the_byte_offset(tmp_path):
     ("NNSERVE_NUM_THREADS", "two", "expected a whole number of threads"),
     ("NNSERVE_LAYOUT", "nhwc", "expected one of blocked, nchw"),
     ("NNSERVE_WAIT_POLICY", "spin", "expected one of short, run"),
-    ("NNSERVE_KEEP_WARM", "on", "expected one of auto, 0, 1"),
 ])
 def test_an_invalid_setting_stops_the_cli_naming_it(model, variable, value, accepted):
     r = subprocess.run([sys.executable, "-m", "engine.cli", "inspect", str(model)], cwd=REPO, capture_output=True,

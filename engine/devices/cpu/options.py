@@ -24,9 +24,6 @@ outside the accepted ones is an error naming the variable and them (`from_env`),
   over the threads from the same sizes as under `short` (threads.MIN_WORK, FORK_WORK): smaller splits measured
   slower on a loaded 2-core host.
 - NNSERVE_RUN_SPIN_US (default 100): the `run` policy's spin after an op (and after a run), then sleep.
-- NNSERVE_KEEP_WARM (default `auto`): idle-priority threads keep the pool's CPUs awake while a run is in progress
-  (warm_cpus.py says why); `auto` does so on Linux unless a cgroup CPU quota limits the process, `1` even then,
-  `0` never.
 """
 
 from __future__ import annotations
@@ -37,7 +34,6 @@ from dataclasses import dataclass
 DEFAULT_SPIN_US = 2
 DEFAULT_RUN_SPIN_US = 100
 WAIT_POLICIES = ("short", "run")
-KEEP_WARM = ("auto", "0", "1")
 LAYOUTS = ("blocked", "nchw")
 SWITCH = ("0", "1")
 BLAS_CHOICES = {"auto": "auto", "mkl": "mkl", "numpy": "numpy", "openblas": "numpy"}  # value -> CpuOptions.blas
@@ -49,12 +45,10 @@ MAX_SPIN_US = 1_000_000
 
 @dataclass(frozen=True)
 class WaitPolicy:
-    """How the engine's idle kernel threads wait (NNSERVE_WAIT_POLICY, NNSERVE_SPIN_US, NNSERVE_RUN_SPIN_US) and
-    whether idle-priority threads keep their CPUs awake during runs (NNSERVE_KEEP_WARM)."""
+    """How the engine's idle kernel threads wait (NNSERVE_WAIT_POLICY, NNSERVE_SPIN_US, NNSERVE_RUN_SPIN_US)."""
     mode: str = "short"  # "short": spin spin_us after each op; "run": spin through a run, run_spin_us after it
     spin_us: int = DEFAULT_SPIN_US
     run_spin_us: int = DEFAULT_RUN_SPIN_US
-    keep_warm: str = "auto"  # KEEP_WARM: idle-priority threads keep the CPUs awake during runs (warm_cpus.py)
 
     @property
     def openmp_spin_us(self) -> int:
@@ -78,11 +72,10 @@ class CpuOptions:
     spin_us: int = DEFAULT_SPIN_US  # idle threads spin this long, then sleep
     wait: str = "short"  # WAIT_POLICIES
     run_spin_us: int = DEFAULT_RUN_SPIN_US
-    keep_warm: str = "auto"
 
     @property
     def wait_policy(self) -> WaitPolicy:
-        return WaitPolicy(self.wait, self.spin_us, self.run_spin_us, self.keep_warm)
+        return WaitPolicy(self.wait, self.spin_us, self.run_spin_us)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> CpuOptions:
@@ -103,7 +96,6 @@ class CpuOptions:
             spin_us=_count("NNSERVE_SPIN_US", get("NNSERVE_SPIN_US"), DEFAULT_SPIN_US, MAX_SPIN_US),
             wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "short", WAIT_POLICIES),
             run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US, MAX_SPIN_US),
-            keep_warm=_choice("NNSERVE_KEEP_WARM", get("NNSERVE_KEEP_WARM") or "auto", KEEP_WARM),
         )
 
 

@@ -33,10 +33,6 @@ spin NNSERVE_RUN_SPIN_US (100 us: more than the Python dispatch between two ops)
 server thus sleeps 100 us after its last op. Without oneDNN our workers spin while a run is in progress
 (`running`, entered by the CPU device around every run) and NNSERVE_RUN_SPIN_US after it, RUN_SPIN_CAP_US at most.
 
-Keep-warm threads (warm_cpus.py, NNSERVE_KEEP_WARM): what a wake-up costs on a VM is mostly the halted virtual CPU,
-not the thread: idle-priority threads keep the pool's CPUs running while a run is in progress, so a kernel thread
-woken there starts in microseconds, and they yield to any other thread, so a busy host loses nothing to them.
-
 Small kernels never fork at all (`threads_for`: a oneDNN primitive of
 little work is created for one thread), so they pay no hand-over either way.
 
@@ -65,7 +61,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import logging
 import math
 import os
 import threading
@@ -79,7 +74,6 @@ from threadpoolctl import threadpool_limits
 from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal, spin_while_running
 from engine.devices.cpu.openmp_pool import OpenMPPool
 from engine.devices.cpu.options import WaitPolicy
-from engine.devices.cpu.warm_cpus import WarmCpus, wanted
 
 # Below this much work (elements x taps) a kernel runs on the calling thread: handing a chunk over costs ~5-50 us.
 MIN_WORK = 1 << 18
@@ -92,8 +86,6 @@ FORK_WORK = 1 << 22
 # The `run` policy: a worker spins while a run is in progress, at most this long in one wait (a run's long serial
 # stretch, or a run that never ends, must not keep a core busy); then the grace after the run, then it sleeps.
 RUN_SPIN_CAP_US = 20_000
-# Keep-warm threads (warm_cpus.py) spin this long after the last run ends, bridging back-to-back requests' gaps.
-WARM_GRACE_US = 100
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 _PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 
@@ -257,12 +249,10 @@ _configured = False
 _spin_configured = False
 _blas_threads: int | None = None
 _pool: SpinPool | OpenMPPool | None = None
-_warm: WarmCpus | None = None  # the keep-warm threads, when NNSERVE_KEEP_WARM and the host want them (_sync_warm)
 _openmp: ctypes.CDLL | None = None  # libgomp's symbols (through libdnnl) once oneDNN is loaded: see use_openmp
 # Runs in progress (word 0), read without the GIL by spinning workers under the `run` policy.
 ACTIVE = np.zeros(_PAD, np.int64)
 _active_lock = threading.Lock()
-_warm_lock = threading.Lock()
 
 
 def set_blas_threads(n: int) -> None:
@@ -291,7 +281,6 @@ def set_threads(n: int) -> None:
         return
     _threads = n
     _drop_pool()
-    _sync_warm()
 
 
 def set_spin(spin_us: int) -> None:
@@ -348,33 +337,6 @@ def configure(setting: int | None, policy: WaitPolicy | None = None) -> None:
     if not _spin_configured:
         _set_policy(policy or WaitPolicy())
     set_blas_threads(1)
-    _sync_warm()
-
-
-def _sync_warm() -> None:
-    """Starts, resizes or stops the keep-warm threads for the policy and the thread count: one per CPU the pool
-    uses. Under `auto` a host that refuses idle priority gets none (a warning); under `1` that is an error.
-    Instances are built on several threads at once: one sync at a time, and the swap under the runs' lock so the
-    new threads start from the runs now in progress."""
-    global _warm
-    with _warm_lock:
-        want = wanted(_policy.keep_warm, _threads, cgroup_cpus())
-        if _warm is not None and want and len(_warm.threads) == _threads:
-            return
-        new = None
-        if want:
-            try:
-                new = WarmCpus(_threads, spin_polls(WARM_GRACE_US))
-            except OSError as e:
-                if _policy.keep_warm == "1":
-                    raise
-                logging.getLogger(__name__).warning("keep-warm threads off: idle priority refused (%s)", e)
-        with _active_lock:
-            old, _warm = _warm, new
-            if new is not None:
-                new.set_runs(int(ACTIVE[0]))
-        if old is not None:
-            old.close()
 
 
 def use_openmp(lib: ctypes.CDLL) -> None:
@@ -394,19 +356,14 @@ def pool_kind(policy: WaitPolicy, openmp: bool) -> str:
 
 @contextlib.contextmanager
 def running():
-    """Around a run: while any is in progress, the `run` policy's workers keep spinning between ops, and the
-    keep-warm threads keep the CPUs awake."""
+    """Around a run: while any is in progress, the `run` policy's workers keep spinning between ops."""
     with _active_lock:
         ACTIVE[0] += 1
-        if _warm is not None:
-            _warm.set_runs(int(ACTIVE[0]))
     try:
         yield
     finally:
         with _active_lock:
             ACTIVE[0] -= 1
-            if _warm is not None:
-                _warm.set_runs(int(ACTIVE[0]))
 
 
 def _get_pool() -> SpinPool | OpenMPPool:
@@ -420,10 +377,9 @@ def _get_pool() -> SpinPool | OpenMPPool:
 
 
 def _after_fork() -> None:
-    global _pool, _warm
+    global _pool
     ACTIVE[0] = 0  # the child runs nothing yet
     _pool = None  # the child has none of the parent's threads; it starts its own pool when it needs one
-    _warm = None  # nor keep-warm threads: its next instance starts them (configure)
 
 
 if hasattr(os, "register_at_fork"):
