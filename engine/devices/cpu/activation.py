@@ -1,16 +1,18 @@
 """CPU kernels of the activations (engine/ops/activation.py): numba loops or ufunc chains that may run with the
 output sharing the input's buffer; integer activations (rare) run the reference. With oneDNN, large float32
-tensors of the transcendental ones (GELU, SiLU, sigmoid, tanh, ELU, hard-swish, ...) run its eltwise primitive
-(onednn/unary.py: vectorised, threaded), the loops the rest."""
+tensors of the transcendental ones (tanh GELU, tanh, ELU, hard-swish, ...) run its eltwise primitive
+(onednn/unary.py: vectorised, threaded), the loops the rest; float32 SiLU, sigmoid and erf GELU run vectorised
+rational approximations over the engine's threads (epilogue.py), faster than oneDNN's."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu.epilogue import gelu_f32, sigmoid_f32, silu_f32
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, reference_fallback
 from engine.devices.cpu.loops import pointwise as mk
 from engine.devices.cpu.onednn import unary
-from engine.devices.cpu.onednn.eltwise import eltwise
+from engine.devices.cpu.onednn.eltwise import unless_ours
 from engine.ir import Node
 from engine.ops import activation
 from engine.ops.activation import clip_bounds, param, prelu_slope
@@ -51,11 +53,15 @@ _EPILOGUE = {"Gelu": ("gelu", ("approximate",)), "Silu": ("silu", ()), "Sigmoid"
              "HardSigmoid": ("hardsigmoid", ("alpha", "beta")), "LeakyRelu": ("leaky_relu", ("alpha",))}
 
 
+# the vectorised rational logistic over the engine's threads (oneDNN's exp-based eltwise costs twice as much)
+_F32_LOGISTIC = {"Sigmoid": sigmoid_f32, "Silu": silu_f32}
+
+
 def build(backends: Backends, node: Node, ins: list[TensorInfo]):
     loop = _build_loop(node, ins)
     if backends.onednn and np.dtype(ins[0].dtype) == np.float32 and node.op_type in _EPILOGUE:
         name, keys = _EPILOGUE[node.op_type]
-        elt = eltwise(name, {k: node.params[k] for k in keys if node.params.get(k) is not None})
+        elt = unless_ours(name, {k: node.params[k] for k in keys if node.params.get(k) is not None})
         if elt is not None:
             return unary.build(unary.eltwise_desc(*elt), lambda shape: (int(np.prod(shape)),), loop,
                                f"eltwise_{elt[0]}", tuple(ins[0].shape))
@@ -75,6 +81,11 @@ def _build_loop(node: Node, ins: list[TensorInfo]):
         return _ufunc(lambda x, out: np.tanh(x, out=out))
     if op == "PRelu":
         return _prelu_kernel(node, ins)
+    if op in _F32_LOGISTIC and dt == np.float32:
+        fn = _F32_LOGISTIC[op]
+        return _ufunc(lambda x, out: fn(np.ascontiguousarray(x).reshape(-1), out.reshape(-1)))
+    if op == "Gelu" and dt == np.float32 and param(node, "approximate", "none") != "tanh":
+        return _ufunc(lambda x, out: gelu_f32(np.ascontiguousarray(x).reshape(-1), out.reshape(-1)))
     if op == "Gelu":
         return _flat_loop(mk.gelu_tanh_loop if param(node, "approximate", "none") == "tanh" else mk.gelu_loop, dt)
     loops = {

@@ -1,7 +1,10 @@
 """The fused activation epilogue (engine/ops/epilogue.py) as the CPU kernels apply it, in place.
 
 On C-contiguous float32/float64 outputs the transcendental activations run the activation family's numba loops
-(one pass, no temporaries); anything else takes the numpy definition.
+(one pass, no temporaries); anything else takes the numpy definition. Float32 sigmoid, SiLU and GELU (erf form)
+take vectorised rational approximations (loops/pointwise.py), split over the engine's threads: oneDNN's convolutions
+and the activation ops leave those three to this pass rather than fuse their post-ops, which cost twice as much per
+element (onednn/eltwise.py; matmuls keep theirs).
 """
 
 from __future__ import annotations
@@ -9,7 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.cpu.loops import pointwise as mk
+from engine.devices.cpu.threads import parallel_for
 from engine.ops import epilogue as meaning
+
+# parallel_for's work per element of the rational logistic: 1, so a pass splits from MIN_WORK (256K) elements up,
+# where half of it (~60 us at ~0.5 ns an element) outweighs a hand-over; counted as multiply-adds (16), MobileViT-XXS
+# at batch 1 on 2 threads forked for 16K-element passes and ran 1.15x slower
+LOGISTIC_WORK = 1
 
 
 def _flat(out: np.ndarray) -> np.ndarray | None:
@@ -26,16 +35,44 @@ def _leaky(out, p):
     meaning.leaky_relu(out, p)
 
 
+def _same(x: np.ndarray, out: np.ndarray) -> bool:
+    return x.ctypes.data == out.ctypes.data
+
+
+def sigmoid_f32(x: np.ndarray, out: np.ndarray) -> None:
+    """out = sigmoid(x) on 1-d contiguous float32 arrays (x may be out), over the engine's threads."""
+    if _same(x, out):
+        parallel_for(mk.sigmoid_f32_inplace, x.size, x.size * LOGISTIC_WORK, out)
+    else:
+        parallel_for(mk.sigmoid_f32_range, x.size, x.size * LOGISTIC_WORK, x, out)
+
+
+def silu_f32(x: np.ndarray, out: np.ndarray) -> None:
+    """out = x * sigmoid(x) on 1-d contiguous float32 arrays (x may be out), over the engine's threads."""
+    if _same(x, out):
+        parallel_for(mk.silu_f32_inplace, x.size, x.size * LOGISTIC_WORK, out)
+    else:
+        parallel_for(mk.silu_f32_range, x.size, x.size * LOGISTIC_WORK, x, out)
+
+
+def gelu_f32(x: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu(x) (erf form) on 1-d contiguous float32 arrays (x may be out), over the engine's threads."""
+    if _same(x, out):
+        parallel_for(mk.gelu_f32_inplace, x.size, x.size * LOGISTIC_WORK, out)
+    else:
+        parallel_for(mk.gelu_f32_range, x.size, x.size * LOGISTIC_WORK, x, out)
+
+
 def _sigmoid(out, p):
     if (f := _flat(out)) is not None:
-        mk.sigmoid_loop(f, f)
+        (sigmoid_f32 if f.dtype == np.float32 else mk.sigmoid_loop)(f, f)
         return
     meaning.sigmoid(out, p)
 
 
 def _silu(out, p):
     if (f := _flat(out)) is not None:
-        mk.silu_loop(f, f)
+        (silu_f32 if f.dtype == np.float32 else mk.silu_loop)(f, f)
         return
     s = out.copy()  # contiguous: its sigmoid takes the loop
     _sigmoid(s, p)
@@ -51,7 +88,10 @@ def _hardswish(out, p):
 
 def _gelu(out, p):
     if (f := _flat(out)) is not None:
-        (mk.gelu_tanh_loop if p.get("approximate", "none") == "tanh" else mk.gelu_loop)(f, f)
+        if p.get("approximate", "none") == "tanh":
+            mk.gelu_tanh_loop(f, f)
+        else:
+            (gelu_f32 if f.dtype == np.float32 else mk.gelu_loop)(f, f)
         return
     meaning.gelu(out, p)
 

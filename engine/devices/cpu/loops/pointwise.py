@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import njit
 
 _JIT = {"nogil": True, "cache": True}
@@ -102,3 +103,101 @@ def prelu_loop(x, out, slope):
             for i in range(x.shape[2]):
                 v = x[o, c, i]
                 out[o, c, i] = v if v > 0 else v * s
+
+
+# The logistic function as Eigen's rational approximation p(x) / q(x) + 1/2 on x clamped to [-18, 18] (the one
+# ONNX Runtime's MLAS evaluates), in float32: no exp and no branch, so LLVM vectorises the loop (8 lanes on AVX2),
+# where the float64 libm loops above take 4-7 ns an element and oneDNN's exp-based swish about 0.85 (AVX2 EPYC,
+# one thread). Absolute error below 2e-7 on the logistic against float64 (tests), the result clamped to [0, 1].
+_F32_LOOP = {"nogil": True, "cache": True, "fastmath": {"contract"}, "error_model": "numpy", "boundscheck": False}
+
+
+@njit(inline="always", **_F32_LOOP)
+def _logistic_f32(v):
+    # constants made here, not module globals: numba typed those as float64 and the loops ran scalar (5 ns/element)
+    c = min(max(v, np.float32(-18.0)), np.float32(18.0))
+    s = c * c
+    p = np.float32(4.37031012579801e-11)  # odd numerator, x^9 ... x^1
+    p = p * s + np.float32(1.15627324459942e-07)
+    p = p * s + np.float32(6.08574864600143e-05)
+    p = p * s + np.float32(8.51377133304701e-03)
+    p = (p * s + np.float32(2.48287947061529e-01)) * c
+    q = np.float32(6.10247389755681e-13)  # even denominator, x^10 ... x^0
+    q = q * s + np.float32(5.76102136993427e-09)
+    q = q * s + np.float32(6.29106785017040e-06)
+    q = q * s + np.float32(1.70198817374094e-03)
+    q = q * s + np.float32(1.16817656904453e-01)
+    q = q * s + np.float32(9.93151921023180e-01)
+    return min(max(p / q + np.float32(0.5), np.float32(0.0)), np.float32(1.0))
+
+
+@njit(**_F32_LOOP)
+def silu_f32_range(x, out, lo, hi):
+    """out[i] = x[i] * logistic(x[i]) for i in [lo, hi), float32 (x may be out)."""
+    xs, ys = x[lo:hi], out[lo:hi]
+    for i in range(xs.size):  # over slices: range(lo, hi) indexing kept the loop scalar (negative-index checks)
+        v = xs[i]
+        ys[i] = v * _logistic_f32(v)
+
+
+@njit(**_F32_LOOP)
+def silu_f32_inplace(y, lo, hi):
+    """y[i] = y[i] * logistic(y[i]) for i in [lo, hi), float32: the in-place form has one array, as LLVM's runtime
+    overlap check sends two arrays that are one buffer to the scalar loop (4 ns an element instead of 0.5)."""
+    ys = y[lo:hi]
+    for i in range(ys.size):
+        v = ys[i]
+        ys[i] = v * _logistic_f32(v)
+
+
+@njit(**_F32_LOOP)
+def sigmoid_f32_inplace(y, lo, hi):
+    """y[i] = logistic(y[i]) for i in [lo, hi), float32 (see silu_f32_inplace)."""
+    ys = y[lo:hi]
+    for i in range(ys.size):
+        ys[i] = _logistic_f32(ys[i])
+
+
+@njit(**_F32_LOOP)
+def sigmoid_f32_range(x, out, lo, hi):
+    """out[i] = logistic(x[i]) for i in [lo, hi), float32 (x may be out)."""
+    xs, ys = x[lo:hi], out[lo:hi]
+    for i in range(xs.size):
+        ys[i] = _logistic_f32(xs[i])
+
+
+@njit(inline="always", **_F32_LOOP)
+def _gelu_f32(v):
+    # 0.5 v (1 + erf(v / sqrt 2)), erf as Eigen's rational approximation x P(x^2) / Q(x^2) on x clamped to [-4, 4]
+    x = min(max(v * np.float32(0.7071067811865476), np.float32(-4.0)), np.float32(4.0))
+    s = x * x
+    p = np.float32(-2.72614225801306e-10)  # odd numerator, x^13 ... x^1
+    p = p * s + np.float32(2.77068142495902e-08)
+    p = p * s + np.float32(-2.10102402082508e-06)
+    p = p * s + np.float32(-5.69250639462346e-05)
+    p = p * s + np.float32(-7.34990630326855e-04)
+    p = p * s + np.float32(-2.95459980854025e-03)
+    p = (p * s + np.float32(-1.60960333262415e-02)) * x
+    q = np.float32(-1.45660718464996e-05)  # even denominator, x^8 ... x^0
+    q = q * s + np.float32(-2.13374055278905e-04)
+    q = q * s + np.float32(-1.68282697438203e-03)
+    q = q * s + np.float32(-7.37332916720468e-03)
+    q = q * s + np.float32(-1.42647390514189e-02)
+    erf = min(max(p / q, np.float32(-1.0)), np.float32(1.0))
+    return np.float32(0.5) * v * (np.float32(1.0) + erf)
+
+
+@njit(**_F32_LOOP)
+def gelu_f32_range(x, out, lo, hi):
+    """out[i] = gelu(x[i]) (erf form) for i in [lo, hi), float32 (x is not out: see silu_f32_inplace)."""
+    xs, ys = x[lo:hi], out[lo:hi]
+    for i in range(xs.size):
+        ys[i] = _gelu_f32(xs[i])
+
+
+@njit(**_F32_LOOP)
+def gelu_f32_inplace(y, lo, hi):
+    """y[i] = gelu(y[i]) (erf form) for i in [lo, hi), float32."""
+    ys = y[lo:hi]
+    for i in range(ys.size):
+        ys[i] = _gelu_f32(ys[i])

@@ -1,5 +1,15 @@
 """Our fused activations (engine/ops/epilogue.py) as oneDNN eltwise post-ops, for the primitives that fuse them
-(convolutions, matmul)."""
+(convolutions, matmul), and as its eltwise primitive for the activation ops.
+
+Convolutions and the activation ops leave sigmoid, SiLU and erf GELU to our own pass (`unless_ours`): oneDNN
+computes them from exp and erf polynomials, ~0.8-1.2 ns an element on the AVX2 EPYC at one thread, fused or not,
+where our rational approximations (devices/cpu/epilogue.py) take ~0.45-0.6 as a pass over the output, its memory
+traffic included. Batch 8, in-process A/B on a loaded 2-core host: MobileViT-XXS (25 SiLU convolutions) 0.87x
+the model's time at one thread, 0.90-0.95x at two; EfficientFormerV2-S0 (35 GELU convolutions) 0.88x and 0.95x.
+Matmuls keep the post-ops: there the activation is a small share of the work and, on two threads, the extra
+pass's hand-over and memory traffic outweighed it (Whisper-tiny's 1500x384x1536 GELU GEMM 15.7 ms fused, 18.0 as
+a pass; DeiT-tiny's 1576x192x768 5.3 and 5.7; one thread: 13.6 and 13.1, 4.1 and 4.0).
+"""
 
 from __future__ import annotations
 
@@ -37,3 +47,13 @@ def eltwise(name: str | None, params: dict | None) -> tuple[str, float, float] |
     if name == "gelu":
         return ("gelu_tanh" if p.get("approximate", "none") == "tanh" else "gelu_erf"), 0.0, 0.0
     return None
+
+
+def ours(name: str | None, params: dict | None) -> bool:
+    """Whether our own pass computes activation `name` faster than oneDNN's post-op or eltwise (see above)."""
+    return name in ("sigmoid", "silu") or (name == "gelu" and (params or {}).get("approximate", "none") != "tanh")
+
+
+def unless_ours(name: str | None, params: dict | None) -> tuple[str, float, float] | None:
+    """eltwise(name, params), or None where our own pass is faster (the caller applies it after the primitive)."""
+    return None if ours(name, params) else eltwise(name, params)

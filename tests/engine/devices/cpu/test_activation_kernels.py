@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from op_harness import check_kernel, kernel_peak_bytes, make_node, reference, run_kernel
@@ -96,8 +98,9 @@ def test_kernel_allocates_no_temporaries(op):
                                        ("HardSwish", {}), ("HardSigmoid", {"alpha": 0.2, "beta": 0.4}),
                                        ("LeakyRelu", {"alpha": 0.1})])
 def test_large_float32_activations_on_both_paths(op, params):
-    """Large float32 tensors run oneDNN's eltwise primitive where it is installed, small ones and the
-    NNSERVE_ONEDNN=0 device the numba loops: both match the reference, also in place and below the max shape."""
+    """Large float32 tensors run oneDNN's eltwise primitive where it is installed (SiLU and sigmoid: our rational
+    logistic, faster), small ones and the NNSERVE_ONEDNN=0 device the numba loops: both match the reference, also
+    in place and below the max shape."""
     from op_harness import build_kernel, cpu_device, infos_of
 
     from engine.devices.cpu.onednn import unary
@@ -109,4 +112,50 @@ def test_large_float32_activations_on_both_paths(op, params):
         check_kernel(node, [x], device=device, rtol=1e-5, atol=2e-6)
         check_kernel(node, [x[:1].copy()], [x], device=device, inplace=True, rtol=1e-5, atol=2e-6)
     fn, _ = build_kernel(node, infos_of([x], node=node))
-    assert fn.impl.startswith("onednn:eltwise") or not cpu_device().backends.onednn
+    onednn = fn.impl.startswith("onednn:eltwise") if hasattr(fn, "impl") else False
+    ours = op in ("Silu", "Sigmoid") or (op == "Gelu" and params["approximate"] == "none")
+    assert onednn == (not ours and cpu_device().backends.onednn)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("size", [1, 7, 4099, 200_003])  # odd sizes: vector tails and uneven thread chunks
+def test_rational_logistic_against_float64(size, threads, inplace):
+    """The float32 sigmoid, SiLU (Eigen's rational logistic) and erf GELU (Eigen's rational erf) against float64
+    numpy over [-100, 100]: sigmoid within 2e-7 absolute, SiLU and GELU within 2.5e-7 * max(1, |x|), sigmoid in
+    [0, 1], over one and two threads."""
+    from engine.devices.cpu import threads as T
+
+    x = np.linspace(-100.0, 100.0, size).astype(np.float32)
+    x[size // 3:size // 2] = (RNG.standard_normal(size // 2 - size // 3) * 6).astype(np.float32)
+    x64 = x.astype(np.float64)
+    sig = 1.0 / (1.0 + np.exp(-x64))
+    gelu = 0.5 * x64 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in x64]))
+    scaled = 2.5e-7 * np.maximum(1.0, np.abs(x64))
+    before = T.get_threads()
+    T.set_threads(threads)
+    try:
+        for fn, want, bound in ((cpu_epilogue.sigmoid_f32, sig, 2e-7), (cpu_epilogue.silu_f32, x64 * sig, scaled),
+                                (cpu_epilogue.gelu_f32, gelu, scaled)):
+            out = x.copy() if inplace else np.full_like(x, np.nan)
+            fn(out if inplace else x, out)
+            assert out.dtype == np.float32
+            assert np.all(np.abs(out - want) <= bound), float(np.max(np.abs(out - want) / bound))
+    finally:
+        T.set_threads(before)
+    s = np.empty_like(x)
+    cpu_epilogue.sigmoid_f32(x, s)
+    assert s.min() >= 0.0 and s.max() <= 1.0
+
+
+def test_rational_logistic_special_values():
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 18.0, -18.0, 1e30, -1e30], np.float32)
+    s, y = np.empty_like(x), np.empty_like(x)
+    cpu_epilogue.sigmoid_f32(x, s)
+    cpu_epilogue.silu_f32(x, y)
+    np.testing.assert_array_equal(s[1:], [1.0, 0.0, 0.5, 0.5, 1.0, 0.0, 1.0, 0.0])
+    g = np.empty_like(x)
+    cpu_epilogue.gelu_f32(x, g)
+    assert np.isnan(s[0]) and np.isnan(y[0]) and np.isnan(g[0])  # NaN stays NaN (the clamps keep it)
+    np.testing.assert_array_equal(y[[1, 3, 7, 8]], np.array([np.inf, 0.0, 1e30, 0.0], np.float32))
+    np.testing.assert_array_equal(g[[1, 3, 7, 8]], np.array([np.inf, 0.0, 1e30, 0.0], np.float32))
