@@ -26,9 +26,15 @@ $(STAMP): pyproject.toml | $(PY)
 serve: $(SERVE_STAMP)
 	$(VENV)/bin/nnserve serve --model-repository model_repository
 
+# The suite on TEST_WORKERS pytest-xdist workers (2: CI's cores; much of the suite waits on servers, clients and
+# installs in other processes, so two workers overlap even on two busy cores). --dist loadscope hands out whole
+# modules (a class is its own unit), so a module's server fixture starts once, on one worker; the modules go out in
+# the order tests/conftest.py sorts them (the longest first), not xdist's reorder by test count. One test on its
+# own, in one process (pdb, -s): .venv/bin/python -m pytest -n 0 tests/...::test_name
+TEST_WORKERS ?= 2
 test: $(STAMP) tools
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # Tools from Debian that some tests use: promtool (the `prometheus` package) checks deploy/'s alert and recording
 # rules. Installed where we can (root with apt-get, as on CI); elsewhere those tests skip and say how to install.

@@ -238,10 +238,14 @@ def test_the_model_sees_the_request_id_parameters_and_requested_outputs(server, 
 
 
 def test_python_model_statistics(server):
+    before = client(server, "http").get_inference_statistics("faulty")["model_stats"][0]["inference_stats"]
     faulty(server, 70)
+    with pytest.raises(InferenceServerException):
+        faulty(server, 11)  # refused by the model: a failure of its own, whichever tests ran before on this server
     stats = client(server, "http").get_inference_statistics("faulty")["model_stats"][0]
-    assert stats["inference_stats"]["success"]["count"] >= 1 and stats["execution_count"] >= 1
-    assert stats["inference_stats"]["fail"]["count"] >= 1  # the error and exception tests
+    after = stats["inference_stats"]
+    assert after["success"]["count"] - before["success"]["count"] == 1 and stats["execution_count"] >= 1
+    assert after["fail"]["count"] - before["fail"]["count"] == 1
 
 
 def test_a_model_whose_initialize_fails_does_not_load(tmp_path):

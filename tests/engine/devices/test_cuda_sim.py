@@ -16,6 +16,7 @@ SIM_MODULES = ["test_cuda_kernels.py", "test_cuda_device.py", "test_cuda_models.
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)  # the child's own bound (900 s) and its start, not the suite's 300 s per test
 def test_simulated_cuda():
     """One child for all modules: numba's import dominates a child's start-up."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONDONTWRITEBYTECODE="1")
