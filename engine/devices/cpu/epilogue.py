@@ -35,32 +35,28 @@ def _leaky(out, p):
     meaning.leaky_relu(out, p)
 
 
-def _same(x: np.ndarray, out: np.ndarray) -> bool:
-    return x.ctypes.data == out.ctypes.data
+def _f32_pass(inplace, ranged, x: np.ndarray, out: np.ndarray) -> None:
+    """One vectorised float32 loop over the engine's threads: the one-array form when x is out (LLVM's overlap check
+    sends two arrays that are one buffer to the scalar loop), else the two-array one."""
+    if x.ctypes.data == out.ctypes.data:
+        parallel_for(inplace, x.size, x.size * LOGISTIC_WORK, out)
+    else:
+        parallel_for(ranged, x.size, x.size * LOGISTIC_WORK, x, out)
 
 
 def sigmoid_f32(x: np.ndarray, out: np.ndarray) -> None:
     """out = sigmoid(x) on 1-d contiguous float32 arrays (x may be out), over the engine's threads."""
-    if _same(x, out):
-        parallel_for(mk.sigmoid_f32_inplace, x.size, x.size * LOGISTIC_WORK, out)
-    else:
-        parallel_for(mk.sigmoid_f32_range, x.size, x.size * LOGISTIC_WORK, x, out)
+    _f32_pass(mk.sigmoid_f32_inplace, mk.sigmoid_f32_range, x, out)
 
 
 def silu_f32(x: np.ndarray, out: np.ndarray) -> None:
     """out = x * sigmoid(x) on 1-d contiguous float32 arrays (x may be out), over the engine's threads."""
-    if _same(x, out):
-        parallel_for(mk.silu_f32_inplace, x.size, x.size * LOGISTIC_WORK, out)
-    else:
-        parallel_for(mk.silu_f32_range, x.size, x.size * LOGISTIC_WORK, x, out)
+    _f32_pass(mk.silu_f32_inplace, mk.silu_f32_range, x, out)
 
 
 def gelu_f32(x: np.ndarray, out: np.ndarray) -> None:
     """out = gelu(x) (erf form) on 1-d contiguous float32 arrays (x may be out), over the engine's threads."""
-    if _same(x, out):
-        parallel_for(mk.gelu_f32_inplace, x.size, x.size * LOGISTIC_WORK, out)
-    else:
-        parallel_for(mk.gelu_f32_range, x.size, x.size * LOGISTIC_WORK, x, out)
+    _f32_pass(mk.gelu_f32_inplace, mk.gelu_f32_range, x, out)
 
 
 def _sigmoid(out, p):
