@@ -12,7 +12,7 @@ from engine.devices.cpu.epilogue import gelu_f32, sigmoid_f32, silu_f32
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, reference_fallback
 from engine.devices.cpu.loops import pointwise as mk
 from engine.devices.cpu.onednn import unary
-from engine.devices.cpu.onednn.eltwise import unless_ours
+from engine.devices.cpu.onednn.eltwise import ours, unless_ours
 from engine.ir import Node
 from engine.ops import activation
 from engine.ops.activation import clip_bounds, param, prelu_slope
@@ -53,15 +53,21 @@ _EPILOGUE = {"Gelu": ("gelu", ("approximate",)), "Silu": ("silu", ()), "Sigmoid"
              "HardSigmoid": ("hardsigmoid", ("alpha", "beta")), "LeakyRelu": ("leaky_relu", ("alpha",))}
 
 
-# the vectorised rational logistic over the engine's threads (oneDNN's exp-based eltwise costs twice as much)
-_F32_LOGISTIC = {"Sigmoid": sigmoid_f32, "Silu": silu_f32}
+# the epilogue's vectorised rational passes over the engine's threads, for the float32 activations that
+# eltwise.ours says they compute faster than oneDNN's exp-based eltwise
+_RATIONAL_F32 = {"sigmoid": sigmoid_f32, "silu": silu_f32, "gelu": gelu_f32}
+
+
+def _epilogue_of(node: Node) -> tuple[str, dict]:
+    """The op as a fused-epilogue activation: its name and the params that name takes (node.op_type in _EPILOGUE)."""
+    name, keys = _EPILOGUE[node.op_type]
+    return name, {k: node.params[k] for k in keys if node.params.get(k) is not None}
 
 
 def build(backends: Backends, node: Node, ins: list[TensorInfo]):
     loop = _build_loop(node, ins)
     if backends.onednn and np.dtype(ins[0].dtype) == np.float32 and node.op_type in _EPILOGUE:
-        name, keys = _EPILOGUE[node.op_type]
-        elt = unless_ours(name, {k: node.params[k] for k in keys if node.params.get(k) is not None})
+        elt = unless_ours(*_epilogue_of(node))
         if elt is not None:
             return unary.build(unary.eltwise_desc(*elt), lambda shape: (int(np.prod(shape)),), loop,
                                f"eltwise_{elt[0]}", tuple(ins[0].shape))
@@ -81,11 +87,9 @@ def _build_loop(node: Node, ins: list[TensorInfo]):
         return _ufunc(lambda x, out: np.tanh(x, out=out))
     if op == "PRelu":
         return _prelu_kernel(node, ins)
-    if op in _F32_LOGISTIC and dt == np.float32:
-        fn = _F32_LOGISTIC[op]
+    if dt == np.float32 and op in _EPILOGUE and ours(*_epilogue_of(node)):
+        fn = _RATIONAL_F32[_EPILOGUE[op][0]]
         return _ufunc(lambda x, out: fn(np.ascontiguousarray(x).reshape(-1), out.reshape(-1)))
-    if op == "Gelu" and dt == np.float32 and param(node, "approximate", "none") != "tanh":
-        return _ufunc(lambda x, out: gelu_f32(np.ascontiguousarray(x).reshape(-1), out.reshape(-1)))
     if op == "Gelu":
         return _flat_loop(mk.gelu_tanh_loop if param(node, "approximate", "none") == "tanh" else mk.gelu_loop, dt)
     loops = {
