@@ -13,17 +13,18 @@ outside the accepted ones is an error naming the variable and them (`from_env`),
   numpy's matmul.
 - NNSERVE_NUM_THREADS (default, or `0`: the CPUs the affinity mask and cgroup quota allow): the kernel thread
   pool's size, a whole number.
-- NNSERVE_SPIN_US (default 2): how long idle kernel threads, ours and OpenMP's (oneDNN), spin-wait for the next
-  op before sleeping (threads.py says why so short); `0` sleeps at once (OMP_WAIT_POLICY=PASSIVE). Set
-  OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself and OpenMP keeps yours.
-- NNSERVE_WAIT_POLICY (default `short`): `short` is the policy above, two pools (ours and OpenMP's) that each spin
-  NNSERVE_SPIN_US after every op. `run` spins through a request and sleeps when idle: our kernels run on OpenMP's
-  team (the one oneDNN runs on: one pool, not two), whose threads spin NNSERVE_RUN_SPIN_US after each op, long
-  enough to bridge the Python dispatch between two ops, so that an op rarely wakes a sleeping thread; without
-  oneDNN, our pool's workers spin while a run is in progress and NNSERVE_RUN_SPIN_US after it. Work is split
-  over the threads from the same sizes as under `short` (threads.MIN_WORK, FORK_WORK): smaller splits measured
-  slower on a loaded 2-core host.
+- NNSERVE_WAIT_POLICY (default `run`): how idle kernel threads wait for the next op. `run` spins through a
+  request and sleeps when idle: our kernels run on OpenMP's team (the one oneDNN runs on: one pool, not two), whose
+  threads spin NNSERVE_RUN_SPIN_US after each op, long enough to bridge the Python dispatch between two ops, so that
+  an op rarely wakes a sleeping thread (ONNX Runtime's pool spins likewise); without oneDNN, our pool's workers spin
+  while a run is in progress and NNSERVE_RUN_SPIN_US after it. `short`: two pools (ours and OpenMP's) that each
+  spin NNSERVE_SPIN_US after every op and then sleep, so every op after a gap wakes its threads; it gives way
+  sooner to other work on a shared or overloaded host (threads.py has the measurements of both). Work is split
+  over the threads from the same sizes under both (threads.MIN_WORK, FORK_WORK): smaller splits measured slower on
+  a loaded 2-core host.
 - NNSERVE_RUN_SPIN_US (default 100): the `run` policy's spin after an op (and after a run), then sleep.
+- NNSERVE_SPIN_US (default 2): the `short` policy's spin, ours and OpenMP's (oneDNN), before sleeping; `0` sleeps
+  at once (OMP_WAIT_POLICY=PASSIVE). Set OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself and OpenMP keeps yours.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ MAX_SPIN_US = 1_000_000
 @dataclass(frozen=True)
 class WaitPolicy:
     """How the engine's idle kernel threads wait (NNSERVE_WAIT_POLICY, NNSERVE_SPIN_US, NNSERVE_RUN_SPIN_US)."""
-    mode: str = "short"  # "short": spin spin_us after each op; "run": spin through a run, run_spin_us after it
+    mode: str = "run"  # "run": spin through a run, run_spin_us after each op; "short": spin spin_us after each op
     spin_us: int = DEFAULT_SPIN_US
     run_spin_us: int = DEFAULT_RUN_SPIN_US
 
@@ -70,7 +71,7 @@ class CpuOptions:
     blas: str = "auto"  # "auto": MKL's sgemm when the wheel is installed; "mkl": MKL or an error; "numpy"
     threads: int | None = None  # None: the CPUs the process may use
     spin_us: int = DEFAULT_SPIN_US  # idle threads spin this long, then sleep
-    wait: str = "short"  # WAIT_POLICIES
+    wait: str = "run"  # WAIT_POLICIES
     run_spin_us: int = DEFAULT_RUN_SPIN_US
 
     @property
@@ -94,7 +95,7 @@ class CpuOptions:
             threads=_count("NNSERVE_NUM_THREADS", get("NNSERVE_NUM_THREADS"), 0, MAX_THREADS,
                            "a whole number of threads (0: the CPUs the process may use)") or None,
             spin_us=_count("NNSERVE_SPIN_US", get("NNSERVE_SPIN_US"), DEFAULT_SPIN_US, MAX_SPIN_US),
-            wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "short", WAIT_POLICIES),
+            wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "run", WAIT_POLICIES),
             run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US, MAX_SPIN_US),
         )
 

@@ -6,7 +6,8 @@ oneDNN threads for the cores (on a busy 2-core machine a tiny parallel epilogue 
 and every prange kernel costs seconds to compile. Plain nogil kernels on our threads compile fast, run serially
 when the work is small, and the thread count is one knob (`set_threads`).
 
-Wait policy (NNSERVE_SPIN_US, CpuOptions.spin_us): a worker that finished its chunk polls for the next one for
+Two wait policies (NNSERVE_WAIT_POLICY, CpuOptions.wait_policy): `run`, the default, below; and `short`
+(NNSERVE_SPIN_US, CpuOptions.spin_us): a worker that finished its chunk polls for the next one for
 that long (a nogil loop on the CPU's spin-wait hint, loops/spin.py), then sleeps on a condition variable.
 OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, counted in the same spin-wait polls
 (`gomp_spincount`), set before libgomp loads (onednn/binding.py); 0 sleeps at once (OMP_WAIT_POLICY=PASSIVE). Our
@@ -26,12 +27,19 @@ spin loses in the two places a server lives (bench/wait_policy.py, bench/RESULTS
 On dedicated bare-metal cores a longer spin saves the wake-ups between ops (10-50 us each on a VM); set
 NNSERVE_SPIN_US for that host (README).
 
-The `run` policy (NNSERVE_WAIT_POLICY=run, CpuOptions.wait_policy; `short`, the above, stays the default until
-measured better on a quiet host): spin through a request, sleep when idle. With oneDNN loaded our kernels' chunks
-run on OpenMP's team (openmp_pool.py: one pool, so no two sets of idle threads share the cores), whose threads
-spin NNSERVE_RUN_SPIN_US (100 us: more than the Python dispatch between two ops) after each op, then sleep; an idle
-server thus sleeps 100 us after its last op. Without oneDNN our workers spin while a run is in progress
-(`running`, entered by the CPU device around every run) and NNSERVE_RUN_SPIN_US after it, RUN_SPIN_CAP_US at most.
+The `run` policy (the default since 2026-11-27; `short` was before): spin through a request, sleep when idle. With
+oneDNN loaded our kernels' chunks run on OpenMP's team (openmp_pool.py: one pool, so no two sets of idle threads
+share the cores), whose threads spin NNSERVE_RUN_SPIN_US (100 us: more than the Python dispatch between two ops)
+after each op, then sleep; an idle server thus sleeps 100 us after its last op. Without oneDNN our workers spin
+while a run is in progress (`running`, entered by the CPU device around every run) and NNSERVE_RUN_SPIN_US after it,
+RUN_SPIN_CAP_US at most.
+Why it became the default (bench/RESULTS.md, Wait policy, 2026-11-27 02:56, a quiet AMD EPYC VM, 2 vCPUs): back to
+back, the traffic the speed targets are measured in, `run` took 0.75-0.91x of `short`'s time on DeiT-tiny,
+EfficientFormerV2, GhostNet and ResNet-18 (MobileViT-XXS 1.00x), as on 2026-11-26 (0.61-0.92x on seven models);
+under `short` two threads were slower than one on DeiT-tiny here (54-62 ms against 43-46). Beside busy loops and on
+bursts after an idle pause the two are mixed: DeiT-tiny 0.67-0.75x, ResNet-18 0.89-0.99x, EfficientFormerV2 0.96x
+busy and 1.14x on bursts, MobileViT-XXS 1.11x and 1.14x, GhostNet 1.94x and 1.17x. A host shared with other busy
+work may prefer `short`.
 
 Small kernels never fork at all (`threads_for`: a oneDNN primitive of
 little work is created for one thread), so they pay no hand-over either way.
@@ -244,7 +252,7 @@ class SpinPool:
 
 _threads = available_cpus()  # until the first instance applies its setting (configure) or set_threads is called
 _policy = WaitPolicy()
-_spin_us = _policy.spin_us
+_spin_us = _policy.openmp_spin_us  # what our pool's workers poll: the policy's bound, as OpenMP's threads
 _configured = False
 _spin_configured = False
 _blas_threads: int | None = None

@@ -49,8 +49,9 @@ def test_cpu_variables(environ, want):
 
 
 @pytest.mark.parametrize("environ, want", [
-    ({"NNSERVE_WAIT_POLICY": "run"}, {"wait": "run"}),
-    ({"NNSERVE_WAIT_POLICY": " Short "}, {}),
+    ({"NNSERVE_WAIT_POLICY": "run"}, {}),  # the default
+    ({"NNSERVE_WAIT_POLICY": " Short "}, {"wait": "short"}),
+    ({"NNSERVE_WAIT_POLICY": ""}, {}),
     ({"NNSERVE_RUN_SPIN_US": "300"}, {"run_spin_us": 300}),
 ])
 def test_wait_policy_variables(environ, want):

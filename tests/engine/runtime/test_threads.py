@@ -91,7 +91,7 @@ def test_openmp_gets_the_same_bound_unless_the_user_chose_one():
 
 
 def test_wait_policy_read_from_the_environment():
-    assert CpuOptions.from_env({}).wait_policy == WaitPolicy("short", DEFAULT_SPIN_US, DEFAULT_RUN_SPIN_US)
+    assert CpuOptions.from_env({}).wait_policy == WaitPolicy("run", DEFAULT_SPIN_US, DEFAULT_RUN_SPIN_US)
     assert CpuOptions.from_env({"NNSERVE_WAIT_POLICY": " Run "}).wait_policy.mode == "run"
     with pytest.raises(ValueError, match="NNSERVE_WAIT_POLICY"):  # unknown: an error, not a silent default
         CpuOptions.from_env({"NNSERVE_WAIT_POLICY": "spin"})
