@@ -191,10 +191,13 @@ def concat_part(x, factor, s_out, requant, at, out, lo, hi):
 
 @njit(nogil=True, cache=True)
 def epilogue(acc, bias, scale, z, add_scale, low, top, relu_floor, add1, add2, out, lo, hi):
-    """acc (P, O) int32 sums without bias -> out (P, O) int8 as qconv_reference, without branches (so that the
-    loop vectorizes): the caller turns the activation and fusion into per-channel terms (epilogue_terms).
-    z (P, O) int8 is the fused add's input (any int8 array when there is none: add1 = add2 = 0); items pixels.
-    The per-channel operands are tiled (`tiled`): the loop runs flat over runs of whole pixels, not pixel by
+    """acc (P, O) int32 sums without bias -> out (P, O) int8 as qconv_reference, without branches (so that the loop
+    vectorizes). The sums are added to the bias in float64, exact for any two int32s, then rounded once to float32
+    as the reference's int64 sum is: the same value, and it vectorizes where AVX2 has no int64 -> float conversion
+    (MobileNetV2's 112x112x96 sums: 1.21 -> 0.84 ns a value on one EPYC core; epilogue_add 0.97 -> 0.55). The caller
+    turns the activation and fusion into per-channel terms (epilogue_terms). z (P, O) int8 is the fused add's input
+    (when there is none, any int8 array of its size but `out`, which keeps the loop scalar: add1 = add2 = 0); items
+    pixels. The per-channel operands are tiled (`tiled`): the loop runs flat over runs of whole pixels, not pixel by
     pixel, since a loop over a pixel's few channels (24, 32) is too short for LLVM's vector body."""
     o_n, run = acc.shape[1], bias.shape[0]
     af, zf, of = acc.reshape(-1), z.reshape(-1), out.reshape(-1)
@@ -204,7 +207,7 @@ def epilogue(acc, bias, scale, z, add_scale, low, top, relu_floor, add1, add2, o
         a, zz, oo = af[i:i + m], zf[i:i + m], of[i:i + m]
         for k in range(m):
             zs = np.float32(zz[k]) * add_scale[k]
-            val = np.float32(np.int64(a[k]) + bias[k]) * scale[k]
+            val = np.float32(np.float64(a[k]) + np.float64(bias[k])) * scale[k]
             val = max(val + zs * add1[k], relu_floor[k]) + zs * add2[k]
             oo[k] = min(max(f2i8(val), low[k]), top[k])
         i += m
@@ -221,7 +224,8 @@ def epilogue_add(acc, bias, scale, z, add_scale, out, lo, hi):
         m = min(run, end - i)
         a, zz, oo = af[i:i + m], zf[i:i + m], of[i:i + m]
         for k in range(m):
-            oo[k] = f2i8(np.float32(np.int64(a[k]) + bias[k]) * scale[k] + np.float32(zz[k]) * add_scale[k])
+            val = np.float32(np.float64(a[k]) + np.float64(bias[k])) * scale[k]
+            oo[k] = f2i8(val + np.float32(zz[k]) * add_scale[k])
         i += m
 
 

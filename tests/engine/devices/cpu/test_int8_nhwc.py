@@ -14,6 +14,7 @@ from op_harness import build_kernel, cpu_device, infos_of, make_node, reference,
 from engine.devices.cpu import threads
 from engine.devices.cpu.int8 import conv as int8_conv
 from engine.devices.cpu.int8 import kernels as int8_kernels
+from engine.devices.cpu.int8 import loops
 from engine.devices.cpu.int8.loops import softmax_rows
 from engine.devices.cpu.int8.ops import to_nhwc
 from engine.devices.cpu.int8.requant import sum_range, tie_free_scales
@@ -174,6 +175,30 @@ def test_fused_epilogue_runs_flat_over_whole_pixels(monkeypatch, fusion, activat
     finally:
         threads.set_threads(before)
 
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_epilogue_adds_the_bias_as_the_reference_for_any_int32_sums(fused):
+    # the loops add sum and bias in float64 and round once to float32, the reference in int64 and then to float32:
+    # the same for every pair of int32s (sums and biases at and near both ends, and where float32 starts skipping
+    # integers), scaled so that the float32 rounding of the sum shows in the int8 result
+    edges = np.array([-2 ** 31, 2 ** 31 - 1, 2 ** 24 + 1, -(2 ** 24) - 3, 2 ** 30 + 129, 0, 1, -1], np.int64)
+    o = 8
+    acc = np.concatenate([np.repeat(edges, o).reshape(-1, o),
+                          RNG.integers(-2 ** 31, 2 ** 31, (61, o))]).astype(np.int32)
+    bias = np.concatenate([edges[:o - 1], [RNG.integers(-2 ** 31, 2 ** 31)]]).astype(np.int32)
+    scale = np.full(o, 2.0 ** -24, np.float32)
+    z = RNG.integers(-128, 128, acc.shape).astype(np.int8)
+    add_scale = np.full(o, 0.75 if fused else 0.0, np.float32)
+    val = (acc.astype(np.int64) + bias).astype(np.float32) * scale + (z.astype(np.float32) * add_scale)
+    out = np.empty(acc.shape, np.int8)
+    bias_t, scale_t, add_t, *terms = loops.tiled(o, bias, scale, add_scale, *loops.epilogue_terms(
+        o, 0, 1 if fused else 0, np.full(o, 127, np.int8)))
+    if fused:
+        loops.epilogue_add(acc, bias_t, scale_t, z, add_t, out, 0, acc.shape[0])
+    else:
+        loops.epilogue(acc, bias_t, scale_t, acc.reshape(-1).view(np.int8)[:acc.size].reshape(acc.shape), add_t,
+                       *terms, out, 0, acc.shape[0])
+    np.testing.assert_array_equal(out, float2int8(val))
 
 
 def _tie_conv():
