@@ -6,12 +6,12 @@ the same libgomp team as oneDNN's), by the kernel's own serial time.
 
 A parallel_for chunk is a Python call on its thread (the engine's pool, or OpenMP's team through a ctypes callback
 under the `run` policy), so each worker takes the GIL to start its chunk; a prange loop calls the kernel natively on
-every thread, no GIL. The two measured alike (bench/RESULTS.md, Hand-over, 2026-11-27): what a split costs is waking
-a partner that went to sleep, ~100-300 us on a VM whose idle vCPU halts at once, which `--gap` shows. The kernel is
-a scale-and-add over 64K float32 repeated `reps` times (~30-45 us a repetition on one AVX2 core); `--gap` runs it
-serially before each timed call, as a model's serial stretches (ops too small to split, Python between ops) come
-between two splits. Each policy runs in its own process (the wait policy is the process's), rounds alternating;
-medians of 300 calls a size and round.
+every thread, no GIL. Each runs under each policy (OpenMP's spin is the policy's: 2 us or 100 us). What a split
+costs here is mostly waking a partner that went to sleep, ~100-300 us on a VM whose idle vCPU halts at once, which
+`--gap` shows. The kernel is a scale-and-add over 64K float32 repeated `reps` times (~30-45 us a repetition on one
+AVX2 core); `--gap` runs it serially before each timed call, as a model's serial stretches (ops too small to split,
+Python between ops) come between two splits. Each policy runs in its own process (the wait policy is the process's),
+rounds alternating; medians of 300 calls a size and round.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--record", action="store_true", help=f"append the table to bench/RESULTS.md ({SECTION})")
     p.add_argument("--gap", type=int, default=0, help="repetitions of the kernel run serially, untimed, before each "
-                   "timed call (4: ~150 us, longer than the `run` policy's 100 us spin) (default 0)")
+                   "timed call (4: ~170 us, longer than the `run` policy's 100 us spin) (default 0)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -114,12 +114,12 @@ def main() -> None:
     rows = []
     for reps in REPS:
         serial = statistics.median(run[reps]["serial"] for q in policies for run in runs[q])
-        cells = [f"{med(q, reps, 'parallel_for'):.0f} ({med(q, reps, 'parallel_for') / serial:.2f}x)"
-                 for q in policies]
-        native = statistics.median(run[reps]["prange"] for q in policies for run in runs[q])
-        rows.append([str(reps), f"{serial:.0f}", *cells, f"{native:.0f} ({native / serial:.2f}x)"])
-    table = markdown_table(["reps", "serial us", "parallel_for, short us", "parallel_for, run us", "prange us"],
-                           rows)
+        cells = [f"{med(q, reps, what):.0f} ({med(q, reps, what) / serial:.2f}x)"
+                 for q in policies for what in ("parallel_for", "prange")]
+        rows.append([str(reps), f"{serial:.0f}", *cells])
+    # OpenMP's spin is the policy's (GOMP_SPINCOUNT: 2 us under `short`, 100 us under `run`), prange's as well
+    table = markdown_table(["reps", "serial us", "parallel_for, short us", "prange, short us", "parallel_for, run us",
+                            "prange, run us"], rows)
     body = (f"{args.rounds} rounds, {CALLS} calls a size and round, each after {args.gap} repetitions run serially "
             f"(untimed), medians; ratios are of the serial time (below 1: the split pays).\n\n{table}\n")
     print(body)

@@ -3,7 +3,7 @@
 traffic, with ONNX Runtime (defaults) beside them for scale.
 
     .venv-dev/bin/python bench/wait_policy.py --models ghostnet mobilevit_xxs resnet18 --record
-    .venv-dev/bin/python bench/wait_policy.py --spins 0 5 200 --rounds 3
+    .venv-dev/bin/python bench/wait_policy.py --spins 0 5 200 run:1000 --rounds 3
 
 The A/B of the two wait policies, `short` (spin 2 us after each op, two pools) against `run` (our kernels on
 OpenMP's team, spinning across the gaps between ops), on a quiet machine:
@@ -11,10 +11,10 @@ OpenMP's team, spinning across the gaps between ops), on a quiet machine:
     .venv-dev/bin/python bench/wait_policy.py --spins short run --rounds 4 --record \
         --models ghostnet resnet18 deit_tiny mobilevit_xxs mobilenet_v2
 
-A setting (`--spins`) is `default` (nothing set), a number (NNSERVE_SPIN_US), a policy (`short`, `run`:
-NNSERVE_WAIT_POLICY), `run:N` (the `run` policy with NNSERVE_RUN_SPIN_US=N), `threads=N` (NNSERVE_NUM_THREADS),
-or several joined by commas (`short,threads=1`: the one-thread baseline). The ratio column is each setting's
-median over the first setting's, per model and traffic.
+A setting (`--spins`) is `default` (nothing set: the `run` policy), a number (the `short` policy spinning that many
+microseconds: NNSERVE_SPIN_US), a policy (`short`, `run`: NNSERVE_WAIT_POLICY), `run:N` (the `run` policy with
+NNSERVE_RUN_SPIN_US=N), `threads=N` (NNSERVE_NUM_THREADS), or several joined by commas (`short,threads=1`: the
+one-thread baseline). The ratio column is each setting's median over the first setting's, per model and traffic.
 
 Traffic: `steady` is back-to-back calls (a loaded server); `sporadic` is bursts of a few calls after 0.5 s idle
 (a server between requests), the case where the engine's threads have gone to sleep and each burst wakes them;
@@ -69,8 +69,9 @@ def setting_env(setting: str) -> dict[str, str]:
         policy, _, spin = part.partition(":")
         if part == "default":
             continue
-        if part.isdigit():
+        if part.isdigit():  # the `short` policy's spin (the `run` policy, the default, does not read it)
             env["NNSERVE_SPIN_US"] = part
+            env.setdefault("NNSERVE_WAIT_POLICY", "short")
         elif part.startswith("threads=") and part.removeprefix("threads=").isdigit():
             env["NNSERVE_NUM_THREADS"] = part.removeprefix("threads=")
         elif policy in ("short", "run") and (not spin or spin.isdigit()):
@@ -191,9 +192,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=DEFAULT_MODELS)
     parser.add_argument("--suite", type=Path, action="append", help="suite folder (default bench/realworld-full)")
-    parser.add_argument("--spins", nargs="*", default=["default", "0", "5", "200"],
-                        help="settings to compare: default (unset), N (NNSERVE_SPIN_US), short, run, run:N, threads=N, "
-                             "or several joined by commas")
+    parser.add_argument("--spins", nargs="*", default=["short", "run"],
+                        help="settings to compare: default (unset), N (the short policy, NNSERVE_SPIN_US=N), short, "
+                             "run, run:N, threads=N, or several joined by commas (default: short run)")
     parser.add_argument("--traffic", nargs="*", default=list(TRAFFIC), choices=TRAFFIC)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calls", type=int, default=40, help="timed calls per process (default 40)")

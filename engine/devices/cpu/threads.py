@@ -13,7 +13,7 @@ OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, co
 (`gomp_spincount`), set before libgomp loads (onednn/binding.py); 0 sleeps at once (OMP_WAIT_POLICY=PASSIVE). Our
 workers stop spinning when a oneDNN primitive starts (`park`), so they never compete with OpenMP's team.
 
-The bound is a couple of microseconds, on purpose: long enough for the partner of a balanced split to reach the
+`short`'s bound is a couple of microseconds, on purpose: long enough for the partner of a balanced split to reach the
 end-of-op barrier (the two halves of one op finish within microseconds of each other), shorter than the gaps
 between ops (10-50 us of Python dispatch), so a thread sleeps between ops and is woken for the next one. A longer
 spin loses in the two places a server lives (bench/wait_policy.py, bench/RESULTS.md "Wait policy"):
@@ -24,8 +24,7 @@ spin loses in the two places a server lives (bench/wait_policy.py, bench/RESULTS
   batch 1: 1.7 ms a call, then ~10 ms after one or two 0.5 s pauses, with a 200 us spin; 2.2 ms steadily with
   2 us, and no such regime). The likely cause: a pause loop longer than the hypervisor's pause-loop window (KVM's
   default: 4096 cycles, ~1.5 us) traps to the host, which may run something else on that core meanwhile.
-On dedicated bare-metal cores a longer spin saves the wake-ups between ops (10-50 us each on a VM); set
-NNSERVE_SPIN_US for that host (README).
+(That is why `short` sleeps between ops; `run` below spins across them and takes those risks instead.)
 
 The `run` policy (the default since 2026-11-27; `short` was before): spin through a request, sleep when idle. With
 oneDNN loaded our kernels' chunks run on OpenMP's team (openmp_pool.py: one pool, so no two sets of idle threads
@@ -35,8 +34,8 @@ while a run is in progress (`running`, entered by the CPU device around every ru
 RUN_SPIN_CAP_US at most.
 Why it became the default (bench/RESULTS.md, Wait policy, 2026-11-27 02:56, a quiet AMD EPYC VM, 2 vCPUs): back to
 back, the traffic the speed targets are measured in, `run` took 0.75-0.91x of `short`'s time on DeiT-tiny,
-EfficientFormerV2, GhostNet and ResNet-18 (MobileViT-XXS 1.00x), as on 2026-11-26 (0.61-0.92x on seven models);
-under `short` two threads were slower than one on DeiT-tiny here (54-62 ms against 43-46). Beside busy loops and on
+EfficientFormerV2, GhostNet and ResNet-18 (MobileViT-XXS 1.00x), as on 2026-11-26 (0.61-0.92x on seven models),
+and 0.77-0.87x on the CNN five (04:00). Beside busy loops and on
 bursts after an idle pause the two are mixed: DeiT-tiny 0.67-0.75x, ResNet-18 0.89-0.99x, EfficientFormerV2 0.96x
 busy and 1.14x on bursts, MobileViT-XXS 1.11x and 1.14x, GhostNet 1.94x and 1.17x. A host shared with other busy
 work may prefer `short`.

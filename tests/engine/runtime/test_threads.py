@@ -114,7 +114,7 @@ def test_openmp_spins_the_policy_bound():
 
 @pytest.mark.parametrize("policy, openmp, kind", [
     (WaitPolicy("run"), True, "openmp"), (WaitPolicy("run"), False, "spin"), (WaitPolicy("short"), True, "spin"),
-    (WaitPolicy(), False, "spin")])
+    (WaitPolicy(), True, "openmp")])  # the default policy is `run`
 def test_one_pool_under_the_run_policy_once_openmp_is_loaded(policy, openmp, kind):
     assert _threads.pool_kind(policy, openmp) == kind
 

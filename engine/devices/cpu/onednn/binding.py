@@ -4,8 +4,9 @@ status checks. The object wrappers the kernels use are in objects.py.
 The library is looked up in `<sys.prefix>/lib` (where the wheel installs it), then on the loader path, when a
 CPU device whose options allow oneDNN first asks for it (`load`); with NNSERVE_ONEDNN=0 it is never loaded and
 the numpy/numba kernels run instead. Loading it loads libgomp, which reads its wait policy from the environment
-then, once: `load` first sets GOMP_SPINCOUNT to the spin bound of NNSERVE_SPIN_US (threads.py), or
-OMP_WAIT_POLICY=PASSIVE for 0, unless the user set either.
+then, once: `load` first sets GOMP_SPINCOUNT to the wait policy's spin bound (NNSERVE_RUN_SPIN_US under the
+default `run` policy, NNSERVE_SPIN_US under `short`: threads.py), or OMP_WAIT_POLICY=PASSIVE for 0, unless the user
+set either.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from engine.devices.cpu.options import DEFAULT_SPIN_US
+from engine.devices.cpu.options import WaitPolicy
 from engine.devices.cpu.threads import gomp_spincount
 from engine.errors import KernelError
 
@@ -136,12 +137,13 @@ _lock = threading.Lock()
 def load(spin_us: int | None = None) -> ctypes.CDLL | None:
     """libdnnl, loaded on the first call (with OpenMP's idle threads spinning `spin_us`, the wait policy's
     openmp_spin_us); None when it is not installed. No `spin_us`: a caller with no policy of its own (a probe of
-    what oneDNN offers), which takes the loaded one (DEFAULT_SPIN_US when it loads first) and is never warned
+    what oneDNN offers), which takes the loaded one (the default policy's when it loads first: a probe at import or
+    test collection must not fix OpenMP's spin before the first device applies its policy) and is never warned
     about: under the `run` policy every instance's layout probe warned that 2 us could not apply."""
     global LIB, _loaded, _loaded_spin, _spin_warned
     with _lock:
         if not _loaded:
-            spin_us = DEFAULT_SPIN_US if spin_us is None else spin_us
+            spin_us = WaitPolicy().openmp_spin_us if spin_us is None else spin_us
             LIB, _loaded, _loaded_spin = _open(spin_us), True, spin_us
             if LIB is None:  # said once: every convolution, matmul and pool then takes the slower numba paths
                 log.warning("oneDNN (%s) was not found: the CPU kernels run without it, slower (install the onednn "

@@ -180,14 +180,19 @@ def test_fused_epilogue_runs_flat_over_whole_pixels(monkeypatch, fusion, activat
 def test_epilogue_adds_the_bias_as_the_reference_for_any_int32_sums(fused):
     # the loops add sum and bias in float64 and round once to float32, the reference in int64 and then to float32:
     # the same for every pair of int32s (sums and biases at and near both ends, and where float32 starts skipping
-    # integers), scaled so that the float32 rounding of the sum shows in the int8 result
+    # integers). Rows of pairs whose sum lands on a float32 tie k + 2 between multiples of 4 (at 2**25) and whose
+    # scaled value is then 2.5 exactly: rounded once to even it reads 3 (and -3); adding in float32 (2**25 + 1
+    # rounds to 2**25 first) reads 2 there, and adding in int32 wraps at the ends
     edges = np.array([-2 ** 31, 2 ** 31 - 1, 2 ** 24 + 1, -(2 ** 24) - 3, 2 ** 30 + 129, 0, 1, -1], np.int64)
     o = 8
-    acc = np.concatenate([np.repeat(edges, o).reshape(-1, o),
+    ties = np.array([[2 ** 25 + 1] * o, [-(2 ** 25) - 1] * o], np.int64)
+    acc = np.concatenate([np.repeat(edges, o).reshape(-1, o), ties,
                           RNG.integers(-2 ** 31, 2 ** 31, (61, o))]).astype(np.int32)
-    bias = np.concatenate([edges[:o - 1], [RNG.integers(-2 ** 31, 2 ** 31)]]).astype(np.int32)
+    bias = np.concatenate([edges[:o - 2], [2 ** 23 - 3, RNG.integers(-2 ** 31, 2 ** 31)]]).astype(np.int32)
+    acc[len(edges) + 1, 6] = -(2 ** 25) - 1 - 2 * (2 ** 23 - 3)  # with the same bias: the tie at -2.5 (reads -3)
     scale = np.full(o, 2.0 ** -24, np.float32)
     z = RNG.integers(-128, 128, acc.shape).astype(np.int8)
+    z[len(edges):len(edges) + 2] = 0  # the ties stay ties when fused
     add_scale = np.full(o, 0.75 if fused else 0.0, np.float32)
     val = (acc.astype(np.int64) + bias).astype(np.float32) * scale + (z.astype(np.float32) * add_scale)
     out = np.empty(acc.shape, np.int8)
@@ -199,6 +204,7 @@ def test_epilogue_adds_the_bias_as_the_reference_for_any_int32_sums(fused):
         loops.epilogue(acc, bias_t, scale_t, acc.reshape(-1).view(np.int8)[:acc.size].reshape(acc.shape), add_t,
                        *terms, out, 0, acc.shape[0])
     np.testing.assert_array_equal(out, float2int8(val))
+    assert out[len(edges), 6] == 3 and out[len(edges) + 1, 6] == -3  # the ties above, as the reference rounds them
 
 
 def _tie_conv():
