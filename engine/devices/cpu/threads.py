@@ -13,8 +13,8 @@ OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, co
 (`gomp_spincount`), set before libgomp loads (onednn/binding.py); 0 sleeps at once (OMP_WAIT_POLICY=PASSIVE). Our
 workers stop spinning when a oneDNN primitive starts (`park`), so they never compete with OpenMP's team.
 
-`short`'s bound is a couple of microseconds, on purpose: long enough for the partner of a balanced split to reach the
-end-of-op barrier (the two halves of one op finish within microseconds of each other), shorter than the gaps
+`short`'s bound is a couple of microseconds, on purpose: long enough for the partner of a balanced split to reach
+the end-of-op barrier (the two halves of one op finish within microseconds of each other), shorter than the gaps
 between ops (10-50 us of Python dispatch), so a thread sleeps between ops and is woken for the next one. A longer
 spin loses in the two places a server lives (bench/wait_policy.py, bench/RESULTS.md "Wait policy"):
 - on a shared or busy host a spinning thread burns the time slice of the thread it waits for (2 cores at load 2-5:
@@ -34,11 +34,10 @@ while a run is in progress (`running`, entered by the CPU device around every ru
 RUN_SPIN_CAP_US at most.
 Why it became the default (bench/RESULTS.md, Wait policy, 2026-11-27 02:56, a quiet AMD EPYC VM, 2 vCPUs): back to
 back, the traffic the speed targets are measured in, `run` took 0.75-0.91x of `short`'s time on DeiT-tiny,
-EfficientFormerV2, GhostNet and ResNet-18 (MobileViT-XXS 1.00x), as on 2026-11-26 (0.61-0.92x on seven models),
-and 0.77-0.87x on the CNN five (04:00). Beside busy loops and on
-bursts after an idle pause the two are mixed: DeiT-tiny 0.67-0.75x, ResNet-18 0.89-0.99x, EfficientFormerV2 0.96x
-busy and 1.14x on bursts, MobileViT-XXS 1.11x and 1.14x, GhostNet 1.94x and 1.17x. A host shared with other busy
-work may prefer `short`.
+EfficientFormerV2, GhostNet and ResNet-18 (MobileViT-XXS 1.00x), as on 2026-11-26 (0.61-0.92x on seven models), and
+0.77-0.87x on the CNN five (04:00). Beside busy loops and on bursts after an idle pause the two are mixed: DeiT-tiny
+0.67-0.75x, ResNet-18 0.89-0.99x, EfficientFormerV2 0.96x busy and 1.14x on bursts, MobileViT-XXS 1.11x and 1.14x,
+GhostNet 1.94x and 1.17x. A host shared with other busy work may prefer `short`.
 
 Small kernels never fork at all (`threads_for`: a oneDNN primitive of
 little work is created for one thread), so they pay no hand-over either way.
