@@ -88,8 +88,7 @@ def _build_loop(node: Node, ins: list[TensorInfo]):
     if op == "PRelu":
         return _prelu_kernel(node, ins)
     if dt == np.float32 and op in _EPILOGUE and ours(*_epilogue_of(node)):
-        fn = _RATIONAL_F32[_EPILOGUE[op][0]]
-        return _ufunc(lambda x, out: fn(np.ascontiguousarray(x).reshape(-1), out.reshape(-1)))
+        return _flat_loop(_RATIONAL_F32[_EPILOGUE[op][0]], dt)
     if op == "Gelu":
         return _flat_loop(mk.gelu_tanh_loop if param(node, "approximate", "none") == "tanh" else mk.gelu_loop, dt)
     loops = {
