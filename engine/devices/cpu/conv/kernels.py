@@ -1,9 +1,10 @@
 """The CPU's Conv, ConvTranspose and ConvBlocked kernels: which path a convolution takes.
 
 Float32 convolutions run on oneDNN (onednn.py, transposed.py) when it is on and has an optimized kernel for them,
-except plain 1x1 convs, which stay one GEMM on the direct path; the rest take the direct paths (direct.py), never
-oneDNN's reference implementation (scalar loops, see onednn.is_reference). Other dtypes run the
-float64 reference, with the epilogue applied as the CPU applies it. ConvBlocked is blocked.py's.
+except plain 1x1 convs, which stay one GEMM on the direct path, and long 1-D convs (im2col + GEMM there); the rest
+take the direct paths (direct.py), never oneDNN's reference implementation (scalar loops, see onednn.is_reference).
+Other dtypes run the float64 reference, with the epilogue applied as the CPU applies it. ConvBlocked is
+blocked.py's.
 """
 
 from __future__ import annotations
@@ -16,20 +17,37 @@ from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.ir import Node
 from engine.ops.conv import conv_sums, tconv_sums
-from engine.ops.conv_geometry import conv_geom
+from engine.ops.conv_geometry import ConvGeom, conv_geom
 from engine.ops.registry import TensorInfo
+
+# A dense 1-D conv (a 2-D one over one row: Conv1d as pnnx lowers it) whose output has at least this many
+# elements per image runs as im2col + GEMM: oneDNN computes it in a blocked layout, reorders the large output back
+# to NCW and splits one output row poorly over the threads, where the GEMM writes NCW and splits well (one-layer
+# graphs, 2 threads, AVX2 EPYC, wall ms oneDNN / direct: 80->384 k3 @1500 3.3-3.4 / 2.5-2.6, @3000 8.2 / 5.5,
+# @6000 11.4-14.6 / 9.5-10.5, 128->256 k3 @4000 9.1-11.2 / 7.4-7.7; ties at 384->384 k3 s2 @3000 and 512->512 k3
+# s2 @3199, 256->256 k5 @2000; oneDNN ahead below it: 64->64 k5 d4 @1024 0.62 / 0.71, 512->512 k2 s2 @49 0.40 / 0.76).
+CONV1D_DIRECT_OUTPUTS = 1 << 18
 
 
 def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
-    """oneDNN for every supported conv but plain 1x1s and stems (direct.is_stem): on NCHW those are one GEMM
-    here, which beat oneDNN's blocked kernel plus its two reorders (24->144 @56 relu6: 0.60 vs 0.94 ms b1) and
-    its NCHW GEMM with an eltwise post-op (10 ms) in 7 of 10 MobileNet-V2 layer shapes at 2 threads."""
+    """oneDNN for every supported conv but plain 1x1s, stems (direct.is_stem) and long 1-D convs: on NCHW the first
+    two are one GEMM here, which beat oneDNN's blocked kernel plus its two reorders (24->144 @56 relu6: 0.60 vs
+    0.94 ms b1) and its NCHW GEMM with an eltwise post-op (10 ms) in 7 of 10 MobileNet-V2 layer shapes at 2
+    threads; the last see CONV1D_DIRECT_OUTPUTS."""
     if not (backends.onednn and onednn.supported(node, ins)):
         return False
     geo = conv_geom(node, ins[0].shape)
     if geo.groups == 1 and direct.kind(geo) == "gemm" or direct.kind(geo) == "im2col" and direct.is_stem(geo):
         return False
+    if _long_conv1d(geo):
+        return False
     return _optimized(onednn.ConvSpec(node, len(ins) > 1), ins)
+
+
+def _long_conv1d(geo: ConvGeom) -> bool:
+    """A dense conv over one row with a large output (CONV1D_DIRECT_OUTPUTS), on the direct im2col path."""
+    return (geo.groups == 1 and geo.h == geo.kh == geo.oh == 1 and direct.kind(geo) == "im2col"
+            and geo.o * geo.ow >= CONV1D_DIRECT_OUTPUTS)
 
 
 def _use_onednn_tconv(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:

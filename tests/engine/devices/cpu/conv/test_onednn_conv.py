@@ -123,6 +123,29 @@ def test_dispatch(name, onednn, monkeypatch):
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_long_conv1d_runs_as_im2col_and_gemm(residual, monkeypatch):
+    """A dense conv over one row with a large output (Whisper's 80->384 k3 @3000, CONV1D_DIRECT_OUTPUTS) takes the
+    direct im2col + GEMM path, activation and residual included, at its max shape and a smaller one; a smaller
+    output, two rows or groups keep oneDNN."""
+    monkeypatch.undo()  # the real dispatch
+    monkeypatch.setattr(conv_kernels, "CONV1D_DIRECT_OUTPUTS", 64 * 400)
+
+    def impl(node, shape):
+        return build_op_kernel(node, infos_of(inputs_for(node, rand(*shape)), node=node))[0].impl
+
+    node = conv_node(6, 64, (1, 3), residual=residual, pads=(0, 1, 0, 1), **act_params("gelu"))
+    assert impl(node, (2, 6, 1, 400)) == "direct:im2col"
+    big = rand(2, 6, 1, 400)
+    check_kernel(node, inputs_for(node, big), **TOL)
+    check_kernel(node, inputs_for(node, rand(1, 6, 1, 157)), inputs_for(node, big), **TOL)
+    strided = conv_node(6, 64, (1, 3), stride=(1, 2), pads=(0, 1, 0, 1))
+    assert impl(strided, (1, 6, 1, 799)) == "direct:im2col"  # 64 x 400 outputs
+    assert impl(strided, (1, 6, 1, 797)).startswith("onednn:")  # 64 x 399
+    assert impl(conv_node(6, 64, (3, 3), pads=(0, 1, 0, 1)), (1, 6, 3, 400)).startswith("onednn:")  # over three rows
+    assert impl(conv_node(6, 64, (1, 3), groups=2, pads=(0, 1, 0, 1)), (1, 6, 1, 400)).startswith("onednn:")
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("name", GEOMETRIES)
 def test_geometry_matches_reference(name, residual):
     node, shape = build_args(name, residual, activation="relu" if residual else None)
