@@ -1,6 +1,7 @@
 """CPU kernels of the pooling ops (engine/ops/pool.py): numba loops over N*C planes, AvgPool on oneDNN's NCHW
-pooling where it is exact, numba row sums for GlobalAvgPool; other dtypes than float32 run the reference (marked
-a fallback). Each kernel names its path (`impl`, shown by the per-op profile)."""
+pooling where it is exact and has a jit kernel (else the separable numba loop), numba row sums for GlobalAvgPool;
+other dtypes than float32 run the reference (marked a fallback). Each kernel names its path (`impl`, shown by the
+per-op profile)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
 from engine.ops.pool import adaptive_reference, avgpool_reference, global_reference, maxpool_reference, pool_geom
 from engine.ops.registry import TensorInfo
+
+# Per-shape arguments a pooling kernel keeps (a server sees a few input shapes; traffic of ever new ones must not
+# grow the cache: it starts over).
+SHAPES_KEPT = 32
+
+
+def _remember(cache: dict, key: tuple, value: tuple) -> tuple:
+    if len(cache) >= SHAPES_KEPT:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _is_f32(ins: list[TensorInfo]) -> bool:
@@ -34,7 +46,7 @@ def build_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
             g = pool_geom(node, x.shape)
             # the separable kernel does ~kh + kw passes per output row of width w (not kh*kw taps per output)
             work = g.n * g.c * g.oh * (g.w * g.kernel[0] + g.ow * g.kernel[1])
-            args = geoms[x.shape] = (g.n * g.c, work, (*g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1]))
+            args = _remember(geoms, x.shape, (g.n * g.c, work, (*g.kernel, *g.stride, *g.dilation, *g.pads[:2])))
         parallel_for(PK.max_pool, args[0], args[1], x, outputs[0], *args[2])
     run.impl = "numba:max_pool"  # type: ignore[attr-defined]
     return run
@@ -46,14 +58,20 @@ def build_avgpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
     include = bool(node.params.get("count_include_pad", True))
     divisor = int(node.params.get("divisor_override") or 0)
 
+    geoms: dict[tuple[int, ...], tuple] = {}  # per input shape: (planes, work, kernel args, divisors)
+
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
-        g = pool_geom(node, x.shape)
-        out = outputs[0]
-        parallel_for(PK.avg_pool, g.n * g.c, out.size * g.kernel[0] * g.kernel[1], x, out, *g.kernel, *g.stride,
-                     *g.pads, include, divisor)
+        args = geoms.get(x.shape)
+        if args is None:
+            g = pool_geom(node, x.shape)
+            d = PK.avg_divisors(g.h, g.w, g.oh, g.ow, *g.kernel, *g.stride, *g.pads, include, divisor)
+            work = g.n * g.c * g.oh * (g.w * g.kernel[0] + g.ow * g.kernel[1])
+            args = _remember(geoms, x.shape, (g.n * g.c, work, (*g.kernel, *g.stride, *g.pads[:2], d)))
+        parallel_for(PK.avg_pool, args[0], args[1], x, outputs[0], *args[2])
     run.impl = "numba:avg_pool"  # type: ignore[attr-defined]
-    # oneDNN's NCHW average pooling: 2x2 s2 64ch@56 0.18 vs 0.79 ms b1 (MaxPool measured no faster there: stays)
+    # oneDNN's NCHW average pooling where it has a jit kernel for it (AVX-512 hosts): 2x2 s2 64ch@56 0.18 vs
+    # 0.79 ms b1 against the numba loop before it was separable (MaxPool measured no faster there: stays)
     if backends.onednn and onednn_pool.supported(node, ins, pool_geom):
         return onednn_pool.build(node, ins, pool_geom, run)
     return run

@@ -100,42 +100,81 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
             _row_max(v, out[n, c, oh], kw, sw, dw)
 
 
-@njit(nogil=True, cache=True)
-def avg_pool(x, out, kh, kw, sh, sw, pt, pl, pb, pr, count_include_pad, divisor, lo, hi):
-    """torch avg_pool2d: the padded window is clipped to the pads, then to the input for the sum.
+@njit(nogil=True, cache=True, inline="always")
+def _row_sum(v, row, kw, sw):
+    """row[o] = the sum over taps j of v[o*sw + j], in tap order; the usual geometries get loops with constant
+    taps."""
+    if kw == 2 and sw == 2:
+        for o in range(row.size):
+            row[o] = v[2 * o] + v[2 * o + 1]
+    elif kw == 3 and sw == 1:
+        for o in range(row.size):
+            row[o] = v[o] + v[o + 1] + v[o + 2]
+    elif kw == 3 and sw == 2:
+        for o in range(row.size):
+            b = 2 * o
+            row[o] = v[b] + v[b + 1] + v[b + 2]
+    else:
+        for o in range(row.size):
+            row[o] = v[o * sw]
+        for j in range(1, kw):
+            s = v[j:]
+            for o in range(row.size):
+                row[o] += s[o * sw]
 
-    divisor > 0 overrides; otherwise the window size within the pads (count_include_pad) or within the input.
-    """
+
+@njit(nogil=True, cache=True)
+def avg_divisors(h_n, w_n, oh_n, ow_n, kh, kw, sh, sw, pt, pl, pb, pr, count_include_pad, divisor):
+    """(oh, ow) divisors of torch's avg_pool2d: the padded window clipped to the pads, then to the input for the
+    count (divisor > 0 overrides; count_include_pad counts the window within the pads)."""
+    d = np.empty((oh_n, ow_n), np.float32)
+    for oh in range(oh_n):
+        h0 = oh * sh - pt
+        h1 = min(h0 + kh, h_n + pb)
+        rows = h1 - h0 if count_include_pad else min(h1, h_n) - max(h0, 0)
+        for ow in range(ow_n):
+            w0 = ow * sw - pl
+            w1 = min(w0 + kw, w_n + pr)
+            cols = w1 - w0 if count_include_pad else min(w1, w_n) - max(w0, 0)
+            d[oh, ow] = divisor if divisor > 0 else rows * cols
+    return d
+
+
+@njit(nogil=True, cache=True, error_model="numpy")  # a zero divisor (a window all padding) gives NaN, as numpy's
+def avg_pool(x, out, kh, kw, sh, sw, pt, pl, d, lo, hi):
+    """torch avg_pool2d over planes [lo, hi), `d` the divisors (avg_divisors). Separable as max_pool: per output
+    row, the sum of its input rows (clipped to the input) into a zero-padded scratch row, then the kw-tap sum
+    along it and the division: vectorised passes over whole rows, where adding each tap's shifted row into the
+    output cost a slice per tap and a scalar divide per output (AvgPool 3x3 s1 p1 192 @28: 0.99 ms)."""
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     oh_n, ow_n = out.shape[2], out.shape[3]
+    span = (ow_n - 1) * sw + kw
+    v = np.zeros(max(span, pl + w_n), x.dtype)  # one small row per call: the pads stay zero
+    vv = v[pl:pl + w_n]
     for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
         for oh in range(oh_n):
+            a = max(oh * sh - pt, 0)
+            b = min(oh * sh - pt + kh, h_n)
+            if b <= a:
+                vv[:] = 0
+            elif b - a == 3:
+                r0, r1, r2 = x[n, c, a], x[n, c, a + 1], x[n, c, a + 2]
+                for k in range(w_n):
+                    vv[k] = r0[k] + r1[k] + r2[k]
+            else:
+                r0 = x[n, c, a]
+                for k in range(w_n):
+                    vv[k] = r0[k]
+                for ih in range(a + 1, b):
+                    r = x[n, c, ih]
+                    for k in range(w_n):
+                        vv[k] += r[k]
             row = out[n, c, oh]
-            row[:] = 0
-            h0 = oh * sh - pt
-            h1 = min(h0 + kh, h_n + pb)
-            ph = h1 - h0
-            rows_in = min(h1, h_n) - max(h0, 0)
-            for i in range(kh):
-                ih = h0 + i
-                if ih < 0 or ih >= h_n:
-                    continue
-                xrow = x[n, c, ih]
-                for j in range(kw):
-                    off = j - pl
-                    c_lo, c_hi = _cols(off, sw, w_n, ow_n)
-                    _add_into(row[c_lo:c_hi], xrow, c_lo, c_hi, sw, off)
-            for ow in range(ow_n):
-                w0 = ow * sw - pl
-                w1 = min(w0 + kw, w_n + pr)
-                if divisor > 0:
-                    d = divisor
-                elif count_include_pad:
-                    d = ph * (w1 - w0)
-                else:
-                    d = rows_in * (min(w1, w_n) - max(w0, 0))
-                row[ow] = row[ow] / d
+            _row_sum(v, row, kw, sw)
+            dr = d[oh]
+            for o in range(ow_n):
+                row[o] = row[o] / dr[o]
 
 
 @njit(nogil=True, cache=True)

@@ -115,6 +115,55 @@ def test_maxpool_batch_smaller_than_built_and_threads(monkeypatch):
         _threads.set_threads(before)
 
 
+# The numba AvgPool (separable: rows summed into a zero-padded row, then the taps along it, then the divisors) on
+# the geometries where its special cases and clipping meet: constant-tap loops (2x2 s2, 3x3 s1/s2), the generic
+# one, windows past the input into the pads and past the pads (ceil_mode), both counting rules, an override.
+AVGPOOL_GEOMETRIES = [
+    ({"kernel": [3, 3], "stride": [1, 1], "pads": [1, 1, 1, 1]}, (2, 3, 28, 29)),
+    ({"kernel": [3, 3], "stride": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": False}, (1, 2, 9, 30)),
+    ({"kernel": [2, 2], "stride": [2, 2]}, (1, 3, 57, 56)),
+    ({"kernel": [2, 2], "stride": [2, 2], "ceil_mode": True}, (1, 2, 7, 9)),
+    ({"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": True}, (2, 2, 10, 11)),
+    ({"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": True, "count_include_pad": False},
+     (1, 2, 10, 8)),
+    ({"kernel": [5, 5], "stride": [1, 1], "pads": [2, 2, 2, 2]}, (1, 4, 20, 20)),
+    ({"kernel": [7, 4], "stride": [3, 2], "pads": [3, 1, 2, 2], "ceil_mode": True}, (2, 2, 16, 13)),
+    ({"kernel": [3, 1], "stride": [1, 1], "pads": [1, 0, 1, 0], "count_include_pad": False}, (1, 2, 6, 5)),
+    ({"kernel": [3, 3], "stride": [1, 1], "pads": [1, 1, 1, 1]}, (1, 1, 1, 2)),           # one row: windows of pads
+    ({"kernel": [4, 4], "stride": [4, 4], "divisor_override": 5}, (1, 2, 8, 12)),
+]
+
+
+@pytest.mark.parametrize("params,shape", AVGPOOL_GEOMETRIES, ids=lambda v: str(v) if isinstance(v, tuple) else "")
+def test_avgpool_geometries_match_reference(params, shape, monkeypatch):
+    from engine.devices.cpu.onednn import pool as onednn_pool
+    monkeypatch.setattr(onednn_pool, "jit", lambda impl: False)  # the numba kernel on every host
+    node = make_node("AvgPool", 1, params=params)
+    x = rand(*shape) + 2  # sums away from zero: a relative tolerance
+    check_kernel(node, [x], rtol=2e-6, atol=0)
+    check_kernel(node, [rand(1, shape[1], shape[2] // 2 + 1, shape[3] - 1) + 2], [x], rtol=2e-6, atol=0)
+
+
+def test_pooling_kernels_keep_arguments_for_a_bounded_number_of_shapes():
+    """A stream of new input shapes (each within the max) starts the per-shape cache over; every result stays
+    right."""
+    from op_harness import build_kernel, infos_of
+
+    from engine.devices.cpu import pool as cpu_pool
+    for op in ("MaxPool", "AvgPool"):
+        node = make_node(op, 1, params={"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1]})
+        big = rand(1, 2, 40, 40)
+        fn = build_kernel(node, infos_of([big], node=node))[0]
+        for h in range(3, 3 + 2 * cpu_pool.SHAPES_KEPT):
+            x = rand(1, 2, h, 7)
+            out = np.empty(reference(node, [x])[0].shape, np.float32)
+            fn([x], [out], None)
+            np.testing.assert_allclose(out, reference(node, [x])[0], rtol=2e-6, atol=1e-6)
+        cells = [c.cell_contents for c in fn.__closure__ or () if isinstance(c.cell_contents, dict)]
+        if cells:  # the numba kernels (oneDNN's keeps plans per shape of its own)
+            assert all(len(c) <= cpu_pool.SHAPES_KEPT for c in cells)
+
+
 @pytest.mark.parametrize("shape", [(1, 3, 112, 112), (2, 33, 7, 7), (3, 1, 1, 1), (1, 5, 1, 300), (2, 4, 6)])
 def test_global_avgpool_row_sums(shape):
     """The vectorised (reassociated) float32 sum stays within float32 rounding of the float64 reference."""
