@@ -202,7 +202,7 @@ PLAIN_SRC_CHANNELS = 8
 DEPTHWISE_BLOCKED = True
 
 
-def _jit(impl: str) -> bool:
+def is_jit(impl: str) -> bool:
     """A jit or brgemm kernel: neither the reference nor the gemm-based one (im2col, 2-10x slower here)."""
     return not is_reference(impl) and "gemm:" not in impl
 
@@ -215,13 +215,13 @@ def _primitive_desc(spec: ConvSpec, geo: ConvGeom, b_md: D.MemoryDesc | None, at
     if not spec.src_blocked and geo.groups == 1 and geo.c <= PLAIN_SRC_CHANNELS:
         x_plain, y_side = D.MemoryDesc.plain(x_log), spec.side(y_log, spec.dst_blocked)
         direct = spec.primitive_desc(geo, x_plain, w_any, b_md, y_side, attr)
-        if _jit(direct.impl):
+        if is_jit(direct.impl):
             return direct
     block = native_block() if DEPTHWISE_BLOCKED else 0
     if block and not (spec.src_blocked and spec.dst_blocked) and geo.groups == geo.c == geo.o:
         x_blk, y_blk = blocked_md(x_log, block), blocked_md(y_log, block)
         dw = spec.primitive_desc(geo, x_blk, w_any, b_md, y_blk, attr)
-        if _jit(dw.impl):
+        if is_jit(dw.impl):
             return dw
     # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
     x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)

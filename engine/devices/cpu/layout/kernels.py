@@ -36,7 +36,9 @@ from engine.ops.pool import pool_geom
 from engine.ops.registry import TensorInfo
 
 
-def _reorder(onednn: bool, to_blocked: bool, block: int, dtype: np.dtype) -> Kernel:
+def reorder(onednn: bool, to_blocked: bool, block: int, dtype: np.dtype) -> Kernel:
+    """ToBlocked's (`to_blocked`) or ToPlain's kernel: oneDNN's reorder for float32 when it is on, else numpy's
+    copy."""
     if dtype == np.float32 and onednn:
         return _onednn_kernel(to_blocked, block)
     return _numpy_kernel(to_blocked, block)
@@ -87,11 +89,11 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
 
 
 def _kernel_to_blocked(backends: Backends, node: Node, ins: list[TensorInfo]):
-    return _reorder(backends.onednn, True, layout_params(node)[0], np.dtype(ins[0].dtype))
+    return reorder(backends.onednn, True, layout_params(node)[0], np.dtype(ins[0].dtype))
 
 
 def _kernel_to_plain(backends: Backends, node: Node, ins: list[TensorInfo]):
-    return _reorder(backends.onednn, False, layout_params(node)[0], np.dtype(ins[0].dtype))
+    return reorder(backends.onednn, False, layout_params(node)[0], np.dtype(ins[0].dtype))
 
 
 def _kernel_global(backends: Backends, node: Node, ins: list[TensorInfo]):

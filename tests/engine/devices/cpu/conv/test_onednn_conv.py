@@ -122,6 +122,19 @@ def test_dispatch(name, onednn, monkeypatch):
     assert getattr(fn, "impl", "").startswith("onednn:") == onednn
 
 
+@pytest.mark.parametrize("dilation", [1, 12])
+def test_depthwise_takes_the_direct_kernel_where_onednn_has_no_jit_one(dilation, monkeypatch):
+    """oneDNN's gemm-based depthwise (im2col per channel: dilation 12 on AVX2) loses to the direct numba kernel."""
+    monkeypatch.undo()  # the real dispatch
+    node = conv_node(24, 24, pads=(dilation,) * 4, dilation=(dilation, dilation), groups=24, residual=True,
+                     **act_params("relu6"))
+    shape = (2, 24, 2 * dilation + 6, 2 * dilation + 5)
+    impl = _conv_onednn.primitive_impl(_conv_onednn.ConvSpec(node, True), shape)
+    fn = build_op_kernel(node, infos_of(inputs_for(node, rand(*shape)), node=node))[0]
+    assert fn.impl == (f"onednn:{impl}" if _conv_onednn.is_jit(impl) else "direct:depthwise")
+    check_kernel(node, inputs_for(node, rand(*shape)), **TOL)
+
+
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_long_conv1d_runs_as_im2col_and_gemm(residual, monkeypatch):
     """A dense conv over one row with a large output (Whisper's 80->384 k3 @3000, CONV1D_DIRECT_OUTPUTS) takes the
