@@ -1,8 +1,8 @@
 """CPU kernel of ConvBlocked (engine/devices/cpu/layout/conv_blocked.py): Winograd F(4x4)/F(2x2) where it pays
 (winograd_blocked.py), else oneDNN's convolution through the one plan of onednn.py, its blocked sides in
-nChw{B}c; a depthwise conv oneDNN has only its gemm-based kernel for, the direct numba one on plain copies of its
-blocked sides (`_PlainDepthwise`). Plans are cached per input shape: the kernel is built at the max shape and also
-runs smaller batches; the workspace holds the larger of the plan's buffers and the Winograd chunk's.
+nChw{B}c; a depthwise or grouped conv oneDNN has only its gemm-based kernel for, the direct numba one on plain
+copies of its blocked sides (`_PlainDirect`). Plans are cached per input shape: the kernel is built at the max
+shape and also runs smaller batches; the workspace holds the larger of the plan's buffers and the Winograd chunk's.
 """
 
 from __future__ import annotations
@@ -61,10 +61,10 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // D.ALIGN) * D.ALIGN
 
 
-class _PlainDepthwise:
-    """A depthwise ConvBlocked that oneDNN has only its gemm-based kernel for (conv/kernels.py's DEPTHWISE_GEMM):
-    its blocked input (and residual) copied to NCHW in the workspace, the direct numba depthwise kernel into an
-    NCHW buffer there, copied back to the blocked output. The copies cost a fraction of the conv they replace
+class _PlainDirect:
+    """A depthwise or grouped ConvBlocked that oneDNN has only its gemm-based kernel for (conv/kernels.py's
+    DEPTHWISE_GEMM): its blocked input (and residual) copied to NCHW in the workspace, the direct numba kernel into
+    an NCHW buffer there, copied back to the blocked output. The copies cost a fraction of the conv they replace
     (3x3 d12 256 @65 between two blocked layers: 11.4-12.3 ms on oneDNN's gemm kernel)."""
 
     def __init__(self, backends: Backends, spec: ConvSpec, max_shape: tuple[int, ...]):
@@ -81,7 +81,7 @@ class _PlainDepthwise:
     @staticmethod
     def applies(spec: ConvSpec, shape: tuple[int, ...]) -> bool:
         geo = geometry(spec.node, shape)
-        return direct.kind(geo) == "depthwise" and not is_jit(primitive_impl(spec, shape))
+        return direct.kind(geo) in ("depthwise", "grouped") and not is_jit(primitive_impl(spec, shape))
 
     @staticmethod
     def parts(spec: ConvSpec, geo: ConvGeom) -> list[int]:
@@ -123,8 +123,8 @@ def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     spec = _spec(node, len(ins) > 1)
     shape = tuple(ins[0].shape)
     geo = geometry(node, shape)
-    if _PlainDepthwise.applies(spec, shape):
-        return _PlainDepthwise.nbytes(spec, geo) + D.ALIGN
+    if _PlainDirect.applies(spec, shape):
+        return _PlainDirect.nbytes(spec, geo) + D.ALIGN
     wino = _Winograds(spec, geo, backends.winograd).pick(geo)
     return max(Plan(spec, shape).nbytes, 0 if wino is None else wino[1]) + D.ALIGN
 
@@ -147,8 +147,8 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     spec = _spec(node, len(ins) > 1)
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
-    if _PlainDepthwise.applies(spec, max_shape):
-        plain = _PlainDepthwise(backends, spec, max_shape)
+    if _PlainDirect.applies(spec, max_shape):
+        plain = _PlainDirect(backends, spec, max_shape)
 
         def run_plain(inputs, outputs, workspace):
             x = np.ascontiguousarray(inputs[0])

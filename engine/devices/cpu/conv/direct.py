@@ -1,6 +1,6 @@
-"""The direct CPU paths of Conv and ConvTranspose (float32 NCHW, no oneDNN): 1x1 as plain GEMM, depthwise as a
-direct numba loop, 3x3 stride-1 as Winograd F(2x2, 3x3), everything else as tiled im2col + BLAS GEMM; bias,
-residual and activation fused into one epilogue pass.
+"""The direct CPU paths of Conv and ConvTranspose (float32 NCHW, no oneDNN): 1x1 as plain GEMM, depthwise and
+grouped convs of few channels per group as direct numba loops, 3x3 stride-1 as Winograd F(2x2, 3x3), everything
+else as tiled im2col + BLAS GEMM; bias, residual and activation fused into one epilogue pass.
 
 A kernel is built once at the instance's max input shape (weights are packed then) and reads the actual
 shapes from the arrays on every call, so any smaller input runs in the same output view and workspace.
@@ -39,6 +39,9 @@ WINOGRAD_BLOCK_TILES = 256  # tiles per block to aim for: GEMMs large enough, sc
 # here rather than on oneDNN, whose jit kernel writes nCw16c and reorders the output to NCW (conv1d 10x1 s5
 # 1->512 @16000 as a one-layer graph: 0.75 vs 1.81 ms CPU, interleaved in one process).
 STEM_MAX_TAPS = 16
+# Up to this many input channels per group a grouped conv runs loops.grouped (flat axpys per output channel) rather
+# than im2col + a GEMM of a few rows per group.
+GROUPED_MAX_CHANNELS = 8
 STEM_MIN_CHANNELS = 64
 _F32 = np.dtype(np.float32)
 _DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
@@ -46,11 +49,13 @@ _DUMMY2 = np.zeros((1, 1), np.float32)
 
 
 def kind(geo: ConvGeom) -> str:
-    """The direct path a conv of this geometry takes: "gemm", "depthwise", "winograd" or "im2col"."""
+    """The direct path a conv of this geometry takes: "gemm", "depthwise", "grouped", "winograd" or "im2col"."""
     if geo.kh == geo.kw == 1 and geo.stride == (1, 1) and not any(geo.pads):
         return "gemm"
     if geo.groups == geo.c == geo.o and geo.pad_mode == "zeros":
         return "depthwise"
+    if geo.groups > 1 and geo.c // geo.groups <= GROUPED_MAX_CHANNELS and geo.pad_mode == "zeros":
+        return "grouped"
     if (WINOGRAD and geo.kh == geo.kw == 3 and geo.stride == geo.dilation == (1, 1) and geo.groups == 1
             and geo.pad_mode == "zeros" and min(geo.c, geo.o) >= WINOGRAD_MIN_CHANNELS
             and geo.n * _tiles(geo)[1] >= WINOGRAD_MIN_TILES):  # a batch's tiles share each block
@@ -179,6 +184,8 @@ def build_conv(blas: Blas, node: Node, ins: list[TensorInfo]) -> Kernel:
                           epi, ones=True)
     elif path == "depthwise":
         run = _depthwise_run(node, geom, packed(w.reshape(geo_max.c, geo_max.kh, geo_max.kw)), epi)
+    elif path == "grouped":
+        run = _grouped_run(node, geom, packed(w), epi)
     else:
         wg = packed(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
         if path == "gemm":
@@ -287,22 +294,39 @@ def _segments(g0: int, g1: int, th: int, tw: int) -> list[tuple[int, int, int, i
     return segs
 
 
+def _depthwise_loop(geo: ConvGeom) -> tuple:
+    """(loop, items, leading geometry arguments) of a depthwise conv: the flat-plane loops for strides 1 and 2
+    (stride 1 up to 64 columns), else the row-at-a-time one (best for wide stride-1 maps, the general case)."""
+    (sh, sw), (dh, dw) = geo.stride, geo.dilation
+    if (sh, sw) in ((1, 1), (2, 2)) and (geo.ow <= 64 or sh == 2):
+        return (K.depthwise_s1 if sh == 1 else K.depthwise_s2), geo.n * geo.c, (dh, dw)
+    return K.depthwise, geo.n * geo.c, (sh, sw, dh, dw)
+
+
+def _grouped_loop(geo: ConvGeom) -> tuple:
+    return K.grouped, geo.n * geo.groups, (*geo.stride, *geo.dilation)
+
+
 def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
+    return _loop_run(geom, wd, epi, _depthwise_loop)
+
+
+def _grouped_run(node: Node, geom, w: np.ndarray, epi: _Epilogue) -> Kernel:
+    return _loop_run(geom, w, epi, _grouped_loop)
+
+
+def _loop_run(geom, w: np.ndarray, epi: _Epilogue, loop: Callable[[ConvGeom], tuple]) -> Kernel:
+    """A direct numba conv loop (the bias, residual and cheap activations fused), split over its items."""
     code = E.ACT_NONE if epi.late else epi.code
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
         geo = geom(x.shape)
-        (sh, sw), (dh, dw), (pt, pl) = geo.stride, geo.dilation, geo.pads[:2]
-        zz, work = _DUMMY4 if z is None else z, out.size * geo.kh * geo.kw
-        if (sh, sw) in ((1, 1), (2, 2)) and (geo.ow <= 64 or sh == 2):
-            fn = K.depthwise_s1 if sh == 1 else K.depthwise_s2
-            parallel_for(fn, geo.n * geo.c, work, x, wd, epi.bias, zz, z is not None, out, dh, dw, pt, pl, code,
-                         *epi.p)
-        else:  # row at a time: best for wide stride-1 maps, the general case otherwise
-            parallel_for(K.depthwise, geo.n * geo.c, work, x, wd, epi.bias, zz, z is not None, out,
-                         sh, sw, dh, dw, pt, pl, code, *epi.p)
+        fn, items, lead = loop(geo)
+        work = out.size * geo.kh * geo.kw * (geo.c // geo.groups)
+        parallel_for(fn, items, work, x, w, epi.bias, _DUMMY4 if z is None else z, z is not None, out, *lead,
+                     *geo.pads[:2], code, *epi.p)
         if epi.late:
             apply_activation(epi.name, epi.params, out)
     return run

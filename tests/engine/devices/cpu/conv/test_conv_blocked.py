@@ -9,6 +9,7 @@ import pytest
 from op_harness import build_kernel, get_op
 
 from engine.devices.cpu.conv import blocked as conv_blocked_kernel
+from engine.devices.cpu.conv import direct
 from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, is_reference, primitive_impl
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.layout.conv_blocked import geometry
@@ -99,26 +100,29 @@ CASES = [
 def test_blocked_both_sides(c, o, k, stride, groups, dilation, act, act_params):
     node, plain = make(c, o, k, stride, groups, dilation, act, act_params)
     blocked_in = (3, -(-c // B), 9, 9, B)
-    gemm_dw = groups == c == o and not is_jit(primitive_impl(ConvSpec(node, False, geometry, B, True, True),
-                                                             blocked_in))
+    kind = direct.kind(geometry(node, blocked_in))
+    gemm = kind in ("depthwise", "grouped") and not is_jit(primitive_impl(ConvSpec(node, False, geometry, B, True,
+                                                                                   True), blocked_in))
     run_case(node, plain, [(3, c, 9, 9), (1, c, 9, 9)], residual=False,
-             impl="plain+direct:depthwise" if gemm_dw else "onednn:")
+             impl=f"plain+direct:{kind}" if gemm else "onednn:")
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("src_blocked,dst_blocked", [(True, True), (True, False), (False, True)])
-@pytest.mark.parametrize("c,stride,dilation", [(48, 1, 12), (20, 2, 1), (16, 1, 6)])
-def test_depthwise_without_a_jit_kernel_runs_the_direct_kernel_on_plain_copies(c, stride, dilation, src_blocked,
-                                                                               dst_blocked, residual, monkeypatch):
-    """A depthwise conv oneDNN has only its gemm-based kernel for (dilation 6 and more on AVX2; forced here on
-    every host): the direct numba kernel between NCHW copies of the blocked sides, channels off the block (zero
-    padding lanes written), activation and residual, smaller batches after the max."""
+@pytest.mark.parametrize("c,groups,stride,dilation", [(48, 48, 1, 12), (20, 20, 2, 1), (16, 16, 1, 6),
+                                                     (32, 8, 1, 1), (24, 12, 2, 2)])
+def test_depthwise_or_grouped_without_a_jit_kernel_runs_the_direct_kernel_on_plain_copies(
+        c, groups, stride, dilation, src_blocked, dst_blocked, residual, monkeypatch):
+    """A depthwise or grouped conv oneDNN has only its gemm-based kernel for (dilation 6 and more, groups of
+    fewer channels than a block, on AVX2; forced here on every host): the direct numba kernel between NCHW copies
+    of the blocked sides, channels off the block (zero padding lanes written), activation and residual, smaller
+    batches after the max."""
     monkeypatch.setattr(conv_blocked_kernel, "is_jit", lambda impl: False)
-    node, plain = make(c, c, 3, stride=stride, groups=c, dilation=dilation, act="relu6", src_blocked=src_blocked,
-                       dst_blocked=dst_blocked)
+    node, plain = make(c, c, 3, stride=stride, groups=groups, dilation=dilation, act="relu6",
+                       src_blocked=src_blocked, dst_blocked=dst_blocked)
     hw = 2 * dilation + 5
     run_case(node, plain, [(2, c, hw, hw), (1, c, hw - 2, hw), (2, c, hw, hw)], residual=residual,
-             impl="plain+direct:depthwise")
+             impl="plain+direct:" + ("depthwise" if groups == c else "grouped"))
 
 
 @pytest.mark.parametrize("act", [None, "relu"])

@@ -51,7 +51,7 @@ def workspace_of(node, x: np.ndarray, device=None) -> int:
 
 def test_goldens_cover_every_kernel_path():
     kinds = {direct.kind(conv_geom(c.node(), c.inputs[0].shape)) for c in CASES if c.op == "Conv"}
-    assert kinds == {"gemm", "depthwise", "im2col"}
+    assert kinds == {"gemm", "depthwise", "grouped", "im2col"}
     assert sum(c.op == "ConvTranspose" for c in CASES) >= 5
 
 
@@ -278,6 +278,52 @@ def test_small_maps_take_winograd_only_in_a_batch():
     assert direct.kind(conv_geom(node, (8, 32, 7, 7))) == "winograd"  # 128 tiles across the batch
 
 
+# Grouped convs of few channels per group (direct.kind "grouped", loops.grouped): phase-split planes for every
+# stride, taps in threes and the remainder, channel multipliers, dilation, asymmetric pads, residual, activations.
+GROUPED_CONFIGS = {
+    "g32_4x4_3x3": dict(c=128, o=128, groups=32, pads=(1, 1, 1, 1), activation="relu"),
+    "multiplier_2": dict(c=8, o=16, groups=8, pads=(1, 1, 1, 1)),
+    "s2_3x3": dict(c=16, o=16, groups=4, stride=(2, 2), pads=(1, 1, 1, 1), activation="silu"),
+    "s3_5x5_dil2": dict(c=12, o=6, groups=3, k=(5, 5), stride=(3, 3), dilation=(2, 2), pads=(4, 3, 2, 4)),
+    "rect_s21_asym": dict(c=6, o=9, groups=3, k=(2, 4), stride=(2, 1), pads=(0, 2, 1, 1), activation="hardswish"),
+    "1x1_s2": dict(c=16, o=32, groups=4, k=(1, 1), stride=(2, 2)),
+    "8_per_group_no_bias": dict(c=16, o=16, groups=2, pads=(1, 1, 1, 1), bias=False,
+                                activation="gelu", activation_params={"approximate": "none"}),
+}
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("name", sorted(GROUPED_CONFIGS))
+def test_grouped_matches_reference(name, residual):
+    cfg = dict(GROUPED_CONFIGS[name])
+    c, o = cfg.pop("c"), cfg.pop("o")
+    node = conv_node(c, o, cfg.pop("k", (3, 3)), bias=cfg.pop("bias", True), residual=residual, **cfg)
+    big = rand(2, c, 17, 15)
+    assert direct.kind(conv_geom(node, big.shape)) == "grouped"
+    check_path(node, big, rand(1, c, 9, 12), "direct:grouped", DIRECT)
+
+
+def check_path(node, big: np.ndarray, small: np.ndarray, impl: str, device) -> None:
+    """The kernel built at `big` (plus a residual when the node takes one) reports `impl` and matches the
+    reference at `small` and at `big`."""
+    maxes, ins = [big], [small]
+    if len(node.inputs) > 1:
+        maxes.append(rand(*infer(node, [big])[0].shape))
+        ins.append(rand(*infer(node, [small])[0].shape))
+    kernel, _ = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in maxes], device)
+    assert kernel.impl == impl
+    check_kernel(node, ins, maxes, rtol=1e-4, atol=1e-5, device=device)
+    check_kernel(node, maxes, maxes, rtol=1e-4, atol=1e-5, device=device)
+
+
+def test_grouped_bounds():
+    """More than GROUPED_MAX_CHANNELS inputs per group, or a pad mode other than zeros: im2col per group."""
+    assert direct.kind(conv_geom(conv_node(16, 16, groups=2), (1, 16, 9, 9))) == "grouped"
+    assert direct.kind(conv_geom(conv_node(18, 18, groups=2), (1, 18, 9, 9))) == "im2col"
+    assert direct.kind(conv_geom(conv_node(8, 8, groups=2, pad_mode="reflect", pads=(1, 1, 1, 1)),
+                                 (1, 8, 9, 9))) == "im2col"
+
+
 # Stems (direct.is_stem): few inputs per output into many channels, the bias a row of ones in the GEMM; taken
 # with oneDNN on or off. Every attribute variant against the reference.
 STEM_CONFIGS = {
@@ -298,16 +344,9 @@ def test_stem_matches_reference(name, residual, device):
     cfg = dict(STEM_CONFIGS[name])
     c = cfg.pop("c")
     node = conv_node(c, 64, cfg.pop("k", (3, 3)), bias=cfg.pop("bias", True), residual=residual, **cfg)
-    big, small = rand(2, c, 9, 40), rand(1, c, 5, 23)
+    big = rand(2, c, 9, 40)
     assert direct.is_stem(conv_geom(node, big.shape))
-    maxes, ins = [big], [small]
-    if residual:
-        maxes.append(rand(*infer(node, [big])[0].shape))
-        ins.append(rand(*infer(node, [small])[0].shape))
-    kernel, _ = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in maxes], device)
-    assert kernel.impl == "direct:stem"
-    check_kernel(node, ins, maxes, rtol=1e-4, atol=1e-5, device=device)
-    check_kernel(node, maxes, maxes, rtol=1e-4, atol=1e-5, device=device)
+    check_path(node, big, rand(1, c, 5, 23), "direct:stem", device)
 
 
 def test_stem_bounds():

@@ -122,16 +122,18 @@ def test_dispatch(name, onednn, monkeypatch):
     assert getattr(fn, "impl", "").startswith("onednn:") == onednn
 
 
-@pytest.mark.parametrize("dilation", [1, 12])
-def test_depthwise_takes_the_direct_kernel_where_onednn_has_no_jit_one(dilation, monkeypatch):
-    """oneDNN's gemm-based depthwise (im2col per channel: dilation 12 on AVX2) loses to the direct numba kernel."""
+@pytest.mark.parametrize("dilation,groups", [(1, 24), (12, 24), (1, 6), (2, 12)])
+def test_depthwise_or_grouped_take_the_direct_kernel_where_onednn_has_no_jit_one(dilation, groups, monkeypatch):
+    """oneDNN's gemm-based depthwise or grouped conv (im2col per group: dilation 12, 4 or 2 channels a group, on
+    AVX2) loses to the direct numba kernel."""
     monkeypatch.undo()  # the real dispatch
-    node = conv_node(24, 24, pads=(dilation,) * 4, dilation=(dilation, dilation), groups=24, residual=True,
+    node = conv_node(24, 24, pads=(dilation,) * 4, dilation=(dilation, dilation), groups=groups, residual=True,
                      **act_params("relu6"))
     shape = (2, 24, 2 * dilation + 6, 2 * dilation + 5)
     impl = _conv_onednn.primitive_impl(_conv_onednn.ConvSpec(node, True), shape)
     fn = build_op_kernel(node, infos_of(inputs_for(node, rand(*shape)), node=node))[0]
-    assert fn.impl == (f"onednn:{impl}" if _conv_onednn.is_jit(impl) else "direct:depthwise")
+    kind = "depthwise" if groups == 24 else "grouped"
+    assert fn.impl == (f"onednn:{impl}" if _conv_onednn.is_jit(impl) else f"direct:{kind}")
     check_kernel(node, inputs_for(node, rand(*shape)), **TOL)
 
 
@@ -268,7 +270,8 @@ NUMPY_PATHS = {
     "gemm": ("1x1", "relu"),
     "depthwise": ("depthwise_s2", "hardswish"),
     "winograd": ("3x3_s1", "silu"),
-    "im2col": ("grouped_dilated_asym", "relu6"),
+    "im2col": ("5x5_dil2", "relu6"),
+    "grouped": ("grouped_dilated_asym", "relu6"),
 }
 
 
