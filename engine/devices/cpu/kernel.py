@@ -100,3 +100,16 @@ def packed(a, dtype=np.float32) -> np.ndarray:
     if arr.dtype != dtype or not arr.flags.c_contiguous or not arr.flags.aligned or arr.ctypes.data % 16:
         arr = np.array(arr, dtype=dtype, order="C", copy=True)
     return arr
+
+
+# Per-shape values a kernel keeps (its geometry, taps, divisors): a server sees a few input shapes, but traffic of
+# ever new ones (each within the max shape) must not grow the cache without bound: past this many it starts over.
+SHAPES_KEPT = 32
+
+
+def remember(cache: dict, key: tuple, value):
+    """cache[key] = value, the cache emptied first when it holds SHAPES_KEPT entries; returns value."""
+    if len(cache) >= SHAPES_KEPT:
+        cache.clear()
+    cache[key] = value
+    return value

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback
+from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.loops import pool as PK
 from engine.devices.cpu.loops import rows as PL
 from engine.devices.cpu.onednn import pool as onednn_pool
@@ -16,17 +16,6 @@ from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
 from engine.ops.pool import adaptive_reference, avgpool_reference, global_reference, maxpool_reference, pool_geom
 from engine.ops.registry import TensorInfo
-
-# Per-shape arguments a pooling kernel keeps (a server sees a few input shapes; traffic of ever new ones must not
-# grow the cache: it starts over).
-SHAPES_KEPT = 32
-
-
-def _remember(cache: dict, key: tuple, value: tuple) -> tuple:
-    if len(cache) >= SHAPES_KEPT:
-        cache.clear()
-    cache[key] = value
-    return value
 
 
 def _is_f32(ins: list[TensorInfo]) -> bool:
@@ -46,7 +35,7 @@ def build_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
             g = pool_geom(node, x.shape)
             # the separable kernel does ~kh + kw passes per output row of width w (not kh*kw taps per output)
             work = g.n * g.c * g.oh * (g.w * g.kernel[0] + g.ow * g.kernel[1])
-            args = _remember(geoms, x.shape, (g.n * g.c, work, (*g.kernel, *g.stride, *g.dilation, *g.pads[:2])))
+            args = remember(geoms, x.shape, (g.n * g.c, work, (*g.kernel, *g.stride, *g.dilation, *g.pads[:2])))
         parallel_for(PK.max_pool, args[0], args[1], x, outputs[0], *args[2])
     run.impl = "numba:max_pool"  # type: ignore[attr-defined]
     return run
@@ -67,7 +56,7 @@ def build_avgpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
             g = pool_geom(node, x.shape)
             d = PK.avg_divisors(g.h, g.w, g.oh, g.ow, *g.kernel, *g.stride, *g.pads, include, divisor)
             work = g.n * g.c * g.oh * (g.w * g.kernel[0] + g.ow * g.kernel[1])
-            args = _remember(geoms, x.shape, (g.n * g.c, work, (*g.kernel, *g.stride, *g.pads[:2], d)))
+            args = remember(geoms, x.shape, (g.n * g.c, work, (*g.kernel, *g.stride, *g.pads[:2], d)))
         parallel_for(PK.avg_pool, args[0], args[1], x, outputs[0], *args[2])
     run.impl = "numba:avg_pool"  # type: ignore[attr-defined]
     # oneDNN's NCHW average pooling where it has a jit kernel for it (AVX-512 hosts): 2x2 s2 64ch@56 0.18 vs

@@ -1,7 +1,8 @@
 """The numba kernels behind Resize: a separable gather with per-row and per-column taps,
 
 out[n, c, oh, ow] = sum_a sum_b wy[oh, a] * wx[ow, b] * x[n, c, iy[oh, a], ix[ow, b]]
-Nearest uses one tap of weight 1, bilinear two, bicubic four; the taps come from resize.py. And the same sums for
+Nearest uses one tap of weight 1, bilinear two, bicubic four; the taps come from resize.py. Nearest taps that
+repeat every input a whole number of times run as copies (`nearest_repeat`). And the same sums for
 the taps of bilinear upsampling by 2 (`bilinear_2x`) as vector passes over every row of many planes at once: 1024
 planes of 7x7 (EfficientFormerV2's attention upsampling) took 0.4 ms in the gather, 0.1 ms here.
 """
@@ -14,6 +15,30 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 _LANES = 16
+
+
+@njit(nogil=True, cache=True)
+def nearest_repeat(x, out, ky, kx, lo, hi):
+    """Planes [lo, hi) of x (P, H, W) repeated ky times down and kx times across into out (P, H*ky, W*kx): nearest
+    upsampling by whole factors (YOLO's and UNet's x2), an output row built once and copied to the other ky - 1,
+    where the gather read one index per output (256 planes 20 -> 40: 0.45 ms)."""
+    h_n, w_n = x.shape[1], x.shape[2]
+    for p in range(lo, hi):
+        for i in range(h_n):
+            src = x[p, i]
+            dst = out[p, i * ky]
+            if kx == 2:
+                for j in range(w_n):
+                    v = src[j]
+                    dst[2 * j] = v
+                    dst[2 * j + 1] = v
+            else:
+                for j in range(w_n):
+                    v = src[j]
+                    for t in range(kx):
+                        dst[j * kx + t] = v
+            for r in range(1, ky):
+                out[p, i * ky + r, :] = dst
 
 
 @njit(nogil=True, cache=True)

@@ -149,19 +149,19 @@ def test_pooling_kernels_keep_arguments_for_a_bounded_number_of_shapes():
     right."""
     from op_harness import build_kernel, infos_of
 
-    from engine.devices.cpu import pool as cpu_pool
+    from engine.devices.cpu import kernel as cpu_kernel
     for op in ("MaxPool", "AvgPool"):
         node = make_node(op, 1, params={"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1]})
         big = rand(1, 2, 40, 40)
         fn = build_kernel(node, infos_of([big], node=node))[0]
-        for h in range(3, 3 + 2 * cpu_pool.SHAPES_KEPT):
+        for h in range(3, 3 + 2 * cpu_kernel.SHAPES_KEPT):
             x = rand(1, 2, h, 7)
             out = np.empty(reference(node, [x])[0].shape, np.float32)
             fn([x], [out], None)
             np.testing.assert_allclose(out, reference(node, [x])[0], rtol=2e-6, atol=1e-6)
         cells = [c.cell_contents for c in fn.__closure__ or () if isinstance(c.cell_contents, dict)]
         if cells:  # the numba kernels (oneDNN's keeps plans per shape of its own)
-            assert all(len(c) <= cpu_pool.SHAPES_KEPT for c in cells)
+            assert all(len(c) <= cpu_kernel.SHAPES_KEPT for c in cells)
 
 
 @pytest.mark.parametrize("shape", [(1, 3, 112, 112), (2, 33, 7, 7), (3, 1, 1, 1), (1, 5, 1, 300), (2, 4, 6)])

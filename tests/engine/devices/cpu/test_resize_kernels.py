@@ -159,3 +159,28 @@ def test_other_taps_keep_the_gather(params):
     out = int(n * params["scale"][0])
     assert not R._is_bilinear_2x(*taps(node, 0, n, out, False), n)
     check_kernel(node, [rand(1, 3, n, n)])
+
+
+@pytest.mark.parametrize("scale,shape", [([2, 2], (1, 256, 20, 20)), ([3, 3], (2, 3, 5, 7)), ([2, 1], (1, 4, 6, 9)),
+                                         ([1, 4], (1, 2, 3, 5)), ([2, 2], (1, 3, 1, 1))])
+def test_nearest_by_whole_factors_runs_as_copies(scale, shape, monkeypatch):
+    """Nearest taps that repeat each input k times (output i reads input i // k) run RK.nearest_repeat, exact."""
+    node = make_node("Resize", 1, params={"mode": "nearest", "scale": scale})
+    x = rand(*shape)
+    for axis, n, k in ((0, shape[2], scale[0]), (1, shape[3], scale[1])):
+        assert R._repeat_factor(*taps(node, axis, n, k * n, False), n) == k
+    calls = []
+    real = R.RK.nearest_repeat
+    monkeypatch.setattr(R.RK, "nearest_repeat", lambda *a: (calls.append(a[2:4]), real(*a))[1])
+    check_kernel(node, [x], rtol=0, atol=0)
+    np.testing.assert_array_equal(reference(node, [x])[0], np.repeat(np.repeat(x, scale[0], 2), scale[1], 3))
+    assert calls and calls[0] == tuple(scale)
+
+
+@pytest.mark.parametrize("params,n,out", [({"mode": "nearest", "scale": [1.5, 1.5]}, 6, 9),
+                                          ({"mode": "bilinear", "scale": [2, 2]}, 6, 12),
+                                          ({"mode": "nearest", "scale": [0.5, 0.5]}, 6, 3)])
+def test_other_taps_are_not_repeats(params, n, out):
+    node = make_node("Resize", 1, params=params)
+    assert R._repeat_factor(*taps(node, 0, n, out, False), n) == 0
+    check_kernel(node, [rand(1, 3, n, n)])
