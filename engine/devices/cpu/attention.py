@@ -71,6 +71,11 @@ SHORT_KEYS = 256
 # gain is fewer calls. Smaller heads lose to oneDNN's per-call cost: MobileViT's 16-token attention 1.8-2.1x, its
 # 64-token one 0.97-1.13x; DeiT-tiny's 197 tokens (head dim 64) 0.91-1.05x, inside the noise. So only 256x256 up.
 DNN_MIN_SCORES = 256 * 256
+# The grouped path splits its items over the threads from this much work (queries x keys x (E + Ev) summed over
+# the heads) on: below it the items' Python (the GIL) and the hand-over cost more than half the work saves (one
+# layer, AVX2 EPYC, 2 threads against 1: 8 heads of 16 tokens, 262K, 2.3x slower split; of 64 tokens, 4.2M,
+# 1.2-1.3x slower; 64 heads of 49 tokens d32, 9.8M, 0.76x).
+GROUP_SPLIT_WORK = 1 << 23
 DNN_TILE_BYTES = 1 << 20
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
@@ -620,8 +625,10 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         L, S = inputs[0].shape[-2], inputs[1].shape[-2]
         rows = min(b.rows, max(1, L)) if grouped else b.rows
         work = math.prod(out.shape[:-2]) * -(-L // rows) * rows * S * (inputs[0].shape[-1] + out.shape[-1])
-        if grouped:  # split: whether parallel_for hands items to other threads
-            call = _GroupCall(node, inputs, out, b, slots, chunks_for(len(slots), work) > 1)
+        if grouped:  # split: whether parallel_for hands items to other threads (else one slot, the largest items)
+            split = work >= GROUP_SPLIT_WORK and chunks_for(len(slots), work) > 1
+            slots = slots if split else slots[:1]
+            call = _GroupCall(node, inputs, out, b, slots, split)
         else:
             call = _Call(node, inputs, out, b, slots)
         if call.S == 0 or call.items == 0:

@@ -421,6 +421,7 @@ def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monke
 
     monkeypatch.setattr(fused, "get_threads", lambda: 2)
     monkeypatch.setattr(pool, "MIN_WORK", 0)  # every size split (threads.chunks_for, parallel_for)
+    monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
     before = pool.get_threads()
     pool.set_threads(2)
     request.addfinalizer(lambda: pool.set_threads(before))
@@ -546,3 +547,57 @@ def test_grouped_gemm_plans_start_over_past_their_cap(monkeypatch):
     for slot in slots:
         if slot.gemms:
             assert all(r[0].plan is gemms.plans[key][0] for key, r in slot.runners.items())
+
+
+def test_grouped_attention_of_little_work_runs_on_the_calling_thread(monkeypatch, request):
+    """Below GROUP_SPLIT_WORK the grouped path hands nothing to the pool (one slot: its items' Python and the
+    hand-over would cost more than the split saves); above it, it splits."""
+    monkeypatch.setattr(pool, "MIN_WORK", 0)
+    before = pool.get_threads()
+    pool.set_threads(2)
+    request.addfinalizer(lambda: pool.set_threads(before))
+    seen = []
+    real = fused.parallel_for
+    monkeypatch.setattr(fused, "parallel_for", lambda fn, n, work, *a: (seen.append(n), real(fn, n, work, *a))[1])
+    inputs = [_x(1, 8, 16, 64), _x(1, 8, 16, 64), _x(1, 8, 16, 64)]  # 262K of work
+    check_kernel(make_node("Attention", 3), inputs, rtol=1e-4, atol=1e-5)
+    assert seen and set(seen) == {1}
+    seen.clear()
+    monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 1 << 10)
+    check_kernel(make_node("Attention", 3), inputs, rtol=1e-4, atol=1e-5)
+    assert seen and set(seen) == {2}
+
+
+@pytest.mark.parametrize("mask_kind", [fused.A.MASK_NONE, fused.A.MASK_ADD, fused.A.MASK_BOOL])
+@pytest.mark.parametrize("S,scale", [(7, 0.3), (77, 0.125), (fused.A.FLAT_KEYS, -0.5), (fused.A.FLAT_KEYS + 5, 0.2)])
+def test_group_softmax_rows_short_and_long(S, scale, mask_kind):
+    """group_softmax's two forms (short rows: shifts, one exp pass over the whole tile, sums; longer rows: row by
+    row) give exp(scale * s + mask - row max) and the row sums as numpy does, a row with nothing to attend to zeros
+    with sum 0, a NaN score a NaN sum; a negative scale takes the unfolded way."""
+    L = 9
+    s = (RNG.standard_normal((1, 2, L, S)) * 4).astype(np.float32)
+    s[0, 1, 2, S // 2] = np.nan
+    if mask_kind == fused.A.MASK_ADD:
+        mask = np.where(RNG.random((1, 2, L, S)) > 0.3, RNG.standard_normal((1, 2, L, S)), -np.inf).astype(np.float32)
+        mask[0, 0, 4], mask[0, 1, 2, S // 2] = -np.inf, 0
+    elif mask_kind == fused.A.MASK_BOOL:
+        mask = RNG.random((1, 2, L, S)) > 0.3
+        mask[0, 0, 4], mask[0, 1, 2, S // 2] = False, True
+    else:
+        mask = np.zeros((1, 2, L, S), np.float32)
+        s[0, 0, 4] = -np.inf * np.sign(scale)  # scaled: -inf
+    z = s.astype(np.float64) * scale
+    z = z + mask if mask_kind == fused.A.MASK_ADD else np.where(mask, z, -np.inf) if mask_kind == fused.A.MASK_BOOL \
+        else z
+    with np.errstate(invalid="ignore"):
+        m = np.nanmax(np.where(np.isnan(z), -np.inf, z), axis=-1, keepdims=True)
+        want = np.where(np.isfinite(m), np.exp(z - np.where(np.isfinite(m), m, 0)), 0.0)
+    want_l = want.sum(-1)
+    got, l = s.copy(), np.empty((1, 2, L), np.float32)
+    given = mask if mask_kind != fused.A.MASK_NONE else np.broadcast_to(fused._NO_MASK[:1, :1], (1, 2, L, 1))
+    fused.A.group_softmax(got, given, mask_kind, False, 0, np.float32(scale), l)
+    assert np.isnan(l[0, 1, 2]) and np.isnan(want_l[0, 1, 2])
+    assert l[0, 0, 4] == 0 and (got[0, 0, 4] == 0).all()
+    ok = ~np.isnan(want_l)  # a NaN row's values are free (its output is NaN through its sum)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=2e-6, atol=1e-30)
+    np.testing.assert_allclose(l[ok], want_l[ok], rtol=2e-6)
