@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
+from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback, remember
 from engine.devices.cpu.loops import rows as PL
 from engine.devices.cpu.loops.pointwise import erf_loop
 from engine.devices.cpu.threads import parallel_for
@@ -62,13 +62,14 @@ def _binary_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     def plan(a, b, out):
         key = (a.shape, b.shape, a.dtype, b.dtype)
         if key not in plans:
-            plans[key] = None
+            made = None
             if a.dtype == b.dtype == ct:
                 swap = a.shape != out.shape
                 big, small = (b, a) if swap else (a, b)
                 if big.shape == out.shape:
                     rows = row_plan(out.shape, small.shape)
-                    plans[key] = None if rows is None else (swap, *rows)
+                    made = None if rows is None else (swap, *rows)
+            return remember(plans, key, made)
         return plans[key]
 
     def run(inputs, outputs, workspace):

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
+from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback, remember
 from engine.devices.cpu.loops.rows import gather_rows, shuffle_rows
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
@@ -37,7 +37,7 @@ def _join_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
             axis = norm_axis(node, int(node.params.get("axis", 0)), out.ndim)
             widths = [1 if stack else x.shape[axis] for x in inputs]
             outer, _, cols = _cuts(out.shape, axis, widths)
-            plan = plans[key] = (outer, cols)
+            plan = remember(plans, key, (outer, cols))
         outer, cols = plan
         if out.size == 0:
             return
@@ -55,7 +55,7 @@ def _split_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
         if plan is None:
             axis, sizes = split_sizes(node, x.shape)
             outer, _, cols = _cuts(x.shape, axis, sizes)
-            plan = plans[x.shape] = (outer, cols)
+            plan = remember(plans, x.shape, (outer, cols))
         outer, cols = plan
         if x.size == 0:
             return

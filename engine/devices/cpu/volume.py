@@ -15,7 +15,7 @@ import logging
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback
+from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.errors import KernelError
@@ -98,7 +98,7 @@ def _planned(node: Node, ins: list[TensorInfo], make) -> Kernel:
             if any(a > b for a, b in zip(x.shape, max_shape, strict=True)):
                 raise KernelError(f"{node.where()}: {node.op_type} input {x.shape} is beyond the max shape "
                                   f"{max_shape} it was planned for")
-            plan = plans[x.shape] = make(x.shape)
+            plan = remember(plans, x.shape, make(x.shape))
         D.sync_threads()
         plan.run(x, outputs[0])
 

@@ -17,7 +17,7 @@ from engine.devices.cpu.conv import direct
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, primitive_impl
 from engine.devices.cpu.epilogue import apply_activation
-from engine.devices.cpu.kernel import Backends, reference_fallback
+from engine.devices.cpu.kernel import Backends, reference_fallback, remember
 from engine.devices.cpu.layout import conv_blocked
 from engine.devices.cpu.layout.conv_blocked import geometry
 from engine.devices.cpu.layout.kernels import reorder
@@ -165,7 +165,7 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         if shape not in wino_plans:
             geo = geometry(node, shape)
             picked = winograds.pick(geo)
-            wino_plans[shape] = None if picked is None else (picked[0], geo, picked[1])
+            return remember(wino_plans, shape, None if picked is None else (picked[0], geo, picked[1]))
         return wino_plans[shape]
 
     def run(inputs, outputs, workspace):
@@ -179,7 +179,7 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
             return
         plan = plans.get(x.shape)
         if plan is None:
-            plan = plans[x.shape] = Plan(spec, x.shape)
+            plan = remember(plans, x.shape, Plan(spec, x.shape))
             log.debug("%s: oneDNN blocked conv for input %s: %s", node.where(), x.shape, plan.impl)
         plan.run(x, z, out, workspace)
         if spec.late:

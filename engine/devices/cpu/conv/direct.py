@@ -18,7 +18,7 @@ from engine.devices.cpu.blas import Blas
 from engine.devices.cpu.conv import loops as K
 from engine.devices.cpu.conv import winograd as W
 from engine.devices.cpu.epilogue import apply_activation
-from engine.devices.cpu.kernel import packed
+from engine.devices.cpu.kernel import packed, remember
 from engine.devices.cpu.loops import fused_epilogue as E
 from engine.devices.cpu.threads import parallel_for
 from engine.errors import KernelError
@@ -164,7 +164,7 @@ def _geom_cache(fn: Callable[[Node, Sequence[int]], ConvGeom], node: Node) -> Ca
     def get(shape: tuple) -> ConvGeom:
         geo = cache.get(shape)
         if geo is None:
-            geo = cache[shape] = fn(node, shape)
+            geo = remember(cache, shape, fn(node, shape))
         return geo
     return get
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from engine.devices.base import Kernel
 from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.kernel import remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md, native_block
@@ -267,7 +268,7 @@ def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
             if any(a > b for a, b in zip(x.shape, max_shape, strict=True)):
                 raise KernelError(f"{node.where()}: {node.op_type} input {x.shape} is beyond the max shape "
                                   f"{max_shape} its workspace was planned for")
-            plan = plans[x.shape] = Plan(spec, x.shape)
+            plan = remember(plans, x.shape, Plan(spec, x.shape))
             log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, x.shape, plan.impl)
         plan.run(x, z, out, workspace)
         if spec.late:

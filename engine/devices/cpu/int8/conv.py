@@ -52,6 +52,7 @@ from engine.devices.base import Kernel
 from engine.devices.cpu.int8 import loops
 from engine.devices.cpu.int8.requant import exact_bias, exact_sums, exact_u8_sums, suspects, tie_free_scales
 from engine.devices.cpu.int8.scales import scaled_factors
+from engine.devices.cpu.kernel import remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import parallel_for, threads_for
@@ -547,7 +548,7 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
             if any(a > b for a, b in zip(x.shape, max_shape, strict=True)):
                 raise KernelError(f"{node.where()}: {node.op_type} input {x.shape} is beyond the max shape "
                                   f"{max_shape} its workspace was planned for")
-            plan = plans[x.shape] = Plan(spec, x.shape)
+            plan = remember(plans, x.shape, Plan(spec, x.shape))
         base, size = D.workspace_base(workspace)
         if plan.way != "direct" and size < plan.nbytes:
             # A smaller input than the max shape whose primitive wants more room than the max shape's did (another

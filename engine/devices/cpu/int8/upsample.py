@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from engine.devices.cpu.kernel import Backends, CpuKernel
+from engine.devices.cpu.kernel import Backends, CpuKernel, remember
 from engine.devices.cpu.loops.quant import f2i8
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
@@ -78,7 +78,7 @@ def _build(channels_last: bool):
             n, h, w, c = x.shape
             plan = cache.get(x.shape)
             if plan is None:
-                plan = cache[x.shape] = _plan(node, (n, c, h, w))
+                plan = remember(cache, x.shape, _plan(node, (n, c, h, w)))
             if plan[0] == "copy":
                 np.copyto(out, x)
                 return

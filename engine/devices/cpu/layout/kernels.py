@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback
+from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.layout.blocked_ops import (
     BROADCAST_OPS,
     as_maxpool,
@@ -76,8 +76,8 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
         step = steps.get(plain_shape)
         if step is None:
             plain, blocked = D.MemoryDesc.plain(plain_shape), blocked_md(plain_shape, block)
-            step = steps[plain_shape] = (D.reorder_step(plain, blocked) if to_blocked
-                                         else D.reorder_step(blocked, plain))
+            step = remember(steps, plain_shape, D.reorder_step(plain, blocked) if to_blocked
+                            else D.reorder_step(blocked, plain))
         return step
 
     def run(inputs, outputs, workspace):
@@ -130,7 +130,7 @@ def _kernel_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]):
         n, cb, h, w, b = x.shape
         g = geoms.get(x.shape)
         if g is None:
-            g = geoms[x.shape] = pool_geom(plain, (n, cb * b, h, w))
+            g = remember(geoms, x.shape, pool_geom(plain, (n, cb * b, h, w)))
         parallel_for(max_pool, n * cb, out.size * g.kernel[0] * g.kernel[1], x.reshape(n * cb, h, w, b),
                      out.reshape(n * cb, g.oh, g.ow, b), *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1])
     run.impl = "numba:max_pool_blocked"  # type: ignore[attr-defined]
@@ -207,7 +207,8 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
 
     def plan(hw: int) -> list:
         if hw not in plans:
-            plans[hw] = [[(i, _Copy(out, i, block, hw)) for i in sorted({i for i, _ in out})] for out in sources]
+            return remember(plans, hw, [[(i, _Copy(out, i, block, hw)) for i in sorted({i for i, _ in out})]
+                                        for out in sources])
         return plans[hw]
 
     def run(inputs, outputs, workspace):

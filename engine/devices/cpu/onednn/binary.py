@@ -7,6 +7,7 @@ s - x); primitives are cached per input shape.
 from __future__ import annotations
 
 from engine.devices.base import Kernel
+from engine.devices.cpu.kernel import remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
@@ -44,7 +45,7 @@ def build(op: str, small_first: bool, fallback: Kernel) -> Kernel:
             return
         plan = plans.get(x.shape)
         if plan is None:
-            plan = plans[x.shape] = _Plan(op, x.shape)
+            plan = remember(plans, x.shape, _Plan(op, x.shape))
         D.sync_threads()
         plan.step.run({L.ARG_SRC: D.address(x), ARG_SRC_1: D.address(s), L.ARG_DST: D.address(outputs[0])})
         D.wait()

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.devices.cpu.kernel import remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 
@@ -221,7 +222,8 @@ class Gemm:
             wts = D.MemoryDesc.any((self.k, self.n))
             bias = D.MemoryDesc.plain((1, self.n)) if self.bias is not None else None
             res = D.MemoryDesc.plain((m, self.n)) if self.residual else None
-            plan = self.plans[m] = Plan(src, wts, dst, bias, res, self.eltwise, self.packed, m * self.k * self.n)
+            plan = remember(self.plans, m, Plan(src, wts, dst, bias, res, self.eltwise, self.packed,
+                                                  m * self.k * self.n))
             log.debug("oneDNN matmul %dx%dx%d: %s", m, self.k, self.n, plan.impl)
         return plan
 
@@ -275,7 +277,7 @@ class MatMul:
             else:
                 wts, packed = D.MemoryDesc.strided(*sb), None
             work = math.prod(out_shape) * int(a_shape[-1])
-            plan = self.plans[key] = Plan(src, wts, dst, None, None, None, packed, work)
+            plan = remember(self.plans, key, Plan(src, wts, dst, None, None, None, packed, work))
             log.debug("oneDNN matmul %s @ %s: %s", a_shape, b_shape, plan.impl)
         return plan
 

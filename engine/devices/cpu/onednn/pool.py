@@ -14,6 +14,7 @@ import logging
 import numpy as np
 
 from engine.devices.base import Kernel
+from engine.devices.cpu.kernel import remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
@@ -104,7 +105,7 @@ def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int 
             plan = plans[x.shape]
         else:
             geo = geom(node, x.shape)
-            plan = plans[x.shape] = _Plan(node, geo, block) if algorithm(node, geo) is not None else None
+            plan = remember(plans, x.shape, _Plan(node, geo, block) if algorithm(node, geo) is not None else None)
             log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, x.shape,
                       plan.pd.impl if plan else "none, numba kernel")
         if plan is None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.devices.base import Kernel
+from engine.devices.cpu.kernel import remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 
@@ -86,7 +87,7 @@ def build(create: Create, view: Callable[[tuple[int, ...]], tuple[int, ...]], fa
         dims = view(x.shape)
         plan = plans.get(dims)
         if plan is None:
-            plan = plans[dims] = Plan(create, dims)
+            plan = remember(plans, dims, Plan(create, dims))
         plan.run(x, out)
 
     run.impl = f"onednn:{label}"  # type: ignore[attr-defined]
