@@ -2,11 +2,11 @@
 (the `fast` extra), else numpy's matmul (OpenBLAS). NNSERVE_BLAS=numpy (CpuOptions.blas) forces the numpy path.
 
 Either library runs single-threaded (MKL's sequential layer; OpenBLAS limited to one thread by threads.py)
-and the engine's own pool splits a large GEMM by columns or by batch (ctypes and numpy drop the GIL during
-the call): one set of threads for every kernel. Why: OpenBLAS's own threads busy-wait between calls and
-fight the pool's numba kernels and any other process for the cores; on the loaded 2-core machine ResNet-18
-at 2 threads cost 850-1030 ms CPU (2.5-2.9 s wall) with OpenBLAS threading and 97 ms CPU (250 ms wall) with
-one library thread and the pool split.
+and the engine's own pool splits a large GEMM by columns, by rows (few columns) or by batch (ctypes and numpy
+drop the GIL during the call): one set of threads for every kernel. Why: OpenBLAS's own threads busy-wait between
+calls and fight the pool's numba kernels and any other process for the cores; on the loaded 2-core machine
+ResNet-18 at 2 threads cost 850-1030 ms CPU (2.5-2.9 s wall) with OpenBLAS threading and 97 ms CPU (250 ms wall)
+with one library thread and the pool split.
 Measured single-threaded on conv shapes: (64x147)x(147x12544) 105 vs 50 GFLOP/s, (64x64)x(64x12544) 125
 vs 88, (512x4608)x(4608x49) 81 vs 74 (MKL vs OpenBLAS).
 """
@@ -98,8 +98,11 @@ class Blas:
         if a.ndim == b.ndim == out.ndim == 2 and _rows_ok(a) and _rows_ok(b) and _rows_ok(out):
             work = a.shape[0] * a.shape[1] * b.shape[1]
             n = b.shape[1]
-            if work < SPLIT_WORK or n < 64 or not split:
+            if work < SPLIT_WORK or not split or n < 64 and a.shape[0] < 64:
                 self._cols(a, b, out, 0, n)
+                return
+            if n < 64:  # few columns (a 1x1 conv over a 7x7 map: 49), many rows: row blocks instead
+                parallel_for(self._block_rows, -(-a.shape[0] // 16), work, a, b, out)
                 return
             # Column blocks in multiples of 16 floats keep each thread's stores on its own cache lines.
             blocks = -(-n // 16)
@@ -115,6 +118,10 @@ class Blas:
             parallel_for(self._batch, a.shape[0], work if work >= SPLIT_WORK else 0, a, b, out)
             return
         np.matmul(a, b, out=out)
+
+    def _block_rows(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+        r0, r1 = 16 * lo, min(a.shape[0], 16 * hi)
+        self._cols(a[r0:r1], b, out[r0:r1], 0, b.shape[1])
 
     def _block_cols(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, n: int, lo: int, hi: int) -> None:
         self._cols(a, b, out, 16 * lo, min(n, 16 * hi))

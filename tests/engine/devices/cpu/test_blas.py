@@ -57,6 +57,21 @@ def test_2d_split_over_threads(blas, split_everything):
     _close(out, _ref(a, b))
 
 
+@pytest.mark.parametrize("m, n", [(1024, 49), (67, 7), (300, 63)])
+def test_2d_few_columns_split_by_rows(blas, split_everything, m, n, monkeypatch):
+    """Few columns and many rows (a 1x1 conv over a 7x7 map): row blocks of 16 over the threads, every row written
+    once (a remainder block included)."""
+    rows = []
+    real = Blas._block_rows
+    monkeypatch.setattr(Blas, "_block_rows", lambda self, *a: (rows.append(a[-2:]), real(self, *a))[1])
+    rng = np.random.default_rng(m + n)
+    a, b = rng.standard_normal((m, 96), np.float32), rng.standard_normal((96, n), np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    blas.matmul(a, b, out)
+    _close(out, _ref(a, b))
+    assert len(rows) == 3 and sorted(rows)[0][0] == 0 and sorted(rows)[-1][1] == -(-m // 16)
+
+
 def test_strided_views(blas):
     """Row-padded views (a column block of the output, a row block of the input) are read in place."""
     rng = np.random.default_rng(2)
