@@ -38,6 +38,7 @@ def build_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
             args = remember(geoms, x.shape, (g.n * g.c, work, (*g.kernel, *g.stride, *g.dilation, *g.pads[:2])))
         parallel_for(PK.max_pool, args[0], args[1], x, outputs[0], *args[2])
     run.impl = "numba:max_pool"  # type: ignore[attr-defined]
+    run.shapes = geoms  # type: ignore[attr-defined]
     return run
 
 
@@ -59,6 +60,7 @@ def build_avgpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
             args = remember(geoms, x.shape, (g.n * g.c, work, (*g.kernel, *g.stride, *g.pads[:2], d)))
         parallel_for(PK.avg_pool, args[0], args[1], x, outputs[0], *args[2])
     run.impl = "numba:avg_pool"  # type: ignore[attr-defined]
+    run.shapes = geoms  # type: ignore[attr-defined]
     # oneDNN's NCHW average pooling where it has a jit kernel for it (AVX-512 hosts): 2x2 s2 64ch@56 0.18 vs
     # 0.79 ms b1 against the numba loop before it was separable (MaxPool measured no faster there: stays)
     if backends.onednn and onednn_pool.supported(node, ins, pool_geom):

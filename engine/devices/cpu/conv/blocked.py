@@ -57,31 +57,27 @@ class _Winograds:
         return conv, conv.workspace_bytes(geo)
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // D.ALIGN) * D.ALIGN
-
-
 class _PlainDirect:
-    """A depthwise or grouped ConvBlocked that oneDNN has only its gemm-based kernel for (conv/kernels.py's
-    DEPTHWISE_GEMM): its blocked input (and residual) copied to NCHW in the workspace, the direct numba kernel into
-    an NCHW buffer there, copied back to the blocked output. The copies cost a fraction of the conv they replace
-    (3x3 d12 256 @65 between two blocked layers: 11.4-12.3 ms on oneDNN's gemm kernel)."""
+    """A depthwise or grouped ConvBlocked that oneDNN has only its gemm-based kernel for (direct.OVER_ONEDNN_GEMM):
+    its blocked input (and residual) copied to NCHW in the workspace, the direct numba kernel into an NCHW buffer
+    there, copied back to the blocked output. The copies cost a fraction of the conv they replace (3x3 d12 256 @65
+    between two blocked layers: 11.4-12.3 ms on oneDNN's gemm kernel)."""
 
     def __init__(self, backends: Backends, spec: ConvSpec, max_shape: tuple[int, ...]):
         self.spec = spec
-        geo = geometry(spec.node, max_shape)
-        infos = [TensorInfo((geo.n, geo.c, geo.h, geo.w), np.dtype(np.float32))]
+        geo, f32 = geometry(spec.node, max_shape), np.dtype(np.float32)
+        infos = [TensorInfo((geo.n, geo.c, geo.h, geo.w), f32)]
         if spec.residual:
-            infos.append(TensorInfo(geo.out_shape, np.dtype(np.float32)))
+            infos.append(TensorInfo(geo.out_shape, f32))
         self.kernel = direct.build_conv(backends.blas, spec.node, infos)
-        f32 = np.dtype(np.float32)
         self.to_plain, self.to_blocked = (reorder(backends.onednn, b, spec.block, f32) for b in (False, True))
         self.private: list[np.ndarray] = []
+        self.layouts: dict[tuple, tuple] = {}  # per input shape: what `_layout` returns
 
     @staticmethod
     def applies(spec: ConvSpec, shape: tuple[int, ...]) -> bool:
         geo = geometry(spec.node, shape)
-        return direct.kind(geo) in ("depthwise", "grouped") and not is_jit(primitive_impl(spec, shape))
+        return direct.kind(geo) in direct.OVER_ONEDNN_GEMM and not is_jit(primitive_impl(spec, shape))
 
     @staticmethod
     def parts(spec: ConvSpec, geo: ConvGeom) -> list[int]:
@@ -92,18 +88,24 @@ class _PlainDirect:
 
     @classmethod
     def nbytes(cls, spec: ConvSpec, geo: ConvGeom) -> int:
-        return sum(_aligned(p) for p in cls.parts(spec, geo))
+        return sum(D.aligned(p) for p in cls.parts(spec, geo))
+
+    def _layout(self, shape: tuple[int, ...]) -> tuple[list, int]:
+        """([(byte offset, shape) of the NCHW input, output and residual copies, (None, None) for a side already
+        NCHW], their bytes in all)."""
+        geo = geometry(self.spec.node, shape)
+        at, places = 0, []
+        for nbytes, plain in zip(self.parts(self.spec, geo), [(geo.n, geo.c, geo.h, geo.w), geo.out_shape,
+                                                              geo.out_shape], strict=True):
+            places.append((at, plain) if nbytes else (None, None))
+            at += D.aligned(nbytes)
+        return places, at
 
     def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
-        spec = self.spec
-        geo = geometry(spec.node, x.shape)
-        buf = _aligned_workspace(workspace, self.nbytes(spec, geo), self.private)
-        views, at = [], 0
-        for nbytes, shape in zip(self.parts(spec, geo), [(geo.n, geo.c, geo.h, geo.w), geo.out_shape,
-                                                         geo.out_shape], strict=True):
-            views.append(buf[at:at + nbytes].view(np.float32).reshape(shape) if nbytes else None)
-            at += _aligned(nbytes)
-        xp, yp, zp = views
+        layout = self.layouts.get(x.shape) or remember(self.layouts, x.shape, self._layout(x.shape))
+        buf = _aligned_workspace(workspace, layout[1], self.private)
+        xp, yp, zp = (None if at is None else buf[at:at + 4 * math.prod(shape)].view(np.float32).reshape(shape)
+                      for at, shape in layout[0])
         if xp is not None:
             self.to_plain([x], [xp], None)
         if zp is not None:

@@ -39,10 +39,15 @@ WINOGRAD_BLOCK_TILES = 256  # tiles per block to aim for: GEMMs large enough, sc
 # here rather than on oneDNN, whose jit kernel writes nCw16c and reorders the output to NCW (conv1d 10x1 s5
 # 1->512 @16000 as a one-layer graph: 0.75 vs 1.81 ms CPU, interleaved in one process).
 STEM_MAX_TAPS = 16
+STEM_MIN_CHANNELS = 64
 # Up to this many input channels per group a grouped conv runs loops.grouped (flat axpys per output channel) rather
 # than im2col + a GEMM of a few rows per group.
 GROUPED_MAX_CHANNELS = 8
-STEM_MIN_CHANNELS = 64
+# The direct paths taken with oneDNN on where oneDNN has only its gemm-based kernel for a conv (im2col per group:
+# depthwise ones of dilation 6 and more, groups of fewer channels than a block, on AVX2): conv/kernels.py for NCHW
+# sides, conv/blocked.py (through NCHW copies) for blocked ones. One layer, 2 threads, wall ms: 3x3 dw d12 256 @65
+# 8.0-8.5 -> 2.0 (ORT 0.9); 3x3 g32 32->64 @56 1.6 -> 0.33, g32 128 @28 1.2 -> 0.39 (ORT 0.31, 0.38).
+OVER_ONEDNN_GEMM = ("depthwise", "grouped")
 _F32 = np.dtype(np.float32)
 _DUMMY4 = np.zeros((1, 1, 1, 1), np.float32)
 _DUMMY2 = np.zeros((1, 1), np.float32)
@@ -183,9 +188,9 @@ def build_conv(blas: Blas, node: Node, ins: list[TensorInfo]) -> Kernel:
         run = _im2col_run(functools.partial(matmul, split=False), node, geom, packed(_with_bias(node, w)[None]),
                           epi, ones=True)
     elif path == "depthwise":
-        run = _depthwise_run(node, geom, packed(w.reshape(geo_max.c, geo_max.kh, geo_max.kw)), epi)
+        run = _loop_run(geom, packed(w.reshape(geo_max.c, geo_max.kh, geo_max.kw)), epi, _depthwise_loop)
     elif path == "grouped":
-        run = _grouped_run(node, geom, packed(w), epi)
+        run = _loop_run(geom, packed(w), epi, _grouped_loop)
     else:
         wg = packed(w.reshape(geo_max.groups, geo_max.o // geo_max.groups, -1))
         if path == "gemm":
@@ -305,14 +310,6 @@ def _depthwise_loop(geo: ConvGeom) -> tuple:
 
 def _grouped_loop(geo: ConvGeom) -> tuple:
     return K.grouped, geo.n * geo.groups, (*geo.stride, *geo.dilation)
-
-
-def _depthwise_run(node: Node, geom, wd: np.ndarray, epi: _Epilogue) -> Kernel:
-    return _loop_run(geom, wd, epi, _depthwise_loop)
-
-
-def _grouped_run(node: Node, geom, w: np.ndarray, epi: _Epilogue) -> Kernel:
-    return _loop_run(geom, w, epi, _grouped_loop)
 
 
 def _loop_run(geom, w: np.ndarray, epi: _Epilogue, loop: Callable[[ConvGeom], tuple]) -> Kernel:

@@ -27,10 +27,6 @@ from engine.ops.registry import TensorInfo
 # @6000 11.4-14.6 / 9.5-10.5, 128->256 k3 @4000 9.1-11.2 / 7.4-7.7; ties at 384->384 k3 s2 @3000 and 512->512 k3
 # s2 @3199, 256->256 k5 @2000; oneDNN ahead below it: 64->64 k5 d4 @1024 0.62 / 0.71, 512->512 k2 s2 @49 0.40 / 0.76).
 CONV1D_DIRECT_OUTPUTS = 1 << 18
-# DEPTHWISE_GEMM: a depthwise or grouped conv oneDNN has only its gemm-based kernel for (im2col per group:
-# dilations of 6 and more, groups of fewer channels than a block, on AVX2) runs the direct numba kernel instead,
-# on blocked sides through plain copies (blocked.py). One layer, 2 threads, wall ms: 3x3 dw d12 256 @65 8.0-8.5 ->
-# 2.0 (ORT 0.9); 3x3 g32 32->64 @56 1.6 -> 0.8, g32 128 @28 1.2 -> 0.7 (ORT 0.3, 0.4).
 
 
 def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
@@ -38,7 +34,7 @@ def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
     two are one GEMM here, which beat oneDNN's blocked kernel plus its two reorders (24->144 @56 relu6: 0.60 vs
     0.94 ms b1) and its NCHW GEMM with an eltwise post-op (10 ms) in 7 of 10 MobileNet-V2 layer shapes at 2
     threads; the last see CONV1D_DIRECT_OUTPUTS. Depthwise and grouped convs oneDNN has no jit kernel for take
-    the direct ones (DEPTHWISE_GEMM)."""
+    the direct ones (direct.OVER_ONEDNN_GEMM)."""
     if not (backends.onednn and onednn.supported(node, ins)):
         return False
     geo = conv_geom(node, ins[0].shape)
@@ -47,8 +43,8 @@ def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
     if _long_conv1d(geo):
         return False
     impl = onednn.primitive_impl(onednn.ConvSpec(node, len(ins) > 1), tuple(ins[0].shape))
-    if direct.kind(geo) in ("depthwise", "grouped") and not onednn.is_jit(impl):
-        return False  # see DEPTHWISE_GEMM
+    if direct.kind(geo) in direct.OVER_ONEDNN_GEMM and not onednn.is_jit(impl):
+        return False
     return not onednn.is_reference(impl)
 
 

@@ -1,5 +1,5 @@
-"""numba kernels behind the direct Conv / ConvTranspose paths: im2col, col2im and depthwise (with the fused
-epilogue of loops/fused_epilogue.py inlined).
+"""numba kernels behind the direct Conv / ConvTranspose paths: im2col, col2im, depthwise and grouped (with the
+fused epilogue of loops/fused_epilogue.py inlined).
 
 Every function is compiled lazily on first call (per dtype) and cached on disk, and releases the GIL. The
 kernels work on items [lo, hi) of their outer axis (channels, or N*C) so engine.devices.cpu.threads.parallel_for can
@@ -299,7 +299,19 @@ def grouped(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, 
     hq, wq = (hp + sh - 1) // sh, (wp + sw - 1) // sw
     span = oh_n * wq
     size = hq * wq + wq  # the slack keeps the last taps' reads of dropped columns in bounds
-    planes = np.zeros((a_n, sh, sw, size), x.dtype)  # once: every item rewrites the same interior
+    # only the phases some tap reads get a plane (a 1x1 stride-2 conv reads one of four; a huge stride must not
+    # allocate stride^2 planes): rmap / cmap give a phase's plane, -1 for none
+    rmap, cmap = np.full(sh, -1, np.int64), np.full(sw, -1, np.int64)
+    n_rows = n_cols = 0
+    for i in range(kh):
+        if rmap[(i * dh) % sh] < 0:
+            rmap[(i * dh) % sh] = n_rows
+            n_rows += 1
+    for j in range(kw):
+        if cmap[(j * dw) % sw] < 0:
+            cmap[(j * dw) % sw] = n_cols
+            n_cols += 1
+    planes = np.zeros((a_n, n_rows, n_cols, size), x.dtype)  # once: every item rewrites the same interior
     acc = np.empty(span, x.dtype)
     r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)  # padded rows [r_lo, r_hi) and columns [c_lo, c_hi) come from x
     c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
@@ -308,16 +320,20 @@ def grouped(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, 
         for k in range(a_n):
             xc = x[n, g * a_n + k]
             for r in range(r_lo, r_hi):
-                pr, ra = r // sh, r % sh
+                pr, ra = r // sh, rmap[r % sh]
+                if ra < 0:
+                    continue
                 xr = xc[r - pt]
                 if sw == 1:  # a contiguous run: a vectorised copy (a strided one is a gather)
                     at = pr * wq + c_lo
                     planes[k, ra, 0, at:at + c_hi - c_lo] = xr[c_lo - pl:c_hi - pl]
                     continue
                 for cb in range(sw):
+                    if cmap[cb] < 0:
+                        continue
                     m_lo, m_hi = (c_lo - cb + sw - 1) // sw, (c_hi - cb + sw - 1) // sw
                     src = sw * m_lo + cb - pl
-                    dst = planes[k, ra, cb]
+                    dst = planes[k, ra, cmap[cb]]
                     for m in range(m_hi - m_lo):
                         dst[pr * wq + m_lo + m] = xr[src + sw * m]
         for ob in range(b_n):
@@ -327,16 +343,17 @@ def grouped(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, 
                 acc[s] = bo
             for k in range(a_n):
                 for i in range(kh):
-                    ri, ra = (i * dh) // sh, (i * dh) % sh
+                    ri, ra = (i * dh) // sh, rmap[(i * dh) % sh]
                     j = 0
                     while j < kw:  # up to three taps per pass: a third of the traffic on acc
                         t = min(3, kw - j)
                         o0 = ri * wq + (j * dw) // sw
-                        p0_ = planes[k, ra, (j * dw) % sw]
+                        p0_ = planes[k, ra, cmap[(j * dw) % sw]]
                         w0 = w[o, k, i, j]
                         if t == 3:
                             o1, o2 = ri * wq + ((j + 1) * dw) // sw, ri * wq + ((j + 2) * dw) // sw
-                            p1_, p2_ = planes[k, ra, ((j + 1) * dw) % sw], planes[k, ra, ((j + 2) * dw) % sw]
+                            p1_ = planes[k, ra, cmap[((j + 1) * dw) % sw]]
+                            p2_ = planes[k, ra, cmap[((j + 2) * dw) % sw]]
                             _axpy3(acc, p0_[o0:o0 + span], p1_[o1:o1 + span], p2_[o2:o2 + span], w0,
                                    w[o, k, i, j + 1], w[o, k, i, j + 2])
                         else:

@@ -9,29 +9,6 @@ import numpy as np
 from numba import njit
 
 
-# Row-at-a-time loops over range() counters and separate unit-stride / strided slices, so numba vectorises
-# them (see the note in conv/loops.py).
-@njit(nogil=True, cache=True, inline="always")
-def _add_into(dst, src_row, lo, hi, step, off):
-    if step == 1:
-        s1 = src_row[lo + off:hi + off]
-        for k in range(hi - lo):
-            dst[k] += s1[k]
-    else:
-        s2 = src_row[lo * step + off:(hi - 1) * step + off + 1:step]
-        for k in range(hi - lo):
-            dst[k] += s2[k]
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _cols(off, step, n, count):
-    """[lo, hi) of output columns o whose source o*step + off lies in [0, n)."""
-    lo = 0 if off >= 0 else (-off + step - 1) // step
-    hi = 0 if n - off <= 0 else (n - off + step - 1) // step
-    lo = min(lo, count)
-    return lo, max(min(hi, count), lo)
-
-
 @njit(nogil=True, cache=True, inline="always")
 def _mx(m, v):
     """max(m, v) with NaN winning as in torch; branch-free (`|`, not `or`) so the row loops vectorise."""

@@ -51,7 +51,7 @@ def supported(node: Node, ins: list[TensorInfo], geom) -> bool:
     return algorithm(node, geom(node, ins[0].shape)) is not None
 
 
-def jit(impl: str) -> bool:
+def jit_pooling(impl: str) -> bool:
     """Whether oneDNN pools with a jit kernel: its "simple_nchw" loops (what AVX2 hosts get on NCHW) and its
     reference are slower than the numba kernels (AvgPool 3x3 s1 p1 192 @28: 3.3-4.3 ms simple_nchw, ~0.2 ms
     numba; 2x2 s2 256 @56: 3.3 ms)."""
@@ -91,10 +91,10 @@ def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int 
     """`geom(node, shape)` is engine.ops.pool's pool_geom or, for blocked values
     (`block` > 0), the geometry with the lanes counted as channels; `fallback` runs the shapes oneDNN cannot do
     exactly (count_include_pad windows that ceil_mode widens only at some sizes), and the whole node when oneDNN
-    has no jit kernel for it (`jit`)."""
+    has no jit kernel for it (`jit_pooling`)."""
     D.sync_threads()
     first = _Plan(node, geom(node, ins[0].shape), block)
-    if not jit(first.pd.impl):  # the reference or the simple loops: the numba kernel is the faster path
+    if not jit_pooling(first.pd.impl):  # the reference or the simple loops: the numba kernel is the faster path
         log.debug("%s: oneDNN has only %s for %s, numba kernel", node.where(), first.pd.impl, node.op_type)
         return fallback
     plans: dict[tuple, _Plan | None] = {tuple(ins[0].shape): first}

@@ -577,12 +577,13 @@ def test_group_softmax_rows_short_and_long(S, scale, mask_kind):
     L = 9
     s = (RNG.standard_normal((1, 2, L, S)) * 4).astype(np.float32)
     s[0, 1, 2, S // 2] = np.nan
+    s[0, 1, 5, 1] = np.copysign(np.float32(np.nan), -1)  # x86's default NaN: the sign bit set
     if mask_kind == fused.A.MASK_ADD:
         mask = np.where(RNG.random((1, 2, L, S)) > 0.3, RNG.standard_normal((1, 2, L, S)), -np.inf).astype(np.float32)
-        mask[0, 0, 4], mask[0, 1, 2, S // 2] = -np.inf, 0
+        mask[0, 0, 4], mask[0, 1, 2, S // 2], mask[0, 1, 5, 1] = -np.inf, 0, 0
     elif mask_kind == fused.A.MASK_BOOL:
         mask = RNG.random((1, 2, L, S)) > 0.3
-        mask[0, 0, 4], mask[0, 1, 2, S // 2] = False, True
+        mask[0, 0, 4], mask[0, 1, 2, S // 2], mask[0, 1, 5, 1] = False, True, True
     else:
         mask = np.zeros((1, 2, L, S), np.float32)
         s[0, 0, 4] = -np.inf * np.sign(scale)  # scaled: -inf
@@ -597,6 +598,7 @@ def test_group_softmax_rows_short_and_long(S, scale, mask_kind):
     given = mask if mask_kind != fused.A.MASK_NONE else np.broadcast_to(fused._NO_MASK[:1, :1], (1, 2, L, 1))
     fused.A.group_softmax(got, given, mask_kind, False, 0, np.float32(scale), l)
     assert np.isnan(l[0, 1, 2]) and np.isnan(want_l[0, 1, 2])
+    assert np.isnan(l[0, 1, 5]) and np.isnan(want_l[0, 1, 5])
     assert l[0, 0, 4] == 0 and (got[0, 0, 4] == 0).all()
     ok = ~np.isnan(want_l)  # a NaN row's values are free (its output is NaN through its sum)
     np.testing.assert_allclose(got[ok], want[ok], rtol=2e-6, atol=1e-30)

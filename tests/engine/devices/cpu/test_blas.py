@@ -69,7 +69,9 @@ def test_2d_few_columns_split_by_rows(blas, split_everything, m, n, monkeypatch)
     out = np.full((m, n), np.nan, np.float32)
     blas.matmul(a, b, out)
     _close(out, _ref(a, b))
-    assert len(rows) == 3 and sorted(rows)[0][0] == 0 and sorted(rows)[-1][1] == -(-m // 16)
+    spans = sorted(rows)  # three chunks over the pool, or one on the calling thread when the pool was busy
+    assert len(spans) in (1, 3) and spans[0][0] == 0 and spans[-1][1] == -(-m // 16)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
 
 
 def test_strided_views(blas):

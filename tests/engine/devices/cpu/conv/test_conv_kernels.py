@@ -287,6 +287,7 @@ GROUPED_CONFIGS = {
     "s3_5x5_dil2": dict(c=12, o=6, groups=3, k=(5, 5), stride=(3, 3), dilation=(2, 2), pads=(4, 3, 2, 4)),
     "rect_s21_asym": dict(c=6, o=9, groups=3, k=(2, 4), stride=(2, 1), pads=(0, 2, 1, 1), activation="hardswish"),
     "1x1_s2": dict(c=16, o=32, groups=4, k=(1, 1), stride=(2, 2)),
+    "1x1_s7_one_phase_read": dict(c=8, o=8, groups=4, k=(1, 1), stride=(7, 6), pads=(1, 0, 0, 2)),
     "8_per_group_no_bias": dict(c=16, o=16, groups=2, pads=(1, 1, 1, 1), bias=False,
                                 activation="gelu", activation_params={"approximate": "none"}),
 }

@@ -43,13 +43,13 @@ def test_avgpool_dispatches_to_onednn_where_it_has_a_jit_kernel_and_matches(name
     big, small = rand(3, 5, 13, 12), rand(1, 5, 9, 11)
     fn = build_kernel(node, infos_of([big], node=node))[0]
     impl = _pool_onednn._Plan(node, pool.pool_geom(node, big.shape), 0).pd.impl  # "simple_nchw:any" on AVX2
-    assert fn.impl == (f"onednn:{impl}" if _pool_onednn.jit(impl) else "numba:avg_pool")
+    assert fn.impl == (f"onednn:{impl}" if _pool_onednn.jit_pooling(impl) else "numba:avg_pool")
     check_kernel(node, [big], rtol=1e-5, atol=1e-6)
     check_kernel(node, [small], [big], rtol=1e-5, atol=1e-6)
 
 
 def test_avgpool_without_a_jit_kernel_takes_the_numba_kernel(monkeypatch):
-    monkeypatch.setattr(_pool_onednn, "jit", lambda impl: False)
+    monkeypatch.setattr(_pool_onednn, "jit_pooling", lambda impl: False)
     node = make_node("AvgPool", 1, params=AVG["3x3_s1_pad_include"])
     x = rand(2, 5, 13, 12)
     assert build_kernel(node, infos_of([x], node=node))[0].impl == "numba:avg_pool"
@@ -60,7 +60,7 @@ def test_avgpool_without_a_jit_kernel_takes_the_numba_kernel(monkeypatch):
 def any_kernel(monkeypatch):
     """oneDNN's pooling taken whatever kernel it has but its reference (the module's exactness on every host:
     AVX2 ones get its simple NCHW loops, which the dispatch leaves to numba)."""
-    monkeypatch.setattr(_pool_onednn, "jit", lambda impl: not impl.startswith("ref"))
+    monkeypatch.setattr(_pool_onednn, "jit_pooling", lambda impl: not impl.startswith("ref"))
 
 
 def run_direct(node, x, max_x):
