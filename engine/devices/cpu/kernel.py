@@ -105,8 +105,24 @@ def packed(a, dtype=np.float32) -> np.ndarray:
 # Per-shape values a kernel keeps (its geometry, taps, oneDNN primitives): a server sees a few input shapes, but
 # traffic of ever new ones (each within the max shape: sequence lengths, image sizes) must not grow a cache without
 # bound (a oneDNN matmul primitive holds ~55 KB; 72 GEMMs of BERT at 4096 lengths each would hold 16 GB). Past this
-# many, the oldest entry goes (first in, first out: no bookkeeping on a hit).
+# many, the oldest entry goes: first in, first out for the cheap values; the least recently used for oneDNN's
+# primitives (ShapeCache), which cost ~0.5 ms to make again.
 SHAPES_KEPT = 64
+
+
+class ShapeCache(dict):
+    """A dict whose `get` moves a hit to the end, so that `remember` drops the least recently used entry: traffic
+    cycling through a working set of up to SHAPES_KEPT shapes (sequence lengths) never re-creates a primitive."""
+
+    def get(self, key, default=None):
+        value = super().pop(key, _MISSING)
+        if value is _MISSING:
+            return default
+        self[key] = value
+        return value
+
+
+_MISSING = object()
 
 
 def remember(cache: dict, key, value, keep: int = SHAPES_KEPT):

@@ -15,7 +15,7 @@ import logging
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
+from engine.devices.cpu.kernel import Backends, CpuKernel, ShapeCache, reference_fallback, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.errors import KernelError
@@ -89,7 +89,7 @@ def _planned(node: Node, ins: list[TensorInfo], make) -> Kernel:
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
     first = make(max_shape)
-    plans = {max_shape: first}
+    plans = ShapeCache({max_shape: first})
 
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])

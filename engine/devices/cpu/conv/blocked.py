@@ -17,7 +17,7 @@ from engine.devices.cpu.conv import direct
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, primitive_impl
 from engine.devices.cpu.epilogue import apply_activation
-from engine.devices.cpu.kernel import Backends, reference_fallback, remember
+from engine.devices.cpu.kernel import Backends, ShapeCache, reference_fallback, remember
 from engine.devices.cpu.layout import conv_blocked
 from engine.devices.cpu.layout.conv_blocked import geometry
 from engine.devices.cpu.layout.kernels import reorder
@@ -158,7 +158,7 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         run_plain.impl = f"plain+{plain.kernel.impl}"  # type: ignore[attr-defined]
         return run_plain
     first = Plan(spec, max_shape)
-    plans = {max_shape: first}
+    plans = ShapeCache({max_shape: first})
     winograds = _Winograds(spec, geometry(node, max_shape), backends.winograd)
     wino_plans: dict[tuple, tuple | None] = {}  # per input shape: (conv, geometry, workspace bytes) or None
     private: list[np.ndarray] = []

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.devices.base import Kernel
 from engine.devices.cpu.epilogue import apply_activation
-from engine.devices.cpu.kernel import remember
+from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md, native_block
@@ -257,7 +257,7 @@ def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
     first = Plan(spec, max_shape)
-    plans = {max_shape: first}
+    plans = ShapeCache({max_shape: first})
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]

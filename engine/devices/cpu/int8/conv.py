@@ -52,7 +52,7 @@ from engine.devices.base import Kernel
 from engine.devices.cpu.int8 import loops
 from engine.devices.cpu.int8.requant import exact_bias, exact_sums, exact_u8_sums, suspects, tie_free_scales
 from engine.devices.cpu.int8.scales import scaled_factors
-from engine.devices.cpu.kernel import remember
+from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import parallel_for, threads_for
@@ -527,7 +527,7 @@ def workspace(spec: QConvSpec, ins: list[TensorInfo]) -> int:
 def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
     node = spec.node
     max_shape = tuple(ins[0].shape)
-    plans = {max_shape: Plan(spec, max_shape)}
+    plans = ShapeCache({max_shape: Plan(spec, max_shape)})
 
     # The requant way's call on the arrays of the last run, when it needs nothing else: the runtime passes the same
     # arena views run after run, so their lookups (plan, workspace and array addresses) are done once

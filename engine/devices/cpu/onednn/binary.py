@@ -7,7 +7,7 @@ s - x); primitives are cached per input shape.
 from __future__ import annotations
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.kernel import remember
+from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
@@ -35,7 +35,7 @@ class _Plan:
 
 def build(op: str, small_first: bool, fallback: Kernel) -> Kernel:
     """inputs (x, s) or (s, x) as `small_first` says; shapes the fallback checks are checked there first."""
-    plans: dict[tuple, _Plan] = {}
+    plans: dict[tuple, _Plan] = ShapeCache()
 
     def run(inputs, outputs, workspace):
         x, s = (inputs[1], inputs[0]) if small_first else (inputs[0], inputs[1])

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.devices.cpu.kernel import remember
+from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 
@@ -212,7 +212,7 @@ class Gemm:
         self.bias = None if bias is None else np.ascontiguousarray(np.ravel(bias), np.float32)
         self.bias_ptr = None if self.bias is None else self.bias.ctypes.data  # once: ctypes.data costs ~2 us
         self.eltwise, self.residual = eltwise, residual
-        self.plans: dict[int, Plan] = {}
+        self.plans: dict[int, Plan] = ShapeCache()
 
     def plan(self, m: int) -> Plan:
         plan = self.plans.get(m)
@@ -257,7 +257,7 @@ class MatMul:
         self.b_const = None if b_const is None else np.ascontiguousarray(b_const, np.float32)
         self.packed = None if self.b_const is None else PackedWeights(
             self.b_const, weight_md(self.b_const), self.b_const.shape if self.b_const.ndim == 2 else None)
-        self.plans: dict[tuple, Plan] = {}
+        self.plans: dict[tuple, Plan] = ShapeCache()
 
     def flat(self, a_shape: tuple, out_shape: tuple) -> bool:
         return self.b_const is not None and self.b_const.ndim == 2 and len(a_shape) >= 2

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.kernel import remember
+from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 
@@ -74,7 +74,7 @@ def build(create: Create, view: Callable[[tuple[int, ...]], tuple[int, ...]], fa
           max_shape: tuple[int, ...]) -> Kernel:
     """A kernel running `create`'s primitive on float32 C-contiguous inputs of MIN_ELEMENTS or more, viewed as
     `view(shape)` (the plan's dims), and `fallback` on the rest."""
-    plans: dict[tuple[int, ...], Plan] = {}
+    plans: dict[tuple[int, ...], Plan] = ShapeCache()
     if int(np.prod(max_shape)) >= MIN_ELEMENTS:
         D.sync_threads()
         plans[view(max_shape)] = Plan(create, view(max_shape))

@@ -22,6 +22,21 @@ def test_remember_drops_the_oldest_entry_first():
     assert list(cache) == [6, 7, 8, 9] and cache[9] == -9
 
 
+def test_shape_cache_drops_the_least_recently_used():
+    """oneDNN's primitives sit in a ShapeCache: a hit moves its key to the end, so a working set of `keep` shapes
+    used in turn is never re-created."""
+    cache = cpu_kernel.ShapeCache()
+    for i in range(4):
+        cpu_kernel.remember(cache, i, -i, keep=4)
+    assert cache.get(0) == 0 and cache.get(9) is None and cache.get(9, "none") == "none"
+    cpu_kernel.remember(cache, 4, -4, keep=4)
+    assert list(cache) == [2, 3, 0, 4]  # 1, the least recently used, went
+    for _ in range(3):  # four shapes in turn: every one a hit
+        for k in (2, 3, 0, 4):
+            assert cache.get(k) == -k
+    assert len(cache) == 4
+
+
 @pytest.mark.skipif(not D.available(), reason="oneDNN (the onednn-cpu-gomp wheel) is not installed")
 def test_gemm_plans_are_bounded_and_stay_right():
     w = RNG.standard_normal((24, 16)).astype(np.float32)
