@@ -21,7 +21,7 @@ _LANES = 16
 def nearest_repeat(x, out, ky, kx, lo, hi):
     """Planes [lo, hi) of x (P, H, W) repeated ky times down and kx times across into out (P, H*ky, W*kx): nearest
     upsampling by whole factors (YOLO's and UNet's x2), an output row built once and copied to the other ky - 1,
-    where the gather read one index per output (256 planes 20 -> 40: 0.45 ms)."""
+    where the gather read one index per output (128 planes 40 -> 80 on one thread: 0.34 -> 0.28 ms)."""
     h_n, w_n = x.shape[1], x.shape[2]
     for p in range(lo, hi):
         for i in range(h_n):
