@@ -153,7 +153,8 @@ def test_tile_plans_start_over_past_their_cap(monkeypatch):
     q, k, v = _x(1, 2, 700, 8), _x(1, 2, 1300, 8), _x(1, 2, 1300, 8)
     node = make_node("Attention", 3)
     kernel, workspace = build_kernel(node, infos_of([q, k, v]))
-    shapes = [(700, 1300), (650, 1290), (600, 1100), (700, 1300), (333, 1030), (650, 1290)]
+    # query counts whose even blocks (fused.even_rows) end short: two row counts a run, as two key counts
+    shapes = [(700, 1300), (650, 1290), (610, 1100), (700, 1300), (333, 1030), (650, 1290)]
     for L, S in shapes:
         inputs = [q[:, :, :L], k[:, :, :S], v[:, :, :S]]
         out = np.empty((1, 2, L, 8), np.float32)
@@ -411,6 +412,47 @@ def test_grouped_items_take_every_head_of_several_batch_items(batch, L, mask, mo
     assert runs == ([tuple(batch)] if len(batch) == 2 else [(1, batch[-1])] * math.prod(batch[:-1]))
 
 
+@pytest.mark.parametrize("L,most,want", [(1024, 848, 512), (197, 128, 99), (1500, 128, 125), (100, 128, 100),
+                                          (1, 16, 1), (0, 16, 1)])
+def test_even_rows_makes_blocks_that_differ_by_at_most_one_row(L, most, want):
+    rows = fused.even_rows(L, most)
+    assert rows == want and rows <= max(1, most)
+    blocks = -(-max(1, L) // rows)
+    assert blocks == -(-max(1, L) // most)  # no more blocks than `most` needs
+    assert rows * blocks - max(1, L) < blocks  # the last block is short by less than one row a block
+
+
+@pytest.mark.parametrize("L,S", [(1024, 77), (150, 700)])  # few keys (grouped, query blocks), blocked path
+def test_query_blocks_give_both_threads_as_many_rows(L, S, monkeypatch, request):
+    """Items interleave over the threads; blocks of the most rows a tile holds plus a short last one gave one
+    thread every full block (1024 queries to 77 keys: 848 + 176 rows a head, 4.3 against 1.5 ms of work)."""
+    import threading
+
+    monkeypatch.setattr(fused, "get_threads", lambda: 2)
+    monkeypatch.setattr(pool, "MIN_WORK", 0)
+    monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
+    before = pool.get_threads()
+    pool.set_threads(2)
+    request.addfinalizer(lambda: pool.set_threads(before))
+    rows: dict[int, int] = {}
+    lock = threading.Lock()
+    for cls in (fused._GroupCall, fused._Call):
+        real = cls.item
+
+        def item(self, slot, i, real=real):
+            span = self.span(i) if isinstance(self, fused._GroupCall) else None
+            n = span[5] if span else min(self.rows, self.L - (i % self.blocks) * self.rows)
+            with lock:
+                rows[threading.get_native_id()] = rows.get(threading.get_native_id(), 0) + n
+            real(self, slot, i)
+        monkeypatch.setattr(cls, "item", item)
+    q, k, v = _x(1, 4, L, 16), _x(1, 4, S, 16), _x(1, 4, S, 16)
+    check_kernel(make_node("Attention", 3), [q, k, v], rtol=1e-4, atol=1e-5)
+    counts = sorted(rows.values())
+    assert len(counts) == 2 and sum(counts) == 4 * L
+    assert counts[1] - counts[0] <= 4  # at most a row per head apart
+
+
 @pytest.mark.parametrize("batch,L,mask,causal", [((1, 3), 197, None, False), ((1, 3), 190, "float", False),
                                                  ((2, 5), 40, None, True), ((3,), 1, None, False)])
 def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monkeypatch, request):
@@ -459,6 +501,21 @@ def test_a_query_whose_scores_are_all_nan_gives_a_nan_row(L, S):
         got, want = run_kernel(node, inputs)[0], reference(node, inputs)[0]
         assert np.isnan(want[:, :, 0]).all() and not np.isnan(want[:, :, 1:]).any()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+@pytest.mark.parametrize("L,S", [(16, 16), (16, 200), (130, 700)])  # flat rows, row-wise rows, blocked (3 blocks)
+def test_a_nan_score_of_either_sign_makes_its_row_nan(L, S, sign):
+    """The row max orders the scores' bits: a NaN with its sign bit clear sorts above +inf, one with it set below
+    -inf (skipped). Either way the row that holds it comes out NaN and every other row as the reference's."""
+    q, k, v = _x(1, 2, L, 8), _x(1, 2, S, 8), _x(1, 2, S, 8)
+    nan = np.copysign(np.float32(np.nan), np.float32(sign))
+    assert np.signbit(nan) == (sign < 0)
+    k[0, 1, S // 2, :] = nan  # every query of head 1 sees it
+    node = make_node("Attention", 3)
+    got, want = run_kernel(node, [q, k, v])[0], reference(node, [q, k, v])[0]
+    assert np.isnan(got[0, 1]).all() and np.isnan(want[0, 1]).all()
+    np.testing.assert_allclose(got[0, 0], want[0, 0], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
