@@ -20,6 +20,7 @@ from op_harness import (
 )
 
 from engine.devices.cpu.conv import direct
+from engine.devices.cpu.conv import loops as conv_loops
 from engine.errors import KernelError
 from engine.ops.conv_geometry import conv_geom
 from engine.ops.epilogue import EPILOGUES
@@ -166,14 +167,16 @@ ACT_PARAMS = {"leaky_relu": {"alpha": 0.2}, "clip": {"min": -0.5, "max": 1.5}, "
 
 
 @pytest.mark.parametrize("act", sorted(EPILOGUES) + ["gelu_none"])
-@pytest.mark.parametrize("path", ["gemm", "depthwise", "im2col"])
-def test_every_fused_activation_in_every_path(act, path):
+@pytest.mark.parametrize("path", ["gemm", "depthwise", "depthwise_s2", "im2col"])
+@pytest.mark.parametrize("device", [None, DIRECT], ids=["onednn_on", "onednn_off"])
+def test_every_fused_activation_in_every_path(act, path, device):
     name, params = ("gelu", {"approximate": "none"}) if act == "gelu_none" else (act, ACT_PARAMS.get(act))
-    cfg = {"gemm": dict(k=(1, 1)), "depthwise": dict(groups=4, pads=(1, 1, 1, 1)), "im2col": dict(stride=(2, 1))}
+    cfg = {"gemm": dict(k=(1, 1)), "depthwise": dict(groups=4, pads=(1, 1, 1, 1)),
+           "depthwise_s2": dict(groups=4, pads=(1, 1, 1, 1), stride=(2, 2)), "im2col": dict(stride=(2, 1))}
     node = conv_node(4, 4, residual=True, activation=name, activation_params=params, **cfg[path])
     x = rand(1, 4, 6, 5) * 3
     z = rand(*infer(node, [x])[0].shape)
-    check_kernel(node, [x, z], rtol=1e-4, atol=1e-5)
+    check_kernel(node, [x, z], rtol=1e-4, atol=1e-5, device=device)
 
 
 @pytest.mark.parametrize("cfg,shape", [
@@ -222,15 +225,30 @@ def test_small_channel_3x3_stays_on_im2col():
     (dict(k=(1, 5), pads=(0, 2, 0, 2)), (1, 3, 6, 7)),  # stride 1, passes of 3 + 1 + 1
     (dict(stride=(3, 3), k=(5, 5), pads=(2, 2, 2, 2)), (1, 3, 11, 13)),
     (dict(dilation=(3, 2), pads=(3, 0, 3, 4)), (1, 3, 8, 9)),  # stride 1: the flat-plane kernel
+    (dict(dilation=(12, 12), pads=(12, 12, 12, 12)), (1, 2, 65, 65)),  # ASPP's: strips of output rows
 ])
-def test_depthwise_variants(cfg, shape):
+@pytest.mark.parametrize("device", [None, DIRECT], ids=["onednn_on", "onednn_off"])
+def test_depthwise_variants(cfg, shape, device):
+    """With oneDNN off every depthwise conv runs the numba loops (with it on, only those oneDNN has no jit kernel
+    for: dilation 6 and more)."""
     args = dict(cfg)
     c = shape[1]
     node = conv_node(c, c, args.pop("k", (3, 3)), groups=c, **args)
     assert direct.kind(conv_geom(node, shape)) == "depthwise"
-    check_kernel(node, [rand(*shape)], rtol=1e-4, atol=1e-5)
+    check_kernel(node, [rand(*shape)], rtol=1e-4, atol=1e-5, device=device)
     bigger = (shape[0] + 1, c, shape[2] + 3, shape[3] + 2)
-    check_kernel(node, [rand(*shape)], [rand(*bigger)], rtol=1e-4, atol=1e-5)
+    check_kernel(node, [rand(*shape)], [rand(*bigger)], rtol=1e-4, atol=1e-5, device=device)
+
+
+@pytest.mark.parametrize("act", ["relu6", "hardswish", None])
+def test_wide_depthwise_strips_with_residual(act):
+    """A stride-1 map whose accumulator takes several strips of rows (loops.STRIP_FLOATS): the residual and the
+    activation of each strip's rows at their offset."""
+    node = conv_node(3, 3, (3, 3), groups=3, pads=(1, 1, 1, 1), residual=True, activation=act)
+    x = rand(2, 3, 70, 90) * 3
+    z = rand(*infer(node, [x])[0].shape)
+    assert 70 * 92 > conv_loops.STRIP_FLOATS
+    check_kernel(node, [x, z], rtol=1e-4, atol=1e-5, device=DIRECT)
 
 
 def unaligned(a: np.ndarray) -> np.ndarray:
