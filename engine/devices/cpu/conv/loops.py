@@ -298,8 +298,9 @@ def grouped(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, 
                     continue
                 xr = xc[r - pt]
                 if sw == 1:  # a contiguous run: a vectorised copy (a strided one is a gather)
-                    at = pr * wq + c_lo
-                    planes[k, ra, 0, at:at + c_hi - c_lo] = xr[c_lo - pl:c_hi - pl]
+                    dst, at = planes[k, ra, 0], _U(pr * wq + c_lo)
+                    for m in range(c_hi - c_lo):
+                        dst[at + _U(m)] = xr[_U(c_lo - pl + m)]
                     continue
                 for cb in range(sw):
                     if cmap[cb] < 0:
