@@ -23,6 +23,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# Offsets built from a row start (start + p * B + lane) are cast to this unsigned type: numba wraps a negative
+# signed index around, and that check kept LLVM from vectorising the copies (an aligned block of 784 pixels x 8
+# lanes: 238 -> 86 us as 8-lane moves per pixel; as one flat run, below, less again).
+_U = np.uint64
+
 
 @njit(nogil=True, cache=True)
 def global_pool(x, out, is_max, lo, hi):
@@ -143,10 +148,10 @@ def copy_lanes(src, dst, count, run_dst, run_src, run_len, aligned, chunk, lo, h
             continue
         s, d = src[n], dst[n, db]
         start = aligned[db]
-        if start >= 0:
-            for p in range(p0, p1):
-                for lane in range(b):
-                    d[p, lane] = s[start + p * b + lane]
+        if start >= 0:  # one unit-stride run of whole pixels
+            flat, to, at = d.reshape(hw * b), _U(p0 * b), _U(start + p0 * b)
+            for e in range((p1 - p0) * b):
+                flat[to + _U(e)] = s[at + _U(e)]
             continue
         short = False
         for j in range(k):
@@ -155,22 +160,25 @@ def copy_lanes(src, dst, count, run_dst, run_src, run_len, aligned, chunk, lo, h
             while q + 8 <= length:  # 8 lanes at a time: a fixed-width loop compiles to one vector move per pixel
                 at, to = frm + q, first + q
                 for p in range(p0, p1):
+                    dp, sp = d[p], _U(at + p * b)
                     for lane in range(8):
-                        d[p, to + lane] = s[at + p * b + lane]
+                        dp[_U(to + lane)] = s[sp + _U(lane)]
                 q += 8
             while q + 4 <= length:
                 at, to = frm + q, first + q
                 for p in range(p0, p1):
+                    dp, sp = d[p], _U(at + p * b)
                     for lane in range(4):
-                        d[p, to + lane] = s[at + p * b + lane]
+                        dp[_U(to + lane)] = s[sp + _U(lane)]
                 q += 4
             short = short or q < length
         if short:  # the last 1-3 lanes of the runs, every run per pixel (a shuffle's runs are all single lanes)
             for p in range(p0, p1):
+                dp = d[p]
                 for j in range(k):
                     first, at, length = run_dst[db, j], run_src[db, j] + p * b, run_len[db, j]
                     for lane in range(length - length % 4, length):
-                        d[p, first + lane] = s[at + lane]
+                        dp[_U(first + lane)] = s[_U(at + lane)]
 
 
 @njit(nogil=True, cache=True)
