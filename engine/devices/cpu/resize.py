@@ -63,8 +63,8 @@ def build_resize(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
         work = out.size * t[0].shape[1] * t[2].shape[1]
         planes = x.shape[0] * x.shape[1]
         if t[5] is not None and out.flags.c_contiguous:
-            # copies, a quarter of a gathered tap an output: split from 1M outputs on (2 threads, 256 planes 20 ->
-            # 40: 0.107 vs 0.113 ms, 128 40 -> 80 0.14 vs 0.16, 64 160 -> 320 1.6-1.9 vs 0.9)
+            # copies, a quarter of a gathered tap an output: split from 1M outputs on (one thread / split over two:
+            # 256 planes 20 -> 40 0.107 / 0.113 ms, 128 40 -> 80 0.14 / 0.16, 64 160 -> 320 1.6-1.9 / 0.9)
             parallel_for(RK.nearest_repeat, planes, out.size // 4, x.reshape(planes, *x.shape[2:]),
                          out.reshape(planes, *out.shape[2:]), *t[5])
             return

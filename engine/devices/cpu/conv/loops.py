@@ -20,11 +20,6 @@ from engine.devices.cpu.loops.fused_epilogue import activate_row
 # loops: numba wraps a negative signed index around, and that check kept LLVM from vectorising them. A 65x65 plane
 # copied into its padded buffer: 0.96 -> 0.11 ns an element (14x14: 1.1 -> 0.41, 7x7: 1.5 -> 0.83).
 _U = np.uint64
-# depthwise_s1 accumulates this many floats of output rows at a time (whole rows of the padded width): the strip and
-# the input rows its taps read stay in L1 (32 KiB). 3x3 d12 over 256 channels @65 (padded rows 89 wide, plane and
-# accumulator 54 KiB a channel) measured the same with and without strips; kept so a wide map's accumulator never
-# leaves L1 (its passes are the kernel's time once the copies vectorise).
-STRIP_FLOATS = 2048
 
 PAD_MODES = {"zeros": 0, "constant": 0, "reflect": 1, "replicate": 2, "edge": 2, "circular": 3}
 
@@ -189,21 +184,21 @@ def _axpy3(acc, s0, s1, s2, w0, w1, w2):
 
 @njit(nogil=True, cache=True)
 def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
-    """Stride-1 depthwise conv over a flattened zero-padded plane: per channel, one axpy per tap over the
-    whole plane (row width Wp, the Wp - OW extra columns per row are computed and dropped), so small maps
-    (7x7, 14x14) do not pay a per-row, per-tap overhead. Same arguments as `depthwise`.
+    """Stride-1 depthwise conv over a flattened zero-padded plane: per channel, the plane's rows copied into it,
+    then one pass per three taps over the whole plane (row width Wp, the Wp - OW extra columns per row are
+    computed and dropped), so no map pays a per-row, per-tap overhead. Same arguments as `depthwise`.
+    (Strips of rows that keep the accumulator in L1 measured no faster at 256 channels @65 with dilation 12.)
     """
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     oh_n, ow_n = out.shape[2], out.shape[3]
     kh, kw = w.shape[1], w.shape[2]
     hp, wp = oh_n + (kh - 1) * dh, ow_n + (kw - 1) * dw
-    strip = max(1, STRIP_FLOATS // wp)
+    span = oh_n * wp
     plane = np.empty(hp * wp + (kw - 1) * dw, x.dtype)  # the tail keeps the last taps' reads in bounds
-    acc = np.empty(min(strip, oh_n) * wp, x.dtype)
+    acc = np.empty(span, x.dtype)
     r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)  # padded rows [r_lo, r_hi) come from x
     c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
     plane[:] = 0  # once: every channel rewrites the same interior, the zero border stays
-    # Explicit index loops, no row slices: at 14x14 and 7x7 creating slices cost more than the arithmetic.
     for nc in range(lo, hi):
         n, c = nc // c_n, nc % c_n
         xc = x[n, c]
@@ -213,37 +208,31 @@ def depthwise_s1(x, w, bias, z, has_z, out, dh, dw, pt, pl, act, p0, p1, p2, lo,
             for k in range(c_hi - c_lo):
                 plane[at + _U(k)] = xr[_U(c_lo - pl + k)]
         b = bias[c]
-        for r0 in range(0, oh_n, strip):  # strips of output rows: their accumulator and input rows stay in L1
-            rows = min(strip, oh_n - r0)
-            part = acc[:rows * wp]
-            for k in range(rows * wp):
-                part[k] = b
-            for i in range(kh):
-                j = 0
-                while j < kw:  # up to three taps per pass: a third of the traffic on acc
-                    o0 = (r0 + i * dh) * wp + j * dw
-                    n_ = rows * wp
-                    if j + 3 <= kw:
-                        _axpy3(part, plane[o0:o0 + n_], plane[o0 + dw:o0 + dw + n_],
-                               plane[o0 + 2 * dw:o0 + 2 * dw + n_], w[c, i, j], w[c, i, j + 1], w[c, i, j + 2])
-                        j += 3
-                    else:
-                        zero = w[c, i, j] * 0  # in the weights' dtype: an int 0 would turn the loop into float64
-                        _axpy3(part, plane[o0:o0 + n_], plane[o0:o0 + n_], plane[o0:o0 + n_], w[c, i, j], zero,
-                               zero)
-                        j += 1
-            _store_plane(part, wp, out[n, c, r0:r0 + rows], z, n, c, r0, has_z, act, p0, p1, p2)
+        for k in range(span):
+            acc[k] = b
+        for i in range(kh):
+            j = 0
+            while j < kw:  # up to three taps per pass: a third of the traffic on acc
+                o0 = i * dh * wp + j * dw
+                if j + 3 <= kw:
+                    _axpy3(acc, plane[o0:o0 + span], plane[o0 + dw:o0 + dw + span],
+                           plane[o0 + 2 * dw:o0 + 2 * dw + span], w[c, i, j], w[c, i, j + 1], w[c, i, j + 2])
+                    j += 3
+                else:
+                    zero = w[c, i, j] * 0  # in the weights' dtype: an int 0 would turn the loop into float64
+                    _axpy3(acc, plane[o0:o0 + span], plane[o0:o0 + span], plane[o0:o0 + span], w[c, i, j], zero, zero)
+                    j += 1
+        _store_plane(acc, wp, out[n, c], z, n, c, has_z, act, p0, p1, p2)
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _store_plane(acc, width, oc, z, n, c, oh0, has_z, act, p0, p1, p2):
-    """oc = act(acc + z[n, c, oh0:]) from a flat accumulator of rows `width` wide (the columns past oc's are
-    dropped); oc holds output rows oh0 on."""
+def _store_plane(acc, width, oc, z, n, c, has_z, act, p0, p1, p2):
+    """oc = act(acc + z[n, c]) from a flat accumulator of rows `width` wide (the columns past oc's are dropped)."""
     oh_n, ow_n = oc.shape
     for oh in range(oh_n):  # a copy (plus z) per row, then the activation's own loop: both vectorise
         at, row = _U(oh * width), oc[oh]
         if has_z:
-            zr = z[n, c, oh0 + oh]
+            zr = z[n, c, oh]
             for ow in range(ow_n):
                 row[ow] = acc[at + _U(ow)] + zr[ow]
         else:
@@ -337,4 +326,4 @@ def grouped(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, 
                             _axpy3(acc, s0, s0, s0, w0, zero, zero)
                             t = 1
                         j += t
-            _store_plane(acc, wq, out[n, o], z, n, o, 0, has_z, act, p0, p1, p2)
+            _store_plane(acc, wq, out[n, o], z, n, o, has_z, act, p0, p1, p2)

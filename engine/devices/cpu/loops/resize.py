@@ -21,8 +21,8 @@ _LANES = 16
 def nearest_repeat(x, out, ky, kx, lo, hi):
     """Planes [lo, hi) of x (P, H, W) repeated ky times down and kx times across into out (P, H*ky, W*kx): nearest
     upsampling by whole factors (YOLO's and UNet's x2), an output row built once and copied to the other ky - 1,
-    where the gather read one index per output (128 planes 40 -> 80 on one thread: 0.34 -> 0.28 ms; the copies as
-    loops 0.11 ms)."""
+    where the gather read one index per output (128 planes 40 -> 80 on one thread: 0.34 -> 0.28 ms). The copies are
+    loops: as slice assignments the same kernel measured 0.34 ms side by side with 0.11 ms as loops."""
     h_n, w_n = x.shape[1], x.shape[2]
     for p in range(lo, hi):
         for i in range(h_n):
@@ -38,7 +38,7 @@ def nearest_repeat(x, out, ky, kx, lo, hi):
                     v = src[j]
                     for t in range(kx):
                         dst[j * kx + t] = v
-            for r in range(1, ky):  # a loop, not a slice assignment: 128 planes 40 -> 80 0.34 -> 0.11 ms
+            for r in range(1, ky):  # a loop: the slice assignment it replaces was 3x slower (see the docstring)
                 row = out[p, i * ky + r]
                 for k in range(row.shape[0]):
                     row[k] = dst[k]

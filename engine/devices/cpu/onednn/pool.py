@@ -35,8 +35,20 @@ def _end_pads(geo) -> tuple[int, int]:
     return b, r
 
 
+def _sizes_match(geo) -> bool:
+    """Whether oneDNN's output size, (in + pads - window) / stride + 1 with the end pads of `_end_pads`, is torch's:
+    not where ceil_mode drops a last window that would start in the end padding and a declared end pad is at least
+    the window (a 5x5 window with an end pad of 5), which oneDNN refuses to create."""
+    (kh, kw), (sh, sw), (dh, dw) = geo.kernel, geo.stride, geo.dilation
+    b, r = _end_pads(geo)
+    return ((geo.h + geo.pads[0] + b - (kh - 1) * dh - 1) // sh + 1 == geo.oh
+            and (geo.w + geo.pads[1] + r - (kw - 1) * dw - 1) // sw + 1 == geo.ow)
+
+
 def algorithm(node: Node, geo) -> int | None:
     """The oneDNN pooling algorithm computing this node exactly at this geometry, or None."""
+    if not _sizes_match(geo):
+        return None
     if node.op_type == "MaxPool":
         return L.POOL_MAX
     if node.params.get("divisor_override"):
@@ -60,7 +72,8 @@ def jit_pooling(impl: str) -> bool:
     return impl.startswith("jit")
 
 
-# A plain NCHW MaxPool of more taps than this runs on the blocked primitive between two reorders (`build_via_blocked`).
+# A plain NCHW MaxPool of at least this many taps runs on the blocked primitive between two reorders
+# (`build_via_blocked`).
 # Measured against the numba loop at one thread on an AVX2 EPYC (ms, numba / reorder in + pool + reorder out):
 # 5x5 s1 p2 256 @20 1.39 / 0.26, 128 @40 2.55 / 0.29, 512 @10 0.82 / 0.16; 13x13 s1 256 @20 2.94 / 0.46 (the numba
 # loop's windows past three rows take a slow general path); at 9 taps or fewer the two are close or numba ahead:
@@ -71,15 +84,15 @@ VIA_BLOCKED_MIN_TAPS = 10
 
 def via_blocked_pays(node: Node, geo, block: int) -> bool:
     """Whether a plain MaxPool of this geometry runs faster on the blocked primitive between reorders (a dilated
-    window has only oneDNN's reference kernel)."""
+    window has only oneDNN's reference kernel; a geometry oneDNN cannot pool exactly keeps the numba loop)."""
     return (node.op_type == "MaxPool" and block > 0 and geo.kernel[0] * geo.kernel[1] >= VIA_BLOCKED_MIN_TAPS
-            and geo.dilation == (1, 1))
+            and geo.dilation == (1, 1) and algorithm(node, geo) is not None)
 
 
 def via_blocked_bytes(geo, block: int) -> int:
     """The workspace the reordered input and output take (nChw{block}c, channels padded to whole blocks)."""
     lanes = -(-geo.c // block) * block
-    return sum(D.aligned(4 * geo.n * lanes * h * w) for h, w in ((geo.h, geo.w), (geo.oh, geo.ow)))
+    return sum(D.aligned(4 * geo.n * lanes * h * w) for h, w in ((geo.h, geo.w), (geo.oh, geo.ow))) + D.ALIGN
 
 
 def _md(shape: tuple[int, ...], block: int) -> D.MemoryDesc:
@@ -117,7 +130,10 @@ def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int 
     exactly (count_include_pad windows that ceil_mode widens only at some sizes), and the whole node when oneDNN
     has no jit kernel for it (`jit_pooling`)."""
     D.sync_threads()
-    first = _Plan(node, geom(node, ins[0].shape), block)
+    geo = geom(node, ins[0].shape)
+    if algorithm(node, geo) is None:
+        return fallback
+    first = _Plan(node, geo, block)
     if not jit_pooling(first.pd.impl):  # the reference or the simple loops: the numba kernel is the faster path
         log.debug("%s: oneDNN has only %s for %s, numba kernel", node.where(), first.pd.impl, node.op_type)
         return fallback
@@ -183,16 +199,22 @@ def build_via_blocked(node: Node, ins: list[TensorInfo], geom, block: int, fallb
     if not jit_pooling(first.pool.pd.impl):
         log.debug("%s: oneDNN has only %s for %s, numba kernel", node.where(), first.pool.pd.impl, node.op_type)
         return fallback
-    plans: dict[tuple, _ViaBlocked] = {tuple(ins[0].shape): first}
+    plans: dict[tuple, _ViaBlocked | None] = {tuple(ins[0].shape): first}
 
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
         if not_finite(x.reshape(-1)):
             fallback(inputs, outputs, workspace)
             return
-        plan = plans.get(x.shape)
-        if plan is None:
-            plan = remember(plans, x.shape, _ViaBlocked(node, geom(node, x.shape), block))
+        if x.shape in plans:
+            plan = plans[x.shape]
+        else:
+            geo = geom(node, x.shape)
+            plan = remember(plans, x.shape, _ViaBlocked(node, geo, block) if algorithm(node, geo) is not None
+                            else None)
+        if plan is None:  # a shape oneDNN cannot pool exactly (see _sizes_match)
+            fallback(inputs, outputs, workspace)
+            return
         D.sync_threads()
         plan.run(x, outputs[0], workspace)
 

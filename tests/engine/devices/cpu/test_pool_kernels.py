@@ -107,7 +107,7 @@ def test_maxpool_nan_and_inf_at_every_window_position():
         np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
 
 
-# Windows of more than VIA_BLOCKED_MIN_TAPS taps run on oneDNN's blocked pooling between two reorders (with oneDNN
+# Windows of VIA_BLOCKED_MIN_TAPS taps and more run on oneDNN's blocked pooling between two reorders (with oneDNN
 # on): SPPF's 5x5 s1, SPP's 13x13, ceil_mode's end pads, channels that fill no whole block.
 VIA_BLOCKED = [
     ({"kernel": [5, 5], "stride": [1, 1], "pads": [2, 2, 2, 2]}, (1, 20, 20, 20)),
@@ -134,6 +134,17 @@ def test_wide_maxpool_windows_on_the_blocked_primitive(params, shape):
     want, got = reference(node, [x])[0], run_kernel(node, [x])[0]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+
+
+@pytest.mark.parametrize("pads,stride", [([0, 0, 5, 0], 1), ([0, 0, 0, 5], 2), ([5, 5, 5, 5], 1), ([0, 0, 0, 7], 2)])
+def test_wide_windows_oneDNN_cannot_size_keep_the_numba_loop(pads, stride):
+    """ceil_mode drops a last window that would start in the end padding; with an end pad of the window or more,
+    oneDNN's output size (every pad counted) is not torch's and it refuses the primitive: the numba loop runs, at
+    the build shape and at a run-time shape that has the problem when the build shape did not."""
+    params = {"kernel": [5, 5], "stride": [stride, stride], "pads": pads, "ceil_mode": True}
+    node = make_node("MaxPool", 1, params=params)
+    check_kernel(node, [rand(1, 8, 11, 12)], rtol=0, atol=0)
+    check_kernel(node, [rand(1, 8, 11, 12)], [rand(2, 8, 23, 24)], rtol=0, atol=0)
 
 
 def test_narrow_or_dilated_maxpool_windows_keep_the_numba_loop():

@@ -118,6 +118,7 @@ def test_native_block_is_a_candidate():
 
 
 @pytest.mark.parametrize("params", [
+    {"kernel": (5, 5), "stride": (1, 1), "pads": (0, 0, 5, 0), "ceil_mode": True},  # oneDNN cannot size it: numba
     {"kernel": (3, 3), "stride": (2, 2), "pads": (1, 1, 1, 1)},  # ResNet's stem pool
     {"kernel": (3, 3), "stride": (2, 2), "pads": (0, 0, 0, 0), "ceil_mode": True},  # SqueezeNet's
     {"kernel": (2, 3), "stride": (1, 2), "pads": (0, 1, 1, 0), "dilation": (2, 1)},
@@ -138,7 +139,7 @@ def test_maxpool_blocked_matches_plain_maxpool(params, block, onednn):
     kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
     # oneDNN has only its reference kernel for dilated pooling and for blocks past its native one (see
     # test_global_pool_blocked_matches_plain_pooling): the numba loop runs those
-    jit = "dilation" not in params and block <= onednn_blocked.native_block()
+    jit = "dilation" not in params and block <= onednn_blocked.native_block() and params["pads"][2] < 5
     assert getattr(kernel, "impl", "numba").startswith("onednn") == (onednn and jit)
     out = np.full(info.shape, np.nan, np.float32)
     kernel([xb], [out], None)
