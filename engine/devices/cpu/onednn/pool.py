@@ -119,25 +119,40 @@ class _Plan:
             pad = self.pd.md(L.QUERY_SCRATCHPAD_MD)
             self.step = D.Step(D.Primitive(self.pd), {L.ARG_SRC: src, L.ARG_DST: dst, L.ARG_SCRATCHPAD: pad}, work)
         self.scratch = D.aligned_buffer(pad.nbytes) if pad.nbytes else None  # weights-like: once per shape
+        self.impl = self.pd.impl
 
-    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def run(self, x: np.ndarray, out: np.ndarray, workspace: np.ndarray | None) -> None:
         D.run_src_dst(self.step, x, out, self.scratch)
 
 
 def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0) -> Kernel:
     """`geom(node, shape)` is engine.ops.pool's pool_geom or, for blocked values
     (`block` > 0), the geometry with the lanes counted as channels; `fallback` runs the shapes oneDNN cannot do
-    exactly (count_include_pad windows that ceil_mode widens only at some sizes), and the whole node when oneDNN
-    has no jit kernel for it (`jit_pooling`)."""
+    exactly (count_include_pad windows that ceil_mode widens only at some sizes, see also `_sizes_match`), a max
+    pooling's inputs holding a NaN or an infinity (`not_finite`), and the whole node when oneDNN has no jit kernel
+    for it (`jit_pooling`)."""
+    return _per_shape(node, ins, geom, fallback, lambda geo: _Plan(node, geo, block), "onednn:")
+
+
+def build_via_blocked(node: Node, ins: list[TensorInfo], geom, block: int, fallback: Kernel) -> Kernel:
+    """A plain float32 MaxPool on the nChw{block}c primitive between two reorders (VIA_BLOCKED_MIN_TAPS says
+    where that pays), `fallback` (the numba kernel) as in `build`. The reordered copies sit in the workspace
+    (`via_blocked_bytes` at the max shape)."""
+    return _per_shape(node, ins, geom, fallback, lambda geo: _ViaBlocked(node, geo, block), "onednn:reorder+")
+
+
+def _per_shape(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, make, label: str) -> Kernel:
+    """The kernel of `build` and `build_via_blocked`: a plan (`make(geometry)`: run(x, out, workspace) and its
+    primitive's impl) per input shape, `fallback` where there is none."""
     D.sync_threads()
     geo = geom(node, ins[0].shape)
     if algorithm(node, geo) is None:
         return fallback
-    first = _Plan(node, geo, block)
-    if not jit_pooling(first.pd.impl):  # the reference or the simple loops: the numba kernel is the faster path
-        log.debug("%s: oneDNN has only %s for %s, numba kernel", node.where(), first.pd.impl, node.op_type)
+    first = make(geo)
+    if not jit_pooling(first.impl):  # the reference or the simple loops: the numba kernel is the faster path
+        log.debug("%s: oneDNN has only %s for %s, numba kernel", node.where(), first.impl, node.op_type)
         return fallback
-    plans: dict[tuple, _Plan | None] = {tuple(ins[0].shape): first}
+    plans: dict[tuple, object] = {tuple(ins[0].shape): first}
     is_max = node.op_type == "MaxPool"
 
     def run(inputs, outputs, workspace):
@@ -146,16 +161,16 @@ def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int 
             plan = plans[x.shape]
         else:
             geo = geom(node, x.shape)
-            plan = remember(plans, x.shape, _Plan(node, geo, block) if algorithm(node, geo) is not None else None)
+            plan = remember(plans, x.shape, make(geo) if algorithm(node, geo) is not None else None)
             log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, x.shape,
-                      plan.pd.impl if plan else "none, numba kernel")
+                      plan.impl if plan else "none, numba kernel")
         if plan is None or (is_max and not_finite(x.reshape(-1))):  # oneDNN's max lets NaNs go: see not_finite
             fallback(inputs, outputs, workspace)
             return
         D.sync_threads()
-        plan.run(x, outputs[0])
+        plan.run(x, outputs[0], workspace)
 
-    run.impl = f"onednn:{first.pd.impl}"  # type: ignore[attr-defined]
+    run.impl = label + first.impl  # type: ignore[attr-defined]
     run.plans = plans  # type: ignore[attr-defined]
     return run
 
@@ -166,6 +181,7 @@ class _ViaBlocked:
 
     def __init__(self, node: Node, geo, block: int):
         self.pool = _Plan(node, geo, block)
+        self.impl = self.pool.impl
         x_shape, y_shape = (geo.n, geo.c, geo.h, geo.w), (geo.n, geo.c, geo.oh, geo.ow)
         x_md, y_md = blocked_md(x_shape, block), blocked_md(y_shape, block)
         self.to_blocked = D.reorder_step(D.MemoryDesc.plain(x_shape), x_md)
@@ -187,37 +203,3 @@ class _ViaBlocked:
         self.pool.step.run(ptrs)
         self.to_plain.run({L.ARG_SRC: yb, L.ARG_DST: D.address(out)})
         D.wait()
-
-
-def build_via_blocked(node: Node, ins: list[TensorInfo], geom, block: int, fallback: Kernel) -> Kernel:
-    """A plain float32 MaxPool on the nChw{block}c primitive between two reorders (VIA_BLOCKED_MIN_TAPS says
-    where that pays); `geom(node, shape)` is engine.ops.pool's pool_geom; `fallback` (the numba kernel) takes inputs
-    that hold a NaN or an infinity (`not_finite`). The reordered copies sit in the workspace (`via_blocked_bytes`
-    at the max shape)."""
-    D.sync_threads()
-    first = _ViaBlocked(node, geom(node, ins[0].shape), block)
-    if not jit_pooling(first.pool.pd.impl):
-        log.debug("%s: oneDNN has only %s for %s, numba kernel", node.where(), first.pool.pd.impl, node.op_type)
-        return fallback
-    plans: dict[tuple, _ViaBlocked | None] = {tuple(ins[0].shape): first}
-
-    def run(inputs, outputs, workspace):
-        x = np.ascontiguousarray(inputs[0])
-        if not_finite(x.reshape(-1)):
-            fallback(inputs, outputs, workspace)
-            return
-        if x.shape in plans:
-            plan = plans[x.shape]
-        else:
-            geo = geom(node, x.shape)
-            plan = remember(plans, x.shape, _ViaBlocked(node, geo, block) if algorithm(node, geo) is not None
-                            else None)
-        if plan is None:  # a shape oneDNN cannot pool exactly (see _sizes_match)
-            fallback(inputs, outputs, workspace)
-            return
-        D.sync_threads()
-        plan.run(x, outputs[0], workspace)
-
-    run.impl = f"onednn:reorder+{first.pool.pd.impl}"  # type: ignore[attr-defined]
-    run.plans = plans  # type: ignore[attr-defined]
-    return run
