@@ -10,8 +10,8 @@ When it pays (`worth_it`; bench/winograd_layers.py, a 2-core AVX2 machine, again
 ms): ResNet-18's 64ch@56 b1 1.28 -> 0.91, 128ch@28 b1 1.35 -> 0.70, 512ch@7 b8 12.9 -> 6.6, SqueezeNet's
 32->128@27 b8 2.39 -> 1.58. It does not with few tiles (512ch@7 b1, 4 tiles: U's 36 * C * K floats are read for
 almost no work, 1.66 -> 2.50), very narrow inputs (16->64@55 b8: 1.02x, the output transform dominates), or
-little work per call (c * o * tiles under MIN_WORK: SqueezeNet's expand convs at b1, 0.63-0.89x, where the
-transforms' and the matmul's fixed costs are not repaid); those stay on the direct kernel, except wide ones on
+little work per call (c * o * tiles under SMALL_WORK, or under MIN_WORK with few tiles a thread: `worth_it`;
+the transforms' and the matmul's fixed costs are not repaid there); those stay on the direct kernel, except wide ones on
 small maps, which F(2x2) takes (`choose`). F(2x2) is the same pipeline with 4x4 patches, 2x2 outputs and 16
 products (m = 2 below; alpha = m + 2 is the patch side). Chunks hold at most CHUNK_BYTES of v so v and m stay
 in cache; the workspace holds v | m | scratchpad.
@@ -42,6 +42,12 @@ from engine.ops.conv_geometry import ConvGeom
 CHUNK_BYTES = 4 << 20
 VECTOR_TRANSFORMS = True  # winograd_simd where the block allows; False keeps the scalar kernels (tests both)
 MIN_TILES, MIN_CHANNELS, MIN_WORK = 16, 32, 1 << 19
+# Below MIN_WORK, down to SMALL_WORK, F(4x4) still pays when every thread gets SPLIT_TILES tiles or more (the
+# one-region kernel; layer A/B on an AVX2 EPYC, 2 vCPUs, jit:avx2 direct -> F(4x4), 1 / 2 threads: MobileViT's
+# 96->48 @32 0.64 / 0.56, 48->48 @32 0.69 / 0.77, 40->40 @28 0.64 / 0.88, 64->64 @24 0.70 / 0.92, 96->96 @20 0.53 /
+# 0.70, SqueezeNet's 32->128 @27 0.86 / 0.92; 16 tiles on two threads lose or tie: 64->64 @16 1.47, 128->64 @16
+# 1.00, 48->192 @13 1.05, at one thread 0.71-0.79; 32->32 @32, 65K, 1.05 / 1.09).
+SMALL_WORK, SPLIT_TILES = 72 << 10, 12
 SMALL_MIN_CHANNELS = 256  # F(2x2) for maps too small for F(4x4)'s tiles (see choose)
 REGION = True  # the vector path as one parallel region (winograd_blocked_region); False: chunks of three stages
 WIDE_BLOCK, WIDE_MIN_MACS, WIDE_MIN_TILES = 16, 1 << 26, 16  # AVX-512 blocks; from what work, and how many tiles
@@ -65,10 +71,13 @@ def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) ->
             and geo.dilation == (1, 1) and geo.groups == 1 and geo.c % block == 0 and geo.o % block == 0)
 
 
-def worth_it(geo: ConvGeom) -> bool:
+def worth_it(geo: ConvGeom, threads: int = 1) -> bool:
     th, tw = tiles(geo)
     n_tiles = geo.n * th * tw
-    return n_tiles >= MIN_TILES and min(geo.c, geo.o) >= MIN_CHANNELS and geo.c * geo.o * n_tiles >= MIN_WORK
+    if n_tiles < MIN_TILES or min(geo.c, geo.o) < MIN_CHANNELS:
+        return False
+    work = geo.c * geo.o * n_tiles
+    return work >= MIN_WORK or (work >= SMALL_WORK and n_tiles >= SPLIT_TILES * max(1, threads))
 
 
 def pays_on_wide_vectors(geo: ConvGeom, threads: int) -> bool:
@@ -98,7 +107,7 @@ def choose(geo: ConvGeom, block: int, threads: int = 1) -> int | None:
     threads (`pays_on_wide_vectors`) and F(2x2) never."""
     if block >= WIDE_BLOCK:
         return 4 if worth_it(geo) and pays_on_wide_vectors(geo, threads) else None
-    if worth_it(geo):
+    if worth_it(geo, threads):
         return 4
     th, tw = tiles(geo, 2)
     small_ok = VECTOR_TRANSFORMS and block % S.LANES == 0

@@ -64,7 +64,7 @@ def test_chunks_with_a_remainder(monkeypatch):
     ({"c": 2 * C, "o": 2 * C, "k": 3, "groups": 2}, (2, 2 * C, 12, 12)),
     ({"c": C, "o": C, "k": 3, "dilation": 2}, (2, C, 12, 12)),
     ({"c": C, "o": C, "k": 3, "dst_blocked": False}, (2, C, 12, 12)),
-    ({"c": 64, "o": 64, "k": 3}, (2, 64, 16, 16)),  # too little work to pay (64 * 64 * 32 < MIN_WORK)
+    ({"c": 64, "o": 64, "k": 3}, (1, 64, 16, 16)),  # too little work to pay (64 * 64 * 16 < SMALL_WORK)
     ({"c": 16, "o": 128, "k": 3}, (8, 16, 32, 32)),  # too narrow an input
     ({"c": C, "o": C, "k": 1}, (2, C, 16, 16)),
 ])
@@ -96,10 +96,12 @@ def test_weight_transform_gives_the_direct_conv_on_one_tile():
     (64, 64, 56, 1, 4), (128, 128, 28, 1, 4), (256, 256, 14, 1, 4),  # ResNet-18's stages at batch 1
     (512, 512, 7, 1, 2), (512, 512, 7, 8, 4),  # 4 F(4x4) tiles at batch 1 (F(2x2) has 16), 32 at batch 8
     (16, 64, 55, 8, None), (32, 128, 27, 8, 4), (48, 192, 13, 8, 4),  # SqueezeNet's expand3x3 at b8
-    (32, 128, 27, 1, None), (64, 256, 13, 1, None),  # ... and at b1: too little work per call
+    (32, 128, 27, 1, 4), (64, 256, 13, 1, 4),  # ... and at b1 (W.SMALL_WORK: 200K and 262K)
+    (96, 48, 32, 1, 4), (48, 48, 32, 1, 4), (64, 64, 16, 1, None), (32, 32, 32, 1, None),  # MobileViT-like, 65K
 ])
 def test_rule_picks_the_faster_path_measured_in_bench(monkeypatch, c, o, hw, batch, want):
-    """W.choose against bench/winograd_layers.py's table (the thresholds' source), at the module's own floor."""
+    """W.choose against the measured tables (the module's docs; the thresholds' source), at the module's own
+    floor."""
     monkeypatch.undo()
     node, plain = make(c, o, 3)
     geo = conv_geom(plain, (batch, c, hw, hw))
@@ -109,6 +111,19 @@ def test_rule_picks_the_faster_path_measured_in_bench(monkeypatch, c, o, hw, bat
         assert W.choose(geo, 8) is None
         monkeypatch.undo()
         assert W.choose(geo, 4) is None
+
+
+@pytest.mark.parametrize("c,o,hw,threads,want", [
+    (96, 48, 32, 2, 4), (96, 96, 20, 2, 4), (40, 40, 28, 2, 4),  # under MIN_WORK, 32, 12 and 24 tiles a thread
+    (128, 64, 16, 2, None), (64, 256, 13, 2, None), (128, 64, 16, 1, 4),  # 16 tiles: 8 a thread on two
+    (256, 256, 14, 2, 4),  # MIN_WORK and more: whatever the tiles per thread
+])
+def test_rule_below_min_work_wants_tiles_for_every_thread(monkeypatch, c, o, hw, threads, want):
+    """Between SMALL_WORK and MIN_WORK, F(4x4) only with SPLIT_TILES tiles a thread (8-lane blocks, batch 1)."""
+    monkeypatch.undo()
+    node, plain = make(c, o, 3)
+    geo = conv_geom(plain, (1, c, hw, hw))
+    assert W.choose(geo, 8, threads) == want
 
 
 @pytest.mark.parametrize("c,o,hw,batch,threads,want", [
