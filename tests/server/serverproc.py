@@ -56,9 +56,21 @@ def nnserve_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "server.cli"]
 
 
-# sets the open-file limit in a process of its own, then becomes the server
-_LIMIT_FILES_THEN_EXEC = ("import os, resource, sys; n = int(sys.argv[1]); "
-                          "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])")
+# Becomes the server after tying it to this process: on Linux it gets SIGTERM when the thread that started it dies
+# (prctl PR_SET_PDEATHSIG, which an exec keeps), so a test run killed midway (its process group sent SIGTERM,
+# pytest-xdist's workers gone) leaves no server behind; it exits at once when that parent is already gone. With an
+# open-file count (argv[2], 0 for none) it sets RLIMIT_NOFILE first, for tests that exhaust descriptors.
+# (A shim rather than preexec_fn: see ServerProcess.)
+_LAUNCH_THEN_EXEC = (
+    "import ctypes, os, resource, signal, sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "n = int(sys.argv[2])\n"
+    "if n:\n"
+    "    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))\n"
+    "os.execv(sys.argv[3], sys.argv[3:])\n")
 
 
 # A test server stops without the drain delay (0.5 s by default, paid at each of the suite's ~85 stops): a test
@@ -73,8 +85,7 @@ class ServerProcess:
         cmd = [*nnserve_command(), "serve", "--model-repository", str(repository),
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
                "--grpc-address", "127.0.0.1", *_FAST_STOP, *extra]
-        if open_files is not None:
-            cmd = [sys.executable, "-c", _LIMIT_FILES_THEN_EXEC, str(open_files), *cmd]
+        cmd = [sys.executable, "-c", _LAUNCH_THEN_EXEC, str(os.getpid()), str(open_files or 0), *cmd]
         # No preexec_fn: it makes subprocess fork() instead of vfork(), and grpcio >= 1.80 (grpc issue 43055)
         # restarts its poller in the forked child, which aborts (epoll_wait: EBADF) once the fds are closed and before
         # exec, whenever this process has used a gRPC channel.
