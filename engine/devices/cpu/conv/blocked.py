@@ -103,7 +103,7 @@ class _PlainDirect:
 
     def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
         layout = self.layouts.get(x.shape) or remember(self.layouts, x.shape, self._layout(x.shape))
-        buf = _aligned_workspace(workspace, layout[1], self.private)
+        buf = aligned_workspace(workspace, layout[1], self.private)
         xp, yp, zp = (None if at is None else buf[at:at + 4 * math.prod(shape)].view(np.float32).reshape(shape)
                       for at, shape in layout[0])
         if xp is not None:
@@ -131,7 +131,7 @@ def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     return max(Plan(spec, shape).nbytes, 0 if wino is None else wino[1]) + D.ALIGN
 
 
-def _aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list) -> np.ndarray:
+def aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list) -> np.ndarray:
     """An ALIGN-aligned uint8 view of at least `nbytes` of the workspace (or of a private buffer)."""
     ptr, size = D.workspace_base(workspace)
     if size >= nbytes:
@@ -177,7 +177,7 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         winograd = wino_plan(x.shape)
         if winograd is not None:
             conv, geo, nbytes = winograd
-            conv.run(geo, x, z, out, _aligned_workspace(workspace, nbytes, private))
+            conv.run(geo, x, z, out, aligned_workspace(workspace, nbytes, private))
             return
         plan = plans.get(x.shape)
         if plan is None:

@@ -3,6 +3,8 @@
 Float32 convolutions run on oneDNN (onednn.py, transposed.py) when it is on and has an optimized kernel for them,
 except plain 1x1 convs, which stay one GEMM on the direct path, and long 1-D convs (im2col + GEMM there); the rest
 take the direct paths (direct.py), never oneDNN's reference implementation (scalar loops, see onednn.is_reference).
+A plain dense 3x3 stride-1 conv that Winograd F(4x4) pays for runs it between two reorders (winograd_nchw.py)
+instead of oneDNN's direct kernel.
 Other dtypes run the float64 reference, with the epilogue applied as the CPU applies it. ConvBlocked is
 blocked.py's.
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.conv import blocked, direct, onednn, transposed
+from engine.devices.cpu.conv import blocked, direct, onednn, transposed, winograd_nchw
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.ir import Node
@@ -81,12 +83,16 @@ def build_conv(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     if np.dtype(ins[0].dtype) != np.float32:
         return _fallback(node, conv_sums)
     if _use_onednn(backends, node, ins):
+        if winograd_nchw.applies(backends, node, ins):
+            return winograd_nchw.build(backends, node, ins)
         return onednn.build(onednn.ConvSpec(node, len(ins) > 1), ins)
     return direct.build_conv(backends.blas, node, ins)
 
 
 def conv_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     if _use_onednn(backends, node, ins):
+        if winograd_nchw.applies(backends, node, ins):
+            return winograd_nchw.workspace(backends, node, ins)
         return onednn.workspace(onednn.ConvSpec(node, len(ins) > 1), ins)
     return direct.conv_workspace(node, ins)
 

@@ -181,14 +181,14 @@ def test_smaller_batch_needs_no_buffer_beyond_the_workspace(monkeypatch):
     before = _threads.get_threads()
     _threads.set_threads(2)
     allocated = []  # the sizes the conv asked beyond its workspace (a private buffer made at run time)
-    real = blocked_conv._aligned_workspace
+    real = blocked_conv.aligned_workspace
 
     def spy(workspace, nbytes, private):
         if onednn.workspace_base(workspace)[1] < nbytes:
             allocated.append(nbytes)
         return real(workspace, nbytes, private)
 
-    monkeypatch.setattr(blocked_conv, "_aligned_workspace", spy)
+    monkeypatch.setattr(blocked_conv, "aligned_workspace", spy)
     try:
         node, plain = make(8 * B, 8 * B, 3, act="relu")
         kernel, workspace = build_kernel(node, [TensorInfo((8, 8, 8, 8, B), np.float32)])
