@@ -201,6 +201,16 @@ PLAIN_SRC_CHANNELS = 8
 # 7x7, blocked in, plain out, a residual) NCHW <-> NHWC reorders of the plain side and the residual cost twice
 # the conv: 90 -> 50 us CPU at one thread.
 DEPTHWISE_BLOCKED = True
+# A dense square kxk conv (k > 1) of at least SMALL_MAP_CHANNELS input channels and at most SMALL_MAP_PIXELS output
+# pixels in all runs on the layouts oneDNN picks (NHWC: `brgconv`), its blocked sides reordered in and out, where the
+# blocked sides alone get AVX2's `jit` direct kernel (nChw8c), which splits so few pixels poorly. In-process A/B, AVX2
+# EPYC, 2 vCPUs, batch 1, blocked in and out, 1 / 2 threads: 3x3 s2 512 @7 0.73 / 0.75, 512 @14 0.87 / 0.81,
+# 256->512 @14 0.75 / 0.75, 256 @14 0.71-0.81 / 0.75-0.82, 176 @14 0.74 / 0.89, 128 @14 0.88 / 0.95, 160->80 @8
+# 0.79-0.80 / 0.92-0.99 (ResNet-18 at batch 1 0.96-0.99x); fewer channels lose or tie (64 @8 1.07 / 1.04, 64->128
+# s2 @16 1.00 / 0.98), more pixels too (128 s2 @28, 196 pixels, 0.95 / 1.08; 32->64 s2 @56 1.19 / 1.11), so do
+# 1x1 convs everywhere (`brgconv_1x1` 1.07-1.51x of `jit_1x1`) and Inception-v3's 1x3 and 3x1 convs over 8x8 maps
+# (the model 1.10x at two threads).
+SMALL_MAP_PIXELS, SMALL_MAP_CHANNELS = 64, 128
 
 
 def is_jit(impl: str) -> bool:
@@ -208,9 +218,16 @@ def is_jit(impl: str) -> bool:
     return not is_reference(impl) and "gemm:" not in impl
 
 
+def _few_pixels_many_channels(geo: ConvGeom) -> bool:
+    """A dense conv that runs `brgconv` on its own layouts rather than `jit` on blocked sides (SMALL_MAP_PIXELS)."""
+    return (geo.groups == 1 and geo.kh == geo.kw > 1 and geo.n * geo.oh * geo.ow <= SMALL_MAP_PIXELS
+            and geo.c >= SMALL_MAP_CHANNELS)
+
+
 def _primitive_desc(spec: ConvSpec, geo: ConvGeom, b_md: D.MemoryDesc | None, attr: D.Attr) -> D.PrimitiveDesc:
     """The conv's primitive on the blocked sides asked for, or on sides of its own choice where oneDNN has only
-    its reference implementation for those (see Plan); a dense conv of few channels first on its plain src."""
+    its reference implementation for those (see Plan) or where its kernel there beats the blocked one
+    (SMALL_MAP_PIXELS); a dense conv of few channels first on its plain src."""
     x_log, y_log = (geo.n, geo.c, geo.h, geo.w), geo.out_shape
     w_any = D.MemoryDesc.any(spec.wshape(geo))
     if not spec.src_blocked and geo.groups == 1 and geo.c <= PLAIN_SRC_CHANNELS:
@@ -227,6 +244,11 @@ def _primitive_desc(spec: ConvSpec, geo: ConvGeom, b_md: D.MemoryDesc | None, at
     # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
     x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
     pd = spec.primitive_desc(geo, x_req, w_any, b_md, y_req, attr)
+    if (spec.src_blocked or spec.dst_blocked) and pd.impl == "jit:avx2" and _few_pixels_many_channels(geo):
+        x_any, y_any = D.MemoryDesc.any(x_log), D.MemoryDesc.any(y_log)
+        free = spec.primitive_desc(geo, x_any, w_any, b_md, y_any, attr)
+        if free.impl.startswith("brgconv"):
+            return free
     if (spec.src_blocked or spec.dst_blocked) and is_reference(pd.impl):
         x_any, y_any = D.MemoryDesc.any(x_log), D.MemoryDesc.any(y_log)
         free = spec.primitive_desc(geo, x_any, w_any, b_md, y_any, attr)

@@ -183,3 +183,17 @@ def test_infer_rejects_a_wrong_physical_shape():
     node, _ = make(24, 24)
     with pytest.raises(ShapeError, match="blocked input for 24 channels"):
         OP.infer(node, [TensorInfo((1, 1, 5, 5, B), np.float32)])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("src_blocked", [True, False])
+def test_few_pixels_many_channels_run_on_onednn_own_layouts(residual, src_blocked):
+    """A 3x3 s2 conv of 256 channels to 7x7 (SMALL_MAP_PIXELS): on AVX2 it runs `brgconv` on the layouts oneDNN
+    picks, the blocked sides reordered in and out; batch 4 first (196 pixels: the blocked kernel), then batch 1 and a
+    smaller map on the same kernel and workspace. Every CPU checks the numbers."""
+    node, plain = make(256, 256, 3, stride=2, act="relu", src_blocked=src_blocked)
+    spec = ConvSpec(node, residual, geometry, B, src_blocked, True)
+    one = (1, 256 // B, 14, 14, B) if src_blocked else (1, 256, 14, 14)
+    if primitive_impl(spec, (4, *one[1:])) == "jit:avx2":
+        assert primitive_impl(spec, one).startswith("brgconv")
+    run_case(node, plain, [(4, 256, 14, 14), (1, 256, 14, 14), (1, 256, 9, 11)], residual)
