@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+_U = np.uint64  # loop indices numba does not wrap around (see _row_max)
+
 
 @njit(nogil=True, cache=True, fastmath={"reassoc", "nsz", "contract"})
 def not_finite(x):
@@ -44,17 +46,21 @@ def _column_max(x, n, c, vv, ih0, nrows, dh):
 
 @njit(nogil=True, cache=True, inline="always")
 def _row_max(v, row, kw, sw, dw):
-    """row[o] = max over taps j of v[o*sw + j*dw]; the usual geometries get loops with constant taps."""
+    """row[o] = max over taps j of v[o*sw + j*dw]; the usual geometries get loops with constant taps, indexed
+    unsigned (a signed index is wrapped around when negative, which kept LLVM from vectorising the strided reads:
+    2x2 s2 over 128 @56, one thread, 350 -> 90 us)."""
     if kw == 3 and dw == 1 and sw == 2:
         for o in range(row.size):
-            b = 2 * o
-            row[o] = _mx(_mx(v[b], v[b + 1]), v[b + 2])
+            b = _U(2 * o)
+            row[o] = _mx(_mx(v[b], v[b + _U(1)]), v[b + _U(2)])
     elif kw == 3 and dw == 1 and sw == 1:
         for o in range(row.size):
-            row[o] = _mx(_mx(v[o], v[o + 1]), v[o + 2])
+            b = _U(o)
+            row[o] = _mx(_mx(v[b], v[b + _U(1)]), v[b + _U(2)])
     elif kw == 2 and dw == 1 and sw == 2:
         for o in range(row.size):
-            row[o] = _mx(v[2 * o], v[2 * o + 1])
+            b = _U(2 * o)
+            row[o] = _mx(v[b], v[b + _U(1)])
     else:
         for o in range(row.size):
             b = o * sw
@@ -71,6 +77,9 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
     the 3-row case is written out inline (through a helper call numba vectorised it half as well)."""
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     oh_n, ow_n = out.shape[2], out.shape[3]
+    if kh == kw == sh == sw == 2 and dh == dw == 1 and pt == pl == 0 and 2 * oh_n <= h_n and 2 * ow_n <= w_n:
+        _max_pool_2x2(x, out, lo, hi)
+        return
     span = (ow_n - 1) * sw + (kw - 1) * dw + 1
     v = np.full(max(span, pl + w_n), -np.inf, x.dtype)  # one small row per call: the pads stay -inf
     vv = v[pl:pl + w_n]
@@ -89,27 +98,43 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
             _row_max(v, out[n, c, oh], kw, sw, dw)
 
 
+@njit(nogil=True, cache=True)
+def _max_pool_2x2(x, out, lo, hi):
+    """2x2 stride-2 windows all inside the input (no pads, no ceil_mode overhang): each output row in one pass over
+    its two input rows (the scratch row of `max_pool` costs two more; 128 @56, one thread: 90 -> 60 us)."""
+    c_n = x.shape[1]
+    for nc in range(lo, hi):
+        n, c = nc // c_n, nc % c_n
+        for oh in range(out.shape[2]):
+            r0, r1, row = x[n, c, 2 * oh], x[n, c, 2 * oh + 1], out[n, c, oh]
+            for o in range(row.size):
+                b = _U(2 * o)
+                row[o] = _mx(_mx(r0[b], r0[b + _U(1)]), _mx(r1[b], r1[b + _U(1)]))
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _row_sum(v, row, kw, sw):
     """row[o] = the sum over taps j of v[o*sw + j], in tap order; the usual geometries get loops with constant
-    taps."""
+    taps (unsigned indices, as _row_max)."""
     if kw == 2 and sw == 2:
         for o in range(row.size):
-            row[o] = v[2 * o] + v[2 * o + 1]
+            b = _U(2 * o)
+            row[o] = v[b] + v[b + _U(1)]
     elif kw == 3 and sw == 1:
         for o in range(row.size):
-            row[o] = v[o] + v[o + 1] + v[o + 2]
+            b = _U(o)
+            row[o] = v[b] + v[b + _U(1)] + v[b + _U(2)]
     elif kw == 3 and sw == 2:
         for o in range(row.size):
-            b = 2 * o
-            row[o] = v[b] + v[b + 1] + v[b + 2]
+            b = _U(2 * o)
+            row[o] = v[b] + v[b + _U(1)] + v[b + _U(2)]
     else:
         for o in range(row.size):
-            row[o] = v[o * sw]
+            row[o] = v[_U(o * sw)]
         for j in range(1, kw):
             s = v[j:]
             for o in range(row.size):
-                row[o] += s[o * sw]
+                row[o] += s[_U(o * sw)]
 
 
 @njit(nogil=True, cache=True)

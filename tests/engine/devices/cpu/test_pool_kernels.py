@@ -84,6 +84,10 @@ MAXPOOL_GEOMETRIES = [
     ({"kernel": [5, 4], "stride": [3, 2], "pads": [2, 1, 2, 2], "ceil_mode": True}, (2, 3, 14, 15)),
     ({"kernel": [1, 1], "stride": [2, 2]}, (1, 3, 5, 6)),
     ({"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1]}, (1, 1, 1, 2)),           # one row, one col
+    *(TWO_BY_TWO := [
+        ({"kernel": [2, 2], "stride": [2, 2]}, (2, 3, 10, 12)),  # windows all inside: the one-pass 2x2 loop
+        ({"kernel": [2, 2], "stride": [2, 2]}, (1, 4, 9, 7)),  # ... the last row and column dropped
+    ]),
 ]
 
 
@@ -97,9 +101,10 @@ def test_maxpool_nan_and_inf_at_every_window_position():
     """NaN wins wherever it sits (the vectorised max is branch-free); -inf inputs are kept, not mistaken for pads."""
     x = rand(1, 2, 9, 9)
     x[0, 0, ::2, ::3] = np.nan
+    x[0, 0, 3, 7] = np.nan  # the second row and column of a 2x2 window
     x[0, 1] = -np.inf
     x[0, 1, 4, 4] = np.nan
-    for params in MAXPOOL_GEOMETRIES[1:8]:
+    for params in MAXPOOL_GEOMETRIES[1:8] + TWO_BY_TWO:
         node = make_node("MaxPool", 1, params=params[0])
         want = reference(node, [x])[0]
         got = run_kernel(node, [x])[0]
