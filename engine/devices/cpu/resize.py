@@ -65,7 +65,7 @@ def build_resize(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
         if t[5] is not None and out.flags.c_contiguous:
             # copies, a quarter of a gathered tap an output: split from 1M outputs on (one thread / split over two:
             # 256 planes 20 -> 40 0.107 / 0.113 ms, 128 40 -> 80 0.14 / 0.16, 64 160 -> 320 1.6-1.9 / 0.9), by input
-            # rows: split by planes, YOLO's 3 planes of 320 -> 640 went 2 to one thread, 1 to the other (0.21 ms on
+            # rows: split by planes, an image's 3 planes of 320 -> 640 went 2 to one thread, 1 to the other (0.21 ms on
             # one thread, 0.27 split; by rows 0.21)
             rows, ky = planes * x.shape[2], t[5][0]
             parallel_for(RK.nearest_repeat, rows, out.size // 4, x.reshape(rows, 1, x.shape[3]),
