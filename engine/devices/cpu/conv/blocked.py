@@ -15,7 +15,7 @@ import numpy as np
 from engine.devices.base import Kernel
 from engine.devices.cpu.conv import direct
 from engine.devices.cpu.conv import winograd_blocked as W
-from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, primitive_impl
+from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, prefers_own_layouts, primitive_impl
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, ShapeCache, reference_fallback, remember
 from engine.devices.cpu.layout import conv_blocked
@@ -30,10 +30,11 @@ from engine.ops.registry import TensorInfo
 log = logging.getLogger("engine.onednn")
 
 
-def _spec(node: Node, residual: bool) -> ConvSpec:
-    """The oneDNN plan's spec of a ConvBlocked node: its geometry on physical shapes and its blocked sides."""
+def _spec(node: Node, residual: bool, max_shape: tuple[int, ...]) -> ConvSpec:
+    """The oneDNN plan's spec of a ConvBlocked node: its geometry on physical shapes, its blocked sides, and whether
+    its max shape prefers oneDNN's own layouts (every shape then asks for them first)."""
     return ConvSpec(node, residual, geometry, int(node.params["block"]), bool(node.params.get("src_blocked")),
-                    bool(node.params.get("dst_blocked")))
+                    bool(node.params.get("dst_blocked")), prefers_own_layouts(geometry(node, max_shape)))
 
 
 class _Winograds:
@@ -122,7 +123,7 @@ def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return 0
     D.sync_threads()
-    spec = _spec(node, len(ins) > 1)
+    spec = _spec(node, len(ins) > 1, tuple(ins[0].shape))
     shape = tuple(ins[0].shape)
     geo = geometry(node, shape)
     if _PlainDirect.applies(spec, shape):
@@ -137,7 +138,7 @@ def aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list) 
     if size >= nbytes:
         off = ptr - D.address(workspace)
         return workspace[off:off + size]
-    if not private or private[0].nbytes < nbytes:  # a smaller shape whose chunks need more room (never seen)
+    if not private or private[0].nbytes < nbytes:  # a shape whose buffers outgrow the max shape's (not seen within it)
         private[:] = [D.aligned_buffer(nbytes)]
     return private[0]
 
@@ -146,7 +147,7 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     geometry(node, ins[0].shape)  # checks the node
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return reference_fallback(node, conv_blocked.reference)
-    spec = _spec(node, len(ins) > 1)
+    spec = _spec(node, len(ins) > 1, tuple(ins[0].shape))
     D.sync_threads()
     max_shape = tuple(ins[0].shape)
     if _PlainDirect.applies(spec, max_shape):

@@ -50,9 +50,12 @@ class ConvSpec:
     `src_blocked` / `dst_blocked` puts that side in nChw{block}c."""
 
     def __init__(self, node: Node, residual: bool, geometry: Geometry = conv_geom, block: int = 0,
-                 src_blocked: bool = False, dst_blocked: bool = False):
+                 src_blocked: bool = False, dst_blocked: bool = False, own_layouts: bool = False):
         self.node, self.residual, self.geometry = node, residual, geometry
         self.block, self.src_blocked, self.dst_blocked = block, src_blocked, dst_blocked
+        # blocked sides: ask for `brgconv` on oneDNN's own layouts first (prefers_own_layouts, decided once at the
+        # max shape so that smaller shapes take the same kind of kernel and fit its workspace)
+        self.own_layouts = own_layouts
         self.w = np.ascontiguousarray(weight_of(node), np.float32)
         bias = node.attrs.get("bias")
         self.bias = None if bias is None else np.ascontiguousarray(np.ravel(bias), np.float32)
@@ -218,8 +221,9 @@ def is_jit(impl: str) -> bool:
     return not is_reference(impl) and "gemm:" not in impl
 
 
-def _few_pixels_many_channels(geo: ConvGeom) -> bool:
-    """A dense conv that runs `brgconv` on its own layouts rather than `jit` on blocked sides (SMALL_MAP_PIXELS)."""
+def prefers_own_layouts(geo: ConvGeom) -> bool:
+    """A dense conv that runs `brgconv` on its own layouts rather than `jit` on blocked sides (SMALL_MAP_PIXELS),
+    judged at the max shape (ConvSpec.own_layouts)."""
     return (geo.groups == 1 and geo.kh == geo.kw > 1 and geo.n * geo.oh * geo.ow <= SMALL_MAP_PIXELS
             and geo.c >= SMALL_MAP_CHANNELS)
 
@@ -244,7 +248,7 @@ def _primitive_desc(spec: ConvSpec, geo: ConvGeom, b_md: D.MemoryDesc | None, at
     # Locals keep the descriptors alive through the call (a temporary's handle would be freed first).
     x_req, y_req = spec.side(x_log, spec.src_blocked), spec.side(y_log, spec.dst_blocked)
     pd = spec.primitive_desc(geo, x_req, w_any, b_md, y_req, attr)
-    if (spec.src_blocked or spec.dst_blocked) and pd.impl == "jit:avx2" and _few_pixels_many_channels(geo):
+    if spec.own_layouts and (spec.src_blocked or spec.dst_blocked) and pd.impl == "jit:avx2":
         x_any, y_any = D.MemoryDesc.any(x_log), D.MemoryDesc.any(y_log)
         free = spec.primitive_desc(geo, x_any, w_any, b_md, y_any, attr)
         if free.impl.startswith("brgconv"):

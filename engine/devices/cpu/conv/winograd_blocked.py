@@ -16,6 +16,11 @@ small maps, which F(2x2) takes (`choose`). F(2x2) is the same pipeline with 4x4 
 products (m = 2 below; alpha = m + 2 is the patch side). Chunks hold at most CHUNK_BYTES of v so v and m stay
 in cache; the workspace holds v | m | scratchpad.
 
+Non-finite inputs: a NaN or an infinity in a tile's input patch makes that tile's outputs NaN (and its neighbours'
+whose patches overlap it), where the direct conv gives NaN or an infinity only in the windows that hold it; inputs
+near float32's range (1e36 and more) may overflow in the transforms to NaN. Non-finite either way, never a wrong
+finite number (tests/engine/devices/cpu/conv/test_winograd_nchw.py).
+
 The vector transforms run the same three steps as ONE parallel region per conv instead (REGION,
 winograd_blocked_region.py): each thread takes whole items (its tiles, or its output channels where tiles are
 few) from input transform to output, its GEMMs on a one-thread matmul primitive, with no hand-over between our
@@ -71,13 +76,18 @@ def eligible(geo: ConvGeom, block: int, src_blocked: bool, dst_blocked: bool) ->
             and geo.dilation == (1, 1) and geo.groups == 1 and geo.c % block == 0 and geo.o % block == 0)
 
 
-def worth_it(geo: ConvGeom, threads: int = 1) -> bool:
+def worth_it(geo: ConvGeom, threads: int | None) -> bool:
+    """Whether F(4x4) repays its transforms here: MIN_TILES tiles, MIN_CHANNELS each side, MIN_WORK (c * o * tiles);
+    on `threads` threads (8-lane blocks: None for the wide ones, where only MIN_WORK was measured) also from
+    SMALL_WORK with SPLIT_TILES tiles a thread."""
     th, tw = tiles(geo)
     n_tiles = geo.n * th * tw
     if n_tiles < MIN_TILES or min(geo.c, geo.o) < MIN_CHANNELS:
         return False
     work = geo.c * geo.o * n_tiles
-    return work >= MIN_WORK or (work >= SMALL_WORK and n_tiles >= SPLIT_TILES * max(1, threads))
+    if work >= MIN_WORK:
+        return True
+    return threads is not None and work >= SMALL_WORK and n_tiles >= SPLIT_TILES * max(1, threads)
 
 
 def pays_on_wide_vectors(geo: ConvGeom, threads: int) -> bool:
@@ -106,7 +116,7 @@ def choose(geo: ConvGeom, block: int, threads: int = 1) -> int | None:
     transforms whose vectors stay 8 lanes wide (winograd_simd): there Winograd pays only on convs big for their
     threads (`pays_on_wide_vectors`) and F(2x2) never."""
     if block >= WIDE_BLOCK:
-        return 4 if worth_it(geo) and pays_on_wide_vectors(geo, threads) else None
+        return 4 if worth_it(geo, None) and pays_on_wide_vectors(geo, threads) else None
     if worth_it(geo, threads):
         return 4
     th, tw = tiles(geo, 2)

@@ -8,6 +8,8 @@ plain conv -> this, 1 / 2 threads: 64->64 @56 0.47 / 0.55, 128->128 @28 0.42 / 0
 32->64 @56 0.68 / 0.75, 96->48 @32 0.70 / 0.77, 64->128 @56 0.46 / 0.51, 32->32 @112 0.68 / 0.68. F(2x2) does not
 pay here (512->512 @7: 1.10 / 0.97): only the shapes W.choose gives F(4x4) take it; the rest, and any smaller
 input shape the rule turns down, run oneDNN's plan.
+
+Non-finite inputs behave as in winograd_blocked.py (NaN over whole tiles, never a wrong finite number).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from engine.devices.cpu.layout.rewrite import physical
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import native_block
 from engine.devices.cpu.threads import get_threads
+from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom
 from engine.ops.registry import TensorInfo
@@ -87,7 +90,10 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     spec = onednn.ConvSpec(node, len(ins) > 1)
     block = native_block()
     conv = W.WinogradConv(spec.w, spec.bias, *spec.act, m=4, block=block)
-    fallback: list[Kernel] = []  # oneDNN's kernel, built when a shape first needs it
+    max_shape = tuple(ins[0].shape)
+    # oneDNN's kernel for the shapes the rule turns down (a smaller batch or map), built now with its weights so
+    # that no request builds it
+    fallback = onednn.build(spec, ins)
     to_blocked, to_plain = reorder(True, True, block, _F32), reorder(True, False, block, _F32)
     layouts: dict[tuple, _Layout | None] = {}
     private: list[np.ndarray] = []
@@ -101,11 +107,12 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
 
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
+        if any(a > b for a, b in zip(x.shape, max_shape, strict=True)):
+            raise KernelError(f"{node.where()}: Conv input {x.shape} is beyond the max shape {max_shape} its "
+                              f"workspace was planned for")
         at = layout(x.shape)
         if at is None:
-            if not fallback:
-                fallback.append(onednn.build(spec, ins))
-            fallback[0](inputs, outputs, workspace)
+            fallback(inputs, outputs, workspace)
             return
         D.sync_threads()
         xb, yb, zb, scratch = at.views(aligned_workspace(workspace, at.nbytes, private))
@@ -116,7 +123,7 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         to_plain([yb], [outputs[0]], None)
 
     # the max shape and batch 1 build their matmuls and filters now, not on a request
-    for shape in {tuple(ins[0].shape), (1, *tuple(ins[0].shape)[1:])}:
+    for shape in {max_shape, (1, *max_shape[1:])}:
         at = layout(shape)
         if at is not None:
             conv.prepare(at.geo)

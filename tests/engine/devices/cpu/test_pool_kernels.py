@@ -104,7 +104,7 @@ def test_maxpool_nan_and_inf_at_every_window_position():
     x[0, 0, 3, 7] = np.nan  # the second row and column of a 2x2 window
     x[0, 1] = -np.inf
     x[0, 1, 4, 4] = np.nan
-    for params in MAXPOOL_GEOMETRIES[1:8] + TWO_BY_TWO:
+    for params in MAXPOOL_GEOMETRIES[1:8] + TWO_BY_TWO[:1]:  # the 9x9 input: one 2x2 geometry
         node = make_node("MaxPool", 1, params=params[0])
         want = reference(node, [x])[0]
         got = run_kernel(node, [x])[0]

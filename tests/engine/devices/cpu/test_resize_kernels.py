@@ -9,6 +9,7 @@ import pytest
 from op_harness import check_kernel, infer, load_cases, make_node, reference
 
 from engine.devices.cpu import resize as R
+from engine.devices.cpu import threads as _threads
 from engine.errors import ShapeError
 from engine.ops.registry import TensorInfo, get_op
 from engine.ops.resize import taps
@@ -113,7 +114,6 @@ def test_pixel_unshuffle_at_and_below_max_shape(r):
 
 @pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
 def test_kernel_split_over_threads(monkeypatch, mode):
-    from engine.devices.cpu import threads as _threads
     before = _threads.get_threads()
     monkeypatch.setattr(_threads, "MIN_WORK", 0)
     _threads.set_threads(3)
@@ -175,6 +175,21 @@ def test_nearest_by_whole_factors_runs_as_copies(scale, shape, monkeypatch):
     check_kernel(node, [x], rtol=0, atol=0)
     np.testing.assert_array_equal(reference(node, [x])[0], np.repeat(np.repeat(x, scale[0], 2), scale[1], 3))
     assert calls and calls[0] == tuple(scale)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_nearest_copies_split_by_input_rows(monkeypatch, threads):
+    """The copies split over threads by input rows (an image's 3 planes split evenly): every split exact."""
+    before = _threads.get_threads()
+    monkeypatch.setattr(_threads, "MIN_WORK", 0)
+    _threads.set_threads(threads)
+    try:
+        node = make_node("Resize", 1, params={"mode": "nearest", "scale": [2, 3]})
+        x = rand(2, 3, 9, 7)
+        check_kernel(node, [x], rtol=0, atol=0)
+        np.testing.assert_array_equal(reference(node, [x])[0], np.repeat(np.repeat(x, 2, 2), 3, 3))
+    finally:
+        _threads.set_threads(before)
 
 
 @pytest.mark.parametrize("params,n,out", [({"mode": "nearest", "scale": [1.5, 1.5]}, 6, 9),

@@ -10,7 +10,7 @@ from op_harness import build_kernel, get_op
 
 from engine.devices.cpu.conv import blocked as conv_blocked_kernel
 from engine.devices.cpu.conv import direct
-from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, is_reference, primitive_impl
+from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, is_reference, prefers_own_layouts, primitive_impl
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.layout.conv_blocked import geometry
 from engine.devices.cpu.onednn import binding as L
@@ -188,12 +188,32 @@ def test_infer_rejects_a_wrong_physical_shape():
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("src_blocked", [True, False])
 def test_few_pixels_many_channels_run_on_onednn_own_layouts(residual, src_blocked):
-    """A 3x3 s2 conv of 256 channels to 7x7 (SMALL_MAP_PIXELS): on AVX2 it runs `brgconv` on the layouts oneDNN
-    picks, the blocked sides reordered in and out; batch 4 first (196 pixels: the blocked kernel), then batch 1 and a
-    smaller map on the same kernel and workspace. Every CPU checks the numbers."""
+    """A 3x3 s2 conv of 256 channels to 7x7 at batch 1 (SMALL_MAP_PIXELS): on AVX2 `brgconv` on the layouts oneDNN
+    picks, the blocked sides reordered in and out; a smaller map on the same kernel and workspace. Every CPU checks
+    the numbers."""
     node, plain = make(256, 256, 3, stride=2, act="relu", src_blocked=src_blocked)
-    spec = ConvSpec(node, residual, geometry, B, src_blocked, True)
     one = (1, 256 // B, 14, 14, B) if src_blocked else (1, 256, 14, 14)
-    if primitive_impl(spec, (4, *one[1:])) == "jit:avx2":
-        assert primitive_impl(spec, one).startswith("brgconv")
-    run_case(node, plain, [(4, 256, 14, 14), (1, 256, 14, 14), (1, 256, 9, 11)], residual)
+    assert prefers_own_layouts(geometry(node, one))
+    if primitive_impl(ConvSpec(node, residual, geometry, B, src_blocked, True), one) == "jit:avx2":
+        own = ConvSpec(node, residual, geometry, B, src_blocked, True, own_layouts=True)
+        assert primitive_impl(own, one).startswith("brgconv")
+    run_case(node, plain, [(1, 256, 14, 14), (1, 256, 9, 11)], residual)
+
+
+def test_own_layouts_are_judged_at_the_max_shape(monkeypatch):
+    """Built at batch 4 (196 output pixels: the blocked kernel), batch 1 keeps that kernel rather than switching to
+    `brgconv`, whose reorder buffers and weights the max shape's workspace does not hold: nothing is allocated
+    after the build."""
+    node, plain = make(256, 256, 3, stride=2, act="relu")
+    xs = [rng.standard_normal((n, 256, 14, 14)).astype(np.float32) for n in (4, 1)]
+    ins = [to_blocked(x, B) for x in xs]
+    kernel, workspace = build_kernel(node, [TensorInfo(ins[0].shape, ins[0].dtype)])
+    allocated: list[int] = []
+    real = onednn.aligned_buffer
+    monkeypatch.setattr(onednn, "aligned_buffer", lambda n: allocated.append(n) or real(n))
+    for x, xb in zip(xs, ins, strict=True):
+        out = np.full(OP.infer(node, [TensorInfo(xb.shape, xb.dtype)])[0].shape, np.nan, np.float32)
+        kernel([xb], [out], workspace)
+        want = conv_reference(plain, [x])[0]
+        np.testing.assert_allclose(to_plain(out, 256), want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    assert allocated == []

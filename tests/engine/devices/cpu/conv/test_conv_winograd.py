@@ -133,6 +133,7 @@ def test_rule_below_min_work_wants_tiles_for_every_thread(monkeypatch, c, o, hw,
     (64, 64, 56, 8, 2, 4), (512, 512, 7, 8, 2, 4), (64, 64, 224, 1, 2, 4),  # ResNet-18 b8, VGG's 64ch@224
     (48, 192, 13, 8, 2, 4),  # SqueezeNet's fire6 at b8: 112M multiply-adds, 64 tiles a thread
     (32, 128, 13, 2, 2, None),  # 30M multiply-adds: under WIDE_MIN_MACS
+    (32, 32, 52, 3, 2, None),  # 75M multiply-adds but under MIN_WORK: SMALL_WORK is the 8-lane rule only
 ])
 def test_rule_on_avx512_blocks_takes_winograd_only_for_big_convs(monkeypatch, c, o, hw, batch, threads, want):
     """16-lane blocks (oneDNN's AVX-512 kernels): F(4x4) from WIDE_MIN_MACS multiply-adds and WIDE_MIN_TILES

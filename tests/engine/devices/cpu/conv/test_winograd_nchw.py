@@ -11,6 +11,8 @@ from op_harness import build_kernel, cpu_device, infer, infos_of, kernel_peak_by
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.onednn import objects as onednn
 from engine.devices.cpu.onednn.blocked import native_block
+from engine.devices.cpu.threads import get_threads, set_threads
+from engine.errors import KernelError
 from engine.ops.conv_geometry import conv_geom
 
 if not onednn.available() or not native_block():
@@ -106,3 +108,42 @@ def test_does_not_allocate_activations():
     arrays = arrays_for(node, (2, C, 40, 40))
     assert check_runs(node, [(2, C, 40, 40)]) == WINO
     assert kernel_peak_bytes(node, arrays) < arrays[0].nbytes // 8
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 3e38])
+def test_non_finite_inputs_never_give_a_wrong_finite_number(bad):
+    """A NaN, an infinity or a value near float32's range spreads NaN over Winograd's tiles (winograd_blocked.py):
+    every output the reference makes non-finite is non-finite here, and every finite output here is the
+    reference's."""
+    node = conv(C, C, residual=True, act="relu")
+    arrays = arrays_for(node, (1, C, 20, 20))
+    arrays[0][0, 3, 9, 10] = bad
+    fn, ws = build_kernel(node, infos_of(arrays, node=node))
+    assert fn.impl == WINO
+    with np.errstate(all="ignore"):
+        want = reference(node, arrays)[0]
+    out = np.full(want.shape, 7.0, np.float32)
+    fn(arrays, [out], ws)
+    assert not np.isfinite(out[~np.isfinite(want)]).any()
+    finite = np.isfinite(out)
+    assert finite.sum() > out.size // 2  # only the tiles around the bad pixel
+    np.testing.assert_allclose(out[finite], want[finite], rtol=1e-4, atol=1e-3)
+
+
+@pytest.fixture
+def two_threads():
+    before = get_threads()
+    set_threads(2)
+    yield
+    set_threads(before)
+
+
+def test_two_threads_and_beyond_the_max_shape(two_threads):
+    """Two threads (W.choose's tiles per thread: 25 an image pass at batch 1), and an input larger than the max
+    shape refused like oneDNN's kernel refuses it."""
+    node = conv(C, C, residual=True, act="silu")
+    assert check_runs(node, [(2, C, 20, 20), (1, C, 20, 20)]) == WINO
+    fn, ws = build_kernel(node, infos_of(arrays_for(node, (1, C, 20, 20)), node=node))
+    big = arrays_for(node, (1, C, 24, 24))
+    with pytest.raises(KernelError, match="beyond the max shape"):
+        fn(big, [np.empty((1, C, 24, 24), np.float32)], ws)
