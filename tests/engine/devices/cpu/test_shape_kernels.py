@@ -10,6 +10,7 @@ import pytest
 from op_harness import check_kernel, make_node, reference, run_kernel
 
 from engine.devices.cpu import KERNELS as CPU_KERNELS
+from engine.devices.cpu import shape as shape_kernels
 from engine.ops import get_op
 from engine.ops.registry import TensorInfo
 
@@ -46,17 +47,27 @@ def test_kernel_matches_reference(op, params, max_shape, shape):
     ((6, 2, 5, 2), [0, 2, 1, 3]),  # MobileViT's unfold: runs of 2 floats (8 bytes)
     ((3, 5, 2, 4), [2, 0, 1, 3]),  # 16 bytes of float32, 8 of float16
     ((4, 3, 8), [1, 0, 2]),  # 32 bytes of float32, 16 of float16, 8 of int8
-    ((4, 3, 5), [1, 0, 2]),  # 20 bytes: copied as is
+    ((4, 3, 5), [1, 0, 2]),  # 20 bytes of float32
+    ((2, 7, 3, 8), [0, 2, 1, 3]),  # a blocked layout's 8 lanes
     ((2, 8), [0, 1]),
+    ((3, 4, 1), [1, 0, 2]),  # one element a row: copied as is
 ])
 def test_transpose_keeping_the_last_axis_matches_numpy(dtype, shape, perm):
-    """The last axis kept: copied as whole 8- or 16-byte rows where it holds that many, on contiguous and strided
-    inputs, every dtype bit for bit."""
+    """The last axis kept: copied as whole rows (one element of the row's bytes), on contiguous and strided inputs,
+    every dtype bit for bit."""
     x = (RNG.standard_normal(shape) * 3).astype(dtype)
     node = make_node("Transpose", 1, params={"perm": perm})
     for a in (x, np.flip(x, axis=0), np.concatenate([x, x], axis=-2)[..., ::2, :]):
         got = run_kernel(node, [a])[0]
         np.testing.assert_array_equal(got, np.transpose(a, perm))
+
+
+def test_transpose_of_objects_copies_references():
+    """Object rows are never copied as raw bytes (their references must be counted)."""
+    x = np.array([[["a", "b"], ["c", "d"]], [["e", "f"], ["g", "h"]]], dtype=object)
+    out = np.empty((2, 2, 2), dtype=object)
+    shape_kernels._transpose(x, (1, 0, 2), out)
+    np.testing.assert_array_equal(out, x.transpose(1, 0, 2))
 
 
 def test_expand_and_reshape_take_target_from_input_value():
