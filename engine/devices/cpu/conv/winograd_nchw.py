@@ -79,11 +79,10 @@ class _Layout:
 def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     """The larger of the max shape's Winograd layout and oneDNN's plan (smaller shapes may take the latter), plus
     room to align the start."""
-    spec = onednn.ConvSpec(node, len(ins) > 1)
-    geo = conv_geom(node, tuple(ins[0].shape))
-    conv = W.WinogradConv(spec.w, spec.bias, *spec.act, m=4, block=native_block())
-    return max(_Layout(geo, native_block(), spec.residual, conv).nbytes + D.ALIGN,
-               onednn.workspace(spec, ins))
+    spec, block = onednn.ConvSpec(node, len(ins) > 1), native_block()
+    conv = W.WinogradConv(spec.w, spec.bias, *spec.act, m=4, block=block)
+    layout = _Layout(conv_geom(node, tuple(ins[0].shape)), block, spec.residual, conv)
+    return max(layout.nbytes + D.ALIGN, onednn.workspace(spec, ins))
 
 
 def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
@@ -129,4 +128,3 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
             conv.prepare(at.geo)
     run.impl = "reorder+winograd-f4x4+onednn-matmul"  # type: ignore[attr-defined]
     return run
-
