@@ -123,8 +123,8 @@ def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return 0
     D.sync_threads()
-    spec = _spec(node, len(ins) > 1, tuple(ins[0].shape))
     shape = tuple(ins[0].shape)
+    spec = _spec(node, len(ins) > 1, shape)
     geo = geometry(node, shape)
     if _PlainDirect.applies(spec, shape):
         return _PlainDirect.nbytes(spec, geo) + D.ALIGN
@@ -147,9 +147,9 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     geometry(node, ins[0].shape)  # checks the node
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
         return reference_fallback(node, conv_blocked.reference)
-    spec = _spec(node, len(ins) > 1, tuple(ins[0].shape))
-    D.sync_threads()
     max_shape = tuple(ins[0].shape)
+    spec = _spec(node, len(ins) > 1, max_shape)
+    D.sync_threads()
     if _PlainDirect.applies(spec, max_shape):
         plain = _PlainDirect(backends, spec, max_shape)
 

@@ -78,7 +78,9 @@ def jit_pooling(impl: str) -> bool:
 # 5x5 s1 p2 256 @20 1.39 / 0.26, 128 @40 2.55 / 0.29, 512 @10 0.82 / 0.16; 13x13 s1 256 @20 2.94 / 0.46 (the numba
 # loop's windows past three rows take a slow general path); at 9 taps or fewer the two are close or numba ahead:
 # 3x3 s1 256 @20 0.20 / 0.17, 64 @56 0.12 / 0.18; 3x3 s2 128 @56 0.19 / 0.26; 2x2 s2 64 @112 0.55 / 0.42, 256 @28
-# 0.20 / 0.15, 32 @160 0.47 / 0.48. Every result equal (a max reorders nothing).
+# 0.20 / 0.15, 32 @160 0.47 / 0.48. Every result equal (a max reorders nothing). (The numba figures predate its
+# one-pass 2x2 loop and unsigned row indices, loops/pool.py, which made its 2x2 s2 pools 2.4-4x faster and its
+# 3x3 ones up to 1.4x: below the bound numba is now ahead.)
 VIA_BLOCKED_MIN_TAPS = 10
 
 
