@@ -26,8 +26,14 @@ WINO = "reorder+winograd-f4x4+onednn-matmul"
 
 @pytest.fixture(autouse=True)
 def avx2_rule(monkeypatch):
-    """The 8-lane rule on any CPU (16-lane blocks take Winograd only for big convs, W.pays_on_wide_vectors)."""
+    """The 8-lane rule on any CPU (16-lane blocks take Winograd only for big convs, W.pays_on_wide_vectors), on two
+    threads: below MIN_WORK the rule also asks for W.SPLIT_TILES tiles a thread, which a 16-core machine's count
+    would turn these small shapes down for."""
     monkeypatch.setattr(W, "WIDE_BLOCK", 1 << 30)
+    before = get_threads()
+    set_threads(2)
+    yield
+    set_threads(before)
 
 
 def rand(*shape: int) -> np.ndarray:
@@ -130,17 +136,9 @@ def test_non_finite_inputs_never_give_a_wrong_finite_number(bad):
     np.testing.assert_allclose(out[finite], want[finite], rtol=1e-4, atol=1e-3)
 
 
-@pytest.fixture
-def two_threads():
-    before = get_threads()
-    set_threads(2)
-    yield
-    set_threads(before)
-
-
-def test_two_threads_and_beyond_the_max_shape(two_threads):
-    """Two threads (W.choose's tiles per thread: 25 an image pass at batch 1), and an input larger than the max
-    shape refused like oneDNN's kernel refuses it."""
+def test_two_threads_and_beyond_the_max_shape():
+    """Two threads (avx2_rule; W.choose's tiles per thread: 25 an image pass at batch 1), and an input larger than
+    the max shape refused like oneDNN's kernel refuses it."""
     node = conv(C, C, residual=True, act="silu")
     assert check_runs(node, [(2, C, 20, 20), (1, C, 20, 20)]) == WINO
     fn, ws = build_kernel(node, infos_of(arrays_for(node, (1, C, 20, 20)), node=node))

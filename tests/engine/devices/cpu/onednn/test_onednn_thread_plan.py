@@ -3,6 +3,7 @@ Runner, what the attention kernel's tile GEMMs use) against numpy; such a run fo
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -81,6 +82,9 @@ def test_a_run_from_another_thread_forks_no_openmp_team(isa):
         print(plan.impl, *counts)
     """)
     env = {"OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    # where this process found its packages and oneDNN (a PYTHONPATH install, libdnnl on LD_LIBRARY_PATH), so does
+    # the child
+    env.update({k: os.environ[k] for k in ("PYTHONPATH", "LD_LIBRARY_PATH") if k in os.environ})
     if isa is not None:
         env["ONEDNN_MAX_CPU_ISA"] = isa
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
