@@ -268,9 +268,9 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
 
 
 def _apply_threads(threads: int | None, setting: int | None, policy: WaitPolicy) -> None:
-    """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows;
-    its wait policy, NNSERVE_WAIT_POLICY / NNSERVE_SPIN_US / NNSERVE_RUN_SPIN_US), BLAS one thread; threads= then
-    wins."""
+    """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows,
+    at most 8; its wait policy, NNSERVE_WAIT_POLICY / NNSERVE_SPIN_US / NNSERVE_RUN_SPIN_US), BLAS one thread;
+    threads= then wins."""
     _threads.configure(setting, policy)
     if threads is not None:
         _threads.set_threads(threads)

@@ -50,7 +50,7 @@ class Model:
         """Compiles for `device` at `max_shapes` (None: the shapes in the file) and allocates the arena once.
 
         `threads` sets the CPU kernel and BLAS thread count while this instance runs (default: the
-        NNSERVE_NUM_THREADS setting, else the CPUs the process's affinity and cgroup quota allow). `options`
+        NNSERVE_NUM_THREADS setting, else the CPUs the process's affinity and cgroup quota allow, at most 8). `options`
         are the engine's settings (default: the model's, from `load`, else the environment's,
         engine/runtime/options.py).
         """

@@ -11,8 +11,8 @@ outside the accepted ones is an error naming the variable and them (`from_env`),
 - NNSERVE_BLAS (default `auto`: MKL's sgemm when the `mkl` wheel is installed, else numpy's matmul): `mkl` asks
   for MKL (an error when the device is made without it: the `fast` extra); `numpy` or `openblas` runs GEMMs on
   numpy's matmul.
-- NNSERVE_NUM_THREADS (default, or `0`: the CPUs the affinity mask and cgroup quota allow): the kernel thread
-  pool's size, a whole number.
+- NNSERVE_NUM_THREADS (default, or `0`: the CPUs the affinity mask and cgroup quota allow, at most 8, past which
+  a 16-core machine measured slower: threads.DEFAULT_MAX_THREADS): the kernel thread pool's size, a whole number.
 - NNSERVE_WAIT_POLICY (default `run`): how idle kernel threads wait for the next op. `run` spins through a
   request and sleeps when idle: our kernels run on OpenMP's team (the one oneDNN runs on: one pool, not two), whose
   threads spin NNSERVE_RUN_SPIN_US after each op, long enough to bridge the Python dispatch between two ops, so that

@@ -57,7 +57,8 @@ What the second thread costs and why a run cannot simply drop to one thread (mea
 
 The count is process-wide (the pool is). Its default is the CPUs the process may really use: NNSERVE_NUM_THREADS
 (CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU quota (a container limited to 2
-CPUs on a 64-core node must not start 64 threads); the first instance applies it (`configure`). BLAS libraries
+CPUs on a 64-core node must not start 64 threads) and by DEFAULT_MAX_THREADS (more measured slower); the first
+instance applies it (`configure`). BLAS libraries
 get one thread (threadpoolctl): blas.py splits large GEMMs over this pool instead, so no library thread
 busy-waits beside it.
 """
@@ -92,6 +93,12 @@ FORK_WORK = 1 << 22
 # The `run` policy: a worker spins while a run is in progress, at most this long in one wait (a run's long serial
 # stretch, or a run that never ends, must not keep a core busy); then the grace after the run, then it sleeps.
 RUN_SPIN_CAP_US = 20_000
+# The default count's ceiling (NNSERVE_NUM_THREADS goes past it). On a 16-core Intel Xeon VM (AVX-512 and AMX,
+# 2026-11-27, the lent GPU machine's CPUs; bench/RESULTS.md, "Many cores") our splits stopped paying at 8 threads
+# and past them fell off a cliff: MobileViT-XXS at batch 1 16.4 ms at 8 threads, 18.5 at 6, 17.9 at 4, 43 at 12,
+# 19-42 at 16 (in-process A/B 13.2 at 8 against 18.6 at 16), its attention 5.4 ms at 8 and 15-27 at 12-16;
+# UltraFace 2.69 ms at 8, 2.76 at 16. ONNX Runtime on that machine was also fastest at 8 (8.2 ms against 8.8 at 16).
+DEFAULT_MAX_THREADS = 8
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 _PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 
@@ -113,8 +120,9 @@ def available_cpus() -> int:
 
 
 def default_threads(setting: int | None = None) -> int:
-    """The thread count for a setting (NNSERVE_NUM_THREADS, a positive int or None)."""
-    return setting if setting else available_cpus()
+    """The thread count for a setting (NNSERVE_NUM_THREADS, a positive int or None): the setting, else the CPUs
+    this process may use, at most DEFAULT_MAX_THREADS."""
+    return setting if setting else min(available_cpus(), DEFAULT_MAX_THREADS)
 
 
 @functools.cache

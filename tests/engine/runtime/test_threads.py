@@ -45,6 +45,16 @@ def test_env_setting_wins(monkeypatch):
         CpuOptions.from_env({"NNSERVE_NUM_THREADS": "zero"})
 
 
+def test_the_default_count_stops_at_eight_cpus(monkeypatch):
+    # past 8 threads a 16-core machine ran slower (threads.DEFAULT_MAX_THREADS); a setting still goes past it
+    monkeypatch.setattr(_threads, "cgroup_cpus", lambda path=None: None)
+    monkeypatch.setattr(_threads.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert _threads.available_cpus() == 16 and _threads.default_threads(None) == _threads.DEFAULT_MAX_THREADS == 8
+    assert _threads.default_threads(12) == 12
+    monkeypatch.setattr(_threads.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert _threads.default_threads(None) == 3
+
+
 def test_blas_stays_single_threaded_under_the_pool(restore_threads):
     """The pool splits GEMMs itself: BLAS threads beside it would oversubscribe the cores."""
     _threads.set_threads(2)
@@ -327,7 +337,8 @@ def test_a_loaded_idle_instance_burns_no_cpu(tmp_path, policy, pool):
 
     here = Path(__file__).resolve().parent
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "NNSERVE_SPIN_US")}
-    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2])])
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # where this process found packages
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2]), *inherited])
     env["NNSERVE_WAIT_POLICY"] = policy
     done = subprocess.run([sys.executable, "-c", IDLE_SCRIPT], capture_output=True, text=True, env=env,
                           timeout=240, cwd=here.parents[2])
