@@ -22,7 +22,7 @@ With oneDNN on, heads of 256x256 scores and more (MobileViT-XXS's 256 tokens) ru
 oneDNN batched matmuls (`_GroupGemms`, 4 heads a call) instead of numpy's matmul, which calls OpenBLAS's sgemm head
 by head (DNN_MIN_SCORES has the measurements); smaller heads keep numpy, where oneDNN's per-call cost loses.
 When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges,
-one per thread (`tail_split`), so each thread computes as many query rows.
+about one per thread (`tail_split`), so each thread computes as many query rows.
 Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
 it too, one head and a block of queries per item, where rows that short would leave the row-wise loops mostly
 per-row overhead.
@@ -145,12 +145,15 @@ def outer_per_item(most: int, outer: int, threads: int) -> int:
 
 def tail_split(items: int, threads: int) -> tuple[int, int]:
     """(whole, parts): the first `whole` items run whole, each of the rest (the remainder the threads do not
-    divide) as `parts` query ranges, so every thread gets as much work. DeiT-tiny's 3 heads of 197 tokens on 2
-    threads: heads 0 and 1 whole, head 2 as two halves; one thread would otherwise take two heads (1.5x at best).
-    Measured per thread (CPU time of its items, 2 threads): the busier one 285 -> 225 us, the CPU of both +5%;
-    halving every head instead (three items more, not one) came to 250 us at +14%."""
+    divide) as `parts` query ranges, about one range a thread in all, so every thread gets as much work.
+    DeiT-tiny's 3 heads of 197 tokens on 2 threads: heads 0 and 1 whole, head 2 as two halves; one thread would
+    otherwise take two heads (1.5x at best). Measured per thread (CPU time of its items, 2 threads): the busier one
+    285 -> 225 us, the CPU of both +5%; halving every head instead (three items more, not one) came to 250 us at
+    +14%. Each of the rest split `threads` ways instead made rest x threads small items: 16 heads of 256 tokens on
+    12 threads, 48 items of 21 queries, each a few GEMM and numba calls under the GIL, 7.8 ms on a 16-core Xeon
+    against 0.9 on 2 threads (bench/RESULTS.md, Many cores)."""
     rest = items % threads if threads > 1 else 0
-    return (items - rest, threads) if rest else (items, 1)
+    return (items - rest, -(-threads // rest)) if rest else (items, 1)
 
 
 def even_rows(L: int, most: int) -> int:

@@ -387,7 +387,8 @@ def test_fused_key_counts_around_the_tile_boundaries(S, e):
 
 
 @pytest.mark.parametrize("items,threads,want", [(3, 2, (2, 2)), (4, 2, (4, 1)), (3, 1, (3, 1)), (7, 3, (6, 3)),
-                                                (1, 2, (0, 2)), (0, 2, (0, 1))])
+                                                (1, 2, (0, 2)), (0, 2, (0, 1)), (16, 12, (12, 3)), (17, 12, (12, 3)),
+                                                (11, 12, (0, 2))])
 def test_tail_split_leaves_whole_items_the_threads_divide(items, threads, want):
     assert fused.tail_split(items, threads) == want
 
