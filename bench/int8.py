@@ -11,7 +11,7 @@ once into bench/models/<name>/int8/: dynamic-batch PNNX and ONNX exports, our in
 ONNX, both calibrated on the same inputs (16 normal-noise images for the random-weight classifiers; variants of
 examples/photos/astronaut.png for UltraFace).
 
-Every engine runs alone in its own process with its shipped defaults (ours: the CPUs the process may use,
+Every engine runs alone in its own process with its shipped defaults (ours: the CPUs the process may use, at most 8,
 OpenMP threads sleeping between primitives; ORT: its default session options). The processes take turns: each
 round asks each one in rotating order for a few timed runs while the others wait, so machine noise hits all of
 them alike; the figures are the median and p90 over all rounds. Outputs are compared with the float32 model's

@@ -21,8 +21,8 @@ head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before)
 With oneDNN on, heads of 256x256 scores and more (MobileViT-XXS's 256 tokens) run the group's two GEMMs as
 oneDNN batched matmuls (`_GroupGemms`, 4 heads a call) instead of numpy's matmul, which calls OpenBLAS's sgemm head
 by head (DNN_MIN_SCORES has the measurements); smaller heads keep numpy, where oneDNN's per-call cost loses.
-When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges,
-about one per thread (`tail_split`), so each thread computes as many query rows.
+When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges
+(`tail_split`: the fewest that balance the threads as well as any), so each thread computes as many query rows.
 Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
 it too, one head and a block of queries per item, where rows that short would leave the row-wise loops mostly
 per-row overhead.
@@ -143,17 +143,24 @@ def outer_per_item(most: int, outer: int, threads: int) -> int:
     return n
 
 
-def tail_split(items: int, threads: int) -> tuple[int, int]:
-    """(whole, parts): the first `whole` items run whole, each of the rest (the remainder the threads do not
-    divide) as `parts` query ranges, about one range a thread in all, so every thread gets as much work.
+@functools.lru_cache(maxsize=256)
+def tail_split(items: int, threads: int, rows: int) -> tuple[int, int]:
+    """(whole, parts) for `items` of `rows` queries each on `threads` threads: the first `whole` items run whole,
+    each of the rest (the remainder the threads do not divide) as `parts` query ranges, the fewest ranges that
+    leave the busiest thread (ranges go round the threads in turn) as few query rows as any split can.
     DeiT-tiny's 3 heads of 197 tokens on 2 threads: heads 0 and 1 whole, head 2 as two halves; one thread would
     otherwise take two heads (1.5x at best). Measured per thread (CPU time of its items, 2 threads): the busier one
     285 -> 225 us, the CPU of both +5%; halving every head instead (three items more, not one) came to 250 us at
-    +14%. Each of the rest split `threads` ways instead made rest x threads small items: 16 heads of 256 tokens on
-    12 threads, 48 items of 21 queries, each a few GEMM and numba calls under the GIL, 7.8 ms on a 16-core Xeon
-    against 0.9 on 2 threads (bench/RESULTS.md, Many cores)."""
+    +14%. Each of the rest in `threads` ranges, as before, made rest x threads items where fewer balance as well:
+    16 heads of 256 tokens on 12 threads, 48 ranges of 21 queries, each a few GEMM and numba calls under the GIL,
+    7.8 ms on a 16-core Xeon against 0.9 on 2 threads (bench/RESULTS.md, Many cores); now 12 ranges of 85-86."""
     rest = items % threads if threads > 1 else 0
-    return (items - rest, -(-threads // rest)) if rest else (items, 1)
+    if not rest:
+        return items, 1
+    # the busiest thread's ranges times a range's most rows, for 1 to `threads` ranges an item; ties: fewer
+    busiest = [(-(-rest * p // threads) * -(-rows // p), p) for p in range(1, threads + 1)]
+    parts = min(busiest)[1]
+    return (items - rest, parts) if parts > 1 else (items, 1)
 
 
 def even_rows(L: int, most: int) -> int:
@@ -393,7 +400,7 @@ class _GroupCall(_Operands):
         self.g = heads_per_item(g.heads, outer * self.blocks, self.heads, len(slots))
         self.groups = -(-self.heads // self.g)
         self.items = -(-outer // self.per_item) * self.groups * self.blocks
-        self.whole, self.parts = tail_split(self.items, len(slots) if split else 1)
+        self.whole, self.parts = tail_split(self.items, len(slots) if split else 1, self.rows)
         self.items = self.whole + (self.items - self.whole) * self.parts
         self.strides: list[tuple[int, ...]] = []  # q, k, v, out: byte strides and base addresses, when on oneDNN
         self.ptrs: list[int] = []

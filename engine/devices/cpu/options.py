@@ -69,7 +69,7 @@ class CpuOptions:
     layout: str = "blocked"  # "blocked": the blocked layout where it pays; "nchw": plain throughout
     winograd: bool = True
     blas: str = "auto"  # "auto": MKL's sgemm when the wheel is installed; "mkl": MKL or an error; "numpy"
-    threads: int | None = None  # None: the CPUs the process may use
+    threads: int | None = None  # None: the CPUs the process may use, at most 8 (threads.default_threads)
     spin_us: int = DEFAULT_SPIN_US  # idle threads spin this long, then sleep
     wait: str = "run"  # WAIT_POLICIES
     run_spin_us: int = DEFAULT_RUN_SPIN_US
@@ -93,7 +93,7 @@ class CpuOptions:
             winograd=_switch("NNSERVE_WINOGRAD", get("NNSERVE_WINOGRAD")),
             blas=BLAS_CHOICES[_choice("NNSERVE_BLAS", get("NNSERVE_BLAS") or "auto", tuple(BLAS_CHOICES))],
             threads=_count("NNSERVE_NUM_THREADS", get("NNSERVE_NUM_THREADS"), 0, MAX_THREADS,
-                           "a whole number of threads (0: the CPUs the process may use)") or None,
+                           "a whole number of threads (0: the CPUs the process may use, at most 8)") or None,
             spin_us=_count("NNSERVE_SPIN_US", get("NNSERVE_SPIN_US"), DEFAULT_SPIN_US, MAX_SPIN_US),
             wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "run", WAIT_POLICIES),
             run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US, MAX_SPIN_US),

@@ -99,17 +99,28 @@ RUN_SPIN_CAP_US = 20_000
 # 19-42 at 16 (in-process A/B 13.2 at 8 against 18.6 at 16), its attention 5.4 ms at 8 and 15-27 at 12-16;
 # UltraFace 2.69 ms at 8, 2.76 at 16. ONNX Runtime on that machine was also fastest at 8 (8.2 ms against 8.8 at 16).
 DEFAULT_MAX_THREADS = 8
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller: cpu.cfs_quota_us, cpu.cfs_period_us
 _PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 
 
-def cgroup_cpus(path: Path = CGROUP_CPU_MAX) -> int | None:
-    """CPUs allowed by a cgroup v2 quota ("quota period", "max period" = unlimited), None when unlimited."""
+def cgroup_cpus(path: Path = CGROUP_CPU_MAX, v1: Path = CGROUP_V1_CPU) -> int | None:
+    """CPUs allowed by the cgroup quota, rounded up: cgroup v2's cpu.max ("quota period", "max period" =
+    unlimited), else (no readable cpu.max: a cgroup v1 node, where Kubernetes CPU limits also live)
+    cfs_quota_us / cfs_period_us (-1 = unlimited); None when unlimited or not found."""
     try:
         quota, period = path.read_text().split()[:2]
-        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+        return None if quota == "max" else _quota_cpus(int(quota), int(period))
+    except (OSError, ValueError):
+        pass
+    try:
+        return _quota_cpus(int((v1 / "cpu.cfs_quota_us").read_text()), int((v1 / "cpu.cfs_period_us").read_text()))
     except (OSError, ValueError):
         return None
+
+
+def _quota_cpus(quota: int, period: int) -> int | None:
+    return None if quota <= 0 or period <= 0 else max(1, math.ceil(quota / period))
 
 
 def available_cpus() -> int:
@@ -256,7 +267,7 @@ class SpinPool:
                 self.wake[w].notify()
 
 
-_threads = available_cpus()  # until the first instance applies its setting (configure) or set_threads is called
+_threads = default_threads()  # until the first instance applies its setting (configure) or set_threads is called
 _policy = WaitPolicy()
 _spin_us = _policy.openmp_spin_us  # what our pool's workers poll: the policy's bound, as OpenMP's threads
 _configured = False

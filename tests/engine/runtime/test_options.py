@@ -81,7 +81,7 @@ def test_wait_policy_typos_are_errors(environ, message):
     ({"NNSERVE_NUM_THREADS": "\u0663"}, "NNSERVE_NUM_THREADS='\u0663': expected a whole number of threads"),
     # a pool of 100k threads, a spin libgomp refuses (it then spins its own default), a count int() cannot read
     ({"NNSERVE_NUM_THREADS": "100000"}, "NNSERVE_NUM_THREADS='100000': expected a whole number of threads (0: the "
-                                        "CPUs the process may use), at most 1024"),
+                                        "CPUs the process may use, at most 8), at most 1024"),
     ({"NNSERVE_SPIN_US": "99999999999999999999999"}, "at most 1000000"),
     ({"NNSERVE_RUN_SPIN_US": "9" * 5000}, "NNSERVE_RUN_SPIN_US="),
 ])

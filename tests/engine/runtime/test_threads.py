@@ -24,15 +24,26 @@ def _blas_threads() -> set[int]:
 
 
 @pytest.mark.parametrize("text, want", [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000", 1),
-                                        ("400000 100000", 4), ("garbage", None)])
+                                        ("400000 100000", 4), ("garbage", None), ("100000 0", None)])
 def test_cgroup_quota_parsed(tmp_path, text, want):
     f = tmp_path / "cpu.max"
     f.write_text(text)
-    assert _threads.cgroup_cpus(f) == want
+    assert _threads.cgroup_cpus(f, tmp_path / "no-v1") == want
+
+
+@pytest.mark.parametrize("quota, period, want", [("-1\n", "100000\n", None), ("200000\n", "100000\n", 2),
+                                                 ("150000", "100000", 2), ("50000", "100000", 1), ("x", "1", None)])
+def test_cgroup_v1_quota_read_where_there_is_no_cpu_max(tmp_path, quota, period, want):
+    # a cgroup v1 node (no cpu.max): a Kubernetes CPU limit is cpu.cfs_quota_us / cpu.cfs_period_us there
+    v1 = tmp_path / "cpu"
+    v1.mkdir()
+    (v1 / "cpu.cfs_quota_us").write_text(quota)
+    (v1 / "cpu.cfs_period_us").write_text(period)
+    assert _threads.cgroup_cpus(tmp_path / "absent", v1) == want
 
 
 def test_missing_cgroup_file_means_unlimited(tmp_path):
-    assert _threads.cgroup_cpus(tmp_path / "absent") is None
+    assert _threads.cgroup_cpus(tmp_path / "absent", tmp_path / "absent-v1") is None
 
 
 def test_env_setting_wins(monkeypatch):

@@ -386,11 +386,37 @@ def test_fused_key_counts_around_the_tile_boundaries(S, e):
     check_kernel(make_node("Attention", 4), [q, k, v, pad], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("items,threads,want", [(3, 2, (2, 2)), (4, 2, (4, 1)), (3, 1, (3, 1)), (7, 3, (6, 3)),
-                                                (1, 2, (0, 2)), (0, 2, (0, 1)), (16, 12, (12, 3)), (17, 12, (12, 3)),
-                                                (11, 12, (0, 2))])
-def test_tail_split_leaves_whole_items_the_threads_divide(items, threads, want):
-    assert fused.tail_split(items, threads) == want
+@pytest.mark.parametrize("items,threads,rows,want", [
+    (3, 2, 197, (2, 2)), (4, 2, 197, (4, 1)), (3, 1, 197, (3, 1)), (7, 3, 64, (6, 3)), (1, 2, 2, (0, 2)),
+    (1, 2, 1, (1, 1)),  # one query: nothing to split
+    (0, 2, 16, (0, 1)),
+    (16, 12, 256, (12, 3)),  # 4 heads left for 12 threads: 3 ranges each, not 12 (48 ranges of 21 queries)
+    (17, 12, 256, (12, 12)),  # 5 left: only 12 ranges each leave the busiest thread 110 rows (7 ranges: 111)
+    (11, 12, 197, (0, 12)),  # halves would leave two to some threads (198 rows): no better than whole heads
+    (3, 8, 197, (0, 8)), (6, 4, 197, (4, 2))])
+def test_tail_split_leaves_whole_items_the_threads_divide(items, threads, rows, want):
+    assert fused.tail_split(items, threads, rows) == want
+
+
+def _busiest_rows(items: int, threads: int, rows: int, whole: int, parts: int) -> int:
+    """The most query rows a thread computes when items t, t + T, ... go to thread t (run_slots)."""
+    load = [0] * threads
+    pieces = [rows] * whole + [(rows * (k + 1)) // parts - (rows * k) // parts
+                               for _ in range(items - whole) for k in range(parts)]
+    for i, n in enumerate(pieces):
+        load[i % threads] += n
+    return max(load)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4, 5, 8, 12, 16])
+def test_tail_split_balances_as_well_as_splitting_every_remainder_item_threads_ways(threads):
+    # the split before 2026-11-27 (each of the rest in `threads` ranges) as the bar: never a busier thread
+    for items in range(1, 3 * threads):
+        for rows in (1, 7, 49, 197, 256):
+            whole, parts = fused.tail_split(items, threads, rows)
+            rest = items % threads
+            old = (items - rest, threads) if rest else (items, 1)
+            assert _busiest_rows(items, threads, rows, whole, parts) <= _busiest_rows(items, threads, rows, *old)
 
 
 @pytest.mark.parametrize("most,outer,threads,want", [(4, 4, 1, 4), (64, 32, 1, 32), (8, 32, 1, 8), (4, 4, 2, 2),
@@ -458,8 +484,8 @@ def test_query_blocks_give_both_threads_as_many_rows(L, S, monkeypatch, request)
                                                  ((2, 5), 40, None, True), ((3,), 1, None, False)])
 def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monkeypatch, request):
     """Short sequences whose items the threads do not divide (3 heads on 2 threads): the remainder runs as query
-    ranges, one per thread, so both threads compute as many query rows (a single query: one range is empty);
-    masks and causality follow the queries; the output matches the reference."""
+    ranges, one per thread, so both threads compute as many query rows (a single query: not split); masks and
+    causality follow the queries; the output matches the reference."""
     import threading
 
     monkeypatch.setattr(fused, "get_threads", lambda: 2)
@@ -489,6 +515,35 @@ def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monke
     assert sum(counts) == math.prod(batch) * L
     if L > 1:
         assert len(counts) == 2 and counts[1] - counts[0] <= 1
+
+
+@pytest.mark.parametrize("threads,heads,L", [(12, 16, 40), (5, 3, 197), (8, 3, 33), (3, 7, 2)])
+def test_grouped_tail_ranges_cover_every_query_once_on_many_threads(threads, heads, L, monkeypatch, request):
+    """More threads than this machine has: the remainder's ranges (tail_split, fewer than the threads per item)
+    cover every query of every head exactly once, and the output matches the reference, masks included."""
+    monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
+    monkeypatch.setattr(pool, "MIN_WORK", 0)  # every size split (threads.chunks_for, parallel_for)
+    before = pool.get_threads()
+    pool.set_threads(threads)
+    request.addfinalizer(lambda: pool.set_threads(before))
+    seen: list[tuple] = []
+    real_item = fused._GroupCall.item
+
+    def item(self, slot, i):
+        span = self.span(i)
+        if span is not None:
+            seen.append(span)
+        real_item(self, slot, i)
+    monkeypatch.setattr(fused._GroupCall, "item", item)
+    q, k, v = _x(2, heads, L, 16), _x(2, heads, L, 16), _x(2, heads, L, 8)
+    for inputs in ([q, k, v], [q, k, v, _x(L, L)]):
+        seen.clear()
+        check_kernel(make_node("Attention", len(inputs)), inputs, rtol=1e-4, atol=1e-5)
+        covered = np.zeros((2, heads, L), np.int64)
+        for o0, b, h0, n, l0, rows in seen:
+            covered[o0:o0 + b, h0:h0 + n, l0:l0 + rows] += 1
+        assert (covered == 1).all(), np.unique(covered)
+        assert any(span[5] < L for span in seen)  # a remainder ran as query ranges
 
 
 @pytest.mark.parametrize("L,S", [(16, 16), (49, 1), (130, 700)])  # grouped (short), one key, blocked (2 blocks)
