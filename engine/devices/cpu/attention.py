@@ -76,6 +76,11 @@ DNN_MIN_SCORES = 256 * 256
 # layer, AVX2 EPYC, 2 threads against 1: 8 heads of 16 tokens, 262K, 2.3x slower split; of 64 tokens, 4.2M,
 # 1.2-1.3x slower; 64 heads of 49 tokens d32, 9.8M, 0.76x).
 GROUP_SPLIT_WORK = 1 << 23
+# ... and over at most this many threads: its items are dispatched from Python, and past a few threads they wait
+# for the GIL more than they compute (16-core Xeon, one layer, ms at 2 / 4 / 8 / 16 threads: 16 heads of 256
+# tokens 0.91 / 0.83 / 1.15 / 2.50 and, another run, 1.58 / 1.00 / 1.55 / 2.88; DeiT-tiny's 3 heads of 197 tokens
+# 0.52 / 0.54 / 0.78 / 1.87; bench/RESULTS.md, Many cores). The blocked path (long sequences) keeps every thread.
+GROUP_MAX_THREADS = 4
 DNN_TILE_BYTES = 1 << 20
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
@@ -647,6 +652,7 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         rows = min(b.rows, max(1, L)) if grouped else b.rows
         work = math.prod(out.shape[:-2]) * -(-L // rows) * rows * S * (inputs[0].shape[-1] + out.shape[-1])
         if grouped:  # split: whether parallel_for hands items to other threads (else one slot, the largest items)
+            slots = slots[:GROUP_MAX_THREADS]
             split = work >= GROUP_SPLIT_WORK and chunks_for(len(slots), work) > 1
             slots = slots if split else slots[:1]
             call = _GroupCall(node, inputs, out, b, slots, split)

@@ -522,6 +522,7 @@ def test_grouped_tail_ranges_cover_every_query_once_on_many_threads(threads, hea
     """More threads than this machine has: the remainder's ranges (tail_split, fewer than the threads per item)
     cover every query of every head exactly once, and the output matches the reference, masks included."""
     monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
+    monkeypatch.setattr(fused, "GROUP_MAX_THREADS", 64)  # every thread a slot, as before the cap
     monkeypatch.setattr(pool, "MIN_WORK", 0)  # every size split (threads.chunks_for, parallel_for)
     before = pool.get_threads()
     pool.set_threads(threads)
@@ -544,6 +545,26 @@ def test_grouped_tail_ranges_cover_every_query_once_on_many_threads(threads, hea
             covered[o0:o0 + b, h0:h0 + n, l0:l0 + rows] += 1
         assert (covered == 1).all(), np.unique(covered)
         assert any(span[5] < L for span in seen)  # a remainder ran as query ranges
+
+
+def test_the_grouped_path_splits_over_at_most_group_max_threads(monkeypatch, request):
+    # its items are dispatched from Python: past a few threads they wait for the GIL (GROUP_MAX_THREADS)
+    monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
+    monkeypatch.setattr(pool, "MIN_WORK", 0)
+    before = pool.get_threads()
+    pool.set_threads(12)
+    request.addfinalizer(lambda: pool.set_threads(before))
+    used: set[int] = set()
+    real_item = fused._GroupCall.item
+
+    def item(self, slot, i):
+        used.add(id(slot))
+        assert len(self.slots) <= fused.GROUP_MAX_THREADS
+        real_item(self, slot, i)
+    monkeypatch.setattr(fused._GroupCall, "item", item)
+    q, k, v = _x(2, 16, 40, 16), _x(2, 16, 40, 16), _x(2, 16, 40, 8)
+    check_kernel(make_node("Attention", 3), [q, k, v], rtol=1e-4, atol=1e-5)
+    assert 1 < len(used) <= fused.GROUP_MAX_THREADS
 
 
 @pytest.mark.parametrize("L,S", [(16, 16), (49, 1), (130, 700)])  # grouped (short), one key, blocked (2 blocks)
