@@ -56,11 +56,10 @@ What the second thread costs and why a run cannot simply drop to one thread (mea
   one thread would need a second, one-thread primitive per op, made at load.
 
 The count is process-wide (the pool is). Its default is the CPUs the process may really use: NNSERVE_NUM_THREADS
-(CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU quota (a container limited to 2
-CPUs on a 64-core node must not start 64 threads) and by DEFAULT_MAX_THREADS (more measured slower); the first
-instance applies it (`configure`). BLAS libraries
-get one thread (threadpoolctl): blas.py splits large GEMMs over this pool instead, so no library thread
-busy-waits beside it.
+(CpuOptions.threads) when given, else the affinity mask capped by the cgroup CPU quota, v2 or v1 (a container
+limited to 2 CPUs on a 64-core node must not start 64 threads), and by DEFAULT_MAX_THREADS (more measured slower);
+the first instance applies it (`configure`). BLAS libraries get one thread (threadpoolctl): blas.py splits large
+GEMMs over this pool instead, so no library thread busy-waits beside it.
 """
 
 from __future__ import annotations
