@@ -76,19 +76,22 @@ class _Layout:
         return view(x_at, self.x_shape), view(y_at, self.y_shape), view(z_at, self.y_shape), buf[w_at:]
 
 
+def _winograd(node: Node, ins: list[TensorInfo]) -> tuple[onednn.ConvSpec, int, W.WinogradConv]:
+    """The conv's spec, this CPU's block, and its F(4x4) (filters transformed only when prepared)."""
+    spec, block = onednn.ConvSpec(node, len(ins) > 1), native_block()
+    return spec, block, W.WinogradConv(spec.w, spec.bias, *spec.act, m=4, block=block)
+
+
 def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     """The larger of the max shape's Winograd layout and oneDNN's plan (smaller shapes may take the latter), plus
     room to align the start."""
-    spec, block = onednn.ConvSpec(node, len(ins) > 1), native_block()
-    conv = W.WinogradConv(spec.w, spec.bias, *spec.act, m=4, block=block)
+    spec, block, conv = _winograd(node, ins)
     layout = _Layout(conv_geom(node, tuple(ins[0].shape)), block, spec.residual, conv)
     return max(layout.nbytes + D.ALIGN, onednn.workspace(spec, ins))
 
 
 def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
-    spec = onednn.ConvSpec(node, len(ins) > 1)
-    block = native_block()
-    conv = W.WinogradConv(spec.w, spec.bias, *spec.act, m=4, block=block)
+    spec, block, conv = _winograd(node, ins)
     max_shape = tuple(ins[0].shape)
     # oneDNN's kernel for the shapes the rule turns down (a smaller batch or map), built now with its weights so
     # that no request builds it

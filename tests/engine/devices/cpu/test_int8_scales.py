@@ -122,10 +122,16 @@ def _scaled_spec(node, x):
     return spec, impl
 
 
+def _isa_of(impl: str) -> str:
+    """The instruction set in a kernel's impl ("onednn:brgconv_1x1:avx512_core_amx/requant"), "" where it names
+    none."""
+    return impl.split("/")[0].partition(":")[2].partition(":")[2]
+
+
 def _skip_unless_scaled(spec, impl: str) -> None:
     # only an instruction set the scaled way was never checked on (AMX's) skips: a kernel family of a checked one
     # that lost the scaled way (a oneDNN upgrade, a layer off oneDNN) must still fail the asserts below
-    isa = impl.split("/")[0].split(":")[2] if impl.count(":") >= 2 else ""
+    isa = _isa_of(impl)
     if spec.wei_scales is None and isa and isa not in conv.SCALED_ISAS:
         pytest.skip(f"oneDNN runs {impl} for this shape on this CPU: {isa} is not among conv.SCALED_ISAS")
 
@@ -137,8 +143,7 @@ def _host_isa() -> str | None:
     tests here and in test_int8_nhwc.py run on every CPU)."""
     node = _qconv(16, 16, 1, unsigned=True, weight=np.ones((16, 16, 1, 1), np.int8))
     _, impl = _spec(node, np.zeros((1, 2, 2, 16), np.int8))
-    return impl.split("/")[0].partition(":")[2].partition(":")[2] if int8_kernels._SPECS[node].wei_scales is not \
-        None else None
+    return _isa_of(impl) if int8_kernels._SPECS[node].wei_scales is not None else None
 
 
 HOST_ISA = _host_isa() if available() else None
