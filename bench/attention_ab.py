@@ -1,8 +1,11 @@
-"""In-process alternating A/B of the CPU Attention kernel's grouped path: its GEMMs on numpy/OpenBLAS ("old": built
-with `group_on_onednn` answering no) against the branch's choice ("new": oneDNN batched matmuls where
-DNN_MIN_SCORES says), on PackedAttention inputs (B, T, 3, H, D) as MobileViT-XXS and DeiT-tiny have them.
+"""In-process alternating A/B of the CPU Attention kernel's grouped path, on PackedAttention inputs (B, T, 3, H, D)
+as MobileViT-XXS, DeiT-tiny and Swin's windows have them. Two comparisons (--compare):
+- onednn: its GEMMs on numpy/OpenBLAS ("old": built with `group_on_onednn` answering no) against the branch's choice
+  ("new": oneDNN batched matmuls where DNN_MIN_SCORES says);
+- nogil: the items dispatched from Python ("old": built with NOGIL off) against the nogil path ("new": each
+  thread's items in one numba call, cblas_sgemm from numba) where it applies.
 
-    NNSERVE_NUM_THREADS=1 .venv/bin/python bench/attention_ab.py [--rounds 11] [CASE ...]
+    NNSERVE_NUM_THREADS=1 .venv/bin/python bench/attention_ab.py [--compare onednn|nogil] [--rounds 11] [CASE ...]
 
 Each round runs both kernels in turn (which goes first alternates), timed by the process's CPU time (all threads;
 waiting for a core another process holds is not counted) and by wall time; medians over the rounds. Both outputs are
@@ -31,29 +34,32 @@ from engine.runtime.options import environment_options  # noqa: E402
 
 CASES = {  # name: (B, T, 3, H, D) at batch 1; batch 8 multiplies B
     "mvit256": (4, 256, 3, 4, 16), "mvit64": (4, 64, 3, 4, 20), "mvit16": (4, 16, 3, 4, 24),
-    "deit197": (1, 197, 3, 3, 64),
+    "deit197": (1, 197, 3, 3, 64), "vit197": (1, 197, 3, 12, 64), "swin49": (64, 49, 3, 3, 32),
+    "short16": (1, 16, 3, 8, 64),
 }
 
 
-def build(shape: tuple[int, ...], new: bool, options: CpuOptions):
+def build(shape: tuple[int, ...], new: bool, options: CpuOptions, compare: str):
     node = Node("PackedAttention", "attention", [], [], {"scale": None, "is_causal": False})
     ins = [TensorInfo(shape, np.float32)]
     backends = Backends.from_options(options)
-    real = fused.group_on_onednn
-    if not new:
+    real, nogil = fused.group_on_onednn, fused.NOGIL
+    if compare == "onednn" and not new:
         fused.group_on_onednn = lambda L, S: False
+    if compare == "nogil":
+        fused.NOGIL = new  # read when the kernel is built
     try:
         kernel = packed.build(backends, node, ins)
         workspace = np.empty(packed.KERNELS["PackedAttention"].workspace(backends, node, ins), np.uint8)
     finally:
-        fused.group_on_onednn = real
+        fused.group_on_onednn, fused.NOGIL = real, nogil
     return node, kernel, workspace
 
 
-def measure(name: str, shape: tuple[int, ...], rounds: int, options: CpuOptions) -> str:
+def measure(name: str, shape: tuple[int, ...], rounds: int, options: CpuOptions, compare: str) -> str:
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     b, t, _, h, d = shape
-    kernels = {new: build(shape, new, options) for new in (False, True)}
+    kernels = {new: build(shape, new, options, compare) for new in (False, True)}
     out = np.empty((b, t, h, d), np.float32)
     errs = []
     for node, kernel, workspace in kernels.values():
@@ -81,6 +87,7 @@ def main() -> None:
     p.add_argument("cases", nargs="*", choices=[*CASES, []], help="default: every case")
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--compare", choices=["onednn", "nogil"], default="onednn")
     args = p.parse_args()
     options = environment_options().cpu
     # as an instance does: NNSERVE_NUM_THREADS (else the CPUs), the wait policy, BLAS on one thread
@@ -88,7 +95,7 @@ def main() -> None:
     for name in args.cases or CASES:
         for batch in args.batches:
             shape = (CASES[name][0] * batch, *CASES[name][1:])
-            print(f"b{batch} " + measure(name, shape, args.rounds, options), flush=True)
+            print(f"b{batch} " + measure(name, shape, args.rounds, options, args.compare), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,17 @@ head (MobileViT-XXS's (4, 4, 16, 24) attention: 14 us of Python per head before)
 With oneDNN on, heads of 256x256 scores and more (MobileViT-XXS's 256 tokens) run the group's two GEMMs as
 oneDNN batched matmuls (`_GroupGemms`, 4 heads a call) instead of numpy's matmul, which calls OpenBLAS's sgemm head
 by head (DNN_MIN_SCORES has the measurements); smaller heads keep numpy, where oneDNN's per-call cost loses.
+Where numpy's BLAS is an OpenBLAS whose cblas_sgemm blas.numpy_cblas finds (numpy's wheels), the grouped path runs
+without the GIL (`_run_items`, A.attend_items): each thread's items (a table of their spans, made once per run
+shape) in one numba call that calls cblas_sgemm per head itself (loops/cblas.py), so the threads never wait on one
+another for the GIL between an item's calls, and a head's scores stay in cache between its two GEMMs and the
+softmax. In-process A/B on the AVX2 EPYC (2 vCPUs; layer medians of 15-21 alternating rounds, noisy host): 12
+heads of 197 tokens 0.88x at one thread, 0.97x at two; 64 heads of 49 tokens 0.91x / 0.88x; 4 heads of 3136
+queries over 49 keys 0.96x / 0.91x; 8 heads of 16 tokens 0.89x / 0.75x; 8 heads of 4096 queries over 77 keys
+1.05x / 0.99x; DeiT-tiny at batch 1 0.94-0.98x, MobileViT-XXS and EfficientFormerV2 within the noise
+(bench/RESULTS.md, Attention without the GIL). Heads of 256x256 and more keep oneDNN's batched GEMMs
+(`_GroupGemms`, faster at one thread there); operands BLAS cannot take (more than one batch axis before the heads,
+rows closer than their width) keep the items dispatched from Python.
 When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges
 (`tail_split`: the fewest that balance the threads as well as any), so each thread computes as many query rows.
 Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
@@ -38,8 +49,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.devices.cpu.blas import numpy_cblas
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
 from engine.devices.cpu.loops import attention as A
+from engine.devices.cpu.loops.cblas import address
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import matmul as dnn
 from engine.devices.cpu.onednn import objects as D
@@ -80,7 +93,9 @@ GROUP_SPLIT_WORK = 1 << 23
 # for the GIL more than they compute (16-core Xeon, one layer, ms at 2 / 4 / 8 / 16 threads: 16 heads of 256
 # tokens 0.91 / 0.83 / 1.15 / 2.50 and, another run, 1.58 / 1.00 / 1.55 / 2.88; DeiT-tiny's 3 heads of 197 tokens
 # 0.52 / 0.54 / 0.78 / 1.87; bench/RESULTS.md, Many cores). The blocked path (long sequences) keeps every thread.
+# The nogil path (below) removes that wait; the cap stays until it is measured on many cores again.
 GROUP_MAX_THREADS = 4
+NOGIL = True  # the grouped path without the GIL where BLAS allows (False: Python's items, for tests and A/B runs)
 DNN_TILE_BYTES = 1 << 20
 _ALIGN = 64
 _F32 = np.dtype(np.float32)
@@ -460,6 +475,41 @@ class _GroupCall(_Operands):
             gemms[1].run(slot.s_ptr, self.address(2, o0, h0, 0), self.address(3, o0, h0, l0))
         A.group_scale_rows(o, l, self.nan_rows)
 
+    def signature(self) -> tuple:
+        """What the nogil path's plan for this run depends on: the items and the operands' shapes and strides."""
+        arrays = (self.q, self.k, self.v, self.out)
+        return (self.batch, self.L, self.g, self.rows, self.per_item, self.whole, self.parts, self.items,
+                len(self.slots), *(a.shape for a in arrays), *(a.strides for a in arrays))
+
+    def nogil_plan(self) -> tuple[list[np.ndarray], np.ndarray] | None:
+        """The nogil path's plan (A.attend_items): each thread's items, thread t taking items t, t + T, ... as
+        run_slots does, as rows of their spans; and the (batch, head, row) byte strides of q, k, v and out. None
+        when the operands do not suit it: more than one batch axis before the heads, no queries, a zero width, or
+        strides BLAS cannot take (`_blas_strides`)."""
+        q, k, v, out = self.q, self.k, self.v, self.out
+        if len(self.outer) > 1 or self.L == 0 or q.shape[-1] == 0 or out.shape[-1] == 0:
+            return None
+        # BLAS reads what the shapes say: any mismatch goes to numpy's matmul, which refuses it
+        fits = (k.shape[-1] == q.shape[-1] and v.shape[-2] == self.S and out.shape[-2:] == (self.L, v.shape[-1])
+                and all(a.shape[:-2] == self.batch for a in (q, k, v, out)))
+        strides = [_blas_strides(a) for a in (q, k, v, out)]
+        shared = any(st == 0 and d > 1 for d, st in zip(out.shape[:-1], out.strides[:-1], strict=True))
+        if not fits or shared or any(st is None for st in strides):  # shared: two heads or rows in one output row
+            return None
+        step = len(self.slots)
+        spans = [self.span(item) for item in range(self.items)]
+        table = [np.array([sp for sp in spans[t::step] if sp is not None], np.int64).reshape(-1, 6)
+                 for t in range(step)]
+        lead = 3 if len(self.outer) == 1 else 2  # heads only (one batch item): a zero batch stride
+        return table, np.array([(0,) * (3 - lead) + st[-1 - lead:-1] for st in strides], np.int64)
+
+    def addresses(self) -> np.ndarray:
+        return np.array([address(self.q), address(self.k), address(self.v), address(self.out)], np.int64)
+
+    def mask4(self) -> np.ndarray:
+        """The mask (or its stand-in) as 4-D: (batch, heads, queries, keys)."""
+        return self.mask if len(self.outer) == 1 else self.mask[None]
+
     def address(self, i: int, o: int, h: int, row: int) -> int:
         """The address of q, k, v or out (i: 0-3) at batch item o, head h, row `row` (4-D operands)."""
         st = self.strides[i]
@@ -551,6 +601,22 @@ class _GroupGemms(_Plans):
         return made
 
 
+def _blas_strides(a: np.ndarray) -> tuple[int, ...] | None:
+    """a's byte strides as the nogil path hands them to BLAS, or None when it cannot: unit stride along the last
+    axis, a row stride of at least the row's width (BLAS's leading dimension), non-negative multiples of 4 before.
+    An axis of one element may have any stride (numpy's broadcast gives 0): the dense one stands in, as it is never
+    stepped along."""
+    st = list(a.strides)
+    if a.shape[-1] == 1:
+        st[-1] = 4
+    if a.shape[-2] == 1:
+        st[-2] = 4 * a.shape[-1]
+    st[:-2] = [0 if d == 1 else x for d, x in zip(a.shape[:-2], st[:-2], strict=True)]
+    if st[-1] != 4 or st[-2] < 4 * a.shape[-1] or any(x < 0 or x % 4 for x in st):
+        return None
+    return tuple(st)
+
+
 def _strided_ok(a: np.ndarray) -> bool:
     """4-D float32, unit stride along the last axis, no broadcast (zero-stride) or negative stride elsewhere."""
     return (a.ndim == 4 and a.strides[-1] == _F32.itemsize
@@ -624,6 +690,8 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         tiles = _Tiles() if not grouped else _GroupGemms() if group_on_onednn(*scores_max[-2:]) else None
     slot_of = _GroupSlot if grouped else _Slot
     _compile_group(b) if grouped else _compile(b)
+    cblas = numpy_cblas() if grouped and tiles is None and NOGIL else None  # 256x256 heads up: oneDNN's batched GEMMs
+    plans: dict[tuple, tuple | None] = {}  # a run's signature -> its nogil plan (None: the operands do not suit it)
     cache: dict[int, tuple[np.ndarray, list]] = {}  # workspace address -> its slots
     last: list = [None, None]  # the last workspace object and its slots: the runtime passes the same one each run
     private: list[np.ndarray] = []
@@ -661,12 +729,33 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         if call.S == 0 or call.items == 0:
             out.fill(np.nan if call.nan_rows else 0.0)
             return
+        if cblas is not None:  # grouped: the nogil path, when the operands suit it
+            sig = call.signature()
+            plan = plans.get(sig, False)
+            if plan is False:
+                if len(plans) >= 64:
+                    plans.clear()
+                plan = plans[sig] = call.nogil_plan()
+            if plan is not None:
+                parallel_for(_run_items, len(slots), work, call, *plan, call.addresses(), call.mask4())
+                return
         if tiles is not None:
             tiles.prepare(call)
         parallel_for(call.run_slots, len(slots), work)
 
     run.impl = "fused-attention"  # type: ignore[attr-defined]
     return run
+
+
+def _run_items(call: _GroupCall, table: list[np.ndarray], strides: np.ndarray, ptrs: np.ndarray, mask: np.ndarray,
+               lo: int, hi: int) -> None:
+    """Threads lo..hi - 1 of a grouped run on the nogil path: each its items in one call."""
+    gemm, wide = numpy_cblas()
+    e, dv = call.q.shape[-1], call.out.shape[-1]
+    for t in range(lo, hi):
+        slot = call.slots[t]
+        A.attend_items(gemm, wide, table[t], ptrs, strides, mask, call.mask_kind, call.causal, call.nan_rows,
+                       call.scale, call.S, e, dv, slot.s, slot.l)
 
 
 def _compile(b: Blocking) -> None:
@@ -689,6 +778,11 @@ def _compile_group(g: Grouping) -> None:
     for kind in (A.MASK_NONE, A.MASK_ADD):
         A.group_softmax(s, mask, kind, False, 0, np.float32(1), l)
     A.group_scale_rows(s, l, False)
+    if numpy_cblas() is not None and NOGIL:  # the nogil path, no item: nothing is called
+        gemm, wide = numpy_cblas()
+        none, zeros = np.zeros((0, 6), np.int64), np.zeros((4, 3), np.int64)
+        A.attend_items(gemm, wide, none, zeros[:, 0].copy(), zeros, mask, A.MASK_NONE, False, False, np.float32(1), 1,
+                       1, 1, slot.s, slot.l)
 
 
 def _build_unfused(node: Node, ins: list[TensorInfo], dt: np.dtype):

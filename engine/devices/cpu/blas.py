@@ -7,6 +7,8 @@ drop the GIL during the call): one set of threads for every kernel. Why: OpenBLA
 calls and fight the pool's numba kernels and any other process for the cores; on the loaded 2-core machine
 ResNet-18 at 2 threads cost 850-1030 ms CPU (2.5-2.9 s wall) with OpenBLAS threading and 97 ms CPU (250 ms wall)
 with one library thread and the pool split.
+`numpy_cblas` gives numba code (loops/cblas.py) the address of cblas_sgemm in numpy's own OpenBLAS, for kernels
+that run many small GEMMs in one nogil call (the grouped attention).
 Measured single-threaded on conv shapes: (64x147)x(147x12544) 105 vs 50 GFLOP/s, (64x64)x(64x12544) 125
 vs 88, (512x4608)x(4608x49) 81 vs 74 (MKL vs OpenBLAS).
 """
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_info
 
 from engine.devices.cpu.threads import parallel_for
 from engine.errors import EngineError
@@ -45,6 +48,35 @@ def _mkl() -> ctypes.CDLL | None:
         lib.cblas_sgemm.restype = None
         lib.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
         return lib
+    return None
+
+
+# cblas_sgemm's name in the OpenBLAS builds numpy ships or links: scipy-openblas (numpy's wheels), 64- and 32-bit
+# integers, then a system OpenBLAS; each with the name of its configuration string (which says USE64BITINT).
+_OPENBLAS_NAMES = (("scipy_cblas_sgemm64_", "scipy_openblas_get_config64_"),
+                   ("scipy_cblas_sgemm", "scipy_openblas_get_config"),
+                   ("cblas_sgemm64_", "openblas_get_config64_"),
+                   ("cblas_sgemm", "openblas_get_config"))
+
+
+@functools.cache
+def numpy_cblas() -> tuple[int, bool] | None:
+    """(address, 64-bit integers) of cblas_sgemm in the OpenBLAS numpy runs on, for numba code that calls it
+    without the GIL (loops/cblas.py); None when numpy's BLAS is not an OpenBLAS whose integer width its own
+    configuration string states (callers then keep numpy's matmul)."""
+    for info in threadpool_info():
+        if info.get("internal_api") != "openblas" or not info.get("filepath"):
+            continue
+        try:
+            lib = ctypes.CDLL(info["filepath"])  # already loaded by numpy: the same handle
+        except OSError:
+            continue
+        for gemm, config in _OPENBLAS_NAMES:
+            fn, conf = getattr(lib, gemm, None), getattr(lib, config, None)
+            if fn is None or conf is None:
+                continue
+            conf.restype, conf.argtypes = ctypes.c_char_p, []
+            return ctypes.cast(fn, ctypes.c_void_p).value, b"USE64BITINT" in (conf() or b"")
     return None
 
 

@@ -9,7 +9,9 @@ writes (acc + pv) / l. A tile that holds every key (one block, `last`) is left u
 the output directly and `scale_rows` divides the output rows by their sums (fewer elements than the tile).
 
 The grouped path (short sequences, every key in one tile): `group_softmax` normalises the rows of a whole group of
-heads in one call, the scale inside its exp, and `group_scale_rows` divides the product's rows.
+heads in one call, the scale inside its exp, and `group_scale_rows` divides the product's rows. `attend_items`
+runs a thread's whole share of the grouped path without the GIL: both GEMMs through cblas_sgemm (loops/cblas.py)
+around the same softmax.
 
 exp is a float32 polynomial (Cody-Waite reduction, degree-6 Taylor on [-ln2/2, ln2/2], 2^n built as exponent bits
 and reinterpreted in a register, a scalar view: one pass, where an int32 scratch row took a second): LLVM
@@ -23,6 +25,8 @@ import math
 
 import numpy as np
 from numba import njit
+
+from engine.devices.cpu.loops.cblas import row_at, sgemm
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 _FAST = {"reassoc", "nsz", "contract", "afn"}  # no nnan/ninf: -inf scores and NaN rows must stay what they are
@@ -154,14 +158,20 @@ def finish(acc, pv, l, out, nan_rows):
 def scale_rows(out, l, nan_rows):
     """out /= l per row (one key block: the product of the unnormalised tile); rows with l = 0 as `finish`."""
     for i in range(out.shape[0]):
-        if l[i] == _F(0.0):
-            fill = _F(np.nan) if nan_rows else _F(0.0)
-            for d in range(out.shape[1]):
-                out[i, d] = fill
-        else:
-            inv = _F(1.0) / l[i]
-            for d in range(out.shape[1]):
-                out[i, d] *= inv
+        _scale_row(out[i], l[i], nan_rows)
+
+
+@njit(fastmath=_FAST, **_JIT)
+def _scale_row(x, total, nan_rows):
+    """x /= total; a row with total 0 (nothing attended to) NaN (`nan_rows`) or zeros."""
+    if total == _F(0.0):
+        fill = _F(np.nan) if nan_rows else _F(0.0)
+        for d in range(x.shape[0]):
+            x[d] = fill
+    else:
+        inv = _F(1.0) / total
+        for d in range(x.shape[0]):
+            x[d] *= inv
 
 
 @njit(**_JIT)
@@ -266,3 +276,32 @@ def group_scale_rows(out, l, nan_rows):
     for b in range(out.shape[0]):
         for h in range(out.shape[1]):
             scale_rows(out[b, h], l[b, h], nan_rows)
+
+
+@njit(fastmath=_FAST, **_JIT)
+def attend_items(gemm, wide, items, ptrs, strides, mask, mask_kind, causal, nan_rows, scale, S, e, dv, s, l):
+    """The grouped path's items without the GIL: one call runs a thread's every item. items[i] = (first batch item
+    o0, batch items nb, first head h0, heads nh, first query l0, queries L): per item s[b, h] = scale * q @ kᵀ for
+    each of its heads (cblas_sgemm at address `gemm`; `wide`: 64-bit integers), one softmax along the rows of the
+    whole group (group_softmax: mask and causality included), out = s @ v per head, the division by the row sums.
+    q, k, v and out are addresses ptrs[0..3] with byte strides strides[i] = (batch, head, row), unit-stride along
+    their last axis; s and l are the thread's slot (room for nb x nh x L x S scores and nb x nh x L sums)."""
+    for it in range(items.shape[0]):
+        o0, nb, h0, nh, l0, L = items[it, 0], items[it, 1], items[it, 2], items[it, 3], items[it, 4], items[it, 5]
+        t = s[:nb * nh * L * S].reshape(nb, nh, L, S)
+        sums = l[:nb * nh * L].reshape(nb, nh, L)
+        for b in range(nb):
+            for h in range(nh):
+                q = ptrs[0] + (o0 + b) * strides[0, 0] + (h0 + h) * strides[0, 1] + l0 * strides[0, 2]
+                k = ptrs[1] + (o0 + b) * strides[1, 0] + (h0 + h) * strides[1, 1]
+                sgemm(gemm, wide, True, L, S, e, _F(1.0), q, strides[0, 2] // 4, k, strides[1, 2] // 4,
+                      t[b, h].ctypes.data, S)
+        group_softmax(t, mask[o0:o0 + nb, h0:h0 + nh, l0:l0 + L], mask_kind, causal, l0, scale, sums)
+        for b in range(nb):
+            for h in range(nh):
+                v = ptrs[2] + (o0 + b) * strides[2, 0] + (h0 + h) * strides[2, 1]
+                o = ptrs[3] + (o0 + b) * strides[3, 0] + (h0 + h) * strides[3, 1] + l0 * strides[3, 2]
+                sgemm(gemm, wide, False, L, dv, S, _F(1.0), t[b, h].ctypes.data, S, v, strides[2, 2] // 4, o,
+                      strides[3, 2] // 4)
+                for i in range(L):  # row by row: a 2-D view of an address is not unit-stride to LLVM (9x slower)
+                    _scale_row(row_at(o + i * strides[3, 2], dv), sums[b, h, i], nan_rows)

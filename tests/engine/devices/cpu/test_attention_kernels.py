@@ -431,8 +431,13 @@ def test_grouped_items_take_every_head_of_several_batch_items(batch, L, mask, mo
     tile holds (a (B, H) batch; one batch item per call for a batch of more axes), a broadcast mask following."""
     monkeypatch.setattr(fused, "get_threads", lambda: 1)
     calls = []
-    real = fused.A.group_softmax
+    real, real_items = fused.A.group_softmax, fused.A.attend_items
     monkeypatch.setattr(fused.A, "group_softmax", lambda s, *a: (calls.append(s.shape[:3]), real(s, *a))[1])
+
+    def items(gemm, wide, table, *rest):  # the nogil path: one softmax per item, inside numba
+        calls.extend((int(nb), int(nh), int(n)) for _, nb, _, nh, _, n in table)
+        return real_items(gemm, wide, table, *rest)
+    monkeypatch.setattr(fused.A, "attend_items", items)
     inputs = [_x(*batch, L, 8), _x(*batch, L, 8), _x(*batch, L, 4)] + ([_x(L, L)] if mask else [])
     check_kernel(make_node("Attention", len(inputs)), inputs, rtol=1e-4, atol=1e-5)
     runs = [c[:2] for c in calls if c[2]]  # not the build's compile call (no rows)
@@ -480,45 +485,57 @@ def test_query_blocks_give_both_threads_as_many_rows(L, S, monkeypatch, request)
     assert counts[1] - counts[0] <= 4  # at most a row per head apart
 
 
+def _record_spans(monkeypatch, nogil: bool) -> list[tuple[tuple, tuple]]:
+    """((path, slot), span) of every item the grouped path computes from now on, on the path asked for: Python's
+    items ("items", `_GroupCall.item`) or the nogil path's item tables ("nogil", A.attend_items; the slot named by
+    its scores buffer)."""
+    monkeypatch.setattr(fused, "NOGIL", nogil)
+    seen: list[tuple[tuple, tuple]] = []
+    real_item, real_items = fused._GroupCall.item, fused.A.attend_items
+
+    def item(self, slot, i):
+        span = self.span(i)
+        if span is not None:
+            seen.append((("items", id(slot)), span))
+        real_item(self, slot, i)
+
+    def items(gemm, wide, table, *rest):
+        seen.extend((("nogil", rest[-2].ctypes.data), tuple(int(x) for x in row)) for row in table)
+        return real_items(gemm, wide, table, *rest)
+    monkeypatch.setattr(fused._GroupCall, "item", item)
+    monkeypatch.setattr(fused.A, "attend_items", items)
+    return seen
+
+
+@pytest.mark.parametrize("nogil", [False, True])
 @pytest.mark.parametrize("batch,L,mask,causal", [((1, 3), 197, None, False), ((1, 3), 190, "float", False),
                                                  ((2, 5), 40, None, True), ((3,), 1, None, False)])
-def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, monkeypatch, request):
+def test_grouped_tail_items_split_over_the_threads(batch, L, mask, causal, nogil, monkeypatch, request):
     """Short sequences whose items the threads do not divide (3 heads on 2 threads): the remainder runs as query
     ranges, one per thread, so both threads compute as many query rows (a single query: not split); masks and
-    causality follow the queries; the output matches the reference."""
-    import threading
-
+    causality follow the queries; the output matches the reference. On both paths (Python's items, nogil)."""
     monkeypatch.setattr(fused, "get_threads", lambda: 2)
     monkeypatch.setattr(pool, "MIN_WORK", 0)  # every size split (threads.chunks_for, parallel_for)
     monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
     before = pool.get_threads()
     pool.set_threads(2)
     request.addfinalizer(lambda: pool.set_threads(before))
-    where, rows = threading.local(), {}
-    real_item, real_softmax = fused._GroupCall.item, fused.A.group_softmax
-
-    def item(self, slot, i):
-        where.slot = id(slot)
-        real_item(self, slot, i)
-
-    def softmax(st, *args):
-        at = getattr(where, "slot", None)  # None: the build's compile call
-        if at is not None:
-            rows[at] = rows.get(at, 0) + math.prod(st.shape[:-1])
-        real_softmax(st, *args)
-    monkeypatch.setattr(fused._GroupCall, "item", item)
-    monkeypatch.setattr(fused.A, "group_softmax", softmax)
+    seen = _record_spans(monkeypatch, nogil)
     q, k, v = _x(*batch, L, 16), _x(*batch, L, 16), _x(*batch, L, 8)
     inputs = [q, k, v] + ([_x(L, L)] if mask else [])
     check_kernel(make_node("Attention", len(inputs), params={"is_causal": causal}), inputs, rtol=1e-4, atol=1e-5)
+    rows: dict[tuple, int] = {}
+    for slot, (_, nb, _, nh, _, n) in seen:
+        rows[slot] = rows.get(slot, 0) + nb * nh * n
     counts = sorted(rows.values())
     assert sum(counts) == math.prod(batch) * L
     if L > 1:
         assert len(counts) == 2 and counts[1] - counts[0] <= 1
 
 
+@pytest.mark.parametrize("nogil", [False, True])
 @pytest.mark.parametrize("threads,heads,L", [(12, 16, 40), (5, 3, 197), (8, 3, 33), (3, 7, 2)])
-def test_grouped_tail_ranges_cover_every_query_once_on_many_threads(threads, heads, L, monkeypatch, request):
+def test_grouped_tail_ranges_cover_every_query_once_on_many_threads(threads, heads, L, nogil, monkeypatch, request):
     """More threads than this machine has: the remainder's ranges (tail_split, fewer than the threads per item)
     cover every query of every head exactly once, and the output matches the reference, masks included."""
     monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
@@ -527,44 +544,31 @@ def test_grouped_tail_ranges_cover_every_query_once_on_many_threads(threads, hea
     before = pool.get_threads()
     pool.set_threads(threads)
     request.addfinalizer(lambda: pool.set_threads(before))
-    seen: list[tuple] = []
-    real_item = fused._GroupCall.item
-
-    def item(self, slot, i):
-        span = self.span(i)
-        if span is not None:
-            seen.append(span)
-        real_item(self, slot, i)
-    monkeypatch.setattr(fused._GroupCall, "item", item)
+    seen = _record_spans(monkeypatch, nogil)
     q, k, v = _x(2, heads, L, 16), _x(2, heads, L, 16), _x(2, heads, L, 8)
     for inputs in ([q, k, v], [q, k, v, _x(L, L)]):
         seen.clear()
         check_kernel(make_node("Attention", len(inputs)), inputs, rtol=1e-4, atol=1e-5)
         covered = np.zeros((2, heads, L), np.int64)
-        for o0, b, h0, n, l0, rows in seen:
+        for _, (o0, b, h0, n, l0, rows) in seen:
             covered[o0:o0 + b, h0:h0 + n, l0:l0 + rows] += 1
         assert (covered == 1).all(), np.unique(covered)
-        assert any(span[5] < L for span in seen)  # a remainder ran as query ranges
+        assert any(span[5] < L for _, span in seen)  # a remainder ran as query ranges
 
 
-def test_the_grouped_path_splits_over_at_most_group_max_threads(monkeypatch, request):
-    # its items are dispatched from Python: past a few threads they wait for the GIL (GROUP_MAX_THREADS)
+@pytest.mark.parametrize("nogil", [False, True])
+def test_the_grouped_path_splits_over_at_most_group_max_threads(nogil, monkeypatch, request):
+    # Python's items wait for the GIL past a few threads (GROUP_MAX_THREADS); the nogil path keeps the cap, not
+    # re-measured on many cores
     monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
     monkeypatch.setattr(pool, "MIN_WORK", 0)
     before = pool.get_threads()
     pool.set_threads(12)
     request.addfinalizer(lambda: pool.set_threads(before))
-    used: set[int] = set()
-    real_item = fused._GroupCall.item
-
-    def item(self, slot, i):
-        used.add(id(slot))
-        assert len(self.slots) <= fused.GROUP_MAX_THREADS
-        real_item(self, slot, i)
-    monkeypatch.setattr(fused._GroupCall, "item", item)
+    seen = _record_spans(monkeypatch, nogil)
     q, k, v = _x(2, 16, 40, 16), _x(2, 16, 40, 16), _x(2, 16, 40, 8)
     check_kernel(make_node("Attention", 3), [q, k, v], rtol=1e-4, atol=1e-5)
-    assert 1 < len(used) <= fused.GROUP_MAX_THREADS
+    assert 1 < len({slot for slot, _ in seen}) <= fused.GROUP_MAX_THREADS
 
 
 @pytest.mark.parametrize("L,S", [(16, 16), (49, 1), (130, 700)])  # grouped (short), one key, blocked (2 blocks)
@@ -662,6 +666,63 @@ def test_grouped_gemms_on_onednn_fuzz(seed, monkeypatch):
     assert bool(runs) == (not shared)
 
 
+@pytest.mark.skipif(fused.numpy_cblas() is None, reason="numpy's BLAS is not an OpenBLAS whose cblas_sgemm is known")
+@pytest.mark.parametrize("seed", range(32))
+def test_grouped_nogil_path_fuzz(seed, monkeypatch, request):
+    """The grouped path without the GIL (A.attend_items, cblas_sgemm from numba) against the reference on random
+    cases: 2-D to 4-D operands, batch items and heads, odd sizes, query blocks over few keys, every mask kind
+    (float32, float64, bool) with rows that attend to nothing (zeros or NaN as the node says), causal, scales of
+    either sign, a NaN score, q/k/v/out through a (B, T, H, D) layout's strides, heads shared (a zero stride), one to
+    three threads splitting every size, a smaller run after the max. It must run where the operands suit it (4-D and
+    fewer axes), and not on a 5-D batch (Python's items then)."""
+    rng = np.random.default_rng(1000 + seed)
+    monkeypatch.setattr(fused, "DNN_MIN_SCORES", 1 << 40)  # every size on the nogil path, not oneDNN's
+    monkeypatch.setattr(fused, "GROUP_SPLIT_WORK", 0)
+    monkeypatch.setattr(pool, "MIN_WORK", 0)
+    threads = int(rng.integers(1, 4))
+    before = pool.get_threads()
+    pool.set_threads(threads)
+    request.addfinalizer(lambda: pool.set_threads(before))
+    seen = _record_spans(monkeypatch, True)
+    rank = int(rng.choice([2, 3, 4, 4, 5]))
+    b, h = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    L = int(rng.choice([1, 7, 16, 33, 64, 100, 300]))
+    S = int(rng.choice([1, 5, 17, 64, 130, 256]))
+    e, dv = int(rng.choice([1, 4, 8, 20, 64])), int(rng.choice([1, 4, 16, 24]))
+    strided, shared = rank == 4 and bool(rng.random() < 0.4), rank >= 4 and bool(rng.random() < 0.2)
+    mask_kind = [None, "bool", "float", "float64"][int(rng.integers(0, 4))]
+    params = {"is_causal": bool(rng.random() < 0.3), "masked_rows": "nan" if rng.random() < 0.5 else "zero",
+              "scale": None if rng.random() < 0.5 else float(rng.choice([0.1, 1.0, -3.0]))}
+    lead = {2: (), 3: (h,), 4: (b, h), 5: (2, b, h)}[rank]
+    if strided:  # (B, T, H, D) as it lies, seen as (B, H, T, D)
+        q = _x(b, L, h, e).transpose(0, 2, 1, 3)
+        k, v = (_x(b, S, 1 if shared else h, d).transpose(0, 2, 1, 3) for d in (e, dv))
+    else:
+        kv = lead[:-1] + (1,) if shared else lead
+        q, k, v = _x(*lead, L, e), _x(*kv, S, e), _x(*kv, S, dv)
+    if rng.random() < 0.3:
+        k.reshape(-1, S, e)[0, int(rng.integers(0, S)), 0] = np.nan
+    inputs = [q, k, v]
+    m = _mask("float" if mask_kind == "float64" else mask_kind, lead[:-1] + (1,) if lead else (), L, S,
+              dead_rows=(0, L - 1))
+    if m is not None:
+        inputs.append(m.astype(np.float64) if mask_kind == "float64" else m)
+    node = make_node("Attention", len(inputs), params=params)
+    kernel, workspace = build_kernel(node, infos_of(inputs))
+    for sub in (inputs, [a[..., :max(1, a.shape[-2] * 2 // 3), :] if i < 3 else a for i, a in enumerate(inputs)]):
+        if len(sub) > 3:  # the mask of the smaller run: its queries and keys
+            sub[3] = sub[3][..., :sub[0].shape[-2], :sub[1].shape[-2]]
+        if strided:
+            out = np.empty((b, sub[0].shape[-2], h, dv), np.float32).transpose(0, 2, 1, 3)
+        else:
+            out = np.empty((*lead, sub[0].shape[-2], dv), np.float32)
+        seen.clear()
+        kernel(sub, [out], workspace)
+        assert_close(out, reference(node, sub)[0], 1e-4, 1e-5, f"seed {seed} shapes {[a.shape for a in sub]}")
+        paths = {path for (path, _), _ in seen}
+        assert paths == ({"nogil"} if rank <= 4 else {"items"}), (rank, paths, [(a.shape, a.strides) for a in sub])
+
+
 @pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
 def test_grouped_gemm_plans_start_over_past_their_cap(monkeypatch):
     """Query counts that keep changing: past MAX_PLANS the grouped path's plans (and the slots' runners) start over,
@@ -738,3 +799,21 @@ def test_group_softmax_rows_short_and_long(S, scale, mask_kind):
     ok = ~np.isnan(want_l)  # a NaN row's values are free (its output is NaN through its sum)
     np.testing.assert_allclose(got[ok], want[ok], rtol=2e-6, atol=1e-30)
     np.testing.assert_allclose(l[ok], want_l[ok], rtol=2e-6)
+
+
+@pytest.mark.parametrize("which", ["k width", "v keys", "out width"])
+def test_a_run_whose_shapes_do_not_fit_is_refused_not_read_past(which):
+    """BLAS on the nogil path reads what the shapes say: operands that do not fit one another (a kernel called
+    directly, past the runtime's checks) go to numpy's matmul, which refuses them."""
+    q, k, v = _x(1, 2, 8, 16), _x(1, 2, 8, 16), _x(1, 2, 8, 4)
+    node = make_node("Attention", 3)
+    kernel, workspace = build_kernel(node, infos_of([q, k, v]))
+    out = np.empty((1, 2, 8, 4), np.float32)
+    if which == "k width":
+        k = _x(1, 2, 8, 8)
+    elif which == "v keys":
+        v = _x(1, 2, 5, 4)
+    else:
+        out = np.empty((1, 2, 8, 3), np.float32)
+    with pytest.raises(ValueError):
+        kernel([q, k, v], [out], workspace)
