@@ -3,10 +3,12 @@
     git worktree add ../nnserve-before <commit>
     .venv-dev/bin/python bench/ab.py --before ../nnserve-before            # this tree is "after"
     .venv-dev/bin/python bench/ab.py --before ../nnserve-before resnet18 --batches 1 --pairs 50 --no-record
+    .venv/bin/python bench/ab.py --before ../nnserve-before --suite bench/realworld-full deit_tiny bert_base
 
 Each tree runs in a worker process of its own (its engine imported from that tree), both with the same bench
 models (this tree's bench/models, from `tools/make_fixtures.py --bench`; batch 8 uses the batch-dynamic re-export
-of bench/_peers.py). The driver asks the two workers for one inference in turn, alternating which goes first, so
+of bench/_peers.py), or with `--suite` the real-world suite's exports (every input from its inputs.npz; batch 8
+from its batch8/ folder). The driver asks the two workers for one inference in turn, alternating which goes first, so
 load from other processes on a shared machine falls on both alike; the verdict is the median of the per-pair
 ratios after/before, with the spread of those ratios as the noise. Each inference is timed twice: wall time, and
 the worker's CPU time (all its threads), which waiting for a core shared with other processes does not inflate.
@@ -44,7 +46,7 @@ def worker(tree: str) -> None:
     os.dup2(2, 1)
     sys.path.insert(0, tree)
     import engine  # imported here, not at the top: which tree's engine is the worker's argument
-    inst = name = x = None
+    inst = feeds = None
     while True:
         try:
             cmd, arg = pickle.load(inbox)
@@ -53,13 +55,17 @@ def worker(tree: str) -> None:
         if cmd == "load":  # (model file, input file, batch)
             param, x_path, batch = arg
             model = engine.load(param)
-            name = model.inputs[0].name
-            x = np.ascontiguousarray(np.repeat(np.load(x_path).astype(np.float32), batch, axis=0))
-            inst = model.instance(max_shapes={name: x.shape})
-            reply = next(iter(inst.run({name: x}).values()))  # warm-up; its output goes back for comparison
+            if x_path.endswith(".npz"):  # a suite's inputs, one per graph input in order, at the export's batch
+                z = np.load(x_path)
+                feeds = {v.name: z[k] for v, k in zip(model.inputs, z.files, strict=True)}
+            else:
+                x = np.repeat(np.load(x_path).astype(np.float32), batch, axis=0)
+                feeds = {model.inputs[0].name: np.ascontiguousarray(x)}
+            inst = model.instance(max_shapes={n: a.shape for n, a in feeds.items()})
+            reply = next(iter(inst.run(feeds).values()))  # warm-up; its output goes back for comparison
         else:  # "run": one timed inference, (wall s, CPU s)
             t, c = time.perf_counter(), time.process_time()
-            inst.run({name: x})
+            inst.run(feeds)
             reply = (time.perf_counter() - t, time.process_time() - c)
         pickle.dump(reply, outbox)
         outbox.flush()
@@ -85,7 +91,12 @@ class Worker:
 
 
 # -- driver -----------------------------------------------------------------------------------------
-def model_files(name: str, batch: int) -> tuple[str, str]:
+def model_files(name: str, batch: int, suite: Path | None = None) -> tuple[str, str]:
+    if suite is not None:  # bench/realworld.py's layout: <model>/ at batch 1, <model>/batch8/ at 8
+        src = suite / name if batch == 1 else suite / name / f"batch{batch}"
+        if not (src / "model.pnnx.param").exists() or not (src / "inputs.npz").exists():
+            raise SystemExit(f"{src} has no model.pnnx.param and inputs.npz: run tools/make_realworld.py")
+        return str(src / "model.pnnx.param"), str(src / "inputs.npz")
     src = MODELS / name if batch == 1 else MODELS / name / "dyn"
     if not (src / "model.pnnx.param").exists():
         raise SystemExit(f"{src / 'model.pnnx.param'} is missing: run tools/make_fixtures.py --bench"
@@ -93,9 +104,9 @@ def model_files(name: str, batch: int) -> tuple[str, str]:
     return str(src / "model.pnnx.param"), str(MODELS / name / "input.npy")
 
 
-def compare(before: Worker, after: Worker, name: str, batch: int, pairs: int) -> dict:
+def compare(before: Worker, after: Worker, name: str, batch: int, pairs: int, suite: Path | None = None) -> dict:
     """One round on one model: medians of each side and of the per-pair ratios, per clock."""
-    outs = [w.ask("load", (*model_files(name, batch), batch)) for w in (before, after)]
+    outs = [w.ask("load", (*model_files(name, batch, suite), batch)) for w in (before, after)]
     times: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
     for i in range(pairs):
         order = [("before", before), ("after", after)]
@@ -155,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=40, help="pairs at batch 1 (a quarter of them at other batches)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each with fresh worker processes (a process's "
                     "placement on a shared machine can shift its times by tens of percent for its whole life)")
+    ap.add_argument("--suite", type=Path, help="models from this suite folder (bench/realworld.py's, e.g. "
+                    "bench/realworld-full) instead of bench/models")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -164,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         before, after = Worker(args.before.resolve()), Worker(ROOT)
         try:
             for (b, name), rounds in found.items():
-                rounds.append(compare(before, after, name, b, pairs[b]))
+                rounds.append(compare(before, after, name, b, pairs[b], args.suite and args.suite.resolve()))
                 print(f"round {k + 1} {name:<20} b{b}  " + "  ".join(
                     f"{clock} {r[0] * 1e3:8.2f} -> {r[1] * 1e3:8.2f} ms ({r[2]:.3f}x)"
                     for clock, r in ((c, rounds[-1][c]) for c in CLOCKS)) + f"  diff {rounds[-1]['diff']:.1e}",
