@@ -55,9 +55,9 @@ def worker(tree: str) -> None:
         if cmd == "load":  # (model file, input file, batch)
             param, x_path, batch = arg
             model = engine.load(param)
-            if x_path.endswith(".npz"):  # a suite's inputs, one per graph input in order, at the export's batch
-                z = np.load(x_path)
-                feeds = {v.name: z[k] for v, k in zip(model.inputs, z.files, strict=True)}
+            if x_path.endswith(".npz"):  # a suite's inputs by graph input name (as bench/realworld.py feeds them)
+                with np.load(x_path) as z:
+                    feeds = {k: z[k] for k in z.files}
             else:
                 x = np.repeat(np.load(x_path).astype(np.float32), batch, axis=0)
                 feeds = {model.inputs[0].name: np.ascontiguousarray(x)}
@@ -135,13 +135,14 @@ def cells(row: dict, clock: str) -> list[str]:
     return [f"{before * 1e3:.2f}", f"{after * 1e3:.2f}", f"{ratio:.3f} ({lo:.2f}..{hi:.2f})"]
 
 
-def report(rows: dict, pairs: dict[int, int], rounds: int, before: Path) -> str:
+def report(rows: dict, pairs: dict[int, int], rounds: int, before: Path, suite: Path | None = None) -> str:
     header = ["model", "batch", "CPU before ms", "CPU after ms", "CPU after/before (rounds' range)",
               "wall before ms", "wall after ms", "wall after/before (rounds' range)", "max abs diff of outputs"]
     lines = [[name, str(b), *cells(r, "cpu"), *cells(r, "wall"), f"{r['diff']:.1e}"] for (b, name), r in rows.items()]
-    text = (f"nnserve alone, before = {_head(before)}, after = {_head(ROOT)}; {rounds} rounds of fresh worker "
-            f"processes, each {', '.join(f'{n} pairs at batch {b}' for b, n in pairs.items())} (one inference per "
-            "tree per pair, alternating which goes first). A round's ratio is the median of its per-pair ratios; "
+    models = f"the models of {suite.name}/" if suite is not None else "bench/models"
+    text = (f"nnserve alone on {models}, before = {_head(before)}, after = {_head(ROOT)}; {rounds} rounds of fresh "
+            f"worker processes, each {', '.join(f'{n} pairs at batch {b}' for b, n in pairs.items())} (one inference "
+            "per tree per pair, alternating which goes first). A round's ratio is the median of its per-pair ratios; "
             "the table gives the median over rounds and their range.\n\n" + markdown_table(header, lines) + "\n")
     for b in sorted(pairs):
         text += f"\n- batch {b}: geomean after/before " + ", ".join(
@@ -160,7 +161,7 @@ def _head(tree: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="*", default=NAMES)
+    ap.add_argument("models", nargs="*", help=f"default: {' '.join(NAMES)}; with --suite, every model of the suite")
     ap.add_argument("--before", type=Path, required=True, help="the other source tree (a git worktree)")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--pairs", type=int, default=40, help="pairs at batch 1 (a quarter of them at other batches)")
@@ -170,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                     "bench/realworld-full) instead of bench/models")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     args = ap.parse_args(argv)
+    if not args.models:
+        args.models = NAMES if args.suite is None else sorted(
+            d.name for d in args.suite.iterdir() if (d / "model.pnnx.param").exists())
     batches = [int(b) for b in args.batches.split(",")]
     pairs = {b: args.pairs if b == 1 else max(4, args.pairs // 4) for b in batches}
     found: dict[tuple[int, str], list[dict]] = {(b, name): [] for b in batches for name in args.models}
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             before.close()
             after.close()
     rows = {key: combine(rounds) for key, rounds in found.items()}
-    text = report(rows, pairs, args.rounds, args.before.resolve())
+    text = report(rows, pairs, args.rounds, args.before.resolve(), args.suite)
     print(text)
     if not args.no_record:
         append_run("Engine before/after", text)

@@ -23,15 +23,16 @@ oneDNN batched matmuls (`_GroupGemms`, 4 heads a call) instead of numpy's matmul
 by head (DNN_MIN_SCORES has the measurements); smaller heads keep numpy, where oneDNN's per-call cost loses.
 Where numpy's BLAS is an OpenBLAS whose cblas_sgemm blas.numpy_cblas finds (numpy's wheels), the grouped path runs
 without the GIL (`_run_items`, A.attend_items): each thread's items (a table of their spans, made once per run
-shape) in one numba call that calls cblas_sgemm per head itself (loops/cblas.py), so the threads never wait on one
-another for the GIL between an item's calls, and a head's scores stay in cache between its two GEMMs and the
-softmax. In-process A/B on the AVX2 EPYC (2 vCPUs; layer medians of 15-21 alternating rounds, noisy host): 12
-heads of 197 tokens 0.88x at one thread, 0.97x at two; 64 heads of 49 tokens 0.91x / 0.88x; 4 heads of 3136
-queries over 49 keys 0.96x / 0.91x; 8 heads of 16 tokens 0.89x / 0.75x; 8 heads of 4096 queries over 77 keys
-1.05x / 0.99x; DeiT-tiny at batch 1 0.94-0.98x, MobileViT-XXS and EfficientFormerV2 within the noise
-(bench/RESULTS.md, Attention without the GIL). Heads of 256x256 and more keep oneDNN's batched GEMMs
-(`_GroupGemms`, faster at one thread there); operands BLAS cannot take (more than one batch axis before the heads,
-rows closer than their width) keep the items dispatched from Python.
+shape) in one numba call that calls cblas_sgemm per head itself (loops/attention.py), so the threads never wait on
+one another for the GIL between an item's calls, and a head's scores stay in cache between its two GEMMs and the
+softmax. In-process A/B on the AVX2 EPYC (2 vCPUs; PackedAttention inputs as the models have them, CPU time at
+batch 1, one thread / two): DeiT-tiny's 3 heads of 197 tokens 0.84x / 0.65x, ViT-B's 12 heads 0.87x / 0.84x,
+Swin-T's 64 windows of 49 tokens 0.85x / 0.85x, MobileViT-XXS's 64- and 16-token ones 0.84-0.95x, 8 heads of 16
+tokens 0.76x; whole models (bench/ab.py) DeiT-tiny 0.94x, BERT-base and DistilBERT 0.99x, MobileViT-XXS and
+EfficientFormerV2 unchanged (bench/RESULTS.md, Attention without the GIL). Heads of 256x256 and more keep oneDNN's
+batched GEMMs (`_GroupGemms`, faster at one thread there); operands the nogil path cannot hand to BLAS (more than
+one batch axis before the heads, rows closer than their width or negative strides, a last axis not unit-stride, an
+output shared between heads, anything but float32) keep the items dispatched from Python (`_GroupCall.nogil_plan`).
 When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges
 (`tail_split`: the fewest that balance the threads as well as any), so each thread computes as many query rows.
 Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
@@ -52,7 +53,6 @@ import numpy as np
 from engine.devices.cpu.blas import numpy_cblas
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
 from engine.devices.cpu.loops import attention as A
-from engine.devices.cpu.loops.cblas import address
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import matmul as dnn
 from engine.devices.cpu.onednn import objects as D
@@ -484,14 +484,16 @@ class _GroupCall(_Operands):
     def nogil_plan(self) -> tuple[list[np.ndarray], np.ndarray] | None:
         """The nogil path's plan (A.attend_items): each thread's items, thread t taking items t, t + T, ... as
         run_slots does, as rows of their spans; and the (batch, head, row) byte strides of q, k, v and out. None
-        when the operands do not suit it: more than one batch axis before the heads, no queries, a zero width, or
-        strides BLAS cannot take (`_blas_strides`)."""
+        when the operands do not suit it: more than one batch axis before the heads, a zero width, shapes that do
+        not fit one another, an operand not native float32 (a kernel called directly, past the runtime's checks),
+        strides BLAS cannot take (`_blas_strides`), or an output axis of more than one element with a zero
+        stride."""
         q, k, v, out = self.q, self.k, self.v, self.out
-        if len(self.outer) > 1 or self.L == 0 or q.shape[-1] == 0 or out.shape[-1] == 0:
+        if len(self.outer) > 1 or q.shape[-1] == 0 or out.shape[-1] == 0:
             return None
-        # BLAS reads what the shapes say: any mismatch goes to numpy's matmul, which refuses it
+        # BLAS reads float32 where the shapes say: anything else goes to numpy's matmul, which converts or refuses
         fits = (k.shape[-1] == q.shape[-1] and v.shape[-2] == self.S and out.shape[-2:] == (self.L, v.shape[-1])
-                and all(a.shape[:-2] == self.batch for a in (q, k, v, out)))
+                and all(a.shape[:-2] == self.batch and a.dtype == _F32 for a in (q, k, v, out)))
         strides = [_blas_strides(a) for a in (q, k, v, out)]
         shared = any(st == 0 and d > 1 for d, st in zip(out.shape[:-1], out.strides[:-1], strict=True))
         if not fits or shared or any(st is None for st in strides):  # shared: two heads or rows in one output row
@@ -504,7 +506,7 @@ class _GroupCall(_Operands):
         return table, np.array([(0,) * (3 - lead) + st[-1 - lead:-1] for st in strides], np.int64)
 
     def addresses(self) -> np.ndarray:
-        return np.array([address(self.q), address(self.k), address(self.v), address(self.out)], np.int64)
+        return np.array([A.address(self.q), A.address(self.k), A.address(self.v), A.address(self.out)], np.int64)
 
     def mask4(self) -> np.ndarray:
         """The mask (or its stand-in) as 4-D: (batch, heads, queries, keys)."""
@@ -604,8 +606,8 @@ class _GroupGemms(_Plans):
 def _blas_strides(a: np.ndarray) -> tuple[int, ...] | None:
     """a's byte strides as the nogil path hands them to BLAS, or None when it cannot: unit stride along the last
     axis, a row stride of at least the row's width (BLAS's leading dimension), non-negative multiples of 4 before.
-    An axis of one element may have any stride (numpy's broadcast gives 0): the dense one stands in, as it is never
-    stepped along."""
+    An axis of one element may have any stride (numpy's broadcast gives 0), as it is never stepped along: the dense
+    one stands in for the row and last axes, 0 for a batch or head axis."""
     st = list(a.strides)
     if a.shape[-1] == 1:
         st[-1] = 4
@@ -689,7 +691,7 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
     if onednn:
         tiles = _Tiles() if not grouped else _GroupGemms() if group_on_onednn(*scores_max[-2:]) else None
     slot_of = _GroupSlot if grouped else _Slot
-    _compile_group(b) if grouped else _compile(b)
+    _compile_group(b, _mask_dtype(ins)) if grouped else _compile(b)
     cblas = numpy_cblas() if grouped and tiles is None and NOGIL else None  # 256x256 heads up: oneDNN's batched GEMMs
     plans: dict[tuple, tuple | None] = {}  # a run's signature -> its nogil plan (None: the operands do not suit it)
     cache: dict[int, tuple[np.ndarray, list]] = {}  # workspace address -> its slots
@@ -769,20 +771,31 @@ def _compile(b: Blocking) -> None:
     A.reset(slot.m[:0], slot.l[:0], slot.acc[:0])
 
 
-def _compile_group(g: Grouping) -> None:
-    """The grouped path's loops, as `_compile`, for the types a run passes: a broadcast (strided) mask, a
-    contiguous output."""
+def _mask_dtype(ins: list[TensorInfo]) -> np.dtype:
+    """The dtype a run hands the loops its mask in (_Operands: bool and float64 as given, anything else float32;
+    no mask: the float32 stand-in)."""
+    dt = np.dtype(ins[3].dtype) if len(ins) > 3 else _F32
+    return dt if dt in (np.dtype(np.bool_), np.dtype(np.float64)) else _F32
+
+
+def _compile_group(g: Grouping, mask_dtype: np.dtype) -> None:
+    """The grouped path's loops, as `_compile`, for the types a run passes: a broadcast (strided) mask of the node's
+    mask dtype (and the float32 stand-in), a contiguous output; and the nogil path's, where it runs. A numba loop
+    compiles on its first call with new argument types: here, not in a request (a few seconds the first time, then
+    from numba's cache)."""
     slot = _GroupSlot(np.empty(g.slot_bytes + _ALIGN, np.uint8), g)
     s, l = slot.s[:0].reshape(1, 1, 0, 1), slot.l[:0].reshape(1, 1, 0)
-    mask = np.broadcast_to(_NO_MASK[:1, :1], (1, 1, 2, 1))
-    for kind in (A.MASK_NONE, A.MASK_ADD):
-        A.group_softmax(s, mask, kind, False, 0, np.float32(1), l)
+    masks = {_F32: A.MASK_ADD, mask_dtype: A.MASK_BOOL if mask_dtype == np.bool_ else A.MASK_ADD}
+    for dt, kind in masks.items():
+        mask = np.broadcast_to(np.zeros((1, 1), dt), (1, 1, 2, 1))
+        for k in {A.MASK_NONE, kind}:
+            A.group_softmax(s, mask, k, False, 0, np.float32(1), l)
+        if numpy_cblas() is not None and NOGIL:  # the nogil path, no item: nothing is called
+            gemm, wide = numpy_cblas()
+            none, zeros = np.zeros((0, 6), np.int64), np.zeros((4, 3), np.int64)
+            A.attend_items(gemm, wide, none, zeros[:, 0].copy(), zeros, mask, kind, False, False, np.float32(1), 1, 1,
+                           1, slot.s, slot.l)
     A.group_scale_rows(s, l, False)
-    if numpy_cblas() is not None and NOGIL:  # the nogil path, no item: nothing is called
-        gemm, wide = numpy_cblas()
-        none, zeros = np.zeros((0, 6), np.int64), np.zeros((4, 3), np.int64)
-        A.attend_items(gemm, wide, none, zeros[:, 0].copy(), zeros, mask, A.MASK_NONE, False, False, np.float32(1), 1,
-                       1, 1, slot.s, slot.l)
 
 
 def _build_unfused(node: Node, ins: list[TensorInfo], dt: np.dtype):

@@ -7,7 +7,7 @@ drop the GIL during the call): one set of threads for every kernel. Why: OpenBLA
 calls and fight the pool's numba kernels and any other process for the cores; on the loaded 2-core machine
 ResNet-18 at 2 threads cost 850-1030 ms CPU (2.5-2.9 s wall) with OpenBLAS threading and 97 ms CPU (250 ms wall)
 with one library thread and the pool split.
-`numpy_cblas` gives numba code (loops/cblas.py) the address of cblas_sgemm in numpy's own OpenBLAS, for kernels
+`numpy_cblas` gives numba code (loops/attention.py) the address of cblas_sgemm in numpy's own OpenBLAS, for kernels
 that run many small GEMMs in one nogil call (the grouped attention).
 Measured single-threaded on conv shapes: (64x147)x(147x12544) 105 vs 50 GFLOP/s, (64x64)x(64x12544) 125
 vs 88, (512x4608)x(4608x49) 81 vs 74 (MKL vs OpenBLAS).
@@ -59,13 +59,22 @@ _OPENBLAS_NAMES = (("scipy_cblas_sgemm64_", "scipy_openblas_get_config64_"),
                    ("cblas_sgemm", "openblas_get_config"))
 
 
+def _in_numpy(path: str) -> bool:
+    """Whether a loaded library lies in numpy's own install (numpy.libs beside the package, or inside it): the
+    OpenBLAS numpy's wheels bundle, not one another package brought (OpenCV's, SciPy's)."""
+    root = Path(np.__file__).resolve().parent
+    where = Path(path).resolve()
+    return where.is_relative_to(root) or where.parent == root.parent / "numpy.libs"
+
+
 @functools.cache
 def numpy_cblas() -> tuple[int, bool] | None:
-    """(address, 64-bit integers) of cblas_sgemm in the OpenBLAS numpy runs on, for numba code that calls it
-    without the GIL (loops/cblas.py); None when numpy's BLAS is not an OpenBLAS whose integer width its own
-    configuration string states (callers then keep numpy's matmul)."""
+    """(address, 64-bit integers) of cblas_sgemm in the OpenBLAS numpy's wheels bundle, for numba code that calls
+    it without the GIL (loops/attention.py); None when numpy runs on another BLAS (MKL, a system OpenBLAS) or the
+    library does not state its integer width in its configuration string (callers then keep numpy's matmul). The
+    library is numpy's, so threads.py's one-thread limit (threadpoolctl) applies to it."""
     for info in threadpool_info():
-        if info.get("internal_api") != "openblas" or not info.get("filepath"):
+        if info.get("internal_api") != "openblas" or not _in_numpy(info.get("filepath") or ""):
             continue
         try:
             lib = ctypes.CDLL(info["filepath"])  # already loaded by numpy: the same handle

@@ -10,8 +10,12 @@ the output directly and `scale_rows` divides the output rows by their sums (fewe
 
 The grouped path (short sequences, every key in one tile): `group_softmax` normalises the rows of a whole group of
 heads in one call, the scale inside its exp, and `group_scale_rows` divides the product's rows. `attend_items`
-runs a thread's whole share of the grouped path without the GIL: both GEMMs through cblas_sgemm (loops/cblas.py)
-around the same softmax.
+runs a thread's whole share of the grouped path without the GIL: both GEMMs through cblas_sgemm around the same
+softmax. cblas_sgemm is called from numba code on an address (blas.py's numpy_cblas finds it in numpy's OpenBLAS):
+the call is emitted as LLVM IR on that address, so the compiled code does not bake the address in and stays
+cacheable across processes; `wide` says whether the library's integers are 64-bit (ILP64, numpy's wheels) or 32.
+The call lives in this file on purpose: numba decides whether a cached function is stale from its own file only,
+so a caller cached here would keep an old copy of a BLAS call changed in another file.
 
 exp is a float32 polynomial (Cody-Waite reduction, degree-6 Taylor on [-ln2/2, ln2/2], 2^n built as exponent bits
 and reinterpreted in a register, a scalar view: one pass, where an int32 scratch row took a second): LLVM
@@ -24,9 +28,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
-
-from engine.devices.cpu.loops.cblas import row_at, sgemm
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.extending import intrinsic
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 _FAST = {"reassoc", "nsz", "contract", "afn"}  # no nnan/ninf: -inf scores and NaN rows must stay what they are
@@ -44,6 +48,77 @@ NEG_INF_ORDER = _I(-8388608 ^ 0x7FFFFFFF)  # -inf (bits 0xFF800000) as `_max` or
 FLAT_KEYS = 96
 
 
+# -- cblas_sgemm from numba (see the module doc) --
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+
+
+def _call_of(bits: int):
+    """An intrinsic calling cblas_sgemm at an address, with `bits`-wide integer arguments."""
+
+    @intrinsic
+    def call(typingctx, fn, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc):
+        sig = types.void(fn, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc)
+
+        def codegen(context, builder, signature, args):
+            i32, wide, f32 = ir.IntType(32), ir.IntType(bits), ir.FloatType()
+            ptr = ir.IntType(8).as_pointer()
+            fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, wide, wide, wide, f32, ptr, wide, ptr, wide, f32,
+                                                   ptr, wide])
+
+            def integer(v):  # every integer argument arrives as int64 (the njit wrapper casts)
+                return builder.trunc(v, wide) if bits < 64 else v
+
+            f, tb, m_, n_, k_, al, a_, lda_, b_, ldb_, c_, ldc_ = args
+            target = builder.inttoptr(f, fnty.as_pointer())
+            builder.call(target, [ir.Constant(i32, ROW_MAJOR), ir.Constant(i32, NO_TRANS), builder.trunc(tb, i32),
+                                  integer(m_), integer(n_), integer(k_), al, builder.inttoptr(a_, ptr),
+                                  integer(lda_), builder.inttoptr(b_, ptr), integer(ldb_), ir.Constant(f32, 0.0),
+                                  builder.inttoptr(c_, ptr), integer(ldc_)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return call
+
+
+_sgemm64, _sgemm32 = _call_of(64), _call_of(32)
+
+
+@njit(nogil=True, cache=True)
+def sgemm(fn, wide, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc):
+    """c (m x n, row stride ldc) = alpha * a (m x k) @ b (k x n; with trans_b, b is n x k and read transposed),
+    row-major, every stride in elements; a, b and c are addresses. `fn` is cblas_sgemm's address, `wide` whether
+    its integers are 64-bit."""
+    tb = np.int64(TRANS if trans_b else NO_TRANS)
+    args = (np.int64(m), np.int64(n), np.int64(k), np.float32(alpha), np.int64(a), np.int64(lda), np.int64(b),
+            np.int64(ldb), np.int64(c), np.int64(ldc))
+    if wide:
+        _sgemm64(np.int64(fn), tb, *args)
+    else:
+        _sgemm32(np.int64(fn), tb, *args)
+
+
+@intrinsic
+def _f32_pointer(typingctx, address):
+    """The float32 pointer at an integer address."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
+    return types.CPointer(types.float32)(address), codegen
+
+
+@njit(nogil=True, cache=True)
+def address(a):
+    """a.ctypes.data, for an array view made per run: 0.5 us here against 2-3 us through numpy's ctypes object."""
+    return a.ctypes.data
+
+
+@njit(nogil=True, cache=True)
+def row_at(address, n):
+    """The n float32 at `address` as a contiguous array view (a row written through an address by a GEMM)."""
+    return carray(_f32_pointer(np.int64(address)), (n,))
+
+
+# -- the softmax loops --
 @njit(fastmath=_FAST, **_JIT)
 def _exp_row(x, n, scale, shift):
     """x[:n] = exp(scale * x[:n] - shift) in place (one FMA: a scale rides along for free); returns the sum. One
