@@ -691,8 +691,8 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
     if onednn:
         tiles = _Tiles() if not grouped else _GroupGemms() if group_on_onednn(*scores_max[-2:]) else None
     slot_of = _GroupSlot if grouped else _Slot
-    _compile_group(b, _mask_dtype(ins)) if grouped else _compile(b)
     cblas = numpy_cblas() if grouped and tiles is None and NOGIL else None  # 256x256 heads up: oneDNN's batched GEMMs
+    _compile_group(b, _mask_dtype(ins), cblas is not None) if grouped else _compile(b)
     plans: dict[tuple, tuple | None] = {}  # a run's signature -> its nogil plan (None: the operands do not suit it)
     cache: dict[int, tuple[np.ndarray, list]] = {}  # workspace address -> its slots
     last: list = [None, None]  # the last workspace object and its slots: the runtime passes the same one each run
@@ -778,9 +778,9 @@ def _mask_dtype(ins: list[TensorInfo]) -> np.dtype:
     return dt if dt in (np.dtype(np.bool_), np.dtype(np.float64)) else _F32
 
 
-def _compile_group(g: Grouping, mask_dtype: np.dtype) -> None:
+def _compile_group(g: Grouping, mask_dtype: np.dtype, nogil: bool) -> None:
     """The grouped path's loops, as `_compile`, for the types a run passes: a broadcast (strided) mask of the node's
-    mask dtype (and the float32 stand-in), a contiguous output; and the nogil path's, where it runs. A numba loop
+    mask dtype (and the float32 stand-in), a contiguous output; and the nogil path's when it runs. A numba loop
     compiles on its first call with new argument types: here, not in a request (a few seconds the first time, then
     from numba's cache)."""
     slot = _GroupSlot(np.empty(g.slot_bytes + _ALIGN, np.uint8), g)
@@ -790,7 +790,7 @@ def _compile_group(g: Grouping, mask_dtype: np.dtype) -> None:
         mask = np.broadcast_to(np.zeros((1, 1), dt), (1, 1, 2, 1))
         for k in {A.MASK_NONE, kind}:
             A.group_softmax(s, mask, k, False, 0, np.float32(1), l)
-        if numpy_cblas() is not None and NOGIL:  # the nogil path, no item: nothing is called
+        if nogil:  # no item: nothing is called
             gemm, wide = numpy_cblas()
             none, zeros = np.zeros((0, 6), np.int64), np.zeros((4, 3), np.int64)
             A.attend_items(gemm, wide, none, zeros[:, 0].copy(), zeros, mask, kind, False, False, np.float32(1), 1, 1,
