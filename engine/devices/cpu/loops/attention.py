@@ -356,9 +356,10 @@ def group_scale_rows(out, l, nan_rows):
 @njit(fastmath=_FAST, **_JIT)
 def attend_items(gemm, wide, items, ptrs, strides, mask, mask_kind, causal, nan_rows, scale, S, e, dv, s, l):
     """The grouped path's items without the GIL: one call runs a thread's every item. items[i] = (first batch item
-    o0, batch items nb, first head h0, heads nh, first query l0, queries L): per item s[b, h] = scale * q @ kᵀ for
-    each of its heads (cblas_sgemm at address `gemm`; `wide`: 64-bit integers), one softmax along the rows of the
-    whole group (group_softmax: mask and causality included), out = s @ v per head, the division by the row sums.
+    o0, batch items nb, first head h0, heads nh, first query l0, queries L): per item s[b, h] = q @ kᵀ for each of
+    its heads (cblas_sgemm at address `gemm`; `wide`: 64-bit integers), one softmax along the rows of the whole
+    group (group_softmax: the scale, mask and causality included, as on the path from Python, so both give the same
+    bits), out = s @ v per head, the division by the row sums.
     q, k, v and out are addresses ptrs[0..3] with byte strides strides[i] = (batch, head, row), unit-stride along
     their last axis; s and l are the thread's slot (room for nb x nh x L x S scores and nb x nh x L sums)."""
     for it in range(items.shape[0]):
