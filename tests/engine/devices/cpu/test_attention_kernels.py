@@ -817,3 +817,15 @@ def test_a_run_whose_shapes_do_not_fit_is_refused_not_read_past(which):
         out = np.empty((1, 2, 8, 3), np.float32)
     with pytest.raises(ValueError):
         kernel([q, k, v], [out], workspace)
+
+
+def test_without_a_known_cblas_the_grouped_path_runs_its_items_from_python(monkeypatch):
+    """numpy on another BLAS (MKL, a system OpenBLAS: blas.numpy_cblas finds none): the same results through the
+    items dispatched from Python, never the nogil loop."""
+    monkeypatch.setattr(fused, "numpy_cblas", lambda: None)
+    seen = _record_spans(monkeypatch, True)
+    q, k, v = _x(2, 3, 40, 16), _x(2, 3, 40, 16), _x(2, 3, 40, 8)
+    for inputs in ([q, k, v], [q, k, v, _mask("bool", (2, 1), 40, 40, dead_rows=(0,))]):
+        seen.clear()
+        check_kernel(make_node("Attention", len(inputs)), inputs, rtol=1e-4, atol=1e-5)
+        assert seen and {path for (path, _), _ in seen} == {"items"}
