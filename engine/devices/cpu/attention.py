@@ -589,7 +589,7 @@ class _GroupGemms(_Plans):
             if self._room_for(len(keys)):
                 self.shapes.clear()
             self.shapes[sig] = keys
-        call.ptrs = [a.ctypes.data for a in arrays]
+        call.ptrs = call.addresses().tolist()
         self._renew(call.slots)
         for slot in call.slots:
             slot.gemms = {key[:3]: self._runners(slot, key) for key in keys}
@@ -692,7 +692,7 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         tiles = _Tiles() if not grouped else _GroupGemms() if group_on_onednn(*scores_max[-2:]) else None
     slot_of = _GroupSlot if grouped else _Slot
     cblas = numpy_cblas() if grouped and tiles is None and NOGIL else None  # 256x256 heads up: oneDNN's batched GEMMs
-    _compile_group(b, _mask_dtype(ins), cblas is not None) if grouped else _compile(b)
+    _compile_group(b, _mask_dtype(ins), cblas) if grouped else _compile(b)
     plans: dict[tuple, tuple | None] = {}  # a run's signature -> its nogil plan (None: the operands do not suit it)
     cache: dict[int, tuple[np.ndarray, list]] = {}  # workspace address -> its slots
     last: list = [None, None]  # the last workspace object and its slots: the runtime passes the same one each run
@@ -739,7 +739,7 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
                     plans.clear()
                 plan = plans[sig] = call.nogil_plan()
             if plan is not None:
-                parallel_for(_run_items, len(slots), work, call, *plan, call.addresses(), call.mask4())
+                parallel_for(_run_items, len(slots), work, call, *cblas, *plan, call.addresses(), call.mask4())
                 return
         if tiles is not None:
             tiles.prepare(call)
@@ -749,10 +749,10 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
     return run
 
 
-def _run_items(call: _GroupCall, table: list[np.ndarray], strides: np.ndarray, ptrs: np.ndarray, mask: np.ndarray,
-               lo: int, hi: int) -> None:
-    """Threads lo..hi - 1 of a grouped run on the nogil path: each its items in one call."""
-    gemm, wide = numpy_cblas()
+def _run_items(call: _GroupCall, gemm: int, wide: bool, table: list[np.ndarray], strides: np.ndarray,
+               ptrs: np.ndarray, mask: np.ndarray, lo: int, hi: int) -> None:
+    """Threads lo..hi - 1 of a grouped run on the nogil path: each its items in one call (gemm, wide: the
+    cblas_sgemm blas.numpy_cblas found)."""
     e, dv = call.q.shape[-1], call.out.shape[-1]
     for t in range(lo, hi):
         slot = call.slots[t]
@@ -778,10 +778,10 @@ def _mask_dtype(ins: list[TensorInfo]) -> np.dtype:
     return dt if dt in (np.dtype(np.bool_), np.dtype(np.float64)) else _F32
 
 
-def _compile_group(g: Grouping, mask_dtype: np.dtype, nogil: bool) -> None:
+def _compile_group(g: Grouping, mask_dtype: np.dtype, cblas: tuple[int, bool] | None) -> None:
     """The grouped path's loops, as `_compile`, for the types a run passes: a broadcast (strided) mask of the node's
-    mask dtype (and the float32 stand-in), a contiguous output; and the nogil path's when it runs. A numba loop
-    compiles on its first call with new argument types: here, not in a request (a few seconds the first time, then
+    mask dtype (and the float32 stand-in), a contiguous output; and the nogil path's when it runs (`cblas`). A numba
+    loop compiles on its first call with new argument types: here, not in a request (a few seconds the first time, then
     from numba's cache)."""
     slot = _GroupSlot(np.empty(g.slot_bytes + _ALIGN, np.uint8), g)
     s, l = slot.s[:0].reshape(1, 1, 0, 1), slot.l[:0].reshape(1, 1, 0)
@@ -790,8 +790,8 @@ def _compile_group(g: Grouping, mask_dtype: np.dtype, nogil: bool) -> None:
         mask = np.broadcast_to(np.zeros((1, 1), dt), (1, 1, 2, 1))
         for k in {A.MASK_NONE, kind}:
             A.group_softmax(s, mask, k, False, 0, np.float32(1), l)
-        if nogil:  # no item: nothing is called
-            gemm, wide = numpy_cblas()
+        if cblas is not None:  # no item: nothing is called
+            gemm, wide = cblas
             none, zeros = np.zeros((0, 6), np.int64), np.zeros((4, 3), np.int64)
             A.attend_items(gemm, wide, none, zeros[:, 0].copy(), zeros, mask, kind, False, False, np.float32(1), 1, 1,
                            1, slot.s, slot.l)
