@@ -88,8 +88,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 class Process:
     """A server subprocess with its stderr collected; stop() sends SIGTERM, then kills."""
 
-    def __init__(self, cmd: list[str], ready_url_of, wait_s: float = 300):
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    def __init__(self, cmd: list[str], ready_url_of, wait_s: float = 300, cwd: Path = ROOT):
+        self.proc = subprocess.Popen(cmd, cwd=cwd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.log: list[str] = []
         self.ports: dict[str, int] = {}
         self._ports_seen = threading.Event()
@@ -131,11 +131,12 @@ class Process:
                 self.proc.wait()
 
 
-def start_nnserve(repo: Path, python: str = sys.executable) -> tuple[Process, str, str]:
-    """nnserve on ephemeral loopback ports; returns the process, HTTP host:port and gRPC host:port."""
+def start_nnserve(repo: Path, python: str = sys.executable, tree: Path = ROOT) -> tuple[Process, str, str]:
+    """nnserve (from source `tree`) on ephemeral loopback ports; returns the process, HTTP host:port and gRPC
+    host:port."""
     cmd = [python, "-m", "server.cli", "serve", "--model-repository", str(repo), "--http-port", "0",
            "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
-    proc = Process(cmd, lambda p: p.ports and f"http://127.0.0.1:{p.ports['http']}/v2/health/ready")
+    proc = Process(cmd, lambda p: p.ports and f"http://127.0.0.1:{p.ports['http']}/v2/health/ready", cwd=tree)
     return proc, f"127.0.0.1:{proc.ports['http']}", f"127.0.0.1:{proc.ports['grpc']}"
 
 

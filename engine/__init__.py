@@ -24,11 +24,12 @@ if TYPE_CHECKING:  # the names the lazy loader below gives, for type checkers
     from engine.devices import cuda_device_count
     from engine.formats.registry import FORMATS, Format, format_of
     from engine.ir.dtypes import DTYPES
-    from engine.runtime.instance import Instance, RunTimings
+    from engine.runtime.instance import Instance, RunTimings, release_thread
     from engine.runtime.model import Model, TensorSpec, load
     from engine.runtime.options import EngineOptions
 
 _RUNTIME = {"Instance": "engine.runtime.instance", "RunTimings": "engine.runtime.instance",
+            "release_thread": "engine.runtime.instance",
             "Model": "engine.runtime.model", "TensorSpec": "engine.runtime.model", "load": "engine.runtime.model",
             "FORMATS": "engine.formats.registry", "Format": "engine.formats.registry",
             "format_of": "engine.formats.registry", "DTYPES": "engine.ir.dtypes",
@@ -63,4 +64,5 @@ __all__ = [
     "cuda_device_count",
     "format_of",
     "load",
+    "release_thread",
 ]

@@ -94,6 +94,15 @@ def fingerprint(model_dir: Path) -> tuple:
     return tuple(items)
 
 
+def _release_loader_threads() -> None:
+    """A load's warm-up ran kernels on this loader thread, which gave it a team of OpenMP threads; kept, they would
+    cut every serving thread's spin between ops (server/scheduling/workers.py), so they go with the load."""
+    try:
+        engine.release_thread()
+    except Exception:  # an optimisation: never the load's outcome
+        log.exception("releasing the loader thread's kernel threads failed")
+
+
 class ModelRepository:
     def __init__(self, root: Path, *, control_mode: str = "none", default_max_batch_size: int = 4,
                  metrics: ServerMetrics | None = None, load_fn: Callable[[Path], BackendModel] = engine.load):
@@ -225,6 +234,7 @@ class ModelRepository:
             return self._build(name, model_dir, config_json)
         finally:
             self._building.discard(name)
+            _release_loader_threads()
 
     def _build(self, name: str, model_dir: Path, config_json: str | None) -> ModelEntry:
         if not model_dir.is_dir():

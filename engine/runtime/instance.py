@@ -267,6 +267,15 @@ def _kernel_error(bound: Bound, i: int, e: Exception) -> Exception:
                        f"{type(e).__name__}: {e}")
 
 
+def release_thread() -> bool:
+    """Let the calling thread's kernel threads go (the CPU's OpenMP team): call it on a thread that ran instances
+    and will not run any for a while (a loader after its warm-up, a worker gone idle), so that the threads that do
+    run keep their spin between ops (engine/devices/cpu/threads.py, release_thread). The next run on this thread
+    makes a new team (~0.1 ms). True when the thread holds none afterwards (threads.release_thread); not while a
+    run is in progress on this thread."""
+    return _threads.release_thread()
+
+
 def _apply_threads(threads: int | None, setting: int | None, policy: WaitPolicy) -> None:
     """The pool gets its process default once (`setting`: NNSERVE_NUM_THREADS, else the CPUs the cgroup allows,
     at most 8; its wait policy, NNSERVE_WAIT_POLICY / NNSERVE_SPIN_US / NNSERVE_RUN_SPIN_US), BLAS one thread;

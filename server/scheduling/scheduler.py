@@ -19,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,6 +36,9 @@ from server.scheduling.execution import Execution, run_batch
 from server.scheduling.inline import INLINE_MAX_NS, InlinePolicy
 from server.scheduling.policy import Pending, decide
 from server.scheduling.queue import Entry, RequestQueue, ResponseOrder, rows_of, shape_key
+from server.scheduling.workers import IDLE_RELEASE_S, Workers, release_kernel_threads
+
+log = logging.getLogger("nnserve")
 
 # What a run gives back to the event loop: each request's outputs (or its own error) and the execution's figures, or
 # the error of the whole execution.
@@ -92,6 +96,8 @@ class Scheduler:
         self._executing_rows = 0  # for the adaptive wait's estimate
         self._population = population.PeakWindow(population_window_ns)
         self.inline_runs = 0  # how many runs went on the event loop thread (tests and benches read it)
+        self._last_inline = 0.0
+        self._inline_release: asyncio.TimerHandle | None = None
 
     @property
     def queue_depth(self) -> int:
@@ -101,7 +107,7 @@ class Scheduler:
         if self._loop_task is not None:
             return
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(self._num_instances, thread_name_prefix="nnserve-infer")
+            self._executor = Workers(self._num_instances, "nnserve-infer", on_idle=release_kernel_threads)
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._loop_task = asyncio.create_task(self._run_loop(), name="nnserve-scheduler")
@@ -118,6 +124,9 @@ class Scheduler:
             self._report_depth()
         self._wake.set()
         await self._loop_task
+        if self._inline_release is not None:  # stopped before the idle release: let the loop thread's team go now
+            self._inline_release.cancel()
+            self._release_inline(now=True)
         if self._owns_executor and self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -230,8 +239,29 @@ class Scheduler:
             self.inline_runs += 1
             started = self._clock() if waited else entries[0].pending.enqueue_ns
             self._finish(instance, entries, started, _attempt(instance, entries, rows))
+            self._inline_ran()
         else:
             self._executor.submit(self._run_in_worker, self._loop, instance, entries, rows)
+
+    def _inline_ran(self) -> None:
+        """An inline run may have given the event loop thread a team of kernel threads (workers.py): it goes once
+        this scheduler has run nothing inline for IDLE_RELEASE_S (never during a run: the loop runs one thing at a
+        time)."""
+        self._last_inline = time.monotonic()
+        if self._inline_release is None and self._loop is not None:
+            self._inline_release = self._loop.call_later(IDLE_RELEASE_S, self._release_inline)
+
+    def _release_inline(self, now: bool = False) -> None:
+        assert self._loop is not None
+        left = self._last_inline + IDLE_RELEASE_S - time.monotonic()
+        if left > 0 and not now:
+            self._inline_release = self._loop.call_later(left, self._release_inline)
+            return
+        self._inline_release = None
+        try:
+            release_kernel_threads()
+        except Exception:  # an optimisation: a failure must not reach the event loop
+            log.exception("releasing the event loop thread's kernel threads failed")
 
     def _run_in_worker(self, loop: asyncio.AbstractEventLoop, instance: BackendInstance, entries: list[Entry],
                        rows: list[int]) -> None:

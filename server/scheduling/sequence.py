@@ -18,7 +18,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -37,6 +37,7 @@ from server.scheduling.sequence_inputs import (
     initial_states,
 )
 from server.scheduling.sequence_policy import SequencePlan, SequencePolicy, SequenceView, plan
+from server.scheduling.workers import Workers, release_kernel_threads
 
 log = logging.getLogger("nnserve.sequence")
 
@@ -112,7 +113,7 @@ class SequenceScheduler:
         if self._loop_task is not None:
             return
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(len(self._instances), thread_name_prefix="nnserve-sequence")
+            self._executor = Workers(len(self._instances), "nnserve-sequence", on_idle=release_kernel_threads)
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._loop_task = asyncio.create_task(self._run_loop(), name="nnserve-sequence-batcher")

@@ -401,3 +401,47 @@ def test_histograms_expose_what_prometheus_clients_histogram_would():
     ours = lines(m.render())
     assert ours == lines(generate_latest(registry))
     assert 'nnserve_request_duration_seconds_bucket{le="0.0001",model="m",version="1"} 2.0' in ours
+
+
+def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(monkeypatch):
+    """An inline run may give the loop thread an OpenMP team (scheduling/workers.py): it goes after
+    IDLE_RELEASE_S without inline runs, on the loop thread, once per quiet spell; and at stop when still pending."""
+    from server.scheduling import scheduler as scheduler_module
+
+    released = []
+    monkeypatch.setattr(scheduler_module, "release_kernel_threads", lambda: released.append(threading.get_ident()))
+    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 0.01)
+    inst = Doubler()
+    runner = direct([inst], inline_max_ns=50_000_000)
+
+    async def main():
+        await runner.start()
+        try:
+            for i in range(5):
+                await runner.submit({"in0": np.full((1, 4), i, np.float32)})
+            for _ in range(6000):  # waited for, never slept for: at most 60 s on a loaded machine
+                if released:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # a quiet spell lets go once
+        finally:
+            await runner.stop()
+
+    asyncio.run(main())
+    assert runner.inline_runs == 4
+    loop_thread, worker = threading.get_ident(), inst.threads[0]  # the first run went to a worker
+    assert released.count(loop_thread) == 1  # on the loop thread (this one), once
+    assert released.count(worker) == 1 and len(released) == 2  # and the worker on its way out at stop
+
+
+def test_a_scheduler_stopped_before_the_quiet_spell_lets_the_loop_threads_go_at_stop(monkeypatch):
+    from server.scheduling import scheduler as scheduler_module
+
+    released = []
+    monkeypatch.setattr(scheduler_module, "release_kernel_threads", lambda: released.append(threading.get_ident()))
+    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 3600.0)
+    inst = Doubler()
+    runner = direct([inst], inline_max_ns=50_000_000)
+    _run_all(runner, [np.ones((1, 4), np.float32)] * 3, concurrent=False)
+    assert runner.inline_runs == 2
+    assert sorted(released) == sorted([threading.get_ident(), inst.threads[0]])  # the loop's and the worker's

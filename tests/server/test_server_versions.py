@@ -66,3 +66,37 @@ def test_broken_old_version_does_not_stop_the_latest(tmp_path):
                                    rtol=1e-5, atol=1e-6)
     finally:
         assert srv.stop() == 0, srv.log_text
+
+
+def test_the_loader_thread_lets_its_kernel_threads_go_after_the_warm_up(tmp_path, monkeypatch):
+    """A load's warm-up runs on a loader thread, whose OpenMP team would otherwise stay and cut the serving
+    threads' spin (server/scheduling/workers.py): the loader lets it go when the load is done, failed or not."""
+    import threading
+
+    import engine
+
+    warmed, released = [], []
+    real_run = engine.Instance.run_timed
+
+    def run_timed(self, *args, **kwargs):
+        warmed.append(threading.current_thread().name)
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.Instance, "run_timed", run_timed)
+    monkeypatch.setattr(engine, "release_thread", lambda: released.append(threading.current_thread().name) or True)
+    warmup = ('model_warmup [ { name: "w" batch_size: 1 count: 2 inputs { key: "in0" value { data_type: TYPE_FP32 '
+              'dims: [ 4 ] zero_data: true } } } ]\n')
+    repo = make_repository(tmp_path / "repo", {"affine": AFFINE_CONFIG + warmup, "broken": AFFINE_CONFIG})
+    (repo / "broken" / "1" / "model.pnnx.param").write_text("7767517\nthis is not a pnnx graph\n")
+
+    async def load_both(repository: ModelRepository) -> None:
+        await repository.load("affine")
+        with pytest.raises(ModelLoadError):
+            await repository.load("broken")
+        await repository.shutdown()
+
+    asyncio.run(load_both(ModelRepository(repo)))
+    assert len(warmed) == 4 and len(set(warmed)) == 1  # two instances, two runs each, on a loader thread
+    assert warmed[0] != threading.current_thread().name
+    loaders = [name for name in released if not name.startswith("nnserve-infer")]  # the workers let go at shutdown
+    assert loaders[0] == warmed[0] and len(loaders) == 2  # after the warm-up, on its thread; and after the failure

@@ -100,6 +100,7 @@ RUN_SPIN_CAP_US = 20_000
 DEFAULT_MAX_THREADS = 8
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller: cpu.cfs_quota_us, cpu.cfs_period_us
+OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: the threads go, the settings stay
 _PAD = 8  # int64 words per worker: each worker's flags on a cache line of their own
 
 
@@ -388,6 +389,27 @@ def running():
     finally:
         with _active_lock:
             ACTIVE[0] -= 1
+
+
+def release_thread() -> bool:
+    """Lets the calling thread's OpenMP team go (oneDNN's threads; ours too under the `run` policy): its threads
+    exit, and the next primitive this thread runs makes a new team (~0.1 ms). True when the thread holds no team
+    afterwards; False where it cannot tell (no oneDNN loaded, a libgomp before OpenMP 5.0's pause, or a call from
+    inside a parallel region, which libgomp refuses).
+
+    Why: each thread that runs a parallel region keeps a team of its own, and libgomp counts every team's threads,
+    idle or not; once they outnumber the CPUs it cuts every team's spin to 100 polls (2-3 us, `do_spin`'s throttled
+    count), so each thread sleeps between ops and every op after it waits for a wake-up. A thread that has finished
+    with kernels for a while (a server's loader after the warm-up, an idle worker) calls this so the threads that do
+    run keep the wait policy's spin: MobileNetV2 int8 at batch 1, 2 vCPUs, built and warmed up on one thread and run
+    on another, 14.6 ms a run with the loader's team kept, 11.9 ms with it let go (bench/thread_release.py;
+    bench/RESULTS.md, "Wait policy", 2026-11-27 17:07)."""
+    pause = getattr(_openmp, "omp_pause_resource_all", None) if _openmp is not None else None
+    if pause is None:
+        return False
+    pool = _pool if isinstance(_pool, OpenMPPool) else OpenMPPool(_openmp, _threads)
+    pool.forget_team()
+    return pause(OMP_PAUSE_SOFT) == 0
 
 
 def _get_pool() -> SpinPool | OpenMPPool:

@@ -358,3 +358,90 @@ def test_a_loaded_idle_instance_burns_no_cpu(tmp_path, policy, pool):
     assert used == pool
     assert omp_policy == "None" and int(spincount) > 0  # bounded spin, not PASSIVE, not ACTIVE
     assert float(idle_cpu) < 0.05, f"{idle_cpu} s of CPU in 2 s of idling"
+
+
+RELEASE_SCRIPT = """
+import ctypes, os, sys, threading, time
+import engine
+from engine.devices.cpu import openmp_pool, threads
+from fixture_models import assert_close_to_torch, cases, max_shapes, model_path
+api = ctypes.pythonapi
+api.PyInterpreterState_Main.restype = ctypes.c_void_p
+api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+api.PyThreadState_Next.restype = ctypes.c_void_p
+api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+
+def thread_states():
+    n, t = 0, api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Main())
+    while t:
+        n, t = n + 1, api.PyThreadState_Next(t)
+    return n
+
+def os_threads():
+    return len(os.listdir("/proc/self/task"))
+
+def settle(want, deadline=60.0):  # an exiting OpenMP thread leaves /proc shortly after the pause returns
+    end = time.monotonic() + deadline
+    while os_threads() > want and time.monotonic() < end:
+        time.sleep(0.01)
+    return os_threads()
+
+import numpy as np
+inst = engine.load(model_path("resnet")).instance(max_shapes=max_shapes("resnet"))
+feeds, want = cases("resnet")[0]
+assert type(threads._get_pool()).__name__ == "OpenMPPool"
+
+def fill(out, value, lo, hi):
+    out[lo:hi] = value
+base_states, base_threads = thread_states(), os_threads()
+report = []
+
+def job():
+    me = threading.get_native_id()
+    assert_close_to_torch(inst.run(feeds), want)  # this thread's own team runs oneDNN's primitives
+    out = np.zeros(1 << 16)
+    threads.parallel_for(fill, out.size, 1 << 30, out, 7.0)  # and a split of ours: a Python callback on its thread
+    assert (out == 7.0).all()
+    kept = sum(m == me for m in openmp_pool._KEPT.values())
+    with_team = os_threads()
+    released = engine.release_thread()
+    gone = [t for t, m in openmp_pool._KEPT.items() if m == me]
+    after = settle(with_team - 1)
+    assert_close_to_torch(inst.run(feeds), want)  # a new team, same outputs
+    released_again = engine.release_thread()
+    report.append((kept, with_team, released, len(gone), after, released_again))
+
+for _ in range(3):  # each a new master thread that ends after it let its team go
+    t = threading.Thread(target=job)
+    t.start()
+    t.join()
+print(repr(report), thread_states() - base_states, settle(base_threads) - base_threads)
+"""
+
+
+def test_a_thread_that_lets_its_team_go_leaves_no_thread_and_no_thread_state_behind(tmp_path):
+    """engine.release_thread: the calling thread's OpenMP threads exit (libgomp then stops counting them against the
+    CPUs, which would cut every other team's spin), the Python thread states their callbacks kept are given back
+    first (an exiting thread holding one leaks it), and a later run on the thread makes a new team with the same
+    outputs. Its own process: two threads, the `run` policy (our kernels on OpenMP's team)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2]), *inherited])
+    env.update(NNSERVE_WAIT_POLICY="run", NNSERVE_NUM_THREADS="2")
+    done = subprocess.run([sys.executable, "-c", RELEASE_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=240, cwd=here.parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    report, states_left, threads_left = done.stdout.strip().rsplit(" ", 2)
+    for kept, with_team, released, gone, after, released_again in eval(report):
+        assert kept == 1  # the team's one OpenMP thread ran a chunk and kept its state
+        assert released and released_again
+        assert gone == 0  # given back before the pause
+        assert after == with_team - 1  # the OpenMP thread left
+    assert int(states_left) == 0 and int(threads_left) == 0

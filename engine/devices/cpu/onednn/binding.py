@@ -85,6 +85,8 @@ _SIGNATURES = {
     "omp_set_num_threads": (None, [ctypes.c_int]),
     "omp_get_max_threads": (ctypes.c_int, []),
 }
+# Since GCC 9's libgomp (OpenMP 5.0); threads.release_thread goes without it when an older one is loaded.
+_OPTIONAL = {"omp_pause_resource_all": (ctypes.c_int, [ctypes.c_int])}
 
 
 def _candidates() -> list[str]:
@@ -117,6 +119,10 @@ def _open(spin_us: int) -> ctypes.CDLL | None:
         for name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(lib, name)  # omp_* resolve through libdnnl's own libgomp dependency
             fn.restype, fn.argtypes = restype, argtypes
+        for name, (restype, argtypes) in _OPTIONAL.items():
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype, fn.argtypes = restype, argtypes
         # oneDNN's primitive cache hands back a primitive made for another OpenMP thread count: a primitive is
         # created for the threads its work is worth (objects.creating), and with the cache on, a conv built after
         # the engine's thread count changed gave wrong outputs (tests/engine/devices/cpu/conv/test_onednn_conv.py,
