@@ -3,13 +3,16 @@
 Each thread that runs an instance on the CPU keeps an OpenMP team of its own (oneDNN's threads), and libgomp
 counts every team's threads, idle or not: once they outnumber the CPUs, it cuts every team's spin between ops to
 2-3 us, and each op then waits for a sleeping thread to wake (engine.release_thread). A server has such threads
-per model (a two-model server on 2 CPUs is over the count even when only one model gets traffic), so a worker
-that has had nothing to run for IDLE_RELEASE_S calls `on_idle` (engine.release_thread) on its own thread, and again
-before it exits. The next run on it makes a new team (~0.1 ms), once per idle spell.
+per model (on 2 CPUs, two models whose workers have both run kernels are over the count even when only one of
+them gets traffic now), so a worker that has had nothing to run for IDLE_RELEASE_S calls `on_idle`
+(engine.release_thread) on its own thread, and again before it exits; and calls go to the worker idle last, so
+that under light traffic a model's other workers go idle too. The next run on a worker that let go makes a new
+team (0.4-1 ms), once per idle spell.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -21,7 +24,7 @@ import engine
 
 log = logging.getLogger("nnserve")
 
-# Long next to a request's gaps in steady traffic (a team rebuilt per spell costs ~0.1 ms), short enough that a
+# Long next to a request's gaps in steady traffic (a team rebuilt per spell costs 0.4-1 ms), short enough that a
 # model gone quiet stops throttling the busy ones within a second.
 IDLE_RELEASE_S = 1.0
 
@@ -34,27 +37,36 @@ def release_kernel_threads() -> None:
 
 
 class Workers(Executor):
-    """`threads` daemon threads named `<name>-N` taking submitted calls in order; `on_idle` runs on a worker after
-    `idle_s` without work (once per idle spell) and when it stops."""
+    """`threads` daemon threads named `<name>-N` running submitted calls in order. A call goes to the worker that
+    became idle last (calls wait in a backlog while none is), so light traffic stays on one thread and the others
+    go idle: a worker idle for `idle_s` (IDLE_RELEASE_S when not given) calls `on_idle` on its own thread, once per
+    idle spell, and once more when it stops."""
 
     def __init__(self, threads: int, name: str, on_idle: Callable[[], Any] | None = None,
-                 idle_s: float = IDLE_RELEASE_S):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+                 idle_s: float | None = None):
         self._on_idle = on_idle
-        self._idle_s = idle_s
+        self._idle_s = IDLE_RELEASE_S if idle_s is None else idle_s
         self._shutdown = False
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                         for i in range(max(1, threads))]
+        count = max(1, threads)
+        self._inboxes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(count)]
+        self._idle = list(range(count))[::-1]  # a stack: the last to become idle is taken first (worker 0 first)
+        self._backlog: collections.deque[Any] = collections.deque()
+        self._threads = [threading.Thread(target=self._work, args=(w,), name=f"{name}-{w}", daemon=True)
+                         for w in range(count)]
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            future: Future = Future()
-            self._jobs.put((future, fn, args, kwargs))
+            job = (future, fn, args, kwargs)
+            if self._idle:
+                self._inboxes[self._idle.pop()].put(job)
+            else:
+                self._backlog.append(job)
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -62,52 +74,53 @@ class Workers(Executor):
             if not self._shutdown:
                 self._shutdown = True
                 if cancel_futures:
-                    self._cancel_queued()
-                for _ in self._threads:
-                    self._jobs.put(_STOP)
+                    while self._backlog:
+                        self._backlog.popleft()[0].cancel()
+                for inbox in self._inboxes:  # after any job already handed to it, and the backlog (`_next`)
+                    inbox.put(_STOP)
         if wait:
             for t in self._threads:
                 if t is not threading.current_thread():
                     t.join()
 
-    def _cancel_queued(self) -> None:
-        kept = []
+    def _next(self, w: int) -> Any:
+        """The next job for worker `w`: the backlog's oldest, else it joins the idle stack (None)."""
+        with self._lock:
+            if self._backlog:
+                return self._backlog.popleft()
+            self._idle.append(w)
+            return None
+
+    def _work(self, w: int) -> None:
+        inbox = self._inboxes[w]
+        let_go = True  # nothing has run yet: nothing to let go
         while True:
             try:
-                job = self._jobs.get_nowait()
+                job = inbox.get(timeout=None if let_go else self._idle_s)
             except queue.Empty:
-                break
-            if job is _STOP:
-                kept.append(job)
-            else:
-                job[0].cancel()
-        for job in kept:
-            self._jobs.put(job)
-
-    def _work(self) -> None:
-        idle_done = True  # nothing has run yet: nothing to let go
-        while True:
-            try:
-                job = self._jobs.get(timeout=None if idle_done else self._idle_s)
-            except queue.Empty:
-                self._idle()
-                idle_done = True
+                self._let_go()
+                let_go = True
                 continue
-            if job is _STOP:
-                self._idle()
-                return
-            future, fn, args, kwargs = job
-            idle_done = False
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:  # the caller's future carries it, as ThreadPoolExecutor's does
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            while job is not None:
+                if job is _STOP:
+                    self._let_go()
+                    return
+                let_go = False
+                self._run(job)
+                job = self._next(w)
 
-    def _idle(self) -> None:
+    @staticmethod
+    def _run(job: tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> None:
+        future, fn, args, kwargs = job
+        del job  # nothing of a finished call stays referenced by an idle worker (its inputs, its outputs)
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # the caller's future carries it, as ThreadPoolExecutor's does
+            future.set_exception(exc)
+
+    def _let_go(self) -> None:
         if self._on_idle is None:
             return
         try:

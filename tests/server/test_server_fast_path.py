@@ -407,10 +407,12 @@ def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(
     """An inline run may give the loop thread an OpenMP team (scheduling/workers.py): it goes after
     IDLE_RELEASE_S without inline runs, on the loop thread, once per quiet spell; and at stop when still pending."""
     from server.scheduling import scheduler as scheduler_module
+    from server.scheduling import workers as workers_module
 
     released = []
     monkeypatch.setattr(scheduler_module, "release_kernel_threads", lambda: released.append(threading.get_ident()))
     monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 0.01)
+    monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)  # the worker lets go at stop only
     inst = Doubler()
     runner = direct([inst], inline_max_ns=50_000_000)
 
@@ -436,10 +438,12 @@ def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(
 
 def test_a_scheduler_stopped_before_the_quiet_spell_lets_the_loop_threads_go_at_stop(monkeypatch):
     from server.scheduling import scheduler as scheduler_module
+    from server.scheduling import workers as workers_module
 
     released = []
     monkeypatch.setattr(scheduler_module, "release_kernel_threads", lambda: released.append(threading.get_ident()))
     monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 3600.0)
+    monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)
     inst = Doubler()
     runner = direct([inst], inline_max_ns=50_000_000)
     _run_all(runner, [np.ones((1, 4), np.float32)] * 3, concurrent=False)

@@ -6,10 +6,13 @@ libgomp parallel region (GOMP_PARALLEL, the entry point `#pragma omp parallel` c
 runs a ctypes callback: the chunks for its thread number. The team is the caller's own (the one its oneDNN
 primitives use), so its threads' wait policy (GOMP_SPINCOUNT, set before libgomp loaded) is the engine's one policy.
 
-A callback runs Python, so an OpenMP thread holds the GIL to dispatch its chunk (the numba kernel releases it);
-each thread keeps the Python thread state its first callback made (one more PyGILState_Ensure), so later regions
-do not create and destroy one each time. A team that is let go (threads.release_thread) first gives those states
-back (`forget_team`): an OpenMP thread that exits holding one would leak it.
+A callback runs Python, so an OpenMP thread holds the GIL to dispatch its chunk (the numba kernel releases it).
+Each callback on an OpenMP thread makes its Python thread state and deletes it at the end (ctypes' own
+PyGILState_Ensure / Release): none is kept between regions, because libgomp ends OpenMP threads on its own (a region
+that asks for fewer threads than the team has ends the surplus ones; a paused team, threads.release_thread; the team
+of a master thread that exits), and a thread that ended holding a state would leak it; a state kept per thread id
+could also be taken for a new thread's that reuses the id. Our own regions always ask for the whole team, so they
+never end threads they will need again.
 """
 
 from __future__ import annotations
@@ -21,12 +24,6 @@ from collections.abc import Callable
 import numpy as np
 
 _Callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_PYGILSTATE_LOCKED = 0  # PyGILState_STATE of an Ensure made while this thread already held the GIL
-
-# OpenMP threads that keep a Python thread state (native id -> the native id of the master whose team they are in),
-# process-wide: a state belongs to an OS thread, whichever pool object's callback made it. Read and written with the
-# GIL held.
-_KEPT: dict[int, int] = {}
 
 
 def chunk_indices(thread: int, threads: int, chunks: int) -> range:
@@ -49,17 +46,11 @@ class OpenMPPool:
         self._num_threads = lib.omp_get_num_threads
         self._num_threads.restype = ctypes.c_int
         self._callback = _Callback(self._chunks)  # kept alive as long as the pool
-        self._forget = _Callback(self._forget_state)
         self._job: tuple | None = None
-        self._master = threading.get_native_id()  # the thread whose team runs the current region
         self._errors: list[BaseException] = []
         self.busy = threading.Lock()  # one region at a time; a concurrent caller runs its loop alone
 
     def _chunks(self, _data) -> None:
-        me = threading.get_native_id()
-        if me != self._master and me not in _KEPT:  # an OpenMP thread's first callback: its state stays (docstring)
-            ctypes.pythonapi.PyGILState_Ensure()
-            _KEPT[me] = self._master
         fn, args, bounds = self._job
         try:
             # the team OpenMP really gave (it may give fewer threads than asked): every chunk still runs
@@ -74,9 +65,10 @@ class OpenMPPool:
         if not self.busy.acquire(blocking=False):
             return False
         try:
-            self._job, self._master = (fn, args, bounds), threading.get_native_id()
-            # ctypes lets the GIL go for the region
-            self._parallel(self._callback, None, min(len(bounds), self.threads), 0)
+            self._job = (fn, args, bounds)
+            # ctypes lets the GIL go for the region; the whole team, whatever the chunks: a smaller region would end
+            # the surplus threads, and the next full one would start them again (a thread each, ~0.1 ms)
+            self._parallel(self._callback, None, self.threads, 0)
             self._job = None
             if self._errors:
                 error = self._errors[0]
@@ -85,25 +77,6 @@ class OpenMPPool:
         finally:
             self.busy.release()
         return True
-
-    def forget_team(self) -> None:
-        """Before the calling thread's team is let go: its threads give back the Python thread state their first
-        callback kept (one region over the team, each dropping its extra Ensure; the callback's own release then
-        deletes the state). Without it each exiting thread would leak one."""
-        master = threading.get_native_id()
-        if master not in _KEPT.values():
-            return  # only oneDNN ran on this team: no Python state to give back
-        with self.busy:
-            self._master = master
-            self._parallel(self._forget, None, self.threads, 0)
-        for thread in [t for t, m in _KEPT.items() if m == master]:  # one the region missed leaks, never crashes
-            del _KEPT[thread]
-
-    def _forget_state(self, _data) -> None:
-        me = threading.get_native_id()
-        if me != self._master and _KEPT.get(me) == self._master:
-            del _KEPT[me]
-            ctypes.pythonapi.PyGILState_Release(_PYGILSTATE_LOCKED)
 
     def close(self) -> None:
         """Nothing to stop: the threads are OpenMP's."""

@@ -393,7 +393,7 @@ def running():
 
 def release_thread() -> bool:
     """Lets the calling thread's OpenMP team go (oneDNN's threads; ours too under the `run` policy): its threads
-    exit, and the next primitive this thread runs makes a new team (~0.1 ms). True when the thread holds no team
+    exit, and the next primitive this thread runs makes a new team (0.4-1 ms). True when the thread holds no team
     afterwards; False where it cannot tell (no oneDNN loaded, a libgomp before OpenMP 5.0's pause, or a call from
     inside a parallel region, which libgomp refuses).
 
@@ -407,8 +407,7 @@ def release_thread() -> bool:
     pause = getattr(_openmp, "omp_pause_resource_all", None) if _openmp is not None else None
     if pause is None:
         return False
-    pool = _pool if isinstance(_pool, OpenMPPool) else OpenMPPool(_openmp, _threads)
-    pool.forget_team()
+    # the team's threads exit; those that kept a Python state give it back on their way out (openmp_pool.py)
     return pause(OMP_PAUSE_SOFT) == 0
 
 

@@ -362,8 +362,11 @@ def test_a_loaded_idle_instance_burns_no_cpu(tmp_path, policy, pool):
 
 RELEASE_SCRIPT = """
 import ctypes, os, sys, threading, time
+import numpy as np
 import engine
-from engine.devices.cpu import openmp_pool, threads
+from engine.devices.cpu import threads
+from engine.devices.cpu.onednn import binding
+from engine.devices.cpu.openmp_pool import OpenMPPool
 from fixture_models import assert_close_to_torch, cases, max_shapes, model_path
 api = ctypes.pythonapi
 api.PyInterpreterState_Main.restype = ctypes.c_void_p
@@ -381,50 +384,50 @@ def thread_states():
 def os_threads():
     return len(os.listdir("/proc/self/task"))
 
-def settle(want, deadline=60.0):  # an exiting OpenMP thread leaves /proc shortly after the pause returns
+def settle(count, want, deadline=60.0):  # exiting threads give their state back on their way out: waited for
     end = time.monotonic() + deadline
-    while os_threads() > want and time.monotonic() < end:
+    while count() > want and time.monotonic() < end:
         time.sleep(0.01)
-    return os_threads()
-
-import numpy as np
-inst = engine.load(model_path("resnet")).instance(max_shapes=max_shapes("resnet"))
-feeds, want = cases("resnet")[0]
-assert type(threads._get_pool()).__name__ == "OpenMPPool"
+    return count()
 
 def fill(out, value, lo, hi):
     out[lo:hi] = value
+
+inst = engine.load(model_path("resnet")).instance(max_shapes=max_shapes("resnet"))
+feeds, want = cases("resnet")[0]
+assert type(threads._get_pool()).__name__ == "OpenMPPool" and threads.get_threads() == 3
 base_states, base_threads = thread_states(), os_threads()
 report = []
 
-def job():
-    me = threading.get_native_id()
-    assert_close_to_torch(inst.run(feeds), want)  # this thread's own team runs oneDNN's primitives
+def split(pool):
     out = np.zeros(1 << 16)
-    threads.parallel_for(fill, out.size, 1 << 30, out, 7.0)  # and a split of ours: a Python callback on its thread
+    assert pool.run(fill, (out, 7.0), [(0, 1 << 15), (1 << 15, 1 << 16)])  # Python callbacks on OpenMP threads
     assert (out == 7.0).all()
-    kept = sum(m == me for m in openmp_pool._KEPT.values())
-    with_team = os_threads()
-    released = engine.release_thread()
-    gone = [t for t, m in openmp_pool._KEPT.items() if m == me]
-    after = settle(with_team - 1)
-    assert_close_to_torch(inst.run(feeds), want)  # a new team, same outputs
-    released_again = engine.release_thread()
-    report.append((kept, with_team, released, len(gone), after, released_again))
 
-for _ in range(3):  # each a new master thread that ends after it let its team go
+def job():
+    assert_close_to_torch(inst.run(feeds), want)
+    split(threads._get_pool())  # the whole team, 3 threads, Python callbacks on its 2 OpenMP threads
+    full = (thread_states(), os_threads())
+    split(OpenMPPool(binding.LIB, 2))  # a region of 2: libgomp ends the third thread
+    shrunk = settle(os_threads, full[1] - 1)
+    released = engine.release_thread()  # the team goes
+    gone = settle(os_threads, full[1] - 2)
+    assert_close_to_torch(inst.run(feeds), want)  # a new team, same outputs
+    report.append((full[0] - base_states, thread_states() - full[0], shrunk - full[1], gone - full[1], released))
+
+for _ in range(3):  # each a new master thread, which ends with a team (its exit ends that team too)
     t = threading.Thread(target=job)
     t.start()
     t.join()
-print(repr(report), thread_states() - base_states, settle(base_threads) - base_threads)
+print(repr(report), settle(thread_states, base_states) - base_states, settle(os_threads, base_threads) - base_threads)
 """
 
 
-def test_a_thread_that_lets_its_team_go_leaves_no_thread_and_no_thread_state_behind(tmp_path):
-    """engine.release_thread: the calling thread's OpenMP threads exit (libgomp then stops counting them against the
-    CPUs, which would cut every other team's spin), the Python thread states their callbacks kept are given back
-    first (an exiting thread holding one leaks it), and a later run on the thread makes a new team with the same
-    outputs. Its own process: two threads, the `run` policy (our kernels on OpenMP's team)."""
+def test_a_released_team_goes_and_openmp_threads_keep_no_python_state(tmp_path):
+    """engine.release_thread: the calling thread's OpenMP threads exit, and a run after it (a new team) gives the
+    same outputs. OpenMP threads that ran our Python callbacks hold no Python thread state between regions, so
+    none leaks when libgomp ends them (a smaller region, a released team, a master that exits). Its own process:
+    three threads, the `run` policy (our kernels on OpenMP's team)."""
     import os
     import subprocess
     import sys
@@ -434,14 +437,13 @@ def test_a_thread_that_lets_its_team_go_leaves_no_thread_and_no_thread_state_beh
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2]), *inherited])
-    env.update(NNSERVE_WAIT_POLICY="run", NNSERVE_NUM_THREADS="2")
+    env.update(NNSERVE_WAIT_POLICY="run", NNSERVE_NUM_THREADS="3")
     done = subprocess.run([sys.executable, "-c", RELEASE_SCRIPT], capture_output=True, text=True, env=env,
                           timeout=240, cwd=here.parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     report, states_left, threads_left = done.stdout.strip().rsplit(" ", 2)
-    for kept, with_team, released, gone, after, released_again in eval(report):
-        assert kept == 1  # the team's one OpenMP thread ran a chunk and kept its state
-        assert released and released_again
-        assert gone == 0  # given back before the pause
-        assert after == with_team - 1  # the OpenMP thread left
+    for with_team, states_after, shrunk, gone, released in eval(report):
+        assert with_team == 1 and states_after == 0  # the master's own state only: none kept on OpenMP threads
+        assert shrunk == -1  # the thread the smaller region ended
+        assert released and gone == -2  # the whole team went
     assert int(states_left) == 0 and int(threads_left) == 0

@@ -24,6 +24,26 @@ def test_calls_run_on_the_named_threads_with_results_and_errors():
         workers.shutdown()
 
 
+def test_calls_one_after_another_stay_on_one_worker_and_a_backlog_waits_for_any():
+    """The worker idle last takes the next call: under light traffic the others stay idle (and let their kernel
+    threads go); calls beyond the workers wait in order for the first one free."""
+    workers = Workers(3, "nnserve-test")
+    try:
+        names = [workers.submit(lambda: threading.current_thread().name).result(WAIT) for _ in range(10)]
+        assert names == ["nnserve-test-0"] * 10
+        gate = threading.Event()
+        busy = [workers.submit(gate.wait, WAIT) for _ in range(3)]
+        order: list[int] = []
+        waiting = [workers.submit(order.append, i) for i in range(5)]
+        gate.set()
+        assert all(f.result(WAIT) for f in busy)
+        for f in waiting:
+            f.result(WAIT)
+        assert sorted(order) == list(range(5))
+    finally:
+        workers.shutdown()
+
+
 def test_an_idle_worker_lets_go_once_per_idle_spell_on_its_own_thread():
     idled = []
     spell = threading.Event()
@@ -75,9 +95,8 @@ def test_queued_calls_are_cancelled_on_request():
     first = workers.submit(lambda: (started.set(), gate.wait(WAIT))[1])
     assert started.wait(WAIT)  # the first call is running: only the queued ones can be cancelled
     queued = [workers.submit(lambda: None) for _ in range(3)]
-    done = threading.Thread(target=workers.shutdown, kwargs={"cancel_futures": True})
-    done.start()
+    workers.shutdown(wait=False, cancel_futures=True)
     gate.set()
-    done.join(WAIT)
+    workers.shutdown(wait=True)
     assert first.result(WAIT) is True
     assert all(f.cancelled() for f in queued)
