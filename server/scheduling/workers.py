@@ -31,16 +31,17 @@ IDLE_RELEASE_S = 1.0
 _STOP = object()
 
 
-def release_kernel_threads() -> None:
-    """The calling thread's kernel threads go (engine.release_thread); the `on_idle` the schedulers give."""
-    engine.release_thread()
+def release_kernel_threads() -> bool:
+    """The calling thread's kernel threads go (engine.release_thread); the `on_idle` the schedulers give. False:
+    they stayed (another thread's region held the engine's pool), to be tried again."""
+    return engine.release_thread()
 
 
 class Workers(Executor):
     """`threads` daemon threads named `<name>-N` running submitted calls in order. A call goes to the worker that
     became idle last (calls wait in a backlog while none is), so light traffic stays on one thread and the others
     go idle: a worker idle for `idle_s` (IDLE_RELEASE_S when not given) calls `on_idle` on its own thread, once per
-    idle spell, and once more when it stops."""
+    idle spell (again after another `idle_s` while it returns False), and once more when it stops."""
 
     def __init__(self, threads: int, name: str, on_idle: Callable[[], Any] | None = None,
                  idle_s: float | None = None):
@@ -98,8 +99,7 @@ class Workers(Executor):
             try:
                 job = inbox.get(timeout=None if let_go else self._idle_s)
             except queue.Empty:
-                self._let_go()
-                let_go = True
+                let_go = self._let_go()  # False: tried again after another idle_s
                 continue
             while job is not None:
                 if job is _STOP:
@@ -120,10 +120,11 @@ class Workers(Executor):
         except BaseException as exc:  # the caller's future carries it, as ThreadPoolExecutor's does
             future.set_exception(exc)
 
-    def _let_go(self) -> None:
+    def _let_go(self) -> bool:
         if self._on_idle is None:
-            return
+            return True
         try:
-            self._on_idle()
+            return self._on_idle() is not False
         except Exception:  # letting threads go is an optimisation: a failure must not stop the worker
             log.exception("releasing an idle worker's kernel threads failed")
+            return True

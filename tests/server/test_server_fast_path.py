@@ -410,7 +410,8 @@ def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(
     from server.scheduling import workers as workers_module
 
     released = []
-    monkeypatch.setattr(scheduler_module, "release_kernel_threads", lambda: released.append(threading.get_ident()))
+    monkeypatch.setattr(scheduler_module, "release_kernel_threads",
+                        lambda: released.append(threading.get_ident()) or True)
     monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 0.01)
     monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)  # the worker lets go at stop only
     inst = Doubler()
@@ -441,7 +442,8 @@ def test_a_scheduler_stopped_before_the_quiet_spell_lets_the_loop_threads_go_at_
     from server.scheduling import workers as workers_module
 
     released = []
-    monkeypatch.setattr(scheduler_module, "release_kernel_threads", lambda: released.append(threading.get_ident()))
+    monkeypatch.setattr(scheduler_module, "release_kernel_threads",
+                        lambda: released.append(threading.get_ident()) or True)
     monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 3600.0)
     monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)
     inst = Doubler()

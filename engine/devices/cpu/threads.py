@@ -394,8 +394,8 @@ def running():
 def release_thread() -> bool:
     """Lets the calling thread's OpenMP team go (oneDNN's threads; ours too under the `run` policy): its threads
     exit, and the next primitive this thread runs makes a new team (0.4-1 ms). True when the thread holds no team
-    afterwards; False where it cannot tell (no oneDNN loaded, a libgomp before OpenMP 5.0's pause, or a call from
-    inside a parallel region, which libgomp refuses).
+    afterwards (also without oneDNN: no team); False when it kept its team: a libgomp before OpenMP 5.0's pause, a
+    call from inside a parallel region, or another thread's region holding the pool (try again later).
 
     Why: each thread that runs a parallel region keeps a team of its own, and libgomp counts every team's threads,
     idle or not; once they outnumber the CPUs it cuts every team's spin to 100 polls (2-3 us, `do_spin`'s throttled
@@ -404,10 +404,16 @@ def release_thread() -> bool:
     run keep the wait policy's spin: MobileNetV2 int8 at batch 1, 2 vCPUs, built and warmed up on one thread and run
     on another, 14.6 ms a run with the loader's team kept, 11.9 ms with it let go (bench/thread_release.py;
     bench/RESULTS.md, "Wait policy", 2026-11-27 17:07)."""
-    pause = getattr(_openmp, "omp_pause_resource_all", None) if _openmp is not None else None
+    if _openmp is None:
+        return True  # no libgomp loaded: no team
+    pause = getattr(_openmp, "omp_pause_resource_all", None)
     if pause is None:
         return False
-    # the team's threads exit; those that kept a Python state give it back on their way out (openmp_pool.py)
+    if _openmp.omp_in_parallel():
+        return False  # libgomp would refuse the pause; and the region below would wait for this one
+    pool = _pool if isinstance(_pool, OpenMPPool) else OpenMPPool(_openmp, _threads)
+    if not pool.forget_team():  # the threads give back the Python states they kept, or the team stays for now
+        return False
     return pause(OMP_PAUSE_SOFT) == 0
 
 

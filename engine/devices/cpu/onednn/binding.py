@@ -84,6 +84,7 @@ _SIGNATURES = {
     "dnnl_memory_create": (ctypes.c_int, [ctypes.POINTER(vp), vp, vp, vp]),
     "omp_set_num_threads": (None, [ctypes.c_int]),
     "omp_get_max_threads": (ctypes.c_int, []),
+    "omp_in_parallel": (ctypes.c_int, []),
 }
 # Since GCC 9's libgomp (OpenMP 5.0); threads.release_thread goes without it when an older one is loaded.
 _OPTIONAL = {"omp_pause_resource_all": (ctypes.c_int, [ctypes.c_int])}
