@@ -271,8 +271,8 @@ def release_thread() -> bool:
     """Let the calling thread's kernel threads go (the CPU's OpenMP team): call it on a thread that ran instances
     and will not run any for a while (a loader after its warm-up, a worker gone idle), so that the threads that do
     run keep their spin between ops (engine/devices/cpu/threads.py, release_thread). The next run on this thread
-    makes a new team (~0.1 ms). True when the thread holds none afterwards (threads.release_thread); not while a
-    run is in progress on this thread."""
+    makes a new team (0.4-1 ms). False only when it must be tried again later (inside a parallel region;
+    threads.release_thread)."""
     return _threads.release_thread()
 
 

@@ -28,6 +28,8 @@ log = logging.getLogger("nnserve")
 # model gone quiet stops throttling the busy ones within a second.
 IDLE_RELEASE_S = 1.0
 
+MIN_IDLE_S = 0.01
+
 _STOP = object()
 
 
@@ -46,7 +48,8 @@ class Workers(Executor):
     def __init__(self, threads: int, name: str, on_idle: Callable[[], Any] | None = None,
                  idle_s: float | None = None):
         self._on_idle = on_idle
-        self._idle_s = IDLE_RELEASE_S if idle_s is None else idle_s
+        # a floor: an on_idle that keeps returning False must not become a busy loop
+        self._idle_s = max(MIN_IDLE_S, IDLE_RELEASE_S if idle_s is None else idle_s)
         self._shutdown = False
         self._lock = threading.Lock()
         count = max(1, threads)
@@ -106,19 +109,26 @@ class Workers(Executor):
                     self._let_go()
                     return
                 let_go = False
-                self._run(job)
-                job = self._next(w)
+                job = self._run(w, job)
 
-    @staticmethod
-    def _run(job: tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> None:
+    def _run(self, w: int, job: tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> Any:
+        """Runs `job`, then takes the next one (or goes idle) before answering, so that a caller who submits again
+        as soon as it has its answer finds this worker idle (light traffic stays on one thread)."""
         future, fn, args, kwargs = job
         del job  # nothing of a finished call stays referenced by an idle worker (its inputs, its outputs)
         if not future.set_running_or_notify_cancel():
-            return
+            return self._next(w)
         try:
-            future.set_result(fn(*args, **kwargs))
+            result, error = fn(*args, **kwargs), None
         except BaseException as exc:  # the caller's future carries it, as ThreadPoolExecutor's does
-            future.set_exception(exc)
+            result, error = None, exc
+        del fn, args, kwargs
+        following = self._next(w)
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+        return following
 
     def _let_go(self) -> bool:
         if self._on_idle is None:

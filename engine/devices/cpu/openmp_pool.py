@@ -6,15 +6,16 @@ libgomp parallel region (GOMP_PARALLEL, the entry point `#pragma omp parallel` c
 runs a ctypes callback: the chunks for its thread number. The team is the caller's own (the one its oneDNN
 primitives use), so its threads' wait policy (GOMP_SPINCOUNT, set before libgomp loaded) is the engine's one policy.
 
-A callback runs Python, so an OpenMP thread holds the GIL to dispatch its chunk (the numba kernel releases it);
-each thread keeps the Python thread state its first callback made (one more PyGILState_Ensure), so later regions
-do not create and delete one each time (2-4% of DeiT-tiny's and GhostNet's time at batch 1 on 2 vCPUs). The mark
-that a state is kept lives in that state (`_LOCAL`), so a new thread that reuses an ended one's id never looks kept.
-A thread ending with its state leaks it, and libgomp ends OpenMP threads on its own: our regions therefore always
-ask for the whole team (a smaller region ends the surplus threads), and before a team is let go
-(threads.release_thread) its threads give their states back (`forget_team`). What is left: a team that oneDNN runs
-on fewer threads than it has (not seen on the real-world suite at 8 threads: no thread ended in 30 runs of
-MobileViT-XXS, DeiT-tiny, EfficientFormerV2), and a master thread that exits without letting its team go.
+A callback runs Python, so an OpenMP thread holds the GIL to dispatch its chunk (the numba kernel releases it).
+Each callback on an OpenMP thread makes its Python thread state and deletes it at the end (ctypes' own
+PyGILState_Ensure / Release): none is kept between regions, because libgomp ends OpenMP threads on its own (a region
+that asks for fewer threads than the team has ends the surplus ones; a paused team, threads.release_thread; the team
+of a master thread that exits), and a thread that ended holding a state would leak it; a state kept per thread id
+could also be taken for a new thread's that reuses the id. Keeping one and giving it back before every end libgomp
+may choose (a count change, a smaller oneDNN region) has no safe hook (a thread-exit destructor runs after CPython's
+own key is cleared), and the per-callback state costs 1-4% at batch 1 (bench/RESULTS.md, Engine before/after,
+2026-11-27 17:31: DeiT-tiny 1.037x, GhostNet 1.032x, geomean of four 1.019x): a leak or a crash is the worse
+defect. Our own regions always ask for the whole team, so they never end threads they will need again.
 """
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ from collections.abc import Callable
 import numpy as np
 
 _Callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_PYGILSTATE_LOCKED = 0  # PyGILState_STATE of an Ensure made while this thread already held the GIL
-_LOCAL = threading.local()  # `kept` on an OpenMP thread whose state stays between callbacks
-# How long forget_team waits for a region of another thread (the event loop must not stall behind one)
-FORGET_WAIT_S = 0.05
 
 
 def chunk_indices(thread: int, threads: int, chunks: int) -> range:
@@ -52,16 +49,11 @@ class OpenMPPool:
         self._num_threads = lib.omp_get_num_threads
         self._num_threads.restype = ctypes.c_int
         self._callback = _Callback(self._chunks)  # kept alive as long as the pool
-        self._forget = _Callback(self._forget_state)
-        self._master = threading.get_native_id()  # the thread whose team runs the current region
         self._job: tuple | None = None
         self._errors: list[BaseException] = []
         self.busy = threading.Lock()  # one region at a time; a concurrent caller runs its loop alone
 
     def _chunks(self, _data) -> None:
-        if threading.get_native_id() != self._master and not getattr(_LOCAL, "kept", False):
-            ctypes.pythonapi.PyGILState_Ensure()  # an OpenMP thread's first callback: its state stays (docstring)
-            _LOCAL.kept = True
         fn, args, bounds = self._job
         try:
             # the team OpenMP really gave (it may give fewer threads than asked): every chunk still runs
@@ -76,7 +68,7 @@ class OpenMPPool:
         if not self.busy.acquire(blocking=False):
             return False
         try:
-            self._job, self._master = (fn, args, bounds), threading.get_native_id()
+            self._job = (fn, args, bounds)
             # ctypes lets the GIL go for the region; the whole team, whatever the chunks: a smaller region would end
             # the surplus threads, and the next full one would start them again (a thread each, ~0.1 ms)
             self._parallel(self._callback, None, self.threads, 0)
@@ -88,24 +80,6 @@ class OpenMPPool:
         finally:
             self.busy.release()
         return True
-
-    def forget_team(self) -> bool:
-        """Before the calling thread's team is let go: its OpenMP threads give back the state they kept (one region
-        over the whole team, each dropping its extra Ensure; the release around the callback then deletes the
-        state). False, nothing done, when another thread's region holds the pool longer than FORGET_WAIT_S."""
-        if not self.busy.acquire(timeout=FORGET_WAIT_S):
-            return False
-        try:
-            self._master = threading.get_native_id()
-            self._parallel(self._forget, None, self.threads, 0)
-        finally:
-            self.busy.release()
-        return True
-
-    def _forget_state(self, _data) -> None:
-        if threading.get_native_id() != self._master and getattr(_LOCAL, "kept", False):
-            _LOCAL.kept = False
-            ctypes.pythonapi.PyGILState_Release(_PYGILSTATE_LOCKED)
 
     def close(self) -> None:
         """Nothing to stop: the threads are OpenMP's."""

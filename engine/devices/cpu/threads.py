@@ -67,6 +67,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import math
 import os
 import threading
@@ -80,6 +81,8 @@ from threadpoolctl import threadpool_limits
 from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal, spin_while_running
 from engine.devices.cpu.openmp_pool import OpenMPPool
 from engine.devices.cpu.options import WaitPolicy
+
+log = logging.getLogger("engine.devices.cpu")
 
 # Below this much work (elements x taps) a kernel runs on the calling thread: handing a chunk over costs ~5-50 us.
 MIN_WORK = 1 << 18
@@ -274,6 +277,7 @@ _configured = False
 _spin_configured = False
 _blas_threads: int | None = None
 _pool: SpinPool | OpenMPPool | None = None
+_pause_warned = False
 _openmp: ctypes.CDLL | None = None  # libgomp's symbols (through libdnnl) once oneDNN is loaded: see use_openmp
 # Runs in progress (word 0), read without the GIL by spinning workers under the `run` policy.
 ACTIVE = np.zeros(_PAD, np.int64)
@@ -393,9 +397,9 @@ def running():
 
 def release_thread() -> bool:
     """Lets the calling thread's OpenMP team go (oneDNN's threads; ours too under the `run` policy): its threads
-    exit, and the next primitive this thread runs makes a new team (0.4-1 ms). True when the thread holds no team
-    afterwards (also without oneDNN: no team); False when it kept its team: a libgomp before OpenMP 5.0's pause, a
-    call from inside a parallel region, or another thread's region holding the pool (try again later).
+    exit, and the next primitive this thread runs makes a new team (0.4-1 ms). False only when it should be tried
+    again later: called inside a parallel region, where libgomp refuses. Without oneDNN there is no team; with a
+    libgomp older than OpenMP 5.0's pause the team stays (said once in the log).
 
     Why: each thread that runs a parallel region keeps a team of its own, and libgomp counts every team's threads,
     idle or not; once they outnumber the CPUs it cuts every team's spin to 100 polls (2-3 us, `do_spin`'s throttled
@@ -403,18 +407,21 @@ def release_thread() -> bool:
     with kernels for a while (a server's loader after the warm-up, an idle worker) calls this so the threads that do
     run keep the wait policy's spin: MobileNetV2 int8 at batch 1, 2 vCPUs, built and warmed up on one thread and run
     on another, 14.6 ms a run with the loader's team kept, 11.9 ms with it let go (bench/thread_release.py;
-    bench/RESULTS.md, "Wait policy", 2026-11-27 17:07)."""
+    bench/RESULTS.md, "Wait policy", 2026-11-27 17:07). Our OpenMP threads hold no Python state between regions
+    (openmp_pool.py), so nothing is left behind when they exit."""
+    global _pause_warned
     if _openmp is None:
         return True  # no libgomp loaded: no team
+    if _openmp.omp_in_parallel():
+        return False
     pause = getattr(_openmp, "omp_pause_resource_all", None)
     if pause is None:
-        return False
-    if _openmp.omp_in_parallel():
-        return False  # libgomp would refuse the pause; and the region below would wait for this one
-    pool = _pool if isinstance(_pool, OpenMPPool) else OpenMPPool(_openmp, _threads)
-    if not pool.forget_team():  # the threads give back the Python states they kept, or the team stays for now
-        return False
-    return pause(OMP_PAUSE_SOFT) == 0
+        if not _pause_warned:
+            _pause_warned = True
+            log.warning("this libgomp has no omp_pause_resource_all (OpenMP 5.0): idle threads' OpenMP teams stay, "
+                        "and with more of them than CPUs libgomp shortens every team's spin")
+        return True
+    return pause(OMP_PAUSE_SOFT) == 0  # -1: inside a region of one thread (omp_in_parallel only sees others)
 
 
 def _get_pool() -> SpinPool | OpenMPPool:

@@ -409,19 +409,12 @@ def job():
     assert_close_to_torch(inst.run(feeds), want)
     split(pool)  # 2 chunks on the whole team, 3 threads: our regions never shrink it
     full = (thread_states(), os_threads())
-    held, asked = threading.Event(), threading.Event()
-    other = threading.Thread(target=lambda: (pool.busy.acquire(), held.set(), asked.wait(), pool.busy.release()))
-    other.start()
-    held.wait()
-    refused = engine.release_thread()  # another thread holds the pool: the team stays for now, no stall
-    asked.set()
-    other.join()
-    kept = (settle(thread_states, full[0]), settle(os_threads, full[1]))  # the holder thread gone
-    released = engine.release_thread()  # the team goes, and the states its threads kept
-    gone = (settle(thread_states, full[0] - 2), settle(os_threads, full[1] - 2))
+    inside = []
+    assert pool.run(lambda lo, hi: inside.append(engine.release_thread()), (), [(0, 1), (1, 2), (2, 3)])
+    released = engine.release_thread()  # the team goes
+    gone = settle(os_threads, full[1] - 2)
     assert_close_to_torch(inst.run(feeds), want)  # a new team, same outputs
-    report.append((full[0] - base_states, full[1] - base_threads, refused, kept == full, released,
-                   gone[0] - full[0], gone[1] - full[1]))
+    report.append((full[0] - base_states, full[1] - base_threads, inside, released, gone - full[1]))
 
 for _ in range(3):  # each a new master thread, which ends with a team (its exit ends that team too)
     t = threading.Thread(target=job)
@@ -431,11 +424,11 @@ print(repr(report), settle(thread_states, base_states) - base_states, settle(os_
 """
 
 
-def test_a_released_team_goes_with_the_python_states_its_threads_kept(tmp_path):
-    """engine.release_thread: the calling thread's OpenMP threads give back the Python thread state they kept and
-    exit, and a run after it (a new team) gives the same outputs; while another thread holds the engine's pool it
-    refuses at once and keeps the team. Its own process: three threads, the `run` policy (our kernels on
-    OpenMP's team)."""
+def test_a_released_team_goes_and_openmp_threads_keep_no_python_state(tmp_path):
+    """engine.release_thread: the calling thread's OpenMP threads exit, and a run after it (a new team) gives the
+    same outputs; inside a parallel region it refuses (False: try later). OpenMP threads that ran our Python
+    callbacks hold no Python thread state between regions, so none is left behind when libgomp ends them. Its own
+    process: three threads, the `run` policy (our kernels on OpenMP's team)."""
     import os
     import subprocess
     import sys
@@ -450,8 +443,8 @@ def test_a_released_team_goes_with_the_python_states_its_threads_kept(tmp_path):
                           timeout=240, cwd=here.parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     report, states_left, threads_left = done.stdout.strip().rsplit(" ", 2)
-    for states, os_threads, refused, unchanged, released, states_gone, threads_gone in eval(report):
-        assert states == 3 and os_threads == 3  # the master and its 2 OpenMP threads, each with a kept state
-        assert refused is False and unchanged
-        assert released and states_gone == -2 and threads_gone == -2  # the team went, its states with it
+    for states, threads_up, inside, released, gone in eval(report):
+        assert states == 1 and threads_up == 3  # the master's own state only; its 2 OpenMP threads hold none
+        assert inside == [False] * 3  # every thread of a region, the master included, is refused
+        assert released and gone == -2  # the whole team went
     assert int(states_left) == 0 and int(threads_left) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -74,6 +75,27 @@ def test_a_worker_that_stops_lets_go_on_its_way_out():
     assert sorted(idled) == ["nnserve-test-0", "nnserve-test-1"]
     with pytest.raises(RuntimeError):
         workers.submit(lambda: None)
+
+
+def test_a_release_refused_for_now_is_tried_again_after_another_idle_spell():
+    answers = [False, False, True]
+    calls = []
+    done = threading.Event()
+
+    def on_idle():
+        calls.append(threading.current_thread().name)
+        if len(calls) == len(answers):
+            done.set()
+        return answers[min(len(calls), len(answers)) - 1]
+
+    workers = Workers(1, "nnserve-test", on_idle=on_idle, idle_s=0.01)
+    try:
+        workers.submit(lambda: None).result(WAIT)
+        assert done.wait(WAIT)
+        time.sleep(0.2)  # room for a fourth call, which must not come
+        assert len(calls) == 3  # True ended the spell: no further calls until the next job
+    finally:
+        workers.shutdown()
 
 
 def test_a_failing_release_is_logged_and_the_worker_goes_on(caplog):
