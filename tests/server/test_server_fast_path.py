@@ -403,17 +403,22 @@ def test_histograms_expose_what_prometheus_clients_histogram_would():
     assert 'nnserve_request_duration_seconds_bucket{le="0.0001",model="m",version="1"} 2.0' in ours
 
 
-def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(monkeypatch):
-    """An inline run may give the loop thread an OpenMP team (scheduling/workers.py): it goes after
-    IDLE_RELEASE_S without inline runs, on the loop thread, once per quiet spell; and at stop when still pending."""
+def _patch_release(monkeypatch, release, loop_idle_s: float) -> None:
+    """The schedulers' release of kernel threads replaced by `release`; the loop's quiet spell `loop_idle_s`, the
+    workers' an hour (they let go at stop only)."""
     from server.scheduling import scheduler as scheduler_module
     from server.scheduling import workers as workers_module
 
+    monkeypatch.setattr(scheduler_module, "release_kernel_threads", release)
+    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", loop_idle_s)
+    monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)
+
+
+def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(monkeypatch):
+    """An inline run may give the loop thread an OpenMP team (scheduling/workers.py): it goes after
+    IDLE_RELEASE_S without inline runs, on the loop thread, once per quiet spell; and at stop when still pending."""
     released = []
-    monkeypatch.setattr(scheduler_module, "release_kernel_threads",
-                        lambda: released.append(threading.get_ident()) or True)
-    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 0.01)
-    monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)  # the worker lets go at stop only
+    _patch_release(monkeypatch, lambda: released.append(threading.get_ident()) or True, 0.01)
     inst = Doubler()
     runner = direct([inst], inline_max_ns=50_000_000)
 
@@ -438,14 +443,8 @@ def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(
 
 
 def test_a_scheduler_stopped_before_the_quiet_spell_lets_the_loop_threads_go_at_stop(monkeypatch):
-    from server.scheduling import scheduler as scheduler_module
-    from server.scheduling import workers as workers_module
-
     released = []
-    monkeypatch.setattr(scheduler_module, "release_kernel_threads",
-                        lambda: released.append(threading.get_ident()) or True)
-    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 3600.0)
-    monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)
+    _patch_release(monkeypatch, lambda: released.append(threading.get_ident()) or True, 3600.0)
     inst = Doubler()
     runner = direct([inst], inline_max_ns=50_000_000)
     _run_all(runner, [np.ones((1, 4), np.float32)] * 3, concurrent=False)
@@ -454,9 +453,6 @@ def test_a_scheduler_stopped_before_the_quiet_spell_lets_the_loop_threads_go_at_
 
 
 def test_a_loop_release_refused_for_now_is_tried_again(monkeypatch):
-    from server.scheduling import scheduler as scheduler_module
-    from server.scheduling import workers as workers_module
-
     answers = iter([False, False, True])
     released = []
 
@@ -464,9 +460,7 @@ def test_a_loop_release_refused_for_now_is_tried_again(monkeypatch):
         released.append(threading.get_ident())
         return next(answers, True)
 
-    monkeypatch.setattr(scheduler_module, "release_kernel_threads", release)
-    monkeypatch.setattr(scheduler_module, "IDLE_RELEASE_S", 0.01)
-    monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)
+    _patch_release(monkeypatch, release, 0.01)
     inst = Doubler()
     runner = direct([inst], inline_max_ns=50_000_000)
 
