@@ -414,6 +414,26 @@ def _patch_release(monkeypatch, release, loop_idle_s: float) -> None:
     monkeypatch.setattr(workers_module, "IDLE_RELEASE_S", 3600.0)
 
 
+def _serve_until(runner: Scheduler, requests: int, done) -> None:
+    """`requests` requests one after another, then the loop idles until done() (waited for, never slept for: at
+    most 60 s on a loaded machine) and a little more, then the scheduler stops."""
+
+    async def main():
+        await runner.start()
+        try:
+            for i in range(requests):
+                await runner.submit({"in0": np.full((1, 4), i, np.float32)})
+            for _ in range(6000):
+                if done():
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+        finally:
+            await runner.stop()
+
+    asyncio.run(main())
+
+
 def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(monkeypatch):
     """An inline run may give the loop thread an OpenMP team (scheduling/workers.py): it goes after
     IDLE_RELEASE_S without inline runs, on the loop thread, once per quiet spell; and at stop when still pending."""
@@ -422,24 +442,11 @@ def test_the_event_loop_thread_lets_its_kernel_threads_go_once_inline_runs_stop(
     inst = Doubler()
     runner = direct([inst], inline_max_ns=50_000_000)
 
-    async def main():
-        await runner.start()
-        try:
-            for i in range(5):
-                await runner.submit({"in0": np.full((1, 4), i, np.float32)})
-            for _ in range(6000):  # waited for, never slept for: at most 60 s on a loaded machine
-                if released:
-                    break
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)  # a quiet spell lets go once
-        finally:
-            await runner.stop()
-
-    asyncio.run(main())
+    _serve_until(runner, 5, lambda: bool(released))
     assert runner.inline_runs == 4
     loop_thread, worker = threading.get_ident(), inst.threads[0]  # the first run went to a worker
     assert released.count(loop_thread) >= 1  # on the loop thread (this one); once per quiet spell of 10 ms
-    assert released.count(worker) == 1 and len(released) == 2  # and the worker on its way out at stop
+    assert released.count(worker) == 1 and set(released) == {loop_thread, worker}  # the worker: at stop
 
 
 def test_a_scheduler_stopped_before_the_quiet_spell_lets_the_loop_threads_go_at_stop(monkeypatch):
@@ -464,17 +471,5 @@ def test_a_loop_release_refused_for_now_is_tried_again(monkeypatch):
     inst = Doubler()
     runner = direct([inst], inline_max_ns=50_000_000)
 
-    async def main():
-        await runner.start()
-        try:
-            for i in range(3):
-                await runner.submit({"in0": np.full((1, 4), i, np.float32)})
-            for _ in range(6000):  # waited for, never slept for
-                if released.count(threading.get_ident()) >= 3:
-                    break
-                await asyncio.sleep(0.01)
-        finally:
-            await runner.stop()
-
-    asyncio.run(main())
+    _serve_until(runner, 3, lambda: released.count(threading.get_ident()) >= 3)
     assert released.count(threading.get_ident()) >= 3  # refused twice, then let go
