@@ -263,7 +263,7 @@ class Scheduler:
         except Exception:  # an optimisation: a failure must not reach the event loop
             log.exception("releasing the event loop thread's kernel threads failed")
             return
-        if not released and not now:  # another thread's region held the pool: try again later
+        if not released and not now:  # the engine refused for now: try again later
             self._inline_release = self._loop.call_later(IDLE_RELEASE_S, self._release_inline)
 
     def _run_in_worker(self, loop: asyncio.AbstractEventLoop, instance: BackendInstance, entries: list[Entry],

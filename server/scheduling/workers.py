@@ -35,7 +35,7 @@ _STOP = object()
 
 def release_kernel_threads() -> bool:
     """The calling thread's kernel threads go (engine.release_thread); the `on_idle` the schedulers give. False:
-    they stayed (another thread's region held the engine's pool), to be tried again."""
+    they stayed (the engine refused for now: a call from inside a parallel region), to be tried again."""
     return engine.release_thread()
 
 
