@@ -157,22 +157,26 @@ def main() -> None:
     if args.worker:
         worker(args.worker[0], args.worker[1], int(args.worker[2]))
         return
-    models = [m for m in args.model or DEFAULT_MODELS if (ROOT / m).exists()]
+    models = []
+    for model in args.model or DEFAULT_MODELS:
+        if (ROOT / model).exists():
+            models.append(model)
+        else:
+            print(f"skipped {model}: not found (tools/make_fixtures.py --bench, bench/realworld_models.py)")
     if args.server_before:
+        before = subprocess.run(["git", "-C", str(args.server_before), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip() or args.server_before.name
         rows = serve_ab(args.server_before.resolve(), models, args.pairs)
-        table = markdown_table(["model", f"{args.server_before.name}: ms (median / p90)",
+        table = markdown_table(["model", "before: ms (median / p90)",
                                 "this tree: ms (median / p90)", "this / before (median ratio, quartiles)"], rows)
         print(table)
         if not args.no_record and rows:
-            append_run("Wait policy", f"Two servers (before: {args.server_before.name}; after: this tree), the same "
+            append_run("Wait policy", f"Two servers (before: {before}; after: this tree), the same "
                        f"repository of {len(rows)} models with a 3-run model_warmup each; {args.pairs} request "
                        "pairs per model, one server then the other, alternating who goes first.\n\n" + table)
         return
     rows = []
-    for model in args.model or DEFAULT_MODELS:
-        if not (ROOT / model).exists():
-            print(f"skipped {model}: not found (tools/make_fixtures.py --bench, bench/realworld_models.py)")
-            continue
+    for model in models:
         t = measure(model, args.rounds, args.runs)
         med = {c: statistics.median(t[c]) for c in CASES}
         p90 = {c: sorted(t[c])[int(0.9 * len(t[c]))] for c in CASES}
