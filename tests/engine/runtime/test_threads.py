@@ -316,6 +316,25 @@ def test_concurrent_callers_share_the_pool_without_mixing_chunks(restore_threads
     assert not errors
 
 
+def _run_own_process(script: str, **settings: str) -> str:
+    """`script` in a Python process of its own (libgomp reads its wait policy once, when it loads), with the engine
+    `settings` and none of OpenMP's own; its stdout."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "NNSERVE_SPIN_US")}
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # where this process found packages
+    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2]), *inherited])
+    env.update(settings)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240,
+                          cwd=here.parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 IDLE_SCRIPT = """
 import os, sys, time
 import numpy as np
@@ -341,20 +360,7 @@ def test_a_loaded_idle_instance_burns_no_cpu(tmp_path, policy, pool):
     """After its requests an instance's threads (the pool's and oneDNN's OpenMP team) all sleep: the process uses
     (almost) no CPU while idle. Its own process, so that libgomp reads the wait policy the engine sets. Under the
     `run` policy our kernels run on OpenMP's team, outputs unchanged."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    here = Path(__file__).resolve().parent
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "NNSERVE_SPIN_US")}
-    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # where this process found packages
-    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2]), *inherited])
-    env["NNSERVE_WAIT_POLICY"] = policy
-    done = subprocess.run([sys.executable, "-c", IDLE_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=240, cwd=here.parents[2])
-    assert done.returncode == 0, done.stderr[-2000:]
-    used, spincount, omp_policy, idle_cpu = done.stdout.split()[-4:]
+    used, spincount, omp_policy, idle_cpu = _run_own_process(IDLE_SCRIPT, NNSERVE_WAIT_POLICY=policy).split()[-4:]
     assert used == pool
     assert omp_policy == "None" and int(spincount) > 0  # bounded spin, not PASSIVE, not ACTIVE
     assert float(idle_cpu) < 0.05, f"{idle_cpu} s of CPU in 2 s of idling"
@@ -429,20 +435,8 @@ def test_a_released_team_goes_and_openmp_threads_keep_no_python_state(tmp_path):
     same outputs; inside a parallel region it refuses (False: try later). OpenMP threads that ran our Python
     callbacks hold no Python thread state between regions, so none is left behind when libgomp ends them. Its own
     process: three threads, the `run` policy (our kernels on OpenMP's team)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    here = Path(__file__).resolve().parent
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2]), *inherited])
-    env.update(NNSERVE_WAIT_POLICY="run", NNSERVE_NUM_THREADS="3")
-    done = subprocess.run([sys.executable, "-c", RELEASE_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=240, cwd=here.parents[2])
-    assert done.returncode == 0, done.stderr[-2000:]
-    report, states_left, threads_left = done.stdout.strip().rsplit(" ", 2)
+    out = _run_own_process(RELEASE_SCRIPT, NNSERVE_WAIT_POLICY="run", NNSERVE_NUM_THREADS="3")
+    report, states_left, threads_left = out.strip().rsplit(" ", 2)
     for states, threads_up, inside, released, gone in eval(report):
         assert states == 1 and threads_up == 3  # the master's own state only; its 2 OpenMP threads hold none
         assert inside == [False] * 3  # every thread of a region, the master included, is refused
