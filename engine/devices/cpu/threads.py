@@ -92,6 +92,11 @@ MIN_WORK = 1 << 18
 # EfficientFormerV2 0.98x, ResNet-18 1.00x (its convs are far above this); int8 convs use the same bound. The same
 # under the `run` policy: a quarter of these bounds measured 3x slower on GhostNet at batch 1 on a loaded host.
 FORK_WORK = 1 << 22
+# A primitive that reads more bytes than it does multiply-adds (a matrix-vector product: a batch-1 classifier head,
+# a 1x1 conv on a 1x1 map; every weight read once) is bound by one core's memory bandwidth, not its arithmetic: its
+# time is that of about this many multiply-adds per byte read (one core: 45 GMAC/s of float32 FMAs against 15-20 GB/s
+# from L3 or memory on an AVX-512 EPYC; 20-25 GMAC/s against 10-15 GB/s on an AVX2 one), so `work_of` counts it so.
+MACS_PER_BYTE = 2
 # The `run` policy: a worker spins while a run is in progress, at most this long in one wait (a run's long serial
 # stretch, or a run that never ends, must not keep a core busy); then the grace after the run, then it sleeps.
 RUN_SPIN_CAP_US = 20_000
@@ -324,6 +329,14 @@ def set_spin(spin_us: int) -> None:
 
 def get_threads() -> int:
     return _threads
+
+
+def work_of(macs: int, bytes_read: int) -> int:
+    """The work `threads_for` weighs for a primitive of `macs` multiply-adds that streams `bytes_read` bytes of
+    operands it uses once (its weights): the larger of the two, in multiply-adds (MACS_PER_BYTE). A second thread
+    halves a streaming read too: GhostNet's 1280x960 head and 1000x1280 classifier at batch 1, 5 MB of weights each
+    and 1.2M multiply-adds, ran on one thread by their multiply-adds alone."""
+    return max(int(macs), MACS_PER_BYTE * int(bytes_read))
 
 
 def threads_for(work: int | None) -> int:

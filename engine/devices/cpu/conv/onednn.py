@@ -28,6 +28,7 @@ from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md, native_block
 from engine.devices.cpu.onednn.eltwise import unless_ours
+from engine.devices.cpu.threads import work_of
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
@@ -116,8 +117,10 @@ class Plan:
     def __init__(self, spec: ConvSpec, shape: tuple[int, ...]):
         geo = spec.geometry(spec.node, shape)
         self.geo = geo
-        # multiply-adds: a small conv is created for, and runs on, one thread (D.creating), so it never forks
-        self.work = geo.n * geo.o * geo.oh * geo.ow * (geo.c // geo.groups) * geo.kh * geo.kw
+        # multiply-adds, or the float32 weights it streams where they weigh more (a 1x1 map: threads.work_of): a
+        # small conv is created for, and runs on, one thread (D.creating), so it never forks
+        taps = geo.o * (geo.c // geo.groups) * geo.kh * geo.kw
+        self.work = work_of(geo.n * geo.oh * geo.ow * taps, 4 * taps)
         with D.creating(self.work):
             self._create(spec, geo)
 

@@ -21,6 +21,7 @@ import numpy as np
 from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.threads import work_of
 
 log = logging.getLogger("engine.onednn")
 
@@ -222,8 +223,9 @@ class Gemm:
             wts = D.MemoryDesc.any((self.k, self.n))
             bias = D.MemoryDesc.plain((1, self.n)) if self.bias is not None else None
             res = D.MemoryDesc.plain((m, self.n)) if self.residual else None
+            # the weights are read once a call: a small M streams more bytes than it multiplies (threads.work_of)
             plan = remember(self.plans, m, Plan(src, wts, dst, bias, res, self.eltwise, self.packed,
-                                                  m * self.k * self.n))
+                                                  work_of(m * self.k * self.n, 4 * self.k * self.n)))
             log.debug("oneDNN matmul %dx%dx%d: %s", m, self.k, self.n, plan.impl)
         return plan
 
@@ -276,7 +278,7 @@ class MatMul:
                 wts, packed = D.MemoryDesc.any(sb[0]), self.packed
             else:
                 wts, packed = D.MemoryDesc.strided(*sb), None
-            work = math.prod(out_shape) * int(a_shape[-1])
+            work = work_of(math.prod(out_shape) * int(a_shape[-1]), 4 * math.prod(b_shape))  # B read once a call
             plan = remember(self.plans, key, Plan(src, wts, dst, None, None, None, packed, work))
             log.debug("oneDNN matmul %s @ %s: %s", a_shape, b_shape, plan.impl)
         return plan

@@ -1,0 +1,79 @@
+"""The thread count a oneDNN primitive is created for weighs the weights it streams (threads.work_of): a
+matrix-vector product (a batch-1 classifier head, a 1x1 conv on a 1x1 map) reads megabytes for few multiply-adds
+and is split over the team; a small one stays on one thread. Outputs match the references either way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from op_harness import check_kernel, make_node
+
+from engine.devices.cpu import threads as _threads
+from engine.devices.cpu.conv import kernels as conv_kernels
+from engine.devices.cpu.conv import onednn as _conv_onednn
+from engine.devices.cpu.onednn import objects as D
+
+if not D.available():
+    pytest.skip("oneDNN (libdnnl.so.3 from the onednn-cpu-gomp wheel) is not installed", allow_module_level=True)
+
+RNG = np.random.default_rng(29)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_work_of_is_the_larger_of_multiply_adds_and_streamed_bytes():
+    assert _threads.work_of(10_000_000, 1000) == 10_000_000  # a conv over a map: its multiply-adds
+    assert _threads.work_of(1_228_800, 4 * 1_228_800) == _threads.MACS_PER_BYTE * 4 * 1_228_800  # a GEMV
+    # GhostNet's batch-1 classifier (1000x1280 float32) weighs more than FORK_WORK; a 64x64 one does not
+    assert _threads.threads_for(_threads.work_of(1280 * 1000, 4 * 1280 * 1000)) == _threads.get_threads()
+    assert _threads.threads_for(_threads.work_of(64 * 64, 4 * 64 * 64)) == 1
+
+
+@pytest.fixture
+def two_threads():
+    before = _threads.get_threads()
+    _threads.set_threads(2)
+    yield
+    _threads.set_threads(before)
+
+
+@pytest.fixture
+def created(monkeypatch):
+    """(primitive kind, OpenMP threads it was created for) of every primitive made."""
+    made: list[tuple[str, int]] = []
+    create = D.PrimitiveDesc.create
+
+    def spy(cls, name, *args):
+        made.append((name, D._local.threads))
+        return create(name, *args)
+    monkeypatch.setattr(D.PrimitiveDesc, "create", classmethod(spy))
+    return made
+
+
+def _threads_of(made: list[tuple[str, int]], prefix: str) -> set[int]:
+    return {t for name, t in made if name.startswith(prefix)}
+
+
+@pytest.mark.parametrize("k,n,expected", [(1280, 1000, 2), (64, 64, 1)])
+def test_batch1_gemm_is_split_by_the_weights_it_reads(two_threads, created, k, n, expected):
+    node = make_node("Gemm", 1, attrs={"weight": rand(n, k), "bias": rand(n)})
+    check_kernel(node, [rand(1, k)], rtol=1e-4, atol=1e-4)
+    assert _threads_of(created, "dnnl_matmul") == {expected}
+
+
+def test_batch1_matmul_with_a_constant_operand_is_split_by_its_bytes(two_threads, created):
+    b = rand(960, 1280)
+    check_kernel(make_node("MatMul", 2), [rand(1, 960), b], rtol=1e-4, atol=1e-4)
+    assert _threads_of(created, "dnnl_matmul") == {2}
+
+
+@pytest.mark.parametrize("c,o,expected", [(960, 1280, 2), (32, 32, 1)])
+def test_pointwise_conv_on_a_1x1_map_is_split_by_its_weights(two_threads, created, monkeypatch, c, o, expected):
+    monkeypatch.setattr(conv_kernels, "_use_onednn",
+                        lambda backends, node, ins: backends.onednn and _conv_onednn.supported(node, ins))
+    node = make_node("Conv", 1, params={"stride": [1, 1], "pads": [0, 0, 0, 0]},
+                     attrs={"weight": rand(o, c, 1, 1), "bias": rand(o)})
+    check_kernel(node, [rand(1, c, 1, 1)], rtol=1e-4, atol=1e-4)
+    assert _threads_of(created, "dnnl_convolution") == {expected}
