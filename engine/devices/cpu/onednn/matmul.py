@@ -80,7 +80,8 @@ class Plan:
         if eltwise is not None:
             post_ops.append(eltwise)
         attr = D.Attr(post_ops)
-        self.work = work  # multiply-adds: a small matmul is created, and runs, on one thread
+        # threads.work_of (multiply-adds, or the weights it streams): a small matmul is created, and runs, on one thread
+        self.work = work
 
         def create(weights: D.MemoryDesc) -> D.PrimitiveDesc:
             return D.PrimitiveDesc.create("dnnl_matmul_primitive_desc_create", D.engine(), src.h, weights.h,

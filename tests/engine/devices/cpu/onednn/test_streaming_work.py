@@ -11,6 +11,7 @@ from op_harness import check_kernel, make_node
 from engine.devices.cpu import threads as _threads
 from engine.devices.cpu.conv import kernels as conv_kernels
 from engine.devices.cpu.conv import onednn as _conv_onednn
+from engine.devices.cpu.onednn import blocked
 from engine.devices.cpu.onednn import objects as D
 
 if not D.available():
@@ -23,14 +24,6 @@ def rand(*shape: int) -> np.ndarray:
     return RNG.standard_normal(shape).astype(np.float32)
 
 
-def test_work_of_is_the_larger_of_multiply_adds_and_streamed_bytes():
-    assert _threads.work_of(10_000_000, 1000) == 10_000_000  # a conv over a map: its multiply-adds
-    assert _threads.work_of(1_228_800, 4 * 1_228_800) == _threads.MACS_PER_BYTE * 4 * 1_228_800  # a GEMV
-    # GhostNet's batch-1 classifier (1000x1280 float32) weighs more than FORK_WORK; a 64x64 one does not
-    assert _threads.threads_for(_threads.work_of(1280 * 1000, 4 * 1280 * 1000)) == _threads.get_threads()
-    assert _threads.threads_for(_threads.work_of(64 * 64, 4 * 64 * 64)) == 1
-
-
 @pytest.fixture
 def two_threads():
     before = _threads.get_threads()
@@ -39,20 +32,30 @@ def two_threads():
     _threads.set_threads(before)
 
 
+def test_work_of_is_the_larger_of_multiply_adds_and_streamed_bytes(two_threads):
+    assert _threads.work_of(10_000_000, 1000) == 10_000_000  # a conv over a map: its multiply-adds
+    assert _threads.work_of(1_228_800, 4 * 1_228_800) == _threads.MACS_PER_BYTE * 4 * 1_228_800  # a GEMV
+    # GhostNet's batch-1 classifier (1000x1280 float32) weighs more than FORK_WORK; a 64x64 one does not
+    assert _threads.threads_for(_threads.work_of(1280 * 1000, 4 * 1280 * 1000)) == _threads.get_threads()
+    assert _threads.threads_for(_threads.work_of(64 * 64, 4 * 64 * 64)) == 1
+
+
 @pytest.fixture
 def created(monkeypatch):
-    """(primitive kind, OpenMP threads it was created for) of every primitive made."""
-    made: list[tuple[str, int]] = []
+    """(primitive kind, OpenMP threads it was created for) of every primitive the test makes (the blocked layout's
+    probe conv, made once per process on first use, is made before the spy)."""
+    blocked.native_block()
+    made: list[tuple[str, int | None]] = []
     create = D.PrimitiveDesc.create
 
     def spy(cls, name, *args):
-        made.append((name, D._local.threads))
+        made.append((name, getattr(D._local, "threads", None)))
         return create(name, *args)
     monkeypatch.setattr(D.PrimitiveDesc, "create", classmethod(spy))
     return made
 
 
-def _threads_of(made: list[tuple[str, int]], prefix: str) -> set[int]:
+def _threads_of(made: list[tuple[str, int | None]], prefix: str) -> set[int | None]:
     return {t for name, t in made if name.startswith(prefix)}
 
 
