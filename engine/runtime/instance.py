@@ -51,9 +51,12 @@ class Instance:
         # ENGINE_DEBUG: 1 traces every node before its call, 2 also logs output stats after it (may be changed live)
         self.debug = self.options.debug
         self.graph = graph
-        # Kernel/BLAS threads are process-wide: an instance with its own count applies it before each run.
-        self.threads = None if threads is None else max(1, int(threads))
-        _apply_threads(self.threads, self.options.cpu.threads, self.options.cpu.wait_policy)
+        # Kernel/BLAS threads are process-wide. Every instance runs on the count its primitives are made for (a oneDNN
+        # primitive must not run on more threads than it was created for: its scratchpad and split are per thread):
+        # its own, or the process's count when it was built; applied before a run where another instance changed it.
+        requested = None if threads is None else max(1, int(threads))
+        _apply_threads(requested, self.options.cpu.threads, self.options.cpu.wait_policy)
+        self.threads = _threads.get_threads() if requested is None else requested
         self.device = get_device(device, self.options.cpu)
         graph = self.graph = self.device.prepare(graph)
         self.max_shapes = resolve_max_shapes(graph, max_shapes)
@@ -99,7 +102,7 @@ class Instance:
         if not self._lock.acquire(blocking=False):
             raise EngineError("this instance is already running on another thread; use one instance per thread")
         try:
-            if self.threads is not None and _threads.get_threads() != self.threads:
+            if _threads.get_threads() != self.threads:
                 _threads.set_threads(self.threads)
             with self.device.activate():
                 return self._run(inputs, timings)

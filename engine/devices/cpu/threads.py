@@ -341,9 +341,8 @@ def work_of(macs: int, bytes_read: int) -> int:
 
 def threads_for(work: int | None) -> int:
     """The threads a oneDNN primitive of `work` (multiply-adds, or elements x taps; `work_of` for one that streams
-    its weights) may use: one below FORK_WORK,
-    where the fork-join would cost more than the split saves (and, on a busy host, waits for a descheduled thread);
-    the count otherwise, or when the work is not known (None)."""
+    its weights) may use: one below FORK_WORK, where the fork-join would cost more than the split saves (and, on a
+    busy host, waits for a descheduled thread); the count otherwise, or when the work is not known (None)."""
     if work is not None and work < FORK_WORK:
         return 1
     return _threads

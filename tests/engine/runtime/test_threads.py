@@ -83,6 +83,21 @@ def test_instance_threads_applied_per_run(restore_threads):
     assert _threads.get_threads() == 1 and _blas_threads() == {1}  # the instance's own count while it runs
 
 
+def test_instance_without_a_count_keeps_the_one_it_was_built_under(restore_threads):
+    """An instance built without threads= runs on the process's count at its build, not on a larger one another
+    instance set later: its oneDNN primitives were created for that count and must not run on more threads."""
+    name = "resnet"
+    model = engine.load(model_path(name))
+    model.instance(max_shapes=max_shapes(name), threads=1)
+    default = model.instance(max_shapes=max_shapes(name))  # built while the count is 1
+    assert default.threads == 1
+    model.instance(max_shapes=max_shapes(name), threads=2)
+    assert _threads.get_threads() == 2
+    feeds, want = cases(name)[0]
+    assert_close_to_torch(default.run(feeds), want)
+    assert _threads.get_threads() == 1
+
+
 # -- wait policy: spin a while, then sleep ------------------------------------------------------------
 def test_spin_setting_read_from_the_environment():
     assert CpuOptions.from_env({}).spin_us == DEFAULT_SPIN_US
