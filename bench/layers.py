@@ -153,6 +153,22 @@ def _rel_err(out_dir: Path, i: int) -> float:
     return float(np.nanmax(np.abs(a.astype(np.float64) - b))) / scale if a.size else 0.0
 
 
+def _require_peer() -> None:
+    """Fails before the sweep when ONNX Runtime or onnx is missing: every ORT point would fail, and a table of
+    nan ratios is no measurement."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"bench/layers.py needs onnx and onnxruntime (pip install -e '.[dev]'): {e}") from e
+
+
+def _failures(per_engine: dict[str, list[list[dict]]], points: list[dict]) -> list[str]:
+    """'engine point: error' for every point an engine refused in the first round."""
+    return [f"{engine} {P.name_of(p)}: {res['kernels']}" for engine, runs in per_engine.items()
+            for p, res in zip(points, runs[0], strict=True) if math.isnan(res["ms"])]
+
+
 def sweep(points: list[dict], rounds: int, budget_s: float, threads: int | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="nnserve-layers-") as tmp:
         tmp_dir = Path(tmp)
@@ -163,6 +179,11 @@ def sweep(points: list[dict], rounds: int, budget_s: float, threads: int | None 
             order = ENGINES if r % 2 == 0 else ENGINES[::-1]
             for engine in order:
                 per_engine[engine].append(_run_worker(engine, spec, tmp_dir, r == 0, budget_s, threads))
+        failed = _failures(per_engine, points)
+        for line in failed:
+            print(f"failed: {line}", file=sys.stderr)
+        if any(all(math.isnan(res["ms"]) for res in per_engine[e][0]) for e in ENGINES):
+            raise SystemExit("an engine failed on every point (errors above): no table")
         rows = []
         for i, p in enumerate(points):
             ours = [run[i]["ms"] for run in per_engine["nnserve"]]
@@ -186,7 +207,9 @@ def summary(rows: list[dict]) -> str:
     ratios = [r["ratio"] for r in rows if r["ratio"] > 0 and math.isfinite(r["ratio"])]
     geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else math.nan
     over = sum(1 for x in ratios if x > 2.0)
-    return (f"{len(rows)} points; ratio nnserve/ORT: geomean {geo:.2f}, worst {max(ratios, default=math.nan):.2f}, "
+    failed = len(rows) - len(ratios)
+    points = f"{len(rows)} points" + (f" ({failed} failed: see the table)" if failed else "")
+    return (f"{points}; ratio nnserve/ORT: geomean {geo:.2f}, worst {max(ratios, default=math.nan):.2f}, "
             f"{over} above 2x; outputs differ by at most {max(r['rel_err'] for r in rows):.1e} (relative)")
 
 
@@ -213,6 +236,7 @@ def main() -> None:
               if not args.only or any(s in P.name_of(p) for s in args.only)]
     if not points:
         raise SystemExit(f"no point's name contains any of {args.only!r}")
+    _require_peer()
     rows = sweep(points, args.rounds, args.budget, args.threads)
     settings = ("each engine with its default settings" if args.threads is None else
                 f"both engines at {args.threads} thread(s), not their defaults: not the headline figure")

@@ -1,7 +1,8 @@
 """CPU kernel of ConvBlocked (engine/devices/cpu/layout/conv_blocked.py): Winograd F(4x4)/F(2x2) where it pays
 (winograd_blocked.py), else oneDNN's convolution through the one plan of onednn.py, its blocked sides in
 nChw{B}c; a depthwise or grouped conv oneDNN has only its gemm-based kernel for, the direct numba one on plain
-copies of its blocked sides (`_PlainDirect`). Plans are cached per input shape: the kernel is built at the max
+copies of its blocked sides (`_PlainDirect`), or, depthwise of stride 1 between blocked sides, a numba loop on the
+blocked values themselves (depthwise_blocked.py). Plans are cached per input shape: the kernel is built at the max
 shape and also runs smaller batches; the workspace holds the larger of the plan's buffers and the Winograd chunk's.
 """
 
@@ -15,6 +16,7 @@ import numpy as np
 from engine.devices.base import Kernel
 from engine.devices.cpu.conv import direct
 from engine.devices.cpu.conv import winograd_blocked as W
+from engine.devices.cpu.conv.depthwise_blocked import BlockedDepthwise
 from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, prefers_own_layouts, primitive_impl
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, ShapeCache, reference_fallback, remember
@@ -117,6 +119,13 @@ class _PlainDirect:
             self.to_blocked([yp], [out], None)
 
 
+def _blocked_depthwise(spec: ConvSpec, shape: tuple[int, ...]) -> bool:
+    """Whether a conv `_PlainDirect` applies to runs on the blocked values themselves (depthwise_blocked.py):
+    a depthwise one of stride 1 with both sides blocked."""
+    geo = geometry(spec.node, shape)
+    return spec.src_blocked and spec.dst_blocked and direct.kind(geo) == "depthwise" and BlockedDepthwise.applies(geo)
+
+
 def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     """Bytes for the max shape's reordered plain sides and scratchpad (or its Winograd buffers, whichever is
     larger), plus room to align the start."""
@@ -127,7 +136,7 @@ def workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int:
     spec = _spec(node, len(ins) > 1, shape)
     geo = geometry(node, shape)
     if _PlainDirect.applies(spec, shape):
-        return _PlainDirect.nbytes(spec, geo) + D.ALIGN
+        return 0 if _blocked_depthwise(spec, shape) else _PlainDirect.nbytes(spec, geo) + D.ALIGN
     wino = _Winograds(spec, geo, backends.winograd).pick(geo)
     return max(Plan(spec, shape).nbytes, 0 if wino is None else wino[1]) + D.ALIGN
 
@@ -143,6 +152,16 @@ def aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list) 
     return private[0]
 
 
+def _blocked_depthwise_kernel(node: Node, spec: ConvSpec) -> Kernel:
+    conv = BlockedDepthwise(spec.w, spec.bias, *spec.act, spec.block, lambda shape: geometry(node, shape))
+
+    def run(inputs, outputs, workspace):
+        z = np.ascontiguousarray(inputs[1]) if spec.residual else None
+        conv.run(np.ascontiguousarray(inputs[0]), z, outputs[0])
+    run.impl = conv.impl  # type: ignore[attr-defined]
+    return run
+
+
 def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     geometry(node, ins[0].shape)  # checks the node
     if np.dtype(ins[0].dtype) != np.float32 or not backends.onednn:
@@ -150,6 +169,8 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     max_shape = tuple(ins[0].shape)
     spec = _spec(node, len(ins) > 1, max_shape)
     D.sync_threads()
+    if _PlainDirect.applies(spec, max_shape) and _blocked_depthwise(spec, max_shape):
+        return _blocked_depthwise_kernel(node, spec)
     if _PlainDirect.applies(spec, max_shape):
         plain = _PlainDirect(backends, spec, max_shape)
 

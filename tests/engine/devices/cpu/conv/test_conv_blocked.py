@@ -103,8 +103,8 @@ def test_blocked_both_sides(c, o, k, stride, groups, dilation, act, act_params):
     kind = direct.kind(geometry(node, blocked_in))
     gemm = kind in ("depthwise", "grouped") and not is_jit(primitive_impl(ConvSpec(node, False, geometry, B, True,
                                                                                    True), blocked_in))
-    run_case(node, plain, [(3, c, 9, 9), (1, c, 9, 9)], residual=False,
-             impl=f"plain+direct:{kind}" if gemm else "onednn:")
+    direct_impl = "direct:depthwise-blocked" if kind == "depthwise" and stride == 1 else f"plain+direct:{kind}"
+    run_case(node, plain, [(3, c, 9, 9), (1, c, 9, 9)], residual=False, impl=direct_impl if gemm else "onednn:")
 
 
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
@@ -115,14 +115,16 @@ def test_depthwise_or_grouped_without_a_jit_kernel_runs_the_direct_kernel_on_pla
         c, groups, stride, dilation, src_blocked, dst_blocked, residual, monkeypatch):
     """A depthwise or grouped conv oneDNN has only its gemm-based kernel for (dilation 6 and more, groups of
     fewer channels than a block, on AVX2; forced here on every host): the direct numba kernel between NCHW copies
-    of the blocked sides, channels off the block (zero padding lanes written), activation and residual, smaller
-    batches after the max."""
+    of the blocked sides, or, depthwise with both sides blocked, the numba loop on the blocked values themselves;
+    channels off the block (zero padding lanes written), activation and residual, smaller batches after the max."""
     monkeypatch.setattr(conv_blocked_kernel, "is_jit", lambda impl: False)
     node, plain = make(c, c, 3, stride=stride, groups=groups, dilation=dilation, act="relu6",
                        src_blocked=src_blocked, dst_blocked=dst_blocked)
     hw = 2 * dilation + 5
+    on_blocks = groups == c and src_blocked and dst_blocked and stride == 1
     run_case(node, plain, [(2, c, hw, hw), (1, c, hw - 2, hw), (2, c, hw, hw)], residual=residual,
-             impl="plain+direct:" + ("depthwise" if groups == c else "grouped"))
+             impl="direct:depthwise-blocked" if on_blocks else "plain+direct:" + ("depthwise" if groups == c
+                                                                                 else "grouped"))
 
 
 @pytest.mark.parametrize("act", [None, "relu"])

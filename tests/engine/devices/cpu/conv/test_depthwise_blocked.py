@@ -1,0 +1,103 @@
+"""The depthwise conv on blocked values (engine/devices/cpu/conv/depthwise_blocked.py) against Conv's numpy float64
+reference on the unblocked data: dilations up to an ASPP head's 36, strides, asymmetric and oversized pads (taps
+wholly outside the map), kernels 1-7 and non-square, stride 1 (a strided one is refused: blocked.py then copies to
+NCHW), blocks of 8 and 16 with channels off the block (padding lanes
+must come out zero), every fused activation, a residual, and a smaller input after the max."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.devices.cpu.conv import depthwise_blocked as DB
+from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
+from engine.ir import Node
+from engine.ops.conv import conv_reference
+from engine.ops.conv_geometry import conv_geom
+
+rng = np.random.default_rng(5)
+
+
+def make(c: int, kh: int, kw: int, stride=(1, 1), dilation=(1, 1), pads=(0, 0, 0, 0), act=None, act_params=None,
+         bias=True) -> Node:
+    attrs = {"weight": rng.standard_normal((c, 1, kh, kw)).astype(np.float32)}
+    if bias:
+        attrs["bias"] = rng.standard_normal(c).astype(np.float32)
+    return Node("Conv", "dw", params={"stride": stride, "dilation": dilation, "pads": pads, "groups": c,
+                                      "activation": act, "activation_params": act_params or {}}, attrs=attrs)
+
+
+def check(node: Node, block: int, shapes: list[tuple[int, ...]], residual: bool = False) -> None:
+    c = node.attrs["weight"].shape[0]
+    conv = DB.BlockedDepthwise(node.attrs["weight"], node.attrs.get("bias"), node.params["activation"],
+                               node.params["activation_params"], block,
+                               lambda shape: conv_geom(node, (shape[0], c, shape[2], shape[3])))
+    for shape in shapes:
+        x = rng.standard_normal(shape).astype(np.float32)
+        geo = conv_geom(node, shape)
+        z = rng.standard_normal(geo.out_shape).astype(np.float32) if residual else None
+        want = conv_reference(node, [x] + ([z] if residual else []))[0]
+        out = np.full((geo.n, -(-c // block), geo.oh, geo.ow, block), np.nan, np.float32)  # every lane written
+        conv.run(to_blocked(x, block), None if z is None else to_blocked(z, block), out)
+        assert np.isfinite(out).all()
+        if c % block:
+            assert not out[:, -1, :, :, c % block:].any(), "padding lanes must be zero"
+        tol = 1e-5 * max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(to_plain(out, c), want, rtol=1e-5, atol=tol, err_msg=f"{shape}")
+
+
+@pytest.mark.parametrize("block", [16, 8])
+@pytest.mark.parametrize("c,k,dilation,hw", [
+    (256, 3, 12, 33), (48, 3, 6, 21), (20, 3, 24, 30), (36, 3, 36, 40),  # ASPP-like, channels off the block
+    (24, 5, 2, 23), (40, 7, 1, 14), (17, 3, 4, 26), (16, 1, 1, 9), (16, 3, 1, 70),  # 70 wide: runs past one chunk
+])
+def test_geometries(block, c, k, dilation, hw):
+    pad = dilation * (k // 2)
+    node = make(c, k, k, (1, 1), (dilation, dilation), (pad, pad, pad, pad), "relu6")
+    check(node, block, [(2, c, hw, hw + 3), (1, c, hw - 2, hw)])
+
+
+def test_asymmetric_pads_and_non_square_kernel():
+    """Pads larger than the dilated reach (taps wholly outside the map on some rows and columns) and uneven ones;
+    a map of more rows than a band."""
+    node = make(24, 3, 5, dilation=(7, 3), pads=(9, 2, 0, 11))
+    check(node, 16, [(1, 24, 19, 10)])
+
+
+def test_a_strided_conv_is_not_taken():
+    node = make(24, 3, 3, stride=(2, 2), dilation=(6, 6), pads=(6, 6, 6, 6))
+    assert not DB.BlockedDepthwise.applies(conv_geom(node, (1, 24, 20, 20)))
+    assert DB.BlockedDepthwise.applies(conv_geom(make(24, 3, 3, dilation=(6, 6)), (1, 24, 20, 20)))
+
+
+def test_a_map_smaller_than_the_dilation():
+    """Dilation 24 on a 5x5 map: only the centre tap ever lands inside (the others read padding)."""
+    node = make(32, 3, 3, dilation=(24, 24), pads=(24, 24, 24, 24))
+    check(node, 16, [(1, 32, 5, 5)])
+
+
+ACTIVATIONS = [("relu", None), ("relu6", None), ("clip", {"min": 0.2, "max": 0.8}), ("leaky_relu", {"alpha": 0.1}),
+               ("sigmoid", None), ("silu", None), ("hardsigmoid", None), ("hardswish", None), ("tanh", None),
+               ("elu", {"alpha": 1.0}), ("gelu", {"approximate": "none"}), ("gelu", {"approximate": "tanh"})]
+
+
+@pytest.mark.parametrize("act,params", ACTIVATIONS, ids=[f"{a}-{p}" if p else a for a, p in ACTIVATIONS])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_activations_and_residual(act, params, residual):
+    """Each fused activation after bias + residual; sigmoid(0), hardsigmoid(0) and clip(0) are not 0, so the
+    padding lanes of the 20-channel output must be cleared after it."""
+    node = make(20, 3, 3, dilation=(6, 6), pads=(6, 6, 6, 6), act=act, act_params=params)
+    check(node, 16, [(2, 20, 15, 15)], residual=residual)
+
+
+def test_an_activation_the_loop_does_not_know_runs_after_it(monkeypatch):
+    """An activation without a numba code runs through apply_activation over the whole output, padding lanes
+    cleared again."""
+    monkeypatch.setattr(DB.E, "act_code", lambda name, params: None)
+    node = make(20, 3, 3, dilation=(6, 6), pads=(6, 6, 6, 6), act="sigmoid")
+    check(node, 16, [(1, 20, 15, 15)], residual=True)
+
+
+def test_without_bias():
+    node = make(18, 3, 3, dilation=(12, 12), pads=(12, 12, 12, 12), bias=False)
+    check(node, 16, [(1, 18, 20, 20)])
