@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from engine.devices.cpu.onednn import binding as L
-from engine.devices.cpu.threads import get_threads, park, threads_for
+from engine.devices.cpu.threads import get_threads, park, threads_for, work_of
 
 log = logging.getLogger("engine.onednn")
 _vp = ctypes.c_void_p
@@ -275,8 +275,9 @@ class Step:
 
 
 def reorder_step(src: MemoryDesc, dst: MemoryDesc) -> Step:
-    """A reorder, created and run on as many threads as its size is worth."""
-    work = dst.nbytes // 4
+    """A reorder, created and run on as many threads as its size is worth: a copy streams what it reads and
+    writes, so it weighs those bytes (threads.work_of), not its element count."""
+    work = work_of(0, src.nbytes + dst.nbytes)
     with creating(work):
         return Step(Primitive(reorder_pd(src, dst)), {L.ARG_SRC: src, L.ARG_DST: dst}, work=work)
 
