@@ -164,9 +164,9 @@ def _require_peer() -> None:
 
 
 def _failures(per_engine: dict[str, list[list[dict]]], points: list[dict]) -> list[str]:
-    """'engine point: error' for every point an engine refused in the first round."""
-    return [f"{engine} {P.name_of(p)}: {res['kernels']}" for engine, runs in per_engine.items()
-            for p, res in zip(points, runs[0], strict=True) if math.isnan(res["ms"])]
+    """'engine point: error' for every point an engine refused in any round (its median is then nan)."""
+    return [f"{engine} {P.name_of(p)} (round {r + 1}): {res['kernels']}" for engine, runs in per_engine.items()
+            for r, run in enumerate(runs) for p, res in zip(points, run, strict=True) if math.isnan(res["ms"])]
 
 
 def sweep(points: list[dict], rounds: int, budget_s: float, threads: int | None = None) -> list[dict]:

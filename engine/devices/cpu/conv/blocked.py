@@ -153,6 +153,7 @@ def aligned_workspace(workspace: np.ndarray | None, nbytes: int, private: list) 
 
 
 def _blocked_depthwise_kernel(node: Node, spec: ConvSpec) -> Kernel:
+    """ConvBlocked's kernel when `_blocked_depthwise` holds: the loop of depthwise_blocked.py, no workspace."""
     conv = BlockedDepthwise(spec.w, spec.bias, *spec.act, spec.block, lambda shape: geometry(node, shape))
 
     def run(inputs, outputs, workspace):
@@ -169,9 +170,10 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
     max_shape = tuple(ins[0].shape)
     spec = _spec(node, len(ins) > 1, max_shape)
     D.sync_threads()
-    if _PlainDirect.applies(spec, max_shape) and _blocked_depthwise(spec, max_shape):
+    off_jit = _PlainDirect.applies(spec, max_shape)  # creates a primitive descriptor: asked once
+    if off_jit and _blocked_depthwise(spec, max_shape):
         return _blocked_depthwise_kernel(node, spec)
-    if _PlainDirect.applies(spec, max_shape):
+    if off_jit:
         plain = _PlainDirect(backends, spec, max_shape)
 
         def run_plain(inputs, outputs, workspace):

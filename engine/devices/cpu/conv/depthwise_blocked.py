@@ -8,7 +8,8 @@ lanes of its block (B channels side by side), so the loop vectorises over the la
 one block's output (OW x B floats, a few KiB) stays in L1 while every tap adds into it.
 
 Padding lanes (channels past C in the last block) come out zero, as the layout asks: their weights and bias are
-zero, and the lanes are cleared again after an activation that does not keep 0 at 0.
+zero, and the lanes are cleared after the epilogue anyway (an activation need not keep 0 at 0, and an input whose
+padding lanes held an inf would give 0 * inf = NaN there, which a following conv would spread: 0 * NaN).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from engine.devices.cpu.layout.loops import zero_lanes
 from engine.devices.cpu.loops import fused_epilogue as E
 from engine.devices.cpu.loops.fused_epilogue import activate_row
 from engine.devices.cpu.threads import parallel_for
+from engine.errors import KernelError
 from engine.ops.conv_geometry import ConvGeom
 
 _DUMMY5 = np.zeros((1, 1, 1, 1, 1), np.float32)
@@ -116,6 +118,7 @@ class BlockedDepthwise:
         self.w = pack_lanes(np.asarray(weight, np.float32).reshape(c, kh, kw), block)
         self.bias = pack_lanes(np.zeros(c, np.float32) if bias is None else np.ravel(bias), block)
         code = E.act_code(activation, act_params)
+        # every activation ConvBlocked accepts has a numba code today; one added later without it runs after the loop
         self.late = None if code is not None or activation is None else (activation, act_params)
         self.code, self.p0, self.p1, self.p2 = code or (E.ACT_NONE, 0.0, 0.0, 0.0)
         self.p = (np.float32(self.p0), np.float32(self.p1), np.float32(self.p2))
@@ -132,11 +135,18 @@ class BlockedDepthwise:
 
     def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray) -> None:
         geo = self._geo(x.shape)
+        blocks = -(-self.c // self.block)
+        want = (geo.n, blocks, geo.oh, geo.ow, self.block)
+        # the loop indexes without bounds checks: arrays of any other shape are refused, not read past their end
+        if x.shape != (geo.n, blocks, geo.h, geo.w, self.block) or out.shape != want or (
+                z is not None and z.shape != want):
+            raise KernelError(f"depthwise conv on blocked values: input {x.shape}, output {out.shape}, residual "
+                              f"{None if z is None else z.shape}; want output {want}")
         n, cb, oh, ow, b = out.shape
         parallel_for(depthwise_blocked, n * cb * -(-oh // BAND), out.size * geo.kh * geo.kw, x, self.w, self.bias,
                      _DUMMY5 if z is None else z, z is not None, out, *geo.dilation, *geo.pads[:2], self.code,
                      *self.p)
         if self.late is not None:
             apply_activation(*self.late, out)
-        if self.c % b and (self.late is not None or self.code != E.ACT_NONE):
-            zero_lanes(out.reshape(n, cb, oh * ow, b), self.c % b, 0, n)  # act(0) may not be 0 (sigmoid)
+        if self.c % b:
+            zero_lanes(out.reshape(n, cb, oh * ow, b), self.c % b, 0, n)

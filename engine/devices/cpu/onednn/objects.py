@@ -257,13 +257,16 @@ class Step:
     """One primitive with its argument memories; `run({arg: pointer})` points them and executes."""
 
     def __init__(self, prim: Primitive, args: dict[int, MemoryDesc], work: int | None = None):
+        """Made inside `creating(work)`, right after its primitive: the count that primitive was created for."""
         self.prim, self.work = prim, work
+        self.created = threads_for(work)
         self.mems = {a: Memory(md) for a, md in args.items()}
         self.args = (L.ExecArg * len(args))(*(L.ExecArg(a, m.h) for a, m in self.mems.items()))
 
     def run(self, ptrs: dict[int, int]) -> None:
         if self.work is not None:
-            _omp_threads(threads_for(self.work))
+            # never more than created with: another instance may have raised the process's count since
+            _omp_threads(min(self.created, threads_for(self.work)))
         for a, p in ptrs.items():
             self.mems[a].set(p)
         try:

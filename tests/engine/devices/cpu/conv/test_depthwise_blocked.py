@@ -9,8 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.devices.cpu import threads
 from engine.devices.cpu.conv import depthwise_blocked as DB
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
+from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv import conv_reference
 from engine.ops.conv_geometry import conv_geom
@@ -101,3 +103,51 @@ def test_an_activation_the_loop_does_not_know_runs_after_it(monkeypatch):
 def test_without_bias():
     node = make(18, 3, 3, dilation=(12, 12), pads=(12, 12, 12, 12), bias=False)
     check(node, 16, [(1, 18, 20, 20)])
+
+
+def test_a_block_of_4_lanes():
+    """A block width the fixed-lane loops of other kernels do not special-case: the generic lane loop."""
+    node = make(10, 3, 3, dilation=(6, 6), pads=(6, 6, 6, 6), act="sigmoid")
+    check(node, 4, [(3, 10, 14, 13), (1, 10, 9, 9)])
+
+
+def test_split_over_more_threads_than_items_divide():
+    """The items (image, block, band of rows) split into 3 chunks of uneven length: each chunk makes its own tiles
+    and writes its own rows."""
+    previous = threads.get_threads()
+    threads.set_threads(3)
+    try:
+        node = make(40, 3, 3, dilation=(12, 12), pads=(12, 12, 12, 12), act="relu")
+        check(node, 16, [(2, 40, 47, 45)], residual=True)  # 2 x 3 blocks x 6 bands = 36 items, above MIN_WORK
+    finally:
+        threads.set_threads(previous)
+
+
+def test_non_finite_padding_lanes_of_the_input_do_not_reach_the_output():
+    """An input whose padding lanes hold inf (a producer that broke the zero-lane rule) gives 0 * inf = NaN there;
+    the output's padding lanes are still zero, so a following conv cannot spread it."""
+    node = make(20, 3, 3, dilation=(6, 6), pads=(6, 6, 6, 6))
+    conv = DB.BlockedDepthwise(node.attrs["weight"], node.attrs["bias"], None, None, 16,
+                               lambda shape: conv_geom(node, (shape[0], 20, shape[2], shape[3])))
+    x = rng.standard_normal((1, 20, 15, 15)).astype(np.float32)
+    xb = to_blocked(x, 16)
+    xb[:, -1, :, :, 20 % 16:] = np.inf
+    out = np.full((1, 2, 15, 15, 16), np.nan, np.float32)
+    conv.run(xb, None, out)
+    assert not out[:, -1, :, :, 20 % 16:].any()
+    np.testing.assert_allclose(to_plain(out, 20), conv_reference(node, [x])[0], rtol=1e-5, atol=1e-4)
+
+
+def test_arrays_of_another_shape_are_refused():
+    """The loop reads without bounds checks: an output or residual of the wrong shape is an error, not a read or
+    write past its end."""
+    node = make(20, 3, 3, dilation=(6, 6), pads=(6, 6, 6, 6))
+    conv = DB.BlockedDepthwise(node.attrs["weight"], node.attrs["bias"], None, None, 16,
+                               lambda shape: conv_geom(node, (shape[0], 20, shape[2], shape[3])))
+    x = np.zeros((1, 2, 15, 15, 16), np.float32)
+    with pytest.raises(KernelError, match="want output"):
+        conv.run(x, None, np.zeros((1, 2, 15, 14, 16), np.float32))
+    with pytest.raises(KernelError, match="residual"):
+        conv.run(x, np.zeros((1, 2, 14, 15, 16), np.float32), np.zeros((1, 2, 15, 15, 16), np.float32))
+    with pytest.raises(KernelError):
+        conv.run(np.zeros((1, 1, 15, 15, 16), np.float32), None, np.zeros((1, 2, 15, 15, 16), np.float32))

@@ -80,3 +80,38 @@ def test_pointwise_conv_on_a_1x1_map_is_split_by_its_weights(two_threads, create
                      attrs={"weight": rand(o, c, 1, 1), "bias": rand(o)})
     check_kernel(node, [rand(1, c, 1, 1)], rtol=1e-4, atol=1e-4)
     assert _threads_of(created, "dnnl_convolution") == {expected}
+
+
+def test_a_reorder_weighs_the_bytes_it_copies(two_threads):
+    """ToBlocked of 256 x 65 x 65 (4.3 MB each way, 1.1M elements) is split over the team; a small one is not."""
+    block = blocked.native_block() or 16
+    big = D.reorder_step(D.MemoryDesc.plain((1, 256, 65, 65)), blocked.blocked_md((1, 256, 65, 65), block))
+    small = D.reorder_step(D.MemoryDesc.plain((1, 16, 8, 8)), blocked.blocked_md((1, 16, 8, 8), block))
+    assert (big.created, small.created) == (2, 1)
+    x = rand(1, 256, 65, 65)
+    out = np.zeros((1, -(-256 // block), 65, 65, block), np.float32)
+    big.run({D.L.ARG_SRC: x.ctypes.data, D.L.ARG_DST: out.ctypes.data})
+    np.testing.assert_array_equal(out, x.reshape(1, -1, block, 65, 65).transpose(0, 1, 3, 4, 2))
+
+
+def test_a_step_never_runs_on_more_threads_than_it_was_created_for(two_threads, monkeypatch):
+    """A reorder made while the process's count was 1 (another instance's) runs on 1 after the count went back to 2;
+    one made for 2 runs on 1 while the count is 1."""
+    block = blocked.native_block() or 16
+    shape = (1, 256, 65, 65)
+    _threads.set_threads(1)
+    made_at_one = D.reorder_step(D.MemoryDesc.plain(shape), blocked.blocked_md(shape, block))
+    _threads.set_threads(2)
+    made_at_two = D.reorder_step(D.MemoryDesc.plain(shape), blocked.blocked_md(shape, block))
+    counts: list[int] = []
+    real = D._omp_threads
+    monkeypatch.setattr(D, "_omp_threads", lambda n: (counts.append(n), real(n)))
+    x = rand(*shape)
+    out = np.zeros((1, -(-256 // block), 65, 65, block), np.float32)
+    ptrs = {D.L.ARG_SRC: x.ctypes.data, D.L.ARG_DST: out.ctypes.data}
+    made_at_one.run(ptrs)
+    assert counts[0] == 1
+    counts.clear()
+    _threads.set_threads(1)
+    made_at_two.run(ptrs)
+    assert counts[0] == 1
