@@ -257,7 +257,8 @@ class Step:
     """One primitive with its argument memories; `run({arg: pointer})` points them and executes."""
 
     def __init__(self, prim: Primitive, args: dict[int, MemoryDesc], work: int | None = None):
-        """Made inside `creating(work)`, right after its primitive: the count that primitive was created for."""
+        """`created`: the count a primitive of `work` is made for (made inside `creating(work)`, as reorders and
+        poolings are, it is the count the primitive was made for)."""
         self.prim, self.work = prim, work
         self.created = threads_for(work)
         self.mems = {a: Memory(md) for a, md in args.items()}
