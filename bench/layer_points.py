@@ -1,8 +1,8 @@
 """The points of bench/layers.py's sweep, and each point's single-layer graph twice: as ONNX (onnx.helper, for ONNX
 Runtime) and as a canonical nnserve Graph (the ops pnnx's lowering emits for the same layer).
 
-A point is a dict: `kind` (conv, conv1d, tconv, pool, resize, attention) and that kind's parameters; `name` says
-them in a few words. Weights and inputs are drawn from a seed derived from the name, so both engines' processes
+A point is a dict: `kind` (conv, conv1d, tconv, pool, resize, attention, softmax) and that kind's parameters; `name`
+says them in a few words. Weights and inputs are drawn from a seed derived from the name, so both engines' processes
 compute the same function on the same data and the driver can compare their outputs.
 `context` (conv only): "plain" is the layer alone, as nnserve runs it alone (NCHW in and out); "blocked" is the
 layer as it runs inside a network, its input and output in the CPU's blocked layout (nnserve's layout rewrite
@@ -35,6 +35,8 @@ def name_of(p: dict) -> str:
         return f"{p['mode']}pool {p['k']}x{p['k']} s{p['stride']} p{p['pad']} {p['c']} @{p['hw']}"
     if kind == "resize":
         return f"resize {p['mode']} x{p['scale']} {p['c']} @{p['hw']}"
+    if kind == "softmax":
+        return f"softmax {p['rows']}x{p['n']}"
     mask = f" {p['mask']}" if p.get("mask") else ""
     return f"attention h{p['heads']} L{p['L']} S{p['S']} d{p['dim']}{mask}"
 
@@ -73,6 +75,11 @@ def resize(mode, c, hw, scale=2) -> dict:
 
 def attention(heads, L, S, dim, mask=None) -> dict:
     return {"kind": "attention", "heads": heads, "L": L, "S": S, "dim": dim, "mask": mask}
+
+
+def softmax(rows, n) -> dict:
+    """Softmax over the last axis of (1, rows, n): a detector's class scores, a classifier's, attention-like rows."""
+    return {"kind": "softmax", "rows": rows, "n": n}
 
 
 def quick_points() -> list[dict]:
@@ -139,6 +146,8 @@ def full_points() -> list[dict]:
     pts += [attention(8, 4096, 4096, 40), attention(8, 4096, 77, 40), attention(8, 1024, 77, 80),
             attention(12, 512, 512, 64, mask="padding"), attention(12, 1024, 1024, 64, mask="causal"),
             attention(4, 3136, 49, 64), attention(64, 49, 49, 32)]
+    # softmax alone: UltraFace's 2 classes, 4 and 16 bins, a classifier's 1000, attention-sized rows
+    pts += [softmax(4420, 2), softmax(2210, 4), softmax(33600, 16), softmax(1, 1000), softmax(2364, 197)]
     return pts
 
 
@@ -167,6 +176,8 @@ def weights(p: dict) -> dict[str, np.ndarray]:
         out["x"] = rng.standard_normal((1, c, p["hw"], p["hw"])).astype(FLOAT)
     elif kind in ("pool", "resize"):
         out["x"] = rng.standard_normal((1, p["c"], p["hw"], p["hw"])).astype(FLOAT)
+    elif kind == "softmax":
+        out["x"] = (rng.standard_normal((1, p["rows"], p["n"])) * 3).astype(FLOAT)
     else:
         h, d = p["heads"], p["dim"]
         out["q"] = rng.standard_normal((1, h, p["L"], d)).astype(FLOAT)
@@ -226,6 +237,8 @@ def onnx_model(p: dict):
         else:  # torch's bilinear, align_corners=False
             attrs = {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}
         nodes.append(helper.make_node("Resize", ["x", "", scales], ["y"], **attrs))
+    elif kind == "softmax":
+        nodes.append(helper.make_node("Softmax", ["x"], ["y"], axis=-1))
     else:
         nodes.append(helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]))
         nodes.append(helper.make_node("MatMul", ["q", "kt"], ["s0"]))
@@ -236,7 +249,7 @@ def onnx_model(p: dict):
             last = "s2"
         nodes.append(helper.make_node("Softmax", [last], ["p"], axis=-1))
         nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
-    rank = 3 if kind == "conv1d" else 4
+    rank = 3 if kind in ("conv1d", "softmax") else 4
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"d{i}" for i in range(rank)])
     graph = helper.make_graph(nodes, "layer", ins, [out], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -285,6 +298,8 @@ def nnserve_graph(p: dict):
     elif kind == "resize":
         params = {"mode": p["mode"], "scale": [float(p["scale"])] * 2, "align_corners": False}
         y = g.add_node("Resize", [x], params=params).outputs[0]
+    elif kind == "softmax":
+        y = g.add_node("Softmax", [x], params={"axis": -1}).outputs[0]
     else:
         q, k, v = g.inputs
         kt = g.add_node("Transpose", [k], params={"perm": [0, 1, 3, 2]}).outputs[0]

@@ -5,15 +5,15 @@
 Needs onnx and onnxruntime (the dev extra). The points (bench/layer_points.py) cover what users' models use:
 convolutions with kernels 1-7 and 1-D ones, stride 1-2, dilation 1-36, dense / grouped / depthwise, channels 3 to
 1024 including small and odd counts, maps 7-640, transposed convolutions, pooling, resize, attention over 16-4096
-tokens; `--quick` takes the known cliffs and their neighbours (a few minutes). Each engine runs in its own
-process with its shipped defaults (ORT: a default SessionOptions; nnserve: an instance with its default device
-options), one process per engine per round, the order alternating between rounds so that drift hits both; a
-point's time is the median of its per-round medians (wall clock; the process CPU time per call is shown too, where
-ORT's count includes its threads' spinning). The table lists the worst ratio first, with the kernels nnserve
-ran (a `fallback` there is a numpy reference) and the largest difference between the two outputs, relative to
-the largest output magnitude. `--threads N` gives both engines N threads (a diagnostic apart from the
-defaults: on a loaded machine it separates the kernels' work from thread wake-ups). `--record` appends the
-table to bench/RESULTS.md ("Layers").
+tokens, softmax over short and long rows; `--quick` takes the known cliffs and their neighbours (a few minutes).
+Each engine runs in its own process with its shipped defaults (ORT: a default SessionOptions; nnserve: an instance
+with its default device options), one process per engine per round, the order alternating between rounds so that
+drift hits both; a point's time is the median of its per-round medians (wall clock; the process CPU time per call is
+shown too, where ORT's count includes its threads' spinning). The table lists the worst ratio first, with the
+kernels nnserve ran (a `fallback` there is a numpy reference) and the largest difference between the two outputs,
+relative to the largest output magnitude. `--threads N` gives both engines N threads (a diagnostic apart from the
+defaults: on a loaded machine it separates the kernels' work from thread wake-ups). `--record` appends the table to
+bench/RESULTS.md ("Layers").
 """
 
 from __future__ import annotations

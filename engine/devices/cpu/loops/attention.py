@@ -325,6 +325,31 @@ def _sum(x):
 
 
 @njit(fastmath=_FAST, **_JIT)
+def short_rows_softmax(x, out, lo, hi):
+    """Softmax of rows [lo, hi) of x (rows, n) into out, for short rows (a detector's 2-4 classes): each row shifted
+    by its max, then one exp pass over all those rows at once (`_exp_row`, vectorised across rows, where a row of 2
+    leaves a row-wise exp to the vector loop's scalar remainder), then each row divided by its sum. IEEE arithmetic
+    gives torch's special rows with no test for them: a NaN entry is NaN after the exp and so is its row's sum; +inf
+    as the max gives inf - inf = NaN; every entry -inf gives -inf - -inf = NaN; a -inf entry among finite ones
+    gives 0. out may be x."""
+    n = x.shape[1]
+    for r in range(lo, hi):
+        xr, orow = x[r], out[r]
+        m = xr[0]
+        for j in range(1, n):
+            m = xr[j] if xr[j] > m else m
+        for j in range(n):
+            orow[j] = xr[j] - m
+    flat = out[lo:hi].reshape((hi - lo) * n)
+    _exp_row(flat, flat.shape[0], _F(1.0), _F(0.0))
+    for r in range(lo, hi):
+        orow = out[r]
+        inv = _F(1.0) / _sum(orow)
+        for j in range(n):
+            orow[j] *= inv
+
+
+@njit(fastmath=_FAST, **_JIT)
 def _softmax_row(x, xi, mask, mask_kind, causal, row, scale, fold):
     """One row of `group_softmax` (query `row`; xi: its bits); returns its sum."""
     cols = x.shape[0]

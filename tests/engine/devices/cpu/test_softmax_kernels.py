@@ -64,3 +64,46 @@ def test_large_last_axis_softmax_on_onednn_matches_reference_with_masked_rows(op
         np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
     fn, _ = build_kernel(node, infos_of([x], node=node))
     assert fn.impl.endswith("softmax") or not cpu_device().backends.onednn
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the reference's inf - inf
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16, 33, 64])
+def test_short_rows_match_the_reference_with_every_special_value(n):
+    """Softmax over a short last axis (devices/cpu/softmax.py SHORT_ROW: a float32 exp across rows) against the
+    float64 reference, at the max shape and below, with rows as torch's softmax treats them: a NaN or +inf entry
+    or every entry -inf makes the row NaN, a -inf entry among finite ones gives 0, huge magnitudes stay exact."""
+    from op_harness import build_kernel, infos_of
+
+    x = (RNG.standard_normal((3, 40, n)) * 8).astype(np.float32)
+    x[0, 0] = -np.inf
+    x[0, 1, 0] = np.nan
+    x[0, 2, -1] = np.inf
+    x[0, 3, 0] = -np.inf
+    x[0, 4, 0], x[0, 4, -1] = 1e30, -1e30
+    x[0, 5] = 88.0  # exp's overflow edge, shifted to 0 by the row max
+    node = make_node("Softmax", 1, params={"axis": -1})
+    kernel, _ = build_kernel(node, infos_of([x]))
+    assert kernel.impl == "numba:short-rows"
+    check_kernel(node, [x])
+    check_kernel(node, [x[:2, :17].copy()], [x])
+
+
+def test_short_rows_in_place_and_split_over_threads():
+    """Rows enough to split over the threads (above threads.MIN_WORK elements), the output the input's own buffer."""
+    x = RNG.standard_normal((70_000, 4)).astype(np.float32)
+    x[5, 1] = -np.inf
+    node = make_node("Softmax", 1, params={"axis": -1})
+    check_kernel(node, [x])
+    check_kernel(node, [x], inplace=True)
+
+
+def test_a_row_longer_than_short_rows_keeps_onednn_or_the_loop():
+    from op_harness import build_kernel, infos_of
+
+    x = RNG.standard_normal((5, 65)).astype(np.float32)
+    node = make_node("Softmax", 1, params={"axis": -1})
+    kernel, _ = build_kernel(node, infos_of([x]))
+    assert getattr(kernel, "impl", "") != "numba:short-rows"
+    check_kernel(node, [x])
+    log = make_node("LogSoftmax", 1, params={"axis": -1})  # LogSoftmax has no short-row kernel
+    assert getattr(build_kernel(log, infos_of([x[:, :4].copy()]))[0], "impl", "") != "numba:short-rows"
