@@ -44,19 +44,20 @@ def _kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
 
 
 def _short_rows_kernel(loop):
-    """Softmax over a short last axis (SHORT_ROW); an empty or a longer row (a smaller max shape does not make one,
-    but a shape within the max may) goes to `loop`."""
+    """Softmax over a short last axis (SHORT_ROW). `loop` takes what the row loop cannot: an empty input, and an
+    output that is not one contiguous buffer (its reshape would be a copy, and the result lost); a last axis longer
+    than the max shape's cannot come, the check only keeps the loop's bounds."""
     z = np.zeros((1, 2), np.float32)
     short_rows_softmax(z, z, 0, 1)  # compile at build
 
     def run(inputs, outputs, workspace):
-        x = inputs[0]
+        x, out = inputs[0], outputs[0]
         n = x.shape[-1] if x.ndim else 0
-        if x.size == 0 or not 0 < n <= SHORT_ROW:
+        if x.size == 0 or not 0 < n <= SHORT_ROW or not out.flags.c_contiguous:
             loop(inputs, outputs, workspace)
             return
         x2 = np.ascontiguousarray(x).reshape(-1, n)
-        parallel_for(short_rows_softmax, x2.shape[0], x2.size, x2, outputs[0].reshape(-1, n))
+        parallel_for(short_rows_softmax, x2.shape[0], x2.size, x2, out.reshape(-1, n))
     run.impl = "numba:short-rows"  # type: ignore[attr-defined]
     return run
 

@@ -329,9 +329,10 @@ def short_rows_softmax(x, out, lo, hi):
     """Softmax of rows [lo, hi) of x (rows, n) into out, for short rows (a detector's 2-4 classes): each row shifted
     by its max, then one exp pass over all those rows at once (`_exp_row`, vectorised across rows, where a row of 2
     leaves a row-wise exp to the vector loop's scalar remainder), then each row divided by its sum. IEEE arithmetic
-    gives torch's special rows with no test for them: a NaN entry is NaN after the exp and so is its row's sum; +inf
+    gives torch's special rows with no branch for them: a NaN entry is NaN after the exp and so is its row's sum; +inf
     as the max gives inf - inf = NaN; every entry -inf gives -inf - -inf = NaN; a -inf entry among finite ones
-    gives 0. out may be x."""
+    gives 0. An entry more than 87 below its row's max gives 0 where float32 would keep a subnormal (below 1.7e-38).
+    out may be x."""
     n = x.shape[1]
     for r in range(lo, hi):
         xr, orow = x[r], out[r]

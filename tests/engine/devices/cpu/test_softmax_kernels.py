@@ -79,7 +79,7 @@ def test_short_rows_match_the_reference_with_every_special_value(n):
     x[0, 1, 0] = np.nan
     x[0, 2, -1] = np.inf
     x[0, 3, 0] = -np.inf
-    x[0, 4, 0], x[0, 4, -1] = 1e30, -1e30
+    x[0, 4, -1], x[0, 4, 0] = -1e30, 1e30  # n = 1: the row is 1e30
     x[0, 5] = 88.0  # exp's overflow edge, shifted to 0 by the row max
     node = make_node("Softmax", 1, params={"axis": -1})
     kernel, _ = build_kernel(node, infos_of([x]))
@@ -88,10 +88,25 @@ def test_short_rows_match_the_reference_with_every_special_value(n):
     check_kernel(node, [x[:2, :17].copy()], [x])
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the reference's inf - inf
+@pytest.mark.parametrize("n", [1, 2, 17, 64])
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+def test_short_rows_with_a_special_value_at_every_position(n, special):
+    """A NaN, +inf or -inf at each position of a row in turn: NaN first is the case a max that skipped NaNs (a
+    no-NaN fast-math flag) would get wrong."""
+    x = (RNG.standard_normal((n, n)) * 4).astype(np.float32)
+    x[np.arange(n), np.arange(n)] = special
+    check_kernel(make_node("Softmax", 1, params={"axis": -1}), [x])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 def test_short_rows_in_place_and_split_over_threads():
-    """Rows enough to split over the threads (above threads.MIN_WORK elements), the output the input's own buffer."""
+    """Rows enough to split over the threads (above threads.MIN_WORK elements), special rows at the chunks' ends
+    and middle, the output the input's own buffer."""
     x = RNG.standard_normal((70_000, 4)).astype(np.float32)
     x[5, 1] = -np.inf
+    x[34_999, 2], x[35_000, 0], x[35_001] = np.nan, np.inf, -np.inf
+    x[-1, 3] = np.nan
     node = make_node("Softmax", 1, params={"axis": -1})
     check_kernel(node, [x])
     check_kernel(node, [x], inplace=True)
@@ -107,3 +122,16 @@ def test_a_row_longer_than_short_rows_keeps_onednn_or_the_loop():
     check_kernel(node, [x])
     log = make_node("LogSoftmax", 1, params={"axis": -1})  # LogSoftmax has no short-row kernel
     assert getattr(build_kernel(log, infos_of([x[:, :4].copy()]))[0], "impl", "") != "numba:short-rows"
+
+
+def test_short_rows_into_a_strided_output_still_land_there():
+    """An output that is not one contiguous buffer would make the row loop's reshape a copy (the result lost): the
+    general loop takes it."""
+    from op_harness import build_kernel, infos_of, reference
+
+    x = RNG.standard_normal((6, 3)).astype(np.float32)
+    node = make_node("Softmax", 1, params={"axis": -1})
+    kernel, workspace = build_kernel(node, infos_of([x]))
+    out = np.zeros((6, 6), np.float32)[:, ::2]
+    kernel([x], [out], workspace)
+    np.testing.assert_allclose(out, reference(node, [x])[0], rtol=1e-5, atol=1e-6)
