@@ -18,10 +18,10 @@ from engine.ops.registry import TensorInfo
 from engine.ops.rules import float_of
 from engine.ops.softmax import axis_of, reference
 
-# Rows up to this long run `short_rows_softmax` (its exp vectorised across rows). One thread of an AVX-512 EPYC,
-# us for 8,840 floats as (8840 / n, n), oneDNN's primitive / the float64 loop / this: n = 2 (UltraFace's class
-# scores) 124 / 77 / 36, 4: 69 / 56 / 24, 16: 19 / 46 / 11, 64: 15 / 46 / 9; for 200,000 floats, n = 2:
-# 2691 / 2055 / 664, 64: 191 / 1097 / 167, 128: 190 / 1183 / 199 (even from there).
+# Rows up to this long run `short_rows_softmax` (its exp vectorised across rows). An AVX-512 EPYC, 2 vCPUs, each
+# kernel on the threads it picks; us for 8,840 floats as (8840 / n, n), oneDNN's primitive / the float64 loop / this:
+# n = 2 (UltraFace's class scores) 124 / 77 / 36, 4: 69 / 56 / 24, 16: 19 / 46 / 11, 64: 15 / 46 / 9; for 200,000
+# floats, n = 2: 2691 / 2055 / 664, 64: 191 / 1097 / 167, 128: 190 / 1183 / 199 (even from there).
 SHORT_ROW = 64
 
 
