@@ -1,5 +1,6 @@
-"""A stride-1 depthwise ConvBlocked on nChw{B}c itself, for the geometries oneDNN has no jit kernel for (on the
-hosts measured: a dilation of 6 and more, the atrous convolutions of ASPP heads and of DeepLab backbones).
+"""A stride-1 depthwise ConvBlocked on nChw{B}c itself, for the geometries oneDNN has no jit kernel for: the atrous
+convolutions of ASPP heads and DeepLab backbones (on an AVX2 host from dilation 6; on an AVX-512 one 3x3 at dilation
+12 and 7x7 at 3, where its jit kernel still takes 3x3 at 6).
 
 Before this, such a conv ran the direct NCHW kernel between NCHW copies of its blocked sides (`_PlainDirect` in
 blocked.py): at 256 channels @65, dilation 12, the layer took 1.92 ms on 2 threads (2.19 on one), half of it the
