@@ -151,3 +151,43 @@ def test_arrays_of_another_shape_are_refused():
         conv.run(x, np.zeros((1, 2, 14, 15, 16), np.float32), np.zeros((1, 2, 15, 15, 16), np.float32))
     with pytest.raises(KernelError):
         conv.run(np.zeros((1, 1, 15, 15, 16), np.float32), None, np.zeros((1, 2, 15, 15, 16), np.float32))
+
+
+def test_inside_a_network_through_the_layout_rewrite():
+    """A separable atrous block as DeepLab's heads have it (1x1, 3x3 depthwise at dilation 12 with ReLU, 1x1) built
+    as a graph and run by an instance: the layout rewrite keeps the depthwise conv between blocked sides, where
+    oneDNN has no jit kernel for it (forced here on every host), so it runs this loop; the output matches the chain
+    of Conv's float64 references, at the max shape and a smaller one."""
+    from engine.devices.cpu.onednn import objects as onednn
+    from engine.ir import Graph
+    from engine.runtime.loading import prepare
+    from engine.runtime.model import Model
+
+    if not onednn.available():
+        pytest.skip("oneDNN (libdnnl.so.3) is not installed: no blocked layout")
+    def pointwise(c: int, o: int) -> Node:
+        return Node("Conv", "pw", params={"stride": (1, 1), "dilation": (1, 1), "pads": (0, 0, 0, 0), "groups": 1,
+                                          "activation": None, "activation_params": {}},
+                    attrs={"weight": (rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype(np.float32),
+                           "bias": rng.standard_normal(o).astype(np.float32)})
+
+    convs = [pointwise(24, 40), make(40, 3, 3, dilation=(12, 12), pads=(12, 12, 12, 12), act="relu"),
+             pointwise(40, 16)]
+    g = Graph(meta={"format": "canonical"})
+    g.inputs = [g.value("x", (-1, 24, -1, -1), np.float32)]  # batch and map dynamic within the max
+    y = g.inputs[0]
+    for c in convs:
+        y = g.add_node("Conv", [y], params=dict(c.params), attrs=dict(c.attrs)).outputs[0]
+    g.outputs = [y]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("engine.devices.cpu.conv.blocked.is_jit", lambda impl: False)
+        inst = Model(prepare(g)).instance("cpu", max_shapes={"x": (2, 24, 29, 31)})
+    impls = [getattr(c.kernel, "impl", "") for c in inst._compiled.nodes if c.node.op_type == "ConvBlocked"]
+    assert "direct:depthwise-blocked" in impls, impls
+    for shape in [(2, 24, 29, 31), (1, 24, 20, 17)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = x
+        for c in convs:
+            want = conv_reference(c, [want])[0]
+        got = inst.run({"x": x})[inst.graph.outputs[0].name]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
