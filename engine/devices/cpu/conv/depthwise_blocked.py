@@ -21,6 +21,7 @@ from numba import njit
 
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import packed, remember
+from engine.devices.cpu.layout.blocked_ops import to_blocked
 from engine.devices.cpu.layout.loops import zero_lanes
 from engine.devices.cpu.loops import fused_epilogue as E
 from engine.devices.cpu.loops.fused_epilogue import activate_row
@@ -29,17 +30,6 @@ from engine.errors import KernelError
 from engine.ops.conv_geometry import ConvGeom
 
 _DUMMY5 = np.zeros((1, 1, 1, 1, 1), np.float32)
-
-
-def pack_lanes(values: np.ndarray, block: int) -> np.ndarray:
-    """(C, ...) per-channel values as (ceil(C/B), ..., B): channel c in block c // B, lane c % B; padding lanes 0."""
-    c = values.shape[0]
-    blocks = -(-c // block)
-    padded = np.zeros((blocks * block, *values.shape[1:]), np.float32)
-    padded[:c] = values
-    return packed(np.moveaxis(padded.reshape(blocks, block, *values.shape[1:]), 1, -1))
-
-
 BAND = 8  # output rows per work item: a block's tiles are made once per band
 CHUNK = 32  # pixels per multiply-add pass: the tiles of 9 taps (18 KiB at 16 lanes) stay in L1 beside the rows
 
@@ -117,8 +107,10 @@ class BlockedDepthwise:
                  block: int, geometry):
         c, _, kh, kw = weight.shape
         self.c, self.block, self.geometry = c, block, geometry
-        self.w = pack_lanes(np.asarray(weight, np.float32).reshape(c, kh, kw), block)
-        self.bias = pack_lanes(np.zeros(c, np.float32) if bias is None else np.ravel(bias), block)
+        # per-channel values laid out as the blocked data: (Cb, kh, kw, B) and (Cb, B), padding lanes zero
+        self.w = packed(to_blocked(np.asarray(weight, np.float32).reshape(1, c, kh, kw), block)[0])
+        b = np.zeros(c, np.float32) if bias is None else np.asarray(bias, np.float32).ravel()
+        self.bias = packed(to_blocked(b.reshape(1, c, 1, 1), block)[0, :, 0, 0])
         code = E.act_code(activation, act_params)
         # every activation ConvBlocked accepts has a numba code today; one added later without it runs after the loop
         self.late = None if code is not None or activation is None else (activation, act_params)
