@@ -13,7 +13,8 @@ OpenMP's team, spinning across the gaps between ops), on a quiet machine:
 
 A setting (`--spins`) is `default` (nothing set: the `run` policy), a number (the `short` policy spinning that many
 microseconds: NNSERVE_SPIN_US), a policy (`short`, `run`: NNSERVE_WAIT_POLICY), `run:N` (the `run` policy with
-NNSERVE_RUN_SPIN_US=N), `threads=N` (NNSERVE_NUM_THREADS), or several joined by commas (`short,threads=1`: the
+NNSERVE_RUN_SPIN_US=N), `threads=N` (NNSERVE_NUM_THREADS), `openmp=gnu` / `openmp=intel` (NNSERVE_OPENMP: which
+OpenMP runtime oneDNN runs on), or several joined by commas (`short,threads=1`: the
 one-thread baseline). The ratio column is each setting's median over the first setting's, per model and traffic.
 
 Traffic: `steady` is back-to-back calls (a loaded server); `sporadic` is bursts of a few calls after 0.5 s idle
@@ -74,11 +75,14 @@ def setting_env(setting: str) -> dict[str, str]:
             env.setdefault("NNSERVE_WAIT_POLICY", "short")
         elif part.startswith("threads=") and part.removeprefix("threads=").isdigit():
             env["NNSERVE_NUM_THREADS"] = part.removeprefix("threads=")
+        elif part in ("openmp=gnu", "openmp=intel", "openmp=auto"):
+            env["NNSERVE_OPENMP"] = part.removeprefix("openmp=")
         elif policy in ("short", "run") and (not spin or spin.isdigit()):
             env["NNSERVE_WAIT_POLICY"] = policy
             env.update({"NNSERVE_RUN_SPIN_US": spin} if spin else {})
         else:
-            raise SystemExit(f"unknown setting {part!r}: default, a number, short, run, run:N or threads=N")
+            raise SystemExit(f"unknown setting {part!r}: default, a number, short, run, run:N, threads=N or "
+                             "openmp=gnu|intel|auto")
     return env
 
 
@@ -177,7 +181,7 @@ def _timed(call, traffic: str, calls: int, burst: int) -> dict:
 
 
 def run_child(python: str, engine_name: str, spin: str, folder: Path, traffic: str, args) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NNSERVE_", "OMP_", "GOMP_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NNSERVE_", "OMP_", "GOMP_", "KMP_"))}
     if engine_name == "nnserve":
         env.update(setting_env(spin))
     cmd = [python, str(Path(__file__).resolve()), "--worker", engine_name, str(folder), traffic,

@@ -7,7 +7,8 @@ per model (on 2 CPUs, two models whose workers have both run kernels are over th
 them gets traffic now), so a worker that has had nothing to run for IDLE_RELEASE_S calls `on_idle`
 (engine.release_thread) on its own thread, and again before it exits; and calls go to the worker idle last, so
 that under light traffic a model's other workers go idle too. The next run on a worker that let go makes a new
-team (0.4-1 ms), once per idle spell.
+team (0.4-1 ms), once per idle spell. On Intel's OpenMP (engine/devices/cpu/onednn/binding.py) the release is a
+process-wide pause that puts the idle threads to sleep without ending them.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ def test_failure_reason_counted(server):
 
 def test_concurrent_clients_form_batches(server):
     """8 clients at once against a 20 ms queue delay: the batch-size histogram must see batches above 1."""
+    one_infer(server.http_url)  # the labelled histogram exists once it has seen a batch (run alone, this is the first)
     before = scrape(server)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: one_infer(server.http_url), range(32)))

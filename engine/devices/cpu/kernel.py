@@ -34,12 +34,14 @@ class Backends:
     @classmethod
     def from_options(cls, options: CpuOptions) -> Backends:
         # never loaded when switched off; once loaded, the `run` wait policy runs our kernels on its OpenMP team
-        onednn = options.onednn and binding.load(options.wait_policy.openmp_spin_us) is not None
+        policy = options.wait_policy
+        onednn = options.onednn and binding.load(policy.openmp_spin_us, policy.intel_blocktime_us,
+                                                 options.openmp) is not None
         if options.onednn_required and not onednn:
             raise EngineError("NNSERVE_ONEDNN=1 asks for oneDNN, which was not found (libdnnl): install the "
                               "onednn-cpu-gomp wheel nnserve depends on, or unset NNSERVE_ONEDNN")
         if onednn:
-            threads.use_openmp(binding.LIB)
+            threads.use_openmp(binding.OMP, binding.INTEL, binding.INTEL_BLOCKTIME_MS, policy)
         return cls(onednn, options.winograd, blas.for_choice(options.blas))
 
 

@@ -1,10 +1,11 @@
 """Our kernels' chunks on OpenMP's team (the `run` wait policy, threads.py): one pool for the whole engine.
 
-oneDNN runs its primitives on libgomp's threads; with a pool of our own beside them, two sets of idle threads
-wait for the next op, and spinning ones of both would take turns on the same cores. Here a parallel_for is a
-libgomp parallel region (GOMP_PARALLEL, the entry point `#pragma omp parallel` compiles to) whose every thread
-runs a ctypes callback: the chunks for its thread number. The team is the caller's own (the one its oneDNN
-primitives use), so its threads' wait policy (GOMP_SPINCOUNT, set before libgomp loaded) is the engine's one policy.
+oneDNN runs its primitives on OpenMP's threads; with a pool of our own beside them, two sets of idle threads
+wait for the next op, and spinning ones of both would take turns on the same cores. Here a parallel_for is an
+OpenMP parallel region (GOMP_parallel, the entry point gcc compiles `#pragma omp parallel` to, which Intel's
+runtime implements too: onednn/binding.py) whose every thread runs a ctypes callback: the chunks for its thread
+number. The team is the caller's own (the one its oneDNN primitives use), so its threads' wait policy
+(KMP_BLOCKTIME or GOMP_SPINCOUNT, set before the runtime loaded) is the engine's one policy.
 
 A callback runs Python, so an OpenMP thread holds the GIL to dispatch its chunk (the numba kernel releases it).
 Each callback on an OpenMP thread makes its Python thread state and deletes it at the end (ctypes' own
@@ -35,8 +36,8 @@ def chunk_indices(thread: int, threads: int, chunks: int) -> range:
 
 
 class OpenMPPool:
-    """The SpinPool interface (run, park, close) over libgomp's team; `lib` resolves libgomp's symbols (libdnnl,
-    which links it)."""
+    """The SpinPool interface (run, park, close) over OpenMP's team; `lib` resolves the OpenMP runtime's symbols
+    (onednn/binding.OMP)."""
 
     def __init__(self, lib: ctypes.CDLL, threads: int):
         self.threads = threads

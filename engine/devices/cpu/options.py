@@ -24,7 +24,14 @@ outside the accepted ones is an error naming the variable and them (`from_env`),
   a loaded 2-core host.
 - NNSERVE_RUN_SPIN_US (default 100): the `run` policy's spin after an op (and after a run), then sleep.
 - NNSERVE_SPIN_US (default 2): the `short` policy's spin, ours and OpenMP's (oneDNN), before sleeping; `0` sleeps
-  at once (OMP_WAIT_POLICY=PASSIVE). Set OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself and OpenMP keeps yours.
+  at once (OMP_WAIT_POLICY=PASSIVE). Set OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME yourself and OpenMP keeps
+  yours.
+- NNSERVE_OPENMP (default `auto`): the OpenMP runtime oneDNN's threads (and ours under `run`) run on
+  (onednn/binding.py). `auto`: Intel's (the intel-openmp wheel, a dependency on x86-64 Linux) when installed, else
+  GNU's (libgomp, which libdnnl links); `intel`: Intel's or an error; `gnu`: libgomp. Under `run`, Intel's threads
+  spin through a request, up to RUN_SPIN_CAP_US (20 ms) after each op, then sleep (KMP_BLOCKTIME), while the host
+  is calm (busy_host.py: on a busy one they sleep after each op); libgomp's spin is a count fixed when it loads, so
+  it keeps NNSERVE_RUN_SPIN_US. Under `short` both spin NNSERVE_SPIN_US.
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ from dataclasses import dataclass
 DEFAULT_SPIN_US = 2
 DEFAULT_RUN_SPIN_US = 100
 WAIT_POLICIES = ("short", "run")
+OPENMP_RUNTIMES = ("auto", "intel", "gnu")
+# The `run` policy's bound on one wait of a spinning worker (threads.RUN_SPIN_CAP_US): a run's long serial stretch,
+# or a run that never ends, must not keep a core busy. Intel's OpenMP gets it as its blocktime.
+RUN_SPIN_CAP_US = 20_000
 LAYOUTS = ("blocked", "nchw")
 SWITCH = ("0", "1")
 BLAS_CHOICES = {"auto": "auto", "mkl": "mkl", "numpy": "numpy", "openblas": "numpy"}  # value -> CpuOptions.blas
@@ -57,8 +68,17 @@ class WaitPolicy:
         return self.run_spin_us if self.mode == "run" else self.spin_us
 
     @property
+    def intel_blocktime_us(self) -> int:
+        """What Intel's OpenMP threads spin after an op before sleeping (KMP_BLOCKTIME): under `run` the spin cap,
+        which carries them through a request's serial stretches (Python between ops, ops too small to split), so a
+        split op never waits for a sleeping thread (0 when NNSERVE_RUN_SPIN_US is 0); under `short` its spin."""
+        if self.mode == "run":
+            return RUN_SPIN_CAP_US if self.run_spin_us > 0 else 0
+        return self.spin_us
+
+    @property
     def one_pool(self) -> bool:
-        """Whether our kernels run on OpenMP's team (when oneDNN loaded libgomp) instead of a pool of our own."""
+        """Whether our kernels run on OpenMP's team (once oneDNN loaded OpenMP) instead of a pool of our own."""
         return self.mode == "run"
 
 
@@ -73,6 +93,7 @@ class CpuOptions:
     spin_us: int = DEFAULT_SPIN_US  # idle threads spin this long, then sleep
     wait: str = "run"  # WAIT_POLICIES
     run_spin_us: int = DEFAULT_RUN_SPIN_US
+    openmp: str = "auto"  # OPENMP_RUNTIMES
 
     @property
     def wait_policy(self) -> WaitPolicy:
@@ -97,6 +118,7 @@ class CpuOptions:
             spin_us=_count("NNSERVE_SPIN_US", get("NNSERVE_SPIN_US"), DEFAULT_SPIN_US, MAX_SPIN_US),
             wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "run", WAIT_POLICIES),
             run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US, MAX_SPIN_US),
+            openmp=_choice("NNSERVE_OPENMP", get("NNSERVE_OPENMP") or "auto", OPENMP_RUNTIMES),
         )
 
 

@@ -9,9 +9,10 @@ when the work is small, and the thread count is one knob (`set_threads`).
 Two wait policies (NNSERVE_WAIT_POLICY, CpuOptions.wait_policy): `run`, the default, below; and `short`
 (NNSERVE_SPIN_US, CpuOptions.spin_us): a worker that finished its chunk polls for the next one for
 that long (a nogil loop on the CPU's spin-wait hint, loops/spin.py), then sleeps on a condition variable.
-OpenMP's team (oneDNN's, libgomp) gets the same bound through GOMP_SPINCOUNT, counted in the same spin-wait polls
-(`gomp_spincount`), set before libgomp loads (onednn/binding.py); 0 sleeps at once (OMP_WAIT_POLICY=PASSIVE). Our
-workers stop spinning when a oneDNN primitive starts (`park`), so they never compete with OpenMP's team.
+OpenMP's team (oneDNN's) gets the same bound through GOMP_SPINCOUNT on libgomp, counted in the same spin-wait polls
+(`gomp_spincount`), or KMP_BLOCKTIME on Intel's runtime, set before it loads (onednn/binding.py); 0 sleeps at once
+(OMP_WAIT_POLICY=PASSIVE). Our workers stop spinning when a oneDNN primitive starts (`park`), so they never compete
+with OpenMP's team.
 
 `short`'s bound is a couple of microseconds, on purpose: long enough for the partner of a balanced split to reach
 the end-of-op barrier (the two halves of one op finish within microseconds of each other), shorter than the gaps
@@ -28,10 +29,14 @@ spin loses in the two places a server lives (bench/wait_policy.py, bench/RESULTS
 
 The `run` policy (the default since 2026-11-27; `short` was before): spin through a request, sleep when idle. With
 oneDNN loaded our kernels' chunks run on OpenMP's team (openmp_pool.py: one pool, so no two sets of idle threads
-share the cores), whose threads spin NNSERVE_RUN_SPIN_US (100 us: more than the Python dispatch between two ops)
-after each op, then sleep; an idle server thus sleeps 100 us after its last op. Without oneDNN our workers spin
-while a run is in progress (`running`, entered by the CPU device around every run) and NNSERVE_RUN_SPIN_US after it,
-RUN_SPIN_CAP_US at most.
+share the cores). On Intel's OpenMP (the default where installed, onednn/binding.py) its threads spin up to
+RUN_SPIN_CAP_US (20 ms, KMP_BLOCKTIME) after each op, which carries them across a request's serial stretches (Python
+between ops, ops too small to split), so primitives split from SPINNING_FORK_WORK, 16x smaller than FORK_WORK; an
+idle server's threads sleep 20 ms after its last op. On libgomp, whose spin is a count fixed when it loads, they
+spin NNSERVE_RUN_SPIN_US (100 us: more than the Python dispatch between two ops) after each op, then sleep, and
+after a one-thread stretch longer than that the next split op wakes a sleeping thread: hence FORK_WORK there.
+Without oneDNN our workers spin while a run is in progress (`running`, entered by the CPU device around every run)
+and NNSERVE_RUN_SPIN_US after it, RUN_SPIN_CAP_US at most.
 Why it became the default (bench/RESULTS.md, Wait policy, 2026-11-27 02:56, a quiet AMD EPYC VM, 2 vCPUs): back to
 back, the traffic the speed targets are measured in, `run` took 0.75-0.91x of `short`'s time on DeiT-tiny,
 EfficientFormerV2, GhostNet and ResNet-18 (MobileViT-XXS 1.00x), as on 2026-11-26 (0.61-0.92x on seven models), and
@@ -78,9 +83,10 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from engine.devices.cpu.busy_host import SpinGuard
 from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal, spin_while_running
 from engine.devices.cpu.openmp_pool import OpenMPPool
-from engine.devices.cpu.options import WaitPolicy
+from engine.devices.cpu.options import RUN_SPIN_CAP_US, WaitPolicy
 
 log = logging.getLogger("engine.devices.cpu")
 
@@ -97,9 +103,15 @@ FORK_WORK = 1 << 22
 # time is that of about this many multiply-adds per byte read (one core: 45 GMAC/s of float32 FMAs against 15-20 GB/s
 # from L3 or memory on an AVX-512 EPYC; 20-25 GMAC/s against 10-15 GB/s on an AVX2 one), so `work_of` counts it so.
 MACS_PER_BYTE = 2
-# The `run` policy: a worker spins while a run is in progress, at most this long in one wait (a run's long serial
-# stretch, or a run that never ends, must not keep a core busy); then the grace after the run, then it sleeps.
-RUN_SPIN_CAP_US = 20_000
+# The `run` policy: a worker spins while a run is in progress, at most RUN_SPIN_CAP_US in one wait (options.py);
+# then the grace after the run, then it sleeps.
+# FORK_WORK when OpenMP's threads spin through a request (Intel's OpenMP under `run`: use_openmp): no split waits
+# for a sleeping thread then, and a split of ~10 us of work already gains. Against libgomp with FORK_WORK, one
+# process per setting, 2 rounds, a 2-vCPU AMD EPYC VM (bench/RESULTS.md "Wait policy", 2026-11-28 00:16): back to
+# back GhostNet 0.81x, MobileViT-XXS 0.89x, ResNet-18 0.95x, DeiT-tiny 1.02x, EfficientFormerV2 1.10x (0.87x in the
+# run before); bursts after an idle pause 0.74-0.91x; beside two busy loops 1.06-1.60x (busy_host.py stops the
+# spinning there, but a primitive keeps the threads it was created for, so each small split wakes a thread).
+SPINNING_FORK_WORK = 1 << 18
 # The default count's ceiling (NNSERVE_NUM_THREADS goes past it). On a 16-core Intel Xeon VM (AVX-512 and AMX,
 # 2026-11-27, the lent GPU machine's CPUs; bench/RESULTS.md, "Many cores") our splits stopped paying at 8 threads
 # and past them fell off a cliff: MobileViT-XXS at batch 1 16.4 ms at 8 threads, 18.5 at 6, 17.9 at 4, 43 at 12,
@@ -283,7 +295,10 @@ _spin_configured = False
 _blas_threads: int | None = None
 _pool: SpinPool | OpenMPPool | None = None
 _pause_warned = False
-_openmp: ctypes.CDLL | None = None  # libgomp's symbols (through libdnnl) once oneDNN is loaded: see use_openmp
+_openmp: ctypes.CDLL | None = None  # OpenMP's symbols (onednn/binding.OMP) once oneDNN is loaded: see use_openmp
+_fork_work = FORK_WORK  # threads_for's bound: SPINNING_FORK_WORK once OpenMP's threads spin through a request
+_guard: SpinGuard | None = None  # Intel's OpenMP under `run`: spinning only while the host is calm (busy_host.py)
+_intel = False  # whether OpenMP is Intel's runtime
 # Runs in progress (word 0), read without the GIL by spinning workers under the `run` policy.
 ACTIVE = np.zeros(_PAD, np.int64)
 _active_lock = threading.Lock()
@@ -343,7 +358,7 @@ def threads_for(work: int | None) -> int:
     """The threads a oneDNN primitive of `work` (multiply-adds, or elements x taps; `work_of` for one that streams
     its weights) may use: one below FORK_WORK, where the fork-join would cost more than the split saves (and, on a
     busy host, waits for a descheduled thread); the count otherwise, or when the work is not known (None)."""
-    if work is not None and work < FORK_WORK:
+    if work is not None and work < _fork_work:
         return 1
     return _threads
 
@@ -381,28 +396,52 @@ def configure(setting: int | None, policy: WaitPolicy | None = None) -> None:
     set_blas_threads(1)
 
 
-def use_openmp(lib: ctypes.CDLL) -> None:
-    """oneDNN is loaded (`lib` resolves libgomp): under the `run` policy our kernels run on OpenMP's team from
-    now on (openmp_pool.py)."""
-    global _openmp
+def use_openmp(lib: ctypes.CDLL, intel: bool = False, blocktime_ms: int | None = None,
+               policy: WaitPolicy | None = None) -> None:
+    """oneDNN is loaded (`lib` resolves OpenMP's calls; `intel`: Intel's runtime; `blocktime_ms`: the blocktime the
+    engine gave it, None when the user set OpenMP's wait policy: onednn/binding.py; `policy`: the device's): under
+    the `run` policy our kernels run on OpenMP's team from now on (openmp_pool.py), primitives split from
+    `fork_work`, and where Intel's threads spin through requests, they do only while the host is calm
+    (busy_host.py)."""
+    global _openmp, _fork_work, _guard, _intel
     if _openmp is None:
-        _openmp = lib
-        if _policy.one_pool:  # the next parallel_for makes the OpenMP one
+        policy = policy or _policy
+        _openmp, _intel = lib, intel
+        _fork_work = fork_work(policy, blocktime_ms)
+        if spins_through_requests(policy, blocktime_ms):
+            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime)
+        if policy.one_pool:  # the next parallel_for makes the OpenMP one
             _drop_pool()
 
 
+def fork_work(policy: WaitPolicy, blocktime_ms: int | None) -> int:
+    """threads_for's bound: SPINNING_FORK_WORK when OpenMP's threads spin through a request (Intel's runtime under
+    `run`, with a blocktime of the engine's), else FORK_WORK."""
+    return SPINNING_FORK_WORK if spins_through_requests(policy, blocktime_ms) else FORK_WORK
+
+
+def spins_through_requests(policy: WaitPolicy, blocktime_ms: int | None) -> bool:
+    """Whether OpenMP's threads spin through a request: Intel's runtime (a blocktime) of the engine's, under `run`."""
+    return policy.mode == "run" and blocktime_ms is not None and blocktime_ms > 0
+
+
 def pool_kind(policy: WaitPolicy, openmp: bool) -> str:
-    """Which pool runs our kernels: OpenMP's team under the `run` policy once libgomp is loaded, else ours."""
+    """Which pool runs our kernels: OpenMP's team under the `run` policy once OpenMP is loaded, else ours."""
     return "openmp" if policy.one_pool and openmp else "spin"
 
 
 @contextlib.contextmanager
 def running():
-    """Around a run: while any is in progress, the `run` policy's workers keep spinning between ops."""
+    """Around a run: while any is in progress, the `run` policy's workers keep spinning between ops (on Intel's
+    OpenMP, while the host is calm: busy_host.py)."""
+    guard = _guard
+    started = guard.begin() if guard is not None else None
     with _active_lock:
         ACTIVE[0] += 1
     try:
         yield
+        if guard is not None:  # a run that failed (a refused request) says nothing about the host
+            guard.end(started)
     finally:
         with _active_lock:
             ACTIVE[0] -= 1
@@ -421,10 +460,12 @@ def release_thread() -> bool:
     run keep the wait policy's spin: MobileNetV2 int8 at batch 1, 2 vCPUs, built and warmed up on one thread and run
     on another, 14.6 ms a run with the loader's team kept, 11.9 ms with it let go (bench/thread_release.py;
     bench/RESULTS.md, "Wait policy", 2026-11-27 17:07). Our OpenMP threads hold no Python state between regions
-    (openmp_pool.py), so nothing is left behind when they exit."""
+    (openmp_pool.py), so nothing is left behind when they exit. On Intel's OpenMP the pause is process-wide and the
+    threads do not exit: they sleep in its pool, from which the next team takes them (a run on another thread then
+    wakes its team's threads once; tests/engine/runtime/test_threads.py)."""
     global _pause_warned
     if _openmp is None:
-        return True  # no libgomp loaded: no team
+        return True  # no OpenMP loaded: no team
     if _openmp.omp_in_parallel():
         return False
     pause = getattr(_openmp, "omp_pause_resource_all", None)
@@ -434,7 +475,9 @@ def release_thread() -> bool:
             log.warning("this libgomp has no omp_pause_resource_all (OpenMP 5.0): idle threads' OpenMP teams stay, "
                         "and with more of them than CPUs libgomp shortens every team's spin")
         return True
-    return pause(OMP_PAUSE_SOFT) == 0  # -1: inside a region of one thread (omp_in_parallel only sees others)
+    paused = pause(OMP_PAUSE_SOFT) == 0  # -1: inside a region of one thread (omp_in_parallel only sees others)
+    # Intel's runtime answers nonzero when it is paused already (another thread's release, process-wide there)
+    return paused or _intel and not _openmp.omp_in_parallel()
 
 
 def _get_pool() -> SpinPool | OpenMPPool:
@@ -450,6 +493,8 @@ def _get_pool() -> SpinPool | OpenMPPool:
 def _after_fork() -> None:
     global _pool
     ACTIVE[0] = 0  # the child runs nothing yet
+    if _guard is not None:
+        _guard.after_fork()
     _pool = None  # the child has none of the parent's threads; it starts its own pool when it needs one
 
 

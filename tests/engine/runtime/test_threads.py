@@ -3,6 +3,9 @@ own `threads=` applied while it runs (outputs still match PyTorch's)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from fixture_models import assert_close_to_torch, cases, max_shapes, model_path
 from threadpoolctl import threadpool_info
@@ -124,6 +127,32 @@ def test_openmp_gets_the_same_bound_unless_the_user_chose_one():
     assert list(spin) == ["GOMP_SPINCOUNT"] and int(spin["GOMP_SPINCOUNT"]) == _threads.spin_polls(200) > 0
     assert openmp_wait_policy(200, {"OMP_WAIT_POLICY": "ACTIVE"}) == {}
     assert openmp_wait_policy(0, {"GOMP_SPINCOUNT": "10"}) == {}
+    # Intel's OpenMP gets its blocktime beside libgomp's count; a user's KMP_BLOCKTIME keeps both untouched
+    both = openmp_wait_policy(200, {}, 20_000)
+    assert both == {"GOMP_SPINCOUNT": spin["GOMP_SPINCOUNT"], "KMP_BLOCKTIME": "20000us"}
+    assert openmp_wait_policy(0, {}, 0) == {"OMP_WAIT_POLICY": "PASSIVE"}  # both runtimes sleep at once
+    # each runtime's own variable is the user's to keep; OMP_WAIT_POLICY speaks for both
+    assert openmp_wait_policy(200, {"KMP_BLOCKTIME": "1"}, 20_000) == {"GOMP_SPINCOUNT": spin["GOMP_SPINCOUNT"]}
+    assert openmp_wait_policy(200, {"GOMP_SPINCOUNT": "1"}, 20_000) == {"KMP_BLOCKTIME": "20000us"}
+    assert openmp_wait_policy(200, {"OMP_WAIT_POLICY": "active"}, 20_000) == {}
+
+
+def test_intel_openmp_spins_through_a_request_only_under_the_run_policy():
+    """`run`: Intel's threads wait the spin cap (20 ms: through the Python and one-thread ops of a request) and
+    primitives split from SPINNING_FORK_WORK; `short`, libgomp (no blocktime) or the user's own policy (None): they
+    sleep between ops and small primitives keep one thread (FORK_WORK)."""
+    assert WaitPolicy("run").intel_blocktime_us == 20_000 and WaitPolicy("short", 2).intel_blocktime_us == 2
+    assert WaitPolicy("run", 2, 0).intel_blocktime_us == 0  # NNSERVE_RUN_SPIN_US=0: sleep at once
+    assert _threads.fork_work(WaitPolicy("run"), 20) == _threads.SPINNING_FORK_WORK < _threads.FORK_WORK
+    for policy, blocktime in [(WaitPolicy("run"), None), (WaitPolicy("run"), 0), (WaitPolicy("short"), 20)]:
+        assert _threads.fork_work(policy, blocktime) == _threads.FORK_WORK
+
+
+def test_openmp_runtime_read_from_the_environment():
+    assert CpuOptions.from_env({}).openmp == "auto"
+    assert CpuOptions.from_env({"NNSERVE_OPENMP": " GNU "}).openmp == "gnu"
+    with pytest.raises(ValueError, match="NNSERVE_OPENMP"):
+        CpuOptions.from_env({"NNSERVE_OPENMP": "llvm"})
 
 
 def test_wait_policy_read_from_the_environment():
@@ -272,10 +301,9 @@ def test_openmp_pool_runs_every_chunk_once_on_openmps_team():
     from engine.devices.cpu.onednn import binding
     from engine.devices.cpu.openmp_pool import OpenMPPool
 
-    lib = binding.load()
-    assert lib is not None  # oneDNN is a dependency
-    _check_pool(OpenMPPool(lib, 3))
-    _check_pool(OpenMPPool(lib, 1))
+    assert binding.load() is not None  # oneDNN is a dependency
+    _check_pool(OpenMPPool(binding.OMP, 3))  # the runtime libdnnl's calls bind to
+    _check_pool(OpenMPPool(binding.OMP, 1))
 
 
 def _in_threads(caller, n: int) -> None:
@@ -295,7 +323,8 @@ def test_openmp_pool_lets_a_concurrent_caller_run_alone():
     from engine.devices.cpu.onednn import binding
     from engine.devices.cpu.openmp_pool import OpenMPPool
 
-    pool = OpenMPPool(binding.load(), 2)
+    assert binding.load() is not None
+    pool = OpenMPPool(binding.OMP, 2)
     outs = [np.zeros(4096, np.int64) for _ in range(4)]
     errors = []
 
@@ -340,7 +369,8 @@ def _run_own_process(script: str, **settings: str) -> str:
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "NNSERVE_SPIN_US")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "NNSERVE_SPIN_US", "NNSERVE_OPENMP")}
     inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]  # where this process found packages
     env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parents[2]), *inherited])
     env.update(settings)
@@ -366,7 +396,8 @@ print(type(threads._get_pool()).__name__)
 time.sleep(0.5)  # the spin bound is milliseconds: every thread is asleep by now
 t0, c0 = time.monotonic(), time.process_time()
 time.sleep(2.0)
-print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"), time.process_time() - c0)
+print(os.environ.get("KMP_BLOCKTIME"), os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"),
+      time.process_time() - c0)
 """
 
 
@@ -375,9 +406,11 @@ def test_a_loaded_idle_instance_burns_no_cpu(tmp_path, policy, pool):
     """After its requests an instance's threads (the pool's and oneDNN's OpenMP team) all sleep: the process uses
     (almost) no CPU while idle. Its own process, so that libgomp reads the wait policy the engine sets. Under the
     `run` policy our kernels run on OpenMP's team, outputs unchanged."""
-    used, spincount, omp_policy, idle_cpu = _run_own_process(IDLE_SCRIPT, NNSERVE_WAIT_POLICY=policy).split()[-4:]
+    out = _run_own_process(IDLE_SCRIPT, NNSERVE_WAIT_POLICY=policy).split()
+    used, blocktime, spincount, omp_policy, idle_cpu = out[-5:]
     assert used == pool
     assert omp_policy == "None" and int(spincount) > 0  # bounded spin, not PASSIVE, not ACTIVE
+    assert blocktime == ("20000us" if policy == "run" else "2us")  # Intel's OpenMP: through a request, or 2 us
     assert float(idle_cpu) < 0.05, f"{idle_cpu} s of CPU in 2 s of idling"
 
 
@@ -445,15 +478,25 @@ print(repr(report), settle(thread_states, base_states) - base_states, settle(os_
 """
 
 
-def test_a_released_team_goes_and_openmp_threads_keep_no_python_state(tmp_path):
-    """engine.release_thread: the calling thread's OpenMP threads exit, and a run after it (a new team) gives the
-    same outputs; inside a parallel region it refuses (False: try later). OpenMP threads that ran our Python
-    callbacks hold no Python thread state between regions, so none is left behind when libgomp ends them. Its own
-    process: three threads, the `run` policy (our kernels on OpenMP's team)."""
-    out = _run_own_process(RELEASE_SCRIPT, NNSERVE_WAIT_POLICY="run", NNSERVE_NUM_THREADS="3")
+@pytest.mark.parametrize("runtime", ["gnu", "intel"])
+def test_a_released_team_goes_and_openmp_threads_keep_no_python_state(tmp_path, runtime):
+    """engine.release_thread: the calling thread's OpenMP team is let go, and a run after it gives the same
+    outputs; inside a parallel region it refuses (False: try later). OpenMP threads that ran our Python callbacks
+    hold no Python thread state between regions, so none is left behind when the runtime ends them. libgomp ends the
+    team's threads (a new master makes a team of its own); Intel's OpenMP keeps one pool of threads for every
+    master, which a release puts to sleep. Its own process: three threads, the `run` policy (our kernels on
+    OpenMP's team)."""
+    if runtime == "intel" and not Path(sys.prefix, "lib", "libiomp5.so").exists():
+        pytest.skip("Intel's OpenMP (the intel-openmp wheel, an x86-64 Linux dependency) is not installed here")
+    out = _run_own_process(RELEASE_SCRIPT, NNSERVE_WAIT_POLICY="run", NNSERVE_NUM_THREADS="3",
+                           NNSERVE_OPENMP=runtime)
     report, states_left, threads_left = out.strip().rsplit(" ", 2)
     for states, threads_up, inside, released, gone in eval(report):
-        assert states == 1 and threads_up == 3  # the master's own state only; its 2 OpenMP threads hold none
+        assert states == 1  # the master's own state only; its 2 OpenMP threads hold none
         assert inside == [False] * 3  # every thread of a region, the master included, is refused
-        assert released and gone == -2  # the whole team went
+        assert released
+        if runtime == "gnu":
+            assert threads_up == 3 and gone == -2  # a team of its own, and the whole team went
+        else:
+            assert threads_up in (1, 3) and gone <= 0  # the master, its workers from the pool (new or not)
     assert int(states_left) == 0 and int(threads_left) == 0

@@ -188,9 +188,9 @@ class Runner:
 
     def run(self, src: int, wts: int, dst: int) -> None:
         set_handle, lib = L.LIB.dnnl_memory_set_data_handle, L.LIB
-        if not lib.omp_in_parallel():
+        if not L.OMP.omp_in_parallel():
             # A one-thread brgemm runs inline, but a gemm:jit impl (hosts without AVX-512) reads the calling
-            # thread's OpenMP count at run time: libgomp's default (every CPU) on our pool's workers, which would
+            # thread's OpenMP count at run time: the runtime's default (every CPU) on our pool's workers, which would
             # each fork a team. One thread, cached per thread (D._omp_threads); the next primitive's sync_threads
             # sets its own. Inside a region (openmp_pool.py) a nested one forks nothing, and a count set there
             # would end with the region, behind the cache's back.

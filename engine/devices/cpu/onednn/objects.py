@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -44,6 +45,9 @@ class _Engine:
 
 
 _local = threading.local()
+# A forked child's OpenMP thread count is its runtime's default again (Intel's resets it; libgomp keeps it): the
+# count cached for the forking thread would skip the call that sets it.
+os.register_at_fork(after_in_child=lambda: _local.__dict__.pop("threads", None))
 
 
 def stream() -> _vp:
@@ -70,7 +74,7 @@ def use_threads(n: int) -> None:
 
 def _omp_threads(n: int) -> None:
     if getattr(_local, "threads", None) != n:
-        L.LIB.omp_set_num_threads(n)  # an OpenMP setting is per calling thread
+        L.OMP.omp_set_num_threads(n)  # an OpenMP setting is per calling thread
         _local.threads = n
 
 

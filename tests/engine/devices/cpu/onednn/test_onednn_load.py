@@ -37,8 +37,9 @@ def test_a_load_with_no_spin_takes_the_loaded_one_unwarned(loaded_once, caplog):
 
 def test_a_missing_onednn_is_warned_at_the_first_load_only(monkeypatch, caplog):
     monkeypatch.setattr(binding, "_loaded", False)
-    monkeypatch.setattr(binding, "LIB", None)
-    monkeypatch.setattr(binding, "_open", lambda spin_us: None)  # no libdnnl on this host
+    for name in ("LIB", "OMP", "INTEL", "INTEL_BLOCKTIME_MS"):  # restored after the test, as the load set them
+        monkeypatch.setattr(binding, name, getattr(binding, name))
+    monkeypatch.setattr(binding, "_open", lambda *args: None)  # no libdnnl on this host
     with caplog.at_level(logging.WARNING, logger="engine.devices.cpu"):
         assert binding.load() is None
         assert binding.load(100) is None

@@ -65,13 +65,13 @@ def test_a_run_from_another_thread_forks_no_openmp_team(isa):
         import numpy as np
         from engine.devices.cpu.onednn import binding, matmul as dnn, objects
         assert objects.available()
-        binding.LIB.omp_set_num_threads(4)
+        binding.OMP.omp_set_num_threads(4)
         plan = dnn.ThreadPlan.strided(256, 64, 512, (64, 1), (1, 64), (512, 1))
         a, b = np.ones((256, 64), np.float32), np.ones((512, 64), np.float32)
         c = np.empty((256, 512), np.float32)
         counts = []
         def run():  # a team's threads live while the thread that forked it does: counted from inside
-            binding.LIB.omp_set_num_threads(4)
+            binding.OMP.omp_set_num_threads(4)
             counts.append(len(os.listdir("/proc/self/task")))
             plan.runner().run(a.ctypes.data, b.ctypes.data, c.ctypes.data)
             counts.append(len(os.listdir("/proc/self/task")))

@@ -1,0 +1,67 @@
+"""busy_host.py: Intel's OpenMP threads spin through a request only while the host is calm."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from engine.devices.cpu import busy_host
+from engine.devices.cpu.busy_host import CALM_RUNS, SpinGuard, busy, next_calm
+
+
+def test_a_run_is_busy_past_a_few_preemptions_plus_one_per_tick():
+    # calm runs measured 0-5 involuntary switches at 6-17 ms; busy ones 7-250
+    assert not busy(0, 0.006) and not busy(5, 0.017) and not busy(busy_host.BUSY_FLOOR, 0.0)
+    assert busy(busy_host.BUSY_FLOOR + 1, 0.0) and busy(20, 0.015) and busy(222, 0.4)
+    assert not busy(60, 0.250)  # a long calm run (250 ms: up to 62 ticks) is not busy by its length alone
+
+
+def test_one_busy_run_stops_the_spin_and_calm_runs_in_a_row_bring_it_back():
+    calm = CALM_RUNS
+    calm = next_calm(calm, True)
+    assert calm == 0
+    for k in range(1, CALM_RUNS):
+        calm = next_calm(calm, False)
+        assert calm == k
+        if k == CALM_RUNS // 2:
+            assert next_calm(calm, True) == 0  # one busy run starts the count again
+    assert next_calm(next_calm(calm, False), False) == CALM_RUNS  # capped
+
+
+def test_the_guard_sets_each_threads_blocktime_when_the_state_changes(monkeypatch):
+    calls = []
+    guard = SpinGuard(calls.append, lambda: 20_000)  # the runtime's spinning value, in its own unit
+    switches = iter([0, 0, 10, 500, 500])  # a calm run, a busy one, and the next one's start
+    monkeypatch.setattr(busy_host.resource, "getrusage",
+                        lambda who: type("R", (), {"ru_nivcsw": next(switches)})())
+    guard.end(guard.begin())
+    guard.end(guard.begin())
+    assert calls == [20_000] and guard.calm == 0 and guard.target() == 0  # set once; unchanged state, no call
+    guard.calm = CALM_RUNS - 1
+    guard.begin()
+    assert calls == [20_000, 0]  # the busy state reaches the thread at its next run
+
+
+PREEMPTED = """
+import os, resource, subprocess, sys, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU, shared with the loops below (they inherit it)
+loop = "import time\\nend = time.monotonic() + 3\\nwhile time.monotonic() < end:\\n    pass"
+loops = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(2)]
+time.sleep(0.1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+end = time.perf_counter() + 0.3
+while time.perf_counter() < end:
+    pass
+print(resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - before)
+for p in loops:
+    p.kill()
+    p.wait()
+"""
+
+
+def test_the_kernel_counts_the_preemptions_the_guard_reads():
+    """The signal the guard reads is real: a thread spinning on a CPU shared with two busy processes (pinned
+    there, each ending by itself within 3 s) is preempted, and getrusage counts it."""
+    done = subprocess.run([sys.executable, "-c", PREEMPTED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 0
