@@ -137,6 +137,20 @@ def test_openmp_gets_the_same_bound_unless_the_user_chose_one():
     assert openmp_wait_policy(200, {"OMP_WAIT_POLICY": "active"}, 20_000) == {}
 
 
+def test_a_child_process_does_not_take_the_engines_variables_for_its_users():
+    """The variables an engine set (and listed) reach a child process with the environment; there they are still
+    the engine's, not the user's, unless the user changed them since."""
+    from engine.devices.cpu.onednn.binding import SET_BY_ENGINE, openmp_wait_policy, users_environ
+
+    parent = {"PATH": "/bin", "KMP_BLOCKTIME": "20000us", "GOMP_SPINCOUNT": "4048",
+              SET_BY_ENGINE: "KMP_BLOCKTIME=20000us;GOMP_SPINCOUNT=4048"}
+    assert users_environ(parent) == {"PATH": "/bin"}
+    assert openmp_wait_policy(2, users_environ(parent), 2) == {"GOMP_SPINCOUNT": str(_threads.spin_polls(2)),
+                                                                "KMP_BLOCKTIME": "2us"}  # the child's own policy
+    changed = {**parent, "KMP_BLOCKTIME": "5"}  # the user's since
+    assert users_environ(changed) == {"PATH": "/bin", "KMP_BLOCKTIME": "5"}
+
+
 def test_intel_openmp_spins_through_a_request_only_under_the_run_policy():
     """`run`: Intel's threads wait the spin cap (20 ms: through the Python and one-thread ops of a request) and
     primitives split from SPINNING_FORK_WORK; `short`, libgomp (no blocktime) or the user's own policy (None): they

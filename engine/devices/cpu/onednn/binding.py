@@ -129,6 +129,17 @@ def openmp_wait_policy(spin_us: int, environ, blocktime_us: int | None = None) -
     return out
 
 
+# Where the engine lists the OpenMP variables it set ("NAME=value;..."): a child process inherits them with the
+# rest of the environment, and must not take them for its user's own choice.
+SET_BY_ENGINE = "NNSERVE_OPENMP_SET"
+
+
+def users_environ(environ) -> dict[str, str]:
+    """`environ` without the OpenMP variables an engine set (SET_BY_ENGINE) and that still hold its value."""
+    ours = dict(item.split("=", 1) for item in environ.get(SET_BY_ENGINE, "").split(";") if "=" in item)
+    return {k: v for k, v in environ.items() if k != SET_BY_ENGINE and ours.get(k) != v}
+
+
 def _users_intel_policy(environ) -> bool:
     """Whether the user chose Intel's OpenMP's wait policy (the engine then sets none)."""
     return "OMP_WAIT_POLICY" in environ or "KMP_BLOCKTIME" in environ
@@ -182,7 +193,9 @@ def _open(spin_us: int, blocktime_us: int, choice: str) -> tuple[ctypes.CDLL, ct
     found."""
     # each runtime reads its wait policy once, when it is loaded (below); the process environment is what it
     # reads, so that is where the setting goes
-    os.environ.update(openmp_wait_policy(spin_us, os.environ, blocktime_us))
+    ours = openmp_wait_policy(spin_us, users_environ(os.environ), blocktime_us)
+    os.environ.update(ours)
+    os.environ[SET_BY_ENGINE] = ";".join(f"{k}={v}" for k, v in ours.items())
     intel = None
     for path in _candidates():
         if path.startswith("/") and not Path(path).exists():
@@ -247,7 +260,7 @@ def load(spin_us: int | None = None, blocktime_us: int | None = None, openmp: st
             if spin_us is None:
                 spin_us, blocktime_us = WaitPolicy().openmp_spin_us, WaitPolicy().intel_blocktime_us
             blocktime_us = WaitPolicy().intel_blocktime_us if blocktime_us is None else blocktime_us
-            users = _users_intel_policy(os.environ)
+            users = _users_intel_policy(users_environ(os.environ))
             opened = _open(spin_us, blocktime_us, openmp)
             LIB, OMP, INTEL = opened if opened is not None else (None, None, False)
             _loaded, _loaded_spin = True, spin_us
