@@ -11,8 +11,9 @@ spin through a request and sleep after it. Intel's OpenMP runtime (libiomp5, the
 depends on) implements libgomp's entry points (GOMP_parallel, omp_*; LLVM's OpenMP does the same) and waits by
 time (KMP_BLOCKTIME). Loaded with RTLD_GLOBAL before libdnnl, it is where the loader binds libdnnl's GOMP_*
 and omp_* calls (libgomp is still mapped, as libdnnl's dependency, and never called); `load` checks that binding
-(the process-wide lookup of GOMP_parallel must be Intel's) and otherwise stays on libgomp, saying why. OMP is the
-handle the omp_* / GOMP_* calls go through: Intel's runtime, or libdnnl (which resolves its own libgomp).
+(the process-wide lookup of GOMP_parallel_start, one of libdnnl's imports, must be Intel's) and otherwise stays on
+the runtime it found, saying why. OMP is the handle the omp_* / GOMP_* calls go through: the runtime libdnnl is
+bound to (Intel's, or libdnnl's own libgomp).
 NNSERVE_OPENMP (options.py) chooses: `auto` (Intel's when installed), `intel` (an error without it), `gnu`.
 
 Each runtime reads its wait policy from the environment when it loads, once: `load` first sets GOMP_SPINCOUNT to
@@ -240,7 +241,10 @@ def _open(spin_us: int, blocktime_us: int, choice: str) -> tuple[ctypes.CDLL, ct
 LIB: ctypes.CDLL | None = None  # the library once `load` found it: a shared library loads once per process
 OMP: ctypes.CDLL | None = None  # the OpenMP runtime libdnnl's calls bind to (omp_*, GOMP_*), once loaded
 INTEL = False  # whether that is Intel's
-INTEL_BLOCKTIME_MS: int | None = None  # the blocktime the engine gave Intel's OpenMP (None: libgomp, or the user's)
+# The blocktime the engine gave Intel's OpenMP, in whole ms (None: libgomp, or the user's policy): whether it is
+# above 0 is what decides the splits and the busy-host guard (threads.use_openmp); the guard reads the runtime's own
+# value (kmp_get_blocktime) to hand back.
+INTEL_BLOCKTIME_MS: int | None = None
 _loaded = False
 _loaded_spin: int | None = None  # the spin the first load gave OpenMP (libgomp reads it that once)
 _spin_warned = False
@@ -264,7 +268,6 @@ def load(spin_us: int | None = None, blocktime_us: int | None = None, openmp: st
             opened = _open(spin_us, blocktime_us, openmp)
             LIB, OMP, INTEL = opened if opened is not None else (None, None, False)
             _loaded, _loaded_spin = True, spin_us
-            # the blocktime the engine gave Intel's threads, whole milliseconds (kmp_set_blocktime's unit)
             INTEL_BLOCKTIME_MS = blocktime_us // 1000 if INTEL and not users and spin_us > 0 else None
             if LIB is None:  # said once: every convolution, matmul and pool then takes the slower numba paths
                 log.warning("oneDNN (%s) was not found: the CPU kernels run without it, slower (install the onednn "
