@@ -476,8 +476,9 @@ def release_thread() -> bool:
                         "and with more of them than CPUs libgomp shortens every team's spin")
         return True
     paused = pause(OMP_PAUSE_SOFT) == 0  # -1: inside a region of one thread (omp_in_parallel only sees others)
-    # Intel's runtime answers nonzero when it is paused already (another thread's release, process-wide there)
-    return paused or _intel and not _openmp.omp_in_parallel()
+    # Intel's runtime answers nonzero when it is paused already (another thread's release, process-wide there); not
+    # inside a region, checked above
+    return paused or _intel
 
 
 def _get_pool() -> SpinPool | OpenMPPool:

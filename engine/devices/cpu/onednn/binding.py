@@ -261,8 +261,7 @@ def load(spin_us: int | None = None, blocktime_us: int | None = None, openmp: st
     global LIB, OMP, INTEL, INTEL_BLOCKTIME_MS, _loaded, _loaded_spin, _spin_warned
     with _lock:
         if not _loaded:
-            if spin_us is None:
-                spin_us, blocktime_us = WaitPolicy().openmp_spin_us, WaitPolicy().intel_blocktime_us
+            spin_us = WaitPolicy().openmp_spin_us if spin_us is None else spin_us
             blocktime_us = WaitPolicy().intel_blocktime_us if blocktime_us is None else blocktime_us
             users = _users_intel_policy(users_environ(os.environ))
             opened = _open(spin_us, blocktime_us, openmp)

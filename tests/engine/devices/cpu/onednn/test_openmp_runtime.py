@@ -50,12 +50,18 @@ print("ok", binding.INTEL, len(os.listdir("/proc/self/task")) - before)
 """
 
 
-def _run(tmp_path: Path, **env: str) -> tuple[list[str], str]:
-    """(what the script printed, the libraries the loader bound libdnnl's GOMP_parallel_start to)."""
+def _child_env(**env: str) -> dict[str, str]:
+    """This process's environment without OpenMP's wait settings (the suite sets them: tests/conftest.py) or a
+    runtime choice, where the fixture helpers import from, and `env`."""
     clean = {k: v for k, v in os.environ.items()
              if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "NNSERVE_OPENMP")}
     clean["PYTHONPATH"] = os.pathsep.join([str(TESTS / "engine" / "runtime"), str(REPO), clean.get("PYTHONPATH", "")])
-    clean.update(env, LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(tmp_path / "ld"))
+    return {**clean, **env}
+
+
+def _run(tmp_path: Path, **env: str) -> tuple[list[str], str]:
+    """(what the script printed, the libraries the loader bound libdnnl's GOMP_parallel_start to)."""
+    clean = _child_env(**env, LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(tmp_path / "ld"))
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=clean, timeout=240,
                           cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -114,10 +120,7 @@ def test_every_fixture_model_matches_torch_on_the_spinning_team():
     runtime, 2 threads spinning through requests, primitives split from SPINNING_FORK_WORK, the busy-host guard
     on. Every committed fixture model gives torch's outputs there."""
     out = subprocess.run([sys.executable, "-c", EVERY_MODEL], capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env={**{k: v for k, v in os.environ.items()
-                                 if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "NNSERVE_OPENMP")},
-                              "PYTHONPATH": os.pathsep.join([str(TESTS / "engine" / "runtime"), str(REPO),
-                                                             os.environ.get("PYTHONPATH", "")])})
+                         env=_child_env())
     assert out.returncode == 0, out.stderr[-3000:]
     status, intel, spinning, guarded, models, blocktime = out.stdout.split()
     assert (status, intel, spinning, guarded) == ("ok", "True", "True", "True") and int(models) >= 20
