@@ -33,6 +33,12 @@ EfficientFormerV2 unchanged (bench/RESULTS.md, Attention without the GIL). Heads
 batched GEMMs (`_GroupGemms`, faster at one thread there); operands the nogil path cannot hand to BLAS (more than
 one batch axis before the heads, rows closer than their width or negative strides, a last axis not unit-stride, an
 output shared between heads, anything but float32) keep the items dispatched from Python (`_GroupCall.nogil_plan`).
+Split over OpenMP's team from Python, each thread still takes the GIL to start its numba call, in turn, and a thread
+waiting for it sleeps: the second started 25-45 us after the first, and a split of MobileViT-XXS's 64-token
+attention (0.16 ms on one thread) took 0.19-0.25 ms. Where the team spins through a request (Intel's OpenMP under
+`run`, threads.native_regions) and the mask is float32 (or none), a split run is one native OpenMP region instead
+(`_run_team`: A.attend_team, a numba cfunc reading its items from a table of words, `_TeamJob`), which no thread
+enters Python for, and it splits from NATIVE_SPLIT_WORK.
 When the threads do not divide its items (DeiT-tiny: 3 heads on 2 threads), the remainder runs as query ranges
 (`tail_split`: the fewest that balance the threads as well as any), so each thread computes as many query rows.
 Few keys (up to SHORT_KEYS) under many queries (windows over a feature map, cross-attention to text tokens) take
@@ -56,7 +62,14 @@ from engine.devices.cpu.loops import attention as A
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import matmul as dnn
 from engine.devices.cpu.onednn import objects as D
-from engine.devices.cpu.threads import chunks_for, get_threads, parallel_for
+from engine.devices.cpu.threads import (
+    chunks_for,
+    get_threads,
+    native_regions,
+    openmp_thread_functions,
+    parallel_for,
+    run_native,
+)
 from engine.ir import Node
 from engine.ops import attention
 from engine.ops.attention import causal_block, masked_fill, nan_rows, scale, shapes
@@ -95,6 +108,12 @@ GROUP_SPLIT_WORK = 1 << 23
 # 0.52 / 0.54 / 0.78 / 1.87; bench/RESULTS.md, Many cores). The blocked path (long sequences) keeps every thread.
 # The nogil path (below) removes that wait; the cap stays until it is measured on many cores again.
 GROUP_MAX_THREADS = 4
+# ... and from this much on where a split runs as one native OpenMP region on a spinning team (`_run_team`): no
+# thread waits for the GIL or a wake-up there. One layer, one process per setting, 2 vCPUs (AMD EPYC Zen 4), ms,
+# unsplit from Python / split natively: 16 heads of 64 tokens (d20, MobileViT-XXS's) 0.158-0.160 / 0.099, 8 of 64
+# (d64) 0.166 / 0.106, 4 of 64 (d16, 524K) 0.10-0.12 / 0.05, 64 windows of 49 (d32) 0.34-0.37 / 0.25, 12 heads of
+# 197 (d64) 0.94-1.09 / 0.87-0.92; 8 heads of 16 tokens (262K, the bound) 0.044 / 0.044-0.046.
+NATIVE_SPLIT_WORK = 1 << 18
 NOGIL = True  # the grouped path without the GIL where BLAS allows (False: Python's items, for tests and A/B runs)
 DNN_TILE_BYTES = 1 << 20
 _ALIGN = 64
@@ -694,6 +713,7 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
     cblas = numpy_cblas() if grouped and tiles is None and NOGIL else None  # 256x256 heads up: oneDNN's batched GEMMs
     _compile_group(b, _mask_dtype(ins), cblas) if grouped else _compile(b)
     plans: dict[tuple, tuple | None] = {}  # a run's signature -> its nogil plan (None: the operands do not suit it)
+    teams: dict[tuple, _TeamJob] = {}  # a split run's signature and slots -> its native region's job
     cache: dict[int, tuple[np.ndarray, list]] = {}  # workspace address -> its slots
     last: list = [None, None]  # the last workspace object and its slots: the runtime passes the same one each run
     private: list[np.ndarray] = []
@@ -721,9 +741,10 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         L, S = inputs[0].shape[-2], inputs[1].shape[-2]
         rows = min(b.rows, max(1, L)) if grouped else b.rows
         work = math.prod(out.shape[:-2]) * -(-L // rows) * rows * S * (inputs[0].shape[-1] + out.shape[-1])
+        native = cblas is not None and _native_mask(inputs) and native_regions()
         if grouped:  # split: whether parallel_for hands items to other threads (else one slot, the largest items)
             slots = slots[:GROUP_MAX_THREADS]
-            split = work >= GROUP_SPLIT_WORK and chunks_for(len(slots), work) > 1
+            split = work >= (NATIVE_SPLIT_WORK if native else GROUP_SPLIT_WORK) and chunks_for(len(slots), work) > 1
             slots = slots if split else slots[:1]
             call = _GroupCall(node, inputs, out, b, slots, split)
         else:
@@ -739,6 +760,8 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
                     plans.clear()
                 plan = plans[sig] = call.nogil_plan()
             if plan is not None:
+                if split and native and _run_team(call, cblas, plan, teams):
+                    return
                 parallel_for(_run_items, len(slots), work, call, *cblas, *plan, call.addresses(), call.mask4())
                 return
         if tiles is not None:
@@ -747,6 +770,60 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
 
     run.impl = "fused-attention"  # type: ignore[attr-defined]
     return run
+
+
+def _native_mask(inputs) -> bool:
+    """Whether the mask (if any) is one `attend_team` is compiled for: float32."""
+    return len(inputs) < 4 or inputs[3] is None or inputs[3].dtype == _F32
+
+
+class _TeamJob:
+    """The `job` words of A.attend_team for one plan and set of slots (loops/attention.py, JOB_*), and the arrays
+    they point at (kept alive here); `run` fills in the run's operand and mask addresses."""
+
+    def __init__(self, call: _GroupCall, cblas: tuple[int, bool], table: list[np.ndarray], strides: np.ndarray):
+        self.table = np.ascontiguousarray(np.concatenate(table).reshape(-1, 6), np.int64)
+        self.offsets = np.cumsum([0] + [len(t) for t in table], dtype=np.int64)
+        self.strides = np.ascontiguousarray(strides, np.int64)
+        self.ptrs = np.zeros(4, np.int64)
+        self.slots = np.array([(A.address(sl.s), A.address(sl.l)) for sl in call.slots], np.int64)
+        job = self.job = np.zeros(A.JOB_LEN, np.int64)
+        job[A.JOB_THREAD_NUM], job[A.JOB_NUM_THREADS] = openmp_thread_functions()
+        job[A.JOB_GEMM], job[A.JOB_WIDE] = cblas[0], int(cblas[1])
+        job[A.JOB_CHUNKS] = len(table)
+        for at, a in ((A.JOB_TABLE, self.table), (A.JOB_OFFSETS, self.offsets), (A.JOB_PTRS, self.ptrs),
+                      (A.JOB_STRIDES, self.strides), (A.JOB_SLOTS, self.slots)):
+            job[at] = A.address(a)
+        job[A.JOB_KIND], job[A.JOB_CAUSAL], job[A.JOB_NAN_ROWS] = call.mask_kind, call.causal, call.nan_rows
+        job[A.JOB_SCALE] = np.float32(call.scale).view(np.int32)
+        job[A.JOB_S], job[A.JOB_E], job[A.JOB_DV] = call.S, call.q.shape[-1], call.out.shape[-1]
+        job[A.JOB_S_LEN], job[A.JOB_L_LEN] = min(sl.s.size for sl in call.slots), min(sl.l.size for sl in call.slots)
+        self.address = A.address(job)
+
+    def run(self, call: _GroupCall) -> bool:
+        """The run on OpenMP's team without the GIL; False (nothing run) when the team is taken."""
+        self.ptrs[:] = call.addresses()
+        mask = call.mask4()
+        job = self.job
+        job[A.JOB_MASK] = A.address(mask)
+        job[A.JOB_MASK_SHAPE:A.JOB_MASK_SHAPE + 4] = mask.shape
+        job[A.JOB_MASK_STRIDES:A.JOB_MASK_STRIDES + 4] = mask.strides
+        return run_native(A.attend_team(), self.address)
+
+
+def _run_team(call: _GroupCall, cblas: tuple[int, bool], plan: tuple, teams: dict) -> bool:
+    """A split grouped run as one native OpenMP region (A.attend_team) when the mask is float32 (the stand-in
+    included); False when it did not run (another mask dtype, the team taken)."""
+    mask = call.mask4()
+    if mask.dtype != _F32 or mask.ndim != 4:
+        return False
+    key = (call.signature(), tuple(A.address(sl.s) for sl in call.slots))
+    job = teams.get(key)
+    if job is None:
+        if len(teams) >= 64:
+            teams.clear()
+        job = teams[key] = _TeamJob(call, cblas, *plan)
+    return job.run(call)
 
 
 def _run_items(call: _GroupCall, gemm: int, wide: bool, table: list[np.ndarray], strides: np.ndarray,

@@ -17,6 +17,12 @@ may choose (a count change, a smaller oneDNN region) has no safe hook (a thread-
 own key is cleared), and the per-callback state costs 1-4% at batch 1 (bench/RESULTS.md, Engine before/after,
 2026-11-27 17:31: DeiT-tiny 1.037x, GhostNet 1.032x, geomean of four 1.019x): a leak or a crash is the worse
 defect. Our own regions always ask for the whole team, so they never end threads they will need again.
+
+That dispatch is serial: each thread takes the GIL in turn for its chunk's Python, and a thread that waits for it
+sleeps and is woken (tens of microseconds on a VM). The grouped attention's split started its second chunk 25-45 us
+after the first and ran slower than one thread (MobileViT-XXS's 64-token attention: 0.19-0.25 ms split, 0.16 one
+thread). `run_native` runs a native region function instead (a numba cfunc, loops/attention.py's `attend_team`):
+no thread enters Python.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class OpenMPPool:
         self._num_threads = lib.omp_get_num_threads
         self._num_threads.restype = ctypes.c_int
         self._callback = _Callback(self._chunks)  # kept alive as long as the pool
+        # the same entry point for a native region function (a numba cfunc: no Python, no GIL on any thread)
+        self._parallel_native = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint,
+                                                 ctypes.c_uint)(ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value)
         self._job: tuple | None = None
         self._errors: list[BaseException] = []
         self.busy = threading.Lock()  # one region at a time; a concurrent caller runs its loop alone
@@ -78,6 +87,18 @@ class OpenMPPool:
                 error = self._errors[0]
                 self._errors.clear()
                 raise error
+        finally:
+            self.busy.release()
+        return True
+
+    def run_native(self, fn: int, data: int) -> bool:
+        """The native function at address `fn` (void fn(void *data)) on every thread of the team, each reading its
+        share from `data` by its OpenMP thread number; False (nothing run) when another thread is using the pool.
+        The function must not raise and must handle a team smaller than asked (OpenMP may give fewer threads)."""
+        if not self.busy.acquire(blocking=False):
+            return False
+        try:
+            self._parallel_native(fn, data, self.threads, 0)  # ctypes lets the GIL go for the region
         finally:
             self.busy.release()
         return True

@@ -508,6 +508,28 @@ def chunks_for(n_items: int, work: int) -> int:
     return min(_threads, n_items) if work >= MIN_WORK else 1
 
 
+def native_regions() -> bool:
+    """Whether our kernels' splits run on OpenMP's team and its threads spin through a request (Intel's runtime
+    under `run`): a native region (`run_native`) then starts on every thread at once."""
+    return pool_kind(_policy, _openmp is not None) == "openmp" and _fork_work == SPINNING_FORK_WORK
+
+
+def openmp_thread_functions() -> tuple[int, int]:
+    """The addresses of omp_get_thread_num and omp_get_num_threads in the runtime our kernels' regions run on."""
+    if _openmp is None:
+        raise RuntimeError("no OpenMP runtime is in use")
+    return tuple(ctypes.cast(getattr(_openmp, f), ctypes.c_void_p).value for f in ("omp_get_thread_num",
+                                                                                    "omp_get_num_threads"))
+
+
+def run_native(fn: int, data: int) -> bool:
+    """The native region function at address `fn` on OpenMP's team (OpenMPPool.run_native); False, nothing run, when
+    our kernels do not run on OpenMP's team (the `short` policy, no oneDNN) or another thread holds it: the caller then
+    runs its work another way."""
+    pool = _get_pool()
+    return isinstance(pool, OpenMPPool) and pool.run_native(fn, data)
+
+
 def parallel_for(fn: Callable[..., None], n_items: int, work: int, *args) -> None:
     """Runs fn(*args, lo, hi) over [0, n_items), in up to get_threads() chunks when `work` is large."""
     k = chunks_for(n_items, work)

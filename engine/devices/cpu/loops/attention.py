@@ -16,6 +16,10 @@ the call is emitted as LLVM IR on that address, so the compiled code does not ba
 cacheable across processes; `wide` says whether the library's integers are 64-bit (ILP64, numpy's wheels) or 32.
 The call lives in this file on purpose: numba decides whether a cached function is stale from its own file only,
 so a caller cached here would keep an old copy of a BLAS call changed in another file.
+`attend_team` is the same work as a native OpenMP region function (a cfunc taking one pointer, `job`): each thread
+of the team runs the items of the chunks its thread number gives it, so a split grouped run never enters Python on
+its threads (threads.run_native). OpenMP's thread number and count are read through their addresses, as the BLAS
+call is made, so nothing process-specific is compiled in.
 
 exp is a float32 polynomial (Cody-Waite reduction, degree-6 Taylor on [-ln2/2, ln2/2], 2^n built as exponent bits
 and reinterpreted in a register, a scalar view: one pass, where an int32 scratch row took a second): LLVM
@@ -25,11 +29,12 @@ here): 0.8 ns against 17 ns per element; error below 7e-7 relative.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
@@ -407,3 +412,74 @@ def attend_items(gemm, wide, items, ptrs, strides, mask, mask_kind, causal, nan_
                       strides[3, 2] // 4)
                 for i in range(L):  # row by row: a 2-D view of an address is not unit-stride to LLVM (9x slower)
                     _scale_row(row_at(o + i * strides[3, 2], dv), sums[b, h, i], nan_rows)
+
+
+# -- the grouped path as a native OpenMP region (see the module doc) --
+@intrinsic
+def _i64_view(typingctx, ptr):
+    """A void pointer (the region function's argument) as an int64 pointer."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64).as_pointer())
+    return types.CPointer(types.int64)(ptr), codegen
+
+
+@intrinsic
+def _i64_at(typingctx, address):
+    """The int64 pointer at an integer address."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+    return types.CPointer(types.int64)(address), codegen
+
+
+@intrinsic
+def _call_int(typingctx, address):
+    """int fn(void) at an integer address (omp_get_thread_num, omp_get_num_threads), widened to int64."""
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [])
+        return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), ir.IntType(64))
+    return types.int64(address), codegen
+
+
+# `job` (int64 words) of `attend_team`: addresses of OpenMP's omp_get_thread_num and omp_get_num_threads, of
+# cblas_sgemm and whether its integers are 64-bit; the chunks (threads planned, each its own slot); the items of
+# every chunk in one (rows, 6) table and where each chunk's rows start (chunks + 1 offsets); q, k, v, out addresses
+# (4) and their byte strides (4, 3); the float32 mask's address, shape and byte strides (4-D, broadcast allowed); the
+# mask kind, causal, NaN rows, the scale's float32 bits, S, e, dv; the slots' (s, l) addresses (chunks, 2) and the
+# floats each holds.
+(JOB_THREAD_NUM, JOB_NUM_THREADS, JOB_GEMM, JOB_WIDE, JOB_CHUNKS, JOB_TABLE, JOB_OFFSETS, JOB_PTRS, JOB_STRIDES,
+ JOB_MASK) = range(10)
+JOB_MASK_SHAPE, JOB_MASK_STRIDES = 10, 14
+(JOB_KIND, JOB_CAUSAL, JOB_NAN_ROWS, JOB_SCALE, JOB_S, JOB_E, JOB_DV, JOB_SLOTS, JOB_S_LEN,
+ JOB_L_LEN) = range(18, 28)
+JOB_LEN = 28
+
+
+@functools.cache
+def attend_team() -> int:
+    """The address of the region function below, compiled (or loaded from numba's cache) on first use: a cfunc
+    compiles where it is defined, and most processes never split a grouped run."""
+
+    @cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")
+    def attend_team(data):
+        """One OpenMP thread's share of a split grouped run: chunks t, t + T, ... of `job` (see JOB_*), each on its own
+        slot, as `attend_items` runs them from Python (threads.run_native runs this on every thread of the team)."""
+        job = carray(_i64_view(data), (JOB_LEN,))
+        t, team = _call_int(job[JOB_THREAD_NUM]), _call_int(job[JOB_NUM_THREADS])
+        chunks = job[JOB_CHUNKS]
+        offsets = carray(_i64_at(job[JOB_OFFSETS]), (chunks + 1,))
+        table = carray(_i64_at(job[JOB_TABLE]), (offsets[chunks], 6))
+        ptrs = carray(_i64_at(job[JOB_PTRS]), (4,))
+        strides = carray(_i64_at(job[JOB_STRIDES]), (4, 3))
+        slots = carray(_i64_at(job[JOB_SLOTS]), (chunks, 2))
+        m = JOB_MASK_SHAPE
+        mask = np.lib.stride_tricks.as_strided(
+            carray(_f32_pointer(job[JOB_MASK]), (1,)), shape=(job[m], job[m + 1], job[m + 2], job[m + 3]),
+            strides=(job[m + 4], job[m + 5], job[m + 6], job[m + 7]))
+        scale = np.int32(job[JOB_SCALE]).view(np.float32)
+        for c in range(t, chunks, max(team, 1)):
+            attend_items(job[JOB_GEMM], job[JOB_WIDE] != 0, table[offsets[c]:offsets[c + 1]], ptrs, strides, mask,
+                         job[JOB_KIND], job[JOB_CAUSAL] != 0, job[JOB_NAN_ROWS] != 0, scale, job[JOB_S], job[JOB_E],
+                         job[JOB_DV], carray(_f32_pointer(slots[c, 0]), (job[JOB_S_LEN],)),
+                         carray(_f32_pointer(slots[c, 1]), (job[JOB_L_LEN],)))
+
+    return attend_team.address

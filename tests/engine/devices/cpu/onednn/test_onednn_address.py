@@ -1,5 +1,6 @@
 """_onednn.address: the remembered data pointer of an array is the array's own, for views and for new arrays that
-reuse a dead array's id, and remembering an array never keeps it alive."""
+reuse a dead array's id, and remembering an array never keeps it alive. Memory.set: a memory object re-pointed only
+when the pointer changed still reads and writes the buffers of each run."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import gc
 import weakref
 
 import numpy as np
+import pytest
 
+from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.onednn.blocked import blocked_md
 
 
 def test_address_is_the_data_pointer_of_each_view():
@@ -32,3 +36,20 @@ def test_remembering_does_not_keep_an_array_alive():
     del a
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.skipif(not D.available(), reason="oneDNN (libdnnl) is not installed")
+def test_a_step_follows_its_buffers_when_they_change_and_come_back():
+    shape = (1, 20, 5, 7)
+    step = D.reorder_step(D.MemoryDesc.plain(shape), blocked_md(shape, 16))
+    rng = np.random.default_rng(0)
+    srcs = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
+    dsts = [np.full((1, 2, 5, 7, 16), np.nan, np.float32) for _ in range(2)]
+    for i in (0, 1, 1, 0, 0, 1):  # changed, unchanged, changed back
+        srcs[i] += 1.0  # new data in the same buffer
+        D.sync_threads()
+        step.run({L.ARG_SRC: D.address(srcs[i]), L.ARG_DST: D.address(dsts[i])})
+        D.wait()
+        padded = np.zeros((1, 32, 5, 7), np.float32)
+        padded[:, :20] = srcs[i]
+        np.testing.assert_array_equal(dsts[i], padded.reshape(1, 2, 16, 5, 7).transpose(0, 1, 3, 4, 2))
