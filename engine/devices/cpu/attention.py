@@ -70,6 +70,7 @@ from engine.devices.cpu.threads import (
     parallel_for,
     run_native,
 )
+from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops import attention
 from engine.ops.attention import causal_block, masked_fill, nan_rows, scale, shapes
@@ -307,6 +308,7 @@ class _Operands:
 
     def __init__(self, node: Node, inputs, out: np.ndarray):
         q, k, v = (_last_axis_unit(a) for a in inputs[:3])
+        self.node = node
         self.batch = out.shape[:-2]
         self.L, self.S = q.shape[-2], k.shape[-2]
         self.q, self.k, self.v = (_broadcast(a, self.batch) for a in (q, k, v))
@@ -808,7 +810,13 @@ class _TeamJob:
         job[A.JOB_MASK] = A.address(mask)
         job[A.JOB_MASK_SHAPE:A.JOB_MASK_SHAPE + 4] = mask.shape
         job[A.JOB_MASK_STRIDES:A.JOB_MASK_STRIDES + 4] = mask.strides
-        return run_native(A.attend_team(), self.address)
+        job[A.JOB_ERROR] = 0
+        if not run_native(A.attend_team().address, self.address):
+            return False
+        if job[A.JOB_ERROR]:
+            raise KernelError(f"{call.node.where()}: an attention item outgrew its slot in the workspace "
+                              f"(scores {job[A.JOB_S_LEN]}, sums {job[A.JOB_L_LEN]}); its output was not written")
+        return True
 
 
 def _run_team(call: _GroupCall, cblas: tuple[int, bool], plan: tuple, teams: dict) -> bool:
@@ -817,7 +825,7 @@ def _run_team(call: _GroupCall, cblas: tuple[int, bool], plan: tuple, teams: dic
     mask = call.mask4()
     if mask.dtype != _F32 or mask.ndim != 4:
         return False
-    key = (call.signature(), tuple(A.address(sl.s) for sl in call.slots))
+    key = (call.signature(), call.mask_kind, tuple(A.address(sl.s) for sl in call.slots))
     job = teams.get(key)
     if job is None:
         if len(teams) >= 64:
@@ -869,6 +877,7 @@ def _compile_group(g: Grouping, mask_dtype: np.dtype, cblas: tuple[int, bool] | 
             A.group_softmax(s, mask, k, False, 0, np.float32(1), l)
         if cblas is not None:  # no item: nothing is called
             gemm, wide = cblas
+            A.attend_team()  # the native split's region function (`_run_team`)
             none, zeros = np.zeros((0, 6), np.int64), np.zeros((4, 3), np.int64)
             A.attend_items(gemm, wide, none, zeros[:, 0].copy(), zeros, mask, kind, False, False, np.float32(1), 1, 1,
                            1, slot.s, slot.l)

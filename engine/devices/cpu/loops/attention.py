@@ -451,13 +451,18 @@ def _call_int(typingctx, address):
 JOB_MASK_SHAPE, JOB_MASK_STRIDES = 10, 14
 (JOB_KIND, JOB_CAUSAL, JOB_NAN_ROWS, JOB_SCALE, JOB_S, JOB_E, JOB_DV, JOB_SLOTS, JOB_S_LEN,
  JOB_L_LEN) = range(18, 28)
-JOB_LEN = 28
+# Set (to 1) by a thread that found an item its slot cannot hold: the region function raises nothing (an exception in
+# a cfunc is printed and dropped, the outputs left as they were), so it checks every item's sizes before
+# attend_items runs it and the caller raises when the word is set.
+JOB_ERROR = 28
+JOB_LEN = 29
 
 
 @functools.cache
-def attend_team() -> int:
-    """The address of the region function below, compiled (or loaded from numba's cache) on first use: a cfunc
-    compiles where it is defined, and most processes never split a grouped run."""
+def attend_team():
+    """The region function below (its `.address`), compiled (or loaded from numba's cache) on first use, which the
+    kernel's build makes (attention._compile_group): a cfunc compiles where it is defined, and most processes never
+    split a grouped run. The cache keeps the object, and so its code, alive."""
 
     @cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")
     def attend_team(data):
@@ -477,9 +482,15 @@ def attend_team() -> int:
             strides=(job[m + 4], job[m + 5], job[m + 6], job[m + 7]))
         scale = np.int32(job[JOB_SCALE]).view(np.float32)
         for c in range(t, chunks, max(team, 1)):
-            attend_items(job[JOB_GEMM], job[JOB_WIDE] != 0, table[offsets[c]:offsets[c + 1]], ptrs, strides, mask,
+            items = table[offsets[c]:offsets[c + 1]]
+            for i in range(items.shape[0]):  # nb x nh x L scores and sums in the slot (see JOB_ERROR)
+                rows = items[i, 1] * items[i, 3] * items[i, 5]
+                if rows < 0 or rows > job[JOB_L_LEN] or rows * job[JOB_S] > job[JOB_S_LEN]:
+                    job[JOB_ERROR] = 1
+                    return
+            attend_items(job[JOB_GEMM], job[JOB_WIDE] != 0, items, ptrs, strides, mask,
                          job[JOB_KIND], job[JOB_CAUSAL] != 0, job[JOB_NAN_ROWS] != 0, scale, job[JOB_S], job[JOB_E],
                          job[JOB_DV], carray(_f32_pointer(slots[c, 0]), (job[JOB_S_LEN],)),
                          carray(_f32_pointer(slots[c, 1]), (job[JOB_L_LEN],)))
 
-    return attend_team.address
+    return attend_team

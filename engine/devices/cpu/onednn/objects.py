@@ -244,8 +244,9 @@ class Primitive(_Handle):
 
 
 class Memory(_Handle):
-    """A memory object over caller-owned data; the pointer is swapped per run (`set`), and only when it changed:
-    the arena views a kernel runs on are the same run after run, and each call costs ~0.5 us of a small op's few."""
+    """A memory object over caller-owned data; the pointer is swapped per run (`set`), every run even when unchanged:
+    dnnl_memory_set_data_handle also writes zeros into a blocked memory's padding, which oneDNN's primitives may
+    assume, and the arena lets other values use those bytes between runs."""
     _destroy = "dnnl_memory_destroy"
 
     def __init__(self, md: MemoryDesc):
@@ -253,12 +254,9 @@ class Memory(_Handle):
         L.check(L.LIB.dnnl_memory_create(ctypes.byref(h), md.h, engine(), None), "dnnl_memory_create")
         super().__init__(h)
         self.md = md
-        self.ptr: int | None = None  # what the handle points at (None: nothing yet)
 
     def set(self, ptr: int) -> None:
-        if ptr != self.ptr:
-            L.check(L.LIB.dnnl_memory_set_data_handle(self.h, ptr), "dnnl_memory_set_data_handle")
-            self.ptr = ptr
+        L.check(L.LIB.dnnl_memory_set_data_handle(self.h, ptr), "dnnl_memory_set_data_handle")
 
 
 class Step:

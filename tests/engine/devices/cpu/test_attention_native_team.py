@@ -5,6 +5,7 @@ Python items wherever the region does not apply (a mask that is not float32, our
 from __future__ import annotations
 
 import ctypes
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from op_harness import assert_close, build_kernel, cpu_device, infos_of, make_no
 from engine.devices.cpu import attention as fused
 from engine.devices.cpu import threads as pool
 from engine.devices.cpu.loops import attention as A
+from engine.errors import KernelError
 
 pytestmark = [
     pytest.mark.skipif(fused.numpy_cblas() is None,
@@ -134,5 +136,40 @@ def test_the_region_function_reads_the_job_layout_it_was_compiled_for():
     words = [A.JOB_THREAD_NUM, A.JOB_NUM_THREADS, A.JOB_GEMM, A.JOB_WIDE, A.JOB_CHUNKS, A.JOB_TABLE, A.JOB_OFFSETS,
              A.JOB_PTRS, A.JOB_STRIDES, A.JOB_MASK, *range(A.JOB_MASK_SHAPE, A.JOB_MASK_SHAPE + 4),
              *range(A.JOB_MASK_STRIDES, A.JOB_MASK_STRIDES + 4), A.JOB_KIND, A.JOB_CAUSAL, A.JOB_NAN_ROWS,
-             A.JOB_SCALE, A.JOB_S, A.JOB_E, A.JOB_DV, A.JOB_SLOTS, A.JOB_S_LEN, A.JOB_L_LEN]
+             A.JOB_SCALE, A.JOB_S, A.JOB_E, A.JOB_DV, A.JOB_SLOTS, A.JOB_S_LEN, A.JOB_L_LEN, A.JOB_ERROR]
     assert sorted(words) == list(range(A.JOB_LEN))
+
+
+def test_a_run_without_a_mask_and_one_with_do_not_share_a_job(native):
+    """Called directly, a mask input may be None on one run and a float32 mask on the next, at the same shapes: each
+    run gets the job of its own mask kind (the mask is not silently left out)."""
+    rng = np.random.default_rng(11)
+    pool.set_threads(2)
+    q, k, v = _x(rng, 1, 4, 32, 16), _x(rng, 1, 4, 32, 16), _x(rng, 1, 4, 32, 8)
+    m = np.where(rng.random((1, 1, 32, 32)) > 0.5, 0.0, -np.inf).astype(np.float32)
+    node = make_node("Attention", 4)
+    kernel, workspace = build_kernel(node, infos_of([q, k, v, m]))
+    for mask in (None, m, None):
+        out = np.empty((1, 4, 32, 8), np.float32)
+        kernel([q, k, v, mask], [out], workspace)
+        want = reference(make_node("Attention", 3), [q, k, v])[0] if mask is None else reference(node, [q, k, v, m])[0]
+        assert_close(out, want, 1e-4, 1e-5)
+    assert native == [True, True, True]
+
+
+def test_an_item_its_slot_cannot_hold_is_an_error_not_a_silent_output(native, monkeypatch):
+    """The region function raises nothing: a thread that meets an item larger than its slot sets the job's error word
+    and the kernel raises, naming the node (here the slots are told smaller than they are)."""
+    rng = np.random.default_rng(13)
+    pool.set_threads(2)
+    real_init = fused._TeamJob.__init__
+
+    def small_slots(self, *args):
+        real_init(self, *args)
+        self.job[A.JOB_S_LEN] = 1
+    monkeypatch.setattr(fused._TeamJob, "__init__", small_slots)
+    q, k, v = _x(rng, 1, 4, 32, 16), _x(rng, 1, 4, 32, 16), _x(rng, 1, 4, 32, 8)
+    node = make_node("Attention", 3)
+    kernel, workspace = build_kernel(node, infos_of([q, k, v]))
+    with pytest.raises(KernelError, match=re.escape(node.where()) + ".*outgrew its slot"):
+        kernel([q, k, v], [np.empty((1, 4, 32, 8), np.float32)], workspace)

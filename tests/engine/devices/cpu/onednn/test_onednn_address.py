@@ -1,6 +1,6 @@
 """_onednn.address: the remembered data pointer of an array is the array's own, for views and for new arrays that
-reuse a dead array's id, and remembering an array never keeps it alive. Memory.set: a memory object re-pointed only
-when the pointer changed still reads and writes the buffers of each run."""
+reuse a dead array's id, and remembering an array never keeps it alive. A reorder step re-pointed run after run
+reads and writes the buffers of each run, and its blocked destination's padding comes out zero whatever was there."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def test_a_step_follows_its_buffers_when_they_change_and_come_back():
     dsts = [np.full((1, 2, 5, 7, 16), np.nan, np.float32) for _ in range(2)]
     for i in (0, 1, 1, 0, 0, 1):  # changed, unchanged, changed back
         srcs[i] += 1.0  # new data in the same buffer
+        dsts[i][:, 1, ..., 4:] = np.nan  # another value used the padding lanes' bytes between runs (the arena)
         D.sync_threads()
         step.run({L.ARG_SRC: D.address(srcs[i]), L.ARG_DST: D.address(dsts[i])})
         D.wait()
