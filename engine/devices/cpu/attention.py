@@ -762,7 +762,7 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
                     plans.clear()
                 plan = plans[sig] = call.nogil_plan()
             if plan is not None:
-                if split and native and _run_team(call, cblas, plan, teams):
+                if split and native and _run_team(call, sig, cblas, plan, teams):
                     return
                 parallel_for(_run_items, len(slots), work, call, *cblas, *plan, call.addresses(), call.mask4())
                 return
@@ -802,10 +802,10 @@ class _TeamJob:
         job[A.JOB_S_LEN], job[A.JOB_L_LEN] = min(sl.s.size for sl in call.slots), min(sl.l.size for sl in call.slots)
         self.address = A.address(job)
 
-    def run(self, call: _GroupCall) -> bool:
-        """The run on OpenMP's team without the GIL; False (nothing run) when the team is taken."""
+    def run(self, call: _GroupCall, mask: np.ndarray) -> bool:
+        """The run on OpenMP's team without the GIL (`mask`: call.mask4()); False (nothing run) when the team is
+        taken."""
         self.ptrs[:] = call.addresses()
-        mask = call.mask4()
         job = self.job
         job[A.JOB_MASK] = A.address(mask)
         job[A.JOB_MASK_SHAPE:A.JOB_MASK_SHAPE + 4] = mask.shape
@@ -819,19 +819,19 @@ class _TeamJob:
         return True
 
 
-def _run_team(call: _GroupCall, cblas: tuple[int, bool], plan: tuple, teams: dict) -> bool:
+def _run_team(call: _GroupCall, sig: tuple, cblas: tuple[int, bool], plan: tuple, teams: dict) -> bool:
     """A split grouped run as one native OpenMP region (A.attend_team) when the mask is float32 (the stand-in
     included); False when it did not run (another mask dtype, the team taken)."""
     mask = call.mask4()
     if mask.dtype != _F32 or mask.ndim != 4:
         return False
-    key = (call.signature(), call.mask_kind, tuple(A.address(sl.s) for sl in call.slots))
+    key = (sig, call.mask_kind, tuple(A.address(sl.s) for sl in call.slots))  # sig: call.signature()
     job = teams.get(key)
     if job is None:
         if len(teams) >= 64:
             teams.clear()
         job = teams[key] = _TeamJob(call, cblas, *plan)
-    return job.run(call)
+    return job.run(call, mask)
 
 
 def _run_items(call: _GroupCall, gemm: int, wide: bool, table: list[np.ndarray], strides: np.ndarray,

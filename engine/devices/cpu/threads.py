@@ -511,8 +511,8 @@ def chunks_for(n_items: int, work: int) -> int:
 def native_regions() -> bool:
     """Whether our kernels' splits run on OpenMP's team and its threads spin through a request (Intel's runtime
     under `run`, the host calm: busy_host.py): a native region (`run_native`) then starts on every thread at once."""
-    return (pool_kind(_policy, _openmp is not None) == "openmp" and _fork_work == SPINNING_FORK_WORK
-            and (_guard is None or _guard.target() != 0))
+    # the guard exists exactly where the threads spin through requests (use_openmp)
+    return pool_kind(_policy, _openmp is not None) == "openmp" and _guard is not None and _guard.target() != 0
 
 
 def openmp_thread_functions() -> tuple[int, int]:
