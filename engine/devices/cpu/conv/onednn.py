@@ -7,8 +7,8 @@ input shape. A blocked side uses the nChw{B}c descriptor itself (unless oneDNN h
 for it, see Plan); a plain side is left to the primitive (`format_tag_any`: an order of magnitude faster than
 forcing NCHW) and reordered through the instance workspace when the primitive picks another layout. Bias is the
 primitive's; SPEC.md's epilogue `y = act(conv + bias + z)` is a `sum` post-op (z copied or reordered into dst
-first) then an eltwise post-op when oneDNN has the same function and our own pass is not faster (sigmoid, SiLU and
-erf GELU are: onednn/eltwise.py), else our apply_activation on the output
+first) then an eltwise post-op when oneDNN has the same function and our own pass is not faster (sigmoid, SiLU, and
+erf GELU on AVX2, are: onednn/eltwise.py), else our apply_activation on the output
 (elementwise, so layout-agnostic). Workspace layout (each part
 64-byte aligned): reordered src | reordered dst | scratchpad. Primitives depend on the shape: the max-shape one is
 built with the kernel, smaller shapes get theirs on first use (cached).
@@ -27,7 +27,7 @@ from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md, native_block
-from engine.devices.cpu.onednn.eltwise import unless_ours
+from engine.devices.cpu.onednn.eltwise import conv_post_op
 from engine.devices.cpu.threads import work_of
 from engine.errors import KernelError
 from engine.ir import Node
@@ -61,7 +61,7 @@ class ConvSpec:
         bias = node.attrs.get("bias")
         self.bias = None if bias is None else np.ascontiguousarray(np.ravel(bias), np.float32)
         self.act = node.params.get("activation"), node.params.get("activation_params")
-        self.elt = unless_ours(*self.act)
+        self.elt = conv_post_op(*self.act)
         self.late = self.elt is None and self.act[0] is not None  # applied after the primitive
         self.post_ops = ([("sum",)] if residual else []) + ([self.elt] if self.elt else [])
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []

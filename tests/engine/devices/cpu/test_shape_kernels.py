@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from op_harness import check_kernel, make_node, reference, run_kernel
 
 from engine.devices.cpu import KERNELS as CPU_KERNELS
 from engine.devices.cpu import shape as shape_kernels
+from engine.devices.cpu.onednn import objects as onednn
 from engine.ops import get_op
 from engine.ops.registry import TensorInfo
 
@@ -60,6 +62,71 @@ def test_transpose_keeping_the_last_axis_matches_numpy(dtype, shape, perm):
     for a in (x, np.flip(x, axis=0), np.concatenate([x, x], axis=-2)[..., ::2, :]):
         got = run_kernel(node, [a])[0]
         np.testing.assert_array_equal(got, np.transpose(a, perm))
+
+
+TEAM_CASES = [
+    ((8, 4, 14, 14, 16), (0, 2, 3, 1, 4)),  # EfficientFormerV2's blocked heads out of a conv
+    ((8, 7, 7, 8, 16), (0, 3, 1, 2, 4)),
+    ((1, 8, 49, 128), (0, 1, 3, 2)),  # keys transposed
+    ((3, 5, 7, 11, 13), (4, 2, 0, 3, 1)),  # odd sizes, every axis moved
+    ((2, 3, 4, 5, 6, 70), (5, 4, 3, 2, 1, 0)),
+    ((600, 700), (1, 0)),
+    ((1, 300, 1, 800), (3, 2, 1, 0)),  # size-1 axes
+]
+
+
+NO_ONEDNN = pytest.mark.skipif(not onednn.available(), reason="oneDNN is not installed")
+
+
+@NO_ONEDNN
+@pytest.mark.parametrize("shape,perm", TEAM_CASES)
+def test_team_transpose_is_numpys_bit_for_bit(shape, perm, monkeypatch):
+    """The float32 transposes oneDNN's reorder runs (split over the threads) give numpy's result bit for bit, NaN
+    payloads and signed zeros included, on contiguous inputs and on strided views; the path is taken whenever the
+    copy is big enough to split (forced here, whatever this machine's core count)."""
+    monkeypatch.setattr(shape_kernels, "threads_for", lambda work: 2)
+    monkeypatch.setattr(shape_kernels, "TEAM_MAX_BYTES", 1 << 30)
+    base = RNG.standard_normal((*shape[:-1], 2 * shape[-1])).astype(np.float32)
+    base.view(np.uint32).ravel()[::97] = 0x7FC01234  # quiet NaNs with a payload
+    base.ravel()[1::89] = -0.0
+    team = shape_kernels.TeamTranspose(perm)
+    for x in (np.ascontiguousarray(base[..., : shape[-1]]), base[..., : shape[-1]], base[..., ::2]):
+        want = np.transpose(x, perm)
+        out = np.full(want.shape, 7.0, np.float32)
+        assert team.run(x, out)
+        np.testing.assert_array_equal(out.view(np.uint32), np.ascontiguousarray(want).view(np.uint32))
+
+
+@NO_ONEDNN
+def test_team_transpose_declines_what_numpy_copies_better(monkeypatch):
+    """Negative strides, broadcast (stride 0) axes, a non-contiguous output, an empty input and work too small to
+    split or rows past TEAM_MAX_BYTES go to numpy's copy (run returns False and writes nothing); the kernel then
+    still gives numpy's result. A copy that moves the last axis stays oneDNN's at any size."""
+    monkeypatch.setattr(shape_kernels, "threads_for", lambda work: 2)
+    x = RNG.standard_normal((64, 48, 40)).astype(np.float32)
+    team = shape_kernels.TeamTranspose((2, 0, 1))
+    cases = [x[::-1], np.broadcast_to(x[:1], x.shape), np.zeros((0, 48, 40), np.float32)]
+    for a in cases:
+        out = np.full((a.shape[2], a.shape[0], a.shape[1]), 7.0, np.float32)
+        assert not team.run(a, out)
+        assert (out == 7.0).all()
+    wide = np.zeros((40, 64, 96), np.float32)
+    assert not team.run(x, wide[:, :, :48])
+    monkeypatch.setattr(shape_kernels, "TEAM_MAX_BYTES", x.nbytes - 4)  # rows kept: numpy's past the bound
+    assert not shape_kernels.TeamTranspose((1, 0, 2)).run(x, np.empty((48, 64, 40), np.float32))
+    assert shape_kernels.TeamTranspose((2, 0, 1)).run(x, out := np.empty((40, 64, 48), np.float32))  # last moved
+    np.testing.assert_array_equal(out, x.transpose(2, 0, 1))
+    monkeypatch.setattr(shape_kernels, "TEAM_MAX_BYTES", x.nbytes)
+    assert shape_kernels.TeamTranspose((1, 0, 2)).run(x, out := np.empty((48, 64, 40), np.float32))
+    np.testing.assert_array_equal(out, x.transpose(1, 0, 2))
+    monkeypatch.setattr(shape_kernels, "threads_for", lambda work: 1)
+    assert not shape_kernels.TeamTranspose((2, 0, 1)).run(x, np.empty((40, 64, 48), np.float32))
+    node = make_node("Transpose", 1, params={"perm": [2, 0, 1]})
+    for a in cases:
+        out = np.empty((a.shape[2], a.shape[0], a.shape[1]), np.float32)
+        kernel = shape_kernels._copy_kernel(SimpleNamespace(onednn=True), node, [TensorInfo(a.shape, np.float32)])
+        kernel([a], [out], None)
+        np.testing.assert_array_equal(out, np.transpose(a, (2, 0, 1)))
 
 
 def test_transpose_of_objects_copies_references():

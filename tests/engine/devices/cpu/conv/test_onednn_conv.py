@@ -28,7 +28,9 @@ from engine.devices.cpu.conv import direct
 from engine.devices.cpu.conv import kernels as conv_kernels
 from engine.devices.cpu.conv import onednn as _conv_onednn
 from engine.devices.cpu.onednn import binding as _onednn_lib
+from engine.devices.cpu.onednn import eltwise as eltwise_module
 from engine.devices.cpu.onednn import objects as _onednn
+from engine.devices.cpu.onednn.blocked import native_block
 from engine.errors import KernelError
 from engine.ops.conv_geometry import conv_geom
 from engine.ops.registry import TensorInfo
@@ -170,20 +172,34 @@ def test_geometry_matches_reference(name, residual):
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("act", ACTIVATIONS)
 def test_activation_is_an_exact_post_op(act, residual):
-    # sigmoid, SiLU and erf GELU are the exception: our rational approximations after the primitive beat oneDNN's
-    # post-ops
+    # sigmoid, SiLU and (on 8-lane vectors) erf GELU are the exception: our rational approximations after the
+    # primitive beat oneDNN's post-ops
     node, shape = build_args("3x3_s1", residual, **act_params(act))
-    elt = _conv_onednn.unless_ours(node.params["activation"], node.params["activation_params"])
-    assert (elt is None) == (act in ("sigmoid", "silu", "gelu"))
+    elt = _conv_onednn.conv_post_op(node.params["activation"], node.params["activation_params"])
+    ours = ("sigmoid", "silu") + (("gelu",) if native_block() < 16 else ())
+    assert (elt is None) == (act in ours)
     x = rand(*shape) * 2  # spread across every activation's bends
     check_kernel(node, inputs_for(node, x), **TOL)
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh", "hardswish"])
 def test_activation_without_post_op_runs_on_the_nchw_output(act, monkeypatch):
-    monkeypatch.setattr(_conv_onednn, "unless_ours", lambda name, params: None)
+    monkeypatch.setattr(_conv_onednn, "conv_post_op", lambda name, params: None)
     node, shape = build_args("depthwise_s1", True, **act_params(act))
     check_kernel(node, inputs_for(node, rand(*shape)), **TOL)
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_erf_gelu_is_fused_only_on_16_lane_vectors(lanes, residual, monkeypatch):
+    """Erf GELU is oneDNN's post-op where its convolutions work in 16-lane vectors (AVX-512) and our pass after the
+    primitive elsewhere; both match the reference (the other path is forced by what `conv_post_op` reads)."""
+    monkeypatch.setattr(eltwise_module, "native_block", lambda: lanes)
+    node, shape = build_args("depthwise_s1", residual, **act_params("gelu"))
+    elt = _conv_onednn.conv_post_op("gelu", {"approximate": "none"})
+    assert elt == (("gelu_erf", 0.0, 0.0) if lanes == 16 else None)
+    assert _conv_onednn.conv_post_op("silu", None) is None
+    check_kernel(node, inputs_for(node, rand(*shape) * 3), **TOL)
 
 
 def build_kernel(node, shape):
