@@ -177,24 +177,71 @@ class Plan:
             else:
                 np.copyto(out, z)
         scratch = base + self.src_bytes + self.dst_bytes
-        D.sync_threads(self.work)  # never more threads than it was created for
-        try:
-            if (src, dst, scratch) == self._bound:
-                # The same arena views as last time (the usual case: bound once per input shape): only execute.
-                L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args),
-                                                     self.conv.args), "dnnl_primitive_execute")
-            else:
-                ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
-                        L.ARG_SCRATCHPAD: scratch}
-                if self.bias is not None:
-                    ptrs[L.ARG_BIAS] = self.bias.ctypes.data
+        if (src, dst, scratch) == self._bound:
+            # the same arena views as last time (the usual case: bound once per input shape): only execute
+            self._execute()
+        else:
+            ptrs = {L.ARG_SRC: src, L.ARG_WEIGHTS: self.weights.ctypes.data, L.ARG_DST: dst,
+                    L.ARG_SCRATCHPAD: scratch}
+            if self.bias is not None:
+                ptrs[L.ARG_BIAS] = self.bias.ctypes.data
+            D.sync_threads(self.work)  # never more threads than it was created for
+            try:
                 self.conv.run(ptrs)
-                self._bound = (src, dst, scratch)
-        finally:
-            D.restore_threads()
+            finally:
+                D.restore_threads()
+            self._bound = (src, dst, scratch)
         if self.dst_out is not None:
             self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()
+
+    @property
+    def direct(self) -> bool:
+        """Whether a run is the primitive alone: no reorder in or out and no residual to place first (so a run on
+        the arrays it last ran on may be `execute_bound` alone, see BoundRuns)."""
+        return self.src_in is None and self.dst_out is None and self.z_in is None
+
+    def _execute(self) -> None:
+        """The primitive on the pointers its memories already hold (those of the last run)."""
+        D.sync_threads(self.work)  # never more threads than it was created for
+        try:
+            L.check(L.LIB.dnnl_primitive_execute(self.conv.prim.h, D.stream(), len(self.conv.args), self.conv.args),
+                    "dnnl_primitive_execute")
+        finally:
+            D.restore_threads()
+
+    def execute_bound(self) -> None:
+        """A direct plan's run on the arrays of its last run: the primitive alone, and the wait."""
+        self._execute()
+        D.wait()
+
+
+class BoundRuns:
+    """A kernel's shortcut for the usual run: the same arena arrays as the last run (a binding's views are the same
+    objects run after run), on a plan that is the primitive alone (Plan.direct), with nothing after it. Then the run
+    is Plan.execute_bound, skipping the contiguity checks, the plan lookups and the pointer arithmetic (~1.5-2 us
+    of a small conv's ~4 us of Python; GhostNet runs 95 convs a call). The arrays are compared by identity, which
+    is safe: an array's data never moves, and the shortcut holds them, so no other array can take their id."""
+
+    def __init__(self):
+        self.last: tuple | None = None
+
+    def hit(self, inputs: list, out: np.ndarray, workspace: np.ndarray | None) -> bool:
+        """Runs the shortcut and returns True when it applies to these arrays."""
+        last = self.last
+        if last is None or last[0] is not out or last[1] is not workspace or len(inputs) != len(last[2]):
+            return False
+        for a, b in zip(inputs, last[2], strict=True):
+            if a is not b:
+                return False
+        last[3].execute_bound()
+        return True
+
+    def remember(self, plan: Plan, inputs: list, out: np.ndarray, workspace: np.ndarray | None) -> None:
+        """After a full run of `plan` on these very arrays (not copies), with nothing after it: the next run on the
+        same ones may take the shortcut (only a direct plan, with no residual: its copy into the output must be made
+        every run). A kernel clears `last` before every full run, whose plan may point its memories elsewhere."""
+        self.last = (out, workspace, tuple(inputs), plan) if plan.direct and len(inputs) == 1 else None
 
 
 # A plain src of at most this many channels is read as it lies when oneDNN has a jit kernel for that (its
@@ -287,8 +334,12 @@ def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
     max_shape = tuple(ins[0].shape)
     first = Plan(spec, max_shape)
     plans = ShapeCache({max_shape: first})
+    bound = BoundRuns()
 
     def run(inputs, outputs, workspace):
+        if bound.hit(inputs, outputs[0], workspace):
+            return
+        bound.last = None  # a full run may point the plan's memories elsewhere
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         z = np.ascontiguousarray(inputs[1]) if spec.residual else None
         D.sync_threads()
@@ -302,6 +353,8 @@ def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
         plan.run(x, z, out, workspace)
         if spec.late:
             apply_activation(spec.act[0], spec.act[1], out)
+        elif x is inputs[0]:
+            bound.remember(plan, inputs, out, workspace)
 
     log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, max_shape, first.impl)
     run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from op_harness import build_kernel, get_op
 
 from engine.devices.cpu.conv import blocked as conv_blocked_kernel
 from engine.devices.cpu.conv import direct
+from engine.devices.cpu.conv import onednn as onednn_conv
 from engine.devices.cpu.conv.onednn import ConvSpec, Plan, is_jit, is_reference, prefers_own_layouts, primitive_impl
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.layout.conv_blocked import geometry
@@ -219,3 +220,74 @@ def test_own_layouts_are_judged_at_the_max_shape(monkeypatch):
         want = conv_reference(plain, [x])[0]
         np.testing.assert_allclose(to_plain(out, 256), want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     assert allocated == []
+
+
+def _bound_kernel(node: Node, shape: tuple[int, ...], residual: bool = False):
+    x = to_blocked(rng.standard_normal(shape).astype(np.float32), B)
+    ins = [x]
+    out_shape = OP.infer(node, [TensorInfo(x.shape, x.dtype)])[0].shape
+    if residual:
+        ins.append(rng.standard_normal(out_shape).astype(np.float32))
+    kernel, workspace = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in ins])
+    return kernel, workspace, ins, out_shape
+
+
+def _shortcuts(monkeypatch) -> list:
+    calls = []
+    real = Plan.execute_bound
+    monkeypatch.setattr(Plan, "execute_bound", lambda self: (calls.append(self), real(self))[1])
+    return calls
+
+
+@pytest.mark.parametrize("c,o,k,groups", [(32, 48, 1, 1), (32, 32, 3, 32), (16, 24, 3, 1)])
+def test_runs_on_the_same_arrays_take_the_bound_shortcut(c, o, k, groups, monkeypatch):
+    """A second run on the same arena arrays executes the primitive alone (BoundRuns) and still reads the values the
+    input holds now; runs on other arrays of the same shape, on a non-contiguous copy, and back on the first arrays
+    all give the reference (a full run in between re-points the plan's memories, and the shortcut must not run
+    on those pointers for the first arrays)."""
+    monkeypatch.setattr(conv_blocked_kernel.W, "eligible", lambda *a: False)  # the oneDNN plan, not Winograd
+    node, plain = make(c, o, k, groups=groups, act="relu")
+    kernel, ws, ins, out_shape = _bound_kernel(node, (1, c, 9, 9))
+    calls = _shortcuts(monkeypatch)
+    out_a, out_b = np.empty(out_shape, np.float32), np.empty(out_shape, np.float32)
+    x_a, x_b = ins[0], to_blocked(rng.standard_normal((1, c, 9, 9)).astype(np.float32), B)
+    wide = np.zeros((*x_a.shape[:-1], 2 * B), np.float32)
+    strided = wide[..., ::2]  # not contiguous: the kernel copies it, and must not remember the copy
+
+    def check(x, out):
+        kernel([x], [out], ws)
+        want = OP.reference(node, [np.ascontiguousarray(x)])[0]
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+    check(x_a, out_a)
+    assert not calls
+    check(x_a, out_a)
+    assert len(calls) == 1
+    x_a[...] = to_blocked(rng.standard_normal((1, c, 9, 9)).astype(np.float32), B)  # new values, same array
+    check(x_a, out_a)
+    assert len(calls) == 2
+    check(x_b, out_b)
+    check(x_a, out_a)
+    strided[...] = x_b
+    check(strided, out_b)
+    check(strided, out_b)
+    check(x_a, out_a)
+    check(x_a, out_a)
+    assert len(calls) == 3  # only the repeat on x_a after a full run on x_a
+
+
+def test_residual_and_late_activation_never_take_the_shortcut(monkeypatch):
+    """A residual is copied into the output every run and a late activation applied after the primitive, so those
+    kernels always take the full run."""
+    monkeypatch.setattr(conv_blocked_kernel.W, "eligible", lambda *a: False)
+    monkeypatch.setattr(onednn_conv, "conv_post_op", lambda name, params: None)  # every activation late
+    calls = _shortcuts(monkeypatch)
+    for residual, act in ((True, None), (False, "silu")):
+        node, plain = make(16, 16, 1, act=act)
+        kernel, ws, ins, out_shape = _bound_kernel(node, (1, 16, 6, 6), residual)
+        out = np.empty(out_shape, np.float32)
+        for _ in range(3):
+            kernel(ins, [out], ws)
+        want = OP.reference(node, ins)[0]
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    assert not calls
