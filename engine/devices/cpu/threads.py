@@ -516,11 +516,18 @@ def native_regions() -> bool:
 
 
 def openmp_thread_functions() -> tuple[int, int]:
-    """The addresses of omp_get_thread_num and omp_get_num_threads in the runtime our kernels' regions run on."""
+    """The addresses of omp_get_thread_num and omp_get_num_threads in the runtime our kernels' regions run on
+    (remembered per runtime: a split pass asks on every run)."""
+    global _thread_functions
     if _openmp is None:
         raise RuntimeError("no OpenMP runtime is in use")
-    return tuple(ctypes.cast(getattr(_openmp, f), ctypes.c_void_p).value for f in ("omp_get_thread_num",
-                                                                                    "omp_get_num_threads"))
+    if _thread_functions is None or _thread_functions[0] is not _openmp:
+        _thread_functions = (_openmp, tuple(ctypes.cast(getattr(_openmp, f), ctypes.c_void_p).value
+                                            for f in ("omp_get_thread_num", "omp_get_num_threads")))
+    return _thread_functions[1]
+
+
+_thread_functions: tuple | None = None  # (runtime, its two addresses): openmp_thread_functions
 
 
 def run_native(fn: int, data: int) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 
 from engine.devices.base import Kernel
 from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.epilogue import prepare as prepare_activation
 from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
@@ -63,6 +64,8 @@ class ConvSpec:
         self.act = node.params.get("activation"), node.params.get("activation_params")
         self.elt = conv_post_op(*self.act)
         self.late = self.elt is None and self.act[0] is not None  # applied after the primitive
+        if self.late:
+            prepare_activation(self.act[0])
         self.post_ops = ([("sum",)] if residual else []) + ([self.elt] if self.elt else [])
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
 

@@ -37,6 +37,8 @@ from llvmlite import ir
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
+from engine.devices.cpu.loops.native import call_int, f32_at, i64_at, i64_view
+
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 _FAST = {"reassoc", "nsz", "contract", "afn"}  # no nnan/ninf: -inf scores and NaN rows must stay what they are
 _F = np.float32
@@ -103,12 +105,6 @@ def sgemm(fn, wide, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc):
         _sgemm32(np.int64(fn), tb, *args)
 
 
-@intrinsic
-def _f32_pointer(typingctx, address):
-    """The float32 pointer at an integer address."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
-    return types.CPointer(types.float32)(address), codegen
 
 
 @njit(nogil=True, cache=True)
@@ -120,7 +116,7 @@ def address(a):
 @njit(nogil=True, cache=True)
 def row_at(address, n):
     """The n float32 at `address` as a contiguous array view (a row written through an address by a GEMM)."""
-    return carray(_f32_pointer(np.int64(address)), (n,))
+    return carray(f32_at(np.int64(address)), (n,))
 
 
 # -- the softmax loops --
@@ -415,29 +411,8 @@ def attend_items(gemm, wide, items, ptrs, strides, mask, mask_kind, causal, nan_
 
 
 # -- the grouped path as a native OpenMP region (see the module doc) --
-@intrinsic
-def _i64_view(typingctx, ptr):
-    """A void pointer (the region function's argument) as an int64 pointer."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64).as_pointer())
-    return types.CPointer(types.int64)(ptr), codegen
 
 
-@intrinsic
-def _i64_at(typingctx, address):
-    """The int64 pointer at an integer address."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-    return types.CPointer(types.int64)(address), codegen
-
-
-@intrinsic
-def _call_int(typingctx, address):
-    """int fn(void) at an integer address (omp_get_thread_num, omp_get_num_threads), widened to int64."""
-    def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(32), [])
-        return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), ir.IntType(64))
-    return types.int64(address), codegen
 
 
 # `job` (int64 words) of `attend_team`: addresses of OpenMP's omp_get_thread_num and omp_get_num_threads, of
@@ -468,17 +443,17 @@ def attend_team():
     def attend_team(data):
         """One OpenMP thread's share of a split grouped run: chunks t, t + T, ... of `job` (see JOB_*), each on its own
         slot, as `attend_items` runs them from Python (threads.run_native runs this on every thread of the team)."""
-        job = carray(_i64_view(data), (JOB_LEN,))
-        t, team = _call_int(job[JOB_THREAD_NUM]), _call_int(job[JOB_NUM_THREADS])
+        job = carray(i64_view(data), (JOB_LEN,))
+        t, team = call_int(job[JOB_THREAD_NUM]), call_int(job[JOB_NUM_THREADS])
         chunks = job[JOB_CHUNKS]
-        offsets = carray(_i64_at(job[JOB_OFFSETS]), (chunks + 1,))
-        table = carray(_i64_at(job[JOB_TABLE]), (offsets[chunks], 6))
-        ptrs = carray(_i64_at(job[JOB_PTRS]), (4,))
-        strides = carray(_i64_at(job[JOB_STRIDES]), (4, 3))
-        slots = carray(_i64_at(job[JOB_SLOTS]), (chunks, 2))
+        offsets = carray(i64_at(job[JOB_OFFSETS]), (chunks + 1,))
+        table = carray(i64_at(job[JOB_TABLE]), (offsets[chunks], 6))
+        ptrs = carray(i64_at(job[JOB_PTRS]), (4,))
+        strides = carray(i64_at(job[JOB_STRIDES]), (4, 3))
+        slots = carray(i64_at(job[JOB_SLOTS]), (chunks, 2))
         m = JOB_MASK_SHAPE
         mask = np.lib.stride_tricks.as_strided(
-            carray(_f32_pointer(job[JOB_MASK]), (1,)), shape=(job[m], job[m + 1], job[m + 2], job[m + 3]),
+            carray(f32_at(job[JOB_MASK]), (1,)), shape=(job[m], job[m + 1], job[m + 2], job[m + 3]),
             strides=(job[m + 4], job[m + 5], job[m + 6], job[m + 7]))
         scale = np.int32(job[JOB_SCALE]).view(np.float32)
         for c in range(t, chunks, max(team, 1)):
@@ -490,7 +465,7 @@ def attend_team():
                     return
             attend_items(job[JOB_GEMM], job[JOB_WIDE] != 0, items, ptrs, strides, mask,
                          job[JOB_KIND], job[JOB_CAUSAL] != 0, job[JOB_NAN_ROWS] != 0, scale, job[JOB_S], job[JOB_E],
-                         job[JOB_DV], carray(_f32_pointer(slots[c, 0]), (job[JOB_S_LEN],)),
-                         carray(_f32_pointer(slots[c, 1]), (job[JOB_L_LEN],)))
+                         job[JOB_DV], carray(f32_at(slots[c, 0]), (job[JOB_S_LEN],)),
+                         carray(f32_at(slots[c, 1]), (job[JOB_L_LEN],)))
 
     return attend_team

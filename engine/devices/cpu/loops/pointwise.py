@@ -2,14 +2,22 @@
 
 Every loop reads `x[i]` before writing `out[i]`, so `x` and `out` may be the same buffer (in-place ops).
 Arguments are 1-d contiguous arrays; scalars are computed in float64 and rounded once on store.
+
+`pass_team` runs one float32 pass (sigmoid, SiLU, erf GELU) as a native OpenMP region function: each thread of the
+team takes its share of the elements from the job's words (PASS_*) and runs the loop here, so a split pass never
+enters Python on its threads (threads.run_native; split from Python, the second thread took the GIL 25-45 us after
+the first on a 2-vCPU VM). It lives here because numba's cache watches a function's own file only.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit, types
+
+from engine.devices.cpu.loops.native import call_int, f32_at, i64_view
 
 _JIT = {"nogil": True, "cache": True}
 
@@ -201,3 +209,54 @@ def gelu_f32_inplace(y, lo, hi):
     ys = y[lo:hi]
     for i in range(ys.size):
         ys[i] = _gelu_f32(ys[i])
+
+
+# `job` (int64 words) of `pass_team`: the addresses of omp_get_thread_num and omp_get_num_threads, the function
+# (PASS_SIGMOID, PASS_SILU, PASS_GELU), the element count, and the input and output addresses (the same one for an
+# in-place pass).
+PASS_THREAD_NUM, PASS_NUM_THREADS, PASS_KIND, PASS_N, PASS_X, PASS_OUT, PASS_LEN = range(7)
+PASS_SIGMOID, PASS_SILU, PASS_GELU = range(3)
+_PASS_ALIGN = 16  # a thread's share starts on a multiple of this many elements (a 64-byte line)
+
+
+@njit(nogil=True, cache=True)
+def pass_share(n, t, team):
+    """[lo, hi) of the n elements for thread t of `team`: equal shares, each starting on a _PASS_ALIGN multiple."""
+    team = max(team, 1)
+    step = ((n + team - 1) // team + _PASS_ALIGN - 1) // _PASS_ALIGN * _PASS_ALIGN
+    lo = min(t * step, n)
+    return lo, min(lo + step, n)
+
+
+@functools.cache
+def pass_team():
+    """The region function below (its `.address`), compiled (or loaded from numba's cache) on first use; the cache
+    keeps the object, and so its code, alive."""
+
+    @cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")
+    def pass_team(data):
+        """One OpenMP thread's share of a float32 pass (see PASS_*): in place when input and output are one buffer."""
+        job = carray(i64_view(data), (PASS_LEN,))
+        t, team = call_int(job[PASS_THREAD_NUM]), call_int(job[PASS_NUM_THREADS])
+        n, kind = job[PASS_N], job[PASS_KIND]
+        lo, hi = pass_share(n, t, team)
+        if lo >= hi:
+            return
+        out = carray(f32_at(job[PASS_OUT]), (n,))
+        if job[PASS_X] == job[PASS_OUT]:
+            if kind == PASS_SIGMOID:
+                sigmoid_f32_inplace(out, lo, hi)
+            elif kind == PASS_SILU:
+                silu_f32_inplace(out, lo, hi)
+            else:
+                gelu_f32_inplace(out, lo, hi)
+            return
+        x = carray(f32_at(job[PASS_X]), (n,))
+        if kind == PASS_SIGMOID:
+            sigmoid_f32_range(x, out, lo, hi)
+        elif kind == PASS_SILU:
+            silu_f32_range(x, out, lo, hi)
+        else:
+            gelu_f32_range(x, out, lo, hi)
+
+    return pass_team

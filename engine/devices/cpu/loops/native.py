@@ -1,0 +1,47 @@
+"""Intrinsics for native code that numba compiles from addresses: a region function's `void *` argument read as
+int64 words, integer addresses as int64 or float32 pointers, and `int fn(void)` called at an address (OpenMP's
+omp_get_thread_num and omp_get_num_threads, whose addresses a job passes in, so nothing process-specific is compiled
+into a cached function).
+
+numba decides whether a cached function is stale from its own file only: these are inlined into their callers, so a
+change here must come with a change to every file that uses them (or a cleared cache).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def i64_view(typingctx, ptr):
+    """A void pointer (the region function's argument) as an int64 pointer."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64).as_pointer())
+    return types.CPointer(types.int64)(ptr), codegen
+
+
+@intrinsic
+def i64_at(typingctx, address):
+    """The int64 pointer at an integer address."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+    return types.CPointer(types.int64)(address), codegen
+
+
+@intrinsic
+def f32_at(typingctx, address):
+    """The float32 pointer at an integer address."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
+    return types.CPointer(types.float32)(address), codegen
+
+
+@intrinsic
+def call_int(typingctx, address):
+    """int fn(void) at an integer address (omp_get_thread_num, omp_get_num_threads), widened to int64."""
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [])
+        return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), ir.IntType(64))
+    return types.int64(address), codegen
