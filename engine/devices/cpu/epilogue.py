@@ -6,8 +6,8 @@ vectorised rational approximations (loops/pointwise.py), split over the engine's
 the activation ops leave those three to this pass rather than fuse their post-ops, which cost twice as much per
 element (onednn/eltwise.py; matmuls keep theirs, and convolutions fuse erf GELU where oneDNN works in 16 lanes). Where
 OpenMP's threads spin through a request (threads.native_regions) a split pass is one native region
-(pointwise.pass_team), no thread entering Python: MobileViT-XXS, whose four SiLU passes a run split, 0.977-0.987x in-
-process at batch 1 and 0.992x at batch 8.
+(pointwise.pass_team), no thread entering Python: MobileViT-XXS, whose four SiLU passes a run split, 0.977-0.987x
+in-process at batch 1 and 0.992x at batch 8.
 """
 
 from __future__ import annotations
