@@ -6,8 +6,8 @@ vectorised rational approximations (loops/pointwise.py), split over the engine's
 the activation ops leave those three to this pass rather than fuse their post-ops, which cost twice as much per
 element (onednn/eltwise.py; matmuls keep theirs, and convolutions fuse erf GELU where oneDNN works in 16 lanes). Where
 OpenMP's threads spin through a request (threads.native_regions) a split pass is one native region
-(pointwise.pass_team), no thread entering Python: MobileViT-XXS, whose four SiLU passes a run split, 0.977-0.987x
-in-process at batch 1 and 0.992x at batch 8.
+(pointwise.pass_team), no thread entering Python, and from far fewer elements (NATIVE_PASS_ELEMENTS): in-process at
+batch 1 MobileViT-XXS 0.96x, EfficientFormerV2 0.986x (MobileViT-XXS at batch 8 0.992x with MIN_WORK's bound).
 """
 
 from __future__ import annotations
@@ -15,13 +15,17 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.cpu.loops import pointwise as mk
-from engine.devices.cpu.threads import chunks_for, native_regions, openmp_thread_functions, parallel_for, run_native
+from engine.devices.cpu.threads import get_threads, native_regions, openmp_thread_functions, parallel_for, run_native
 from engine.ops import epilogue as meaning
 
 # parallel_for's work per element of the rational logistic: 1, so a pass splits from MIN_WORK (256K) elements up,
 # where half of it (~60 us at ~0.5 ns an element) outweighs a hand-over; counted as multiply-adds (16), MobileViT-XXS
 # at batch 1 on 2 threads forked for 16K-element passes and ran 1.15x slower
 LOGISTIC_WORK = 1
+# A native region (no thread enters Python, the team already spinning) costs a few microseconds, not a hand-over:
+# it splits from here (~15 us of one thread's work). EfficientFormerV2's two GELUs over 1024x14x14 after its
+# upsampling (200K elements, under MIN_WORK) ran 0.104 ms on one thread.
+NATIVE_PASS_ELEMENTS = 1 << 15
 
 
 def _flat(out: np.ndarray) -> np.ndarray | None:
@@ -61,7 +65,7 @@ def _f32_pass(kind: int, inplace, ranged, x: np.ndarray, out: np.ndarray) -> Non
     """One vectorised float32 loop over the engine's threads: the one-array form when x is out (LLVM's overlap check
     sends two arrays that are one buffer to the scalar loop), else the two-array one; a split one as a native region
     where OpenMP's threads spin."""
-    if chunks_for(x.size, x.size * LOGISTIC_WORK) > 1 and native_regions() and _native_pass(kind, x, out):
+    if x.size >= NATIVE_PASS_ELEMENTS and get_threads() > 1 and native_regions() and _native_pass(kind, x, out):
         return
     if x.ctypes.data == out.ctypes.data:
         parallel_for(inplace, x.size, x.size * LOGISTIC_WORK, out)

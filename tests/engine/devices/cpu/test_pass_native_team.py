@@ -30,8 +30,8 @@ def _on_openmp_team() -> bool:
 
 @pytest.fixture
 def regions(monkeypatch, request):
-    """Every pass split (MIN_WORK 0) on the native region, even where the suite's team sleeps; records each region
-    run and whether it ran."""
+    """Every pass split (MIN_WORK, NATIVE_PASS_ELEMENTS 0) on the native region, even where the suite's team
+    sleeps; records each region run and whether it ran."""
     if not _on_openmp_team():
         pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
     runs: list[bool] = []
@@ -43,6 +43,7 @@ def regions(monkeypatch, request):
     monkeypatch.setattr(epilogue, "run_native", spy)
     monkeypatch.setattr(epilogue, "native_regions", lambda: True)
     monkeypatch.setattr(pool, "MIN_WORK", 0)
+    monkeypatch.setattr(epilogue, "NATIVE_PASS_ELEMENTS", 0)
     before = pool.get_threads()
     request.addfinalizer(lambda: pool.set_threads(before))
     return runs
@@ -63,7 +64,7 @@ def test_native_pass_matches_the_definition_and_the_loop(kind, n, threads, regio
     f32_pass(x, out)  # into another buffer
     y = x.copy()
     f32_pass(y, y)  # in place
-    assert all(regions) and len(regions) == (2 if n > 1 else 0)  # one element is never split
+    assert regions == [True, True]  # a thread's share may be empty: every thread still runs the region
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(y, want)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -95,3 +96,16 @@ def test_the_python_split_runs_where_the_region_does_not(regions, monkeypatch):
     assert not epilogue._native_pass(mk.PASS_SILU, x[::2], np.empty(20_000, np.float32))
     assert not epilogue._native_pass(mk.PASS_SILU, x, np.empty(39_999, np.float32))
     assert not epilogue._native_pass(mk.PASS_SILU, x.astype(np.float64), np.empty(40_000, np.float64))
+
+
+def test_small_passes_stay_on_the_calling_thread(monkeypatch):
+    """Under NATIVE_PASS_ELEMENTS (or on one thread) a pass runs where it is called: no region at all."""
+    calls = []
+    monkeypatch.setattr(epilogue, "run_native", lambda fn, data: calls.append(fn) or False)
+    monkeypatch.setattr(epilogue, "native_regions", lambda: True)
+    x = np.linspace(-6, 6, epilogue.NATIVE_PASS_ELEMENTS - 1, dtype=np.float32)
+    want = np.empty_like(x)
+    mk.gelu_f32_range(x, want, 0, x.size)
+    epilogue.gelu_f32(x, x)
+    np.testing.assert_array_equal(x, want)
+    assert not calls
