@@ -2,7 +2,13 @@
 reference's own source taps (float32; other dtypes run the reference), or, where those taps repeat every input a
 whole number of times (nearest upsampling by whole factors), row copies, or, where they are bilinear upsampling by 2,
 the same sums as vector passes over every row at once (small maps); and a strided copy; GridSample
-(engine/ops/grid_sample.py): numpy gathers of the taps in float32."""
+(engine/ops/grid_sample.py): numpy gathers of the taps in float32.
+
+Where OpenMP's threads spin through a request (threads.native_regions) the row copies and the bilinear passes split
+as one native region (loops/resize.resize_team) from NATIVE_RESIZE_OUTPUTS up: split from Python, the second thread
+starts tens of microseconds late (EfficientFormerV2's 1024 planes 7x7 -> 14x14: 0.18 ms on one thread, 0.22 split
+from Python; the model in-process 0.965-0.974x at batch 1, 0.992x at batch 8).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +17,29 @@ import numpy as np
 from engine.devices.base import Kernel
 from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.loops import resize as RK
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.threads import get_threads, native_regions, openmp_thread_functions, parallel_for, run_native
 from engine.ir import Node
 from engine.ops.grid_sample import sample
 from engine.ops.registry import TensorInfo
 from engine.ops.resize import has_size, pixel_view, resize_reference, size_input, taps, unshuffle_view
+
+# Outputs from which a resize splits as a native region (a few microseconds a region, ~0.5 ns an output).
+NATIVE_RESIZE_OUTPUTS = 1 << 15
+
+
+def _native(kind: int, x: np.ndarray, out: np.ndarray, ky: int = 2, kx: int = 2) -> bool:
+    """x (items, h, w) -> out as one native region (loops/resize.resize_team) where it pays and applies; False,
+    nothing run, otherwise (the caller splits from Python)."""
+    if out.size < NATIVE_RESIZE_OUTPUTS or get_threads() < 2 or not native_regions():
+        return False
+    if not (x.dtype == out.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous
+            and x.ndim == out.ndim == 3 and out.shape == (x.shape[0], x.shape[1] * ky, x.shape[2] * kx)):
+        return False
+    job = np.empty(RK.RESIZE_LEN, np.int64)
+    job[RK.RESIZE_THREAD_NUM], job[RK.RESIZE_NUM_THREADS] = openmp_thread_functions()
+    job[RK.RESIZE_KIND:RK.RESIZE_X] = kind, *x.shape, ky, kx
+    job[RK.RESIZE_X], job[RK.RESIZE_OUT] = x.ctypes.data, out.ctypes.data
+    return run_native(RK.resize_team().address, job.ctypes.data)
 
 
 def _is_bilinear_2x(idx: np.ndarray, w: np.ndarray, n_in: int) -> bool:
@@ -47,6 +71,7 @@ def build_resize(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
     if np.dtype(ins[0].dtype) != np.float32:  # rare: the reference, marked so the profile lists it
         return reference_fallback(node, resize_reference)
     cache: dict[tuple, tuple] = {}
+    RK.resize_team()  # compiled (or loaded) with the kernel, not on its first request
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
@@ -68,14 +93,16 @@ def build_resize(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
             # rows: split by planes, an image's 3 planes of 320 -> 640 went 2 to one thread, 1 to the other (0.21 ms on
             # one thread, 0.27 split; by rows 0.21)
             rows, ky = planes * x.shape[2], t[5][0]
-            parallel_for(RK.nearest_repeat, rows, out.size // 4, x.reshape(rows, 1, x.shape[3]),
-                         out.reshape(rows, ky, out.shape[3]), *t[5])
+            xs, outs = x.reshape(rows, 1, x.shape[3]), out.reshape(rows, ky, out.shape[3])
+            if not _native(RK.RESIZE_NEAREST, xs, outs, *t[5]):
+                parallel_for(RK.nearest_repeat, rows, out.size // 4, xs, outs, *t[5])
             return
         if t[4] and out.flags.c_contiguous:
             # vector passes: an output costs about one gathered tap, so its work is the output's size (1024 planes
             # of 7x7 -> 14x14 in EfficientFormerV2 ran in 0.20 ms on one thread, 0.29 ms split over two)
-            parallel_for(RK.bilinear_2x, planes, out.size, x.reshape(planes, *x.shape[2:]),
-                         out.reshape(planes, *out.shape[2:]))
+            xs, outs = x.reshape(planes, *x.shape[2:]), out.reshape(planes, *out.shape[2:])
+            if not _native(RK.RESIZE_BILINEAR_2X, xs, outs):
+                parallel_for(RK.bilinear_2x, planes, out.size, xs, outs)
             return
         parallel_for(RK.separable, planes, work, x, out, *t[:4])
     run.impl = "numba:separable"  # type: ignore[attr-defined]

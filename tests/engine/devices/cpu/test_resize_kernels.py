@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from op_harness import check_kernel, infer, load_cases, make_node, reference
+from op_harness import check_kernel, cpu_device, infer, load_cases, make_node, reference
 
 from engine.devices.cpu import resize as R
 from engine.devices.cpu import threads as _threads
@@ -199,3 +199,55 @@ def test_other_taps_are_not_repeats(params, n, out):
     node = make_node("Resize", 1, params=params)
     assert R._repeat_factor(*taps(node, 0, n, out, False), n) == 0
     check_kernel(node, [rand(1, 3, n, n)])
+
+
+def _on_openmp_team() -> bool:
+    cpu_device()
+    return _threads.pool_kind(_threads.get_policy(), _threads._openmp is not None) == "openmp"
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("params,shape", [
+    ({"mode": "bilinear", "scale": [2, 2], "align_corners": False}, (1, 1024, 7, 7)),
+    ({"mode": "bilinear", "scale": [2, 2], "align_corners": False}, (2, 5, 33, 17)),
+    ({"mode": "bilinear", "scale": [2, 2], "align_corners": False}, (1, 1, 3, 1)),  # fewer planes than threads
+    ({"mode": "nearest", "scale": [2, 2]}, (1, 256, 20, 20)),
+    ({"mode": "nearest", "scale": [3, 2]}, (2, 3, 9, 7)),
+])
+def test_native_region_splits_match_the_reference(params, shape, threads, monkeypatch):
+    """The bilinear passes and the nearest copies split as one native region (R._native) wherever OpenMP's team runs
+    our kernels: every output written (the output starts as NaN), equal to the reference (nearest exactly)."""
+    if not _on_openmp_team():
+        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
+    before = _threads.get_threads()
+    _threads.set_threads(threads)
+    runs = []
+    real = R.run_native
+    monkeypatch.setattr(R, "run_native", lambda fn, data: (runs.append(real(fn, data)), runs[-1])[1])
+    monkeypatch.setattr(R, "native_regions", lambda: True)
+    monkeypatch.setattr(R, "NATIVE_RESIZE_OUTPUTS", 0)
+    try:
+        node = make_node("Resize", 1, params=params)
+        x = rand(*shape)
+        exact = params["mode"] == "nearest"
+        check_kernel(node, [x], rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6)
+        if not exact:
+            np.testing.assert_allclose(reference(node, [x])[0], torch_bilinear_2x(x), rtol=1e-6, atol=1e-6)
+        assert runs and all(runs)
+    finally:
+        _threads.set_threads(before)
+
+
+def test_native_region_declines_small_or_odd_arrays(monkeypatch):
+    """Under NATIVE_RESIZE_OUTPUTS, on one thread, or on arrays that are not float32 C-contiguous (items, h, w) of the
+    kernel's output shape, R._native runs nothing and says so."""
+    monkeypatch.setattr(R, "native_regions", lambda: True)
+    monkeypatch.setattr(R, "run_native", lambda fn, data: pytest.fail("no region expected"))
+    x = rand(4, 8, 8)
+    assert not R._native(R.RK.RESIZE_BILINEAR_2X, x, np.empty((4, 16, 16), np.float32))  # 1024 outputs: small
+    monkeypatch.setattr(R, "NATIVE_RESIZE_OUTPUTS", 0)
+    assert not R._native(R.RK.RESIZE_BILINEAR_2X, x, np.empty((4, 16, 15), np.float32))
+    assert not R._native(R.RK.RESIZE_BILINEAR_2X, x[:, ::2], np.empty((4, 8, 16), np.float32))
+    assert not R._native(R.RK.RESIZE_NEAREST, x.astype(np.float64), np.empty((4, 24, 16)), 3, 2)
+    monkeypatch.setattr(R, "get_threads", lambda: 1)
+    assert not R._native(R.RK.RESIZE_BILINEAR_2X, x, np.empty((4, 16, 16), np.float32))
