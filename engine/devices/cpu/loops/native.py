@@ -10,7 +10,7 @@ change here must come with a change to every file that uses them (or a cleared c
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import cfunc, njit, types
 from numba.extending import intrinsic
 
 
@@ -45,3 +45,16 @@ def call_int(typingctx, address):
         fnty = ir.FunctionType(ir.IntType(32), [])
         return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), ir.IntType(64))
     return types.int64(address), codegen
+
+
+def region(fn):
+    """`fn(data)` compiled as a native OpenMP region function (void fn(void *data), a numba cfunc: no Python, no GIL,
+    cached on disk by numba); its `.address` goes to threads.run_native, and the caller keeps the object alive."""
+    return cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")(fn)
+
+
+@njit(inline="always")
+def thread_position(job):
+    """(this thread's number, the team's size >= 1) through the addresses of omp_get_thread_num and
+    omp_get_num_threads, which every region job holds in its words 0 and 1."""
+    return call_int(job[0]), max(call_int(job[1]), 1)

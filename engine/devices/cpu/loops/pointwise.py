@@ -15,9 +15,9 @@ import functools
 import math
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import carray, njit
 
-from engine.devices.cpu.loops.native import call_int, f32_at, i64_view
+from engine.devices.cpu.loops.native import f32_at, i64_view, region, thread_position
 
 _JIT = {"nogil": True, "cache": True}
 
@@ -230,14 +230,13 @@ def pass_share(n, t, team):
 
 @functools.cache
 def pass_team():
-    """The region function below (its `.address`), compiled (or loaded from numba's cache) on first use; the cache
-    keeps the object, and so its code, alive."""
+    """The region function below, compiled (or loaded from numba's cache) on first use and kept alive here."""
 
-    @cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")
+    @region
     def pass_team(data):
         """One OpenMP thread's share of a float32 pass (see PASS_*): in place when input and output are one buffer."""
         job = carray(i64_view(data), (PASS_LEN,))
-        t, team = call_int(job[PASS_THREAD_NUM]), call_int(job[PASS_NUM_THREADS])
+        t, team = thread_position(job)
         n, kind = job[PASS_N], job[PASS_KIND]
         lo, hi = pass_share(n, t, team)
         if lo >= hi:

@@ -17,10 +17,10 @@ import functools
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from engine.devices.cpu.loops.native import call_int, f32_at, i64_view
+from engine.devices.cpu.loops.native import f32_at, i64_view, region, thread_position
 
 _LANES = 16
 
@@ -234,14 +234,13 @@ RESIZE_BILINEAR_2X, RESIZE_NEAREST = range(2)
 
 @functools.cache
 def resize_team():
-    """The region function below (its `.address`), compiled (or loaded from numba's cache) on first use; the cache
-    keeps the object, and so its code, alive."""
+    """The region function below, compiled (or loaded from numba's cache) on first use and kept alive here."""
 
-    @cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")
+    @region
     def resize_team(data):
         """One OpenMP thread's share of the items of a bilinear_2x or nearest_repeat resize (see RESIZE_*)."""
         job = carray(i64_view(data), (RESIZE_LEN,))
-        t, team = call_int(job[RESIZE_THREAD_NUM]), max(call_int(job[RESIZE_NUM_THREADS]), 1)
+        t, team = thread_position(job)
         items, h, w = job[RESIZE_ITEMS], job[RESIZE_H], job[RESIZE_W]
         lo, hi = t * items // team, (t + 1) * items // team
         if lo >= hi:
