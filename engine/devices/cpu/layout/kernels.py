@@ -12,6 +12,7 @@ import numpy as np
 
 from engine.devices.base import Kernel
 from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
+from engine.devices.cpu.layout import loops as LL
 from engine.devices.cpu.layout.blocked_ops import (
     BROADCAST_OPS,
     as_maxpool,
@@ -30,7 +31,7 @@ from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn import pool as onednn_pool
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.threads import get_threads, native_regions, openmp_thread_functions, parallel_for, run_native
 from engine.ir import Node
 from engine.ops.pool import pool_geom
 from engine.ops.registry import TensorInfo
@@ -196,6 +197,32 @@ class _Copy:
                 self.aligned[db] = self.run_src[db, 0]
 
 
+# Destination floats from which one input's lane copies split as a native region (loops.copy_team): no thread enters
+# Python, where from Python the second thread starts tens of microseconds late. Smaller copies stay on one thread:
+# they are bound by memory and by reading what the other core just wrote, and split they ran slower (GhostNet's 20
+# ghost concats at batch 1, in-process: 1.13 ms with the Python split from MIN_WORK, 1.42 split natively from 16K
+# floats, 1.14 from 100K, 1.00 from 256K against 1.07).
+NATIVE_COPY_FLOATS = 1 << 18
+
+
+def _native_copy(x: np.ndarray, dst: np.ndarray, c: _Copy, chunk: int) -> bool:
+    """x's lanes into dst (N, Cbd, HW, B) by the map `c`, as one native region where it pays and applies; False,
+    nothing run, otherwise (the caller splits from Python)."""
+    if dst.size < NATIVE_COPY_FLOATS or get_threads() < 2 or not native_regions():
+        return False
+    n, cbd, hw, b = dst.shape
+    if not (x.dtype == dst.dtype == np.float32 and x.flags.c_contiguous and dst.flags.c_contiguous
+            and x.shape[0] == n and c.count.shape == (cbd,) and c.run_dst.shape == (cbd, b)):
+        return False
+    job = np.empty(LL.COPY_LEN, np.int64)
+    job[LL.COPY_THREAD_NUM], job[LL.COPY_NUM_THREADS] = openmp_thread_functions()
+    job[LL.COPY_N:LL.COPY_SRC] = n, x.size // max(n, 1), cbd, hw, b
+    job[LL.COPY_SRC], job[LL.COPY_DST] = x.ctypes.data, dst.ctypes.data
+    job[LL.COPY_COUNT:LL.COPY_CHUNK] = [a.ctypes.data for a in (c.count, c.run_dst, c.run_src, c.run_len, c.aligned)]
+    job[LL.COPY_CHUNK] = chunk
+    return run_native(LL.copy_team().address, job.ctypes.data)
+
+
 def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
     if any(np.dtype(i.dtype) != np.float32 for i in ins):
         return reference_fallback(node, regroup_reference)
@@ -203,6 +230,7 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
     z, k = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1), np.int64)
     copy_lanes(z.reshape(1, 1), z, k[0], k, k, k, k[0], 1, 0, 0)  # compile at build
     zero_lanes(z, 1, 0, 0)
+    LL.copy_team()  # compiled (or loaded) with the kernel, not on its first request
     plans: dict[tuple, list] = {}  # per H*W: the copies of each output (offsets depend on the plane size)
 
     def plan(hw: int) -> list:
@@ -219,6 +247,8 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
                 zero_lanes(dst, len(chans_out) % b, 0, n)
             for i, c in copies:
                 x = inputs[i]
+                if _native_copy(x, dst, c, _REGROUP_CHUNK):
+                    continue
                 chunks = -(-h * w // _REGROUP_CHUNK)
                 parallel_for(copy_lanes, n * dst.shape[1] * chunks, dst.size, x.reshape(n, -1), dst, c.count,
                              c.run_dst, c.run_src, c.run_len, c.aligned, _REGROUP_CHUNK)

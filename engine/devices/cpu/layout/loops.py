@@ -16,12 +16,20 @@ source block in lane order (aligned[db] >= 0, the flat offset of that block) is 
 HW * B floats. Its items are (image, dst block, chunk of `chunk` pixels), so that one block of a large plane is
 split over the threads too. `zero_lanes` writes zero into the padding lanes of a value's last block; its items are
 (image, dst block) pairs.
+
+`copy_team` runs `copy_lanes` as a native OpenMP region function (each thread its share of the items from the job's
+words: COPY_*), so a split copy never enters Python on its threads (threads.run_native); it lives here because
+numba's cache watches a function's own file only.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-from numba import njit
+from numba import carray, njit
+
+from engine.devices.cpu.loops.native import f32_at, i64_at, i64_view, region, thread_position
 
 # Offsets built from a row start (start + p * B + lane) are cast to this unsigned type: numba wraps a negative
 # signed index around, and that check kept LLVM from vectorising the copies (an aligned block of 784 pixels x 8
@@ -190,3 +198,32 @@ def zero_lanes(dst, first, lo, hi):
         for p in range(hw):
             for lane in range(first, b):
                 d[p, lane] = 0.0
+
+
+# `job` (int64 words) of `copy_team`: the addresses of omp_get_thread_num and omp_get_num_threads; the float32 source
+# (N, FLAT) and destination (N, CBD, HW, B) and their addresses; the lane map's int64 arrays (count (CBD,), run_dst,
+# run_src and run_len (CBD, B), aligned (CBD,)); pixels per item (chunk).
+(COPY_THREAD_NUM, COPY_NUM_THREADS, COPY_N, COPY_FLAT, COPY_CBD, COPY_HW, COPY_B, COPY_SRC, COPY_DST, COPY_COUNT,
+ COPY_RUN_DST, COPY_RUN_SRC, COPY_RUN_LEN, COPY_ALIGNED, COPY_CHUNK, COPY_LEN) = range(16)
+
+
+@functools.cache
+def copy_team():
+    """The region function below, compiled (or loaded from numba's cache) on first use and kept alive here."""
+
+    @region
+    def copy_team(data):
+        """One OpenMP thread's share of the items of a copy_lanes call (see COPY_*)."""
+        job = carray(i64_view(data), (COPY_LEN,))
+        t, team = thread_position(job)
+        n, cbd, hw, b, chunk = job[COPY_N], job[COPY_CBD], job[COPY_HW], job[COPY_B], job[COPY_CHUNK]
+        items = n * cbd * ((hw + chunk - 1) // chunk)
+        lo, hi = t * items // team, (t + 1) * items // team
+        if lo >= hi:
+            return
+        copy_lanes(carray(f32_at(job[COPY_SRC]), (n, job[COPY_FLAT])), carray(f32_at(job[COPY_DST]), (n, cbd, hw, b)),
+                   carray(i64_at(job[COPY_COUNT]), (cbd,)), carray(i64_at(job[COPY_RUN_DST]), (cbd, b)),
+                   carray(i64_at(job[COPY_RUN_SRC]), (cbd, b)), carray(i64_at(job[COPY_RUN_LEN]), (cbd, b)),
+                   carray(i64_at(job[COPY_ALIGNED]), (cbd,)), chunk, lo, hi)
+
+    return copy_team

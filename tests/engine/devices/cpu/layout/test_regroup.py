@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, get_op
+from op_harness import build_kernel, cpu_device, get_op
 
+from engine.devices.cpu import threads
+from engine.devices.cpu.layout import kernels as layout_kernels
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.layout.regroup import concat_sources, shuffle_sources, split_sources
 from engine.errors import ShapeError
@@ -104,3 +106,50 @@ def test_errors_name_the_node():
         OP.infer(regroup(8, [8, 9], concat_sources([8, 9])), [TensorInfo((1, 1, 2, 2, 8), np.float32)] * 2)
     with pytest.raises(ShapeError, match="rg.*2 channel counts for 1 inputs"):
         OP.infer(regroup(8, [8, 8], concat_sources([8, 8])), [TensorInfo((1, 1, 2, 2, 8), np.float32)])
+
+
+@pytest.fixture
+def copy_regions(monkeypatch, request):
+    """Every lane copy split as a native region (NATIVE_COPY_FLOATS 0), even where the suite's team sleeps; records
+    whether each region ran."""
+    cpu_device()
+    if threads.pool_kind(threads.get_policy(), threads._openmp is not None) != "openmp":
+        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
+    runs: list[bool] = []
+    real = layout_kernels.run_native
+    monkeypatch.setattr(layout_kernels, "run_native", lambda fn, data: (runs.append(real(fn, data)), runs[-1])[1])
+    monkeypatch.setattr(layout_kernels, "native_regions", lambda: True)
+    monkeypatch.setattr(layout_kernels, "NATIVE_COPY_FLOATS", 0)
+    before = threads.get_threads()
+    request.addfinalizer(lambda: threads.set_threads(before))
+    return runs
+
+
+@pytest.mark.parametrize("n_threads", [2, 3])
+@pytest.mark.parametrize("block", [8, 16])
+def test_native_region_copies_match(block, n_threads, copy_regions):
+    """Concats (GhostNet's 8+8 and 24+24, odd runs), a split and a shuffle with every lane copy split over 2-3
+    threads as one native region: the same blocked values, padding lanes zero, at batch 2, batch 1 and a smaller
+    plane."""
+    threads.set_threads(n_threads)
+    for chans in ((8, 8), (24, 24), (5, 16, 7)):
+        xs = [rng.standard_normal((2, c, 45, 50)).astype(np.float32) for c in chans]
+        check(regroup(block, list(chans), concat_sources(list(chans))), xs, [np.concatenate(xs, axis=1)], block)
+    x = rng.standard_normal((2, 40, 9, 7)).astype(np.float32)
+    check(regroup(block, [40], split_sources([13, 27])), [x], np.split(x, [13], axis=1), block)
+    check(regroup(block, [40], shuffle_sources(40, 2)), [x], [shuffle(x, 2)], block)
+    assert copy_regions and all(copy_regions)
+
+
+def test_native_copy_declines_what_it_cannot_take(monkeypatch):
+    """Under NATIVE_COPY_FLOATS, on one thread, or on a non-contiguous source: nothing run, False."""
+    monkeypatch.setattr(layout_kernels, "native_regions", lambda: True)
+    monkeypatch.setattr(layout_kernels, "run_native", lambda fn, data: pytest.fail("no region expected"))
+    x = to_blocked(rng.standard_normal((1, 16, 4, 4)).astype(np.float32), 16)
+    dst = np.empty((1, 1, 16, 16), np.float32)
+    c = layout_kernels._Copy([(0, k) for k in range(16)], 0, 16, 16)
+    assert not layout_kernels._native_copy(x, dst, c, 1024)  # 256 floats: small
+    monkeypatch.setattr(layout_kernels, "NATIVE_COPY_FLOATS", 0)
+    assert not layout_kernels._native_copy(np.asfortranarray(x), dst, c, 1024)
+    monkeypatch.setattr(layout_kernels, "get_threads", lambda: 1)
+    assert not layout_kernels._native_copy(x, dst, c, 1024)
