@@ -24,12 +24,10 @@ numba's cache watches a function's own file only.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import carray, njit
 
-from engine.devices.cpu.loops.native import f32_at, i64_at, i64_view, region, thread_position
+from engine.devices.cpu.loops.native import f32_at, i64_at, open_job, region
 
 # Offsets built from a row start (start + p * B + lane) are cast to this unsigned type: numba wraps a negative
 # signed index around, and that check kept LLVM from vectorising the copies (an aligned block of 784 pixels x 8
@@ -207,23 +205,17 @@ def zero_lanes(dst, first, lo, hi):
  COPY_RUN_DST, COPY_RUN_SRC, COPY_RUN_LEN, COPY_ALIGNED, COPY_CHUNK, COPY_LEN) = range(16)
 
 
-@functools.cache
-def copy_team():
-    """The region function below, compiled (or loaded from numba's cache) on first use and kept alive here."""
+@region
+def copy_team(data):
+    """One OpenMP thread's share of the items of a copy_lanes call (see COPY_*)."""
+    job, t, team = open_job(data, COPY_LEN)
+    n, cbd, hw, b, chunk = job[COPY_N], job[COPY_CBD], job[COPY_HW], job[COPY_B], job[COPY_CHUNK]
+    items = n * cbd * ((hw + chunk - 1) // chunk)
+    lo, hi = t * items // team, (t + 1) * items // team
+    if lo >= hi:
+        return
+    copy_lanes(carray(f32_at(job[COPY_SRC]), (n, job[COPY_FLAT])), carray(f32_at(job[COPY_DST]), (n, cbd, hw, b)),
+               carray(i64_at(job[COPY_COUNT]), (cbd,)), carray(i64_at(job[COPY_RUN_DST]), (cbd, b)),
+               carray(i64_at(job[COPY_RUN_SRC]), (cbd, b)), carray(i64_at(job[COPY_RUN_LEN]), (cbd, b)),
+               carray(i64_at(job[COPY_ALIGNED]), (cbd,)), chunk, lo, hi)
 
-    @region
-    def copy_team(data):
-        """One OpenMP thread's share of the items of a copy_lanes call (see COPY_*)."""
-        job = carray(i64_view(data), (COPY_LEN,))
-        t, team = thread_position(job)
-        n, cbd, hw, b, chunk = job[COPY_N], job[COPY_CBD], job[COPY_HW], job[COPY_B], job[COPY_CHUNK]
-        items = n * cbd * ((hw + chunk - 1) // chunk)
-        lo, hi = t * items // team, (t + 1) * items // team
-        if lo >= hi:
-            return
-        copy_lanes(carray(f32_at(job[COPY_SRC]), (n, job[COPY_FLAT])), carray(f32_at(job[COPY_DST]), (n, cbd, hw, b)),
-                   carray(i64_at(job[COPY_COUNT]), (cbd,)), carray(i64_at(job[COPY_RUN_DST]), (cbd, b)),
-                   carray(i64_at(job[COPY_RUN_SRC]), (cbd, b)), carray(i64_at(job[COPY_RUN_LEN]), (cbd, b)),
-                   carray(i64_at(job[COPY_ALIGNED]), (cbd,)), chunk, lo, hi)
-
-    return copy_team

@@ -9,8 +9,10 @@ change here must come with a change to every file that uses them (or a cleared c
 
 from __future__ import annotations
 
+import functools
+
 from llvmlite import ir
-from numba import cfunc, njit, types
+from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
 
@@ -48,13 +50,21 @@ def call_int(typingctx, address):
 
 
 def region(fn):
-    """`fn(data)` compiled as a native OpenMP region function (void fn(void *data), a numba cfunc: no Python, no GIL,
-    cached on disk by numba); its `.address` goes to threads.run_native, and the caller keeps the object alive."""
-    return cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")(fn)
+    """`fn(data)` as a native OpenMP region function (void fn(void *data), a numba cfunc: no Python, no GIL, cached on
+    disk by numba), compiled (or loaded from numba's cache) on the first call of the returned function, which returns
+    it from then on (its `.address` goes to threads.run_native; being kept here keeps its code alive). Kernels call
+    it at build, so that no request pays for the compilation."""
+
+    @functools.cache
+    def compiled():
+        return cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")(fn)
+    compiled.__doc__ = fn.__doc__
+    return compiled
 
 
 @njit(inline="always")
-def thread_position(job):
-    """(this thread's number, the team's size >= 1) through the addresses of omp_get_thread_num and
-    omp_get_num_threads, which every region job holds in its words 0 and 1."""
-    return call_int(job[0]), max(call_int(job[1]), 1)
+def open_job(data, length):
+    """(the region job's `length` int64 words, this thread's number, the team's size >= 1): every job holds the
+    addresses of omp_get_thread_num and omp_get_num_threads in its words 0 and 1."""
+    job = carray(i64_view(data), (length,))
+    return job, call_int(job[0]), max(call_int(job[1]), 1)

@@ -11,13 +11,12 @@ the first on a 2-vCPU VM). It lives here because numba's cache watches a functio
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 from numba import carray, njit
 
-from engine.devices.cpu.loops.native import f32_at, i64_view, region, thread_position
+from engine.devices.cpu.loops.native import f32_at, open_job, region
 
 _JIT = {"nogil": True, "cache": True}
 
@@ -228,34 +227,28 @@ def pass_share(n, t, team):
     return lo, min(lo + step, n)
 
 
-@functools.cache
-def pass_team():
-    """The region function below, compiled (or loaded from numba's cache) on first use and kept alive here."""
-
-    @region
-    def pass_team(data):
-        """One OpenMP thread's share of a float32 pass (see PASS_*): in place when input and output are one buffer."""
-        job = carray(i64_view(data), (PASS_LEN,))
-        t, team = thread_position(job)
-        n, kind = job[PASS_N], job[PASS_KIND]
-        lo, hi = pass_share(n, t, team)
-        if lo >= hi:
-            return
-        out = carray(f32_at(job[PASS_OUT]), (n,))
-        if job[PASS_X] == job[PASS_OUT]:
-            if kind == PASS_SIGMOID:
-                sigmoid_f32_inplace(out, lo, hi)
-            elif kind == PASS_SILU:
-                silu_f32_inplace(out, lo, hi)
-            else:
-                gelu_f32_inplace(out, lo, hi)
-            return
-        x = carray(f32_at(job[PASS_X]), (n,))
+@region
+def pass_team(data):
+    """One OpenMP thread's share of a float32 pass (see PASS_*): in place when input and output are one buffer."""
+    job, t, team = open_job(data, PASS_LEN)
+    n, kind = job[PASS_N], job[PASS_KIND]
+    lo, hi = pass_share(n, t, team)
+    if lo >= hi:
+        return
+    out = carray(f32_at(job[PASS_OUT]), (n,))
+    if job[PASS_X] == job[PASS_OUT]:
         if kind == PASS_SIGMOID:
-            sigmoid_f32_range(x, out, lo, hi)
+            sigmoid_f32_inplace(out, lo, hi)
         elif kind == PASS_SILU:
-            silu_f32_range(x, out, lo, hi)
+            silu_f32_inplace(out, lo, hi)
         else:
-            gelu_f32_range(x, out, lo, hi)
+            gelu_f32_inplace(out, lo, hi)
+        return
+    x = carray(f32_at(job[PASS_X]), (n,))
+    if kind == PASS_SIGMOID:
+        sigmoid_f32_range(x, out, lo, hi)
+    elif kind == PASS_SILU:
+        silu_f32_range(x, out, lo, hi)
+    else:
+        gelu_f32_range(x, out, lo, hi)
 
-    return pass_team

@@ -13,14 +13,12 @@ it lives here because numba's cache watches a function's own file only.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from engine.devices.cpu.loops.native import f32_at, i64_view, region, thread_position
+from engine.devices.cpu.loops.native import f32_at, open_job, region
 
 _LANES = 16
 
@@ -232,24 +230,18 @@ def bilinear_2x(x, out, lo, hi):
 RESIZE_BILINEAR_2X, RESIZE_NEAREST = range(2)
 
 
-@functools.cache
-def resize_team():
-    """The region function below, compiled (or loaded from numba's cache) on first use and kept alive here."""
+@region
+def resize_team(data):
+    """One OpenMP thread's share of the items of a bilinear_2x or nearest_repeat resize (see RESIZE_*)."""
+    job, t, team = open_job(data, RESIZE_LEN)
+    items, h, w = job[RESIZE_ITEMS], job[RESIZE_H], job[RESIZE_W]
+    lo, hi = t * items // team, (t + 1) * items // team
+    if lo >= hi:
+        return
+    x = carray(f32_at(job[RESIZE_X]), (items, h, w))
+    if job[RESIZE_KIND] == RESIZE_BILINEAR_2X:
+        bilinear_2x(x, carray(f32_at(job[RESIZE_OUT]), (items, 2 * h, 2 * w)), lo, hi)
+    else:
+        ky, kx = job[RESIZE_KY], job[RESIZE_KX]
+        nearest_repeat(x, carray(f32_at(job[RESIZE_OUT]), (items, h * ky, w * kx)), ky, kx, lo, hi)
 
-    @region
-    def resize_team(data):
-        """One OpenMP thread's share of the items of a bilinear_2x or nearest_repeat resize (see RESIZE_*)."""
-        job = carray(i64_view(data), (RESIZE_LEN,))
-        t, team = thread_position(job)
-        items, h, w = job[RESIZE_ITEMS], job[RESIZE_H], job[RESIZE_W]
-        lo, hi = t * items // team, (t + 1) * items // team
-        if lo >= hi:
-            return
-        x = carray(f32_at(job[RESIZE_X]), (items, h, w))
-        if job[RESIZE_KIND] == RESIZE_BILINEAR_2X:
-            bilinear_2x(x, carray(f32_at(job[RESIZE_OUT]), (items, 2 * h, 2 * w)), lo, hi)
-        else:
-            ky, kx = job[RESIZE_KY], job[RESIZE_KX]
-            nearest_repeat(x, carray(f32_at(job[RESIZE_OUT]), (items, h * ky, w * kx)), ky, kx, lo, hi)
-
-    return resize_team
