@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.cpu.epilogue import gelu_f32, sigmoid_f32, silu_f32
-from engine.devices.cpu.epilogue import prepare as prepare_activation
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, reference_fallback
 from engine.devices.cpu.loops import pointwise as mk
 from engine.devices.cpu.onednn import unary
@@ -89,7 +88,6 @@ def _build_loop(node: Node, ins: list[TensorInfo]):
     if op == "PRelu":
         return _prelu_kernel(node, ins)
     if dt == np.float32 and op in _EPILOGUE and ours(*_epilogue_of(node)):
-        prepare_activation(_EPILOGUE[op][0])
         return _flat_loop(_RATIONAL_F32[_EPILOGUE[op][0]], dt)
     if op == "Gelu":
         return _flat_loop(mk.gelu_tanh_loop if param(node, "approximate", "none") == "tanh" else mk.gelu_loop, dt)

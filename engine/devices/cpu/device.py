@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import ChainMap
 
 from engine.devices.base import Device, Kernel
+from engine.devices.cpu.epilogue import prepare as prepare_passes
 from engine.devices.cpu.int8 import ops as int8_ops
 from engine.devices.cpu.int8.rewrite import decide as int8_layout
 from engine.devices.cpu.kernel import Backends, reference_kernel
@@ -39,6 +40,8 @@ class CpuDevice(Device):
     def __init__(self, options: CpuOptions | None = None):
         self.options = options if options is not None else CpuOptions()
         self.backends = Backends.from_options(self.options)
+        if self.backends.onednn:  # our passes may split as a native region on OpenMP's team: ready before a request
+            prepare_passes()
         self.ops = ChainMap(PRIVATE_OPS, OPS)
         self.kernels = KERNELS
 

@@ -42,11 +42,10 @@ def _leaky(out, p):
     meaning.leaky_relu(out, p)
 
 
-def prepare(name: str | None) -> None:
-    """Compiles (or loads from numba's cache) the native region of activation `name`'s float32 pass, if it has
-    one, so that a kernel's build pays for it rather than its first request."""
-    if name in ("sigmoid", "silu", "gelu"):
-        mk.pass_team()
+def prepare() -> None:
+    """Compiles (or loads from numba's cache) the passes' native region, so that the CPU device's start pays for it
+    rather than the first request whose pass splits (any kernel may apply an activation after its work)."""
+    mk.pass_team()
 
 
 def _native_pass(kind: int, x: np.ndarray, out: np.ndarray) -> bool:

@@ -21,11 +21,13 @@ from engine.devices.cpu.kernel import Backends, CpuKernel, ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import threads_for, work_of
+from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
 from engine.ops.shape import float_to_int_cast, meshgrid_views, shape_slice, tile_reps, transpose_perm
 
 TEAM_MAX_BYTES = 1 << 20  # the largest input TeamTranspose copies when the last axis stays last (see above)
+MAX_DIMS = 12  # oneDNN's DNNL_MAX_NDIMS
 
 
 def _copy_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
@@ -37,8 +39,8 @@ def _copy_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
         if team is not None and team.run(x, out):
-            pass
-        elif op == "Transpose":
+            return
+        if op == "Transpose":
             _transpose(x, perm, out)
         elif op == "Tile":
             reps = tile_reps(node, x.ndim)
@@ -70,20 +72,23 @@ def _transpose(x: np.ndarray, perm: tuple[int, ...], out: np.ndarray) -> None:
 
 class TeamTranspose:
     """out = x.transpose(perm) for float32 as a oneDNN reorder (see the module doc), one per input shape and strides;
-    `run` returns False, copying nothing, where numpy's copy is the better one: work too small to split
-    (threads.threads_for) or rows larger than TEAM_MAX_BYTES in all, a zero-size or broadcast (stride 0) side,
-    strides oneDNN cannot take (negative, or not whole elements), or an output that is not C-contiguous."""
+    `run` returns False, copying nothing, where numpy's copy is the better one or the only one: work too small to
+    split (threads.threads_for) or rows larger than TEAM_MAX_BYTES in all, fewer than 2 or more than MAX_DIMS axes, a
+    zero-size or broadcast (stride 0) side, strides oneDNN cannot take (negative, not whole elements, overlapping),
+    another dtype, or an output that is not C-contiguous."""
 
     def __init__(self, perm: tuple[int, ...]):
         self.perm = perm
         self.steps: ShapeCache = ShapeCache()
 
     def run(self, x: np.ndarray, out: np.ndarray) -> bool:
+        if x.dtype != np.float32 or not out.flags.c_contiguous:
+            return False
         key = (x.shape, x.strides)
         step = self.steps.get(key, False)
         if step is False:
             step = remember(self.steps, key, self._step(x))
-        if step is None or not out.flags.c_contiguous or x.dtype != np.float32:
+        if step is None:
             return False
         D.sync_threads()
         step.run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
@@ -91,8 +96,10 @@ class TeamTranspose:
         return True
 
     def _step(self, x: np.ndarray) -> D.Step | None:
+        if not 2 <= x.ndim <= MAX_DIMS or x.size == 0:
+            return None
         rows = self.perm[-1] == x.ndim - 1 and x.shape[-1] > 1
-        if threads_for(work_of(0, 2 * x.nbytes)) <= 1 or x.size == 0 or (rows and x.nbytes > TEAM_MAX_BYTES):
+        if threads_for(work_of(0, 2 * x.nbytes)) <= 1 or (rows and x.nbytes > TEAM_MAX_BYTES):
             return None
         shape = tuple(x.shape[p] for p in self.perm)
         strides = []
@@ -101,7 +108,10 @@ class TeamTranspose:
             if n > 1 and (st <= 0 or st % x.itemsize):
                 return None
             strides.append(st // x.itemsize if n > 1 else 1)  # a single index: any stride reads the same element
-        return D.reorder_step(D.MemoryDesc.strided(shape, strides), D.MemoryDesc.plain(shape))
+        try:
+            return D.reorder_step(D.MemoryDesc.strided(shape, strides), D.MemoryDesc.plain(shape))
+        except KernelError:  # strides oneDNN refuses (views whose elements overlap): numpy's copy
+            return None
 
 
 def _shape_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):

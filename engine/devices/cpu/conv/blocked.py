@@ -224,4 +224,5 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
             plan[0].prepare(plan[1])
     at_max = wino_plan(max_shape)
     run.impl = f"winograd-f{at_max[0].m}x{at_max[0].m}+onednn-matmul" if at_max is not None else f"onednn:{first.impl}"
+    run.plans = plans  # type: ignore[attr-defined]
     return run

@@ -23,7 +23,6 @@ import numpy as np
 
 from engine.devices.base import Kernel
 from engine.devices.cpu.epilogue import apply_activation
-from engine.devices.cpu.epilogue import prepare as prepare_activation
 from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
@@ -64,8 +63,6 @@ class ConvSpec:
         self.act = node.params.get("activation"), node.params.get("activation_params")
         self.elt = conv_post_op(*self.act)
         self.late = self.elt is None and self.act[0] is not None  # applied after the primitive
-        if self.late:
-            prepare_activation(self.act[0])
         self.post_ops = ([("sum",)] if residual else []) + ([self.elt] if self.elt else [])
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
 
@@ -224,7 +221,9 @@ class BoundRuns:
     objects run after run), on a plan that is the primitive alone (Plan.direct), with nothing after it. Then the run
     is Plan.execute_bound, skipping the contiguity checks, the plan lookups and the pointer arithmetic (~1.5-2 us
     of a small conv's ~4 us of Python; GhostNet runs 95 convs a call). The arrays are compared by identity, which
-    is safe: an array's data never moves, and the shortcut holds them, so no other array can take their id."""
+    is safe: an array's data never moves, and the shortcut holds them, so no other array can take their id. Holding
+    them keeps one set alive until the kernel's next run: arena views, or for a conv on a graph input the caller's
+    last input array (and its output, where that is handed out), a request's worth at most."""
 
     def __init__(self):
         self.last: tuple | None = None

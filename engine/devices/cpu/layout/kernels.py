@@ -23,7 +23,6 @@ from engine.devices.cpu.layout.blocked_ops import (
     layout_params,
     maxpool_reference_blocked,
 )
-from engine.devices.cpu.layout.loops import broadcast_binary, copy_lanes, global_pool, max_pool, zero_lanes
 from engine.devices.cpu.layout.regroup import reference as regroup_reference
 from engine.devices.cpu.layout.regroup import regroup_params
 from engine.devices.cpu.onednn import binary as onednn_binary
@@ -101,12 +100,12 @@ def _kernel_global(backends: Backends, node: Node, ins: list[TensorInfo]):
     is_max = node.params.get("mode") == "max"
     if np.dtype(ins[0].dtype) != np.float32:
         return reference_fallback(node, global_reference)
-    global_pool(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32), is_max, 0, 1)  # compile now
+    LL.global_pool(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32), is_max, 0, 1)  # compile now
 
     def run(inputs, outputs, workspace):
         x = np.ascontiguousarray(inputs[0])
         n, cb, h, w, b = x.shape
-        parallel_for(global_pool, n * cb, x.size, x.reshape(n * cb, h * w, b), outputs[0].reshape(n * cb, b),
+        parallel_for(LL.global_pool, n * cb, x.size, x.reshape(n * cb, h * w, b), outputs[0].reshape(n * cb, b),
                      is_max)
     run.impl = "numba:global_pool_blocked"  # type: ignore[attr-defined]
     if backends.onednn:  # oneDNN's jit pooling, the window the whole plane: ~3x the loop
@@ -122,7 +121,7 @@ def _kernel_global(backends: Backends, node: Node, ins: list[TensorInfo]):
 def _kernel_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]):
     if np.dtype(ins[0].dtype) != np.float32:
         return reference_fallback(node, maxpool_reference_blocked)
-    max_pool(np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32), 1, 1, 1, 1, 1, 1, 0, 0, 0, 1)
+    LL.max_pool(np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32), 1, 1, 1, 1, 1, 1, 0, 0, 0, 1)
     plain = as_maxpool(node)
     geoms: dict[tuple[int, ...], object] = {}  # per input shape, so a run computes no geometry
 
@@ -132,7 +131,7 @@ def _kernel_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]):
         g = geoms.get(x.shape)
         if g is None:
             g = remember(geoms, x.shape, pool_geom(plain, (n, cb * b, h, w)))
-        parallel_for(max_pool, n * cb, out.size * g.kernel[0] * g.kernel[1], x.reshape(n * cb, h, w, b),
+        parallel_for(LL.max_pool, n * cb, out.size * g.kernel[0] * g.kernel[1], x.reshape(n * cb, h, w, b),
                      out.reshape(n * cb, g.oh, g.ow, b), *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1])
     run.impl = "numba:max_pool_blocked"  # type: ignore[attr-defined]
     if backends.onednn:  # oneDNN's jit pooling on nChw{B}c: 64ch@111 b1 0.57 -> 0.10 ms
@@ -146,7 +145,7 @@ def _kernel_broadcast(backends: Backends, node: Node, ins: list[TensorInfo]):
     if any(np.dtype(i.dtype) != np.float32 for i in ins):
         return reference_fallback(node, broadcast_reference)
     code = BROADCAST_OPS[node.params["op"]][0]
-    broadcast_binary(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32), np.zeros((1, 1, 1), np.float32),
+    LL.broadcast_binary(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32), np.zeros((1, 1, 1), np.float32),
                      code, False, 0, 1)
 
     def run(inputs, outputs, workspace):
@@ -154,7 +153,7 @@ def _kernel_broadcast(backends: Backends, node: Node, ins: list[TensorInfo]):
         x, s = (inputs[1], inputs[0]) if s_first else (inputs[0], inputs[1])
         x, s = np.ascontiguousarray(x), np.ascontiguousarray(s)
         n, cb, h, w, b = x.shape
-        parallel_for(broadcast_binary, n * cb, x.size, x.reshape(n * cb, h * w, b), s.reshape(n * cb, b),
+        parallel_for(LL.broadcast_binary, n * cb, x.size, x.reshape(n * cb, h * w, b), s.reshape(n * cb, b),
                      outputs[0].reshape(n * cb, h * w, b), code, s_first)
     small_first = broadcast_operands(node, [i.shape for i in ins])
     if backends.onednn and onednn_binary.supported(node.params["op"], small_first):
@@ -228,8 +227,8 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
         return reference_fallback(node, regroup_reference)
     block, chans, sources = regroup_params(node)
     z, k = np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1), np.int64)
-    copy_lanes(z.reshape(1, 1), z, k[0], k, k, k, k[0], 1, 0, 0)  # compile at build
-    zero_lanes(z, 1, 0, 0)
+    LL.copy_lanes(z.reshape(1, 1), z, k[0], k, k, k, k[0], 1, 0, 0)  # compile at build
+    LL.zero_lanes(z, 1, 0, 0)
     LL.copy_team()  # compiled (or loaded) with the kernel, not on its first request
     plans: dict[tuple, list] = {}  # per H*W: the copies of each output (offsets depend on the plane size)
 
@@ -244,13 +243,13 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
         for out, chans_out, copies in zip(outputs, sources, plan(h * w), strict=True):
             dst = out.reshape(n, out.shape[1], h * w, b)
             if len(chans_out) % b:
-                zero_lanes(dst, len(chans_out) % b, 0, n)
+                LL.zero_lanes(dst, len(chans_out) % b, 0, n)
             for i, c in copies:
                 x = inputs[i]
                 if _native_copy(x, dst, c, _REGROUP_CHUNK):
                     continue
                 chunks = -(-h * w // _REGROUP_CHUNK)
-                parallel_for(copy_lanes, n * dst.shape[1] * chunks, dst.size, x.reshape(n, -1), dst, c.count,
+                parallel_for(LL.copy_lanes, n * dst.shape[1] * chunks, dst.size, x.reshape(n, -1), dst, c.count,
                              c.run_dst, c.run_src, c.run_len, c.aligned, _REGROUP_CHUNK)
     return run
 

@@ -218,4 +218,3 @@ def copy_team(data):
                carray(i64_at(job[COPY_COUNT]), (cbd,)), carray(i64_at(job[COPY_RUN_DST]), (cbd, b)),
                carray(i64_at(job[COPY_RUN_SRC]), (cbd, b)), carray(i64_at(job[COPY_RUN_LEN]), (cbd, b)),
                carray(i64_at(job[COPY_ALIGNED]), (cbd,)), chunk, lo, hi)
-

@@ -29,15 +29,14 @@ here): 0.8 ns against 17 ns per element; error below 7e-7 relative.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 from llvmlite import ir
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from engine.devices.cpu.loops.native import call_int, f32_at, i64_at, i64_view
+from engine.devices.cpu.loops.native import f32_at, i64_at, open_job, region
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 _FAST = {"reassoc", "nsz", "contract", "afn"}  # no nnan/ninf: -inf scores and NaN rows must stay what they are
@@ -103,8 +102,6 @@ def sgemm(fn, wide, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc):
         _sgemm64(np.int64(fn), tb, *args)
     else:
         _sgemm32(np.int64(fn), tb, *args)
-
-
 
 
 @njit(nogil=True, cache=True)
@@ -257,7 +254,6 @@ def reset(m, l, acc):
         l[i] = _F(0.0)
         for d in range(acc.shape[1]):
             acc[i, d] = _F(0.0)
-
 
 
 @njit(fastmath=_FAST, **_JIT)
@@ -413,8 +409,6 @@ def attend_items(gemm, wide, items, ptrs, strides, mask, mask_kind, causal, nan_
 # -- the grouped path as a native OpenMP region (see the module doc) --
 
 
-
-
 # `job` (int64 words) of `attend_team`: addresses of OpenMP's omp_get_thread_num and omp_get_num_threads, of
 # cblas_sgemm and whether its integers are 64-bit; the chunks (threads planned, each its own slot); the items of
 # every chunk in one (rows, 6) table and where each chunk's rows start (chunks + 1 offsets); q, k, v, out addresses
@@ -433,39 +427,30 @@ JOB_ERROR = 28
 JOB_LEN = 29
 
 
-@functools.cache
-def attend_team():
-    """The region function below (its `.address`), compiled (or loaded from numba's cache) on first use, which the
-    kernel's build makes (attention._compile_group): a cfunc compiles where it is defined, and most processes never
-    split a grouped run. The cache keeps the object, and so its code, alive."""
-
-    @cfunc(types.void(types.voidptr), nogil=True, cache=True, error_model="numpy")
-    def attend_team(data):
-        """One OpenMP thread's share of a split grouped run: chunks t, t + T, ... of `job` (see JOB_*), each on its own
-        slot, as `attend_items` runs them from Python (threads.run_native runs this on every thread of the team)."""
-        job = carray(i64_view(data), (JOB_LEN,))
-        t, team = call_int(job[JOB_THREAD_NUM]), call_int(job[JOB_NUM_THREADS])
-        chunks = job[JOB_CHUNKS]
-        offsets = carray(i64_at(job[JOB_OFFSETS]), (chunks + 1,))
-        table = carray(i64_at(job[JOB_TABLE]), (offsets[chunks], 6))
-        ptrs = carray(i64_at(job[JOB_PTRS]), (4,))
-        strides = carray(i64_at(job[JOB_STRIDES]), (4, 3))
-        slots = carray(i64_at(job[JOB_SLOTS]), (chunks, 2))
-        m = JOB_MASK_SHAPE
-        mask = np.lib.stride_tricks.as_strided(
-            carray(f32_at(job[JOB_MASK]), (1,)), shape=(job[m], job[m + 1], job[m + 2], job[m + 3]),
-            strides=(job[m + 4], job[m + 5], job[m + 6], job[m + 7]))
-        scale = np.int32(job[JOB_SCALE]).view(np.float32)
-        for c in range(t, chunks, max(team, 1)):
-            items = table[offsets[c]:offsets[c + 1]]
-            for i in range(items.shape[0]):  # nb x nh x L scores and sums in the slot (see JOB_ERROR)
-                rows = items[i, 1] * items[i, 3] * items[i, 5]
-                if rows < 0 or rows > job[JOB_L_LEN] or rows * job[JOB_S] > job[JOB_S_LEN]:
-                    job[JOB_ERROR] = 1
-                    return
-            attend_items(job[JOB_GEMM], job[JOB_WIDE] != 0, items, ptrs, strides, mask,
-                         job[JOB_KIND], job[JOB_CAUSAL] != 0, job[JOB_NAN_ROWS] != 0, scale, job[JOB_S], job[JOB_E],
-                         job[JOB_DV], carray(f32_at(slots[c, 0]), (job[JOB_S_LEN],)),
-                         carray(f32_at(slots[c, 1]), (job[JOB_L_LEN],)))
-
-    return attend_team
+@region
+def attend_team(data):
+    """One OpenMP thread's share of a split grouped run: chunks t, t + T, ... of `job` (see JOB_*), each on its own
+    slot, as `attend_items` runs them from Python (threads.run_native runs this on every thread of the team)."""
+    job, t, team = open_job(data, JOB_LEN)
+    chunks = job[JOB_CHUNKS]
+    offsets = carray(i64_at(job[JOB_OFFSETS]), (chunks + 1,))
+    table = carray(i64_at(job[JOB_TABLE]), (offsets[chunks], 6))
+    ptrs = carray(i64_at(job[JOB_PTRS]), (4,))
+    strides = carray(i64_at(job[JOB_STRIDES]), (4, 3))
+    slots = carray(i64_at(job[JOB_SLOTS]), (chunks, 2))
+    m = JOB_MASK_SHAPE
+    mask = np.lib.stride_tricks.as_strided(
+        carray(f32_at(job[JOB_MASK]), (1,)), shape=(job[m], job[m + 1], job[m + 2], job[m + 3]),
+        strides=(job[m + 4], job[m + 5], job[m + 6], job[m + 7]))
+    scale = np.int32(job[JOB_SCALE]).view(np.float32)
+    for c in range(t, chunks, team):
+        items = table[offsets[c]:offsets[c + 1]]
+        for i in range(items.shape[0]):  # nb x nh x L scores and sums in the slot (see JOB_ERROR)
+            rows = items[i, 1] * items[i, 3] * items[i, 5]
+            if rows < 0 or rows > job[JOB_L_LEN] or rows * job[JOB_S] > job[JOB_S_LEN]:
+                job[JOB_ERROR] = 1
+                return
+        attend_items(job[JOB_GEMM], job[JOB_WIDE] != 0, items, ptrs, strides, mask,
+                     job[JOB_KIND], job[JOB_CAUSAL] != 0, job[JOB_NAN_ROWS] != 0, scale, job[JOB_S], job[JOB_E],
+                     job[JOB_DV], carray(f32_at(slots[c, 0]), (job[JOB_S_LEN],)),
+                     carray(f32_at(slots[c, 1]), (job[JOB_L_LEN],)))

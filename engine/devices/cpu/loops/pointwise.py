@@ -251,4 +251,3 @@ def pass_team(data):
         silu_f32_range(x, out, lo, hi)
     else:
         gelu_f32_range(x, out, lo, hi)
-

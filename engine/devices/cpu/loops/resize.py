@@ -244,4 +244,3 @@ def resize_team(data):
     else:
         ky, kx = job[RESIZE_KY], job[RESIZE_KX]
         nearest_repeat(x, carray(f32_at(job[RESIZE_OUT]), (items, h * ky, w * kx)), ky, kx, lo, hi)
-

@@ -99,9 +99,10 @@ def test_team_transpose_is_numpys_bit_for_bit(shape, perm, monkeypatch):
 
 @NO_ONEDNN
 def test_team_transpose_declines_what_numpy_copies_better(monkeypatch):
-    """Negative strides, broadcast (stride 0) axes, a non-contiguous output, an empty input and work too small to
-    split or rows past TEAM_MAX_BYTES go to numpy's copy (run returns False and writes nothing); the kernel then
-    still gives numpy's result. A copy that moves the last axis stays oneDNN's at any size."""
+    """Negative strides, broadcast (stride 0) axes, overlapping elements, 0-d, 1-d and 13-d inputs, another dtype, a
+    non-contiguous output, an empty input and work too small to split or rows past TEAM_MAX_BYTES go to numpy's copy
+    (run returns False and writes nothing); the kernel then still gives numpy's result. A copy that moves the last
+    axis stays oneDNN's at any size."""
     monkeypatch.setattr(shape_kernels, "threads_for", lambda work: 2)
     x = RNG.standard_normal((64, 48, 40)).astype(np.float32)
     team = shape_kernels.TeamTranspose((2, 0, 1))
@@ -121,12 +122,24 @@ def test_team_transpose_declines_what_numpy_copies_better(monkeypatch):
     np.testing.assert_array_equal(out, x.transpose(1, 0, 2))
     monkeypatch.setattr(shape_kernels, "threads_for", lambda work: 1)
     assert not shape_kernels.TeamTranspose((2, 0, 1)).run(x, np.empty((40, 64, 48), np.float32))
+    overlapping = np.lib.stride_tricks.as_strided(x, (300, 64), (4, 4))  # oneDNN refuses the descriptor
+    assert not shape_kernels.TeamTranspose((1, 0)).run(overlapping, np.empty((64, 300), np.float32))
+    assert not shape_kernels.TeamTranspose(()).run(np.float32(3).reshape(()), np.empty((), np.float32))
+    assert not shape_kernels.TeamTranspose((0,)).run(x.ravel(), np.empty(x.size, np.float32))
+    deep = np.zeros((2,) * 13, np.float32)  # more axes than oneDNN's 12
+    assert not shape_kernels.TeamTranspose(tuple(range(13))[::-1]).run(deep, np.empty_like(deep))
+    assert not shape_kernels.TeamTranspose((2, 0, 1)).run(x.astype(np.float64), np.empty((40, 64, 48)))
     node = make_node("Transpose", 1, params={"perm": [2, 0, 1]})
     for a in cases:
         out = np.empty((a.shape[2], a.shape[0], a.shape[1]), np.float32)
         kernel = shape_kernels._copy_kernel(SimpleNamespace(onednn=True), node, [TensorInfo(a.shape, np.float32)])
         kernel([a], [out], None)
         np.testing.assert_array_equal(out, np.transpose(a, (2, 0, 1)))
+    scalar, out = np.float32(3).reshape(()), np.empty((), np.float32)
+    kernel = shape_kernels._copy_kernel(SimpleNamespace(onednn=True), make_node("Transpose", 1, params={"perm": []}),
+                                        [TensorInfo((), np.float32)])
+    kernel([scalar], [out], None)
+    assert out == 3
 
 
 def test_transpose_of_objects_copies_references():

@@ -261,6 +261,8 @@ def test_runs_on_the_same_arrays_take_the_bound_shortcut(c, o, k, groups, monkey
 
     check(x_a, out_a)
     assert not calls
+    if not next(iter(kernel.plans.values())).direct:
+        pytest.skip("oneDNN reorders this conv's sides here: the shortcut does not apply")
     check(x_a, out_a)
     assert len(calls) == 1
     x_a[...] = to_blocked(rng.standard_normal((1, c, 9, 9)).astype(np.float32), B)  # new values, same array
