@@ -66,8 +66,8 @@ from engine.devices.cpu.threads import (
     chunks_for,
     get_threads,
     native_regions,
-    openmp_thread_functions,
     parallel_for,
+    region_job,
     run_native,
 )
 from engine.errors import KernelError
@@ -789,8 +789,7 @@ class _TeamJob:
         self.strides = np.ascontiguousarray(strides, np.int64)
         self.ptrs = np.zeros(4, np.int64)
         self.slots = np.array([(A.address(sl.s), A.address(sl.l)) for sl in call.slots], np.int64)
-        job = self.job = np.zeros(A.JOB_LEN, np.int64)
-        job[A.JOB_THREAD_NUM], job[A.JOB_NUM_THREADS] = openmp_thread_functions()
+        job = self.job = region_job(A.JOB_LEN)
         job[A.JOB_GEMM], job[A.JOB_WIDE] = cblas[0], int(cblas[1])
         job[A.JOB_CHUNKS] = len(table)
         for at, a in ((A.JOB_TABLE, self.table), (A.JOB_OFFSETS, self.offsets), (A.JOB_PTRS, self.ptrs),

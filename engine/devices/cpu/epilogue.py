@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.cpu.loops import pointwise as mk
-from engine.devices.cpu.threads import get_threads, native_regions, openmp_thread_functions, parallel_for, run_native
+from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native
 from engine.ops import epilogue as meaning
 
 # parallel_for's work per element of the rational logistic: 1, so a pass splits from MIN_WORK (256K) elements up,
@@ -54,8 +54,7 @@ def _native_pass(kind: int, x: np.ndarray, out: np.ndarray) -> bool:
     if not (x.dtype == out.dtype == np.float32 and x.ndim == out.ndim == 1 and x.size == out.size
             and x.flags.c_contiguous and out.flags.c_contiguous):
         return False
-    job = np.empty(mk.PASS_LEN, np.int64)
-    job[mk.PASS_THREAD_NUM], job[mk.PASS_NUM_THREADS] = openmp_thread_functions()
+    job = region_job(mk.PASS_LEN)
     job[mk.PASS_KIND], job[mk.PASS_N], job[mk.PASS_X], job[mk.PASS_OUT] = kind, x.size, x.ctypes.data, out.ctypes.data
     return run_native(mk.pass_team().address, job.ctypes.data)
 

@@ -17,7 +17,7 @@ import numpy as np
 from engine.devices.base import Kernel
 from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.loops import resize as RK
-from engine.devices.cpu.threads import get_threads, native_regions, openmp_thread_functions, parallel_for, run_native
+from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native
 from engine.ir import Node
 from engine.ops.grid_sample import sample
 from engine.ops.registry import TensorInfo
@@ -35,8 +35,7 @@ def _native(kind: int, x: np.ndarray, out: np.ndarray, ky: int = 2, kx: int = 2)
     if not (x.dtype == out.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous
             and x.ndim == out.ndim == 3 and out.shape == (x.shape[0], x.shape[1] * ky, x.shape[2] * kx)):
         return False
-    job = np.empty(RK.RESIZE_LEN, np.int64)
-    job[RK.RESIZE_THREAD_NUM], job[RK.RESIZE_NUM_THREADS] = openmp_thread_functions()
+    job = region_job(RK.RESIZE_LEN)
     job[RK.RESIZE_KIND:RK.RESIZE_X] = kind, *x.shape, ky, kx
     job[RK.RESIZE_X], job[RK.RESIZE_OUT] = x.ctypes.data, out.ctypes.data
     return run_native(RK.resize_team().address, job.ctypes.data)

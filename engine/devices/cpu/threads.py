@@ -530,6 +530,14 @@ def openmp_thread_functions() -> tuple[int, int]:
 _thread_functions: tuple | None = None  # (runtime, its two addresses): openmp_thread_functions
 
 
+def region_job(length: int) -> np.ndarray:
+    """A native region's job: `length` int64 words, zero but for words 0 and 1, the addresses of omp_get_thread_num
+    and omp_get_num_threads that every region reads its position through (loops/native.open_job)."""
+    job = np.zeros(length, np.int64)
+    job[0], job[1] = openmp_thread_functions()
+    return job
+
+
 def run_native(fn: int, data: int) -> bool:
     """The native region function at address `fn` on OpenMP's team (OpenMPPool.run_native); False, nothing run, when
     our kernels do not run on OpenMP's team (the `short` policy, no oneDNN) or another thread holds it: the caller then

@@ -30,7 +30,7 @@ from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn import pool as onednn_pool
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import get_threads, native_regions, openmp_thread_functions, parallel_for, run_native
+from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native
 from engine.ir import Node
 from engine.ops.pool import pool_geom
 from engine.ops.registry import TensorInfo
@@ -213,8 +213,7 @@ def _native_copy(x: np.ndarray, dst: np.ndarray, c: _Copy, chunk: int) -> bool:
     if not (x.dtype == dst.dtype == np.float32 and x.flags.c_contiguous and dst.flags.c_contiguous
             and x.shape[0] == n and c.count.shape == (cbd,) and c.run_dst.shape == (cbd, b)):
         return False
-    job = np.empty(LL.COPY_LEN, np.int64)
-    job[LL.COPY_THREAD_NUM], job[LL.COPY_NUM_THREADS] = openmp_thread_functions()
+    job = region_job(LL.COPY_LEN)
     job[LL.COPY_N:LL.COPY_SRC] = n, x.size // max(n, 1), cbd, hw, b
     job[LL.COPY_SRC], job[LL.COPY_DST] = x.ctypes.data, dst.ctypes.data
     job[LL.COPY_COUNT:LL.COPY_CHUNK] = [a.ctypes.data for a in (c.count, c.run_dst, c.run_src, c.run_len, c.aligned)]

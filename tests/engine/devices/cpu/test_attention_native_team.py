@@ -114,7 +114,7 @@ def test_every_chunk_runs_once_on_a_smaller_team(native, monkeypatch):
     rng = np.random.default_rng(5)
     pool.set_threads(3)
     alone = [ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0), ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 1)]
-    monkeypatch.setattr(fused, "openmp_thread_functions",
+    monkeypatch.setattr(pool, "openmp_thread_functions",  # the words region_job writes
                         lambda: tuple(ctypes.cast(f, ctypes.c_void_p).value for f in alone))
 
     def on_this_thread(fn, data):
