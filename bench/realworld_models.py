@@ -99,6 +99,15 @@ def _timm(name: str, **kwargs):
     return build
 
 
+def _torchvision(name: str):
+    def build():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None).eval()
+    build.__name__ = name
+    return build
+
+
 # Token ids alone (no padding mask): the mask's export through pnnx brings in Tensor.index, which the engine does
 # not lower yet; the attention work is the same.
 TEXT = (Feed("input_ids", (1, 128), "ids", 30000),)
@@ -118,6 +127,15 @@ MODELS = [
     BenchModel("ghostnet", "cnn", "timm ghostnet_100, 224x224", _timm("ghostnet_100"),
                (Feed("x", (1, 3, 224, 224)),)),
     BenchModel("resnet18", "cnn", "timm resnet18, 224x224", _timm("resnet18"), (Feed("x", (1, 3, 224, 224)),)),
+    # the rest of the "CNN five" (with resnet18): torchvision's classes
+    BenchModel("mobilenet_v2", "cnn", "torchvision mobilenet_v2, 224x224", _torchvision("mobilenet_v2"),
+               (Feed("x", (1, 3, 224, 224)),)),
+    BenchModel("squeezenet", "cnn", "torchvision squeezenet1_1, 224x224", _torchvision("squeezenet1_1"),
+               (Feed("x", (1, 3, 224, 224)),)),
+    BenchModel("shufflenet_v2", "cnn", "torchvision shufflenet_v2_x1_0, 224x224",
+               _torchvision("shufflenet_v2_x1_0"), (Feed("x", (1, 3, 224, 224)),)),
+    BenchModel("efficientnet_b0", "cnn", "torchvision efficientnet_b0, 224x224", _torchvision("efficientnet_b0"),
+               (Feed("x", (1, 3, 224, 224)),)),
 ]
 BY_NAME = {m.name: m for m in MODELS}
 

@@ -300,15 +300,8 @@ def _segments(g0: int, g1: int, th: int, tw: int) -> list[tuple[int, int, int, i
 
 
 def _depthwise_loop(geo: ConvGeom) -> tuple:
-    """(loop, items, leading geometry arguments) of a depthwise conv: the flat-plane loop for stride 1, the
-    row-at-a-time one for the rest. One thread, AVX2 EPYC, ms flat / rows: stride 1 3x3 d12 256 @65 1.80 / 3.44,
-    3x3 96 @112 1.35 / 2.96, 144 @56 0.48 / 1.99, 384 @14 0.20 / 0.96, 7x7 32 @112 2.60 / 4.82; stride 2 the rows
-    ahead or level (a flat loop over even and odd column planes, 3x3 64 @112: 2.12 / 0.81, 96 @56 0.78 / 0.50, 512
-    @14 0.34 / 0.36; 5x5 144 @28 1.43 / 0.75)."""
-    (sh, sw), (dh, dw) = geo.stride, geo.dilation
-    if (sh, sw) == (1, 1):
-        return K.depthwise_s1, geo.n * geo.c, (dh, dw)
-    return K.depthwise, geo.n * geo.c, (sh, sw, dh, dw)
+    """(loop, items, leading geometry arguments) of a depthwise conv: loops.depthwise, for every stride."""
+    return K.depthwise, geo.n * geo.c, (*geo.stride, *geo.dilation)
 
 
 def _grouped_loop(geo: ConvGeom) -> tuple:

@@ -17,6 +17,7 @@ from engine.devices.base import Kernel
 from engine.devices.cpu.conv import blocked, direct, onednn, transposed, winograd_nchw
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, CpuKernel
+from engine.devices.cpu.onednn.blocked import native_block
 from engine.ir import Node
 from engine.ops.conv import conv_sums, tconv_sums
 from engine.ops.conv_geometry import ConvGeom, conv_geom
@@ -29,6 +30,13 @@ from engine.ops.registry import TensorInfo
 # @6000 11.4-14.6 / 9.5-10.5, 128->256 k3 @4000 9.1-11.2 / 7.4-7.7; ties at 384->384 k3 s2 @3000 and 512->512 k3
 # s2 @3199, 256->256 k5 @2000; oneDNN ahead below it: 64->64 k5 d4 @1024 0.62 / 0.71, 512->512 k2 s2 @49 0.40 / 0.76).
 CONV1D_DIRECT_OUTPUTS = 1 << 18
+# A stride-1 depthwise conv whose channels do not fill whole blocks and whose output map has at least this many
+# pixels runs the direct loop (loops.depthwise) on NCHW: oneDNN's reorders of a partial last block take its
+# generic kernel (jit:uni, 3-5x the whole-block one's time). In-process A/B, 2 vCPUs, AVX-512 EPYC, ms oneDNN /
+# direct: 3x3 20 @56 0.146 / 0.123, 24 @56 0.136 / 0.080, 72 @56 0.305 / 0.182, 8 @320 0.94 / 0.42, 100 @28
+# 0.120 / 0.102, 5x5 20 @56 0.158 / 0.111; oneDNN ahead at whole blocks (32 @112 0.14 / 0.21), on smaller maps
+# (200 @14 0.059 / 0.091) and at stride 2 (72 @56 0.130 / 0.169).
+DEPTHWISE_DIRECT_PIXELS = 28 * 28
 
 
 def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
@@ -36,7 +44,8 @@ def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
     two are one GEMM here, which beat oneDNN's blocked kernel plus its two reorders (24->144 @56 relu6: 0.60 vs
     0.94 ms b1) and its NCHW GEMM with an eltwise post-op (10 ms) in 7 of 10 MobileNet-V2 layer shapes at 2
     threads; the last see CONV1D_DIRECT_OUTPUTS. Depthwise and grouped convs oneDNN has no jit kernel for take
-    the direct ones (direct.OVER_ONEDNN_GEMM)."""
+    the direct ones (direct.OVER_ONEDNN_GEMM), as do stride-1 depthwise ones with a partial last block over large
+    maps (DEPTHWISE_DIRECT_PIXELS)."""
     if not (backends.onednn and onednn.supported(node, ins)):
         return False
     geo = conv_geom(node, ins[0].shape)
@@ -44,10 +53,20 @@ def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
         return False
     if _long_conv1d(geo):
         return False
+    if _partial_block_depthwise(geo):
+        return False
     impl = onednn.primitive_impl(onednn.ConvSpec(node, len(ins) > 1), tuple(ins[0].shape))
     if direct.kind(geo) in direct.OVER_ONEDNN_GEMM and not onednn.is_jit(impl):
         return False
     return not onednn.is_reference(impl)
+
+
+def _partial_block_depthwise(geo: ConvGeom) -> bool:
+    """A stride-1 depthwise conv over a map of DEPTHWISE_DIRECT_PIXELS or more whose channels leave the last block
+    partial: the direct loop's."""
+    block = native_block()
+    return (direct.kind(geo) == "depthwise" and geo.stride == (1, 1) and block > 0 and geo.c % block != 0
+            and geo.oh * geo.ow >= DEPTHWISE_DIRECT_PIXELS)
 
 
 def _long_conv1d(geo: ConvGeom) -> bool:

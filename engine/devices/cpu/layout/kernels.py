@@ -75,17 +75,47 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
     def step_for(plain_shape: tuple) -> object:
         step = steps.get(plain_shape)
         if step is None:
-            plain, blocked = D.MemoryDesc.plain(plain_shape), blocked_md(plain_shape, block)
-            step = remember(steps, plain_shape, D.reorder_step(plain, blocked) if to_blocked
-                            else D.reorder_step(blocked, plain))
+            if not to_blocked and plain_shape[1] > block and plain_shape[1] % block:
+                step = remember(steps, plain_shape, _WholeBlocksToPlain(plain_shape, block))
+            else:
+                plain, blocked = D.MemoryDesc.plain(plain_shape), blocked_md(plain_shape, block)
+                step = remember(steps, plain_shape, D.reorder_step(plain, blocked) if to_blocked
+                                else D.reorder_step(blocked, plain))
         return step
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        step = step_for(x.shape if to_blocked else out.shape)
         D.sync_threads()
-        step_for(x.shape if to_blocked else out.shape).run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
+        if isinstance(step, _WholeBlocksToPlain):
+            step.run(x, out)
+            return
+        step.run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
         D.wait()
     return run
+
+
+class _WholeBlocksToPlain:
+    """ToPlain of a map whose last block is partial (C > B, C % B != 0): oneDNN's reorder of the whole blocks, one
+    image at a time, then numpy's copy of the last block's lanes. oneDNN reorders a partial block with its generic
+    kernel (jit:uni), and a sub-memory of more than one image too: 20 channels @56 0.049 -> 0.020 ms, 72 @56
+    0.167 -> 0.046, batch 8 of 20 @56 0.21 -> 0.15 (one thread, AVX-512 EPYC)."""
+
+    def __init__(self, shape: tuple, block: int):
+        n, c, h, w = shape
+        self.full = c // block * block
+        one = (1, c, h, w)
+        src = D.MemoryDesc.submemory(blocked_md(one, block), (1, self.full, h, w), (0, 0, 0, 0))
+        dst = D.MemoryDesc.strided((1, self.full, h, w), (c * h * w, h * w, w, 1))
+        self.step = D.reorder_step(src, dst)
+        self.strides = (-(-c // block) * h * w * block * 4, c * h * w * 4)  # bytes per image, blocked and plain
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        src, dst = D.address(x), D.address(out)
+        for i in range(out.shape[0]):
+            self.step.run({L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]})
+        D.wait()
+        np.copyto(out[:, self.full:], x[:, -1, :, :, :out.shape[1] - self.full].transpose(0, 3, 1, 2))
 
 
 def _kernel_to_blocked(backends: Backends, node: Node, ins: list[TensorInfo]):

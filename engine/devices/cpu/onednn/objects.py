@@ -158,6 +158,13 @@ class MemoryDesc(_Handle):
         return cls(h)
 
     @classmethod
+    def submemory(cls, parent: MemoryDesc, shape: Sequence[int], offsets: Sequence[int]) -> MemoryDesc:
+        """The part of `parent` of logical `shape` starting at `offsets` (its layout and strides)."""
+        h = _vp()
+        L.call("dnnl_memory_desc_create_submemory", ctypes.byref(h), parent.h, L.dims(shape), L.dims(offsets))
+        return cls(h)
+
+    @classmethod
     def clone(cls, borrowed: int) -> MemoryDesc:
         h = _vp()
         L.call("dnnl_memory_desc_clone", ctypes.byref(h), _vp(borrowed))

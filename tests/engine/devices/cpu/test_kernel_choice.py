@@ -163,3 +163,17 @@ def test_a_rare_dtype_is_a_marked_fallback():
     node = _conv("Conv", 8, 8, 3)
     kernel = build(node, [(1, 8, HW, HW)], [np.float64])
     assert kernel.is_fallback and kernel.impl == "reference"
+
+
+@pytest.mark.skipif(not native_block(), reason="the rule weighs oneDNN's blocks")
+@pytest.mark.parametrize("c,hw,stride,direct", [
+    (BLOCK + 4, 56, 1, True),  # a partial last block over a large map: the direct loop
+    (BLOCK // 2, 28, 1, True),
+    (2 * BLOCK, 56, 1, False),  # whole blocks: oneDNN
+    (BLOCK + 4, 14, 1, False),  # a small map: oneDNN
+    (BLOCK + 4, 56, 2, False),  # stride 2: oneDNN
+])
+def test_depthwise_with_a_partial_block_over_a_large_map_runs_direct(c, hw, stride, direct):
+    node = _conv("Conv", c, c, 3, stride, 1, c)
+    impl = build(node, [(1, c, hw, hw)]).impl
+    assert impl.startswith("direct") == direct, impl

@@ -215,16 +215,20 @@ def test_small_channel_3x3_stays_on_im2col():
 
 
 @pytest.mark.parametrize("cfg,shape", [
-    (dict(stride=(1, 2), pads=(1, 0, 2, 1)), (1, 3, 7, 9)),  # mixed stride: the row-at-a-time kernel
-    (dict(pads=(1, 1, 1, 1), activation="relu6"), (1, 2, 3, 70)),  # wide stride-1 rows: row-at-a-time too
+    (dict(stride=(1, 2), pads=(1, 0, 2, 1)), (1, 3, 7, 9)),  # mixed stride: two column phases, one row phase
+    (dict(pads=(1, 1, 1, 1), activation="relu6"), (1, 2, 3, 70)),  # wide rows: one strip of three
     (dict(stride=(2, 2), dilation=(2, 1), pads=(0, 1, 2, 2)), (2, 3, 11, 10)),  # stride 2: even/odd planes
     (dict(stride=(2, 2), pads=(1, 1, 1, 1)), (1, 3, 4, 4)),
-    (dict(stride=(2, 2), k=(5, 5), pads=(2, 2, 2, 2)), (1, 3, 11, 12)),  # taps in passes of 3 + 2
+    (dict(stride=(2, 2), k=(5, 5), pads=(2, 2, 2, 2)), (1, 3, 11, 12)),  # 25 taps: passes of 9 + 9 + 7
     (dict(stride=(2, 2), k=(2, 4), pads=(0, 1, 1, 2)), (1, 3, 8, 9)),
-    (dict(k=(1, 5), pads=(0, 2, 0, 2)), (1, 3, 6, 7)),  # stride 1, passes of 3 + 1 + 1
+    (dict(k=(1, 5), pads=(0, 2, 0, 2)), (1, 3, 6, 7)),  # 5 taps: one pass with four unused
+    (dict(k=(2, 1), pads=(1, 0, 0, 0)), (1, 3, 5, 6)),  # two taps
+    (dict(k=(7, 7), pads=(3, 3, 3, 3), activation="hardswish"), (1, 2, 9, 11)),  # 49 taps: six passes
     (dict(stride=(3, 3), k=(5, 5), pads=(2, 2, 2, 2)), (1, 3, 11, 13)),
-    (dict(dilation=(3, 2), pads=(3, 0, 3, 4)), (1, 3, 8, 9)),  # stride 1: the flat-plane kernel
+    (dict(dilation=(3, 2), pads=(3, 0, 3, 4)), (1, 3, 8, 9)),
     (dict(dilation=(12, 12), pads=(12, 12, 12, 12)), (1, 2, 65, 65)),  # ASPP's
+    (dict(pads=(1, 1, 1, 1)), (1, 2, 150, 20)),  # 150 rows of 22: strips of 93 and 57 rows
+    (dict(stride=(2, 2), pads=(0, 0, 0, 0)), (1, 2, 9, 9)),  # no padding: the last row and column unread
 ])
 @pytest.mark.parametrize("device", [None, DIRECT], ids=["onednn_on", "onednn_off"])
 def test_depthwise_variants(cfg, shape, device):
@@ -241,8 +245,8 @@ def test_depthwise_variants(cfg, shape, device):
 
 @pytest.mark.parametrize("act", ["relu6", "hardswish", None])
 def test_wide_depthwise_with_residual(act):
-    """A wide stride-1 map (the flat-plane loop, once only up to 64 columns) with a residual and a cheap or a
-    late activation, two images."""
+    """A wide stride-1 map (several strips of rows) with a residual and a cheap or a late activation, two
+    images."""
     node = conv_node(3, 3, (3, 3), groups=3, pads=(1, 1, 1, 1), residual=True, activation=act)
     x = rand(2, 3, 70, 90) * 3
     z = rand(*infer(node, [x])[0].shape)

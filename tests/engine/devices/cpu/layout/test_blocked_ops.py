@@ -16,7 +16,7 @@ from engine.ir import Node
 from engine.ops.registry import TensorInfo
 
 rng = np.random.default_rng(5)
-SHAPES = [(2, 3, 4, 5), (1, 16, 3, 3), (2, 24, 5, 4), (1, 40, 2, 7)]
+SHAPES = [(2, 3, 4, 5), (1, 16, 3, 3), (2, 24, 5, 4), (1, 40, 2, 7), (3, 33, 6, 5)]
 ONEDNN = pytest.mark.skipif(not onednn_objects.available(), reason="oneDNN (libdnnl.so.3) is not installed")
 
 
@@ -70,6 +70,9 @@ def test_kernels_match_the_references(shape, make):
     b1 = np.empty((1,) + b.shape[1:], np.float32)
     to_b([smaller], [b1], None)
     np.testing.assert_array_equal(b1, by_element(smaller, block))
+    p1 = np.full(smaller.shape, np.nan, np.float32)  # and back (ToPlain's per-image steps for a partial block)
+    to_p([garbage[:1]], [p1], None)
+    np.testing.assert_array_equal(p1, smaller)
 
 
 def test_infer_checks_the_shapes():
