@@ -87,13 +87,9 @@ def build_avgpool(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kern
 
 
 def build_global(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
-    if node.op_type == "GlobalMaxPool":
-        def run_max(inputs, outputs, workspace):
-            x = inputs[0]
-            np.max(x.reshape(x.shape[0], x.shape[1], -1), axis=2, out=outputs[0].reshape(x.shape[0], x.shape[1]))
-        run_max.impl = "numpy:max"  # type: ignore[attr-defined]
-        return run_max
     dtype = np.dtype(ins[0].dtype)
+    if node.op_type == "GlobalMaxPool":
+        return _global_max(node, dtype)
     if dtype not in (np.float32, np.float64):
         return reference_fallback(node, global_reference)
     PL.row_sums(np.zeros((0, 1), dtype), np.zeros(0, dtype), 1.0, 0, 0)  # compile at build
@@ -109,6 +105,30 @@ def build_global(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
         parallel_for(PL.row_sums, planes, x.size // 4, x.reshape(planes, hw), outputs[0].reshape(planes),
                      1.0 / hw)
     run.impl = "numba:row_sums"  # type: ignore[attr-defined]
+    return run
+
+
+def _global_max(node: Node, dtype: np.dtype) -> Kernel:
+    """GlobalMaxPool: float32 maps through the int-ordered row max (loops/pool.py global_max), split over planes;
+    other dtypes and empty maps numpy's max (the reference's error for an empty one)."""
+    if dtype != np.float32:
+        def run_numpy(inputs, outputs, workspace):
+            x = inputs[0]
+            np.max(x.reshape(x.shape[0], x.shape[1], -1), axis=2, out=outputs[0].reshape(x.shape[0], x.shape[1]))
+        run_numpy.impl = "numpy:max"  # type: ignore[attr-defined]
+        return run_numpy
+    PK.global_max(np.zeros((0, 1), np.int32), np.zeros(0, np.float32), 0, 0)  # compile at build
+
+    def run(inputs, outputs, workspace):
+        x = np.ascontiguousarray(inputs[0])
+        planes = x.shape[0] * x.shape[1]
+        hw = x.size // max(planes, 1)
+        if hw == 0:
+            np.copyto(outputs[0], global_reference(node, [x])[0])
+            return
+        parallel_for(PK.global_max, planes, x.size // 4, x.reshape(planes, hw).view(np.int32),
+                     outputs[0].reshape(planes))
+    run.impl = "numba:global_max"  # type: ignore[attr-defined]
     return run
 
 

@@ -1,6 +1,7 @@
-"""CPU kernel of Softmax and LogSoftmax (engine/ops/softmax.py): a numba loop over an (outer, n, inner) view; with
-oneDNN, large float32 softmaxes over the last axis run its softmax primitive (onednn/unary.py), except over rows of
-up to SHORT_ROW entries (a detector's class scores), which take a float32 loop whose exp runs across rows."""
+"""CPU kernel of Softmax and LogSoftmax (engine/ops/softmax.py): a numba loop over an (outer, n, inner) view in
+float64; a float32 Softmax over the last axis runs float32 loops whose exp is vectorised, split over rows: rows of
+up to SHORT_ROW entries (a detector's class scores) take one exp pass across rows, longer ones one row at a time.
+LogSoftmax over the last axis runs oneDNN's primitive on large float32 inputs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import numpy as np
 
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
-from engine.devices.cpu.loops.attention import short_rows_softmax
+from engine.devices.cpu.loops.attention import long_rows_softmax, short_rows_softmax
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import unary
 from engine.devices.cpu.threads import parallel_for
@@ -18,10 +19,13 @@ from engine.ops.registry import TensorInfo
 from engine.ops.rules import float_of
 from engine.ops.softmax import axis_of, reference
 
-# Rows up to this long run `short_rows_softmax` (its exp vectorised across rows). An AVX-512 EPYC, 2 vCPUs, each
-# kernel on the threads it picks; us for 8,840 floats as (8840 / n, n), oneDNN's primitive / the float64 loop / this:
-# n = 2 (UltraFace's class scores) 124 / 77 / 36, 4: 69 / 56 / 24, 16: 19 / 46 / 11, 64: 15 / 46 / 9; for 200,000
-# floats, n = 2: 2691 / 2055 / 664, 64: 191 / 1097 / 167, 128: 190 / 1183 / 199 (even from there).
+# Rows up to this long run `short_rows_softmax` (its exp vectorised across rows), longer ones `long_rows_softmax`
+# (one row at a time). An AVX-512 EPYC, 2 vCPUs, each kernel on the threads it picks; us for 8,840 floats as
+# (8840 / n, n), oneDNN's primitive / the float64 loop / short rows: n = 2 (UltraFace's class scores) 124 / 77 / 36,
+# 4: 69 / 56 / 24, 16: 19 / 46 / 11, 64: 15 / 46 / 9. One thread, short / long rows: (500, 8) 5.4 / 10.5, (64, 64)
+# 3.3 / 4.8, (32, 128) 3.5 / 3.5, (1, 1000) 1.3 / 0.8, (2364, 197) 422 / 326. Long rows split over two threads
+# against oneDNN's primitive (which the float32 Softmax ran from 8K elements before): (2364, 197) 207 / 232,
+# (64, 1000) 28 / 60, (256, 256) 41 / 61, (8, 4096) 14 / 32.
 SHORT_ROW = 64
 
 
@@ -33,32 +37,32 @@ def _kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     loop = _loop_kernel(node, ins)
     shape = tuple(ins[0].shape)
     last_axis = bool(shape) and axis_of(node, len(shape)) == len(shape) - 1
-    if last_axis and node.op_type == "Softmax" and np.dtype(ins[0].dtype) == np.float32 and shape[-1] <= SHORT_ROW:
-        return _short_rows_kernel(loop)
+    if last_axis and node.op_type == "Softmax" and np.dtype(ins[0].dtype) == np.float32:
+        return _rows_kernel(loop)
     if backends.onednn and np.dtype(ins[0].dtype) == np.float32 and last_axis:
         def rows(s: tuple[int, ...]) -> tuple[int, int]:
             return math.prod(s[:-1]), s[-1]
-        log = node.op_type == "LogSoftmax"
-        return unary.build(unary.softmax_desc(log, 1), rows, loop, "log_softmax" if log else "softmax", shape)
+        return unary.build(unary.softmax_desc(True, 1), rows, loop, "log_softmax", shape)
     return loop
 
 
-def _short_rows_kernel(loop):
-    """Softmax over a short last axis (SHORT_ROW). `loop` takes what the row loop cannot: an empty input, and an
-    output that is not one contiguous buffer (its reshape would be a copy, and the result lost); a last axis longer
-    than the max shape's cannot come, the check only keeps the loop's bounds."""
+def _rows_kernel(loop):
+    """Softmax over the last axis in float32 (SHORT_ROW). `loop` takes what the row loops cannot: an empty input,
+    and an output that is not one contiguous buffer (its reshape would be a copy, and the result lost)."""
     z = np.zeros((1, 2), np.float32)
     short_rows_softmax(z, z, 0, 1)  # compile at build
+    long_rows_softmax(z, z, 0, 1)
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
         n = x.shape[-1] if x.ndim else 0
-        if x.size == 0 or not 0 < n <= SHORT_ROW or not out.flags.c_contiguous:
+        if x.size == 0 or n == 0 or not out.flags.c_contiguous:
             loop(inputs, outputs, workspace)
             return
         x2 = np.ascontiguousarray(x).reshape(-1, n)
-        parallel_for(short_rows_softmax, x2.shape[0], x2.size, x2, out.reshape(-1, n))
-    run.impl = "numba:short-rows"  # type: ignore[attr-defined]
+        parallel_for(short_rows_softmax if n <= SHORT_ROW else long_rows_softmax, x2.shape[0], x2.size, x2,
+                     out.reshape(-1, n))
+    run.impl = "numba:rows-f32"  # type: ignore[attr-defined]
     return run
 
 

@@ -348,6 +348,22 @@ def short_rows_softmax(x, out, lo, hi):
 
 
 @njit(fastmath=_FAST, **_JIT)
+def long_rows_softmax(x, out, lo, hi):
+    """Softmax of rows [lo, hi) of x (rows, n) into out row by row, for rows long enough to fill vectors alone:
+    the row copied into out, its max (`_max`, over the int bits, vectorised), one exp pass that sums it
+    (`_exp_row`), one scaling pass. Special rows as `short_rows_softmax`'s (a NaN or +inf entry, or every entry
+    -inf, gives a NaN row). out may be x."""
+    n = x.shape[1]
+    for r in range(lo, hi):
+        xr, orow = x[r], out[r]
+        for j in range(n):
+            orow[j] = xr[j]
+        inv = _F(1.0) / _exp_row(orow, n, _F(1.0), _max(orow.view(np.int32), n))
+        for j in range(n):
+            orow[j] *= inv
+
+
+@njit(fastmath=_FAST, **_JIT)
 def _softmax_row(x, xi, mask, mask_kind, causal, row, scale, fold):
     """One row of `group_softmax` (query `row`; xi: its bits); returns its sum."""
     cols = x.shape[0]

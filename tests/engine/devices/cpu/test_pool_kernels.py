@@ -257,3 +257,24 @@ def test_onednn_pooling_is_created_for_the_threads_its_work_is_worth(monkeypatch
     finally:
         _threads.set_threads(before)
     assert counts and counts[0] == 1 and counts[-1] == 2, counts
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 3, 1, 1), (1, 64, 56, 56), (1, 4, 9), (1, 2, 3, 4, 5)])
+def test_global_maxpool_float32_lets_every_nan_win(shape):
+    """The int-ordered row max (loops/pool.py global_max) against numpy's: exact, a NaN of either sign anywhere in
+    a plane makes that plane's max NaN, -inf planes stay -inf, +inf wins; 1-D and 3-D maps too; float64 numpy's."""
+    from op_harness import build_kernel, infos_of
+
+    x = rand(*shape) * 100
+    planes = x.reshape(shape[0] * shape[1], -1)
+    planes[0, -1] = np.nan
+    if planes.shape[0] > 3:
+        planes[1, 0] = -np.nan
+        planes[2] = -np.inf
+        planes[3, planes.shape[1] // 2] = np.inf
+    node = make_node("GlobalMaxPool", 1)
+    assert build_kernel(node, infos_of([x]))[0].impl == "numba:global_max"
+    got = run_kernel(node, [x])[0]
+    want = x.reshape(shape[0], shape[1], -1).max(axis=2).reshape(got.shape)
+    np.testing.assert_array_equal(got, want)
+    check_kernel(node, [x.astype(np.float64)])

@@ -47,9 +47,9 @@ def test_float16_runs_through_the_reference_path():
 
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-def test_large_last_axis_softmax_on_onednn_matches_reference_with_masked_rows(op):
-    """Attention-sized rows (oneDNN's softmax primitive where installed): -inf entries give 0 (log: -inf), an
-    all -inf row NaN, as torch."""
+def test_large_last_axis_softmax_matches_reference_with_masked_rows(op):
+    """Attention-sized rows (float32 long rows for Softmax, oneDNN's primitive for LogSoftmax where installed):
+    -inf entries give 0 (log: -inf), an all -inf row NaN, as torch."""
     from op_harness import build_kernel, cpu_device, infos_of, reference, run_kernel
 
     x = (np.random.default_rng(4).standard_normal((2, 12, 40, 77)) * 5).astype(np.float32)
@@ -63,15 +63,19 @@ def test_large_last_axis_softmax_on_onednn_matches_reference_with_masked_rows(op
         np.testing.assert_array_equal(np.isfinite(got), finite)
         np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
     fn, _ = build_kernel(node, infos_of([x], node=node))
-    assert fn.impl.endswith("softmax") or not cpu_device().backends.onednn
+    if op == "Softmax":
+        assert fn.impl == "numba:rows-f32"
+    else:
+        assert fn.impl.endswith("softmax") or not cpu_device().backends.onednn
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the reference's inf - inf
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16, 33, 64])
-def test_short_rows_match_the_reference_with_every_special_value(n):
-    """Softmax over a short last axis (devices/cpu/softmax.py SHORT_ROW: a float32 exp across rows) against the
-    float64 reference, at the max shape and below, with rows as torch's softmax treats them: a NaN or +inf entry
-    or every entry -inf makes the row NaN, a -inf entry among finite ones gives 0, huge magnitudes stay exact."""
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16, 33, 64, 65, 100, 197, 1000])
+def test_float32_rows_match_the_reference_with_every_special_value(n):
+    """Softmax over the last axis in float32 (devices/cpu/softmax.py: an exp across rows up to SHORT_ROW entries,
+    row by row beyond) against the float64 reference, at the max shape and below, with rows as torch's softmax
+    treats them: a NaN or +inf entry or every entry -inf makes the row NaN, a -inf entry among finite ones gives 0,
+    huge magnitudes stay exact."""
     from op_harness import build_kernel, infos_of
 
     x = (RNG.standard_normal((3, 40, n)) * 8).astype(np.float32)
@@ -83,15 +87,15 @@ def test_short_rows_match_the_reference_with_every_special_value(n):
     x[0, 5] = 88.0  # exp's overflow edge, shifted to 0 by the row max
     node = make_node("Softmax", 1, params={"axis": -1})
     kernel, _ = build_kernel(node, infos_of([x]))
-    assert kernel.impl == "numba:short-rows"
+    assert kernel.impl == "numba:rows-f32"
     check_kernel(node, [x])
     check_kernel(node, [x[:2, :17].copy()], [x])
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the reference's inf - inf
-@pytest.mark.parametrize("n", [1, 2, 17, 64])
-@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
-def test_short_rows_with_a_special_value_at_every_position(n, special):
+@pytest.mark.parametrize("n", [1, 2, 17, 64, 65, 130])
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf, -np.nan])
+def test_float32_rows_with_a_special_value_at_every_position(n, special):
     """A NaN, +inf or -inf at each position of a row in turn: NaN first is the case a max that skipped NaNs (a
     no-NaN fast-math flag) would get wrong."""
     x = (RNG.standard_normal((n, n)) * 4).astype(np.float32)
@@ -100,38 +104,38 @@ def test_short_rows_with_a_special_value_at_every_position(n, special):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
-def test_short_rows_in_place_and_split_over_threads():
+@pytest.mark.parametrize("rows,n", [(70_000, 4), (2_000, 197)])
+def test_float32_rows_in_place_and_split_over_threads(rows, n):
     """Rows enough to split over the threads (above threads.MIN_WORK elements), special rows at the chunks' ends
     and middle, the output the input's own buffer."""
-    x = RNG.standard_normal((70_000, 4)).astype(np.float32)
+    x = RNG.standard_normal((rows, n)).astype(np.float32)
+    half = rows // 2
     x[5, 1] = -np.inf
-    x[34_999, 2], x[35_000, 0], x[35_001] = np.nan, np.inf, -np.inf
+    x[half - 1, 2], x[half, 0], x[half + 1] = np.nan, np.inf, -np.inf
     x[-1, 3] = np.nan
     node = make_node("Softmax", 1, params={"axis": -1})
     check_kernel(node, [x])
     check_kernel(node, [x], inplace=True)
 
 
-def test_a_row_longer_than_short_rows_keeps_onednn_or_the_loop():
+def test_other_axes_and_log_softmax_keep_onednn_or_the_loop():
     from op_harness import build_kernel, infos_of
 
     x = RNG.standard_normal((5, 65)).astype(np.float32)
-    node = make_node("Softmax", 1, params={"axis": -1})
-    kernel, _ = build_kernel(node, infos_of([x]))
-    assert getattr(kernel, "impl", "") != "numba:short-rows"
-    check_kernel(node, [x])
-    log = make_node("LogSoftmax", 1, params={"axis": -1})  # LogSoftmax has no short-row kernel
-    assert getattr(build_kernel(log, infos_of([x[:, :4].copy()]))[0], "impl", "") != "numba:short-rows"
+    for node in (make_node("LogSoftmax", 1, params={"axis": -1}), make_node("Softmax", 1, params={"axis": 0})):
+        assert getattr(build_kernel(node, infos_of([x]))[0], "impl", "") != "numba:rows-f32"
+        check_kernel(node, [x])
 
 
-def test_short_rows_into_a_strided_output_still_land_there():
+@pytest.mark.parametrize("n", [3, 100])
+def test_float32_rows_into_a_strided_output_still_land_there(n):
     """An output that is not one contiguous buffer would make the row loop's reshape a copy (the result lost): the
     general loop takes it."""
     from op_harness import build_kernel, infos_of, reference
 
-    x = RNG.standard_normal((6, 3)).astype(np.float32)
+    x = RNG.standard_normal((6, n)).astype(np.float32)
     node = make_node("Softmax", 1, params={"axis": -1})
     kernel, workspace = build_kernel(node, infos_of([x]))
-    out = np.zeros((6, 6), np.float32)[:, ::2]
+    out = np.zeros((6, 2 * n), np.float32)[:, ::2]
     kernel([x], [out], workspace)
     np.testing.assert_allclose(out, reference(node, [x])[0], rtol=1e-5, atol=1e-6)
