@@ -737,8 +737,15 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         last[:] = given, hit[1]
         return hit[1]
 
+    repeat: list = [None, None, None]  # the last run's key, its arrays (held), and the thunk that ran it
+
     def run(inputs, outputs, workspace):
         out = outputs[0]
+        key = (tuple(map(id, inputs)), id(out), id(workspace), get_threads(), native_regions())
+        if key == repeat[0]:
+            repeat[2]()
+            return
+        repeat[:] = [None, None, None]
         slots = slots_in(workspace)[:max(1, get_threads())]
         L, S = inputs[0].shape[-2], inputs[1].shape[-2]
         rows = min(b.rows, max(1, L)) if grouped else b.rows
@@ -762,9 +769,15 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
                     plans.clear()
                 plan = plans[sig] = call.nogil_plan()
             if plan is not None:
-                if split and native and _run_team(call, sig, cblas, plan, teams):
-                    return
-                parallel_for(_run_items, len(slots), work, call, *cblas, *plan, call.addresses(), call.mask4())
+                args = (call, *cblas, *plan, call.addresses(), call.mask4())
+
+                def again() -> None:
+                    if split and native and _run_team(call, sig, cblas, plan, teams):
+                        return
+                    parallel_for(_run_items, len(slots), work, *args)
+                if _views_only(inputs):
+                    repeat[:] = [key, (tuple(inputs), out, workspace), again]
+                again()
                 return
         if tiles is not None:
             tiles.prepare(call)
@@ -772,6 +785,16 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
 
     run.impl = "fused-attention"  # type: ignore[attr-defined]
     return run
+
+
+def _views_only(inputs) -> bool:
+    """Whether a run's call holds views of its inputs alone, no copy (`_last_axis_unit`'s of a strided operand, a
+    mask converted to float32): then a run on the very same array objects (the runtime's arena views and held
+    request arrays, run after run) may run the last call again (`repeat` in `_build_fused`: ~15 us of Python a
+    small attention), since a view sees the new contents where a copy would keep the old ones."""
+    qkv_unit = all(a.strides[-1] == a.itemsize or a.shape[-1] <= 1 for a in inputs[:3])
+    mask = inputs[3] if len(inputs) > 3 else None
+    return qkv_unit and (mask is None or mask.dtype in (np.bool_, np.float32, np.float64))
 
 
 def _native_mask(inputs) -> bool:

@@ -829,3 +829,38 @@ def test_without_a_known_cblas_the_grouped_path_runs_its_items_from_python(monke
         seen.clear()
         check_kernel(make_node("Attention", len(inputs)), inputs, rtol=1e-4, atol=1e-5)
         assert seen and {path for (path, _), _ in seen} == {"items"}
+
+
+@pytest.mark.parametrize("case", ["views", "strided_q", "int_mask", "float_mask", "threads"])
+def test_a_run_on_the_same_arrays_sees_their_new_contents(case, monkeypatch):
+    """The grouped kernel runs its last call again when handed the very same array objects (the runtime's arena
+    views): new contents must show in the output every time, also where the call held a copy (a strided q made
+    unit-stride, a mask converted to float32: those runs rebuild the call), and a change of thread count rebuilds
+    it too."""
+    shape = (1, 4, 16, 8)
+    q = _x(*shape)
+    if case == "strided_q":  # every other float of a wider array: the last axis not unit-stride
+        q = np.lib.stride_tricks.as_strided(_x(1, 4, 16, 16), shape, (4 * 16 * 16 * 4, 16 * 16 * 4, 16 * 4, 8))
+    k, v = _x(*shape), _x(*shape)
+    inputs = [q, k, v]
+    if case == "int_mask":
+        inputs.append(np.zeros((16, 16), np.int64))
+    elif case == "float_mask":
+        inputs.append(np.zeros((16, 16), np.float32))
+    node = make_node("Attention", len(inputs))
+    kernel, workspace = build_kernel(node, infos_of(inputs))
+    built = []
+    init = fused._GroupCall.__init__
+    monkeypatch.setattr(fused._GroupCall, "__init__", lambda self, *a: (built.append(1), init(self, *a))[1])
+    out = np.empty(shape, np.float32)
+    for step in range(4):
+        q[...], k[...], v[...] = _x(*shape), _x(*shape), _x(*shape)
+        if len(inputs) > 3:
+            inputs[3][...] = RNG.integers(-3, 1, (16, 16)) if case == "int_mask" else _x(16, 16)
+        if case == "threads":
+            monkeypatch.setattr(pool, "_threads", 1 + step % 2)
+        calls = len(built)
+        kernel(inputs, [out], workspace)
+        assert_close(out, reference(node, inputs)[0], rtol=1e-4, atol=1e-5)
+        rebuilt = len(built) > calls
+        assert rebuilt == (step == 0 or case in ("strided_q", "int_mask", "threads")), (step, rebuilt)
