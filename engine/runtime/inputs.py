@@ -43,17 +43,23 @@ def _max_shape(v: Value, given) -> tuple[int, ...]:
 
 def check_inputs(graph: Graph, max_shapes: dict[str, tuple[int, ...]], inputs) -> list[np.ndarray]:
     """The request's arrays in graph-input order, after checking names, dtypes and shapes."""
-    names = [v.name for v in graph.inputs]
-    extra = sorted(set(inputs) - set(names))
-    missing = [n for n in names if n not in inputs]
-    if extra or missing:
-        raise EngineError(f"inputs do not match the model: unknown {extra}, missing {missing}; expected {names}")
-    return [_check_input(v, max_shapes[v.name], inputs[v.name]) for v in graph.inputs]
+    try:
+        if len(inputs) != len(graph.inputs):
+            raise KeyError
+        given = [inputs[v.name] for v in graph.inputs]
+    except KeyError:  # a name missing, or one too many: say which
+        names = [v.name for v in graph.inputs]
+        extra = sorted(set(inputs) - set(names))
+        missing = [n for n in names if n not in inputs]
+        raise EngineError(f"inputs do not match the model: unknown {extra}, missing {missing}; expected {names}"
+                          ) from None
+    return [_check_input(v, max_shapes[v.name], a) for v, a in zip(graph.inputs, given, strict=True)]
 
 
 def _check_input(v: Value, max_shape: tuple[int, ...], a) -> np.ndarray:
     a = np.asarray(a)
-    if v.dtype is not None and a.dtype.newbyteorder("=") != v.dtype:  # the byte order is host_input's to fix
+    # the byte order is host_input's to fix (newbyteorder costs a request ~0.3 us: only when the dtype differs)
+    if v.dtype is not None and a.dtype != v.dtype and a.dtype.newbyteorder("=") != v.dtype:
         raise EngineError(f"input {v.name!r}: expected dtype {np.dtype(v.dtype).name}, got {a.dtype.name}")
     if a.ndim != len(max_shape):
         raise ShapeError(f"input {v.name!r}: expected rank {len(max_shape)} (max shape {max_shape}), "
