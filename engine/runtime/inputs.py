@@ -43,17 +43,13 @@ def _max_shape(v: Value, given) -> tuple[int, ...]:
 
 def check_inputs(graph: Graph, max_shapes: dict[str, tuple[int, ...]], inputs) -> list[np.ndarray]:
     """The request's arrays in graph-input order, after checking names, dtypes and shapes."""
-    try:
-        if len(inputs) != len(graph.inputs):
-            raise KeyError
-        given = [inputs[v.name] for v in graph.inputs]
-    except KeyError:  # a name missing, or one too many: say which
+    # `in` before indexing: a mapping that fills in missing keys (a defaultdict) must not make up an input
+    if len(inputs) != len(graph.inputs) or not all(v.name in inputs for v in graph.inputs):
         names = [v.name for v in graph.inputs]
         extra = sorted(set(inputs) - set(names))
         missing = [n for n in names if n not in inputs]
-        raise EngineError(f"inputs do not match the model: unknown {extra}, missing {missing}; expected {names}"
-                          ) from None
-    return [_check_input(v, max_shapes[v.name], a) for v, a in zip(graph.inputs, given, strict=True)]
+        raise EngineError(f"inputs do not match the model: unknown {extra}, missing {missing}; expected {names}")
+    return [_check_input(v, max_shapes[v.name], inputs[v.name]) for v in graph.inputs]
 
 
 def _check_input(v: Value, max_shape: tuple[int, ...], a) -> np.ndarray:

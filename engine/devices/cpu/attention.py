@@ -737,13 +737,16 @@ def _build_fused(node: Node, ins: list[TensorInfo], onednn: bool):
         last[:] = given, hit[1]
         return hit[1]
 
-    repeat: list = [None, None, None]  # the last run's key, its arrays (held), and the thunk that ran it
+    # the last run's key, its arrays (held until the next run: a graph input or handed-out output at most, as
+    # conv/onednn.py's BoundRuns holds), and the thunk that ran it
+    repeat: list = [None, None, None]
 
     def run(inputs, outputs, workspace):
         out = outputs[0]
         key = (tuple(map(id, inputs)), id(out), id(workspace), get_threads(), native_regions())
-        if key == repeat[0]:
-            repeat[2]()
+        last_key, _, again_last = repeat  # one read: an instance runs on one thread at a time (its lock)
+        if key == last_key:
+            again_last()
             return
         repeat[:] = [None, None, None]
         slots = slots_in(workspace)[:max(1, get_threads())]

@@ -47,8 +47,9 @@ def _kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
 
 
 def _rows_kernel(loop):
-    """Softmax over the last axis in float32 (SHORT_ROW). `loop` takes what the row loops cannot: an empty input,
-    and an output that is not one contiguous buffer (its reshape would be a copy, and the result lost)."""
+    """Softmax over the last axis in float32, rows of every length (SHORT_ROW picks the loop). `loop` takes what
+    the row loops cannot: an empty input, and an output that is not one contiguous buffer (its reshape would be a
+    copy, and the result lost)."""
     z = np.zeros((1, 2), np.float32)
     short_rows_softmax(z, z, 0, 1)  # compile at build
     long_rows_softmax(z, z, 0, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import tracemalloc
@@ -91,6 +92,13 @@ def test_input_validation_messages():
     x = np.zeros((2, 256), np.float32)
     with pytest.raises(EngineError, match=r"unknown \['w'\].*missing \['x'\]"):
         inst.run({"w": x})
+    filling = collections.defaultdict(lambda: x)  # a mapping that makes up missing keys: still refused
+    filling["w"] = x
+    with pytest.raises(EngineError, match=r"unknown \['w'\].*missing \['x'\]"):
+        inst.run(filling)
+    assert list(filling) == ["w"]
+    with pytest.raises(EngineError, match=r"unknown \['w'\].*missing \[\]"):
+        inst.run({"x": x, "w": x})
     with pytest.raises(EngineError, match="expected dtype float32, got float64"):
         inst.run({"x": x.astype(np.float64)})
     with pytest.raises(ShapeError, match="expected rank 2"):

@@ -134,6 +134,13 @@ def _axpy3(acc, s0, s1, s2, w0, w1, w2):
         acc[k] += w0 * s0[k] + w1 * s1[k] + w2 * s2[k]
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _axpy1(acc, s0, w0):
+    """acc += w0*s0 over acc's length."""
+    for k in range(acc.shape[0]):
+        acc[k] += w0 * s0[k]
+
+
 # Output floats a depthwise strip accumulates at once: 8 KB, in L1 with the rows its taps read.
 STRIP_FLOATS = 2048
 # Taps per pass of a depthwise strip: one pass for a 3x3 kernel, each output written once with nine products.
@@ -143,7 +150,7 @@ TAPS = 9
 @njit(nogil=True, cache=True, inline="always", fastmath={"contract"})
 def _taps9(acc, p, so, wv, t0, b, init):
     """acc[k] = (b if init else acc[k]) + sum over t of wv[t0 + t] * p[so[t0 + t] + k], nine taps in one pass (the
-    accumulator stays in registers; unused taps carry weight 0 and read tap 0's run)."""
+    accumulator stays in registers; the taps padding the last pass carry weight 0 and read zeros)."""
     n = acc.shape[0]
     s0, s1, s2 = p[so[t0]:so[t0] + n], p[so[t0 + 1]:so[t0 + 1] + n], p[so[t0 + 2]:so[t0 + 2] + n]
     s3, s4, s5 = p[so[t0 + 3]:so[t0 + 3] + n], p[so[t0 + 4]:so[t0 + 4] + n], p[so[t0 + 5]:so[t0 + 5] + n]
@@ -202,7 +209,7 @@ def _fill_phases(xc, planes, rmap, cmap, sh, sw, pt, pl, r_lo, r_hi, c_lo, c_hi,
                 dst[at + _U(m)] = xr[_U(src + sw * m)]
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath={"contract"})  # the inlined `_taps9` takes its caller's flags
 def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, lo, hi):
     """Direct depthwise conv (groups == C == O) of any stride and dilation with bias, optional residual z and the
     activation fused; items [lo, hi) over N * C.
@@ -221,20 +228,19 @@ def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2
     hq, wq = (hp + sh - 1) // sh, (wp + sw - 1) // sw
     size = hq * wq + wq  # the slack keeps the last taps' reads of dropped columns in bounds
     rmap, cmap, n_rows, n_cols = _phase_maps(kh, kw, sh, sw, dh, dw)
-    planes = np.zeros((n_rows, n_cols, size), x.dtype)  # once: every item rewrites the same interior
-    flat = planes.reshape(-1)
+    rows = max(1, min(oh_n, STRIP_FLOATS // wq))
+    zeros = n_rows * n_cols * size  # then a strip's worth of zeros, which the taps padding a pass of nine read
+    flat = np.zeros(zeros + rows * wq, x.dtype)  # once: every item rewrites the planes' interior, the rest stays 0
+    planes = flat[:zeros].reshape((n_rows, n_cols, size))
     taps = kh * kw
     n_t = (taps + TAPS - 1) // TAPS * TAPS
-    offs = np.zeros(n_t, np.int64)  # tap t's offset into `flat`; the padding taps read tap 0's run
+    offs = np.zeros(n_t, np.int64)  # tap t's offset into `flat` at strip row 0
     for i in range(kh):
         for j in range(kw):
             ra, ca = rmap[(i * dh) % sh], cmap[(j * dw) % sw]
             offs[i * kw + j] = (ra * n_cols + ca) * size + ((i * dh) // sh) * wq + (j * dw) // sw
-    for t in range(taps, n_t):
-        offs[t] = offs[0]
     wv = np.zeros(n_t, w.dtype)
-    so = np.empty(n_t, np.int64)
-    rows = max(1, min(oh_n, STRIP_FLOATS // wq))
+    so = np.full(n_t, zeros, np.int64)  # the padding taps: weight 0 times 0 (times a real input's inf would be NaN)
     acc = np.empty(rows * wq, x.dtype)
     r_lo, r_hi = max(pt, 0), min(hp, h_n + pt)  # padded rows [r_lo, r_hi) and columns [c_lo, c_hi) come from x
     c_lo, c_hi = max(pl, 0), min(wp, w_n + pl)
@@ -247,7 +253,7 @@ def depthwise(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2
         for r0 in range(0, oh_n, rows):
             r1 = min(oh_n, r0 + rows)
             a = acc[:(r1 - r0) * wq]
-            for t in range(n_t):
+            for t in range(taps):
                 so[t] = offs[t] + r0 * wq
             for t0 in range(0, n_t, TAPS):
                 _taps9(a, flat, so, wv, t0, bias[c], t0 == 0)
@@ -320,10 +326,8 @@ def grouped(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, 
                             p2_ = planes[k, ra, cmap[((j + 2) * dw) % sw]]
                             _axpy3(acc, p0_[o0:o0 + span], p1_[o1:o1 + span], p2_[o2:o2 + span], w0,
                                    w[o, k, i, j + 1], w[o, k, i, j + 2])
-                        else:
-                            zero = w0 * 0  # in the weights' dtype: an int 0 would turn the loop into float64
-                            s0 = p0_[o0:o0 + span]
-                            _axpy3(acc, s0, s0, s0, w0, zero, zero)
+                        else:  # one tap alone (zero-weight partners would make an inf input's product NaN)
+                            _axpy1(acc, p0_[o0:o0 + span], w0)
                             t = 1
                         j += t
             _store_rows(acc, wq, out[n, o], z, n, o, 0, oh_n, has_z, act, p0, p1, p2)

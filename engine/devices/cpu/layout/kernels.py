@@ -85,6 +85,9 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
+        if not out.flags.c_contiguous:  # oneDNN writes through the raw pointer as dense: numpy's strided copy
+            (blocked_into if to_blocked else plain_into)(x, out, block)
+            return
         step = step_for(x.shape if to_blocked else out.shape)
         D.sync_threads()
         if isinstance(step, _WholeBlocksToPlain):

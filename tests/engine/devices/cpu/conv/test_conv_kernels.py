@@ -376,3 +376,19 @@ def test_stem_bounds():
     assert not direct.is_stem(conv_geom(conv_node(1, 64, (1, 17)), (1, 1, 1, 40)))
     assert not direct.is_stem(conv_geom(conv_node(1, 63, (1, 10)), (1, 1, 1, 40)))
     assert not direct.is_stem(conv_geom(conv_node(2, 64, (1, 3), groups=2), (1, 2, 1, 40)))
+
+
+@pytest.mark.parametrize("k,stride,groups", [((5, 5), 1, 4), ((7, 7), 1, 4), ((2, 2), 2, 4), ((5, 5), 2, 4),
+                                             ((1, 4), 1, 4), ((3, 5), 1, 2), ((2, 2), 2, 2)])
+@pytest.mark.parametrize("device", [None, DIRECT], ids=["onednn_on", "onednn_off"])
+def test_depthwise_and_grouped_keep_an_inf_input_inf(k, stride, groups, device):
+    """An inf in the input gives inf (never NaN) wherever positive weights reach it: the passes padded with
+    zero-weight taps must not multiply that inf by 0 (groups 4 of 4 channels: depthwise; 2: grouped)."""
+    node = conv_node(4, 4, k, groups=groups, stride=(stride, stride), pads=(2, 2, 2, 2))
+    node.attrs["weight"] = np.abs(node.attrs["weight"]) + 0.1
+    x = np.ones((1, 4, 30, 30), np.float32)
+    x[0, 1, 3, 4], x[0, 2, 10, 9] = np.inf, -np.inf
+    got, want = run_kernel(node, [x], device=device)[0], reference(node, [x])[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    assert np.isinf(want).any() and not np.isnan(want).any()

@@ -211,3 +211,16 @@ def test_broadcast_blocked_matches_numpy_on_plain_data(op, small_first, onednn):
     np.testing.assert_array_equal(to_plain(inplace, 40), want[:1])
     with pytest.raises(ShapeError, match="not \\(N, Cb, H, W, B\\)"):
         bop.infer(n, [TensorInfo((2, 3, 5, 6, 16), np.float32), TensorInfo((2, 2, 1, 1, 16), np.float32)])
+
+
+@pytest.mark.parametrize("make", kernels())
+@pytest.mark.parametrize("channels", [20, 8, 32])
+def test_to_plain_into_a_strided_output(make, channels):
+    """A ToPlain output that is not one dense buffer (a view into a wider array) is written where it lies, by the
+    strided copy, never through a raw pointer as if dense."""
+    block = 16
+    x = rng.standard_normal((2, channels, 5, 6)).astype(np.float32)
+    wide = np.full((2, channels, 5, 12), np.nan, np.float32)
+    make(False, block)([by_element(x, block)], [wide[..., ::2]], None)
+    np.testing.assert_array_equal(wide[..., ::2], x)
+    assert np.isnan(wide[..., 1::2]).all()
