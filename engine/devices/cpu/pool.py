@@ -19,7 +19,6 @@ from engine.ir import Node
 from engine.ops.pool import adaptive_reference, avgpool_reference, global_reference, maxpool_reference, pool_geom
 from engine.ops.registry import TensorInfo
 
-
 # The max pool's passes are vectorised compares streaming their rows: the loop splits over the threads at this many
 # times threads.MIN_WORK of them. In-process A/B, 2 vCPUs, AVX-512 EPYC, ms one / two threads: 2x2 s2 128 @56 0.062
 # / 0.116, 256 @28 0.059 / 0.101, 32 @160 0.093 / 0.118, 3x3 s2 64 @56 0.152 / 0.174; 3x3 s2 64 @112 0.346 / 0.277.
