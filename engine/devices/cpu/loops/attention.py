@@ -117,7 +117,7 @@ def row_at(address, n):
 
 
 # -- the softmax loops --
-@njit(fastmath=_FAST, **_JIT)
+@njit(fastmath=_FAST, inline="always", **_JIT)
 def _exp_row(x, n, scale, shift):
     """x[:n] = exp(scale * x[:n] - shift) in place (one FMA: a scale rides along for free); returns the sum. One
     loop: 2^n is built as exponent bits and reinterpreted in a register (a scalar view), vectorised, where an int32
@@ -135,7 +135,7 @@ def _exp_row(x, n, scale, shift):
     return s
 
 
-@njit(fastmath=_FAST, **_JIT)
+@njit(fastmath=_FAST, inline="always", **_JIT)
 def _scale_mask(x, mask, mask_kind, scale, n):
     """x[:n] = scale * x[:n] + mask in place, or -inf where a bool mask forbids (no pass at all for no mask and a
     scale of 1)."""
@@ -150,7 +150,7 @@ def _scale_mask(x, mask, mask_kind, scale, n):
             x[j] *= scale
 
 
-@njit(fastmath=_FAST, **_JIT)
+@njit(fastmath=_FAST, inline="always", **_JIT)
 def _max(xi, n):
     """The largest of the float32 scores whose int32 bits are xi[:n] (-inf for n = 0). Each is mapped to an
     order-preserving int (a negative float's magnitude bits flipped) and the max taken over ints, which LLVM
@@ -234,7 +234,7 @@ def scale_rows(out, l, nan_rows):
         _scale_row(out[i], l[i], nan_rows)
 
 
-@njit(fastmath=_FAST, **_JIT)
+@njit(fastmath=_FAST, inline="always", **_JIT)
 def _scale_row(x, total, nan_rows):
     """x /= total; a row with total 0 (nothing attended to) NaN (`nan_rows`) or zeros."""
     if total == _F(0.0):
@@ -290,7 +290,7 @@ def group_softmax(s, mask, mask_kind, causal, row0, scale, l):
                 l[b, h, i] += _sum(s[b, h, i])
 
 
-@njit(fastmath=_FAST, **_JIT)
+@njit(fastmath=_FAST, inline="always", **_JIT)
 def _shift_row(x, xi, mask, mask_kind, scale, fold):
     """One row of the flat form of `group_softmax` (xi: its bits): x = scale * x + mask - row max, what the exp
     pass then takes; returns what the row's sum starts from: 0, or for a row with nothing to attend to (every score
@@ -313,7 +313,7 @@ def _shift_row(x, xi, mask, mask_kind, scale, fold):
     return _F(0.0)
 
 
-@njit(fastmath=_FAST, **_JIT)
+@njit(fastmath=_FAST, inline="always", **_JIT)
 def _sum(x):
     s = _F(0.0)
     for j in range(x.shape[0]):
@@ -363,7 +363,7 @@ def long_rows_softmax(x, out, lo, hi):
             orow[j] *= inv
 
 
-@njit(fastmath=_FAST, **_JIT)
+@njit(fastmath=_FAST, inline="always", **_JIT)
 def _softmax_row(x, xi, mask, mask_kind, causal, row, scale, fold):
     """One row of `group_softmax` (query `row`; xi: its bits); returns its sum."""
     cols = x.shape[0]

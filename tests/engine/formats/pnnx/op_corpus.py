@@ -221,6 +221,11 @@ SAMPLES: dict[str, tuple[str, dict[str, str], dict[str, tuple[int, ...]]]] = {
                          {"x": "(2,3)f32"}, {}),
     "Tensor.new_full": ("Tensor.new_full op 2 1 x s y dtype=None fill_value=2.5 $input=x $size=s #x=(2,3)f32 "
                         "#y=(?,3)f32", {"x": "(2,3)f32"}, {}),
+    # F.normalize's `norm.clamp_min(eps)` as pnnx leaves it unfolded; the bound here a run-time tensor
+    "aten::clamp_min": ("aten::clamp_min op 2 1 x b y #x=(2,3)f32 #b=(2,1)f32 #y=(2,3)f32",
+                        {"x": "(2,3)f32", "b": "(2,1)f32"}, {}),
+    "aten::clamp_max": ("aten::clamp_max op 2 1 x b y #x=(2,3)f32 #b=(2,1)f32 #y=(2,3)f32",
+                        {"x": "(2,3)f32", "b": "(2,1)f32"}, {}),
 }
 SAMPLES |= {
     "prim::ListUnpack": ("prim::ListUnpack op 1 2 l y0 y1 #y0=(2,3)f32 #y1=(2,3)f32",

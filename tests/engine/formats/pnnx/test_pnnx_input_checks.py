@@ -29,7 +29,8 @@ LOAD_ERRORS = (ShapeError, UnsupportedOpError, ModelFormatError)
 
 BITWISE = ("torch.bitwise_and", "torch.bitwise_or", "torch.bitwise_xor")
 ELEMENTWISE = ("torch.eq", "torch.ne", "torch.lt", "torch.le", "torch.gt", "torch.ge", "torch.logical_and",
-               "torch.logical_or", "torch.logical_xor", "torch.where", "pnnx.Expression", "aten::addcmul", *BITWISE)
+               "torch.logical_or", "torch.logical_xor", "torch.where", "pnnx.Expression", "aten::addcmul",
+               "aten::clamp_min", "aten::clamp_max", *BITWISE)
 # (types, mutation kind, roles (None: any), why torch runs the mistyped model and the engine must too)
 VALID: list[tuple[tuple[str, ...], str, frozenset[str] | None, str]] = [
     (("torch.cat", "torch.concat", "torch.stack", "torch.where", "pnnx.Expression", "torch.eq", "torch.ne",
@@ -86,7 +87,7 @@ VALID: list[tuple[tuple[str, ...], str, frozenset[str] | None, str]] = [
      "the mask is told by its rank and dtype, not its position: pnnx's own order is unreliable (attention.py)"),
     (("pnnx.Expression", "pnnx.SliceIndexes"), "extra", None, "an operand no @k refers to is not read"),
     (("torch.cat", "torch.concat", "torch.stack", "pnnx.Expression", "aten::addcmul", "torch.logical_and",
-      "torch.logical_or", "torch.logical_xor", *BITWISE), "swap", None,
+      "torch.logical_or", "torch.logical_xor", "aten::clamp_min", "aten::clamp_max", *BITWISE), "swap", None,
      "operands of one role (a list to join, expression operands, addcmul's three, a symmetric op) in another "
      "order still make a model of the same output shape"),
 ]

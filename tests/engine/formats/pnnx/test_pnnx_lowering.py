@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import engine
 from engine.errors import ModelFormatError, UnsupportedOpError
 from engine.formats.pnnx.lowering.lower import lower_pnnx
 from engine.formats.pnnx.reader import load_graph
@@ -146,6 +147,50 @@ pnnx.Output out 1 0 5
     y = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))
     want = np.clip(np.clip(y, 0, 6), 0.5, None)
     np.testing.assert_allclose(run(g, x)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_aten_clamp_min_max_literal_and_tensor_bounds(tmp_path):
+    # F.normalize as pnnx leaves it unfolded (torchvision's Swin-V2): norm.clamp_min(eps) with an input-less
+    # Expression for eps; a tensor bound broadcasts (torch.clamp_min(x, t))
+    g = lower(tmp_path, """
+pnnx.Input in 0 1 0 #0=(2,3,4)f32
+pnnx.Input bound 0 1 1 #1=(2,1,4)f32
+pnnx.Expression eps 0 1 2 expr=1.000000e-01
+aten::clamp_min lo 2 1 0 2 3 #0=(2,3,4)f32 #3=(2,3,4)f32
+pnnx.Expression cap 0 1 4 expr=2.5
+aten::clamp_max hi 2 1 3 4 5 #3=(2,3,4)f32 #5=(2,3,4)f32
+aten::clamp_min tlo 2 1 5 1 6 #5=(2,3,4)f32 #1=(2,1,4)f32 #6=(2,3,4)f32
+aten::clamp_max thi 2 1 6 1 7 #6=(2,3,4)f32 #1=(2,1,4)f32 #7=(2,3,4)f32
+pnnx.Output out 1 0 7
+""")
+    assert ops(g) == ["Clip", "Clip", "Maximum", "Minimum"]
+    assert g.nodes[0].params == {"min": 0.1, "max": None} and g.nodes[1].params == {"min": None, "max": 2.5}
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32) * 3
+    x[0, 0, 0], x[1, 2, 3] = np.nan, np.inf
+    t = RNG.standard_normal((2, 1, 4)).astype(np.float32)
+    want = np.minimum(np.maximum(np.clip(x, np.float32(0.1), np.float32(2.5)), t), t)  # NaN stays NaN, as torch's
+    np.testing.assert_array_equal(run(g, x, t)[0], want)
+    model = engine.load(tmp_path / "m.pnnx.param")
+    np.testing.assert_array_equal(model.instance("cpu").run({"in0": x, "in1": t})["out0"], want)
+
+
+def test_aten_clamp_min_refuses_integer_inputs_and_mixed_bounds(tmp_path):
+    # torch promotes an int64 input with a float bound to float: refused, not computed as integers
+    with pytest.raises(UnsupportedOpError, match=r"m.pnnx.param:5: .*aten::clamp_min with an input of dtype int64"):
+        lower(tmp_path, """
+pnnx.Input in 0 1 0 #0=(2,3)i64
+pnnx.Expression eps 0 1 1 expr=1.000000e-01
+aten::clamp_min lo 2 1 0 1 2 #0=(2,3)i64 #2=(2,3)i64
+pnnx.Output out 1 0 2
+""")
+    mixed = r"m.pnnx.param:5: .*bound tensor of dtype float16 for an input of dtype float32"
+    with pytest.raises(UnsupportedOpError, match=mixed):
+        lower(tmp_path, """
+pnnx.Input in 0 1 0 #0=(2,3)f32
+pnnx.Input bound 0 1 1 #1=(2,3)f16
+aten::clamp_max hi 2 1 0 1 2 #0=(2,3)f32 #1=(2,3)f16 #2=(2,3)f32
+pnnx.Output out 1 0 2
+""")
 
 
 def test_embedding_is_gather_on_a_const_table(tmp_path):
