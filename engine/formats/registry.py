@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from engine.formats.pnnx.lowering.lower import HANDLED_TYPES as PNNX_TYPES
+from engine.formats.pnnx.lowering.lower import REFUSED as PNNX_REFUSED
 from engine.formats.pnnx.lowering.lower import lower_pnnx
 from engine.formats.pnnx.reader import load_graph as read_pnnx
 from engine.formats.tnn.lowering.lower import HANDLED_TYPES as TNN_TYPES
@@ -44,7 +45,7 @@ class Format:
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("tnn", ".tnnproto", ".tnnmodel", read_tnn, lower_tnn, TNN_TYPES,
            read_without_weights=partial(read_tnn, weights=False), write=write_tnn, refused=TNN_REFUSED),
-    Format("pnnx", ".pnnx.param", ".pnnx.bin", read_pnnx, lower_pnnx, PNNX_TYPES),
+    Format("pnnx", ".pnnx.param", ".pnnx.bin", read_pnnx, lower_pnnx, PNNX_TYPES, refused=PNNX_REFUSED),
 )}
 
 

@@ -16,9 +16,14 @@ def resolve_max_shapes(graph: Graph, max_shapes) -> dict[str, tuple[int, ...]]:
     given = dict(max_shapes or {})
     names = {v.name for v in graph.inputs}
     unknown = sorted(set(given) - names)
-    if unknown:
-        raise EngineError(f"max_shapes names unknown inputs {unknown}; the model's inputs are {sorted(names)}")
-    return {v.name: _max_shape(v, given.get(v.name)) for v in graph.inputs}
+    try:
+        if unknown:
+            raise EngineError(f"max_shapes names unknown inputs {unknown}; the model's inputs are {sorted(names)}")
+        return {v.name: _max_shape(v, given.get(v.name)) for v in graph.inputs}
+    except EngineError as e:  # named by its file: a caller with several models must tell which one refused
+        if graph.path:
+            e.args = (f"{graph.path}: {e}", *e.args[1:])
+        raise
 
 
 def _max_shape(v: Value, given) -> tuple[int, ...]:

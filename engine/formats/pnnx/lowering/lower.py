@@ -38,6 +38,14 @@ from engine.ir import Graph
 # The pnnx types (without prefix) lower_pnnx handles.
 HANDLED_TYPES: frozenset[str] = frozenset(HANDLERS)
 
+# Types refused on purpose, with the reason the error gives (docs/pnnx_export_bugs.md).
+REFUSED: dict[str, str] = {
+    "aten::zero": "(an in-place zero_(): pnnx writes the zeroed value but drops its write-back into the tensor it "
+                  "was a slice of, as in torchvision's Swin-V2 `qkv_bias[n:2 * n].zero_()`, so the file does not "
+                  "compute what the model did; zero out of place (torch.cat or a mask) and export again: "
+                  "docs/pnnx_export_bugs.md)",
+}
+
 
 def lower_pnnx(graph: Graph) -> Graph:
     """Replaces every `pnnx:*` node by canonical ops; unknown types raise UnsupportedOpError with file:line,

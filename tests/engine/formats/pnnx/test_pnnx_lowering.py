@@ -193,6 +193,22 @@ pnnx.Output out 1 0 2
 """)
 
 
+def test_aten_zero_is_refused_with_the_export_bug(tmp_path):
+    # pnnx's form of Swin-V2's `qkv_bias[n:2 * n].zero_()`: the zeroed slice reaches the linear as its whole bias
+    # (docs/pnnx_export_bugs.md, 9); a loader cannot tell that the value was a slice, so aten::zero is refused
+    text = """7767517
+4 4
+pnnx.Input in 0 1 0 #0=(2,3)f32
+pnnx.Attribute b 0 1 1 @data=(3)f32 #1=(3)f32
+aten::zero z 1 1 1 2 #1=(3)f32 #2=(3)f32
+pnnx.Output out 1 0 2
+"""
+    path = write_pnnx(tmp_path / "m.pnnx.param", text, {"b.data": np.ones(3, np.float32)})
+    with pytest.raises(UnsupportedOpError, match=r"node 'z', m.pnnx.param:5\) \(an in-place zero_\(\).*"
+                                                 r"pnnx_export_bugs.md"):
+        engine.load(path)
+
+
 def test_embedding_is_gather_on_a_const_table(tmp_path):
     g = lower(tmp_path, """
 pnnx.Input in 0 1 0 #0=(1,5)i64
