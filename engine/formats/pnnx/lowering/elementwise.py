@@ -92,23 +92,27 @@ def clamp(ctx: Ctx) -> None:
 @handles("aten::clamp_min", "aten::clamp_max")
 def clamp_one_side(ctx: Ctx) -> None:
     """torch's positional (input, bound): what pnnx leaves of F.normalize's `norm.clamp_min(eps)` when it does not
-    fold the pattern (torchvision's Swin-V2 attention). A literal bound is a one-sided Clip; a tensor bound the
-    elementwise Maximum / Minimum (broadcast; NaN from either side, as torch's)."""
+    fold the pattern (torchvision's Swin-V2 attention), or `x.clamp_min(t)`. A number (an input-less expression,
+    or a one-element constant of no higher rank than x) is a one-sided Clip; any other bound the elementwise
+    Maximum / Minimum, broadcast (NaN from either side, as torch's), whose output shape and dtype the file's
+    annotations then check."""
     if len(ctx.node.inputs) != 2:
         raise ctx.fail(f"expects (input, bound), has {len(ctx.node.inputs)} inputs")
     x, bound = ctx.node.inputs
     lower_side = ctx.type == "aten::clamp_min"
-    if x.dtype is None or np.dtype(x.dtype).kind != "f":
-        # torch promotes an integer input to float for a float bound: refused rather than computed in the wrong type
-        raise ctx.unsupported(f"an input of dtype {x.dtype} (floating-point inputs only)")
-    if bound.is_const or (bound.producer is not None and not bound.producer.inputs):
+    if x.dtype is None or np.dtype(x.dtype).kind not in "fiu":
+        raise ctx.unsupported(f"an input of dtype {x.dtype} (numbers only)")
+    integer = np.dtype(x.dtype).kind in "iu"
+    number = bound.is_const and bound.const.size == 1 and bound.const.ndim <= len(x.shape or ())
+    if number or (not bound.is_const and bound.producer is not None and not bound.producer.inputs):
         value = ctx.literal(bound, "bound")
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ctx.unsupported(f"bound={value!r}")
+        # torch promotes an integer input to float for a float bound: refused rather than computed as integers
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or (integer and isinstance(value, float)):
+            raise ctx.unsupported(f"bound={value!r} for an input of dtype {x.dtype}")
         params = {"min": float(value), "max": None} if lower_side else {"min": None, "max": float(value)}
         ctx.become("Clip", params, inputs=[x])
         return
-    if bound.dtype is None or np.dtype(bound.dtype) != np.dtype(x.dtype):
+    if not bound.is_const and bound.dtype is not None and np.dtype(bound.dtype) != np.dtype(x.dtype):
         raise ctx.unsupported(f"a bound tensor of dtype {bound.dtype} for an input of dtype {x.dtype}")
     ctx.become("Maximum" if lower_side else "Minimum", {}, inputs=[x, bound])
 

@@ -174,9 +174,34 @@ pnnx.Output out 1 0 7
     np.testing.assert_array_equal(model.instance("cpu").run({"in0": x, "in1": t})["out0"], want)
 
 
+def test_aten_clamp_integer_input_constant_and_computed_bounds(tmp_path):
+    # idx.clamp_min(0) stays int64; a buffer bound of several elements, and a bound computed at run time
+    # (x.clamp_max(x.mean() * 2): an Expression, whose output pnnx leaves untyped), broadcast as torch's
+    g = lower(tmp_path, """
+pnnx.Input ids 0 1 0 #0=(2,3)i64
+pnnx.Expression zero 0 1 1 expr=0
+aten::clamp_min lo 2 1 0 1 2 #0=(2,3)i64 #2=(2,3)i64
+pnnx.Input in 0 1 3 #3=(2,3,4)f32
+pnnx.Attribute buf 0 1 4 @data=(4)f32 #4=(4)f32
+aten::clamp_min vec 2 1 3 4 5 #3=(2,3,4)f32 #4=(4)f32 #5=(2,3,4)f32
+torch.mean mean 1 1 3 6 dim=None keepdim=False $input=3 #3=(2,3,4)f32 #6=()f32
+pnnx.Expression twice 1 1 6 7 expr=mul(@0,2)
+aten::clamp_max hi 2 1 5 7 8 #5=(2,3,4)f32 #8=(2,3,4)f32
+pnnx.Output out 2 0 2 8
+""", {"buf.data": np.array([-1.0, 0.0, 0.5, 1.0], np.float32)})
+    ids = np.array([[-3, 0, 2], [5, -1, 7]], np.int64)
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32) + 0.5
+    want = np.minimum(np.maximum(x, np.array([-1.0, 0.0, 0.5, 1.0], np.float32)), x.mean() * 2)
+    model = engine.load(tmp_path / "m.pnnx.param")
+    got = model.instance("cpu").run({"in0": ids, "in1": x})
+    assert got["out0"].dtype == np.int64
+    np.testing.assert_array_equal(got["out0"], np.maximum(ids, 0))
+    np.testing.assert_allclose(got["out1"], want, rtol=1e-6)
+
+
 def test_aten_clamp_min_refuses_integer_inputs_and_mixed_bounds(tmp_path):
     # torch promotes an int64 input with a float bound to float: refused, not computed as integers
-    with pytest.raises(UnsupportedOpError, match=r"m.pnnx.param:5: .*aten::clamp_min with an input of dtype int64"):
+    with pytest.raises(UnsupportedOpError, match=r"m.pnnx.param:5: .*aten::clamp_min with bound=0.1 for an input of dtype int64"):
         lower(tmp_path, """
 pnnx.Input in 0 1 0 #0=(2,3)i64
 pnnx.Expression eps 0 1 1 expr=1.000000e-01
