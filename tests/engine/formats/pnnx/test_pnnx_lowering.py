@@ -200,7 +200,7 @@ pnnx.Output out 2 0 2 8
     np.testing.assert_allclose(got["out1"], want, rtol=1e-6)
 
 
-def test_aten_clamp_min_refuses_integer_inputs_and_mixed_bounds(tmp_path):
+def test_aten_clamp_refuses_float_bounds_on_integers_and_mixed_dtypes(tmp_path):
     # torch promotes an int64 input with a float bound to float: refused, not computed as integers
     float_bound = r"m.pnnx.param:5: .*aten::clamp_min with bound=0.1 for an input of dtype int64"
     with pytest.raises(UnsupportedOpError, match=float_bound):
