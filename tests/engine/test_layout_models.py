@@ -81,3 +81,24 @@ def test_wide_resnet_runs_winograd_and_matches_pytorch(load_fixture, monkeypatch
     assert len(wino) == 5 and sum(len(n.inputs) == 2 for n in wino) == 3  # 2 + 3 blocks' convs, 3 residual
     monkeypatch.setenv("NNSERVE_WINOGRAD", "0")
     assert winograd_convs() == []
+
+
+# Classifiers whose every logit depends on every pixel (global pooling): one NaN pixel must make every logit NaN,
+# as in PyTorch. A clamp that turned the NaN into 0 (oneDNN's own relu / clip post-ops) would serve plausible logits.
+CLASSIFIERS = ["efficientnet", "mobilenet_v2", "mobilenet_v3", "resnet", "squeezenet"]
+
+
+@pytest.mark.parametrize("layout", ["blocked", "nchw"])
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_a_nan_pixel_reaches_every_logit(name: str, layout: str, load_fixture, monkeypatch) -> None:
+    if layout == "blocked" and not onednn.available():
+        pytest.skip("oneDNN is not installed: the blocked layout is not used")
+    monkeypatch.setenv("NNSERVE_LAYOUT", layout)
+    fx = load_fixture(name)
+    inst = engine.load(fx.param).instance(device="cpu", max_shapes=fx.max_shapes)
+    (key, x), = fx.inputs.items()
+    x = x.copy()
+    x.flat[x.size // 3] = np.nan
+    for out in inst.run({key: x}).values():
+        assert np.isnan(out).all(), f"{name}: {np.isnan(out).mean():.0%} of the outputs are NaN"
+    assert all(np.isfinite(v).all() for v in inst.run(fx.inputs).values())  # and the next request is clean

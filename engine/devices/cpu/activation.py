@@ -68,9 +68,9 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]):
     loop = _build_loop(node, ins)
     if backends.onednn and np.dtype(ins[0].dtype) == np.float32 and node.op_type in _EPILOGUE:
         elt = unless_ours(*_epilogue_of(node))
-        if elt is not None:
-            return unary.build(unary.eltwise_desc(*elt), lambda shape: (int(np.prod(shape)),), loop,
-                               f"eltwise_{elt[0]}", tuple(ins[0].shape))
+        if elt is not None and len(elt) == 1:  # a longer chain (ReLU-like clamps keeping NaN) is our loop's work
+            return unary.build(unary.eltwise_desc(*elt[0]), lambda shape: (int(np.prod(shape)),), loop,
+                               f"eltwise_{elt[0][0]}", tuple(ins[0].shape))
     return loop
 
 

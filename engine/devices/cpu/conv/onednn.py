@@ -63,7 +63,7 @@ class ConvSpec:
         self.act = node.params.get("activation"), node.params.get("activation_params")
         self.elt = conv_post_op(*self.act)
         self.late = self.elt is None and self.act[0] is not None  # applied after the primitive
-        self.post_ops = ([("sum",)] if residual else []) + ([self.elt] if self.elt else [])
+        self.post_ops = ([("sum",)] if residual else []) + list(self.elt or ())
         self._weights: list[tuple[D.MemoryDesc, np.ndarray]] = []
 
     def wshape(self, geo: ConvGeom) -> tuple[int, ...]:

@@ -32,8 +32,8 @@ def activate_row(row, act, p0, p1, p2):
 @njit(nogil=True, cache=True, inline="always")
 def activate_cheap(v, act, p0, p1, p2):
     """Activations 0-3 (none, relu, clip, leaky_relu) in v's own type, so float32 loops stay float32."""
-    if act == 1:
-        return v if v > 0 else v * 0
+    if act == 1:  # Python's max: v unless 0 > v, so NaN stays NaN and -inf gives 0 (v * 0 would give NaN)
+        return max(v, 0.0)
     if act == 2:
         return min(max(v, p0), p1)
     if act == 3:

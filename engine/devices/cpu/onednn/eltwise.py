@@ -23,11 +23,33 @@ import numpy as np
 
 from engine.devices.cpu.onednn.blocked import native_block
 
+Eltwise = tuple[str, float, float]  # oneDNN's eltwise algorithm, alpha, beta
+
+# A NaN must come out of a clamp as NaN (the reference's and torch's semantics): a ReLU that turned it into 0
+# would hide a NaN the model computed behind a plausible number. oneDNN's relu with alpha 0, clip and hardsigmoid
+# take max/min instructions that return the bound for a NaN, so the clamps are built from two steps that keep it:
+# clip(-inf, hi) sends NaN to -inf (and only NaN and -inf go there), then hardswish(F32_MAX, 0), x * clip(F32_MAX *
+# x, 0, 1), is x for every positive normal float and +inf, -0 for a finite negative, and -inf * 0 = NaN. Costs
+# and limits: one more post-op (MobileNetV2's ReLU6 convolutions: 1.06x the model's time at batch 1, in-process A/B;
+# oneDNN's elu(alpha 0), which also gets ReLU(-inf) = 0 right, computes exp and took 1.4x); a pre-activation of -inf
+# (an infinite input or an overflow) comes out NaN where the reference gives the lower bound; a positive subnormal
+# below 1 / F32_MAX (3e-39) comes out smaller (x * x * F32_MAX) where the reference keeps it; a negative gives -0.
 _F32_MAX = float(np.finfo(np.float32).max)
+_RELU: tuple[Eltwise, ...] = (("hardswish", _F32_MAX, 0.0),)
 
 
-def eltwise(name: str | None, params: dict | None) -> tuple[str, float, float] | None:
-    """The oneDNN eltwise post-op (alg, alpha, beta) computing the same function as our activation `name`."""
+def _clamp_from_zero(hi: float | None) -> tuple[Eltwise, ...] | None:
+    """min(max(x, 0), hi) keeping NaN (see above); None for hi < 0 (the reference's clip then gives hi)."""
+    if hi is None or hi == np.inf:
+        return _RELU
+    if not hi >= 0:
+        return None
+    return (("clip", -np.inf, float(hi)),) + _RELU
+
+
+def eltwise(name: str | None, params: dict | None) -> tuple[Eltwise, ...] | None:
+    """The oneDNN eltwise post-ops, in order, that compute our activation `name` as its reference does, NaN
+    included, within the limits above; None where none do (the caller applies our own pass after the primitive)."""
     p = params or {}
 
     def get(key: str, default: float) -> float:
@@ -35,25 +57,31 @@ def eltwise(name: str | None, params: dict | None) -> tuple[str, float, float] |
         return default if v is None else float(v)
 
     if name == "relu":
-        return "relu", 0.0, 0.0
+        return _RELU
     if name == "leaky_relu":
-        return "relu", get("alpha", 0.01), 0.0
+        alpha = get("alpha", 0.01)  # alpha 0 is oneDNN's max(x, 0), which drops NaN (and the reference gives
+        return (("relu", alpha, 0.0),) if alpha != 0 else None  # -inf * 0 = NaN there, not ReLU's 0)
     if name == "relu6":
-        return "clip", 0.0, 6.0
+        return _clamp_from_zero(6.0)
     if name == "clip":
-        return "clip", get("min", -_F32_MAX), get("max", _F32_MAX)
+        lo, hi = p.get("min"), p.get("max")
+        if lo is None or lo == -np.inf:
+            return () if hi is None or hi == np.inf else None
+        return _clamp_from_zero(None if hi is None else float(hi)) if float(lo) == 0 else None
+    if name == "hardsigmoid":
+        return (("linear", get("alpha", 1 / 6), get("beta", 0.5)),) + (_clamp_from_zero(1.0) or ())
     if name == "sigmoid":
-        return "logistic", 0.0, 0.0
+        return (("logistic", 0.0, 0.0),)
     if name == "silu":
-        return "swish", 1.0, 0.0
+        return (("swish", 1.0, 0.0),)
     if name == "tanh":
-        return "tanh", 0.0, 0.0
+        return (("tanh", 0.0, 0.0),)
     if name == "elu":
-        return "elu", get("alpha", 1.0), 0.0
-    if name in ("hardswish", "hardsigmoid"):
-        return name, get("alpha", 1 / 6), get("beta", 0.5)
-    if name == "gelu":
-        return ("gelu_tanh" if p.get("approximate", "none") == "tanh" else "gelu_erf"), 0.0, 0.0
+        return (("elu", get("alpha", 1.0), 0.0),)
+    if name == "hardswish":
+        return (("hardswish", get("alpha", 1 / 6), get("beta", 0.5)),)
+    if name == "gelu":  # oneDNN's erf GELU gives NaN for +inf (the reference: inf) and overflows above ~1.7e38
+        return ((("gelu_tanh" if p.get("approximate", "none") == "tanh" else "gelu_erf"), 0.0, 0.0),)
     return None
 
 
@@ -62,12 +90,12 @@ def ours(name: str | None, params: dict | None) -> bool:
     return name in ("sigmoid", "silu") or (name == "gelu" and (params or {}).get("approximate", "none") != "tanh")
 
 
-def unless_ours(name: str | None, params: dict | None) -> tuple[str, float, float] | None:
+def unless_ours(name: str | None, params: dict | None) -> tuple[Eltwise, ...] | None:
     """eltwise(name, params), or None where our own pass is faster (the caller applies it after the primitive)."""
     return None if ours(name, params) else eltwise(name, params)
 
 
-def conv_post_op(name: str | None, params: dict | None) -> tuple[str, float, float] | None:
+def conv_post_op(name: str | None, params: dict | None) -> tuple[Eltwise, ...] | None:
     """The eltwise post-op a convolution fuses for activation `name`, or None where our pass after it is faster:
     unless_ours, but erf GELU fused where oneDNN's convolutions work in 16-lane vectors (see above)."""
     if name == "gelu" and native_block() >= 16:

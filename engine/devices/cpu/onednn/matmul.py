@@ -77,8 +77,7 @@ class Plan:
         post_ops: list[tuple] = []
         if residual is not None:
             post_ops.append(("binary_add", residual))
-        if eltwise is not None:
-            post_ops.append(eltwise)
+        post_ops.extend(eltwise or ())  # a chain of eltwise post-ops (onednn/eltwise.py)
         attr = D.Attr(post_ops)
         # threads.work_of (multiply-adds, or the weights it streams): a small matmul is created, and runs, on one thread
         self.work = work

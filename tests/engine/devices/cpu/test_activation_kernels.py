@@ -114,7 +114,8 @@ def test_large_float32_activations_on_both_paths(op, params):
     fn, _ = build_kernel(node, infos_of([x], node=node))
     onednn = fn.impl.startswith("onednn:eltwise") if hasattr(fn, "impl") else False
     ours = op in ("Silu", "Sigmoid") or (op == "Gelu" and params["approximate"] == "none")
-    assert onednn == (not ours and cpu_device().backends.onednn)
+    loop = op == "HardSigmoid"  # oneDNN's clamps drop NaN: its NaN-keeping form is a post-op chain (onednn/eltwise.py)
+    assert onednn == (not ours and not loop and cpu_device().backends.onednn)
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
