@@ -1,0 +1,53 @@
+"""numba's cache of our kernels is keyed on every CPU kernel source (engine/devices/cpu/numba_cache.py): a change to
+a helper that another file's kernel inlines recompiles that kernel, where numba alone would run the stale one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import engine
+from engine.devices.cpu import numba_cache
+from engine.devices.cpu.loops import fused_epilogue
+
+# a cached kernel in its own file that inlines fused_epilogue.activate_cheap (ReLU is act 1)
+CALLER = '''
+from numba import njit
+from engine.devices.cpu.loops.fused_epilogue import activate_cheap
+
+@njit(cache=True)
+def relu_of(v):
+    return activate_cheap(v, 1, 0.0, 0.0, 0.0)
+'''
+RUN = ("from engine.devices.cpu.loops.cache_probe import relu_of; r = relu_of(-2.0); "
+       "print(r, sum(relu_of.stats.cache_hits.values()))")
+
+
+def test_our_kernels_take_the_locator():
+    loc = fused_epilogue.epilogue_cols._cache._impl._locator
+    assert isinstance(loc, numba_cache.KernelSourcesLocator)
+    assert loc.get_source_stamp() == (loc._inner.get_source_stamp(), numba_cache.kernel_sources_hash())
+    assert numba_cache.KernelSourcesLocator.from_function(len, __file__) is None  # other code keeps numba's own
+
+
+def test_a_changed_helper_recompiles_its_callers(tmp_path):
+    root = tmp_path / "src"
+    shutil.copytree(Path(engine.__file__).parent, root / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "engine/devices/cpu/loops/cache_probe.py").write_text(CALLER)
+    env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+
+    def run() -> tuple[float, int]:
+        out = subprocess.run([sys.executable, "-c", RUN], env=env, cwd=root, capture_output=True, text=True,
+                             timeout=300, check=True).stdout.split()
+        return float(out[0]), int(out[1])
+
+    assert run() == (0.0, 0)  # compiled and saved
+    assert run() == (0.0, 1)  # loaded from the cache
+    helper = root / "engine/devices/cpu/loops/fused_epilogue.py"
+    text = helper.read_text()
+    assert "return max(v, 0.0)" in text
+    helper.write_text(text.replace("return max(v, 0.0)", "return v - 1.0", 1))  # a different "ReLU"
+    assert run() == (-3.0, 0)  # cache_probe.py did not change, its kernel was recompiled with the new helper
