@@ -21,6 +21,23 @@ def _dev(fn):
 
 
 @_dev
+def nan_max(a, b):
+    """max(a, b) that returns a NaN from either side, as torch does. numba lowers a float max/min on the device to
+    libdevice's fmaxf/fminf, which return the other operand: ReLU(NaN) would be 0, a plausible number."""
+    if a != a:
+        return a
+    return b if b > a or b != b else a
+
+
+@_dev
+def nan_min(a, b):
+    """min(a, b) keeping a NaN from either side (see nan_max)."""
+    if a != a:
+        return a
+    return b if b < a or b != b else a
+
+
+@_dev
 def _sigmoid(x):
     return 1.0 / (1.0 + math.exp(-x))
 
@@ -58,7 +75,7 @@ def _elu(x, alpha):
 
 @_dev
 def _hardsigmoid(x, alpha, beta):
-    return min(max(alpha * x + beta, 0.0), 1.0)
+    return nan_min(nan_max(alpha * x + beta, 0.0), 1.0)
 
 
 # op -> (device fn(x, p0, p1), params -> (p0, p1))
@@ -79,8 +96,8 @@ UNARY = {
     "Asinh": (lambda x, a, b: math.asinh(x), None), "Acosh": (lambda x, a, b: math.acosh(x), None),
     "Atanh": (lambda x, a, b: math.atanh(x), None), "Erf": (lambda x, a, b: math.erf(x), None),
     "Not": (lambda x, a, b: not x, None),
-    "Relu": (lambda x, a, b: max(x, 0), None),
-    "Clip": (lambda x, a, b: min(max(x, a), b), lambda p: (_f(p, "min", -math.inf), _f(p, "max", math.inf))),
+    "Relu": (lambda x, a, b: nan_max(x, 0), None),
+    "Clip": (lambda x, a, b: nan_min(nan_max(x, a), b), lambda p: (_f(p, "min", -math.inf), _f(p, "max", math.inf))),
     "LeakyRelu": (lambda x, a, b: x if x > 0 else x * a, lambda p: (_f(p, "alpha", 0.01), 0.0)),
     "Sigmoid": (lambda x, a, b: _sigmoid(x), None), "Tanh": (lambda x, a, b: math.tanh(x), None),
     "Silu": (lambda x, a, b: x * _sigmoid(x), None),
@@ -104,8 +121,8 @@ def _py_mod(a, b):
 
 BINARY = {
     "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
-    "Div": lambda a, b: a / b, "Pow": lambda a, b: a ** b, "Maximum": lambda a, b: max(a, b),
-    "Minimum": lambda a, b: min(a, b), "FloorDiv": lambda a, b: a // b, "Mod": lambda a, b: _py_mod(a, b),
+    "Div": lambda a, b: a / b, "Pow": lambda a, b: a ** b, "Maximum": lambda a, b: nan_max(a, b),
+    "Minimum": lambda a, b: nan_min(a, b), "FloorDiv": lambda a, b: a // b, "Mod": lambda a, b: _py_mod(a, b),
     "Fmod": lambda a, b: math.fmod(a, b), "Atan2": lambda a, b: math.atan2(a, b),
     "And": lambda a, b: a & b, "Or": lambda a, b: a | b, "Xor": lambda a, b: a ^ b,
     "Equal": lambda a, b: a == b, "NotEqual": lambda a, b: a != b, "Less": lambda a, b: a < b,

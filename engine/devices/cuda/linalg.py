@@ -14,6 +14,7 @@ import numpy as np
 from numba import cuda, float32
 
 from engine.devices.cuda._launch import TILE, at_least_1d, broadcast_strides, by_shapes, flat, strides_of
+from engine.devices.cuda.elementwise import nan_max, nan_min
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
 
@@ -47,21 +48,21 @@ def activate(v, kind, p0, p1):
     if kind == 0:
         return v
     if kind == 1:
-        return max(v, 0.0)
+        return nan_max(v, 0.0)
     if kind == 2:
-        return min(max(v, 0.0), 6.0)
+        return nan_min(nan_max(v, 0.0), 6.0)
     if kind == 3:
         return v if v > 0 else v * p0
     if kind == 4:
-        return min(max(v, p0), p1)
+        return nan_min(nan_max(v, p0), p1)
     if kind == 5:
         return 1.0 / (1.0 + math.exp(-v))
     if kind == 6:
         return v / (1.0 + math.exp(-v))
     if kind == 7:
-        return v * min(max(p0 * v + p1, 0.0), 1.0)
+        return v * nan_min(nan_max(p0 * v + p1, 0.0), 1.0)
     if kind == 8:
-        return min(max(p0 * v + p1, 0.0), 1.0)
+        return nan_min(nan_max(p0 * v + p1, 0.0), 1.0)
     if kind == 9:
         if p0 > 0:
             return 0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (v + 0.044715 * v * v * v)))

@@ -50,9 +50,9 @@ def _reduce(x, y, kshape, kstrides, rshape, rstrides, nred, kind):
                 acc += v * v
             elif kind == 8:
                 acc += v
-            elif (kind == 2 or kind == 10 or kind == 9) and v > best:
-                best, arg = v, r
-            elif (kind == 3 or kind == 11) and v < best:
+            elif (kind == 2 or kind == 10 or kind == 9) and (v > best or (v != v and best == best)):
+                best, arg = v, r  # the first NaN wins and stays, as in torch's max / argmax
+            elif (kind == 3 or kind == 11) and (v < best or (v != v and best == best)):
                 best, arg = v, r
         if kind == 9:
             m = best if math.isfinite(best) else 0.0

@@ -12,6 +12,7 @@ import numpy as np
 from numba import cuda
 
 from engine.devices.cuda._launch import by_shapes, flat, grid
+from engine.devices.cuda.elementwise import nan_max
 from engine.ir import Node
 from engine.ops.pool import adaptive_size, pool_geom
 from engine.ops.registry import TensorInfo
@@ -35,7 +36,7 @@ def _pool(x, y, H, W, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, is_max, in
                     continue
                 v = x[(plane * H + iy) * W + ix]
                 acc += v
-                best = max(best, v)
+                best = nan_max(best, v)
                 count += 1
         if is_max:
             y[i] = best
@@ -76,7 +77,7 @@ def _adaptive(x, y, H, W, oh, ow, is_max):
             for ix in range(w0, w1):
                 v = x[(plane * H + iy) * W + ix]
                 acc += v
-                best = max(best, v)
+                best = nan_max(best, v)
         y[i] = best if is_max else acc / ((h1 - h0) * (w1 - w0))
 
 

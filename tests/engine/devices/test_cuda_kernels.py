@@ -160,3 +160,26 @@ def test_attention_rows_with_nothing_to_attend_to(masked_rows):
     mask = RNG.random((1, 1, 3, 5)) > 0.3
     mask[0, 0, 1] = False
     check(make_node("Attention", 4, params={"masked_rows": masked_rows}), [q, k, v, mask])
+
+
+def test_nan_goes_through_clamps_maxima_and_reductions():
+    """A NaN comes out NaN, as in torch, where libdevice's fmaxf/fminf (numba's device max/min) return the other
+    operand; the simulator runs Python's max, which drops a NaN second operand, so most of these fail here too."""
+    x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    x[0, 1, 2, 3] = x[1, 2, 5, 5] = np.nan
+    y = RNG.standard_normal(x.shape).astype(np.float32)
+    y[0, 0, 0, 0] = np.nan
+    for op, p in (("Relu", {}), ("Clip", {"min": 0.0, "max": 6.0}), ("HardSigmoid", {}), ("HardSwish", {})):
+        check(make_node(op, 1, params=p), [x])
+    for op in ("Maximum", "Minimum"):
+        check(make_node(op, 2), [x, y])
+        check(make_node(op, 2), [y, x])
+    check(make_node("MaxPool", 1, params={"kernel": [3, 3], "stride": [2, 2], "pads": [1, 1, 1, 1]}), [x])
+    check(make_node("AdaptiveMaxPool", 1, params={"output_size": [2, 2]}), [x])
+    for op in ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin"):
+        check(make_node(op, 1, params={"axes": [3], "axis": 3, "keepdims": True}), [x])
+    rows = x.reshape(12, 18)
+    attrs = {"weight": np.eye(18, dtype=np.float32)}  # each output a copy of its input: a NaN stays where it was
+    for act, ap in (("relu", {}), ("relu6", {}), ("clip", {"min": 0.0, "max": 1.0}), ("hardsigmoid", {}),
+                    ("hardswish", {})):
+        check(make_node("Gemm", 1, params={"activation": act, "activation_params": ap}, attrs=attrs), [rows])
