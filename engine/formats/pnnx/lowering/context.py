@@ -102,13 +102,19 @@ class Ctx:
             if v.dtype is not None and np.dtype(v.dtype).kind != "f":
                 raise self.fail(f"operand {v.name!r} is {np.dtype(v.dtype)}; {self.type} takes floating point")
 
+    @staticmethod
+    def is_expression_literal(v: Value) -> bool:
+        """Whether v is made by an input-less expression (`expr=32`), whose value `literal` computes."""
+        node = v.producer
+        return node is not None and not node.inputs and node.op_type in ("Expression", "pnnx:pnnx.Expression")
+
     def literal(self, v: Value, what: str = "") -> Any:
         """The python value of a scalar argument: a constant, or an input-less expression such as `expr=32`."""
         self.folded.append(v)
         if v.is_const:
             return v.const.item() if v.const.size == 1 else v.const.tolist()
         node = v.producer
-        if node is not None and not node.inputs and node.op_type in ("Expression", "pnnx:pnnx.Expression"):
+        if self.is_expression_literal(v):
             try:
                 tree = parse(node.params["expr"])
                 return tree.value if isinstance(tree, Lit) else evaluate(tree, [])

@@ -95,7 +95,7 @@ def clamp_one_side(ctx: Ctx) -> None:
     fold the pattern (torchvision's Swin-V2 attention), or `x.clamp_min(t)`. A number (an input-less expression,
     or a one-element constant of no higher rank than x) is a one-sided Clip; any other bound the elementwise
     Maximum / Minimum, broadcast (NaN from either side, as torch's), whose output shape and dtype the file's
-    annotations then check."""
+    annotations then check (a tensor made from literal sizes, `torch.full((4,), 0.1)`, is such a bound)."""
     if len(ctx.node.inputs) != 2:
         raise ctx.fail(f"expects (input, bound), has {len(ctx.node.inputs)} inputs")
     x, bound = ctx.node.inputs
@@ -104,7 +104,7 @@ def clamp_one_side(ctx: Ctx) -> None:
         raise ctx.unsupported(f"an input of dtype {x.dtype} (numbers only)")
     integer = np.dtype(x.dtype).kind in "iu"
     number = bound.is_const and bound.const.size == 1 and bound.const.ndim <= len(x.shape or ())
-    if number or (not bound.is_const and bound.producer is not None and not bound.producer.inputs):
+    if number or (not bound.is_const and ctx.is_expression_literal(bound)):
         value = ctx.literal(bound, "bound")
         # torch promotes an integer input to float for a float bound: refused rather than computed as integers
         if not isinstance(value, (int, float)) or isinstance(value, bool) or (integer and isinstance(value, float)):

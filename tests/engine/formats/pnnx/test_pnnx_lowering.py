@@ -200,6 +200,22 @@ pnnx.Output out 2 0 2 8
     np.testing.assert_allclose(got["out1"], want, rtol=1e-6)
 
 
+def test_aten_clamp_bound_from_a_creation_op(tmp_path):
+    # x.clamp_min(torch.full((4,), 0.1)): an input-less producer that is no Expression is a tensor bound
+    # (Maximum, broadcast), not a literal refused as "a run-time bound"
+    g = lower(tmp_path, """
+pnnx.Input in 0 1 0 #0=(2,3,4)f32
+torch.full full 0 1 1 size=(4) fill_value=1.000000e-01 #1=(4)f32
+aten::clamp_min lo 2 1 0 1 2 #0=(2,3,4)f32 #1=(4)f32 #2=(2,3,4)f32
+pnnx.Output out 1 0 2
+""")
+    assert "Maximum" in ops(g) and "Clip" not in ops(g)
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    x[0, 0, 0] = np.nan
+    got = engine.load(tmp_path / "m.pnnx.param").instance("cpu").run({"in0": x})["out0"]
+    np.testing.assert_array_equal(got, np.maximum(x, np.float32(0.1)))
+
+
 def test_aten_clamp_refuses_float_bounds_on_integers_and_mixed_dtypes(tmp_path):
     # torch promotes an int64 input with a float bound to float: refused, not computed as integers
     float_bound = r"m.pnnx.param:5: .*aten::clamp_min with bound=0.1 for an input of dtype int64"
