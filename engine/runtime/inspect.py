@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engine.errors import EngineError, UnsupportedOpError
 from engine.formats.registry import FORMATS
-from engine.runtime.loading import model_format, prepare, read_graph, unsupported_nodes
+from engine.runtime.loading import model_format, prepare, read_graph, refusal_reason, unsupported_nodes
 from engine.runtime.model import Model
 from engine.runtime.options import EngineOptions
 
@@ -33,7 +33,7 @@ def describe(path: str | Path, max_shapes: dict[str, tuple[int, ...]] | None = N
     lines += [f"  {op:<24} {n}" for op, n in counts.items()]
     if missing or rejected:
         lines.append(f"unsupported ops ({len(missing) or 1} nodes):")
-        lines += [f"  {n.op_type}  node {n.name!r}  at {n.where()}" for n in missing]
+        lines += [f"  {n.op_type}  node {n.name!r}  at {n.where()}{refusal_reason(graph, n)}" for n in missing]
         lines += [f"  {rejected}"] if rejected else []
         lines.append("memory plan: not available until every op is supported")
     else:

@@ -70,8 +70,8 @@ def unsupported_nodes(graph: Graph) -> list[Node]:
     return missing
 
 
-def _why(graph: Graph, node: Node) -> str:
-    """The format's reason for refusing the node's type, where it refuses it on purpose."""
+def refusal_reason(graph: Graph, node: Node) -> str:
+    """' (the format's reason)' for refusing the node's type, where it refuses it on purpose; else ''."""
     fmt = graph.meta.get("format")
     spec = FORMATS.get(fmt) if fmt else None
     reason = spec.refused.get(node.op_type[len(fmt) + 1:]) if spec and node.op_type.startswith(f"{fmt}:") else None
@@ -85,7 +85,7 @@ def check_supported(graph: Graph) -> None:
         return
     first = missing[0]
     err = UnsupportedOpError(first.op_type, first.name, first.where())
-    listed = [f"{n.op_type!r} (node {n.name!r}, {n.where()}){_why(graph, n)}" for n in missing[:20]]
+    listed = [f"{n.op_type!r} (node {n.name!r}, {n.where()}){refusal_reason(graph, n)}" for n in missing[:20]]
     more = f" and {len(missing) - 20} more" if len(missing) > 20 else ""
     types = sorted({n.op_type for n in missing})
     err.args = (f"{graph.path or 'model'}: {len(missing)} node(s) use ops the engine does not support "

@@ -95,6 +95,10 @@ def test_inspect_lists_unsupported_ops_without_crashing(tmp_path):
     assert "unsupported ops (1 nodes):" in r.stdout and "Frobnicate" in r.stdout and "model.pnnx.param:" in r.stdout
     r = cli("run", model, "--output-dir", tmp_path)
     assert r.returncode == 2 and "Frobnicate" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "refused").mkdir()
+    refused = write_model(tmp_path / "refused", act="aten::zero")  # refused on purpose: the reason is listed too
+    r = cli("inspect", refused)
+    assert r.returncode == 0 and "aten::zero  node 'act'  at model.pnnx.param:5 (an in-place zero_()" in r.stdout
 
 
 def test_user_errors_are_one_line_and_exit_2(model, tmp_path):

@@ -65,7 +65,9 @@ def lower_pnnx(graph: Graph) -> Graph:
         ctx = Ctx(graph, node, removed)
         handler = HANDLERS.get(ctx.type)
         if handler is None:
-            raise UnsupportedOpError(ctx.type, node.name, node.where(), sorted(HANDLERS))
+            reason = REFUSED.get(ctx.type)  # refused on purpose: the reason, not the list of what is handled
+            raise UnsupportedOpError(f"{ctx.type} {reason}" if reason else ctx.type, node.name, node.where(),
+                                     None if reason else sorted(HANDLERS))
         ctx.drop_shared_parameters()
         originals = list(node.inputs)
         try:

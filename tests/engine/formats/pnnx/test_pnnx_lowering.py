@@ -250,6 +250,9 @@ pnnx.Output out 1 0 2
     with pytest.raises(UnsupportedOpError, match=r"node 'z', m.pnnx.param:5\) \(an in-place zero_\(\).*"
                                                  r"pnnx_export_bugs.md"):
         engine.load(path)
+    with pytest.raises(UnsupportedOpError, match=r"m.pnnx.param:5: unsupported op [\"']aten::zero \(an in-place "
+                                                 r"zero_\(\).*pnnx_export_bugs.md\)[\"'] \(node 'z'\)$"):
+        lower_pnnx(load_graph(path))  # the lowering alone says why too
 
 
 def test_embedding_is_gather_on_a_const_table(tmp_path):
