@@ -94,8 +94,10 @@ def test_a_nan_pixel_reaches_every_logit(name: str, layout: str, load_fixture, m
     if layout == "blocked" and not onednn.available():
         pytest.skip("oneDNN is not installed: the blocked layout is not used")
     monkeypatch.setenv("NNSERVE_LAYOUT", layout)
+    monkeypatch.delenv("NNSERVE_ONEDNN", raising=False)
     fx = load_fixture(name)
     inst = engine.load(fx.param).instance(device="cpu", max_shapes=fx.max_shapes)
+    assert ("ConvBlocked" in op_types(inst)) == (layout == "blocked")
     (key, x), = fx.inputs.items()
     x = x.copy()
     x.flat[x.size // 3] = np.nan

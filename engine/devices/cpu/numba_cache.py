@@ -1,42 +1,64 @@
-"""numba's on-disk cache of our kernels, keyed on every CPU kernel source, not only the function's own file.
+"""numba's on-disk cache of our kernels, keyed on every engine source, not only the function's own file.
 
 numba stamps a cached function with a hash of the file that defines it. Our loops inline helpers from other files
 (`inline="always"`: the fused activations of loops/fused_epilogue.py inside the conv loops, ...), so a checkout
 that changed only a helper would go on running machine code compiled from the old one: a silently wrong kernel
-after a `git pull`. `stamp_with_kernel_sources` puts a locator before numba's own for the functions under this
-package; it finds the cache where numba's own locators would (NUMBA_CACHE_DIR, the source tree, the user's
-cache) and adds to their stamp a hash of every .py file here, so a change to any of them recompiles them all.
+after a `git pull`. `stamp_with_kernel_sources` puts a locator before numba's own for the functions of the engine
+package; it finds the cache where numba's own locators would (NUMBA_CACHE_DIR, the source tree, the user's cache,
+a zip) and adds to their stamp a hash of every .py file of the package, read through the import system (so a zipped
+install is hashed too), so a change to any of them recompiles them all. A user who sets numba's
+NUMBA_CACHE_LOCATOR_CLASSES chooses the locators themselves, and this one is not among them.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from numba.core import caching
 
-_ROOT = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[2]  # engine/
 # numba 0.68 renamed _CacheImpl (which holds the locator classes, first to accept a function wins) to CacheImpl;
 # neither there is an AttributeError at import, not a cache left unkeyed
 _IMPL = caching.CacheImpl if hasattr(caching, "CacheImpl") else caching._CacheImpl
 
 
+def _py_files(node: Traversable, prefix: str = "") -> list[tuple[str, Traversable]]:
+    found = []
+    for child in node.iterdir():
+        name = f"{prefix}/{child.name}" if prefix else child.name
+        if child.is_dir():
+            found += _py_files(child, name)
+        elif child.name.endswith(".py"):
+            found.append((name, child))
+    return found
+
+
 @functools.cache
 def kernel_sources_hash() -> str:
-    """sha256 over the paths and contents of every .py file under engine/devices/cpu (read once a process)."""
+    """sha256 over the names and contents of every .py file of the engine package (read once a process)."""
+    files = sorted(_py_files(resources.files("engine")))
+    if not files:  # a hash of nothing would key every cache on nothing: refuse rather than serve stale kernels
+        raise RuntimeError("no engine sources found to key numba's cache on (an install without its .py files?)")
     h = hashlib.sha256()
-    for path in sorted(_ROOT.rglob("*.py")):
-        h.update(str(path.relative_to(_ROOT)).encode())
-        h.update(path.read_bytes())
+    for name, f in files:
+        h.update(name.encode())
+        h.update(f.read_bytes())
     return h.hexdigest()
 
 
 class KernelSourcesLocator(caching._CacheLocator):
-    """numba's own locator for the function, its stamp extended with kernel_sources_hash()."""
+    """numba's own locator for the function, its stamp extended with kernel_sources_hash(); anything else numba
+    asks of a locator (`_py_file` for its warnings, ...) is the inner one's."""
 
     def __init__(self, inner: caching._CacheLocator):
         self._inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
 
     def ensure_cache_path(self):
         self._inner.ensure_cache_path()
@@ -52,7 +74,7 @@ class KernelSourcesLocator(caching._CacheLocator):
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        if not Path(py_file).resolve().is_relative_to(_ROOT):
+        if not Path(py_file).resolve().is_relative_to(_PACKAGE):
             return None
         for other in _IMPL._locator_classes:
             if other is not cls:

@@ -12,6 +12,7 @@ import numpy as np
 from numba import cuda
 
 from engine.devices.cuda._launch import at_least_1d, by_shapes, flat, grid, strides_of
+from engine.devices.cuda.elementwise import nan_max
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
 from engine.ops.rules import norm_axes, norm_axis
@@ -193,7 +194,7 @@ def _lp_norm(x, y, n, inner, p, eps):
         for j in range(n):
             v = x[base + j * inner]
             total += abs(v) if p == 1 else v * v
-        norm = max(total if p == 1 else math.sqrt(total), eps)
+        norm = nan_max(total if p == 1 else math.sqrt(total), eps)  # a NaN row stays NaN, not x / eps
         for j in range(n):
             y[base + j * inner] = x[base + j * inner] / norm
 

@@ -163,8 +163,10 @@ def test_attention_rows_with_nothing_to_attend_to(masked_rows):
 
 
 def test_nan_goes_through_clamps_maxima_and_reductions():
-    """A NaN comes out NaN, as in torch, where libdevice's fmaxf/fminf (numba's device max/min) return the other
-    operand; the simulator runs Python's max, which drops a NaN second operand, so most of these fail here too."""
+    """A NaN comes out NaN, as in torch, where libdevice's fmaxf/fminf (numba's device max/min on a GPU) return the
+    other operand. The simulator runs Python's max, which drops only a NaN second operand: here the Maximum/Minimum,
+    pooling and reduction cases fail without nan_max/nan_min; the clamps (NaN first: x, bound) check the helpers'
+    results, and their NaN-dropping form only on a real GPU (where conftest.py runs this module on the device)."""
     x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
     x[0, 1, 2, 3] = x[1, 2, 5, 5] = np.nan
     y = RNG.standard_normal(x.shape).astype(np.float32)

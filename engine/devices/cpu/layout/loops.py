@@ -18,8 +18,7 @@ split over the threads too. `zero_lanes` writes zero into the padding lanes of a
 (image, dst block) pairs.
 
 `copy_team` runs `copy_lanes` as a native OpenMP region function (each thread its share of the items from the job's
-words: COPY_*), so a split copy never enters Python on its threads (threads.run_native); it lives here because
-numba's cache watches a function's own file only.
+words: COPY_*), so a split copy never enters Python on its threads (threads.run_native).
 """
 
 from __future__ import annotations

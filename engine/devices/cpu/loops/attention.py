@@ -14,8 +14,7 @@ runs a thread's whole share of the grouped path without the GIL: both GEMMs thro
 softmax. cblas_sgemm is called from numba code on an address (blas.py's numpy_cblas finds it in numpy's OpenBLAS):
 the call is emitted as LLVM IR on that address, so the compiled code does not bake the address in and stays
 cacheable across processes; `wide` says whether the library's integers are 64-bit (ILP64, numpy's wheels) or 32.
-The call lives in this file on purpose: numba decides whether a cached function is stale from its own file only,
-so a caller cached here would keep an old copy of a BLAS call changed in another file.
+(A change to that call in another file recompiles its cached callers here: numba_cache.py.)
 `attend_team` is the same work as a native OpenMP region function (a cfunc taking one pointer, `job`): each thread
 of the team runs the items of the chunks its thread number gives it, so a split grouped run never enters Python on
 its threads (threads.run_native). OpenMP's thread number and count are read through their addresses, as the BLAS

@@ -31,7 +31,7 @@ def activate_row(row, act, p0, p1, p2):
 
 @njit(nogil=True, cache=True, inline="always")
 def activate_cheap(v, act, p0, p1, p2):
-    """Activations 0-3 (none, relu, clip, leaky_relu) in v's own type, so float32 loops stay float32."""
+    """Activations 0-3 (none, relu, clip, leaky_relu), cheap enough to vectorise in the float32 loops."""
     if act == 1:  # Python's max: v unless 0 > v, so NaN stays NaN and -inf gives 0 (v * 0 would give NaN)
         return max(v, 0.0)
     if act == 2:

@@ -3,8 +3,8 @@ int64 words, integer addresses as int64 or float32 pointers, and `int fn(void)` 
 omp_get_thread_num and omp_get_num_threads, whose addresses a job passes in, so nothing process-specific is compiled
 into a cached function).
 
-numba decides whether a cached function is stale from its own file only: these are inlined into their callers, so a
-change here must come with a change to every file that uses them (or a cleared cache).
+These are inlined into their callers in other files; numba_cache.py keys the cache on every engine source, so a
+change here recompiles them (numba alone would watch the caller's own file only).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Arguments are 1-d contiguous arrays; scalars are computed in float64 and rounded
 `pass_team` runs one float32 pass (sigmoid, SiLU, erf GELU) as a native OpenMP region function: each thread of the
 team takes its share of the elements from the job's words (PASS_*) and runs the loop here, so a split pass never
 enters Python on its threads (threads.run_native; split from Python, the second thread took the GIL 25-45 us after
-the first on a 2-vCPU VM). It lives here because numba's cache watches a function's own file only.
+the first on a 2-vCPU VM). It lives beside the loops it runs.
 """
 
 from __future__ import annotations

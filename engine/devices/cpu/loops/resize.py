@@ -7,8 +7,7 @@ the taps of bilinear upsampling by 2 (`bilinear_2x`) as vector passes over every
 planes of 7x7 (EfficientFormerV2's attention upsampling) took 0.4 ms in the gather, 0.1 ms here.
 
 `resize_team` runs either of those two as a native OpenMP region function (each thread its share of the planes, or
-rows, from the job's words: RESIZE_*), so a split resize never enters Python on its threads (threads.run_native);
-it lives here because numba's cache watches a function's own file only.
+rows, from the job's words: RESIZE_*), so a split resize never enters Python on its threads (threads.run_native).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def ARG_POST_OP_SRC1(index: int) -> int:  # noqa: N802 (DNNL_ARG_ATTR_MULTIPLE_P
 
 
 ELTWISE = {"relu": 0x20, "tanh": 0x21, "elu": 0x22, "hardsigmoid": 0x28, "logistic": 0x29, "gelu_tanh": 0x2B,
-           "swish": 0x2C, "linear": 0x26, "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
+           "swish": 0x2C, "clip": 0x2E, "gelu_erf": 0x31, "hardswish": 0x34}
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
 BINARY = {"add": 0x1FFF0, "mul": 0x1FFF1, "max": 0x1FFF2, "min": 0x1FFF3}  # dnnl_binary_*
 ARG_SRC_1 = 2

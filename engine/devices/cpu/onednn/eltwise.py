@@ -34,6 +34,8 @@ Eltwise = tuple[str, float, float]  # oneDNN's eltwise algorithm, alpha, beta
 # oneDNN's elu(alpha 0), which also gets ReLU(-inf) = 0 right, computes exp and took 1.4x); a pre-activation of -inf
 # (an infinite input or an overflow) comes out NaN where the reference gives the lower bound; a positive subnormal
 # below 1 / F32_MAX (3e-39) comes out smaller (x * x * F32_MAX) where the reference keeps it; a negative gives -0.
+# Hard-sigmoid, a clip whose lower bound is not 0 and leaky ReLU with alpha 0 have no such chain and run our pass
+# (hard-sigmoid's alpha * x + beta step could overflow a finite x to -inf, which the clamp would make NaN).
 _F32_MAX = float(np.finfo(np.float32).max)
 _RELU: tuple[Eltwise, ...] = (("hardswish", _F32_MAX, 0.0),)
 
@@ -68,8 +70,8 @@ def eltwise(name: str | None, params: dict | None) -> tuple[Eltwise, ...] | None
         if lo is None or lo == -np.inf:
             return () if hi is None or hi == np.inf else None
         return _clamp_from_zero(None if hi is None else float(hi)) if float(lo) == 0 else None
-    if name == "hardsigmoid":
-        return (("linear", get("alpha", 1 / 6), get("beta", 0.5)),) + (_clamp_from_zero(1.0) or ())
+    if name == "hardsigmoid":  # our pass (see above)
+        return None
     if name == "sigmoid":
         return (("logistic", 0.0, 0.0),)
     if name == "silu":

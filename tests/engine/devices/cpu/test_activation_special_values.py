@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import cpu_device, make_node, reference, run_kernel
+from op_harness import build_kernel, cpu_device, infos_of, make_node, reference, run_kernel
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the references meet NaN and inf
 
@@ -22,22 +22,23 @@ VALUES = np.array([np.nan, np.inf, 0.0, -0.0, 1e-30, -1e-30, -1e-40, 0.3, -0.3, 
 ACTS = {"relu": {}, "relu6": {}, "clip_0_hi": {"min": 0.0, "max": 0.8}, "clip_lo_hi": {"min": 0.1, "max": 0.8},
         "clip_hi": {"max": 0.8}, "clip_lo": {"min": 0.0}, "clip_none": {}, "clip_neg_hi": {"min": 0.0, "max": -1.0},
         "leaky_relu": {"alpha": 0.1}, "leaky_relu_0": {"alpha": 0.0}, "sigmoid": {}, "silu": {}, "tanh": {},
-        "elu": {"alpha": 1.3}, "hardswish": {}, "hardsigmoid": {"alpha": 0.2, "beta": 0.5}, "gelu_tanh":
+        "elu": {"alpha": 1.3}, "hardswish": {}, "hardsigmoid": {"alpha": 0.2, "beta": 0.5},
+        "hardsigmoid_steep": {"alpha": 3.0, "beta": 0.5}, "gelu_tanh":
         {"approximate": "tanh"}, "gelu": {"approximate": "none"}}
-CLAMPS = {"relu", "relu6", "clip_0_hi", "clip_lo", "hardsigmoid"}  # the post-op chains of onednn/eltwise.py
+CLAMPS = {"relu", "relu6", "clip_0_hi", "clip_lo", "hardsigmoid"}  # post-op chains (onednn/eltwise.py) or ours
 
 
 def _name(key: str) -> str:
-    return key.split("_")[0] if key.startswith(("clip", "gelu")) else key.removesuffix("_0")
+    return key.split("_")[0] if key.startswith(("clip", "gelu", "hardsigmoid")) else key.removesuffix("_0")
 
 
 def _nodes(key: str, n: int) -> dict:
-    """Gemm, dense 1x1 Conv and depthwise 3x3 Conv nodes whose every output is one of n input values (_inputs)."""
+    """Gemm, dense 3x3 Conv and depthwise 3x3 Conv nodes whose outputs at _values_of are the n input values."""
     act = {"activation": _name(key), "activation_params": ACTS[key]}
     gemm = make_node("Gemm", 1, params=act, attrs={"weight": np.ones((16, 1), np.float32)})
-    w = np.random.default_rng(0).standard_normal((16, 8, 1, 1)).astype(np.float32)
-    w[:, 0] = 1  # input channel 0 holds the values, channels 1-7 zeros (a weight times a NaN would be NaN)
-    dense = make_node("Conv", 1, params={"kernel": [1, 1], **act}, attrs={"weight": w})
+    w = np.zeros((16, 16, 3, 3), np.float32)
+    w[:, 0, 1, 1] = 1  # input channel 0 holds the values, 3 apart along a row, channels 1-15 zeros
+    dense = make_node("Conv", 1, params={"kernel": [3, 3], "pads": [1] * 4, **act}, attrs={"weight": w})
     w = np.zeros((n, 1, 3, 3), np.float32)
     w[:, 0, 1, 1] = 1  # channel c holds value c at the centre, zeros around it
     depthwise = make_node("Conv", 1, params={"kernel": [3, 3], "pads": [1] * 4, "groups": n, **act},
@@ -49,8 +50,8 @@ def _inputs(kind: str, values: np.ndarray) -> np.ndarray:
     if kind == "gemm":
         return values.reshape(-1, 1).copy()
     if kind == "dense":
-        x = np.zeros((1, 8, 1, values.size), np.float32)
-        x[0, 0, 0] = values
+        x = np.zeros((1, 16, 3, 3 * values.size), np.float32)
+        x[0, 0, 1, 1::3] = values
         return x
     x = np.zeros((1, values.size, 3, 3), np.float32)
     x[0, :, 1, 1] = values
@@ -59,7 +60,11 @@ def _inputs(kind: str, values: np.ndarray) -> np.ndarray:
 
 def _values_of(kind: str, y: np.ndarray) -> np.ndarray:
     """The output for each input value, in order."""
-    return {"gemm": lambda: y[:, 0], "dense": lambda: y[0, 0, 0], "depthwise": lambda: y[0, :, 1, 1]}[kind]()
+    return {"gemm": lambda: y[:, 0], "dense": lambda: y[0, 0, 1, 1::3], "depthwise": lambda: y[0, :, 1, 1]}[kind]()
+
+
+def _impl(node, x: np.ndarray, onednn: bool) -> str:
+    return getattr(build_kernel(node, infos_of([x]), cpu_device(onednn=onednn))[0], "impl", "")
 
 
 def _mismatches(got: np.ndarray, want: np.ndarray) -> list[tuple[float, float]]:
@@ -78,6 +83,7 @@ def test_fused_activation_special_values(key, onednn):
     device = cpu_device(onednn=onednn)
     for kind, node in _nodes(key, values.size).items():
         x = _inputs(kind, values)
+        assert _impl(node, x, onednn).startswith("onednn:") == onednn, (kind, _impl(node, x, onednn))
         got, want = run_kernel(node, [x], device=device)[0], reference(node, [x])[0]
         assert not _mismatches(got, want), (kind, "(reference, got):", _mismatches(got, want))
         nan = np.isnan(_values_of(kind, want))

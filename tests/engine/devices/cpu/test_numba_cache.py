@@ -1,4 +1,4 @@
-"""numba's cache of our kernels is keyed on every CPU kernel source (engine/devices/cpu/numba_cache.py): a change to
+"""numba's cache of our kernels is keyed on every engine source (engine/devices/cpu/numba_cache.py): a change to
 a helper that another file's kernel inlines recompiles that kernel, where numba alone would run the stale one."""
 
 from __future__ import annotations
@@ -13,17 +13,31 @@ import engine
 from engine.devices.cpu import numba_cache
 from engine.devices.cpu.loops import fused_epilogue
 
-# a cached kernel in its own file that inlines fused_epilogue.activate_cheap (ReLU is act 1)
+# a cached kernel in its own file that inlines fused_epilogue.activate_cheap (ReLU is act 1), and one numba
+# cannot cache (a ctypes function: numba warns, naming the locator's file, and compiles it each process)
 CALLER = '''
+import ctypes
+import ctypes.util
+
 from numba import njit
 from engine.devices.cpu.loops.fused_epilogue import activate_cheap
+
+_cos = ctypes.CDLL(ctypes.util.find_library("m")).cos
+_cos.restype, _cos.argtypes = ctypes.c_double, [ctypes.c_double]
+
 
 @njit(cache=True)
 def relu_of(v):
     return activate_cheap(v, 1, 0.0, 0.0, 0.0)
+
+
+@njit(cache=True)
+def uncachable(v):
+    return _cos(v)
 '''
-RUN = ("from engine.devices.cpu.loops.cache_probe import relu_of; r = relu_of(-2.0); "
-       "print(r, sum(relu_of.stats.cache_hits.values()))")
+RUN = ("import warnings; warnings.simplefilter('ignore'); "
+       "from engine.devices.cpu.loops.cache_probe import relu_of, uncachable; r = relu_of(-2.0); "
+       "assert uncachable(0.0) == 1.0; print(r, sum(relu_of.stats.cache_hits.values()))")
 
 
 def test_our_kernels_take_the_locator():
@@ -31,6 +45,7 @@ def test_our_kernels_take_the_locator():
     assert isinstance(loc, numba_cache.KernelSourcesLocator)
     assert loc.get_source_stamp() == (loc._inner.get_source_stamp(), numba_cache.kernel_sources_hash())
     assert numba_cache.KernelSourcesLocator.from_function(len, __file__) is None  # other code keeps numba's own
+    assert loc._py_file == loc._inner._py_file  # what numba reads of a locator beyond its interface
 
 
 def test_a_changed_helper_recompiles_its_callers(tmp_path):

@@ -173,11 +173,11 @@ def test_geometry_matches_reference(name, residual):
 @pytest.mark.parametrize("act", ACTIVATIONS)
 def test_activation_is_an_exact_post_op(act, residual):
     # sigmoid, SiLU and (on 8-lane vectors) erf GELU are the exception: our rational approximations after the
-    # primitive beat oneDNN's post-ops; a clip whose lower bound is not 0 has no post-op chain keeping NaN
-    # (onednn/eltwise.py) and is our pass too
+    # primitive beat oneDNN's post-ops; hard-sigmoid and a clip whose lower bound is not 0 have no post-op chain
+    # keeping NaN (onednn/eltwise.py) and are our pass too
     node, shape = build_args("3x3_s1", residual, **act_params(act))
     elt = _conv_onednn.conv_post_op(node.params["activation"], node.params["activation_params"])
-    ours = ("sigmoid", "silu", "clip", "clip_max_only") + (("gelu",) if native_block() < 16 else ())
+    ours = ("sigmoid", "silu", "clip", "clip_max_only", "hardsigmoid") + (("gelu",) if native_block() < 16 else ())
     assert (elt is None) == (act in ours)
     x = rand(*shape) * 2  # spread across every activation's bends
     check_kernel(node, inputs_for(node, x), **TOL)
