@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from engine.errors import (
     ArenaOverflowError,
     EngineError,
+    InputValueError,
     KernelError,
     ModelFormatError,
     ShapeError,
@@ -53,6 +54,7 @@ __all__ = [
     "ArenaOverflowError",
     "EngineError",
     "Format",
+    "InputValueError",
     "Instance",
     "KernelError",
     "Model",

@@ -43,5 +43,10 @@ class ArenaOverflowError(ShapeError):
     """A request needs more activation memory than the instance planned for at its max shapes."""
 
 
+class InputValueError(EngineError):
+    """An input holds a value the model cannot take (a NaN that an int8 model would quantize): the request's fault,
+    as a wrong shape is."""
+
+
 class KernelError(EngineError):
     """A kernel raised while running a node; names the node and op."""

@@ -25,7 +25,7 @@ from engine import RunTimings
 
 __all__ = ["FRONT_END_PARAMETERS", "BackendInstance", "BackendModel", "Cancellation", "ClosableInstance", "OpProfile",
            "ProfilingInstance", "RequestContext", "RequestsInstance", "ResponseSink", "RunTimings", "SequenceFlags",
-           "TensorSpec", "data_dependent_outputs"]
+           "TensorSpec", "data_dependent_outputs", "quantized_inputs"]
 
 # Request parameters the protocol front ends consume; a model never sees them (as in Triton).
 FRONT_END_PARAMETERS = frozenset({"binary_data_output", "priority", "timeout", "triton_enable_empty_final_response",
@@ -89,6 +89,13 @@ def data_dependent_outputs(model: BackendModel) -> list[str]:
     engine's `Model.data_dependent_outputs`); a BackendModel declares them optionally, a model without the
     attribute has none (its outputs' shapes follow from the inputs' alone)."""
     return list(getattr(model, "data_dependent_outputs", ()))
+
+
+def quantized_inputs(model: BackendModel) -> list[str]:
+    """The inputs an int8 quantization reads (the engine's `Model.quantized_inputs`), in which a NaN is refused per
+    request before batching (a run that met it would fail every request batched with it); optional, like
+    data_dependent_outputs."""
+    return list(getattr(model, "quantized_inputs", ()))
 
 
 class ResponseSink(Protocol):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import EngineError, ShapeError
+from engine import EngineError, InputValueError, ShapeError
 from server import request_extensions as rx
 from server import settings as defaults
 from server.backend import Cancellation, OpProfile, ProfilingInstance, RequestContext
@@ -557,7 +557,7 @@ def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:
     """The one place engine and unexpected errors become ServerErrors (transports then map those once)."""
     if isinstance(exc, ServerError):
         return exc
-    if isinstance(exc, ShapeError):
+    if isinstance(exc, ShapeError | InputValueError):
         return InvalidArgumentError(f"model '{mv.name}': {exc}")
     if isinstance(exc, EngineError):
         return InferenceError(f"model '{mv.name}' failed: {exc}")
@@ -583,6 +583,8 @@ def validate_inputs(mv: ModelVersion, req: InferRequest) -> tuple[dict[str, np.n
                                        f"'{mv.name}' expects '{t.datatype}'")
         batch = _check_shape(mv, name, inp.shape, t.dims)
         feed[name] = t.to_model(inp.data, mv.batching)  # a config `reshape` gives the model its own shape
+        if name in mv.quantized_inputs:
+            _refuse_nan(mv, name, feed[name])
     return feed, batch
 
 
@@ -594,6 +596,14 @@ def _name_mismatch(mv: ModelVersion, expected: dict[str, Any], given: dict[str, 
     raise InvalidArgumentError(f"expected {len(expected)} inputs but got {len(given)} inputs for model "
                                f"'{mv.name}'. Got input(s) {sorted(given)}, but missing required input(s) "
                                f"{missing}. Please provide all required input(s).")
+
+
+def _refuse_nan(mv: ModelVersion, name: str, array: np.ndarray) -> None:
+    """Here, per request, rather than in the run: the engine refuses the NaN too (engine.InputValueError), but a run
+    fails every request batched with the one that held it."""
+    if array.dtype.kind == "f" and array.size and np.isnan(array.min()):
+        raise InvalidArgumentError(f"input '{name}' holds NaN: model '{mv.name}' quantizes it to int8, which cannot "
+                                   f"represent NaN")
 
 
 def _check_shape(mv: ModelVersion, name: str, shape: list[int], dims: list[int]) -> int:

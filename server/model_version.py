@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from server import config as cfg
-from server.backend import BackendInstance, BackendModel, ClosableInstance, RequestContext
+from server.backend import BackendInstance, BackendModel, ClosableInstance, RequestContext, quantized_inputs
 from server.classification import read_labels
 from server.config_fields import ENSEMBLE_PLATFORM, PYTHON_BACKEND
 from server.ensemble.graph import Step
@@ -65,6 +65,7 @@ class ModelVersion:
     outputs: list[cfg.TensorConfig] = field(default_factory=list)
     max_shapes: dict[str, list[int]] = field(default_factory=dict)
     labels: dict[str, list[str]] = field(default_factory=dict)  # output -> its label_filename's lines
+    quantized_inputs: frozenset[str] = frozenset()  # inputs an int8 quantization reads: NaN refused per request
     load_id: int = field(default_factory=lambda: next(_LOAD_IDS))
 
     # Looked up on every request: computed once (a loaded version's config does not change; a reload makes a new
@@ -282,7 +283,8 @@ def load_version(model: BackendModel, config: mc.ModelConfig, name: str, version
     ins, outs = cfg.tensor_configs(config)
     labels = output_labels(config, version_dir.parent, name)
     return ModelVersion(name, version, config, instances, scheduler, stats, arenas, time.perf_counter() - t0,
-                        inputs=ins, outputs=outs, max_shapes=shapes, labels=labels)
+                        inputs=ins, outputs=outs, max_shapes=shapes, labels=labels,
+                        quantized_inputs=frozenset(quantized_inputs(model)))
 
 
 

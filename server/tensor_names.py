@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import RunTimings
-from server.backend import BackendInstance, BackendModel, TensorSpec, data_dependent_outputs
+from server.backend import BackendInstance, BackendModel, TensorSpec, data_dependent_outputs, quantized_inputs
 from server.errors import ModelLoadError
 from server.model_config import model_config_pb2 as mc
 
@@ -102,6 +102,11 @@ class RenamedModel:
     @property
     def data_dependent_outputs(self) -> list[str]:
         return [self.output_names.get(n, n) for n in data_dependent_outputs(self.model)]
+
+    @property
+    def quantized_inputs(self) -> list[str]:
+        back = {m: c for c, m in self.input_names.items()}
+        return [back.get(n, n) for n in quantized_inputs(self.model)]
 
     def instance(self, device: str, max_shapes: Mapping[str, tuple[int, ...]]) -> BackendInstance:
         shapes = {self.input_names.get(k, k): v for k, v in max_shapes.items()}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine.errors import EngineError, ShapeError
+from engine.errors import EngineError, InputValueError, ShapeError
 from engine.ir import Node
 from engine.ops.registry import OpDef, TensorInfo, register
 from engine.ops.rules import norm_axis
@@ -87,8 +87,17 @@ def _same_shape(dtype):
     return lambda node, ins: [TensorInfo(tuple(ins[0].shape), np.dtype(dtype))]
 
 
+def refuse_nan(node: Node, x: np.ndarray) -> None:
+    """int8 has no NaN: quantizing one would serve a number for it (float2int8 of NaN is undefined; our loops give
+    0, and a NaN pixel into an int8 classifier gave the clean image's logits), so the run is refused instead."""
+    if x.dtype.kind == "f" and x.size and np.isnan(x.min()):  # min propagates NaN: one pass, no temporary
+        raise InputValueError(f"{node.where()}: {node.op_type} node {node.name!r} met a NaN, which int8 cannot "
+                              f"represent (its input must hold numbers or infinities)")
+
+
 def quantize_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     x = np.asarray(arrays[0], dtype=F32)
+    refuse_nan(node, x)
     s = np.broadcast_to(_channel_scale(node, "scale", x), x.shape)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = float2int8(np.where(s != 0, x / np.where(s != 0, s, 1), 0))

@@ -37,6 +37,10 @@ class Model:
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
         # outputs whose size depends on the input's values (NonZero...): refused at load where it cannot follow
         self.data_dependent_outputs: list[str] = dependent_outputs(graph)
+        # inputs an int8 quantization reads: a NaN there is refused (ops/quant.py refuse_nan), and a server can
+        # refuse it per request before batching, so that it does not fail the requests batched with it
+        self.quantized_inputs: list[str] = [v.name for v in graph.inputs
+                                            if any(c.op_type == "TnnQuantize" for c in v.consumers)]
 
     @property
     def format(self) -> str:

@@ -7,6 +7,7 @@ the size its file records: the dynamic batcher queues and schedules its requests
 
 from __future__ import annotations
 
+import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -109,3 +110,35 @@ def test_dynamic_batcher_and_metrics(int8_server):
     assert arena == plan.arena_bytes + plan.workspace_bytes
     fp32 = engine.load(SMALLNET / "smallnet.pnnx.param").instance(max_shapes={"in0": (1, 3, 64, 64)}).memory_plan
     assert plan.arena_bytes < fp32.arena_bytes  # int8 activations
+
+
+def test_a_nan_input_is_refused_not_quantized(int8_server):
+    """int8 has no NaN: the engine's quantization gave 0 for it (a NaN pixel served the clean image's logits). The
+    server refuses it per request, before batching, with Triton's 400; other requests, and infinities (which
+    saturate, as in TNN), are served."""
+    server, proto = int8_server
+    x = np.load(SMALLNET / "input.npy")[:1].copy()
+    model = engine.load(proto)
+    assert model.quantized_inputs == ["in0"]
+    want = model.instance().run({"in0": x})["out0"]
+    bad = x.copy()
+    bad[0, 1, 2, 3] = np.nan
+    for name in ("smallnet_int8", "smallnet_int8_batched"):
+        body = json.dumps({"inputs": [  # NaN written as such (Python's json; httpx's own refuses it)
+            {"name": "in0", "shape": list(bad.shape), "datatype": "FP32", "data": bad.ravel().tolist()}]})
+        r = httpx.post(f"http://{server.http_url}/v2/models/{name}/infer", content=body,
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "holds NaN" in r.json()["error"] and "int8" in r.json()["error"], r.text
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    ginp = grpcclient.InferInput("in0", list(bad.shape), "FP32")
+    ginp.set_data_from_numpy(bad)
+    with pytest.raises(Exception, match="holds NaN"):
+        grpc.infer("smallnet_int8", [ginp])
+    http = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("in0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    np.testing.assert_array_equal(http.infer("smallnet_int8_batched", [inp]).as_numpy("out0"), want)
+    inf = x.copy()
+    inf[0, 0, 0, 0] = np.inf
+    inp.set_data_from_numpy(inf)
+    assert np.isfinite(http.infer("smallnet_int8", [inp]).as_numpy("out0")).all()

@@ -14,7 +14,7 @@ from engine.devices.cpu.loops import quant as QK
 from engine.devices.cpu.threads import parallel_for
 from engine.errors import KernelError, ShapeError
 from engine.ir import Node
-from engine.ops.quant import F32, I8, conv_geometry, pool_geometry, qconv_factors
+from engine.ops.quant import F32, I8, conv_geometry, pool_geometry, qconv_factors, refuse_nan
 from engine.ops.registry import TensorInfo
 
 
@@ -36,12 +36,15 @@ def _items(a: np.ndarray) -> int:
     return a.shape[0] * a.shape[1] if a.ndim >= 2 else 1
 
 
-def _scale_kernel(fn, key: str):
+def _scale_kernel(fn, key: str, finite: bool = False):
+    """`finite`: refuse a NaN input (quantizing to int8: refuse_nan)."""
     def build(backends: Backends, node: Node, ins: list[TensorInfo]):
         scale = _per_channel(node, key, ins[0].shape)
 
         def run(inputs, outputs, workspace):
             x = inputs[0]
+            if finite:
+                refuse_nan(node, x)
             parallel_for(fn, _items(x), x.size, _rows(x), scale, _rows(outputs[0]))
         return run
     return build
@@ -169,7 +172,7 @@ def _int32_scratch(workspace: np.ndarray | None, node: Node, count: int) -> np.n
 
 
 KERNELS = {
-    "TnnQuantize": CpuKernel(_scale_kernel(QK.quantize, "scale")),
+    "TnnQuantize": CpuKernel(_scale_kernel(QK.quantize, "scale", finite=True)),
     "TnnDequantize": CpuKernel(_scale_kernel(QK.dequantize, "scale")),
     "TnnQConv": CpuKernel(build_qconv, qconv_workspace),
     "TnnQInnerProduct": CpuKernel(build_qinner_product, qinner_product_workspace),

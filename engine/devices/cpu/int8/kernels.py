@@ -12,7 +12,7 @@ from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.devices.cpu.threads import parallel_for
 from engine.errors import KernelError
 from engine.ir import Node
-from engine.ops.quant import F32, pool_geometry
+from engine.ops.quant import F32, pool_geometry, refuse_nan
 from engine.ops.registry import TensorInfo
 
 _SPECS: weakref.WeakKeyDictionary[Node, conv.QConvSpec] = weakref.WeakKeyDictionary()
@@ -60,6 +60,7 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], _contiguous(node, outputs[0])
+        refuse_nan(node, x)
         rows = out.reshape(out.shape[0], out.shape[1], -1).view(np.int8)  # (N, H, W * C), a view
         parallel_for(loop, x.shape[0] * x.shape[2], x.size, x, scale, flip, rows)
     return run

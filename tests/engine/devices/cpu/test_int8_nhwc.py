@@ -19,7 +19,7 @@ from engine.devices.cpu.int8.loops import softmax_rows
 from engine.devices.cpu.int8.ops import to_nhwc
 from engine.devices.cpu.int8.requant import sum_range, tie_free_scales
 from engine.devices.cpu.onednn.objects import available
-from engine.errors import KernelError
+from engine.errors import InputValueError, KernelError
 from engine.ops.quant import float2int8
 
 RNG = np.random.default_rng(20)
@@ -578,3 +578,18 @@ def test_softmax_rows_match_the_float64_softmax_with_infinities_and_nans(k):
     softmax_rows(got, 0, got.shape[0])
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("op", ["TnnQuantize", "Int8QuantizeNhwc"])
+def test_quantize_refuses_nan_and_saturates_infinities(op):
+    # int8 has no NaN: the loops' float2int8 gave 0 for it, a number served for a NaN
+    x = RNG.standard_normal((1, 3, 4, 5)).astype(np.float32)
+    x[0, 0, 0, 0], x[0, 1, 2, 3] = np.inf, -np.inf
+    node = make_node(op, 1, attrs={"scale": np.full(3, 0.02, np.float32)})
+    q = run_kernel(node, [x])[0]
+    np.testing.assert_array_equal(q, reference(node, [x])[0])
+    assert q.max() == 127 and q.min() == -128  # as TNN saturates
+    x[0, 2, 3, 4] = np.nan
+    for fn in (run_kernel, reference):
+        with pytest.raises(InputValueError, match=r"test:1: .*met a NaN, which int8 cannot represent"):
+            fn(node, [x])
