@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import EngineError, InputValueError, ShapeError
+from engine import EngineError, ShapeError
 from server import request_extensions as rx
 from server import settings as defaults
 from server.backend import Cancellation, OpProfile, ProfilingInstance, RequestContext
@@ -557,7 +557,7 @@ def as_server_error(exc: Exception, mv: ModelVersion) -> ServerError:
     """The one place engine and unexpected errors become ServerErrors (transports then map those once)."""
     if isinstance(exc, ServerError):
         return exc
-    if isinstance(exc, ShapeError | InputValueError):
+    if isinstance(exc, ShapeError):
         return InvalidArgumentError(f"model '{mv.name}': {exc}")
     if isinstance(exc, EngineError):
         return InferenceError(f"model '{mv.name}' failed: {exc}")
@@ -600,7 +600,8 @@ def _name_mismatch(mv: ModelVersion, expected: dict[str, Any], given: dict[str, 
 
 def _refuse_nan(mv: ModelVersion, name: str, array: np.ndarray) -> None:
     """Here, per request, rather than in the run: the engine refuses the NaN too (engine.InputValueError), but a run
-    fails every request batched with the one that held it."""
+    fails every request batched with the one that held it. A NaN the model computes from numbers (an infinity
+    through float layers) is met in the run: a model failure (500), not the request's."""
     if array.dtype.kind == "f" and array.size and np.isnan(array.min()):
         raise InvalidArgumentError(f"input '{name}' holds NaN: model '{mv.name}' quantizes it to int8, which cannot "
                                    f"represent NaN")

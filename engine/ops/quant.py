@@ -92,7 +92,7 @@ def refuse_nan(node: Node, x: np.ndarray) -> None:
     0, and a NaN pixel into an int8 classifier gave the clean image's logits), so the run is refused instead."""
     if x.dtype.kind == "f" and x.size and np.isnan(x.min()):  # min propagates NaN: one pass, no temporary
         raise InputValueError(f"{node.where()}: {node.op_type} node {node.name!r} met a NaN, which int8 cannot "
-                              f"represent (its input must hold numbers or infinities)")
+                              f"represent (a NaN in the model's input, or one computed before this layer)")
 
 
 def quantize_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:

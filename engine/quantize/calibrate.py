@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.errors import EngineError
 from engine.ir import Graph, Value
 from engine.quantize.scales import BINS, interval
 from engine.runtime.instance import Instance
@@ -74,6 +75,10 @@ def observe(graph: Graph, blobs: Sequence[Value], merged: Callable[[Value], bool
             out = {**sample, **instance.run(sample)}
             for v in blobs:
                 update(stats[v], out[v.name])
+                if not np.isfinite(stats[v].max_abs).all():  # made by the model from finite data: no scale fits
+                    raise EngineError(f"calibration: the model computes a NaN or an infinity in '{v.name}' "
+                                      f"(made at {v.producer.where() if v.producer else 'the input'}); its int8 "
+                                      f"scales cannot be found")
             if step:
                 step()
     return stats

@@ -28,6 +28,20 @@ class TensorSpec:
         return kserve_name(self.dtype)
 
 
+def _reaches_quantize(value) -> bool:
+    """Whether a TnnQuantize reads `value` or anything computed from it."""
+    seen, todo = set(), [value]
+    while todo:
+        v = todo.pop()
+        for node in v.consumers:
+            if node.op_type == "TnnQuantize":
+                return True
+            if id(node) not in seen:
+                seen.add(id(node))
+                todo.extend(node.outputs)
+    return False
+
+
 class Model:
     def __init__(self, graph: Graph, path: str | Path | None = None, options: EngineOptions | None = None):
         self.graph = graph
@@ -37,10 +51,9 @@ class Model:
         self.outputs: list[TensorSpec] = [spec_of(v) for v in graph.outputs]
         # outputs whose size depends on the input's values (NonZero...): refused at load where it cannot follow
         self.data_dependent_outputs: list[str] = dependent_outputs(graph)
-        # inputs an int8 quantization reads: a NaN there is refused (ops/quant.py refuse_nan), and a server can
-        # refuse it per request before batching, so that it does not fail the requests batched with it
-        self.quantized_inputs: list[str] = [v.name for v in graph.inputs
-                                            if any(c.op_type == "TnnQuantize" for c in v.consumers)]
+        # inputs from which an int8 quantization is reached: a NaN there meets it (ops/quant.py refuse_nan), and a
+        # server can refuse it per request before batching, so that it does not fail the requests batched with it
+        self.quantized_inputs: list[str] = [v.name for v in graph.inputs if _reaches_quantize(v)]
 
     @property
     def format(self) -> str:

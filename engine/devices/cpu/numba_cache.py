@@ -38,11 +38,13 @@ def _py_files(node: Traversable, prefix: str = "") -> list[tuple[str, Traversabl
 
 
 @functools.cache
-def kernel_sources_hash() -> str:
-    """sha256 over the names and contents of every .py file of the engine package (read once a process)."""
+def kernel_sources_hash() -> str | None:
+    """sha256 over the names and contents of every .py file of the engine package (read once a process); None
+    where there are none (a frozen executable: numba stamps its caches with the executable, which changes with
+    any source)."""
     files = sorted(_py_files(resources.files("engine")))
-    if not files:  # a hash of nothing would key every cache on nothing: refuse rather than serve stale kernels
-        raise RuntimeError("no engine sources found to key numba's cache on (an install without its .py files?)")
+    if not files:
+        return None
     h = hashlib.sha256()
     for name, f in files:
         h.update(name.encode())
@@ -57,7 +59,9 @@ class KernelSourcesLocator(caching._CacheLocator):
     def __init__(self, inner: caching._CacheLocator):
         self._inner = inner
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str):  # only for names not found on self: never _inner itself (a copy or an
+        if name == "_inner" or name.startswith("__"):  # unpickling asks before __init__ ran: no recursion)
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     def ensure_cache_path(self):
@@ -74,7 +78,7 @@ class KernelSourcesLocator(caching._CacheLocator):
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        if not Path(py_file).resolve().is_relative_to(_PACKAGE):
+        if not Path(py_file).resolve().is_relative_to(_PACKAGE) or kernel_sources_hash() is None:
             return None
         for other in _IMPL._locator_classes:
             if other is not cls:

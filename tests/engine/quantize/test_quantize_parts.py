@@ -135,4 +135,10 @@ def test_refusals(tmp_path, small_int8):
         quantize(fx.param, [{"x": fx.inputs["in0"]}], tmp_path / "wrong")
     with pytest.raises(EngineError, match="unknown calibration method"):
         quantize(fx.param, [fx.inputs], tmp_path / "m", QuantizeOptions(method="mse"))
+    for bad in (np.nan, np.inf):  # one such pixel made every bias INT32_MIN, silently
+        x = RNG.standard_normal((1, 3, 64, 64)).astype(F32)
+        x[0, 1, 2, 3] = bad
+        with pytest.raises(EngineError, match="calibration input 1's 'in0' holds a NaN or an infinity"):
+            quantize(fx.param, [fx.inputs, {"in0": x}], tmp_path / "nan")
+        assert not (tmp_path / "nan.tnnproto").exists()
     assert engine.load(result.proto).op_counts()["TnnQConv"] > 0

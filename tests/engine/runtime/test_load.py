@@ -8,6 +8,8 @@ import pytest
 import engine
 from engine.errors import EngineError, UnsupportedOpError
 from engine.formats.pnnx.writer import write_pnnx
+from engine.ir import Graph
+from engine.runtime.model import Model
 
 PARAM = """7767517
 5 5
@@ -50,3 +52,15 @@ def test_unknown_extension_names_the_supported_ones(tmp_path):
         engine.load(tmp_path / "model.onnx")
     with pytest.raises(EngineError, match="no such model file"):
         engine.load(tmp_path / "absent.pnnx.param")
+
+
+def test_quantized_inputs_are_those_an_int8_quantization_is_reached_from():
+    # the server refuses a NaN in them per request (server/dataplane.py), so a float layer in between must count
+    g = Graph()
+    a, b, c = (g.value(n, (1, 4), np.float32) for n in ("a", "b", "c"))
+    g.inputs = [a, b, c]
+    t = g.add_node("Transpose", [a], params={"perm": [1, 0]}).outputs[0]
+    q = g.add_node("TnnQuantize", [t], attrs={"scale": np.ones(1, np.float32)}).outputs[0]
+    s = g.add_node("Add", [b, b]).outputs[0]
+    g.outputs = [q, s, c]
+    assert Model(g).quantized_inputs == ["a"]

@@ -3,6 +3,7 @@ a helper that another file's kernel inlines recompiles that kernel, where numba 
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -46,6 +47,10 @@ def test_our_kernels_take_the_locator():
     assert loc.get_source_stamp() == (loc._inner.get_source_stamp(), numba_cache.kernel_sources_hash())
     assert numba_cache.KernelSourcesLocator.from_function(len, __file__) is None  # other code keeps numba's own
     assert loc._py_file == loc._inner._py_file  # what numba reads of a locator beyond its interface
+    clone = copy.copy(loc)  # attributes pass through without recursing where _inner is not set yet
+    assert clone.get_cache_path() == loc.get_cache_path()
+    bare = numba_cache.KernelSourcesLocator.__new__(numba_cache.KernelSourcesLocator)  # as unpickling makes it
+    assert not hasattr(bare, "anything")  # an AttributeError, not a RecursionError
 
 
 def test_a_changed_helper_recompiles_its_callers(tmp_path):
