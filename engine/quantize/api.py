@@ -92,7 +92,7 @@ def _check_samples(graph: Graph, samples: Sequence[Sample]) -> None:
                               f"{[samples[0][n].shape for n in names]}: all must have the same")
         for n in names:  # a NaN or an infinity would make every scale and bias of the file wrong, silently
             a = np.asarray(s[n])
-            if a.dtype.kind == "f" and a.size and not np.isfinite(a.min() + a.max()):
+            if a.dtype.kind == "f" and a.size and not (np.isfinite(a.min()) and np.isfinite(a.max())):
                 raise EngineError(f"calibration input {k}'s '{n}' holds a NaN or an infinity: calibration data "
                                   f"must be finite")
 

@@ -28,7 +28,7 @@ class TensorSpec:
         return kserve_name(self.dtype)
 
 
-def _reaches_quantize(value) -> bool:
+def _reaches_quantize(value: Value) -> bool:
     """Whether a TnnQuantize reads `value` or anything computed from it."""
     seen, todo = set(), [value]
     while todo:
