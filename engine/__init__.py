@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the names the lazy loader below gives, for type checkers
     from engine.devices import cuda_device_count
     from engine.formats.registry import FORMATS, Format, format_of
     from engine.ir.dtypes import DTYPES
+    from engine.ops.quant import holds_nan
     from engine.runtime.instance import Instance, RunTimings, release_thread
     from engine.runtime.model import Model, TensorSpec, load
     from engine.runtime.options import EngineOptions
@@ -34,7 +35,7 @@ _RUNTIME = {"Instance": "engine.runtime.instance", "RunTimings": "engine.runtime
             "Model": "engine.runtime.model", "TensorSpec": "engine.runtime.model", "load": "engine.runtime.model",
             "FORMATS": "engine.formats.registry", "Format": "engine.formats.registry",
             "format_of": "engine.formats.registry", "DTYPES": "engine.ir.dtypes",
-            "cuda_device_count": "engine.devices",
+            "cuda_device_count": "engine.devices", "holds_nan": "engine.ops.quant",
             "EngineOptions": "engine.runtime.options"}
 
 
@@ -65,6 +66,7 @@ __all__ = [
     "UnsupportedOpError",
     "cuda_device_count",
     "format_of",
+    "holds_nan",
     "load",
     "release_thread",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import EngineError, ShapeError
+from engine import EngineError, ShapeError, holds_nan
 from server import request_extensions as rx
 from server import settings as defaults
 from server.backend import Cancellation, OpProfile, ProfilingInstance, RequestContext
@@ -602,7 +602,7 @@ def _refuse_nan(mv: ModelVersion, name: str, array: np.ndarray) -> None:
     """Here, per request, rather than in the run: the engine refuses the NaN too (engine.InputValueError), but a run
     fails every request batched with the one that held it. A NaN the model computes from numbers (an infinity
     through float layers) is met in the run: a model failure (500), not the request's."""
-    if array.dtype.kind == "f" and array.size and np.isnan(array.min()):
+    if holds_nan(array):
         raise InvalidArgumentError(f"input '{name}' holds NaN: model '{mv.name}' quantizes it to int8, which cannot "
                                    f"represent NaN")
 

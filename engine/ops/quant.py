@@ -87,10 +87,15 @@ def _same_shape(dtype):
     return lambda node, ins: [TensorInfo(tuple(ins[0].shape), np.dtype(dtype))]
 
 
+def holds_nan(x: np.ndarray) -> bool:
+    """Whether a float array holds a NaN (min propagates it: one pass, no temporary)."""
+    return x.dtype.kind == "f" and x.size > 0 and bool(np.isnan(x.min()))
+
+
 def refuse_nan(node: Node, x: np.ndarray) -> None:
     """int8 has no NaN: quantizing one would serve a number for it (float2int8 of NaN is undefined; our loops give
     0, and a NaN pixel into an int8 classifier gave the clean image's logits), so the run is refused instead."""
-    if x.dtype.kind == "f" and x.size and np.isnan(x.min()):  # min propagates NaN: one pass, no temporary
+    if holds_nan(x):
         raise InputValueError(f"{node.where()}: {node.op_type} node {node.name!r} met a NaN, which int8 cannot "
                               f"represent (a NaN in the model's input, or one computed before this layer)")
 
