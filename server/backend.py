@@ -92,9 +92,9 @@ def data_dependent_outputs(model: BackendModel) -> list[str]:
 
 
 def quantized_inputs(model: BackendModel) -> list[str]:
-    """The inputs an int8 quantization reads (the engine's `Model.quantized_inputs`), in which a NaN is refused per
-    request before batching (a run that met it would fail every request batched with it); optional, like
-    data_dependent_outputs."""
+    """The inputs from which an int8 quantization is reached (the engine's `Model.quantized_inputs`), in which a NaN
+    is refused per request before batching (a run that met it would fail every request batched with it); optional,
+    like data_dependent_outputs."""
     return list(getattr(model, "quantized_inputs", ()))
 
 

@@ -65,7 +65,7 @@ class ModelVersion:
     outputs: list[cfg.TensorConfig] = field(default_factory=list)
     max_shapes: dict[str, list[int]] = field(default_factory=dict)
     labels: dict[str, list[str]] = field(default_factory=dict)  # output -> its label_filename's lines
-    quantized_inputs: frozenset[str] = frozenset()  # inputs an int8 quantization reads: NaN refused per request
+    quantized_inputs: frozenset[str] = frozenset()  # inputs an int8 quantization is reached from: NaN refused
     load_id: int = field(default_factory=lambda: next(_LOAD_IDS))
 
     # Looked up on every request: computed once (a loaded version's config does not change; a reload makes a new
