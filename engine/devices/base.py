@@ -73,3 +73,9 @@ class Device(ABC):
     def device_memory(self) -> tuple[int, int] | None:
         """(used, total) bytes of the whole device from its driver; None where there are no such figures."""
         return None
+
+    def fuse_calls(self, calls: list, nodes: list, stable: list[bool], workspace) -> list | None:
+        """After a binding's first run: its call list with runs of calls merged into single calls the device
+        runs without Python between them, and parallel to it the index of each entry's first original call
+        ([calls, indices]); None to keep the list. `stable[i]`: call i sees the same arrays every run."""
+        return None

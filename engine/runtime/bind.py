@@ -86,6 +86,16 @@ class Bound:
     slots: list[tuple[list, int, int]] = field(default_factory=list)  # (list, index, external index) to fill
     direct: list[DirectOutput] = field(default_factory=list)  # outputs computed into fresh arrays
     stops: list[int] = field(default_factory=list)  # calls whose kernels return data-dependent shapes (extents.py)
+    # after the first run: [calls, first original index of each] with runs of calls merged by the device
+    # (Device.fuse_calls), False where it merged none
+    fused: list | bool | None = None
+
+    def stable(self) -> list[bool]:
+        """Per call: whether it sees the same arrays every run (not the caller's inputs, nor an output computed
+        into a fresh array)."""
+        changing = {id(target) for target, _, _ in self.slots}
+        changing |= {id(target) for d in self.direct for _, slots in d.members for target, _ in slots}
+        return [id(ins) not in changing and id(outs) not in changing for _, ins, outs in self.calls]
 
     def attach(self, arrays: Sequence[np.ndarray]) -> None:
         """Puts the caller's arrays (parallel to the graph inputs, as `inputs.host_input` made them) and the

@@ -157,6 +157,9 @@ class Instance:
                 node_times, bound = self._execute_extents(bound, signature, hosted, attached, trace)
             else:
                 node_times = execute(bound, self.workspace, trace, self.debug)[0]
+                if bound.fused is None and not trace and not self.debug:
+                    fused = self.device.fuse_calls(bound.calls, bound.call_nodes, bound.stable(), self.workspace)
+                    bound.fused = fused or False
             if profile is not None:
                 profile.add_run(node_times)
             t2 = time.perf_counter()
@@ -221,9 +224,20 @@ def execute(bound: Bound, workspace: np.ndarray, timings: bool = False, debug: i
 
     debug 1 logs node#, op, shapes and output offsets before each call; 2 adds output stats after it.
     """
-    calls = bound.calls if start == 0 and stop is None else bound.calls[start:stop]
     if timings or debug:
+        calls = bound.calls if start == 0 and stop is None else bound.calls[start:stop]
         return _execute_traced(bound, workspace, timings, debug, start, calls)
+    if bound.fused and start == 0 and stop is None:  # runs of calls merged by the device (Device.fuse_calls)
+        calls, first = bound.fused
+        k = 0
+        try:
+            for fn, ins, outs in calls:
+                fn(ins, outs, workspace)
+                k += 1
+        except Exception as e:
+            raise _kernel_error(bound, first[k], e) from e
+        return [], None
+    calls = bound.calls if start == 0 and stop is None else bound.calls[start:stop]
     i, result = start, None
     try:
         for fn, ins, outs in calls:

@@ -14,8 +14,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu import native_program as N
 from engine.devices.cpu.loops import pointwise as mk
-from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native
+from engine.devices.cpu.threads import (
+    chunks_for,
+    get_threads,
+    native_regions,
+    parallel_for,
+    region_job,
+    region_record,
+    run_native,
+)
 from engine.ops import epilogue as meaning
 
 # parallel_for's work per element of the rational logistic: 1, so a pass splits from MIN_WORK (256K) elements up,
@@ -128,6 +137,33 @@ def _elu(out, p):
 
 EPILOGUES = {**meaning.EPILOGUES, "leaky_relu": _leaky, "sigmoid": _sigmoid, "silu": _silu,
              "hardswish": _hardswish, "gelu": _gelu, "elu": _elu}
+
+
+_PASS_KINDS = {"sigmoid": mk.PASS_SIGMOID, "silu": mk.PASS_SILU}
+
+
+def activation_records(name: str | None, params: dict | None, out: np.ndarray) -> tuple[list, list] | None:
+    """What apply_activation(name, params, out) calls, as native_program records, and what they point into
+    (jobs to keep alive); None where it would run Python: an activation other than float32 sigmoid, SiLU and erf
+    GELU on a contiguous array, or a pass parallel_for would split over Python callbacks."""
+    if name is None:
+        return [], []
+    kind = _PASS_KINDS.get(name)
+    if name == "gelu" and (params or {}).get("approximate", "none") != "tanh":
+        kind = mk.PASS_GELU
+    if kind is None or out.dtype != np.float32 or not out.flags.c_contiguous:
+        return None
+    n = out.size
+    job = region_job(mk.PASS_LEN)
+    job[mk.PASS_KIND], job[mk.PASS_N], job[mk.PASS_X], job[mk.PASS_OUT] = kind, n, out.ctypes.data, out.ctypes.data
+    if n >= NATIVE_PASS_ELEMENTS and get_threads() > 1 and native_regions():  # _f32_pass's native region
+        record = region_record(mk.pass_team().address, job.ctypes.data)
+        return None if record is None else ([record], [job])
+    if chunks_for(n, n * LOGISTIC_WORK) > 1:
+        return None
+    # the in-place loop on this thread, as parallel_for runs it whole: the region function outside a region is
+    # thread 0 of 1, the same loop over every element
+    return [(N.OP_CALL, mk.pass_team().address, job.ctypes.data)], [job]
 
 
 def apply_activation(name: str | None, params: dict | None, out: np.ndarray) -> None:

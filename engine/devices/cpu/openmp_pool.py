@@ -33,6 +33,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.devices.cpu.native_program import OP_REGION
+
 _Callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
@@ -102,6 +104,10 @@ class OpenMPPool:
         finally:
             self.busy.release()
         return True
+
+    def region_record(self, fn: int, data: int) -> tuple[int, ...]:
+        """run_native(fn, data)'s region as a native_program record (the caller holds `busy`)."""
+        return (OP_REGION, ctypes.cast(self._parallel_native, ctypes.c_void_p).value, fn, data, self.threads, 0)
 
     def close(self) -> None:
         """Nothing to stop: the threads are OpenMP's."""

@@ -8,6 +8,8 @@ outside the accepted ones is an error naming the variable and them (`from_env`),
   asks for it, and a missing oneDNN is then an error when the device is made.
 - NNSERVE_LAYOUT (default `blocked`: blocked where it pays): `nchw` keeps activations NCHW between convolutions.
 - NNSERVE_WINOGRAD (default on, `1`): `0` keeps blocked 3x3 convolutions on oneDNN's direct kernel.
+- NNSERVE_NATIVE_CALLS (default on, `1`): after a binding's first run, consecutive oneDNN calls run as one native
+  program without Python between them (fused_calls.py); `0` runs every kernel's Python (for comparison).
 - NNSERVE_BLAS (default `auto`: MKL's sgemm when the `mkl` wheel is installed, else numpy's matmul): `mkl` asks
   for MKL (an error when the device is made without it: the `fast` extra); `numpy` or `openblas` runs GEMMs on
   numpy's matmul.
@@ -88,6 +90,7 @@ class CpuOptions:
     onednn_required: bool = False  # NNSERVE_ONEDNN=1 said so: a missing oneDNN is an error, not a warning
     layout: str = "blocked"  # "blocked": the blocked layout where it pays; "nchw": plain throughout
     winograd: bool = True
+    native_calls: bool = True  # runs of oneDNN calls replayed as one native program (fused_calls.py)
     blas: str = "auto"  # "auto": MKL's sgemm when the wheel is installed; "mkl": MKL or an error; "numpy"
     threads: int | None = None  # None: the CPUs the process may use, at most 8 (threads.default_threads)
     spin_us: int = DEFAULT_SPIN_US  # idle threads spin this long, then sleep
@@ -112,6 +115,7 @@ class CpuOptions:
             onednn_required=get("NNSERVE_ONEDNN") == "1",
             layout=_choice("NNSERVE_LAYOUT", get("NNSERVE_LAYOUT") or "blocked", LAYOUTS),
             winograd=_switch("NNSERVE_WINOGRAD", get("NNSERVE_WINOGRAD")),
+            native_calls=_switch("NNSERVE_NATIVE_CALLS", get("NNSERVE_NATIVE_CALLS")),
             blas=BLAS_CHOICES[_choice("NNSERVE_BLAS", get("NNSERVE_BLAS") or "auto", tuple(BLAS_CHOICES))],
             threads=_count("NNSERVE_NUM_THREADS", get("NNSERVE_NUM_THREADS"), 0, MAX_THREADS,
                            "a whole number of threads (0: the CPUs the process may use, at most 8)") or None,

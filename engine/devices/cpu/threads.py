@@ -555,6 +555,25 @@ def run_native(fn: int, data: int) -> bool:
     return isinstance(pool, OpenMPPool) and pool.run_native(fn, data)
 
 
+def region_record(fn: int, data: int) -> tuple[int, ...] | None:
+    """run_native(fn, data) as a native_program record (GOMP_parallel over the pool's team), for a caller that
+    holds `region_pool().busy` while it runs; None when our kernels do not run on OpenMP's team."""
+    pool = _get_pool()
+    return pool.region_record(fn, data) if isinstance(pool, OpenMPPool) else None
+
+
+def region_pool() -> OpenMPPool | None:
+    """The OpenMP pool our native regions run on, None when there is none."""
+    pool = _get_pool()
+    return pool if isinstance(pool, OpenMPPool) else None
+
+
+def regime() -> tuple:
+    """What the choices of thread counts and of native regions depend on (a recorded program holds those
+    choices: fused_calls.py): the count, the fork bound, whether native regions run, the pool."""
+    return _threads, _fork_work, native_regions(), id(_pool)
+
+
 def parallel_for(fn: Callable[..., None], n_items: int, work: int, *args) -> None:
     """Runs fn(*args, lo, hi) over [0, n_items), in up to get_threads() chunks when `work` is large."""
     k = chunks_for(n_items, work)

@@ -17,7 +17,15 @@ from engine.devices.base import Kernel
 from engine.devices.cpu.conv import direct
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.conv.depthwise_blocked import BlockedDepthwise
-from engine.devices.cpu.conv.onednn import BoundRuns, ConvSpec, Plan, is_jit, prefers_own_layouts, primitive_impl
+from engine.devices.cpu.conv.onednn import (
+    BoundRuns,
+    ConvSpec,
+    Plan,
+    is_jit,
+    plan_native,
+    prefers_own_layouts,
+    primitive_impl,
+)
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, ShapeCache, reference_fallback, remember
 from engine.devices.cpu.layout import conv_blocked
@@ -217,6 +225,13 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         elif x is inputs[0]:
             bound.remember(plan, inputs, out, workspace)
 
+    def native(inputs, outputs, workspace):
+        x = inputs[0]
+        if wino_plan(x.shape) is not None:
+            return None
+        return plan_native(spec, plans.get(x.shape), inputs, outputs, workspace)
+
+    run.native = native  # type: ignore[attr-defined]
     # the max shape and batch 1 (the usual smaller request) build their matmuls and filters now, not on a request
     for shape in {max_shape, (1, *max_shape[1:])}:
         plan = wino_plan(shape)

@@ -16,19 +16,22 @@ built with the kernel, smaller shapes get theirs on first use (cached).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable
 
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu import native_program as N
+from engine.devices.cpu.epilogue import activation_records, apply_activation
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md, native_block
 from engine.devices.cpu.onednn.eltwise import conv_post_op
-from engine.devices.cpu.threads import work_of
+from engine.devices.cpu.threads import get_threads, threads_for, work_of
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom, weight_of
@@ -195,6 +198,38 @@ class Plan:
             self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()
 
+    def records(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
+                workspace: np.ndarray | None) -> tuple[list, tuple] | None:
+        """What `run` on these arrays calls, as native_program records, and the pointers the conv's memories must
+        hold for them (its last run's: the records do not re-point them, as `run` does not when they are
+        unchanged); None when its last run was not on these arrays or a residual copy is not a plain one."""
+        base = self.base(workspace)
+        src = D.address(x)
+        recs: list = []
+        count = threads_for(None)  # sync_threads() before the plan runs
+        if self.src_in is not None:
+            recs += self.src_in.records({L.ARG_SRC: src, L.ARG_DST: base}, count)
+            src = base
+        dst = base + self.src_bytes if self.dst_out is not None else D.address(out)
+        if z is not None:
+            if self.z_in is not None:
+                recs += self.z_in.records({L.ARG_SRC: D.address(z), L.ARG_DST: dst}, count)
+            elif not (z.dtype == out.dtype and z.shape == out.shape and z.flags.c_contiguous
+                      and out.flags.c_contiguous):
+                return None
+            elif D.address(z) != D.address(out):
+                recs.append((N.OP_COPY, N.address_of(ctypes.memmove), D.address(out), D.address(z), out.nbytes))
+        scratch = base + self.src_bytes + self.dst_bytes
+        if (src, dst, scratch) != self._bound:
+            return None
+        recs.append(D.threads_record(threads_for(self.work)))
+        recs.append(D.execute_record(self.conv.prim, self.conv.args))
+        recs.append(D.threads_record(get_threads()))
+        if self.dst_out is not None:
+            recs += self.dst_out.records({L.ARG_SRC: dst, L.ARG_DST: D.address(out)}, get_threads())
+        recs.append(D.wait_record())
+        return recs, (self, self._bound)
+
     @property
     def direct(self) -> bool:
         """Whether a run is the primitive alone: no reorder in or out and no residual to place first (so a run on
@@ -214,6 +249,21 @@ class Plan:
         """A direct plan's run on the arrays of its last run: the primitive alone, and the wait."""
         self._execute()
         D.wait()
+
+
+def plan_native(spec: ConvSpec, plan: Plan | None, inputs: list, outputs: list, workspace) -> Native | None:
+    """A conv kernel's run on these arrays as native_program records (fused_calls.py): the plan's, then the late
+    activation's; None where the run would do anything else (no plan yet, a copy of a non-contiguous input)."""
+    x, out = inputs[0], outputs[0]
+    z = inputs[1] if spec.residual else None
+    if plan is None or not x.flags.c_contiguous or (z is not None and not z.flags.c_contiguous):
+        return None
+    got = plan.records(x, z, out, workspace)
+    act = activation_records(*spec.act, out) if spec.late else ([], [])
+    if got is None or act is None:
+        return None
+    records, check = got
+    return Native(records + act[0], [check], [plan, *act[1]])
 
 
 class BoundRuns:
@@ -358,7 +408,11 @@ def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
         elif x is inputs[0]:
             bound.remember(plan, inputs, out, workspace)
 
+    def native(inputs, outputs, workspace):
+        return plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace)
+
     log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, max_shape, first.impl)
+    run.native = native  # type: ignore[attr-defined]
     run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
     run.plans = plans  # type: ignore[attr-defined]
     return run

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.layout import loops as LL
 from engine.devices.cpu.layout.blocked_ops import (
@@ -30,7 +31,7 @@ from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn import pool as onednn_pool
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native
+from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native, threads_for
 from engine.ir import Node
 from engine.ops.pool import pool_geom
 from engine.ops.registry import TensorInfo
@@ -95,6 +96,18 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
             return
         step.run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
         D.wait()
+
+    def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if not (x.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        step = steps.get(x.shape if to_blocked else out.shape)
+        if not isinstance(step, D.Step):
+            return None
+        ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
+        return Native(step.records(ptrs, threads_for(None)) + [D.wait_record()], [], [step])
+
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 

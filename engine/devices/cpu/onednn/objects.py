@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.devices.cpu import native_program as N
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.threads import get_threads, park, threads_for, work_of
 
@@ -76,6 +77,11 @@ def _omp_threads(n: int) -> None:
     if getattr(_local, "threads", None) != n:
         L.OMP.omp_set_num_threads(n)  # an OpenMP setting is per calling thread
         _local.threads = n
+
+
+def note_threads(n: int) -> None:
+    """OpenMP's count was set to `n` outside `_omp_threads` (a native program's records)."""
+    _local.threads = n
 
 
 def sync_threads(work: int | None = None) -> None:
@@ -289,6 +295,42 @@ class Step:
         finally:
             if self.work is not None:
                 restore_threads()
+
+
+    def threads(self, default: int) -> int:
+        """The OpenMP count `run` executes with, `default` being the one in effect before it."""
+        return default if self.work is None else min(self.created, threads_for(self.work))
+
+    def records(self, ptrs: dict[int, int], default: int) -> list[tuple[int, ...]]:
+        """What `run(ptrs)` calls, as native_program records, `default` being OpenMP's count before it: its
+        count, its memories pointed, the execution (on this thread's stream: fused_calls.Segment), the engine's
+        count again after a step of known work (restore_threads)."""
+        out = [threads_record(self.threads(default))]
+        out += [(N.OP_SET, fn_address("dnnl_memory_set_data_handle"), self.mems[a].h.value, p) for a, p in ptrs.items()]
+        out.append(execute_record(self.prim, self.args))
+        if self.work is not None:
+            out.append(threads_record(get_threads()))
+        return out
+
+
+def fn_address(name: str, lib: ctypes.CDLL | None = None) -> int:
+    """The address of a C function of oneDNN (or of `lib`), for native_program records."""
+    return N.address_of(getattr(lib or L.LIB, name))
+
+
+def execute_record(prim: Primitive, args) -> tuple[int, ...]:
+    """dnnl_primitive_execute(prim, this thread's stream, args) as a native_program record."""
+    return (N.OP_EXEC, fn_address("dnnl_primitive_execute"), prim.h.value, stream().value, len(args),
+            ctypes.addressof(args))
+
+
+def threads_record(n: int) -> tuple[int, ...]:
+    """omp_set_num_threads(n) as a native_program record."""
+    return (N.OP_THREADS, fn_address("omp_set_num_threads", L.OMP), n)
+
+
+def wait_record() -> tuple[int, ...]:
+    return (N.OP_WAIT, fn_address("dnnl_stream_wait"), stream().value)
 
 
 def reorder_step(src: MemoryDesc, dst: MemoryDesc) -> Step:

@@ -1,0 +1,172 @@
+"""Runs of a binding's calls replayed as one native program (native_program.py): the Python of each kernel skipped.
+
+A kernel that can say which C calls a run of it on given arrays makes has a `native(inputs, outputs, workspace)`
+attribute returning a `Native` (or None when it cannot say, for these arrays or now). After a binding's first run,
+`fuse` asks every call whose arrays stay the same run after run (arena views and the workspace: not the caller's
+inputs, nor outputs computed into fresh arrays) and puts each run of two or more consecutive answers into one
+Segment, a call like any other in the binding's list.
+
+A segment's program holds choices its kernels made from process-wide settings (OpenMP thread counts, whether a
+pass runs as a native region): it is kept per `threads.regime()` and recorded again for a new one. Its records
+skip what the kernels' Python skips when nothing changed (re-pointing a conv's memories): each kernel names the
+object and the pointers that must still hold (`checks`); when another binding re-pointed them since, the segment
+runs its calls' Python once (which re-points them) and records again. Errors name the node whose C call failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.devices.cpu import threads as T
+from engine.devices.cpu.native_program import Program
+from engine.devices.cpu.onednn import objects as D
+from engine.errors import EngineError, KernelError
+
+MIN_CALLS = 2  # a single call gains too little over its own Python to be worth a segment
+
+
+@dataclass
+class Native:
+    """A kernel run's C calls: native_program records; (object, pointers) pairs that must hold, `obj._bound is
+    pointers`, for the records to be right; what the records point into, kept alive with the program."""
+
+    records: list[tuple[int, ...]]
+    checks: list[tuple[object, object]] = field(default_factory=list)
+    keep: list = field(default_factory=list)
+
+
+class _Recorded:
+    """One regime's program and what it needs at run time."""
+
+    def __init__(self, natives: list[Native]):
+        records, owners, checks, keep = [], [], [], []
+        for k, nat in enumerate(natives):
+            records += nat.records
+            owners += [k] * len(nat.records)
+            checks += nat.checks
+            keep += nat.keep
+        records.append(D.threads_record(T.get_threads()))
+        owners.append(len(natives) - 1)
+        self.program = Program(records, keep)
+        self.owners = owners
+        self.checks = checks
+        self.stream = D.stream().value
+        words = self.program.words
+        self.stream_exec = np.flatnonzero((words[:, 0] == 0) & (words[:, 3] == self.stream))
+        self.stream_wait = np.flatnonzero((words[:, 0] == 2) & (words[:, 2] == self.stream))
+        self.regions = bool(np.any(words[:, 0] == 4))
+
+    def valid(self) -> bool:
+        for obj, pointers in self.checks:
+            if obj._bound is not pointers:  # type: ignore[attr-defined]
+                return False
+        return True
+
+    def use_stream(self, stream: int) -> None:
+        """Points the records at the calling thread's stream (oneDNN's streams are per thread)."""
+        if stream != self.stream:
+            self.program.patch(self.stream_exec, 3, stream)
+            self.program.patch(self.stream_wait, 2, stream)
+            self.stream = stream
+
+
+class Segment:
+    """Consecutive calls of a binding run as one native program (see the module's doc); called as a kernel."""
+
+    def __init__(self, calls: list[tuple], nodes: list, workspace: np.ndarray | None, first: _Recorded,
+                 regime: tuple):
+        self.calls, self.nodes, self.workspace = calls, nodes, workspace
+        self.programs: dict[tuple, _Recorded | None] = {regime: first}
+
+    def __call__(self, inputs, outputs, workspace) -> None:
+        regime = T.regime()
+        rec = self.programs.get(regime, False)
+        if rec is False:
+            rec = self.programs[regime] = _record(self.calls, self.workspace)
+        if rec is None or not rec.valid():
+            self._python()
+            if rec is not None:  # re-pointed by another binding: recorded again on the next run
+                del self.programs[regime]
+            return
+        pool = T.region_pool() if rec.regions else None
+        if pool is not None and not pool.busy.acquire(blocking=False):
+            self._python()  # another thread's region: its loops then run alone, as run_native's callers do
+            return
+        try:
+            T.park()
+            rec.use_stream(D.stream().value)
+            failed = rec.program.run()
+            D.note_threads(T.get_threads())
+        finally:
+            if pool is not None:
+                pool.busy.release()
+        if failed is not None:
+            index, status = failed
+            node = self.nodes[rec.owners[index]]
+            raise KernelError(f"{node.where()}: oneDNN call failed in {node.op_type} node {node.name!r} "
+                              f"(status {status})")
+
+    def _python(self) -> None:
+        """The calls as their kernels run them (errors naming the node, as the runtime's loop does)."""
+        for k, (fn, ins, outs) in enumerate(self.calls):
+            try:
+                fn(ins, outs, self.workspace)
+            except EngineError:
+                raise
+            except Exception as e:
+                node = self.nodes[k]
+                raise KernelError(f"{node.where()}: kernel of {node.op_type} node {node.name!r} failed: "
+                                  f"{type(e).__name__}: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"Segment({len(self.calls)} calls: {self.nodes[0].name} .. {self.nodes[-1].name})"
+
+
+def _natives(calls: list[tuple], workspace) -> list[Native | None]:
+    return [_native_of(fn, ins, outs, workspace) for fn, ins, outs in calls]
+
+
+def _native_of(fn, ins, outs, workspace) -> Native | None:
+    native = getattr(fn, "native", None)
+    return None if native is None else native(ins, outs, workspace)
+
+
+def _record(calls: list[tuple], workspace) -> _Recorded | None:
+    natives = _natives(calls, workspace)
+    return None if any(n is None for n in natives) else _Recorded(natives)  # type: ignore[arg-type]
+
+
+def fuse(calls: list[tuple], nodes: list, stable: list[bool], workspace: np.ndarray | None) -> list[tuple] | None:
+    """The binding's call list with each run of MIN_CALLS or more recordable calls as one Segment, and, parallel to
+    it, the index of each entry's first original call; None when nothing was fused. Called after a run of these
+    calls, so that every kernel's plan for these shapes exists and holds these arrays' pointers."""
+    regime = T.regime()
+    out, index, run = [], [], []
+
+    def flush() -> None:
+        if len(run) >= MIN_CALLS:
+            seg_calls = [calls[i] for i, _ in run]
+            recorded = _Recorded([nat for _, nat in run])
+            seg = Segment(seg_calls, [nodes[i] for i, _ in run], workspace, recorded, regime)
+            out.append((seg, [], []))
+            index.append(run[0][0])
+        else:
+            for i, _ in run:
+                out.append(calls[i])
+                index.append(i)
+        run.clear()
+
+    for i, (fn, ins, outs) in enumerate(calls):
+        nat = _native_of(fn, ins, outs, workspace) if stable[i] else None
+        if nat is None:
+            flush()
+            out.append(calls[i])
+            index.append(i)
+        else:
+            run.append((i, nat))
+    flush()
+    if len(out) == len(calls):
+        return None
+    return [out, index]

@@ -1,0 +1,147 @@
+"""Runs of oneDNN calls replayed as one native program (engine/devices/cpu/fused_calls.py): from a binding's
+second run on, the same numbers as every kernel's own Python (bit for bit), whatever happened in between: other
+input shapes, another thread, another thread count, a plan re-pointed by a call outside the program; a failing C
+call names its node. References: the same model with NNSERVE_NATIVE_CALLS=0 (the kernels' Python path, itself
+checked against torch by test_realworld_models.py) and torch's outputs saved with the fixture.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import engine
+from engine.devices.cpu import native_program as N
+from engine.devices.cpu import threads as T
+from engine.devices.cpu.fused_calls import Segment
+from engine.devices.cpu.onednn import objects as D
+from engine.errors import KernelError
+
+pytestmark = pytest.mark.skipif(not D.available(), reason="oneDNN is not installed (the fused calls are its)")
+
+# CNNs whose convolutions cover the recorded paths: SiLU / sigmoid passes after the primitive and residual sums
+# (EfficientNet, MobileNetV3), squeeze-excite binaries (EfficientNet), ReLU chains and reorders (ResNet-D, RepVGG)
+MODELS = ["efficientnet_b0", "mobilenetv3", "resnet50d", "repvgg", "regnety"]
+REL_TOL = 1e-3
+
+
+def _instances(fx, monkeypatch, max_shapes=None):
+    model = engine.load(fx.param)
+    shapes = max_shapes or fx.max_shapes
+    fused = model.instance("cpu", max_shapes=shapes)
+    monkeypatch.setenv("NNSERVE_NATIVE_CALLS", "0")
+    python = model.instance("cpu", max_shapes=shapes)
+    monkeypatch.delenv("NNSERVE_NATIVE_CALLS")
+    assert fused.device.options.native_calls and not python.device.options.native_calls
+    return fused, python
+
+
+def _segments(inst) -> list[Segment]:
+    bound = next(iter(inst._bound.values()))
+    assert bound.fused, "nothing was fused"
+    return [fn for fn, _, _ in bound.fused[0] if isinstance(fn, Segment)]
+
+
+def _same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _close_to_torch(got: dict, want: dict) -> None:
+    for k, w in want.items():
+        scale = max(float(np.abs(w).max()), 1e-6)
+        assert float(np.abs(got[k].astype(np.float64) - w).max()) <= REL_TOL * scale, k
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fused_runs_match_the_kernels_python_bit_for_bit(name, load_fixture, monkeypatch):
+    fx = load_fixture(name, "realworld")
+    fused, python = _instances(fx, monkeypatch)
+    want = python.run(fx.inputs)
+    first = fused.run(fx.inputs)  # the Python path, then the fusion
+    segments = _segments(fused)
+    assert sum(len(s.calls) for s in segments) >= 5, segments
+    for _ in range(3):
+        got = fused.run(fx.inputs)
+        _same(got, want)
+    _same(first, want)
+    _close_to_torch(got, fx.expected)
+    # another input gives its own numbers (nothing of the first input is replayed)
+    other = {k: (v[..., ::-1, :].copy() if v.ndim == 4 else v) for k, v in fx.inputs.items()}
+    _same(fused.run(other), python.run(other))
+
+
+def test_threads_and_callers_in_between(load_fixture, monkeypatch):
+    """A different thread count (another program, recorded for it) and a run from another thread (its own oneDNN
+    stream): each run equals the Python path's."""
+    fx = load_fixture("efficientnet_b0", "realworld")
+    fused, python = _instances(fx, monkeypatch)
+    want = python.run(fx.inputs)
+    for _ in range(2):
+        _same(fused.run(fx.inputs), want)
+    threads = fused.threads
+    try:
+        fused.threads = python.threads = 1
+        for _ in range(2):
+            _same(fused.run(fx.inputs), python.run(fx.inputs))
+    finally:
+        fused.threads = python.threads = threads
+    _same(fused.run(fx.inputs), want)
+    if threads > 1:
+        assert len(_segments(fused)[0].programs) >= 2, "a second thread count should have recorded a program"
+    got: list = []
+    worker = threading.Thread(target=lambda: got.append(fused.run(fx.inputs)))
+    worker.start()
+    worker.join()
+    _same(got[0], want)
+    _same(fused.run(fx.inputs), want)
+
+
+def test_a_plan_repointed_outside_the_program_is_noticed(load_fixture, monkeypatch):
+    """A conv plan that ran on other arrays since the program was recorded (another binding of the same shape)
+    points its memories elsewhere: the segment runs its Python (which points them back) instead of the program."""
+    fx = load_fixture("efficientnet_b0", "realworld")
+    fused, python = _instances(fx, monkeypatch)
+    want = python.run(fx.inputs)
+    fused.run(fx.inputs)
+    seg = next(s for s in _segments(fused) if "Conv" in s.nodes[0].op_type)
+    fn, ins, outs = seg.calls[0]
+    fn([a.copy() for a in ins], [np.empty_like(o) for o in outs], fused.workspace)  # re-points its plan
+    assert not next(iter(seg.programs.values())).valid()
+    _same(fused.run(fx.inputs), want)
+    _same(fused.run(fx.inputs), want)  # recorded again
+    assert next(iter(seg.programs.values())).valid()
+
+
+def test_a_failing_call_names_its_node(load_fixture):
+    fx = load_fixture("efficientnet_b0", "realworld")
+    inst = engine.load(fx.param).instance("cpu", max_shapes=fx.max_shapes)
+    inst.run(fx.inputs)
+    seg = _segments(inst)[0]
+    rec = next(iter(seg.programs.values()))
+    rec.program.words[0, 0] = 99  # an operation the program does not know: its status -1
+    with pytest.raises(KernelError, match=f"{seg.nodes[0].name!r}.*status -1"):
+        inst.run(fx.inputs)
+
+
+def test_native_calls_setting_is_checked():
+    from engine.devices.cpu.options import CpuOptions
+
+    assert CpuOptions.from_env({}).native_calls
+    assert not CpuOptions.from_env({"NNSERVE_NATIVE_CALLS": "0"}).native_calls
+    with pytest.raises(ValueError, match="NNSERVE_NATIVE_CALLS"):
+        CpuOptions.from_env({"NNSERVE_NATIVE_CALLS": "yes please"})
+
+
+def test_program_copies_and_reports_the_failing_record():
+    import ctypes
+
+    src, dst = np.arange(16, dtype=np.uint8), np.zeros(16, np.uint8)
+    copy = (N.OP_COPY, N.address_of(ctypes.memmove), dst.ctypes.data, src.ctypes.data, 16)
+    assert N.Program([copy], [src, dst]).run() is None
+    np.testing.assert_array_equal(dst, src)
+    assert N.Program([copy, (77,)], []).run() == (1, -1)
+    assert T.regime() == T.regime()
