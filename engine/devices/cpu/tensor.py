@@ -4,10 +4,13 @@ of the output views; Gather (an embedding lookup) copies only the rows it picks,
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
 
+from engine.devices.cpu import native_program as N
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback, remember
 from engine.devices.cpu.loops.rows import gather_rows, shuffle_rows
 from engine.devices.cpu.threads import parallel_for
@@ -44,7 +47,32 @@ def _join_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
         rows = out.reshape(outer, -1)
         for x, (a, b) in zip(inputs, cols, strict=True):
             np.copyto(rows[:, a:b], x.reshape(outer, b - a), casting="unsafe")
+
+    def native(inputs, outputs, workspace):
+        plan = plans.get(tuple(x.shape for x in inputs))
+        return None if plan is None else _join_records(inputs, outputs[0], *plan)
+
+    run.native = native  # type: ignore[attr-defined]
     return run
+
+
+# A join whose pieces are more rows than this (a concat along a late axis) stays a Python copy: as records it would
+# be one memmove per row of each input
+JOIN_RECORD_ROWS = 16
+
+
+def _join_records(inputs, out: np.ndarray, outer: int, cols: list[tuple[int, int]]) -> Native | None:
+    """The join's copies as native_program records (fused_calls.py): one memmove per row of each input, where
+    every input has the output's dtype (no cast) and all are contiguous."""
+    if outer > JOIN_RECORD_ROWS or not out.flags.c_contiguous or out.size == 0:
+        return None
+    if any(x.dtype != out.dtype or not x.flags.c_contiguous for x in inputs):
+        return None
+    size, width = out.itemsize, out.size // outer
+    move = N.address_of(ctypes.memmove)
+    records = [(N.OP_COPY, move, out.ctypes.data + (r * width + a) * size, x.ctypes.data + r * (b - a) * size,
+                (b - a) * size) for x, (a, b) in zip(inputs, cols, strict=True) for r in range(outer) if b > a]
+    return Native(records)
 
 def _split_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     plans: dict[tuple, tuple] = {}

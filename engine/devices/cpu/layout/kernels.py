@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
+from engine.devices.cpu import native_program as N
 from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.layout import loops as LL
@@ -31,7 +32,16 @@ from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn import pool as onednn_pool
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native, threads_for
+from engine.devices.cpu.threads import (
+    chunks_for,
+    get_threads,
+    native_regions,
+    parallel_for,
+    region_job,
+    region_record,
+    run_native,
+    threads_for,
+)
 from engine.ir import Node
 from engine.ops.pool import pool_geom
 from engine.ops.registry import TensorInfo
@@ -250,21 +260,64 @@ class _Copy:
 NATIVE_COPY_FLOATS = 1 << 18
 
 
-def _native_copy(x: np.ndarray, dst: np.ndarray, c: _Copy, chunk: int) -> bool:
-    """x's lanes into dst (N, Cbd, HW, B) by the map `c`, as one native region where it pays and applies; False,
-    nothing run, otherwise (the caller splits from Python)."""
-    if dst.size < NATIVE_COPY_FLOATS or get_threads() < 2 or not native_regions():
-        return False
+def _splits_natively(dst: np.ndarray) -> bool:
+    return dst.size >= NATIVE_COPY_FLOATS and get_threads() >= 2 and native_regions()
+
+
+def _copy_job(x: np.ndarray, dst: np.ndarray, c: _Copy, chunk: int) -> np.ndarray | None:
+    """copy_team's job for x's lanes into dst (N, Cbd, HW, B) by the map `c`; None where it does not apply."""
     n, cbd, hw, b = dst.shape
     if not (x.dtype == dst.dtype == np.float32 and x.flags.c_contiguous and dst.flags.c_contiguous
             and x.shape[0] == n and c.count.shape == (cbd,) and c.run_dst.shape == (cbd, b)):
-        return False
+        return None
     job = region_job(LL.COPY_LEN)
     job[LL.COPY_N:LL.COPY_SRC] = n, x.size // max(n, 1), cbd, hw, b
     job[LL.COPY_SRC], job[LL.COPY_DST] = x.ctypes.data, dst.ctypes.data
     job[LL.COPY_COUNT:LL.COPY_CHUNK] = [a.ctypes.data for a in (c.count, c.run_dst, c.run_src, c.run_len, c.aligned)]
     job[LL.COPY_CHUNK] = chunk
-    return run_native(LL.copy_team().address, job.ctypes.data)
+    return job
+
+
+def _native_copy(x: np.ndarray, dst: np.ndarray, c: _Copy, chunk: int) -> bool:
+    """x's lanes into dst (N, Cbd, HW, B) by the map `c`, as one native region where it pays and applies; False,
+    nothing run, otherwise (the caller splits from Python)."""
+    if not _splits_natively(dst):
+        return False
+    job = _copy_job(x, dst, c, chunk)
+    return job is not None and run_native(LL.copy_team().address, job.ctypes.data)
+
+
+def _regroup_records(inputs, outputs, sources, copies_of, chunk: int) -> Native | None:
+    """RegroupBlocked's run on these arrays as native_program records (fused_calls.py): each padding zeroing and
+    each copy on this thread, or as a native region where the run would split it so; None where the run would split
+    from Python or a copy does not apply."""
+    n, _, h, w, b = inputs[0].shape
+    records, keep = [], [copies_of]
+    for out, chans_out, copies in zip(outputs, sources, copies_of, strict=True):
+        if not out.flags.c_contiguous:
+            return None
+        dst = out.reshape(n, out.shape[1], h * w, b)
+        if len(chans_out) % b:
+            job = region_job(LL.ZERO_LEN)
+            job[LL.ZERO_N:LL.ZERO_DST] = dst.shape
+            job[LL.ZERO_DST], job[LL.ZERO_FIRST] = dst.ctypes.data, len(chans_out) % b
+            records.append((N.OP_CALL, LL.zero_team().address, job.ctypes.data))
+            keep.append(job)
+        for i, c in copies:
+            job = _copy_job(inputs[i], dst, c, chunk)
+            if job is None:
+                return None
+            if _splits_natively(dst):
+                record = region_record(LL.copy_team().address, job.ctypes.data)
+            elif chunks_for(n * dst.shape[1] * -(-h * w // chunk), dst.size) <= 1:
+                record = (N.OP_CALL, LL.copy_team().address, job.ctypes.data)
+            else:
+                record = None
+            if record is None:
+                return None
+            records.append(record)
+            keep.append(job)
+    return Native(records, [], keep)
 
 
 def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
@@ -275,6 +328,7 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
     LL.copy_lanes(z.reshape(1, 1), z, k[0], k, k, k, k[0], 1, 0, 0)  # compile at build
     LL.zero_lanes(z, 1, 0, 0)
     LL.copy_team()  # compiled (or loaded) with the kernel, not on its first request
+    LL.zero_team()
     plans: dict[tuple, list] = {}  # per H*W: the copies of each output (offsets depend on the plane size)
 
     def plan(hw: int) -> list:
@@ -296,6 +350,13 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
                 chunks = -(-h * w // _REGROUP_CHUNK)
                 parallel_for(LL.copy_lanes, n * dst.shape[1] * chunks, dst.size, x.reshape(n, -1), dst, c.count,
                              c.run_dst, c.run_src, c.run_len, c.aligned, _REGROUP_CHUNK)
+
+    def native(inputs, outputs, workspace):
+        n, _, h, w, b = inputs[0].shape
+        copies_of = plans.get(h * w)
+        return None if copies_of is None else _regroup_records(inputs, outputs, sources, copies_of, _REGROUP_CHUNK)
+
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 

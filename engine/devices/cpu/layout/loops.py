@@ -197,6 +197,23 @@ def zero_lanes(dst, first, lo, hi):
                 d[p, lane] = 0.0
 
 
+# `job` (int64 words) of `zero_team`: the addresses of omp_get_thread_num and omp_get_num_threads; dst's dims (N, CBD,
+# HW, B), its address and the first lane to zero.
+ZERO_THREAD_NUM, ZERO_NUM_THREADS, ZERO_N, ZERO_CBD, ZERO_HW, ZERO_B, ZERO_DST, ZERO_FIRST, ZERO_LEN = range(9)
+
+
+@region
+def zero_team(data):
+    """One OpenMP thread's share of the images of a zero_lanes call (see ZERO_*); called outside a region, all of
+    them (a native program's record, fused_calls.py)."""
+    job, t, team = open_job(data, ZERO_LEN)
+    n = job[ZERO_N]
+    lo, hi = t * n // team, (t + 1) * n // team
+    if lo >= hi:
+        return
+    zero_lanes(carray(f32_at(job[ZERO_DST]), (n, job[ZERO_CBD], job[ZERO_HW], job[ZERO_B])), job[ZERO_FIRST], lo, hi)
+
+
 # `job` (int64 words) of `copy_team`: the addresses of omp_get_thread_num and omp_get_num_threads; the float32 source
 # (N, FLAT) and destination (N, CBD, HW, B) and their addresses; the lane map's int64 arrays (count (CBD,), run_dst,
 # run_src and run_len (CBD, B), aligned (CBD,)); pixels per item (chunk).

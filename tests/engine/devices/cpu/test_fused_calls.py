@@ -21,9 +21,11 @@ from engine.errors import KernelError
 
 pytestmark = pytest.mark.skipif(not D.available(), reason="oneDNN is not installed (the fused calls are its)")
 
-# CNNs whose convolutions cover the recorded paths: SiLU / sigmoid passes after the primitive and residual sums
-# (EfficientNet, MobileNetV3), squeeze-excite binaries (EfficientNet), ReLU chains and reorders (ResNet-D, RepVGG)
-MODELS = ["efficientnet_b0", "mobilenetv3", "resnet50d", "repvgg", "regnety"]
+# Models whose kernels cover the recorded paths: SiLU / sigmoid passes after the primitive and residual sums
+# (EfficientNet, MobileNetV3), squeeze-excite binaries and average pools (EfficientNet, GhostNetV2), lane regroups and
+# concats (GhostNetV2), ReLU chains and reorders (ResNet-D, RepVGG), convolutions beside attention (MobileViT)
+MODELS = ["efficientnet_b0", "mobilenetv3", "resnet50d", "repvgg", "regnety", "ghostnetv2", "mobilevit"]
+RECORDED = {"ConvBlocked", "BroadcastBlocked", "GlobalPoolBlocked", "RegroupBlocked", "Concat", "ToBlocked"}
 REL_TOL = 1e-3
 
 
@@ -72,6 +74,18 @@ def test_fused_runs_match_the_kernels_python_bit_for_bit(name, load_fixture, mon
     # another input gives its own numbers (nothing of the first input is replayed)
     other = {k: (v[..., ::-1, :].copy() if v.ndim == 4 else v) for k, v in fx.inputs.items()}
     _same(fused.run(other), python.run(other))
+
+
+def test_every_recorded_kind_is_recorded_somewhere(load_fixture):
+    """Each kernel kind that offers records is in some model's program (a kind that stopped offering them would
+    run its Python again, silently slower)."""
+    seen = set()
+    for name in MODELS:
+        fx = load_fixture(name, "realworld")
+        inst = engine.load(fx.param).instance("cpu", max_shapes=fx.max_shapes)
+        inst.run(fx.inputs)
+        seen |= {n.op_type for s in _segments(inst) for n in s.nodes}
+    assert RECORDED <= seen, RECORDED - seen
 
 
 def test_threads_and_callers_in_between(load_fixture, monkeypatch):
