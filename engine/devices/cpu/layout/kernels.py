@@ -12,6 +12,7 @@ import numpy as np
 
 from engine.devices.base import Kernel
 from engine.devices.cpu import native_program as N
+from engine.devices.cpu import threads as T
 from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.layout import loops as LL
@@ -32,16 +33,7 @@ from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn import pool as onednn_pool
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import (
-    chunks_for,
-    get_threads,
-    native_regions,
-    parallel_for,
-    region_job,
-    region_record,
-    run_native,
-    threads_for,
-)
+from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native, threads_for
 from engine.ir import Node
 from engine.ops.pool import pool_geom
 from engine.ops.registry import TensorInfo
@@ -308,8 +300,8 @@ def _regroup_records(inputs, outputs, sources, copies_of, chunk: int) -> Native 
             if job is None:
                 return None
             if _splits_natively(dst):
-                record = region_record(LL.copy_team().address, job.ctypes.data)
-            elif chunks_for(n * dst.shape[1] * -(-h * w // chunk), dst.size) <= 1:
+                record = T.region_record(LL.copy_team().address, job.ctypes.data)
+            elif T.chunks_for(n * dst.shape[1] * -(-h * w // chunk), dst.size) <= 1:
                 record = (N.OP_CALL, LL.copy_team().address, job.ctypes.data)
             else:
                 record = None
