@@ -158,8 +158,7 @@ class Instance:
             else:
                 node_times = execute(bound, self.workspace, trace, self.debug)[0]
                 if bound.fused is None and not trace and not self.debug:
-                    fused = self.device.fuse_calls(bound.calls, bound.call_nodes, bound.stable(), self.workspace)
-                    bound.fused = fused or False
+                    bound.fused = self._fuse(bound)
             if profile is not None:
                 profile.add_run(node_times)
             t2 = time.perf_counter()
@@ -173,6 +172,15 @@ class Instance:
         if timings:
             self.last_timings["nodes"] = node_times
         return out, RunTimings(int((t1 - t0) * 1e9), int((t2 - t1) * 1e9), int((t3 - t2) * 1e9))
+
+    def _fuse(self, bound: Bound) -> list | bool:
+        """The device's merged call list for this binding (Device.fuse_calls), False for none: a fusion that fails
+        is logged and the binding keeps its kernels' own calls (this run's outputs are already computed)."""
+        try:
+            return self.device.fuse_calls(bound.calls, bound.call_nodes, bound.stable(), self.workspace) or False
+        except Exception:
+            log.exception("%s: merging the kernels' calls failed; they run as they are", self.graph.path or "model")
+            return False
 
     def _execute_extents(self, bound: Bound, signature: tuple, hosted: list, attached: list[Bound],
                          trace: bool) -> tuple[list, Bound]:

@@ -15,6 +15,7 @@ runs its calls' Python once (which re-points them) and records again. Errors nam
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,10 @@ from engine.devices.cpu.onednn import objects as D
 from engine.errors import EngineError, KernelError
 
 MIN_CALLS = 2  # a single call gains too little over its own Python to be worth a segment
+# Recordings a segment tries per regime before it keeps to its kernels' Python there (a kernel that cannot say its
+# records now, e.g. its plan evicted from a shape cache, can again after its Python ran once)
+RECORD_TRIES = 3
+log = logging.getLogger("engine.devices.cpu")
 
 
 @dataclass
@@ -73,22 +78,27 @@ class _Recorded:
 
 
 class Segment:
-    """Consecutive calls of a binding run as one native program (see the module's doc); called as a kernel."""
+    """Consecutive calls of a binding run as one native program (see the module's doc); called as a kernel.
 
-    def __init__(self, calls: list[tuple], nodes: list, workspace: np.ndarray | None, first: _Recorded,
+    While a program with native regions runs, it holds OpenMP's pool (`busy`) from its first record to its last,
+    oneDNN's executions included: another thread's kernels then split nothing (they run their loops alone), as
+    while any run_native region of theirs runs."""
+
+    def __init__(self, calls: list[tuple], nodes: list, workspace: np.ndarray | None, first: _Recorded | None,
                  regime: tuple):
         self.calls, self.nodes, self.workspace = calls, nodes, workspace
-        self.programs: dict[tuple, _Recorded | None] = {regime: first}
+        self.programs: dict[tuple, _Recorded] = {} if first is None else {regime: first}
+        self.misses: dict[tuple, int] = {}  # failed recordings per regime (RECORD_TRIES)
 
     def __call__(self, inputs, outputs, workspace) -> None:
         regime = T.regime()
-        rec = self.programs.get(regime, False)
-        if rec is False:
-            rec = self.programs[regime] = _record(self.calls, self.workspace)
+        rec = self.programs.get(regime)
+        if rec is None and self.misses.get(regime, 0) < RECORD_TRIES:
+            rec = self._record(regime)
         if rec is None or not rec.valid():
-            self._python()
-            if rec is not None:  # re-pointed by another binding: recorded again on the next run
+            if rec is not None:  # re-pointed by another binding since: recorded again on the next run
                 del self.programs[regime]
+            self._python()
             return
         pool = T.region_pool() if rec.regions else None
         if pool is not None and not pool.busy.acquire(blocking=False):
@@ -98,15 +108,32 @@ class Segment:
             T.park()
             rec.use_stream(D.stream().value)
             failed = rec.program.run()
-            D.note_threads(T.get_threads())
         finally:
             if pool is not None:
                 pool.busy.release()
-        if failed is not None:
-            index, status = failed
-            node = self.nodes[rec.owners[index]]
-            raise KernelError(f"{node.where()}: oneDNN call failed in {node.op_type} node {node.name!r} "
-                              f"(status {status})")
+        if failed is None:
+            D.note_threads(T.get_threads())
+            return
+        D.forget_threads()  # it stopped part-way: OpenMP's count is whatever the last record set
+        del self.programs[regime]  # never replayed again: the next run records anew, or runs the Python
+        index, status = failed
+        node = self.nodes[rec.owners[index]]
+        raise KernelError(f"{node.where()}: oneDNN call failed in {node.op_type} node {node.name!r} "
+                          f"(status {status})")
+
+    def _record(self, regime: tuple) -> _Recorded | None:
+        """This regime's program, kept when every call could say its records and nothing changed the regime
+        meanwhile (another instance setting the thread count); a failure counts against RECORD_TRIES."""
+        try:
+            rec = _record(self.calls, self.workspace)
+        except Exception:  # a kernel's `native` that fails must not fail the run: its Python still can
+            log.exception("recording %r failed; its kernels run their own Python", self)
+            rec = None
+        if rec is None or T.regime() != regime:
+            self.misses[regime] = self.misses.get(regime, 0) + 1
+            return None
+        self.programs[regime] = rec
+        return rec
 
     def _python(self) -> None:
         """The calls as their kernels run them (errors naming the node, as the runtime's loop does)."""
@@ -124,17 +151,13 @@ class Segment:
         return f"Segment({len(self.calls)} calls: {self.nodes[0].name} .. {self.nodes[-1].name})"
 
 
-def _natives(calls: list[tuple], workspace) -> list[Native | None]:
-    return [_native_of(fn, ins, outs, workspace) for fn, ins, outs in calls]
-
-
 def _native_of(fn, ins, outs, workspace) -> Native | None:
     native = getattr(fn, "native", None)
     return None if native is None else native(ins, outs, workspace)
 
 
 def _record(calls: list[tuple], workspace) -> _Recorded | None:
-    natives = _natives(calls, workspace)
+    natives = [_native_of(fn, ins, outs, workspace) for fn, ins, outs in calls]
     return None if any(n is None for n in natives) else _Recorded(natives)  # type: ignore[arg-type]
 
 
@@ -149,7 +172,9 @@ def fuse(calls: list[tuple], nodes: list, stable: list[bool], workspace: np.ndar
         if len(run) >= MIN_CALLS:
             seg_calls = [calls[i] for i, _ in run]
             recorded = _Recorded([nat for _, nat in run])
-            seg = Segment(seg_calls, [nodes[i] for i, _ in run], workspace, recorded, regime)
+            # the regime changed while recording (another instance's thread count): recorded again on its first run
+            seg = Segment(seg_calls, [nodes[i] for i, _ in run], workspace,
+                          recorded if T.regime() == regime else None, regime)
             out.append((seg, [], []))
             index.append(run[0][0])
         else:

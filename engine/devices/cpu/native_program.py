@@ -8,23 +8,25 @@ kernel makes are the same every run, so a kernel that can say which ones (its `n
 is recorded once and replayed here: oneDNN executions, memory handles, OpenMP thread counts, our native regions
 (numba cfuncs on OpenMP's team) and copies, with no Python between them.
 
-A record is WORDS int64 words: the operation (OP_*), the function's address and up to four arguments. The program
-function reads them as data, so its machine code holds no address of this process and is compiled once per process
-(llvmlite's MCJIT, a few milliseconds). It returns 0, or 1 + the index of the record whose C function returned a
-nonzero status (oneDNN's calls), the status then in that record's last word.
+A record is WORDS int64 words: the operation (OP_*), the function's address, up to four arguments and a status word.
+The program function reads them as data, so its machine code holds no address of this process and is compiled once per
+process (llvmlite's MCJIT, a few milliseconds). It returns 0, or 1 + the index of the record whose C function returned
+a nonzero status (oneDNN's calls), the status then in that record's last word (its own: a failed program stays
+runnable, though its callers drop it).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import llvmlite.binding as llvm
 import numpy as np
 
 OP_EXEC, OP_SET, OP_WAIT, OP_THREADS, OP_REGION, OP_CALL, OP_COPY = range(7)
-WORDS = 6  # op, function, arguments a..d; the status of a failed call goes into word 5
-STATUS = 5
+WORDS = 7  # op, function, arguments a..d, and a word of its own for the status of a failed call
+STATUS = 6
 
 # Each operation's C signature (pointers as `ptr`, converted from the record's int64 words).
 _IR = """
@@ -36,7 +38,7 @@ head:
   %more = icmp slt i64 %i, %n
   br i1 %more, label %body, label %done
 body:
-  %base = mul i64 %i, 6
+  %base = mul i64 %i, 7
   %p0 = getelementptr i64, ptr %prog, i64 %base
   %op = load i64, ptr %p0
   %p1 = getelementptr i64, ptr %p0, i64 1
@@ -49,6 +51,7 @@ body:
   %c = load i64, ptr %p4
   %p5 = getelementptr i64, ptr %p0, i64 5
   %d = load i64, ptr %p5
+  %p6 = getelementptr i64, ptr %p0, i64 6
   %f = inttoptr i64 %fn to ptr
   %pa = inttoptr i64 %a to ptr
   %pb = inttoptr i64 %b to ptr
@@ -94,7 +97,7 @@ bad:
 fail:
   %rc = phi i32 [%rc0, %exec], [%rc1, %set], [%rc2, %wait], [-1, %bad]
   %rc64 = sext i32 %rc to i64
-  store i64 %rc64, ptr %p5
+  store i64 %rc64, ptr %p6
   %at = add i64 %i, 1
   ret i64 %at
 cont:
@@ -109,9 +112,19 @@ _lock = threading.Lock()
 _compiled: tuple | None = None  # (the MCJIT engine, kept alive; the program function)
 
 
+def _after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent that held it is not in the child
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def program_function() -> ctypes._CFuncPtr:
     """The compiled program function, int64 fn(int64 *records, int64 count) (compiled on first use)."""
     global _compiled
+    if _compiled is not None:
+        return _compiled[2]
     with _lock:
         if _compiled is None:
             llvm.initialize_native_target()

@@ -570,8 +570,8 @@ def region_pool() -> OpenMPPool | None:
 
 def regime() -> tuple:
     """What the choices of thread counts and of native regions depend on (a recorded program holds those
-    choices: fused_calls.py): the count, the fork bound, whether native regions run, the pool."""
-    return _threads, _fork_work, native_regions(), id(_pool)
+    choices: fused_calls.py): the count, the fork bound, whether native regions run (which needs OpenMP's pool)."""
+    return _threads, _fork_work, native_regions()
 
 
 def parallel_for(fn: Callable[..., None], n_items: int, work: int, *args) -> None:

@@ -189,6 +189,7 @@ class Plan:
             if self.bias is not None:
                 ptrs[L.ARG_BIAS] = self.bias.ctypes.data
             D.sync_threads(self.work)  # never more threads than it was created for
+            self._bound = None  # until every memory points where the tuple says (a failure part-way leaves none)
             try:
                 self.conv.run(ptrs)
             finally:

@@ -132,6 +132,7 @@ class Plan:
                 ptrs[L.ARG_BIAS] = bias
             if residual is not None:
                 ptrs[L.ARG_POST_OP_SRC1(0)] = residual
+            self._bound = None  # until every memory points where the key says (a failure part-way leaves none)
             for a, p in ptrs.items():
                 self.step.mems[a].set(p)
             self._bound = key

@@ -84,6 +84,11 @@ def note_threads(n: int) -> None:
     _local.threads = n
 
 
+def forget_threads() -> None:
+    """OpenMP's count is not known (a native program stopped part-way): the next `_omp_threads` sets it."""
+    _local.__dict__.pop("threads", None)
+
+
 def sync_threads(work: int | None = None) -> None:
     """Gives this thread's OpenMP team the thread count for a primitive of `work` about to run
     (threads.threads_for: one for small work, else the engine's count; never more than it was created with, see

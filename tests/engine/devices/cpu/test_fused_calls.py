@@ -130,15 +130,51 @@ def test_a_plan_repointed_outside_the_program_is_noticed(load_fixture, monkeypat
     assert next(iter(seg.programs.values())).valid()
 
 
-def test_a_failing_call_names_its_node(load_fixture):
+def test_a_failing_call_names_its_node_and_is_not_replayed_again(load_fixture, monkeypatch):
     fx = load_fixture("efficientnet_b0", "realworld")
-    inst = engine.load(fx.param).instance("cpu", max_shapes=fx.max_shapes)
-    inst.run(fx.inputs)
-    seg = _segments(inst)[0]
-    rec = next(iter(seg.programs.values()))
+    fused, python = _instances(fx, monkeypatch)
+    want = python.run(fx.inputs)
+    fused.run(fx.inputs)
+    seg = _segments(fused)[0]
+    (regime, rec), = seg.programs.items()
     rec.program.words[0, 0] = 99  # an operation the program does not know: its status -1
     with pytest.raises(KernelError, match=f"{seg.nodes[0].name!r}.*status -1"):
-        inst.run(fx.inputs)
+        fused.run(fx.inputs)
+    assert regime not in seg.programs  # dropped: never replayed again
+    for _ in range(2):
+        _same(fused.run(fx.inputs), want)  # recorded anew
+    assert seg.programs[regime] is not rec
+
+
+def test_a_fusion_or_recording_that_fails_leaves_the_kernels_python(load_fixture, monkeypatch):
+    """Merging is an optimisation: when it raises, the runs go on with every kernel's own calls."""
+    from engine.devices.cpu import device as cpu_device
+
+    fx = load_fixture("efficientnet_b0", "realworld")
+    fused, python = _instances(fx, monkeypatch)
+    want = python.run(fx.inputs)
+
+    def broken(*args):
+        raise RuntimeError("no JIT today")
+
+    with monkeypatch.context() as m:
+        m.setattr(cpu_device, "fuse", broken)
+        for _ in range(3):
+            _same(fused.run(fx.inputs), want)
+        assert next(iter(fused._bound.values())).fused is False
+    fresh = engine.load(fx.param).instance("cpu", max_shapes=fx.max_shapes)
+    fresh.run(fx.inputs)
+    seg = _segments(fresh)[0]
+    seg.programs.clear()
+    fn = seg.calls[0][0]
+    with monkeypatch.context() as m:
+        m.setattr(fn, "native", broken)
+        for _ in range(2):
+            _same(fresh.run(fx.inputs), want)
+        assert not seg.programs and sum(seg.misses.values()) == 2
+    for _ in range(2):
+        _same(fresh.run(fx.inputs), want)
+    assert seg.programs, "recorded once its kernel could say its records again"
 
 
 def test_native_calls_setting_is_checked():
