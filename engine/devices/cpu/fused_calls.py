@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads as T
 from engine.devices.cpu.native_program import Program
 from engine.devices.cpu.onednn import objects as D
@@ -40,6 +41,18 @@ class Native:
     records: list[tuple[int, ...]]
     checks: list[tuple[object, object]] = field(default_factory=list)
     keep: list = field(default_factory=list)
+
+
+def team_record(fn: int, job: np.ndarray, items: int, work: int) -> tuple[int, ...] | None:
+    """The record of a region function `fn` (numba cfunc over a job: loops/native.py) that runs what
+    parallel_for(loop, items, work, ...) would: on this thread where parallel_for runs one chunk, as a native region
+    where it would split and regions run natively (the same items split otherwise, each computed alike); None where
+    it would split over Python callbacks (the team not running native regions)."""
+    if T.chunks_for(items, work) <= 1:
+        return (N.OP_CALL, fn, job.ctypes.data)
+    if T.get_threads() > 1 and T.native_regions():
+        return T.region_record(fn, job.ctypes.data)
+    return None
 
 
 class _Recorded:

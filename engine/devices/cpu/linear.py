@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.epilogue import activation_records, apply_activation
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import Backends, CpuKernel, packed
 from engine.devices.cpu.loops import fused_epilogue as E
 from engine.devices.cpu.onednn import matmul as dnn
@@ -75,6 +76,18 @@ def _build_gemm_onednn(node: Node, ins: list[TensorInfo]) -> Kernel:
                  workspace)
         if late is not None:
             apply_activation(late[0], late[1], out)
+
+    def native(inputs, outputs, workspace):
+        x, z = inputs[0], inputs[1] if residual else None
+        if not x.flags.c_contiguous or (z is not None and not z.flags.c_contiguous):
+            return None
+        got = gemm.records(x, z, outputs[0], workspace)
+        act = activation_records(late[0], late[1], outputs[0]) if late is not None else ([], [])
+        if got is None or act is None:
+            return None
+        return Native(got.records + act[0], got.checks, got.keep + act[1])
+
+    run.native = native  # type: ignore[attr-defined]
     run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
     return run
 
@@ -100,6 +113,13 @@ def build_matmul(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kerne
             a = a_const if a_const is not None else inputs[0]
             b = b_const if b_const is not None else inputs[1]
             mm.run(a, b, outputs[0], workspace)
+
+        def native(inputs, outputs, workspace):
+            a = a_const if a_const is not None else inputs[0]
+            b = b_const if b_const is not None else inputs[1]
+            return mm.records(a, b, outputs[0], workspace)
+
+        run_onednn.native = native  # type: ignore[attr-defined]
         run_onednn.impl = "onednn:matmul"  # type: ignore[attr-defined]
         return run_onednn
     matmul = backends.blas.matmul

@@ -7,9 +7,11 @@ import math
 
 import numpy as np
 
+from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
+from engine.devices.cpu.loops import normalize as LN
 from engine.devices.cpu.loops.normalize import groupnorm_loop, layernorm_rows
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.threads import parallel_for, region_job
 from engine.ir import Node
 from engine.ops.norm import attr, channel_shape, eps_of, groups_of, lrn_window, reference
 from engine.ops.registry import TensorInfo
@@ -56,6 +58,23 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
         # as 4 a element, MobileViT-XXS's 64K-element LayerNorms, ~30 us, were split and slower on 2 threads.)
         parallel_for(layernorm_rows, rows, x.size, x2, x2, False, outputs[0].reshape(rows, n), w, b, eps,
                      has_w, has_b)
+
+    eps_word = np.array([eps], np.float64)
+
+    def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if not (x.dtype == out.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        n = math.prod(x.shape[x.ndim - k:])
+        job = region_job(LN.LN_LEN)
+        job[LN.LN_ROWS], job[LN.LN_N] = (x.size // n if n else 0), n
+        job[LN.LN_X], job[LN.LN_OUT], job[LN.LN_WEIGHT], job[LN.LN_BIAS], job[LN.LN_EPS] = (
+            a.ctypes.data for a in (x, out, w, b, eps_word))
+        job[LN.LN_HAS_W], job[LN.LN_HAS_B] = has_w, has_b
+        record = team_record(LN.layernorm_team().address, job, job[LN.LN_ROWS], x.size)
+        return None if record is None else Native([record], [], [job, w, b, eps_word])
+
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 

@@ -41,6 +41,14 @@ def f32_at(typingctx, address):
 
 
 @intrinsic
+def f64_at(typingctx, address):
+    """The float64 pointer at an integer address."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.DoubleType().as_pointer())
+    return types.CPointer(types.float64)(address), codegen
+
+
+@intrinsic
 def call_int(typingctx, address):
     """int fn(void) at an integer address (omp_get_thread_num, omp_get_num_threads), widened to int64."""
     def codegen(context, builder, signature, args):

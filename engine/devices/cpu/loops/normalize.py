@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
+
+from engine.devices.cpu.loops.native import f32_at, f64_at, open_job, region
 
 # numpy's error model: a division by zero (LayerNorm with eps 0 over a constant row) gives inf / NaN as the
 # reference and torch do, where Python's model raised ZeroDivisionError out of the kernel.
@@ -64,6 +66,29 @@ def layernorm_rows(x, z, has_z, out, weight, bias, eps, affine_w, affine_b, lo, 
         _layernorm_chunks(out, out, weight, bias, eps, affine_w, affine_b, lo, hi)
     else:
         _layernorm_chunks(x, out, weight, bias, eps, affine_w, affine_b, lo, hi)
+
+
+# `job` (int64 words) of `layernorm_team`: the addresses of omp_get_thread_num and omp_get_num_threads; the rows and
+# their length; the float32 input and output, the float64 weight and bias (n,) and eps (1,); whether the weight and
+# the bias apply.
+(LN_THREAD_NUM, LN_NUM_THREADS, LN_ROWS, LN_N, LN_X, LN_OUT, LN_WEIGHT, LN_BIAS, LN_EPS, LN_HAS_W, LN_HAS_B,
+ LN_LEN) = range(12)
+
+
+@region
+def layernorm_team(data):
+    """One OpenMP thread's share of the rows of a float32 layernorm_rows call without z (see LN_*); called outside
+    a region, all of them (a native program's record: devices/cpu/fused_calls.py)."""
+    job, t, team = open_job(data, LN_LEN)
+    rows, n = job[LN_ROWS], job[LN_N]
+    lo, hi = t * rows // team, (t + 1) * rows // team
+    if lo >= hi:
+        return
+    x = carray(f32_at(job[LN_X]), (rows, n))
+    out = carray(f32_at(job[LN_OUT]), (rows, n))
+    weight, bias = carray(f64_at(job[LN_WEIGHT]), (n,)), carray(f64_at(job[LN_BIAS]), (n,))
+    eps = carray(f64_at(job[LN_EPS]), (1,))[0]
+    layernorm_rows(x, x, False, out, weight, bias, eps, job[LN_HAS_W] != 0, job[LN_HAS_B] != 0, lo, hi)
 
 
 # Rows per chunk of `_layernorm_chunks`: their statistics (2 float64 each) in one small scratch per call.

@@ -18,10 +18,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
-from engine.devices.cpu.threads import work_of
+from engine.devices.cpu.threads import get_threads, threads_for, work_of
 
 log = logging.getLogger("engine.onednn")
 
@@ -144,6 +145,20 @@ class Plan:
             D.restore_threads()
 
 
+def plan_records(plan: Plan, src: int, wts: int | None, dst: int, bias: int | None, residual: int | None,
+                 workspace: np.ndarray | None) -> Native | None:
+    """What plan.run with these pointers calls, as native_program records (fused_calls.py), where its memories
+    already hold them (its last run's: run does not re-point them then); None otherwise."""
+    if plan._packed is not None and plan.weights is None:
+        return None
+    w = plan.weights_ptr if plan.weights is not None else wts
+    if (src, w, dst, bias, residual, plan.scratch(workspace)) != plan._bound:
+        return None
+    records = [D.threads_record(threads_for(plan.work)), D.execute_record(plan.step.prim, plan.step.args),
+               D.wait_record(), D.threads_record(get_threads())]
+    return Native(records, [(plan, plan._bound)], [plan])
+
+
 class ThreadPlan:
     """A matmul primitive created for one thread, run from any number of threads at once (a kernel's own pool
     workers): each thread runs it through its own `Runner` (argument memories, scratchpad, this thread's stream),
@@ -230,6 +245,16 @@ class Gemm:
             log.debug("oneDNN matmul %dx%dx%d: %s", m, self.k, self.n, plan.impl)
         return plan
 
+    def records(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
+                workspace: np.ndarray | None) -> Native | None:
+        """`run` on these (contiguous) arrays as native_program records, see plan_records."""
+        m = x.size // self.k
+        if m == 0:
+            return Native([])
+        plan = self.plans.get(m)
+        return None if plan is None else plan_records(plan, D.address(x), None, D.address(out), self.bias_ptr,
+                                                      None if z is None else D.address(z), workspace)
+
     def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
         m = x.size // self.k
         if m == 0:
@@ -290,6 +315,21 @@ class MatMul:
             m, k, n = math.prod(a_shape[:-1]), a_shape[-1], b_shape[-1]
             return self.plan((m, k), (4 * k, 4), (k, n), (4 * n, 4), (m, n), (4 * n, 4))
         return self.plan(a_shape, _dense(a_shape), b_shape, _dense(b_shape), out_shape, _dense(out_shape))
+
+    def records(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, workspace: np.ndarray | None) -> Native | None:
+        """`run` on these arrays as native_program records, see plan_records; None for an empty operand."""
+        if out.size == 0:
+            return Native([])
+        if a.size == 0 or b.size == 0:
+            return None
+        if self.flat(a.shape, out.shape) and a.flags.c_contiguous:
+            m, k, n = math.prod(a.shape[:-1]), a.shape[-1], b.shape[-1]
+            key = ((m, k), (4 * k, 4), (k, n), (4 * n, 4), (m, n), (4 * n, 4))
+        else:
+            key = (a.shape, a.strides, b.shape, b.strides, out.shape, out.strides)
+        plan = self.plans.get(key)
+        return None if plan is None else plan_records(plan, D.address(a), D.address(b), D.address(out), None, None,
+                                                      workspace)
 
     def run(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, workspace: np.ndarray | None) -> None:
         if out.size == 0:
