@@ -23,9 +23,11 @@ pytestmark = pytest.mark.skipif(not D.available(), reason="oneDNN is not install
 
 # Models whose kernels cover the recorded paths: SiLU / sigmoid passes after the primitive and residual sums
 # (EfficientNet, MobileNetV3), squeeze-excite binaries and average pools (EfficientNet, GhostNetV2), lane regroups and
-# concats (GhostNetV2), ReLU chains and reorders (ResNet-D, RepVGG), convolutions beside attention (MobileViT)
+# concats (GhostNetV2), ReLU chains and reorders (ResNet-D, RepVGG), convolutions, GEMMs and LayerNorms around
+# attention (MobileViT)
 MODELS = ["efficientnet_b0", "mobilenetv3", "resnet50d", "repvgg", "regnety", "ghostnetv2", "mobilevit"]
-RECORDED = {"ConvBlocked", "BroadcastBlocked", "GlobalPoolBlocked", "RegroupBlocked", "Concat", "ToBlocked"}
+RECORDED = {"ConvBlocked", "BroadcastBlocked", "GlobalPoolBlocked", "RegroupBlocked", "Concat", "ToBlocked", "Gemm",
+            "LayerNorm"}
 REL_TOL = 1e-3
 
 
