@@ -7,9 +7,10 @@ import weakref
 
 import numpy as np
 
+from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.int8 import conv, loops
 from engine.devices.cpu.kernel import Backends, CpuKernel
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.threads import parallel_for, region_job
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.quant import F32, pool_geometry, refuse_nan
@@ -123,6 +124,23 @@ def build_add(backends: Backends, node: Node, ins: list[TensorInfo]):
     def run(inputs, outputs, workspace):
         a, b = (_pixels(x) for x in inputs)
         parallel_for(loops.add, a.shape[0], a.size, a, b, sa, sb, so, floor, _pixels(outputs[0]))
+
+    def native(inputs, outputs, workspace):
+        arrays = (*inputs, outputs[0])
+        if not all(x.dtype == np.int8 and x.flags.c_contiguous for x in arrays):  # so _pixels gives views
+            return None
+        a, b, out = (_pixels(x) for x in arrays)
+        if not (a.shape == b.shape == out.shape and all(s.dtype == F32 and s.shape == (a.shape[1],)
+                                                        for s in (sa, sb, so))):
+            return None
+        job = region_job(loops.ADD_LEN)
+        job[loops.ADD_P], job[loops.ADD_C] = a.shape
+        job[loops.ADD_A:loops.ADD_FLOOR] = [v.ctypes.data for v in (a, b, sa, sb, so)]
+        job[loops.ADD_FLOOR], job[loops.ADD_OUT] = floor, out.ctypes.data
+        record = team_record(loops.add_team().address, job, a.shape[0], a.size)
+        return None if record is None else Native([record], [], [job, sa, sb, so])
+
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 

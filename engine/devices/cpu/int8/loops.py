@@ -7,8 +7,9 @@ threads.parallel_for (items are rows: (n, y) pairs or pixels, as each loop says)
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
+from engine.devices.cpu.loops.native import bool_at, f32_at, i8_at, i32_at, i64_at, open_job, region
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.loops.quant import f2i8, requantize_one
 
@@ -148,6 +149,53 @@ def add(a, b, sa, sb, so, floor, out, lo, hi):
         ap, bp, op = a[p], b[p], out[p]
         for c in range(c_n):
             op[c] = max(f2i8((sa[c] * np.float32(ap[c]) + sb[c] * np.float32(bp[c])) / so[c]), floor)
+
+
+# `job` (int64 words) of `add_team`: the addresses of omp_get_thread_num and omp_get_num_threads; the pixels and
+# channels; the int8 inputs a and b, the float32 scales sa, sb, so (C,), the floor, the int8 output.
+(ADD_THREAD_NUM, ADD_NUM_THREADS, ADD_P, ADD_C, ADD_A, ADD_B, ADD_SA, ADD_SB, ADD_SO, ADD_FLOOR, ADD_OUT,
+ ADD_LEN) = range(12)
+
+
+@region
+def add_team(data):
+    """One OpenMP thread's share of the pixels of an `add` call (see ADD_*); called outside a region, all of them
+    (a native program's record: devices/cpu/fused_calls.py)."""
+    job, t, team = open_job(data, ADD_LEN)
+    p, c = job[ADD_P], job[ADD_C]
+    lo, hi = t * p // team, (t + 1) * p // team
+    if lo >= hi:
+        return
+    add(carray(i8_at(job[ADD_A]), (p, c)), carray(i8_at(job[ADD_B]), (p, c)), carray(f32_at(job[ADD_SA]), (c,)),
+        carray(f32_at(job[ADD_SB]), (c,)), carray(f32_at(job[ADD_SO]), (c,)), np.int8(job[ADD_FLOOR]),
+        carray(i8_at(job[ADD_OUT]), (p, c)), lo, hi)
+
+
+# `job` (int64 words) of `fix_team`: the addresses of omp_get_thread_num and omp_get_num_threads; then, each as its
+# address and dims, x (N, H, W, C) and out (N, OH, OW, O) int8, the weight rows w (K, KH, KW, ICG) int8, the
+# channels `chans` (K,) int64 and their `table` (K, 256) bool; bias (O,) int32, scale (O,) float32, relu6_max (O,)
+# int8 and geo (7,) int64 by address; the activation code.
+FIX_THREAD_NUM, FIX_NUM_THREADS, FIX_X, FIX_X_DIMS, FIX_OUT, FIX_OUT_DIMS, FIX_W, FIX_W_DIMS = 0, 1, 2, 3, 7, 8, 12, 13
+FIX_CHANS, FIX_K, FIX_TABLE, FIX_BIAS, FIX_SCALE, FIX_RELU6, FIX_GEO, FIX_ACT, FIX_LEN = range(17, 26)
+
+
+@region
+def fix_team(data):
+    """One OpenMP thread's share of the items (n, oy) of a fix_suspects call (see FIX_*); called outside a region,
+    all of them (a native program's record: devices/cpu/fused_calls.py)."""
+    job, t, team = open_job(data, FIX_LEN)
+    xd, od, wd = FIX_X_DIMS, FIX_OUT_DIMS, FIX_W_DIMS
+    x = carray(i8_at(job[FIX_X]), (job[xd], job[xd + 1], job[xd + 2], job[xd + 3]))
+    out = carray(i8_at(job[FIX_OUT]), (job[od], job[od + 1], job[od + 2], job[od + 3]))
+    w = carray(i8_at(job[FIX_W]), (job[wd], job[wd + 1], job[wd + 2], job[wd + 3]))
+    k, o = job[FIX_K], job[od + 3]
+    items = out.shape[0] * out.shape[1]
+    lo, hi = t * items // team, (t + 1) * items // team
+    if lo >= hi:
+        return
+    fix_suspects(x, w, carray(i32_at(job[FIX_BIAS]), (o,)), carray(f32_at(job[FIX_SCALE]), (o,)),
+                 carray(i8_at(job[FIX_RELU6]), (o,)), job[FIX_ACT], carray(i64_at(job[FIX_CHANS]), (k,)),
+                 carray(bool_at(job[FIX_TABLE]), (k, 256)), carray(i64_at(job[FIX_GEO]), (7,)), out, lo, hi)
 
 
 @njit(nogil=True, cache=True)

@@ -41,6 +41,30 @@ def f32_at(typingctx, address):
 
 
 @intrinsic
+def i8_at(typingctx, address):
+    """The int8 pointer at an integer address."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+    return types.CPointer(types.int8)(address), codegen
+
+
+@intrinsic
+def i32_at(typingctx, address):
+    """The int32 pointer at an integer address."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(32).as_pointer())
+    return types.CPointer(types.int32)(address), codegen
+
+
+@intrinsic
+def bool_at(typingctx, address):
+    """The pointer to numpy bools (one byte each, numba's in-memory booleans) at an integer address."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+    return types.CPointer(types.boolean)(address), codegen
+
+
+@intrinsic
 def f64_at(typingctx, address):
     """The float64 pointer at an integer address."""
     def codegen(context, builder, signature, args):

@@ -179,6 +179,29 @@ def test_a_fusion_or_recording_that_fails_leaves_the_kernels_python(load_fixture
     assert seg.programs, "recorded once its kernel could say its records again"
 
 
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet"])
+def test_int8_convs_adds_and_fixups_replay_bit_for_bit(name, tmp_path, load_fixture, monkeypatch):
+    """A model `nnserve quantize` wrote, on the int8 kernels: convolutions (their fix-ups of TNN's roundings
+    included) and int8 adds in programs, outputs equal to the kernels' Python path's."""
+    from engine.quantize import quantize
+
+    fx = load_fixture(name)
+    rng = np.random.default_rng(3)
+    shape = tuple(fx.meta["inputs"][0]["shape"])
+    samples = [{"in0": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)]
+    result = quantize(fx.param, samples, tmp_path / "q")
+    model = engine.load(result.proto)
+    fused = model.instance("cpu")
+    monkeypatch.setenv("NNSERVE_NATIVE_CALLS", "0")
+    python = model.instance("cpu")
+    feeds = {model.graph.inputs[0].name: fx.inputs["in0"]}
+    want = python.run(feeds)
+    for _ in range(3):
+        _same(fused.run(feeds), want)
+    kinds = {n.op_type for s in _segments(fused) for n in s.nodes}
+    assert "Int8ConvNhwc" in kinds, kinds
+
+
 def test_native_calls_setting_is_checked():
     from engine.devices.cpu.options import CpuOptions
 
