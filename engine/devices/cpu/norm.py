@@ -63,7 +63,8 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
 
     def native(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
-        if not (x.dtype == out.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous):
+        if not (x.dtype == out.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous
+                and x.size == out.size):
             return None
         n = math.prod(x.shape[x.ndim - k:])
         job = region_job(LN.LN_LEN)

@@ -88,7 +88,8 @@ def layernorm_team(data):
     out = carray(f32_at(job[LN_OUT]), (rows, n))
     weight, bias = carray(f64_at(job[LN_WEIGHT]), (n,)), carray(f64_at(job[LN_BIAS]), (n,))
     eps = carray(f64_at(job[LN_EPS]), (1,))[0]
-    layernorm_rows(x, x, False, out, weight, bias, eps, job[LN_HAS_W] != 0, job[LN_HAS_B] != 0, lo, hi)
+    # what layernorm_rows runs without z, called directly (its literal False would make another overload of it)
+    _layernorm_chunks(x, out, weight, bias, eps, job[LN_HAS_W] != 0, job[LN_HAS_B] != 0, lo, hi)
 
 
 # Rows per chunk of `_layernorm_chunks`: their statistics (2 float64 each) in one small scratch per call.

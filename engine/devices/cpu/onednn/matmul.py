@@ -82,6 +82,7 @@ class Plan:
         attr = D.Attr(post_ops)
         # threads.work_of (multiply-adds, or the weights it streams): a small matmul is created, and runs, on one thread
         self.work = work
+        self.created = threads_for(work)  # never run on more (another instance may raise the count later)
 
         def create(weights: D.MemoryDesc) -> D.PrimitiveDesc:
             return D.PrimitiveDesc.create("dnnl_matmul_primitive_desc_create", D.engine(), src.h, weights.h,
@@ -111,6 +112,10 @@ class Plan:
     def impl(self) -> str:
         return self.pd.impl
 
+    def threads(self) -> int:
+        """The OpenMP count it runs with: its work's, never more than it was created for."""
+        return min(self.created, threads_for(self.work))
+
     def scratch(self, workspace: np.ndarray | None) -> int:
         ptr, size = D.workspace_base(workspace)
         if size >= self.pad_bytes:
@@ -124,7 +129,7 @@ class Plan:
         if self._packed is not None and self.weights is None:
             self.weights = self._packed.into(self._chosen)
             self.weights_ptr = self.weights.ctypes.data
-        D.sync_threads(self.work)
+        D.use_threads(self.threads())
         w = self.weights_ptr if self.weights is not None else wts
         key = (src, w, dst, bias, residual, self.scratch(workspace))
         if key != self._bound:
@@ -154,7 +159,7 @@ def plan_records(plan: Plan, src: int, wts: int | None, dst: int, bias: int | No
     w = plan.weights_ptr if plan.weights is not None else wts
     if (src, w, dst, bias, residual, plan.scratch(workspace)) != plan._bound:
         return None
-    records = [D.threads_record(threads_for(plan.work)), D.execute_record(plan.step.prim, plan.step.args),
+    records = [D.threads_record(plan.threads()), D.execute_record(plan.step.prim, plan.step.args),
                D.wait_record(), D.threads_record(get_threads())]
     return Native(records, [(plan, plan._bound)], [plan])
 

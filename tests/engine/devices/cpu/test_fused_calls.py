@@ -196,10 +196,70 @@ def test_int8_convs_adds_and_fixups_replay_bit_for_bit(name, tmp_path, load_fixt
     python = model.instance("cpu")
     feeds = {model.graph.inputs[0].name: fx.inputs["in0"]}
     want = python.run(feeds)
+    _same(fused.run(feeds), want)  # the Python path, then the fusion
     for _ in range(3):
         _same(fused.run(feeds), want)
     kinds = {n.op_type for s in _segments(fused) for n in s.nodes}
-    assert "Int8ConvNhwc" in kinds, kinds
+    assert "Int8ConvNhwc" in kinds, kinds  # (its adds are fused into the convs: the add's records are tested below)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_an_int8_adds_records_compute_its_run(relu):
+    """Int8AddNhwc's records (add_team on this thread) against its run, on the same arrays; a non-contiguous
+    operand gets no records (its run would read a copy)."""
+    from op_harness import build_kernel, infos_of, make_node
+
+    rng = np.random.default_rng(9)
+    a, b = (rng.integers(-128, 128, (2, 5, 6, 7), dtype=np.int8) for _ in range(2))
+    scales = {k: rng.uniform(0.01, 0.05, 7).astype(np.float32) for k in ("scale_a", "scale_b", "scale_out")}
+    node = make_node("Int8AddNhwc", 2, params={"relu": relu}, attrs=scales)
+    kernel, workspace = build_kernel(node, infos_of([a, b]))
+    want, got = np.empty_like(a), np.full_like(a, 7)
+    kernel([a, b], [want], workspace)
+    native = kernel.native([a, b], [got], workspace)
+    assert N.Program(native.records, native.keep).run() is None
+    np.testing.assert_array_equal(got, want)
+    assert kernel.native([a[:, :, ::-1], b], [got], workspace) is None
+
+
+def test_the_team_loops_compute_what_their_python_calls_do():
+    """layernorm_team and add_team, called as a program calls them (outside a region: one thread, every item),
+    against the loops the kernels call from Python, bit for bit: rows whose float64 sums depend on their order
+    (large values cancelling), every weight / bias combination, NaN, and int8 adds with a zero output scale."""
+    import ctypes
+
+    from engine.devices.cpu.int8 import loops as I8
+    from engine.devices.cpu.loops import normalize as LN
+
+    call = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((37, 77)) * np.logspace(0, 20, 77)).astype(np.float32)
+    x[3, 5] = np.nan
+    for has_w in (False, True):
+        for has_b in (False, True):
+            w = rng.standard_normal(77) if has_w else np.zeros(1)
+            b = rng.standard_normal(77) if has_b else np.zeros(1)
+            want, got = np.empty_like(x), np.empty_like(x)
+            LN.layernorm_rows(x, x, False, want, w, b, 1e-5, has_w, has_b, 0, 37)
+            eps = np.array([1e-5])
+            job = T.region_job(LN.LN_LEN)
+            job[LN.LN_ROWS], job[LN.LN_N] = x.shape
+            job[LN.LN_X], job[LN.LN_OUT], job[LN.LN_WEIGHT], job[LN.LN_BIAS], job[LN.LN_EPS] = (
+                a.ctypes.data for a in (x, got, w, b, eps))
+            job[LN.LN_HAS_W], job[LN.LN_HAS_B] = has_w, has_b
+            call(LN.layernorm_team().address)(job.ctypes.data)
+            np.testing.assert_array_equal(got, want)
+    a, b2 = (rng.integers(-128, 128, (50, 24), dtype=np.int8) for _ in range(2))
+    sa, sb, so = (rng.uniform(0.01, 0.1, 24).astype(np.float32) for _ in range(3))
+    so[3] = 0
+    want, got = np.empty_like(a), np.empty_like(a)
+    I8.add(a, b2, sa, sb, so, np.int8(-128), want, 0, 50)
+    job = T.region_job(I8.ADD_LEN)
+    job[I8.ADD_P], job[I8.ADD_C] = a.shape
+    job[I8.ADD_A:I8.ADD_FLOOR] = [v.ctypes.data for v in (a, b2, sa, sb, so)]
+    job[I8.ADD_FLOOR], job[I8.ADD_OUT] = -128, got.ctypes.data
+    call(I8.add_team().address)(job.ctypes.data)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_native_calls_setting_is_checked():
