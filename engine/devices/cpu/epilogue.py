@@ -63,9 +63,14 @@ def _native_pass(kind: int, x: np.ndarray, out: np.ndarray) -> bool:
     if not (x.dtype == out.dtype == np.float32 and x.ndim == out.ndim == 1 and x.size == out.size
             and x.flags.c_contiguous and out.flags.c_contiguous):
         return False
+    return run_native(mk.pass_team().address, _pass_job(kind, x, out).ctypes.data)
+
+
+def _pass_job(kind: int, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """pass_team's job for the pass `kind` over x into out (1-d float32 arrays of one size; x may be out)."""
     job = region_job(mk.PASS_LEN)
     job[mk.PASS_KIND], job[mk.PASS_N], job[mk.PASS_X], job[mk.PASS_OUT] = kind, x.size, x.ctypes.data, out.ctypes.data
-    return run_native(mk.pass_team().address, job.ctypes.data)
+    return job
 
 
 def _f32_pass(kind: int, inplace, ranged, x: np.ndarray, out: np.ndarray) -> None:
@@ -154,8 +159,7 @@ def activation_records(name: str | None, params: dict | None, out: np.ndarray) -
     if kind is None or out.dtype != np.float32 or not out.flags.c_contiguous:
         return None
     n = out.size
-    job = region_job(mk.PASS_LEN)
-    job[mk.PASS_KIND], job[mk.PASS_N], job[mk.PASS_X], job[mk.PASS_OUT] = kind, n, out.ctypes.data, out.ctypes.data
+    job = _pass_job(kind, out, out)
     if n >= NATIVE_PASS_ELEMENTS and get_threads() > 1 and native_regions():  # _f32_pass's native region
         record = region_record(mk.pass_team().address, job.ctypes.data)
         return None if record is None else ([record], [job])
