@@ -89,6 +89,7 @@ class Bound:
     # after the first run: [calls, first original index of each] with runs of calls merged by the device
     # (Device.fuse_calls), False where it merged none
     fused: list | bool | None = None
+    runs: int = 0  # untraced runs of its own calls, until they are merged (instance.FUSE_AFTER_RUNS)
 
     def stable(self) -> list[bool]:
         """Per call: whether it sees the same arrays every run (not the caller's inputs, nor an output computed

@@ -46,7 +46,8 @@ def check_outputs(got: dict[str, np.ndarray], want: dict[str, np.ndarray], where
 def run_fixture(fx) -> None:  # fx: the load_fixture fixture's ModelFixture
     inst = engine.load(fx.param).instance("cpu", max_shapes=fx.max_shapes)
     if not fx.cases:
-        # the first run is every kernel's Python; later ones replay runs of oneDNN calls (fused_calls.py)
+        # the first runs are every kernel's Python (instance.FUSE_AFTER_RUNS), the last replays runs of their C
+        # calls (devices/cpu/fused_calls.py)
         for k in range(3):
             check_outputs(inst.run(fx.inputs), fx.expected, f"{fx.name} run {k + 1}")
         return
