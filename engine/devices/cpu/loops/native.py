@@ -24,52 +24,24 @@ def i64_view(typingctx, ptr):
     return types.CPointer(types.int64)(ptr), codegen
 
 
-@intrinsic
-def i64_at(typingctx, address):
-    """The int64 pointer at an integer address."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-    return types.CPointer(types.int64)(address), codegen
+def _pointer_at(element, stored: ir.Type, what: str):
+    """An intrinsic: the pointer to `element`s (numba type; `stored`, its in-memory LLVM type) at an integer
+    address."""
+    @intrinsic
+    def at(typingctx, address):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], stored.as_pointer())
+        return types.CPointer(element)(address), codegen
+    at.__doc__ = f"The {what} pointer at an integer address."
+    return at
 
 
-@intrinsic
-def f32_at(typingctx, address):
-    """The float32 pointer at an integer address."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
-    return types.CPointer(types.float32)(address), codegen
-
-
-@intrinsic
-def i8_at(typingctx, address):
-    """The int8 pointer at an integer address."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-    return types.CPointer(types.int8)(address), codegen
-
-
-@intrinsic
-def i32_at(typingctx, address):
-    """The int32 pointer at an integer address."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(32).as_pointer())
-    return types.CPointer(types.int32)(address), codegen
-
-
-@intrinsic
-def bool_at(typingctx, address):
-    """The pointer to numpy bools (one byte each, numba's in-memory booleans) at an integer address."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-    return types.CPointer(types.boolean)(address), codegen
-
-
-@intrinsic
-def f64_at(typingctx, address):
-    """The float64 pointer at an integer address."""
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.DoubleType().as_pointer())
-    return types.CPointer(types.float64)(address), codegen
+i64_at = _pointer_at(types.int64, ir.IntType(64), "int64")
+i32_at = _pointer_at(types.int32, ir.IntType(32), "int32")
+i8_at = _pointer_at(types.int8, ir.IntType(8), "int8")
+bool_at = _pointer_at(types.boolean, ir.IntType(8), "numpy bool (one byte each, numba's in-memory booleans)")
+f32_at = _pointer_at(types.float32, ir.FloatType(), "float32")
+f64_at = _pointer_at(types.float64, ir.DoubleType(), "float64")
 
 
 @intrinsic
