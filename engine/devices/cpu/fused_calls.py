@@ -55,6 +55,12 @@ def team_record(fn: int, job: np.ndarray, items: int, work: int) -> tuple[int, .
     return None
 
 
+def step_native(step: D.Step, ptrs: dict[int, int], keep: object) -> Native:
+    """A kernel that runs one oneDNN step after sync_threads() and waits (D.run_src_dst's way) as records; `keep`
+    holds the step alive (its plan)."""
+    return Native(step.records(ptrs, T.threads_for(None)) + [D.wait_record()], [], [keep])
+
+
 class _Recorded:
     """One regime's program and what it needs at run time."""
 

@@ -140,6 +140,11 @@ def program_function() -> ctypes._CFuncPtr:
         return _compiled[2]
 
 
+def copy_record(dst: int, src: int, nbytes: int) -> tuple[int, ...]:
+    """memmove(dst, src, nbytes) as a record."""
+    return (OP_COPY, address_of(ctypes.memmove), dst, src, nbytes)
+
+
 def address_of(fn) -> int:
     """The address of a ctypes function (a library's symbol or a CFUNCTYPE instance)."""
     return ctypes.cast(fn, ctypes.c_void_p).value

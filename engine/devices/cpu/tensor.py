@@ -4,7 +4,6 @@ of the output views; Gather (an embedding lookup) copies only the rows it picks,
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
@@ -69,9 +68,9 @@ def _join_records(inputs, out: np.ndarray, outer: int, cols: list[tuple[int, int
     if any(x.dtype != out.dtype or not x.flags.c_contiguous for x in inputs):
         return None
     size, width = out.itemsize, out.size // outer
-    move = N.address_of(ctypes.memmove)
-    records = [(N.OP_COPY, move, out.ctypes.data + (r * width + a) * size, x.ctypes.data + r * (b - a) * size,
-                (b - a) * size) for x, (a, b) in zip(inputs, cols, strict=True) for r in range(outer) if b > a]
+    records = [N.copy_record(out.ctypes.data + (r * width + a) * size, x.ctypes.data + r * (b - a) * size,
+                             (b - a) * size) for x, (a, b) in zip(inputs, cols, strict=True) for r in range(outer)
+               if b > a]
     return Native(records)
 
 def _split_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):

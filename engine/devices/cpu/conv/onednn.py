@@ -16,7 +16,6 @@ built with the kernel, smaller shapes get theirs on first use (cached).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Callable
 
@@ -219,7 +218,7 @@ class Plan:
                       and out.flags.c_contiguous):
                 return None
             elif D.address(z) != D.address(out):
-                recs.append((N.OP_COPY, N.address_of(ctypes.memmove), D.address(out), D.address(z), out.nbytes))
+                recs.append(N.copy_record(D.address(out), D.address(z), out.nbytes))
         scratch = base + self.src_bytes + self.dst_bytes
         if (src, dst, scratch) != self._bound:
             return None

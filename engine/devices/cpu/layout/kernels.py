@@ -13,7 +13,7 @@ import numpy as np
 from engine.devices.base import Kernel
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads as T
-from engine.devices.cpu.fused_calls import Native
+from engine.devices.cpu.fused_calls import Native, step_native
 from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.layout import loops as LL
 from engine.devices.cpu.layout.blocked_ops import (
@@ -33,7 +33,7 @@ from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn import pool as onednn_pool
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native, threads_for
+from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native
 from engine.ir import Node
 from engine.ops.pool import pool_geom
 from engine.ops.registry import TensorInfo
@@ -107,7 +107,7 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
         if not isinstance(step, D.Step):
             return None
         ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
-        return Native(step.records(ptrs, threads_for(None)) + [D.wait_record()], [], [step])
+        return step_native(step, ptrs, step)
 
     run.native = native  # type: ignore[attr-defined]
     return run

@@ -7,12 +7,11 @@ s - x); primitives are cached per input shape.
 from __future__ import annotations
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.fused_calls import Native
+from engine.devices.cpu.fused_calls import step_native
 from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import threads_for
 
 ALGORITHMS = {"Add": 0x1FFF0, "Mul": 0x1FFF1, "Sub": 0x1FFF5}  # dnnl_binary_add / _mul / _sub
 ARG_SRC_1 = 2  # DNNL_ARG_SRC_1 (DNNL_ARG_SRC_0 is ARG_SRC)
@@ -59,7 +58,7 @@ def build(op: str, small_first: bool, fallback: Kernel) -> Kernel:
                 x.flags.c_contiguous and s.flags.c_contiguous):
             return None
         ptrs = {L.ARG_SRC: D.address(x), ARG_SRC_1: D.address(s), L.ARG_DST: D.address(outputs[0])}
-        return Native(plan.step.records(ptrs, threads_for(None)) + [D.wait_record()], [], [plan])
+        return step_native(plan.step, ptrs, plan)
 
     run.native = native  # type: ignore[attr-defined]
     run.impl = "onednn:binary"  # type: ignore[attr-defined]

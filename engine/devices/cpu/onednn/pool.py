@@ -15,13 +15,12 @@ import logging
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.fused_calls import Native
+from engine.devices.cpu.fused_calls import step_native
 from engine.devices.cpu.kernel import remember
 from engine.devices.cpu.loops.pool import not_finite
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import threads_for
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
@@ -182,7 +181,7 @@ def _per_shape(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, make, 
         ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(outputs[0])}
         if plan.scratch is not None:
             ptrs[L.ARG_SCRATCHPAD] = D.address(plan.scratch)
-        return Native(plan.step.records(ptrs, threads_for(None)) + [D.wait_record()], [], [plan])
+        return step_native(plan.step, ptrs, plan)
 
     run.native = native  # type: ignore[attr-defined]
     run.impl = label + first.impl  # type: ignore[attr-defined]
