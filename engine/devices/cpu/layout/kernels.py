@@ -28,6 +28,7 @@ from engine.devices.cpu.layout.blocked_ops import (
 )
 from engine.devices.cpu.layout.regroup import reference as regroup_reference
 from engine.devices.cpu.layout.regroup import regroup_params
+from engine.devices.cpu.loops.lane_permute import native_width
 from engine.devices.cpu.onednn import binary as onednn_binary
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
@@ -252,8 +253,14 @@ class _Copy:
 NATIVE_COPY_FLOATS = 1 << 18
 
 
-def _splits_natively(dst: np.ndarray) -> bool:
-    return dst.size >= NATIVE_COPY_FLOATS and get_threads() >= 2 and native_regions()
+# The same for the permute path (permute_lanes), measured apart: ShuffleNetV2's concat-shuffle-splits at batch 1
+# (50K and 25K floats a half) took 0.93x of the model's time split from 16K floats against from NATIVE_COPY_FLOATS.
+NATIVE_PERMUTE_FLOATS = 1 << 14
+
+
+def _splits_natively(dst: np.ndarray, least: int | None = None) -> bool:
+    """Whether a lane job on dst runs as a native region: from `least` floats (NATIVE_COPY_FLOATS by default)."""
+    return dst.size >= (NATIVE_COPY_FLOATS if least is None else least) and get_threads() >= 2 and native_regions()
 
 
 def _copy_job(x: np.ndarray, dst: np.ndarray, c: _Copy, chunk: int) -> np.ndarray | None:
@@ -279,32 +286,108 @@ def _native_copy(x: np.ndarray, dst: np.ndarray, c: _Copy, chunk: int) -> bool:
     return job is not None and run_native(LL.copy_team().address, job.ctypes.data)
 
 
-def _regroup_records(inputs, outputs, sources, copies_of, chunk: int) -> Native | None:
-    """RegroupBlocked's run on these arrays as native_program records (fused_calls.py): each padding zeroing and
-    each copy on this thread, or as a native region where the run would split it so; None where the run would split
-    from Python or a copy does not apply."""
+# Steps a dst block may take on average for the permute path: each step sweeps the block's pixels once (load,
+# permute, merge, store), so a map that scatters a block over many source blocks (a shuffle of many groups) is
+# cheaper lane by lane.
+PERMUTE_STEPS_PER_BLOCK = 4
+
+
+class _Permute:
+    """One output's lanes as permute_lanes' steps (loops.py): per dst block, one step per (input, source block) it
+    reads, with that block's lane indices and the mask of the dst lanes it fills; independent of the plane size."""
+
+    def __init__(self, chans: list[tuple[int, int]], block: int):
+        start, s_in, s_blk, s_idx, s_mask = [0], [], [], [], []
+        for first in range(0, len(chans), block):
+            steps: dict[tuple[int, int], list] = {}
+            for lane, (i, c) in enumerate(chans[first:first + block]):
+                step = steps.setdefault((i, c // block), [np.zeros(block, np.int32), 0])
+                step[0][lane], step[1] = c % block, step[1] | 1 << lane
+            for (i, sb), (idx, mask) in steps.items():
+                s_in.append(i), s_blk.append(sb), s_idx.append(idx), s_mask.append(mask)
+            start.append(len(s_in))
+        self.start = np.array(start, np.int64)
+        self.s_in, self.s_blk, self.s_mask = (np.array(a, np.int64) for a in (s_in, s_blk, s_mask))
+        self.s_idx = np.array(s_idx, np.int32).reshape(len(s_in), block)
+
+    @property
+    def pays(self) -> bool:
+        return len(self.s_in) <= PERMUTE_STEPS_PER_BLOCK * (len(self.start) - 1)
+
+
+def _sources(inputs) -> np.ndarray | None:
+    """permute_lanes' (2, inputs) words: each input's address and floats per image; None unless all are contiguous
+    float32."""
+    if not all(x.dtype == np.float32 and x.flags.c_contiguous for x in inputs):
+        return None
+    return np.array([[x.ctypes.data for x in inputs], [x.size // max(x.shape[0], 1) for x in inputs]], np.int64)
+
+
+def _permute_job(sources: np.ndarray, dst: np.ndarray, pm: _Permute, chunk: int) -> np.ndarray:
+    """permute_team's job for dst (N, Cbd, HW, B) by the plan `pm` over the inputs in `sources`."""
+    job = region_job(LL.PERM_LEN)
+    job[LL.PERM_N:LL.PERM_DST] = dst.shape
+    job[LL.PERM_DST], job[LL.PERM_INPUTS], job[LL.PERM_SOURCES] = dst.ctypes.data, sources.shape[1], \
+        sources.ctypes.data
+    job[LL.PERM_STEPS] = len(pm.s_in)
+    job[LL.PERM_START:LL.PERM_CHUNK] = [a.ctypes.data for a in (pm.start, pm.s_in, pm.s_blk, pm.s_idx, pm.s_mask)]
+    job[LL.PERM_CHUNK] = chunk
+    return job
+
+
+def _permute(sources: np.ndarray, dst: np.ndarray, pm: _Permute, chunk: int) -> None:
+    """dst (N, Cbd, HW, B) from the inputs in `sources` by `pm`: one native region where it pays, else split from
+    Python."""
+    if _splits_natively(dst, NATIVE_PERMUTE_FLOATS):
+        job = _permute_job(sources, dst, pm, chunk)
+        if run_native(LL.permute_team().address, job.ctypes.data):
+            return
+    n, cbd, hw, _ = dst.shape
+    parallel_for(LL.permute_lanes, n * cbd * -(-hw // chunk), dst.size, sources, dst, pm.start, pm.s_in, pm.s_blk,
+                 pm.s_idx, pm.s_mask, chunk)
+
+
+def _one_record(fn: int, job: np.ndarray, dst: np.ndarray, chunk: int, least: int) -> tuple | None:
+    """A lane job's record: a native region where the run would split it so (from `least` floats), a call on this
+    thread where the run would not split it; None where the run would split from Python."""
+    n, cbd, hw, _ = dst.shape
+    if _splits_natively(dst, least):
+        return T.region_record(fn, job.ctypes.data)
+    if T.chunks_for(n * cbd * -(-hw // chunk), dst.size) <= 1:
+        return (N.OP_CALL, fn, job.ctypes.data)
+    return None
+
+
+def _regroup_records(inputs, outputs, sources, copies_of, permutes, chunk: int) -> Native | None:
+    """RegroupBlocked's run on these arrays as native_program records (fused_calls.py): each output's permute, or
+    its padding zeroing and copies, as the run does them; None where the run would split from Python or a copy does
+    not apply."""
     n, _, h, w, b = inputs[0].shape
-    records, keep = [], [copies_of]
-    for out, chans_out, copies in zip(outputs, sources, copies_of, strict=True):
+    words = _sources(inputs)
+    records, keep = [], [copies_of, permutes, words]
+    for out, chans_out, copies, pm in zip(outputs, sources, copies_of, permutes, strict=True):
         if not out.flags.c_contiguous:
             return None
         dst = out.reshape(n, out.shape[1], h * w, b)
-        if len(chans_out) % b:
-            job = region_job(LL.ZERO_LEN)
-            job[LL.ZERO_N:LL.ZERO_DST] = dst.shape
-            job[LL.ZERO_DST], job[LL.ZERO_FIRST] = dst.ctypes.data, len(chans_out) % b
-            records.append((N.OP_CALL, LL.zero_team().address, job.ctypes.data))
-            keep.append(job)
-        for i, c in copies:
-            job = _copy_job(inputs[i], dst, c, chunk)
-            if job is None:
+        if pm is not None:
+            if words is None:
                 return None
-            if _splits_natively(dst):
-                record = T.region_record(LL.copy_team().address, job.ctypes.data)
-            elif T.chunks_for(n * dst.shape[1] * -(-h * w // chunk), dst.size) <= 1:
-                record = (N.OP_CALL, LL.copy_team().address, job.ctypes.data)
-            else:
-                record = None
+            jobs = [(LL.permute_team().address, _permute_job(words, dst, pm, chunk), NATIVE_PERMUTE_FLOATS)]
+        else:
+            jobs = []
+            if len(chans_out) % b:
+                job = region_job(LL.ZERO_LEN)
+                job[LL.ZERO_N:LL.ZERO_DST] = dst.shape
+                job[LL.ZERO_DST], job[LL.ZERO_FIRST] = dst.ctypes.data, len(chans_out) % b
+                records.append((N.OP_CALL, LL.zero_team().address, job.ctypes.data))
+                keep.append(job)
+            for i, c in copies:
+                job = _copy_job(inputs[i], dst, c, chunk)
+                if job is None:
+                    return None
+                jobs.append((LL.copy_team().address, job, NATIVE_COPY_FLOATS))
+        for fn, job, least in jobs:
+            record = _one_record(fn, job, dst, chunk, least)
             if record is None:
                 return None
             records.append(record)
@@ -321,6 +404,14 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
     LL.zero_lanes(z, 1, 0, 0)
     LL.copy_team()  # compiled (or loaded) with the kernel, not on its first request
     LL.zero_team()
+    # Each output by lane permutes where this CPU has the permute for the block natively and the map takes few
+    # steps a block (a shuffle's single lanes, shifted concats), else by lane copies.
+    permutes = [_Permute(out, block) for out in sources] if native_width(block) else [None] * len(sources)
+    permutes = [pm if pm is not None and pm.pays else None for pm in permutes]
+    if any(pm is not None for pm in permutes):
+        LL.permute_lanes(np.zeros((2, 1), np.int64), z.reshape(1, 1, 1, 1), k[0][:1], k[0][:0], k[0][:0],
+                         np.zeros((0, block), np.int32), k[0][:0], 1, 0, 0)
+        LL.permute_team()
     plans: dict[tuple, list] = {}  # per H*W: the copies of each output (offsets depend on the plane size)
 
     def plan(hw: int) -> list:
@@ -331,8 +422,12 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
 
     def run(inputs, outputs, workspace):
         n, _, h, w, b = inputs[0].shape
-        for out, chans_out, copies in zip(outputs, sources, plan(h * w), strict=True):
+        words = _sources(inputs)
+        for out, chans_out, copies, pm in zip(outputs, sources, plan(h * w), permutes, strict=True):
             dst = out.reshape(n, out.shape[1], h * w, b)
+            if pm is not None and words is not None and dst.flags.c_contiguous:
+                _permute(words, dst, pm, _REGROUP_CHUNK)
+                continue
             if len(chans_out) % b:
                 LL.zero_lanes(dst, len(chans_out) % b, 0, n)
             for i, c in copies:
@@ -346,9 +441,12 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
     def native(inputs, outputs, workspace):
         n, _, h, w, b = inputs[0].shape
         copies_of = plans.get(h * w)
-        return None if copies_of is None else _regroup_records(inputs, outputs, sources, copies_of, _REGROUP_CHUNK)
+        return None if copies_of is None else _regroup_records(inputs, outputs, sources, copies_of, permutes,
+                                                                _REGROUP_CHUNK)
 
     run.native = native  # type: ignore[attr-defined]
+    kinds = sorted({"permute_lanes" if pm is not None else "copy_lanes" for pm in permutes})
+    run.impl = "numba:" + "+".join(kinds)  # type: ignore[attr-defined]
     return run
 
 

@@ -16,6 +16,7 @@ import engine
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads as T
 from engine.devices.cpu.fused_calls import Segment
+from engine.devices.cpu.layout import kernels as layout_kernels
 from engine.devices.cpu.onednn import objects as D
 from engine.errors import KernelError
 from engine.runtime.instance import FUSE_AFTER_RUNS
@@ -25,8 +26,10 @@ pytestmark = pytest.mark.skipif(not D.available(), reason="oneDNN is not install
 # Models whose kernels cover the recorded paths: SiLU / sigmoid passes after the primitive and residual sums
 # (EfficientNet, MobileNetV3), squeeze-excite binaries and average pools (EfficientNet, GhostNetV2), lane regroups and
 # concats (GhostNetV2), ReLU chains and reorders (ResNet-D, RepVGG), convolutions, GEMMs and LayerNorms around
-# attention (MobileViT)
-MODELS = ["efficientnet_b0", "mobilenetv3", "resnet50d", "repvgg", "regnety", "ghostnetv2", "mobilevit"]
+# attention (MobileViT), lane permutes of concat-shuffle-splits (ShuffleNetV2, a pnnx fixture)
+MODELS = ["efficientnet_b0", "mobilenetv3", "resnet50d", "repvgg", "regnety", "ghostnetv2", "mobilevit",
+          "shufflenet_v2"]
+KINDS = {"shufflenet_v2": "pnnx"}  # the fixture folder of each model not in "realworld"
 RECORDED = {"ConvBlocked", "BroadcastBlocked", "GlobalPoolBlocked", "RegroupBlocked", "Concat", "ToBlocked", "Gemm",
             "LayerNorm"}
 REL_TOL = 1e-3
@@ -68,7 +71,7 @@ def _close_to_torch(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize("name", MODELS)
 def test_fused_runs_match_the_kernels_python_bit_for_bit(name, load_fixture, monkeypatch):
-    fx = load_fixture(name, "realworld")
+    fx = load_fixture(name, KINDS.get(name, "realworld"))
     fused, python = _instances(fx, monkeypatch)
     want = python.run(fx.inputs)
     first = _warm(fused, fx.inputs)  # the Python path, then the fusion
@@ -102,7 +105,7 @@ def test_every_recorded_kind_is_recorded_somewhere(load_fixture):
     run its Python again, silently slower)."""
     seen = set()
     for name in MODELS:
-        fx = load_fixture(name, "realworld")
+        fx = load_fixture(name, KINDS.get(name, "realworld"))
         inst = engine.load(fx.param).instance("cpu", max_shapes=fx.max_shapes)
         _warm(inst, fx.inputs)
         seen |= {n.op_type for s in _segments(inst) for n in s.nodes}
@@ -133,6 +136,25 @@ def test_threads_and_callers_in_between(load_fixture, monkeypatch):
     worker.join()
     _same(got[0], want)
     _same(fused.run(fx.inputs), want)
+
+
+def test_lane_permutes_split_over_the_team_inside_a_program(load_fixture, monkeypatch):
+    """ShuffleNetV2's concat-shuffle-splits as permute regions on OpenMP's team (every size, the team forced on) in a
+    program: the same numbers as the Python path's, which splits the same way."""
+    fx = load_fixture("shufflenet_v2", "pnnx")
+    fused, python = _instances(fx, monkeypatch)
+    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or T.get_threads() < 2:
+        pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
+    monkeypatch.setattr(layout_kernels, "native_regions", lambda: True)
+    monkeypatch.setattr(layout_kernels, "NATIVE_PERMUTE_FLOATS", 0)
+    want = python.run(fx.inputs)
+    _warm(fused, fx.inputs)
+    words = np.concatenate([rec.program.words for s in _segments(fused) for rec in s.programs.values()])
+    regions = words[words[:, 0] == N.OP_REGION]
+    assert (regions[:, 2] == layout_kernels.LL.permute_team().address).any(), "no permute region was recorded"
+    for _ in range(2):
+        _same(fused.run(fx.inputs), want)
+    _close_to_torch(want, fx.expected)
 
 
 def test_a_plan_repointed_outside_the_program_is_noticed(load_fixture, monkeypatch):

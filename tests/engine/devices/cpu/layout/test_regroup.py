@@ -20,6 +20,15 @@ rng = np.random.default_rng(11)
 OP = get_op("RegroupBlocked")
 
 
+@pytest.fixture(autouse=True, params=["permutes", "copies"])
+def lane_path(request, monkeypatch):
+    """Every test on both ways of moving lanes: vector permutes (where this CPU has them natively for the block) and
+    lane copies (every other CPU)."""
+    if request.param == "copies":
+        monkeypatch.setattr(layout_kernels, "native_width", lambda width: False)
+    return request.param
+
+
 def shuffle(x: np.ndarray, groups: int) -> np.ndarray:
     """torch.nn.functional.channel_shuffle, written out."""
     n, c, h, w = x.shape
@@ -43,6 +52,8 @@ def check(node: Node, plain_inputs: list[np.ndarray], want: list[np.ndarray], bl
     blocked = [to_blocked(x, block) for x in plain_inputs]
     expected = [to_blocked(y, block) for y in want]
     kernel = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in blocked])[0]
+    if "permute_lanes" in kernel.impl:
+        assert layout_kernels.native_width(block)
     for got in (OP.reference(node, blocked), run_kernel(node, blocked, kernel)):
         assert len(got) == len(expected)
         for g, e in zip(got, expected, strict=True):
@@ -110,8 +121,8 @@ def test_errors_name_the_node():
 
 @pytest.fixture
 def copy_regions(monkeypatch, request):
-    """Every lane copy split as a native region (NATIVE_COPY_FLOATS 0), even where the suite's team sleeps; records
-    whether each region ran."""
+    """Every lane copy and permute split as a native region (NATIVE_COPY_FLOATS, NATIVE_PERMUTE_FLOATS 0), even where
+    the suite's team sleeps; records whether each region ran."""
     cpu_device()
     if threads.pool_kind(threads.get_policy(), threads._openmp is not None) != "openmp":
         pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
@@ -120,6 +131,7 @@ def copy_regions(monkeypatch, request):
     monkeypatch.setattr(layout_kernels, "run_native", lambda fn, data: (runs.append(real(fn, data)), runs[-1])[1])
     monkeypatch.setattr(layout_kernels, "native_regions", lambda: True)
     monkeypatch.setattr(layout_kernels, "NATIVE_COPY_FLOATS", 0)
+    monkeypatch.setattr(layout_kernels, "NATIVE_PERMUTE_FLOATS", 0)
     before = threads.get_threads()
     request.addfinalizer(lambda: threads.set_threads(before))
     return runs
@@ -153,3 +165,18 @@ def test_native_copy_declines_what_it_cannot_take(monkeypatch):
     assert not layout_kernels._native_copy(np.asfortranarray(x), dst, c, 1024)
     monkeypatch.setattr(layout_kernels, "get_threads", lambda: 1)
     assert not layout_kernels._native_copy(x, dst, c, 1024)
+
+
+@pytest.mark.parametrize("block", [8, 16])
+def test_permutes_take_the_maps_they_pay_for(block, lane_path):
+    """ShuffleNetV2's concat-shuffle-split by permutes where this CPU has them natively (2-4 steps a block); a
+    shuffle of 8 groups (8-16 source blocks a block) and every map on other CPUs by lane copies."""
+    cat, shuf = concat_sources([58, 58])[0], shuffle_sources(116, 2)[0]
+    unit = regroup(block, [58, 58], [[cat[shuf[c][1]] for c in range(first, first + 58)] for first in (0, 58)])
+    infos = [TensorInfo((1, -(-58 // block), 3, 3, block), np.float32)] * 2
+    native = lane_path == "permutes" and layout_kernels.native_width(block)
+    assert build_kernel(unit, infos)[0].impl == ("numba:permute_lanes" if native else "numba:copy_lanes")
+    wide = regroup(block, [128], shuffle_sources(128, 8))
+    assert build_kernel(wide, [TensorInfo((1, 128 // block, 3, 3, block), np.float32)])[0].impl == "numba:copy_lanes"
+    x = rng.standard_normal((2, 128, 3, 5)).astype(np.float32)
+    check(wide, [x], [shuffle(x, 8)], block)
