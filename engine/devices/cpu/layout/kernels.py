@@ -3,7 +3,9 @@
 ToBlocked / ToPlain: the numpy kernels copy whole blocks with one strided copy and the last partial block apart;
 with oneDNN a reorder primitive does the same (several times faster on big maps, and it writes the padding
 lanes' zeros). The pools and BroadcastBlocked run numba loops over the B lanes of a pixel (loops.py), or oneDNN's
-pooling / binary primitives on nChw{B}c when oneDNN is on; RegroupBlocked copies lanes.
+pooling / binary primitives on nChw{B}c when oneDNN is on; RegroupBlocked builds each destination block by vector
+permutes where the CPU has them for the block (loops/lane_permute.py) and the map takes few of them a block, else
+copies runs of lanes.
 """
 
 from __future__ import annotations
