@@ -11,12 +11,17 @@ a copy that keeps the last axis (numpy copies whole rows, see _transpose) is bou
 its input sits, and numpy's was as fast or faster (Whisper-tiny's 2.3 MB head splits: 0.42-0.56 ms numpy,
 0.42-0.65 oneDNN); one that moves the last axis reads one element per step, where oneDNN's blocked copy is the
 faster at any size (MobileViT-XXS's 2 MB patch unfolds at batch 8: 1.54 -> 0.36 ms; its whole run 0.945x).
+
+In a native program (fused_calls.py) every float32 Transpose oneDNN can take is its reorder, the small ones on one
+thread too (`TeamTranspose.recorded`): there no Python runs around it, which is what made numpy's copy the cheaper
+call for them, and a transpose between two convolutions no longer splits their program in two.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu.fused_calls import step_native
 from engine.devices.cpu.kernel import Backends, CpuKernel, ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
@@ -53,6 +58,14 @@ def _copy_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
                 np.copyto(out, x, casting="unsafe")
         else:  # Expand broadcasts x into out; Cast and Identity convert or copy
             np.copyto(out, x, casting="unsafe")
+
+    def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        step = team.recorded(x, out)
+        return None if step is None else step_native(step, {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}, step)
+
+    if team is not None:
+        run.native = native  # type: ignore[attr-defined]
     return run
 
 
@@ -80,6 +93,21 @@ class TeamTranspose:
     def __init__(self, perm: tuple[int, ...]):
         self.perm = perm
         self.steps: ShapeCache = ShapeCache()
+        self.any_size: ShapeCache = ShapeCache()  # `recorded`'s steps, whatever the size
+
+    def recorded(self, x: np.ndarray, out: np.ndarray) -> D.Step | None:
+        """The reorder a native program runs for x -> out: `run`'s where it has one, else one made for any size (on
+        as many threads as its size is worth, one for the small ones); None where oneDNN cannot take it."""
+        if x.dtype != np.float32 or not out.flags.c_contiguous:
+            return None
+        key = (x.shape, x.strides)
+        step = self.steps.get(key, None)
+        if step is not None:
+            return step
+        step = self.any_size.get(key, False)
+        if step is False:
+            step = remember(self.any_size, key, self._step(x, any_size=True))
+        return step
 
     def run(self, x: np.ndarray, out: np.ndarray) -> bool:
         if x.dtype != np.float32 or not out.flags.c_contiguous:
@@ -95,11 +123,11 @@ class TeamTranspose:
         D.wait()
         return True
 
-    def _step(self, x: np.ndarray) -> D.Step | None:
+    def _step(self, x: np.ndarray, any_size: bool = False) -> D.Step | None:
         if not 2 <= x.ndim <= MAX_DIMS or x.size == 0:
             return None
         rows = self.perm[-1] == x.ndim - 1 and x.shape[-1] > 1
-        if threads_for(work_of(0, 2 * x.nbytes)) <= 1 or (rows and x.nbytes > TEAM_MAX_BYTES):
+        if not any_size and (threads_for(work_of(0, 2 * x.nbytes)) <= 1 or (rows and x.nbytes > TEAM_MAX_BYTES)):
             return None
         shape = tuple(x.shape[p] for p in self.perm)
         strides = []

@@ -12,6 +12,9 @@ from op_harness import check_kernel, make_node, reference, run_kernel
 
 from engine.devices.cpu import KERNELS as CPU_KERNELS
 from engine.devices.cpu import shape as shape_kernels
+from engine.devices.cpu.fused_calls import step_native
+from engine.devices.cpu.native_program import Program
+from engine.devices.cpu.onednn import binding as onednn_binding
 from engine.devices.cpu.onednn import objects as onednn
 from engine.ops import get_op
 from engine.ops.registry import TensorInfo
@@ -140,6 +143,27 @@ def test_team_transpose_declines_what_numpy_copies_better(monkeypatch):
                                         [TensorInfo((), np.float32)])
     kernel([scalar], [out], None)
     assert out == 3
+
+
+@NO_ONEDNN
+def test_recorded_transposes_take_every_size_oneDNN_can(monkeypatch):
+    """What a native program runs for a float32 Transpose: run's reorder where it has one, else one made for the
+    small copies too, on one thread; none for what oneDNN cannot take or for another dtype or a strided output.
+    Its records, replayed, give numpy's result bit for bit."""
+    monkeypatch.setattr(shape_kernels, "threads_for", lambda work: 1)  # run's path: numpy's copy at every size
+    x = RNG.standard_normal((3, 20, 8)).astype(np.float32)
+    x.view(np.uint32).ravel()[::13] = 0x7FC01234
+    team = shape_kernels.TeamTranspose((2, 0, 1))
+    out = np.full((8, 3, 20), 7.0, np.float32)
+    assert not team.run(x, out)
+    step = team.recorded(x, out)
+    assert step is not None and step.threads(4) == 1 and team.recorded(x, out) is step
+    ptrs = {onednn_binding.ARG_SRC: onednn.address(x), onednn_binding.ARG_DST: onednn.address(out)}
+    assert Program(step_native(step, ptrs, step).records, [step]).run() is None
+    np.testing.assert_array_equal(out.view(np.uint32), np.ascontiguousarray(x.transpose(2, 0, 1)).view(np.uint32))
+    assert team.recorded(x[::-1], out) is None
+    assert team.recorded(x.astype(np.float64), out) is None
+    assert team.recorded(x, np.empty((8, 3, 40), np.float32)[:, :, :20]) is None
 
 
 def test_transpose_of_objects_copies_references():
