@@ -13,8 +13,9 @@ its input sits, and numpy's was as fast or faster (Whisper-tiny's 2.3 MB head sp
 faster at any size (MobileViT-XXS's 2 MB patch unfolds at batch 8: 1.54 -> 0.36 ms; its whole run 0.945x).
 
 In a native program (fused_calls.py) every float32 Transpose oneDNN can take is its reorder, the small ones on one
-thread too (`TeamTranspose.recorded`): there no Python runs around it, which is what made numpy's copy the cheaper
-call for them, and a transpose between two convolutions no longer splits their program in two.
+thread too (`TeamTranspose.recorded`; row copies past TEAM_MAX_BYTES stay numpy's): there no Python runs around
+it, which is what made numpy's copy the cheaper call for them, and a transpose between two convolutions no longer
+splits their program in two.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class TeamTranspose:
 
     def recorded(self, x: np.ndarray, out: np.ndarray) -> D.Step | None:
         """The reorder a native program runs for x -> out: `run`'s where it has one, else one made for any size (on
-        as many threads as its size is worth, one for the small ones); None where oneDNN cannot take it."""
+        as many threads as its size is worth, one for the small ones); None where oneDNN cannot take it or numpy's
+        row copy is the faster (rows kept, past TEAM_MAX_BYTES)."""
         if x.dtype != np.float32 or not out.flags.c_contiguous:
             return None
         key = (x.shape, x.strides)
@@ -127,7 +129,7 @@ class TeamTranspose:
         if not 2 <= x.ndim <= MAX_DIMS or x.size == 0:
             return None
         rows = self.perm[-1] == x.ndim - 1 and x.shape[-1] > 1
-        if not any_size and (threads_for(work_of(0, 2 * x.nbytes)) <= 1 or (rows and x.nbytes > TEAM_MAX_BYTES)):
+        if (not any_size and threads_for(work_of(0, 2 * x.nbytes)) <= 1) or (rows and x.nbytes > TEAM_MAX_BYTES):
             return None
         shape = tuple(x.shape[p] for p in self.perm)
         strides = []

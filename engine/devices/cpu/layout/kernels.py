@@ -422,23 +422,32 @@ def _kernel_regroup(backends: Backends, node: Node, ins: list[TensorInfo]):
                                         for out in sources])
         return plans[hw]
 
-    def run(inputs, outputs, workspace):
+    def fill(inputs, words, out, chans_out, copies, pm) -> None:
         n, _, h, w, b = inputs[0].shape
+        dst = out.reshape(n, out.shape[1], h * w, b)
+        if pm is not None and words is not None:
+            _permute(words, dst, pm, _REGROUP_CHUNK)
+            return
+        if len(chans_out) % b:
+            LL.zero_lanes(dst, len(chans_out) % b, 0, n)
+        for i, c in copies:
+            x = inputs[i]
+            if _native_copy(x, dst, c, _REGROUP_CHUNK):
+                continue
+            chunks = -(-h * w // _REGROUP_CHUNK)
+            parallel_for(LL.copy_lanes, n * dst.shape[1] * chunks, dst.size, x.reshape(n, -1), dst, c.count,
+                         c.run_dst, c.run_src, c.run_len, c.aligned, _REGROUP_CHUNK)
+
+    def run(inputs, outputs, workspace):
+        h, w = inputs[0].shape[2:4]
         words = _sources(inputs)
         for out, chans_out, copies, pm in zip(outputs, sources, plan(h * w), permutes, strict=True):
-            dst = out.reshape(n, out.shape[1], h * w, b)
-            if pm is not None and words is not None and dst.flags.c_contiguous:
-                _permute(words, dst, pm, _REGROUP_CHUNK)
-                continue
-            if len(chans_out) % b:
-                LL.zero_lanes(dst, len(chans_out) % b, 0, n)
-            for i, c in copies:
-                x = inputs[i]
-                if _native_copy(x, dst, c, _REGROUP_CHUNK):
-                    continue
-                chunks = -(-h * w // _REGROUP_CHUNK)
-                parallel_for(LL.copy_lanes, n * dst.shape[1] * chunks, dst.size, x.reshape(n, -1), dst, c.count,
-                             c.run_dst, c.run_src, c.run_len, c.aligned, _REGROUP_CHUNK)
+            if out.flags.c_contiguous:
+                fill(inputs, words, out, chans_out, copies, pm)
+            else:  # the loops write through a reshaped view, which of a strided output would be a copy
+                whole = np.empty(out.shape, out.dtype)
+                fill(inputs, words, whole, chans_out, copies, pm)
+                np.copyto(out, whole)
 
     def native(inputs, outputs, workspace):
         n, _, h, w, b = inputs[0].shape

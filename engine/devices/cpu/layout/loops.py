@@ -216,7 +216,7 @@ def permute_lanes(sources, dst, start, s_in, s_blk, s_idx, s_mask, chunk, lo, hi
             elif b == 8:
                 for p in range(p1 - p0):
                     permute_merge(to + 32 * p, frm + 32 * p, idx, mask, first, 8)
-            else:
+            elif b == 4:  # (the kernels take this path for blocks of 8 and 16 only)
                 for p in range(p1 - p0):
                     permute_merge(to + 16 * p, frm + 16 * p, idx, mask, first, 4)
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import functools
 
-import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
-from numba.core import config
+from numba.core import codegen, config
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
@@ -30,20 +29,23 @@ _NATIVE = {16: ("avx512f", "llvm.x86.avx512.permvar.sf.512"), 8: ("avx2", "llvm.
 
 
 @functools.cache
-def _target_features() -> frozenset[str]:
-    """The features numba compiles for (its NUMBA_CPU_FEATURES, else the host's), without their +/- signs for
-    the enabled ones."""
-    if config.CPU_FEATURES is not None:
-        flags = config.CPU_FEATURES.split(",")
-    else:
-        flags = llvm.get_host_cpu_features().flatten().split(",")
-    return frozenset(f[1:] for f in flags if f.startswith("+"))
+def _target_flags() -> tuple[str, ...]:
+    """The feature string numba compiles for and keys its cache on, as its signed flags: NUMBA_CPU_FEATURES, else
+    numba's own reading of the host's (numba.core.codegen: it turns every AVX feature off where NUMBA_ENABLE_AVX is
+    0 or the CPU name is one numba does not trust with AVX, as some cloud VMs report)."""
+    flags = config.CPU_FEATURES if config.CPU_FEATURES is not None else codegen.get_host_cpu_features()
+    return tuple(f for f in flags.split(",") if f[:1] in ("+", "-"))
 
 
 def native_width(width: int) -> bool:
-    """Whether permute_merge of `width` lanes is one instruction on numba's target CPU."""
+    """Whether permute_merge of `width` lanes is one instruction on numba's target CPU. 16 lanes also need the
+    512-bit registers where the flags name them (LLVM's `evex512`, from LLVM 18 on)."""
     native = _NATIVE.get(width)
-    return native is not None and native[0] in _target_features()
+    flags = _target_flags()
+    enabled = {f[1:] for f in flags if f[0] == "+"}
+    if native is None or native[0] not in enabled:
+        return False
+    return width != 16 or "evex512" in enabled or "evex512" not in {f[1:] for f in flags}
 
 
 def _permute(builder: ir.IRBuilder, v: ir.Value, idx: ir.Value, width: int) -> ir.Value:

@@ -47,9 +47,30 @@ def test_permute_merge_matches_numpy(width, native, monkeypatch):
 
 
 def test_native_widths_follow_the_target_features(monkeypatch):
-    monkeypatch.setattr(lane_permute, "_target_features", lambda: frozenset({"avx2"}))
+    def flags(*f):
+        monkeypatch.setattr(lane_permute, "_target_flags", lambda: f)
+
+    flags("+avx2", "-avx512f")
     assert lane_permute.native_width(8) and not lane_permute.native_width(16) and not lane_permute.native_width(4)
-    monkeypatch.setattr(lane_permute, "_target_features", lambda: frozenset({"avx512f", "avx2"}))
+    flags("+avx512f", "+avx2", "+evex512")
     assert lane_permute.native_width(16) and lane_permute.native_width(8)
-    monkeypatch.setattr(lane_permute, "_target_features", lambda: frozenset({"neon"}))
+    flags("+avx512f", "+avx2", "-evex512")  # LLVM 18's 256-bit-only AVX-512 (AVX10/256)
+    assert not lane_permute.native_width(16) and lane_permute.native_width(8)
+    flags("+avx512f", "+avx2")  # an LLVM before evex512 existed
+    assert lane_permute.native_width(16)
+    flags("+neon")
     assert not any(lane_permute.native_width(w) for w in (4, 8, 16))
+
+
+def test_the_gate_reads_numbas_own_features(monkeypatch):
+    """numba turns every AVX feature off on CPUs it does not trust with AVX (NUMBA_ENABLE_AVX=0, some cloud VMs'
+    CPU names): the gate sees what numba compiles for, not the raw host, so no AVX instruction is ever emitted
+    there."""
+    monkeypatch.setattr(lane_permute.config, "CPU_FEATURES", None)
+    monkeypatch.setattr(lane_permute.codegen, "get_host_cpu_features", lambda: "+sse4.2,-avx,-avx2,-avx512f")
+    lane_permute._target_flags.cache_clear()
+    try:
+        assert not lane_permute.native_width(8) and not lane_permute.native_width(16)
+    finally:
+        monkeypatch.undo()
+        lane_permute._target_flags.cache_clear()

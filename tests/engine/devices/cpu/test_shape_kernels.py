@@ -148,8 +148,8 @@ def test_team_transpose_declines_what_numpy_copies_better(monkeypatch):
 @NO_ONEDNN
 def test_recorded_transposes_take_every_size_oneDNN_can(monkeypatch):
     """What a native program runs for a float32 Transpose: run's reorder where it has one, else one made for the
-    small copies too, on one thread; none for what oneDNN cannot take or for another dtype or a strided output.
-    Its records, replayed, give numpy's result bit for bit."""
+    small copies too, on one thread; none for what oneDNN cannot take, another dtype, a strided output, or a row
+    copy past TEAM_MAX_BYTES. Its records, replayed, give numpy's result bit for bit."""
     monkeypatch.setattr(shape_kernels, "threads_for", lambda work: 1)  # run's path: numpy's copy at every size
     x = RNG.standard_normal((3, 20, 8)).astype(np.float32)
     x.view(np.uint32).ravel()[::13] = 0x7FC01234
@@ -164,6 +164,10 @@ def test_recorded_transposes_take_every_size_oneDNN_can(monkeypatch):
     assert team.recorded(x[::-1], out) is None
     assert team.recorded(x.astype(np.float64), out) is None
     assert team.recorded(x, np.empty((8, 3, 40), np.float32)[:, :, :20]) is None
+    rows = shape_kernels.TeamTranspose((1, 0, 2))  # the last axis kept: numpy's row copy past TEAM_MAX_BYTES
+    assert rows.recorded(x, np.empty((20, 3, 8), np.float32)) is not None
+    monkeypatch.setattr(shape_kernels, "TEAM_MAX_BYTES", x.nbytes - 4)
+    assert shape_kernels.TeamTranspose((1, 0, 2)).recorded(x, np.empty((20, 3, 8), np.float32)) is None
 
 
 def test_transpose_of_objects_copies_references():

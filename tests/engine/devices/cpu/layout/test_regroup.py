@@ -20,12 +20,19 @@ rng = np.random.default_rng(11)
 OP = get_op("RegroupBlocked")
 
 
+PERMUTED: list[int] = []  # the dst sizes permute_lanes wrote (the lane_path fixture counts them)
+
+
 @pytest.fixture(autouse=True, params=["permutes", "copies"])
 def lane_path(request, monkeypatch):
     """Every test on both ways of moving lanes: vector permutes (where this CPU has them natively for the block) and
     lane copies (every other CPU)."""
     if request.param == "copies":
         monkeypatch.setattr(layout_kernels, "native_width", lambda width: False)
+    real = layout_kernels._permute
+    PERMUTED.clear()
+    monkeypatch.setattr(layout_kernels, "_permute", lambda words, dst, pm, chunk: (PERMUTED.append(dst.size),
+                                                                                  real(words, dst, pm, chunk)))
     return request.param
 
 
@@ -52,15 +59,21 @@ def check(node: Node, plain_inputs: list[np.ndarray], want: list[np.ndarray], bl
     blocked = [to_blocked(x, block) for x in plain_inputs]
     expected = [to_blocked(y, block) for y in want]
     kernel = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in blocked])[0]
-    if "permute_lanes" in kernel.impl:
-        assert layout_kernels.native_width(block)
     for got in (OP.reference(node, blocked), run_kernel(node, blocked, kernel)):
         assert len(got) == len(expected)
         for g, e in zip(got, expected, strict=True):
             np.testing.assert_array_equal(g, e)
-    small = run_kernel(node, [b[:1, :, :2, :1] for b in blocked], kernel)
-    for g, e in zip(small, expected, strict=True):
-        np.testing.assert_array_equal(g, e[:1, :, :2, :1])
+    # batch 1 on a smaller plane (the lane maps are planned at the max shape), as contiguous arrays and as views
+    views = [b[:1, :, :2, :1] for b in blocked]
+    for small in ([np.ascontiguousarray(v) for v in views], views):
+        for g, e in zip(run_kernel(node, small, kernel), expected, strict=True):
+            np.testing.assert_array_equal(g, e[:1, :, :2, :1])
+    # a strided output is written whole (the loops write through a reshape, which of a view would be a copy)
+    outs = [np.full(e.shape[:-1] + (2 * block,), np.nan, np.float32)[..., :block] for e in expected]
+    kernel(blocked, outs, None)
+    for g, e in zip(outs, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+    assert bool(PERMUTED) == ("permute_lanes" in kernel.impl)  # the path the kernel says it takes ran
 
 
 @pytest.mark.parametrize("chans", [(8, 8), (24, 24), (5, 16, 7)])
