@@ -7,7 +7,7 @@ lane indices at idx, and writes at dst, for each lane j, src[idx[j]] where bit j
 (zero when `first`: the first step of a block writes every lane). `width` is a literal (8 or 16 where it is native):
 the vector's width is fixed when the caller compiles.
 
-Where this CPU (numba's target: NUMBA_CPU_FEATURES, else the host's) has the permute for that width natively
+Where numba's target (`_target_flags`: the features numba compiles for) has the permute for that width natively
 (AVX-512F for 16 lanes, AVX2 for 8) it is that one instruction; elsewhere the same meaning is written lane by lane
 (extract, insert), so that a kernel holding both widths compiles on every CPU and never emits an instruction the
 CPU lacks. `native_width` says which widths are fast here; the kernels pick this path only for those.
