@@ -10,7 +10,9 @@ So each run counts the process's involuntary context switches (getrusage: a thre
 run). A calm host shows a few a run, about one per scheduler tick of a spinning thread at most (measured 0-5 on
 runs of 6-17 ms); a busy one tens to hundreds. One run above `BUSY_FLOOR` + one per `TICK_MS` of its wall time
 turns spinning off (blocktime 0: threads sleep after each op, as libgomp's do after their short spin), and it comes
-back after `CALM_RUNS` calm runs in a row (a run that failed does not count). With the guard, beside the same busy
+back after `CALM_RUNS` calm runs in a row (a run that failed does not count). Before a run counts as busy, the
+team's threads are checked for sharing one CPU while another is free (colocation.py): those switches are the
+team's own, the workers are moved apart, and the run counts as calm. With the guard, beside the same busy
 loops: 1.06-1.60x libgomp's time, no collapse (2026-11-28 00:16). The blocktime is an OpenMP setting of the
 calling thread (its team's), so each thread that runs sets it at the start of a run when the state changed since its
 last one.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import resource
 import threading
 import time
+from collections.abc import Callable
 
 BUSY_FLOOR = 4  # involuntary switches a calm run may show whatever its length
 TICK_MS = 4  # ... plus one per scheduler tick (250 Hz) of its wall time
@@ -44,8 +47,9 @@ class SpinGuard:
     the one the runtime started with (read before any set): its unit is the runtime's own (milliseconds, or
     microseconds once KMP_BLOCKTIME was given in them), so it is handed back as read, never converted."""
 
-    def __init__(self, set_blocktime, get_blocktime):
+    def __init__(self, set_blocktime, get_blocktime, spread: Callable[[], bool] | None = None):
         self._set = set_blocktime
+        self._spread = spread  # colocation.spread_team for the calling thread's team; True when it moved a thread
         self.spin = int(get_blocktime())
         self.calm = CALM_RUNS  # spinning until a run says otherwise
         self.after_fork()
@@ -69,5 +73,8 @@ class SpinGuard:
     def end(self, started: tuple[int, float]) -> None:
         switches, t0 = started
         preempted = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches
+        was_busy = busy(preempted, time.perf_counter() - t0)
+        if was_busy and self._spread is not None and self._spread():
+            was_busy = False  # the team's own switches: two of its threads shared a CPU (colocation.py), now apart
         with self._lock:
-            self.calm = next_calm(self.calm, busy(preempted, time.perf_counter() - t0))
+            self.calm = next_calm(self.calm, was_busy)

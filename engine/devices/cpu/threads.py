@@ -83,6 +83,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine.devices.cpu.busy_host import SpinGuard
+from engine.devices.cpu.colocation import spread_team, team_tids
 from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal, spin_while_running
 from engine.devices.cpu.openmp_pool import OpenMPPool
 from engine.devices.cpu.options import RUN_SPIN_CAP_US, WaitPolicy
@@ -408,7 +409,10 @@ def use_openmp(lib: ctypes.CDLL, intel: bool = False, blocktime_ms: int | None =
         _openmp, _intel = lib, intel
         _fork_work = fork_work(policy, blocktime_ms)
         if spins_through_requests(policy, blocktime_ms):
-            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime)
+            allowed = set(os.sched_getaffinity(0))  # before any pin of colocation.py's
+            team_tids()  # compiled (or loaded) now: a busy run is no time for it
+            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime,
+                               spread=lambda: spread_team(run_native, region_job, _threads, allowed))
         if policy.one_pool:  # the next parallel_for makes the OpenMP one
             _drop_pool()
 

@@ -65,3 +65,21 @@ def test_the_kernel_counts_the_preemptions_the_guard_reads():
     done = subprocess.run([sys.executable, "-c", PREEMPTED], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) > 0
+
+
+def test_a_busy_run_whose_team_shared_a_cpu_moves_it_apart_and_counts_as_calm(monkeypatch):
+    """Before a run counts as busy the guard asks whether the team's own threads shared a CPU (colocation.py): when
+    they did and a worker was moved, the run's switches were the team's and spinning stays on; otherwise busy."""
+    moved = [True]
+    asked = []
+    guard = SpinGuard(lambda t: None, lambda: 20_000, spread=lambda: (asked.append(1), moved[0])[1])
+    switches = iter([0, 50, 0, 50, 0, 1])  # busy, busy, calm
+    monkeypatch.setattr(busy_host.resource, "getrusage",
+                        lambda who: type("R", (), {"ru_nivcsw": next(switches)})())
+    guard.end(guard.begin())
+    assert len(asked) == 1 and guard.calm == CALM_RUNS and guard.target() == 20_000
+    moved[0] = False
+    guard.end(guard.begin())
+    assert len(asked) == 2 and guard.calm == 0
+    guard.end(guard.begin())
+    assert len(asked) == 2 and guard.calm == 1  # a calm run asks nothing

@@ -1,0 +1,114 @@
+"""When an instance's OpenMP threads share one CPU while another allowed CPU sits idle: move the workers apart.
+
+Seen on a 2-vCPU VM (bench/RESULTS.md, Int8, 2026-11-28 18:56): under bursts of calls after idle pauses the
+scheduler woke the worker on its waker's CPU and both threads ran on one vCPU, the other idle, every fork and join a
+preemption (~80 involuntary switches a call, 9-11 ms against 5.2-5.8 for UltraFace int8 at batch 8); `taskset -c 0`
+with two threads gives the same signature. The busy-host guard (busy_host.py) took those switches for a busy host
+and turned spinning off, and with the threads then sleeping after every op the scheduler kept them together: the
+state never ended. So before a run counts as busy, the guard asks `spread_team` whether the team shares a CPU; if it
+does and an allowed CPU is free of the team, each worker that shares one is pinned to a free one
+(sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays: the worker then
+never waits for its master's CPU again, and the master (the caller's thread) is never pinned.
+
+The team's thread ids come from a native region in which each thread calls gettid (glibc 2.30 and later; without it
+nothing is moved), their CPUs from /proc/self/task/<tid>/stat (field 39: the CPU each last ran on).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from collections.abc import Callable
+
+import numpy as np
+from numba import carray
+
+from engine.devices.cpu.loops.native import call_int, i64_at, open_job, region
+
+log = logging.getLogger("engine.devices.cpu")
+
+# `job` (int64 words) of `team_tids`: the addresses of omp_get_thread_num and omp_get_num_threads, of gettid, of
+# the int64 output (one tid per thread) and its length.
+TID_THREAD_NUM, TID_NUM_THREADS, TID_GETTID, TID_OUT, TID_CAP, TID_LEN = range(6)
+
+
+@region
+def team_tids(data):
+    """Each thread of the team writes its kernel thread id at its number (below the output's length)."""
+    job, t, team = open_job(data, TID_LEN)
+    if t < job[TID_CAP]:
+        carray(i64_at(job[TID_OUT]), (job[TID_CAP],))[t] = call_int(job[TID_GETTID])
+
+
+@functools.cache
+def gettid_address() -> int | None:
+    """libc's gettid, None where this libc has none."""
+    try:
+        return ctypes.cast(ctypes.CDLL(None).gettid, ctypes.c_void_p).value
+    except (AttributeError, OSError):
+        return None
+
+
+def spread_plan(cpus: list[int], allowed: set[int]) -> dict[int, int]:
+    """Which team threads to pin where: {index: CPU} for each thread (never index 0, the master) whose CPU an earlier
+    thread of the team already runs on, each to an allowed CPU none of the team runs on, while any is left."""
+    free = sorted(allowed - set(cpus))
+    seen: set[int] = set()
+    moves = {}
+    for k, cpu in enumerate(cpus):
+        if cpu in seen and k > 0 and free:
+            moves[k] = free.pop(0)
+        else:
+            seen.add(cpu)
+    return moves
+
+
+def cpu_of(tid: int) -> int | None:
+    """The CPU thread `tid` of this process last ran on; None when it cannot be read (the thread has gone)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[36])  # field 39 of stat(5); fields[0] is field 3 (the state)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def team_thread_ids(run_region: Callable[[int, int], bool], job_words: Callable[[int], np.ndarray],
+                    size: int) -> list[int] | None:
+    """The kernel thread ids of the calling thread's OpenMP team of `size` threads, master first; None when the
+    region could not run or a thread did not answer. `run_region` and `job_words`: threads.run_native and
+    threads.region_job (passed in: threads.py imports this module)."""
+    address = gettid_address()
+    if address is None or size < 2:
+        return None
+    out = np.zeros(size, np.int64)
+    job = job_words(TID_LEN)
+    job[TID_GETTID], job[TID_OUT], job[TID_CAP] = address, out.ctypes.data, size
+    if not run_region(team_tids().address, job.ctypes.data) or not out.all():
+        return None
+    return [int(t) for t in out]
+
+
+def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int], np.ndarray], size: int,
+                allowed: set[int]) -> bool:
+    """Pins each worker of the calling thread's team that shares a CPU with another team thread to a free CPU of
+    `allowed` (the process's, read before any pin: `spread_plan`); whether any was moved."""
+    tids = team_thread_ids(run_region, job_words, size)
+    if tids is None:
+        return False
+    cpus = [cpu_of(t) for t in tids]
+    if None in cpus:
+        return False
+    moves = spread_plan(cpus, allowed)
+    moved = False
+    for k, cpu in moves.items():
+        try:
+            os.sched_setaffinity(tids[k], {cpu})
+            moved = True
+        except OSError:  # the thread has gone, or the container forbids it: nothing to gain from retrying
+            continue
+        log.info("OpenMP thread %d of this team shared CPU %d with another of the team while CPU %d was free: "
+                 "pinned it there", k, cpus[k], cpu)
+    return moved

@@ -1,0 +1,70 @@
+"""colocation.py: an instance's OpenMP threads that share one CPU while another is free are moved apart."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from op_harness import cpu_device
+
+from engine.devices.cpu import colocation
+from engine.devices.cpu import threads as T
+
+
+def test_the_plan_moves_each_worker_that_shares_a_cpu_to_a_free_one_never_the_master():
+    assert colocation.spread_plan([1, 1], {0, 1}) == {1: 0}
+    assert colocation.spread_plan([0, 1], {0, 1}) == {}
+    assert colocation.spread_plan([2, 2, 2, 5], {2, 3, 4, 5}) == {1: 3, 2: 4}
+    assert colocation.spread_plan([0, 0, 0], {0, 1}) == {1: 1}  # no CPU left for the third
+    assert colocation.spread_plan([3, 3], {3}) == {}  # one CPU allowed: nowhere to go
+    assert colocation.spread_plan([0, 1, 0], {0, 1, 2}) == {2: 2}
+
+
+def test_cpu_of_reads_where_a_thread_last_ran():
+    assert colocation.cpu_of(threading.get_native_id()) in os.sched_getaffinity(0)
+    assert colocation.cpu_of(2**31 - 1) is None
+
+
+@pytest.fixture
+def team():
+    """The calling thread's OpenMP team of two: skips where our kernels do not run on OpenMP's team, fewer than two
+    CPUs are allowed, or libc has no gettid; restores every thread's affinity afterwards."""
+    cpu_device()
+    allowed = set(os.sched_getaffinity(0))
+    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or len(allowed) < 2:
+        pytest.skip("needs our kernels on OpenMP's team (oneDNN, the `run` policy) and two allowed CPUs")
+    if colocation.gettid_address() is None:
+        pytest.skip("this libc has no gettid")
+    before = T.get_threads()
+    T.set_threads(2)
+    tids = colocation.team_thread_ids(T.run_native, T.region_job, 2)
+    try:
+        yield tids, allowed
+    finally:
+        for tid in tids or []:
+            try:
+                os.sched_setaffinity(tid, allowed)
+            except OSError:
+                pass
+        T.set_threads(before)
+
+
+def test_a_team_forced_onto_one_cpu_is_moved_apart(team):
+    """The master first, then the worker, as the region reports them; both pinned to one CPU (what the scheduler did
+    under bursts on a 2-vCPU VM), spread_team pins the worker to another allowed CPU and leaves the master alone."""
+    tids, allowed = team
+    assert tids is not None and len(set(tids)) == 2 and tids[0] == threading.get_native_id()
+    one = min(allowed)
+    for tid in tids:
+        os.sched_setaffinity(tid, {one})
+    assert colocation.team_thread_ids(T.run_native, T.region_job, 2) == tids  # the worker has run on `one` now
+    assert [colocation.cpu_of(t) for t in tids] == [one, one]
+    assert colocation.spread_team(T.run_native, T.region_job, 2, allowed)
+    moved = os.sched_getaffinity(tids[1])
+    assert len(moved) == 1 and one not in moved and moved <= allowed
+    assert os.sched_getaffinity(tids[0]) == {one}  # the master is the test's own pin, untouched
+    os.sched_setaffinity(tids[0], allowed)
+    colocation.team_thread_ids(T.run_native, T.region_job, 2)  # the worker runs on its new CPU
+    if colocation.cpu_of(tids[0]) != colocation.cpu_of(tids[1]):  # (the master may have moved onto it meanwhile)
+        assert not colocation.spread_team(T.run_native, T.region_job, 2, allowed)  # apart: nothing to move
