@@ -20,6 +20,7 @@ last one.
 
 from __future__ import annotations
 
+import logging
 import resource
 import threading
 import time
@@ -28,6 +29,8 @@ from collections.abc import Callable
 BUSY_FLOOR = 4  # involuntary switches a calm run may show whatever its length
 TICK_MS = 4  # ... plus one per scheduler tick (250 Hz) of its wall time
 CALM_RUNS = 16  # calm runs in a row before the threads spin again
+
+log = logging.getLogger("engine.devices.cpu")
 
 
 def busy(preempted: int, wall_s: float) -> bool:
@@ -50,6 +53,7 @@ class SpinGuard:
     def __init__(self, set_blocktime, get_blocktime, spread: Callable[[], bool] | None = None):
         self._set = set_blocktime
         self._spread = spread  # colocation.spread_team for the calling thread's team; True when it moved a thread
+        self._spread_failed = False
         self.spin = int(get_blocktime())
         self.calm = CALM_RUNS  # spinning until a run says otherwise
         self.after_fork()
@@ -70,11 +74,22 @@ class SpinGuard:
             self._local.blocktime = want
         return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw, time.perf_counter()
 
+    def _spreads(self) -> bool:
+        """`spread`, whose failure must not fail the run it follows: logged once, then taken as nothing moved."""
+        try:
+            return bool(self._spread())
+        except Exception:  # noqa: BLE001 - an optimisation's error; the request's outputs are already right
+            if not self._spread_failed:
+                self._spread_failed = True
+                log.warning("checking the OpenMP team's CPUs failed; a busy-looking run turns spinning off as before",
+                            exc_info=True)
+            return False
+
     def end(self, started: tuple[int, float]) -> None:
         switches, t0 = started
         preempted = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches
         was_busy = busy(preempted, time.perf_counter() - t0)
-        if was_busy and self._spread is not None and self._spread():
+        if was_busy and self._spread is not None and self._spreads():
             was_busy = False  # the team's own switches: two of its threads shared a CPU (colocation.py), now apart
         with self._lock:
             self.calm = next_calm(self.calm, was_busy)

@@ -83,3 +83,18 @@ def test_a_busy_run_whose_team_shared_a_cpu_moves_it_apart_and_counts_as_calm(mo
     assert len(asked) == 2 and guard.calm == 0
     guard.end(guard.begin())
     assert len(asked) == 2 and guard.calm == 1  # a calm run asks nothing
+
+
+def test_a_spread_that_fails_leaves_the_run_alone_and_counts_it_busy(monkeypatch, caplog):
+    def broken():
+        raise OSError("no /proc here")
+
+    guard = SpinGuard(lambda t: None, lambda: 20_000, spread=broken)
+    switches = iter([0, 50, 0, 50])
+    monkeypatch.setattr(busy_host.resource, "getrusage",
+                        lambda who: type("R", (), {"ru_nivcsw": next(switches)})())
+    with caplog.at_level("WARNING", logger="engine.devices.cpu"):
+        guard.end(guard.begin())
+        guard.end(guard.begin())
+    assert guard.calm == 0
+    assert sum("team's CPUs failed" in r.getMessage() for r in caplog.records) == 1  # said once
