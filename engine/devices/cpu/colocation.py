@@ -8,7 +8,8 @@ and turned spinning off, and with the threads then sleeping after every op the s
 state never ended. So before a run counts as busy, the guard asks `spread_team` whether the team shares a CPU; if it
 does and an allowed CPU is free of the team, each worker that shares one is pinned to a free one
 (sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays: the worker then
-never waits for its master's CPU again, and the master (the caller's thread) is never pinned.
+never waits for its master's CPU again, and the master (the caller's thread) is never pinned. Only on small hosts
+(MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads.
 
 The team's thread ids come from a native region in which each thread calls gettid (glibc 2.30 and later; without it
 nothing is moved), their CPUs from /proc/self/task/<tid>/stat (field 39: the CPU each last ran on).
@@ -68,8 +69,8 @@ def spread_plan(cpus: list[int], allowed: set[int]) -> dict[int, int]:
 def cpu_of(tid: int) -> int | None:
     """The CPU thread `tid` of this process last ran on; None when it cannot be read (the thread has gone)."""
     try:
-        with open(f"/proc/self/task/{tid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:  # bytes: a thread's name need not be UTF-8
+            fields = f.read().rsplit(b")", 1)[1].split()
         return int(fields[36])  # field 39 of stat(5); fields[0] is field 3 (the state)
     except (OSError, IndexError, ValueError):
         return None
@@ -91,24 +92,54 @@ def team_thread_ids(run_region: Callable[[int, int], bool], job_words: Callable[
     return [int(t) for t in out]
 
 
-def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int], np.ndarray], size: int,
-                allowed: set[int]) -> bool:
-    """Pins each worker of the calling thread's team that shares a CPU with another team thread to a free CPU of
-    `allowed` (the process's, read before any pin: `spread_plan`); whether any was moved."""
+# Pins are taken only where the team's threads fill most of the allowed CPUs (the shared-vCPU state was seen on 2
+# vCPUs): on a larger host a CPU "free of the team" may well be busy with other work, and a pin would keep a worker
+# there for good.
+MAX_ALLOWED_CPUS = 4
+# OpenMP settings by which the user binds threads themselves: nothing is moved then.
+USER_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
+
+_disabled: list[str] = []  # why spread_team does nothing in this process (said once in the log)
+
+
+def _disable(why: str) -> bool:
+    if not _disabled:
+        _disabled.append(why)
+        log.info("OpenMP threads that share one CPU are not moved apart in this process: %s", why)
+    return False
+
+
+def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int], np.ndarray],
+                size: int, allowed: set[int] | None = None) -> bool:
+    """Pins each worker of the calling thread's team of `size` threads that shares a CPU with another team thread to
+    a CPU none of the team runs on (`spread_plan`), from the calling thread's own affinity (the master is never
+    pinned here, so that is the current intended set) or `allowed` where given; whether any was moved. Does nothing
+    past MAX_ALLOWED_CPUS allowed CPUs, where the user binds OpenMP's threads (USER_BINDING), without gettid, or
+    once pinning was refused."""
+    if _disabled:
+        return False
+    if any(os.environ.get(name) for name in USER_BINDING):
+        return _disable("the user binds OpenMP's threads")
+    if gettid_address() is None:
+        return _disable("this libc has no gettid (glibc before 2.30)")
+    allowed = set(os.sched_getaffinity(0)) if allowed is None else allowed
+    if len(allowed) > MAX_ALLOWED_CPUS or len(allowed) < 2:
+        return False
     tids = team_thread_ids(run_region, job_words, size)
     if tids is None:
         return False
     cpus = [cpu_of(t) for t in tids]
     if None in cpus:
         return False
-    moves = spread_plan(cpus, allowed)
     moved = False
-    for k, cpu in moves.items():
+    for k, cpu in spread_plan(cpus, allowed).items():
         try:
             os.sched_setaffinity(tids[k], {cpu})
-            moved = True
-        except OSError:  # the thread has gone, or the container forbids it: nothing to gain from retrying
+        except PermissionError:
+            return _disable("the container forbids sched_setaffinity")
+        except OSError:  # the thread has gone meanwhile
             continue
-        log.info("OpenMP thread %d of this team shared CPU %d with another of the team while CPU %d was free: "
-                 "pinned it there", k, cpus[k], cpu)
+        moved = True
+        log.debug("OpenMP thread %d of this team shared CPU %d with another of the team while CPU %d was free: "
+                  "pinned it there", k, cpus[k], cpu)
     return moved

@@ -409,12 +409,16 @@ def use_openmp(lib: ctypes.CDLL, intel: bool = False, blocktime_ms: int | None =
         _openmp, _intel = lib, intel
         _fork_work = fork_work(policy, blocktime_ms)
         if spins_through_requests(policy, blocktime_ms):
-            allowed = set(os.sched_getaffinity(0))  # before any pin of colocation.py's
             team_tids()  # compiled (or loaded) now: a busy run is no time for it
-            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime,
-                               spread=lambda: spread_team(run_native, region_job, _threads, allowed))
+            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime, spread=_spread_team)
         if policy.one_pool:  # the next parallel_for makes the OpenMP one
             _drop_pool()
+
+
+def _spread_team() -> bool:
+    """colocation.spread_team for the calling thread's team, of the size the pool's regions run."""
+    pool = _get_pool()
+    return isinstance(pool, OpenMPPool) and spread_team(run_native, region_job, pool.threads)
 
 
 def fork_work(policy: WaitPolicy, blocktime_ms: int | None) -> int:

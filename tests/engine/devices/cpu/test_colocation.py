@@ -27,19 +27,24 @@ def test_cpu_of_reads_where_a_thread_last_ran():
 
 
 @pytest.fixture
-def team():
-    """The calling thread's OpenMP team of two: skips where our kernels do not run on OpenMP's team, fewer than two
-    CPUs are allowed, or libc has no gettid; restores every thread's affinity afterwards."""
+def team(monkeypatch):
+    """The calling thread's OpenMP team of two: skips where our kernels do not run on OpenMP's team, outside the
+    2-4 allowed CPUs where pins are taken, where the user binds OpenMP's threads, or libc has no gettid; restores
+    every thread's affinity afterwards."""
     cpu_device()
+    monkeypatch.setattr(colocation, "_disabled", [])
     allowed = set(os.sched_getaffinity(0))
-    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or len(allowed) < 2:
-        pytest.skip("needs our kernels on OpenMP's team (oneDNN, the `run` policy) and two allowed CPUs")
+    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp":
+        pytest.skip("needs our kernels on OpenMP's team (oneDNN, the `run` policy)")
+    if not 2 <= len(allowed) <= colocation.MAX_ALLOWED_CPUS or any(os.environ.get(v) for v in colocation.USER_BINDING):
+        pytest.skip("pins are taken on 2-4 allowed CPUs only, and never where the user binds OpenMP's threads")
     if colocation.gettid_address() is None:
         pytest.skip("this libc has no gettid")
     before = T.get_threads()
     T.set_threads(2)
-    tids = colocation.team_thread_ids(T.run_native, T.region_job, 2)
+    tids = None
     try:
+        tids = colocation.team_thread_ids(T.run_native, T.region_job, 2)
         yield tids, allowed
     finally:
         for tid in tids or []:
@@ -60,11 +65,16 @@ def test_a_team_forced_onto_one_cpu_is_moved_apart(team):
         os.sched_setaffinity(tid, {one})
     assert colocation.team_thread_ids(T.run_native, T.region_job, 2) == tids  # the worker has run on `one` now
     assert [colocation.cpu_of(t) for t in tids] == [one, one]
+    # the master stays pinned to `one` (so it cannot move off it meanwhile); the process's set is given instead
     assert colocation.spread_team(T.run_native, T.region_job, 2, allowed)
     moved = os.sched_getaffinity(tids[1])
     assert len(moved) == 1 and one not in moved and moved <= allowed
     assert os.sched_getaffinity(tids[0]) == {one}  # the master is the test's own pin, untouched
-    os.sched_setaffinity(tids[0], allowed)
-    colocation.team_thread_ids(T.run_native, T.region_job, 2)  # the worker runs on its new CPU
-    if colocation.cpu_of(tids[0]) != colocation.cpu_of(tids[1]):  # (the master may have moved onto it meanwhile)
-        assert not colocation.spread_team(T.run_native, T.region_job, 2, allowed)  # apart: nothing to move
+
+def test_nothing_moves_where_the_user_binds_threads_or_on_large_hosts(monkeypatch):
+    monkeypatch.setattr(colocation, "_disabled", [])
+    monkeypatch.setattr(colocation, "team_thread_ids", lambda *a: pytest.fail("no team should be asked"))
+    monkeypatch.setattr(colocation.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert not colocation.spread_team(None, None, 2)  # 8 CPUs: past MAX_ALLOWED_CPUS
+    monkeypatch.setenv("OMP_PROC_BIND", "close")
+    assert not colocation.spread_team(None, None, 2) and colocation._disabled  # and said once
