@@ -9,7 +9,10 @@ state never ended. So before a run counts as busy, the guard asks `spread_team` 
 does and an allowed CPU is free of the team, each worker that shares one is pinned to a free one
 (sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays: the worker then
 never waits for its master's CPU again, and the master (the caller's thread) is never pinned. Only on small hosts
-(MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads.
+(MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads, and only onto a CPU that was idle most of the last
+window (IdleWatch, from /proc/stat): a worker pinned to a CPU another process keeps busy could not leave it, and the
+master would wait for it at every join (seen: beside two busy loops, pins onto busy CPUs left Intel's OpenMP
+forming teams while the pinned workers had not yet returned to its pool, two threads more for good).
 
 The team's thread ids come from a native region in which each thread calls gettid (glibc 2.30 and later; without it
 nothing is moved), their CPUs from /proc/self/task/<tid>/stat (field 39: the CPU each last ran on).
@@ -21,6 +24,8 @@ import ctypes
 import functools
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -109,13 +114,74 @@ def _disable(why: str) -> bool:
     return False
 
 
+# A CPU takes a pin only when it was idle at least IDLE_SHARE of the window IdleWatch read it over. The window is
+# at least WINDOW_MIN_S (/proc/stat counts in 10 ms ticks) and at most WINDOW_MAX_S (older says nothing of now).
+IDLE_SHARE = 0.5
+WINDOW_MIN_S = 0.1
+WINDOW_MAX_S = 5.0
+
+
+def cpu_times(text: bytes) -> dict[int, tuple[int, int]]:
+    """{CPU: (idle ticks, all ticks)} from /proc/stat's per-CPU lines (idle and iowait count as idle; guest time is
+    inside user time already, so it is left out of the sum)."""
+    times = {}
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if not (name.startswith(b"cpu") and name[3:].isdigit()):
+            continue
+        ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+        times[int(name[3:])] = (sum(ticks[3:5]), sum(ticks))
+    return times
+
+
+def idle_cpus(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]], share: float) -> set[int]:
+    """The CPUs idle at least `share` of the ticks between two cpu_times readings (a CPU that counted none is not)."""
+    idle = set()
+    for cpu, (idle1, all1) in after.items():
+        idle0, all0 = before.get(cpu, (idle1, all1))
+        if all1 > all0 and (idle1 - idle0) >= share * (all1 - all0):
+            idle.add(cpu)
+    return idle
+
+
+class IdleWatch:
+    """Which CPUs were mostly idle lately: a window opens at the first call; a later call at least WINDOW_MIN_S on
+    answers for it and opens the next. None while the window is too short (kept), once it grew stale (a new one
+    opens) and where /proc/stat cannot be read."""
+
+    def __init__(self, read: Callable[[], bytes] | None = None, clock: Callable[[], float] = time.monotonic):
+        self._read = read or _read_proc_stat
+        self._clock = clock
+        self._lock = threading.Lock()  # guards of several instance threads ask at once
+        self._since: tuple[float, dict[int, tuple[int, int]]] | None = None
+
+    def __call__(self) -> set[int] | None:
+        with self._lock:
+            now = self._clock()
+            if self._since is not None and now - self._since[0] < WINDOW_MIN_S:
+                return None
+            try:
+                times = cpu_times(self._read())
+            except (OSError, ValueError):
+                return None
+            since, self._since = self._since, (now, times)
+        if since is None or now - since[0] > WINDOW_MAX_S:
+            return None
+        return idle_cpus(since[1], times, IDLE_SHARE)
+
+
+def _read_proc_stat() -> bytes:
+    with open("/proc/stat", "rb") as f:
+        return f.read(1 << 20)  # ~150 bytes a CPU: far below the limit on any host this module pins on
+
+
 def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int], np.ndarray],
-                size: int, allowed: set[int] | None = None) -> bool:
+                size: int, idle: Callable[[], set[int] | None], allowed: set[int] | None = None) -> bool:
     """Pins each worker of the calling thread's team of `size` threads that shares a CPU with another team thread to
     a CPU none of the team runs on (`spread_plan`), from the calling thread's own affinity (the master is never
-    pinned here, so that is the current intended set) or `allowed` where given; whether any was moved. Does nothing
-    past MAX_ALLOWED_CPUS allowed CPUs, where the user binds OpenMP's threads (USER_BINDING), without gettid, or
-    once pinning was refused."""
+    pinned here, so that is the current intended set) or `allowed` where given, that `idle` (an IdleWatch) names;
+    whether any was moved. Does nothing past MAX_ALLOWED_CPUS allowed CPUs, where the user binds OpenMP's threads
+    (USER_BINDING), without gettid, or once pinning was refused."""
     if _disabled:
         return False
     if any(os.environ.get(name) for name in USER_BINDING):
@@ -129,10 +195,13 @@ def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int
     if tids is None:
         return False
     cpus = [cpu_of(t) for t in tids]
-    if None in cpus:
+    if None in cpus or len(set(cpus)) == len(cpus):
+        return False  # a thread gone, or no two share a CPU: nothing to ask the idle watch
+    targets = idle()
+    if not targets:
         return False
     moved = False
-    for k, cpu in spread_plan(cpus, allowed).items():
+    for k, cpu in spread_plan(cpus, allowed & targets).items():
         try:
             os.sched_setaffinity(tids[k], {cpu})
         except PermissionError:

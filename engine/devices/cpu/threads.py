@@ -83,7 +83,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine.devices.cpu.busy_host import SpinGuard
-from engine.devices.cpu.colocation import spread_team, team_tids
+from engine.devices.cpu.colocation import IdleWatch, spread_team, team_tids
 from engine.devices.cpu.loops.spin import spin_until_done, spin_while_equal, spin_while_running
 from engine.devices.cpu.openmp_pool import OpenMPPool
 from engine.devices.cpu.options import RUN_SPIN_CAP_US, WaitPolicy
@@ -410,15 +410,16 @@ def use_openmp(lib: ctypes.CDLL, intel: bool = False, blocktime_ms: int | None =
         _fork_work = fork_work(policy, blocktime_ms)
         if spins_through_requests(policy, blocktime_ms):
             team_tids()  # compiled (or loaded) now: a busy run is no time for it
-            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime, spread=_spread_team)
+            watch = IdleWatch()
+            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime, spread=lambda: _spread_team(watch))
         if policy.one_pool:  # the next parallel_for makes the OpenMP one
             _drop_pool()
 
 
-def _spread_team() -> bool:
+def _spread_team(idle: IdleWatch) -> bool:
     """colocation.spread_team for the calling thread's team, of the size the pool's regions run."""
     pool = _get_pool()
-    return isinstance(pool, OpenMPPool) and spread_team(run_native, region_job, pool.threads)
+    return isinstance(pool, OpenMPPool) and spread_team(run_native, region_job, pool.threads, idle)
 
 
 def fork_work(policy: WaitPolicy, blocktime_ms: int | None) -> int:

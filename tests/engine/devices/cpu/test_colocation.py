@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 from op_harness import cpu_device
@@ -66,7 +67,9 @@ def test_a_team_forced_onto_one_cpu_is_moved_apart(team):
     assert colocation.team_thread_ids(T.run_native, T.region_job, 2) == tids  # the worker has run on `one` now
     assert [colocation.cpu_of(t) for t in tids] == [one, one]
     # the master stays pinned to `one` (so it cannot move off it meanwhile); the process's set is given instead
-    assert colocation.spread_team(T.run_native, T.region_job, 2, allowed)
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda: set(), allowed)  # no CPU idle: no pin
+    assert os.sched_getaffinity(tids[1]) == {one}
+    assert colocation.spread_team(T.run_native, T.region_job, 2, lambda: allowed - {one}, allowed)
     moved = os.sched_getaffinity(tids[1])
     assert len(moved) == 1 and one not in moved and moved <= allowed
     assert os.sched_getaffinity(tids[0]) == {one}  # the master is the test's own pin, untouched
@@ -75,6 +78,51 @@ def test_nothing_moves_where_the_user_binds_threads_or_on_large_hosts(monkeypatc
     monkeypatch.setattr(colocation, "_disabled", [])
     monkeypatch.setattr(colocation, "team_thread_ids", lambda *a: pytest.fail("no team should be asked"))
     monkeypatch.setattr(colocation.os, "sched_getaffinity", lambda pid: set(range(8)))
-    assert not colocation.spread_team(None, None, 2)  # 8 CPUs: past MAX_ALLOWED_CPUS
+    never = lambda: pytest.fail("no idle CPUs should be asked")  # noqa: E731
+    assert not colocation.spread_team(None, None, 2, never)  # 8 CPUs: past MAX_ALLOWED_CPUS
     monkeypatch.setenv("OMP_PROC_BIND", "close")
-    assert not colocation.spread_team(None, None, 2) and colocation._disabled  # and said once
+    assert not colocation.spread_team(None, None, 2, never) and colocation._disabled  # and said once
+
+
+STAT = b"""cpu  300 0 30 700 0 0 0 0 0 0
+cpu0 {} 0 10 {} 5 0 0 0 0 0
+cpu1 {} 0 10 {} 0 0 0 5 0 0
+intr 1 2 3
+"""
+
+
+def test_cpu_times_and_idle_cpus_read_proc_stat():
+    before = colocation.cpu_times(STAT.replace(b"{}", b"100"))
+    assert before == {0: (105, 215), 1: (100, 215)}  # iowait is idle; steal counts in the whole
+    # over the window cpu0 ran 90 ticks of 100, cpu1 idled 95 of 100
+    after = colocation.cpu_times(STAT.replace(b"{}", b"%d") % (190, 110, 105, 195))
+    assert colocation.idle_cpus(before, after, 0.5) == {1}
+    assert colocation.idle_cpus(before, before, 0.5) == set()  # no ticks: nothing known idle
+    assert colocation.idle_cpus({}, after, 0.5) == set()  # a CPU first seen now has no window
+
+
+def test_the_idle_watch_answers_for_windows_of_a_tenth_of_a_second_to_five():
+    now, reads = [0.0], []
+    stats = iter([STAT.replace(b"{}", b"100"), STAT.replace(b"{}", b"%d") % (190, 110, 105, 195),
+                  STAT.replace(b"{}", b"%d") % (200, 111, 106, 196)])
+    watch = colocation.IdleWatch(read=lambda: (reads.append(1), next(stats))[1], clock=lambda: now[0])
+    assert watch() is None and len(reads) == 1  # the window opens
+    now[0] = 0.05
+    assert watch() is None and len(reads) == 1  # too short: kept, /proc/stat not read
+    now[0] = 0.3
+    assert watch() == {1}  # answers for 0-0.3 s, opens the next
+    now[0] = 10.0
+    assert watch() is None  # 9.7 s: stale, a new window opens
+    broken = colocation.IdleWatch(read=lambda: (_ for _ in ()).throw(OSError("no /proc")))
+    assert broken() is None and broken() is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="no /proc/stat on this host")
+def test_a_real_idle_watch_reads_this_hosts_cpus():
+    watch = colocation.IdleWatch()
+    assert watch() is None
+    busy_until = time.monotonic() + colocation.WINDOW_MIN_S * 1.5
+    while time.monotonic() < busy_until:  # this thread keeps one CPU busy for the window
+        pass
+    idle = watch()
+    assert idle is not None and idle <= set(colocation.cpu_times(open("/proc/stat", "rb").read()))
