@@ -486,10 +486,16 @@ def job():
     assert_close_to_torch(inst.run(feeds), want)  # a new team, same outputs
     report.append((full[0] - base_states, full[1] - base_threads, inside, released, gone - full[1]))
 
+def exited(tid, deadline=60.0):  # join returns before the OS thread has run its exit, where OpenMP lets its team go
+    end = time.monotonic() + deadline
+    while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < end:
+        time.sleep(0.01)
+
 for _ in range(3):  # each a new master thread, which ends with a team (its exit ends that team too)
     t = threading.Thread(target=job)
     t.start()
     t.join()
+    exited(t.native_id)  # else the next master may form its team before this one's went back to Intel's pool
 print(repr(report), settle(thread_states, base_states) - base_states, settle(os_threads, base_threads) - base_threads)
 """
 
@@ -501,7 +507,10 @@ def test_a_released_team_goes_and_openmp_threads_keep_no_python_state(tmp_path, 
     hold no Python thread state between regions, so none is left behind when the runtime ends them. libgomp ends the
     team's threads (a new master makes a team of its own); Intel's OpenMP keeps one pool of threads for every
     master, which a release puts to sleep. Its own process: three threads, the `run` policy (our kernels on
-    OpenMP's team)."""
+    OpenMP's team). Each master's OS thread is waited out before the next starts: Thread.join returns before the
+    thread's exit has run, where Intel's runtime hands its team back to the pool, and a master that forms its team
+    meanwhile gets two new threads, which stay pooled (under a loaded machine's load, 3 of 17 runs without the
+    wait, 0 of 17 with it)."""
     if runtime == "intel" and not Path(sys.prefix, "lib", "libiomp5.so").exists():
         pytest.skip("Intel's OpenMP (the intel-openmp wheel, an x86-64 Linux dependency) is not installed here")
     out = _run_own_process(RELEASE_SCRIPT, NNSERVE_WAIT_POLICY="run", NNSERVE_NUM_THREADS="3",
