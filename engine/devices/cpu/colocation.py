@@ -11,8 +11,7 @@ does and an allowed CPU is free of the team, each worker that shares one is pinn
 never waits for its master's CPU again, and the master (the caller's thread) is never pinned. Only on small hosts
 (MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads, and only onto a CPU that was idle most of the last
 window (IdleWatch, from /proc/stat): a worker pinned to a CPU another process keeps busy could not leave it, and the
-master would wait for it at every join (seen: beside two busy loops, pins onto busy CPUs left Intel's OpenMP
-forming teams while the pinned workers had not yet returned to its pool, two threads more for good).
+master would wait for it at every join and at its team's release.
 
 The team's thread ids come from a native region in which each thread calls gettid (glibc 2.30 and later; without it
 nothing is moved), their CPUs from /proc/self/task/<tid>/stat (field 39: the CPU each last ran on).
