@@ -102,6 +102,14 @@ SCALED_ISAS = ("avx512_core_vnni", "avx2")
 # even and with more it is slower (MobileNetV2's 192-960 channels at 28x28 to 7x7: 1.1-1.8x). Both are among
 # SCALED_IMPLS and sum exactly: the outputs are the same bytes.
 JIT_DW_CHANNELS = 96
+# oneDNN's AMX int8 kernels (Intel Xeon 4th generation on) pay on dense convolutions with a window and long sums
+# (ResNet-18 int8, batch 1, 2 vCPUs: 3.2 ms against 4.5-4.8 on AVX-512 VNNI's kernels), not on the pointwise and
+# depthwise ones of MobileNetV2 and UltraFace (their VNNI kernels 0.91-1.0x the time at batch 1 and 8), where
+# AMX's tile buffers made MobileNetV2's workspace 1.29 MiB against 0.26 (arena and workspace 0.47x the float32
+# model's, the issue's target 0.3x), and their requantization is not among SCALED_ISAS (the factors' post-ops).
+# So a conv takes oneDNN's next kernel without AMX unless it is dense, its window larger than 1x1, and its sums of
+# AMX_MIN_SUM products or more (input channels x window).
+AMX_MIN_SUM = 256
 # oneDNN's AVX2 int8 convolutions, which multiply byte pairs of neighbouring input channels (their weights blocked
 # by 4 input channels, vpmaddubsw then vpmaddwd): a spread input is summed exactly there (test_int8_nhwc.py).
 # (Its byte pairs stay within an int16 whatever two bytes a kernel pairs; other kernels were not run with it.)
@@ -419,6 +427,8 @@ class Plan:
         pd = create()
         if _depthwise(spec) and o <= JIT_DW_CHANNELS and not _next_impl_to(pd, "jit_int8:"):
             pd = create()  # no jit_int8 kernel for it: oneDNN's first choice again
+        elif "amx" in pd.impl and not _amx_pays(spec) and not _next_impl_without(pd, "amx"):
+            pd = create()  # no other kernel for it: AMX's again
         return pd
 
     @property
@@ -508,6 +518,21 @@ def _dw_tail_miscomputed(spec: QConvSpec, impl: str) -> bool:
     and so are the other kernels' outputs (a sweep of ~500 dense, grouped and fused convs). Every count that is
     no multiple of 8 takes the int32 way, not only the tails seen (test_int8_nhwc.py)."""
     return _depthwise(spec) and impl.startswith("jit_uni_int8:") and "avx512" not in impl and spec.w.shape[0] % 8 != 0
+
+
+def _amx_pays(spec: QConvSpec) -> bool:
+    """Whether an AMX kernel is worth its tile buffers for this conv (AMX_MIN_SUM)."""
+    _, icg, kh, kw = spec.w.shape
+    return spec.groups == 1 and kh * kw > 1 and icg * kh * kw >= AMX_MIN_SUM
+
+
+def _next_impl_without(pd: D.PrimitiveDesc, isa: str) -> bool:
+    """Moves `pd` on through oneDNN's implementations to the first whose name lacks `isa` ("amx"); False when there
+    is none (pd is then spent)."""
+    while isa in pd.impl:
+        if L.LIB.dnnl_primitive_desc_next_impl(pd.h) != 0:  # dnnl_last_impl_reached
+            return False
+    return True
 
 
 def _next_impl_to(pd: D.PrimitiveDesc, family: str) -> bool:

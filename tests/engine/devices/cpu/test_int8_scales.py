@@ -340,3 +340,32 @@ def test_the_scaled_way_runs_only_on_kernels_and_isas_checked_bit_for_bit():
     for impl in ("brgconv:avx2_vnni", "jit_uni_int8:avx2_vnni", "brgconv:avx512_core_amx", "gemm:any", "ref:any",
                  "brgconv_1x1:avx512_core", "jit_uni_int8:avx512_core"):
         assert not conv.scaled_kernel(impl), impl
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return flag in f.read().split()
+    except OSError:
+        return False
+
+
+def test_amx_pays_only_for_dense_windows_with_long_sums():
+    w = np.zeros
+    for shape, groups, pays in [((64, 64, 3, 3), 1, True), ((64, 16, 3, 3), 1, False), ((64, 64, 1, 1), 1, False),
+                                ((960, 960, 1, 1), 1, False), ((64, 1, 3, 3), 64, False), ((64, 32, 3, 3), 2, False)]:
+        node = _qconv(shape[0], shape[1] * groups, shape[2], groups=groups, weight=w(shape, np.int8))
+        assert conv._amx_pays(conv.QConvSpec(node, True)) == pays, (shape, groups)
+
+
+@pytest.mark.skipif(not _cpu_has("amx_int8"), reason="this CPU has no AMX: oneDNN offers no AMX kernels here")
+def test_amx_kernels_run_only_where_they_pay():
+    # pointwise and depthwise convs take AVX-512 VNNI's kernels (and with them the scaled way where the scales fit:
+    # HOST_ISA); a dense 3x3 of 64 channels (sums of 576) keeps AMX's
+    pointwise = _qconv(64, 64, 1, unsigned=True)
+    impl = _spec(pointwise, _input(pointwise, 1, 14, 14, 64))[1]
+    assert "amx" not in impl and "vnni" in impl, impl
+    depthwise = _qconv(128, 128, 3, groups=128, pads=1, unsigned=True)
+    assert "amx" not in _spec(depthwise, _input(depthwise, 1, 14, 14, 128))[1]
+    dense = _qconv(64, 64, 3, pads=1, unsigned=True)
+    assert "amx" in _spec(dense, _input(dense, 1, 28, 28, 64))[1]
