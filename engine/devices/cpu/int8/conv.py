@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 
@@ -104,7 +105,7 @@ SCALED_ISAS = ("avx512_core_vnni", "avx2")
 JIT_DW_CHANNELS = 96
 # oneDNN's AMX int8 kernels (Intel Xeon 4th generation on) pay on dense convolutions with a window and long sums
 # (ResNet-18 int8, batch 1, 2 vCPUs: 3.2 ms against 4.5-4.8 on AVX-512 VNNI's kernels), not on the pointwise and
-# depthwise ones of MobileNetV2 and UltraFace (their VNNI kernels 0.91-1.0x the time at batch 1 and 8), where
+# depthwise ones of MobileNetV2 and UltraFace (the models on VNNI's kernels 0.88-1.03x the time at batch 1 and 8), where
 # AMX's tile buffers made MobileNetV2's workspace 1.29 MiB against 0.26 (arena and workspace 0.47x the float32
 # model's, the issue's target 0.3x), and their requantization is not among SCALED_ISAS (the factors' post-ops).
 # So a conv takes oneDNN's next kernel without AMX unless it is dense, its window larger than 1x1, and its sums of
@@ -425,9 +426,9 @@ class Plan:
                 L.dims(d - 1 for d in dil), L.dims(self.pads[:2]), L.dims(self.pads[2:]), attr.h)
 
         pd = create()
-        if _depthwise(spec) and o <= JIT_DW_CHANNELS and not _next_impl_to(pd, "jit_int8:"):
+        if _depthwise(spec) and o <= JIT_DW_CHANNELS and not _next_impl(pd, lambda impl: impl.startswith("jit_int8:")):
             pd = create()  # no jit_int8 kernel for it: oneDNN's first choice again
-        elif "amx" in pd.impl and not _amx_pays(spec) and not _next_impl_without(pd, "amx"):
+        if "amx" in pd.impl and not _amx_pays(spec) and not _next_impl(pd, lambda impl: "amx" not in impl):
             pd = create()  # no other kernel for it: AMX's again
         return pd
 
@@ -526,19 +527,10 @@ def _amx_pays(spec: QConvSpec) -> bool:
     return spec.groups == 1 and kh * kw > 1 and icg * kh * kw >= AMX_MIN_SUM
 
 
-def _next_impl_without(pd: D.PrimitiveDesc, isa: str) -> bool:
-    """Moves `pd` on through oneDNN's implementations to the first whose name lacks `isa` ("amx"); False when there
-    is none (pd is then spent)."""
-    while isa in pd.impl:
-        if L.LIB.dnnl_primitive_desc_next_impl(pd.h) != 0:  # dnnl_last_impl_reached
-            return False
-    return True
-
-
-def _next_impl_to(pd: D.PrimitiveDesc, family: str) -> bool:
-    """Moves `pd` on through oneDNN's implementations to the first of `family` ("name:"); False when there is
-    none (pd is then spent)."""
-    while not pd.impl.startswith(family):
+def _next_impl(pd: D.PrimitiveDesc, wanted: Callable[[str], bool]) -> bool:
+    """Moves `pd` on through oneDNN's implementations to the first whose name ("family:isa") is `wanted`; False
+    when there is none (pd is then spent)."""
+    while not wanted(pd.impl):
         if L.LIB.dnnl_primitive_desc_next_impl(pd.h) != 0:  # dnnl_last_impl_reached
             return False
     return True
