@@ -155,7 +155,9 @@ class IdleWatch:
         self._since: tuple[float, dict[int, tuple[int, int]]] | None = None
 
     def __call__(self) -> set[int] | None:
-        with self._lock:
+        if not self._lock.acquire(blocking=False):  # another guard reads now (or a fork left it held): no answer
+            return None
+        try:
             now = self._clock()
             if self._since is not None and now - self._since[0] < WINDOW_MIN_S:
                 return None
@@ -164,6 +166,8 @@ class IdleWatch:
             except (OSError, ValueError):
                 return None
             since, self._since = self._since, (now, times)
+        finally:
+            self._lock.release()
         if since is None or now - since[0] > WINDOW_MAX_S:
             return None
         return idle_cpus(since[1], times, IDLE_SHARE)

@@ -428,8 +428,8 @@ class Plan:
         pd = create()
         if _depthwise(spec) and o <= JIT_DW_CHANNELS and not _next_impl(pd, lambda impl: impl.startswith("jit_int8:")):
             pd = create()  # no jit_int8 kernel for it: oneDNN's first choice again
-        if "amx" in pd.impl and not _amx_pays(spec) and not _next_impl(pd, lambda impl: "amx" not in impl):
-            pd = create()  # no other kernel for it: AMX's again
+        if "amx" in pd.impl and not _amx_pays(spec) and not _next_impl(pd, _fast_without_amx):
+            pd = create()  # no other fast kernel for it (gemm's and the reference are not): AMX's again
         return pd
 
     @property
@@ -525,6 +525,12 @@ def _amx_pays(spec: QConvSpec) -> bool:
     """Whether an AMX kernel is worth its tile buffers for this conv (AMX_MIN_SUM)."""
     _, icg, kh, kw = spec.w.shape
     return spec.groups == 1 and kh * kw > 1 and icg * kh * kw >= AMX_MIN_SUM
+
+
+def _fast_without_amx(impl: str) -> bool:
+    """A jit kernel that is not AMX's: gemm's and the reference also lack "amx" but are slower (and not exact for
+    every input), so an AMX conv never steps down to them."""
+    return "amx" not in impl and not impl.startswith(("gemm", "ref"))
 
 
 def _next_impl(pd: D.PrimitiveDesc, wanted: Callable[[str], bool]) -> bool:

@@ -125,4 +125,5 @@ def test_a_real_idle_watch_reads_this_hosts_cpus():
     while time.monotonic() < busy_until:  # this thread keeps one CPU busy for the window
         pass
     idle = watch()
-    assert idle is not None and idle <= set(colocation.cpu_times(open("/proc/stat", "rb").read()))
+    with open("/proc/stat", "rb") as f:
+        assert idle is not None and idle <= set(colocation.cpu_times(f.read()))
