@@ -7,8 +7,9 @@ with two threads gives the same signature. The busy-host guard (busy_host.py) to
 and turned spinning off, and with the threads then sleeping after every op the scheduler kept them together: the
 state never ended. So before a run counts as busy, the guard asks `spread_team` whether the team shares a CPU; if it
 does and an allowed CPU is free of the team, each worker that shares one is pinned to a free one
-(sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays: the worker then
-never waits for its master's CPU again, and the master (the caller's thread) is never pinned. Only on small hosts
+(sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays (the worker no longer
+waits for its master's CPU while the master keeps off the pinned one), and the master (the caller's thread) is
+never pinned. Only on small hosts
 (MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads, and only onto a CPU that was idle most of the last
 window (IdleWatch, from /proc/stat): a worker pinned to a CPU another process keeps busy could not leave it, and the
 master would wait for it at every join and at its team's release.
@@ -194,15 +195,15 @@ def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int
     allowed = set(os.sched_getaffinity(0)) if allowed is None else allowed
     if len(allowed) > MAX_ALLOWED_CPUS or len(allowed) < 2:
         return False
+    targets = idle()  # first: one /proc/stat read at most every WINDOW_MIN_S, where the team's ids cost a region
+    if not targets:
+        return False
     tids = team_thread_ids(run_region, job_words, size)
     if tids is None:
         return False
     cpus = [cpu_of(t) for t in tids]
     if None in cpus or len(set(cpus)) == len(cpus):
-        return False  # a thread gone, or no two share a CPU: nothing to ask the idle watch
-    targets = idle()
-    if not targets:
-        return False
+        return False  # a thread gone, or no two share a CPU
     moved = False
     for k, cpu in spread_plan(cpus, allowed & targets).items():
         try:
