@@ -12,7 +12,9 @@ waits for its master's CPU while the master keeps off the pinned one), and the m
 never pinned. Only on small hosts
 (MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads, and only onto a CPU that was idle most of the last
 window (IdleWatch, from /proc/stat): a worker pinned to a CPU another process keeps busy could not leave it, and the
-master would wait for it at every join and at its team's release.
+master would wait for it at every join and at its team's release. Where /proc/stat does not list every CPU of the
+affinity mask by its number (a container whose LXCFS renumbers them from 0), its idle shares name other CPUs than
+the mask: nothing is pinned then.
 
 The team's thread ids come from a native region in which each thread calls gettid (glibc 2.30 and later; without it
 nothing is moved), their CPUs from /proc/self/task/<tid>/stat (field 39: the CPU each last ran on).
@@ -101,9 +103,6 @@ def team_thread_ids(run_region: Callable[[int, int], bool], job_words: Callable[
 # vCPUs): on a larger host a CPU "free of the team" may well be busy with other work, and a pin would keep a worker
 # there for good.
 MAX_ALLOWED_CPUS = 4
-# OpenMP settings by which the user binds threads themselves: nothing is moved then.
-USER_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
-
 _disabled: list[str] = []  # why spread_team does nothing in this process (said once in the log)
 
 
@@ -145,19 +144,20 @@ def idle_cpus(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, in
 
 
 class IdleWatch:
-    """Which CPUs were mostly idle lately: a window opens at the first call; a later call at least WINDOW_MIN_S on
-    answers for it and opens the next. None while the window is too short (kept), once it grew stale (a new one
-    opens) and where /proc/stat cannot be read."""
+    """Which of the `allowed` CPUs were mostly idle lately: a window opens at the first call; a later call at least
+    WINDOW_MIN_S on answers for it and opens the next. None while the window is too short (kept), once it grew stale
+    (a new one opens), where /proc/stat cannot be read, and for good once it did not list every allowed CPU."""
 
     def __init__(self, read: Callable[[], bytes] | None = None, clock: Callable[[], float] = time.monotonic):
         self._read = read or _read_proc_stat
         self._clock = clock
         self._lock = threading.Lock()  # guards of several instance threads ask at once
         self._since: tuple[float, dict[int, tuple[int, int]]] | None = None
+        self.renumbered = False  # /proc/stat's CPUs are not the affinity mask's (LXCFS): never an answer
 
-    def __call__(self) -> set[int] | None:
-        if not self._lock.acquire(blocking=False):  # another guard reads now (or a fork left it held): no answer
-            return None
+    def __call__(self, allowed: set[int]) -> set[int] | None:
+        if self.renumbered or not self._lock.acquire(blocking=False):  # another guard reads now (or a fork left
+            return None  # it held): no answer
         try:
             now = self._clock()
             if self._since is not None and now - self._since[0] < WINDOW_MIN_S:
@@ -169,9 +169,14 @@ class IdleWatch:
             since, self._since = self._since, (now, times)
         finally:
             self._lock.release()
+        if not allowed <= times.keys():
+            self.renumbered = True
+            log.info("OpenMP threads that share one CPU are not moved apart: /proc/stat does not list CPUs %s of "
+                     "the affinity mask (a container that renumbers them)", sorted(allowed - times.keys()))
+            return None
         if since is None or now - since[0] > WINDOW_MAX_S:
             return None
-        return idle_cpus(since[1], times, IDLE_SHARE)
+        return idle_cpus(since[1], times, IDLE_SHARE) & allowed
 
 
 def _read_proc_stat() -> bytes:
@@ -180,23 +185,20 @@ def _read_proc_stat() -> bytes:
 
 
 def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int], np.ndarray],
-                size: int, idle: Callable[[], set[int] | None], allowed: set[int] | None = None) -> bool:
+                size: int, idle: Callable[[set[int]], set[int] | None], allowed: set[int]) -> bool:
     """Pins each worker of the calling thread's team of `size` threads that shares a CPU with another team thread to
-    a CPU none of the team runs on (`spread_plan`), from the calling thread's own affinity (the master is never
-    pinned here, so that is the current intended set) or `allowed` where given, that `idle` (an IdleWatch) names;
-    whether any was moved. Does nothing past MAX_ALLOWED_CPUS allowed CPUs, where the user binds OpenMP's threads
-    (USER_BINDING), without gettid, or once pinning was refused."""
+    a CPU none of the team runs on (`spread_plan`), of `allowed` (the process's affinity mask: the caller's thread
+    is never pinned here, so it is the intended set) and named by `idle` (an IdleWatch); whether any was moved.
+    Does nothing past MAX_ALLOWED_CPUS allowed CPUs, without gettid, or once pinning was refused. The caller leaves
+    it uncalled where the user binds OpenMP's threads (CpuOptions.openmp_bound)."""
     if _disabled:
         return False
-    if any(os.environ.get(name) for name in USER_BINDING):
-        return _disable("the user binds OpenMP's threads")
     if gettid_address() is None:
         return _disable("this libc has no gettid (glibc before 2.30)")
-    allowed = set(os.sched_getaffinity(0)) if allowed is None else allowed
     if len(allowed) > MAX_ALLOWED_CPUS or len(allowed) < 2:
         return False
-    targets = idle()  # first: one /proc/stat read at most every WINDOW_MIN_S, where the team's ids cost a region
-    if not targets:
+    targets = idle(allowed)  # first: one /proc/stat read at most every WINDOW_MIN_S, where the team's ids cost a
+    if not targets:  # region
         return False
     tids = team_thread_ids(run_region, job_words, size)
     if tids is None:
@@ -205,7 +207,7 @@ def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int
     if None in cpus or len(set(cpus)) == len(cpus):
         return False  # a thread gone, or no two share a CPU
     moved = False
-    for k, cpu in spread_plan(cpus, allowed & targets).items():
+    for k, cpu in spread_plan(cpus, targets).items():
         try:
             os.sched_setaffinity(tids[k], {cpu})
         except PermissionError:

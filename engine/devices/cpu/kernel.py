@@ -41,7 +41,8 @@ class Backends:
             raise EngineError("NNSERVE_ONEDNN=1 asks for oneDNN, which was not found (libdnnl): install the "
                               "onednn-cpu-gomp wheel nnserve depends on, or unset NNSERVE_ONEDNN")
         if onednn:
-            threads.use_openmp(binding.OMP, binding.INTEL, binding.INTEL_BLOCKTIME_MS, policy)
+            threads.use_openmp(binding.OMP, binding.INTEL, binding.INTEL_BLOCKTIME_MS, policy,
+                               move_apart=not options.openmp_bound)
         return cls(onednn, options.winograd, blas.for_choice(options.blas))
 
 

@@ -34,6 +34,9 @@ outside the accepted ones is an error naming the variable and them (`from_env`),
   spin through a request, up to RUN_SPIN_CAP_US (20 ms) after each op, then sleep (KMP_BLOCKTIME), while the host
   is calm (busy_host.py: on a busy one they sleep after each op); libgomp's spin is a count fixed when it loads, so
   it keeps NNSERVE_RUN_SPIN_US. Under `short` both spin NNSERVE_SPIN_US.
+
+OpenMP's own binding variables are read too, only to know whether the user binds OpenMP's threads to CPUs
+(`openmp_bound`): then the busy-host guard never moves a thread (colocation.py).
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ class CpuOptions:
     wait: str = "run"  # WAIT_POLICIES
     run_spin_us: int = DEFAULT_RUN_SPIN_US
     openmp: str = "auto"  # OPENMP_RUNTIMES
+    openmp_bound: bool = False  # the user binds OpenMP's threads (openmp_bound): none is ever pinned by us
 
     @property
     def wait_policy(self) -> WaitPolicy:
@@ -123,7 +127,28 @@ class CpuOptions:
             wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "run", WAIT_POLICIES),
             run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US, MAX_SPIN_US),
             openmp=_choice("NNSERVE_OPENMP", get("NNSERVE_OPENMP") or "auto", OPENMP_RUNTIMES),
+            openmp_bound=openmp_bound({name: get(name) for name in OPENMP_BINDING}),
         )
+
+
+# OpenMP's variables that bind its threads to CPUs (libgomp's and Intel's runtime's).
+OPENMP_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
+
+
+def openmp_bound(values: Mapping[str, str]) -> bool:
+    """Whether OpenMP's binding variables (`values`: lower case, blank when unset) bind its threads: OMP_PROC_BIND
+    other than `false`; else OMP_PLACES or GOMP_CPU_AFFINITY (with which libgomp binds when OMP_PROC_BIND is unset);
+    KMP_AFFINITY naming a binding type (its modifiers and `none`, the default type, do not bind)."""
+    bind = values.get("OMP_PROC_BIND", "")
+    if bind:
+        return bind != "false"
+    if values.get("OMP_PLACES") or values.get("GOMP_CPU_AFFINITY"):
+        return True
+    kmp = [word.strip() for word in values.get("KMP_AFFINITY", "").split(",")]
+    return "disabled" not in kmp and any(word in KMP_BINDING_TYPES or word.startswith("proclist") for word in kmp)
+
+
+KMP_BINDING_TYPES = {"compact", "scatter", "explicit", "balanced", "logical", "physical"}
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:

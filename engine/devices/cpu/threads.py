@@ -397,12 +397,13 @@ def configure(setting: int | None, policy: WaitPolicy | None = None) -> None:
 
 
 def use_openmp(lib: ctypes.CDLL, intel: bool = False, blocktime_ms: int | None = None,
-               policy: WaitPolicy | None = None) -> None:
+               policy: WaitPolicy | None = None, move_apart: bool = True) -> None:
     """oneDNN is loaded (`lib` resolves OpenMP's calls; `intel`: Intel's runtime; `blocktime_ms`: the blocktime the
     engine gave it, None when the user set OpenMP's wait policy: onednn/binding.py; `policy`: the device's): under
     the `run` policy our kernels run on OpenMP's team from now on (openmp_pool.py), primitives split from
     `fork_work`, and where Intel's threads spin through requests, they do only while the host is calm
-    (busy_host.py)."""
+    (busy_host.py), whose guard moves a team's threads that share a CPU apart (colocation.py) unless `move_apart`
+    is false (the user binds OpenMP's threads: CpuOptions.openmp_bound)."""
     global _openmp, _fork_work, _guard, _intel
     if _openmp is None:
         policy = policy or _policy
@@ -411,7 +412,8 @@ def use_openmp(lib: ctypes.CDLL, intel: bool = False, blocktime_ms: int | None =
         if spins_through_requests(policy, blocktime_ms):
             team_tids()  # compiled (or loaded) now: a busy run is no time for it
             watch = IdleWatch()
-            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime, spread=lambda: _spread_team(watch))
+            spread = (lambda: _spread_team(watch)) if move_apart else None
+            _guard = SpinGuard(lib.kmp_set_blocktime, lib.kmp_get_blocktime, spread=spread)
         if policy.one_pool:  # the next parallel_for makes the OpenMP one
             _drop_pool()
 
@@ -419,7 +421,8 @@ def use_openmp(lib: ctypes.CDLL, intel: bool = False, blocktime_ms: int | None =
 def _spread_team(idle: IdleWatch) -> bool:
     """colocation.spread_team for the calling thread's team, of the size the pool's regions run."""
     pool = _get_pool()
-    return isinstance(pool, OpenMPPool) and spread_team(run_native, region_job, pool.threads, idle)
+    return isinstance(pool, OpenMPPool) and spread_team(run_native, region_job, pool.threads, idle,
+                                                        set(os.sched_getaffinity(0)))
 
 
 def fork_work(policy: WaitPolicy, blocktime_ms: int | None) -> int:

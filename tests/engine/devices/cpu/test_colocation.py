@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from op_harness import cpu_device
 
 from engine.devices.cpu import colocation
 from engine.devices.cpu import threads as T
+from engine.devices.cpu.options import CpuOptions, openmp_bound
 
 
 def test_the_plan_moves_each_worker_that_shares_a_cpu_to_a_free_one_never_the_master():
@@ -37,7 +39,7 @@ def team(monkeypatch):
     allowed = set(os.sched_getaffinity(0))
     if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp":
         pytest.skip("needs our kernels on OpenMP's team (oneDNN, the `run` policy)")
-    if not 2 <= len(allowed) <= colocation.MAX_ALLOWED_CPUS or any(os.environ.get(v) for v in colocation.USER_BINDING):
+    if not 2 <= len(allowed) <= colocation.MAX_ALLOWED_CPUS or CpuOptions.from_env(os.environ).openmp_bound:
         pytest.skip("pins are taken on 2-4 allowed CPUs only, and never where the user binds OpenMP's threads")
     if colocation.gettid_address() is None:
         pytest.skip("this libc has no gettid")
@@ -67,21 +69,47 @@ def test_a_team_forced_onto_one_cpu_is_moved_apart(team):
     assert colocation.team_thread_ids(T.run_native, T.region_job, 2) == tids  # the worker has run on `one` now
     assert [colocation.cpu_of(t) for t in tids] == [one, one]
     # the master stays pinned to `one` (so it cannot move off it meanwhile); the process's set is given instead
-    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda: set(), allowed)  # no CPU idle: no pin
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed)  # no CPU idle: no pin
     assert os.sched_getaffinity(tids[1]) == {one}
-    assert colocation.spread_team(T.run_native, T.region_job, 2, lambda: allowed - {one}, allowed)
+    assert colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: cpus - {one}, allowed)
     moved = os.sched_getaffinity(tids[1])
     assert len(moved) == 1 and one not in moved and moved <= allowed
     assert os.sched_getaffinity(tids[0]) == {one}  # the master is the test's own pin, untouched
 
-def test_nothing_moves_where_the_user_binds_threads_or_on_large_hosts(monkeypatch):
+def test_nothing_moves_on_large_hosts(monkeypatch):
     monkeypatch.setattr(colocation, "_disabled", [])
     monkeypatch.setattr(colocation, "team_thread_ids", lambda *a: pytest.fail("no team should be asked"))
-    monkeypatch.setattr(colocation.os, "sched_getaffinity", lambda pid: set(range(8)))
-    never = lambda: pytest.fail("no idle CPUs should be asked")  # noqa: E731
-    assert not colocation.spread_team(None, None, 2, never)  # 8 CPUs: past MAX_ALLOWED_CPUS
-    monkeypatch.setenv("OMP_PROC_BIND", "close")
-    assert not colocation.spread_team(None, None, 2, never) and colocation._disabled  # and said once
+    never = lambda cpus: pytest.fail("no idle CPUs should be asked")  # noqa: E731
+    assert not colocation.spread_team(None, None, 2, never, set(range(8)))  # past MAX_ALLOWED_CPUS
+    assert not colocation.spread_team(None, None, 2, never, {3})  # nowhere to go
+
+
+@pytest.mark.parametrize(("env", "bound"), [
+    ({}, False), ({"OMP_PROC_BIND": "close"}, True), ({"OMP_PROC_BIND": "FALSE"}, False),
+    ({"OMP_PROC_BIND": "spread,close"}, True), ({"OMP_PLACES": "cores"}, True),
+    ({"OMP_PLACES": "cores", "OMP_PROC_BIND": "false"}, False), ({"GOMP_CPU_AFFINITY": "0-3"}, True),
+    ({"KMP_AFFINITY": "granularity=fine,compact,1,0"}, True), ({"KMP_AFFINITY": "verbose"}, False),
+    ({"KMP_AFFINITY": "none"}, False), ({"KMP_AFFINITY": "disabled"}, False),
+    ({"KMP_AFFINITY": "explicit,proclist=[0,1]"}, True), ({"OMP_PROC_BIND": " "}, False),
+])
+def test_the_users_own_binding_is_read_from_openmps_variables(env, bound):
+    """Where it binds, the device never hands the busy-host guard a spread (threads.use_openmp's move_apart)."""
+    assert CpuOptions.from_env(env).openmp_bound is bound
+    assert openmp_bound({k: v.strip().lower() for k, v in env.items()}) is bound
+
+
+def test_the_guard_gets_no_spread_where_the_user_binds_threads(monkeypatch):
+    made = []
+    monkeypatch.setattr(T, "SpinGuard", lambda *a, spread=None: made.append(spread))
+    monkeypatch.setattr(T, "_drop_pool", lambda: None)
+    for name in ("_fork_work", "_intel"):
+        monkeypatch.setattr(T, name, getattr(T, name))  # put back afterwards
+    for move_apart in (False, True):
+        monkeypatch.setattr(T, "_openmp", None)
+        monkeypatch.setattr(T, "_guard", None)
+        T.use_openmp(SimpleNamespace(kmp_set_blocktime=None, kmp_get_blocktime=None), True, 20, T.WaitPolicy(),
+                     move_apart=move_apart)
+    assert made[0] is None and callable(made[1])
 
 
 STAT = b"""cpu  300 0 30 700 0 0 0 0 0 0
@@ -106,24 +134,37 @@ def test_the_idle_watch_answers_for_windows_of_a_tenth_of_a_second_to_five():
     stats = iter([STAT.replace(b"{}", b"100"), STAT.replace(b"{}", b"%d") % (190, 110, 105, 195),
                   STAT.replace(b"{}", b"%d") % (200, 111, 106, 196)])
     watch = colocation.IdleWatch(read=lambda: (reads.append(1), next(stats))[1], clock=lambda: now[0])
-    assert watch() is None and len(reads) == 1  # the window opens
+    assert watch({0, 1}) is None and len(reads) == 1  # the window opens
     now[0] = 0.05
-    assert watch() is None and len(reads) == 1  # too short: kept, /proc/stat not read
+    assert watch({0, 1}) is None and len(reads) == 1  # too short: kept, /proc/stat not read
     now[0] = 0.3
-    assert watch() == {1}  # answers for 0-0.3 s, opens the next
+    assert watch({0, 1}) == {1}  # answers for 0-0.3 s, opens the next
     now[0] = 10.0
-    assert watch() is None  # 9.7 s: stale, a new window opens
+    assert watch({0}) is None  # 9.7 s: stale, a new window opens
     broken = colocation.IdleWatch(read=lambda: (_ for _ in ()).throw(OSError("no /proc")))
-    assert broken() is None and broken() is None
+    assert broken({0, 1}) is None and broken({0, 1}) is None
+
+
+def test_the_idle_watch_never_answers_where_proc_stat_renumbers_the_cpus():
+    """A container's LXCFS lists its CPUs as cpu0, cpu1, ... whatever the affinity mask's numbers: the idle shares
+    of `cpu1` there are not CPU 1's, so a mask of CPUs 4 and 5 gets no answer, now or later."""
+    now, reads = [0.0], []
+    stat = STAT.replace(b"{}", b"100")
+    watch = colocation.IdleWatch(read=lambda: (reads.append(1), stat)[1], clock=lambda: now[0])
+    assert watch({4, 5}) is None and watch.renumbered
+    now[0] = 0.3
+    assert watch({4, 5}) is None and watch({0, 1}) is None and len(reads) == 1  # for good, without reading
+    only_some = colocation.IdleWatch(read=lambda: STAT.replace(b"{}", b"100"), clock=lambda: now[0])
+    assert only_some({0, 1, 2}) is None and only_some.renumbered  # a mask CPU /proc/stat does not list
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="no /proc/stat on this host")
 def test_a_real_idle_watch_reads_this_hosts_cpus():
     watch = colocation.IdleWatch()
-    assert watch() is None
+    allowed = set(os.sched_getaffinity(0))
+    assert watch(allowed) is None
     busy_until = time.monotonic() + colocation.WINDOW_MIN_S * 1.5
     while time.monotonic() < busy_until:  # this thread keeps one CPU busy for the window
         pass
-    idle = watch()
-    with open("/proc/stat", "rb") as f:
-        assert idle is not None and idle <= set(colocation.cpu_times(f.read()))
+    idle = watch(allowed)
+    assert idle is not None and idle <= allowed and not watch.renumbered
