@@ -8,6 +8,14 @@ package; it finds the cache where numba's own locators would (NUMBA_CACHE_DIR, t
 a zip) and adds to their stamp a hash of every .py file of the package, read through the import system (so a zipped
 install is hashed too), so a change to any of them recompiles them all. A user who sets numba's
 NUMBA_CACHE_LOCATOR_CLASSES chooses the locators themselves, and this one is not among them.
+
+numba names a cached overload's file by the first number its index does not use yet: two processes that compile
+two signatures of one function at once (pytest's workers, two servers over one install) can both take number 1,
+and the index one of them wrote then points at the other's machine code. Seen here: Gather's int64 kernel loaded
+an int32 overload's and every model with an int64 Gather failed to load ("can't unbox array from PyObject"); a
+float32 entry given a float64 kernel would be worse. So our functions' overloads are named by a hash of their key
+and the stamp (`KeyNamedCacheFile`): whatever the order of two writers, an index entry names the file written for
+that key by sources of that stamp, or one not there yet (a recompile).
 """
 
 from __future__ import annotations
@@ -71,7 +79,7 @@ class KernelSourcesLocator(caching._CacheLocator):
         return self._inner.get_cache_path()
 
     def get_source_stamp(self):
-        return self._inner.get_source_stamp(), kernel_sources_hash()
+        return self._inner.get_source_stamp(), kernel_sources_hash(), _SCHEME
 
     def get_disambiguator(self):
         return self._inner.get_disambiguator()
@@ -88,8 +96,40 @@ class KernelSourcesLocator(caching._CacheLocator):
         return None
 
 
+class KeyNamedCacheFile(caching.IndexDataCacheFile):
+    """numba's index and data files, an overload of our functions in a file named by a hash of the stamp and its
+    key instead of the next free number (module doc); other functions' caches as numba keeps them."""
+
+    def save(self, key, data):
+        if not _ours(self._source_stamp):
+            return super().save(key, data)
+        name = self._data_name_pattern.replace("{number:d}", _key_digest(self._source_stamp, key))
+        overloads = self._load_index()
+        if overloads.get(key) != name:
+            overloads[key] = name
+            self._save_index(overloads)
+        self._save_data(name, data)
+
+
+# The stamp of our functions' caches: numba's own, the sources' hash and the scheme of their file names (so an index
+# written before keyed names, which may point at another key's file, is stale and never read).
+_SCHEME = "key-named"
+
+
+def _ours(stamp) -> bool:
+    return isinstance(stamp, tuple) and len(stamp) == 3 and stamp[2] == _SCHEME
+
+
+def _key_digest(stamp, key) -> str:
+    """A file-name-safe hash of the stamp and an overload's key (its signature, the target and the bytecode's
+    hashes: their repr, fixed for a given numba and source)."""
+    return hashlib.sha256(repr((stamp, key)).encode()).hexdigest()[:24]
+
+
 def stamp_with_kernel_sources() -> None:
-    """Puts KernelSourcesLocator first in numba's locators (once; before our kernel modules are imported)."""
+    """Puts KernelSourcesLocator first in numba's locators and KeyNamedCacheFile in place of numba's cache file
+    (once; before our kernel modules are imported)."""
     classes = _IMPL._locator_classes
     if KernelSourcesLocator not in classes:
         classes.insert(0, KernelSourcesLocator)
+    caching.IndexDataCacheFile = KeyNamedCacheFile  # Cache.__init__ looks the class up in its module

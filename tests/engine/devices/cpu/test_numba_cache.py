@@ -44,7 +44,8 @@ RUN = ("import warnings; warnings.simplefilter('ignore'); "
 def test_our_kernels_take_the_locator():
     loc = fused_epilogue.epilogue_cols._cache._impl._locator
     assert isinstance(loc, numba_cache.KernelSourcesLocator)
-    assert loc.get_source_stamp() == (loc._inner.get_source_stamp(), numba_cache.kernel_sources_hash())
+    assert loc.get_source_stamp() == (loc._inner.get_source_stamp(), numba_cache.kernel_sources_hash(), "key-named")
+    assert isinstance(fused_epilogue.epilogue_cols._cache._cache_file, numba_cache.KeyNamedCacheFile)
     assert numba_cache.KernelSourcesLocator.from_function(len, __file__) is None  # other code keeps numba's own
     assert loc._py_file == loc._inner._py_file  # what numba reads of a locator beyond its interface
     clone = copy.copy(loc)  # attributes pass through without recursing where _inner is not set yet
@@ -71,3 +72,34 @@ def test_a_changed_helper_recompiles_its_callers(tmp_path):
     assert "return max(v, 0.0)" in text
     helper.write_text(text.replace("return max(v, 0.0)", "return v - 1.0", 1))  # a different "ReLU"
     assert run() == (-3.0, 0)  # cache_probe.py did not change, its kernel was recompiled with the new helper
+
+
+def test_two_processes_saving_overloads_at_once_never_cross_them(tmp_path):
+    """Two writers of one function's cache, each with its own signature: the second read the index before the
+    first wrote its entry, and the first's data file landed last. numba's numbering gives both file 1, and the index
+    left (the second's) names the first's machine code: an int64 kernel that runs int32's. Named by key, the second
+    loads its own; the first's entry is lost from the index (a recompile), never crossed."""
+    stamp = ("numba's stamp", "sources", "key-named")
+    first, second = (numba_cache.KeyNamedCacheFile(str(tmp_path), "f-1.py311", stamp) for _ in range(2))
+    landing = []
+    first._save_data = lambda name, data: landing.append((name, data))  # its data lands after the second's
+    second._load_index = lambda: {}  # read before the first's entry was written
+    first.save(("int64",), "int64 code")
+    second.save(("int32",), "int32 code")
+    numba_cache.KeyNamedCacheFile._save_data(first, *landing[0])
+    reader = numba_cache.KeyNamedCacheFile(str(tmp_path), "f-1.py311", stamp)
+    assert reader.load(("int32",)) == "int32 code"
+    assert reader.load(("int64",)) is None
+    first.save(("int64",), "int64 code")  # the next process to compile it saves it again
+    assert reader.load(("int64",)) == "int64 code" and reader.load(("int32",)) == "int32 code"
+    # the same key under other sources is another file: an old checkout's writer never overwrites a new one's
+    other = numba_cache.KeyNamedCacheFile(str(tmp_path), "f-1.py311", ("numba's stamp", "old sources", "key-named"))
+    other.save(("int32",), "old int32 code")
+    assert other.load(("int32",)) == "old int32 code"
+    assert reader.load(("int32",)) is None  # the index is the old sources' now: a recompile, never their code
+    second.save(("int32",), "int32 code")
+    assert reader.load(("int32",)) == "int32 code" and other.load(("int32",)) is None
+    # a stamp not ours (another library's function): numba's own numbering, as it was
+    theirs = numba_cache.KeyNamedCacheFile(str(tmp_path), "g-1.py311", ("their stamp",))
+    theirs.save(("int32",), "code")
+    assert (tmp_path / "g-1.py311.1.nbc").exists() and theirs.load(("int32",)) == "code"
