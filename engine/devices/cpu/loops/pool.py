@@ -6,7 +6,9 @@ Window rules mirror torch's CPU kernels exactly.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
+
+from engine.devices.cpu.loops.native import bool_at, f32_at, open_job, region
 
 _U = np.uint64  # loop indices numba does not wrap around (see _row_max)
 
@@ -21,6 +23,23 @@ def not_finite(x):
     for j in range(x.shape[0]):
         s += x[j] * x.dtype.type(0)
     return s != s
+
+
+# `job` (int64 words) of `not_finite_team`: OpenMP's two getters (open_job), the float32 input's address and
+# length, the flags' address and count (the input's shares, one flag each).
+NF_X, NF_N, NF_FLAGS, NF_PARTS, NF_LEN = 2, 3, 4, 5, 6
+
+
+@region
+def not_finite_team(data):
+    """not_finite over the team: the input in NF_PARTS shares, thread t reading shares t, t + team, ... and writing
+    each one's answer at its flag, so that every share is read whatever the team's size."""
+    job, t, team = open_job(data, NF_LEN)
+    n, parts = job[NF_N], job[NF_PARTS]
+    flags = carray(bool_at(job[NF_FLAGS]), (parts,))
+    for s in range(t, parts, team):
+        lo, hi = n * s // parts, n * (s + 1) // parts
+        flags[s] = not_finite(carray(f32_at(job[NF_X] + 4 * lo), (hi - lo,)))
 
 
 @njit(nogil=True, cache=True, inline="always")

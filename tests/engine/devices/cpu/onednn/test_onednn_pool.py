@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, check_kernel, infer, infos_of, make_node, reference
+from op_harness import build_kernel, check_kernel, cpu_device, infer, infos_of, make_node, reference
 
+from engine.devices.cpu import threads
 from engine.devices.cpu.onednn import objects as _onednn
 from engine.devices.cpu.onednn import pool as _pool_onednn
 from engine.ops import pool
@@ -107,3 +108,32 @@ def test_divisor_override_keeps_the_numba_kernel():
     x = rand(1, 2, 6, 6)
     assert not _pool_onednn.supported(node, infos_of([x], node=node), pool.pool_geom)
     check_kernel(node, [x], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["first", "second share", "middle", "last"])
+def test_a_large_pooling_input_is_checked_in_every_share(value, where, monkeypatch):
+    """has_not_finite splits a float32 read worth splitting over the team (a native region, each thread its shares):
+    a NaN or an infinity is found in whichever share it sits, with 2 and 3 threads; a finite input reads clean."""
+    cpu_device()  # oneDNN and its OpenMP loaded, as for any model
+    ran = []
+    native = _pool_onednn.run_native
+    monkeypatch.setattr(_pool_onednn, "run_native", lambda fn, data: ran.append(1) or native(fn, data))
+    x = np.ones(1 << 22, np.float32)  # 16 MB: split wherever the team runs native regions
+    assert not _pool_onednn.has_not_finite(x)
+    assert ran or not threads.native_regions()
+    before = threads.get_threads()
+    for count in (2, 3):
+        threads.set_threads(count)
+        try:
+            n = x.shape[0]
+            at = {"first": 0, "second share": n // count, "middle": n // 2, "last": n - 1}[where]
+            x[at] = value
+            assert _pool_onednn.has_not_finite(x), (count, at)
+            x[at] = 1
+            assert not _pool_onednn.has_not_finite(x)
+        finally:
+            threads.set_threads(before)
+    monkeypatch.setattr(_pool_onednn, "run_native", lambda fn, data: False)  # the team busy: one thread
+    x[-1] = value
+    assert _pool_onednn.has_not_finite(x)
