@@ -14,7 +14,9 @@ through a single array (no runtime alias check that would send LLVM to its scala
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
+
+from engine.devices.cpu.loops.native import i8_at, i64_at, open_job, region
 
 _FAST = {"reassoc", "nsz", "contract"}  # reassociation for vectorised sums; no nnan/ninf (NaN must propagate)
 
@@ -159,3 +161,30 @@ def gather_rows(data, idx, out, lo, hi):
         src, dst = data[o, k], out[o, i]
         for j in range(src.shape[0]):
             dst[j] = src[j]
+
+
+# `job` (int64 words) of `copies_team`: OpenMP's two getters (open_job); the number of copies, the address of their
+# (dst, src, bytes) int64 triples and the bytes of all of them.
+CP_COUNT, CP_LIST, CP_TOTAL, CP_LEN = 2, 3, 4, 5
+CP_ALIGN = 64  # shares start on cache lines, so that no two threads write one
+
+
+@region
+def copies_team(data):
+    """Thread t's share of a list of copies (see CP_*): bytes [total * t / team, total * (t + 1) / team) of their
+    concatenation, cut down to cache lines, so that the team copies every byte once whatever the copies' sizes
+    (a concat of two inputs splits as well as one of twenty). The copies must not overlap."""
+    job, t, team = open_job(data, CP_LEN)
+    count, total = job[CP_COUNT], job[CP_TOTAL]
+    copies = carray(i64_at(job[CP_LIST]), (count, 3))
+    lo = total * t // team // CP_ALIGN * CP_ALIGN
+    hi = total if t == team - 1 else total * (t + 1) // team // CP_ALIGN * CP_ALIGN
+    at = 0
+    for k in range(count):
+        size = copies[k, 2]
+        a, b = max(lo - at, 0), min(hi - at, size)
+        if a < b:
+            dst, src = carray(i8_at(copies[k, 0] + a), (b - a,)), carray(i8_at(copies[k, 1] + a), (b - a,))
+            for j in range(b - a):
+                dst[j] = src[j]
+        at += size

@@ -14,6 +14,7 @@ import pytest
 
 import engine
 from engine.devices.cpu import native_program as N
+from engine.devices.cpu import tensor as tensor_kernels
 from engine.devices.cpu import threads as T
 from engine.devices.cpu.fused_calls import Segment
 from engine.devices.cpu.layout import kernels as layout_kernels
@@ -152,6 +153,25 @@ def test_lane_permutes_split_over_the_team_inside_a_program(load_fixture, monkey
     words = np.concatenate([rec.program.words for s in _segments(fused) for rec in s.programs.values()])
     regions = words[words[:, 0] == N.OP_REGION]
     assert (regions[:, 2] == layout_kernels.LL.permute_team().address).any(), "no permute region was recorded"
+    for _ in range(2):
+        _same(fused.run(fx.inputs), want)
+    _close_to_torch(want, fx.expected)
+
+
+def test_concats_split_over_the_team_inside_a_program(load_fixture, monkeypatch):
+    """SqueezeNet's fire concats as copies_team regions on OpenMP's team (every size, the team forced on) in a program:
+    the same numbers as the Python path's, which runs the same region."""
+    fx = load_fixture("squeezenet", "pnnx")
+    fused, python = _instances(fx, monkeypatch)
+    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or T.get_threads() < 2:
+        pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
+    monkeypatch.setattr(tensor_kernels, "native_regions", lambda: True)
+    monkeypatch.setattr(tensor_kernels, "JOIN_TEAM_BYTES", 0)
+    want = python.run(fx.inputs)
+    _warm(fused, fx.inputs)
+    words = np.concatenate([rec.program.words for s in _segments(fused) for rec in s.programs.values()])
+    regions = words[words[:, 0] == N.OP_REGION]
+    assert (regions[:, 2] == tensor_kernels.copies_team().address).any(), "no concat region was recorded"
     for _ in range(2):
         _same(fused.run(fx.inputs), want)
     _close_to_torch(want, fx.expected)

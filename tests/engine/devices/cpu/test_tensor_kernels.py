@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_harness import build_kernel, check_kernel, infer, kernel_peak_bytes, make_node, reference
+from op_harness import build_kernel, check_kernel, cpu_device, infer, kernel_peak_bytes, make_node, reference
 
+from engine.devices.cpu import tensor as tensor_kernels
+from engine.devices.cpu import threads as T
 from engine.ops import get_op
 from engine.ops.registry import TensorInfo
 
@@ -169,3 +173,38 @@ def test_embedding_gather_reads_only_the_rows_it_picks():
     fn([table, ids], [out], ws)
     np.testing.assert_array_equal(out, table[ids % 20000])
     assert kernel_peak_bytes(node, [table, ids]) < table.nbytes // 100
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_a_large_concat_copies_every_byte_once_over_the_team(count, monkeypatch):
+    """The team's byte shares of a join's copies (loops.rows.copies_team) cut inside copies and between them, at
+    any team size: rows of odd lengths land where np.concatenate puts them, in the Python path and as one call
+    outside a region (a program's record where the run would not split)."""
+    cpu_device()
+    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp":
+        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN or the `short` policy)")
+    monkeypatch.setattr(tensor_kernels, "native_regions", lambda: True)
+    monkeypatch.setattr(tensor_kernels, "JOIN_TEAM_BYTES", 0)
+    ran = []
+    native = tensor_kernels.run_native
+    monkeypatch.setattr(tensor_kernels, "run_native", lambda fn, data: ran.append(fn) or native(fn, data))
+    before = T.get_threads()
+    T.set_threads(count)
+    try:
+        for shapes, axis in [([(3, 5, 7), (3, 1, 7), (3, 11, 7)], 1), ([(1, 333), (1, 17)], 1), ([(2, 4), (5, 4)], 0)]:
+            xs = [_x(*s) for s in shapes]
+            node = make_node("Concat", len(xs), params={"axis": axis})
+            kernel, workspace = build_kernel(node, [TensorInfo(x.shape, x.dtype) for x in xs])
+            want = np.concatenate(xs, axis=axis)
+            out = np.full_like(want, np.nan)
+            kernel(xs, [out], workspace)
+            np.testing.assert_array_equal(out, want)
+    finally:
+        T.set_threads(before)
+    assert ran and set(ran) == {tensor_kernels.copies_team().address}
+    copies = tensor_kernels._join_copies(xs, np.zeros_like(want), 1, [(0, 8), (8, 28)])
+    out = np.zeros(28, np.float32)
+    copies[:, 0] += out.ctypes.data - copies[0, 0]  # into `out`: the first copy's row starts it
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(tensor_kernels.copies_team().address)(
+        tensor_kernels._copies_job(copies).ctypes.data)  # outside a region: one thread copies it all
+    np.testing.assert_array_equal(out, np.concatenate([x.reshape(-1) for x in xs]))
