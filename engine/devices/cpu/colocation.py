@@ -7,9 +7,10 @@ with two threads gives the same signature. The busy-host guard (busy_host.py) to
 and turned spinning off, and with the threads then sleeping after every op the scheduler kept them together: the
 state never ended. So before a run counts as busy, the guard asks `spread_team` whether the team shares a CPU; if it
 does and an allowed CPU is free of the team, each worker that shares one is pinned to a free one
-(sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays (the worker no longer
-waits for its master's CPU while the master keeps off the pinned one), and the master (the caller's thread) is
-never pinned. Only on small hosts
+(sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays while the runs are
+calm, and the master (the caller's thread) is never pinned; a busy-looking run hands every pin older than
+PIN_HOLD_S back the whole mask first (the CPU it holds may have turned busy since), then pins again where the team
+shares a CPU. Only on small hosts
 (MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads, and only onto a CPU that was idle most of the last
 window (IdleWatch, from /proc/stat): a worker pinned to a CPU another process keeps busy could not leave it, and the
 master would wait for it at every join and at its team's release. Where /proc/stat does not list every CPU of the
@@ -104,6 +105,30 @@ def team_thread_ids(run_region: Callable[[int, int], bool], job_words: Callable[
 # there for good.
 MAX_ALLOWED_CPUS = 4
 _disabled: list[str] = []  # why spread_team does nothing in this process (said once in the log)
+# A pin is kept this long at least; a busy-looking run after it gives the worker the whole mask back (spread_team).
+PIN_HOLD_S = 30.0
+_pins: dict[int, float] = {}  # thread id -> when it was pinned
+_pins_lock = threading.Lock()  # only tried: another guard at it (or a fork that left it held) skips the release
+
+
+def stale_pins(pins: dict[int, float], now: float, hold: float = PIN_HOLD_S) -> list[int]:
+    """The thread ids pinned at least `hold` seconds before `now`."""
+    return [tid for tid, since in pins.items() if now - since >= hold]
+
+
+def _release_stale(allowed: set[int]) -> None:
+    """Gives each worker pinned PIN_HOLD_S ago or longer the whole mask back (a thread gone meanwhile is skipped)."""
+    if not _pins or not _pins_lock.acquire(blocking=False):
+        return
+    try:
+        for tid in stale_pins(_pins, time.monotonic()):
+            del _pins[tid]
+            try:
+                os.sched_setaffinity(tid, allowed)
+            except OSError:
+                pass
+    finally:
+        _pins_lock.release()
 
 
 def _disable(why: str) -> bool:
@@ -197,6 +222,7 @@ def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int
         return _disable("this libc has no gettid (glibc before 2.30)")
     if len(allowed) > MAX_ALLOWED_CPUS or len(allowed) < 2:
         return False
+    _release_stale(allowed)
     targets = idle(allowed)  # first: one /proc/stat read at most every WINDOW_MIN_S, where the team's ids cost a
     if not targets:  # region
         return False
@@ -215,6 +241,9 @@ def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int
         except OSError:  # the thread has gone meanwhile
             continue
         moved = True
+        if _pins_lock.acquire(timeout=0.1):  # bounded: a fork may have left it held
+            _pins[tids[k]] = time.monotonic()
+            _pins_lock.release()
         log.debug("OpenMP thread %d of this team shared CPU %d with another of the team while CPU %d was free: "
                   "pinned it there", k, cpus[k], cpu)
     return moved

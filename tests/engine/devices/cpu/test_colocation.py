@@ -36,6 +36,7 @@ def team(monkeypatch):
     every thread's affinity afterwards."""
     cpu_device()
     monkeypatch.setattr(colocation, "_disabled", [])
+    monkeypatch.setattr(colocation, "_pins", {})
     allowed = set(os.sched_getaffinity(0))
     if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp":
         pytest.skip("needs our kernels on OpenMP's team (oneDNN, the `run` policy)")
@@ -72,9 +73,32 @@ def test_a_team_forced_onto_one_cpu_is_moved_apart(team):
     assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed)  # no CPU idle: no pin
     assert os.sched_getaffinity(tids[1]) == {one}
     assert colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: cpus - {one}, allowed)
+    assert tids[1] in colocation._pins and tids[0] not in colocation._pins
     moved = os.sched_getaffinity(tids[1])
     assert len(moved) == 1 and one not in moved and moved <= allowed
     assert os.sched_getaffinity(tids[0]) == {one}  # the master is the test's own pin, untouched
+
+def test_a_pin_held_long_enough_is_handed_back_on_a_busy_run(team, monkeypatch):
+    """A worker pinned PIN_HOLD_S ago gets the whole mask back when a busy-looking run asks again (its CPU may be
+    another process's now), before anything is pinned anew; a younger pin stays."""
+    tids, allowed = team
+    monkeypatch.setattr(colocation, "_pins", {})
+    one = min(allowed)
+    os.sched_setaffinity(tids[1], {one})
+    colocation._pins[tids[1]] = time.monotonic()
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed)
+    assert os.sched_getaffinity(tids[1]) == {one}  # young: kept
+    colocation._pins[tids[1]] -= colocation.PIN_HOLD_S
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed)
+    assert os.sched_getaffinity(tids[1]) == allowed and not colocation._pins
+
+
+def test_stale_pins_are_those_held_long_enough():
+    pins = {11: 100.0, 12: 129.0, 13: 130.5}
+    assert colocation.stale_pins(pins, 130.0, 30.0) == [11]
+    assert colocation.stale_pins(pins, 160.5, 30.0) == [11, 12, 13]
+    assert colocation.stale_pins({}, 1e9) == []
+
 
 def test_nothing_moves_on_large_hosts(monkeypatch):
     monkeypatch.setattr(colocation, "_disabled", [])
