@@ -83,6 +83,8 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
         if step is None:
             if not to_blocked and plain_shape[1] > block and plain_shape[1] % block:
                 step = remember(steps, plain_shape, _WholeBlocksToPlain(plain_shape, block))
+            elif to_blocked and plain_shape[1] % block and (plain_shape[0] == 1 or plain_shape[1] < block):
+                step = remember(steps, plain_shape, _WholeBlocksToBlocked(plain_shape, block))
             else:
                 plain, blocked = D.MemoryDesc.plain(plain_shape), blocked_md(plain_shape, block)
                 step = remember(steps, plain_shape, D.reorder_step(plain, blocked) if to_blocked
@@ -96,7 +98,7 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
             return
         step = step_for(x.shape if to_blocked else out.shape)
         D.sync_threads()
-        if isinstance(step, _WholeBlocksToPlain):
+        if isinstance(step, (_WholeBlocksToPlain, _WholeBlocksToBlocked)):
             step.run(x, out)
             return
         step.run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
@@ -137,6 +139,38 @@ class _WholeBlocksToPlain:
             self.step.run({L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]})
         D.wait()
         np.copyto(out[:, self.full:], x[:, -1, :, :, :out.shape[1] - self.full].transpose(0, 3, 1, 2))
+
+
+class _WholeBlocksToBlocked:
+    """ToBlocked of one image whose last block is partial (C % B != 0), or of a batch of fewer channels than a
+    block: oneDNN's reorder of the whole blocks (if any), one image at a time, then the last block's lanes and
+    zeros by a numba loop (layout/loops.last_block_in). oneDNN reorders a partial block with its generic kernel
+    (jit:uni). The kernel, ms (2 vCPUs, AVX-512 Xeon), oneDNN's generic reorder against this: batch 1 20 channels
+    @56 0.069 -> 0.021, 24 @28 0.022 -> 0.011, 40 @28 0.032 -> 0.012, 72 @56 0.107 -> 0.045, 3 @224 0.36 -> 0.22;
+    batch 8 3 @224 1.99 -> 0.94. A batch of several blocks stays on oneDNN's reorder: one execution per image
+    there lost (batch 8, 72 @56 0.34 -> 0.55, 17 @31 0.034 -> 0.081)."""
+
+    def __init__(self, shape: tuple, block: int):
+        n, c, h, w = shape
+        self.full, self.block = c // block * block, block
+        self.step = None
+        if self.full:
+            one = (1, c, h, w)
+            src = D.MemoryDesc.strided((1, self.full, h, w), (c * h * w, h * w, w, 1))
+            dst = D.MemoryDesc.submemory(blocked_md(one, block), (1, self.full, h, w), (0, 0, 0, 0))
+            self.step = D.reorder_step(src, dst)
+        self.strides = (c * h * w * 4, -(-c // block) * h * w * block * 4)  # bytes per image, plain and blocked
+        LL.last_block_in(np.zeros((1, 2, 1), np.float32), np.zeros((1, 1, 1, 2), np.float32), 1, 0, 1)  # compiled now
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        n, c, h, w = x.shape
+        if self.step is not None:
+            src, dst = D.address(x), D.address(out)
+            for i in range(n):
+                self.step.run({L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]})
+            D.wait()
+        parallel_for(LL.last_block_in, n, n * h * w * self.block, x.reshape(n, c, h * w),
+                     out.reshape(n, out.shape[1], h * w, self.block), self.full)
 
 
 def _kernel_to_blocked(backends: Backends, node: Node, ins: list[TensorInfo]):

@@ -298,3 +298,28 @@ def permute_team(data):
                   carray(f32_at(job[PERM_DST]), (n, cbd, hw, b)), carray(i64_at(job[PERM_START]), (cbd + 1,)),
                   carray(i64_at(job[PERM_IN]), (steps,)), carray(i64_at(job[PERM_BLK]), (steps,)),
                   carray(i32_at(job[PERM_IDX]), (steps, b)), carray(i64_at(job[PERM_MASK]), (steps,)), chunk, lo, hi)
+
+
+# Pixels per sweep of last_block_in: 512 x 16 floats (32 KB) stay in L1 while each channel writes its lane of them.
+LAST_BLOCK_PIXELS = 512
+
+
+@njit(nogil=True, cache=True)
+def last_block_in(x, out, first, lo, hi):
+    """out[n, p, l] = x[n, first + l, p] for the channels from `first` on (fewer than B), zero in the lanes past
+    them: ToBlocked's partial last block, images [lo, hi); x (N, C, HW), out (N, CB, HW, B) (the blocked value,
+    whose last block this writes), both C-contiguous. Per chunk of LAST_BLOCK_PIXELS pixels the chunk is zeroed
+    whole (a memset), then each channel's run of the chunk is read in order and written at its lane of each pixel.
+    One thread, one image of 3 channels @224, ms: 0.37 with a row view per pixel, 0.48 a channel at a time over the
+    whole plane, 0.22 so."""
+    c, hw, b = x.shape[1], x.shape[2], out.shape[3]
+    last = out.shape[1] - 1
+    for n in range(lo, hi):
+        src, dst = x[n].reshape(c * hw), out[n, last].reshape(hw * b)
+        for p0 in range(0, hw, LAST_BLOCK_PIXELS):
+            p1 = min(hw, p0 + LAST_BLOCK_PIXELS)
+            dst[p0 * b:p1 * b] = 0.0
+            for k in range(c - first):
+                plane = (first + k) * hw
+                for p in range(p0, p1):
+                    dst[p * b + k] = src[plane + p]

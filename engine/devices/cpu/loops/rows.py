@@ -172,8 +172,9 @@ CP_ALIGN = 64  # shares start on cache lines, so that no two threads write one
 @region
 def copies_team(data):
     """Thread t's share of a list of copies (see CP_*): bytes [total * t / team, total * (t + 1) / team) of their
-    concatenation, cut down to cache lines, so that the team copies every byte once whatever the copies' sizes
-    (a concat of two inputs splits as well as one of twenty). The copies must not overlap."""
+    concatenation, each cut down to a multiple of CP_ALIGN, so that the team copies every byte once whatever the
+    copies' sizes (a concat of two inputs splits as well as one of twenty) and two threads share a cache line
+    rarely. The copies must not overlap."""
     job, t, team = open_job(data, CP_LEN)
     count, total = job[CP_COUNT], job[CP_TOTAL]
     copies = carray(i64_at(job[CP_LIST]), (count, 3))

@@ -16,7 +16,8 @@ from engine.ir import Node
 from engine.ops.registry import TensorInfo
 
 rng = np.random.default_rng(5)
-SHAPES = [(2, 3, 4, 5), (1, 16, 3, 3), (2, 24, 5, 4), (1, 40, 2, 7), (3, 33, 6, 5)]
+SHAPES = [(2, 3, 4, 5), (1, 16, 3, 3), (2, 24, 5, 4), (1, 40, 2, 7), (3, 33, 6, 5), (1, 20, 30, 25), (3, 5, 23, 24)]
+# (the last two: more pixels than one sweep of layout/loops.last_block_in, LAST_BLOCK_PIXELS)
 ONEDNN = pytest.mark.skipif(not onednn_objects.available(), reason="oneDNN (libdnnl.so.3) is not installed")
 
 
