@@ -109,6 +109,8 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
         if not (x.flags.c_contiguous and out.flags.c_contiguous):
             return None
         step = steps.get(x.shape if to_blocked else out.shape)
+        if isinstance(step, _WholeBlocksToBlocked) and x.dtype == out.dtype == np.float32:
+            return step.records(x, out)
         if not isinstance(step, D.Step):
             return None
         ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
@@ -161,6 +163,7 @@ class _WholeBlocksToBlocked:
             self.step = D.reorder_step(src, dst)
         self.strides = (c * h * w * 4, -(-c // block) * h * w * block * 4)  # bytes per image, plain and blocked
         LL.last_block_in(np.zeros((1, 2, 1), np.float32), np.zeros((1, 1, 1, 2), np.float32), 1, 0, 1)  # compiled now
+        LL.last_block_team()
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         n, c, h, w = x.shape
@@ -171,6 +174,26 @@ class _WholeBlocksToBlocked:
             D.wait()
         parallel_for(LL.last_block_in, n, n * h * w * self.block, x.reshape(n, c, h * w),
                      out.reshape(n, out.shape[1], h * w, self.block), self.full)
+
+    def records(self, x: np.ndarray, out: np.ndarray) -> Native | None:
+        """`run` on these (contiguous float32) arrays as native_program records: the whole blocks' reorders and
+        the last block's loop, as one region where `run` would split its images, else on this thread; None where
+        `run` would split them from Python (the team not running native regions)."""
+        n, c, h, w = x.shape
+        recs: list = []
+        if self.step is not None:
+            src, dst = D.address(x), D.address(out)
+            for i in range(n):
+                recs += self.step.records({L.ARG_SRC: src + i * self.strides[0],
+                                           L.ARG_DST: dst + i * self.strides[1]}, T.threads_for(None))
+            recs.append(D.wait_record())
+        job = region_job(LL.LB_LEN)
+        job[LL.LB_N:LL.LB_SRC] = n, c, h * w, out.shape[1], self.block
+        job[LL.LB_SRC], job[LL.LB_DST], job[LL.LB_FIRST] = D.address(x), D.address(out), self.full
+        fn = LL.last_block_team().address
+        record = ((N.OP_CALL, fn, job.ctypes.data) if T.chunks_for(n, n * h * w * self.block) <= 1
+                  else T.region_record(fn, job.ctypes.data) if T.get_threads() > 1 and native_regions() else None)
+        return None if record is None else Native(recs + [record], [], [self, job])
 
 
 def _kernel_to_blocked(backends: Backends, node: Node, ins: list[TensorInfo]):

@@ -323,3 +323,20 @@ def last_block_in(x, out, first, lo, hi):
                 plane = (first + k) * hw
                 for p in range(p0, p1):
                     dst[p * b + k] = src[plane + p]
+
+
+# `job` (int64 words) of `last_block_team`: OpenMP's two getters; x (N, C, HW) and out (N, CB, HW, B), float32, and
+# their addresses; the first channel of the last block.
+LB_N, LB_C, LB_HW, LB_CB, LB_B, LB_SRC, LB_DST, LB_FIRST, LB_LEN = range(2, 11)
+
+
+@region
+def last_block_team(data):
+    """One OpenMP thread's share of the images of a last_block_in call (see LB_*); called outside a region, all of
+    them (a native program's record)."""
+    job, t, team = open_job(data, LB_LEN)
+    n = job[LB_N]
+    lo, hi = t * n // team, (t + 1) * n // team
+    if lo < hi:
+        last_block_in(carray(f32_at(job[LB_SRC]), (n, job[LB_C], job[LB_HW])),
+                      carray(f32_at(job[LB_DST]), (n, job[LB_CB], job[LB_HW], job[LB_B])), job[LB_FIRST], lo, hi)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from op_harness import build_kernel, cpu_device, get_op
 
+from engine.devices.cpu import native_program as N
+from engine.devices.cpu import threads as T
 from engine.devices.cpu.layout import kernels as K
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.onednn import blocked as onednn_blocked
@@ -225,3 +227,37 @@ def test_to_plain_into_a_strided_output(make, channels):
     make(False, block)([by_element(x, block)], [wide[..., ::2]], None)
     np.testing.assert_array_equal(wide[..., ::2], x)
     assert np.isnan(wide[..., 1::2]).all()
+
+
+@ONEDNN
+@pytest.mark.parametrize("shape", [(1, 20, 30, 25), (3, 5, 23, 24), (1, 40, 2, 7)])
+@pytest.mark.parametrize("split", [False, True])
+def test_a_partial_last_block_replays_as_the_kernel_ran(shape, split, monkeypatch):
+    """ToBlocked's partial-last-block step as native_program records (a program that holds it never falls back to
+    Python): the reorders of the whole blocks and the last block's loop, on this thread or as one region over the
+    images (`split`, the team forced on where our kernels run on OpenMP's team), write what the kernel wrote."""
+    cpu_device()
+    if split:
+        if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or T.get_threads() < 2:
+            pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
+        monkeypatch.setattr(K, "native_regions", lambda: True)
+        monkeypatch.setattr(K.T, "chunks_for", lambda items, work: 2)
+    x = rng.standard_normal(shape).astype(np.float32)
+    to_b = K._onednn_kernel(True, 16)
+    want = np.full(by_element(x, 16).shape, np.nan, np.float32)
+    to_b([x], [want], None)
+    np.testing.assert_array_equal(want, by_element(x, 16))
+    got = np.full_like(want, np.nan)
+    native = to_b.native([x], [got], None)
+    assert native is not None
+    ops = {r[0] for r in native.records}
+    assert (N.OP_REGION in ops) == split
+    pool = T.region_pool() if split else None
+    if pool is not None:
+        assert pool.busy.acquire(blocking=False)
+    try:
+        assert N.Program(native.records, native.keep).run() is None
+    finally:
+        if pool is not None:
+            pool.busy.release()
+    np.testing.assert_array_equal(got, want)
