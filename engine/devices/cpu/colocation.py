@@ -9,13 +9,14 @@ state never ended. So before a run counts as busy, the guard asks `spread_team` 
 does and an allowed CPU is free of the team, each worker that shares one is pinned to a free one
 (sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays while the runs are
 calm, and the master (the caller's thread) is never pinned; a busy-looking run hands every pin older than
-PIN_HOLD_S back the whole mask first (the CPU it holds may have turned busy since), then pins again where the team
+PIN_HOLD_S back the mask it had first (the CPU it holds may have turned busy since), then pins again where the team
 shares a CPU. Only on small hosts
 (MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads, and only onto a CPU that was idle most of the last
 window (IdleWatch, from /proc/stat): a worker pinned to a CPU another process keeps busy could not leave it, and the
-master would wait for it at every join and at its team's release. Where /proc/stat does not list every CPU of the
-affinity mask by its number (a container whose LXCFS renumbers them from 0), its idle shares name other CPUs than
-the mask: nothing is pinned then.
+master would wait for it at every join and at its team's release. Where something is mounted over /proc/stat (a
+container's LXCFS: its per-CPU lines come from the container's own usage, renumbered from 0) or it does not list
+every CPU of the affinity mask by its number, its idle shares say nothing of the mask's CPUs: nothing is pinned
+then.
 
 The team's thread ids come from a native region in which each thread calls gettid (glibc 2.30 and later; without it
 nothing is moved), their CPUs from /proc/self/task/<tid>/stat (field 39: the CPU each last ran on).
@@ -107,28 +108,40 @@ MAX_ALLOWED_CPUS = 4
 _disabled: list[str] = []  # why spread_team does nothing in this process (said once in the log)
 # A pin is kept this long at least; a busy-looking run after it gives the worker the whole mask back (spread_team).
 PIN_HOLD_S = 30.0
-_pins: dict[int, float] = {}  # thread id -> when it was pinned
+_pins: dict[int, tuple[float, frozenset[int]]] = {}  # thread id -> (when it was pinned, the mask it had)
 _pins_lock = threading.Lock()  # only tried: another guard at it (or a fork that left it held) skips the release
 
 
-def stale_pins(pins: dict[int, float], now: float, hold: float = PIN_HOLD_S) -> list[int]:
+def stale_pins(pins: dict[int, tuple[float, frozenset[int]]], now: float, hold: float = PIN_HOLD_S) -> list[int]:
     """The thread ids pinned at least `hold` seconds before `now`."""
-    return [tid for tid, since in pins.items() if now - since >= hold]
+    return [tid for tid, (since, _) in pins.items() if now - since >= hold]
 
 
-def _release_stale(allowed: set[int]) -> None:
-    """Gives each worker pinned PIN_HOLD_S ago or longer the whole mask back (a thread gone meanwhile is skipped)."""
+def _release_stale() -> None:
+    """Gives each worker pinned PIN_HOLD_S ago or longer the mask it had back, if it is still a thread of this
+    process (a thread id that has gone may be another process's by now)."""
     if not _pins or not _pins_lock.acquire(blocking=False):
         return
     try:
         for tid in stale_pins(_pins, time.monotonic()):
-            del _pins[tid]
-            try:
-                os.sched_setaffinity(tid, allowed)
-            except OSError:
-                pass
+            _, mask = _pins.pop(tid)
+            if os.path.exists(f"/proc/self/task/{tid}"):
+                try:
+                    os.sched_setaffinity(tid, mask)
+                except OSError:  # gone meanwhile
+                    pass
     finally:
         _pins_lock.release()
+
+
+def _forget_pins() -> None:
+    """In a forked child: the parent's threads are not its own (and a lock a parent thread held stays held)."""
+    global _pins_lock
+    _pins.clear()
+    _pins_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pins)
 
 
 def _disable(why: str) -> bool:
@@ -204,6 +217,19 @@ class IdleWatch:
         return idle_cpus(since[1], times, IDLE_SHARE) & allowed
 
 
+@functools.cache
+def proc_stat_mounted(mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether something is mounted over /proc/stat (LXCFS in a container: per-CPU lines from the container's own
+    usage, so a CPU a neighbour keeps busy reads idle, whatever its numbering); read once a process."""
+    try:
+        with open(mountinfo, "rb") as f:
+            text = f.read(1 << 22)
+    except OSError:
+        return False
+    return any(len(fields) > 4 and fields[4] == b"/proc/stat"
+               for fields in (line.split() for line in text.splitlines()))
+
+
 def _read_proc_stat() -> bytes:
     with open("/proc/stat", "rb") as f:
         return f.read(1 << 20)  # ~150 bytes a CPU: far below the limit on any host this module pins on
@@ -216,13 +242,15 @@ def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int
     is never pinned here, so it is the intended set) and named by `idle` (an IdleWatch); whether any was moved.
     Does nothing past MAX_ALLOWED_CPUS allowed CPUs, without gettid, or once pinning was refused. The caller leaves
     it uncalled where the user binds OpenMP's threads (CpuOptions.openmp_bound)."""
+    _release_stale()  # first: whatever stops new pins below must not keep old ones for good
     if _disabled:
         return False
     if gettid_address() is None:
         return _disable("this libc has no gettid (glibc before 2.30)")
     if len(allowed) > MAX_ALLOWED_CPUS or len(allowed) < 2:
         return False
-    _release_stale(allowed)
+    if proc_stat_mounted():
+        return _disable("/proc/stat is mounted over (LXCFS): its idle times are this container's, not the CPUs'")
     targets = idle(allowed)  # first: one /proc/stat read at most every WINDOW_MIN_S, where the team's ids cost a
     if not targets:  # region
         return False
@@ -235,6 +263,7 @@ def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int
     moved = False
     for k, cpu in spread_plan(cpus, targets).items():
         try:
+            mask = frozenset(os.sched_getaffinity(tids[k]))
             os.sched_setaffinity(tids[k], {cpu})
         except PermissionError:
             return _disable("the container forbids sched_setaffinity")
@@ -242,7 +271,7 @@ def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int
             continue
         moved = True
         if _pins_lock.acquire(timeout=0.1):  # bounded: a fork may have left it held
-            _pins[tids[k]] = time.monotonic()
+            _pins[tids[k]] = (time.monotonic(), mask)
             _pins_lock.release()
         log.debug("OpenMP thread %d of this team shared CPU %d with another of the team while CPU %d was free: "
                   "pinned it there", k, cpus[k], cpu)

@@ -20,8 +20,10 @@ that key by sources of that stamp, or one not there yet (a recompile).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import os
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -103,12 +105,30 @@ class KeyNamedCacheFile(caching.IndexDataCacheFile):
     def save(self, key, data):
         if not _ours(self._source_stamp):
             return super().save(key, data)
-        name = self._data_name_pattern.replace("{number:d}", _key_digest(self._source_stamp, key))
+        name = self._data_name_pattern.replace("{number:d}", _key_digest(self._version, self._source_stamp, key))
         overloads = self._load_index()
+        if not overloads:  # a new index (new sources, or numba's): the files of older ones are nobody's now
+            self._remove_unlisted({name})
         if overloads.get(key) != name:
             overloads[key] = name
             self._save_index(overloads)
         self._save_data(name, data)
+
+    def _remove_unlisted(self, keep: set[str]) -> None:
+        """Deletes this function's data files but `keep`, key-named or numbered (each edit of the sources names
+        every overload anew; without this they would pile up). Another process's file deleted meanwhile costs it a
+        recompile: `load` takes a missing file for none."""
+        prefix, suffix = self._data_name_pattern.split("{number:d}")
+        try:
+            names = os.listdir(self._cache_path)
+        except OSError:
+            return
+        for n in names:
+            digest = n[len(prefix):-len(suffix)] if n.startswith(prefix) and n.endswith(suffix) else ""
+            ours = digest.isdigit() or len(digest) == DIGEST_CHARS and all(c in "0123456789abcdef" for c in digest)
+            if ours and n not in keep:  # numbered: written before key-named files, by our code too
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self._cache_path, n))
 
 
 # The stamp of our functions' caches: numba's own, the sources' hash and the scheme of their file names (so an index
@@ -120,10 +140,14 @@ def _ours(stamp) -> bool:
     return isinstance(stamp, tuple) and len(stamp) == 3 and stamp[2] == _SCHEME
 
 
-def _key_digest(stamp, key) -> str:
-    """A file-name-safe hash of the stamp and an overload's key (its signature, the target and the bytecode's
-    hashes: their repr, fixed for a given numba and source)."""
-    return hashlib.sha256(repr((stamp, key)).encode()).hexdigest()[:24]
+DIGEST_CHARS = 24
+
+
+def _key_digest(version: str, stamp, key) -> str:
+    """A file-name-safe hash of numba's version, the stamp and an overload's key (its signature, the target and the
+    bytecode's hashes: their repr, fixed for a given numba and source). numba checks its version on the index only:
+    two numba versions over one cache (a test matrix run in parallel) must not write one data file."""
+    return hashlib.sha256(repr((version, stamp, key)).encode()).hexdigest()[:DIGEST_CHARS]
 
 
 def stamp_with_kernel_sources() -> None:

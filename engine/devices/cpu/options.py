@@ -41,8 +41,9 @@ OpenMP's own binding variables are read too, only to know whether the user binds
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_SPIN_US = 2
 DEFAULT_RUN_SPIN_US = 100
@@ -100,7 +101,9 @@ class CpuOptions:
     wait: str = "run"  # WAIT_POLICIES
     run_spin_us: int = DEFAULT_RUN_SPIN_US
     openmp: str = "auto"  # OPENMP_RUNTIMES
-    openmp_bound: bool = False  # the user binds OpenMP's threads (openmp_bound): none is ever pinned by us
+    # the user binds OpenMP's threads (openmp_bound): none is ever pinned by us. OpenMP reads the process's own
+    # environment whatever options the device was given, so options made in code default to it too.
+    openmp_bound: bool = field(default_factory=lambda: environment_binds_openmp(os.environ))
 
     @property
     def wait_policy(self) -> WaitPolicy:
@@ -127,7 +130,7 @@ class CpuOptions:
             wait=_choice("NNSERVE_WAIT_POLICY", get("NNSERVE_WAIT_POLICY") or "run", WAIT_POLICIES),
             run_spin_us=_count("NNSERVE_RUN_SPIN_US", get("NNSERVE_RUN_SPIN_US"), DEFAULT_RUN_SPIN_US, MAX_SPIN_US),
             openmp=_choice("NNSERVE_OPENMP", get("NNSERVE_OPENMP") or "auto", OPENMP_RUNTIMES),
-            openmp_bound=openmp_bound({name: get(name) for name in OPENMP_BINDING}),
+            openmp_bound=environment_binds_openmp(environ),
         )
 
 
@@ -136,16 +139,22 @@ OPENMP_BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFIN
 
 
 def openmp_bound(values: Mapping[str, str]) -> bool:
-    """Whether OpenMP's binding variables (`values`: lower case, blank when unset) bind its threads: OMP_PROC_BIND
-    other than `false`; else OMP_PLACES or GOMP_CPU_AFFINITY (with which libgomp binds when OMP_PROC_BIND is unset);
-    KMP_AFFINITY naming a binding type (its modifiers and `none`, the default type, do not bind)."""
+    """Whether OpenMP's binding variables (`values`: lower case, blank when unset) bind its threads: KMP_AFFINITY
+    naming a binding type (its modifiers and `none`, the default type, do not bind; Intel's runtime lets it
+    override OMP_PROC_BIND); else OMP_PROC_BIND other than `false`; else OMP_PLACES or GOMP_CPU_AFFINITY (with which
+    libgomp binds when OMP_PROC_BIND is unset)."""
+    kmp = [word.strip() for word in values.get("KMP_AFFINITY", "").split(",")]
+    if "disabled" not in kmp and any(word in KMP_BINDING_TYPES or word.startswith("proclist") for word in kmp):
+        return True
     bind = values.get("OMP_PROC_BIND", "")
     if bind:
         return bind != "false"
-    if values.get("OMP_PLACES") or values.get("GOMP_CPU_AFFINITY"):
-        return True
-    kmp = [word.strip() for word in values.get("KMP_AFFINITY", "").split(",")]
-    return "disabled" not in kmp and any(word in KMP_BINDING_TYPES or word.startswith("proclist") for word in kmp)
+    return bool(values.get("OMP_PLACES") or values.get("GOMP_CPU_AFFINITY"))
+
+
+def environment_binds_openmp(environ: Mapping[str, str]) -> bool:
+    """openmp_bound over `environ`'s variables, read as from_env reads every variable."""
+    return openmp_bound({name: environ.get(name, "").strip().lower() for name in OPENMP_BINDING})
 
 
 KMP_BINDING_TYPES = {"compact", "scatter", "explicit", "balanced", "logical", "physical"}

@@ -77,6 +77,9 @@ def plain_into(x: np.ndarray, out: np.ndarray, block: int) -> None:
 
 def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
     steps: dict[tuple, object] = {}
+    if to_blocked:  # a partial last block's loops (_WholeBlocksToBlocked), compiled (or loaded) now, not in a request
+        LL.last_block_in(np.zeros((1, 2, 1), np.float32), np.zeros((1, 1, 1, 2), np.float32), 1, 0, 1)
+        LL.last_block_team()
 
     def step_for(plain_shape: tuple) -> object:
         step = steps.get(plain_shape)
@@ -162,8 +165,6 @@ class _WholeBlocksToBlocked:
             dst = D.MemoryDesc.submemory(blocked_md(one, block), (1, self.full, h, w), (0, 0, 0, 0))
             self.step = D.reorder_step(src, dst)
         self.strides = (c * h * w * 4, -(-c // block) * h * w * block * 4)  # bytes per image, plain and blocked
-        LL.last_block_in(np.zeros((1, 2, 1), np.float32), np.zeros((1, 1, 1, 2), np.float32), 1, 0, 1)  # compiled now
-        LL.last_block_team()
 
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         n, c, h, w = x.shape

@@ -166,7 +166,7 @@ def gather_rows(data, idx, out, lo, hi):
 # `job` (int64 words) of `copies_team`: OpenMP's two getters (open_job); the number of copies, the address of their
 # (dst, src, bytes) int64 triples and the bytes of all of them.
 CP_COUNT, CP_LIST, CP_TOTAL, CP_LEN = 2, 3, 4, 5
-CP_ALIGN = 64  # shares start on cache lines, so that no two threads write one
+CP_ALIGN = 64  # shares are cut at multiples of 64 bytes of the copies' stream: two threads rarely write one line
 
 
 @region

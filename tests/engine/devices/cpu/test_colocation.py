@@ -85,16 +85,41 @@ def test_a_pin_held_long_enough_is_handed_back_on_a_busy_run(team, monkeypatch):
     monkeypatch.setattr(colocation, "_pins", {})
     one = min(allowed)
     os.sched_setaffinity(tids[1], {one})
-    colocation._pins[tids[1]] = time.monotonic()
+    colocation._pins[tids[1]] = (time.monotonic(), frozenset(allowed))
     assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed)
     assert os.sched_getaffinity(tids[1]) == {one}  # young: kept
-    colocation._pins[tids[1]] -= colocation.PIN_HOLD_S
-    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed)
-    assert os.sched_getaffinity(tids[1]) == allowed and not colocation._pins
+    colocation._pins[tids[1]] = (time.monotonic() - colocation.PIN_HOLD_S, frozenset(allowed))
+    # released before anything that stops new pins: here a mask past MAX_ALLOWED_CPUS
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), set(range(64)))
+    assert os.sched_getaffinity(tids[1]) == allowed and not colocation._pins  # the mask it had, not the caller's
+    colocation._pins[2**22 + 7] = (0.0, frozenset(allowed))  # a thread id not of this process: left alone
+    colocation._release_stale()
+    assert not colocation._pins
+
+
+def test_a_forked_child_forgets_the_parents_pins(monkeypatch):
+    monkeypatch.setattr(colocation, "_pins", {threading.get_native_id(): (0.0, frozenset(os.sched_getaffinity(0)))})
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of the parent's to release
+        os._exit(0 if not colocation._pins else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert colocation._pins  # the parent's own record stays
+
+
+def test_proc_stat_mounted_over_is_seen_in_mountinfo(tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_text("22 1 0:21 / /proc rw,nosuid - proc proc rw\n")
+    lxcfs = tmp_path / "lxcfs"
+    lxcfs.write_text("22 1 0:21 / /proc rw - proc proc rw\n"
+                     "31 22 0:33 /proc/stat /proc/stat rw,nosuid - fuse.lxcfs lxcfs rw,user_id=0\n")
+    assert not colocation.proc_stat_mounted(str(plain))
+    assert colocation.proc_stat_mounted(str(lxcfs))
+    assert not colocation.proc_stat_mounted(str(tmp_path / "absent"))
 
 
 def test_stale_pins_are_those_held_long_enough():
-    pins = {11: 100.0, 12: 129.0, 13: 130.5}
+    mask = frozenset({0, 1})
+    pins = {11: (100.0, mask), 12: (129.0, mask), 13: (130.5, mask)}
     assert colocation.stale_pins(pins, 130.0, 30.0) == [11]
     assert colocation.stale_pins(pins, 160.5, 30.0) == [11, 12, 13]
     assert colocation.stale_pins({}, 1e9) == []
@@ -115,11 +140,22 @@ def test_nothing_moves_on_large_hosts(monkeypatch):
     ({"KMP_AFFINITY": "granularity=fine,compact,1,0"}, True), ({"KMP_AFFINITY": "verbose"}, False),
     ({"KMP_AFFINITY": "none"}, False), ({"KMP_AFFINITY": "disabled"}, False),
     ({"KMP_AFFINITY": "explicit,proclist=[0,1]"}, True), ({"OMP_PROC_BIND": " "}, False),
+    ({"OMP_PROC_BIND": "false", "KMP_AFFINITY": "compact"}, True),  # Intel's runtime: KMP_AFFINITY wins
 ])
 def test_the_users_own_binding_is_read_from_openmps_variables(env, bound):
     """Where it binds, the device never hands the busy-host guard a spread (threads.use_openmp's move_apart)."""
     assert CpuOptions.from_env(env).openmp_bound is bound
     assert openmp_bound({k: v.strip().lower() for k, v in env.items()}) is bound
+
+
+def test_options_made_in_code_see_the_processs_own_binding(monkeypatch):
+    """OpenMP reads the process's environment whatever the device's options say: CpuOptions() (a device made in
+    code, get_device("cpu")) takes the binding from it too."""
+    for name in ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"):
+        monkeypatch.delenv(name, raising=False)
+    assert not CpuOptions().openmp_bound
+    monkeypatch.setenv("OMP_PROC_BIND", "close")
+    assert CpuOptions().openmp_bound and not CpuOptions.from_env({}).openmp_bound
 
 
 def test_the_guard_gets_no_spread_where_the_user_binds_threads(monkeypatch):

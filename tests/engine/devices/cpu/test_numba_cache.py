@@ -103,3 +103,23 @@ def test_two_processes_saving_overloads_at_once_never_cross_them(tmp_path):
     theirs = numba_cache.KeyNamedCacheFile(str(tmp_path), "g-1.py311", ("their stamp",))
     theirs.save(("int32",), "code")
     assert (tmp_path / "g-1.py311.1.nbc").exists() and theirs.load(("int32",)) == "code"
+
+
+def test_numba_versions_never_share_a_file_and_old_files_go_with_a_new_index(tmp_path):
+    """numba checks its version on the index only: two versions over one cache write two files. An index written
+    anew (other sources, another numba) removes this function's files it does not name, so edits do not pile them
+    up; other functions' files stay."""
+    stamp = ("numba's stamp", "sources", "key-named")
+    new, old = (numba_cache.KeyNamedCacheFile(str(tmp_path), "f-1.py311", stamp) for _ in range(2))
+    old._version = "0.59.0"
+    old.save(("int32",), "0.59's code")
+    new.save(("int32",), "0.68's code")  # the index is 0.59's: stale to 0.68, written anew, 0.59's file removed
+    assert new.load(("int32",)) == "0.68's code" and old.load(("int32",)) is None
+    (tmp_path / "f-1.py311.3.nbc").write_bytes(b"numbered")  # the scheme before key-named files
+    (tmp_path / "g-1.py311.abcdefabcdefabcdefabcdef.nbc").write_bytes(b"another function's")
+    edited = numba_cache.KeyNamedCacheFile(str(tmp_path), "f-1.py311", ("numba's stamp", "edited", "key-named"))
+    edited.save(("int32",), "edited code")
+    assert sorted(p.name for p in tmp_path.glob("f-1.py311.*.nbc")) == [edited._data_name_pattern.replace(
+        "{number:d}", numba_cache._key_digest(edited._version, edited._source_stamp, ("int32",)))]
+    assert (tmp_path / "g-1.py311.abcdefabcdefabcdefabcdef.nbc").exists()
+    assert edited.load(("int32",)) == "edited code"
