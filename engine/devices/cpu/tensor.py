@@ -112,17 +112,13 @@ def _join_records(inputs, out: np.ndarray, outer: int, cols: list[tuple[int, int
         return None
     if any(x.dtype != out.dtype or not x.flags.c_contiguous for x in inputs):
         return None
+    copies = _join_copies(inputs, out, outer, cols)
     if _team_joins(inputs, out, outer):
-        copies = _join_copies(inputs, out, outer, cols)
         job = _copies_job(copies)
         record = region_record(copies_team().address, job.ctypes.data)
         if record is not None:
             return Native([record], keep=[copies, job])
-    size, width = out.itemsize, out.size // outer
-    records = [N.copy_record(out.ctypes.data + (r * width + a) * size, x.ctypes.data + r * (b - a) * size,
-                             (b - a) * size) for x, (a, b) in zip(inputs, cols, strict=True) for r in range(outer)
-               if b > a]
-    return Native(records)
+    return Native([N.copy_record(int(dst), int(src), int(size)) for dst, src, size in copies])
 
 def _split_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     plans: dict[tuple, tuple] = {}

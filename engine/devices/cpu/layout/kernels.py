@@ -166,12 +166,17 @@ class _WholeBlocksToBlocked:
             self.step = D.reorder_step(src, dst)
         self.strides = (c * h * w * 4, -(-c // block) * h * w * block * 4)  # bytes per image, plain and blocked
 
+    def _images(self, x: np.ndarray, out: np.ndarray) -> list[dict[int, int]]:
+        """The whole blocks' reorder's pointers for each image of x and out."""
+        src, dst = D.address(x), D.address(out)
+        return [{L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]}
+                for i in range(x.shape[0])]
+
     def run(self, x: np.ndarray, out: np.ndarray) -> None:
         n, c, h, w = x.shape
         if self.step is not None:
-            src, dst = D.address(x), D.address(out)
-            for i in range(n):
-                self.step.run({L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]})
+            for ptrs in self._images(x, out):
+                self.step.run(ptrs)
             D.wait()
         parallel_for(LL.last_block_in, n, n * h * w * self.block, x.reshape(n, c, h * w),
                      out.reshape(n, out.shape[1], h * w, self.block), self.full)
@@ -183,10 +188,8 @@ class _WholeBlocksToBlocked:
         n, c, h, w = x.shape
         recs: list = []
         if self.step is not None:
-            src, dst = D.address(x), D.address(out)
-            for i in range(n):
-                recs += self.step.records({L.ARG_SRC: src + i * self.strides[0],
-                                           L.ARG_DST: dst + i * self.strides[1]}, T.threads_for(None))
+            for ptrs in self._images(x, out):
+                recs += self.step.records(ptrs, T.threads_for(None))
             recs.append(D.wait_record())
         job = region_job(LL.LB_LEN)
         job[LL.LB_N:LL.LB_SRC] = n, c, h * w, out.shape[1], self.block
