@@ -106,7 +106,7 @@ def team_thread_ids(run_region: Callable[[int, int], bool], job_words: Callable[
 # there for good.
 MAX_ALLOWED_CPUS = 4
 _disabled: list[str] = []  # why spread_team does nothing in this process (said once in the log)
-# A pin is kept this long at least; a busy-looking run after it gives the worker the whole mask back (spread_team).
+# A pin is kept this long at least; a busy-looking run after it gives the worker the mask it had back (spread_team).
 PIN_HOLD_S = 30.0
 _pins: dict[int, tuple[float, frozenset[int]]] = {}  # thread id -> (when it was pinned, the mask it had)
 _pins_lock = threading.Lock()  # only tried: another guard at it (or a fork that left it held) skips the release

@@ -13,9 +13,10 @@ numba names a cached overload's file by the first number its index does not use 
 two signatures of one function at once (pytest's workers, two servers over one install) can both take number 1,
 and the index one of them wrote then points at the other's machine code. Seen here: Gather's int64 kernel loaded
 an int32 overload's and every model with an int64 Gather failed to load ("can't unbox array from PyObject"); a
-float32 entry given a float64 kernel would be worse. So our functions' overloads are named by a hash of their key
-and the stamp (`KeyNamedCacheFile`): whatever the order of two writers, an index entry names the file written for
-that key by sources of that stamp, or one not there yet (a recompile).
+mismatch numba's unboxing did not catch would run another signature's machine code. So our functions' overloads
+are named by a hash of numba's version, the stamp and their key (`KeyNamedCacheFile`): whatever the order of two
+writers, an index entry names the file written for that key by that numba and sources of that stamp, or one not
+there yet (a recompile).
 """
 
 from __future__ import annotations
