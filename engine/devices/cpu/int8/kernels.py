@@ -61,9 +61,14 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], _contiguous(node, outputs[0])
-        refuse_nan(node, x)
+        if x.dtype != F32:
+            raise KernelError(f"{node.where()}: Int8QuantizeNhwc reads float32, got {x.dtype}")
         rows = out.reshape(out.shape[0], out.shape[1], -1).view(np.int8)  # (N, H, W * C), a view
-        parallel_for(loop, x.shape[0] * x.shape[2], x.size, x, scale, flip, rows)
+        items = x.shape[0] * x.shape[2]
+        nan = np.zeros(items, np.bool_)  # per run: instances may share this kernel across threads
+        parallel_for(loop, items, x.size, np.ascontiguousarray(x), scale, flip, rows, nan)
+        if nan.any():
+            refuse_nan(node, x)  # the exact check and its error
     return run
 
 

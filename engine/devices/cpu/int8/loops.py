@@ -17,25 +17,31 @@ ZERO = np.float32(0.0)
 
 
 @njit(nogil=True, cache=True)
-def quantize(x, scale, flip, out, lo, hi):
+def quantize(x, scale, flip, out, nan, lo, hi):
     """x (N, C, H, W) float32 -> out (N, H, W * C) int8 (NHWC with each row flat), float2int8(x / scale[c]) ^ flip
     (0, or -128: the bytes of q + 128 as uint8, a u8 conv input with zero point 128; an int8 xor keeps the loop
     vectorized where adding 128 as an int made the 3-channel one 25% slower); items (n, y). Each row is quantized
     contiguously first (vectorized; saturating values made the strided version branch), then interleaved channel
     by channel: a strided store per channel over a flat row is 3.5x faster than the pixel-by-pixel loop over a
-    runtime channel count (a 3x240x320 input: 0.27 -> 0.10 ms)."""
+    runtime channel count (a 3x240x320 input: 0.27 -> 0.10 ms). nan[item] is set to 1 where the item's input row
+    holds a NaN (f2i8 would give a number for it; the caller refuses the run), in the same pass: a separate one
+    over a batch of 8 images (7.4 MB, past L2) cost as much as the quantization."""
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     rows = np.empty((c_n, w_n), np.int8)
     for item in range(lo, hi):
         n, y = item // h_n, item % h_n
+        seen = False
         for c in range(c_n):
-            s = scale[c]
+            s, xr = scale[c], x[n, c, y]
+            for xx in range(w_n):
+                seen |= xr[xx] != xr[xx]
             if s == ZERO:
                 rows[c, :] = 0
                 continue
-            xr, row = x[n, c, y], rows[c]
+            row = rows[c]
             for xx in range(w_n):
                 row[xx] = f2i8(xr[xx] / s)
+        nan[item] = seen
         o = out[n, y]
         for c in range(c_n):
             row = rows[c]
@@ -44,14 +50,19 @@ def quantize(x, scale, flip, out, lo, hi):
 
 
 @njit(nogil=True, cache=True)
-def quantize3(x, scale, flip, out, lo, hi):
+def quantize3(x, scale, flip, out, nan, lo, hi):
     """`quantize` of a 3-channel input (an image) whose scales are all non-zero: one pass writing each pixel's
-    three bytes, the channel count known to the compiler (a 3x240x320 input: 0.100 -> 0.056 ms on one thread)."""
+    three bytes, the channel count known to the compiler (a 3x240x320 input: 0.100 -> 0.056 ms on one thread),
+    and noting a NaN in nan[item] as `quantize` does."""
     h_n, w_n = x.shape[2], x.shape[3]
     s0, s1, s2 = scale[0], scale[1], scale[2]
     for item in range(lo, hi):
         n, y = item // h_n, item % h_n
         x0, x1, x2, o = x[n, 0, y], x[n, 1, y], x[n, 2, y], out[n, y]
+        seen = False
+        for xx in range(w_n):
+            seen |= (x0[xx] != x0[xx]) | (x1[xx] != x1[xx]) | (x2[xx] != x2[xx])
+        nan[item] = seen
         for xx in range(w_n):
             o[3 * xx] = f2i8(x0[xx] / s0) ^ flip
             o[3 * xx + 1] = f2i8(x1[xx] / s1) ^ flip

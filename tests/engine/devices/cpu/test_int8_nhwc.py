@@ -593,3 +593,20 @@ def test_quantize_refuses_nan_and_saturates_infinities(op):
     for fn in (run_kernel, reference):
         with pytest.raises(InputValueError, match=r"test:1: .*met a NaN, which int8 cannot represent"):
             fn(node, [x])
+
+
+@pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.01, 0.0, 0.03), (0.02, 0.0, 0.01, 0.05, 0.03)])
+@pytest.mark.parametrize("where", ["first", "last", "middle"])
+def test_quantize_nhwc_finds_a_nan_anywhere_in_its_pass(scales, where):
+    """The NaN check rides on the quantization's own pass (per row, over the team's split): a NaN in any image, row
+    or channel is refused, one in a channel of scale 0 too (it quantizes to 0 but is still no number), and one at
+    either end of a batch large enough to be split over threads."""
+    c = len(scales)
+    x = RNG.standard_normal((4, c, 64, 600)).astype(np.float32)  # past MIN_WORK: the rows split over the team
+    at = {"first": (0, 0, 0, 0), "last": (3, c - 1, 63, 599), "middle": (2, 1, 31, 300)}[where]
+    x[at] = np.nan
+    node = make_node("Int8QuantizeNhwc", 1, attrs={"scale": np.asarray(scales, np.float32)})
+    with pytest.raises(InputValueError, match=r"met a NaN, which int8 cannot represent"):
+        run_kernel(node, [x])
+    x[at] = np.float32(np.inf)  # no NaN: saturates, as the reference does
+    np.testing.assert_array_equal(run_kernel(node, [x])[0], reference(node, [x])[0])
