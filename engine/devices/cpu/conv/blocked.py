@@ -227,8 +227,11 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
 
     def native(inputs, outputs, workspace):
         x = inputs[0]
-        if wino_plan(x.shape) is not None:
-            return None
+        winograd = wino_plan(x.shape)
+        if winograd is not None:
+            z = inputs[1] if spec.residual else None
+            conv, geo, nbytes = winograd
+            return conv.records(geo, x, z, outputs[0], aligned_workspace(workspace, nbytes, private))
         return plan_native(spec, plans.get(x.shape), inputs, outputs, workspace)
 
     run.native = native  # type: ignore[attr-defined]

@@ -25,7 +25,8 @@ The vector transforms run the same three steps as ONE parallel region per conv i
 winograd_blocked_region.py): each thread takes whole items (its tiles, or its output channels where tiles are
 few) from input transform to output, its GEMMs on a one-thread matmul primitive, with no hand-over between our
 pool and OpenMP's team inside the conv (ResNet-18 at batch 1, one thread: 64ch@56 0.89 -> 0.71 ms, the others
-within 3%; two threads, 64ch@56 0.87 -> 0.53, 128ch@28 0.67 -> 0.50). The chunked steps above remain for the
+within 3%; two threads, 64ch@56 0.87 -> 0.53, 128ch@28 0.67 -> 0.50), as a native function on OpenMP's team where
+our splits run natively (recordable into native programs: `records`). The chunked steps above remain for the
 scalar kernels.
 """
 
@@ -39,6 +40,7 @@ from engine.devices.cpu.conv import winograd_blocked_loops as K
 from engine.devices.cpu.conv import winograd_blocked_region as R
 from engine.devices.cpu.conv import winograd_simd as S
 from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import get_threads, parallel_for
@@ -241,6 +243,15 @@ class WinogradConv:
             self._run_chunks(geo, x, z, out, buf, vector)
         if self.epi.late:
             apply_activation(self.epi.act, self.epi.params, out)
+
+    def records(self, geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
+                buf: np.ndarray) -> Native | None:
+        """`run` on these arrays as native_program records: the one-region path only (its vector transforms, the
+        activation inline); None where `run` would take another path."""
+        zz = out if z is None else z
+        if not (REGION and _vector_ok(x.shape[4], x, out, zz)) or self.epi.late:
+            return None
+        return self.region.records(geo, tiles(geo, self.m), x, z, out, buf, get_threads(), self.epi)
 
     def _slot(self, buf: np.ndarray, chunk: int, t: int, wts: np.ndarray) -> tuple:
         """v and m of a chunk of `t` tiles in `buf` (laid out for chunks of `chunk`) and the matmul's pointers,

@@ -11,9 +11,18 @@ Items split the conv by tiles where there are many (ResNet-18's 56x56 and 28x28 
 ITEM_BYTES of v and m so they stay in L2; where tiles are few (fewer than SPLIT_TILES per thread: 512ch@7 has 4
 F(4x4) or 16 F(2x2) tiles) every thread takes all tiles and a part of the output-channel blocks: each transforms
 the (small) input itself and multiplies it by its own columns of U, so U, the big operand there, is read once
-over all threads instead of once per thread. The slots claim items in turn from a shared counter, so a thread
-that lost its core to another process (a shared host) leaves its share to the others. A slot's m is as wide as
-the output (an item's part's columns only written): the output transform addresses channels globally.
+over all threads instead of once per thread. A slot's m is as wide as the output (an item's part's columns only
+written): the output transform addresses channels globally.
+
+Where our kernels' splits run natively on OpenMP's team (threads.native_regions: Intel's OpenMP under `run`), the
+region is one native function (`winograd_team`, a numba cfunc): each thread takes the items in turn by its thread
+number and calls oneDNN's execution of its slot's matmul itself (the runners bound to the slot's buffers once, each
+slot on a stream of its own), so no Python runs inside the conv and it can be recorded into a native program
+(fused_calls.py). From Python, the slots' loop split over our pool's callbacks took the GIL item by item and the
+second thread started 25-45 us late: on a 2-vCPU AVX-512 Xeon, batch 1, 64ch@56 0.61 -> 0.40 ms (one thread:
+0.76), 128ch@28 0.54 -> 0.39 (0.64); ResNet-18 13.0 -> 10.6 ms, 75 -> 66 at batch 8. Elsewhere the slots claim
+items in turn from a shared counter, so a thread that lost its core to another process (a shared host) leaves its
+share to the others; the native region's fixed turns do not (a preempted thread's items wait for it).
 """
 
 from __future__ import annotations
@@ -25,12 +34,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from numba import carray, njit
 
+from engine.devices.cpu import native_program as N
 from engine.devices.cpu.conv import winograd_simd as S
+from engine.devices.cpu.fused_calls import Native
+from engine.devices.cpu.loops.native import call_int_p, call_int_ppip, f32_at, f64_at, i64_at, open_job, region
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import matmul as dnn
 from engine.devices.cpu.onednn import objects as D
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.threads import native_regions, parallel_for, region_job, region_record, run_native
+from engine.errors import KernelError
 
 ITEM_BYTES = 1 << 20  # v and m of one item: in L2 (1-2 MiB a core on the AVX-512 Xeons measured)
 SPLIT_TILES = 16  # tiles per thread below which the threads split output channels instead of tiles
@@ -160,31 +174,93 @@ class Region:
             plan_key = (t1 - t0, kb0 * self.block, kb1 * self.block)
             items.append((t0, t1, kb0, kb1, gemms.setdefault(plan_key, len(gemms))))
         slots = []
+        # the native region's view of the same: per slot and GEMM (v, m, tiles, primitive, stream, argument count,
+        # arguments), each slot's runners bound to its buffers for good and executing on the slot's own stream
+        table = np.zeros((threads, len(gemms), TABLE_WORDS), np.int64)
+        keep: list = []
         with self._unpacked():
             for slot in range(threads):
-                mine = []
-                for t, k0, k1 in gemms:
+                mine, stream = [], D.Stream()
+                keep.append(stream)
+                for g, (t, k0, k1) in enumerate(gemms):
                     plan, u = self._plan(t, k0, k1)
                     v = _view(buf, slot * size, (self.products, t, self.c))
                     m = _view(buf, slot * size + v_bytes, (self.products, t, self.o))
-                    mine.append((plan.runner().run, v, m, (D.address(v), u, D.address(m) + 4 * k0)))
+                    runner, ptrs = plan.runner(), (D.address(v), u, D.address(m) + 4 * k0)
+                    prim, nargs, args = runner.bind(*ptrs)
+                    table[slot, g] = D.address(v), D.address(m), t, prim, stream.h.value, nargs, args
+                    keep.append(runner)
+                    mine.append((runner.run, v, m, ptrs))
                 slots.append(mine)
-        got = self._schedules[key] = (items, slots)
+        native = (np.array(items, np.int64).reshape(-1, ITEM_WORDS), table, keep, {})  # {}: its jobs (_job)
+        got = self._schedules[key] = (items, slots, native)
         return got
 
     def run(self, geo, tiles_hw: tuple[int, int], x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
             buf: np.ndarray, threads: int, epi) -> bool:
         """out = conv(x) + bias (+ z), the inline activation applied; False (nothing run) when `buf` holds less
-        than workspace_bytes(...) (the thread count grew since the workspace was sized)."""
+        than workspace_bytes(...) (the thread count grew since the workspace was sized). As one native region
+        (`winograd_team`) where our kernels' splits run natively, else the slots from Python."""
         th, tw = tiles_hw
         schedule = self._schedule(geo.n * th * tw, buf, threads)
         if schedule is None:
             return False
+        if threads > 1 and native_regions():
+            job = self._job(schedule, geo, tiles_hw, x, z, out, epi)[0]
+            job[WJ_STATUS:] = 0
+            if run_native(winograd_team().address, job.ctypes.data):
+                if job[WJ_STATUS:].any():
+                    raise KernelError(f"Winograd conv: oneDNN dnnl_primitive_execute failed with status "
+                                      f"{int(job[WJ_STATUS:].max())}")
+                return True
+        items, slots = schedule[:2]
         zz = out if z is None else z
-        parallel_for(_run_slots, threads, 1 << 30, *schedule, itertools.count(), x, out, zz, z is not None,
+        parallel_for(_run_slots, threads, 1 << 30, items, slots, itertools.count(), x, out, zz, z is not None,
                      epi.bias, epi.code, epi.lo, epi.hi, self.m, th, tw, geo.pads[0], geo.pads[1],
                      self.c // self.block)
         return True
+
+    def records(self, geo, tiles_hw: tuple[int, int], x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
+                buf: np.ndarray, threads: int, epi) -> Native | None:
+        """`run` on these (C-contiguous) arrays as a native_program record: the region on OpenMP's team, or its
+        function on this thread for one thread; None where `run` would split from Python or not run."""
+        th, tw = tiles_hw
+        schedule = self._schedule(geo.n * th * tw, buf, threads)
+        if schedule is None:
+            return None
+        entry = self._job(schedule, geo, tiles_hw, x, z, out, epi)
+        job, fn = entry[0], winograd_team().address
+        if threads == 1:
+            record: tuple | None = (N.OP_CALL, fn, job.ctypes.data)
+        else:
+            record = region_record(fn, job.ctypes.data) if native_regions() else None
+        return None if record is None else Native([record], [], [self, schedule, entry])
+
+    def _job(self, schedule: tuple, geo, tiles_hw: tuple[int, int], x: np.ndarray, z: np.ndarray | None,
+             out: np.ndarray, epi) -> tuple[np.ndarray, np.ndarray]:
+        """(winograd_team's job, the float64 clip bounds it points at) for these arrays (see WJ_*), kept with the
+        schedule per addresses and shapes (a binding's arrays are the same run after run; a job points into its
+        schedule's arrays, so it lives and dies with it)."""
+        items, table, _, jobs = schedule[2]
+        key = (D.address(x), x.shape, D.address(out), out.shape, None if z is None else D.address(z))
+        got = jobs.get(key)
+        if got is not None:
+            return got
+        if len(jobs) >= MAX_SCHEDULES:
+            jobs.clear()
+        threads, gemms = table.shape[:2]
+        job = region_job(WJ_STATUS + threads)
+        job[WJ_ITEMS:WJ_X] = items.ctypes.data, items.shape[0], table.ctypes.data, threads, gemms
+        job[WJ_X], job[WJ_XSHAPE:WJ_OUT] = D.address(x), x.shape
+        job[WJ_OUT], job[WJ_OSHAPE:WJ_Z] = D.address(out), out.shape[1:4]
+        job[WJ_Z], job[WJ_BIAS], job[WJ_CODE] = 0 if z is None else D.address(z), D.address(epi.bias), epi.code
+        clip = np.array([epi.lo, epi.hi], np.float64)
+        job[WJ_CLIP], job[WJ_M], job[WJ_TH], job[WJ_TW] = clip.ctypes.data, self.m, *tiles_hw
+        job[WJ_PT], job[WJ_PL], job[WJ_CBS] = geo.pads[0], geo.pads[1], self.c // self.block
+        job[WJ_P], job[WJ_C], job[WJ_O] = self.products, self.c, self.o
+        job[WJ_EXEC], job[WJ_WAIT] = D.fn_address("dnnl_primitive_execute"), D.fn_address("dnnl_stream_wait")
+        got = jobs[key] = (job, clip)
+        return got
 
 
 def _run_slots(items, slots, claim, x, out, zz, has_z, bias, code, lo_clip, hi_clip, m, th, tw, pt, pl, cbs, lo,
@@ -202,6 +278,68 @@ def _run_slots(items, slots, claim, x, out, zz, has_z, bias, code, lo_clip, hi_c
             S.input_transform(x, v, m, t0, t1, th, tw, pt, pl, 1, 0, cbs)
             gemm(*ptrs)
             S.output_transform(prod, out, zz, has_z, bias, code, lo_clip, hi_clip, m, t0, t1, th, tw, 1, kb0, kb1)
+
+
+ITEM_WORDS = 5  # an item: first tile, end tile, first channel block, end block, index of its GEMM
+TABLE_WORDS = 7  # per slot and GEMM: v, m, tiles, primitive, stream, argument count, arguments
+# `job` (int64 words) of `winograd_team`: OpenMP's two getters; the items (address, count); the slots' table
+# (address, slots, GEMMs); x's address and (N, CB, H, W, B); out's address and (KB, OH, OW); z's address (0: none);
+# the bias's; the activation's code and the address of its float64 (lo, hi); the tile m, tiles down and across, the
+# top and left pads, C's blocks; products, C, K; the addresses of dnnl_primitive_execute and dnnl_stream_wait; then
+# one status word per slot (a failed execution's status).
+(WJ_ITEMS, WJ_N_ITEMS, WJ_TABLE, WJ_SLOTS, WJ_GEMMS, WJ_X, WJ_XSHAPE) = range(2, 9)
+WJ_OUT = WJ_XSHAPE + 5
+WJ_OSHAPE = WJ_OUT + 1
+(WJ_Z, WJ_BIAS, WJ_CODE, WJ_CLIP, WJ_M, WJ_TH, WJ_TW, WJ_PT, WJ_PL, WJ_CBS, WJ_P, WJ_C, WJ_O, WJ_EXEC, WJ_WAIT,
+ WJ_STATUS) = range(WJ_OSHAPE + 3, WJ_OSHAPE + 19)
+
+
+@region
+def winograd_team(data):
+    """One OpenMP thread's items of a Winograd conv (see WJ_*), end to end on its own slot: the input transform into
+    its v, its GEMM (a one-thread oneDNN matmul, bound to its buffers, on its slot's stream), the output transform.
+    Items go round the threads in turn (a thread past the slots takes none). A failed execution leaves its status
+    in the job and its item's outputs NaN (never a stale number; the Python caller raises on the status)."""
+    job, t, team = open_job(data, WJ_STATUS)
+    slots = job[WJ_SLOTS]
+    team = min(team, slots)
+    if t >= team:
+        return
+    n_items, gemms = job[WJ_N_ITEMS], job[WJ_GEMMS]
+    items = carray(i64_at(job[WJ_ITEMS]), (n_items, ITEM_WORDS))
+    table = carray(i64_at(job[WJ_TABLE]), (slots, gemms, TABLE_WORDS))
+    xs, os_ = job[WJ_XSHAPE:WJ_XSHAPE + 5], job[WJ_OSHAPE:WJ_OSHAPE + 3]
+    x = carray(f32_at(job[WJ_X]), (xs[0], xs[1], xs[2], xs[3], xs[4]))
+    out = carray(f32_at(job[WJ_OUT]), (xs[0], os_[0], os_[1], os_[2], xs[4]))
+    has_z = job[WJ_Z] != 0
+    zz = carray(f32_at(job[WJ_Z] if has_z else job[WJ_OUT]), (xs[0], os_[0], os_[1], os_[2], xs[4]))
+    p, c, o, m = job[WJ_P], job[WJ_C], job[WJ_O], job[WJ_M]
+    bias, clip = carray(f32_at(job[WJ_BIAS]), (o,)), carray(f64_at(job[WJ_CLIP]), (2,))
+    th, tw, pt, pl, cbs, code = job[WJ_TH], job[WJ_TW], job[WJ_PT], job[WJ_PL], job[WJ_CBS], job[WJ_CODE]
+    for i in range(t, n_items, team):
+        t0, t1, kb0, kb1, g = items[i, 0], items[i, 1], items[i, 2], items[i, 3], items[i, 4]
+        row = table[t, g]
+        v = carray(f32_at(row[0]), (p, row[2], c))
+        prod = carray(f32_at(row[1]), (p, row[2], o))
+        S.input_transform(x, v, m, t0, t1, th, tw, pt, pl, 1, 0, cbs)
+        status = call_int_ppip(job[WJ_EXEC], row[3], row[4], row[5], row[6])
+        if status == 0:
+            status = call_int_p(job[WJ_WAIT], row[4])
+        if status != 0:
+            job[WJ_STATUS + t] = status
+            _poison(out, m, t0, t1, th, tw, kb0, kb1)
+            continue
+        S.output_transform(prod, out, zz, has_z, bias, code, clip[0], clip[1], m, t0, t1, th, tw, 1, kb0, kb1)
+
+
+@njit(nogil=True, cache=True)
+def _poison(out, m, t0, t1, th, tw, kb0, kb1):
+    """NaN over the output tiles [t0, t1) of channel blocks [kb0, kb1) (a failed GEMM's: no stale number served)."""
+    oh, ow = out.shape[2], out.shape[3]
+    for t in range(t0, t1):
+        n, r = t // (th * tw), t % (th * tw)
+        y0, x0 = (r // tw) * m, (r % tw) * m
+        out[n, kb0:kb1, y0:min(oh, y0 + m), x0:min(ow, x0 + m), :] = np.nan
 
 
 def _view(buf: np.ndarray, offset: int, shape: tuple[int, ...]) -> np.ndarray:

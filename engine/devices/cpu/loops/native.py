@@ -1,7 +1,7 @@
 """Intrinsics for native code that numba compiles from addresses: a region function's `void *` argument read as
-int64 words, integer addresses as int64 or float32 pointers, and `int fn(void)` called at an address (OpenMP's
-omp_get_thread_num and omp_get_num_threads, whose addresses a job passes in, so nothing process-specific is compiled
-into a cached function).
+int64 words, integer addresses as int64 or float32 pointers, and C functions called at an address (OpenMP's
+omp_get_thread_num and omp_get_num_threads, oneDNN's primitive execution and stream wait, whose addresses a job
+passes in, so nothing process-specific is compiled into a cached function).
 
 These are inlined into their callers in other files; numba_cache.py keys the cache on every engine source, so a
 change here recompiles them (numba alone would watch the caller's own file only).
@@ -51,6 +51,31 @@ def call_int(typingctx, address):
         fnty = ir.FunctionType(ir.IntType(32), [])
         return builder.sext(builder.call(builder.inttoptr(args[0], fnty.as_pointer()), []), ir.IntType(64))
     return types.int64(address), codegen
+
+
+@intrinsic
+def call_int_p(typingctx, address, a):
+    """int fn(void *a) at an integer address (oneDNN's dnnl_stream_wait), widened to int64."""
+    def codegen(context, builder, signature, args):
+        ptr = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.IntType(32), [ptr])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.sext(builder.call(fn, [builder.inttoptr(args[1], ptr)]), ir.IntType(64))
+    return types.int64(address, a), codegen
+
+
+@intrinsic
+def call_int_ppip(typingctx, address, a, b, n, c):
+    """int fn(void *a, void *b, int n, void *c) at an integer address (oneDNN's dnnl_primitive_execute: primitive,
+    stream, argument count, arguments), widened to int64."""
+    def codegen(context, builder, signature, args):
+        ptr, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fnty = ir.FunctionType(i32, [ptr, ptr, i32, ptr])
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        call = [builder.inttoptr(args[1], ptr), builder.inttoptr(args[2], ptr), builder.trunc(args[3], i32),
+                builder.inttoptr(args[4], ptr)]
+        return builder.sext(builder.call(fn, call), ir.IntType(64))
+    return types.int64(address, a, b, n, c), codegen
 
 
 def region(fn):

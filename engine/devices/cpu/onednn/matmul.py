@@ -12,6 +12,7 @@ use and cached); its scratchpad sits in the instance workspace.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 from collections.abc import Sequence
@@ -205,6 +206,13 @@ class Runner:
         self.mems[L.ARG_SCRATCHPAD].set(self.pad.ctypes.data)
         self.args = (L.ExecArg * len(self.mems))(*(L.ExecArg(a, m.h) for a, m in self.mems.items()))
         self.src, self.wts, self.dst = (self.mems[a].h for a in (L.ARG_SRC, L.ARG_WEIGHTS, L.ARG_DST))
+
+    def bind(self, src: int, wts: int, dst: int) -> tuple[int, int, int]:
+        """Points the memories at these addresses for good: (the primitive, the argument count, the arguments'
+        address), what a native caller passes to dnnl_primitive_execute with a stream of its own."""
+        L.check(L.LIB.dnnl_memory_set_data_handle(self.src, src) or L.LIB.dnnl_memory_set_data_handle(self.wts, wts)
+                or L.LIB.dnnl_memory_set_data_handle(self.dst, dst), "dnnl_memory_set_data_handle")
+        return self.plan.prim.h.value, len(self.args), ctypes.addressof(self.args)
 
     def run(self, src: int, wts: int, dst: int) -> None:
         set_handle, lib = L.LIB.dnnl_memory_set_data_handle, L.LIB

@@ -261,6 +261,17 @@ class Primitive(_Handle):
         self.pd = pd
 
 
+class Stream(_Handle):
+    """A stream owned by its holder, for one slot of a native region (each OpenMP thread executes on its slot's own
+    stream; `stream()` is the calling Python thread's)."""
+    _destroy = "dnnl_stream_destroy"
+
+    def __init__(self):
+        h = _vp()
+        L.call("dnnl_stream_create", ctypes.byref(h), engine(), L.STREAM_IN_ORDER)
+        super().__init__(h)
+
+
 class Memory(_Handle):
     """A memory object over caller-owned data; the pointer is swapped per run (`set`), every run even when unchanged:
     dnnl_memory_set_data_handle also writes zeros into a blocked memory's padding, which oneDNN's primitives may

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel
+from op_harness import build_kernel, cpu_device
 from test_conv_blocked import B, make, run_case
 
+from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads as _threads
 from engine.devices.cpu.conv import blocked as blocked_conv
 from engine.devices.cpu.conv import winograd_blocked as W
 from engine.devices.cpu.conv import winograd_blocked_region as R
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.onednn import objects as onednn
+from engine.errors import KernelError
 from engine.ops.conv import conv_reference
 from engine.ops.conv_geometry import conv_geom
 from engine.ops.registry import TensorInfo
@@ -27,21 +29,60 @@ C = 6 * B  # 6 channel blocks
 O = 5 * B  # 5 output blocks: a 2-part split is 2 + 3 blocks
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+class Ran:
+    """How a test's region ran: the slot count of each call of the slots' Python loop, and the native regions."""
+
+    def __init__(self, n: int, native: bool):
+        self.n, self.native = n, native
+        self.calls: list[int] = []
+        self.regions = 0
+
+    def check(self) -> None:
+        """Every run took the path the fixture asked for: the native region (winograd_team), or the slots'
+        Python loop with one call per thread, each given every slot."""
+        if self.native:
+            assert self.regions and not self.calls
+        else:
+            assert self.calls and set(self.calls) == {self.n}
+
+
+@pytest.fixture(params=[(1, False), (2, False), (2, True)], ids=["1thread", "2threads", "2threads-native"])
 def threads(request, monkeypatch):
-    """The region on `threads` threads; the slot count of each call of the slots' loop (one per thread)."""
+    """The region on n threads, from Python (the slots' loop over our pool) or as one native region on OpenMP's
+    team (where our kernels' splits run natively: Intel's OpenMP under `run`, forced on here)."""
+    n, native = request.param
     before = _threads.get_threads()
-    _threads.set_threads(request.param)
-    calls = []
+    _threads.set_threads(n)
+    ran = Ran(n, native)
     run_slots = R._run_slots
 
     def counted(items, slots, *args):
-        calls.append(len(slots))
+        ran.calls.append(len(slots))
         run_slots(items, slots, *args)
 
     monkeypatch.setattr(R, "_run_slots", counted)
-    yield request.param, calls
+    if native and not _native_on(monkeypatch, ran):
+        _threads.set_threads(before)
+        pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN or the `short` policy)")
+    yield ran
     _threads.set_threads(before)
+
+
+def _native_on(monkeypatch, ran: Ran) -> bool:
+    """Native regions forced on (counted in `ran`); False where our kernels do not run on OpenMP's team."""
+    cpu_device()
+    if _threads.pool_kind(_threads.get_policy(), _threads._openmp is not None) != "openmp":
+        return False
+    run_native = R.run_native
+
+    def counted_native(fn, data):
+        done = run_native(fn, data)
+        ran.regions += done
+        return done
+
+    monkeypatch.setattr(R, "native_regions", lambda: True)
+    monkeypatch.setattr(R, "run_native", counted_native)
+    return True
 
 
 def _force(monkeypatch, tile: int) -> None:
@@ -63,7 +104,7 @@ def test_split_by_tiles(threads, monkeypatch, tile, act, act_params, residual):
     """3 images of 33x33: 243 F(4x4) tiles (867 F(2x2)) in items no larger than U, so chunks of two lengths run
     on every slot (for either channel block, 8 or 16, and one or two threads: 25x25 split evenly with 8); the
     edge tiles clipped."""
-    n_threads, calls = threads
+    n_threads = threads.n
     monkeypatch.setattr(R, "ITEM_BYTES", 1)  # items as large as U's bytes
     _force(monkeypatch, tile)
     shape = (3, C, 33, 33)
@@ -71,7 +112,7 @@ def test_split_by_tiles(threads, monkeypatch, tile, act, act_params, residual):
     assert s.parts == 1 and len(s.items()) >= 2 * n_threads and s.total % s.tiles
     node, plain = make(C, O, 3, act=act, act_params=act_params)
     run_case(node, plain, [shape], residual=residual, impl=f"winograd-f{tile}x{tile}")
-    assert calls and calls[-1] == n_threads
+    threads.check()
 
 
 @pytest.mark.parametrize("tile", [4, 2])
@@ -80,14 +121,14 @@ def test_split_by_tiles(threads, monkeypatch, tile, act, act_params, residual):
 def test_split_by_output_channels(threads, monkeypatch, tile, act, act_params, residual):
     """One 7x7 image: 4 F(4x4) tiles (16 F(2x2)), fewer than SPLIT_TILES a thread: on two threads each takes
     every tile and 2 or 3 of the 5 output blocks."""
-    n_threads, calls = threads
+    n_threads = threads.n
     _force(monkeypatch, tile)
     shape = (1, C, 7, 7)
     s = _expect(C, O, shape, tile, n_threads)
     assert s.parts == n_threads
     node, plain = make(C, O, 3, act=act, act_params=act_params)
     run_case(node, plain, [shape], residual=residual, impl=f"winograd-f{tile}x{tile}")
-    assert calls and calls[-1] == n_threads
+    threads.check()
 
 
 def test_smaller_batch_on_the_same_workspace(threads, monkeypatch):
@@ -143,7 +184,6 @@ def test_more_threads_than_the_workspace_was_sized_for(monkeypatch):
 @pytest.mark.parametrize("shape", [(2, C, 25, 25), (1, C, 7, 7)], ids=["by-tiles", "by-channels"])
 def test_eight_lane_blocks(threads, monkeypatch, shape):
     """AVX2's 8-lane blocks (winograd_simd's vectors one to a pixel), both split kinds, a residual and ReLU."""
-    n_threads, calls = threads
     _force(monkeypatch, 4)
     node, plain = make(C, O, 3, act="relu")
     node.params["block"] = 8
@@ -156,7 +196,7 @@ def test_eight_lane_blocks(threads, monkeypatch, shape):
     assert kernel.impl.startswith("winograd-f4x4"), kernel.impl
     out = np.full(ins[1].shape, np.nan, np.float32)
     kernel(ins, [out], workspace)
-    assert calls and set(calls) == {n_threads}  # one call per thread, each given every slot
+    threads.check()
     np.testing.assert_allclose(to_plain(out, O), want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
 
@@ -230,3 +270,100 @@ def test_filters_transformed_once_for_all_parts(monkeypatch):
     region = R.Region(4 * B, 4 * B, 4, B, lambda: made.append(1) or np.ones((36, 4 * B, 4 * B), np.float32))
     region.prepare(4, 2)  # 4 tiles on 2 threads: by channels, 2 parts
     assert region.split(4, 2).parts == 2 and made == [1] and region._plain is None
+
+
+def _native_case(shape: tuple, residual: bool):
+    """A Winograd ConvBlocked (F(4x4), ReLU) built at `shape`: (kernel, workspace, inputs, output, float64 reference
+    in NCHW)."""
+    node, plain = make(C, O, 3, act="relu")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape).astype(np.float32)
+    z = rng.standard_normal((shape[0], O, *shape[2:])).astype(np.float32) if residual else None
+    want = conv_reference(plain, [x] + ([z] if residual else []))[0]
+    ins = [to_blocked(x, B)] + ([to_blocked(z, B)] if residual else [])
+    kernel, workspace = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in ins])
+    assert kernel.impl.startswith("winograd-f4x4"), kernel.impl
+    return kernel, workspace, ins, np.full((shape[0], O // B, *shape[2:], B), np.nan, np.float32), want
+
+
+def _replay(native) -> None:
+    """Runs a kernel's records as a native program, holding the region pool as a segment does."""
+    pool = _threads.region_pool() if N.OP_REGION in {r[0] for r in native.records} else None
+    if pool is not None:
+        assert pool.busy.acquire(blocking=False)
+    try:
+        assert N.Program(native.records, native.keep).run() is None
+    finally:
+        if pool is not None:
+            pool.busy.release()
+
+
+@pytest.mark.parametrize("shape", [(2, C, 25, 25), (1, C, 7, 7)], ids=["by-tiles", "by-channels"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_records_replay_the_region(threads, monkeypatch, shape, residual):
+    """The conv recorded into a native program (fused_calls.py): the region on OpenMP's team, or its function on this
+    thread for one thread; the replay writes every output element as the reference has it, run after run."""
+    _force(monkeypatch, 4)
+    kernel, workspace, ins, out, want = _native_case(shape, residual)
+    native = kernel.native(ins, [out], workspace)
+    if threads.n > 1 and not threads.native:
+        assert native is None  # the slots would split over Python callbacks: the kernel's Python runs instead
+        return
+    assert native is not None
+    assert {r[0] for r in native.records} == {N.OP_REGION if threads.n > 1 else N.OP_CALL}
+    for _ in range(2):
+        out[...] = np.nan
+        _replay(native)
+        np.testing.assert_allclose(to_plain(out, O), want, rtol=1e-4,
+                                   atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_failed_gemm_is_refused_and_leaves_nan(monkeypatch):
+    """A GEMM oneDNN refuses inside the native region (here: a null primitive) raises from the kernel's run, and in
+    a recorded program, which cannot raise, leaves NaN in its tiles' outputs, never a stale number."""
+    before = _threads.get_threads()
+    _threads.set_threads(2)
+    try:
+        ran = Ran(2, True)
+        if not _native_on(monkeypatch, ran):
+            pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN or the `short` policy)")
+        _failed_gemm(monkeypatch)
+    finally:
+        _threads.set_threads(before)
+    assert ran.regions
+
+
+def _failed_gemm(monkeypatch) -> None:
+    _force(monkeypatch, 4)
+    kernel, workspace, ins, out, _ = _native_case((2, C, 25, 25), False)
+    kernel(ins, [out], workspace)  # builds the schedule
+    assert np.isfinite(out).all()
+    schedules = [s for conv in _winograd_convs(kernel) for s in conv.region._schedules.values() if s is not None]
+    assert schedules
+    for schedule in schedules:
+        schedule[2][1][:, :, 3] = 0  # every slot's primitives: null
+    out[...] = 1.0
+    with pytest.raises(KernelError, match="dnnl_primitive_execute failed"):
+        kernel(ins, [out], workspace)
+    assert np.isnan(out).all()  # every item failed: every tile NaN
+    out[...] = 1.0
+    native = kernel.native(ins, [out], workspace)
+    _replay(native)
+    assert np.isnan(out).all()
+
+
+def _winograd_convs(kernel) -> list:
+    """The WinogradConvs a blocked conv kernel holds (in its closure, or its helpers' closures)."""
+    found, todo, seen = [], [kernel], set()
+    while todo:
+        fn = todo.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for cell in getattr(fn, "__closure__", None) or ():
+            v = cell.cell_contents
+            if isinstance(v, blocked_conv._Winograds):
+                found += list(v._convs.values())
+            elif callable(v) and hasattr(v, "__closure__"):
+                todo.append(v)
+    return found
