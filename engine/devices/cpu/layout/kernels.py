@@ -246,10 +246,25 @@ def _kernel_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]):
         parallel_for(LL.max_pool, n * cb, out.size * g.kernel[0] * g.kernel[1], x.reshape(n * cb, h, w, b),
                      out.reshape(n * cb, g.oh, g.ow, b), *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1])
     run.impl = "numba:max_pool_blocked"  # type: ignore[attr-defined]
+
+    def exact_if_flagged(x: np.ndarray, out: np.ndarray, flags: np.ndarray) -> tuple[tuple, np.ndarray]:
+        """The record of `run`'s exact loop over x into out where `flags` (a NaN check's) say so, and its job."""
+        n, cb, h, w, b = x.shape
+        g = geoms.get(x.shape)
+        if g is None:
+            g = remember(geoms, x.shape, pool_geom(plain, (n, cb * b, h, w)))
+        job = region_job(LL.MPF_LEN)
+        job[LL.MPF_FLAGS:LL.MPF_X] = flags.ctypes.data, flags.size
+        job[LL.MPF_X:LL.MPF_OUT] = D.address(x), n * cb, h, w, b
+        job[LL.MPF_OUT:LL.MPF_WINDOW] = D.address(out), g.oh, g.ow
+        job[LL.MPF_WINDOW:] = *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1]
+        return (N.OP_CALL, LL.max_pool_if_flagged().address, job.ctypes.data), job
+
     if backends.onednn:  # oneDNN's jit pooling on nChw{B}c: 64ch@111 b1 0.57 -> 0.10 ms
         block = int(ins[0].shape[4])
+        LL.max_pool_if_flagged()  # compiled (or loaded) now, not in a request
         return onednn_pool.build(plain, ins, lambda _, shape: pool_geom(plain, lanes_as_channels(shape)), run,
-                                  block)
+                                  block, exact_if_flagged)
     return run
 
 

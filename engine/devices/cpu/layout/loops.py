@@ -36,7 +36,7 @@ import numpy as np
 from numba import carray, njit
 
 from engine.devices.cpu.loops.lane_permute import permute_merge
-from engine.devices.cpu.loops.native import f32_at, i32_at, i64_at, open_job, region
+from engine.devices.cpu.loops.native import bool_at, f32_at, i32_at, i64_at, open_job, region
 
 # Offsets built from a row start (start + p * B + lane) are cast to this unsigned type: numba wraps a negative
 # signed index around, and that check kept LLVM from vectorising the copies (an aligned block of 784 pixels x 8
@@ -114,6 +114,35 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
                         for k in range(b):
                             v, a = col[cb + k], orow[ob + k]
                             orow[ob + k] = v if (v > a) | (v != v) else a
+
+
+# `job` (int64 words) of `max_pool_if_flagged`: OpenMP's two getters; the flags' address and count (a NaN check's
+# answers, loops/pool.not_finite_team); x (M, H, W, B) and out (M, OH, OW, B): addresses and dims; the window's kh,
+# kw, sh, sw, dh, dw, pt, pl.
+MPF_FLAGS, MPF_PARTS, MPF_X, MPF_M, MPF_H, MPF_W, MPF_B, MPF_OUT, MPF_OH, MPF_OW, MPF_WINDOW = range(2, 13)
+MPF_LEN = MPF_WINDOW + 8
+
+
+@region
+def max_pool_if_flagged(data):
+    """A recorded max pooling's last step (see MPF_*): where the NaN check before oneDNN's pooling flagged a NaN or
+    an infinity in the input, `max_pool` over every item, on this thread, in place of oneDNN's output (which may
+    have let a NaN go); the flags cleared for the next run either way. Called outside a region (an OP_CALL)."""
+    job, t, team = open_job(data, MPF_LEN)
+    if t != 0:
+        return
+    flags = carray(bool_at(job[MPF_FLAGS]), (job[MPF_PARTS],))
+    seen = False
+    for i in range(flags.shape[0]):
+        seen |= flags[i]
+        flags[i] = False
+    if not seen:
+        return
+    m, b = job[MPF_M], job[MPF_B]
+    x = carray(f32_at(job[MPF_X]), (m, job[MPF_H], job[MPF_W], b))
+    out = carray(f32_at(job[MPF_OUT]), (m, job[MPF_OH], job[MPF_OW], b))
+    k = job[MPF_WINDOW:MPF_WINDOW + 8]
+    max_pool(x, out, k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], 0, m)
 
 
 @njit(nogil=True, cache=True, inline="always")

@@ -15,13 +15,22 @@ import logging
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.fused_calls import step_native
+from engine.devices.cpu import native_program as N
+from engine.devices.cpu.fused_calls import Native, step_native
 from engine.devices.cpu.kernel import remember
 from engine.devices.cpu.loops.pool import NF_FLAGS, NF_LEN, NF_N, NF_PARTS, NF_X, not_finite, not_finite_team
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import blocked_md
-from engine.devices.cpu.threads import get_threads, native_regions, region_job, run_native, threads_for, work_of
+from engine.devices.cpu.threads import (
+    get_threads,
+    native_regions,
+    region_job,
+    region_record,
+    run_native,
+    threads_for,
+    work_of,
+)
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
@@ -129,13 +138,14 @@ class _Plan:
         D.run_src_dst(self.step, x, out, self.scratch)
 
 
-def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0) -> Kernel:
+def build(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, block: int = 0, exact=None) -> Kernel:
     """`geom(node, shape)` is engine.ops.pool's pool_geom or, for blocked values
     (`block` > 0), the geometry with the lanes counted as channels; `fallback` runs the shapes oneDNN cannot do
     exactly (count_include_pad windows that ceil_mode widens only at some sizes, see also `_sizes_match`), a max
     pooling's inputs holding a NaN or an infinity (`not_finite`), and the whole node when oneDNN has no jit kernel
-    for it (`jit_pooling`)."""
-    return _per_shape(node, ins, geom, fallback, lambda geo: _Plan(node, geo, block), "onednn:")
+    for it (`jit_pooling`). A max pooling records into native programs where `exact(x, out, flags)` gives the record
+    of the fallback's loop run where the NaN check's `flags` say so (and its job): check, pool, then that."""
+    return _per_shape(node, ins, geom, fallback, lambda geo: _Plan(node, geo, block), "onednn:", exact)
 
 
 def build_via_blocked(node: Node, ins: list[TensorInfo], geom, block: int, fallback: Kernel) -> Kernel:
@@ -145,7 +155,7 @@ def build_via_blocked(node: Node, ins: list[TensorInfo], geom, block: int, fallb
     return _per_shape(node, ins, geom, fallback, lambda geo: _ViaBlocked(node, geo, block), "onednn:reorder+")
 
 
-def _per_shape(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, make, label: str) -> Kernel:
+def _per_shape(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, make, label: str, exact=None) -> Kernel:
     """The kernel of `build` and `build_via_blocked`: a plan (`make(geometry)`: run(x, out, workspace) and its
     primitive's impl) per input shape, `fallback` where there is none."""
     D.sync_threads()
@@ -177,14 +187,20 @@ def _per_shape(node: Node, ins: list[TensorInfo], geom, fallback: Kernel, make, 
         plan.run(x, outputs[0], workspace)
 
     def native(inputs, outputs, workspace):
-        # a max pooling looks at the data first (not_finite): no records for it
+        # a max pooling looks at the data first (not_finite): recorded only with its exact loop's record after it
         x, plan = inputs[0], plans.get(inputs[0].shape)
-        if is_max or not isinstance(plan, _Plan) or not x.flags.c_contiguous:
+        if (is_max and (exact is None or x.dtype != np.float32)) or not isinstance(plan, _Plan) or (
+                not x.flags.c_contiguous):
             return None
         ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(outputs[0])}
         if plan.scratch is not None:
             ptrs[L.ARG_SCRATCHPAD] = D.address(plan.scratch)
-        return step_native(plan.step, ptrs, plan)
+        pool = step_native(plan.step, ptrs, plan)
+        if not is_max:
+            return pool
+        check, flags, job = _check_records(x.reshape(-1))
+        fix, fix_job = exact(x, outputs[0], flags)
+        return Native(check + pool.records + [fix], pool.checks, pool.keep + [flags, job, fix_job])
 
     run.native = native  # type: ignore[attr-defined]
     run.impl = label + first.impl  # type: ignore[attr-defined]
@@ -204,6 +220,18 @@ def has_not_finite(x: np.ndarray) -> bool:
     if not run_native(not_finite_team().address, job.ctypes.data):
         return bool(not_finite(x))  # no native regions here (or the team is busy): one thread
     return bool(flags.any())
+
+
+def _check_records(x: np.ndarray) -> tuple[list, np.ndarray, np.ndarray]:
+    """has_not_finite(x) as native_program records writing its answers into flags (one per share): (records, flags,
+    job). A region over the team where has_not_finite would split, else the region function on this thread."""
+    parts = get_threads()
+    job, flags = region_job(NF_LEN), np.zeros(parts, np.bool_)
+    job[NF_X], job[NF_N], job[NF_FLAGS], job[NF_PARTS] = x.ctypes.data, x.shape[0], flags.ctypes.data, parts
+    fn = not_finite_team().address
+    split = native_regions() and threads_for(work_of(0, x.nbytes)) > 1
+    record = region_record(fn, job.ctypes.data) if split else None
+    return [record if record is not None else (N.OP_CALL, fn, job.ctypes.data)], flags, job
 
 
 class _ViaBlocked:

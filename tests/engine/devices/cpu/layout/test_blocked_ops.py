@@ -13,6 +13,7 @@ from engine.devices.cpu.layout import kernels as K
 from engine.devices.cpu.layout.blocked_ops import to_blocked, to_plain
 from engine.devices.cpu.onednn import blocked as onednn_blocked
 from engine.devices.cpu.onednn import objects as onednn_objects
+from engine.devices.cpu.onednn import pool as onednn_pool
 from engine.errors import ShapeError
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
@@ -261,3 +262,58 @@ def test_a_partial_last_block_replays_as_the_kernel_ran(shape, split, monkeypatc
         if pool is not None:
             pool.busy.release()
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-thread-check", "team-check"])
+def test_maxpool_blocked_replays_with_its_nan_check(split, monkeypatch):
+    """MaxPoolBlocked recorded into a native program: the NaN check (over the team where it splits), oneDNN's pooling,
+    then the exact loop where the check flagged a NaN or an infinity. Replayed on a finite input it writes oneDNN's
+    (exact) maxima; after a NaN and an infinity are put into the arena value, the same program writes the
+    reference's NaN windows and infinities; finite again, the fast path's maxima (the flags cleared)."""
+    if not onednn_objects.available():
+        pytest.skip("oneDNN is not installed: no oneDNN pooling to record")
+    cpu_device()
+    if split:
+        if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or T.get_threads() < 2:
+            pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
+        monkeypatch.setattr(onednn_pool, "native_regions", lambda: True)
+        monkeypatch.setattr(onednn_pool, "threads_for", lambda work: 2)
+    params = {"kernel": (3, 3), "stride": (2, 2), "pads": (0, 0, 0, 0), "ceil_mode": True}
+    plain, n = Node("MaxPool", "mp", params=params), Node("MaxPoolBlocked", "mpb", params=params)
+    block = onednn_blocked.native_block() or 8
+    x = rng.standard_normal((2, 3 * block, 13, 13)).astype(np.float32)
+    xb = to_blocked(x, block)
+    kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)])[0]
+    assert kernel.impl.startswith("onednn")
+    out = np.full(get_op("MaxPoolBlocked").infer(n, [TensorInfo(xb.shape, xb.dtype)])[0].shape, 7.0, np.float32)
+    kernel([xb], [out], None)  # the Python path first, as a binding's first runs
+    native = kernel.native([xb], [out], None)
+    assert native is not None
+    ops = [r[0] for r in native.records]
+    assert ops[0] == (N.OP_REGION if split else N.OP_CALL) and ops[-1] == N.OP_CALL and N.OP_EXEC in ops
+    pool = T.region_pool() if split else None
+
+    def replay(values: np.ndarray) -> np.ndarray:
+        xb[...] = to_blocked(values, block)
+        out[...] = 7.0
+        if pool is not None:
+            assert pool.busy.acquire(blocking=False)
+        try:
+            assert N.Program(native.records, native.keep).run() is None
+        finally:
+            if pool is not None:
+                pool.busy.release()
+        return to_plain(out, x.shape[1])
+
+    def want(values: np.ndarray) -> np.ndarray:
+        return get_op("MaxPool").reference(plain, [values])[0]
+
+    np.testing.assert_array_equal(replay(x), want(x))
+    bad = x.copy()
+    bad[1, block + 2, 5, 6] = np.nan  # in the second image and block: another thread's share of the check
+    bad[0, 0, 0, 0] = np.inf
+    got, expect = replay(bad), want(bad)
+    assert np.isnan(expect).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expect))
+    np.testing.assert_array_equal(got[~np.isnan(expect)], expect[~np.isnan(expect)])
+    np.testing.assert_array_equal(replay(x), want(x))
