@@ -33,6 +33,7 @@ from engine.devices.cpu.layout.conv_blocked import geometry
 from engine.devices.cpu.layout.kernels import reorder
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import get_threads
+from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom
 from engine.ops.registry import TensorInfo
@@ -213,7 +214,10 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         winograd = wino_plan(x.shape)
         if winograd is not None:
             conv, geo, nbytes = winograd
-            conv.run(geo, x, z, out, aligned_workspace(workspace, nbytes, private))
+            try:
+                conv.run(geo, x, z, out, aligned_workspace(workspace, nbytes, private))
+            except KernelError as e:  # a oneDNN call inside the region failed: name the node
+                raise KernelError(f"{node.where()}: {e}") from e
             return
         plan = plans.get(x.shape)
         if plan is None:

@@ -39,7 +39,17 @@ from numba import carray, njit
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu.conv import winograd_simd as S
 from engine.devices.cpu.fused_calls import Native
-from engine.devices.cpu.loops.native import call_int_p, call_int_ppip, f32_at, f64_at, i64_at, open_job, region
+from engine.devices.cpu.loops.native import (
+    call_int_p,
+    call_int_ppip,
+    f32_at,
+    f64_at,
+    i64_at,
+    i64_view,
+    open_job,
+    region,
+    status_check,
+)
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import matmul as dnn
 from engine.devices.cpu.onednn import objects as D
@@ -155,9 +165,11 @@ class Region:
         self._packed.append(((k0, k1, md), buf))
         return buf
 
-    def _schedule(self, total: int, buf: np.ndarray, threads: int) -> tuple[list, list] | None:
-        """The items, (t0, t1, kb0, kb1, index of its GEMM), and per slot, per GEMM: (its runner's run, v, m,
-        (v, U, m column) addresses); None when `buf` is too small for the slots."""
+    def _schedule(self, total: int, buf: np.ndarray, threads: int) -> tuple[list, list, tuple] | None:
+        """The items, (t0, t1, kb0, kb1, index of its GEMM); per slot, per GEMM: (its runner's run, v, m, (v, U,
+        m column) addresses); and the native region's view of them: (items as int64 rows, the slots' table (see
+        TABLE_WORDS), what the table points at, the jobs made for it (`_job`)). None when `buf` is too small for
+        the slots."""
         key = (total, D.address(buf), buf.nbytes, threads)
         if key in self._schedules:
             return self._schedules[key]
@@ -206,12 +218,15 @@ class Region:
         if schedule is None:
             return False
         if threads > 1 and native_regions():
-            job = self._job(schedule, geo, tiles_hw, x, z, out, epi)[0]
+            entry = self._job(schedule, geo, tiles_hw, x, z, out, epi)  # held (with its clip bounds) while it runs
+            job = entry[0]
             job[WJ_STATUS:] = 0
             if run_native(winograd_team().address, job.ctypes.data):
-                if job[WJ_STATUS:].any():
-                    raise KernelError(f"Winograd conv: oneDNN dnnl_primitive_execute failed with status "
-                                      f"{int(job[WJ_STATUS:].max())}")
+                failed = [int(v) for v in job[WJ_STATUS:] if v]
+                if failed:
+                    call = "dnnl_stream_wait" if failed[0] >> 32 == FAILED_WAIT else "dnnl_primitive_execute"
+                    raise KernelError(f"Winograd conv: oneDNN {call} failed with status {failed[0] & 0xFFFFFFFF} "
+                                      f"(its tiles NaN)")
                 return True
         items, slots = schedule[:2]
         zz = out if z is None else z
@@ -234,7 +249,11 @@ class Region:
             record: tuple | None = (N.OP_CALL, fn, job.ctypes.data)
         else:
             record = region_record(fn, job.ctypes.data) if native_regions() else None
-        return None if record is None else Native([record], [], [self, schedule, entry])
+        if record is None:
+            return None
+        # the slots' statuses as a wait: a failed execution fails the program (the node named, the program dropped)
+        status = (N.OP_WAIT, winograd_failed().address, job.ctypes.data)
+        return Native([record, status], [], [self, schedule, entry, epi])
 
     def _job(self, schedule: tuple, geo, tiles_hw: tuple[int, int], x: np.ndarray, z: np.ndarray | None,
              out: np.ndarray, epi) -> tuple[np.ndarray, np.ndarray]:
@@ -286,22 +305,25 @@ TABLE_WORDS = 7  # per slot and GEMM: v, m, tiles, primitive, stream, argument c
 # (address, slots, GEMMs); x's address and (N, CB, H, W, B); out's address and (KB, OH, OW); z's address (0: none);
 # the bias's; the activation's code and the address of its float64 (lo, hi); the tile m, tiles down and across, the
 # top and left pads, C's blocks; products, C, K; the addresses of dnnl_primitive_execute and dnnl_stream_wait; then
-# one status word per slot (a failed execution's status).
+# one status word per slot (a failed call's: FAILED_*).
 (WJ_ITEMS, WJ_N_ITEMS, WJ_TABLE, WJ_SLOTS, WJ_GEMMS, WJ_X, WJ_XSHAPE) = range(2, 9)
 WJ_OUT = WJ_XSHAPE + 5
 WJ_OSHAPE = WJ_OUT + 1
 (WJ_Z, WJ_BIAS, WJ_CODE, WJ_CLIP, WJ_M, WJ_TH, WJ_TW, WJ_PT, WJ_PL, WJ_CBS, WJ_P, WJ_C, WJ_O, WJ_EXEC, WJ_WAIT,
  WJ_STATUS) = range(WJ_OSHAPE + 3, WJ_OSHAPE + 19)
+FAILED_EXECUTE, FAILED_WAIT = 1, 2  # a status word: which call failed (<< 32) | oneDNN's status
 
 
 @region
 def winograd_team(data):
     """One OpenMP thread's items of a Winograd conv (see WJ_*), end to end on its own slot: the input transform into
     its v, its GEMM (a one-thread oneDNN matmul, bound to its buffers, on its slot's stream), the output transform.
-    Items go round the threads in turn (a thread past the slots takes none). A failed execution leaves its status
-    in the job and its item's outputs NaN (never a stale number; the Python caller raises on the status)."""
+    Items go round the threads in turn (a thread past the slots takes none). A failed call leaves its status in the
+    job and its item's outputs NaN (never a stale number); the Python caller raises on it, a recorded program fails
+    at the `winograd_failed` wait after the region."""
     job, t, team = open_job(data, WJ_STATUS)
     slots = job[WJ_SLOTS]
+    job = carray(i64_view(data), (WJ_STATUS + slots,))  # with the status words
     team = min(team, slots)
     if t >= team:
         return
@@ -323,13 +345,30 @@ def winograd_team(data):
         prod = carray(f32_at(row[1]), (p, row[2], o))
         S.input_transform(x, v, m, t0, t1, th, tw, pt, pl, 1, 0, cbs)
         status = call_int_ppip(job[WJ_EXEC], row[3], row[4], row[5], row[6])
+        which = FAILED_EXECUTE
         if status == 0:
-            status = call_int_p(job[WJ_WAIT], row[4])
+            status, which = call_int_p(job[WJ_WAIT], row[4]), FAILED_WAIT
         if status != 0:
-            job[WJ_STATUS + t] = status
+            job[WJ_STATUS + t] = (which << 32) | (status & 0xFFFFFFFF)
             _poison(out, m, t0, t1, th, tw, kb0, kb1)
             continue
         S.output_transform(prod, out, zz, has_z, bias, code, clip[0], clip[1], m, t0, t1, th, tw, 1, kb0, kb1)
+
+
+@status_check
+def winograd_failed(data):
+    """The status of a failed oneDNN call in the slots' words of a winograd_team job (0: none), the words cleared:
+    a native program's OP_WAIT record after the region."""
+    job, _, _ = open_job(data, WJ_STATUS)
+    slots = job[WJ_SLOTS]
+    job = carray(i64_view(data), (WJ_STATUS + slots,))
+    rc = 0
+    for s in range(slots):
+        v = job[WJ_STATUS + s]
+        if v != 0 and rc == 0:
+            rc = max(1, v & 0xFFFFFFFF)
+        job[WJ_STATUS + s] = 0
+    return np.int32(rc)
 
 
 @njit(nogil=True, cache=True)

@@ -91,6 +91,18 @@ def region(fn):
     return compiled
 
 
+def status_check(fn):
+    """`fn(data)` as `int fn(void *data)` (a numba cfunc), compiled or loaded on the first call of the returned
+    function as `region` does: a native program's OP_WAIT record calls it after a region whose job holds status
+    words, and a nonzero return fails the program (fused_calls.Segment then names the node and drops it)."""
+
+    @functools.cache
+    def compiled():
+        return cfunc(types.int32(types.voidptr), nogil=True, cache=True, error_model="numpy")(fn)
+    compiled.__doc__ = fn.__doc__
+    return compiled
+
+
 @njit(inline="always")
 def open_job(data, length):
     """(the region job's `length` int64 words, this thread's number, the team's size >= 1): every job holds the

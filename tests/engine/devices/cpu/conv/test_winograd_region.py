@@ -310,7 +310,7 @@ def test_records_replay_the_region(threads, monkeypatch, shape, residual):
         assert native is None  # the slots would split over Python callbacks: the kernel's Python runs instead
         return
     assert native is not None
-    assert {r[0] for r in native.records} == {N.OP_REGION if threads.n > 1 else N.OP_CALL}
+    assert [r[0] for r in native.records] == [N.OP_REGION if threads.n > 1 else N.OP_CALL, N.OP_WAIT]
     for _ in range(2):
         out[...] = np.nan
         _replay(native)
@@ -343,13 +343,23 @@ def _failed_gemm(monkeypatch) -> None:
     for schedule in schedules:
         schedule[2][1][:, :, 3] = 0  # every slot's primitives: null
     out[...] = 1.0
-    with pytest.raises(KernelError, match="dnnl_primitive_execute failed"):
+    with pytest.raises(KernelError, match=r"cb: Winograd conv: oneDNN dnnl_primitive_execute failed with status"):
         kernel(ins, [out], workspace)
     assert np.isnan(out).all()  # every item failed: every tile NaN
     out[...] = 1.0
     native = kernel.native(ins, [out], workspace)
-    _replay(native)
+    ops = [r[0] for r in native.records]
+    assert ops == [N.OP_REGION, N.OP_WAIT]  # the region, then its statuses as a wait
+    pool = _threads.region_pool()
+    assert pool.busy.acquire(blocking=False)
+    try:
+        failed = N.Program(native.records, native.keep).run()
+    finally:
+        pool.busy.release()
+    assert failed is not None and failed[0] == 1 and failed[1] != 0  # the wait failed: a Segment names the node
     assert np.isnan(out).all()
+    job = next(entry[0] for schedule in schedules for entry in schedule[2][3].values())
+    assert not job[R.WJ_STATUS:].any()  # cleared by the wait for the next run
 
 
 def _winograd_convs(kernel) -> list:
