@@ -172,12 +172,12 @@ def test_geometry_matches_reference(name, residual):
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 @pytest.mark.parametrize("act", ACTIVATIONS)
 def test_activation_is_an_exact_post_op(act, residual):
-    # sigmoid, SiLU and (on 8-lane vectors) erf GELU are the exception: our rational approximations after the
+    # sigmoid and (on 8-lane vectors) SiLU and erf GELU are the exception: our rational approximations after the
     # primitive beat oneDNN's post-ops; hard-sigmoid and a clip whose lower bound is not 0 have no post-op chain
     # keeping NaN (onednn/eltwise.py) and are our pass too
     node, shape = build_args("3x3_s1", residual, **act_params(act))
     elt = _conv_onednn.conv_post_op(node.params["activation"], node.params["activation_params"])
-    ours = ("sigmoid", "silu", "clip", "clip_max_only", "hardsigmoid") + (("gelu",) if native_block() < 16 else ())
+    ours = ("sigmoid", "clip", "clip_max_only", "hardsigmoid") + (("gelu", "silu") if native_block() < 16 else ())
     assert (elt is None) == (act in ours)
     x = rand(*shape) * 2  # spread across every activation's bends
     check_kernel(node, inputs_for(node, x), **TOL)
@@ -192,14 +192,17 @@ def test_activation_without_post_op_runs_on_the_nchw_output(act, monkeypatch):
 
 @pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
-def test_erf_gelu_is_fused_only_on_16_lane_vectors(lanes, residual, monkeypatch):
-    """Erf GELU is oneDNN's post-op where its convolutions work in 16-lane vectors (AVX-512) and our pass after the
-    primitive elsewhere; both match the reference (the other path is forced by what `conv_post_op` reads)."""
+@pytest.mark.parametrize("act", ["gelu", "silu"])
+def test_erf_gelu_and_silu_are_fused_only_on_16_lane_vectors(lanes, residual, act, monkeypatch):
+    """Erf GELU and SiLU are oneDNN's post-ops where its convolutions work in 16-lane vectors (AVX-512) and our pass
+    after the primitive elsewhere; both match the reference (the other path is forced by what `conv_post_op`
+    reads); sigmoid stays ours."""
     monkeypatch.setattr(eltwise_module, "native_block", lambda: lanes)
-    node, shape = build_args("depthwise_s1", residual, **act_params("gelu"))
-    elt = _conv_onednn.conv_post_op("gelu", {"approximate": "none"})
-    assert elt == ((("gelu_erf", 0.0, 0.0),) if lanes == 16 else None)
-    assert _conv_onednn.conv_post_op("silu", None) is None
+    node, shape = build_args("depthwise_s1", residual, **act_params(act))
+    elt = _conv_onednn.conv_post_op(node.params["activation"], node.params["activation_params"])
+    fused = {"gelu": (("gelu_erf", 0.0, 0.0),), "silu": (("swish", 1.0, 0.0),)}[act]
+    assert elt == (fused if lanes == 16 else None)
+    assert _conv_onednn.conv_post_op("sigmoid", None) is None
     check_kernel(node, inputs_for(node, rand(*shape) * 3), **TOL)
 
 
