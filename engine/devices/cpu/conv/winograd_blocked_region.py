@@ -223,6 +223,7 @@ class Region:
             job[WJ_STATUS:] = 0
             if run_native(winograd_team().address, job.ctypes.data):
                 failed = [int(v) for v in job[WJ_STATUS:] if v]
+                job[WJ_STATUS:] = 0  # the recorded program's wait reads the same words
                 if failed:
                     call = "dnnl_stream_wait" if failed[0] >> 32 == FAILED_WAIT else "dnnl_primitive_execute"
                     raise KernelError(f"Winograd conv: oneDNN {call} failed with status {failed[0] & 0xFFFFFFFF} "

@@ -73,9 +73,10 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
     """x (M, H, W, B) -> out (M, OH, OW, B): max over each window clipped to the input, for m in [lo, hi).
 
     Separable: per output row, the max over the window's input rows of whole (W*B) rows (one long unit-stride
-    loop), then per output pixel the max over kw of B-lane pieces of it. Every window holds an input pixel
-    (torch's ceil_mode rule), so the first valid row / column initialises. NaN wins, as in torch. (Written out
-    loop by loop: slices and helper calls here kept LLVM from vectorising, 3x slower.)"""
+    loop), then per output pixel the max over kw of B-lane pieces of it. The first valid row / column initialises;
+    a window that holds no input pixel (a dilated one stepping over a small input) gives -inf, as the reference
+    does. NaN wins, as in torch. (Written out loop by loop: slices and helper calls here kept LLVM from
+    vectorising, 3x slower.)"""
     h, w, b = x.shape[1], x.shape[2], x.shape[3]
     oh_n, ow_n = out.shape[1], out.shape[2]
     wb = w * b
@@ -97,6 +98,9 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
                     for t in range(wb):
                         v, a = row[t], col[t]
                         col[t] = v if (v > a) | (v != v) else a
+            if first:  # no input row in the window
+                for t in range(wb):
+                    col[t] = -np.inf
             orow = om[oh]
             for ow in range(ow_n):
                 ob = ow * b
@@ -114,6 +118,9 @@ def max_pool(x, out, kh, kw, sh, sw, dh, dw, pt, pl, lo, hi):
                         for k in range(b):
                             v, a = col[cb + k], orow[ob + k]
                             orow[ob + k] = v if (v > a) | (v != v) else a
+                if first:  # no input column in the window
+                    for k in range(b):
+                        orow[ob + k] = -np.inf
 
 
 # `job` (int64 words) of `max_pool_if_flagged`: OpenMP's two getters; the flags' address and count (a NaN check's

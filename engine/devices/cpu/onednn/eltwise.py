@@ -19,7 +19,9 @@ EfficientNet-B0 6.30-6.51 against 6.56-6.78 ms at batch 1 and 39-41 against 46 a
 against 8.4-8.5 and 46 against 53 (our pass is one more trip over the output after each conv, whose second thread
 the fused epilogue keeps busy: a 16->96 1x1 conv @112 with SiLU, two threads, 0.73 -> 0.47 ms). On the AVX-512
 EPYC measured before, the pass had been ahead by 2-3% at most (MobileViT-XXS 0.98x at batch 1, 1.03x at batch 8,
-fused against ours). NaN stays NaN either way (x * logistic(x)); -inf gives NaN as the reference does.
+fused against ours). NaN stays NaN either way (x * logistic(x)); -inf gives NaN as the reference does. oneDNN's
+swish flushes results below ~1.4e-36 in magnitude to zero (x <= -87: -0, or +0 in a transposed conv's kernel,
+where the reference gives -1.4e-36 at -87 and subnormals below): an underflow of the exp, no number a model reads.
 """
 
 from __future__ import annotations

@@ -346,6 +346,8 @@ def _failed_gemm(monkeypatch) -> None:
     with pytest.raises(KernelError, match=r"cb: Winograd conv: oneDNN dnnl_primitive_execute failed with status"):
         kernel(ins, [out], workspace)
     assert np.isnan(out).all()  # every item failed: every tile NaN
+    jobs = [entry[0] for schedule in schedules for entry in schedule[2][3].values()]
+    assert jobs and not any(job[R.WJ_STATUS:].any() for job in jobs)  # cleared: a later replay reads them
     out[...] = 1.0
     native = kernel.native(ins, [out], workspace)
     ops = [r[0] for r in native.records]

@@ -317,3 +317,24 @@ def test_maxpool_blocked_replays_with_its_nan_check(split, monkeypatch):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expect))
     np.testing.assert_array_equal(got[~np.isnan(expect)], expect[~np.isnan(expect)])
     np.testing.assert_array_equal(replay(x), want(x))
+
+
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
+def test_maxpool_blocked_window_without_an_input_pixel_is_minus_inf(onednn):
+    """A dilated window can step over a small input entirely (2x2, dilation 5, pad 2 on 4x4: the middle row and
+    column of windows read only padding): -inf there, as the reference (and the plain MaxPool kernel) gives, not
+    whatever the output buffer held."""
+    if onednn and not onednn_objects.available():
+        pytest.skip("oneDNN is not installed: the numba case covers MaxPoolBlocked")
+    params = {"kernel": (2, 2), "stride": (1, 1), "pads": (2, 2, 2, 2), "dilation": (5, 5)}
+    x = rng.standard_normal((2, 20, 4, 4)).astype(np.float32)
+    want = get_op("MaxPool").reference(Node("MaxPool", "mp", params=params), [x])[0]
+    assert np.isneginf(want).any() and np.isfinite(want).any()
+    n = Node("MaxPoolBlocked", "mpb", params=params)
+    block = onednn_blocked.native_block() or 8
+    xb = to_blocked(x, block)
+    info = get_op("MaxPoolBlocked").infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
+    kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
+    out = np.full(info.shape, 7.0, np.float32)
+    kernel([xb], [out], None)
+    np.testing.assert_array_equal(to_plain(out, 20), want)
