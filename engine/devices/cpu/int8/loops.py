@@ -23,9 +23,9 @@ def quantize(x, scale, flip, out, nan, lo, hi):
     vectorized where adding 128 as an int made the 3-channel one 25% slower); items (n, y). Each row is quantized
     contiguously first (vectorized; saturating values made the strided version branch), then interleaved channel
     by channel: a strided store per channel over a flat row is 3.5x faster than the pixel-by-pixel loop over a
-    runtime channel count (a 3x240x320 input: 0.27 -> 0.10 ms). nan[item] is set to 1 where the item's input row
-    holds a NaN (f2i8 would give a number for it; the caller refuses the run), in the same pass: a separate one
-    over a batch of 8 images (7.4 MB, past L2) cost as much as the quantization."""
+    runtime channel count (a 3x240x320 input: 0.27 -> 0.10 ms). nan[item] is set where the item's input rows hold
+    a NaN (f2i8 would give a number for it; the caller refuses the run), read row by row while the row is in
+    cache: a separate pass over a batch of 8 images (7.4 MB, past L2) cost as much as the quantization."""
     c_n, h_n, w_n = x.shape[1], x.shape[2], x.shape[3]
     rows = np.empty((c_n, w_n), np.int8)
     for item in range(lo, hi):

@@ -237,12 +237,17 @@ def _kernel_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]):
     plain = as_maxpool(node)
     geoms: dict[tuple[int, ...], object] = {}  # per input shape, so a run computes no geometry
 
+    def geometry(shape: tuple[int, ...]):
+        g = geoms.get(shape)
+        if g is None:
+            n, cb, h, w, b = shape
+            g = remember(geoms, shape, pool_geom(plain, (n, cb * b, h, w)))
+        return g
+
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         n, cb, h, w, b = x.shape
-        g = geoms.get(x.shape)
-        if g is None:
-            g = remember(geoms, x.shape, pool_geom(plain, (n, cb * b, h, w)))
+        g = geometry(x.shape)
         parallel_for(LL.max_pool, n * cb, out.size * g.kernel[0] * g.kernel[1], x.reshape(n * cb, h, w, b),
                      out.reshape(n * cb, g.oh, g.ow, b), *g.kernel, *g.stride, *g.dilation, g.pads[0], g.pads[1])
     run.impl = "numba:max_pool_blocked"  # type: ignore[attr-defined]
@@ -250,9 +255,7 @@ def _kernel_maxpool(backends: Backends, node: Node, ins: list[TensorInfo]):
     def exact_if_flagged(x: np.ndarray, out: np.ndarray, flags: np.ndarray) -> tuple[tuple, np.ndarray]:
         """The record of `run`'s exact loop over x into out where `flags` (a NaN check's) say so, and its job."""
         n, cb, h, w, b = x.shape
-        g = geoms.get(x.shape)
-        if g is None:
-            g = remember(geoms, x.shape, pool_geom(plain, (n, cb * b, h, w)))
+        g = geometry(x.shape)
         job = region_job(LL.MPF_LEN)
         job[LL.MPF_FLAGS:LL.MPF_X] = flags.ctypes.data, flags.size
         job[LL.MPF_X:LL.MPF_OUT] = D.address(x), n * cb, h, w, b
