@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from engine.devices.cpu import CpuDevice, CpuOptions
+from engine.devices.cpu import native_program as N
+from engine.devices.cpu import threads as T
 from engine.devices.cpu.device import PRIVATE_OPS
 from engine.ir import Node, Value
 from engine.ops.registry import OPS, OpDef, TensorInfo
@@ -99,6 +101,20 @@ def run_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarray
         outs[0] = inputs[0]
     fn(inputs, outs, ws)
     return outs
+
+
+def replay(native) -> tuple[int, int] | None:
+    """Runs a kernel's records (`kernel.native(...)`) as one native program, holding OpenMP's region pool while they
+    run as fused_calls.Segment does where they hold a region; Program.run's answer (None, or the failed record's
+    index and status)."""
+    pool = T.region_pool() if N.OP_REGION in {r[0] for r in native.records} else None
+    if pool is not None:
+        assert pool.busy.acquire(blocking=False), "OpenMP's region pool is busy"
+    try:
+        return N.Program(native.records, native.keep).run()
+    finally:
+        if pool is not None:
+            pool.busy.release()
 
 
 @dataclass

@@ -148,14 +148,7 @@ def test_lane_permutes_split_over_the_team_inside_a_program(load_fixture, monkey
         pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
     monkeypatch.setattr(layout_kernels, "native_regions", lambda: True)
     monkeypatch.setattr(layout_kernels, "NATIVE_PERMUTE_FLOATS", 0)
-    want = python.run(fx.inputs)
-    _warm(fused, fx.inputs)
-    words = np.concatenate([rec.program.words for s in _segments(fused) for rec in s.programs.values()])
-    regions = words[words[:, 0] == N.OP_REGION]
-    assert (regions[:, 2] == layout_kernels.LL.permute_team().address).any(), "no permute region was recorded"
-    for _ in range(2):
-        _same(fused.run(fx.inputs), want)
-    _close_to_torch(want, fx.expected)
+    _region_in_program(fx, fused, python, layout_kernels.LL.permute_team().address, "permute")
 
 
 def test_concats_split_over_the_team_inside_a_program(load_fixture, monkeypatch):
@@ -167,11 +160,17 @@ def test_concats_split_over_the_team_inside_a_program(load_fixture, monkeypatch)
         pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
     monkeypatch.setattr(tensor_kernels, "native_regions", lambda: True)
     monkeypatch.setattr(tensor_kernels, "JOIN_TEAM_BYTES", 0)
+    _region_in_program(fx, fused, python, tensor_kernels.copies_team().address, "concat")
+
+
+def _region_in_program(fx, fused, python, fn: int, what: str) -> None:
+    """The fused instance records a region of function `fn` into its programs and, run twice, gives the Python
+    path's numbers, which are torch's."""
     want = python.run(fx.inputs)
     _warm(fused, fx.inputs)
     words = np.concatenate([rec.program.words for s in _segments(fused) for rec in s.programs.values()])
     regions = words[words[:, 0] == N.OP_REGION]
-    assert (regions[:, 2] == tensor_kernels.copies_team().address).any(), "no concat region was recorded"
+    assert (regions[:, 2] == fn).any(), f"no {what} region was recorded"
     for _ in range(2):
         _same(fused.run(fx.inputs), want)
     _close_to_torch(want, fx.expected)

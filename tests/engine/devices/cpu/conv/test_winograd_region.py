@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, cpu_device
+from op_harness import build_kernel, cpu_device, replay
 from test_conv_blocked import B, make, run_case
 
 from engine.devices.cpu import native_program as N
@@ -286,18 +286,6 @@ def _native_case(shape: tuple, residual: bool):
     return kernel, workspace, ins, np.full((shape[0], O // B, *shape[2:], B), np.nan, np.float32), want
 
 
-def _replay(native) -> None:
-    """Runs a kernel's records as a native program, holding the region pool as a segment does."""
-    pool = _threads.region_pool() if N.OP_REGION in {r[0] for r in native.records} else None
-    if pool is not None:
-        assert pool.busy.acquire(blocking=False)
-    try:
-        assert N.Program(native.records, native.keep).run() is None
-    finally:
-        if pool is not None:
-            pool.busy.release()
-
-
 @pytest.mark.parametrize("shape", [(2, C, 25, 25), (1, C, 7, 7)], ids=["by-tiles", "by-channels"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_records_replay_the_region(threads, monkeypatch, shape, residual):
@@ -313,7 +301,7 @@ def test_records_replay_the_region(threads, monkeypatch, shape, residual):
     assert [r[0] for r in native.records] == [N.OP_REGION if threads.n > 1 else N.OP_CALL, N.OP_WAIT]
     for _ in range(2):
         out[...] = np.nan
-        _replay(native)
+        assert replay(native) is None
         np.testing.assert_allclose(to_plain(out, O), want, rtol=1e-4,
                                    atol=1e-4 * max(1.0, float(np.abs(want).max())))
 
@@ -352,12 +340,7 @@ def _failed_gemm(monkeypatch) -> None:
     native = kernel.native(ins, [out], workspace)
     ops = [r[0] for r in native.records]
     assert ops == [N.OP_REGION, N.OP_WAIT]  # the region, then its statuses as a wait
-    pool = _threads.region_pool()
-    assert pool.busy.acquire(blocking=False)
-    try:
-        failed = N.Program(native.records, native.keep).run()
-    finally:
-        pool.busy.release()
+    failed = replay(native)
     assert failed is not None and failed[0] == 1 and failed[1] != 0  # the wait failed: a Segment names the node
     assert np.isnan(out).all()
     job = next(entry[0] for schedule in schedules for entry in schedule[2][3].values())

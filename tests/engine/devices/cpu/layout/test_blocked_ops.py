@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, cpu_device, get_op
+from op_harness import build_kernel, cpu_device, get_op, replay
 
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads as T
@@ -253,14 +253,7 @@ def test_a_partial_last_block_replays_as_the_kernel_ran(shape, split, monkeypatc
     assert native is not None
     ops = {r[0] for r in native.records}
     assert (N.OP_REGION in ops) == split
-    pool = T.region_pool() if split else None
-    if pool is not None:
-        assert pool.busy.acquire(blocking=False)
-    try:
-        assert N.Program(native.records, native.keep).run() is None
-    finally:
-        if pool is not None:
-            pool.busy.release()
+    assert replay(native) is None
     np.testing.assert_array_equal(got, want)
 
 
@@ -291,32 +284,25 @@ def test_maxpool_blocked_replays_with_its_nan_check(split, monkeypatch):
     assert native is not None
     ops = [r[0] for r in native.records]
     assert ops[0] == (N.OP_REGION if split else N.OP_CALL) and ops[-1] == N.OP_CALL and N.OP_EXEC in ops
-    pool = T.region_pool() if split else None
 
-    def replay(values: np.ndarray) -> np.ndarray:
+    def pooled(values: np.ndarray) -> np.ndarray:
         xb[...] = to_blocked(values, block)
         out[...] = 7.0
-        if pool is not None:
-            assert pool.busy.acquire(blocking=False)
-        try:
-            assert N.Program(native.records, native.keep).run() is None
-        finally:
-            if pool is not None:
-                pool.busy.release()
+        assert replay(native) is None
         return to_plain(out, x.shape[1])
 
     def want(values: np.ndarray) -> np.ndarray:
         return get_op("MaxPool").reference(plain, [values])[0]
 
-    np.testing.assert_array_equal(replay(x), want(x))
+    np.testing.assert_array_equal(pooled(x), want(x))
     bad = x.copy()
     bad[1, block + 2, 5, 6] = np.nan  # in the second image and block: another thread's share of the check
     bad[0, 0, 0, 0] = np.inf
-    got, expect = replay(bad), want(bad)
+    got, expect = pooled(bad), want(bad)
     assert np.isnan(expect).any()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expect))
     np.testing.assert_array_equal(got[~np.isnan(expect)], expect[~np.isnan(expect)])
-    np.testing.assert_array_equal(replay(x), want(x))
+    np.testing.assert_array_equal(pooled(x), want(x))
 
 
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numba"])
