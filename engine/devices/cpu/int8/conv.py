@@ -575,6 +575,8 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
     node = spec.node
     max_shape = tuple(ins[0].shape)
     plans = ShapeCache({max_shape: Plan(spec, max_shape)})
+    if spec.way == "int32":
+        loops.epilogue_team()  # its records' region, compiled (or loaded) now, not in a request
 
     # The requant way's call on the arrays of the last run, when it needs nothing else: the runtime passes the same
     # arena views run after run, so their lookups (plan, workspace and array addresses) are done once
@@ -639,9 +641,12 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
             _epilogue(spec, sums[:k * o].reshape(k, o), z[first:first + k], out[first:first + k])
 
     def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        plan = plans.get(x.shape)
+        if plan is not None and plan.way == "int32":
+            return _int32_records(spec, plan, x, inputs[1] if spec.fusion else None, out, workspace)
         # the requant way's shortcut: one primitive on the arrays of its last run, then its fix-ups
         hit = last[0]
-        x, out = inputs[0], outputs[0]
         if hit is None or hit[0]() is not x or hit[1]() is not out or hit[2]() is not workspace:
             return None
         plan = hit[4]
@@ -664,6 +669,53 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
     run.plans = plans  # type: ignore[attr-defined]
     log.debug("%s: int8 conv %s", node.where(), run.impl)  # type: ignore[attr-defined]
     return run
+
+
+def _int32_records(spec: QConvSpec, plan: Plan, x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
+                   workspace: np.ndarray | None) -> Native | None:
+    """The int32 way's run on these arrays as native_program records: each tile's primitive (or the whole conv's)
+    as its last run bound it, then the requantization of its sums (`_epilogue`); None where the run would do
+    anything else (a spread input's copy, the direct loops for want of workspace) or a tile is not bound to these
+    arrays yet."""
+    arrays = (x, out) if z is None else (x, out, z)
+    base, size = D.workspace_base(workspace)
+    if plan.spread or size < plan.nbytes or not all(a.flags.c_contiguous for a in arrays):
+        return None
+    o = out.shape[-1]
+    p, x_at, sums = out.size // o, D.address(x), base + plan.pad_bytes
+    steps = [(plan, x_at, p, 0)] if not plan.tiles else [
+        (tile, x_at + first * x.shape[-1], k, first) for first, k, tile in plan.tiles]
+    records: list = []
+    checks: list = []
+    keep: list = [plan]
+    for tile, src, k, first in steps:
+        if tile._bound != (src, sums, base):
+            return None
+        records += [D.threads_record(tile.threads), D.execute_record(tile.step.prim, tile.step.args),
+                    D.wait_record()]
+        checks.append((tile, tile._bound))
+        got = _epilogue_record(spec, k, o, sums, None if z is None else D.address(z) + first * o,
+                               D.address(out) + first * o)
+        if got is None:
+            return None
+        records.append(got[0])
+        keep += [tile, got[1]]
+    return Native(records, checks, keep)
+
+
+def _epilogue_record(spec: QConvSpec, p: int, o: int, acc: int, z: int | None, out: int) -> tuple | None:
+    """`_epilogue` of (p, o) int32 sums at address `acc` into int8 `out` (z: the fused add's int8 input, None
+    without one) as (a native_program record, its job); None where it would split over Python callbacks."""
+    bias, scale, add_scale, low, top, floor, add1, add2 = spec.epilogue_operands
+    job = region_job(loops.EPI_LEN)
+    job[loops.EPI_ADD] = int(spec.fusion == 1 and spec.act == 0)
+    job[loops.EPI_P], job[loops.EPI_O], job[loops.EPI_RUN] = p, o, bias.shape[0]
+    # without an add, z is the sums viewed as bytes, as `_epilogue` passes it (read, adding nothing)
+    job[loops.EPI_ACC:loops.EPI_LEN] = (acc, bias.ctypes.data, scale.ctypes.data, acc if z is None else z,
+                                        add_scale.ctypes.data, low.ctypes.data, top.ctypes.data, floor.ctypes.data,
+                                        add1.ctypes.data, add2.ctypes.data, out)
+    record = team_record(loops.epilogue_team().address, job, p, p * o)
+    return None if record is None else (record, job)
 
 
 def _epilogue(spec: QConvSpec, acc: np.ndarray, z: np.ndarray, out: np.ndarray) -> None:

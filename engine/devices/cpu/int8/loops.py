@@ -288,6 +288,34 @@ def epilogue_add(acc, bias, scale, z, add_scale, out, lo, hi):
         i += m
 
 
+# `job` (int64 words) of `epilogue_team`: OpenMP's two getters; 1 for `epilogue_add`, 0 for `epilogue`; the pixels P,
+# channels O and the tiled operands' length; the addresses of acc (P, O) int32, bias int32, scale float32, z (P, O)
+# int8, add_scale float32, low and top int8, relu_floor, add1 and add2 float32 (the last five unread by
+# epilogue_add), out (P, O) int8.
+(EPI_ADD, EPI_P, EPI_O, EPI_RUN, EPI_ACC, EPI_BIAS, EPI_SCALE, EPI_Z, EPI_ADD_SCALE, EPI_LOW, EPI_TOP, EPI_FLOOR,
+ EPI_ADD1, EPI_ADD2, EPI_OUT, EPI_LEN) = range(2, 18)
+
+
+@region
+def epilogue_team(data):
+    """One OpenMP thread's share of the pixels of an `epilogue` or `epilogue_add` call (see EPI_*); called outside a
+    region, all of them (a native program's record of an int8 conv's int32 way)."""
+    job, t, team = open_job(data, EPI_LEN)
+    p, o, run = job[EPI_P], job[EPI_O], job[EPI_RUN]
+    lo, hi = t * p // team, (t + 1) * p // team
+    if lo >= hi:
+        return
+    acc, z = carray(i32_at(job[EPI_ACC]), (p, o)), carray(i8_at(job[EPI_Z]), (p, o))
+    bias, scale = carray(i32_at(job[EPI_BIAS]), (run,)), carray(f32_at(job[EPI_SCALE]), (run,))
+    add_scale, out = carray(f32_at(job[EPI_ADD_SCALE]), (run,)), carray(i8_at(job[EPI_OUT]), (p, o))
+    if job[EPI_ADD]:
+        epilogue_add(acc, bias, scale, z, add_scale, out, lo, hi)
+        return
+    epilogue(acc, bias, scale, z, add_scale, carray(i8_at(job[EPI_LOW]), (run,)), carray(i8_at(job[EPI_TOP]), (run,)),
+             carray(f32_at(job[EPI_FLOOR]), (run,)), carray(f32_at(job[EPI_ADD1]), (run,)),
+             carray(f32_at(job[EPI_ADD2]), (run,)), out, lo, hi)
+
+
 RUN = 512  # elements of a flat epilogue run, about (`tiled`): whole pixels, long enough for the vector body
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, cpu_device, infos_of, make_node, reference, run_kernel
+from op_harness import build_kernel, cpu_device, infer, infos_of, make_node, reference, replay, run_kernel
 
+from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads
 from engine.devices.cpu.int8 import conv as int8_conv
 from engine.devices.cpu.int8 import kernels as int8_kernels
@@ -610,3 +611,41 @@ def test_quantize_nhwc_finds_a_nan_anywhere_in_its_pass(scales, where):
         run_kernel(node, [x])
     x[at] = np.float32(np.inf)  # no NaN: saturates, as the reference does
     np.testing.assert_array_equal(run_kernel(node, [x])[0], reference(node, [x])[0])
+
+
+@pytest.mark.parametrize("fusion,activation,tiled", [("add_then_act", None, True), ("act_then_add", "relu6", True),
+                                                     ("add_then_act", "relu", False), (None, "relu", False)])
+@pytest.mark.parametrize("split", [False, True], ids=["one-thread", "team"])
+def test_int32_way_replays_as_its_python_ran(fusion, activation, tiled, split, monkeypatch):
+    """The int32 way recorded into a native program (its tiles' primitives as their last run bound them, each
+    followed by the requantization of its sums, over the team where the Python path splits it): the replay writes
+    what the Python path wrote, bit for bit, run after run; a tile not bound to these arrays yet gives no records."""
+    if not available():
+        pytest.skip("oneDNN is not installed: no int32 way")
+    if split:
+        if threads.pool_kind(threads.get_policy(), threads._openmp is not None) != "openmp":
+            pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN or the `short` policy)")
+        monkeypatch.setattr(threads, "MIN_WORK", 0)
+        monkeypatch.setattr(threads, "native_regions", lambda: True)
+    if not tiled:
+        monkeypatch.setattr(int8_conv, "TILE_BYTES", 1 << 30)  # one pass over the whole output
+    node = _qconv(40, 24, 1, fusion=fusion, activation=activation)
+    if fusion is None:  # no scales found and a bias no float32 holds exactly: the int32 way without an add
+        monkeypatch.setattr(int8_conv, "scaled_factors", lambda *args: None)
+        node.attrs["bias"][0] = (1 << 24) + 1
+    arrays = _conv_inputs(node, 2, 24, 53, 51)
+    fn, ws = build_kernel(node, infos_of(arrays, node=node))
+    plan = next(iter(fn.plans.values()))
+    assert plan.way == "int32" and bool(plan.tiles) == tiled
+    out = np.full(infer(node, arrays)[0].shape, 7, np.int8)
+    assert fn.native(arrays, [out], ws) is None  # no tile bound to these arrays before a run
+    fn(arrays, [out], ws)
+    want = out.copy()
+    np.testing.assert_array_equal(want, reference(node, arrays)[0])
+    native = fn.native(arrays, [out], ws)
+    assert native is not None
+    assert (N.OP_REGION in {r[0] for r in native.records}) == (split and threads.get_threads() > 1)
+    for _ in range(2):
+        out[...] = 7
+        assert replay(native) is None
+        np.testing.assert_array_equal(out, want)
