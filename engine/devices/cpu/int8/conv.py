@@ -575,7 +575,7 @@ def build(spec: QConvSpec, ins: list[TensorInfo]) -> Kernel:
     node = spec.node
     max_shape = tuple(ins[0].shape)
     plans = ShapeCache({max_shape: Plan(spec, max_shape)})
-    if spec.way == "int32":
+    if spec.way != "direct":  # a shape's plan may take the int32 way later (conv.py's fallbacks)
         loops.epilogue_team()  # its records' region, compiled (or loaded) now, not in a request
 
     # The requant way's call on the arrays of the last run, when it needs nothing else: the runtime passes the same
@@ -681,13 +681,15 @@ def _int32_records(spec: QConvSpec, plan: Plan, x: np.ndarray, z: np.ndarray | N
     base, size = D.workspace_base(workspace)
     if plan.spread or size < plan.nbytes or not all(a.flags.c_contiguous for a in arrays):
         return None
+    if out.dtype != np.int8 or (z is not None and (z.shape != out.shape or z.dtype != np.int8)):
+        return None
     o = out.shape[-1]
     p, x_at, sums = out.size // o, D.address(x), base + plan.pad_bytes
     steps = [(plan, x_at, p, 0)] if not plan.tiles else [
         (tile, x_at + first * x.shape[-1], k, first) for first, k, tile in plan.tiles]
     records: list = []
     checks: list = []
-    keep: list = [plan]
+    keep: list = [plan, spec.epilogue_operands]  # the jobs point at the operands
     for tile, src, k, first in steps:
         if tile._bound != (src, sums, base):
             return None
