@@ -169,15 +169,7 @@ def test_maxpool_blocked_lets_no_nan_go(onednn):
     x[0, 5] = -np.inf
     x[0, 6, 2, 2] = np.inf
     params = {"kernel": (3, 3), "stride": (2, 2), "pads": (1, 1, 1, 1)}
-    want = get_op("MaxPool").reference(Node("MaxPool", "mp", params=params), [x])[0]
-    n = Node("MaxPoolBlocked", "mpb", params=params)
-    block = onednn_blocked.native_block() or 8
-    xb = to_blocked(x, block)
-    info = get_op("MaxPoolBlocked").infer(n, [TensorInfo(xb.shape, xb.dtype)])[0]
-    kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
-    out = np.full(info.shape, 7.0, np.float32)
-    kernel([xb], [out], None)
-    got = to_plain(out, 16)
+    kernel, block, out, got, want = _maxpool_blocked(params, x, onednn)
     assert np.isnan(want).any()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
@@ -314,8 +306,15 @@ def test_maxpool_blocked_window_without_an_input_pixel_is_minus_inf(onednn):
         pytest.skip("oneDNN is not installed: the numba case covers MaxPoolBlocked")
     params = {"kernel": (2, 2), "stride": (1, 1), "pads": (2, 2, 2, 2), "dilation": (5, 5)}
     x = rng.standard_normal((2, 20, 4, 4)).astype(np.float32)
-    want = get_op("MaxPool").reference(Node("MaxPool", "mp", params=params), [x])[0]
+    got, want = _maxpool_blocked(params, x, onednn)[3:]
     assert np.isneginf(want).any() and np.isfinite(want).any()
+    np.testing.assert_array_equal(got, want)
+
+
+def _maxpool_blocked(params: dict, x: np.ndarray, onednn: bool) -> tuple:
+    """MaxPoolBlocked's kernel (oneDNN's or the numba loop) on x's blocked value (the CPU's block, else 8), run once
+    into an output filled with 7.0 first: (kernel, block, output, output as NCHW, MaxPool's reference of x)."""
+    want = get_op("MaxPool").reference(Node("MaxPool", "mp", params=params), [x])[0]
     n = Node("MaxPoolBlocked", "mpb", params=params)
     block = onednn_blocked.native_block() or 8
     xb = to_blocked(x, block)
@@ -323,4 +322,4 @@ def test_maxpool_blocked_window_without_an_input_pixel_is_minus_inf(onednn):
     kernel = build_kernel(n, [TensorInfo(xb.shape, xb.dtype)], cpu_device(onednn=onednn))[0]
     out = np.full(info.shape, 7.0, np.float32)
     kernel([xb], [out], None)
-    np.testing.assert_array_equal(to_plain(out, 20), want)
+    return kernel, block, out, to_plain(out, x.shape[1]), want
