@@ -14,7 +14,6 @@ SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 SIM_MODULES = ["test_cuda_kernels.py", "test_cuda_device.py", "test_cuda_models.py"]
 
 
-
 def _real_gpu() -> bool:
     """A CUDA device numba can use (never the simulator: this is asked only when the simulator is off)."""
     try:
@@ -24,11 +23,42 @@ def _real_gpu() -> bool:
     return bool(cuda.is_available())
 
 
+def _lock_simulated_shared_arrays() -> None:
+    """numba's simulator makes a block's `cuda.shared.array` on the first thread's call: a dict get, np.empty, a
+    set, keyed by the caller's line, with no lock. A thread switched out between the get and the set and another
+    thread each get an array of their own, and a tiled kernel reads a tile the other half of the block never wrote
+    (seen under load as 5 wrong values of a 10x6 Gemm, about once in a thousand runs). The same allocation under a
+    lock; the key as the simulator's (file, line of the caller)."""
+    import threading
+
+    import numpy as np
+    from numba.core import types
+    from numba.cuda.simulator import kernelapi
+    from numba.np import numpy_support
+
+    original, lock = kernelapi.FakeCUDAShared.array, threading.Lock()
+
+    def array(self, shape, dtype):
+        if shape == 0:  # dynamic shared memory: one buffer for all, nothing allocated here
+            return original(self, shape, dtype)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            if key not in self._allocations:
+                self._allocations[key] = np.empty(shape, dtype)
+            return self._allocations[key]
+
+    kernelapi.FakeCUDAShared.array = array
+
+
 if SIMULATED:
     collect_ignore = ["test_cuda_sim.py", "test_cuda_gpu.py"]
     # The simulator runs each CUDA thread as a Python thread and polls them while holding the GIL; a short
     # switch interval lets the simulated threads reach their barriers ~5x sooner. This is the child process.
     sys.setswitchinterval(0.0005)
+    _lock_simulated_shared_arrays()
 elif _real_gpu():
     # On a machine with a GPU the simulator's modules run on the device itself, in this process.
     collect_ignore = ["test_cuda_sim.py"]
