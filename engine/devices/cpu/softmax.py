@@ -1,7 +1,9 @@
 """CPU kernel of Softmax and LogSoftmax (engine/ops/softmax.py): a numba loop over an (outer, n, inner) view in
 float64; a float32 Softmax over the last axis runs float32 loops whose exp is vectorised, split over rows: rows of
 up to SHORT_ROW entries (a detector's class scores) take one exp pass across rows, longer ones one row at a time.
-LogSoftmax over the last axis runs oneDNN's primitive on large float32 inputs."""
+Where OpenMP's threads spin through a request (threads.native_regions) a split runs as one native region
+(loops/attention.softmax_team), no thread entering Python, and a native program records it. LogSoftmax over
+the last axis runs oneDNN's primitive on large float32 inputs."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ import math
 
 import numpy as np
 
+from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
+from engine.devices.cpu.loops import attention as LA
 from engine.devices.cpu.loops.attention import long_rows_softmax, short_rows_softmax
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import unary
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.threads import chunks_for, native_regions, parallel_for, region_job, run_native
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
 from engine.ops.rules import float_of
@@ -53,6 +57,7 @@ def _rows_kernel(loop):
     z = np.zeros((1, 2), np.float32)
     short_rows_softmax(z, z, 0, 1)  # compile at build
     long_rows_softmax(z, z, 0, 1)
+    LA.softmax_team()
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
@@ -61,10 +66,33 @@ def _rows_kernel(loop):
             loop(inputs, outputs, workspace)
             return
         x2 = np.ascontiguousarray(x).reshape(-1, n)
-        parallel_for(short_rows_softmax if n <= SHORT_ROW else long_rows_softmax, x2.shape[0], x2.size, x2,
+        rows = x2.shape[0]
+        if chunks_for(rows, x2.size) > 1 and native_regions():
+            if run_native(LA.softmax_team().address, _job(x2, out).ctypes.data):
+                return
+        parallel_for(short_rows_softmax if n <= SHORT_ROW else long_rows_softmax, rows, x2.size, x2,
                      out.reshape(-1, n))
+
+    def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if not (x.dtype == out.dtype == np.float32 and x.ndim and x.shape == out.shape and x.size
+                and x.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        job = _job(x.reshape(-1, x.shape[-1]), out)
+        record = team_record(LA.softmax_team().address, job, int(job[LA.SM_ROWS]), x.size)
+        return None if record is None else Native([record], [], [job])
+
+    run.native = native  # type: ignore[attr-defined]
     run.impl = "numba:rows-f32"  # type: ignore[attr-defined]
     return run
+
+
+def _job(x2: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """softmax_team's job for the rows of x2 (rows, n), contiguous float32, into out (as many, contiguous)."""
+    job = region_job(LA.SM_LEN)
+    job[LA.SM_ROWS], job[LA.SM_N] = x2.shape
+    job[LA.SM_X], job[LA.SM_OUT], job[LA.SM_LONG] = x2.ctypes.data, out.ctypes.data, x2.shape[1] > SHORT_ROW
+    return job
 
 
 def _loop_kernel(node: Node, ins: list[TensorInfo]):

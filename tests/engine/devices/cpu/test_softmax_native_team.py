@@ -1,0 +1,124 @@
+"""Float32 softmax rows split as one native OpenMP region (devices/cpu/softmax.py, loops/attention.softmax_team),
+and the same region as a native program's record: bit for bit the one-thread row loops' numbers, special rows at
+the shares' edges, in place and into another buffer; the Python split where the region does not run."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from op_harness import build_kernel, cpu_device, infos_of, make_node, reference, replay
+
+from engine.devices.cpu import native_program as N
+from engine.devices.cpu import softmax as S
+from engine.devices.cpu import threads as T
+from engine.devices.cpu.loops import attention as LA
+
+NODE = make_node("Softmax", 1, params={"axis": -1})
+
+
+def _on_openmp_team() -> bool:
+    cpu_device()
+    return T.pool_kind(T.get_policy(), T._openmp is not None) == "openmp"
+
+
+@pytest.fixture
+def regions(monkeypatch, request):
+    """Every softmax split (MIN_WORK 0) on the native region, even where the suite's team sleeps; records whether
+    each region ran."""
+    if not _on_openmp_team():
+        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
+    runs: list[bool] = []
+    real = S.run_native
+
+    def spy(fn, data):
+        runs.append(real(fn, data))
+        return runs[-1]
+    monkeypatch.setattr(S, "run_native", spy)
+    monkeypatch.setattr(S, "native_regions", lambda: True)
+    monkeypatch.setattr(T, "native_regions", lambda: True)  # fused_calls.team_record's question
+    monkeypatch.setattr(T, "MIN_WORK", 0)
+    before = T.get_threads()
+    request.addfinalizer(lambda: T.set_threads(before))
+    return runs
+
+
+def _rows(rows: int, n: int) -> np.ndarray:
+    """Rows with every special kind at the start, the middle and the end (where two or three shares meet)."""
+    x = (np.random.default_rng(rows * 1000 + n).standard_normal((rows, n)) * 6).astype(np.float32)
+    for r in (0, rows // 3, rows // 2 - 1, rows // 2, 2 * rows // 3, rows - 1):
+        x[r, r % n] = (np.nan, np.inf, -np.inf)[r % 3]
+    x[min(rows // 2 + 1, rows - 1)] = -np.inf  # every entry -inf: a NaN row
+    return x
+
+
+def _loop(x: np.ndarray) -> np.ndarray:
+    want = np.empty_like(x)
+    (LA.short_rows_softmax if x.shape[1] <= S.SHORT_ROW else LA.long_rows_softmax)(x, want, 0, x.shape[0])
+    return want
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the reference's inf - inf
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("rows,n", [(7, 2), (40, 64), (40, 65), (31, 197), (3, 1000)])
+def test_region_matches_the_row_loops_in_place_and_not(rows, n, threads, regions):
+    T.set_threads(threads)
+    x = _rows(rows, n)
+    want = _loop(x)
+    kernel, ws = build_kernel(NODE, infos_of([x]))
+    out = np.full_like(x, 7.0)
+    kernel([x], [out], ws)
+    y = x.copy()
+    kernel([y], [y], ws)
+    assert regions == [True, True]
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(y, want)
+    ref = reference(NODE, [x])[0]
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(out[ok], ref[ok], rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_a_busy_team_runs_the_python_split(regions, monkeypatch):
+    T.set_threads(2)
+    monkeypatch.setattr(S, "run_native", lambda fn, data: regions.append(False) or False)
+    x = _rows(50, 197)
+    kernel, ws = build_kernel(NODE, infos_of([x]))
+    out = np.empty_like(x)
+    kernel([x], [out], ws)
+    assert regions == [False]
+    np.testing.assert_array_equal(out, _loop(x))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("n", [4, 197])
+def test_records_replay_the_row_loops(n, regions):
+    """The kernel's record: a region where the rows split over the team, a call on this thread where they do not
+    (MIN_WORK back), each the row loops' numbers; none for an output of another shape."""
+    T.set_threads(2)
+    x = _rows(60, n)
+    kernel, ws = build_kernel(NODE, infos_of([x]))
+    out = np.full_like(x, 7.0)
+    native = kernel.native([x], [out], ws)
+    assert [r[0] for r in native.records] == [N.OP_REGION]
+    assert replay(native) is None
+    np.testing.assert_array_equal(out, _loop(x))
+    T.MIN_WORK = x.size + 1
+    out[...] = 7.0
+    native = kernel.native([x], [out], ws)
+    assert [r[0] for r in native.records] == [N.OP_CALL]
+    assert replay(native) is None
+    np.testing.assert_array_equal(out, _loop(x))
+    assert kernel.native([x], [out.reshape(-1)], ws) is None
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+@pytest.mark.parametrize("rows,n", [(1, 5), (9, 64), (9, 65), (5, 300)])
+def test_team_function_called_alone_runs_every_row(rows, n):
+    """softmax_team outside a region (a program's call: one thread, every row) against the row loops."""
+    x = _rows(rows, n)
+    got = np.full_like(x, 7.0)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(LA.softmax_team().address)(S._job(x, got).ctypes.data)
+    np.testing.assert_array_equal(got, _loop(x))
