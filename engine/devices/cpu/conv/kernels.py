@@ -1,8 +1,9 @@
 """The CPU's Conv, ConvTranspose and ConvBlocked kernels: which path a convolution takes.
 
 Float32 convolutions run on oneDNN (onednn.py, transposed.py) when it is on and has an optimized kernel for them,
-except plain 1x1 convs, which stay one GEMM on the direct path, and long 1-D convs (im2col + GEMM there); the rest
-take the direct paths (direct.py), never oneDNN's reference implementation (scalar loops, see onednn.is_reference).
+except plain 1x1 convs, which run as oneDNN matmuls (pointwise.py; one GEMM on the direct path without oneDNN),
+and long 1-D convs (im2col + GEMM there); the rest take the direct paths (direct.py), never oneDNN's reference
+implementation (scalar loops, see onednn.is_reference).
 A plain dense 3x3 stride-1 conv that Winograd F(4x4) pays for runs it between two reorders (winograd_nchw.py)
 instead of oneDNN's direct kernel.
 Other dtypes run the float64 reference, with the epilogue applied as the CPU applies it. ConvBlocked is
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.devices.base import Kernel
-from engine.devices.cpu.conv import blocked, direct, onednn, transposed, winograd_nchw
+from engine.devices.cpu.conv import blocked, direct, onednn, pointwise, transposed, winograd_nchw
 from engine.devices.cpu.epilogue import apply_activation
 from engine.devices.cpu.kernel import Backends, CpuKernel
 from engine.devices.cpu.onednn.blocked import native_block
@@ -61,6 +62,11 @@ def _use_onednn(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
     return not onednn.is_reference(impl)
 
 
+def _pointwise(backends: Backends, node: Node, ins: list[TensorInfo]) -> bool:
+    """A plain 1x1 conv on oneDNN's matmul (pointwise.py) rather than the direct path's GEMM."""
+    return backends.onednn and onednn.supported(node, ins) and pointwise.applies(node, ins)
+
+
 def _partial_block_depthwise(geo: ConvGeom) -> bool:
     """A stride-1 depthwise conv over a map of DEPTHWISE_DIRECT_PIXELS or more whose channels leave the last block
     partial: the direct loop's."""
@@ -105,6 +111,8 @@ def build_conv(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         if winograd_nchw.applies(backends, node, ins):
             return winograd_nchw.build(backends, node, ins)
         return onednn.build(onednn.ConvSpec(node, len(ins) > 1), ins)
+    if _pointwise(backends, node, ins):
+        return pointwise.build(node, ins)
     return direct.build_conv(backends.blas, node, ins)
 
 
@@ -113,6 +121,8 @@ def conv_workspace(backends: Backends, node: Node, ins: list[TensorInfo]) -> int
         if winograd_nchw.applies(backends, node, ins):
             return winograd_nchw.workspace(backends, node, ins)
         return onednn.workspace(onednn.ConvSpec(node, len(ins) > 1), ins)
+    if _pointwise(backends, node, ins):
+        return pointwise.workspace(node, ins)
     return direct.conv_workspace(node, ins)
 
 

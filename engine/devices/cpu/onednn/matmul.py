@@ -118,12 +118,7 @@ class Plan:
         return min(self.created, threads_for(self.work))
 
     def scratch(self, workspace: np.ndarray | None) -> int:
-        ptr, size = D.workspace_base(workspace)
-        if size >= self.pad_bytes:
-            return ptr
-        if self.private is None:  # a shape whose scratchpad outgrows the max shape's (rare)
-            self.private = D.aligned_buffer(max(self.pad_bytes, D.ALIGN))
-        return self.private.ctypes.data
+        return D.scratch_address(self, workspace)
 
     def run(self, src: int, wts: int | None, dst: int, bias: int | None, residual: int | None,
             workspace: np.ndarray | None) -> None:

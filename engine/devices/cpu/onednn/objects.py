@@ -409,6 +409,17 @@ def workspace_base(workspace: np.ndarray | None) -> tuple[int, int]:
     return ptr + off, max(0, workspace.nbytes - off)
 
 
+def scratch_address(plan, workspace: np.ndarray | None) -> int:
+    """Where a plan's scratchpad (`plan.pad_bytes`) goes: the instance workspace where it fits, else the plan's
+    own buffer (`plan.private`, made once: a shape whose scratchpad outgrows the max shape's, rare)."""
+    ptr, size = workspace_base(workspace)
+    if size >= plan.pad_bytes:
+        return ptr
+    if plan.private is None:
+        plan.private = aligned_buffer(max(plan.pad_bytes, ALIGN))
+    return plan.private.ctypes.data
+
+
 def run_src_dst(step: Step, x: np.ndarray, out: np.ndarray, scratch: np.ndarray | None) -> None:
     """Runs a primitive of one source and one destination (a pooling) on `x` into `out`, with its scratchpad, and
     waits for it."""
