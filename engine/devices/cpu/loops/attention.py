@@ -139,18 +139,6 @@ def _exp_row(x, n, scale, shift):
 
 
 @njit(fastmath=_FAST, inline="always", **_JIT)
-def _exp_row_to(x, out, n, shift):
-    """out[:n] = exp(x[:n] - shift), x left as it is; returns the sum. For two distinct rows: LLVM's overlap check
-    sends one row passed as both to its scalar loop (`_exp_row` is the in-place form)."""
-    s = _F(0.0)
-    for j in range(n):
-        y = _exp(x[j] - shift)
-        out[j] = y
-        s += y
-    return s
-
-
-@njit(fastmath=_FAST, inline="always", **_JIT)
 def _scale_mask(x, mask, mask_kind, scale, n):
     """x[:n] = scale * x[:n] + mask in place, or -inf where a bool mask forbids (no pass at all for no mask and a
     scale of 1)."""
@@ -365,17 +353,17 @@ def short_rows_softmax(x, out, lo, hi):
 @njit(fastmath=_FAST, **_JIT)
 def long_rows_softmax(x, out, lo, hi):
     """Softmax of rows [lo, hi) of x (rows, n) into out row by row, for rows long enough to fill vectors alone:
-    the row's max (`_max`, over the int bits, vectorised), one exp pass from x into out that sums it, one scaling
-    pass (in place when out is x). Special rows as `short_rows_softmax`'s (a NaN or +inf entry, or every entry
-    -inf, gives a NaN row). One thread, Intel Xeon (AVX-512), (2364, 197): 287 us, 300 with the row copied into
-    out first (the exp pass in place)."""
+    the row copied into out, its max (`_max`, over the int bits, vectorised), one exp pass that sums it
+    (`_exp_row`), one scaling pass. Special rows as `short_rows_softmax`'s (a NaN or +inf entry, or every entry
+    -inf, gives a NaN row). out may be x. (An exp pass from x into out, without the copy, was 4% faster on one
+    thread of an Intel Xeon at (2364, 197), but its sums rounded differently in the last bit called from
+    softmax_team's cfunc than from Python: a program's replay must give the Python path's numbers.)"""
     n = x.shape[1]
-    inplace = x.ctypes.data == out.ctypes.data
     for r in range(lo, hi):
         xr, orow = x[r], out[r]
-        m = _max(xr.view(np.int32), n)
-        total = _exp_row(orow, n, _F(1.0), m) if inplace else _exp_row_to(xr, orow, n, m)
-        inv = _F(1.0) / total
+        for j in range(n):
+            orow[j] = xr[j]
+        inv = _F(1.0) / _exp_row(orow, n, _F(1.0), _max(orow.view(np.int32), n))
         for j in range(n):
             orow[j] *= inv
 

@@ -54,6 +54,7 @@ def _rows(rows: int, n: int) -> np.ndarray:
 
 
 def _loop(x: np.ndarray) -> np.ndarray:
+    """The row loop over every row, called from Python on this thread."""
     want = np.empty_like(x)
     (LA.short_rows_softmax if x.shape[1] <= S.SHORT_ROW else LA.long_rows_softmax)(x, want, 0, x.shape[0])
     return want
