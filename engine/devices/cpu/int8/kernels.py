@@ -9,8 +9,9 @@ import numpy as np
 
 from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.int8 import conv, loops
+from engine.devices.cpu.int8.ops import OPS
 from engine.devices.cpu.kernel import Backends, CpuKernel
-from engine.devices.cpu.threads import parallel_for, region_job
+from engine.devices.cpu.threads import chunks_for, native_regions, parallel_for, region_job, run_native
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.quant import F32, pool_geometry, refuse_nan
@@ -78,6 +79,45 @@ def build_dequantize(backends: Backends, node: Node, ins: list[TensorInfo]):
     def run(inputs, outputs, workspace):
         x = inputs[0]
         parallel_for(loops.dequantize, x.shape[0] * x.shape[1], x.size, x, scale, outputs[0])
+    return run
+
+
+def build_dequantize_mean(backends: Backends, node: Node, ins: list[TensorInfo]):
+    """Int8DequantizeMeanNhwc: loops.dequantize_mean over the images, as a native region where they split and
+    OpenMP's threads spin (one on this thread otherwise), recorded into native programs."""
+    scale = _channels(node, "scale", ins[0].shape[3])
+    loops.dequantize_mean(np.zeros((1, 1, 1), np.int8), np.ones(1, F32), 1.0, np.zeros((1, 1), F32), 0, 1)
+    loops.dequantize_mean_team()
+
+    def job_for(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        n, h, w, c = x.shape
+        job = region_job(loops.DM_LEN)
+        job[loops.DM_N:loops.DM_X] = n, h * w, c
+        job[loops.DM_X], job[loops.DM_SCALE], job[loops.DM_OUT] = x.ctypes.data, scale.ctypes.data, out.ctypes.data
+        job[loops.DM_INV] = np.float64(1.0 / (h * w)).view(np.int64)
+        return job
+
+    def run(inputs, outputs, workspace):
+        x, out = np.ascontiguousarray(inputs[0]), _contiguous(node, outputs[0])
+        n, h, w, c = x.shape
+        if h * w == 0 or n == 0:  # empty maps: the reference's NaN means
+            np.copyto(out, OPS["Int8DequantizeMeanNhwc"].reference(node, [x])[0])
+            return
+        if chunks_for(n, x.size) > 1 and native_regions():
+            if run_native(loops.dequantize_mean_team().address, job_for(x, out).ctypes.data):
+                return
+        parallel_for(loops.dequantize_mean, n, x.size, x.reshape(n, h * w, c), scale, 1.0 / (h * w),
+                     out.reshape(n, c))
+
+    def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if not (x.flags.c_contiguous and out.flags.c_contiguous) or x.shape[0] == 0 or x.shape[1] * x.shape[2] == 0:
+            return None
+        job = job_for(x, out)
+        record = team_record(loops.dequantize_mean_team().address, job, x.shape[0], x.size)
+        return None if record is None else Native([record], [], [job, scale])
+
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 
@@ -195,6 +235,7 @@ KERNELS = {
     "Int8QuantizeNhwc": CpuKernel(build_quantize),
     "Int8DequantizeNhwc": CpuKernel(build_dequantize),
     "Int8DequantizeToNhwc": CpuKernel(build_dequantize_to_nhwc),
+    "Int8DequantizeMeanNhwc": CpuKernel(build_dequantize_mean),
     "Int8DequantizeConcatNhwc": CpuKernel(build_dequantize_concat),
     "Int8AddNhwc": CpuKernel(build_add),
     "Int8PoolNhwc": CpuKernel(build_pool),

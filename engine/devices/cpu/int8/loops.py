@@ -95,6 +95,42 @@ def dequantize(x, scale, out, lo, hi):
 
 
 @njit(nogil=True, cache=True)
+def dequantize_mean(x, scale, inv, out, lo, hi):
+    """x (N, P, C) int8 -> out (N, C) float32: each channel's mean over the P pixels of scale[c] * x, each
+    product rounded to float32 (the dequantized value), summed in float64 in pixel order, times inv = 1 / P: the
+    float64 mean of the dequantized values, as the reference takes it (GlobalAvgPool's float32 row_sums after a
+    dequantize differ from it in the last bit); the channels vectorised; items images."""
+    p_n, c_n = x.shape[1], x.shape[2]
+    acc = np.empty(c_n, np.float64)
+    for n in range(lo, hi):
+        acc[:] = 0.0
+        for p in range(p_n):
+            xp = x[n, p]
+            for c in range(c_n):
+                acc[c] += np.float64(scale[c] * np.float32(xp[c]))
+        o = out[n]
+        for c in range(c_n):
+            o[c] = np.float32(acc[c] * inv)
+
+
+# `job` (int64 words) of `dequantize_mean_team`: OpenMP's two getters (open_job); N, P, C; the int8 input's,
+# the float32 scales' and the float32 output's addresses; 1 / P's float64 bits.
+DM_N, DM_P, DM_C, DM_X, DM_SCALE, DM_OUT, DM_INV, DM_LEN = range(2, 10)
+
+
+@region
+def dequantize_mean_team(data):
+    """One OpenMP thread's share of the images of a `dequantize_mean` (see DM_*), as parallel_for splits them;
+    called outside a region, all of them (a native program's call)."""
+    job, t, team = open_job(data, DM_LEN)
+    n, p, c = job[DM_N], job[DM_P], job[DM_C]
+    lo, hi = t * n // team, (t + 1) * n // team
+    if lo < hi:
+        dequantize_mean(carray(i8_at(job[DM_X]), (n, p, c)), carray(f32_at(job[DM_SCALE]), (c,)),
+                        np.int64(job[DM_INV]).view(np.float64), carray(f32_at(job[DM_OUT]), (n, c)), lo, hi)
+
+
+@njit(nogil=True, cache=True)
 def dequantize_pixels(x, scale, out, lo, hi):
     """x (P, C) int8 -> out (P, C) float32, scale[c] * x; items pixels (the inner loop vectorizes)."""
     c_n = x.shape[1]

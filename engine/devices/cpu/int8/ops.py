@@ -6,7 +6,9 @@ oneDNN may read it as u8). A quantize with `zero_point` (128) writes q + zero_po
 read it say so in `src_zero_point`: they take it off again. `Int8DequantizeToNhwc` is a dequantize whose float
 output is NHWC too (it stands for a dequantize and the Transpose to channels-last that read it, as detection heads
 do); `Int8DequantizeConcatNhwc` stands for several such heads, each reshaped and all joined on axis 1 (a
-detector's scores or boxes), written straight into the joined float value. `Int8ToNhwc` / `Int8ToNchw` move an
+detector's scores or boxes), written straight into the joined float value; `Int8DequantizeMeanNhwc` for a
+dequantize whose only reader is a GlobalAvgPool (a classifier's head), writing the pooled (N, C, 1, 1) float value
+from the int8 pixels, no float map made. `Int8ToNhwc` / `Int8ToNchw` move an
 int8 value between the layouts. These ops are the CPU device's own: its int8 rewrite (rewrite.py) inserts them,
 their kernels are in kernels.py, and each reference transposes to NCHW, runs the base op's reference and
 transposes back.
@@ -123,6 +125,22 @@ def _dequantize_concat() -> OpDef:
     return OpDef("Int8DequantizeConcatNhwc", infer, reference)
 
 
+def _dequantize_mean() -> OpDef:
+    """Int8DequantizeMeanNhwc: an NHWC int8 (N, H, W, C) dequantized by attr `scale` (per channel or one), then
+    averaged over its pixels as GlobalAvgPool does: float32 (N, C, 1, 1)."""
+    dequantize, pool = SHARED["TnnDequantize"], SHARED["GlobalAvgPool"]
+
+    def infer(node: Node, ins: list[TensorInfo]) -> list[TensorInfo]:
+        _check4(node, ins[0].shape)
+        n, _, _, c = ins[0].shape
+        return [TensorInfo((n, c, 1, 1), np.dtype(np.float32))]
+
+    def reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return pool.reference(node, dequantize.reference(node, [to_nchw(arrays[0])]))
+
+    return OpDef("Int8DequantizeMeanNhwc", infer, reference)
+
+
 def _zero_point(base: OpDef, key: str) -> OpDef:
     """`base` (a twin) with the zero point of param `key`: on a quantize's output (added, as uint8), or on a
     conv's input (taken off first)."""
@@ -175,6 +193,8 @@ OPS: dict[str, OpDef] = {
     "Int8DequantizeToNhwc": twin("Int8DequantizeToNhwc", "TnnDequantize", [True], True),
     # several of those heads, each reshaped and all concatenated on axis 1
     "Int8DequantizeConcatNhwc": _dequantize_concat(),
+    # a dequantize whose only reader was a GlobalAvgPool: the pooled float value, from the int8 pixels
+    "Int8DequantizeMeanNhwc": _dequantize_mean(),
     "Int8ToNhwc": _transpose("Int8ToNhwc", "nhwc"),
     "Int8ToNchw": _transpose("Int8ToNchw", "nchw"),
 }

@@ -9,7 +9,10 @@ A pure graph -> graph function; the input graph is left untouched (it is the Mod
   Int8DequantizeToNhwc writing the Transpose's output, and neither the NCHW float value nor the transpose is made;
   where such heads are each reshaped and all joined on axis 1 by one Concat (a detector's scores or boxes), the
   lot becomes one Int8DequantizeConcatNhwc writing the Concat's output (_joined_heads), or the output of a
-  Softmax over its last axis that is the Concat's only reader (a detector's class scores: `softmax`);
+  Softmax over its last axis that is the Concat's only reader (a detector's class scores: `softmax`); where its
+  only reader is a float32 GlobalAvgPool of a 4-D map (a classifier's head), the two become one
+  Int8DequantizeMeanNhwc writing the pool's output (MobileNetV2's 1280x7x7: the NCHW float map was written
+  through a transpose, then read back);
 - TnnQRelu is elementwise: it keeps its input's layout; where it alone reads a TnnQAdd's output, the add's
   twin does it (`relu`: max(q, 0) of its rounded output, exactly the two ops; ResNet's residual adds);
 - any other reader of an NHWC value (and a graph output) gets an Int8ToNchw copy, one per value; an NCHW int8
@@ -73,6 +76,18 @@ def _to_channels_last(node: Node, graph: Graph) -> Node | None:
     if t.op_type != "Transpose" or t.inputs != [out] or transpose_perm(t, 4) != [0, 2, 3, 1]:
         return None
     return t
+
+
+def _global_mean_of(node: Node, graph: Graph) -> Node | None:
+    """The float32 GlobalAvgPool of a 4-D map that is the only reader of this TnnDequantize's output, if so."""
+    out = node.outputs[0]
+    if out in graph.outputs or len(out.consumers) != 1 or out.shape is None or len(out.shape) != 4:
+        return None
+    g = out.consumers[0]
+    if g.op_type != "GlobalAvgPool" or g.inputs != [out] or len(g.outputs) != 1:
+        return None
+    y = g.outputs[0]
+    return g if y.dtype is not None and np.dtype(y.dtype) == np.float32 else None
 
 
 def _only_reader(v: Value, graph: Graph) -> Node | None:
@@ -282,12 +297,14 @@ class _Rewrite:
         elif op == "TnnDequantize" and node.inputs[0] in self.layout and self.layout[node.inputs[0]] == NHWC:
             inputs, op = [self.native[node.inputs[0]]], "Int8DequantizeNhwc"
             self.stats.twins += 1
-            t = _to_channels_last(node, self.src)
-            if t is not None:
-                self.absorbed.add(id(t))
-                self.new.add_node("Int8DequantizeToNhwc", inputs, [self._produce(t.outputs[0], NCHW)],
-                                  name=node.name, params=params, attrs=dict(node.attrs), source=node.source)
-                return
+            for reader_of, fused in ((_to_channels_last, "Int8DequantizeToNhwc"),
+                                     (_global_mean_of, "Int8DequantizeMeanNhwc")):
+                reader = reader_of(node, self.src)
+                if reader is not None:  # the dequantize and its one reader as one op writing the reader's output
+                    self.absorbed.add(id(reader))
+                    self.new.add_node(fused, inputs, [self._produce(reader.outputs[0], NCHW)], name=node.name,
+                                      params=params, attrs=dict(node.attrs), source=node.source)
+                    return
         elif op in LAYOUT_FREE and node.inputs[0] in self.layout and self.layout[node.inputs[0]] == NHWC:
             inputs, out_layout = [self.native[node.inputs[0]]], NHWC
         else:

@@ -468,6 +468,73 @@ def test_quantize_and_dequantize_nhwc():
 
 
 
+def _dequantize_then_pool(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """What the two kernels the fused one stands for compute: Int8DequantizeNhwc, then GlobalAvgPool's."""
+    dq = make_node("Int8DequantizeNhwc", 1, attrs={"scale": scale})
+    (x,) = run_kernel(dq, [q])
+    return run_kernel(make_node("GlobalAvgPool", 1), [x])[0]
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_dequantize_mean_matches_the_reference_and_the_two_kernels(per_channel):
+    """Int8DequantizeMeanNhwc (a dequantize whose only reader is a GlobalAvgPool) against the float64 reference
+    (the float64 mean of the dequantized float32 values) and the two kernels it replaces (whose float32 sums
+    differ in the last bits), at the max shape and below; a zero scale, saturated values; an empty map gives the
+    reference's NaN means."""
+    q = _i8(3, 7, 5, 37)
+    q[0, 0, 0], q[1, :, :, 3] = -128, 127
+    scale = RNG.uniform(0.001, 0.2, 37).astype(F32) if per_channel else F32([0.037])
+    if per_channel:
+        scale[5] = 0
+    node = make_node("Int8DequantizeMeanNhwc", 1, attrs={"scale": scale})
+    for arr in (q, q[:2, :4, :3].copy(), q[:1, :1, :1].copy()):
+        (got,) = run_kernel(node, [arr], [q])
+        assert got.shape == (arr.shape[0], 37, 1, 1) and got.dtype == F32
+        np.testing.assert_allclose(got, reference(node, [arr])[0], rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(got, _dequantize_then_pool(arr, scale), rtol=1e-6, atol=1e-6)
+    with np.errstate(invalid="ignore"):
+        (empty,) = run_kernel(node, [q[:, :0]], [q])
+    assert np.isnan(empty).all() and empty.shape == (3, 37, 1, 1)
+
+
+@pytest.mark.parametrize("threads_n", [2, 3])
+def test_dequantize_mean_split_and_recorded_gives_the_same_bits(threads_n, monkeypatch, request):
+    """Its images split as a native region (the team forced on) and its records replayed: the bits of its
+    one-thread Python run."""
+    if threads.pool_kind(threads.get_policy(), threads._openmp is not None) != "openmp":
+        pytest.skip("our kernels do not run on OpenMP's team here (the `short` wait policy)")
+    before = threads.get_threads()
+    request.addfinalizer(lambda: threads.set_threads(before))
+    threads.set_threads(threads_n)
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(threads, "native_regions", lambda: True)
+    monkeypatch.setattr(int8_kernels, "native_regions", lambda: True)
+    ran = []
+    real = int8_kernels.run_native
+    monkeypatch.setattr(int8_kernels, "run_native", lambda fn, data: ran.append(real(fn, data)) or ran[-1])
+    q, scale = _i8(5, 6, 6, 40), RNG.uniform(0.01, 0.1, 40).astype(F32)
+    node = make_node("Int8DequantizeMeanNhwc", 1, attrs={"scale": scale})
+    want = np.empty((5, 40), F32)
+    loops.dequantize_mean(q.reshape(5, 36, 40), scale, 1.0 / 36, want, 0, 5)
+    want = want.reshape(5, 40, 1, 1)
+    fn, ws = build_kernel(node, infos_of([q], node=node))
+    out = np.full((5, 40, 1, 1), 7, F32)
+    fn([q], [out], ws)
+    assert ran == [True]
+    np.testing.assert_array_equal(out, want)
+    out[...] = 7
+    native = fn.native([q], [out], ws)
+    assert [r[0] for r in native.records] == [N.OP_REGION]
+    assert replay(native) is None
+    np.testing.assert_array_equal(out, want)
+    monkeypatch.setattr(threads, "MIN_WORK", q.size + 1)
+    out[...] = 7
+    native = fn.native([q], [out], ws)
+    assert [r[0] for r in native.records] == [N.OP_CALL]
+    assert replay(native) is None
+    np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("trailing", [(2,), (4,), (3, 2)])
 def test_dequantize_concat_joins_heads_per_image(trailing):
     """Detection heads dequantized into one joined value: each image's values of every head in order, heads

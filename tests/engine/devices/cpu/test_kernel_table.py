@@ -20,7 +20,7 @@ REFERENCE_ONLY = {"Expression", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
                   "DetectionOutput"}
 BLOCKED_LAYOUT = {"ToBlocked", "ToPlain", "ConvBlocked", "GlobalPoolBlocked", "MaxPoolBlocked", "BroadcastBlocked",
                   "RegroupBlocked"}
-INT8_NHWC = {"Int8ConvNhwc", "Int8QuantizeNhwc", "Int8DequantizeNhwc", "Int8DequantizeToNhwc",
+INT8_NHWC = {"Int8ConvNhwc", "Int8QuantizeNhwc", "Int8DequantizeNhwc", "Int8DequantizeToNhwc", "Int8DequantizeMeanNhwc",
              "Int8DequantizeConcatNhwc", "Int8AddNhwc", "Int8PoolNhwc", "Int8ConcatNhwc", "Int8ToNhwc", "Int8ToNchw",
              "Int8UpsampleNhwc"}
 FUSED = {"PackedAttention", "MatMulAffine"}

@@ -129,6 +129,31 @@ def test_dequantize_read_by_a_permute_to_channels_last_writes_channels_last(tmp_
 
 
 
+@pytest.mark.parametrize("also_read", [False, True])
+def test_dequantize_read_by_a_global_average_pool_pools_the_int8_pixels(tmp_path, also_read):
+    """A classifier's head, int8 conv -> dequantize -> global average Pooling: on the CPU the two float ops are one
+    Int8DequantizeMeanNhwc (no float map made) giving the float64 mean of the dequantized values; where the
+    dequantized map has another reader (here a graph output) both stay."""
+    w = RNG.integers(-127, 128, (4, 3, 3, 3), dtype=np.int8)
+    bias = RNG.integers(-500, 500, 4).astype(np.int32)
+    w_scale, s_out, s_in = F32([0.011, 0.02, 0.005, 0.03]), F32([0.2, 0.3, 0.25, 0.1]), F32([0.05, 0.04, 0.03])
+    layers = ["QuantizedConvolution c 1 1 x t 1 3 4 3 3 1 1 1 1 1 -1 1 1 1", "Pooling p 1 1 t y 1 0 0 1 1 0 0"]
+    model = quantized_model(tmp_path, layers, [("Convolution", "c", ["c", 1, w, bias, w_scale])],
+                            {"x": s_in, "t": s_out}, outputs="y t" if also_read else "y")
+    inst = model.instance()
+    ops = [n.op_type for n in inst.graph.nodes]
+    if also_read:
+        assert "Int8DequantizeMeanNhwc" not in ops and "GlobalAvgPool" in ops
+    else:
+        assert ops == ["Int8QuantizeNhwc", "Int8ConvNhwc", "Int8DequantizeMeanNhwc"]
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(F32) * 3
+    q = round_away(x / s_in.reshape(1, 3, 1, 1))
+    val = np.maximum(_conv_reference(q, w, bias, 1).astype(F32) * (w_scale / s_out).reshape(1, 4, 1, 1), 0)
+    t = round_away(val).astype(F32) * s_out.reshape(1, 4, 1, 1)
+    expected = t.astype(np.float64).mean(axis=(2, 3), keepdims=True).astype(F32)
+    np.testing.assert_allclose(inst.run({"x": x})["y"], expected, rtol=2e-7, atol=0)
+
+
 def _heads(tmp_path: Path, after: list[str]) -> tuple[engine.Model, np.ndarray, np.ndarray]:
     """A detector's heads: int8 convs -> dequantize -> Permute (0, 2, 3, 1) -> Reshape (0, -1, 2) -> one Concat on
     axis 1 (into `y`), then the layers `after` (output `z` if any): the model, an input and the joined value."""
