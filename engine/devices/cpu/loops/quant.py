@@ -25,6 +25,13 @@ def f2i8(v):
 def quantize(x, scale, out, lo, hi):
     """x, out: (n, c, r); scale: (c,). Items are (n, c) rows."""
     c_n = x.shape[1]
+    if x.shape[2] == 1:  # one value a row (a classifier's (N, C)): across the channels, not a row per item
+        for b, c0, c1 in _item_spans(lo, hi, c_n):
+            xr, orow = x[b, :, 0], out[b, :, 0]
+            for c in range(c0, c1):
+                s = scale[c]
+                orow[c] = f2i8(xr[c] / s) if s != ZERO else np.int8(0)
+        return
     for item in range(lo, hi):
         b, c = item // c_n, item % c_n
         s = scale[c]
@@ -36,12 +43,31 @@ def quantize(x, scale, out, lo, hi):
 @njit(nogil=True, cache=True)
 def dequantize(x, scale, out, lo, hi):
     c_n = x.shape[1]
+    if x.shape[2] == 1:  # as `quantize`
+        for b, c0, c1 in _item_spans(lo, hi, c_n):
+            xr, orow = x[b, :, 0], out[b, :, 0]
+            for c in range(c0, c1):
+                orow[c] = scale[c] * np.float32(xr[c])
+        return
     for item in range(lo, hi):
         b, c = item // c_n, item % c_n
         s = scale[c]
         xr, orow = x[b, c], out[b, c]
         for k in range(xr.shape[0]):
             orow[k] = s * np.float32(xr[k])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _item_spans(lo, hi, c_n):
+    """Items [lo, hi) of (n, c) pairs as (n, c_start, c_end) spans, one per n."""
+    spans = []
+    item = lo
+    while item < hi:
+        b, c0 = item // c_n, item % c_n
+        c1 = min(c_n, c0 + hi - item)
+        spans.append((b, c0, c1))
+        item += c1 - c0
+    return spans
 
 
 @njit(nogil=True, cache=True)

@@ -93,6 +93,30 @@ def test_quantize_kernel_on_2d_and_1d_inputs():
     _check(make_node("TnnQuantize", 1, attrs={"scale": _scales(1)}), [RNG.standard_normal(7).astype(np.float32)])
 
 
+@pytest.mark.parametrize("lo,hi", [(0, 40), (3, 17), (8, 9), (7, 39), (0, 0)])
+def test_one_value_rows_split_anywhere_match_the_reference(lo, hi):
+    """(N, C) values (a classifier's) go across the channels in spans of an image each: items [lo, hi) of the
+    (n, c) pairs, cut anywhere (a split's share), each written once; a zero scale quantizes to 0."""
+    from engine.devices.cpu.loops import quant as QK
+
+    scale = _scales(8)
+    scale[2] = 0
+    x = (RNG.standard_normal((5, 8, 1)) * 3).astype(np.float32)
+    x[1, 3, 0] = 1e6  # saturates
+    q = np.full((5, 8, 1), 99, np.int8)
+    QK.quantize(x, scale, q, lo, hi)
+    want_q = reference(make_node("TnnQuantize", 1, attrs={"scale": scale}), [x[..., 0]])[0][..., None]
+    f = np.full((5, 8, 1), 99, np.float32)
+    QK.dequantize(want_q, scale, f, lo, hi)
+    want_f = reference(make_node("TnnDequantize", 1, attrs={"scale": scale}), [want_q[..., 0]])[0][..., None]
+    done = np.zeros(40, bool)
+    done[lo:hi] = True
+    done = done.reshape(5, 8, 1)
+    np.testing.assert_array_equal(q[done], want_q[done])
+    np.testing.assert_array_equal(f[done], want_f[done])
+    assert (q[~done] == 99).all() and (f[~done] == 99).all()
+
+
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_qadd_kernel(per_channel):
     c = 6
