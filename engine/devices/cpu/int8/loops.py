@@ -69,6 +69,30 @@ def quantize3(x, scale, flip, out, nan, lo, hi):
             o[3 * xx + 2] = f2i8(x2[xx] / s2) ^ flip
 
 
+# `job` (int64 words) of `quantize_team`: OpenMP's two getters (open_job); N, C, H, W of the float32 input; its,
+# the float32 scales' and the int8 output's (N, H, W * C) addresses; the flip (0 or -128); the NaN flags' address
+# (N * H booleans); whether the loop is `quantize3`.
+QN_N, QN_C, QN_H, QN_W, QN_X, QN_SCALE, QN_OUT, QN_FLIP, QN_NAN, QN_THREE, QN_LEN = range(2, 13)
+
+
+@region
+def quantize_team(data):
+    """One OpenMP thread's share of the rows (n, y) of a `quantize` or `quantize3` (see QN_*), as parallel_for
+    splits them; the caller reads the NaN flags after the region."""
+    job, t, team = open_job(data, QN_LEN)
+    n, c, h, w = job[QN_N], job[QN_C], job[QN_H], job[QN_W]
+    lo, hi = t * n * h // team, (t + 1) * n * h // team
+    if lo >= hi:
+        return
+    x, scale = carray(f32_at(job[QN_X]), (n, c, h, w)), carray(f32_at(job[QN_SCALE]), (c,))
+    out, nan = carray(i8_at(job[QN_OUT]), (n, h, w * c)), carray(bool_at(job[QN_NAN]), (n * h,))
+    flip = np.int8(job[QN_FLIP])
+    if job[QN_THREE] != 0:
+        quantize3(x, scale, flip, out, nan, lo, hi)
+    else:
+        quantize(x, scale, flip, out, nan, lo, hi)
+
+
 @njit(nogil=True, cache=True)
 def spread(x, table, out, lo, hi):
     """x (P, C) bytes (int8, or u8 with a zero point, viewed as uint8) -> out (P, 2C) uint8: each byte's int8 value

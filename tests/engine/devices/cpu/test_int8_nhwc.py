@@ -468,6 +468,24 @@ def test_quantize_and_dequantize_nhwc():
 
 
 
+def _force_regions(monkeypatch, request, threads_n: int) -> list[bool]:
+    """Every split of the int8 kernels (MIN_WORK and NATIVE_QUANTIZE_ELEMENTS 0) on a native region over
+    `threads_n` threads, even where the suite's team sleeps; returns the list of whether each region ran."""
+    if threads.pool_kind(threads.get_policy(), threads._openmp is not None) != "openmp":
+        pytest.skip("our kernels do not run on OpenMP's team here (the `short` wait policy)")
+    before = threads.get_threads()
+    request.addfinalizer(lambda: threads.set_threads(before))
+    threads.set_threads(threads_n)
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    monkeypatch.setattr(int8_kernels, "NATIVE_QUANTIZE_ELEMENTS", 0)
+    monkeypatch.setattr(threads, "native_regions", lambda: True)
+    monkeypatch.setattr(int8_kernels, "native_regions", lambda: True)
+    ran: list[bool] = []
+    real = int8_kernels.run_native
+    monkeypatch.setattr(int8_kernels, "run_native", lambda fn, data: ran.append(real(fn, data)) or ran[-1])
+    return ran
+
+
 def _dequantize_then_pool(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """What the two kernels the fused one stands for compute: Int8DequantizeNhwc, then GlobalAvgPool's."""
     dq = make_node("Int8DequantizeNhwc", 1, attrs={"scale": scale})
@@ -501,17 +519,7 @@ def test_dequantize_mean_matches_the_reference_and_the_two_kernels(per_channel):
 def test_dequantize_mean_split_and_recorded_gives_the_same_bits(threads_n, monkeypatch, request):
     """Its images split as a native region (the team forced on) and its records replayed: the bits of its
     one-thread Python run."""
-    if threads.pool_kind(threads.get_policy(), threads._openmp is not None) != "openmp":
-        pytest.skip("our kernels do not run on OpenMP's team here (the `short` wait policy)")
-    before = threads.get_threads()
-    request.addfinalizer(lambda: threads.set_threads(before))
-    threads.set_threads(threads_n)
-    monkeypatch.setattr(threads, "MIN_WORK", 0)
-    monkeypatch.setattr(threads, "native_regions", lambda: True)
-    monkeypatch.setattr(int8_kernels, "native_regions", lambda: True)
-    ran = []
-    real = int8_kernels.run_native
-    monkeypatch.setattr(int8_kernels, "run_native", lambda fn, data: ran.append(real(fn, data)) or ran[-1])
+    ran = _force_regions(monkeypatch, request, threads_n)
     q, scale = _i8(5, 6, 6, 40), RNG.uniform(0.01, 0.1, 40).astype(F32)
     node = make_node("Int8DequantizeMeanNhwc", 1, attrs={"scale": scale})
     want = np.empty((5, 40), F32)
@@ -566,10 +574,13 @@ def test_dequantize_concat_with_a_softmax_over_the_last_axis(trailing):
         assert np.all(got > 0)
 
 
+@pytest.mark.parametrize("team", [0, 2, 3], ids=["python-split", "region-2", "region-3"])
 @pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.01, 0.0, 0.03), (0.015,)])
-def test_quantize_of_three_channels_nhwc(scales):
+def test_quantize_of_three_channels_nhwc(scales, team, monkeypatch, request):
     """An image's three channels (a loop of their own where no scale is 0): odd sizes, saturation both ways, ties
-    k + 0.5 (rounded away from zero), zeros of both signs."""
+    k + 0.5 (rounded away from zero), zeros of both signs; split as the Python path does or as a native region
+    (loops.quantize_team, forced on over 2 and 3 threads)."""
+    ran = _force_regions(monkeypatch, request, team) if team else []
     x = (RNG.standard_normal((2, 3, 5, 7)) * 2).astype(np.float32)
     edges = [0.0, -0.0, 1e30, -1e30, np.inf, -np.inf, 127.4, -128.6, 0.5, -0.5, 1.5, -2.5, 126.5, -127.5]
     for c, s in enumerate(np.broadcast_to(np.asarray(scales, np.float32), (3,))):
@@ -579,6 +590,7 @@ def test_quantize_of_three_channels_nhwc(scales):
     for params in ({}, {"zero_point": 128}):  # int8, or uint8 q + 128 for a first conv
         _check(make_node("Int8QuantizeNhwc", 1, params=params, attrs={"scale": np.asarray(scales, np.float32)}), [x],
                [np.zeros((3, 3, 6, 8), np.float32)])
+    assert ran == ([True, True] if team else [])
 
 
 def test_add_pool_concat_relu_nhwc():
@@ -663,12 +675,14 @@ def test_quantize_refuses_nan_and_saturates_infinities(op):
             fn(node, [x])
 
 
+@pytest.mark.parametrize("team", [0, 2], ids=["python-split", "region"])
 @pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.01, 0.0, 0.03), (0.02, 0.0, 0.01, 0.05, 0.03)])
 @pytest.mark.parametrize("where", ["first", "last", "middle"])
-def test_quantize_nhwc_finds_a_nan_anywhere_in_its_pass(scales, where):
-    """The NaN check rides on the quantization's own pass (per row, over the team's split): a NaN in any image, row
-    or channel is refused, one in a channel of scale 0 too (it quantizes to 0 but is still no number), and one at
-    either end of a batch large enough to be split over threads."""
+def test_quantize_nhwc_finds_a_nan_anywhere_in_its_pass(scales, where, team, monkeypatch, request):
+    """The NaN check rides on the quantization's own pass (per row, over the team's split, from Python or as a
+    native region): a NaN in any image, row or channel is refused, one in a channel of scale 0 too (it quantizes to
+    0 but is still no number), and one at either end of a batch large enough to be split over threads."""
+    ran = _force_regions(monkeypatch, request, team) if team else []
     c = len(scales)
     x = RNG.standard_normal((4, c, 64, 600)).astype(np.float32)  # past MIN_WORK: the rows split over the team
     at = {"first": (0, 0, 0, 0), "last": (3, c - 1, 63, 599), "middle": (2, 1, 31, 300)}[where]
@@ -678,6 +692,7 @@ def test_quantize_nhwc_finds_a_nan_anywhere_in_its_pass(scales, where):
         run_kernel(node, [x])
     x[at] = np.float32(np.inf)  # no NaN: saturates, as the reference does
     np.testing.assert_array_equal(run_kernel(node, [x])[0], reference(node, [x])[0])
+    assert ran == ([True, True] if team else [])
 
 
 @pytest.mark.parametrize("fusion,activation,tiled", [("add_then_act", None, True), ("act_then_add", "relu6", True),
