@@ -7,18 +7,12 @@ import weakref
 
 import numpy as np
 
+from engine.devices.cpu import threads as T
 from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.int8 import conv, loops
 from engine.devices.cpu.int8.ops import OPS
 from engine.devices.cpu.kernel import Backends, CpuKernel
-from engine.devices.cpu.threads import (
-    chunks_for,
-    get_threads,
-    native_regions,
-    parallel_for,
-    region_job,
-    run_native,
-)
+from engine.devices.cpu.threads import get_threads, native_regions, parallel_for, region_job, run_native
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.quant import F32, pool_geometry, refuse_nan
@@ -128,7 +122,7 @@ def build_dequantize_mean(backends: Backends, node: Node, ins: list[TensorInfo])
         if h * w == 0 or n == 0:  # empty maps: the reference's NaN means
             np.copyto(out, OPS["Int8DequantizeMeanNhwc"].reference(node, [x])[0])
             return
-        if chunks_for(n, x.size) > 1 and native_regions():
+        if T.chunks_for(n, x.size) > 1 and native_regions():
             if run_native(loops.dequantize_mean_team().address, job_for(x, out).ctypes.data):
                 return
         parallel_for(loops.dequantize_mean, n, x.size, x.reshape(n, h * w, c), scale, 1.0 / (h * w),
