@@ -825,7 +825,6 @@ class _TeamJob:
         job[A.JOB_SCALE] = np.float32(call.scale).view(np.int32)
         job[A.JOB_S], job[A.JOB_E], job[A.JOB_DV] = call.S, call.q.shape[-1], call.out.shape[-1]
         job[A.JOB_S_LEN], job[A.JOB_L_LEN] = min(sl.s.size for sl in call.slots), min(sl.l.size for sl in call.slots)
-        self.address = A.address(job)
 
     def run(self, call: _GroupCall, mask: np.ndarray) -> bool:
         """The run on OpenMP's team without the GIL (`mask`: call.mask4()); False (nothing run) when the team is
@@ -836,7 +835,7 @@ class _TeamJob:
         job[A.JOB_MASK_SHAPE:A.JOB_MASK_SHAPE + 4] = mask.shape
         job[A.JOB_MASK_STRIDES:A.JOB_MASK_STRIDES + 4] = mask.strides
         job[A.JOB_ERROR] = 0
-        if not run_native(A.attend_team().address, self.address):
+        if not run_native(A.attend_team().address, self.job):
             return False
         if job[A.JOB_ERROR]:
             raise KernelError(f"{call.node.where()}: an attention item outgrew its slot in the workspace "

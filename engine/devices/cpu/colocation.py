@@ -85,7 +85,7 @@ def cpu_of(tid: int) -> int | None:
         return None
 
 
-def team_thread_ids(run_region: Callable[[int, int], bool], job_words: Callable[[int], np.ndarray],
+def team_thread_ids(run_region: Callable[[int, np.ndarray], bool], job_words: Callable[[int], np.ndarray],
                     size: int) -> list[int] | None:
     """The kernel thread ids of the calling thread's OpenMP team of `size` threads, master first; None when the
     region could not run or a thread did not answer. `run_region` and `job_words`: threads.run_native and
@@ -96,7 +96,7 @@ def team_thread_ids(run_region: Callable[[int, int], bool], job_words: Callable[
     out = np.zeros(size, np.int64)
     job = job_words(TID_LEN)
     job[TID_GETTID], job[TID_OUT], job[TID_CAP] = address, out.ctypes.data, size
-    if not run_region(team_tids().address, job.ctypes.data) or not out.all():
+    if not run_region(team_tids().address, job) or not out.all():
         return None
     return [int(t) for t in out]
 
@@ -235,7 +235,7 @@ def _read_proc_stat() -> bytes:
         return f.read(1 << 20)  # ~150 bytes a CPU: far below the limit on any host this module pins on
 
 
-def spread_team(run_region: Callable[[int, int], bool], job_words: Callable[[int], np.ndarray],
+def spread_team(run_region: Callable[[int, np.ndarray], bool], job_words: Callable[[int], np.ndarray],
                 size: int, idle: Callable[[set[int]], set[int] | None], allowed: set[int]) -> bool:
     """Pins each worker of the calling thread's team of `size` threads that shares a CPU with another team thread to
     a CPU none of the team runs on (`spread_plan`), of `allowed` (the process's affinity mask: the caller's thread

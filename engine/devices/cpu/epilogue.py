@@ -63,7 +63,7 @@ def _native_pass(kind: int, x: np.ndarray, out: np.ndarray) -> bool:
     if not (x.dtype == out.dtype == np.float32 and x.ndim == out.ndim == 1 and x.size == out.size
             and x.flags.c_contiguous and out.flags.c_contiguous):
         return False
-    return run_native(mk.pass_team().address, _pass_job(kind, x, out).ctypes.data)
+    return run_native(mk.pass_team().address, _pass_job(kind, x, out))
 
 
 def _pass_job(kind: int, x: np.ndarray, out: np.ndarray) -> np.ndarray:

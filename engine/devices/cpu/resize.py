@@ -38,7 +38,7 @@ def _native(kind: int, x: np.ndarray, out: np.ndarray, ky: int = 2, kx: int = 2)
     job = region_job(RK.RESIZE_LEN)
     job[RK.RESIZE_KIND:RK.RESIZE_X] = kind, *x.shape, ky, kx
     job[RK.RESIZE_X], job[RK.RESIZE_OUT] = x.ctypes.data, out.ctypes.data
-    return run_native(RK.resize_team().address, job.ctypes.data)
+    return run_native(RK.resize_team().address, job)
 
 
 def _is_bilinear_2x(idx: np.ndarray, w: np.ndarray, n_in: int) -> bool:

@@ -17,7 +17,7 @@ from engine.devices.cpu.loops import attention as LA
 from engine.devices.cpu.loops.attention import long_rows_softmax, short_rows_softmax
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import unary
-from engine.devices.cpu.threads import chunks_for, native_regions, parallel_for, region_job, run_native
+from engine.devices.cpu.threads import chunks_for, native_regions, parallel_for, region_job, run_alone, run_native
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
 from engine.ops.rules import float_of
@@ -67,11 +67,15 @@ def _rows_kernel(loop):
             return
         x2 = np.ascontiguousarray(x).reshape(-1, n)
         rows = x2.shape[0]
-        if chunks_for(rows, x2.size) > 1 and native_regions():
-            if run_native(LA.softmax_team().address, _job(x2, out).ctypes.data):
-                return
-        parallel_for(short_rows_softmax if n <= SHORT_ROW else long_rows_softmax, rows, x2.size, x2,
-                     out.reshape(-1, n))
+        if chunks_for(rows, x2.size) > 1 and not native_regions():  # over Python callbacks: no records here
+            parallel_for(short_rows_softmax if n <= SHORT_ROW else long_rows_softmax, rows, x2.size, x2,
+                         out.reshape(-1, n))
+            return
+        # the cfunc a native program's record calls, for the same bits (threads.run_alone): its sums' reductions
+        # are vectorised per compilation, and the dispatcher's compilation rounded in the last bit otherwise
+        job = _job(x2, out)
+        if chunks_for(rows, x2.size) <= 1 or not run_native(LA.softmax_team().address, job):
+            run_alone(LA.softmax_team().address, job)  # one chunk, or the team busy
 
     def native(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]

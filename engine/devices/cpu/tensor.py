@@ -52,7 +52,7 @@ def _join_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
             return
         if _team_joins(inputs, out, outer):
             copies = _join_copies(inputs, out, outer, cols)
-            if run_native(copies_team().address, _copies_job(copies).ctypes.data):
+            if run_native(copies_team().address, _copies_job(copies)):
                 return
         rows = out.reshape(outer, -1)
         for x, (a, b) in zip(inputs, cols, strict=True):

@@ -559,12 +559,27 @@ def region_job(length: int) -> np.ndarray:
     return job
 
 
-def run_native(fn: int, data: int) -> bool:
-    """The native region function at address `fn` on OpenMP's team (OpenMPPool.run_native); False, nothing run, when
-    our kernels do not run on OpenMP's team (the `short` policy, no oneDNN) or another thread holds it: the caller then
-    runs its work another way."""
+def run_native(fn: int, job: np.ndarray) -> bool:
+    """The native region function at address `fn` on OpenMP's team (OpenMPPool.run_native) over `job` (its words);
+    False, nothing run, when our kernels do not run on OpenMP's team (the `short` policy, no oneDNN) or another thread
+    holds it: the caller then runs its work another way. The job array itself, not its address: held here through
+    the region (an address taken from a temporary job let the array go before the region read it, its memory free
+    for another thread's next job)."""
     pool = _get_pool()
-    return isinstance(pool, OpenMPPool) and pool.run_native(fn, data)
+    return isinstance(pool, OpenMPPool) and pool.run_native(fn, job.ctypes.data)
+
+
+@functools.cache
+def _c_function(fn: int) -> ctypes._CFuncPtr:
+    return ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)
+
+
+def run_alone(fn: int, job: np.ndarray) -> None:
+    """The native region function at address `fn` over `job` on this thread alone (outside any region: every item),
+    as a native program's OP_CALL record runs it. For loops whose machine code may differ between their cfunc and
+    their numba dispatcher (reductions that fast-math lets LLVM reassociate, vectorised per compilation), a kernel
+    whose records call the cfunc calls it from Python too, so that a replay gives its Python path's bits."""
+    _c_function(fn)(job.ctypes.data)
 
 
 def region_record(fn: int, data: int) -> tuple[int, ...] | None:

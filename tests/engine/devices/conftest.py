@@ -38,9 +38,9 @@ def _lock_simulated_shared_arrays() -> None:
 
     original, lock = kernelapi.FakeCUDAShared.array, threading.Lock()
 
-    def array(self, shape, dtype):
-        if shape == 0:  # dynamic shared memory: one buffer for all, nothing allocated here
-            return original(self, shape, dtype)
+    def array(self, shape, dtype, *args, **kwargs):
+        if shape == 0 or args or kwargs:  # dynamic shared memory (one buffer for all), or options: the simulator's
+            return original(self, shape, dtype, *args, **kwargs)
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
         caller = sys._getframe(1)

@@ -27,6 +27,7 @@ from engine.devices.cpu.conv.onednn import (
     primitive_impl,
 )
 from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import Backends, ShapeCache, reference_fallback, remember
 from engine.devices.cpu.layout import conv_blocked
 from engine.devices.cpu.layout.conv_blocked import geometry
@@ -113,19 +114,42 @@ class _PlainDirect:
             at += D.aligned(nbytes)
         return places, at
 
-    def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
+    def _calls(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
+               workspace: np.ndarray | None) -> list[tuple]:
+        """(kernel, inputs, outputs) in the order `run` calls them: the plain copies, the direct conv, the copy
+        back (the plain sides in the workspace, at the same addresses run after run)."""
         layout = self.layouts.get(x.shape) or remember(self.layouts, x.shape, self._layout(x.shape))
         buf = aligned_workspace(workspace, layout[1], self.private)
         xp, yp, zp = (None if at is None else buf[at:at + 4 * math.prod(shape)].view(np.float32).reshape(shape)
                       for at, shape in layout[0])
+        calls = []
         if xp is not None:
-            self.to_plain([x], [xp], None)
+            calls.append((self.to_plain, [x], [xp]))
         if zp is not None:
-            self.to_plain([z], [zp], None)
+            calls.append((self.to_plain, [z], [zp]))
         ins = [x if xp is None else xp] + ([] if z is None else [z if zp is None else zp])
-        self.kernel(ins, [out if yp is None else yp], None)
+        calls.append((self.kernel, ins, [out if yp is None else yp]))
         if yp is not None:
-            self.to_blocked([yp], [out], None)
+            calls.append((self.to_blocked, [yp], [out]))
+        return calls
+
+    def run(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None) -> None:
+        for kernel, ins, outs in self._calls(x, z, out, workspace):
+            kernel(ins, outs, None)
+
+    def records(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
+                workspace: np.ndarray | None) -> Native | None:
+        """`run` on these (contiguous) arrays as native_program records: each call's own, None where any call
+        has none (it would run Python)."""
+        merged = Native([], [], [])
+        for kernel, ins, outs in self._calls(x, z, out, workspace):
+            got = kernel.native(ins, outs, None) if hasattr(kernel, "native") else None
+            if got is None:
+                return None
+            merged.records += got.records
+            merged.checks += got.checks
+            merged.keep += [*got.keep, *ins, *outs]
+        return merged
 
 
 def _blocked_depthwise(spec: ConvSpec, shape: tuple[int, ...]) -> bool:
@@ -188,6 +212,13 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         def run_plain(inputs, outputs, workspace):
             x = np.ascontiguousarray(inputs[0])
             plain.run(x, np.ascontiguousarray(inputs[1]) if spec.residual else None, outputs[0], workspace)
+
+        def native_plain(inputs, outputs, workspace):
+            if not all(a.flags.c_contiguous for a in [*inputs, *outputs]):
+                return None
+            return plain.records(inputs[0], inputs[1] if spec.residual else None, outputs[0], workspace)
+
+        run_plain.native = native_plain  # type: ignore[attr-defined]
         run_plain.impl = f"plain+{plain.kernel.impl}"  # type: ignore[attr-defined]
         return run_plain
     first = Plan(spec, max_shape)

@@ -14,13 +14,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engine.devices.base import Kernel
+from engine.devices.cpu import threads as T
 from engine.devices.cpu.blas import Blas
 from engine.devices.cpu.conv import loops as K
 from engine.devices.cpu.conv import winograd as W
-from engine.devices.cpu.epilogue import apply_activation
+from engine.devices.cpu.epilogue import activation_records, apply_activation
+from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.kernel import packed, remember
 from engine.devices.cpu.loops import fused_epilogue as E
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.threads import native_regions, parallel_for, region_job, run_native
 from engine.errors import KernelError
 from engine.ir import Node
 from engine.ops.conv_geometry import ConvGeom, conv_geom, tconv_geom, weight_of
@@ -306,29 +309,79 @@ def _segments(g0: int, g1: int, th: int, tw: int) -> list[tuple[int, int, int, i
 DEPTHWISE_TAPS_PER_WORK = 4
 
 
+# A depthwise or grouped loop splits as a native region (no thread entering Python, the team already spinning: a
+# few microseconds) from this many taps where OpenMP's threads spin through a request (threads.native_regions),
+# from DEPTHWISE_TAPS_PER_WORK times threads.MIN_WORK otherwise. One-layer graphs, 2 vCPUs, Intel Xeon, ms
+# Python split / native region: 3x3 dw 20 @56 (0.56M taps) 0.082 / ?.
+NATIVE_DIRECT_TAPS = 1 << 16
+
+
 def _depthwise_loop(geo: ConvGeom) -> tuple:
-    """(loop, items, leading geometry arguments, work divisor) of a depthwise conv: loops.depthwise, any stride."""
-    return K.depthwise, geo.n * geo.c, (*geo.stride, *geo.dilation), DEPTHWISE_TAPS_PER_WORK
+    """(loop, items, leading geometry arguments, work divisor, which loop for K.direct_team) of a depthwise conv:
+    loops.depthwise, any stride."""
+    return K.depthwise, geo.n * geo.c, (*geo.stride, *geo.dilation), DEPTHWISE_TAPS_PER_WORK, K.DIRECT_DEPTHWISE
 
 
 def _grouped_loop(geo: ConvGeom) -> tuple:
-    return K.grouped, geo.n * geo.groups, (*geo.stride, *geo.dilation), 1
+    return K.grouped, geo.n * geo.groups, (*geo.stride, *geo.dilation), 1, K.DIRECT_GROUPED
 
 
 def _loop_run(geom, w: np.ndarray, epi: _Epilogue, loop: Callable[[ConvGeom], tuple]) -> Kernel:
-    """A direct numba conv loop (the bias, residual and cheap activations fused), split over its items."""
+    """A direct numba conv loop (the bias, residual and cheap activations fused), split over its items: as one
+    native region (K.direct_team) where the team spins, and recorded into native programs."""
     code = E.ACT_NONE if epi.late else epi.code
+    K.direct_team()  # compiled (or loaded) with the kernel, not on its first split
+
+    def job_for(geo: ConvGeom, x: np.ndarray, z: np.ndarray | None, out: np.ndarray) -> np.ndarray:
+        job = region_job(K.DT_LEN)
+        _, items, lead, _, which = loop(geo)
+        job[K.DT_LOOP], job[K.DT_ITEMS] = which, items
+        job[K.DT_N:K.DT_W0] = x.shape + out.shape[1:]
+        job[K.DT_W0:K.DT_X] = w.shape if w.ndim == 4 else (w.shape[0], 1, *w.shape[1:])
+        job[K.DT_X:K.DT_HAS_Z] = [D.address(a) for a in (x, w, epi.bias, _DUMMY4 if z is None else z, out)]
+        job[K.DT_HAS_Z], job[K.DT_SH:K.DT_PT], job[K.DT_PT:K.DT_ACT] = z is not None, lead, geo.pads[:2]
+        job[K.DT_ACT] = code
+        job[K.DT_P0:K.DT_LEN] = [np.float32(v).view(np.int32) for v in epi.p]
+        return job
+
+    def taps(geo: ConvGeom, out: np.ndarray) -> int:
+        return out.size * geo.kh * geo.kw * (geo.c // geo.groups)
+
+    def split_work(geo: ConvGeom, out: np.ndarray, per_work: int) -> int:
+        """The work parallel_for (and team_record) split by: where regions run natively, past NATIVE_DIRECT_TAPS
+        (on the team) or not at all; else DEPTHWISE_TAPS_PER_WORK's rule (over Python callbacks)."""
+        if native_regions():
+            return T.MIN_WORK if taps(geo, out) >= NATIVE_DIRECT_TAPS else 0
+        return taps(geo, out) // per_work
 
     def run(inputs, outputs, workspace):
         x, out = np.ascontiguousarray(inputs[0]), outputs[0]
         z = np.ascontiguousarray(inputs[1]) if len(inputs) > 1 else None
         geo = geom(x.shape)
-        fn, items, lead, per_work = loop(geo)
-        work = out.size * geo.kh * geo.kw * (geo.c // geo.groups) // per_work
-        parallel_for(fn, items, work, x, w, epi.bias, _DUMMY4 if z is None else z, z is not None, out, *lead,
-                     *geo.pads[:2], code, *epi.p)
+        fn, items, lead, per_work, _ = loop(geo)
+        work = split_work(geo, out, per_work)
+        native = T.chunks_for(items, work) > 1 and native_regions() and out.flags.c_contiguous
+        if not (native and run_native(K.direct_team().address, job_for(geo, x, z, out))):
+            parallel_for(fn, items, work, x, w, epi.bias, _DUMMY4 if z is None else z, z is not None, out, *lead,
+                         *geo.pads[:2], code, *epi.p)
         if epi.late:
             apply_activation(epi.name, epi.params, out)
+
+    def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        z = inputs[1] if len(inputs) > 1 else None
+        if not (x.flags.c_contiguous and out.flags.c_contiguous and (z is None or z.flags.c_contiguous)):
+            return None
+        geo = geom(x.shape)
+        _, items, _, per_work, _ = loop(geo)
+        job = job_for(geo, x, z, out)
+        record = team_record(K.direct_team().address, job, items, split_work(geo, out, per_work))
+        act = activation_records(epi.name, epi.params, out) if epi.late else ([], [])
+        if record is None or act is None:
+            return None
+        return Native([record] + act[0], [], [job, w, epi.bias, *act[1]])
+
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 

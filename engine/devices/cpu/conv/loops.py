@@ -12,9 +12,10 @@ Pad modes are small ints: 0 zeros, 1 reflect, 2 replicate, 3 circular (the Conv 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
 from engine.devices.cpu.loops.fused_epilogue import activate_row
+from engine.devices.cpu.loops.native import f32_at, open_job, region
 
 # Flat-buffer indices built from a row offset (r * width + k) are cast to this unsigned type in the copy and store
 # loops: numba wraps a negative signed index around, and that check kept LLVM from vectorising them. A 65x65 plane
@@ -331,3 +332,43 @@ def grouped(x, w, bias, z, has_z, out, sh, sw, dh, dw, pt, pl, act, p0, p1, p2, 
                             t = 1
                         j += t
             _store_rows(acc, wq, out[n, o], z, n, o, 0, oh_n, has_z, act, p0, p1, p2)
+
+
+# `job` (int64 words) of `direct_team`: OpenMP's two getters (open_job); which loop (DIRECT_DEPTHWISE or
+# DIRECT_GROUPED) and its items; x's N, C, H, W and out's O, OH, OW; the weights' dims (C or O, C / groups, kh,
+# kw: depthwise ones are (C, kh, kw)); the float32 x, weights, bias, z and out addresses (z: any float32 4-D array
+# of 1 element where there is none); whether there is a z; sh, sw, dh, dw, pt, pl; the activation code and its three
+# float32 parameters' bits.
+DIRECT_DEPTHWISE, DIRECT_GROUPED = 0, 1
+(DT_LOOP, DT_ITEMS, DT_N, DT_C, DT_H, DT_W, DT_O, DT_OH, DT_OW, DT_W0, DT_W1, DT_KH, DT_KW, DT_X, DT_WT, DT_BIAS,
+ DT_Z, DT_OUT, DT_HAS_Z, DT_SH, DT_SW, DT_DH, DT_DW, DT_PT, DT_PL, DT_ACT, DT_P0, DT_P1, DT_P2, DT_LEN) = range(2, 32)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bits_f32(word):
+    return np.int32(word).view(np.float32)
+
+
+@region
+def direct_team(data):
+    """One OpenMP thread's share of the items of a `depthwise` or `grouped` call (see DT_*), as parallel_for
+    splits them; called outside a region, all of them (a native program's call)."""
+    job, t, team = open_job(data, DT_LEN)
+    items = job[DT_ITEMS]
+    lo, hi = t * items // team, (t + 1) * items // team
+    if lo >= hi:
+        return
+    n, o, oh, ow = job[DT_N], job[DT_O], job[DT_OH], job[DT_OW]
+    x = carray(f32_at(job[DT_X]), (n, job[DT_C], job[DT_H], job[DT_W]))
+    out = carray(f32_at(job[DT_OUT]), (n, o, oh, ow))
+    has_z = job[DT_HAS_Z] != 0
+    z = carray(f32_at(job[DT_Z]), (n, o, oh, ow) if has_z else (1, 1, 1, 1))
+    bias = carray(f32_at(job[DT_BIAS]), (o,))
+    p0, p1, p2 = _bits_f32(job[DT_P0]), _bits_f32(job[DT_P1]), _bits_f32(job[DT_P2])
+    geo = (job[DT_SH], job[DT_SW], job[DT_DH], job[DT_DW], job[DT_PT], job[DT_PL])
+    if job[DT_LOOP] == DIRECT_DEPTHWISE:
+        w = carray(f32_at(job[DT_WT]), (job[DT_W0], job[DT_KH], job[DT_KW]))
+        depthwise(x, w, bias, z, has_z, out, *geo, job[DT_ACT], p0, p1, p2, lo, hi)
+    else:
+        w = carray(f32_at(job[DT_WT]), (job[DT_W0], job[DT_W1], job[DT_KH], job[DT_KW]))
+        grouped(x, w, bias, z, has_z, out, *geo, job[DT_ACT], p0, p1, p2, lo, hi)

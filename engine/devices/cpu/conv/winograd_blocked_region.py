@@ -221,7 +221,7 @@ class Region:
             entry = self._job(schedule, geo, tiles_hw, x, z, out, epi)  # held (with its clip bounds) while it runs
             job = entry[0]
             job[WJ_STATUS:] = 0
-            if run_native(winograd_team().address, job.ctypes.data):
+            if run_native(winograd_team().address, job):
                 failed = [int(v) for v in job[WJ_STATUS:] if v]
                 job[WJ_STATUS:] = 0  # the recorded program's wait reads the same words
                 if failed:

@@ -74,7 +74,7 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
         job[loops.QN_N:loops.QN_X] = x.shape
         job[loops.QN_X], job[loops.QN_SCALE], job[loops.QN_OUT] = x.ctypes.data, scale.ctypes.data, rows.ctypes.data
         job[loops.QN_FLIP], job[loops.QN_NAN], job[loops.QN_THREE] = flip, nan.ctypes.data, loop is loops.quantize3
-        return run_native(loops.quantize_team().address, job.ctypes.data)
+        return run_native(loops.quantize_team().address, job)
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], _contiguous(node, outputs[0])
@@ -105,7 +105,7 @@ def build_dequantize_mean(backends: Backends, node: Node, ins: list[TensorInfo])
     """Int8DequantizeMeanNhwc: loops.dequantize_mean over the images, as a native region where they split and
     OpenMP's threads spin (one on this thread otherwise), recorded into native programs."""
     scale = _channels(node, "scale", ins[0].shape[3])
-    loops.dequantize_mean(np.zeros((1, 1, 1), np.int8), np.ones(1, F32), 1.0, np.zeros((1, 1), F32), 0, 1)
+    loops.dequantize_mean(np.zeros((1, 1, 1), np.int8), np.ones(1, F32), np.zeros((1, 1), F32), 0, 1)
     loops.dequantize_mean_team()
 
     def job_for(x: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -113,7 +113,6 @@ def build_dequantize_mean(backends: Backends, node: Node, ins: list[TensorInfo])
         job = region_job(loops.DM_LEN)
         job[loops.DM_N:loops.DM_X] = n, h * w, c
         job[loops.DM_X], job[loops.DM_SCALE], job[loops.DM_OUT] = x.ctypes.data, scale.ctypes.data, out.ctypes.data
-        job[loops.DM_INV] = np.float64(1.0 / (h * w)).view(np.int64)
         return job
 
     def run(inputs, outputs, workspace):
@@ -123,10 +122,9 @@ def build_dequantize_mean(backends: Backends, node: Node, ins: list[TensorInfo])
             np.copyto(out, OPS["Int8DequantizeMeanNhwc"].reference(node, [x])[0])
             return
         if T.chunks_for(n, x.size) > 1 and native_regions():
-            if run_native(loops.dequantize_mean_team().address, job_for(x, out).ctypes.data):
+            if run_native(loops.dequantize_mean_team().address, job_for(x, out)):
                 return
-        parallel_for(loops.dequantize_mean, n, x.size, x.reshape(n, h * w, c), scale, 1.0 / (h * w),
-                     out.reshape(n, c))
+        parallel_for(loops.dequantize_mean, n, x.size, x.reshape(n, h * w, c), scale, out.reshape(n, c))
 
     def native(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]

@@ -119,11 +119,11 @@ def dequantize(x, scale, out, lo, hi):
 
 
 @njit(nogil=True, cache=True)
-def dequantize_mean(x, scale, inv, out, lo, hi):
+def dequantize_mean(x, scale, out, lo, hi):
     """x (N, P, C) int8 -> out (N, C) float32: each channel's mean over the P pixels of scale[c] * x, each
-    product rounded to float32 (the dequantized value), summed in float64 in pixel order, times inv = 1 / P: the
-    float64 mean of the dequantized values, as the reference takes it (GlobalAvgPool's float32 row_sums after a
-    dequantize differ from it in the last bit); the channels vectorised; items images."""
+    product rounded to float32 (the dequantized value), summed in float64 in pixel order and divided by P: the
+    reference's float64 mean of the dequantized values, bit for bit (one channel's products share its scale, so
+    their float64 sum is exact in any order); the channels vectorised; items images."""
     p_n, c_n = x.shape[1], x.shape[2]
     acc = np.empty(c_n, np.float64)
     for n in range(lo, hi):
@@ -134,12 +134,12 @@ def dequantize_mean(x, scale, inv, out, lo, hi):
                 acc[c] += np.float64(scale[c] * np.float32(xp[c]))
         o = out[n]
         for c in range(c_n):
-            o[c] = np.float32(acc[c] * inv)
+            o[c] = np.float32(acc[c] / p_n)
 
 
 # `job` (int64 words) of `dequantize_mean_team`: OpenMP's two getters (open_job); N, P, C; the int8 input's,
-# the float32 scales' and the float32 output's addresses; 1 / P's float64 bits.
-DM_N, DM_P, DM_C, DM_X, DM_SCALE, DM_OUT, DM_INV, DM_LEN = range(2, 10)
+# the float32 scales' and the float32 output's addresses.
+DM_N, DM_P, DM_C, DM_X, DM_SCALE, DM_OUT, DM_LEN = range(2, 9)
 
 
 @region
@@ -151,7 +151,7 @@ def dequantize_mean_team(data):
     lo, hi = t * n // team, (t + 1) * n // team
     if lo < hi:
         dequantize_mean(carray(i8_at(job[DM_X]), (n, p, c)), carray(f32_at(job[DM_SCALE]), (c,)),
-                        np.int64(job[DM_INV]).view(np.float64), carray(f32_at(job[DM_OUT]), (n, c)), lo, hi)
+                        carray(f32_at(job[DM_OUT]), (n, c)), lo, hi)
 
 
 @njit(nogil=True, cache=True)

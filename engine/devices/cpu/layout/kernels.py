@@ -364,7 +364,7 @@ def _native_copy(x: np.ndarray, dst: np.ndarray, c: _Copy, chunk: int) -> bool:
     if not _splits_natively(dst):
         return False
     job = _copy_job(x, dst, c, chunk)
-    return job is not None and run_native(LL.copy_team().address, job.ctypes.data)
+    return job is not None and run_native(LL.copy_team().address, job)
 
 
 # Steps a dst block may take on average for the permute path: each step sweeps the block's pixels once (load,
@@ -421,7 +421,7 @@ def _permute(sources: np.ndarray, dst: np.ndarray, pm: _Permute, chunk: int) -> 
     Python."""
     if _splits_natively(dst, NATIVE_PERMUTE_FLOATS):
         job = _permute_job(sources, dst, pm, chunk)
-        if run_native(LL.permute_team().address, job.ctypes.data):
+        if run_native(LL.permute_team().address, job):
             return
     n, cbd, hw, _ = dst.shape
     parallel_for(LL.permute_lanes, n * cbd * -(-hw // chunk), dst.size, sources, dst, pm.start, pm.s_in, pm.s_blk,

@@ -217,7 +217,7 @@ def has_not_finite(x: np.ndarray) -> bool:
         return bool(not_finite(x))
     job, flags = region_job(NF_LEN), np.zeros(get_threads(), np.bool_)
     job[NF_X], job[NF_N], job[NF_FLAGS], job[NF_PARTS] = x.ctypes.data, x.shape[0], flags.ctypes.data, flags.size
-    if not run_native(not_finite_team().address, job.ctypes.data):
+    if not run_native(not_finite_team().address, job):
         return bool(not_finite(x))  # no native regions here (or the team is busy): one thread
     return bool(flags.any())
 

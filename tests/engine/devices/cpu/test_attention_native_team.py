@@ -117,8 +117,8 @@ def test_every_chunk_runs_once_on_a_smaller_team(native, monkeypatch):
     monkeypatch.setattr(pool, "openmp_thread_functions",  # the words region_job writes
                         lambda: tuple(ctypes.cast(f, ctypes.c_void_p).value for f in alone))
 
-    def on_this_thread(fn, data):
-        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)(data)
+    def on_this_thread(fn, job):
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)(job.ctypes.data)
         return True
     monkeypatch.setattr(fused, "run_native", on_this_thread)
     q, k, v = _x(rng, 1, 6, 48, 16), _x(rng, 1, 6, 48, 16), _x(rng, 1, 6, 48, 8)

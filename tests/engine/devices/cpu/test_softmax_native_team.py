@@ -1,6 +1,7 @@
 """Float32 softmax rows split as one native OpenMP region (devices/cpu/softmax.py, loops/attention.softmax_team),
-and the same region as a native program's record: bit for bit the one-thread row loops' numbers, special rows at
-the shares' edges, in place and into another buffer; the Python split where the region does not run."""
+and the same region as a native program's record: bit for bit the cfunc's numbers on one thread (the code a
+program's call runs), special rows at the shares' edges, in place and into another buffer; the dispatched loops
+(the Python split's, where regions do not run) within float32 rounding of them."""
 
 from __future__ import annotations
 
@@ -54,7 +55,15 @@ def _rows(rows: int, n: int) -> np.ndarray:
 
 
 def _loop(x: np.ndarray) -> np.ndarray:
-    """The row loop over every row, called from Python on this thread."""
+    """The row loop over every row on this thread, as a native program's call runs it: softmax_team's cfunc
+    alone (threads.run_alone), whose machine code may round its vectorised sums differently from the dispatcher's."""
+    want = np.empty_like(x)
+    T.run_alone(LA.softmax_team().address, S._job(x, want))
+    return want
+
+
+def _dispatched(x: np.ndarray) -> np.ndarray:
+    """The row loop called through its numba dispatcher (the Python split's code)."""
     want = np.empty_like(x)
     (LA.short_rows_softmax if x.shape[1] <= S.SHORT_ROW else LA.long_rows_softmax)(x, want, 0, x.shape[0])
     return want
@@ -75,6 +84,7 @@ def test_region_matches_the_row_loops_in_place_and_not(rows, n, threads, regions
     assert regions == [True, True]
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(y, want)
+    np.testing.assert_allclose(out, _dispatched(x), rtol=1e-6, atol=1e-12)
     ref = reference(NODE, [x])[0]
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     ok = ~np.isnan(ref)
@@ -82,7 +92,9 @@ def test_region_matches_the_row_loops_in_place_and_not(rows, n, threads, regions
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
-def test_a_busy_team_runs_the_python_split(regions, monkeypatch):
+def test_a_busy_team_runs_the_cfunc_alone_and_no_regions_the_python_split(regions, monkeypatch):
+    """A busy team (run_native answers False): the cfunc on this thread, the same bits; where regions do not run
+    natively, the rows split over Python callbacks (no records are made in that regime)."""
     T.set_threads(2)
     monkeypatch.setattr(S, "run_native", lambda fn, data: regions.append(False) or False)
     x = _rows(50, 197)
@@ -91,6 +103,12 @@ def test_a_busy_team_runs_the_python_split(regions, monkeypatch):
     kernel([x], [out], ws)
     assert regions == [False]
     np.testing.assert_array_equal(out, _loop(x))
+    monkeypatch.setattr(S, "native_regions", lambda: False)
+    calls = []
+    monkeypatch.setattr(S, "parallel_for", lambda fn, *a: calls.append(fn) or fn(*a[2:], 0, a[0]))
+    kernel([x], [out], ws)
+    assert calls == [LA.long_rows_softmax] and regions == [False]
+    np.testing.assert_array_equal(out, _dispatched(x))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
@@ -118,8 +136,12 @@ def test_records_replay_the_row_loops(n, regions):
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 @pytest.mark.parametrize("rows,n", [(1, 5), (9, 64), (9, 65), (5, 300)])
 def test_team_function_called_alone_runs_every_row(rows, n):
-    """softmax_team outside a region (a program's call: one thread, every row) against the row loops."""
+    """softmax_team outside a region (a program's call: one thread, every row) against the dispatched loops and the
+    reference."""
     x = _rows(rows, n)
     got = np.full_like(x, 7.0)
-    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(LA.softmax_team().address)(S._job(x, got).ctypes.data)
-    np.testing.assert_array_equal(got, _loop(x))
+    job = S._job(x, got)  # held through the call
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(LA.softmax_team().address)(job.ctypes.data)
+    np.testing.assert_allclose(got, _dispatched(x), rtol=1e-6, atol=1e-12)
+    ref = reference(NODE, [x])[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))

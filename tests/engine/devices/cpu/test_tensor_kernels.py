@@ -205,6 +205,6 @@ def test_a_large_concat_copies_every_byte_once_over_the_team(count, monkeypatch)
     copies = tensor_kernels._join_copies(xs, np.zeros_like(want), 1, [(0, 8), (8, 28)])
     out = np.zeros(28, np.float32)
     copies[:, 0] += out.ctypes.data - copies[0, 0]  # into `out`: the first copy's row starts it
-    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(tensor_kernels.copies_team().address)(
-        tensor_kernels._copies_job(copies).ctypes.data)  # outside a region: one thread copies it all
+    job = tensor_kernels._copies_job(copies)  # held through the call
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(tensor_kernels.copies_team().address)(job.ctypes.data)  # one thread
     np.testing.assert_array_equal(out, np.concatenate([x.reshape(-1) for x in xs]))

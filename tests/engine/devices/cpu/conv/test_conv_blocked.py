@@ -128,6 +128,41 @@ def test_depthwise_or_grouped_without_a_jit_kernel_runs_the_direct_kernel_on_pla
                                                                                  else "grouped"))
 
 
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("src_blocked,dst_blocked", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("c,groups,stride", [(32, 8, 1), (20, 20, 2)])
+def test_the_direct_kernel_on_plain_copies_replays_its_run(c, groups, stride, src_blocked, dst_blocked, residual,
+                                                            monkeypatch):
+    """Its records (the plain copies' reorders, the direct loop, the copy back) replay the run's numbers bit for
+    bit, every output lane written; with a partial last block (20 channels) a copy to NCHW has no records (it
+    runs numpy for the last block's lanes), and the kernel offers none."""
+    from op_harness import replay
+
+    monkeypatch.setattr(conv_blocked_kernel, "is_jit", lambda impl: False)
+    node, _ = make(c, c, 3, stride=stride, groups=groups, act="relu6", src_blocked=src_blocked,
+                   dst_blocked=dst_blocked)
+    x = rng.standard_normal((2, c, 9, 11)).astype(np.float32)
+    ins = [to_blocked(x, B) if src_blocked else x]
+    out_plain = OP.infer(Node("ConvBlocked", "cb", params=dict(node.params, src_blocked=False, dst_blocked=False),
+                              attrs=node.attrs), [TensorInfo(x.shape, x.dtype)])[0].shape
+    if residual:
+        z = rng.standard_normal(out_plain).astype(np.float32)
+        ins.append(to_blocked(z, B) if dst_blocked else z)
+    infos = [TensorInfo(a.shape, a.dtype) for a in ins]
+    kernel, workspace = build_kernel(node, infos)
+    assert kernel.impl.startswith("plain+direct:")
+    out = np.full(OP.infer(node, infos)[0].shape, np.nan, np.float32)
+    kernel(ins, [out], workspace)
+    want = out.copy()
+    out[...] = np.nan
+    native = kernel.native(ins, [out], workspace)
+    if c % B and (src_blocked or residual and dst_blocked):  # a copy to NCHW: _WholeBlocksToPlain's numpy
+        assert native is None
+        return
+    assert native is not None and replay(native) is None
+    np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("act", [None, "relu"])
 @pytest.mark.parametrize("dst_blocked", [True, False])
 def test_residual_in_the_output_layout(act, dst_blocked):
