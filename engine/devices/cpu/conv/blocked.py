@@ -192,6 +192,13 @@ def _blocked_depthwise_kernel(node: Node, spec: ConvSpec) -> Kernel:
     def run(inputs, outputs, workspace):
         z = np.ascontiguousarray(inputs[1]) if spec.residual else None
         conv.run(np.ascontiguousarray(inputs[0]), z, outputs[0])
+
+    def native(inputs, outputs, workspace):
+        if not all(a.flags.c_contiguous for a in [*inputs, *outputs]):
+            return None
+        return conv.records(inputs[0], inputs[1] if spec.residual else None, outputs[0])
+
+    run.native = native  # type: ignore[attr-defined]
     run.impl = conv.impl  # type: ignore[attr-defined]
     return run
 

@@ -191,3 +191,54 @@ def test_inside_a_network_through_the_layout_rewrite():
             want = conv_reference(c, [want])[0]
         got = inst.run({"x": x})[inst.graph.outputs[0].name]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("threads_n", [2, 3])
+@pytest.mark.parametrize("c,residual", [(40, True), (32, False)])
+def test_native_region_and_records_give_the_python_loops_bits(c, residual, threads_n, monkeypatch, request):
+    """The loop split as one native region (depthwise_blocked_team, forced on over 2 and 3 threads) and recorded
+    into a native program: bit for bit the one-thread Python loop's output, padding lanes zero, with a residual,
+    at the max shape and below."""
+    from op_harness import cpu_device, replay
+
+    from engine.devices.cpu import native_program as N
+
+    cpu_device()
+    if threads.pool_kind(threads.get_policy(), threads._openmp is not None) != "openmp":
+        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
+    node = make(c, 3, 3, dilation=(12, 12), pads=(12, 12, 12, 12), act="relu6")
+    conv = DB.BlockedDepthwise(node.attrs["weight"], node.attrs["bias"], "relu6", {}, 16,
+                               lambda shape: conv_geom(node, (shape[0], c, shape[2], shape[3])))
+    previous = threads.get_threads()
+    request.addfinalizer(lambda: threads.set_threads(previous))
+    ran: list[bool] = []
+    real = DB.run_native
+    for shape in [(2, c, 29, 31), (1, c, 17, 20)]:
+        x = to_blocked(rng.standard_normal(shape).astype(np.float32), 16)
+        out_shape = (shape[0], -(-c // 16), shape[2], shape[3], 16)
+        z = rng.standard_normal(out_shape).astype(np.float32) if residual else None
+        if z is not None:
+            z[:, -1, :, :, c % 16 or 16:] = 0
+        with monkeypatch.context() as m:  # one thread, from Python: the reference bits
+            m.setattr(DB, "native_regions", lambda: False)
+            m.setattr(threads, "MIN_WORK", 1 << 62)
+            want = np.full(out_shape, np.nan, np.float32)
+            conv.run(x, z, want)
+        threads.set_threads(threads_n)
+        ran.clear()
+        with monkeypatch.context() as m:
+            m.setattr(DB, "run_native", lambda fn, job: ran.append(real(fn, job)) or ran[-1])
+            m.setattr(DB, "native_regions", lambda: True)
+            m.setattr(threads, "native_regions", lambda: True)
+            m.setattr(DB, "NATIVE_BLOCKED_TAPS", 0)
+            out = np.full(out_shape, np.nan, np.float32)
+            conv.run(x, z, out)
+            assert ran == [True]
+            np.testing.assert_array_equal(out, want)
+            if c % 16:
+                assert not out[:, -1, :, :, c % 16:].any()
+            out[...] = np.nan
+            native = conv.records(x, z, out)
+            assert [r[0] for r in native.records] == [N.OP_REGION] and replay(native) is None
+            np.testing.assert_array_equal(out, want)
+        threads.set_threads(previous)
