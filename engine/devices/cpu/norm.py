@@ -11,7 +11,8 @@ from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
 from engine.devices.cpu.loops import normalize as LN
 from engine.devices.cpu.loops.normalize import groupnorm_loop, layernorm_rows
-from engine.devices.cpu.threads import parallel_for, region_job
+from engine.devices.cpu.onednn import objects as D
+from engine.devices.cpu.threads import chunks_for, native_regions, parallel_for, region_job, run_alone, run_native
 from engine.ir import Node
 from engine.ops.norm import attr, channel_shape, eps_of, groups_of, lrn_window, reference
 from engine.ops.registry import TensorInfo
@@ -47,31 +48,58 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     k = int(node.params.get("normalized_ndim", 1))
     dt, ot = ins[0].dtype, float_of(ins[0].dtype)
     layernorm_rows(empty(2, dt), empty(2, dt), False, empty(2, ot), w, b, eps, has_w, has_b, 0, 0)  # compile now
-
-    def run(inputs, outputs, workspace):
-        x = inputs[0]
-        n = math.prod(x.shape[x.ndim - k:])
-        rows = x.size // n if n else 0
-        x2 = np.ascontiguousarray(x).reshape(rows, n)
-        # Rows split over the pool from MIN_WORK elements (~0.5 us per 1000, three vectorised passes: ~130 us):
-        # below that the hand-over to a sleeping thread (20-100 us on a VM) costs what the split saves. (Counted
-        # as 4 a element, MobileViT-XXS's 64K-element LayerNorms, ~30 us, were split and slower on 2 threads.)
-        parallel_for(layernorm_rows, rows, x.size, x2, x2, False, outputs[0].reshape(rows, n), w, b, eps,
-                     has_w, has_b)
+    LN.layernorm_team()  # its region function too (the float32 path's)
 
     eps_word = np.array([eps], np.float64)
 
-    def native(inputs, outputs, workspace):
-        x, out = inputs[0], outputs[0]
-        if not (x.dtype == out.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous
-                and x.size == out.size):
-            return None
+    last: list[tuple | None] = [None]  # (input, output, their job) of the last run
+
+    def job_for(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """layernorm_team's job for contiguous float32 x and out of one size; the last run's for the same array
+        objects (a binding's arena views are, run after run). One tuple, read once: a kernel shared by instances
+        on two threads reads its own arrays' job or makes one."""
+        hit = last[0]
+        if hit is not None and hit[0] is x and hit[1] is out:
+            return hit[2]
+        last[0] = (x, out, job := _layernorm_job(x, out))
+        return job
+
+    def _layernorm_job(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         n = math.prod(x.shape[x.ndim - k:])
         job = region_job(LN.LN_LEN)
         job[LN.LN_ROWS], job[LN.LN_N] = (x.size // n if n else 0), n
         job[LN.LN_X], job[LN.LN_OUT], job[LN.LN_WEIGHT], job[LN.LN_BIAS], job[LN.LN_EPS] = (
-            a.ctypes.data for a in (x, out, w, b, eps_word))
+            D.address(a) for a in (x, out, w, b, eps_word))
         job[LN.LN_HAS_W], job[LN.LN_HAS_B] = has_w, has_b
+        return job
+
+    def teamable(x: np.ndarray, out: np.ndarray) -> bool:
+        return (x.dtype == out.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous
+                and x.size == out.size)
+
+    def run(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        n = math.prod(x.shape[x.ndim - k:])
+        rows = x.size // n if n else 0
+        # Rows split over the pool from MIN_WORK elements (~0.5 us per 1000, three vectorised passes: ~130 us):
+        # below that the hand-over to a sleeping thread (20-100 us on a VM) costs what the split saves. (Counted
+        # as 4 a element, MobileViT-XXS's 64K-element LayerNorms, ~30 us, were split and slower on 2 threads.)
+        split = chunks_for(rows, x.size) > 1
+        if teamable(x, out) and (not split or native_regions()):
+            # the cfunc a native program's record calls, for the same bits (threads.run_alone): its float64 sums
+            # are reassociated per compilation, and the dispatcher's could round differently in the last bit
+            job = job_for(x, out)
+            if not split or not run_native(LN.layernorm_team().address, job):
+                run_alone(LN.layernorm_team().address, job)
+            return
+        x2 = np.ascontiguousarray(x).reshape(rows, n)
+        parallel_for(layernorm_rows, rows, x.size, x2, x2, False, out.reshape(rows, n), w, b, eps, has_w, has_b)
+
+    def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if not teamable(x, out):
+            return None
+        job = job_for(x, out)
         record = team_record(LN.layernorm_team().address, job, job[LN.LN_ROWS], x.size)
         return None if record is None else Native([record], [], [job, w, b, eps_word])
 
