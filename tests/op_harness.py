@@ -103,6 +103,29 @@ def run_kernel(node: Node, arrays: list[np.ndarray], max_arrays: list[np.ndarray
     return outs
 
 
+def force_native_regions(monkeypatch, request, threads_n: int, *modules) -> list[bool]:
+    """Our kernels' splits as native regions over `threads_n` threads (MIN_WORK 0, native_regions on in threads
+    and in each of `modules`, where their kernels ask it), even where the suite's team sleeps; each module's
+    run_native counted: returns the list of whether each region ran. Skips where our kernels do not run on OpenMP's
+    team (no oneDNN, or the `short` wait policy)."""
+    import pytest
+
+    cpu_device()
+    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp":
+        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
+    before = T.get_threads()
+    request.addfinalizer(lambda: T.set_threads(before))
+    T.set_threads(threads_n)
+    monkeypatch.setattr(T, "MIN_WORK", 0)
+    monkeypatch.setattr(T, "native_regions", lambda: True)
+    ran: list[bool] = []
+    for module in modules:
+        monkeypatch.setattr(module, "native_regions", lambda: True)
+        real = module.run_native
+        monkeypatch.setattr(module, "run_native", lambda fn, job, real=real: ran.append(real(fn, job)) or ran[-1])
+    return ran
+
+
 def replay(native) -> tuple[int, int] | None:
     """Runs a kernel's records (`kernel.native(...)`) as one native program, holding OpenMP's region pool while they
     run as fused_calls.Segment does where they hold a region; Program.run's answer (None, or the failed record's

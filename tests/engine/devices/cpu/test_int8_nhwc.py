@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, cpu_device, infer, infos_of, make_node, reference, replay, run_kernel
+from op_harness import (
+    build_kernel,
+    cpu_device,
+    force_native_regions,
+    infer,
+    infos_of,
+    make_node,
+    reference,
+    replay,
+    run_kernel,
+)
 
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads
@@ -469,21 +479,10 @@ def test_quantize_and_dequantize_nhwc():
 
 
 def _force_regions(monkeypatch, request, threads_n: int) -> list[bool]:
-    """Every split of the int8 kernels (MIN_WORK and NATIVE_QUANTIZE_ELEMENTS 0) on a native region over
-    `threads_n` threads, even where the suite's team sleeps; returns the list of whether each region ran."""
-    if threads.pool_kind(threads.get_policy(), threads._openmp is not None) != "openmp":
-        pytest.skip("our kernels do not run on OpenMP's team here (the `short` wait policy)")
-    before = threads.get_threads()
-    request.addfinalizer(lambda: threads.set_threads(before))
-    threads.set_threads(threads_n)
-    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    """Every split of the int8 kernels (NATIVE_QUANTIZE_ELEMENTS 0 too) on a native region over `threads_n`
+    threads; returns the list of whether each region ran."""
     monkeypatch.setattr(int8_kernels, "NATIVE_QUANTIZE_ELEMENTS", 0)
-    monkeypatch.setattr(threads, "native_regions", lambda: True)
-    monkeypatch.setattr(int8_kernels, "native_regions", lambda: True)
-    ran: list[bool] = []
-    real = int8_kernels.run_native
-    monkeypatch.setattr(int8_kernels, "run_native", lambda fn, data: ran.append(real(fn, data)) or ran[-1])
-    return ran
+    return force_native_regions(monkeypatch, request, threads_n, int8_kernels)
 
 
 def _dequantize_then_pool(q: np.ndarray, scale: np.ndarray) -> np.ndarray:

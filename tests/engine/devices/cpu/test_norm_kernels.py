@@ -127,20 +127,11 @@ def test_float32_layernorm_python_path_region_and_records_give_the_same_bits(thr
     """A float32 LayerNorm runs layernorm_team's cfunc from Python wherever a native program's record would (one
     chunk on this thread, a split as a region), so that a replay gives the Python path's bits (its float64 sums
     are reassociated per compilation); in place too; the dispatcher's loop within float32 rounding."""
-    from op_harness import build_kernel, cpu_device, infos_of, replay
+    from op_harness import build_kernel, force_native_regions, infos_of, replay
 
     from engine.devices.cpu import norm as norm_kernels
-    from engine.devices.cpu import threads as T
 
-    cpu_device()
-    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp":
-        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
-    before = T.get_threads()
-    request.addfinalizer(lambda: T.set_threads(before))
-    T.set_threads(threads_n)
-    monkeypatch.setattr(T, "MIN_WORK", 0)
-    monkeypatch.setattr(T, "native_regions", lambda: True)
-    monkeypatch.setattr(norm_kernels, "native_regions", lambda: True)
+    ran = force_native_regions(monkeypatch, request, threads_n, norm_kernels)
     x = (RNG.standard_normal((37, 77)) * np.logspace(0, 20, 77)).astype(np.float32)  # sums whose order matters
     x[3, 5] = np.nan
     node = make_node("LayerNorm", 1, params={"normalized_ndim": 1, "eps": 1e-5},
@@ -151,6 +142,7 @@ def test_float32_layernorm_python_path_region_and_records_give_the_same_bits(thr
     y = x.copy()
     kernel([y], [y], ws)
     np.testing.assert_array_equal(y, out)
+    assert ran == ([True, True] if threads_n > 1 else [])
     replayed = np.full_like(x, 7.0)
     native = kernel.native([x], [replayed], ws)
     assert replay(native) is None
