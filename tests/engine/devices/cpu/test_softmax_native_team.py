@@ -9,7 +9,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, cpu_device, infos_of, make_node, reference, replay
+from op_harness import build_kernel, force_native_regions, infos_of, make_node, reference, replay
 
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu import softmax as S
@@ -19,30 +19,11 @@ from engine.devices.cpu.loops import attention as LA
 NODE = make_node("Softmax", 1, params={"axis": -1})
 
 
-def _on_openmp_team() -> bool:
-    cpu_device()
-    return T.pool_kind(T.get_policy(), T._openmp is not None) == "openmp"
-
-
 @pytest.fixture
 def regions(monkeypatch, request):
-    """Every softmax split (MIN_WORK 0) on the native region, even where the suite's team sleeps; records whether
-    each region ran."""
-    if not _on_openmp_team():
-        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
-    runs: list[bool] = []
-    real = S.run_native
-
-    def spy(fn, data):
-        runs.append(real(fn, data))
-        return runs[-1]
-    monkeypatch.setattr(S, "run_native", spy)
-    monkeypatch.setattr(S, "native_regions", lambda: True)
-    monkeypatch.setattr(T, "native_regions", lambda: True)  # fused_calls.team_record's question
-    monkeypatch.setattr(T, "MIN_WORK", 0)
-    before = T.get_threads()
-    request.addfinalizer(lambda: T.set_threads(before))
-    return runs
+    """Every softmax split (MIN_WORK 0) on the native region over 2 threads (a test may set another count), even
+    where the suite's team sleeps; records whether each region ran."""
+    return force_native_regions(monkeypatch, request, 2, S)
 
 
 def _rows(rows: int, n: int) -> np.ndarray:

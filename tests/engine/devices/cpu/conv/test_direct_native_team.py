@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, cpu_device, infer, infos_of, make_node, reference, replay
+from op_harness import build_kernel, cpu_device, force_native_regions, infer, infos_of, make_node, reference, replay
 
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads as T
@@ -39,19 +39,8 @@ def infos_of_out(node, x: np.ndarray) -> tuple:
 def team(monkeypatch, request):
     """Regions forced on (every size), over 2 threads unless a test sets another count; records whether each
     region ran."""
-    cpu_device()
-    if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp":
-        pytest.skip("our kernels do not run on OpenMP's team here (no oneDNN, or the `short` wait policy)")
-    before = T.get_threads()
-    request.addfinalizer(lambda: T.set_threads(before))
-    T.set_threads(2)
-    ran: list[bool] = []
-    real = direct.run_native
-    monkeypatch.setattr(direct, "run_native", lambda fn, data: ran.append(real(fn, data)) or ran[-1])
-    monkeypatch.setattr(direct, "native_regions", lambda: True)
-    monkeypatch.setattr(T, "native_regions", lambda: True)
     monkeypatch.setattr(direct, "NATIVE_DIRECT_TAPS", 0)
-    return ran
+    return force_native_regions(monkeypatch, request, 2, direct)
 
 
 def _python_loop(monkeypatch, fn, ws, ins, out_shape) -> np.ndarray:
@@ -101,6 +90,7 @@ def test_region_and_records_give_the_python_loops_bits(name, act, residual, thre
 def test_small_loops_stay_on_this_thread_as_one_call(team, monkeypatch):
     """Under NATIVE_DIRECT_TAPS (regions running) the loop runs where it is called, recorded as one call."""
     monkeypatch.setattr(direct, "NATIVE_DIRECT_TAPS", 1 << 40)
+    monkeypatch.setattr(T, "MIN_WORK", 1 << 20)  # the fixture's 0 would split even work 0
     node, c = _node("depthwise3", None, False)
     x = RNG.standard_normal((1, c, 9, 9)).astype(np.float32)
     fn, ws = build_kernel(node, infos_of([x], node=node), DIRECT)
