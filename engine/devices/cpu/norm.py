@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 
+from engine.devices.cpu import threads as T
 from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback
 from engine.devices.cpu.loops import normalize as LN
 from engine.devices.cpu.loops.normalize import groupnorm_loop, layernorm_rows
 from engine.devices.cpu.onednn import objects as D
-from engine.devices.cpu.threads import chunks_for, native_regions, parallel_for, region_job, run_alone, run_native
 from engine.ir import Node
 from engine.ops.norm import attr, channel_shape, eps_of, groups_of, lrn_window, reference
 from engine.ops.registry import TensorInfo
@@ -66,7 +66,7 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
 
     def _layernorm_job(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         n = math.prod(x.shape[x.ndim - k:])
-        job = region_job(LN.LN_LEN)
+        job = T.region_job(LN.LN_LEN)
         job[LN.LN_ROWS], job[LN.LN_N] = (x.size // n if n else 0), n
         job[LN.LN_X], job[LN.LN_OUT], job[LN.LN_WEIGHT], job[LN.LN_BIAS], job[LN.LN_EPS] = (
             D.address(a) for a in (x, out, w, b, eps_word))
@@ -84,16 +84,16 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
         # Rows split over the pool from MIN_WORK elements (~0.5 us per 1000, three vectorised passes: ~130 us):
         # below that the hand-over to a sleeping thread (20-100 us on a VM) costs what the split saves. (Counted
         # as 4 a element, MobileViT-XXS's 64K-element LayerNorms, ~30 us, were split and slower on 2 threads.)
-        split = chunks_for(rows, x.size) > 1
-        if teamable(x, out) and (not split or native_regions()):
+        split = T.chunks_for(rows, x.size) > 1
+        if teamable(x, out) and T.regions_callable() and (not split or T.native_regions()):
             # the cfunc a native program's record calls, for the same bits (threads.run_alone): its float64 sums
             # are reassociated per compilation, and the dispatcher's could round differently in the last bit
             job = job_for(x, out)
-            if not split or not run_native(LN.layernorm_team().address, job):
-                run_alone(LN.layernorm_team().address, job)
+            if not split or not T.run_native(LN.layernorm_team().address, job):
+                T.run_alone(LN.layernorm_team().address, job)
             return
         x2 = np.ascontiguousarray(x).reshape(rows, n)
-        parallel_for(layernorm_rows, rows, x.size, x2, x2, False, out.reshape(rows, n), w, b, eps, has_w, has_b)
+        T.parallel_for(layernorm_rows, rows, x.size, x2, x2, False, out.reshape(rows, n), w, b, eps, has_w, has_b)
 
     def native(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]

@@ -17,7 +17,15 @@ from engine.devices.cpu.loops import attention as LA
 from engine.devices.cpu.loops.attention import long_rows_softmax, short_rows_softmax
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import unary
-from engine.devices.cpu.threads import chunks_for, native_regions, parallel_for, region_job, run_alone, run_native
+from engine.devices.cpu.threads import (
+    chunks_for,
+    native_regions,
+    parallel_for,
+    region_job,
+    regions_callable,
+    run_alone,
+    run_native,
+)
 from engine.ir import Node
 from engine.ops.registry import TensorInfo
 from engine.ops.rules import float_of
@@ -80,7 +88,8 @@ def _rows_kernel(loop):
             return
         x2 = np.ascontiguousarray(x).reshape(-1, n)
         rows = x2.shape[0]
-        if chunks_for(rows, x2.size) > 1 and not native_regions():  # over Python callbacks: no records here
+        # over Python callbacks where regions do not run (no records then), or on the dispatcher without OpenMP
+        if chunks_for(rows, x2.size) > 1 and not native_regions() or not regions_callable():
             parallel_for(short_rows_softmax if n <= SHORT_ROW else long_rows_softmax, rows, x2.size, x2,
                          out.reshape(-1, n))
             return

@@ -569,6 +569,12 @@ def run_native(fn: int, job: np.ndarray) -> bool:
     return isinstance(pool, OpenMPPool) and pool.run_native(fn, job.ctypes.data)
 
 
+def regions_callable() -> bool:
+    """Whether region functions can be called at all (run_alone, run_native): their jobs name the functions of the
+    OpenMP runtime oneDNN loads, so without oneDNN (NNSERVE_ONEDNN=0, or not installed) there is none to name."""
+    return _openmp is not None
+
+
 @functools.cache
 def _c_function(fn: int) -> ctypes._CFuncPtr:
     return ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)

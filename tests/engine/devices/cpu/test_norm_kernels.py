@@ -129,9 +129,9 @@ def test_float32_layernorm_python_path_region_and_records_give_the_same_bits(thr
     are reassociated per compilation); in place too; the dispatcher's loop within float32 rounding."""
     from op_harness import build_kernel, force_native_regions, infos_of, replay
 
-    from engine.devices.cpu import norm as norm_kernels
+    from engine.devices.cpu import threads as T
 
-    ran = force_native_regions(monkeypatch, request, threads_n, norm_kernels)
+    ran = force_native_regions(monkeypatch, request, threads_n, T)  # norm.py asks threads itself
     x = (RNG.standard_normal((37, 77)) * np.logspace(0, 20, 77)).astype(np.float32)  # sums whose order matters
     x[3, 5] = np.nan
     node = make_node("LayerNorm", 1, params={"normalized_ndim": 1, "eps": 1e-5},

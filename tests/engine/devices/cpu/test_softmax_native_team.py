@@ -126,3 +126,32 @@ def test_team_function_called_alone_runs_every_row(rows, n):
     np.testing.assert_allclose(got, _dispatched(x), rtol=1e-6, atol=1e-12)
     ref = reference(NODE, [x])[0]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+
+
+def test_without_openmp_the_dispatched_loops_run():
+    """Without oneDNN (NNSERVE_ONEDNN=0) no OpenMP runtime is loaded and no region function can be called (a job
+    names its functions): float32 Softmax and LayerNorm then run their numba loops, split or not. In a process of
+    its own: this one has OpenMP loaded."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import numpy as np
+from op_harness import cpu_device, make_node, reference, run_kernel
+from engine.devices.cpu import threads as T
+device = cpu_device(onednn=False)
+assert not T.regions_callable()
+for shape in [(3, 10), (5000, 197)]:
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    for node in (make_node("Softmax", 1, params={"axis": -1}),
+                 make_node("LayerNorm", 1, params={"normalized_ndim": 1, "eps": 1e-5})):
+        got = run_kernel(node, [x], device=device)[0]
+        np.testing.assert_allclose(got, reference(node, [x])[0], rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+    tests = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, NNSERVE_ONEDNN="0", PYTHONPATH=os.pathsep.join([str(tests), str(tests.parent)]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
