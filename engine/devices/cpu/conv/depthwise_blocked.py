@@ -212,7 +212,9 @@ class BlockedDepthwise:
         geo = self._checked(x, z, out)
         n, cb, oh, ow, b = out.shape
         items, work = self._split(out, geo)
-        native = T.chunks_for(items, work) > 1 and native_regions()
+        # the region reads every array as one dense buffer: a strided one (no arena view is) takes the loop
+        native = (T.chunks_for(items, work) > 1 and native_regions()
+                  and all(a.flags.c_contiguous for a in (x, out) + (() if z is None else (z,))))
         if not (native and run_native(depthwise_blocked_team().address, self.job(x, z, out, geo))):
             parallel_for(depthwise_blocked, items, work, x, self.w, self.bias, _DUMMY5 if z is None else z,
                          z is not None, out, *geo.dilation, *geo.pads[:2], self.code, *self.p, self._lanes())
