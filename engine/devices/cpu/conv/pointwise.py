@@ -17,6 +17,7 @@ matmul stays on the direct path (`applies`).
 from __future__ import annotations
 
 import logging
+import weakref
 
 import numpy as np
 
@@ -106,19 +107,38 @@ def applies(node: Node, ins: list[TensorInfo]) -> bool:
         return False
     if min(geo.o, geo.c, geo.h * geo.w) <= 0:
         return False
-    return not Spec(node, len(ins) > 1).plan(geo.h * geo.w).impl.startswith("ref")
+    return not _probe(node, len(ins) > 1, geo.h * geo.w)[1].impl.startswith("ref")
 
 
 def workspace(node: Node, ins: list[TensorInfo]) -> int:
     geo = conv_geom(node, ins[0].shape)
-    return Spec(node, len(ins) > 1).plan(geo.h * geo.w).pad_bytes + D.ALIGN
+    return _probe(node, len(ins) > 1, geo.h * geo.w)[1].pad_bytes + D.ALIGN
+
+
+# node -> (residual, pixels, spec, its plan at the max shape): what `applies` and `workspace` asked about a conv,
+# handed to the next `build` of it (which owns it from then on: a plan's memories are re-pointed per run, so no
+# two kernels share one), so that a load creates its primitive once rather than three times
+_PROBES: weakref.WeakKeyDictionary[Node, tuple[bool, int, Spec, Plan]] = weakref.WeakKeyDictionary()
+
+
+def _probe(node: Node, residual: bool, hw: int) -> tuple[Spec, Plan]:
+    hit = _PROBES.get(node)
+    if hit is None or hit[:2] != (residual, hw):
+        spec = Spec(node, residual)
+        hit = _PROBES[node] = (residual, hw, spec, spec.plan(hw))
+    return hit[2], hit[3]
 
 
 def build(node: Node, ins: list[TensorInfo]) -> Kernel:
-    spec = Spec(node, len(ins) > 1)
     max_shape = tuple(ins[0].shape)
     D.sync_threads()
-    first = spec.plan(max_shape[2] * max_shape[3])
+    residual, hw = len(ins) > 1, max_shape[2] * max_shape[3]
+    hit = _PROBES.pop(node, None)
+    if hit is not None and hit[:2] == (residual, hw):
+        spec, first = hit[2], hit[3]
+    else:
+        spec = Spec(node, residual)
+        first = spec.plan(hw)
     plans = ShapeCache({first.hw: first})
 
     def plan_for(x: np.ndarray) -> Plan:
