@@ -9,7 +9,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, force_native_regions, infos_of, make_node, reference, replay
+from op_harness import build_kernel, cpu_device, force_native_regions, infos_of, make_node, reference, replay
 
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu import softmax as S
@@ -119,6 +119,7 @@ def test_records_replay_the_row_loops(n, regions):
 def test_team_function_called_alone_runs_every_row(rows, n):
     """softmax_team outside a region (a program's call: one thread, every row) against the dispatched loops and the
     reference."""
+    cpu_device()  # the device loads the OpenMP runtime whose functions the job names (alone, nothing did yet)
     x = _rows(rows, n)
     got = np.full_like(x, 7.0)
     job = S._job(x, got)  # held through the call
