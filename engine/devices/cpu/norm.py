@@ -52,17 +52,7 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
 
     eps_word = np.array([eps], np.float64)
 
-    last: list[tuple | None] = [None]  # (input, output, their job) of the last run
-
-    def job_for(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """layernorm_team's job for contiguous float32 x and out of one size; the last run's for the same array
-        objects (a binding's arena views are, run after run). One tuple, read once: a kernel shared by instances
-        on two threads reads its own arrays' job or makes one."""
-        hit = last[0]
-        if hit is not None and hit[0] is x and hit[1] is out:
-            return hit[2]
-        last[0] = (x, out, job := _layernorm_job(x, out))
-        return job
+    last = T.LastJob()
 
     def _layernorm_job(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         n = math.prod(x.shape[x.ndim - k:])
@@ -88,7 +78,7 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
         if teamable(x, out) and T.regions_callable() and (not split or T.native_regions()):
             # the cfunc a native program's record calls, for the same bits (threads.run_alone): its float64 sums
             # are reassociated per compilation, and the dispatcher's could round differently in the last bit
-            job = job_for(x, out)
+            job = last.get(x, out, lambda: _layernorm_job(x, out))
             if not split or not T.run_native(LN.layernorm_team().address, job):
                 T.run_alone(LN.layernorm_team().address, job)
             return
@@ -99,7 +89,7 @@ def _layernorm_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
         x, out = inputs[0], outputs[0]
         if not teamable(x, out):
             return None
-        job = job_for(x, out)
+        job = _layernorm_job(x, out)
         record = team_record(LN.layernorm_team().address, job, job[LN.LN_ROWS], x.size)
         return None if record is None else Native([record], [], [job, w, b, eps_word])
 

@@ -18,6 +18,7 @@ from engine.devices.cpu.loops.attention import long_rows_softmax, short_rows_sof
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.onednn import unary
 from engine.devices.cpu.threads import (
+    LastJob,
     chunks_for,
     native_regions,
     parallel_for,
@@ -66,19 +67,7 @@ def _rows_kernel(loop):
     short_rows_softmax(z, z, 0, 1)  # compile at build
     long_rows_softmax(z, z, 0, 1)
     LA.softmax_team()
-    last: list[tuple | None] = [None]  # (input, output, their job) of the last run on a contiguous input
-
-    def job_for(x: np.ndarray, out: np.ndarray, x2: np.ndarray) -> np.ndarray:
-        """The job for these arrays, the last run's when they are the same objects (a binding's arena views are,
-        run after run: a small softmax's job cost as much as its rows). One tuple, read once: a kernel shared by
-        instances on two threads reads its own arrays' job or makes one."""
-        hit = last[0]
-        if hit is not None and hit[0] is x and hit[1] is out:
-            return hit[2]
-        job = _job(x2, out)
-        if x.flags.c_contiguous:  # x2 a view of x's memory, not a copy made for this run
-            last[0] = (x, out, job)
-        return job
+    last = LastJob()
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], outputs[0]
@@ -95,7 +84,8 @@ def _rows_kernel(loop):
             return
         # the cfunc a native program's record calls, for the same bits (threads.run_alone): its sums' reductions
         # are vectorised per compilation, and the dispatcher's compilation rounded in the last bit otherwise
-        job = job_for(x, out, x2)
+        # x2 is a view of x's memory where x is contiguous, else a copy made for this run (not kept)
+        job = last.get(x, out, lambda: _job(x2, out), keep=x.flags.c_contiguous)
         if chunks_for(rows, x2.size) <= 1 or not run_native(LA.softmax_team().address, job):
             run_alone(LA.softmax_team().address, job)  # one chunk, or the team busy
 
