@@ -11,8 +11,11 @@ run). A calm host shows a few a run, about one per scheduler tick of a spinning 
 runs of 6-17 ms); a busy one tens to hundreds. One run above `BUSY_FLOOR` + one per `TICK_MS` of its wall time
 turns spinning off (blocktime 0: threads sleep after each op, as libgomp's do after their short spin), and it comes
 back after `CALM_RUNS` calm runs in a row (a run that failed does not count). Before a run counts as busy, the
-team's threads are checked for sharing one CPU while another is free (colocation.py): those switches are the
-team's own, the workers are moved apart, and the run counts as calm. With the guard, beside the same busy
+host's run queue is read (colocation.py): with no more runnable threads than allowed CPUs the switches were the
+team's own (its threads woken together on one CPU after an idle pause, as bursts of requests do), the run counts
+as calm and workers that share a CPU are moved apart. Without that, the first such run of a burst turned spinning
+off, the sleeping threads kept meeting on one CPU, and the state never ended under sporadic traffic (MobileNetV2
+batch 1: 6-7 ms a call against 3). With the guard, beside the same busy
 loops: 1.06-1.60x libgomp's time, no collapse (2026-11-28 00:16). The blocktime is an OpenMP setting of the
 calling thread (its team's), so each thread that runs sets it at the start of a run when the state changed since its
 last one.
@@ -52,7 +55,7 @@ class SpinGuard:
 
     def __init__(self, set_blocktime, get_blocktime, spread: Callable[[], bool] | None = None):
         self._set = set_blocktime
-        self._spread = spread  # colocation.spread_team for the calling thread's team; True when it moved a thread
+        self._spread = spread  # colocation.spread_team for the calling thread's team; True: the host had room
         self._spread_failed = False
         self.spin = int(get_blocktime())
         self.calm = CALM_RUNS  # spinning until a run says otherwise
@@ -90,6 +93,6 @@ class SpinGuard:
         preempted = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches
         was_busy = busy(preempted, time.perf_counter() - t0)
         if was_busy and self._spread is not None and self._spreads():
-            was_busy = False  # the team's own switches: two of its threads shared a CPU (colocation.py), now apart
+            was_busy = False  # the team's own switches: the host had room for it (colocation.py)
         with self._lock:
             self.calm = next_calm(self.calm, was_busy)

@@ -5,9 +5,14 @@ scheduler woke the worker on its waker's CPU and both threads ran on one vCPU, t
 preemption (~80 involuntary switches a call, 9-11 ms against 5.2-5.8 for UltraFace int8 at batch 8); `taskset -c 0`
 with two threads gives the same signature. The busy-host guard (busy_host.py) took those switches for a busy host
 and turned spinning off, and with the threads then sleeping after every op the scheduler kept them together: the
-state never ended. So before a run counts as busy, the guard asks `spread_team` whether the team shares a CPU; if it
-does and an allowed CPU is free of the team, each worker that shares one is pinned to a free one
-(sched_setaffinity) and the run's switches are the team's own, not the host's. The pin stays while the runs are
+state never ended. So before a run counts as busy, the guard asks `spread_team` whether the host had room for it:
+no more runnable threads just after it (/proc/stat's procs_running, the team's own included) than allowed CPUs.
+Then the run's switches were the team's own, not the host's, and each worker that shares a CPU with another of the
+team is pinned to an allowed CPU free of the team (sched_setaffinity). Whether the team shares a CPU when the run
+has ended is no test of that: on the same VM (Int8 bench, 2026-11-29) a third of the bursts' runs showed 20-110
+switches, and in some the threads were apart again by the end; a worker pinned away was followed by the master,
+woken on its waker's CPU at the next join. A host kept busy by other work shows its threads in the run queue: two
+busy loops beside a team of two on 2 CPUs are four runnable threads. The pin stays while the runs are
 calm, and the master (the caller's thread) is never pinned; a busy-looking run hands every pin older than
 PIN_HOLD_S back the mask it had first (the CPU it holds may have turned busy since), then pins again where the team
 shares a CPU. Only on small hosts
@@ -183,14 +188,16 @@ def idle_cpus(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, in
 
 class IdleWatch:
     """Which of the `allowed` CPUs were mostly idle lately: a window opens at the first call; a later call at least
-    WINDOW_MIN_S on answers for it and opens the next. None while the window is too short (kept), once it grew stale
-    (a new one opens), where /proc/stat cannot be read, and for good once it did not list every allowed CPU."""
+    WINDOW_MIN_S on answers for it and opens the next; a call while the window is too short (kept) gets the last
+    answer again. None before the first answer, once the window grew stale (a new one opens), where /proc/stat
+    cannot be read, and for good once it did not list every allowed CPU."""
 
     def __init__(self, read: Callable[[], bytes] | None = None, clock: Callable[[], float] = time.monotonic):
         self._read = read or _read_proc_stat
         self._clock = clock
         self._lock = threading.Lock()  # guards of several instance threads ask at once
         self._since: tuple[float, dict[int, tuple[int, int]]] | None = None
+        self._answer: set[int] | None = None  # the idle CPUs of the window that closed when the open one opened
         self.renumbered = False  # /proc/stat's CPUs are not the affinity mask's (LXCFS): never an answer
 
     def __call__(self, allowed: set[int]) -> set[int] | None:
@@ -199,22 +206,26 @@ class IdleWatch:
         try:
             now = self._clock()
             if self._since is not None and now - self._since[0] < WINDOW_MIN_S:
-                return None
+                # too short to read: the last window's answer, at most WINDOW_MIN_S old (a burst's busy-looking
+                # runs come closer together than that, and each must be told apart from a busy host's)
+                return None if self._answer is None else self._answer & allowed
             try:
                 times = cpu_times(self._read())
             except (OSError, ValueError):
                 return None
             since, self._since = self._since, (now, times)
+            self._answer = None
+            if not allowed <= times.keys():
+                self.renumbered = True
+                log.info("OpenMP threads that share one CPU are not moved apart: /proc/stat does not list CPUs %s "
+                         "of the affinity mask (a container that renumbers them)", sorted(allowed - times.keys()))
+                return None
+            if since is None or now - since[0] > WINDOW_MAX_S:
+                return None
+            self._answer = idle_cpus(since[1], times, IDLE_SHARE)
+            return self._answer & allowed
         finally:
             self._lock.release()
-        if not allowed <= times.keys():
-            self.renumbered = True
-            log.info("OpenMP threads that share one CPU are not moved apart: /proc/stat does not list CPUs %s of "
-                     "the affinity mask (a container that renumbers them)", sorted(allowed - times.keys()))
-            return None
-        if since is None or now - since[0] > WINDOW_MAX_S:
-            return None
-        return idle_cpus(since[1], times, IDLE_SHARE) & allowed
 
 
 @functools.cache
@@ -235,13 +246,38 @@ def _read_proc_stat() -> bytes:
         return f.read(1 << 20)  # ~150 bytes a CPU: far below the limit on any host this module pins on
 
 
+def procs_running(text: bytes) -> int | None:
+    """The host's runnable threads now (the running ones and those waiting for a CPU), from /proc/stat's
+    procs_running line; None where it has none."""
+    for line in text.splitlines():
+        if line.startswith(b"procs_running "):
+            try:
+                return int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def run_queue() -> int | None:
+    """procs_running of this host's /proc/stat now; None where it cannot be read."""
+    try:
+        return procs_running(_read_proc_stat())
+    except OSError:
+        return None
+
+
 def spread_team(run_region: Callable[[int, np.ndarray], bool], job_words: Callable[[int], np.ndarray],
-                size: int, idle: Callable[[set[int]], set[int] | None], allowed: set[int]) -> bool:
-    """Pins each worker of the calling thread's team of `size` threads that shares a CPU with another team thread to
-    a CPU none of the team runs on (`spread_plan`), of `allowed` (the process's affinity mask: the caller's thread
-    is never pinned here, so it is the intended set) and named by `idle` (an IdleWatch); whether any was moved.
-    Does nothing past MAX_ALLOWED_CPUS allowed CPUs, without gettid, or once pinning was refused. The caller leaves
-    it uncalled where the user binds OpenMP's threads (CpuOptions.openmp_bound)."""
+                size: int, idle: Callable[[set[int]], set[int] | None], allowed: set[int],
+                running: Callable[[], int | None] = run_queue) -> bool:
+    """Whether the busy-looking run just ended left the host with room: no more runnable threads now (`running`:
+    the host's run queue, this team's own included) than `allowed` CPUs (the process's affinity mask). Then its
+    switches were the team's own (threads that woke together on one CPU, in turn at every fork and join), not
+    other work's, and each worker of the calling thread's team of `size` threads that shares a CPU with another
+    team thread is pinned to a CPU none of the team runs on (`spread_plan`), of `allowed` (the caller's thread is
+    never pinned here, so it is the intended set) and named by `idle` (an IdleWatch: mostly idle lately).
+    Answers False past MAX_ALLOWED_CPUS allowed CPUs, without gettid, once pinning was refused, and where the run
+    queue cannot be read. The caller leaves it uncalled where the user binds OpenMP's threads
+    (CpuOptions.openmp_bound)."""
     _release_stale()  # first: whatever stops new pins below must not keep old ones for good
     if _disabled:
         return False
@@ -251,28 +287,35 @@ def spread_team(run_region: Callable[[int, np.ndarray], bool], job_words: Callab
         return False
     if proc_stat_mounted():
         return _disable("/proc/stat is mounted over (LXCFS): its idle times are this container's, not the CPUs'")
-    targets = idle(allowed)  # first: one /proc/stat read at most every WINDOW_MIN_S, where the team's ids cost a
-    if not targets:  # region
+    queued = running()  # first: a busy host is told without a region for the team's ids
+    if queued is None or queued > len(allowed):
         return False
+    targets = idle(allowed)
+    if targets:
+        _spread(run_region, job_words, size, targets)
+    return True
+
+
+def _spread(run_region: Callable[[int, np.ndarray], bool], job_words: Callable[[int], np.ndarray], size: int,
+            targets: set[int]) -> None:
+    """spread_team's pins: each worker that shares a CPU with an earlier thread of the team, to one of `targets`."""
     tids = team_thread_ids(run_region, job_words, size)
     if tids is None:
-        return False
+        return
     cpus = [cpu_of(t) for t in tids]
     if None in cpus or len(set(cpus)) == len(cpus):
-        return False  # a thread gone, or no two share a CPU
-    moved = False
+        return  # a thread gone, or no two share a CPU
     for k, cpu in spread_plan(cpus, targets).items():
         try:
             mask = frozenset(os.sched_getaffinity(tids[k]))
             os.sched_setaffinity(tids[k], {cpu})
         except PermissionError:
-            return _disable("the container forbids sched_setaffinity")
+            _disable("the container forbids sched_setaffinity")
+            return
         except OSError:  # the thread has gone meanwhile
             continue
-        moved = True
         if _pins_lock.acquire(timeout=0.1):  # bounded: a fork may have left it held
             _pins[tids[k]] = (time.monotonic(), mask)
             _pins_lock.release()
         log.debug("OpenMP thread %d of this team shared CPU %d with another of the team while CPU %d was free: "
                   "pinned it there", k, cpus[k], cpu)
-    return moved

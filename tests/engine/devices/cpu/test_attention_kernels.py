@@ -430,6 +430,11 @@ def test_grouped_items_take_every_head_of_several_batch_items(batch, L, mask, mo
     """Whole heads of short sequences on one thread: one softmax call for every head of as many batch items as the
     tile holds (a (B, H) batch; one batch item per call for a batch of more axes), a broadcast mask following."""
     monkeypatch.setattr(fused, "get_threads", lambda: 1)
+    inputs = [_x(*batch, L, 8), _x(*batch, L, 8), _x(*batch, L, 4)] + ([_x(L, L)] if mask else [])
+    # once before the wrappers: numba types attend_items' group_softmax and the team's attend_items when it
+    # compiles them, and a compile with the wrappers in place (a worker's first, the cache cold) fails to type
+    check_kernel(make_node("Attention", len(inputs)), inputs, rtol=1e-4, atol=1e-5)
+    fused.A.attend_team()
     calls = []
     real, real_items = fused.A.group_softmax, fused.A.attend_items
     monkeypatch.setattr(fused.A, "group_softmax", lambda s, *a: (calls.append(s.shape[:3]), real(s, *a))[1])
@@ -438,7 +443,6 @@ def test_grouped_items_take_every_head_of_several_batch_items(batch, L, mask, mo
         calls.extend((int(nb), int(nh), int(n)) for _, nb, _, nh, _, n in table)
         return real_items(gemm, wide, table, *rest)
     monkeypatch.setattr(fused.A, "attend_items", items)
-    inputs = [_x(*batch, L, 8), _x(*batch, L, 8), _x(*batch, L, 4)] + ([_x(L, L)] if mask else [])
     check_kernel(make_node("Attention", len(inputs)), inputs, rtol=1e-4, atol=1e-5)
     runs = [c[:2] for c in calls if c[2]]  # not the build's compile call (no rows)
     assert runs == ([tuple(batch)] if len(batch) == 2 else [(1, batch[-1])] * math.prod(batch[:-1]))
@@ -502,6 +506,9 @@ def _record_spans(monkeypatch, nogil: bool) -> list[tuple[tuple, tuple]]:
     def items(gemm, wide, table, *rest):
         seen.extend((("nogil", rest[-2].ctypes.data), tuple(int(x) for x in row)) for row in table)
         return real_items(gemm, wide, table, *rest)
+    # the team's region function first: numba types its attend_items global when it compiles, and one compiled
+    # with the wrapper below in place (a worker's first compile of it, the cache cold) fails to type
+    fused.A.attend_team()
     monkeypatch.setattr(fused._GroupCall, "item", item)
     monkeypatch.setattr(fused.A, "attend_items", items)
     return seen

@@ -67,9 +67,9 @@ def test_the_kernel_counts_the_preemptions_the_guard_reads():
     assert int(done.stdout) > 0
 
 
-def test_a_busy_run_whose_team_shared_a_cpu_moves_it_apart_and_counts_as_calm(monkeypatch):
-    """Before a run counts as busy the guard asks whether the team's own threads shared a CPU (colocation.py): when
-    they did and a worker was moved, the run's switches were the team's and spinning stays on; otherwise busy."""
+def test_a_busy_looking_run_the_host_had_room_for_counts_as_calm(monkeypatch):
+    """Before a run counts as busy the guard asks whether the host had room for it (colocation.py: the run queue):
+    when it had, the run's switches were the team's own and spinning stays on; otherwise busy."""
     moved = [True]
     asked = []
     guard = SpinGuard(lambda t: None, lambda: 20_000, spread=lambda: (asked.append(1), moved[0])[1])

@@ -70,9 +70,13 @@ def test_a_team_forced_onto_one_cpu_is_moved_apart(team):
     assert colocation.team_thread_ids(T.run_native, T.region_job, 2) == tids  # the worker has run on `one` now
     assert [colocation.cpu_of(t) for t in tids] == [one, one]
     # the master stays pinned to `one` (so it cannot move off it meanwhile); the process's set is given instead
-    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed)  # no CPU idle: no pin
-    assert os.sched_getaffinity(tids[1]) == {one}
-    assert colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: cpus - {one}, allowed)
+    room, crowded = (lambda: len(allowed)), (lambda: len(allowed) + 1)
+    others = lambda cpus: cpus - {one}  # noqa: E731
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, others, allowed, crowded)  # busy: no pin
+    assert os.sched_getaffinity(tids[1]) == {one} and not colocation._pins
+    assert colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed, room)  # no CPU idle:
+    assert os.sched_getaffinity(tids[1]) == {one} and not colocation._pins  # the team's own switches, but no pin
+    assert colocation.spread_team(T.run_native, T.region_job, 2, others, allowed, room)
     assert tids[1] in colocation._pins and tids[0] not in colocation._pins
     moved = os.sched_getaffinity(tids[1])
     assert len(moved) == 1 and one not in moved and moved <= allowed
@@ -86,11 +90,12 @@ def test_a_pin_held_long_enough_is_handed_back_on_a_busy_run(team, monkeypatch):
     one = min(allowed)
     os.sched_setaffinity(tids[1], {one})
     colocation._pins[tids[1]] = (time.monotonic(), frozenset(allowed))
-    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed)
+    crowded = lambda: len(allowed) + 1  # noqa: E731
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed, crowded)
     assert os.sched_getaffinity(tids[1]) == {one}  # young: kept
     colocation._pins[tids[1]] = (time.monotonic() - colocation.PIN_HOLD_S, frozenset(allowed))
     # released before anything that stops new pins: here a mask past MAX_ALLOWED_CPUS
-    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), set(range(64)))
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), set(range(64)), crowded)
     assert os.sched_getaffinity(tids[1]) == allowed and not colocation._pins  # the mask it had, not the caller's
     colocation._pins[2**22 + 7] = (0.0, frozenset(allowed))  # a thread id not of this process: left alone
     colocation._release_stale()
@@ -129,8 +134,39 @@ def test_nothing_moves_on_large_hosts(monkeypatch):
     monkeypatch.setattr(colocation, "_disabled", [])
     monkeypatch.setattr(colocation, "team_thread_ids", lambda *a: pytest.fail("no team should be asked"))
     never = lambda cpus: pytest.fail("no idle CPUs should be asked")  # noqa: E731
-    assert not colocation.spread_team(None, None, 2, never, set(range(8)))  # past MAX_ALLOWED_CPUS
-    assert not colocation.spread_team(None, None, 2, never, {3})  # nowhere to go
+    room = lambda: 1  # noqa: E731
+    assert not colocation.spread_team(None, None, 2, never, set(range(8)), room)  # past MAX_ALLOWED_CPUS
+    assert not colocation.spread_team(None, None, 2, never, {3}, room)  # nowhere to go
+
+
+def test_a_busy_looking_run_is_the_teams_own_while_the_run_queue_has_room(monkeypatch):
+    """The verdict is the host's run queue just after the run, whether or not the team still shares a CPU then
+    (seen apart again by the end of runs with 20-110 switches): no more runnable threads than allowed CPUs is
+    room (the team's own switches); more, or a queue that cannot be read, is a busy host, told without asking the
+    team or the idle CPUs."""
+    monkeypatch.setattr(colocation, "_disabled", [])
+    monkeypatch.setattr(colocation, "proc_stat_mounted", lambda: False)
+    monkeypatch.setattr(colocation, "gettid_address", lambda: 1)
+    asked = []
+    monkeypatch.setattr(colocation, "team_thread_ids", lambda *a: asked.append("team") or None)
+    idle = lambda cpus: asked.append("idle") or set()  # noqa: E731
+    for queued, own in ((1, True), (2, True), (3, False), (None, False)):
+        asked.clear()
+        assert colocation.spread_team(None, None, 2, idle, {0, 1}, lambda q=queued: q) is own
+        assert asked == (["idle"] if own else [])  # nothing idle: no team asked, no pin
+    asked.clear()
+    assert colocation.spread_team(None, None, 2, lambda cpus: {1}, {0, 1}, lambda: 2)  # the team's ids unreadable
+    assert asked == ["team"]
+    assert colocation.spread_team(None, None, 4, lambda cpus: {1}, {0, 1, 2, 3}, lambda: 4)
+    assert not colocation.spread_team(None, None, 4, lambda cpus: {1}, {0, 1, 2, 3}, lambda: 5)
+
+
+def test_the_run_queue_is_read_from_proc_stat():
+    assert colocation.procs_running(b"cpu  1 2 3\nctxt 99\nprocs_running 3\nprocs_blocked 0\n") == 3
+    assert colocation.procs_running(b"cpu  1 2 3\nprocs_blocked 0\n") is None
+    assert colocation.procs_running(b"procs_running x\n") is None
+    if os.path.exists("/proc/stat"):
+        assert colocation.run_queue() >= 1  # this thread runs
 
 
 @pytest.mark.parametrize(("env", "bound"), [
@@ -199,8 +235,12 @@ def test_the_idle_watch_answers_for_windows_of_a_tenth_of_a_second_to_five():
     assert watch({0, 1}) is None and len(reads) == 1  # too short: kept, /proc/stat not read
     now[0] = 0.3
     assert watch({0, 1}) == {1}  # answers for 0-0.3 s, opens the next
+    now[0] = 0.35
+    assert watch({0, 1}) == {1} and watch({0}) == set() and len(reads) == 2  # too short: the last answer again
     now[0] = 10.0
     assert watch({0}) is None  # 9.7 s: stale, a new window opens
+    now[0] = 10.05
+    assert watch({0, 1}) is None and len(reads) == 3  # no answer for it yet, nor the stale one
     broken = colocation.IdleWatch(read=lambda: (_ for _ in ()).throw(OSError("no /proc")))
     assert broken({0, 1}) is None and broken({0, 1}) is None
 
