@@ -22,6 +22,9 @@ from engine.ops.registry import TensorInfo
 # microseconds) from this many floats, ~0.25 ns each on one thread; from Python only past threads.MIN_WORK.
 # UltraFace's 3x240x320 input (230K floats, under MIN_WORK): 65 us on one thread, 37 on two (2-vCPU Xeon).
 NATIVE_QUANTIZE_ELEMENTS = 1 << 15
+# A joined dequantize (its rows' loop, an exp a value ~8 of these units) splits as a native region from this much
+# work: UltraFace's class scores at batch 1 (4420 pairs, 80K) 22 us on one thread.
+NATIVE_JOIN_WORK = 1 << 15
 _SPECS: weakref.WeakKeyDictionary[Node, conv.QConvSpec] = weakref.WeakKeyDictionary()
 
 
@@ -150,22 +153,81 @@ def build_dequantize_to_nhwc(backends: Backends, node: Node, ins: list[TensorInf
 
 def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo]):
     """Each head dequantized straight into its place in the joined output (no per-head value, no concat copy),
-    then the softmax over the last axis where the node has it, on the joined value while it is in cache."""
+    then the softmax over the last axis where the node has it, on the joined value while it is in cache. Where
+    OpenMP's runtime is loaded, rows of the output at a time (loops.dequantize_concat_team: a thread's rows need
+    no other's values), on this thread or as a native region, recorded into native programs; the Python path
+    calls the same function, so a replay gives its bits."""
     patterns = [_pattern(_per_head(s, i.shape[3])) for s, i in zip(node.attrs["scales"], ins, strict=True)]
     softmax = bool(node.params.get("softmax"))
     k = int(node.params["trailing"][-1])
+    if T.regions_callable():
+        loops.dequantize_concat_team()  # compiled (or loaded) with the kernel
+    last: list = [None]  # (inputs, out, job) of the last run: arena views, run after run
+
+    def split(out: np.ndarray) -> tuple[int, int]:
+        """(rows, work) of the output: rows of K values; a value's multiply, and an exp's ~8 more."""
+        return out.size // k, out.size * (9 if softmax else 1)
+
+    def joinable(inputs, out) -> bool:
+        """Whether the rows' loop takes these arrays: dense, of the dtypes and sizes the job says."""
+        n = out.shape[0] if out.ndim else 0
+        return (n > 0 and out.dtype == F32 and out.flags.c_contiguous and k > 0 and (out.size // n) % k == 0
+                and all(x.dtype == np.int8 and x.flags.c_contiguous and x.shape[0] == n for x in inputs)
+                and sum(x.size for x in inputs) == out.size)
+
+    def job_for(inputs, out) -> np.ndarray:
+        n = out.shape[0]
+        job = region_job(loops.DC_LEN + len(inputs) * loops.DC_HEAD)
+        job[loops.DC_N:loops.DC_OUT] = n, out.size // n, k, softmax, len(inputs)
+        job[loops.DC_OUT] = out.ctypes.data
+        at = 0
+        for h, (x, pattern) in enumerate(zip(inputs, patterns, strict=True)):
+            f, base = x.size // n, loops.DC_LEN + h * loops.DC_HEAD
+            job[base:base + loops.DC_HEAD] = x.ctypes.data, f, at, pattern.ctypes.data, pattern.size
+            at += f
+        return job
+
+    def job_of(inputs, out) -> np.ndarray:
+        hit = last[0]
+        if hit is not None and hit[1] is out and len(hit[0]) == len(inputs) and \
+                all(a is b for a, b in zip(hit[0], inputs, strict=True)):
+            return hit[2]
+        job = job_for(inputs, out)
+        last[0] = (tuple(inputs), out, job)
+        return job
+
+    def regioned(rows: int, work: int) -> bool:
+        return rows > 1 and work >= NATIVE_JOIN_WORK and get_threads() > 1 and native_regions()
 
     def run(inputs, outputs, workspace):
         out = _contiguous(node, outputs[0])
-        n = out.shape[0]
+        rows, work = split(out)
+        spread = regioned(rows, work)
+        if T.regions_callable() and joinable(inputs, out) and (spread or T.chunks_for(rows, work) <= 1):
+            job = job_of(inputs, out)
+            if not (spread and run_native(loops.dequantize_concat_team().address, job)):
+                T.run_alone(loops.dequantize_concat_team().address, job)  # one chunk, or the team busy
+            return
+        n = out.shape[0]  # over Python callbacks where regions do not run (no records then), or without OpenMP
         flat, at = out.reshape(n, -1), 0
         for x, pattern in zip(inputs, patterns, strict=True):
             size = x.size // n
             parallel_for(loops.dequantize_into, n, x.size, x.reshape(n, size), pattern, flat, at)
             at += size
         if softmax:
-            rows = out.reshape(-1, k)
-            parallel_for(loops.softmax_rows, rows.shape[0], 8 * rows.size, rows)  # an exp: ~8 multiply-adds
+            r = out.reshape(-1, k)
+            parallel_for(loops.softmax_rows, r.shape[0], 8 * r.size, r)
+
+    def native(inputs, outputs, workspace):
+        out = outputs[0]
+        if not (T.regions_callable() and joinable(inputs, out)):
+            return None
+        job, fn = job_for(inputs, out), loops.dequantize_concat_team().address
+        rows, work = split(out)
+        record = T.region_record(fn, job.ctypes.data) if regioned(rows, work) else team_record(fn, job, rows, work)
+        return None if record is None else Native([record], [], [job])
+
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from engine.devices.cpu.loops.native import bool_at, f32_at, i8_at, i32_at, i64_at, open_job, region
+from engine.devices.cpu.loops.native import bool_at, f32_at, i8_at, i32_at, i64_at, i64_view, open_job, region
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.loops.quant import f2i8, requantize_one
 
@@ -206,6 +206,65 @@ def softmax_rows(x, lo, hi):
         return
     rows = x[lo:hi].reshape(hi - lo, k_n, 1)
     softmax_loop(rows, rows, False, False)
+
+
+# `job` (int64 words) of `dequantize_concat_team`: OpenMP's two getters (open_job); the images N, the values G of
+# an image's joined output, the values K of its last axis (a row: the softmax's), whether rows take the softmax,
+# the heads' count, the float32 output's (N, G) address; then DC_HEAD words a head: its int8 (N, F) values'
+# address, F, where its values start in an image's G, its scale pattern's address and length (`_pattern`).
+DC_N, DC_G, DC_K, DC_SOFTMAX, DC_HEADS, DC_OUT, DC_LEN = range(2, 9)
+DC_X, DC_F, DC_AT, DC_PATTERN, DC_PLEN, DC_HEAD = range(6)
+
+
+@njit(nogil=True, cache=True)
+def dequantize_span(x, pattern, first, out):
+    """out[j] = pattern[(first + j) % len(pattern)] * x[j]: a head's values from its `first`-th pattern place (a
+    span that starts inside a pattern), then whole patterns (views, no channel index: the loop vectorizes)."""
+    k_n, f_n = pattern.shape[0], x.shape[0]
+    lead = min((k_n - first) % k_n, f_n)
+    for j in range(lead):
+        out[j] = pattern[first + j] * np.float32(x[j])
+    full = lead + (f_n - lead) // k_n * k_n
+    for b in range(lead, full, k_n):
+        xb, ob = x[b:b + k_n], out[b:b + k_n]
+        for k in range(k_n):
+            ob[k] = pattern[k] * np.float32(xb[k])
+    for j in range(full, f_n):
+        out[j] = pattern[j - full] * np.float32(x[j])
+
+
+@njit(nogil=True, cache=True)
+def dequantize_concat_rows(job, lo, hi):
+    """Rows [lo, hi) of a joined dequantize (`job`: DC_*), rows of K values over all N * G: each head's values that
+    fall in them dequantized into place, then their softmax where the job has it. Rows never cross an image (K
+    divides G), so a thread's rows need no other thread's values."""
+    n_img, g, k = job[DC_N], job[DC_G], job[DC_K]
+    out = carray(f32_at(job[DC_OUT]), (n_img * g,))
+    v0, v1 = lo * k, hi * k
+    for h in range(job[DC_HEADS]):
+        at = DC_LEN + h * DC_HEAD
+        f, start, p_len = job[at + DC_F], job[at + DC_AT], job[at + DC_PLEN]
+        x = carray(i8_at(job[at + DC_X]), (n_img * f,))
+        pattern = carray(f32_at(job[at + DC_PATTERN]), (p_len,))
+        for n in range(v0 // g, min((v1 + g - 1) // g, n_img)):
+            a = max(v0, n * g + start)
+            b = min(v1, n * g + start + f)
+            if a < b:
+                j = a - n * g - start
+                dequantize_span(x[n * f + j:n * f + j + b - a], pattern, j % p_len, out[a:b])
+    if job[DC_SOFTMAX] != 0:
+        softmax_rows(out.reshape(n_img * g // k, k), lo, hi)
+
+
+@region
+def dequantize_concat_team(data):
+    """One OpenMP thread's share of a joined dequantize's rows (dequantize_concat_rows), as parallel_for splits
+    them."""
+    job, t, team = open_job(data, DC_LEN)
+    rows = job[DC_N] * job[DC_G] // job[DC_K]
+    lo, hi = t * rows // team, (t + 1) * rows // team
+    if lo < hi:
+        dequantize_concat_rows(carray(i64_view(data), (DC_LEN + job[DC_HEADS] * DC_HEAD,)), lo, hi)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")

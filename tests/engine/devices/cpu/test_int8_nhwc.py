@@ -482,6 +482,7 @@ def _force_regions(monkeypatch, request, threads_n: int) -> list[bool]:
     """Every split of the int8 kernels (NATIVE_QUANTIZE_ELEMENTS 0 too) on a native region over `threads_n`
     threads; returns the list of whether each region ran."""
     monkeypatch.setattr(int8_kernels, "NATIVE_QUANTIZE_ELEMENTS", 0)
+    monkeypatch.setattr(int8_kernels, "NATIVE_JOIN_WORK", 0)
     return force_native_regions(monkeypatch, request, threads_n, int8_kernels)
 
 
@@ -572,6 +573,67 @@ def test_dequantize_concat_with_a_softmax_over_the_last_axis(trailing):
         assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=0)
         assert np.all(got > 0)
+
+
+@pytest.mark.parametrize("threads_n", [2, 3])
+@pytest.mark.parametrize("softmax", [False, True])
+@pytest.mark.parametrize("trailing", [(2,), (4,), (3, 2)])
+def test_dequantize_concat_split_and_recorded_gives_the_same_bits(trailing, softmax, threads_n, monkeypatch,
+                                                                    request):
+    """The join by rows of the output (loops.dequantize_concat_rows): on this thread, as a native region over 2-3
+    threads whose shares start inside heads and inside their scale patterns, and replayed from its records (a
+    region, or one call where it does not split): the same bits each way; the values the reference's (exactly
+    without the softmax, within float32 rounding with it), a batch smaller than the planned one."""
+    row = int(np.prod(trailing))
+    heads = [_i8(3, 7, 9, row), _i8(3, 3, 5, 2 * row), _i8(3, 1, 1, 3 * row), _i8(3, 2, 1, row)]
+    heads[0][0, 0, 0, :] = 127
+    scales = [RNG.uniform(0.01, 0.05, h.shape[3]).astype(F32) for h in heads]
+    scales[1] = scales[1][:1]
+    node = make_node("Int8DequantizeConcatNhwc", 1, params={"trailing": list(trailing), "softmax": softmax},
+                     attrs={"scales": scales})
+    fn, ws = build_kernel(node, infos_of(heads, node=node))
+    for arrays in (heads, [h[:2].copy() for h in heads]):
+        want = reference(node, arrays)[0]
+        alone = np.full(want.shape, 7, F32)
+        monkeypatch.setattr(int8_kernels, "NATIVE_JOIN_WORK", 1 << 40)  # on this thread, one chunk
+        monkeypatch.setattr(threads, "MIN_WORK", 1 << 40)
+        fn(arrays, [alone], ws)
+        if softmax:
+            np.testing.assert_allclose(alone, want, rtol=2e-6, atol=0)
+        else:
+            np.testing.assert_array_equal(alone, want)
+        assert [r[0] for r in fn.native(arrays, [alone], ws).records] == [N.OP_CALL]
+        ran = _force_regions(monkeypatch, request, threads_n)
+        for recorded in (False, True):
+            out = np.full(want.shape, 7, F32)
+            assert (replay(fn.native(arrays, [out], ws)) if recorded else fn(arrays, [out], ws)) is None
+            np.testing.assert_array_equal(out, alone)
+        assert ran == [True]
+        assert [r[0] for r in fn.native(arrays, [alone], ws).records] == [N.OP_REGION]
+
+
+@pytest.mark.parametrize("softmax", [False, True])
+def test_dequantize_concat_split_over_python_where_regions_do_not_run(softmax, monkeypatch, request):
+    """Where a split would not run as a native region (the team sleeping, or no OpenMP), the heads and the softmax
+    split over the pool's Python callbacks, and nothing is recorded; the values the reference's."""
+    cpu_device()
+    before = threads.get_threads()
+    request.addfinalizer(lambda: threads.set_threads(before))
+    threads.set_threads(2)
+    monkeypatch.setattr(threads, "MIN_WORK", 0)
+    for module in (threads, int8_kernels):
+        monkeypatch.setattr(module, "native_regions", lambda: False)
+    monkeypatch.setattr(int8_kernels, "run_native", lambda *a: pytest.fail("no native region"))
+    heads = [_i8(2, 5, 6, 2), _i8(2, 3, 5, 4)]
+    scales = [RNG.uniform(0.01, 0.05, h.shape[3]).astype(F32) for h in heads]
+    node = make_node("Int8DequantizeConcatNhwc", 1, params={"trailing": [2], "softmax": softmax},
+                     attrs={"scales": scales})
+    fn, ws = build_kernel(node, infos_of(heads, node=node))
+    want = reference(node, heads)[0]
+    out = np.full(want.shape, 7, F32)
+    fn(heads, [out], ws)
+    np.testing.assert_allclose(out, want, rtol=2e-6 if softmax else 0, atol=0)
+    assert fn.native(heads, [out], ws) is None
 
 
 @pytest.mark.parametrize("team", [0, 2, 3], ids=["python-split", "region-2", "region-3"])
