@@ -32,6 +32,11 @@ from collections.abc import Callable
 BUSY_FLOOR = 4  # involuntary switches a calm run may show whatever its length
 TICK_MS = 4  # ... plus one per scheduler tick (250 Hz) of its wall time
 CALM_RUNS = 16  # calm runs in a row before the threads spin again
+# After a run shorter than SHORT_RUN_S only one run in SHORT_EVERY is measured: the two getrusage calls and the
+# test cost a one-op graph ~2 us of its ~15 (softmax over 1000 values), and a run that short seldom sees a
+# scheduler tick; a longer measured run measures every run again.
+SHORT_RUN_S = 200e-6
+SHORT_EVERY = 8
 
 log = logging.getLogger("engine.devices.cpu")
 
@@ -59,6 +64,8 @@ class SpinGuard:
         self._spread_failed = False
         self.spin = int(get_blocktime())
         self.calm = CALM_RUNS  # spinning until a run says otherwise
+        self._short = False  # the last measured run was shorter than SHORT_RUN_S
+        self._skipped = 0  # runs not measured since (approximate where threads race: it only spaces the samples)
         self.after_fork()
 
     def after_fork(self) -> None:
@@ -70,11 +77,16 @@ class SpinGuard:
     def target(self) -> int:
         return self.spin if self.calm >= CALM_RUNS else 0
 
-    def begin(self) -> tuple[int, float]:
+    def begin(self) -> tuple[int, float] | None:
+        """What `end` compares the run with; None for a run left unmeasured (after a short one: SHORT_EVERY)."""
         want = self.target()
         if getattr(self._local, "blocktime", None) != want:
             self._set(want)  # this thread's team takes it at its next fork
             self._local.blocktime = want
+        if self._short and self._skipped < SHORT_EVERY - 1:
+            self._skipped += 1
+            return None
+        self._skipped = 0
         return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw, time.perf_counter()
 
     def _spreads(self) -> bool:
@@ -88,10 +100,14 @@ class SpinGuard:
                             exc_info=True)
             return False
 
-    def end(self, started: tuple[int, float]) -> None:
+    def end(self, started: tuple[int, float] | None) -> None:
+        if started is None:
+            return
         switches, t0 = started
         preempted = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches
-        was_busy = busy(preempted, time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        self._short = wall < SHORT_RUN_S
+        was_busy = busy(preempted, wall)
         if was_busy and self._spread is not None and self._spreads():
             was_busy = False  # the team's own switches: the host had room for it (colocation.py)
         with self._lock:

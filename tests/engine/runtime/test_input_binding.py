@@ -12,6 +12,7 @@ from fixture_models import assert_close_to_torch, cases, fixture_names, max_shap
 from toy_ops import PROBED
 
 import engine
+from engine.errors import EngineError
 from engine.ir import Graph
 from engine.runtime.inputs import SMALL_READ_ONLY
 from engine.runtime.model import Model
@@ -100,6 +101,21 @@ def test_other_byte_order_is_converted():
     assert seen.dtype == np.float32 and seen.dtype.isnative
     np.testing.assert_array_equal(out, values())
     assert out.dtype == np.float32
+
+
+@toys
+def test_an_input_at_the_max_shape_is_checked_as_any_other():
+    """The max shape's own requests take a shorter check (inputs.py): another dtype, an array subclass, a
+    view of the max shape and a smaller one still get every check and conversion."""
+    inst = Model(probe_graph((2, 6)), "toy").instance()
+    with pytest.raises(EngineError, match="expected dtype float32, got float64"):
+        inst.run({"x": values().astype(np.float64)})
+    with pytest.raises(EngineError, match="expected dtype float32, got int32"):
+        inst.run({"x": values().astype(np.int32)})
+    np.testing.assert_array_equal(inst.run({"x": np.ma.masked_array(values())})["y"], values())
+    np.testing.assert_array_equal(inst.run({"x": values((2, 12))[:, ::2]})["y"], values((2, 12))[:, ::2])
+    with pytest.raises(EngineError, match="dim 1 is fixed to 6, got 7"):
+        inst.run({"x": values((2, 7))})
 
 
 @toys

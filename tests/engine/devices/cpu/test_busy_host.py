@@ -5,8 +5,40 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from engine.devices.cpu import busy_host
-from engine.devices.cpu.busy_host import CALM_RUNS, SpinGuard, busy, next_calm
+from engine.devices.cpu.busy_host import CALM_RUNS, SHORT_EVERY, SpinGuard, busy, next_calm
+
+
+@pytest.fixture(autouse=True)
+def every_run_measured(monkeypatch, request):
+    """The tests' runs last microseconds: every one is measured unless a test is about the short runs."""
+    if "short" not in request.node.name:
+        monkeypatch.setattr(busy_host, "SHORT_RUN_S", 0.0)
+
+
+def test_after_a_short_run_one_run_in_short_every_is_measured(monkeypatch):
+    """A run under SHORT_RUN_S: the next SHORT_EVERY - 1 runs go unmeasured (begin gives None, end does nothing,
+    the calm count stays), then one is; a measured run that is long again measures every run."""
+    now, reads = [0.0], []
+    monkeypatch.setattr(busy_host.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(busy_host.resource, "getrusage",
+                        lambda who: (reads.append(1), type("R", (), {"ru_nivcsw": 0})())[1])
+    guard = SpinGuard(lambda t: None, lambda: 20_000)
+    guard.calm = 3
+
+    def run(seconds: float) -> bool:
+        started = guard.begin()
+        now[0] += seconds
+        guard.end(started)
+        return started is not None
+
+    assert run(1e-5)  # the first is measured: short from now on
+    assert [run(1e-5) for _ in range(SHORT_EVERY)] == [False] * (SHORT_EVERY - 1) + [True]
+    assert guard.calm == 5 and len(reads) == 4  # only the measured runs counted
+    assert [run(1e-5) for _ in range(SHORT_EVERY - 1)] == [False] * (SHORT_EVERY - 1)
+    assert run(0.01) and run(0.01) and run(0.01)  # a long one measured: every one after it
 
 
 def test_a_run_is_busy_past_a_few_preemptions_plus_one_per_tick():
