@@ -77,9 +77,14 @@ def plain_into(x: np.ndarray, out: np.ndarray, block: int) -> None:
 
 def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
     steps: dict[tuple, object] = {}
-    if to_blocked:  # a partial last block's loops (_WholeBlocksToBlocked), compiled (or loaded) now, not in a request
+    # a partial last block's loops (_WholeBlocksToBlocked, _WholeBlocksToPlain), compiled (or loaded) now, not in a
+    # request
+    if to_blocked:
         LL.last_block_in(np.zeros((1, 2, 1), np.float32), np.zeros((1, 1, 1, 2), np.float32), 1, 0, 1)
         LL.last_block_team()
+    else:
+        LL.last_block_out(np.zeros((1, 1, 1, 2), np.float32), np.zeros((1, 2, 1), np.float32), 1, 0, 1)
+        LL.last_block_out_team()
 
     def step_for(plain_shape: tuple) -> object:
         step = steps.get(plain_shape)
@@ -112,7 +117,7 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
         if not (x.flags.c_contiguous and out.flags.c_contiguous):
             return None
         step = steps.get(x.shape if to_blocked else out.shape)
-        if isinstance(step, _WholeBlocksToBlocked) and x.dtype == out.dtype == np.float32:
+        if isinstance(step, (_WholeBlocksToBlocked, _WholeBlocksToPlain)) and x.dtype == out.dtype == np.float32:
             return step.records(x, out)
         if not isinstance(step, D.Step):
             return None
@@ -125,25 +130,53 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
 
 class _WholeBlocksToPlain:
     """ToPlain of a map whose last block is partial (C > B, C % B != 0): oneDNN's reorder of the whole blocks, one
-    image at a time, then numpy's copy of the last block's lanes. oneDNN reorders a partial block with its generic
-    kernel (jit:uni), and a sub-memory of more than one image too: 20 channels @56 0.049 -> 0.020 ms, 72 @56
-    0.167 -> 0.046, batch 8 of 20 @56 0.21 -> 0.15 (one thread, AVX-512 EPYC)."""
+    image at a time, then the last block's lanes by a numba loop (layout/loops.last_block_out). oneDNN reorders a
+    partial block with its generic kernel (jit:uni), and a sub-memory of more than one image too: 20 channels @56
+    0.049 -> 0.020 ms, 72 @56 0.167 -> 0.046, batch 8 of 20 @56 0.21 -> 0.15 (one thread, AVX-512 EPYC). Recorded
+    into native programs (the lanes' loop before had numpy copy them, and a graph's segment ended there)."""
 
     def __init__(self, shape: tuple, block: int):
         n, c, h, w = shape
-        self.full = c // block * block
+        self.full, self.block = c // block * block, block
         one = (1, c, h, w)
         src = D.MemoryDesc.submemory(blocked_md(one, block), (1, self.full, h, w), (0, 0, 0, 0))
         dst = D.MemoryDesc.strided((1, self.full, h, w), (c * h * w, h * w, w, 1))
         self.step = D.reorder_step(src, dst)
         self.strides = (-(-c // block) * h * w * block * 4, c * h * w * 4)  # bytes per image, blocked and plain
 
-    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _images(self, x: np.ndarray, out: np.ndarray) -> list[dict[int, int]]:
+        """The whole blocks' reorder's pointers for each image of x and out."""
         src, dst = D.address(x), D.address(out)
-        for i in range(out.shape[0]):
-            self.step.run({L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]})
+        return [{L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]}
+                for i in range(out.shape[0])]
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        n, c, h, w = out.shape
+        for ptrs in self._images(x, out):
+            self.step.run(ptrs)
         D.wait()
-        np.copyto(out[:, self.full:], x[:, -1, :, :, :out.shape[1] - self.full].transpose(0, 3, 1, 2))
+        if x.dtype == out.dtype == np.float32:
+            parallel_for(LL.last_block_out, n, n * h * w * self.block, x.reshape(n, x.shape[1], h * w, self.block),
+                         out.reshape(n, c, h * w), self.full)
+        else:
+            np.copyto(out[:, self.full:], x[:, -1, :, :, :c - self.full].transpose(0, 3, 1, 2))
+
+    def records(self, x: np.ndarray, out: np.ndarray) -> Native | None:
+        """`run` on these (contiguous float32) arrays as native_program records: the whole blocks' reorders and
+        the last block's loop, as one region where `run` would split its images, else on this thread; None where
+        `run` would split them from Python (the team not running native regions)."""
+        n, c, h, w = out.shape
+        recs: list = []
+        for ptrs in self._images(x, out):
+            recs += self.step.records(ptrs, T.threads_for(None))
+        recs.append(D.wait_record())
+        job = region_job(LL.LB_LEN)
+        job[LL.LB_N:LL.LB_SRC] = n, c, h * w, x.shape[1], self.block
+        job[LL.LB_SRC], job[LL.LB_DST], job[LL.LB_FIRST] = D.address(x), D.address(out), self.full
+        fn = LL.last_block_out_team().address
+        record = ((N.OP_CALL, fn, job.ctypes.data) if T.chunks_for(n, n * h * w * self.block) <= 1
+                  else T.region_record(fn, job.ctypes.data) if T.get_threads() > 1 and native_regions() else None)
+        return None if record is None else Native(recs + [record], [], [self, job])
 
 
 class _WholeBlocksToBlocked:

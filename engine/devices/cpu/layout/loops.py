@@ -361,8 +361,24 @@ def last_block_in(x, out, first, lo, hi):
                     dst[p * b + k] = src[plane + p]
 
 
-# `job` (int64 words) of `last_block_team`: OpenMP's two getters; x (N, C, HW) and out (N, CB, HW, B), float32, and
-# their addresses; the first channel of the last block.
+@njit(nogil=True, cache=True)
+def last_block_out(x, out, first, lo, hi):
+    """out[n, first + l, p] = x[n, last, p, l] for the channels from `first` on (fewer than B): ToPlain's partial
+    last block, images [lo, hi); x (N, CB, HW, B) (the blocked value), out (N, C, HW), both C-contiguous. Each
+    channel's plane is written in order, its values read a lane apart."""
+    c, hw, b = out.shape[1], out.shape[2], x.shape[3]
+    last = x.shape[1] - 1
+    for n in range(lo, hi):
+        src, dst = x[n, last].reshape(hw * b), out[n].reshape(c * hw)
+        for k in range(c - first):
+            plane = (first + k) * hw
+            for p in range(hw):
+                dst[plane + p] = src[p * b + k]
+
+
+# `job` (int64 words) of `last_block_team` and `last_block_out_team`: OpenMP's two getters; the plain (N, C, HW) and
+# the blocked (N, CB, HW, B) value's sizes, float32; the source's and the destination's addresses (the plain one and
+# the blocked one for ToBlocked, the other way for ToPlain); the first channel of the last block.
 LB_N, LB_C, LB_HW, LB_CB, LB_B, LB_SRC, LB_DST, LB_FIRST, LB_LEN = range(2, 11)
 
 
@@ -376,3 +392,15 @@ def last_block_team(data):
     if lo < hi:
         last_block_in(carray(f32_at(job[LB_SRC]), (n, job[LB_C], job[LB_HW])),
                       carray(f32_at(job[LB_DST]), (n, job[LB_CB], job[LB_HW], job[LB_B])), job[LB_FIRST], lo, hi)
+
+
+@region
+def last_block_out_team(data):
+    """One OpenMP thread's share of the images of a last_block_out call (see LB_*: the source is the blocked value);
+    called outside a region, all of them (a native program's record)."""
+    job, t, team = open_job(data, LB_LEN)
+    n = job[LB_N]
+    lo, hi = t * n // team, (t + 1) * n // team
+    if lo < hi:
+        last_block_out(carray(f32_at(job[LB_SRC]), (n, job[LB_CB], job[LB_HW], job[LB_B])),
+                       carray(f32_at(job[LB_DST]), (n, job[LB_C], job[LB_HW])), job[LB_FIRST], lo, hi)

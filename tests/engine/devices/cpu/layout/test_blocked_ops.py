@@ -249,6 +249,34 @@ def test_a_partial_last_block_replays_as_the_kernel_ran(shape, split, monkeypatc
     np.testing.assert_array_equal(got, want)
 
 
+@ONEDNN
+@pytest.mark.parametrize("shape", [(1, 20, 30, 25), (3, 40, 2, 7), (2, 33, 5, 6), (1, 17, 1, 1)])
+@pytest.mark.parametrize("split", [False, True])
+def test_a_partial_last_block_back_to_plain_replays_as_the_kernel_ran(shape, split, monkeypatch):
+    """ToPlain's partial-last-block step (C > B): the whole blocks' reorders and the last block's lanes by the
+    numba loop, on this thread or as one region over the images (`split`); run and replayed, the plain value
+    exactly (a copy), the padding lanes never read into it."""
+    cpu_device()
+    if split:
+        if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or T.get_threads() < 2:
+            pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
+        monkeypatch.setattr(K, "native_regions", lambda: True)
+        monkeypatch.setattr(K.T, "chunks_for", lambda items, work: 2)
+    x = rng.standard_normal(shape).astype(np.float32)
+    blocked = by_element(x, 16)
+    blocked[:, -1, :, :, shape[1] % 16:] = np.nan  # padding lanes: never copied out
+    to_p = K._onednn_kernel(False, 16)
+    want = np.full(shape, np.nan, np.float32)
+    to_p([blocked], [want], None)
+    np.testing.assert_array_equal(want, x)
+    got = np.full_like(want, np.nan)
+    native = to_p.native([blocked], [got], None)
+    assert native is not None
+    assert (N.OP_REGION in {r[0] for r in native.records}) == split
+    assert replay(native) is None
+    np.testing.assert_array_equal(got, x)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one-thread-check", "team-check"])
 def test_maxpool_blocked_replays_with_its_nan_check(split, monkeypatch):
     """MaxPoolBlocked recorded into a native program: the NaN check (over the team where it splits), oneDNN's pooling,
