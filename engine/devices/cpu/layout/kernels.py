@@ -106,7 +106,7 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
             return
         step = step_for(x.shape if to_blocked else out.shape)
         D.sync_threads()
-        if isinstance(step, (_WholeBlocksToPlain, _WholeBlocksToBlocked)):
+        if isinstance(step, _PartialLastBlock):
             step.run(x, out)
             return
         step.run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
@@ -117,7 +117,7 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
         if not (x.flags.c_contiguous and out.flags.c_contiguous):
             return None
         step = steps.get(x.shape if to_blocked else out.shape)
-        if isinstance(step, (_WholeBlocksToBlocked, _WholeBlocksToPlain)) and x.dtype == out.dtype == np.float32:
+        if isinstance(step, _PartialLastBlock) and x.dtype == out.dtype == np.float32:
             return step.records(x, out)
         if not isinstance(step, D.Step):
             return None
@@ -128,76 +128,25 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
     return run
 
 
-class _WholeBlocksToPlain:
-    """ToPlain of a map whose last block is partial (C > B, C % B != 0): oneDNN's reorder of the whole blocks, one
-    image at a time, then the last block's lanes by a numba loop (layout/loops.last_block_out). oneDNN reorders a
-    partial block with its generic kernel (jit:uni), and a sub-memory of more than one image too: 20 channels @56
-    0.049 -> 0.020 ms, 72 @56 0.167 -> 0.046, batch 8 of 20 @56 0.21 -> 0.15 (one thread, AVX-512 EPYC). Recorded
-    into native programs (the lanes' loop before had numpy copy them, and a graph's segment ended there)."""
+class _PartialLastBlock:
+    """A reorder between NCHW and nChw{B}c whose last block is partial, as oneDNN's reorder of the whole blocks (if
+    any), one image at a time, and a numba loop over the last block's lanes (layout/loops.py): ToBlocked's
+    (`_WholeBlocksToBlocked`) or ToPlain's (`_WholeBlocksToPlain`). oneDNN reorders a partial block with its generic
+    kernel (jit:uni), and a sub-memory of more than one image too."""
 
-    def __init__(self, shape: tuple, block: int):
-        n, c, h, w = shape
-        self.full, self.block = c // block * block, block
-        one = (1, c, h, w)
-        src = D.MemoryDesc.submemory(blocked_md(one, block), (1, self.full, h, w), (0, 0, 0, 0))
-        dst = D.MemoryDesc.strided((1, self.full, h, w), (c * h * w, h * w, w, 1))
-        self.step = D.reorder_step(src, dst)
-        self.strides = (-(-c // block) * h * w * block * 4, c * h * w * 4)  # bytes per image, blocked and plain
-
-    def _images(self, x: np.ndarray, out: np.ndarray) -> list[dict[int, int]]:
-        """The whole blocks' reorder's pointers for each image of x and out."""
-        src, dst = D.address(x), D.address(out)
-        return [{L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]}
-                for i in range(out.shape[0])]
-
-    def run(self, x: np.ndarray, out: np.ndarray) -> None:
-        n, c, h, w = out.shape
-        for ptrs in self._images(x, out):
-            self.step.run(ptrs)
-        D.wait()
-        if x.dtype == out.dtype == np.float32:
-            parallel_for(LL.last_block_out, n, n * h * w * self.block, x.reshape(n, x.shape[1], h * w, self.block),
-                         out.reshape(n, c, h * w), self.full)
-        else:
-            np.copyto(out[:, self.full:], x[:, -1, :, :, :c - self.full].transpose(0, 3, 1, 2))
-
-    def records(self, x: np.ndarray, out: np.ndarray) -> Native | None:
-        """`run` on these (contiguous float32) arrays as native_program records: the whole blocks' reorders and
-        the last block's loop, as one region where `run` would split its images, else on this thread; None where
-        `run` would split them from Python (the team not running native regions)."""
-        n, c, h, w = out.shape
-        recs: list = []
-        for ptrs in self._images(x, out):
-            recs += self.step.records(ptrs, T.threads_for(None))
-        recs.append(D.wait_record())
-        job = region_job(LL.LB_LEN)
-        job[LL.LB_N:LL.LB_SRC] = n, c, h * w, x.shape[1], self.block
-        job[LL.LB_SRC], job[LL.LB_DST], job[LL.LB_FIRST] = D.address(x), D.address(out), self.full
-        fn = LL.last_block_out_team().address
-        record = ((N.OP_CALL, fn, job.ctypes.data) if T.chunks_for(n, n * h * w * self.block) <= 1
-                  else T.region_record(fn, job.ctypes.data) if T.get_threads() > 1 and native_regions() else None)
-        return None if record is None else Native(recs + [record], [], [self, job])
-
-
-class _WholeBlocksToBlocked:
-    """ToBlocked of one image whose last block is partial (C % B != 0), or of a batch of fewer channels than a
-    block: oneDNN's reorder of the whole blocks (if any), one image at a time, then the last block's lanes and
-    zeros by a numba loop (layout/loops.last_block_in). oneDNN reorders a partial block with its generic kernel
-    (jit:uni). The kernel, ms (2 vCPUs, AVX-512 Xeon), oneDNN's generic reorder against this: batch 1 20 channels
-    @56 0.069 -> 0.021, 24 @28 0.022 -> 0.011, 40 @28 0.032 -> 0.012, 72 @56 0.107 -> 0.045, 3 @224 0.36 -> 0.22;
-    batch 8 3 @224 1.99 -> 0.94. A batch of several blocks stays on oneDNN's reorder: one execution per image
-    there lost (batch 8, 72 @56 0.34 -> 0.55, 17 @31 0.034 -> 0.081)."""
+    to_blocked = True
 
     def __init__(self, shape: tuple, block: int):
         n, c, h, w = shape
         self.full, self.block = c // block * block, block
         self.step = None
+        plain_bytes, blocked_bytes = c * h * w * 4, -(-c // block) * h * w * block * 4  # an image's
+        self.strides = (plain_bytes, blocked_bytes) if self.to_blocked else (blocked_bytes, plain_bytes)
         if self.full:
             one = (1, c, h, w)
-            src = D.MemoryDesc.strided((1, self.full, h, w), (c * h * w, h * w, w, 1))
-            dst = D.MemoryDesc.submemory(blocked_md(one, block), (1, self.full, h, w), (0, 0, 0, 0))
-            self.step = D.reorder_step(src, dst)
-        self.strides = (c * h * w * 4, -(-c // block) * h * w * block * 4)  # bytes per image, plain and blocked
+            plain = D.MemoryDesc.strided((1, self.full, h, w), (c * h * w, h * w, w, 1))
+            blocked = D.MemoryDesc.submemory(blocked_md(one, block), (1, self.full, h, w), (0, 0, 0, 0))
+            self.step = D.reorder_step(plain, blocked) if self.to_blocked else D.reorder_step(blocked, plain)
 
     def _images(self, x: np.ndarray, out: np.ndarray) -> list[dict[int, int]]:
         """The whole blocks' reorder's pointers for each image of x and out."""
@@ -205,32 +154,64 @@ class _WholeBlocksToBlocked:
         return [{L.ARG_SRC: src + i * self.strides[0], L.ARG_DST: dst + i * self.strides[1]}
                 for i in range(x.shape[0])]
 
-    def run(self, x: np.ndarray, out: np.ndarray) -> None:
-        n, c, h, w = x.shape
+    def _sides(self, x: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(plain, blocked) of the two."""
+        return (x, out) if self.to_blocked else (out, x)
+
+    def _reorders(self, x: np.ndarray, out: np.ndarray) -> None:
         if self.step is not None:
             for ptrs in self._images(x, out):
                 self.step.run(ptrs)
             D.wait()
-        parallel_for(LL.last_block_in, n, n * h * w * self.block, x.reshape(n, c, h * w),
-                     out.reshape(n, out.shape[1], h * w, self.block), self.full)
 
     def records(self, x: np.ndarray, out: np.ndarray) -> Native | None:
         """`run` on these (contiguous float32) arrays as native_program records: the whole blocks' reorders and
         the last block's loop, as one region where `run` would split its images, else on this thread; None where
         `run` would split them from Python (the team not running native regions)."""
-        n, c, h, w = x.shape
+        plain, blocked = self._sides(x, out)
+        n, c, h, w = plain.shape
         recs: list = []
         if self.step is not None:
             for ptrs in self._images(x, out):
                 recs += self.step.records(ptrs, T.threads_for(None))
             recs.append(D.wait_record())
         job = region_job(LL.LB_LEN)
-        job[LL.LB_N:LL.LB_SRC] = n, c, h * w, out.shape[1], self.block
+        job[LL.LB_N:LL.LB_SRC] = n, c, h * w, blocked.shape[1], self.block
         job[LL.LB_SRC], job[LL.LB_DST], job[LL.LB_FIRST] = D.address(x), D.address(out), self.full
-        fn = LL.last_block_team().address
+        fn = (LL.last_block_team() if self.to_blocked else LL.last_block_out_team()).address
         record = ((N.OP_CALL, fn, job.ctypes.data) if T.chunks_for(n, n * h * w * self.block) <= 1
                   else T.region_record(fn, job.ctypes.data) if T.get_threads() > 1 and native_regions() else None)
         return None if record is None else Native(recs + [record], [], [self, job])
+
+
+class _WholeBlocksToPlain(_PartialLastBlock):
+    """ToPlain of a map whose last block is partial (C > B, C % B != 0), the lanes by layout/loops.last_block_out:
+    20 channels @56 0.049 -> 0.020 ms, 72 @56 0.167 -> 0.046, batch 8 of 20 @56 0.21 -> 0.15 against oneDNN's
+    generic reorder (one thread, AVX-512 EPYC). Recorded into native programs (numpy copied the lanes before, and
+    a graph's segment ended there)."""
+
+    to_blocked = False
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        n, c, h, w = out.shape
+        self._reorders(x, out)
+        parallel_for(LL.last_block_out, n, n * h * w * self.block, x.reshape(n, x.shape[1], h * w, self.block),
+                     out.reshape(n, c, h * w), self.full)
+
+
+class _WholeBlocksToBlocked(_PartialLastBlock):
+    """ToBlocked of one image whose last block is partial (C % B != 0), or of a batch of fewer channels than a
+    block, the lanes and zeros by layout/loops.last_block_in. The kernel, ms (2 vCPUs, AVX-512 Xeon), oneDNN's
+    generic reorder against this: batch 1 20 channels @56 0.069 -> 0.021, 24 @28 0.022 -> 0.011, 40 @28 0.032 ->
+    0.012, 72 @56 0.107 -> 0.045, 3 @224 0.36 -> 0.22; batch 8 3 @224 1.99 -> 0.94. A batch of several blocks
+    stays on oneDNN's reorder: one execution per image there lost (batch 8, 72 @56 0.34 -> 0.55, 17 @31 0.034 ->
+    0.081)."""
+
+    def run(self, x: np.ndarray, out: np.ndarray) -> None:
+        n, c, h, w = x.shape
+        self._reorders(x, out)
+        parallel_for(LL.last_block_in, n, n * h * w * self.block, x.reshape(n, c, h * w),
+                     out.reshape(n, out.shape[1], h * w, self.block), self.full)
 
 
 def _kernel_to_blocked(backends: Backends, node: Node, ins: list[TensorInfo]):

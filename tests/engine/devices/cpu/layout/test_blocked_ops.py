@@ -222,6 +222,17 @@ def test_to_plain_into_a_strided_output(make, channels):
     assert np.isnan(wide[..., 1::2]).all()
 
 
+def _split_images(split: bool, monkeypatch) -> None:
+    """Where `split`, a partial-last-block step's loop over the images as one region (the team forced on); skips
+    where our kernels do not split over OpenMP's team."""
+    cpu_device()
+    if split:
+        if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or T.get_threads() < 2:
+            pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
+        monkeypatch.setattr(K, "native_regions", lambda: True)
+        monkeypatch.setattr(K.T, "chunks_for", lambda items, work: 2)
+
+
 @ONEDNN
 @pytest.mark.parametrize("shape", [(1, 20, 30, 25), (3, 5, 23, 24), (1, 40, 2, 7)])
 @pytest.mark.parametrize("split", [False, True])
@@ -229,12 +240,7 @@ def test_a_partial_last_block_replays_as_the_kernel_ran(shape, split, monkeypatc
     """ToBlocked's partial-last-block step as native_program records (a program that holds it never falls back to
     Python): the reorders of the whole blocks and the last block's loop, on this thread or as one region over the
     images (`split`, the team forced on where our kernels run on OpenMP's team), write what the kernel wrote."""
-    cpu_device()
-    if split:
-        if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or T.get_threads() < 2:
-            pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
-        monkeypatch.setattr(K, "native_regions", lambda: True)
-        monkeypatch.setattr(K.T, "chunks_for", lambda items, work: 2)
+    _split_images(split, monkeypatch)
     x = rng.standard_normal(shape).astype(np.float32)
     to_b = K._onednn_kernel(True, 16)
     want = np.full(by_element(x, 16).shape, np.nan, np.float32)
@@ -256,12 +262,7 @@ def test_a_partial_last_block_back_to_plain_replays_as_the_kernel_ran(shape, spl
     """ToPlain's partial-last-block step (C > B): the whole blocks' reorders and the last block's lanes by the
     numba loop, on this thread or as one region over the images (`split`); run and replayed, the plain value
     exactly (a copy), the padding lanes never read into it."""
-    cpu_device()
-    if split:
-        if T.pool_kind(T.get_policy(), T._openmp is not None) != "openmp" or T.get_threads() < 2:
-            pytest.skip("our kernels do not split over OpenMP's team here (no oneDNN, `short` policy or one thread)")
-        monkeypatch.setattr(K, "native_regions", lambda: True)
-        monkeypatch.setattr(K.T, "chunks_for", lambda items, work: 2)
+    _split_images(split, monkeypatch)
     x = rng.standard_normal(shape).astype(np.float32)
     blocked = by_element(x, 16)
     blocked[:, -1, :, :, shape[1] % 16:] = np.nan  # padding lanes: never copied out
