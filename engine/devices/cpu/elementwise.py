@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback, remember
 from engine.devices.cpu.loops import rows as PL
 from engine.devices.cpu.loops.pointwise import erf_loop
-from engine.devices.cpu.threads import parallel_for
+from engine.devices.cpu.threads import parallel_for, region_job, regions_callable
 from engine.ir import Node
 from engine.ops.elementwise import BINARY, UNARY, binary_dtypes, shift_params, unary_dtype, unary_reference
 from engine.ops.registry import TensorInfo
@@ -85,6 +86,35 @@ def _binary_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
             return
         with np.errstate(all="ignore"):
             ufunc(a, b, out=out, signature=sig, casting="unsafe")
+
+    def native(inputs, outputs, workspace):
+        """float32 Add/Sub/Mul/Div as a native_program record (loops/rows.binary_team): `run`'s broadcast rows, or
+        the same-shape op numpy computes in `run` (one IEEE operation a value: the same bits); None otherwise."""
+        a, b = inputs
+        out = outputs[0]
+        if row_op is None or not all(x.dtype == np.float32 and x.flags.c_contiguous for x in (a, b, out)):
+            return None
+        job = region_job(PL.BIN_LEN)
+        job[PL.BIN_OP] = row_op
+        if a.shape == b.shape == out.shape and out.size:
+            job[PL.BIN_ROWS:PL.BIN_A] = 0, 0, 1, out.size, 1, out.size
+            job[PL.BIN_A:PL.BIN_LEN] = a.ctypes.data, b.ctypes.data, out.ctypes.data
+            items = out.size
+        else:
+            p = plan(a, b, out)
+            if p is None or not out.size:
+                return None
+            swap, rows, s_rows, width = p
+            big, small = (b, a) if swap else (a, b)
+            job[PL.BIN_ROWS:PL.BIN_A] = 1, swap, rows, out.size // rows, s_rows, width
+            job[PL.BIN_A:PL.BIN_LEN] = big.ctypes.data, small.ctypes.data, out.ctypes.data
+            items = rows
+        record = team_record(PL.binary_team().address, job, items, out.size // 8)
+        return None if record is None else Native([record], [], [job])
+
+    if row_op is not None and ct == np.float32 and regions_callable():
+        PL.binary_team()  # compiled (or loaded) with the kernel
+        run.native = native  # type: ignore[attr-defined]
     return run
 
 

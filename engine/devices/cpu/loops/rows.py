@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from engine.devices.cpu.loops.native import i8_at, i64_at, open_job, region
+from engine.devices.cpu.loops.native import f32_at, i8_at, i64_at, open_job, region
 
 _FAST = {"reassoc", "nsz", "contract"}  # reassociation for vectorised sums; no nnan/ninf (NaN must propagate)
 
@@ -189,3 +189,51 @@ def copies_team(data):
             for j in range(b - a):
                 dst[j] = src[j]
         at += size
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def flat_binary(a, b, out, op, lo, hi):
+    """out[i] = a[i] (op) b[i] over [lo, hi) of three flat arrays of one size (out may be a's or b's buffer: each
+    element is read before it is written). One loop per op, so that each vectorizes."""
+    if op == ADD:
+        for i in range(lo, hi):
+            out[i] = a[i] + b[i]
+    elif op == SUB:
+        for i in range(lo, hi):
+            out[i] = a[i] - b[i]
+    elif op == MUL:
+        for i in range(lo, hi):
+            out[i] = a[i] * b[i]
+    else:
+        for i in range(lo, hi):
+            out[i] = a[i] / b[i]
+
+
+# `job` (int64 words) of `binary_team`: OpenMP's two getters; the op (ADD..DIV); whether it is `rows_binary`'s
+# broadcast (else `flat_binary`'s same-shape op) and then its swap; rows P and a row's length (P * Q = the output's
+# float32 values; P = 1 for the flat op); the broadcast operand's rows and row length; the float32 a's (the
+# full-size operand), s's (the other) and out's addresses.
+BIN_OP, BIN_ROWS, BIN_SWAP, BIN_P, BIN_Q, BIN_S, BIN_R, BIN_A, BIN_SMALL, BIN_OUT, BIN_LEN = range(2, 13)
+_BIN_ALIGN = 16  # a thread's share of a flat op starts on a multiple of this many values (a 64-byte line)
+
+
+@region
+def binary_team(data):
+    """One OpenMP thread's share of a float32 binary op (see BIN_*), as parallel_for splits it: rows of the
+    broadcast op, or aligned runs of the flat one; called outside a region (a native program's OP_CALL), all of
+    it."""
+    job, t, team = open_job(data, BIN_LEN)
+    p, q, op = job[BIN_P], job[BIN_Q], job[BIN_OP]
+    a, out = carray(f32_at(job[BIN_A]), (p, q)), carray(f32_at(job[BIN_OUT]), (p, q))
+    s = carray(f32_at(job[BIN_SMALL]), (job[BIN_S], job[BIN_R]))
+    if job[BIN_ROWS] != 0:
+        lo, hi = t * p // team, (t + 1) * p // team
+        if lo < hi:
+            rows_binary(a, s, out, op, job[BIN_SWAP] != 0, lo, hi)
+        return
+    n = p * q
+    step = ((n + team - 1) // team + _BIN_ALIGN - 1) // _BIN_ALIGN * _BIN_ALIGN
+    lo = min(t * step, n)
+    hi = min(lo + step, n)
+    if lo < hi:
+        flat_binary(a.reshape(n), s.reshape(n), out.reshape(n), op, lo, hi)

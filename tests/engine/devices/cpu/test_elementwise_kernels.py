@@ -8,9 +8,20 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_harness import check_kernel, infer, kernel_peak_bytes, make_node
+from op_harness import (
+    build_kernel,
+    check_kernel,
+    cpu_device,
+    force_native_regions,
+    infer,
+    infos_of,
+    kernel_peak_bytes,
+    make_node,
+    replay,
+)
 
 from engine.devices.cpu import elementwise as cpu_elementwise
+from engine.devices.cpu import native_program as N
 from engine.errors import ShapeError
 from engine.ops import elementwise
 
@@ -184,3 +195,50 @@ def test_row_broadcast_kernel_split_over_threads(monkeypatch):
         check_kernel(make_node("Mul", 2), [x, RNG.standard_normal((1, 7, 1, 1, 16)).astype(np.float32)])
     finally:
         _threads.set_threads(before)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-call", "region"])
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("big,small", [*ROW_CASES, ((2, 3, 5, 7), (2, 3, 5, 7)), ((1, 2, 9, 9, 16), (1, 2, 9, 9, 16)),
+                                       ((37,), (37,))])
+def test_float32_binaries_replay_as_they_ran(op, big, small, split, monkeypatch, request):
+    """Add/Sub/Mul/Div of float32 as a native program's record (loops/rows.binary_team): the broadcast rows and
+    the same-shape op (numpy in the Python path), on this thread or as a region over 2-3 threads whose shares start
+    mid-row, in place or not, with NaN, infinities, signed zeros and a zero divisor: bit for bit what the kernel's
+    Python wrote."""
+    if split:
+        force_native_regions(monkeypatch, request, 3 if len(big) % 2 else 2)
+    else:
+        cpu_device()
+    x = RNG.standard_normal(big).astype(np.float32)
+    s = (RNG.standard_normal(small) + 3).astype(np.float32)
+    x.reshape(-1)[:4] = [np.nan, np.inf, -0.0, 0.0]
+    s.reshape(-1)[:2] = [0.0, -np.inf]
+    node = make_node(op, 2)
+    for a, b in ((x, s), (s, x)) if small != big else ((x, s),):
+        fn, ws = build_kernel(node, infos_of([a, b], node=node))
+        want = np.full(np.broadcast_shapes(a.shape, b.shape), 7, np.float32)
+        with np.errstate(all="ignore"):
+            fn([a, b], [want], ws)
+            np.testing.assert_array_equal(want, getattr(np, {"Add": "add", "Sub": "subtract", "Mul": "multiply",
+                                                              "Div": "divide"}[op])(a, b))
+        got = np.full_like(want, 7)
+        native = fn.native([a, b], [got], ws)
+        assert (N.OP_REGION in {r[0] for r in native.records}) == split
+        assert replay(native) is None
+        np.testing.assert_array_equal(got, want)
+        if a.shape == want.shape:  # in place: the output in a's buffer
+            inplace = a.copy()
+            assert replay(fn.native([inplace, b], [inplace], ws)) is None
+            np.testing.assert_array_equal(inplace, want)
+
+
+def test_float64_and_mismatched_binaries_have_no_records():
+    node = make_node("Add", 2)
+    x64 = RNG.standard_normal((2, 3)).astype(np.float64)
+    fn, ws = build_kernel(node, infos_of([x64, x64], node=node))
+    assert getattr(fn, "native", None) is None
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    fn, ws = build_kernel(node, infos_of([x, x[:, :1, :1]], node=node))
+    assert fn.native([x, x[:, :1, :1].copy()], [np.empty_like(x)], ws) is not None
+    assert fn.native([x, x[:1, :1, :]], [np.empty_like(x)], ws) is None  # a non-contiguous operand
