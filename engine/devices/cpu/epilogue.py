@@ -57,32 +57,50 @@ def prepare() -> None:
     mk.pass_team()
 
 
-def _native_pass(kind: int, x: np.ndarray, out: np.ndarray) -> bool:
+def _native_pass(kind: int, x: np.ndarray, out: np.ndarray, params: np.ndarray | None = None) -> bool:
     """The pass as one native region on OpenMP's team (pointwise.pass_team); False, nothing run, where it does not
     apply (the arrays not both 1-d contiguous float32 of one size, or the team busy)."""
     if not (x.dtype == out.dtype == np.float32 and x.ndim == out.ndim == 1 and x.size == out.size
             and x.flags.c_contiguous and out.flags.c_contiguous):
         return False
-    return run_native(mk.pass_team().address, _pass_job(kind, x, out))
+    return run_native(mk.pass_team().address, _pass_job(kind, x, out, params))
 
 
-def _pass_job(kind: int, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """pass_team's job for the pass `kind` over x into out (1-d float32 arrays of one size; x may be out)."""
+def _pass_job(kind: int, x: np.ndarray, out: np.ndarray, params: np.ndarray | None = None) -> np.ndarray:
+    """pass_team's job for the pass `kind` over x into out (1-d float32 arrays of one size; x may be out); `params`,
+    the pass's float32 parameters (hard-sigmoid's alpha and beta), must outlive the job's use."""
     job = region_job(mk.PASS_LEN)
     job[mk.PASS_KIND], job[mk.PASS_N], job[mk.PASS_X], job[mk.PASS_OUT] = kind, x.size, x.ctypes.data, out.ctypes.data
+    job[mk.PASS_PARAMS] = 0 if params is None else params.ctypes.data
     return job
 
 
-def _f32_pass(kind: int, inplace, ranged, x: np.ndarray, out: np.ndarray) -> None:
+def _f32_pass(kind: int, inplace, ranged, x: np.ndarray, out: np.ndarray, params: np.ndarray | None = None) -> None:
     """One vectorised float32 loop over the engine's threads: the one-array form when x is out (LLVM's overlap check
     sends two arrays that are one buffer to the scalar loop), else the two-array one; a split one as a native region
-    where OpenMP's threads spin."""
-    if x.size >= NATIVE_PASS_ELEMENTS and get_threads() > 1 and native_regions() and _native_pass(kind, x, out):
+    where OpenMP's threads spin. `params`: the loops' float32 parameters after the arrays (hard-sigmoid's)."""
+    if x.size >= NATIVE_PASS_ELEMENTS and get_threads() > 1 and native_regions() and \
+            _native_pass(kind, x, out, params):
         return
+    extra = () if params is None else tuple(params)
     if x.ctypes.data == out.ctypes.data:
-        parallel_for(inplace, x.size, x.size * LOGISTIC_WORK, out)
+        parallel_for(inplace, x.size, x.size * LOGISTIC_WORK, out, *extra)
     else:
-        parallel_for(ranged, x.size, x.size * LOGISTIC_WORK, x, out)
+        parallel_for(ranged, x.size, x.size * LOGISTIC_WORK, x, out, *extra)
+
+
+def _hardsigmoid_params(p: dict) -> np.ndarray:
+    return np.array([meaning.param(p, "alpha", 1 / 6), meaning.param(p, "beta", 0.5)], np.float32)
+
+
+def _hardsigmoid(out, p):
+    """In float32 as the reference's numpy steps (x * alpha, + beta, clip: two roundings), by pass_team's loop."""
+    if out.dtype == np.float32 and out.flags.c_contiguous:
+        f = out.reshape(-1)
+        _f32_pass(mk.PASS_HARDSIGMOID, mk.hardsigmoid_f32_inplace, mk.hardsigmoid_f32_range, f, f,
+                  _hardsigmoid_params(p))
+        return
+    meaning.hardsigmoid(out, p)
 
 
 def sigmoid_f32(x: np.ndarray, out: np.ndarray) -> None:
@@ -141,16 +159,16 @@ def _elu(out, p):
 
 
 EPILOGUES = {**meaning.EPILOGUES, "leaky_relu": _leaky, "sigmoid": _sigmoid, "silu": _silu,
-             "hardswish": _hardswish, "gelu": _gelu, "elu": _elu}
+             "hardswish": _hardswish, "gelu": _gelu, "elu": _elu, "hardsigmoid": _hardsigmoid}
 
 
-_PASS_KINDS = {"sigmoid": mk.PASS_SIGMOID, "silu": mk.PASS_SILU}
+_PASS_KINDS = {"sigmoid": mk.PASS_SIGMOID, "silu": mk.PASS_SILU, "hardsigmoid": mk.PASS_HARDSIGMOID}
 
 
 def activation_records(name: str | None, params: dict | None, out: np.ndarray) -> tuple[list, list] | None:
     """What apply_activation(name, params, out) calls, as native_program records, and what they point into
-    (jobs to keep alive); None where it would run Python: an activation other than float32 sigmoid, SiLU and erf
-    GELU on a contiguous array, or a pass parallel_for would split over Python callbacks."""
+    (jobs to keep alive); None where it would run Python: an activation other than float32 sigmoid, SiLU,
+    hard-sigmoid and erf GELU on a contiguous array, or a pass parallel_for would split over Python callbacks."""
     if name is None:
         return [], []
     kind = _PASS_KINDS.get(name)
@@ -159,15 +177,17 @@ def activation_records(name: str | None, params: dict | None, out: np.ndarray) -
     if kind is None or out.dtype != np.float32 or not out.flags.c_contiguous:
         return None
     n = out.size
-    job = _pass_job(kind, out, out)
+    values = _hardsigmoid_params(params or {}) if kind == mk.PASS_HARDSIGMOID else None
+    job = _pass_job(kind, out, out, values)
+    keep = [job] if values is None else [job, values]
     if n >= NATIVE_PASS_ELEMENTS and get_threads() > 1 and native_regions():  # _f32_pass's native region
         record = region_record(mk.pass_team().address, job.ctypes.data)
-        return None if record is None else ([record], [job])
+        return None if record is None else ([record], keep)
     if chunks_for(n, n * LOGISTIC_WORK) > 1:
         return None
     # the in-place loop on this thread, as parallel_for runs it whole: the region function outside a region is
     # thread 0 of 1, the same loop over every element
-    return [(N.OP_CALL, mk.pass_team().address, job.ctypes.data)], [job]
+    return [(N.OP_CALL, mk.pass_team().address, job.ctypes.data)], keep
 
 
 def apply_activation(name: str | None, params: dict | None, out: np.ndarray) -> None:

@@ -213,8 +213,8 @@ def gelu_f32_inplace(y, lo, hi):
 # `job` (int64 words) of `pass_team`: the addresses of omp_get_thread_num and omp_get_num_threads, the function
 # (PASS_SIGMOID, PASS_SILU, PASS_GELU), the element count, and the input and output addresses (the same one for an
 # in-place pass).
-PASS_THREAD_NUM, PASS_NUM_THREADS, PASS_KIND, PASS_N, PASS_X, PASS_OUT, PASS_LEN = range(7)
-PASS_SIGMOID, PASS_SILU, PASS_GELU = range(3)
+PASS_THREAD_NUM, PASS_NUM_THREADS, PASS_KIND, PASS_N, PASS_X, PASS_OUT, PASS_PARAMS, PASS_LEN = range(8)
+PASS_SIGMOID, PASS_SILU, PASS_GELU, PASS_HARDSIGMOID = range(4)  # PASS_PARAMS: hard-sigmoid's float32 alpha, beta
 _PASS_ALIGN = 16  # a thread's share starts on a multiple of this many elements (a 64-byte line)
 
 
@@ -227,6 +227,25 @@ def pass_share(n, t, team):
     return lo, min(lo + step, n)
 
 
+@njit(nogil=True, cache=True)
+def hardsigmoid_f32_inplace(y, alpha, beta, lo, hi):
+    """y = clip(y * alpha + beta, 0, 1) over [lo, hi) in float32, two roundings as the reference's numpy steps (no
+    contraction: this loop has no fastmath), NaN kept (both tests false)."""
+    zero, one = np.float32(0.0), np.float32(1.0)
+    for i in range(lo, hi):
+        v = y[i] * alpha + beta
+        y[i] = zero if v < zero else (one if v > one else v)
+
+
+@njit(nogil=True, cache=True)
+def hardsigmoid_f32_range(x, out, alpha, beta, lo, hi):
+    """out = clip(x * alpha + beta, 0, 1) over [lo, hi), as hardsigmoid_f32_inplace."""
+    zero, one = np.float32(0.0), np.float32(1.0)
+    for i in range(lo, hi):
+        v = x[i] * alpha + beta
+        out[i] = zero if v < zero else (one if v > one else v)
+
+
 @region
 def pass_team(data):
     """One OpenMP thread's share of a float32 pass (see PASS_*): in place when input and output are one buffer."""
@@ -236,6 +255,13 @@ def pass_team(data):
     if lo >= hi:
         return
     out = carray(f32_at(job[PASS_OUT]), (n,))
+    if kind == PASS_HARDSIGMOID:
+        params = carray(f32_at(job[PASS_PARAMS]), (2,))
+        if job[PASS_X] == job[PASS_OUT]:
+            hardsigmoid_f32_inplace(out, params[0], params[1], lo, hi)
+        else:
+            hardsigmoid_f32_range(carray(f32_at(job[PASS_X]), (n,)), out, params[0], params[1], lo, hi)
+        return
     if job[PASS_X] == job[PASS_OUT]:
         if kind == PASS_SIGMOID:
             sigmoid_f32_inplace(out, lo, hi)

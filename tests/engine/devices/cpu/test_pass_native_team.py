@@ -9,11 +9,13 @@ import math
 
 import numpy as np
 import pytest
-from op_harness import cpu_device
+from op_harness import cpu_device, replay
 
 from engine.devices.cpu import epilogue
 from engine.devices.cpu import threads as pool
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.loops import pointwise as mk
+from engine.ops import epilogue as meaning
 
 KINDS = {
     mk.PASS_SIGMOID: (epilogue.sigmoid_f32, mk.sigmoid_f32_range, lambda v: 1 / (1 + np.exp(-v))),
@@ -109,3 +111,32 @@ def test_small_passes_stay_on_the_calling_thread(monkeypatch):
     epilogue.gelu_f32(x, x)
     np.testing.assert_array_equal(x, want)
     assert not calls
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-thread", "region"])
+@pytest.mark.parametrize("params", [{}, {"alpha": 0.2, "beta": 0.5}, {"alpha": -1.0, "beta": 0.0},
+                                    {"alpha": 3e38, "beta": 1.0}])
+@pytest.mark.parametrize("n", [1, 17, 4099])
+def test_hardsigmoid_pass_is_the_references_numpy_steps(n, params, split, request):
+    """A late hard-sigmoid (a conv's or a matmul's: apply_activation) by pass_team's float32 loop, run and replayed
+    from its records: bit for bit the reference's numpy steps (x * alpha, + beta, clip to [0, 1]: two roundings),
+    NaN kept, infinities and an overflowing alpha clipped, on one thread or split as a region."""
+    if split:
+        request.getfixturevalue("regions")
+        pool.set_threads(3)
+    else:
+        cpu_device()
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 8).astype(np.float32)
+    x[::7] = np.array([np.nan, np.inf, -np.inf, -0.0, 3.0, -3.0, 2.5], np.float32)[np.arange(len(x[::7])) % 7]
+    want = x.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        meaning.hardsigmoid(want, params)
+    y = x.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        epilogue.apply_activation("hardsigmoid", params, y)
+    np.testing.assert_array_equal(y, want)
+    got = x.copy()
+    records, keep = epilogue.activation_records("hardsigmoid", params, got)
+    assert replay(Native(records, [], keep)) is None
+    np.testing.assert_array_equal(got, want)
