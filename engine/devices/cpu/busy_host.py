@@ -15,7 +15,9 @@ host's run queue is read (colocation.py): with no more runnable threads than all
 team's own (its threads woken together on one CPU after an idle pause, as bursts of requests do), the run counts
 as calm and workers that share a CPU are moved apart. Without that, the first such run of a burst turned spinning
 off, the sleeping threads kept meeting on one CPU, and the state never ended under sporadic traffic (MobileNetV2
-batch 1: 6-7 ms a call against 3). With the guard, beside the same busy
+batch 1: 6-7 ms a call against 3); beside two busy loops (bench/wait_policy.py, busy traffic, 2026-11-29) the
+run-queue verdict left MobileNetV2, GhostNet and ResNet-18 as they were (18.2, 24.7, 40.7 ms a call against 18.6,
+24.0, 40.2 before it). With the guard, beside the same busy
 loops: 1.06-1.60x libgomp's time, no collapse (2026-11-28 00:16). The blocktime is an OpenMP setting of the
 calling thread (its team's), so each thread that runs sets it at the start of a run when the state changed since its
 last one.

@@ -5,23 +5,28 @@ scheduler woke the worker on its waker's CPU and both threads ran on one vCPU, t
 preemption (~80 involuntary switches a call, 9-11 ms against 5.2-5.8 for UltraFace int8 at batch 8); `taskset -c 0`
 with two threads gives the same signature. The busy-host guard (busy_host.py) took those switches for a busy host
 and turned spinning off, and with the threads then sleeping after every op the scheduler kept them together: the
-state never ended. So before a run counts as busy, the guard asks `spread_team` whether the host had room for it:
-no more runnable threads just after it (/proc/stat's procs_running, the team's own included) than allowed CPUs.
-Then the run's switches were the team's own, not the host's, and each worker that shares a CPU with another of the
-team is pinned to an allowed CPU free of the team (sched_setaffinity). Whether the team shares a CPU when the run
-has ended is no test of that: on the same VM (Int8 bench, 2026-11-29) a third of the bursts' runs showed 20-110
-switches, and in some the threads were apart again by the end; a worker pinned away was followed by the master,
-woken on its waker's CPU at the next join. A host kept busy by other work shows its threads in the run queue: two
-busy loops beside a team of two on 2 CPUs are four runnable threads. The pin stays while the runs are
-calm, and the master (the caller's thread) is never pinned; a busy-looking run hands every pin older than
+state never ended. So before a run counts as busy, the guard asks `spread_team` whether the host had room for it.
+Where the affinity mask is the whole host, the answer is its run queue just after the run (/proc/stat's
+procs_running, the team's own threads included): no more runnable threads than CPUs. Then the run's switches were
+the team's own, and each worker that shares a CPU with another of the team is pinned to an allowed CPU free of the
+team (sched_setaffinity). Whether the team shares a CPU when the run has ended is no test of that: on the same VM
+(Int8 bench, 2026-11-29) a third of the bursts' runs showed 20-110 switches, in some the threads were apart again by
+the end, and a worker pinned away was followed by the master, woken on its waker's CPU at the next join. Other work
+that keeps the host busy shows in the queue: two busy loops beside a team of two on 2 CPUs are three or four
+runnable threads (four while the team spins). The count is of one instant and misses the team's sleeping workers:
+one busy loop beside a team that sleeps reads as room, the threads spin again after CALM_RUNS such runs, and the
+next spinning run shows busy (on 2 vCPUs beside one loop, no slower than sleeping throughout). Where the mask is
+narrower than the host (a cpuset), the host's queue says nothing of the mask's CPUs, and a busy-looking run is the
+team's own only when two of its threads shared a CPU and one could be moved to an idle one. The pin stays while
+the runs are calm, and the master (the caller's thread) is never pinned; a busy-looking run hands every pin older than
 PIN_HOLD_S back the mask it had first (the CPU it holds may have turned busy since), then pins again where the team
-shares a CPU. Only on small hosts
-(MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads, and only onto a CPU that was idle most of the last
+shares a CPU. All of this (the verdict too) only on small hosts
+(MAX_ALLOWED_CPUS), never where the user binds OpenMP's threads, and pins only onto a CPU that was idle most of the last
 window (IdleWatch, from /proc/stat): a worker pinned to a CPU another process keeps busy could not leave it, and the
 master would wait for it at every join and at its team's release. Where something is mounted over /proc/stat (a
 container's LXCFS: its per-CPU lines come from the container's own usage, renumbered from 0) or it does not list
 every CPU of the affinity mask by its number, its idle shares say nothing of the mask's CPUs: nothing is pinned
-then.
+then, and on LXCFS no run is counted the team's own.
 
 The team's thread ids come from a native region in which each thread calls gettid (glibc 2.30 and later; without it
 nothing is moved), their CPUs from /proc/self/task/<tid>/stat (field 39: the CPU each last ran on).
@@ -206,8 +211,8 @@ class IdleWatch:
         try:
             now = self._clock()
             if self._since is not None and now - self._since[0] < WINDOW_MIN_S:
-                # too short to read: the last window's answer, at most WINDOW_MIN_S old (a burst's busy-looking
-                # runs come closer together than that, and each must be told apart from a busy host's)
+                # too short to read: the last window's answer, for a window that ended under WINDOW_MIN_S ago (it
+                # may have lasted up to WINDOW_MAX_S); a burst's busy-looking runs come closer together than that
                 return None if self._answer is None else self._answer & allowed
             try:
                 times = cpu_times(self._read())
@@ -248,13 +253,15 @@ def _read_proc_stat() -> bytes:
 
 def procs_running(text: bytes) -> int | None:
     """The host's runnable threads now (the running ones and those waiting for a CPU), from /proc/stat's
-    procs_running line; None where it has none."""
+    procs_running line; None where it has none, or a count below 1: the reader itself runs, so a 0 is a /proc
+    that does not count (gVisor's prints 0 always)."""
     for line in text.splitlines():
         if line.startswith(b"procs_running "):
             try:
-                return int(line.split()[1])
+                n = int(line.split()[1])
             except (IndexError, ValueError):
                 return None
+            return n if n >= 1 else None
     return None
 
 
@@ -268,16 +275,19 @@ def run_queue() -> int | None:
 
 def spread_team(run_region: Callable[[int, np.ndarray], bool], job_words: Callable[[int], np.ndarray],
                 size: int, idle: Callable[[set[int]], set[int] | None], allowed: set[int],
-                running: Callable[[], int | None] = run_queue) -> bool:
-    """Whether the busy-looking run just ended left the host with room: no more runnable threads now (`running`:
-    the host's run queue, this team's own included) than `allowed` CPUs (the process's affinity mask). Then its
-    switches were the team's own (threads that woke together on one CPU, in turn at every fork and join), not
-    other work's, and each worker of the calling thread's team of `size` threads that shares a CPU with another
-    team thread is pinned to a CPU none of the team runs on (`spread_plan`), of `allowed` (the caller's thread is
-    never pinned here, so it is the intended set) and named by `idle` (an IdleWatch: mostly idle lately).
-    Answers False past MAX_ALLOWED_CPUS allowed CPUs, without gettid, once pinning was refused, and where the run
-    queue cannot be read. The caller leaves it uncalled where the user binds OpenMP's threads
-    (CpuOptions.openmp_bound)."""
+                running: Callable[[], int | None] = run_queue, host_cpus: int | None = None) -> bool:
+    """Whether the busy-looking run just ended was the team's own doing, not other work's; workers of the calling
+    thread's team of `size` threads that share a CPU with another team thread are pinned apart on the way, each to a
+    CPU of `allowed` (the process's affinity mask: the caller's thread is never pinned here, so it is the intended
+    set) none of the team runs on and `idle` (an IdleWatch) names mostly idle lately (`spread_plan`).
+
+    Where the mask is the whole host (`host_cpus`, os.cpu_count() by default), the host's run queue just after the
+    run answers (`running`, the team's own threads included): no more runnable threads than allowed CPUs is room,
+    the switches were the team's (threads woken together on one CPU take turns at every fork and join). Where the
+    mask is narrower, the host's queue says nothing of its CPUs: the run was the team's own when two of its threads
+    shared a CPU and one of them could be moved to an idle one. Answers False past MAX_ALLOWED_CPUS allowed CPUs,
+    without gettid, once pinning was refused, and where the run queue cannot be read. The caller leaves it uncalled
+    where the user binds OpenMP's threads (CpuOptions.openmp_bound)."""
     _release_stale()  # first: whatever stops new pins below must not keep old ones for good
     if _disabled:
         return False
@@ -287,35 +297,39 @@ def spread_team(run_region: Callable[[int, np.ndarray], bool], job_words: Callab
         return False
     if proc_stat_mounted():
         return _disable("/proc/stat is mounted over (LXCFS): its idle times are this container's, not the CPUs'")
-    queued = running()  # first: a busy host is told without a region for the team's ids
-    if queued is None or queued > len(allowed):
-        return False
+    whole_host = (os.cpu_count() if host_cpus is None else host_cpus) == len(allowed)
+    if whole_host:
+        queued = running()  # first: a busy host is told without a region for the team's ids
+        if queued is None or queued > len(allowed):
+            return False
     targets = idle(allowed)
-    if targets:
-        _spread(run_region, job_words, size, targets)
-    return True
+    moved = bool(targets) and _spread(run_region, job_words, size, targets)
+    return whole_host or moved
 
 
 def _spread(run_region: Callable[[int, np.ndarray], bool], job_words: Callable[[int], np.ndarray], size: int,
-            targets: set[int]) -> None:
-    """spread_team's pins: each worker that shares a CPU with an earlier thread of the team, to one of `targets`."""
+            targets: set[int]) -> bool:
+    """spread_team's pins: each worker that shares a CPU with an earlier thread of the team, to one of `targets`;
+    whether any was moved."""
     tids = team_thread_ids(run_region, job_words, size)
     if tids is None:
-        return
+        return False
     cpus = [cpu_of(t) for t in tids]
     if None in cpus or len(set(cpus)) == len(cpus):
-        return  # a thread gone, or no two share a CPU
+        return False  # a thread gone, or no two share a CPU
+    moved = False
     for k, cpu in spread_plan(cpus, targets).items():
         try:
             mask = frozenset(os.sched_getaffinity(tids[k]))
             os.sched_setaffinity(tids[k], {cpu})
         except PermissionError:
-            _disable("the container forbids sched_setaffinity")
-            return
+            return _disable("the container forbids sched_setaffinity")
         except OSError:  # the thread has gone meanwhile
             continue
+        moved = True
         if _pins_lock.acquire(timeout=0.1):  # bounded: a fork may have left it held
             _pins[tids[k]] = (time.monotonic(), mask)
             _pins_lock.release()
         log.debug("OpenMP thread %d of this team shared CPU %d with another of the team while CPU %d was free: "
                   "pinned it there", k, cpus[k], cpu)
+    return moved

@@ -72,11 +72,12 @@ def test_a_team_forced_onto_one_cpu_is_moved_apart(team):
     # the master stays pinned to `one` (so it cannot move off it meanwhile); the process's set is given instead
     room, crowded = (lambda: len(allowed)), (lambda: len(allowed) + 1)
     others = lambda cpus: cpus - {one}  # noqa: E731
-    assert not colocation.spread_team(T.run_native, T.region_job, 2, others, allowed, crowded)  # busy: no pin
+    host = len(allowed)
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, others, allowed, crowded, host)  # busy: no pin
     assert os.sched_getaffinity(tids[1]) == {one} and not colocation._pins
-    assert colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed, room)  # no CPU idle:
+    assert colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed, room, host)  # none idle:
     assert os.sched_getaffinity(tids[1]) == {one} and not colocation._pins  # the team's own switches, but no pin
-    assert colocation.spread_team(T.run_native, T.region_job, 2, others, allowed, room)
+    assert colocation.spread_team(T.run_native, T.region_job, 2, others, allowed, room, host)
     assert tids[1] in colocation._pins and tids[0] not in colocation._pins
     moved = os.sched_getaffinity(tids[1])
     assert len(moved) == 1 and one not in moved and moved <= allowed
@@ -91,7 +92,8 @@ def test_a_pin_held_long_enough_is_handed_back_on_a_busy_run(team, monkeypatch):
     os.sched_setaffinity(tids[1], {one})
     colocation._pins[tids[1]] = (time.monotonic(), frozenset(allowed))
     crowded = lambda: len(allowed) + 1  # noqa: E731
-    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed, crowded)
+    assert not colocation.spread_team(T.run_native, T.region_job, 2, lambda cpus: set(), allowed, crowded,
+                                      len(allowed))
     assert os.sched_getaffinity(tids[1]) == {one}  # young: kept
     colocation._pins[tids[1]] = (time.monotonic() - colocation.PIN_HOLD_S, frozenset(allowed))
     # released before anything that stops new pins: here a mask past MAX_ALLOWED_CPUS
@@ -152,19 +154,37 @@ def test_a_busy_looking_run_is_the_teams_own_while_the_run_queue_has_room(monkey
     idle = lambda cpus: asked.append("idle") or set()  # noqa: E731
     for queued, own in ((1, True), (2, True), (3, False), (None, False)):
         asked.clear()
-        assert colocation.spread_team(None, None, 2, idle, {0, 1}, lambda q=queued: q) is own
+        assert colocation.spread_team(None, None, 2, idle, {0, 1}, lambda q=queued: q, host_cpus=2) is own
         assert asked == (["idle"] if own else [])  # nothing idle: no team asked, no pin
     asked.clear()
-    assert colocation.spread_team(None, None, 2, lambda cpus: {1}, {0, 1}, lambda: 2)  # the team's ids unreadable
+    assert colocation.spread_team(None, None, 2, lambda cpus: {1}, {0, 1}, lambda: 2, host_cpus=2)  # ids unreadable
     assert asked == ["team"]
-    assert colocation.spread_team(None, None, 4, lambda cpus: {1}, {0, 1, 2, 3}, lambda: 4)
-    assert not colocation.spread_team(None, None, 4, lambda cpus: {1}, {0, 1, 2, 3}, lambda: 5)
+    assert colocation.spread_team(None, None, 4, lambda cpus: {1}, {0, 1, 2, 3}, lambda: 4, host_cpus=4)
+    assert not colocation.spread_team(None, None, 4, lambda cpus: {1}, {0, 1, 2, 3}, lambda: 5, host_cpus=4)
+
+
+def test_a_mask_narrower_than_the_host_takes_the_teams_own_sharing_not_the_hosts_queue(monkeypatch):
+    """A 2-CPU cpuset of a 64-CPU host: the host-wide run queue says nothing of the mask's CPUs (never asked); a
+    busy-looking run is the team's own only where two of its threads shared a CPU and one was moved to an idle one."""
+    monkeypatch.setattr(colocation, "_disabled", [])
+    monkeypatch.setattr(colocation, "proc_stat_mounted", lambda: False)
+    monkeypatch.setattr(colocation, "gettid_address", lambda: 1)
+    never = lambda: pytest.fail("the host's run queue should not be asked")  # noqa: E731
+    moved = [True]
+    monkeypatch.setattr(colocation, "_spread", lambda *a: moved[0])
+    assert colocation.spread_team(None, None, 2, lambda cpus: {1}, {0, 1}, never, host_cpus=64)
+    moved[0] = False  # the team apart, or nowhere to move
+    assert not colocation.spread_team(None, None, 2, lambda cpus: {1}, {0, 1}, never, host_cpus=64)
+    assert not colocation.spread_team(None, None, 2, lambda cpus: set(), {0, 1}, never, host_cpus=64)
+    assert not colocation.spread_team(None, None, 2, lambda cpus: None, {0, 1}, never, host_cpus=64)
 
 
 def test_the_run_queue_is_read_from_proc_stat():
     assert colocation.procs_running(b"cpu  1 2 3\nctxt 99\nprocs_running 3\nprocs_blocked 0\n") == 3
     assert colocation.procs_running(b"cpu  1 2 3\nprocs_blocked 0\n") is None
     assert colocation.procs_running(b"procs_running x\n") is None
+    assert colocation.procs_running(b"procs_running 0\n") is None  # a /proc that does not count (gVisor's)
+    assert colocation.procs_running(b"procs_running -3\n") is None
     if os.path.exists("/proc/stat"):
         assert colocation.run_queue() >= 1  # this thread runs
 
