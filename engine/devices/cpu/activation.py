@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.devices.cpu.epilogue import gelu_f32, sigmoid_f32, silu_f32
+from engine.devices.cpu.epilogue import gelu_f32, pass_records, sigmoid_f32, silu_f32
+from engine.devices.cpu.fused_calls import Native
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, reference_fallback
 from engine.devices.cpu.loops import pointwise as mk
 from engine.devices.cpu.onednn import unary
@@ -25,6 +26,27 @@ def _flat_loop(loop, dtype, *args):
 
     def run(inputs, outputs, workspace):
         loop(np.ascontiguousarray(inputs[0]).reshape(-1), outputs[0].reshape(-1), *args)
+    return run
+
+
+def _rational_kernel(name: str):
+    """A float32 sigmoid, SiLU or erf GELU by the epilogue's pass (_RATIONAL_F32), recorded into native programs
+    as the pass's region function (epilogue.pass_records): the loops its Python path runs."""
+    f32_pass, kind = _RATIONAL_F32[name], _PASS_KIND[name]
+    mk.pass_team()  # compiled (or loaded) with the kernel
+
+    def run(inputs, outputs, workspace):
+        f32_pass(np.ascontiguousarray(inputs[0]).reshape(-1), outputs[0].reshape(-1))
+
+    def native(inputs, outputs, workspace):
+        x, out = inputs[0], outputs[0]
+        if not (x.dtype == out.dtype == np.float32 and x.size == out.size and x.flags.c_contiguous
+                and out.flags.c_contiguous):
+            return None
+        got = pass_records(kind, x, out)
+        return None if got is None else Native(got[0], [], got[1])
+
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 
@@ -56,6 +78,7 @@ _EPILOGUE = {"Gelu": ("gelu", ("approximate",)), "Silu": ("silu", ()), "Sigmoid"
 # the epilogue's vectorised rational passes over the engine's threads, for the float32 activations that
 # eltwise.ours says they compute faster than oneDNN's exp-based eltwise
 _RATIONAL_F32 = {"sigmoid": sigmoid_f32, "silu": silu_f32, "gelu": gelu_f32}
+_PASS_KIND = {"sigmoid": mk.PASS_SIGMOID, "silu": mk.PASS_SILU, "gelu": mk.PASS_GELU}
 
 
 def _epilogue_of(node: Node) -> tuple[str, dict]:
@@ -88,7 +111,7 @@ def _build_loop(node: Node, ins: list[TensorInfo]):
     if op == "PRelu":
         return _prelu_kernel(node, ins)
     if dt == np.float32 and op in _EPILOGUE and ours(*_epilogue_of(node)):
-        return _flat_loop(_RATIONAL_F32[_EPILOGUE[op][0]], dt)
+        return _rational_kernel(_EPILOGUE[op][0])
     if op == "Gelu":
         return _flat_loop(mk.gelu_tanh_loop if param(node, "approximate", "none") == "tanh" else mk.gelu_loop, dt)
     loops = {

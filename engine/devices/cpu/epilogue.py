@@ -176,17 +176,23 @@ def activation_records(name: str | None, params: dict | None, out: np.ndarray) -
         kind = mk.PASS_GELU
     if kind is None or out.dtype != np.float32 or not out.flags.c_contiguous:
         return None
+    return pass_records(kind, out, out, _hardsigmoid_params(params or {}) if kind == mk.PASS_HARDSIGMOID else None)
+
+
+def pass_records(kind: int, x: np.ndarray, out: np.ndarray, params: np.ndarray | None = None) \
+        -> tuple[list, list] | None:
+    """_f32_pass(kind, ...) over x into out (contiguous float32 arrays of one size; x may be out) as native_program
+    records and what they point into; None where it would split over Python callbacks."""
     n = out.size
-    values = _hardsigmoid_params(params or {}) if kind == mk.PASS_HARDSIGMOID else None
-    job = _pass_job(kind, out, out, values)
-    keep = [job] if values is None else [job, values]
+    job = _pass_job(kind, x.reshape(-1), out.reshape(-1), params)
+    keep = [job] if params is None else [job, params]
     if n >= NATIVE_PASS_ELEMENTS and get_threads() > 1 and native_regions():  # _f32_pass's native region
         record = region_record(mk.pass_team().address, job.ctypes.data)
         return None if record is None else ([record], keep)
     if chunks_for(n, n * LOGISTIC_WORK) > 1:
         return None
-    # the in-place loop on this thread, as parallel_for runs it whole: the region function outside a region is
-    # thread 0 of 1, the same loop over every element
+    # the loop on this thread, as parallel_for runs it whole: the region function outside a region is thread 0 of
+    # 1, the same loop over every element
     return [(N.OP_CALL, mk.pass_team().address, job.ctypes.data)], keep
 
 

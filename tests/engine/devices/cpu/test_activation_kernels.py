@@ -7,9 +7,21 @@ import math
 
 import numpy as np
 import pytest
-from op_harness import check_kernel, kernel_peak_bytes, make_node, reference, run_kernel
+from op_harness import (
+    build_kernel,
+    check_kernel,
+    cpu_device,
+    force_native_regions,
+    infos_of,
+    kernel_peak_bytes,
+    make_node,
+    reference,
+    replay,
+    run_kernel,
+)
 
 from engine.devices.cpu import epilogue as cpu_epilogue
+from engine.devices.cpu import native_program as N
 from engine.ops import epilogue
 from engine.ops.epilogue import EPILOGUES
 
@@ -160,3 +172,28 @@ def test_rational_logistic_special_values():
     assert np.isnan(s[0]) and np.isnan(y[0]) and np.isnan(g[0])  # NaN stays NaN (the clamps keep it)
     np.testing.assert_array_equal(y[[1, 3, 7, 8]], np.array([np.inf, 0.0, 1e30, 0.0], np.float32))
     np.testing.assert_array_equal(g[[1, 3, 7, 8]], np.array([np.inf, 0.0, 1e30, 0.0], np.float32))
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-call", "region"])
+@pytest.mark.parametrize("op", ["Sigmoid", "Silu", "Gelu"])
+def test_rational_activations_replay_as_they_ran(op, split, monkeypatch, request):
+    """A float32 sigmoid, SiLU or erf GELU op recorded into a native program (the epilogue pass's region
+    function): bit for bit what its Python path wrote, into another buffer and in place, on this thread or split
+    as a region; special values included."""
+    if split:
+        force_native_regions(monkeypatch, request, 3, cpu_epilogue)
+        monkeypatch.setattr(cpu_epilogue, "NATIVE_PASS_ELEMENTS", 0)
+    else:
+        cpu_device()
+    x = (np.random.default_rng(3).standard_normal((2, 5, 7, 11)) * 6).astype(np.float32)
+    x.reshape(-1)[:6] = [np.nan, np.inf, -np.inf, -0.0, 40.0, -40.0]
+    node = make_node(op, 1)
+    fn, ws = build_kernel(node, infos_of([x], node=node))
+    want = np.full_like(x, 7)
+    fn([x], [want], ws)
+    for inplace in (False, True):
+        got = x.copy() if inplace else np.full_like(x, 7)
+        native = fn.native([got if inplace else x], [got], ws)
+        assert (N.OP_REGION in {r[0] for r in native.records}) == split
+        assert replay(native) is None
+        np.testing.assert_array_equal(got, want)
