@@ -106,19 +106,29 @@ JOIN_RECORD_ROWS = 16
 
 
 def _join_records(inputs, out: np.ndarray, outer: int, cols: list[tuple[int, int]]) -> Native | None:
-    """The join's copies as native_program records (fused_calls.py): one memmove per row of each input, where
-    every input has the output's dtype (no cast) and all are contiguous."""
-    if outer > JOIN_RECORD_ROWS or not out.flags.c_contiguous or out.size == 0:
+    """The join's copies as native_program records (fused_calls.py), where every input has the output's dtype (no
+    cast) and all are contiguous: _copies_records'."""
+    if not out.flags.c_contiguous or out.size == 0:
         return None
     if any(x.dtype != out.dtype or not x.flags.c_contiguous for x in inputs):
         return None
-    copies = _join_copies(inputs, out, outer, cols)
     if _team_joins(inputs, out, outer):
+        copies = _join_copies(inputs, out, outer, cols)
         job = _copies_job(copies)
         record = region_record(copies_team().address, job.ctypes.data)
         if record is not None:
             return Native([record], keep=[copies, job])
-    return Native([N.copy_record(int(dst), int(src), int(size)) for dst, src, size in copies])
+    return _copies_records(_join_copies(inputs, out, outer, cols))
+
+
+def _copies_records(copies: np.ndarray) -> Native:
+    """A join's or a split's (dst, src, bytes) copies as records: one memmove each for a few
+    (JOIN_RECORD_ROWS), else one call of copies_team on this thread over the list (a split along a late axis: BERT's
+    query, key and value, 128 rows each), as numpy's copies in the Python path run on this thread."""
+    if len(copies) <= JOIN_RECORD_ROWS:
+        return Native([N.copy_record(int(dst), int(src), int(size)) for dst, src, size in copies])
+    job = _copies_job(copies)
+    return Native([(N.OP_CALL, copies_team().address, job.ctypes.data)], keep=[copies, job])
 
 def _split_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
     plans: dict[tuple, tuple] = {}
@@ -136,6 +146,23 @@ def _split_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
         rows = x.reshape(outer, -1)
         for out, (a, b) in zip(outputs, cols, strict=True):
             np.copyto(out.reshape(outer, b - a), rows[:, a:b])
+
+    def native(inputs, outputs, workspace):
+        x = inputs[0]
+        plan = plans.get(x.shape)
+        if plan is None or x.size == 0 or not x.flags.c_contiguous:
+            return None
+        if any(out.dtype != x.dtype or not out.flags.c_contiguous for out in outputs):
+            return None
+        outer, cols = plan
+        size, width = x.itemsize, x.size // outer
+        copies = np.array([(out.ctypes.data + r * (b - a) * size, x.ctypes.data + (r * width + a) * size,
+                            (b - a) * size) for out, (a, b) in zip(outputs, cols, strict=True)
+                           for r in range(outer) if b > a], np.int64).reshape(-1, 3)
+        return _copies_records(copies)
+
+    copies_team()  # compiled (or loaded) now, not in a request
+    run.native = native  # type: ignore[attr-defined]
     return run
 
 def channel_shuffle_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):

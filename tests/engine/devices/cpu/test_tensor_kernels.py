@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_harness import build_kernel, check_kernel, cpu_device, infer, kernel_peak_bytes, make_node, reference
+from op_harness import build_kernel, check_kernel, cpu_device, infer, kernel_peak_bytes, make_node, reference, replay
 
 from engine.devices.cpu import tensor as tensor_kernels
 from engine.devices.cpu import threads as T
@@ -208,3 +208,32 @@ def test_a_large_concat_copies_every_byte_once_over_the_team(count, monkeypatch)
     job = tensor_kernels._copies_job(copies)  # held through the call
     ctypes.CFUNCTYPE(None, ctypes.c_void_p)(tensor_kernels.copies_team().address)(job.ctypes.data)  # one thread
     np.testing.assert_array_equal(out, np.concatenate([x.reshape(-1) for x in xs]))
+
+
+@pytest.mark.parametrize("op", ["Split", "Concat"])
+@pytest.mark.parametrize("shape,axis", [((1, 128, 48), 2), ((2, 3, 9), 1), ((40, 6), 1), ((3, 8, 5, 4), 3)])
+def test_splits_and_joins_replay_as_they_ran(op, shape, axis):
+    """A Split's copies and a Concat's as native_program records (one memmove a row for a few rows, else one call of
+    copies_team over the list on this thread): the outputs numpy's copies gave, every byte and no other."""
+    cpu_device()
+    x = _x(*shape)
+    parts = [shape[axis] // 3, shape[axis] - shape[axis] // 3 - 1, 1]
+    if op == "Split":
+        node = make_node("Split", 1, 3, params={"axis": axis, "sizes": parts})
+        ins = [x]
+        want = np.split(x, np.cumsum(parts)[:-1], axis=axis)
+    else:
+        ins = np.split(x, np.cumsum(parts)[:-1], axis=axis)
+        ins = [np.ascontiguousarray(p) for p in ins]
+        node = make_node("Concat", 3, params={"axis": axis})
+        want = [x]
+    kernel, workspace = build_kernel(node, [TensorInfo(a.shape, a.dtype) for a in ins])
+    ran = [np.full(w.shape, np.nan, np.float32) for w in want]
+    kernel(ins, ran, workspace)
+    for r, w in zip(ran, want, strict=True):
+        np.testing.assert_array_equal(r, w)
+    got = [np.full(w.shape, np.nan, np.float32) for w in want]
+    native = kernel.native(ins, got, workspace)
+    assert native is not None and replay(native) is None
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
