@@ -6,14 +6,17 @@ barrier for a partner that has no core holds a core itself, the partner gets it 
 every op pays that. Beside two busy loops on 2 vCPUs (bench/RESULTS.md "Wait policy", 2026-11-27 23:38) a 20 ms
 blocktime made GhostNet take 261 ms a call and DeiT-tiny 394 ms, against 15 and 49 ms on libgomp's 100 us spin.
 
-So each run counts the process's involuntary context switches (getrusage: a thread preempted while it wanted to
-run). A calm host shows a few a run, about one per scheduler tick of a spinning thread at most (measured 0-5 on
-runs of 6-17 ms); a busy one tens to hundreds. One run above `BUSY_FLOOR` + one per `TICK_MS` of its wall time
-turns spinning off (blocktime 0: threads sleep after each op, as libgomp's do after their short spin), and it comes
-back after `CALM_RUNS` calm runs in a row (a run that failed does not count). Before a run counts as busy, the
-host's run queue is read (colocation.py): with no more runnable threads than allowed CPUs the switches were the
-team's own (its threads woken together on one CPU after an idle pause, as bursts of requests do), the run counts
-as calm and workers that share a CPU are moved apart. Without that, the first such run of a burst turned spinning
+So each measured run counts the process's involuntary context switches (getrusage: a thread preempted while it
+wanted to run). A calm host shows a few a run, about one per scheduler tick of a spinning thread at most (measured
+0-5 on runs of 6-17 ms); a busy one tens to hundreds. One run above `BUSY_FLOOR` + one per `TICK_MS` of its wall
+time turns spinning off (blocktime 0: threads sleep after each op, as libgomp's do after their short spin), and it
+comes back after `CALM_RUNS` calm measured runs in a row (a run that failed does not count). After a run shorter
+than SHORT_RUN_S, a run is measured with probability 1 / SHORT_EVERY (at random, not every eighth: a short model
+and a long one taking turns would otherwise keep the long one unmeasured for good). Before a run counts as busy,
+colocation.py is asked whether the host had room for it (where the affinity mask is the whole host, its run queue:
+no more runnable threads than CPUs); then the switches were the team's own (its threads woken together on one CPU
+after an idle pause, as bursts of requests do), the run counts as calm and workers that share a CPU are moved
+apart. Without that, the first such run of a burst turned spinning
 off, the sleeping threads kept meeting on one CPU, and the state never ended under sporadic traffic (MobileNetV2
 batch 1: 6-7 ms a call against 3); beside two busy loops (bench/wait_policy.py, busy traffic, 2026-11-29) the
 run-queue verdict left MobileNetV2, GhostNet and ResNet-18 as they were (18.2, 24.7, 40.7 ms a call against 18.6,
@@ -26,6 +29,7 @@ last one.
 from __future__ import annotations
 
 import logging
+import random
 import resource
 import threading
 import time
@@ -34,11 +38,13 @@ from collections.abc import Callable
 BUSY_FLOOR = 4  # involuntary switches a calm run may show whatever its length
 TICK_MS = 4  # ... plus one per scheduler tick (250 Hz) of its wall time
 CALM_RUNS = 16  # calm runs in a row before the threads spin again
-# After a run shorter than SHORT_RUN_S only one run in SHORT_EVERY is measured: the two getrusage calls and the
-# test cost a one-op graph ~2 us of its ~15 (softmax over 1000 values), and a run that short seldom sees a
-# scheduler tick; a longer measured run measures every run again.
+# After a run shorter than SHORT_RUN_S a run is measured with probability 1 / SHORT_EVERY: the two getrusage calls
+# and the test cost a one-op graph ~2 us of its ~15 (softmax over 1000 values), and a run that short seldom sees a
+# scheduler tick; a longer measured run measures every run again. At random: the state is the process's, and
+# traffic of a short and a long model in turn would keep a counter's sample on the short one.
 SHORT_RUN_S = 200e-6
 SHORT_EVERY = 8
+_random = random.random
 
 log = logging.getLogger("engine.devices.cpu")
 
@@ -67,7 +73,6 @@ class SpinGuard:
         self.spin = int(get_blocktime())
         self.calm = CALM_RUNS  # spinning until a run says otherwise
         self._short = False  # the last measured run was shorter than SHORT_RUN_S
-        self._skipped = 0  # runs not measured since (approximate where threads race: it only spaces the samples)
         self.after_fork()
 
     def after_fork(self) -> None:
@@ -85,10 +90,8 @@ class SpinGuard:
         if getattr(self._local, "blocktime", None) != want:
             self._set(want)  # this thread's team takes it at its next fork
             self._local.blocktime = want
-        if self._short and self._skipped < SHORT_EVERY - 1:
-            self._skipped += 1
+        if self._short and _random() * SHORT_EVERY >= 1.0:
             return None
-        self._skipped = 0
         return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw, time.perf_counter()
 
     def _spreads(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.devices.cpu import native_program as N
 from engine.devices.cpu.fused_calls import Native, team_record
 from engine.devices.cpu.kernel import Backends, CpuKernel, empty, numba_ok, reference_fallback, remember
 from engine.devices.cpu.loops import rows as PL
@@ -109,7 +110,10 @@ def _binary_kernel(backends: Backends, node: Node, ins: list[TensorInfo]):
             job[PL.BIN_ROWS:PL.BIN_A] = 1, swap, rows, out.size // rows, s_rows, width
             job[PL.BIN_A:PL.BIN_LEN] = big.ctypes.data, small.ctypes.data, out.ctypes.data
             items = rows
-        record = team_record(PL.binary_team().address, job, items, out.size // 8)
+        fn = PL.binary_team().address
+        record = team_record(fn, job, items, out.size // 8)
+        if record is None and job[PL.BIN_ROWS] == 0:  # numpy's same-shape op in `run` is one thread's, whatever
+            record = (N.OP_CALL, fn, job.ctypes.data)  # the size: so is the loop on this thread
         return None if record is None else Native([record], [], [job])
 
     if row_op is not None and ct == np.float32 and regions_callable():

@@ -8,6 +8,9 @@ element (onednn/eltwise.py; matmuls keep theirs, and convolutions fuse erf GELU 
 OpenMP's threads spin through a request (threads.native_regions) a split pass is one native region
 (pointwise.pass_team), no thread entering Python, and from far fewer elements (NATIVE_PASS_ELEMENTS): in-process at
 batch 1 MobileViT-XXS 0.96x, EfficientFormerV2 0.986x (MobileViT-XXS at batch 8 0.992x with MIN_WORK's bound).
+Float32 hard-sigmoid (a conv's or matmul's late activation: oneDNN's clamp would lose NaN) takes the same pass with
+its own loop, the reference's numpy steps in float32 (its split bounds are the logistic's). Every such pass has
+native_program records (`pass_records`).
 """
 
 from __future__ import annotations

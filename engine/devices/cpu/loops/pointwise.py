@@ -1,9 +1,11 @@
 """numba loops for the elementwise maths numpy has no single ufunc for (activations, erf).
 
 Every loop reads `x[i]` before writing `out[i]`, so `x` and `out` may be the same buffer (in-place ops).
-Arguments are 1-d contiguous arrays; scalars are computed in float64 and rounded once on store.
+Arguments are 1-d contiguous arrays; the float64 loops compute scalars in float64 and round once on store; the
+float32 ones (`*_f32_*`) compute in float32 (hard-sigmoid's as the reference's numpy steps: two roundings).
 
-`pass_team` runs one float32 pass (sigmoid, SiLU, erf GELU) as a native OpenMP region function: each thread of the
+`pass_team` runs one float32 pass (sigmoid, SiLU, erf GELU, hard-sigmoid with its alpha and beta from the job's
+PASS_PARAMS) as a native OpenMP region function: each thread of the
 team takes its share of the elements from the job's words (PASS_*) and runs the loop here, so a split pass never
 enters Python on its threads (threads.run_native; split from Python, the second thread took the GIL 25-45 us after
 the first on a 2-vCPU VM). It lives beside the loops it runs.
@@ -214,7 +216,8 @@ def gelu_f32_inplace(y, lo, hi):
 # (PASS_SIGMOID, PASS_SILU, PASS_GELU), the element count, and the input and output addresses (the same one for an
 # in-place pass).
 PASS_THREAD_NUM, PASS_NUM_THREADS, PASS_KIND, PASS_N, PASS_X, PASS_OUT, PASS_PARAMS, PASS_LEN = range(8)
-PASS_SIGMOID, PASS_SILU, PASS_GELU, PASS_HARDSIGMOID = range(4)  # PASS_PARAMS: hard-sigmoid's float32 alpha, beta
+# PASS_PARAMS: the address of the pass's float32 parameters (hard-sigmoid's alpha and beta; 0 for the others)
+PASS_SIGMOID, PASS_SILU, PASS_GELU, PASS_HARDSIGMOID = range(4)
 _PASS_ALIGN = 16  # a thread's share starts on a multiple of this many elements (a 64-byte line)
 
 

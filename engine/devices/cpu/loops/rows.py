@@ -7,6 +7,8 @@
   broadcast along the middle axis: the SE excitation (N, C, H, W) * (N, C, 1, 1) as (N*C, H*W, 1), or the same
   in the blocked layout (N, C/16, H, W, 16) * (N, C/16, 1, 1, 16) as (N*C/16, H*W, 16). numpy's broadcasting
   loop there runs an inner loop of 1 or 16 elements per call.
+- flat_binary: out[i] = a[i] (op) b[i] over three flat arrays of one size; `binary_team` runs it or rows_binary as
+  a native region function (a float32 Add/Sub/Mul/Div recorded into a native program: elementwise.py).
 Each loop reads a[i] before writing out[i], so out may be a's buffer (in-place ops); it is then written
 through a single array (no runtime alias check that would send LLVM to its scalar loop).
 """

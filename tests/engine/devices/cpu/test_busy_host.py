@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
 import pytest
 
 from engine.devices.cpu import busy_host
-from engine.devices.cpu.busy_host import CALM_RUNS, SHORT_EVERY, SpinGuard, busy, next_calm
+from engine.devices.cpu.busy_host import CALM_RUNS, SpinGuard, busy, next_calm
 
 
 @pytest.fixture(autouse=True)
@@ -18,11 +19,12 @@ def every_run_measured(monkeypatch, request):
         monkeypatch.setattr(busy_host, "SHORT_RUN_S", 0.0)
 
 
-def test_after_a_short_run_one_run_in_short_every_is_measured(monkeypatch):
-    """A run under SHORT_RUN_S: the next SHORT_EVERY - 1 runs go unmeasured (begin gives None, end does nothing,
-    the calm count stays), then one is; a measured run that is long again measures every run."""
-    now, reads = [0.0], []
+def test_after_a_short_run_a_run_is_measured_at_random_one_in_short_every(monkeypatch):
+    """After a run under SHORT_RUN_S a run is measured when the draw falls under 1 / SHORT_EVERY (begin gives None
+    otherwise, end does nothing, the calm count stays); a measured run that is long again measures every run."""
+    now, reads, draws = [0.0], [], iter([0.5, 0.99, 0.2, 0.1, 0.9])
     monkeypatch.setattr(busy_host.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(busy_host, "_random", lambda: next(draws))
     monkeypatch.setattr(busy_host.resource, "getrusage",
                         lambda who: (reads.append(1), type("R", (), {"ru_nivcsw": 0})())[1])
     guard = SpinGuard(lambda t: None, lambda: 20_000)
@@ -34,11 +36,32 @@ def test_after_a_short_run_one_run_in_short_every_is_measured(monkeypatch):
         guard.end(started)
         return started is not None
 
-    assert run(1e-5)  # the first is measured: short from now on
-    assert [run(1e-5) for _ in range(SHORT_EVERY)] == [False] * (SHORT_EVERY - 1) + [True]
+    assert run(1e-5)  # the first is measured (no draw): short from now on
+    assert [run(1e-5) for _ in range(4)] == [False, False, False, True]  # draws 0.5, 0.99, 0.2, then 0.1 < 1 / 8
     assert guard.calm == 5 and len(reads) == 4  # only the measured runs counted
-    assert [run(1e-5) for _ in range(SHORT_EVERY - 1)] == [False] * (SHORT_EVERY - 1)
-    assert run(0.01) and run(0.01) and run(0.01)  # a long one measured: every one after it
+    assert not run(0.01)  # draw 0.9: a long run unmeasured keeps the short state
+    monkeypatch.setattr(busy_host, "_random", lambda: 0.0)
+    assert run(0.01)  # measured, long: every one after it
+    monkeypatch.setattr(busy_host, "_random", lambda: pytest.fail("no draw after a long run"))
+    assert run(0.01) and run(0.01)
+
+
+def test_a_short_and_a_long_model_in_turn_leave_the_long_one_measured(monkeypatch):
+    """The state is the process's: a short graph and a long busy one in strict turns (a preprocessing model
+    before the main one on every request) must still turn spinning off, which a counter in step with the turns
+    never did (the draws seeded: the same sequence every run)."""
+    guard = SpinGuard(lambda t: None, lambda: 20_000)
+    clock, switches = [0.0], [0]
+    monkeypatch.setattr(busy_host, "_random", random.Random(7).random)
+    monkeypatch.setattr(busy_host.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(busy_host.resource, "getrusage", lambda who: type("R", (), {"ru_nivcsw": switches[0]})())
+    for k in range(400):
+        short = k % 2 == 0
+        started = guard.begin()
+        clock[0] += 1e-5 if short else 0.02
+        switches[0] += 0 if short else 100
+        guard.end(started)
+    assert guard.target() == 0 and guard.calm < CALM_RUNS
 
 
 def test_a_run_is_busy_past_a_few_preemptions_plus_one_per_tick():

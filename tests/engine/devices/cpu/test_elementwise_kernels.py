@@ -22,6 +22,7 @@ from op_harness import (
 
 from engine.devices.cpu import elementwise as cpu_elementwise
 from engine.devices.cpu import native_program as N
+from engine.devices.cpu import threads as T
 from engine.errors import ShapeError
 from engine.ops import elementwise
 
@@ -226,11 +227,11 @@ def test_float32_binaries_replay_as_they_ran(op, big, small, split, monkeypatch,
         native = fn.native([a, b], [got], ws)
         assert (N.OP_REGION in {r[0] for r in native.records}) == split
         assert replay(native) is None
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))  # signed zeros, NaN payloads
         if a.shape == want.shape:  # in place: the output in a's buffer
             inplace = a.copy()
             assert replay(fn.native([inplace, b], [inplace], ws)) is None
-            np.testing.assert_array_equal(inplace, want)
+            np.testing.assert_array_equal(inplace.view(np.uint32), want.view(np.uint32))
 
 
 def test_float64_and_mismatched_binaries_have_no_records():
@@ -242,3 +243,23 @@ def test_float64_and_mismatched_binaries_have_no_records():
     fn, ws = build_kernel(node, infos_of([x, x[:, :1, :1]], node=node))
     assert fn.native([x, x[:, :1, :1].copy()], [np.empty_like(x)], ws) is not None
     assert fn.native([x, x[:1, :1, :]], [np.empty_like(x)], ws) is None  # a non-contiguous operand
+
+
+def test_a_same_shape_binary_is_one_call_where_a_split_would_not_run_natively(monkeypatch, request):
+    """numpy's same-shape op in the Python path runs on one thread whatever the size: where a split would go over
+    Python callbacks (the team not running native regions), the record is the loop on this thread, not none."""
+    cpu_device()
+    before = T.get_threads()
+    request.addfinalizer(lambda: T.set_threads(before))
+    T.set_threads(2)
+    monkeypatch.setattr(T, "MIN_WORK", 0)
+    monkeypatch.setattr(T, "native_regions", lambda: False)
+    x = RNG.standard_normal((4, 300)).astype(np.float32)
+    node = make_node("Mul", 2)
+    fn, ws = build_kernel(node, infos_of([x, x], node=node))
+    y, got = x + 1, np.empty_like(x)  # the records point into them: alive through the replay
+    native = fn.native([x, y], [got], ws)
+    assert [r[0] for r in native.records] == [N.OP_CALL]
+    assert replay(native) is None
+    np.testing.assert_array_equal(got, x * y)
+    assert fn.native([x, x[:1]], [got], ws) is None  # the broadcast rows would split from Python: none
