@@ -112,13 +112,13 @@ def _join_records(inputs, out: np.ndarray, outer: int, cols: list[tuple[int, int
         return None
     if any(x.dtype != out.dtype or not x.flags.c_contiguous for x in inputs):
         return None
+    copies = _join_copies(inputs, out, outer, cols)
     if _team_joins(inputs, out, outer):
-        copies = _join_copies(inputs, out, outer, cols)
         job = _copies_job(copies)
         record = region_record(copies_team().address, job.ctypes.data)
         if record is not None:
             return Native([record], keep=[copies, job])
-    return _copies_records(_join_copies(inputs, out, outer, cols))
+    return _copies_records(copies)
 
 
 def _copies_records(copies: np.ndarray) -> Native:

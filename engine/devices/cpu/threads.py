@@ -579,15 +579,26 @@ class LastJob:
     def __init__(self):
         self._last: tuple | None = None
 
-    def get(self, x: np.ndarray, out: np.ndarray, make: Callable[[], np.ndarray], keep: bool = True) -> np.ndarray:
-        """The job for x and out: the last one made for these very objects, else `make()` (kept where `keep`)."""
+    def get(self, x: np.ndarray | list | tuple, out: np.ndarray, make: Callable[[], np.ndarray],
+            keep: bool = True) -> np.ndarray:
+        """The job for x (an array, or a kernel's several inputs) and out: the last one made for these very
+        objects, else `make()` (kept where `keep`; several inputs as a tuple of their own, which a list the caller
+        changes in place later does not change)."""
         hit = self._last
-        if hit is not None and hit[0] is x and hit[1] is out:
+        if hit is not None and hit[1] is out and _same_objects(hit[0], x):
             return hit[2]
         job = make()
         if keep:
-            self._last = (x, out, job)
+            self._last = (tuple(x) if isinstance(x, (list, tuple)) else x, out, job)
         return job
+
+
+def _same_objects(kept, x) -> bool:
+    """Whether `x` is the object LastJob kept, or a list or tuple of the very objects it kept a tuple of."""
+    if kept is x:
+        return True
+    return (isinstance(kept, tuple) and isinstance(x, (list, tuple)) and len(kept) == len(x)
+            and all(a is b for a, b in zip(kept, x, strict=True)))
 
 
 def regions_callable() -> bool:

@@ -162,7 +162,7 @@ def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo
     k = int(node.params["trailing"][-1])
     if T.regions_callable():
         loops.dequantize_concat_team()  # compiled (or loaded) with the kernel
-    last: list = [None]  # (inputs, out, job) of the last run: arena views, run after run
+    last = T.LastJob()  # the last run's job: its inputs and output are arena views, run after run
 
     def split(out: np.ndarray) -> tuple[int, int]:
         """(rows, work) of the output: rows of K values; a value's multiply, and an exp's ~8 more."""
@@ -187,15 +187,6 @@ def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo
             at += f
         return job
 
-    def job_of(inputs, out) -> np.ndarray:
-        hit = last[0]
-        if hit is not None and hit[1] is out and len(hit[0]) == len(inputs) and \
-                all(a is b for a, b in zip(hit[0], inputs, strict=True)):
-            return hit[2]
-        job = job_for(inputs, out)
-        last[0] = (tuple(inputs), out, job)
-        return job
-
     def regioned(rows: int, work: int) -> bool:
         return rows > 1 and work >= NATIVE_JOIN_WORK and get_threads() > 1 and native_regions()
 
@@ -204,7 +195,7 @@ def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo
         rows, work = split(out)
         spread = regioned(rows, work)
         if T.regions_callable() and joinable(inputs, out) and (spread or T.chunks_for(rows, work) <= 1):
-            job = job_of(inputs, out)
+            job = last.get(inputs, out, lambda: job_for(inputs, out))
             if not (spread and run_native(loops.dequantize_concat_team().address, job)):
                 T.run_alone(loops.dequantize_concat_team().address, job)  # one chunk, or the team busy
             return

@@ -793,3 +793,28 @@ def test_int32_way_replays_as_its_python_ran(fusion, activation, tiled, split, m
         out[...] = 7
         assert replay(native) is None
         np.testing.assert_array_equal(out, want)
+
+
+def test_a_job_is_kept_for_the_very_inputs_and_output_it_was_made_for():
+    """threads.LastJob, as the joined dequantize keeps its job: the same array objects (a list of them or a tuple)
+    get the kept job; another output, another array in any place, another count, or the caller's list changed in
+    place since, a new one."""
+    last = threads.LastJob()
+    a, b, out = np.zeros(2), np.zeros(3), np.zeros(5)
+    made = []
+
+    def make():
+        made.append(np.zeros(1))
+        return made[-1]
+
+    ins = [a, b]
+    first = last.get(ins, out, make)
+    assert last.get([a, b], out, make) is first and last.get((a, b), out, make) is first and len(made) == 1
+    assert last.get([a, b], np.zeros(5), make) is not first
+    first = last.get(ins, out, make)
+    ins[1] = np.zeros(3)  # the caller's list changed in place: the kept tuple still names the old array
+    assert last.get(ins, out, make) is not first
+    assert last.get([a], out, make) is not made[-2]
+    x = np.zeros(4)
+    one = last.get(x, out, make)
+    assert last.get(x, out, make) is one and last.get([x], out, make) is not one
