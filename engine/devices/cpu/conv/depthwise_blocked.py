@@ -27,7 +27,7 @@ from engine.devices.cpu.layout.blocked_ops import to_blocked
 from engine.devices.cpu.layout.loops import zero_lanes
 from engine.devices.cpu.loops import fused_epilogue as E
 from engine.devices.cpu.loops.fused_epilogue import activate_row
-from engine.devices.cpu.loops.native import f32_at, open_job, region
+from engine.devices.cpu.loops.native import f32_at, open_job, region, team_share
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.threads import native_regions, parallel_for, region_job, run_native
 from engine.errors import KernelError
@@ -127,7 +127,7 @@ def depthwise_blocked_team(data):
     called outside a region, all of them (a native program's call)."""
     job, t, team = open_job(data, DB_LEN)
     items = job[DB_ITEMS]
-    lo, hi = t * items // team, (t + 1) * items // team
+    lo, hi = team_share(items, t, team)
     if lo >= hi:
         return
     n, cb, b, oh, ow = job[DB_N], job[DB_CB], job[DB_B], job[DB_OH], job[DB_OW]

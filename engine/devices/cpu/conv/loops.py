@@ -15,7 +15,7 @@ import numpy as np
 from numba import carray, njit
 
 from engine.devices.cpu.loops.fused_epilogue import activate_row
-from engine.devices.cpu.loops.native import f32_at, open_job, region
+from engine.devices.cpu.loops.native import f32_at, open_job, region, team_share
 
 # Flat-buffer indices built from a row offset (r * width + k) are cast to this unsigned type in the copy and store
 # loops: numba wraps a negative signed index around, and that check kept LLVM from vectorising them. A 65x65 plane
@@ -355,7 +355,7 @@ def direct_team(data):
     splits them; called outside a region, all of them (a native program's call)."""
     job, t, team = open_job(data, DT_LEN)
     items = job[DT_ITEMS]
-    lo, hi = t * items // team, (t + 1) * items // team
+    lo, hi = team_share(items, t, team)
     if lo >= hi:
         return
     n, o, oh, ow = job[DT_N], job[DT_O], job[DT_OH], job[DT_OW]

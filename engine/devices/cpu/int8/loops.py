@@ -9,7 +9,17 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from engine.devices.cpu.loops.native import bool_at, f32_at, i8_at, i32_at, i64_at, i64_view, open_job, region
+from engine.devices.cpu.loops.native import (
+    bool_at,
+    f32_at,
+    i8_at,
+    i32_at,
+    i64_at,
+    i64_view,
+    open_job,
+    region,
+    team_share,
+)
 from engine.devices.cpu.loops.normalize import softmax_loop
 from engine.devices.cpu.loops.quant import f2i8, requantize_one
 
@@ -81,7 +91,7 @@ def quantize_team(data):
     splits them; the caller reads the NaN flags after the region."""
     job, t, team = open_job(data, QN_LEN)
     n, c, h, w = job[QN_N], job[QN_C], job[QN_H], job[QN_W]
-    lo, hi = t * n * h // team, (t + 1) * n * h // team
+    lo, hi = team_share(n * h, t, team)
     if lo >= hi:
         return
     x, scale = carray(f32_at(job[QN_X]), (n, c, h, w)), carray(f32_at(job[QN_SCALE]), (c,))
@@ -148,7 +158,7 @@ def dequantize_mean_team(data):
     called outside a region, all of them (a native program's call)."""
     job, t, team = open_job(data, DM_LEN)
     n, p, c = job[DM_N], job[DM_P], job[DM_C]
-    lo, hi = t * n // team, (t + 1) * n // team
+    lo, hi = team_share(n, t, team)
     if lo < hi:
         dequantize_mean(carray(i8_at(job[DM_X]), (n, p, c)), carray(f32_at(job[DM_SCALE]), (c,)),
                         carray(f32_at(job[DM_OUT]), (n, c)), lo, hi)
@@ -262,7 +272,7 @@ def dequantize_concat_team(data):
     them."""
     job, t, team = open_job(data, DC_LEN)
     rows = job[DC_N] * job[DC_G] // job[DC_K]
-    lo, hi = t * rows // team, (t + 1) * rows // team
+    lo, hi = team_share(rows, t, team)
     if lo < hi:
         dequantize_concat_rows(carray(i64_view(data), (DC_LEN + job[DC_HEADS] * DC_HEAD,)), lo, hi)
 
@@ -293,7 +303,7 @@ def add_team(data):
     (a native program's record: devices/cpu/fused_calls.py)."""
     job, t, team = open_job(data, ADD_LEN)
     p, c = job[ADD_P], job[ADD_C]
-    lo, hi = t * p // team, (t + 1) * p // team
+    lo, hi = team_share(p, t, team)
     if lo >= hi:
         return
     add(carray(i8_at(job[ADD_A]), (p, c)), carray(i8_at(job[ADD_B]), (p, c)), carray(f32_at(job[ADD_SA]), (c,)),
@@ -320,7 +330,7 @@ def fix_team(data):
     w = carray(i8_at(job[FIX_W]), (job[wd], job[wd + 1], job[wd + 2], job[wd + 3]))
     k, o = job[FIX_K], job[od + 3]
     items = out.shape[0] * out.shape[1]
-    lo, hi = t * items // team, (t + 1) * items // team
+    lo, hi = team_share(items, t, team)
     if lo >= hi:
         return
     fix_suspects(x, w, carray(i32_at(job[FIX_BIAS]), (o,)), carray(f32_at(job[FIX_SCALE]), (o,)),
@@ -421,7 +431,7 @@ def epilogue_team(data):
     region, all of them (a native program's record of an int8 conv's int32 way)."""
     job, t, team = open_job(data, EPI_LEN)
     p, o, run = job[EPI_P], job[EPI_O], job[EPI_RUN]
-    lo, hi = t * p // team, (t + 1) * p // team
+    lo, hi = team_share(p, t, team)
     if lo >= hi:
         return
     acc, z = carray(i32_at(job[EPI_ACC]), (p, o)), carray(i8_at(job[EPI_Z]), (p, o))

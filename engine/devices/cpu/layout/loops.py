@@ -36,7 +36,7 @@ import numpy as np
 from numba import carray, njit
 
 from engine.devices.cpu.loops.lane_permute import permute_merge
-from engine.devices.cpu.loops.native import bool_at, f32_at, i32_at, i64_at, open_job, region
+from engine.devices.cpu.loops.native import bool_at, f32_at, i32_at, i64_at, open_job, region, team_share
 
 # Offsets built from a row start (start + p * B + lane) are cast to this unsigned type: numba wraps a negative
 # signed index around, and that check kept LLVM from vectorising the copies (an aligned block of 784 pixels x 8
@@ -279,7 +279,7 @@ def zero_team(data):
     them (a native program's record, fused_calls.py)."""
     job, t, team = open_job(data, ZERO_LEN)
     n = job[ZERO_N]
-    lo, hi = t * n // team, (t + 1) * n // team
+    lo, hi = team_share(n, t, team)
     if lo >= hi:
         return
     zero_lanes(carray(f32_at(job[ZERO_DST]), (n, job[ZERO_CBD], job[ZERO_HW], job[ZERO_B])), job[ZERO_FIRST], lo, hi)
@@ -296,7 +296,7 @@ def zero_team(data):
 def _share(n, cbd, hw, chunk, t, team):
     """Thread t's items [lo, hi) of a lane job's (image, dst block, chunk of pixels) items."""
     items = n * cbd * ((hw + chunk - 1) // chunk)
-    return t * items // team, (t + 1) * items // team
+    return team_share(items, t, team)
 
 
 @region
@@ -388,7 +388,7 @@ def last_block_team(data):
     them (a native program's record)."""
     job, t, team = open_job(data, LB_LEN)
     n = job[LB_N]
-    lo, hi = t * n // team, (t + 1) * n // team
+    lo, hi = team_share(n, t, team)
     if lo < hi:
         last_block_in(carray(f32_at(job[LB_SRC]), (n, job[LB_C], job[LB_HW])),
                       carray(f32_at(job[LB_DST]), (n, job[LB_CB], job[LB_HW], job[LB_B])), job[LB_FIRST], lo, hi)
@@ -400,7 +400,7 @@ def last_block_out_team(data):
     called outside a region, all of them (a native program's record)."""
     job, t, team = open_job(data, LB_LEN)
     n = job[LB_N]
-    lo, hi = t * n // team, (t + 1) * n // team
+    lo, hi = team_share(n, t, team)
     if lo < hi:
         last_block_out(carray(f32_at(job[LB_SRC]), (n, job[LB_CB], job[LB_HW], job[LB_B])),
                        carray(f32_at(job[LB_DST]), (n, job[LB_C], job[LB_HW])), job[LB_FIRST], lo, hi)

@@ -35,7 +35,7 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from engine.devices.cpu.loops.native import f32_at, i64_at, open_job, region
+from engine.devices.cpu.loops.native import f32_at, i64_at, open_job, region, team_share
 
 _JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 _FAST = {"reassoc", "nsz", "contract", "afn"}  # no nnan/ninf: -inf scores and NaN rows must stay what they are
@@ -379,7 +379,7 @@ def softmax_team(data):
     called outside a region, all of them (a native program's record: devices/cpu/fused_calls.py)."""
     job, t, team = open_job(data, SM_LEN)
     rows, n = job[SM_ROWS], job[SM_N]
-    lo, hi = t * rows // team, (t + 1) * rows // team
+    lo, hi = team_share(rows, t, team)
     if lo >= hi:
         return
     x, out = carray(f32_at(job[SM_X]), (rows, n)), carray(f32_at(job[SM_OUT]), (rows, n))

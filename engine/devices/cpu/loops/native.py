@@ -104,6 +104,13 @@ def status_check(fn):
 
 
 @njit(inline="always")
+def team_share(n, t, team):
+    """Thread t's items [lo, hi) of n split evenly over a team of `team` (parallel_for's even chunks; a share may be
+    empty where the team outnumbers the items)."""
+    return t * n // team, (t + 1) * n // team
+
+
+@njit(inline="always")
 def open_job(data, length):
     """(the region job's `length` int64 words, this thread's number, the team's size >= 1): every job holds the
     addresses of omp_get_thread_num and omp_get_num_threads in its words 0 and 1."""

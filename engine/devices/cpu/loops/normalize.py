@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import carray, njit
 
-from engine.devices.cpu.loops.native import f32_at, f64_at, open_job, region
+from engine.devices.cpu.loops.native import f32_at, f64_at, open_job, region, team_share
 
 # numpy's error model: a division by zero (LayerNorm with eps 0 over a constant row) gives inf / NaN as the
 # reference and torch do, where Python's model raised ZeroDivisionError out of the kernel.
@@ -81,7 +81,7 @@ def layernorm_team(data):
     a region, all of them (a native program's record: devices/cpu/fused_calls.py)."""
     job, t, team = open_job(data, LN_LEN)
     rows, n = job[LN_ROWS], job[LN_N]
-    lo, hi = t * rows // team, (t + 1) * rows // team
+    lo, hi = team_share(rows, t, team)
     if lo >= hi:
         return
     x = carray(f32_at(job[LN_X]), (rows, n))

@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from engine.devices.cpu.loops.native import f32_at, open_job, region
+from engine.devices.cpu.loops.native import f32_at, open_job, region, team_share
 
 _LANES = 16
 
@@ -234,7 +234,7 @@ def resize_team(data):
     """One OpenMP thread's share of the items of a bilinear_2x or nearest_repeat resize (see RESIZE_*)."""
     job, t, team = open_job(data, RESIZE_LEN)
     items, h, w = job[RESIZE_ITEMS], job[RESIZE_H], job[RESIZE_W]
-    lo, hi = t * items // team, (t + 1) * items // team
+    lo, hi = team_share(items, t, team)
     if lo >= hi:
         return
     x = carray(f32_at(job[RESIZE_X]), (items, h, w))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from engine.devices.cpu.loops.native import f32_at, i8_at, i64_at, open_job, region
+from engine.devices.cpu.loops.native import f32_at, i8_at, i64_at, open_job, region, team_share
 
 _FAST = {"reassoc", "nsz", "contract"}  # reassociation for vectorised sums; no nnan/ninf (NaN must propagate)
 
@@ -229,7 +229,7 @@ def binary_team(data):
     a, out = carray(f32_at(job[BIN_A]), (p, q)), carray(f32_at(job[BIN_OUT]), (p, q))
     s = carray(f32_at(job[BIN_SMALL]), (job[BIN_S], job[BIN_R]))
     if job[BIN_ROWS] != 0:
-        lo, hi = t * p // team, (t + 1) * p // team
+        lo, hi = team_share(p, t, team)
         if lo < hi:
             rows_binary(a, s, out, op, job[BIN_SWAP] != 0, lo, hi)
         return
