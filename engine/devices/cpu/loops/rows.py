@@ -19,6 +19,7 @@ import numpy as np
 from numba import carray, njit
 
 from engine.devices.cpu.loops.native import f32_at, i8_at, i64_at, open_job, region, team_share
+from engine.devices.cpu.loops.pointwise import pass_share
 
 _FAST = {"reassoc", "nsz", "contract"}  # reassociation for vectorised sums; no nnan/ninf (NaN must propagate)
 
@@ -216,7 +217,6 @@ def flat_binary(a, b, out, op, lo, hi):
 # float32 values; P = 1 for the flat op); the broadcast operand's rows and row length; the float32 a's (the
 # full-size operand), s's (the other) and out's addresses.
 BIN_OP, BIN_ROWS, BIN_SWAP, BIN_P, BIN_Q, BIN_S, BIN_R, BIN_A, BIN_SMALL, BIN_OUT, BIN_LEN = range(2, 13)
-_BIN_ALIGN = 16  # a thread's share of a flat op starts on a multiple of this many values (a 64-byte line)
 
 
 @region
@@ -234,8 +234,6 @@ def binary_team(data):
             rows_binary(a, s, out, op, job[BIN_SWAP] != 0, lo, hi)
         return
     n = p * q
-    step = ((n + team - 1) // team + _BIN_ALIGN - 1) // _BIN_ALIGN * _BIN_ALIGN
-    lo = min(t * step, n)
-    hi = min(lo + step, n)
+    lo, hi = pass_share(n, t, team)  # a float32 pass's aligned shares
     if lo < hi:
         flat_binary(a.reshape(n), s.reshape(n), out.reshape(n), op, lo, hi)
