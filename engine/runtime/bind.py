@@ -91,12 +91,16 @@ class Bound:
     fused: list | bool | None = None
     runs: int = 0  # untraced runs of its own calls, until they are merged (instance.FUSE_AFTER_RUNS)
 
-    def stable(self) -> list[bool]:
-        """Per call: whether it sees the same arrays every run (not the caller's inputs, nor an output computed
-        into a fresh array)."""
-        changing = {id(target) for target, _, _ in self.slots}
-        changing |= {id(target) for d in self.direct for _, slots in d.members for target, _ in slots}
-        return [id(ins) not in changing and id(outs) not in changing for _, ins, outs in self.calls]
+    def varying(self) -> list[tuple[int, ...] | None]:
+        """Per call, what changes from run to run: () nothing (arena views and host values only); else the indices
+        of its inputs that are the caller's arrays (or alias views of them), its other arrays the same every run;
+        None where an output or an input is an array computed into fresh memory each run (a direct output)."""
+        caller: dict[int, set[int]] = {}
+        for target, index, _ in self.slots:
+            caller.setdefault(id(target), set()).add(index)
+        fresh = {id(target) for d in self.direct for _, slots in d.members for target, _ in slots}
+        return [None if id(ins) in fresh or id(outs) in fresh or id(outs) in caller
+                else tuple(sorted(caller.get(id(ins), ()))) for _, ins, outs in self.calls]
 
     def attach(self, arrays: Sequence[np.ndarray]) -> None:
         """Puts the caller's arrays (parallel to the graph inputs, as `inputs.host_input` made them) and the

@@ -183,7 +183,7 @@ class Instance:
         """The device's merged call list for this binding (Device.fuse_calls), False for none: a fusion that fails
         is logged and the binding keeps its kernels' own calls (this run's outputs are already computed)."""
         try:
-            return self.device.fuse_calls(bound.calls, bound.call_nodes, bound.stable(), self.workspace) or False
+            return self.device.fuse_calls(bound.calls, bound.call_nodes, bound.varying(), self.workspace) or False
         except Exception:
             log.exception("%s: merging the kernels' calls failed; they run as they are", self.graph.path or "model")
             return False

@@ -71,11 +71,11 @@ class CpuDevice(Device):
     def allocate(self, nbytes: int) -> Arena:
         return Arena(nbytes)
 
-    def fuse_calls(self, calls: list, nodes: list, stable: list[bool], workspace) -> list | None:
+    def fuse_calls(self, calls: list, nodes: list, varying: list[tuple[int, ...] | None], workspace) -> list | None:
         """Runs of oneDNN calls as one native program each (fused_calls.py), unless NNSERVE_NATIVE_CALLS=0."""
         if not (self.backends.onednn and self.options.native_calls):
             return None
-        return fuse(calls, nodes, stable, workspace)
+        return fuse(calls, nodes, varying, workspace)
 
     def build_kernel(self, node: Node, op: OpDef, ins: list[TensorInfo]) -> Kernel:
         entry = self.kernels.get(node.op_type)

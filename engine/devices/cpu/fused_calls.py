@@ -4,7 +4,11 @@ A kernel that can say which C calls a run of it on given arrays makes has a `nat
 attribute returning a `Native` (or None when it cannot say, for these arrays or now). After a binding's first run,
 `fuse` asks every call whose arrays stay the same run after run (arena views and the workspace: not the caller's
 inputs, nor outputs computed into fresh arrays) and puts each run of two or more consecutive answers into one
-Segment, a call like any other in the binding's list.
+Segment, a call like any other in the binding's list. A call that reads one of the caller's inputs (the model's
+first op: a quantization, a conv) joins too where its kernel has `native_reading(inputs, outputs, workspace,
+indices)`: its Native names the job word each such input's address goes into (`rebinds`), written before every
+replay from the array the run attached, and the checks to make on its outputs after the program (`after`: a
+quantization's NaN test). An input of another dtype, shape or layout than recorded runs the calls' Python.
 
 A segment's program holds choices its kernels made from process-wide settings (OpenMP thread counts, whether a
 pass runs as a native region): it is kept per `threads.regime()` and recorded again for a new one. Its records
@@ -16,6 +20,7 @@ runs its calls' Python once (which re-points them) and records again. Errors nam
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +46,10 @@ class Native:
     records: list[tuple[int, ...]]
     checks: list[tuple[object, object]] = field(default_factory=list)
     keep: list = field(default_factory=list)
+    # (input index, int64 words, word): the address of the call's input `index` (one of the caller's arrays) goes
+    # into words[word] before each replay; `after`: what to check once the program has run (raises to fail the run)
+    rebinds: list[tuple[int, np.ndarray, int]] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)
 
 
 def team_record(fn: int, job: np.ndarray, items: int, work: int) -> tuple[int, ...] | None:
@@ -64,13 +73,18 @@ def step_native(step: D.Step, ptrs: dict[int, int], keep: object) -> Native:
 class _Recorded:
     """One regime's program and what it needs at run time."""
 
-    def __init__(self, natives: list[Native]):
+    def __init__(self, natives: list[Native], calls: list[tuple]):
         records, owners, checks, keep = [], [], [], []
+        self.rebinds: list[tuple] = []  # (call, input index, words, word, dtype, shape) of the caller's arrays
+        self.after: list[Callable[[], None]] = []
         for k, nat in enumerate(natives):
             records += nat.records
             owners += [k] * len(nat.records)
             checks += nat.checks
             keep += nat.keep
+            ins = calls[k][1]
+            self.rebinds += [(k, j, words, word, ins[j].dtype, ins[j].shape) for j, words, word in nat.rebinds]
+            self.after += nat.after
         records.append(D.threads_record(T.get_threads()))
         owners.append(len(natives) - 1)
         self.program = Program(records, keep)
@@ -86,6 +100,16 @@ class _Recorded:
         for obj, pointers in self.checks:
             if obj._bound is not pointers:  # type: ignore[attr-defined]
                 return False
+        return True
+
+    def rebind(self, calls: list[tuple]) -> bool:
+        """Writes the addresses of this run's caller arrays into their jobs; False (nothing written that matters)
+        where one is not of the dtype, shape and C-contiguous layout the records were made for."""
+        for k, j, words, word, dtype, shape in self.rebinds:
+            a = calls[k][1][j]
+            if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
+                return False
+            words[word] = a.ctypes.data
         return True
 
     def use_stream(self, stream: int) -> None:
@@ -104,8 +128,9 @@ class Segment:
     while any run_native region of theirs runs."""
 
     def __init__(self, calls: list[tuple], nodes: list, workspace: np.ndarray | None, first: _Recorded | None,
-                 regime: tuple):
+                 regime: tuple, varying: list[tuple[int, ...]] | None = None):
         self.calls, self.nodes, self.workspace = calls, nodes, workspace
+        self.varying = varying or [()] * len(calls)  # per call, its inputs that are the caller's arrays
         self.programs: dict[tuple, _Recorded] = {} if first is None else {regime: first}
         self.misses: dict[tuple, int] = {}  # failed recordings per regime (RECORD_TRIES)
 
@@ -118,6 +143,9 @@ class Segment:
             if rec is not None:  # re-pointed by another binding since: recorded again on the next run
                 del self.programs[regime]
             self._python()
+            return
+        if rec.rebinds and not rec.rebind(self.calls):
+            self._python()  # a caller's array unlike the recorded one: the kernels' own checks and paths
             return
         pool = T.region_pool() if rec.regions else None
         if pool is not None and not pool.busy.acquire(blocking=False):
@@ -132,6 +160,8 @@ class Segment:
                 pool.busy.release()
         if failed is None:
             D.note_threads(T.get_threads())
+            for check in rec.after:
+                check()
             return
         D.forget_threads()  # it stopped part-way: OpenMP's count is whatever the last record set
         del self.programs[regime]  # never replayed again: the next run records anew, or runs the Python
@@ -144,7 +174,7 @@ class Segment:
         """This regime's program, kept when every call could say its records and nothing changed the regime
         meanwhile (another instance setting the thread count); a failure counts against RECORD_TRIES."""
         try:
-            rec = _record(self.calls, self.workspace)
+            rec = _record(self.calls, self.varying, self.workspace)
         except Exception:  # a kernel's `native` that fails must not fail the run: its Python still can
             log.exception("recording %r failed; its kernels run their own Python", self)
             rec = None
@@ -170,30 +200,40 @@ class Segment:
         return f"Segment({len(self.calls)} calls: {self.nodes[0].name} .. {self.nodes[-1].name})"
 
 
-def _native_of(fn, ins, outs, workspace) -> Native | None:
+def _native_of(fn, ins, outs, workspace, varying: tuple[int, ...] | None = ()) -> Native | None:
+    """The call's Native: `native` for a call whose arrays stay; `native_reading` for one that reads the caller's
+    inputs `varying` (a rebind for each, else None); None for one whose arrays are fresh each run."""
+    if varying is None:
+        return None
+    if varying:
+        reading = getattr(fn, "native_reading", None)
+        nat = None if reading is None else reading(ins, outs, workspace, varying)
+        return nat if nat is not None and sorted(j for j, _, _ in nat.rebinds) == list(varying) else None
     native = getattr(fn, "native", None)
     return None if native is None else native(ins, outs, workspace)
 
 
-def _record(calls: list[tuple], workspace) -> _Recorded | None:
-    natives = [_native_of(fn, ins, outs, workspace) for fn, ins, outs in calls]
-    return None if any(n is None for n in natives) else _Recorded(natives)  # type: ignore[arg-type]
+def _record(calls: list[tuple], varying: list[tuple[int, ...]], workspace) -> _Recorded | None:
+    natives = [_native_of(fn, ins, outs, workspace, v) for (fn, ins, outs), v in zip(calls, varying, strict=True)]
+    return None if any(n is None for n in natives) else _Recorded(natives, calls)  # type: ignore[arg-type]
 
 
-def fuse(calls: list[tuple], nodes: list, stable: list[bool], workspace: np.ndarray | None) -> list[tuple] | None:
+def fuse(calls: list[tuple], nodes: list, varying: list[tuple[int, ...] | None],
+         workspace: np.ndarray | None) -> list[tuple] | None:
     """The binding's call list with each run of MIN_CALLS or more recordable calls as one Segment, and, parallel to
     it, the index of each entry's first original call; None when nothing was fused. Called after a run of these
-    calls, so that every kernel's plan for these shapes exists and holds these arrays' pointers."""
+    calls, so that every kernel's plan for these shapes exists and holds these arrays' pointers (and the caller's
+    inputs are attached)."""
     regime = T.regime()
     out, index, run = [], [], []
 
     def flush() -> None:
         if len(run) >= MIN_CALLS:
             seg_calls = [calls[i] for i, _ in run]
-            recorded = _Recorded([nat for _, nat in run])
+            recorded = _Recorded([nat for _, nat in run], seg_calls)
             # the regime changed while recording (another instance's thread count): recorded again on its first run
             seg = Segment(seg_calls, [nodes[i] for i, _ in run], workspace,
-                          recorded if T.regime() == regime else None, regime)
+                          recorded if T.regime() == regime else None, regime, [varying[i] for i, _ in run])
             out.append((seg, [], []))
             index.append(run[0][0])
         else:
@@ -203,7 +243,7 @@ def fuse(calls: list[tuple], nodes: list, stable: list[bool], workspace: np.ndar
         run.clear()
 
     for i, (fn, ins, outs) in enumerate(calls):
-        nat = _native_of(fn, ins, outs, workspace) if stable[i] else None
+        nat = _native_of(fn, ins, outs, workspace, varying[i])
         if nat is None:
             flush()
             out.append(calls[i])

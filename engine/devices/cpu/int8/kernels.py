@@ -70,14 +70,17 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
 
     loops.quantize_team()  # compiled (or loaded) with the kernel, not on its first split
 
-    def _quantize_natively(x: np.ndarray, rows: np.ndarray, nan: np.ndarray) -> bool:
-        """The split as one native region on OpenMP's team (loops.quantize_team); False, nothing run, where the
-        team is busy."""
+    def job_for(x: np.ndarray, rows: np.ndarray, nan: np.ndarray) -> np.ndarray:
+        """loops.quantize_team's job over these arrays (see QN_*)."""
         job = region_job(loops.QN_LEN)
         job[loops.QN_N:loops.QN_X] = x.shape
         job[loops.QN_X], job[loops.QN_SCALE], job[loops.QN_OUT] = x.ctypes.data, scale.ctypes.data, rows.ctypes.data
         job[loops.QN_FLIP], job[loops.QN_NAN], job[loops.QN_THREE] = flip, nan.ctypes.data, loop is loops.quantize3
-        return run_native(loops.quantize_team().address, job)
+        return job
+
+    def spreads(x: np.ndarray, items: int) -> bool:
+        """Whether the split is one native region on OpenMP's team (else parallel_for's chunks)."""
+        return x.size >= NATIVE_QUANTIZE_ELEMENTS and items > 1 and get_threads() > 1 and native_regions()
 
     def run(inputs, outputs, workspace):
         x, out = inputs[0], _contiguous(node, outputs[0])
@@ -87,11 +90,34 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
         items = x.shape[0] * x.shape[2]
         nan = np.zeros(items, np.bool_)  # per run: instances may share this kernel across threads
         x = np.ascontiguousarray(x)
-        native = x.size >= NATIVE_QUANTIZE_ELEMENTS and items > 1 and get_threads() > 1 and native_regions()
-        if not (native and _quantize_natively(x, rows, nan)):
+        if not (spreads(x, items) and run_native(loops.quantize_team().address, job_for(x, rows, nan))):
             parallel_for(loop, items, x.size, x, scale, flip, rows, nan)
         if nan.any():
             refuse_nan(node, x)  # the exact check and its error
+
+    def native_reading(inputs, outputs, workspace, caller: tuple[int, ...] = ()) -> Native | None:
+        """The quantization as a record of native programs (the split `run` makes, over quantize_team): where its
+        input is the caller's array (`caller` = (0,)), its address is rebound before each replay; the NaN flags
+        (this recording's own, every item rewritten each run) are checked after the program."""
+        x, out = inputs[0], outputs[0]
+        if type(x) is not np.ndarray or x.dtype != F32 or not (x.flags.c_contiguous and out.flags.c_contiguous):
+            return None
+        rows = out.reshape(out.shape[0], out.shape[1], -1).view(np.int8)
+        items = x.shape[0] * x.shape[2]
+        nan = np.zeros(items, np.bool_)
+        job, fn = job_for(x, rows, nan), loops.quantize_team().address
+        record = T.region_record(fn, job.ctypes.data) if spreads(x, items) else team_record(fn, job, items, x.size)
+        if record is None:
+            return None
+
+        def check() -> None:
+            if nan.any():
+                refuse_nan(node, inputs[0])  # the array this run attached
+        rebinds = [(0, job, loops.QN_X)] if caller else []
+        return Native([record], [], [job, rows, nan, scale], rebinds, [check])
+
+    run.native_reading = native_reading  # type: ignore[attr-defined]
+    run.native = native_reading  # type: ignore[attr-defined]
     return run
 
 

@@ -19,7 +19,7 @@ from engine.devices.cpu import threads as T
 from engine.devices.cpu.fused_calls import Segment
 from engine.devices.cpu.layout import kernels as layout_kernels
 from engine.devices.cpu.onednn import objects as D
-from engine.errors import KernelError
+from engine.errors import InputValueError, KernelError
 from engine.runtime.instance import FUSE_AFTER_RUNS
 
 pytestmark = pytest.mark.skipif(not D.available(), reason="oneDNN is not installed (the fused calls are its)")
@@ -262,6 +262,51 @@ def test_int8_convs_adds_and_fixups_replay_bit_for_bit(name, tmp_path, load_fixt
         _same(fused.run(feeds), want)
     kinds = {n.op_type for s in _segments(fused) for n in s.nodes}
     assert "Int8ConvNhwc" in kinds, kinds  # (its adds are fused into the convs: the add's records are tested below)
+
+
+def test_the_quantization_of_the_callers_input_joins_the_program(tmp_path, load_fixture, monkeypatch):
+    """An int8 model's first op reads the caller's array (TnnQuantize of the image): its record joins the program,
+    the address of each run's array written into its job before the replay. Every kind of array a caller sends
+    (a new one each run, a strided one the runtime copies, a read-only one) gives the kernels' Python path's
+    outputs bit for bit, with no Python of the calls; a NaN is refused after the program with the quantization's
+    error and the next run is right; an array unlike the recorded one (another dtype) runs the calls' Python."""
+    from engine.quantize import quantize
+
+    fx = load_fixture("mobilenet_v2")
+    rng = np.random.default_rng(4)
+    shape = tuple(fx.meta["inputs"][0]["shape"])
+    result = quantize(fx.param, [{"in0": rng.standard_normal(shape).astype(np.float32)} for _ in range(2)],
+                      tmp_path / "q")
+    model = engine.load(result.proto)
+    name = model.graph.inputs[0].name
+    fused = model.instance("cpu")
+    monkeypatch.setenv("NNSERVE_NATIVE_CALLS", "0")
+    python = model.instance("cpu")
+    monkeypatch.delenv("NNSERVE_NATIVE_CALLS")
+    _warm(fused, {name: fx.inputs["in0"]})
+    bound = next(iter(fused._bound.values()))
+    seg = bound.fused[0][0][0]
+    assert isinstance(seg, Segment) and seg.nodes[0].op_type == "Int8QuantizeNhwc" and seg.varying[0] == (0,)
+    wide = rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(np.float32)
+    frozen = rng.standard_normal(shape).astype(np.float32)
+    frozen.flags.writeable = False
+    arrays = [rng.standard_normal(shape).astype(np.float32) * 3 for _ in range(2)] + [wide[..., ::2], frozen]
+    with monkeypatch.context() as m:
+        m.setattr(seg, "_python", lambda: pytest.fail("the program should have run"))
+        for x in arrays:
+            _same(fused.run({name: x}), python.run({name: x}))
+        bad = arrays[0].copy()
+        bad[0, 1, 5, 7] = np.nan
+        with pytest.raises(InputValueError, match=r"met a NaN, which int8 cannot represent"):
+            fused.run({name: bad})
+        _same(fused.run({name: arrays[1]}), python.run({name: arrays[1]}))
+    ins = seg.calls[0][1]
+    ins[0] = arrays[0].astype(np.float64)  # as no request can attach it (the input's dtype is checked before)
+    try:
+        with pytest.raises(KernelError, match="reads float32"):
+            seg([], [], None)
+    finally:
+        ins[0] = None
 
 
 @pytest.mark.parametrize("relu", [False, True])
