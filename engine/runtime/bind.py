@@ -99,8 +99,8 @@ class Bound:
         for target, index, _ in self.slots:
             caller.setdefault(id(target), set()).add(index)
         fresh = {id(target) for d in self.direct for _, slots in d.members for target, _ in slots}
-        return [None if id(ins) in fresh or id(outs) in fresh or id(outs) in caller
-                else tuple(sorted(caller.get(id(ins), ()))) for _, ins, outs in self.calls]
+        return [None if id(ins) in fresh or id(outs) in fresh else tuple(sorted(caller.get(id(ins), ())))
+                for _, ins, outs in self.calls]
 
     def attach(self, arrays: Sequence[np.ndarray]) -> None:
         """Puts the caller's arrays (parallel to the graph inputs, as `inputs.host_input` made them) and the

@@ -5,10 +5,11 @@ attribute returning a `Native` (or None when it cannot say, for these arrays or 
 `fuse` asks every call whose arrays stay the same run after run (arena views and the workspace: not the caller's
 inputs, nor outputs computed into fresh arrays) and puts each run of two or more consecutive answers into one
 Segment, a call like any other in the binding's list. A call that reads one of the caller's inputs (the model's
-first op: a quantization, a conv) joins too where its kernel has `native_reading(inputs, outputs, workspace,
-indices)`: its Native names the job word each such input's address goes into (`rebinds`), written before every
-replay from the array the run attached, and the checks to make on its outputs after the program (`after`: a
-quantization's NaN test). An input of another dtype, shape or layout than recorded runs the calls' Python.
+first op) joins too where its kernel has `native_reading(inputs, outputs, workspace, indices)` (an int8 model's
+input quantization; a float model's first conv stays Python): its Native names the job word each such input's
+address goes into (`rebinds`), written before every replay from the array the run attached, and the checks to
+make on its outputs after the program (`after`: a quantization's NaN test). An input of another dtype, shape or
+layout than recorded runs the calls' Python.
 
 A segment's program holds choices its kernels made from process-wide settings (OpenMP thread counts, whether a
 pass runs as a native region): it is kept per `threads.regime()` and recorded again for a new one. Its records
@@ -128,9 +129,11 @@ class Segment:
     while any run_native region of theirs runs."""
 
     def __init__(self, calls: list[tuple], nodes: list, workspace: np.ndarray | None, first: _Recorded | None,
-                 regime: tuple, varying: list[tuple[int, ...]] | None = None):
+                 regime: tuple, varying: list[tuple[int, ...]]):
         self.calls, self.nodes, self.workspace = calls, nodes, workspace
-        self.varying = varying or [()] * len(calls)  # per call, its inputs that are the caller's arrays
+        # per call, its inputs that are the caller's arrays (Bound.varying): every recording asks for their rebinds
+        # (without them a record would keep one run's array for good)
+        self.varying = varying
         self.programs: dict[tuple, _Recorded] = {} if first is None else {regime: first}
         self.misses: dict[tuple, int] = {}  # failed recordings per regime (RECORD_TRIES)
 

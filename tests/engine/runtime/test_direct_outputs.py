@@ -129,3 +129,30 @@ def test_small_outputs_are_copied_out(monkeypatch):
     assert direct_names(g, bound) == ["t"]
     np.testing.assert_array_equal(first["y"], 2 * xv)
     np.testing.assert_array_equal(second["t"], tile(-3 * xv))
+
+
+def test_varying_names_what_changes_from_run_to_run():
+    """Bound.varying, what Device.fuse_calls is told of each call: () for arena arrays only, the indices of the
+    inputs that are the caller's arrays (an alias view of one too, at any position), None for a call that writes a
+    direct output (fresh memory each run)."""
+    g = Graph()
+    x = x_in(g)
+    u = g.add_node("T_Tile4", [x], name="tile_x").outputs[0]                       # reads the caller's x
+    w = g.add_node("T_Tile4", [u], name="tile_u").outputs[0]                       # arena only
+    xs = g.add_node("T_SplitLast", [x], name="view_x", params={"parts": 2}).outputs[0]  # an alias view of x
+    v = g.add_node("T_SumLast", [xs], name="sum_view").outputs[0]                  # reads that view
+    ws = g.add_node("T_SplitLast", [w], name="view_w", params={"parts": 32}).outputs[0]
+    d = g.add_node("T_SumLast", [ws], name="sum_w").outputs[0]                     # arena only, (2, 32)
+    a = g.add_node("T_Add", [d, x], name="add").outputs[0]                         # x as its second input
+    y = g.add_node("T_SumLast", [a], name="sum").outputs[0]                        # writes a direct output
+    t = g.add_node("T_Tile4", [v], name="tile_v").outputs[0]
+    z = g.add_node("T_SumLast", [t], name="sum_v").outputs[0]
+    y.name, z.name = "y", "z"
+    g.outputs = [y, z]
+    inst = Model(g, "toy").instance()
+    inst.run({"x": np.ones((2, 32), np.float32)})
+    bound = next(iter(inst._bound.values()))
+    got = {node.name: vary for node, vary in zip(bound.call_nodes, bound.varying(), strict=True)}
+    assert direct_names(g, bound) == ["y", "z"]
+    assert got == {"tile_x": (0,), "tile_u": (), "sum_view": (0,), "sum_w": (), "add": (1,), "sum": None,
+                   "tile_v": (), "sum_v": None}

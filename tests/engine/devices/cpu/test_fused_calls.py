@@ -8,6 +8,7 @@ checked against torch by test_realworld_models.py) and torch's outputs saved wit
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -264,42 +265,72 @@ def test_int8_convs_adds_and_fixups_replay_bit_for_bit(name, tmp_path, load_fixt
     assert "Int8ConvNhwc" in kinds, kinds  # (its adds are fused into the convs: the add's records are tested below)
 
 
-def test_the_quantization_of_the_callers_input_joins_the_program(tmp_path, load_fixture, monkeypatch):
-    """An int8 model's first op reads the caller's array (TnnQuantize of the image): its record joins the program,
-    the address of each run's array written into its job before the replay. Every kind of array a caller sends
-    (a new one each run, a strided one the runtime copies, a read-only one) gives the kernels' Python path's
-    outputs bit for bit, with no Python of the calls; a NaN is refused after the program with the quantization's
-    error and the next run is right; an array unlike the recorded one (another dtype) runs the calls' Python."""
+@pytest.fixture(scope="module")
+def quantized_mobilenet(tmp_path_factory, load_fixture):
+    """mobilenet_v2's fixture written as a TNN int8 model by `nnserve quantize`, and its input."""
     from engine.quantize import quantize
 
     fx = load_fixture("mobilenet_v2")
     rng = np.random.default_rng(4)
     shape = tuple(fx.meta["inputs"][0]["shape"])
     result = quantize(fx.param, [{"in0": rng.standard_normal(shape).astype(np.float32)} for _ in range(2)],
-                      tmp_path / "q")
-    model = engine.load(result.proto)
+                      tmp_path_factory.mktemp("q") / "m")
+    return result.proto, fx.inputs["in0"]
+
+
+@pytest.mark.parametrize("threads", [None, 1], ids=["default-threads", "one-thread"])
+def test_the_quantization_of_the_callers_input_joins_the_program(threads, quantized_mobilenet, monkeypatch):
+    """An int8 model's first op reads the caller's array (TnnQuantize of the image): its record joins the program,
+    the address of each run's array written into its job before the replay. Every kind of array a caller sends
+    (a new one each run, a strided one the runtime copies, a read-only one) gives the kernels' Python path's
+    outputs bit for bit, with no Python of the calls, in the program fuse() recorded and in one recorded again
+    later (another regime, a re-pointed plan); a NaN is refused after the program with the quantization's error
+    and the next run is right; no caller's array is kept after its run; an array unlike the recorded one (another
+    dtype) runs the calls' Python."""
+    proto, x0 = quantized_mobilenet
+    model = engine.load(proto)
     name = model.graph.inputs[0].name
-    fused = model.instance("cpu")
+    fused = model.instance("cpu", threads=threads)
     monkeypatch.setenv("NNSERVE_NATIVE_CALLS", "0")
-    python = model.instance("cpu")
+    python = model.instance("cpu", threads=threads)
     monkeypatch.delenv("NNSERVE_NATIVE_CALLS")
-    _warm(fused, {name: fx.inputs["in0"]})
+    _warm(fused, {name: x0})
     bound = next(iter(fused._bound.values()))
     seg = bound.fused[0][0][0]
     assert isinstance(seg, Segment) and seg.nodes[0].op_type == "Int8QuantizeNhwc" and seg.varying[0] == (0,)
-    wide = rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(np.float32)
-    frozen = rng.standard_normal(shape).astype(np.float32)
-    frozen.flags.writeable = False
-    arrays = [rng.standard_normal(shape).astype(np.float32) * 3 for _ in range(2)] + [wide[..., ::2], frozen]
-    with monkeypatch.context() as m:
-        m.setattr(seg, "_python", lambda: pytest.fail("the program should have run"))
-        for x in arrays:
-            _same(fused.run({name: x}), python.run({name: x}))
-        bad = arrays[0].copy()
-        bad[0, 1, 5, 7] = np.nan
-        with pytest.raises(InputValueError, match=r"met a NaN, which int8 cannot represent"):
-            fused.run({name: bad})
-        _same(fused.run({name: arrays[1]}), python.run({name: arrays[1]}))
+    rng = np.random.default_rng(5)
+    shape = x0.shape
+    for recorded in ("by fuse", "again"):
+        if recorded == "again":
+            seg.programs.clear()  # as after a regime change or a plan re-pointed by another binding
+        wide = rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(np.float32)
+        frozen = rng.standard_normal(shape).astype(np.float32)
+        frozen.flags.writeable = False
+        arrays = [rng.standard_normal(shape).astype(np.float32) * 3 for _ in range(2)] + [wide[..., ::2], frozen]
+        with monkeypatch.context() as m:
+            m.setattr(seg, "_python", lambda: pytest.fail("the program should have run"))
+            for x in arrays:
+                _same(fused.run({name: x}), python.run({name: x}))
+            bad = arrays[0].copy()
+            bad[0, 1, 5, 7] = np.nan
+            with pytest.raises(InputValueError, match=r"met a NaN, which int8 cannot represent"):
+                fused.run({name: bad})
+            _same(fused.run({name: arrays[1]}), python.run({name: arrays[1]}))
+        assert seg.programs, recorded
+    pool = T.region_pool()
+    if any(rec.regions for rec in seg.programs.values()) and pool is not None:
+        assert pool.busy.acquire(blocking=False)  # another thread's region: the calls' Python runs instead
+        try:
+            with pytest.raises(InputValueError, match=r"met a NaN, which int8 cannot represent"):
+                fused.run({name: bad})
+            _same(fused.run({name: arrays[0]}), python.run({name: arrays[0]}))
+        finally:
+            pool.busy.release()
+    gone = rng.standard_normal(shape).astype(np.float32)
+    ref = weakref.ref(gone)
+    fused.run({name: gone})
+    del gone
+    assert ref() is None, "a caller's array outlived its run"
     ins = seg.calls[0][1]
     ins[0] = arrays[0].astype(np.float64)  # as no request can attach it (the input's dtype is checked before)
     try:
