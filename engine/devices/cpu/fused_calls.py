@@ -84,7 +84,8 @@ class _Recorded:
             checks += nat.checks
             keep += nat.keep
             ins = calls[k][1]
-            self.rebinds += [(k, j, words, word, ins[j].dtype, ins[j].shape) for j, words, word in nat.rebinds]
+            self.rebinds += [(k, j, words, word, ins[j].dtype, ins[j].shape, ins[j].strides)
+                             for j, words, word in nat.rebinds]
             self.after += nat.after
         records.append(D.threads_record(T.get_threads()))
         owners.append(len(natives) - 1)
@@ -105,12 +106,15 @@ class _Recorded:
 
     def rebind(self, calls: list[tuple]) -> bool:
         """Writes the addresses of this run's caller arrays into their jobs; False (nothing written that matters)
-        where one is not of the dtype, shape and C-contiguous layout the records were made for."""
-        for k, j, words, word, dtype, shape in self.rebinds:
+        where one is not of the very dtype object, the shape and the strides the records were made for (a dtype
+        that only compares equal, or a size-1 axis of other strides, runs the Python: a safe miss). Cheap tests
+        and the interface's dict, not a.ctypes (numpy's Python helper): these run on caches a model's kernels
+        have just left cold (UltraFace int8, batch 1: ~10 us a run with the flags object and a.ctypes)."""
+        for k, j, words, word, dtype, shape, strides in self.rebinds:
             a = calls[k][1][j]
-            if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
+            if a.__class__ is not np.ndarray or a.dtype is not dtype or a.shape != shape or a.strides != strides:
                 return False
-            words[word] = a.ctypes.data
+            words[word] = a.__array_interface__["data"][0]
         return True
 
     def use_stream(self, stream: int) -> None:

@@ -317,6 +317,16 @@ def test_the_quantization_of_the_callers_input_joins_the_program(threads, quanti
                 fused.run({name: bad})
             _same(fused.run({name: arrays[1]}), python.run({name: arrays[1]}))
         assert seg.programs, recorded
+    # a C-contiguous array whose size-1 batch axis has another stride than recorded: the calls' Python, a safe miss
+    odd = np.lib.stride_tricks.as_strided(arrays[0], shape, (8,) + arrays[0].strides[1:])
+    assert odd.flags.c_contiguous and odd.strides != arrays[0].strides
+    pythons: list = []
+    with monkeypatch.context() as m:
+        real = seg._python
+        m.setattr(seg, "_python", lambda: pythons.append(1) or real())
+        _same(fused.run({name: odd}), python.run({name: odd}))
+        _same(fused.run({name: arrays[2]}), python.run({name: arrays[2]}))
+    assert pythons == [1]
     pool = T.region_pool()
     if any(rec.regions for rec in seg.programs.values()) and pool is not None:
         assert pool.busy.acquire(blocking=False)  # another thread's region: the calls' Python runs instead
