@@ -6,10 +6,11 @@ attribute returning a `Native` (or None when it cannot say, for these arrays or 
 inputs, nor outputs computed into fresh arrays) and puts each run of two or more consecutive answers into one
 Segment, a call like any other in the binding's list. A call that reads one of the caller's inputs (the model's
 first op) joins too where its kernel has `native_reading(inputs, outputs, workspace, indices)` (an int8 model's
-input quantization; a float model's first conv stays Python): its Native names the job word each such input's
-address goes into (`rebinds`), written before every replay from the array the run attached, and the checks to
-make on its outputs after the program (`after`: a quantization's NaN test). An input of another dtype, shape or
-layout than recorded runs the calls' Python.
+input quantization, a reorder of it into blocks; a float model's first conv stays Python): its Native names where
+each such input's address goes (`rebinds`: a job's word, or a memory pointer in one of its records), written
+before every replay from the array the run attached, and the checks to make on its outputs after the program
+(`after`: a quantization's NaN test). An input of another dtype, shape or strides than recorded runs the calls'
+Python.
 
 A segment's program holds choices its kernels made from process-wide settings (OpenMP thread counts, whether a
 pass runs as a native region): it is kept per `threads.regime()` and recorded again for a new one. Its records
@@ -48,8 +49,10 @@ class Native:
     checks: list[tuple[object, object]] = field(default_factory=list)
     keep: list = field(default_factory=list)
     # (input index, int64 words, word): the address of the call's input `index` (one of the caller's arrays) goes
-    # into words[word] before each replay; `after`: what to check once the program has run (raises to fail the run)
-    rebinds: list[tuple[int, np.ndarray, int]] = field(default_factory=list)
+    # into words[word] before each replay: a job's word, or with words None, (record, argument column) of one of
+    # these records (a memory's pointer: set_records); `after`: what to check once the program has run (raises to
+    # fail the run)
+    rebinds: list[tuple[int, np.ndarray | None, int | tuple[int, int]]] = field(default_factory=list)
     after: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -65,6 +68,12 @@ def team_record(fn: int, job: np.ndarray, items: int, work: int) -> tuple[int, .
     return None
 
 
+def set_records(records: list[tuple[int, ...]], memory: D.Memory) -> list[tuple[int, int]]:
+    """(record, argument column) of each record among `records` that points `memory` (dnnl_memory_set_data_handle):
+    where a rebind writes the address of a caller's array (Native.rebinds with words None)."""
+    return [(r, 3) for r, rec in enumerate(records) if rec[0] == N.OP_SET and rec[2] == memory.h.value]
+
+
 def step_native(step: D.Step, ptrs: dict[int, int], keep: object) -> Native:
     """A kernel that runs one oneDNN step after sync_threads() and waits (D.run_src_dst's way) as records; `keep`
     holds the step alive (its plan)."""
@@ -76,20 +85,26 @@ class _Recorded:
 
     def __init__(self, natives: list[Native], calls: list[tuple]):
         records, owners, checks, keep = [], [], [], []
-        self.rebinds: list[tuple] = []  # (call, input index, words, word, dtype, shape) of the caller's arrays
+        rebinds = []  # (call, input index, words or the program's first row of the call's records, word)
         self.after: list[Callable[[], None]] = []
         for k, nat in enumerate(natives):
+            rebinds += [(k, j, len(records) if words is None else words, word) for j, words, word in nat.rebinds]
             records += nat.records
             owners += [k] * len(nat.records)
             checks += nat.checks
             keep += nat.keep
-            ins = calls[k][1]
-            self.rebinds += [(k, j, words, word, ins[j].dtype, ins[j].shape, ins[j].strides)
-                             for j, words, word in nat.rebinds]
             self.after += nat.after
         records.append(D.threads_record(T.get_threads()))
         owners.append(len(natives) - 1)
         self.program = Program(records, keep)
+        # (call, input index, words, word, dtype, shape, strides) of the caller's arrays, a record's argument as the
+        # program's (row, column)
+        self.rebinds: list[tuple] = []
+        for k, j, words, word in rebinds:
+            a = calls[k][1][j]
+            if isinstance(words, int):
+                words, word = self.program.words, (words + word[0], word[1])
+            self.rebinds.append((k, j, words, word, a.dtype, a.shape, a.strides))
         self.owners = owners
         self.checks = checks
         self.stream = D.stream().value
@@ -215,7 +230,7 @@ def _native_of(fn, ins, outs, workspace, varying: tuple[int, ...] | None = ()) -
     if varying:
         reading = getattr(fn, "native_reading", None)
         nat = None if reading is None else reading(ins, outs, workspace, varying)
-        return nat if nat is not None and sorted(j for j, _, _ in nat.rebinds) == list(varying) else None
+        return nat if nat is not None and {j for j, _, _ in nat.rebinds} == set(varying) else None
     native = getattr(fn, "native", None)
     return None if native is None else native(ins, outs, workspace)
 

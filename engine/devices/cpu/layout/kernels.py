@@ -15,7 +15,7 @@ import numpy as np
 from engine.devices.base import Kernel
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu import threads as T
-from engine.devices.cpu.fused_calls import Native, step_native
+from engine.devices.cpu.fused_calls import Native, set_records, step_native
 from engine.devices.cpu.kernel import Backends, CpuKernel, reference_fallback, remember
 from engine.devices.cpu.layout import loops as LL
 from engine.devices.cpu.layout.blocked_ops import (
@@ -112,19 +112,35 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
         step.run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
         D.wait()
 
-    def native(inputs, outputs, workspace):
+    def native(inputs, outputs, workspace, caller: bool = False):
         x, out = inputs[0], outputs[0]
         if not (x.flags.c_contiguous and out.flags.c_contiguous):
             return None
         step = steps.get(x.shape if to_blocked else out.shape)
         if isinstance(step, _PartialLastBlock) and x.dtype == out.dtype == np.float32:
-            return step.records(x, out)
+            return step.records(x, out, caller)
         if not isinstance(step, D.Step):
             return None
         ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
         return step_native(step, ptrs, step)
 
+    def native_reading(inputs, outputs, workspace, caller: tuple[int, ...]) -> Native | None:
+        """`native` for a ToBlocked of the caller's input (a graph whose first op it is): the records' pointer to
+        it rebound before each replay (the reorder's source memory, the last block's job word); the kernel's own
+        run points them anew each call, so the program's pointers never leak into it."""
+        nat = native(inputs, outputs, workspace, True) if to_blocked and caller == (0,) else None
+        if nat is None:
+            return None
+        step = steps.get(inputs[0].shape)
+        reorder = step.step if isinstance(step, _PartialLastBlock) else step
+        sets = [] if reorder is None else set_records(nat.records, reorder.mems[L.ARG_SRC])
+        if len(sets) != (reorder is not None):  # one image's reorder at most (several would need offsets)
+            return None
+        nat.rebinds = [(0, None, at) for at in sets] + nat.rebinds  # the lanes' job word (`records`) after them
+        return nat
+
     run.native = native  # type: ignore[attr-defined]
+    run.native_reading = native_reading  # type: ignore[attr-defined]
     return run
 
 
@@ -164,10 +180,11 @@ class _PartialLastBlock:
                 self.step.run(ptrs)
             D.wait()
 
-    def records(self, x: np.ndarray, out: np.ndarray) -> Native | None:
+    def records(self, x: np.ndarray, out: np.ndarray, caller: bool = False) -> Native | None:
         """`run` on these (contiguous float32) arrays as native_program records: the whole blocks' reorders and
         the last block's loop, as one region where `run` would split its images, else on this thread; None where
-        `run` would split them from Python (the team not running native regions)."""
+        `run` would split them from Python (the team not running native regions). `caller`: x (plain: ToBlocked)
+        is the caller's input, the loop's job word for it among the rebinds."""
         plain, blocked = self._sides(x, out)
         n, c, h, w = plain.shape
         recs: list = []
@@ -181,7 +198,9 @@ class _PartialLastBlock:
         fn = (LL.last_block_team() if self.to_blocked else LL.last_block_out_team()).address
         record = ((N.OP_CALL, fn, job.ctypes.data) if T.chunks_for(n, n * h * w * self.block) <= 1
                   else T.region_record(fn, job.ctypes.data) if T.get_threads() > 1 and native_regions() else None)
-        return None if record is None else Native(recs + [record], [], [self, job])
+        # where x is the caller's input, its address goes into the job's source word too (native_reading)
+        rebinds = [(0, job, LL.LB_SRC)] if caller else []
+        return None if record is None else Native(recs + [record], [], [self, job], rebinds)
 
 
 class _WholeBlocksToPlain(_PartialLastBlock):

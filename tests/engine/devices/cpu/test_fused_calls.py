@@ -350,6 +350,98 @@ def test_the_quantization_of_the_callers_input_joins_the_program(threads, quanti
         ins[0] = None
 
 
+@pytest.mark.parametrize("shape", [(1, 20, 9, 11), (1, 32, 9, 11), (2, 20, 9, 11), (2, 8, 9, 11), (1, 3, 4, 4)],
+                         ids=["partial-block", "whole-blocks", "batch-of-partial", "batch-under-a-block", "three"])
+def test_a_to_blocked_of_the_callers_input_replays_on_each_run_s_array(shape):
+    """ToBlocked reading the caller's input (a graph's first op): its records (oneDNN's reorder of the whole
+    blocks, the last block's lanes, or oneDNN's reorder alone) with the source pointers rebound before each replay
+    give the reference's blocked values, zero padding lanes included, for array after array; its records for an
+    arena input rebind nothing."""
+    from op_harness import build_kernel, infos_of, make_node, reference
+
+    from engine.devices.cpu.fused_calls import _Recorded
+    from engine.devices.cpu.onednn.blocked import native_block
+
+    block = native_block()
+    if not block:
+        pytest.skip("no blocked layout on this CPU")
+    node = make_node("ToBlocked", 1, params={"block": block, "channels": shape[1]})
+    rng = np.random.default_rng(11)
+    first = rng.standard_normal(shape).astype(np.float32)
+    kernel, workspace = build_kernel(node, infos_of([first]))
+    out = np.full(reference(node, [first])[0].shape, 5.0, np.float32)
+    kernel([first], [out], workspace)  # the Python path first, as the runtime runs it before merging
+    ins = [first]
+    nat = kernel.native_reading(ins, [out], workspace, (0,))  # maps this small: the lanes' loop on this thread
+    assert nat is not None and nat.rebinds and {j for j, _, _ in nat.rebinds} == {0}
+    assert kernel.native([first], [out], workspace).rebinds == []
+    rec = _Recorded([nat], [(kernel, ins, [out])])
+    for _ in range(3):
+        ins[0] = rng.standard_normal(shape).astype(np.float32)
+        out[...] = np.nan
+        assert rec.rebind([(kernel, ins, [out])])
+        assert replay_program(rec) is None
+        np.testing.assert_array_equal(out, reference(node, ins)[0])
+    assert kernel.native_reading(ins, [out], workspace, (1,)) is None  # only its first input is read
+
+
+def replay_program(rec) -> tuple[int, int] | None:
+    """A recording's program run as Segment runs it (holding OpenMP's region pool where it has regions)."""
+    pool = T.region_pool() if rec.regions else None
+    if pool is not None:
+        assert pool.busy.acquire(blocking=False)
+    try:
+        return rec.program.run()
+    finally:
+        if pool is not None:
+            pool.busy.release()
+
+
+@pytest.mark.parametrize("shape,groups", [((1, 20, 24, 24), 20), ((1, 32, 24, 24), 1), ((2, 20, 12, 12), 20)],
+                         ids=["depthwise-partial-block", "dense-whole-blocks", "batch-of-two"])
+def test_a_blocked_graph_s_first_reorder_joins_the_program(shape, groups, monkeypatch):
+    """ToBlocked -> ConvBlocked -> ToPlain (a conv between blocked layers, as bench/layers.py times it): the
+    reorder of the caller's input joins the program, which replays on every new array the caller sends as the
+    kernels' Python path computes it."""
+    from engine.devices.cpu.onednn.blocked import native_block
+    from engine.ir import Graph
+    from engine.runtime.model import Model
+
+    block = native_block()
+    if not block:
+        pytest.skip("no blocked layout on this CPU")
+    rng = np.random.default_rng(12)
+    n, c, h, w = shape
+    o = c if groups > 1 else 24
+    g = Graph()
+    x = g.value("x", shape, np.float32)
+    g.inputs = [x]
+    xb = g.add_node("ToBlocked", [x], params={"block": block, "channels": c}).outputs[0]
+    params = {"stride": (1, 1), "pads": (1, 1, 1, 1), "dilation": (1, 1), "groups": groups, "activation": "relu",
+              "src_blocked": True, "dst_blocked": True, "block": block}
+    attrs = {"weight": rng.standard_normal((o, c // groups, 3, 3)).astype(np.float32),
+             "bias": rng.standard_normal(o).astype(np.float32)}
+    yb = g.add_node("ConvBlocked", [xb], params=params, attrs=attrs).outputs[0]
+    y = g.add_node("ToPlain", [yb], params={"block": block, "channels": o}).outputs[0]
+    y.name = "y"
+    g.outputs = [y]
+    model = Model(g, "blocked")
+    fused = model.instance("cpu")
+    monkeypatch.setenv("NNSERVE_NATIVE_CALLS", "0")
+    python = model.instance("cpu")
+    monkeypatch.delenv("NNSERVE_NATIVE_CALLS")
+    _warm(fused, {"x": rng.standard_normal(shape).astype(np.float32)})
+    seg = next(iter(fused._bound.values())).fused[0][0][0]
+    if not isinstance(seg, Segment):
+        pytest.skip("the kernels record nothing here (native regions off)")
+    assert [nd.op_type for nd in seg.nodes] == ["ToBlocked", "ConvBlocked", "ToPlain"]
+    with monkeypatch.context() as m:
+        m.setattr(seg, "_python", lambda: pytest.fail("the program should have run"))
+        for _ in range(3):
+            xv = rng.standard_normal(shape).astype(np.float32)
+            _same(fused.run({"x": xv}), python.run({"x": xv}))
+
+
 @pytest.mark.parametrize("relu", [False, True])
 def test_an_int8_adds_records_compute_its_run(relu):
     """Int8AddNhwc's records (add_team on this thread) against its run, on the same arrays; a non-contiguous
