@@ -6,7 +6,7 @@ attribute returning a `Native` (or None when it cannot say, for these arrays or 
 inputs, nor outputs computed into fresh arrays) and puts each run of two or more consecutive answers into one
 Segment, a call like any other in the binding's list. A call that reads one of the caller's inputs (the model's
 first op) joins too where its kernel has `native_reading(inputs, outputs, workspace, indices)` (an int8 model's
-input quantization, a reorder of it into blocks; a float model's first conv stays Python): its Native names where
+input quantization, a reorder of it into blocks, a float model's first conv on oneDNN): its Native names where
 each such input's address goes (`rebinds`: a job's word, or a memory pointer in one of its records), written
 before every replay from the array the run attached, and the checks to make on its outputs after the program
 (`after`: a quantization's NaN test). An input of another dtype, shape or strides than recorded runs the calls'

@@ -276,7 +276,15 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
             return conv.records(geo, x, z, outputs[0], aligned_workspace(workspace, nbytes, private))
         return plan_native(spec, plans.get(x.shape), inputs, outputs, workspace)
 
+    def native_reading(inputs, outputs, workspace, caller):
+        """`native` for a conv of the caller's input (a model's first): its source rebound before each replay
+        (plan_native); a Winograd conv's region gets none."""
+        if wino_plan(inputs[0].shape) is not None:
+            return None
+        return plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, caller)
+
     run.native = native  # type: ignore[attr-defined]
+    run.native_reading = native_reading  # type: ignore[attr-defined]
     # the max shape and batch 1 (the usual smaller request) build their matmuls and filters now, not on a request
     for shape in {max_shape, (1, *max_shape[1:])}:
         plan = wino_plan(shape)

@@ -16,6 +16,7 @@ built with the kernel, smaller shapes get theirs on first use (cached).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable
 
@@ -24,7 +25,7 @@ import numpy as np
 from engine.devices.base import Kernel
 from engine.devices.cpu import native_program as N
 from engine.devices.cpu.epilogue import activation_records, apply_activation
-from engine.devices.cpu.fused_calls import Native
+from engine.devices.cpu.fused_calls import Native, set_records
 from engine.devices.cpu.kernel import ShapeCache, remember
 from engine.devices.cpu.onednn import binding as L
 from engine.devices.cpu.onednn import objects as D
@@ -147,6 +148,7 @@ class Plan:
         self.pad_bytes = D.aligned(pad.nbytes)
         self.private: np.ndarray | None = None  # only when the instance workspace is too small for this shape
         self._bound: tuple[int, int, int] | None = None  # (src, dst, scratchpad) pointers the memories hold
+        self._own_src: tuple | None = None  # (memory, arguments) of programs reading the caller's input (`records`)
 
     @property
     def nbytes(self) -> int:
@@ -198,11 +200,13 @@ class Plan:
             self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()
 
-    def records(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
-                workspace: np.ndarray | None) -> tuple[list, tuple] | None:
-        """What `run` on these arrays calls, as native_program records, and the pointers the conv's memories must
+    def records(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None,
+                caller: bool = False) -> tuple[list, tuple, list] | None:
+        """What `run` on these arrays calls, as native_program records, the pointers the conv's memories must
         hold for them (its last run's: the records do not re-point them, as `run` does not when they are
-        unchanged); None when its last run was not on these arrays or a residual copy is not a plain one."""
+        unchanged), and with `caller` (x is the caller's input, another array each run) the rebinds of x's
+        address (fused_calls.Native); None when its last run was not on these arrays or a residual copy is not a
+        plain one."""
         base = self.base(workspace)
         src = D.address(x)
         recs: list = []
@@ -222,13 +226,29 @@ class Plan:
         scratch = base + self.src_bytes + self.dst_bytes
         if (src, dst, scratch) != self._bound:
             return None
+        args, source = self.conv.args, self.src_in.mems[L.ARG_SRC] if self.src_in is not None else None
+        if caller and self.src_in is None:  # the conv reads x itself: through a memory of the program's own
+            source, args = self._caller_source()
+            recs.append((N.OP_SET, D.fn_address("dnnl_memory_set_data_handle"), source.h.value, src))
         recs.append(D.threads_record(threads_for(self.work)))
-        recs.append(D.execute_record(self.conv.prim, self.conv.args))
+        recs.append(D.execute_record(self.conv.prim, args))
         recs.append(D.threads_record(get_threads()))
         if self.dst_out is not None:
             recs += self.dst_out.records({L.ARG_SRC: dst, L.ARG_DST: D.address(out)}, get_threads())
         recs.append(D.wait_record())
-        return recs, (self, self._bound)
+        rebinds = [(0, None, at) for at in set_records(recs, source)] if caller else []
+        return recs, (self, self._bound), rebinds
+
+    def _caller_source(self) -> tuple[D.Memory, ctypes.Array]:
+        """A source memory and argument list of the programs whose input is the caller's array (pointed at each
+        run's array before the replay): the plan's own source memory keeps the pointer its Python run set, which
+        `run` trusts while `_bound` says so (it only executes then), so no program may re-point it."""
+        if self._own_src is None:
+            memory = D.Memory(self.conv.mems[L.ARG_SRC].md)
+            args = (L.ExecArg * len(self.conv.args))(*(L.ExecArg(a.arg, memory.h if a.arg == L.ARG_SRC else a.memory)
+                                                      for a in self.conv.args))
+            self._own_src = (memory, args)
+        return self._own_src
 
     @property
     def direct(self) -> bool:
@@ -251,19 +271,24 @@ class Plan:
         D.wait()
 
 
-def plan_native(spec: ConvSpec, plan: Plan | None, inputs: list, outputs: list, workspace) -> Native | None:
+def plan_native(spec: ConvSpec, plan: Plan | None, inputs: list, outputs: list, workspace,
+                caller: tuple[int, ...] = ()) -> Native | None:
     """A conv kernel's run on these arrays as native_program records (fused_calls.py): the plan's, then the late
-    activation's; None where the run would do anything else (no plan yet, a copy of a non-contiguous input)."""
+    activation's; None where the run would do anything else (no plan yet, a copy of a non-contiguous input).
+    `caller`: the inputs that are the caller's arrays (Bound.varying): (0,), the source, is rebound before each
+    replay (native_reading); a residual from the caller gets no records."""
     x, out = inputs[0], outputs[0]
     z = inputs[1] if spec.residual else None
     if plan is None or not x.flags.c_contiguous or (z is not None and not z.flags.c_contiguous):
         return None
-    got = plan.records(x, z, out, workspace)
+    if caller not in ((), (0,)):
+        return None
+    got = plan.records(x, z, out, workspace, caller == (0,))
     act = activation_records(*spec.act, out) if spec.late else ([], [])
     if got is None or act is None:
         return None
-    records, check = got
-    return Native(records + act[0], [check], [plan, *act[1]])
+    records, check, rebinds = got
+    return Native(records + act[0], [check], [plan, *act[1]], rebinds)
 
 
 class BoundRuns:
@@ -411,8 +436,12 @@ def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
     def native(inputs, outputs, workspace):
         return plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace)
 
+    def native_reading(inputs, outputs, workspace, caller):
+        return plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, caller)
+
     log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, max_shape, first.impl)
     run.native = native  # type: ignore[attr-defined]
+    run.native_reading = native_reading  # type: ignore[attr-defined]
     run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
     run.plans = plans  # type: ignore[attr-defined]
     return run

@@ -184,8 +184,10 @@ def test_a_plan_repointed_outside_the_program_is_noticed(load_fixture, monkeypat
     fused, python = _instances(fx, monkeypatch)
     want = python.run(fx.inputs)
     _warm(fused, fx.inputs)
-    seg = next(s for s in _segments(fused) if "Conv" in s.nodes[0].op_type)
-    fn, ins, outs = seg.calls[0]
+    seg = _segments(fused)[0]
+    k = next(i for i, (nd, v) in enumerate(zip(seg.nodes, seg.varying, strict=True))
+             if "Conv" in nd.op_type and v == ())
+    fn, ins, outs = seg.calls[k]  # a conv on arena arrays (the first reads the caller's, attached per run)
     fn([a.copy() for a in ins], [np.empty_like(o) for o in outs], fused.workspace)  # re-points its plan
     assert not next(iter(seg.programs.values())).valid()
     _same(fused.run(fx.inputs), want)
@@ -229,7 +231,7 @@ def test_a_fusion_or_recording_that_fails_leaves_the_kernels_python(load_fixture
     _warm(fresh, fx.inputs)
     seg = _segments(fresh)[0]
     seg.programs.clear()
-    fn = seg.calls[0][0]
+    fn = seg.calls[seg.varying.index(())][0]  # a call on arena arrays, recorded through `native`
     with monkeypatch.context() as m:
         m.setattr(fn, "native", broken)
         for _ in range(2):
@@ -440,6 +442,35 @@ def test_a_blocked_graph_s_first_reorder_joins_the_program(shape, groups, monkey
         for _ in range(3):
             xv = rng.standard_normal(shape).astype(np.float32)
             _same(fused.run({"x": xv}), python.run({"x": xv}))
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "regnety"])
+def test_a_float_model_s_first_conv_joins_the_program_on_a_source_of_its_own(name, load_fixture, monkeypatch):
+    """A float model's first conv reads the caller's array: its program points a source memory of its own at each
+    run's array, so the plan's memories keep what its Python run set. Runs on new arrays, the calls' Python in
+    between (an input the program does not take: strides unlike the recorded ones) on the array that run last
+    saw and on new ones, then the program again: each equals the kernels' Python path bit for bit."""
+    fx = load_fixture(name, "realworld")
+    fused, python = _instances(fx, monkeypatch)
+    (key, x0), = fx.inputs.items()
+    _warm(fused, fx.inputs)
+    seg = next(iter(fused._bound.values())).fused[0][0][0]
+    assert isinstance(seg, Segment) and seg.varying[0] == (0,), seg
+    rng = np.random.default_rng(13)
+
+    def fresh():
+        return (x0 + rng.standard_normal(x0.shape).astype(np.float32) * 0.1).astype(np.float32)
+
+    def odd(a):  # the same values, C-contiguous, another stride on the size-1 batch axis
+        assert a.shape[0] == 1
+        return np.lib.stride_tricks.as_strided(a, a.shape, (8,) + a.strides[1:])
+
+    for _ in range(2):
+        a = fresh()
+        _same(fused.run({key: a}), python.run({key: a}))
+    b = fresh()
+    for x in (odd(b), odd(b), odd(fresh()), fresh(), odd(b), fresh()):
+        _same(fused.run({key: x}), python.run({key: x}))
 
 
 @pytest.mark.parametrize("relu", [False, True])
