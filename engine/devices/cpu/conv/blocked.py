@@ -281,7 +281,10 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
         (plan_native); a Winograd conv's region gets none."""
         if wino_plan(inputs[0].shape) is not None:
             return None
-        return plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, caller)
+        nat = plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, caller)
+        if nat is not None:
+            bound.last = None  # its programs run instead of its Python: the caller's last array is not kept
+        return nat
 
     run.native = native  # type: ignore[attr-defined]
     run.native_reading = native_reading  # type: ignore[attr-defined]

@@ -148,6 +148,9 @@ class Plan:
         self.pad_bytes = D.aligned(pad.nbytes)
         self.private: np.ndarray | None = None  # only when the instance workspace is too small for this shape
         self._bound: tuple[int, int, int] | None = None  # (src, dst, scratchpad) pointers the memories hold
+        # (dst, scratchpad) of `_bound`, replaced only when those change: what a program reading the caller's
+        # input relies on (its source memory is its own: `records`), so a Python run on another array keeps it
+        self._targets: tuple[int, int] | None = None
         self._own_src: tuple | None = None  # (memory, arguments) of programs reading the caller's input (`records`)
 
     @property
@@ -191,11 +194,15 @@ class Plan:
                 ptrs[L.ARG_BIAS] = self.bias.ctypes.data
             D.sync_threads(self.work)  # never more threads than it was created for
             self._bound = None  # until every memory points where the tuple says (a failure part-way leaves none)
+            if self._targets != (dst, scratch):
+                self._targets = None
             try:
                 self.conv.run(ptrs)
             finally:
                 D.restore_threads()
             self._bound = (src, dst, scratch)
+            if self._targets is None:
+                self._targets = (dst, scratch)
         if self.dst_out is not None:
             self.dst_out.run({L.ARG_SRC: dst, L.ARG_DST: D.address(out)})
         D.wait()
@@ -224,10 +231,11 @@ class Plan:
             elif D.address(z) != D.address(out):
                 recs.append(N.copy_record(D.address(out), D.address(z), out.nbytes))
         scratch = base + self.src_bytes + self.dst_bytes
-        if (src, dst, scratch) != self._bound:
+        own = caller and self.src_in is None  # the conv reads the caller's x itself: a source memory of its own
+        if (dst, scratch) != self._targets if own else (src, dst, scratch) != self._bound:
             return None
         args, source = self.conv.args, self.src_in.mems[L.ARG_SRC] if self.src_in is not None else None
-        if caller and self.src_in is None:  # the conv reads x itself: through a memory of the program's own
+        if own:
             source, args = self._caller_source()
             recs.append((N.OP_SET, D.fn_address("dnnl_memory_set_data_handle"), source.h.value, src))
         recs.append(D.threads_record(threads_for(self.work)))
@@ -237,7 +245,7 @@ class Plan:
             recs += self.dst_out.records({L.ARG_SRC: dst, L.ARG_DST: D.address(out)}, get_threads())
         recs.append(D.wait_record())
         rebinds = [(0, None, at) for at in set_records(recs, source)] if caller else []
-        return recs, (self, self._bound), rebinds
+        return recs, (_Targets(self), self._targets) if own else (self, self._bound), rebinds
 
     def _caller_source(self) -> tuple[D.Memory, ctypes.Array]:
         """A source memory and argument list of the programs whose input is the caller's array (pointed at each
@@ -269,6 +277,21 @@ class Plan:
         """A direct plan's run on the arrays of its last run: the primitive alone, and the wait."""
         self._execute()
         D.wait()
+
+
+class _Targets:
+    """A plan's `_targets` seen as the `_bound` that fused_calls checks (`obj._bound is pointers`): a program whose
+    conv reads the caller's input through a source memory of its own holds while the plan's destination and
+    scratchpad stay where it recorded them, whichever array a Python run of the plan read meanwhile."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    @property
+    def _bound(self) -> tuple[int, int] | None:
+        return self.plan._targets
 
 
 def plan_native(spec: ConvSpec, plan: Plan | None, inputs: list, outputs: list, workspace,
@@ -437,7 +460,10 @@ def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
         return plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace)
 
     def native_reading(inputs, outputs, workspace, caller):
-        return plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, caller)
+        nat = plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, caller)
+        if nat is not None:
+            bound.last = None  # its programs run instead of its Python: the caller's last array is not kept
+        return nat
 
     log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, max_shape, first.impl)
     run.native = native  # type: ignore[attr-defined]

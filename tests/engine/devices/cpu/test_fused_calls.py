@@ -281,7 +281,8 @@ def quantized_mobilenet(tmp_path_factory, load_fixture):
 
 
 @pytest.mark.parametrize("threads", [None, 1], ids=["default-threads", "one-thread"])
-def test_the_quantization_of_the_callers_input_joins_the_program(threads, quantized_mobilenet, monkeypatch):
+def test_the_quantization_of_the_callers_input_joins_the_program(threads, quantized_mobilenet, monkeypatch,
+                                                                 request):
     """An int8 model's first op reads the caller's array (TnnQuantize of the image): its record joins the program,
     the address of each run's array written into its job before the replay. Every kind of array a caller sends
     (a new one each run, a strided one the runtime copies, a read-only one) gives the kernels' Python path's
@@ -290,6 +291,8 @@ def test_the_quantization_of_the_callers_input_joins_the_program(threads, quanti
     and the next run is right; no caller's array is kept after its run; an array unlike the recorded one (another
     dtype) runs the calls' Python."""
     proto, x0 = quantized_mobilenet
+    before = T.get_threads()  # an instance of its own count sets the process's; later tests' instances take it
+    request.addfinalizer(lambda: T.set_threads(before))
     model = engine.load(proto)
     name = model.graph.inputs[0].name
     fused = model.instance("cpu", threads=threads)
@@ -471,6 +474,23 @@ def test_a_float_model_s_first_conv_joins_the_program_on_a_source_of_its_own(nam
     b = fresh()
     for x in (odd(b), odd(b), odd(fresh()), fresh(), odd(b), fresh()):
         _same(fused.run({key: x}), python.run({key: x}))
+    # after the calls' Python ran on other arrays (above), a traced run, a program dropped (as on a change of
+    # regime): the program is recorded again and runs on array after array (kept alive: each at its own address)
+    fused.run({key: fresh()}, timings=True)
+    seg.programs.clear()
+    kept = []
+    with monkeypatch.context() as m:
+        for k in range(4):
+            if k == 1:  # recorded on the first run after the drop
+                m.setattr(seg, "_python", lambda: pytest.fail("the program should have run"))
+            kept.append(fresh())
+            _same(fused.run({key: kept[-1]}), python.run({key: kept[-1]}))
+    # no caller's array outlives its run (the first conv's Python shortcut forgets its array once recorded)
+    gone = fresh()
+    ref = weakref.ref(gone)
+    fused.run({key: gone})
+    del gone
+    assert ref() is None, "a caller's array outlived its run"
 
 
 @pytest.mark.parametrize("relu", [False, True])
