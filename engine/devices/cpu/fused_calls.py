@@ -120,11 +120,12 @@ class _Recorded:
         return True
 
     def rebind(self, calls: list[tuple]) -> bool:
-        """Writes the addresses of this run's caller arrays into their jobs; False (nothing written that matters)
-        where one is not of the very dtype object, the shape and the strides the records were made for (a dtype
-        that only compares equal, or a size-1 axis of other strides, runs the Python: a safe miss). Cheap tests
-        and the interface's dict, not a.ctypes (numpy's Python helper): these run on caches a model's kernels
-        have just left cold (UltraFace int8, batch 1: ~10 us a run with the flags object and a.ctypes)."""
+        """Writes the addresses of this run's caller arrays where the records read them (job words, record
+        arguments); False (nothing written that matters) where one is not of the very dtype object, the shape and
+        the strides the records were made for (a dtype that only compares equal, or a size-1 axis of other
+        strides, runs the Python: a safe miss). Cheap tests and the interface's dict, not a.ctypes (numpy's
+        Python helper): these run on caches a model's kernels have just left cold (UltraFace int8, batch 1: ~10
+        us a run with the flags object and a.ctypes)."""
         for k, j, words, word, dtype, shape, strides in self.rebinds:
             a = calls[k][1][j]
             if a.__class__ is not np.ndarray or a.dtype is not dtype or a.shape != shape or a.strides != strides:
@@ -222,7 +223,7 @@ class Segment:
         return f"Segment({len(self.calls)} calls: {self.nodes[0].name} .. {self.nodes[-1].name})"
 
 
-def _native_of(fn, ins, outs, workspace, varying: tuple[int, ...] | None = ()) -> Native | None:
+def _native_of(fn, ins, outs, workspace, varying: tuple[int, ...] | None) -> Native | None:
     """The call's Native: `native` for a call whose arrays stay; `native_reading` for one that reads the caller's
     inputs `varying` (a rebind for each, else None); None for one whose arrays are fresh each run."""
     if varying is None:
