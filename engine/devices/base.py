@@ -74,9 +74,10 @@ class Device(ABC):
         """(used, total) bytes of the whole device from its driver; None where there are no such figures."""
         return None
 
-    def fuse_calls(self, calls: list, nodes: list, varying: list[tuple[int, ...] | None], workspace) -> list | None:
+    def fuse_calls(self, calls: list, nodes: list, varying: list[tuple[tuple[int, ...], tuple[int, ...]]],
+                   workspace) -> list | None:
         """After a binding's first run: its call list with runs of calls merged into single calls the device
         runs without Python between them, and parallel to it the index of each entry's first original call
         ([calls, indices]); None to keep the list. `varying[i]`: what of call i changes from run to run
-        (Bound.varying: () nothing, the indices of inputs that are the caller's arrays, None fresh outputs)."""
+        (Bound.varying: the indices of its inputs and of its outputs that are arrays new each run)."""
         return None

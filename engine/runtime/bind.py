@@ -14,7 +14,12 @@ into a fresh array the caller then owns: `attach_outputs` puts that array (and t
 producer's output list and the consumers' input lists for one run, `detach` puts the arena views back. This
 saves the copy out of the arena, which for a large output costs as much as the op that makes it (a 512 x 3199
 conv1d output: 0.5 ms of either). Below DIRECT_MIN_BYTES the copy is cheaper than what a fresh array costs the
-kernels that remember their buffers' addresses (a oneDNN primitive re-binds its memories, ~5 us a run).
+kernels that remember their buffers' addresses (a oneDNN primitive re-binds its memories, ~5 us a run), unless the
+kernel writes it inside a native program (its kernel's `writes_fresh(view)`: the address is one word written before the
+replay, devices/cpu/fused_calls.py): from NATIVE_DIRECT_MIN_BYTES then. The copy of a few hundred KB out of the
+arena costs more than its size says: the output was just written by two cores, half of it in the other one's cache
+(one-layer graphs, 2 vCPUs, a tight loop, us a run with and without the copy: a 3x3 depthwise conv over 672 x 7 x 7,
+131 KB, between blocked layers 42 / 28; 20 x 56 x 56 76 / 66).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from engine.ops.registry import TensorInfo
 from engine.runtime.compile import Compiled
 
 DIRECT_MIN_BYTES = 1 << 18  # smaller graph outputs are copied out of the arena (see above)
+NATIVE_DIRECT_MIN_BYTES = 1 << 14  # ... from this size where the producing kernel writes them natively
 
 
 @dataclass(frozen=True)
@@ -91,15 +97,18 @@ class Bound:
     fused: list | bool | None = None
     runs: int = 0  # untraced runs of its own calls, until they are merged (instance.FUSE_AFTER_RUNS)
 
-    def varying(self) -> list[tuple[int, ...] | None]:
-        """Per call, what changes from run to run: () nothing (arena views and host values only); else the indices
-        of its inputs that are the caller's arrays (or alias views of them), its other arrays the same every run;
-        None where an output or an input is an array computed into fresh memory each run (a direct output)."""
-        caller: dict[int, set[int]] = {}
+    def varying(self) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Per call, what changes from run to run: (the indices of its inputs, those of its outputs) that are arrays
+        new each run: the caller's (or alias views of them), or fresh ones a direct output is computed into; ((),
+        ()) where every array is the same each run (arena views and host values only)."""
+        new: dict[int, set[int]] = {}
         for target, index, _ in self.slots:
-            caller.setdefault(id(target), set()).add(index)
-        fresh = {id(target) for d in self.direct for _, slots in d.members for target, _ in slots}
-        return [None if id(ins) in fresh or id(outs) in fresh else tuple(sorted(caller.get(id(ins), ())))
+            new.setdefault(id(target), set()).add(index)
+        for d in self.direct:
+            for _, slots in d.members:
+                for target, index in slots:
+                    new.setdefault(id(target), set()).add(index)
+        return [(tuple(sorted(new.get(id(ins), ()))), tuple(sorted(new.get(id(outs), ()))))
                 for _, ins, outs in self.calls]
 
     def attach(self, arrays: Sequence[np.ndarray]) -> None:
@@ -169,18 +178,31 @@ def _direct_outputs(graph: Graph, compiled: Compiled, views: dict, calls) -> lis
     kernel_written = {v for c in compiled.nodes if not c.alias for v in c.node.outputs}
     direct = []
     for j, v in enumerate(graph.outputs):
-        if v not in storage or v not in views or views[v].nbytes < DIRECT_MIN_BYTES:
+        if v not in storage or v not in views or views[v].nbytes < NATIVE_DIRECT_MIN_BYTES:
             continue
         group = groups[storage[v]]
         written = [m for m in group if m not in alias_outputs]
         if (len(written) != 1 or written[0] not in kernel_written
                 or sum(graph.outputs.count(m) for m in group) != 1):
             continue
+        if views[v].nbytes < DIRECT_MIN_BYTES and not _writes_fresh(calls, views[written[0]]):
+            continue
         ordered = written + [m for m in group if m in alias_outputs]
         members = [(views[m], [(lst, i) for _, ins, outs in calls for lst in (ins, outs)
                                for i, a in enumerate(lst) if a is views[m]]) for m in ordered]
         direct.append(DirectOutput(j, members, ordered.index(v)))
     return direct
+
+
+def _writes_fresh(calls, view: np.ndarray) -> bool:
+    """Whether the kernel that writes `view` writes a fresh array like it as cheaply as the arena's inside a native
+    program (its `writes_fresh(view)`), so that an output from NATIVE_DIRECT_MIN_BYTES on is worth computing into
+    one."""
+    for fn, _, outs in calls:
+        if any(a is view for a in outs):
+            writes = getattr(fn, "writes_fresh", None)
+            return writes is not None and bool(writes(view))
+    return False
 
 
 def _view(v: Value, compiled: Compiled, arena: Arena, infos) -> np.ndarray:

@@ -8,7 +8,7 @@ from collections import ChainMap
 
 from engine.devices.base import Device, Kernel
 from engine.devices.cpu.epilogue import prepare as prepare_passes
-from engine.devices.cpu.fused_calls import fuse
+from engine.devices.cpu.fused_calls import Varying, fuse
 from engine.devices.cpu.int8 import ops as int8_ops
 from engine.devices.cpu.int8.rewrite import decide as int8_layout
 from engine.devices.cpu.kernel import Backends, reference_kernel
@@ -71,7 +71,7 @@ class CpuDevice(Device):
     def allocate(self, nbytes: int) -> Arena:
         return Arena(nbytes)
 
-    def fuse_calls(self, calls: list, nodes: list, varying: list[tuple[int, ...] | None], workspace) -> list | None:
+    def fuse_calls(self, calls: list, nodes: list, varying: list[Varying], workspace) -> list | None:
         """Runs of oneDNN calls as one native program each (fused_calls.py), unless NNSERVE_NATIVE_CALLS=0."""
         if not (self.backends.onednn and self.options.native_calls):
             return None

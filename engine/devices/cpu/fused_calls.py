@@ -2,15 +2,18 @@
 
 A kernel that can say which C calls a run of it on given arrays makes has a `native(inputs, outputs, workspace)`
 attribute returning a `Native` (or None when it cannot say, for these arrays or now). After a binding's first run,
-`fuse` asks every call whose arrays stay the same run after run (arena views and the workspace: not the caller's
-inputs, nor outputs computed into fresh arrays) and puts each run of two or more consecutive answers into one
-Segment, a call like any other in the binding's list. A call that reads one of the caller's inputs (the model's
-first op) joins too where its kernel has `native_reading(inputs, outputs, workspace, indices)` (an int8 model's
-input quantization, a reorder of it into blocks, a float model's first conv on oneDNN): its Native names where
-each such input's address goes (`rebinds`: a job's word, or a memory pointer in one of its records), written
-before every replay from the array the run attached, and the checks to make on its outputs after the program
-(`after`: a quantization's NaN test). An input of another dtype, shape or strides than recorded runs the calls'
-Python.
+`fuse` asks every call whose arrays stay the same run after run (arena views and the workspace) and puts each run of
+MIN_CALLS or more consecutive answers into one Segment, a call like any other in the binding's list. A call with
+arrays that are new each run (Bound.varying: the caller's inputs, which the model's first op reads; a direct output,
+computed into a fresh array the caller then owns, which its last op writes) joins too where its kernel has
+`native_rebound(inputs, outputs, workspace, reads, writes)` (an int8 model's input quantization, a reorder of the
+input into blocks or of the output out of them, a float model's first conv on oneDNN, an int8 detector's joined
+dequantized heads): its Native names where each such array's address goes (`rebinds` for inputs, `out_rebinds` for
+outputs: a job's word, or a memory pointer in one of its records), written before every replay from the array the
+run attached, and the checks to make on its outputs after the program (`after`: a quantization's NaN test). An
+array of another dtype, shape or strides than recorded runs the calls' Python. Before a program is kept, every
+place in its records and jobs that holds an address inside one of those arrays must be one that is rebound: a
+record that kept one run's array would read a freed input, or write into an output the caller already owns.
 
 A segment's program holds choices its kernels made from process-wide settings (OpenMP thread counts, whether a
 pass runs as a native region): it is kept per `threads.regime()` and recorded again for a new one. Its records
@@ -38,6 +41,9 @@ MIN_CALLS = 2  # a single call gains too little over its own Python to be worth 
 # records now, e.g. its plan evicted from a shape cache, can again after its Python ran once)
 RECORD_TRIES = 3
 log = logging.getLogger("engine.devices.cpu")
+# What of a call is new each run (Bound.varying): the indices of its inputs and of its outputs that are (the
+# caller's inputs, fresh outputs); ((), ()) for a call on arena arrays and host values only
+Varying = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass
@@ -48,12 +54,13 @@ class Native:
     records: list[tuple[int, ...]]
     checks: list[tuple[object, object]] = field(default_factory=list)
     keep: list = field(default_factory=list)
-    # (input index, int64 words, word): the address of the call's input `index` (one of the caller's arrays) goes
-    # into words[word] before each replay: a job's word, or with words None, (record, argument column) of one of
-    # these records (a memory's pointer: set_records); `after`: what to check once the program has run (raises to
-    # fail the run)
+    # (input index, int64 words, word): the address of the call's input `index` (an array new each run: one of the
+    # caller's) goes into words[word] before each replay: a job's word, or with words None, (record, argument
+    # column) of one of these records (a memory's pointer: set_records); `after`: what to check once the program
+    # has run (raises to fail the run); `out_rebinds`: the same for outputs (a direct output's fresh array)
     rebinds: list[tuple[int, np.ndarray | None, int | tuple[int, int]]] = field(default_factory=list)
     after: list[Callable[[], None]] = field(default_factory=list)
+    out_rebinds: list[tuple[int, np.ndarray | None, int | tuple[int, int]]] = field(default_factory=list)
 
 
 def team_record(fn: int, job: np.ndarray, items: int, work: int) -> tuple[int, ...] | None:
@@ -85,10 +92,12 @@ class _Recorded:
 
     def __init__(self, natives: list[Native], calls: list[tuple]):
         records, owners, checks, keep = [], [], [], []
-        rebinds = []  # (call, input index, words or the program's first row of the call's records, word)
+        # (call, side: 1 inputs / 2 outputs, index, words or the program's first row of the call's records, word)
+        rebinds = []
         self.after: list[Callable[[], None]] = []
         for k, nat in enumerate(natives):
-            rebinds += [(k, j, len(records) if words is None else words, word) for j, words, word in nat.rebinds]
+            for side, entries in ((1, nat.rebinds), (2, nat.out_rebinds)):
+                rebinds += [(k, side, j, len(records) if words is None else words, word) for j, words, word in entries]
             records += nat.records
             owners += [k] * len(nat.records)
             checks += nat.checks
@@ -97,14 +106,15 @@ class _Recorded:
         records.append(D.threads_record(T.get_threads()))
         owners.append(len(natives) - 1)
         self.program = Program(records, keep)
-        # (call, input index, words, word, dtype, shape, strides) of the caller's arrays, a record's argument as the
-        # program's (row, column)
+        self.jobs = [x for x in keep if isinstance(x, np.ndarray) and x.dtype == np.int64 and x.ndim == 1]
+        # (call, side, index, words, word, dtype, shape, strides) of the arrays new each run, a record's argument as
+        # the program's (row, column)
         self.rebinds: list[tuple] = []
-        for k, j, words, word in rebinds:
-            a = calls[k][1][j]
+        for k, side, j, words, word in rebinds:
+            a = calls[k][side][j]
             if isinstance(words, int):
                 words, word = self.program.words, (words + word[0], word[1])
-            self.rebinds.append((k, j, words, word, a.dtype, a.shape, a.strides))
+            self.rebinds.append((k, side, j, words, word, a.dtype, a.shape, a.strides))
         self.owners = owners
         self.checks = checks
         self.stream = D.stream().value
@@ -113,6 +123,23 @@ class _Recorded:
         self.stream_wait = np.flatnonzero((words[:, 0] == 2) & (words[:, 2] == self.stream))
         self.regions = bool(np.any(words[:, 0] == 4))
 
+    def stray_addresses(self, calls: list[tuple]) -> list[str]:
+        """Where the records or the jobs they run (the int64 arrays the Natives keep) hold an address inside one of the
+        arrays that are new each run without that place being rebound: [] for a program that may be kept."""
+        rebound = {(id(words), word if isinstance(word, int) else tuple(word)) for _, _, _, words, word, *_ in
+                   self.rebinds}
+        stray = []
+        for k, side, j, *_ in self.rebinds:
+            a = calls[k][side][j]
+            lo = a.__array_interface__["data"][0]
+            hi = lo + max(a.nbytes, 1)
+            for words in [self.program.words, *self.jobs]:
+                for at in zip(*np.nonzero((words >= lo) & (words < hi)), strict=True):
+                    place = (id(words), int(at[0]) if words.ndim == 1 else (int(at[0]), int(at[1])))
+                    if place not in rebound:
+                        stray.append(f"{'input' if side == 1 else 'output'} {j} of call {k} at {place[1]}")
+        return stray
+
     def valid(self) -> bool:
         for obj, pointers in self.checks:
             if obj._bound is not pointers:  # type: ignore[attr-defined]
@@ -120,14 +147,14 @@ class _Recorded:
         return True
 
     def rebind(self, calls: list[tuple]) -> bool:
-        """Writes the addresses of this run's caller arrays where the records read them (job words, record
-        arguments); False (nothing written that matters) where one is not of the very dtype object, the shape and
-        the strides the records were made for (a dtype that only compares equal, or a size-1 axis of other
-        strides, runs the Python: a safe miss). Cheap tests and the interface's dict, not a.ctypes (numpy's
-        Python helper): these run on caches a model's kernels have just left cold (UltraFace int8, batch 1: ~10
-        us a run with the flags object and a.ctypes)."""
-        for k, j, words, word, dtype, shape, strides in self.rebinds:
-            a = calls[k][1][j]
+        """Writes the addresses of this run's new arrays (the caller's inputs, fresh outputs) where the records use
+        them (job words, record arguments); False (nothing written that matters: no program runs then) where one
+        is not of the very dtype object, the shape and the strides the records were made for (a dtype that only
+        compares equal, or a size-1 axis of other strides, runs the Python: a safe miss). Cheap tests and the
+        interface's dict, not a.ctypes (numpy's Python helper): these run on caches a model's kernels have just
+        left cold (UltraFace int8, batch 1: ~10 us a run with the flags object and a.ctypes)."""
+        for k, side, j, words, word, dtype, shape, strides in self.rebinds:
+            a = calls[k][side][j]
             if a.__class__ is not np.ndarray or a.dtype is not dtype or a.shape != shape or a.strides != strides:
                 return False
             words[word] = a.__array_interface__["data"][0]
@@ -149,10 +176,10 @@ class Segment:
     while any run_native region of theirs runs."""
 
     def __init__(self, calls: list[tuple], nodes: list, workspace: np.ndarray | None, first: _Recorded | None,
-                 regime: tuple, varying: list[tuple[int, ...]]):
+                 regime: tuple, varying: list[Varying]):
         self.calls, self.nodes, self.workspace = calls, nodes, workspace
-        # per call, its inputs that are the caller's arrays (Bound.varying): every recording asks for their rebinds
-        # (without them a record would keep one run's array for good)
+        # per call, its inputs and outputs that are new each run (Bound.varying): every recording asks for their
+        # rebinds (without them a record would keep one run's array for good)
         self.varying = varying
         self.programs: dict[tuple, _Recorded] = {} if first is None else {regime: first}
         self.misses: dict[tuple, int] = {}  # failed recordings per regime (RECORD_TRIES)
@@ -201,7 +228,7 @@ class Segment:
         except Exception:  # a kernel's `native` that fails must not fail the run: its Python still can
             log.exception("recording %r failed; its kernels run their own Python", self)
             rec = None
-        if rec is None or T.regime() != regime:
+        if rec is None or T.regime() != regime or not _kept(rec, self.calls, self.nodes):
             self.misses[regime] = self.misses.get(regime, 0) + 1
             return None
         self.programs[regime] = rec
@@ -223,37 +250,48 @@ class Segment:
         return f"Segment({len(self.calls)} calls: {self.nodes[0].name} .. {self.nodes[-1].name})"
 
 
-def _native_of(fn, ins, outs, workspace, varying: tuple[int, ...] | None) -> Native | None:
-    """The call's Native: `native` for a call whose arrays stay; `native_reading` for one that reads the caller's
-    inputs `varying` (a rebind for each, else None); None for one whose arrays are fresh each run."""
-    if varying is None:
-        return None
-    if varying:
-        reading = getattr(fn, "native_reading", None)
-        nat = None if reading is None else reading(ins, outs, workspace, varying)
-        return nat if nat is not None and {j for j, _, _ in nat.rebinds} == set(varying) else None
+def _native_of(fn, ins, outs, workspace, varying: Varying) -> Native | None:
+    """The call's Native: `native` for a call whose arrays stay; `native_rebound` for one with inputs `reads` or
+    outputs `writes` new each run (a rebind for each, else None)."""
+    reads, writes = varying
+    if reads or writes:
+        rebound = getattr(fn, "native_rebound", None)
+        nat = None if rebound is None else rebound(ins, outs, workspace, reads, writes)
+        if nat is None or ({j for j, _, _ in nat.rebinds}, {j for j, _, _ in nat.out_rebinds}) != (set(reads),
+                                                                                                  set(writes)):
+            return None
+        return nat
     native = getattr(fn, "native", None)
     return None if native is None else native(ins, outs, workspace)
 
 
-def _record(calls: list[tuple], varying: list[tuple[int, ...]], workspace) -> _Recorded | None:
+def _record(calls: list[tuple], varying: list[Varying], workspace) -> _Recorded | None:
     natives = [_native_of(fn, ins, outs, workspace, v) for (fn, ins, outs), v in zip(calls, varying, strict=True)]
     return None if any(n is None for n in natives) else _Recorded(natives, calls)  # type: ignore[arg-type]
 
 
-def fuse(calls: list[tuple], nodes: list, varying: list[tuple[int, ...] | None],
-         workspace: np.ndarray | None) -> list[tuple] | None:
+def _kept(rec: _Recorded, calls: list[tuple], nodes: list) -> bool:
+    """Whether a recording may be replayed: no address of an array new each run left where no rebind rewrites it
+    (a kernel's defect, said in the log: its calls keep their Python)."""
+    stray = rec.stray_addresses(calls)
+    if stray:
+        log.error("%s .. %s: a native program would keep one run's array (%s); these calls run their Python",
+                  nodes[0].where(), nodes[-1].name, "; ".join(stray[:4]))
+    return not stray
+
+
+def fuse(calls: list[tuple], nodes: list, varying: list[Varying], workspace: np.ndarray | None) -> list[tuple] | None:
     """The binding's call list with each run of MIN_CALLS or more recordable calls as one Segment, and, parallel to
     it, the index of each entry's first original call; None when nothing was fused. Called after a run of these
     calls, so that every kernel's plan for these shapes exists and holds these arrays' pointers (and the caller's
-    inputs are attached)."""
+    inputs and the fresh outputs are attached)."""
     regime = T.regime()
     out, index, run = [], [], []
 
     def flush() -> None:
-        if len(run) >= MIN_CALLS:
-            seg_calls = [calls[i] for i, _ in run]
-            recorded = _Recorded([nat for _, nat in run], seg_calls)
+        seg_calls = [calls[i] for i, _ in run]
+        recorded = _Recorded([nat for _, nat in run], seg_calls) if len(run) >= MIN_CALLS else None
+        if recorded is not None and _kept(recorded, seg_calls, [nodes[i] for i, _ in run]):
             # the regime changed while recording (another instance's thread count): recorded again on its first run
             seg = Segment(seg_calls, [nodes[i] for i, _ in run], workspace,
                           recorded if T.regime() == regime else None, regime, [varying[i] for i, _ in run])

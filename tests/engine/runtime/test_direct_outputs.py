@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from toy_ops import _add_kernel
 
+from engine.devices.cpu.kernels import register_kernel
 from engine.ir import Graph
 from engine.runtime import bind
 from engine.runtime.model import Model
@@ -17,6 +19,7 @@ pytestmark = pytest.mark.usefixtures("toys")
 def any_size(monkeypatch):
     """The toy graphs' outputs are small: every size takes the direct path here (but in the last test)."""
     monkeypatch.setattr(bind, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setattr(bind, "NATIVE_DIRECT_MIN_BYTES", 0)
 
 
 def x_in(g: Graph, k: int = 32):
@@ -117,7 +120,8 @@ def test_outputs_sharing_storage_are_copied_out():
 
 def test_small_outputs_are_copied_out(monkeypatch):
     """Below DIRECT_MIN_BYTES an output is copied (cheaper than a fresh array for kernels that remember their
-    buffers' addresses)."""
+    buffers' addresses), unless its kernel writes fresh arrays natively (`writes_fresh`): then from
+    NATIVE_DIRECT_MIN_BYTES on."""
     g = Graph()
     x = x_in(g)
     t = g.add_node("T_Tile4", [x], name="tile").outputs[0]  # 2 x 128 floats: 1 KiB
@@ -125,16 +129,31 @@ def test_small_outputs_are_copied_out(monkeypatch):
     t.name, y.name = "t", "y"
     g.outputs = [t, y]
     monkeypatch.setattr(bind, "DIRECT_MIN_BYTES", 1024)
+    monkeypatch.setattr(bind, "NATIVE_DIRECT_MIN_BYTES", 256)
     xv, first, second, bound = run_twice(g, ["t", "y"])
     assert direct_names(g, bound) == ["t"]
     np.testing.assert_array_equal(first["y"], 2 * xv)
     np.testing.assert_array_equal(second["t"], tile(-3 * xv))
+    seen = []
+
+    def fresh_add(backends, node, ins):  # T_Add's kernel, saying it writes fresh arrays natively
+        run = _add_kernel(backends, node, ins)
+        run.writes_fresh = lambda view: seen.append(view.shape) or True
+        return run
+
+    register_kernel("T_Add", fresh_add, replace=True)  # the toys fixture removes it after the test
+    xv, first, second, bound = run_twice(g, ["t", "y"])
+    assert direct_names(g, bound) == ["t", "y"] and seen == [(2, 32)]
+    np.testing.assert_array_equal(first["y"], 2 * xv)
+    np.testing.assert_array_equal(second["y"], -6 * xv)
+    monkeypatch.setattr(bind, "NATIVE_DIRECT_MIN_BYTES", 512)  # 256 bytes: copied whatever the kernel says
+    assert direct_names(g, run_twice(g, ["t", "y"])[3]) == ["t"]
 
 
 def test_varying_names_what_changes_from_run_to_run():
-    """Bound.varying, what Device.fuse_calls is told of each call: () for arena arrays only, the indices of the
-    inputs that are the caller's arrays (an alias view of one too, at any position), None for a call that writes a
-    direct output (fresh memory each run)."""
+    """Bound.varying, what Device.fuse_calls is told of each call: (inputs, outputs) new each run: ((), ()) for
+    arena arrays only, the indices of the inputs that are the caller's arrays (an alias view of one too, at any
+    position), those of the outputs that are direct ones (fresh memory each run)."""
     g = Graph()
     x = x_in(g)
     u = g.add_node("T_Tile4", [x], name="tile_x").outputs[0]                       # reads the caller's x
@@ -154,5 +173,5 @@ def test_varying_names_what_changes_from_run_to_run():
     bound = next(iter(inst._bound.values()))
     got = {node.name: vary for node, vary in zip(bound.call_nodes, bound.varying(), strict=True)}
     assert direct_names(g, bound) == ["y", "z"]
-    assert got == {"tile_x": (0,), "tile_u": (), "sum_view": (0,), "sum_w": (), "add": (1,), "sum": None,
-                   "tile_v": (), "sum_v": None}
+    assert got == {"tile_x": ((0,), ()), "tile_u": ((), ()), "sum_view": ((0,), ()), "sum_w": ((), ()),
+                   "add": ((1,), ()), "sum": ((), (0,)), "tile_v": ((), ()), "sum_v": ((), (0,))}

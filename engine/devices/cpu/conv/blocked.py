@@ -276,18 +276,18 @@ def build(backends: Backends, node: Node, ins: list[TensorInfo]) -> Kernel:
             return conv.records(geo, x, z, outputs[0], aligned_workspace(workspace, nbytes, private))
         return plan_native(spec, plans.get(x.shape), inputs, outputs, workspace)
 
-    def native_reading(inputs, outputs, workspace, caller):
-        """`native` for a conv of the caller's input (a model's first): its source rebound before each replay
-        (plan_native); a Winograd conv's region gets none."""
+    def native_rebound(inputs, outputs, workspace, reads, writes):
+        """`native` for a conv of the caller's input (a model's first) or into a fresh output: that array's
+        address rebound before each replay (plan_native); a Winograd conv's region gets none."""
         if wino_plan(inputs[0].shape) is not None:
             return None
-        nat = plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, caller)
+        nat = plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, reads, writes)
         if nat is not None:
             bound.last = None  # its programs run instead of its Python: the caller's last array is not kept
         return nat
 
     run.native = native  # type: ignore[attr-defined]
-    run.native_reading = native_reading  # type: ignore[attr-defined]
+    run.native_rebound = native_rebound  # type: ignore[attr-defined]
     # the max shape and batch 1 (the usual smaller request) build their matmuls and filters now, not on a request
     for shape in {max_shape, (1, *max_shape[1:])}:
         plan = wino_plan(shape)

@@ -208,12 +208,15 @@ class Plan:
         D.wait()
 
     def records(self, x: np.ndarray, z: np.ndarray | None, out: np.ndarray, workspace: np.ndarray | None,
-                caller: bool = False) -> tuple[list, tuple, list] | None:
+                caller: bool = False, fresh: bool = False) -> tuple[list, tuple, list, list] | None:
         """What `run` on these arrays calls, as native_program records, the pointers the conv's memories must
         hold for them (its last run's: the records do not re-point them, as `run` does not when they are
-        unchanged), and with `caller` (x is the caller's input, another array each run) the rebinds of x's
-        address (fused_calls.Native); None when its last run was not on these arrays or a residual copy is not a
-        plain one."""
+        unchanged), with `caller` (x is the caller's input, another array each run) the rebinds of x's address
+        and with `fresh` (out is a fresh array each run) those of out's (fused_calls.Native); None when its last
+        run was not on these arrays, a residual copy is not a plain one, or out is fresh where no reorder writes
+        it (the primitive's own destination memory, which `run` trusts while `_bound` says so)."""
+        if fresh and (self.dst_out is None or z is not None):
+            return None
         base = self.base(workspace)
         src = D.address(x)
         recs: list = []
@@ -245,7 +248,8 @@ class Plan:
             recs += self.dst_out.records({L.ARG_SRC: dst, L.ARG_DST: D.address(out)}, get_threads())
         recs.append(D.wait_record())
         rebinds = [(0, None, at) for at in set_records(recs, source)] if caller else []
-        return recs, (_Targets(self), self._targets) if own else (self, self._bound), rebinds
+        out_rebinds = [(0, None, at) for at in set_records(recs, self.dst_out.mems[L.ARG_DST])] if fresh else []
+        return recs, (_Targets(self), self._targets) if own else (self, self._bound), rebinds, out_rebinds
 
     def _caller_source(self) -> tuple[D.Memory, ctypes.Array]:
         """A source memory and argument list of the programs whose input is the caller's array (pointed at each
@@ -295,23 +299,24 @@ class _Targets:
 
 
 def plan_native(spec: ConvSpec, plan: Plan | None, inputs: list, outputs: list, workspace,
-                caller: tuple[int, ...] = ()) -> Native | None:
+                reads: tuple[int, ...] = (), writes: tuple[int, ...] = ()) -> Native | None:
     """A conv kernel's run on these arrays as native_program records (fused_calls.py): the plan's, then the late
     activation's; None where the run would do anything else (no plan yet, a copy of a non-contiguous input).
-    `caller`: the inputs that are the caller's arrays (Bound.varying): (0,), the source, is rebound before each
-    replay (native_reading); a residual from the caller gets no records."""
+    `reads`, `writes`: the inputs and outputs that are arrays new each run (Bound.varying): the source (0,) (the
+    caller's), rebound before each replay, and the output (0,) (a fresh one) where a reorder writes it and no
+    activation pass follows (native_rebound); a residual from the caller gets no records."""
     x, out = inputs[0], outputs[0]
     z = inputs[1] if spec.residual else None
     if plan is None or not x.flags.c_contiguous or (z is not None and not z.flags.c_contiguous):
         return None
-    if caller not in ((), (0,)):
+    if reads not in ((), (0,)) or writes not in ((), (0,)) or (writes and spec.late):
         return None
-    got = plan.records(x, z, out, workspace, caller == (0,))
+    got = plan.records(x, z, out, workspace, reads == (0,), writes == (0,))
     act = activation_records(*spec.act, out) if spec.late else ([], [])
     if got is None or act is None:
         return None
-    records, check, rebinds = got
-    return Native(records + act[0], [check], [plan, *act[1]], rebinds)
+    records, check, rebinds, out_rebinds = got
+    return Native(records + act[0], [check], [plan, *act[1]], rebinds, out_rebinds=out_rebinds)
 
 
 class BoundRuns:
@@ -459,15 +464,18 @@ def build(spec: ConvSpec, ins: list[TensorInfo]) -> Kernel:
     def native(inputs, outputs, workspace):
         return plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace)
 
-    def native_reading(inputs, outputs, workspace, caller):
-        nat = plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, caller)
+    def native_rebound(inputs, outputs, workspace, reads, writes):
+        nat = plan_native(spec, plans.get(inputs[0].shape), inputs, outputs, workspace, reads, writes)
         if nat is not None:
             bound.last = None  # its programs run instead of its Python: the caller's last array is not kept
         return nat
 
     log.debug("%s: oneDNN %s for input %s: %s", node.where(), node.op_type, max_shape, first.impl)
     run.native = native  # type: ignore[attr-defined]
-    run.native_reading = native_reading  # type: ignore[attr-defined]
+    run.native_rebound = native_rebound  # type: ignore[attr-defined]
+    # a graph's output (runtime/bind.py) where the max shape's plan reorders into it (the usual depthwise one)
+    writes = first.dst_out is not None and not spec.residual and not spec.late
+    run.writes_fresh = lambda out: writes  # type: ignore[attr-defined]
     run.impl = f"onednn:{first.impl}"  # type: ignore[attr-defined]
     run.plans = plans  # type: ignore[attr-defined]
     return run

@@ -95,12 +95,15 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
         if nan.any():
             refuse_nan(node, x)  # the exact check and its error
 
-    def native_reading(inputs, outputs, workspace, caller: tuple[int, ...] = ()) -> Native | None:
+    def native_rebound(inputs, outputs, workspace, reads: tuple[int, ...] = (),
+                       writes: tuple[int, ...] = ()) -> Native | None:
         """The quantization as a record of native programs (the split `run` makes, over quantize_team): where its
-        input is the caller's array (`caller` = (0,)), its address is rebound before each replay; the NaN flags
-        (this recording's own, every item rewritten each run) are checked after the program."""
+        input is the caller's array (`reads` = (0,)), its address is rebound before each replay; the NaN flags
+        (this recording's own, every item rewritten each run) are checked after the program. Its int8 output is
+        never a graph's (`writes` is ())."""
         x, out = inputs[0], outputs[0]
-        if type(x) is not np.ndarray or x.dtype != F32 or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        if writes or type(x) is not np.ndarray or x.dtype != F32 or not (x.flags.c_contiguous
+                                                                         and out.flags.c_contiguous):
             return None
         rows = out.reshape(out.shape[0], out.shape[1], -1).view(np.int8)
         items = x.shape[0] * x.shape[2]
@@ -115,11 +118,11 @@ def build_quantize(backends: Backends, node: Node, ins: list[TensorInfo]):
             # ~17 us a run after a model's kernels had left the caches cold (UltraFace int8, batch 1)
             if b"\x01" in nan.tobytes():
                 refuse_nan(node, inputs[0])  # the array this run attached
-        rebinds = [(0, job, loops.QN_X)] if caller else []
+        rebinds = [(0, job, loops.QN_X)] if reads else []
         return Native([record], [], [job, rows, nan, scale], rebinds, [check])
 
-    run.native_reading = native_reading  # type: ignore[attr-defined]
-    run.native = native_reading  # type: ignore[attr-defined]
+    run.native_rebound = native_rebound  # type: ignore[attr-defined]
+    run.native = native_rebound  # type: ignore[attr-defined]
     return run
 
 
@@ -237,16 +240,23 @@ def build_dequantize_concat(backends: Backends, node: Node, ins: list[TensorInfo
             r = out.reshape(-1, k)
             parallel_for(loops.softmax_rows, r.shape[0], 8 * r.size, r)
 
-    def native(inputs, outputs, workspace):
+    def native_rebound(inputs, outputs, workspace, reads: tuple[int, ...] = (),
+                       writes: tuple[int, ...] = ()) -> Native | None:
+        """The rows' loop as a record of native programs (the split `run` makes); where the output is a fresh
+        array each run (`writes` = (0,): the graph's output, runtime/bind.py), its address is rebound before
+        each replay. Its int8 inputs are never the caller's (`reads` is ())."""
         out = outputs[0]
-        if not (T.regions_callable() and joinable(inputs, out)):
+        if reads or not (T.regions_callable() and joinable(inputs, out)):
             return None
         job, fn = job_for(inputs, out), loops.dequantize_concat_team().address
         rows, work = split(out)
         record = T.region_record(fn, job.ctypes.data) if regioned(rows, work) else team_record(fn, job, rows, work)
-        return None if record is None else Native([record], [], [job])
+        out_rebinds = [(0, job, loops.DC_OUT)] if writes else []
+        return None if record is None else Native([record], [], [job], out_rebinds=out_rebinds)
 
-    run.native = native  # type: ignore[attr-defined]
+    run.native = native_rebound  # type: ignore[attr-defined]
+    run.native_rebound = native_rebound  # type: ignore[attr-defined]
+    run.writes_fresh = lambda out: True  # type: ignore[attr-defined]  # a detector's outputs (runtime/bind.py)
     return run
 
 

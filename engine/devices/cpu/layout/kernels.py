@@ -112,35 +112,44 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
         step.run({L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)})
         D.wait()
 
-    def native(inputs, outputs, workspace, caller: bool = False):
+    def native(inputs, outputs, workspace, reads: bool = False, writes: bool = False):
         x, out = inputs[0], outputs[0]
         if not (x.flags.c_contiguous and out.flags.c_contiguous):
             return None
         step = steps.get(x.shape if to_blocked else out.shape)
         if isinstance(step, _PartialLastBlock) and x.dtype == out.dtype == np.float32:
-            return step.records(x, out, caller)
+            return step.records(x, out, reads, writes)
         if not isinstance(step, D.Step):
             return None
         ptrs = {L.ARG_SRC: D.address(x), L.ARG_DST: D.address(out)}
         return step_native(step, ptrs, step)
 
-    def native_reading(inputs, outputs, workspace, caller: tuple[int, ...]) -> Native | None:
-        """`native` for a ToBlocked of the caller's input (a graph whose first op it is): the records' pointer to
-        it rebound before each replay (the reorder's source memory, the last block's job word); the kernel's own
-        run points them anew each call, so the program's pointers never leak into it."""
-        nat = native(inputs, outputs, workspace, True) if to_blocked and caller == (0,) else None
+    def native_rebound(inputs, outputs, workspace, reads: tuple[int, ...], writes: tuple[int, ...]) -> Native | None:
+        """`native` for a ToBlocked of the caller's input (a graph's first op: `reads` (0,)) or a ToPlain into a
+        fresh output (a graph's last: `writes` (0,)): the records' pointer to that array rebound before each replay
+        (the reorder's memory, the last block's job word); the kernel's own run points them anew each call, so the
+        program's pointers never leak into it."""
+        if (reads, writes) != (((0,), ()) if to_blocked else ((), (0,))):
+            return None
+        nat = native(inputs, outputs, workspace, bool(reads), bool(writes))
         if nat is None:
             return None
-        step = steps.get(inputs[0].shape)
+        step = steps.get(inputs[0].shape if to_blocked else outputs[0].shape)
         reorder = step.step if isinstance(step, _PartialLastBlock) else step
-        sets = [] if reorder is None else set_records(nat.records, reorder.mems[L.ARG_SRC])
+        sets = [] if reorder is None else set_records(nat.records, reorder.mems[L.ARG_SRC if reads else L.ARG_DST])
         if len(sets) != (reorder is not None):  # one image's reorder at most (several would need offsets)
             return None
-        nat.rebinds = [(0, None, at) for at in sets] + nat.rebinds  # the lanes' job word (`records`) after them
+        if reads:
+            nat.rebinds = [(0, None, at) for at in sets] + nat.rebinds  # the lanes' job word (`records`) after them
+        else:
+            nat.out_rebinds = [(0, None, at) for at in sets] + nat.out_rebinds
         return nat
 
     run.native = native  # type: ignore[attr-defined]
-    run.native_reading = native_reading  # type: ignore[attr-defined]
+    run.native_rebound = native_rebound  # type: ignore[attr-defined]
+    if not to_blocked:  # a graph's output (runtime/bind.py), but where several images' whole blocks take one
+        # reorder each (`_WholeBlocksToPlain`): their records hold the output's address at offsets, not rebound
+        run.writes_fresh = lambda out: out.shape[0] == 1 or out.shape[1] <= block or out.shape[1] % block == 0  # type: ignore[attr-defined]
     return run
 
 
@@ -180,11 +189,12 @@ class _PartialLastBlock:
                 self.step.run(ptrs)
             D.wait()
 
-    def records(self, x: np.ndarray, out: np.ndarray, caller: bool = False) -> Native | None:
+    def records(self, x: np.ndarray, out: np.ndarray, reads: bool = False, writes: bool = False) -> Native | None:
         """`run` on these (contiguous float32) arrays as native_program records: the whole blocks' reorders and
         the last block's loop, as one region where `run` would split its images, else on this thread; None where
-        `run` would split them from Python (the team not running native regions). `caller`: x (plain: ToBlocked)
-        is the caller's input, the loop's job word for it among the rebinds."""
+        `run` would split them from Python (the team not running native regions). `reads`: x is the caller's input
+        (ToBlocked's), the loop's job word for it among the rebinds; `writes`: out is a fresh output (ToPlain's),
+        its job word among the out_rebinds."""
         plain, blocked = self._sides(x, out)
         n, c, h, w = plain.shape
         recs: list = []
@@ -198,9 +208,10 @@ class _PartialLastBlock:
         fn = (LL.last_block_team() if self.to_blocked else LL.last_block_out_team()).address
         record = ((N.OP_CALL, fn, job.ctypes.data) if T.chunks_for(n, n * h * w * self.block) <= 1
                   else T.region_record(fn, job.ctypes.data) if T.get_threads() > 1 and native_regions() else None)
-        # where x is the caller's input, its address goes into the job's source word too (native_reading)
-        rebinds = [(0, job, LL.LB_SRC)] if caller else []
-        return None if record is None else Native(recs + [record], [], [self, job], rebinds)
+        # where x is the caller's input or out a fresh output, its address goes into the job's word too
+        # (native_rebound)
+        rebinds, out_rebinds = [(0, job, LL.LB_SRC)] if reads else [], [(0, job, LL.LB_DST)] if writes else []
+        return None if record is None else Native(recs + [record], [], [self, job], rebinds, out_rebinds=out_rebinds)
 
 
 class _WholeBlocksToPlain(_PartialLastBlock):

@@ -186,7 +186,7 @@ def test_a_plan_repointed_outside_the_program_is_noticed(load_fixture, monkeypat
     _warm(fused, fx.inputs)
     seg = _segments(fused)[0]
     k = next(i for i, (nd, v) in enumerate(zip(seg.nodes, seg.varying, strict=True))
-             if "Conv" in nd.op_type and v == ())
+             if "Conv" in nd.op_type and v == ((), ()))
     fn, ins, outs = seg.calls[k]  # a conv on arena arrays (the first reads the caller's, attached per run)
     fn([a.copy() for a in ins], [np.empty_like(o) for o in outs], fused.workspace)  # re-points its plan
     assert not next(iter(seg.programs.values())).valid()
@@ -231,7 +231,7 @@ def test_a_fusion_or_recording_that_fails_leaves_the_kernels_python(load_fixture
     _warm(fresh, fx.inputs)
     seg = _segments(fresh)[0]
     seg.programs.clear()
-    fn = seg.calls[seg.varying.index(())][0]  # a call on arena arrays, recorded through `native`
+    fn = seg.calls[seg.varying.index(((), ()))][0]  # a call on arena arrays, recorded through `native`
     with monkeypatch.context() as m:
         m.setattr(fn, "native", broken)
         for _ in range(2):
@@ -302,7 +302,7 @@ def test_the_quantization_of_the_callers_input_joins_the_program(threads, quanti
     _warm(fused, {name: x0})
     bound = next(iter(fused._bound.values()))
     seg = bound.fused[0][0][0]
-    assert isinstance(seg, Segment) and seg.nodes[0].op_type == "Int8QuantizeNhwc" and seg.varying[0] == (0,)
+    assert isinstance(seg, Segment) and seg.nodes[0].op_type == "Int8QuantizeNhwc" and seg.varying[0] == ((0,), ())
     rng = np.random.default_rng(5)
     shape = x0.shape
     for recorded in ("by fuse", "again"):
@@ -377,7 +377,7 @@ def test_a_to_blocked_of_the_callers_input_replays_on_each_run_s_array(shape):
     out = np.full(reference(node, [first])[0].shape, 5.0, np.float32)
     kernel([first], [out], workspace)  # the Python path first, as the runtime runs it before merging
     ins = [first]
-    nat = kernel.native_reading(ins, [out], workspace, (0,))  # maps this small: the lanes' loop on this thread
+    nat = kernel.native_rebound(ins, [out], workspace, (0,), ())  # maps this small: the lanes' loop on this thread
     assert nat is not None and nat.rebinds and {j for j, _, _ in nat.rebinds} == {0}
     assert kernel.native([first], [out], workspace).rebinds == []
     rec = _Recorded([nat], [(kernel, ins, [out])])
@@ -387,7 +387,7 @@ def test_a_to_blocked_of_the_callers_input_replays_on_each_run_s_array(shape):
         assert rec.rebind([(kernel, ins, [out])])
         assert replay_program(rec) is None
         np.testing.assert_array_equal(out, reference(node, ins)[0])
-    assert kernel.native_reading(ins, [out], workspace, (1,)) is None  # only its first input is read
+    assert kernel.native_rebound(ins, [out], workspace, (1,), ()) is None  # only its first input is read
 
 
 def replay_program(rec) -> tuple[int, int] | None:
@@ -458,7 +458,7 @@ def test_a_float_model_s_first_conv_joins_the_program_on_a_source_of_its_own(nam
     (key, x0), = fx.inputs.items()
     _warm(fused, fx.inputs)
     seg = next(iter(fused._bound.values())).fused[0][0][0]
-    assert isinstance(seg, Segment) and seg.varying[0] == (0,), seg
+    assert isinstance(seg, Segment) and seg.varying[0] == ((0,), ()), seg
     rng = np.random.default_rng(13)
 
     def fresh():

@@ -760,7 +760,7 @@ def test_quantize_nhwc_finds_a_nan_anywhere_in_its_pass(scales, where, team, mon
 @pytest.mark.parametrize("team", [0, 2], ids=["one-thread", "region"])
 @pytest.mark.parametrize("scales", [(0.01, 0.02, 0.03), (0.02, 0.0, 0.01, 0.05)], ids=["image", "zero-scale"])
 def test_quantize_record_reads_the_array_rebound_before_each_replay(scales, team, monkeypatch, request):
-    """A quantization of the caller's input recorded into native programs (native_reading with the input among the
+    """A quantization of the caller's input recorded into native programs (native_rebound with the input among the
     caller's): its job's input word, rewritten before a replay as fused_calls.Segment does, makes the replay
     quantize that array, bit for bit the reference's, whichever array it is; the NaN check after the program refuses
     a NaN in the array of that run (its flags rewritten by every replay), and the next clean array passes it."""
@@ -771,7 +771,7 @@ def test_quantize_record_reads_the_array_rebound_before_each_replay(scales, team
     fn, ws = build_kernel(node, infos_of([first], node=node))
     out = np.zeros(infer(node, [first])[0].shape, np.int8)
     ins = [first]  # the call's input list, where each run attaches the caller's array
-    native = fn.native_reading(ins, [out], ws, (0,))
+    native = fn.native_rebound(ins, [out], ws, (0,))
     assert native is not None and len(native.rebinds) == 1 and len(native.after) == 1
     assert (N.OP_REGION in {r[0] for r in native.records}) == bool(team)
     (j, job, word), = native.rebinds
@@ -793,8 +793,8 @@ def test_quantize_record_reads_the_array_rebound_before_each_replay(scales, team
     stable = fn.native([first], [out], ws)
     assert stable is not None and stable.rebinds == [] and replay(stable) is None
     np.testing.assert_array_equal(out, reference(node, [first])[0])
-    assert fn.native_reading([first.astype(np.float64)], [out], ws, (0,)) is None  # no record for another dtype
-    assert fn.native_reading([first[:, :, :, ::2]], [out[:, :, ::2]], ws, (0,)) is None  # nor a strided array
+    assert fn.native_rebound([first.astype(np.float64)], [out], ws, (0,)) is None  # no record for another dtype
+    assert fn.native_rebound([first[:, :, :, ::2]], [out[:, :, ::2]], ws, (0,)) is None  # nor a strided array
     assert ran == []  # replays only: no Python split ran
 
 
