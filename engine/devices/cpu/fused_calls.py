@@ -125,7 +125,10 @@ class _Recorded:
 
     def stray_addresses(self, calls: list[tuple]) -> list[str]:
         """Where the records or the jobs they run (the int64 arrays the Natives keep) hold an address inside one of the
-        arrays that are new each run without that place being rebound: [] for a program that may be kept."""
+        arrays that are new each run without that place being rebound: [] for a program that may be kept. What it
+        cannot see: a pointer a Python run left in a C object (a oneDNN memory) that the records execute without
+        pointing it first; a kernel rebinding such an array must point every memory that reads or writes it in its
+        records (an OP_SET), as Plan.records refuses a fresh output that its primitive would write itself."""
         rebound = {(id(words), word if isinstance(word, int) else tuple(word)) for _, _, _, words, word, *_ in
                    self.rebinds}
         stray = []

@@ -192,6 +192,49 @@ def test_a_graph_s_output_is_written_by_its_program_into_the_caller_s_arrays(con
         assert not any(np.shares_memory(got, other) for other, _ in results[k + 1:])
 
 
+def test_a_direct_output_read_by_a_later_conv(monkeypatch):
+    """A graph output that the next conv reads too (a feature map handed out and convolved further): both convs
+    record, the second reading this run's fresh array; both outputs of every run stay right after later runs."""
+    rng = np.random.default_rng(36)
+    c, hw = 144, 12
+    g = Graph()
+    x = g.value("x", (1, c, hw, hw), np.float32)
+    g.inputs = [x]
+    params = {"stride": (1, 1), "pads": (1, 1, 1, 1), "dilation": (1, 1), "groups": c, "activation": "relu"}
+    ys = []
+    for v in (x, None):
+        attrs = {"weight": rng.standard_normal((c, 1, 3, 3)).astype(np.float32),
+                 "bias": rng.standard_normal(c).astype(np.float32)}
+        ys.append(g.add_node("Conv", [v if v is not None else ys[-1]], params=params, attrs=attrs).outputs[0])
+    ys[0].name, ys[1].name = "y1", "y2"
+    g.outputs = ys
+    model = Model(g, "convs")
+    fused = model.instance("cpu")
+    monkeypatch.setenv("NNSERVE_NATIVE_CALLS", "0")
+    python = model.instance("cpu")
+    monkeypatch.delenv("NNSERVE_NATIVE_CALLS")
+
+    def feed():
+        return {"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)}
+
+    for _ in range(FUSE_AFTER_RUNS):
+        fused.run(feed())
+    bound = next(iter(fused._bound.values()))
+    assert sorted(d.index for d in bound.direct) == [0, 1]
+    (seg, _, _), = bound.fused[0]
+    if not isinstance(seg, Segment):
+        pytest.skip("the kernels record nothing here (native regions off)")
+    assert seg.varying == [((0,), (0,)), ((0,), (0,))]
+    monkeypatch.setattr(seg, "_python", lambda: pytest.fail("the program should have run"))
+    results = []
+    for _ in range(4):
+        feeds = feed()
+        results.append((fused.run(feeds), python.run(feeds)))
+    for got, want in results:
+        for k in ("y1", "y2"):
+            np.testing.assert_array_equal(got[k], want[k])
+
+
 def test_a_recording_that_keeps_a_fresh_array_is_refused(monkeypatch, caplog):
     """A kernel whose records would hold the output's address where no rebind rewrites it (here: a job of its
     own keeping it) would write a caller's array after it was handed over: the recording is refused with an
