@@ -89,16 +89,26 @@ def _rows_kernel(loop):
         if chunks_for(rows, x2.size) <= 1 or not run_native(LA.softmax_team().address, job):
             run_alone(LA.softmax_team().address, job)  # one chunk, or the team busy
 
-    def native(inputs, outputs, workspace):
+    def native_rebound(inputs, outputs, workspace, reads: tuple[int, ...] = (),
+                       writes: tuple[int, ...] = ()) -> Native | None:
+        """The rows' loop as a record of native programs (the split `run` makes); where the input is the caller's
+        array (`reads` (0,)) or the output a fresh one (`writes` (0,): a detector's class scores, a graph's
+        output) its job word is rebound before each replay."""
         x, out = inputs[0], outputs[0]
         if not (x.dtype == out.dtype == np.float32 and x.ndim and x.shape == out.shape and x.size
-                and x.flags.c_contiguous and out.flags.c_contiguous):
+                and x.flags.c_contiguous and out.flags.c_contiguous) or reads not in ((), (0,)):
             return None
         job = _job(x.reshape(-1, x.shape[-1]), out)
         record = team_record(LA.softmax_team().address, job, int(job[LA.SM_ROWS]), x.size)
-        return None if record is None else Native([record], [], [job])
+        if record is None:
+            return None
+        return Native([record], [], [job], [(0, job, LA.SM_X)] if reads else [],
+                      out_rebinds=[(0, job, LA.SM_OUT)] if writes else [])
 
-    run.native = native  # type: ignore[attr-defined]
+    run.native = native_rebound  # type: ignore[attr-defined]
+    run.native_rebound = native_rebound  # type: ignore[attr-defined]
+    # a graph's output (runtime/bind.py): its job's word, written before each replay
+    run.writes_fresh = lambda out: True  # type: ignore[attr-defined]
     run.impl = "numba:rows-f32"  # type: ignore[attr-defined]
     return run
 

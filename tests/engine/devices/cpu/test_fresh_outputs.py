@@ -124,6 +124,39 @@ def test_an_int8_detector_s_joined_heads_write_each_run_s_fresh_output(softmax):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("shape", [(1, 4420, 2), (3, 7, 1000)], ids=["scores", "classifier"])
+def test_a_softmax_reads_the_caller_s_input_and_writes_each_run_s_fresh_output(shape):
+    """Softmax over the last axis as a graph's last op (a detector's class scores) or its only one: its record with
+    the input's and the output's job words rebound writes each run's array, the same bits as its Python run, and
+    earlier arrays keep theirs."""
+    rng = np.random.default_rng(37)
+    node = make_node("Softmax", 1, params={"axis": -1})
+    x = rng.standard_normal(shape).astype(np.float32)
+    kernel, workspace = build_kernel(node, infos_of([x]))
+    out = np.empty(shape, np.float32)
+    kernel([x], [out], workspace)
+    assert kernel.writes_fresh(out)
+    ins, outs = [x], [out]
+    nat = kernel.native_rebound(ins, outs, workspace, (0,), (0,))
+    if nat is None:
+        pytest.skip("the rows' loop records nothing here (no OpenMP runtime, or its team not running regions)")
+    assert kernel.native_rebound(ins, outs, workspace, (1,), ()) is None  # it has one input
+    rec = _Recorded([nat], [(kernel, ins, outs)])
+    assert rec.stray_addresses([(kernel, ins, outs)]) == []
+    results = []
+    for _ in range(3):
+        ins[0] = (rng.standard_normal(shape) * 4).astype(np.float32)
+        outs[0] = np.full(shape, np.nan, np.float32)
+        assert rec.rebind([(kernel, ins, outs)])
+        assert _replay(rec) is None
+        python = np.empty(shape, np.float32)
+        kernel([ins[0]], [python], workspace)
+        results.append((outs[0], python, ins[0]))
+    for got, want, x in results:
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, reference(node, [x])[0], rtol=1e-5, atol=1e-7)
+
+
 def _conv_graph(context: str, c: int, hw: int) -> Graph:
     """3x3 depthwise convs with ReLU over `c` channels: two NCHW ones (`plain`; one alone would be a single call,
     never a program), or one between blocked layers as bench/layers.py times it (ToBlocked -> ConvBlocked ->
