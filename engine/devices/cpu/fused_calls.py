@@ -7,13 +7,14 @@ MIN_CALLS or more consecutive answers into one Segment, a call like any other in
 arrays that are new each run (Bound.varying: the caller's inputs, which the model's first op reads; a direct output,
 computed into a fresh array the caller then owns, which its last op writes) joins too where its kernel has
 `native_rebound(inputs, outputs, workspace, reads, writes)` (an int8 model's input quantization, a reorder of the
-input into blocks or of the output out of them, a float model's first conv on oneDNN, an int8 detector's joined
-dequantized heads): its Native names where each such array's address goes (`rebinds` for inputs, `out_rebinds` for
-outputs: a job's word, or a memory pointer in one of its records), written before every replay from the array the
-run attached, and the checks to make on its outputs after the program (`after`: a quantization's NaN test). An
-array of another dtype, shape or strides than recorded runs the calls' Python. Before a program is kept, every
-place in its records and jobs that holds an address inside one of those arrays must be one that is rebound: a
-record that kept one run's array would read a freed input, or write into an output the caller already owns.
+input into blocks or of the output out of them, a float model's first conv on oneDNN or a conv reordering into the
+output, an int8 detector's joined dequantized heads, a softmax over the last axis): its Native names where each such
+array's address goes (`rebinds` for inputs, `out_rebinds` for outputs: a job's word, or a memory pointer in one of
+its records), written before every replay from the array the run attached, and the checks to make on its outputs
+after the program (`after`: a quantization's NaN test). An array of another dtype, shape or strides than recorded
+runs the calls' Python. Before a program is kept, every place in its records and jobs that holds an address inside
+one of those arrays must be one that is rebound: a record that kept one run's array would read a freed input, or
+write into an output the caller already owns.
 
 A segment's program holds choices its kernels made from process-wide settings (OpenMP thread counts, whether a
 pass runs as a native region): it is kept per `threads.regime()` and recorded again for a new one. Its records
