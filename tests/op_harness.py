@@ -140,6 +140,19 @@ def replay(native) -> tuple[int, int] | None:
             pool.busy.release()
 
 
+def replay_recorded(rec) -> tuple[int, int] | None:
+    """A fused_calls recording's program run as Segment runs it (holding OpenMP's region pool where it has regions);
+    Program.run's answer."""
+    pool = T.region_pool() if rec.regions else None
+    if pool is not None:
+        assert pool.busy.acquire(blocking=False), "OpenMP's region pool is busy"
+    try:
+        return rec.program.run()
+    finally:
+        if pool is not None:
+            pool.busy.release()
+
+
 @dataclass
 class Case:
     name: str

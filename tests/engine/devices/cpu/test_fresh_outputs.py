@@ -11,9 +11,8 @@ import logging
 
 import numpy as np
 import pytest
-from op_harness import build_kernel, infos_of, make_node, reference
+from op_harness import build_kernel, infos_of, make_node, reference, replay_recorded
 
-from engine.devices.cpu import threads as T
 from engine.devices.cpu.fused_calls import Segment, _Recorded
 from engine.devices.cpu.onednn import objects as D
 from engine.devices.cpu.onednn.blocked import native_block
@@ -23,18 +22,6 @@ from engine.runtime.instance import FUSE_AFTER_RUNS
 from engine.runtime.model import Model
 
 pytestmark = pytest.mark.skipif(not D.available(), reason="oneDNN is not installed (the native programs are its)")
-
-
-def _replay(rec: _Recorded) -> tuple[int, int] | None:
-    """A recording's program run as Segment runs it (holding OpenMP's region pool where it has regions)."""
-    pool = T.region_pool() if rec.regions else None
-    if pool is not None:
-        assert pool.busy.acquire(blocking=False)
-    try:
-        return rec.program.run()
-    finally:
-        if pool is not None:
-            pool.busy.release()
 
 
 def _block() -> int:
@@ -69,7 +56,7 @@ def test_a_to_plain_writes_each_run_s_fresh_output(shape):
         blocked[...] = rng.standard_normal(blocked.shape)
         outs[0] = np.full(shape, np.nan, np.float32)
         assert rec.rebind([(kernel, [blocked], outs)])
-        assert _replay(rec) is None
+        assert replay_recorded(rec) is None
         results.append((outs[0], reference(node, [blocked])[0]))
     for got, want in results:
         np.testing.assert_array_equal(got, want)
@@ -116,7 +103,7 @@ def test_an_int8_detector_s_joined_heads_write_each_run_s_fresh_output(softmax):
             h[...] = rng.integers(-128, 128, h.shape, dtype=np.int8)
         outs[0] = np.full(want_shape, np.nan, np.float32)
         assert rec.rebind([(kernel, heads, outs)])
-        assert _replay(rec) is None
+        assert replay_recorded(rec) is None
         python = np.empty(want_shape, np.float32)
         kernel(heads, [python], workspace)
         results.append((outs[0], python))
@@ -148,7 +135,7 @@ def test_a_softmax_reads_the_caller_s_input_and_writes_each_run_s_fresh_output(s
         ins[0] = (rng.standard_normal(shape) * 4).astype(np.float32)
         outs[0] = np.full(shape, np.nan, np.float32)
         assert rec.rebind([(kernel, ins, outs)])
-        assert _replay(rec) is None
+        assert replay_recorded(rec) is None
         python = np.empty(shape, np.float32)
         kernel([ins[0]], [python], workspace)
         results.append((outs[0], python, ins[0]))

@@ -362,7 +362,7 @@ def test_a_to_blocked_of_the_callers_input_replays_on_each_run_s_array(shape):
     blocks, the last block's lanes, or oneDNN's reorder alone) with the source pointers rebound before each replay
     give the reference's blocked values, zero padding lanes included, for array after array; its records for an
     arena input rebind nothing."""
-    from op_harness import build_kernel, infos_of, make_node, reference
+    from op_harness import build_kernel, infos_of, make_node, reference, replay_recorded
 
     from engine.devices.cpu.fused_calls import _Recorded
     from engine.devices.cpu.onednn.blocked import native_block
@@ -385,21 +385,9 @@ def test_a_to_blocked_of_the_callers_input_replays_on_each_run_s_array(shape):
         ins[0] = rng.standard_normal(shape).astype(np.float32)
         out[...] = np.nan
         assert rec.rebind([(kernel, ins, [out])])
-        assert replay_program(rec) is None
+        assert replay_recorded(rec) is None
         np.testing.assert_array_equal(out, reference(node, ins)[0])
     assert kernel.native_rebound(ins, [out], workspace, (1,), ()) is None  # only its first input is read
-
-
-def replay_program(rec) -> tuple[int, int] | None:
-    """A recording's program run as Segment runs it (holding OpenMP's region pool where it has regions)."""
-    pool = T.region_pool() if rec.regions else None
-    if pool is not None:
-        assert pool.busy.acquire(blocking=False)
-    try:
-        return rec.program.run()
-    finally:
-        if pool is not None:
-            pool.busy.release()
 
 
 @pytest.mark.parametrize("shape,groups", [((1, 20, 24, 24), 20), ((1, 32, 24, 24), 1), ((2, 20, 12, 12), 20)],
