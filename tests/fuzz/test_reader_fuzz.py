@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reader_contract import KINDS, check_model, seeds
+from reader_contract import KINDS, check_model, seeds, write_model
+
+from engine.errors import ModelFormatError
+from engine.formats.registry import FORMATS
 
 SEEDS = {kind: seeds(kind) for kind in KINDS}
 FUZZ = settings(max_examples=300, deadline=None, database=None,
@@ -187,3 +190,19 @@ def test_a_huge_full_is_not_computed_at_load(tmp_path, size):
                             size.encode() + b"]")
     assert mutated != graph
     bounded_check("pnnx", tmp_path, mutated, weights)
+
+
+@pytest.mark.parametrize("path,message", [
+    ("tnn/inner_product_axis_huge_negative", r"axis -2147483648 is not one of the input's 2 dims"),
+    ("pnnx/split_by_one_of_a_huge_dim", r"cuts a dim of 2147483647 into 2147483647 pieces, not into the node's 3"),
+])
+def test_sizes_from_a_file_are_checked_before_a_list_of_them_is_made(tmp_path, path, message):
+    """Found by test_both_files_mutated (a worker the OOM killer took at 21 GiB) and in the hunt for it: a TNN
+    InnerProduct whose axis became -2**31 built a Reshape list of 2**31 ones; a pnnx torch.split by 1 of a dim the
+    file says is 2**31 - 1 a list of as many sizes (17 GiB each). Both are refused by their checks, before any
+    such list (under the fuzz tests' address-space cap the allocation failed, and lowering reported that instead)."""
+    kind = path.split("/")[0]
+    graph, _, weights = (REGRESSIONS / path).read_bytes().partition(SEPARATOR)
+    fmt = FORMATS[kind]
+    with pytest.raises(ModelFormatError, match=message):
+        fmt.lower(fmt.read(write_model(kind, tmp_path, graph, weights)))

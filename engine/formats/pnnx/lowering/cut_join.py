@@ -50,6 +50,12 @@ def split(ctx: Ctx) -> None:
     sizes = axes_list(sections) if isinstance(sections, list) else _out_sizes(ctx, axis)
     if sizes is None and isinstance(sections, int) and _dim(ctx, axis) is not None:
         dim = _dim(ctx, axis)
+        # as many pieces as the node has outputs, checked before a list of them is made (a file's dim of 2**31
+        # cut by 1 would be a list of 17 GB)
+        pieces = max(1, -(-dim // sections)) if sections > 0 else 0
+        if pieces != len(ctx.node.outputs):
+            raise ctx.fail(f"split_size {sections} cuts a dim of {dim} into {pieces} pieces, not into the node's "
+                           f"{len(ctx.node.outputs)} outputs")
         sizes = [sections] * (dim // sections) + ([dim % sections] if dim % sections else [])
     if sizes is None:
         raise ctx.unsupported("split sizes that depend on a dynamic dim")
