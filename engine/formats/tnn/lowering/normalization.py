@@ -8,10 +8,16 @@ import numpy as np
 from engine.formats.tnn.lowering.context import F32, Ctx, f32
 from engine.formats.tnn.lowering.registry import handles
 
+# At most this many channels get values the file does not store (a missing scale or bias, or one shared by every
+# channel): the count is the input's declared dim, which a hostile file can make 2**31 (an 8 GiB array at load).
+MAX_FILLED_CHANNELS = 1 << 20
+
 
 def _per_channel(c: Ctx, a: np.ndarray | None, fill: float) -> np.ndarray:
     channels = c.shape(c.inputs[0])
     n = channels[1] if channels and len(channels) > 1 else (a.size if a is not None and a.size else 1)
+    if (a is None or a.size <= 1) and n > MAX_FILLED_CHANNELS:
+        c.fail(f"{n} channels, more than the {MAX_FILLED_CHANNELS} a value not stored per channel is spread over")
     if a is None or a.size == 0:
         return np.full(n, fill, F32)
     return f32(np.broadcast_to(a.reshape(-1), (n,)) if a.size == 1 else a.reshape(-1))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelFormatError
+from engine.formats.registry import FORMATS
 from engine.formats.tnn.reader import load_graph
 from engine.formats.tnn.serializer import Serializer
 from engine.formats.tnn.tnnmodel import read_model, read_model_bytes
@@ -232,3 +233,25 @@ def test_real_model_truncations_fail_cleanly(name):
     for cut in np.random.default_rng(0).integers(0, len(data), 40):
         with pytest.raises(ModelFormatError):
             read_model_bytes(data[:cut])
+
+
+@pytest.mark.parametrize("stored", [1, 0], ids=["one-shared-scale", "no-bias"])
+def test_values_spread_over_a_huge_declared_channel_count_are_refused(tmp_path, stored):
+    """A BatchNormCxx whose scale is stored once for every channel (or whose bias is not stored), over an input the
+    file declares with 2**31 - 1 channels: refused at load, naming the layer, not spread over an 8 GiB array."""
+    proto = ('"1 1 1 4206624772 ,"\n"data 4 1 2147483647 8 8 0 ,"\n" ,"\n"out ,"\n" 1 ,"\n'
+             '"BatchNormCxx bn 1 1 data out ,"\n')
+    s = Serializer(2)
+    s.u32(s.magic), s.i32(1)
+    s.i32(2), s.string("BatchNormCxx"), s.string("bn")
+    s.raw(np.full(stored, 2, np.float32) if stored else None), s.raw(None)
+    (tmp_path / "m.tnnproto").write_text(proto)
+    (tmp_path / "m.tnnmodel").write_bytes(s.getvalue())
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelFormatError, match=r"'bn'.*2147483647 channels"):
+            FORMATS["tnn"].lower(load_graph(tmp_path / "m.tnnproto"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
