@@ -17,6 +17,9 @@ from engine.formats.tnn.lowering.context import Ctx
 from engine.formats.tnn.lowering.registry import handles
 
 F32 = np.float32
+# At most this many boxes a PriorBox constant holds (SSD300 has 8732; 128 MiB of boxes and variances here): its cells
+# come from the shapes the file declares, which a hostile file can make 65536 x 65536 (a 100 GiB constant at load).
+MAX_PRIOR_BOXES = 1 << 22
 
 
 def _floats(c: Ctx, k: int) -> tuple[list[float], int]:
@@ -76,7 +79,12 @@ def lower_prior_box(c: Ctx) -> None:
     shapes = [c.shape(v) for v in c.inputs[:2]]
     if len(shapes) < 2 or any(s is None or len(s) != 4 for s in shapes):
         c.unsupported("whose feature map or image shape is not known before running")
-    priors = prior_boxes(prior_box_params(c), shapes[0][2:], shapes[1][2:])
+    params = prior_box_params(c)
+    per_cell = len(params["min_sizes"]) * (1 + bool(params["max_sizes"]) + len(params["aspect_ratios"]))
+    boxes = shapes[0][2] * shapes[0][3] * max(per_cell, 1)
+    if boxes > MAX_PRIOR_BOXES:
+        c.fail(f"{boxes} prior boxes ({shapes[0][2]} x {shapes[0][3]} cells), more than {MAX_PRIOR_BOXES}")
+    priors = prior_boxes(params, shapes[0][2:], shapes[1][2:])
     c.alias(c.const(priors, "priors"))
 
 
