@@ -14,12 +14,19 @@ from engine.formats.pnnx.lowering.context import Ctx
 from engine.formats.pnnx.lowering.registry import handles
 from engine.formats.pnnx.lowering.torch_params import pair
 
+# At most this many entries the block index (a constant made at load) holds: 256 MiB of int64; a 3x3 unfold of a
+# 512 x 512 map needs 2.4M. The sides come from the file, which may declare them 65536 or more.
+MAX_INDEX = 1 << 25
+
 
 def block_index(hp: int, wp: int, k: list[int], d: list[int], s: list[int]) -> tuple[np.ndarray, int]:
     """(kh·kw, L) positions in the flattened (Hp·Wp) padded image of each block element, and L."""
     oh, ow = (hp - d[0] * (k[0] - 1) - 1) // s[0] + 1, (wp - d[1] * (k[1] - 1) - 1) // s[1] + 1
     if oh <= 0 or ow <= 0:
         raise ValueError(f"kernel {k} dilation {d} does not fit the padded {hp}x{wp} input")
+    if k[0] * k[1] * oh * ow > MAX_INDEX:
+        raise ValueError(f"{k[0] * k[1]} x {oh * ow} block elements, more than the {MAX_INDEX} a constant index "
+                         "of them may hold")
     rows = (np.arange(k[0]) * d[0])[:, None, None, None] + (np.arange(oh) * s[0])[None, None, :, None]
     cols = (np.arange(k[1]) * d[1])[None, :, None, None] + (np.arange(ow) * s[1])[None, None, None, :]
     return (rows * wp + cols).reshape(k[0] * k[1], oh * ow).astype(np.int64), oh * ow

@@ -98,6 +98,11 @@ def lower_range(c: Ctx) -> None:
     c.out("Range", list(c.inputs), {"dtype": arrays[0].dtype.name})
 
 
+# At most this many classes a OneHot's constant of class numbers holds (a language model's vocabulary has ~250k): a
+# file's depth of 2**31 would be a 16 GiB constant at load.
+MAX_ONE_HOT_DEPTH = 1 << 24
+
+
 @handles("OneHot")
 def lower_one_hot(c: Ctx) -> None:
     """Params axis (-1), depth (-1), value_off (0), value_on (1); inputs indices[, depth[, values]] (ONNX's).
@@ -113,6 +118,8 @@ def lower_one_hot(c: Ctx) -> None:
             depth = int(np.asarray(known).reshape(()))
     if depth <= 0:
         c.unsupported(f"with depth {depth} (a depth must be a param or a constant input)")
+    if depth > MAX_ONE_HOT_DEPTH:  # its classes are a constant made at load
+        c.fail(f"depth {depth}, more than {MAX_ONE_HOT_DEPTH} classes")
     dtype = np.dtype(np.int32)
     if len(c.inputs) > 2:
         values = c.value_of(c.inputs[2])

@@ -4,11 +4,13 @@ by hand, and the refusal where the image sides are unknown at load. Real exports
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from test_pnnx_lowering import lower, run
 
-from engine.errors import UnsupportedOpError
+from engine.errors import ModelFormatError, UnsupportedOpError
 
 
 def test_unfold_needs_the_image_sides_at_load(tmp_path):
@@ -39,3 +41,20 @@ pnnx.Output out 1 0 y
                     for xx in range(3):
                         want[:, c * 4 + i * 2 + j, y * 3 + xx] = xp[:, c, y * 2 + i, xx + j * 2]
     np.testing.assert_array_equal(run(g, x)[0], want)
+
+
+def test_unfold_of_a_huge_declared_image_is_refused_before_its_index_is_made(tmp_path):
+    """An image the file declares 65536 x 65536: its block index (a constant made at load) would be 290 GiB of
+    int64; refused naming the line, with nothing of that size allocated."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelFormatError, match="block elements, more than") as e:
+            lower(tmp_path, """
+pnnx.Input in0 0 1 x #x=(1,1,65536,65536)f32
+nn.Unfold u 1 1 x y dilation=(1,1) kernel_size=(3,3) padding=(1,1) stride=(1,1) #x=(1,1,65536,65536)f32
+pnnx.Output out 1 0 y
+""")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "m.pnnx.param:4" in str(e.value) and peak < 64 << 20, peak

@@ -551,6 +551,14 @@ def test_one_hot_without_values_is_int32_and_wraps_negative_indices(tmp_path):
     np.testing.assert_array_equal(out, naive_one_hot(idx % 4, 4, -1, 0, 1, np.int32))
 
 
+def test_one_hot_of_a_huge_depth_is_refused_before_its_classes_are_made(tmp_path):
+    """A depth of 2**31 - 1 from the file: its constant of class numbers would be 8 GiB at load; refused, naming the
+    layer's line."""
+    with pytest.raises(ModelFormatError, match="depth 2147483647, more than") as e:
+        tnn_model(tmp_path, "i 2 2 3 3", ["OneHot o 1 1 i y -1 2147483647"], "y")
+    assert "m.tnnproto:6" in str(e.value)
+
+
 @pytest.mark.parametrize("layer, consts", [
     ("OneHot o 1 1 i y -1 -1", []),
     ("OneHot o 3 1 i d v y -1 5", [("d", np.array([5], np.int32)), ("v", np.array([-1, 1], np.float32))])])
