@@ -22,7 +22,7 @@ def lower_inner_product(c: Ctx) -> None:
         attrs["bias"] = np.ascontiguousarray(bias.reshape(n), dtype=F32)
     shape = c.shape(c.inputs[0])
     if axis < 0 or shape is not None and axis >= len(shape):  # TNN indexes the dims with it: 0 <= axis < rank
-        c.fail(f"axis {axis} is not one of the input's {'' if shape is None else len(shape)} dims")
+        c.fail(f"axis {axis} is not one of the input's dims" + ("" if shape is None else f" ({len(shape)})"))
     x = c.inputs[0]
     if shape is None or len(shape) != axis + 1:
         x = c.tmp("Flatten", [x], {"start_dim": axis, "end_dim": -1})

@@ -18,7 +18,7 @@ from engine.formats.tnn.lowering.registry import handles
 
 F32 = np.float32
 # At most this many boxes a PriorBox constant holds (SSD300 has 8732; 128 MiB of boxes and variances here): its cells
-# come from the shapes the file declares, which a hostile file can make 65536 x 65536 (a 100 GiB constant at load).
+# come from the shapes the file declares, which a hostile file can make 65536 x 65536 (hundreds of GiB at load).
 MAX_PRIOR_BOXES = 1 << 22
 
 

@@ -99,7 +99,7 @@ def lower_range(c: Ctx) -> None:
 
 
 # At most this many classes a OneHot's constant of class numbers holds (a language model's vocabulary has ~250k): a
-# file's depth of 2**31 would be a 16 GiB constant at load.
+# file's depth of 2**31 would be an 8-16 GiB constant at load.
 MAX_ONE_HOT_DEPTH = 1 << 24
 
 

@@ -198,7 +198,7 @@ def test_detection_output_matches_the_caffe_reference(tmp_path, case, batch):
 
 def test_a_prior_box_over_a_huge_declared_map_is_refused(tmp_path):
     """A feature map the file declares 65536 x 65536: refused at load, naming the layer, before any box is made
-    (the constant would be 400 GiB)."""
+    (the constant would be hundreds of GiB)."""
     layers = ["PriorBox pb 2 1 feat img priors 1 12 1 20 0 1 4 0.1 0.1 0.2 0.2 3 1 2 0.5 0 0 0 0 0.5"]
     with pytest.raises(ModelFormatError, match=r"'pb'.*prior boxes \(65536 x 65536 cells\)"):
         tnn_model(tmp_path, "img 4 1 3 30 40 0 :feat 4 1 8 65536 65536 0", layers, "priors")
