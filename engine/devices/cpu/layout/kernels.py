@@ -89,7 +89,7 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
     def step_for(plain_shape: tuple) -> object:
         step = steps.get(plain_shape)
         if step is None:
-            if not to_blocked and plain_shape[1] > block and plain_shape[1] % block:
+            if not to_blocked and _whole_blocks_then_partial(plain_shape[1], block):
                 step = remember(steps, plain_shape, _WholeBlocksToPlain(plain_shape, block))
             elif to_blocked and plain_shape[1] % block and (plain_shape[0] == 1 or plain_shape[1] < block):
                 step = remember(steps, plain_shape, _WholeBlocksToBlocked(plain_shape, block))
@@ -147,10 +147,19 @@ def _onednn_kernel(to_blocked: bool, block: int) -> Kernel:
 
     run.native = native  # type: ignore[attr-defined]
     run.native_rebound = native_rebound  # type: ignore[attr-defined]
-    if not to_blocked:  # a graph's output (runtime/bind.py), but where several images' whole blocks take one
-        # reorder each (`_WholeBlocksToPlain`): their records hold the output's address at offsets, not rebound
-        run.writes_fresh = lambda out: out.shape[0] == 1 or out.shape[1] <= block or out.shape[1] % block == 0  # type: ignore[attr-defined]
+    if not to_blocked:
+        def writes_fresh(out: np.ndarray) -> bool:
+            """A graph's output (runtime/bind.py), but where several images' whole blocks take one reorder each
+            (`_WholeBlocksToPlain`): their records hold the output's address at offsets, not rebound."""
+            return out.shape[0] == 1 or not _whole_blocks_then_partial(out.shape[1], block)
+
+        run.writes_fresh = writes_fresh  # type: ignore[attr-defined]
     return run
+
+
+def _whole_blocks_then_partial(channels: int, block: int) -> bool:
+    """Whether a ToPlain of this many channels is whole blocks and a partial last one (`_WholeBlocksToPlain`)."""
+    return channels > block and channels % block != 0
 
 
 class _PartialLastBlock:
